@@ -1,0 +1,483 @@
+//! `Stack` (`pulumi.com/v1`, the storage version, and `pulumi.com/v1alpha1`, served and deprecated):
+//! a Pulumi stack the operator keeps deployed (PKO `operator/api/pulumi/shared/stack_types.go` and
+//! `operator/api/pulumi/v1/stack_types.go`, v2.9). Both versions share [`StackSpec`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::shared::{EmbeddedObjectMeta, ResourceRef};
+use crate::update::{UpdateSpec, UpdateType};
+use crate::workspace::{ProjectInfo, WorkspaceSpec};
+
+/// Default and minimum of `spec.resyncFrequencySeconds` (seconds).
+pub const MIN_RESYNC_FREQUENCY_SECONDS: i64 = 60;
+/// Default of `spec.retryMaxBackoffDurationSeconds` (seconds): 24 h.
+pub const DEFAULT_RETRY_MAX_BACKOFF_SECONDS: i64 = 86_400;
+/// Maximum length of a Stack name (PKO CEL rule; leaves room for `-workspace` and a hash in pod labels).
+pub const MAX_STACK_NAME_LENGTH: usize = 42;
+
+// CEL building blocks: a string field counts as set when present and non-empty (PKO's `omitempty`).
+macro_rules! set {
+    ($f:literal) => {
+        concat!("(has(self.", $f, ") && self.", $f, " != '')")
+    };
+}
+
+/// Desired state of a Stack (PKO `shared.StackSpec`).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[kube(
+    group = "pulumi.com",
+    version = "v1",
+    kind = "Stack",
+    namespaced,
+    status = "StackStatus",
+    category = "pulumi",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A Stack is a Pulumi stack the operator keeps deployed from a program source.",
+    validation = Rule::new("size(self.metadata.name) <= 42").message("Stack name must be no more than 42 characters to accommodate workspace pod naming (name + '-workspace' + 10-char hash must fit within Kubernetes' 63-character label limit)"),
+    printcolumn(name = "Stack", type_ = "string", json_path = ".spec.stack", priority = 10),
+    printcolumn(name = "Last Update", type_ = "string", json_path = ".status.lastUpdate.state"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".status.lastUpdate.lastResyncTime"),
+    printcolumn(name = "Last Commit", type_ = "string", json_path = ".status.lastUpdate.lastAttemptedCommit", priority = 10),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Reconciling", type_ = "string", json_path = ".status.conditions[?(@.type==\"Reconciling\")].reason"),
+    printcolumn(name = "Stalled", type_ = "string", json_path = ".status.conditions[?(@.type==\"Stalled\")].status"),
+    printcolumn(name = "Permalink", type_ = "string", json_path = ".status.lastUpdate.permalink")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(concat!("!", set!("projectRepo"), " || (", set!("commit"), " != ", set!("branch"), ")"))
+        .message("exactly one of spec.commit or spec.branch must be set with spec.projectRepo")
+        .field_path(".projectRepo"),
+    validation = Rule::new(concat!(set!("projectRepo"), " || !(", set!("commit"), " || ", set!("branch"), ")"))
+        .message("spec.commit and spec.branch need spec.projectRepo")
+        .field_path(".projectRepo"),
+    validation = Rule::new(concat!("[", set!("projectRepo"), ", has(self.fluxSource), has(self.programRef)].filter(x, x).size() <= 1"))
+        .message("at most one source may be set: spec.projectRepo, spec.fluxSource or spec.programRef")
+)]
+pub struct StackSpec {
+    // --- auth and environment ---
+    /// Deprecated: name of a Secret whose key `accessToken` becomes `PULUMI_ACCESS_TOKEN`. Use `envRefs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token_secret: Option<String>,
+    /// Deprecated: names of ConfigMaps whose keys become environment variables. Use `envRefs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envs: Option<Vec<String>>,
+    /// Environment variables of the Pulumi process: name → `Literal` or `Secret` reference (`Env` and `FS`
+    /// make the Stack Stalled `SpecInvalid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_refs: Option<BTreeMap<String, ResourceRef>>,
+    /// Deprecated: names of Secrets whose keys become environment variables. Use `envRefs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_secrets: Option<Vec<String>>,
+    /// Backend URL (`PULUMI_BACKEND_URL`): Pulumi Cloud (default), `file://`, `s3://`, `azblob://`, `gs://`
+    /// or a self-hosted service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+
+    // --- identity and configuration ---
+    /// Fully qualified stack name (`org/project/stack`, or `stack`). Required.
+    #[schemars(length(min = 1))]
+    pub stack: String,
+    /// Inline configuration: key → string, or any structured JSON value (needs Pulumi CLI ≥ 3.202.0).
+    /// Keys without `project:` are prefixed with the project name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::json_map")]
+    pub config: Option<BTreeMap<String, serde_json::Value>>,
+    /// Configuration from ConfigMap keys: config key → ConfigMap reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_ref: Option<BTreeMap<String, ConfigMapRef>>,
+    /// Deprecated: inline secret configuration. Use `secretsRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<BTreeMap<String, String>>,
+    /// Secret configuration: config key → `Secret` (or `Literal`) reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_ref: Option<BTreeMap<String, ResourceRef>>,
+    /// Secrets provider for a newly created stack (`pulumi stack init --secrets-provider`), e.g.
+    /// `passphrase`, `awskms://…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_provider: Option<String>,
+    /// Pulumi ESC environments imported by the stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Vec<String>>,
+    /// Do not create the stack when it does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_local_stack_only: Option<bool>,
+
+    // --- source: at most one of projectRepo, fluxSource, programRef ---
+    /// Git repository URL holding the program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_repo: Option<String>,
+    /// Deprecated: Secret with git credentials (`sshPrivateKey`(+`password`) > `accessToken` >
+    /// `username`+`password`). Use `gitAuth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_auth_secret: Option<String>,
+    /// Git credentials (precedence: SSH key > access token > GitHub App > basic auth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_auth: Option<GitAuthConfig>,
+    /// Directory of the repository holding `Pulumi.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_dir: Option<String>,
+    /// Commit SHA to deploy; exactly one of `commit` and `branch` with `projectRepo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Branch to track (`main` or `refs/heads/main`), polled every `resyncFrequencySeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// Shallow clone in the workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shallow: Option<bool>,
+    /// A Flux source object (any kind with `status.artifact`) holding the program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flux_source: Option<FluxSource>,
+    /// A Program object in the Stack's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_ref: Option<ProgramReference>,
+
+    // --- lifecycle ---
+    /// URNs of the only resources to update (up and preview).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<String>>,
+    /// Also update dependents of `targets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_dependents: Option<bool>,
+    /// Other Stacks of the namespace that must have succeeded (optionally recently) before this one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prerequisites: Option<Vec<PrerequisiteRef>>,
+    /// Re-run `up` every resync period even when the source revision did not change (drift, dynamic
+    /// programs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_resync_on_commit_match: Option<bool>,
+    /// Resync and branch-poll period in seconds; default 60, values below 60 (including 0) mean 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub resync_frequency_seconds: Option<i64>,
+    /// Refresh before up and preview.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<bool>,
+    /// Deprecated and ignored by PKO v2: fail when a refresh finds changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_no_refresh_changes: Option<bool>,
+    /// Destroy the stack's resources before the Stack object is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destroy_on_finalize: Option<bool>,
+    /// Run the program during destroy (`--run-program`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_program: Option<bool>,
+    /// Deprecated and ignored by PKO v2: retry on update conflicts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on_update_conflict: Option<bool>,
+    /// Cap of the failed-update backoff in seconds; default 86400 (24 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub retry_max_backoff_duration_seconds: Option<i64>,
+    /// Only ever run `preview`; deletion never destroys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<bool>,
+    /// `Retain` (default) or `Delete` the Workspace after a successful sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_reclaim_policy: Option<WorkspaceReclaimPolicy>,
+    /// Service account of the stack's workspace (must be bound to `system:auth-delegator`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Merged (strategic merge) onto the generated Workspace: image, resources, pod template, log level, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_template: Option<WorkspaceTemplate>,
+    /// Merged (strategic merge) onto every generated Update: `ttlAfterCompleted`, `parallel`, `remove`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_template: Option<UpdateTemplate>,
+}
+
+/// A ConfigMap key holding a config value (PKO `ConfigMapRef`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ConfigMapRef {
+    /// ConfigMap name (Stack's namespace).
+    pub name: String,
+    /// Key in the ConfigMap.
+    pub key: String,
+    /// Parse the value as JSON (structured config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<bool>,
+}
+
+/// Git credentials of a Stack (PKO `GitAuthConfig`); only `Secret` references work in v2.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitAuthConfig {
+    /// Personal access token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<ResourceRef>,
+    /// SSH key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_auth: Option<SshAuth>,
+    /// User name and password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+    /// GitHub App credentials (PKO 2.7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub github_app: Option<GitHubAppAuth>,
+}
+
+/// SSH key authentication (PKO `SSHAuth`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SshAuth {
+    /// The private key.
+    pub ssh_private_key: ResourceRef,
+    /// Its passphrase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<ResourceRef>,
+}
+
+/// Basic authentication (PKO `BasicAuth`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicAuth {
+    /// User name.
+    pub user_name: ResourceRef,
+    /// Password.
+    pub password: ResourceRef,
+}
+
+/// GitHub App authentication (PKO 2.7 `GitHubAppAuth`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct GitHubAppAuth {
+    /// The App ID.
+    #[serde(rename = "appID")]
+    pub app_id: ResourceRef,
+    /// The installation ID.
+    #[serde(rename = "installationID")]
+    pub installation_id: ResourceRef,
+    /// The App's PEM private key.
+    #[serde(rename = "privateKey")]
+    pub private_key: ResourceRef,
+}
+
+/// A Flux source object holding the program (PKO `FluxSource`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FluxSource {
+    /// The source object (same namespace).
+    pub source_ref: FluxSourceReference,
+    /// Directory of the artifact holding `Pulumi.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+}
+
+/// Reference to a Flux source object (PKO `FluxSourceReference`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FluxSourceReference {
+    /// API version, e.g. `source.toolkit.fluxcd.io/v1`.
+    pub api_version: String,
+    /// Kind, e.g. `GitRepository`, `OCIRepository`, `Bucket`.
+    pub kind: String,
+    /// Name.
+    pub name: String,
+}
+
+/// Reference to a Program in the Stack's namespace (PKO `ProgramReference`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ProgramReference {
+    /// Program name.
+    pub name: String,
+}
+
+/// A prerequisite Stack (PKO `PrerequisiteRef`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct PrerequisiteRef {
+    /// Name of the Stack (same namespace).
+    pub name: String,
+    /// Extra requirements beyond "last update succeeded".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirement: Option<RequirementSpec>,
+}
+
+/// Requirements on a prerequisite (PKO `RequirementSpec`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequirementSpec {
+    /// The prerequisite must have succeeded within this duration (Go duration, e.g. `1h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::duration")]
+    pub succeeded_within_duration: Option<String>,
+}
+
+/// Whether a Stack's Workspace is kept after a successful sync (PKO `WorkspaceReclaimPolicy`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WorkspaceReclaimPolicy {
+    /// Keep the Workspace (default).
+    #[default]
+    Retain,
+    /// Delete the Workspace after a successful sync; the next sync recreates it.
+    Delete,
+}
+
+/// Customisation of a Stack's generated Workspace (PKO `WorkspaceApplyConfiguration`). Only the labels
+/// and annotations of the metadata are merged: the operator owns the Workspace's name and namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct WorkspaceTemplate {
+    /// Labels and annotations for the Workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<EmbeddedObjectMeta>,
+    /// Workspace spec fields to merge; unset fields keep the generated values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<WorkspaceSpec>,
+}
+
+/// Customisation of a Stack's generated Updates (PKO `UpdateApplyConfiguration`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct UpdateTemplate {
+    /// Labels and annotations for the Updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<EmbeddedObjectMeta>,
+    /// Update spec fields to merge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<UpdateSpec>,
+}
+
+/// Outcome of a stack update (`succeeded` or `failed`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StackUpdateStateMessage {
+    /// The update succeeded.
+    Succeeded,
+    /// The update failed.
+    Failed,
+}
+
+/// The last completed update of a Stack (PKO `StackUpdateState`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StackUpdateState {
+    /// Stack generation the update was for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Reconcile request (annotation value) the update was for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconcile_request: Option<String>,
+    /// Name of the Update object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Kind of operation.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    pub update_type: Option<UpdateType>,
+    /// `succeeded` or `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StackUpdateStateMessage>,
+    /// Result message of the update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Last source revision attempted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempted_commit: Option<String>,
+    /// Last source revision applied successfully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_commit: Option<String>,
+    /// Pulumi Console URL of the update (none for DIY backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permalink: Option<String>,
+    /// When the last resync took place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resync_time: Option<Time>,
+    /// Consecutive failed attempts for this generation and reconcile request (0 on the first failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub failures: Option<i64>,
+}
+
+/// The update a Stack waits on (PKO `CurrentStackUpdate`); set before the Update is created.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CurrentStackUpdate {
+    /// Stack generation the update is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Reconcile request the update is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconcile_request: Option<String>,
+    /// Name of the Update object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Source revision of the update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+}
+
+/// Stack outputs: name → JSON value; secret outputs are the string `[secret]`.
+pub type StackOutputs = BTreeMap<String, serde_json::Value>;
+
+/// Observed state of a `pulumi.com/v1` Stack (PKO `v1.StackStatus`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StackStatus {
+    /// Outputs of the last successful update; secret values are `[secret]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::json_map")]
+    pub outputs: Option<StackOutputs>,
+    /// The last completed update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update: Option<StackUpdateState>,
+    /// `metadata.generation` when the controller last processed the Stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Last seen value of the `pulumi.com/reconciliation-request` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_reconcile_request: Option<String>,
+    /// Conditions `Ready`, `Reconciling`, `Stalled` (kstatus ready protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Option<Vec<Condition>>,
+    /// The update being waited on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_update: Option<CurrentStackUpdate>,
+    /// Project name and runtime, cached so the stack can be destroyed when its source is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_info: Option<ProjectInfo>,
+}
+
+/// `pulumi.com/v1alpha1` Stack: served for compatibility, deprecated, not stored. Same spec as v1; its
+/// status holds only `outputs` and `lastUpdate`. Both versions are served from the same stored object
+/// (no conversion webhook), so reading a v1 object as v1alpha1 drops the other status fields.
+pub mod v1alpha1 {
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::{StackOutputs, StackUpdateState};
+
+    /// Spec of a `pulumi.com/v1alpha1` Stack: exactly the v1 [`super::StackSpec`].
+    #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[kube(
+        group = "pulumi.com",
+        version = "v1alpha1",
+        kind = "Stack",
+        namespaced,
+        status = "StackStatus",
+        derive = "PartialEq",
+        derive = "Default",
+        schema = "disabled"
+    )]
+    pub struct StackSpec {
+        /// The shared Stack spec.
+        #[serde(flatten)]
+        pub spec: super::StackSpec,
+    }
+
+    /// Observed state of a `pulumi.com/v1alpha1` Stack (PKO `v1alpha1.StackStatus`).
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct StackStatus {
+        /// Outputs of the last successful update; secret values are `[secret]`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub outputs: Option<StackOutputs>,
+        /// The last completed update.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last_update: Option<StackUpdateState>,
+    }
+}

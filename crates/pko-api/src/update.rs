@@ -1,0 +1,140 @@
+//! `Update` (`auto.pulumi.com/v1alpha1`): one Pulumi operation against a Workspace
+//! (PKO `operator/api/auto/v1alpha1/update_types.go`, v2.9).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::workspace::ProjectInfo;
+
+/// Desired state of an Update (PKO `UpdateSpec`). Immutable in practice: the operation runs once.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "auto.pulumi.com",
+    version = "v1alpha1",
+    kind = "Update",
+    namespaced,
+    status = "UpdateStatus",
+    category = "pulumi",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "An Update is one Pulumi operation (preview, up, refresh or destroy) against a stack of a Workspace.",
+    printcolumn(name = "Workspace", type_ = "string", json_path = ".spec.workspaceName"),
+    printcolumn(name = "Type", type_ = "string", json_path = ".spec.type", priority = 10),
+    printcolumn(name = "Start Time", type_ = "date", json_path = ".status.startTime", priority = 10),
+    printcolumn(name = "End Time", type_ = "date", json_path = ".status.endTime", priority = 10),
+    printcolumn(name = "Progressing", type_ = "string", json_path = ".status.conditions[?(@.type==\"Progressing\")].status"),
+    printcolumn(name = "Failed", type_ = "string", json_path = ".status.conditions[?(@.type==\"Failed\")].status"),
+    printcolumn(name = "Complete", type_ = "string", json_path = ".status.conditions[?(@.type==\"Complete\")].status"),
+    printcolumn(name = "URL", type_ = "string", json_path = ".status.permalink")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateSpec {
+    /// Name of the Workspace (same namespace) to run the operation in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_name: Option<String>,
+    /// The Pulumi stack to select.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_name: Option<String>,
+    /// The operation: `preview`, `up`, `refresh` or `destroy`.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    pub update_type: Option<UpdateType>,
+    /// How long a completed Update is kept before it is deleted (Go duration, e.g. `24h`). Unset: kept
+    /// forever; Stack-generated Updates get `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::duration")]
+    pub ttl_after_completed: Option<String>,
+    /// Resource operations run in parallel (1 for none). Unbounded when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub parallel: Option<i32>,
+    /// Message associated with the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Fail if the operation would make any change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_no_changes: Option<bool>,
+    /// URNs of resources to replace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<Vec<String>>,
+    /// URNs of the only resources to operate on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Vec<String>>,
+    /// Also operate on dependents of `target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_dependents: Option<bool>,
+    /// Refresh before the operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<bool>,
+    /// Continue despite resource errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_on_error: Option<bool>,
+    /// Remove the stack and its configuration after a destroy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<bool>,
+    /// Run the program during destroy and refresh (`--run-program`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_program: Option<bool>,
+    /// Refresh without writing state (refresh only; newer PKO).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_only: Option<bool>,
+}
+
+/// Kind of Pulumi operation of an Update (PKO `UpdateType`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UpdateType {
+    /// `pulumi preview`.
+    Preview,
+    /// `pulumi up`.
+    Up,
+    /// `pulumi destroy`.
+    Destroy,
+    /// `pulumi refresh`.
+    Refresh,
+}
+
+impl UpdateType {
+    /// The lowercase name used in the API and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateType::Preview => "preview",
+            UpdateType::Up => "up",
+            UpdateType::Destroy => "destroy",
+            UpdateType::Refresh => "refresh",
+        }
+    }
+}
+
+/// Observed state of an Update (PKO `UpdateStatus`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateStatus {
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub observed_generation: Option<i64>,
+    /// When the operation started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the operation ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<Time>,
+    /// Pulumi Console URL of the operation; none for DIY (file://, s3://, …) backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permalink: Option<String>,
+    /// Result message (error text on failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Name of the Secret holding the outputs (`<update>-stack-outputs`, `up` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<String>,
+    /// Project name and runtime reported by the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_info: Option<ProjectInfo>,
+    /// Conditions; known types: `Progressing`, `Complete`, `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Option<Vec<Condition>>,
+}

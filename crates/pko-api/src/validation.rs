@@ -1,0 +1,201 @@
+//! Validation the API server cannot do with OpenAPI and CEL. The Stack controller calls these and reports a
+//! failure as `Stalled` with reason `SpecInvalid` and the error's message (PKO reports the same cases the
+//! same way). Pure functions: no client, no I/O.
+
+use std::fmt;
+
+use crate::shared::{ResourceRef, ResourceSelectorType};
+use crate::stack::StackSpec;
+
+/// One problem in a spec: the field's path (e.g. `spec.envRefs.TOKEN`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// JSON path of the field, starting at `spec`.
+    pub field: String,
+    /// What is wrong, in a sentence.
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// All the problems found in a spec (never empty when returned as an error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SpecInvalid(pub Vec<FieldError>);
+
+impl fmt::Display for SpecInvalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// Minimum Pulumi CLI version for structured (non-string) config values (PKO: 3.202.0).
+pub const MIN_PULUMI_FOR_STRUCTURED_CONFIG: (u64, u64, u64) = (3, 202, 0);
+
+/// Checks what CEL cannot: every [`ResourceRef`] (envRefs, secretsRef, gitAuth) is `Literal` or `Secret`
+/// with the matching selector, and no Secret reference leaves the Stack's `namespace`.
+///
+/// Errors: [`SpecInvalid`] listing every offending field (`spec.envRefs.NAME`, `spec.secretsRef.KEY`,
+/// `spec.gitAuth.accessToken`, …).
+pub fn validate_stack_spec(spec: &StackSpec, namespace: &str) -> Result<(), SpecInvalid> {
+    let mut errors = Vec::new();
+    for (name, r) in spec.env_refs.iter().flatten() {
+        check_ref(&format!("spec.envRefs.{name}"), r, namespace, &mut errors);
+    }
+    for (key, r) in spec.secrets_ref.iter().flatten() {
+        check_ref(&format!("spec.secretsRef.{key}"), r, namespace, &mut errors);
+    }
+    if let Some(auth) = &spec.git_auth {
+        if let Some(r) = &auth.access_token {
+            check_ref("spec.gitAuth.accessToken", r, namespace, &mut errors);
+        }
+        if let Some(ssh) = &auth.ssh_auth {
+            check_ref("spec.gitAuth.sshAuth.sshPrivateKey", &ssh.ssh_private_key, namespace, &mut errors);
+            if let Some(p) = &ssh.password {
+                check_ref("spec.gitAuth.sshAuth.password", p, namespace, &mut errors);
+            }
+        }
+        if let Some(basic) = &auth.basic_auth {
+            check_ref("spec.gitAuth.basicAuth.userName", &basic.user_name, namespace, &mut errors);
+            check_ref("spec.gitAuth.basicAuth.password", &basic.password, namespace, &mut errors);
+        }
+        if let Some(app) = &auth.github_app {
+            check_ref("spec.gitAuth.githubApp.appID", &app.app_id, namespace, &mut errors);
+            check_ref("spec.gitAuth.githubApp.installationID", &app.installation_id, namespace, &mut errors);
+            check_ref("spec.gitAuth.githubApp.privateKey", &app.private_key, namespace, &mut errors);
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(SpecInvalid(errors)) }
+}
+
+fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<FieldError>) {
+    let mut err = |message: String| errors.push(FieldError { field: field.to_string(), message });
+    match r.selector_type {
+        ResourceSelectorType::Env | ResourceSelectorType::Fs => err(format!(
+            "resource reference type {} is deprecated and no longer supported; use Secret or Literal",
+            if r.selector_type == ResourceSelectorType::Env { "Env" } else { "FS" }
+        )),
+        ResourceSelectorType::Literal => {
+            if r.literal.is_none() {
+                err("type Literal needs the literal field".into());
+            }
+        }
+        ResourceSelectorType::Secret => match &r.secret {
+            None => err("type Secret needs the secret field".into()),
+            Some(s) => {
+                if s.namespace.as_deref().is_some_and(|ns| !ns.is_empty() && ns != namespace) {
+                    err(format!(
+                        "cross-namespace refs are not allowed: secret namespace {:?} is not the stack's namespace {namespace:?}",
+                        s.namespace.as_deref().unwrap_or_default()
+                    ));
+                }
+                if s.name.is_empty() || s.key.is_empty() {
+                    err("secret reference needs both name and key".into());
+                }
+            }
+        },
+    }
+}
+
+/// Whether the spec uses structured (non-string) config values, which need Pulumi CLI ≥ 3.202.0
+/// ([`MIN_PULUMI_FOR_STRUCTURED_CONFIG`]); with an older CLI the Stack is Stalled `PulumiVersionTooLow`.
+pub fn uses_structured_config(spec: &StackSpec) -> bool {
+    spec.config.iter().flatten().any(|(_, v)| !v.is_string()) || spec.config_ref.iter().flatten().any(|(_, r)| r.json == Some(true))
+}
+
+/// Parses a Pulumi version string such as `v3.259.0` or `3.202.0-alpha.1` into `(major, minor, patch)`.
+/// Returns `None` when it is not of that form.
+pub fn parse_pulumi_version(v: &str) -> Option<(u64, u64, u64)> {
+    let core = v.trim().trim_start_matches('v').split(['-', '+']).next()?;
+    let mut it = core.split('.').map(|p| p.parse::<u64>().ok());
+    let r = (it.next()??, it.next()??, it.next()??);
+    if it.next().is_some() { None } else { Some(r) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::{EnvSelector, SecretSelector};
+    use crate::stack::{ConfigMapRef, GitAuthConfig};
+    use std::collections::BTreeMap;
+
+    fn spec() -> StackSpec {
+        StackSpec { stack: "dev".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn literal_and_same_namespace_secret_are_valid() {
+        let mut s = spec();
+        s.env_refs = Some(BTreeMap::from([
+            ("A".to_string(), ResourceRef::literal("x")),
+            ("B".to_string(), ResourceRef::secret("creds", "token")),
+        ]));
+        let mut same = ResourceRef::secret("creds", "pw");
+        same.secret.as_mut().unwrap().namespace = Some("team-a".into());
+        s.secrets_ref = Some(BTreeMap::from([("pw".to_string(), same)]));
+        assert_eq!(validate_stack_spec(&s, "team-a"), Ok(()));
+    }
+
+    #[test]
+    fn env_and_fs_refs_are_refused_naming_the_field() {
+        let mut s = spec();
+        let env = ResourceRef { selector_type: ResourceSelectorType::Env, env: Some(EnvSelector { name: "HOME".into() }), filesystem: None, secret: None, literal: None };
+        s.env_refs = Some(BTreeMap::from([("TOKEN".to_string(), env)]));
+        let err = validate_stack_spec(&s, "ns").unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].field, "spec.envRefs.TOKEN");
+        assert!(err.0[0].message.contains("Env"), "{err}");
+    }
+
+    #[test]
+    fn cross_namespace_secret_is_refused() {
+        let mut s = spec();
+        s.git_auth = Some(GitAuthConfig {
+            access_token: Some(ResourceRef {
+                selector_type: ResourceSelectorType::Secret,
+                secret: Some(SecretSelector { namespace: Some("other".into()), name: "git".into(), key: "token".into() }),
+                env: None,
+                filesystem: None,
+                literal: None,
+            }),
+            ..Default::default()
+        });
+        let err = validate_stack_spec(&s, "mine").unwrap_err();
+        assert_eq!(err.0[0].field, "spec.gitAuth.accessToken");
+        assert!(err.to_string().contains("cross-namespace refs are not allowed"), "{err}");
+    }
+
+    #[test]
+    fn selector_must_match_type() {
+        let mut s = spec();
+        let bad = ResourceRef { selector_type: ResourceSelectorType::Secret, env: None, filesystem: None, secret: None, literal: None };
+        s.secrets_ref = Some(BTreeMap::from([("k".to_string(), bad)]));
+        let err = validate_stack_spec(&s, "ns").unwrap_err();
+        assert_eq!(err.0[0].field, "spec.secretsRef.k");
+    }
+
+    #[test]
+    fn structured_config_is_detected() {
+        let mut s = spec();
+        s.config = Some(BTreeMap::from([("a".to_string(), serde_json::json!("plain"))]));
+        assert!(!uses_structured_config(&s));
+        s.config.as_mut().unwrap().insert("b".into(), serde_json::json!({"x": 1}));
+        assert!(uses_structured_config(&s));
+        let mut s = spec();
+        s.config_ref = Some(BTreeMap::from([("c".to_string(), ConfigMapRef { name: "cm".into(), key: "k".into(), json: Some(true) })]));
+        assert!(uses_structured_config(&s));
+    }
+
+    #[test]
+    fn pulumi_versions_parse() {
+        assert_eq!(parse_pulumi_version("v3.259.0"), Some((3, 259, 0)));
+        assert_eq!(parse_pulumi_version("3.202.0-alpha.1+dirty"), Some((3, 202, 0)));
+        assert_eq!(parse_pulumi_version("3.2"), None);
+        assert_eq!(parse_pulumi_version("x"), None);
+        assert!(parse_pulumi_version("3.201.9").unwrap() < MIN_PULUMI_FOR_STRUCTURED_CONFIG);
+    }
+}

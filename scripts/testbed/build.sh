@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds the test bed's third-party binaries from the Go module proxy into a versioned cache outside the
+# repository. Idempotent: a component whose stamp file exists is skipped. Prints each step with its duration.
+#
+#   TESTBED_CACHE   cache root (default $HOME/.cache/pko/testbed); binaries land in $TESTBED_CACHE/<stamp>/bin
+#   TESTBED_ONLY    space-separated subset of components to build (default: all)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$HERE/versions.sh"
+. "$HERE/lib.sh"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+mkdir -p "$TB_BIN" "$TB_SRC" "$TB_STAMPS"
+
+want() { [ -z "${TESTBED_ONLY:-}" ] || [[ " $TESTBED_ONLY " == *" $1 "* ]]; }
+
+build_k8s() {
+  local W="$TB_SRC/k8s-$K8S_VERSION" SV="v0${K8S_VERSION#v1}" minor
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/k8s >/dev/null 2>&1
+  local KMOD; KMOD="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | jq -r .GoMod)"
+  local args=()
+  for m in $(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$KMOD"); do
+    args+=("-replace=$m=$m@$SV")
+  done
+  go mod edit "${args[@]}"
+  go mod edit -go="$(awk '$1=="go"{print $2; exit}' "$KMOD")"
+  # copy single-line and block godebug settings so the binaries keep k8s' GODEBUG defaults
+  awk '/^godebug \(/{b=1;next} b&&/^\)/{b=0} b{print $1} /^godebug [^(]/{print $2}' "$KMOD" | while read -r kv; do
+    [ -n "$kv" ] && go mod edit -godebug="$kv"
+  done
+  local P=k8s.io/kubernetes/cmd
+  go get "$P/kube-apiserver@$K8S_VERSION" "$P/kube-controller-manager@$K8S_VERSION" \
+    "$P/kube-scheduler@$K8S_VERSION" "$P/kubectl@$K8S_VERSION"
+  local LDF="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDF="$LDF -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  go build -mod=mod -trimpath -ldflags "$LDF" -o "$TB_BIN/" \
+    "$P/kube-apiserver" "$P/kube-controller-manager" "$P/kube-scheduler" "$P/kubectl"
+}
+
+build_pulumi() {
+  local W="$TB_SRC/pulumi-$PULUMI_VERSION"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/pulumi >/dev/null 2>&1
+  go mod edit -go=1.25.11 \
+    -replace=github.com/atotto/clipboard=github.com/tgummerer/clipboard@v0.0.0-20241001131231-d02d263e614e
+  # The nodejs/python/go language hosts are separate, untagged modules; the module proxy serves none of
+  # their pseudo-versions ("This module version is not available"), so only the CLI is built here.
+  go get "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi@$PULUMI_VERSION" "github.com/pulumi/pulumi/sdk/v3@$PULUMI_VERSION"
+  go build -mod=mod -trimpath -tags osusergo,grpcnotrace \
+    -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" -o "$TB_BIN/" \
+    github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+}
+
+build_pulumi_yaml() {
+  GOBIN="$TB_BIN" go install -trimpath \
+    -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=${PULUMI_YAML_VERSION#v}" \
+    "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@$PULUMI_YAML_VERSION"
+}
+
+build_pulumi_command() {
+  "$HERE/build-command-provider.sh"
+}
+
+step() { # step NAME FUNCTION [STAMP-SUFFIX]
+  local name="$1" fn="$2" stamp="$TB_STAMPS/$1${3:+-$3}"
+  if ! want "$name"; then return 0; fi
+  if [ -f "$stamp" ]; then tb_log "$name: already built ($(cat "$stamp"))"; return 0; fi
+  local t0=$SECONDS
+  tb_log "$name: building"
+  ( "$fn" ) > "$TB_LOGS/build-$name.log" 2>&1 || { tb_log "$name: FAILED after $((SECONDS - t0)) s; log: $TB_LOGS/build-$name.log"; tail -30 "$TB_LOGS/build-$name.log" >&2; exit 1; }
+  echo "built in $((SECONDS - t0)) s on $(date -u +%FT%TZ)" > "$stamp"
+  tb_log "$name: built in $((SECONDS - t0)) s"
+}
+
+mkdir -p "$TB_LOGS"
+step k8s build_k8s
+step pulumi build_pulumi
+step pulumi-yaml build_pulumi_yaml
+# The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
+step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
+tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Starts the test bed on loopback: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+# redis-server, with generated certificates and an admin kubeconfig. Idempotent: when the recorded processes
+# are alive and the API server is ready it only reprints the environment. Records PIDs in $TB_RUN/pids.
+#
+#   TESTBED_APISERVER_PORT (16443) TESTBED_ETCD_PORT (23790) TESTBED_REDIS_PORT (16379)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$HERE/versions.sh"
+. "$HERE/lib.sh"
+
+AP="${TESTBED_APISERVER_PORT:-16443}"; EP="${TESTBED_ETCD_PORT:-23790}"; PP=$((EP + 10))
+KP="${TESTBED_KCM_PORT:-20257}"; SP="${TESTBED_SCHEDULER_PORT:-20259}"; RP="${TESTBED_REDIS_PORT:-16379}"
+CERTS="$TB_RUN/certs"; KCFG="$TB_RUN/admin.kubeconfig"
+
+print_env() {
+  cat "$TB_RUN/env.sh"
+}
+
+alive() { # every recorded pid alive?
+  [ -f "$TB_RUN/pids" ] || return 1
+  local name pid
+  while read -r name pid; do kill -0 "$pid" 2>/dev/null || return 1; done < "$TB_RUN/pids"
+}
+
+if alive && curl -sf --cacert "$CERTS/ca.crt" "https://127.0.0.1:$AP/readyz" >/dev/null 2>&1; then
+  tb_log "already running (run dir $TB_RUN)"
+  print_env; exit 0
+fi
+if [ -f "$TB_RUN/pids" ]; then
+  tb_log "stale or partial run found; stopping it first"
+  "$HERE/down.sh"
+fi
+
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  [ -x "$TB_BIN/$b" ] || { echo "missing $TB_BIN/$b: run scripts/testbed/build.sh (make testbed)" >&2; exit 1; }
+done
+for b in etcd redis-server openssl; do
+  command -v "$b" >/dev/null || { echo "missing $b: run scripts/testbed/packages.sh (make testbed)" >&2; exit 1; }
+done
+
+T0=$SECONDS
+mkdir -p "$TB_RUN" "$CERTS" "$TB_RUN/logs"
+: > "$TB_RUN/pids"
+
+# --- certificates (openssl) ---
+gen_certs() {
+  cd "$CERTS"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=pko-testbed-ca" 2>/dev/null
+  cat > apiserver.ext <<EXT
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth
+EXT
+  printf 'extendedKeyUsage=clientAuth\n' > client.ext
+  sign() { # name subject extfile
+    openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 -extfile "$3" 2>/dev/null
+    rm -f "$1.csr"
+  }
+  sign apiserver "/CN=kube-apiserver" apiserver.ext
+  sign admin "/O=system:masters/CN=pko-testbed-admin" client.ext
+  sign kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client.ext
+  openssl genrsa -out sa.key 2048 2>/dev/null
+  openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  cd - >/dev/null
+}
+[ -f "$CERTS/sa.pub" ] || gen_certs
+
+cat > "$KCFG" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: pko-testbed
+  cluster:
+    server: https://127.0.0.1:$AP
+    certificate-authority: $CERTS/ca.crt
+users:
+- name: admin
+  user:
+    client-certificate: $CERTS/admin.crt
+    client-key: $CERTS/admin.key
+contexts:
+- name: pko-testbed
+  context: {cluster: pko-testbed, user: admin}
+current-context: pko-testbed
+KC
+
+start() { # name cmd...
+  local name="$1"; shift
+  setsid "$@" > "$TB_RUN/logs/$name.log" 2>&1 < /dev/null &
+  echo "$name $!" >> "$TB_RUN/pids"
+}
+wait_for() { # what timeout-seconds command...
+  local what="$1" t="$2"; shift 2
+  local end=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $end ]; then tb_log "$what not ready after $t s; see $TB_RUN/logs"; exit 1; fi
+    sleep 0.3
+  done
+}
+
+# etcd data on tmpfs when available: fsync-heavy etcd is the slowest part of an API server on a VM disk.
+ETCD_DATA="/dev/shm/pko-testbed-etcd-$AP"; [ -d /dev/shm ] || ETCD_DATA="$TB_RUN/etcd"
+rm -rf "$ETCD_DATA"; mkdir -p "$ETCD_DATA"; echo "$ETCD_DATA" > "$TB_RUN/etcd-data-dir"
+start etcd etcd --name pko-testbed --data-dir "$ETCD_DATA" \
+  --listen-client-urls "http://127.0.0.1:$EP" --advertise-client-urls "http://127.0.0.1:$EP" \
+  --listen-peer-urls "http://127.0.0.1:$PP" --initial-advertise-peer-urls "http://127.0.0.1:$PP" \
+  --initial-cluster "pko-testbed=http://127.0.0.1:$PP"
+wait_for etcd 30 curl -sf "http://127.0.0.1:$EP/health"
+
+start redis redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+  --dir "$TB_RUN" --protected-mode yes
+wait_for redis 15 redis-cli -p "$RP" ping
+
+start kube-apiserver "$TB_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$EP" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$AP" \
+  --tls-cert-file="$CERTS/apiserver.crt" --tls-private-key-file="$CERTS/apiserver.key" \
+  --client-ca-file="$CERTS/ca.crt" --authorization-mode=Node,RBAC --allow-privileged=true \
+  --service-cluster-ip-range=10.0.0.0/24 \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$CERTS/sa.pub" --service-account-signing-key-file="$CERTS/sa.key" \
+  --kubelet-client-certificate="$CERTS/kubelet-client.crt" --kubelet-client-key="$CERTS/kubelet-client.key" \
+  --kubelet-preferred-address-types=InternalIP --enable-priority-and-fairness=false \
+  --storage-media-type=application/json --event-ttl=1h
+wait_for kube-apiserver 120 curl -sf --cacert "$CERTS/ca.crt" "https://127.0.0.1:$AP/readyz"
+
+start kube-controller-manager "$TB_BIN/kube-controller-manager" --kubeconfig="$KCFG" \
+  --authentication-kubeconfig="$KCFG" --authorization-kubeconfig="$KCFG" \
+  --leader-elect=false --bind-address=127.0.0.1 --secure-port="$KP" \
+  --service-account-private-key-file="$CERTS/sa.key" --root-ca-file="$CERTS/ca.crt" \
+  --use-service-account-credentials=false --controllers='*' \
+  --concurrent-gc-syncs=5 --namespace-sync-period=10s
+start kube-scheduler "$TB_BIN/kube-scheduler" --kubeconfig="$KCFG" \
+  --authentication-kubeconfig="$KCFG" --authorization-kubeconfig="$KCFG" \
+  --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SP"
+wait_for kube-controller-manager 60 curl -sfk "https://127.0.0.1:$KP/healthz"
+wait_for "default ServiceAccount" 60 "$TB_BIN/kubectl" --kubeconfig "$KCFG" get serviceaccount default -n default
+
+cat > "$TB_RUN/env.sh" <<ENV
+export KUBECONFIG=$KCFG
+export PATH=$TB_BIN:\$PATH
+export REDIS_URL=redis://127.0.0.1:$RP
+export PKO_TESTBED_BIN=$TB_BIN
+export PKO_TESTBED_RUN=$TB_RUN
+export PULUMI_BACKEND_URL=file://$TB_RUN/pulumi-state
+export PULUMI_HOME=$TB_RUN/pulumi-home
+export PULUMI_CONFIG_PASSPHRASE=pko-testbed
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+export PULUMI_DISABLE_REGISTRY_RESOLVE=true
+export PULUMI_SKIP_CONFIRMATIONS=true
+export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=true
+ENV
+mkdir -p "$TB_RUN/pulumi-state" "$TB_RUN/pulumi-home"
+echo "$((SECONDS - T0))" > "$TB_RUN/start-seconds"
+tb_log "control plane and redis up in $((SECONDS - T0)) s (run dir $TB_RUN)"
+print_env

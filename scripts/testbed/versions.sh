@@ -1,0 +1,6 @@
+# Pinned versions of the test bed's third-party components (sourced by the other scripts).
+# Changing any of these changes the cache stamp, so a new cache directory is built.
+K8S_VERSION=v1.34.4          # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+PULUMI_VERSION=v3.259.0      # pulumi CLI + nodejs/python language hosts
+PULUMI_YAML_VERSION=v1.38.1  # pulumi-language-yaml
+PULUMI_COMMAND_VERSION=v1.2.1 # pulumi-resource-command
