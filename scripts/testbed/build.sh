@@ -8,6 +8,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 . "$HERE/lib.sh"
+mkdir -p "$TB_CACHE_ROOT"; exec 8> "$TB_CACHE_ROOT/.build.lock"; flock 8   # one build at a time per machine
 
 export GOTOOLCHAIN=local CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
@@ -57,9 +58,15 @@ build_pulumi() {
 }
 
 build_pulumi_yaml() {
-  GOBIN="$TB_BIN" go install -trimpath \
+  # A wrapper module rather than `go install pkg@version`: the latter reads the module's version list
+  # (for deprecation notices), which the module proxy refuses for pulumi modules.
+  local W="$TB_SRC/pulumi-yaml-$PULUMI_YAML_VERSION"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/pulumi-yaml >/dev/null 2>&1
+  go get "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@$PULUMI_YAML_VERSION"
+  go build -mod=mod -trimpath \
     -ldflags "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=${PULUMI_YAML_VERSION#v}" \
-    "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml@$PULUMI_YAML_VERSION"
+    -o "$TB_BIN/" github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml
 }
 
 build_pulumi_command() {

@@ -8,6 +8,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 . "$HERE/lib.sh"
+mkdir -p "$TB_CACHE_ROOT"; exec 8> "$TB_CACHE_ROOT/.up.lock"; flock 8   # one up at a time per machine
 
 AP="${TESTBED_APISERVER_PORT:-16443}"; EP="${TESTBED_ETCD_PORT:-23790}"; PP=$((EP + 10))
 KP="${TESTBED_KCM_PORT:-20257}"; SP="${TESTBED_SCHEDULER_PORT:-20259}"; RP="${TESTBED_REDIS_PORT:-16379}"

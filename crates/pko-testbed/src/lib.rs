@@ -171,13 +171,18 @@ fn random_suffix(n: usize) -> String {
 }
 
 /// A namespace owned by one test. Dropping it deletes the namespace (without waiting for finalization).
-#[derive(Debug)]
 pub struct TestNamespace {
     name: String,
     client: Client,
     kubectl: PathBuf,
     kubeconfig: PathBuf,
     deleted: bool,
+}
+
+impl std::fmt::Debug for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestNamespace").field("name", &self.name).finish()
+    }
 }
 
 impl TestNamespace {

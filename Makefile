@@ -1,0 +1,31 @@
+# pko-rs: a sharded, PKO v2-compatible Kubernetes operator for Pulumi stacks.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: test testbed testbed-down crds docs build lint
+
+## test: bring up the test bed (building it on a cold machine), then run every test of the workspace
+test: testbed
+	$(CARGO) test --workspace --all-targets
+
+## testbed: install packages, build the third-party binaries (cached outside the repo), start the bed
+testbed:
+	@scripts/testbed/ensure.sh
+
+## testbed-down: stop exactly the processes `make testbed` started and remove its run directory
+testbed-down:
+	@scripts/testbed/down.sh
+
+## crds: regenerate deploy/crds/*.yaml from the API types
+crds:
+	$(CARGO) run -q -p pko-operator -- crds --out deploy/crds
+
+## docs: regenerate docs/api.md from the API types
+docs:
+	$(CARGO) run -q -p pko-operator -- api-docs > docs/api.md
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+lint:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
