@@ -14,6 +14,7 @@
 
 pub mod constants;
 pub mod program;
+pub mod reference;
 pub mod schema;
 pub mod shared;
 pub mod stack;

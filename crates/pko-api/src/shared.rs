@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// Where a value is loaded from (PKO `shared.ResourceRef`): `{type, env|filesystem|secret|literal}`.
 ///
 /// PKO v2 accepts only `Literal` and `Secret`; `Env` and `FS` read the operator's own environment or file
-/// system in PKO v1 and make a v2 Stack Stalled `SpecInvalid` (see [`crate::validation`]).
+/// system in PKO v1 and make a v2 Stack Stalled `SpecInvalid` (checked by the Stack controller).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceRef {

@@ -176,3 +176,11 @@ fn corpus_round_trips_through_the_rust_types() {
 fn normalize(v: Value) -> Value {
     v
 }
+
+/// `docs/api.md` must be what the types generate (`make docs` rewrites it).
+#[test]
+fn committed_api_reference_matches_the_types() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
+    let committed = std::fs::read_to_string(&path).unwrap();
+    assert!(committed == pko_api::reference::api_reference_markdown(), "docs/api.md differs from the types; run `make docs`");
+}

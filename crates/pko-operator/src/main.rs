@@ -2,7 +2,8 @@
 //!
 //! Subcommands:
 //! - `crds [--out DIR]`: writes the CustomResourceDefinitions (`<group>_<plural>.yaml`) to `DIR`
-//!   (default `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`.
+//!   (default `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
+//! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ enum Command {
         #[arg(long, default_value = "deploy/crds")]
         out: PathBuf,
     },
+    /// Print the API reference (docs/api.md) generated from the types.
+    ApiDocs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::ApiDocs => print!("{}", pko_api::reference::api_reference_markdown()),
     }
     Ok(())
 }
