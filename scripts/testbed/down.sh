@@ -8,7 +8,9 @@ if [ ! -d "$TB_RUN" ]; then tb_log "not running"; exit 0; fi
 if [ -f "$TB_RUN/pids" ]; then
   # reverse start order: scheduler, KCM, apiserver, redis, etcd
   tac "$TB_RUN/pids" | while read -r name pid; do
-    if kill -0 "$pid" 2>/dev/null; then
+    # Only a process that still runs the program we started (a recycled PID is left alone).
+    bin="$name"; [ "$name" = redis ] && bin=redis-server
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$bin"; then
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
