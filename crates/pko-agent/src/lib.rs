@@ -1,0 +1,20 @@
+//! The workspace agent (`pko-agent`): a tonic gRPC service (`pko.agent.v1.Agent`) that runs the real
+//! Pulumi CLI for a pool of stacks.
+//!
+//! - [`service`]: the RPCs (Run, Attach, Cancel, Status, PulumiVersion, WhoAmI) and shutdown;
+//! - [`operation`]: per-operation event logs that clients follow from the first event;
+//! - [`runner`]: one operation, step by step; [`pulumi`]: the CLI's command lines and error mapping;
+//! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache;
+//! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
+//! - [`mask`]: secrets never leave the agent unmasked.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod convert;
+pub mod mask;
+pub mod operation;
+pub mod pulumi;
+pub mod runner;
+pub mod service;
+pub mod source;
+pub mod values;

@@ -1,0 +1,165 @@
+//! `pko-agent serve`: the workspace agent. See the crate documentation of `pko_agent`.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use pko_agent::auth::{Auth, KubeAuth};
+use pko_agent::runner::RunnerContext;
+use pko_agent::service::{AgentConfig, AgentService};
+use pko_agent::source::{CacheConfig, SourceCache};
+use pko_agent::values::ValueResolver;
+use pko_proto::v1::agent_server::AgentServer;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Parser, Debug)]
+#[command(name = "pko-agent", version, about = "Workspace agent: runs Pulumi operations sent over gRPC")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve the agent API.
+    Serve(Serve),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum AuthMode {
+    /// No authentication; only allowed on a loopback address.
+    None,
+    /// TokenReview + SubjectAccessReview (`use` on `workspaces/rpc`).
+    Kube,
+}
+
+#[derive(Parser, Debug)]
+struct Serve {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:50051", env = "PKO_AGENT_LISTEN")]
+    listen: SocketAddr,
+    /// Directory for cached sources.
+    #[arg(long, default_value = "/tmp/pko-agent", env = "PKO_AGENT_WORK_DIR")]
+    work_dir: PathBuf,
+    /// The `pulumi` binary (default: `pulumi` on PATH).
+    #[arg(long, default_value = "pulumi", env = "PKO_AGENT_PULUMI")]
+    pulumi: PathBuf,
+    /// Operations run at once.
+    #[arg(long, default_value_t = 1)]
+    capacity: usize,
+    /// Seconds Pulumi gets to wind down after Ctrl-C (shutdown and Cancel) before it is killed.
+    #[arg(long, default_value_t = 600)]
+    grace_seconds: u64,
+    /// Seconds a finished operation stays attachable.
+    #[arg(long, default_value_t = 600)]
+    retention_seconds: u64,
+    /// Events buffered per operation.
+    #[arg(long, default_value_t = 20_000)]
+    max_events: usize,
+    /// Size of the source cache in bytes.
+    #[arg(long, default_value_t = 2 << 30)]
+    cache_max_bytes: u64,
+    /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB).
+    #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES")]
+    max_artifact_bytes: u64,
+    /// Caller authentication.
+    #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
+    auth: AuthMode,
+    /// Token audience for `--auth kube` (PKO: `<workspace>.<namespace>`).
+    #[arg(long)]
+    kube_audience: Option<String>,
+    /// Namespace of the workspace; also where Secret and ConfigMap references are read.
+    #[arg(long, env = "POD_NAMESPACE")]
+    kube_workspace_namespace: Option<String>,
+    /// Name of the workspace (for the SubjectAccessReview).
+    #[arg(long)]
+    kube_workspace_name: Option<String>,
+    /// PEM certificate for TLS (with --tls-key).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_target(false).init();
+    let Cmd::Serve(args) = Cli::parse().command;
+    serve(args).await
+}
+
+async fn serve(a: Serve) -> anyhow::Result<()> {
+    let kube = match kube::Client::try_default().await {
+        Ok(c) => Some(c),
+        Err(e) if a.auth == AuthMode::None => {
+            tracing::warn!("no Kubernetes access ({e}); Secret and ConfigMap references will fail");
+            None
+        }
+        Err(e) => return Err(e).context("--auth kube needs Kubernetes access"),
+    };
+    let namespace = a.kube_workspace_namespace.clone().unwrap_or_else(|| "default".into());
+    let auth = match a.auth {
+        AuthMode::None => {
+            if !a.listen.ip().is_loopback() {
+                bail!("--auth none is only allowed on a loopback address, not {}", a.listen);
+            }
+            Auth::None
+        }
+        AuthMode::Kube => {
+            let ws = a.kube_workspace_name.clone().context("--auth kube needs --kube-workspace-name")?;
+            let audience = a.kube_audience.clone().unwrap_or_else(|| format!("{ws}.{namespace}"));
+            Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
+        }
+    };
+    let sources = SourceCache::new(CacheConfig {
+        root: a.work_dir.join("sources"),
+        max_bytes: a.cache_max_bytes,
+        max_artifact_bytes: a.max_artifact_bytes,
+        pulumi: a.pulumi.clone(),
+    })
+    .with_context(|| format!("creating {}", a.work_dir.display()))?;
+    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace) };
+    let service = AgentService::new(
+        AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
+        ctx,
+        auth,
+        Duration::from_secs(a.retention_seconds),
+        a.max_events,
+    );
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let signals = service.clone();
+    tokio::spawn(async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("signal received: draining (a second signal kills pulumi)");
+        signals.begin_shutdown();
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::warn!("second signal: killing pulumi");
+        signals.kill_all();
+    });
+
+    let mut builder = tonic::transport::Server::builder();
+    if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {
+        let identity = tonic::transport::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?);
+        builder = builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
+    }
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let local = listener.local_addr()?;
+    // The first line on stdout is the address (tests and the local runtime read it, as Pulumi plugins do).
+    println!("listening on {local}");
+    tracing::info!(%local, auth = ?a.auth, capacity = a.capacity, "agent serving");
+    let drained = service.clone();
+    builder
+        .add_service(AgentServer::new(service).max_decoding_message_size(64 << 20).max_encoding_message_size(400 << 20))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move { drained.drained().await })
+        .await?;
+    tracing::info!("agent stopped");
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! The Pulumi CLI: command lines for each operation (pure), classification of its failures (pure), and
+//! small helpers that run it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+
+use pko_proto::v1::{ErrorReason, OperationOptions, OperationType};
+use tokio::process::Command;
+
+/// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` and `destroy` stream
+/// engine events as JSON lines on stdout (`--json`); `preview --json` prints one JSON document at the end.
+pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let verb = match kind {
+        OperationType::Preview => "preview",
+        OperationType::Up => "up",
+        OperationType::Refresh => "refresh",
+        OperationType::Destroy => "destroy",
+        OperationType::Unspecified => "preview",
+    };
+    a.push(verb.into());
+    if kind != OperationType::Preview {
+        a.extend(["--yes".into(), "--skip-preview".into()]);
+    }
+    a.extend(["--json".into(), "--non-interactive".into(), "--color".into(), "never".into(), "--stack".into(), stack.into()]);
+    if o.parallel > 0 {
+        a.extend(["--parallel".into(), o.parallel.to_string()]);
+    }
+    if !o.message.is_empty() {
+        a.extend(["--message".into(), o.message.clone()]);
+    }
+    if o.expect_no_changes {
+        a.push("--expect-no-changes".into());
+    }
+    let targets = matches!(kind, OperationType::Preview | OperationType::Up | OperationType::Refresh | OperationType::Destroy);
+    if targets {
+        for t in &o.target {
+            a.extend(["--target".into(), t.clone()]);
+        }
+        if o.target_dependents && kind != OperationType::Refresh {
+            a.push("--target-dependents".into());
+        }
+    }
+    if matches!(kind, OperationType::Preview | OperationType::Up) {
+        for r in &o.replace {
+            a.extend(["--replace".into(), r.clone()]);
+        }
+    }
+    if o.refresh && matches!(kind, OperationType::Preview | OperationType::Up | OperationType::Destroy) {
+        a.push("--refresh".into());
+    }
+    if o.continue_on_error && matches!(kind, OperationType::Up | OperationType::Destroy) {
+        a.push("--continue-on-error".into());
+    }
+    if o.remove && kind == OperationType::Destroy {
+        a.push("--remove".into());
+    }
+    if o.run_program && matches!(kind, OperationType::Destroy | OperationType::Refresh) {
+        a.push("--run-program".into());
+    }
+    if o.preview_only && kind == OperationType::Refresh {
+        a.push("--preview-only".into());
+    }
+    a
+}
+
+/// Maps a failed Pulumi command's error text to an [`ErrorReason`] (PKO maps the same messages).
+pub fn classify_failure(text: &str) -> ErrorReason {
+    let t = text.to_ascii_lowercase();
+    if t.contains("the stack is currently locked") || t.contains("another update is currently in progress") || t.contains("[409] conflict") {
+        ErrorReason::UpdateConflict
+    } else if t.contains("invalid access token") || t.contains("[401]") {
+        ErrorReason::InvalidAccessToken
+    } else if t.contains("no stack named") || (t.contains("stack") && t.contains("not found")) {
+        ErrorReason::StackNotFound
+    } else if t.contains("no pulumi.yaml project file found") || t.contains("no project file found") {
+        ErrorReason::InvalidSource
+    } else {
+        ErrorReason::UpdateFailed
+    }
+}
+
+/// The environment every Pulumi process of the agent gets on top of the operation's own variables:
+/// no update check, no interactive prompts, no plugin downloads.
+pub fn base_env() -> BTreeMap<String, String> {
+    [
+        ("PULUMI_SKIP_UPDATE_CHECK", "true"),
+        ("PULUMI_SKIP_CONFIRMATIONS", "true"),
+        ("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "true"),
+        ("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true"),
+        ("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Output of a short Pulumi command.
+#[derive(Debug)]
+pub struct Output {
+    /// Exit status was 0.
+    pub success: bool,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs `pulumi <args>` in `dir` with `env` (added to the agent's own environment) and waits for it.
+pub async fn run(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args: &[&str]) -> std::io::Result<Output> {
+    let out = Command::new(pulumi)
+        .args(args)
+        .current_dir(dir)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
+}
+
+/// `pulumi version` of the binary at `pulumi` (e.g. `v3.259.0`).
+pub async fn version(pulumi: &Path) -> std::io::Result<String> {
+    let out = run(pulumi, Path::new("/"), &base_env(), &["version"]).await?;
+    if !out.success {
+        return Err(std::io::Error::other(out.stderr));
+    }
+    Ok(out.stdout.trim().to_string())
+}
+
+/// Name and runtime of the project in `dir` (from `Pulumi.yaml`/`Pulumi.yml`). `runtime` may be a string
+/// or `{name: ...}`.
+pub fn project_info(dir: &Path) -> Option<(String, String)> {
+    let text = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())?;
+    let v: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let runtime = match v.get("runtime")? {
+        serde_yaml::Value::String(s) => s.clone(),
+        other => other.get("name")?.as_str()?.to_string(),
+    };
+    Some((name, runtime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_arguments_carry_every_option() {
+        let o = OperationOptions {
+            parallel: 4,
+            message: "sync".into(),
+            expect_no_changes: true,
+            replace: vec!["urn:a".into()],
+            target: vec!["urn:b".into()],
+            target_dependents: true,
+            refresh: true,
+            continue_on_error: true,
+            ..Default::default()
+        };
+        let a = operation_args(OperationType::Up, "dev", &o).join(" ");
+        assert_eq!(
+            a,
+            "up --yes --skip-preview --json --non-interactive --color never --stack dev --parallel 4 --message sync --expect-no-changes --target urn:b --target-dependents --replace urn:a --refresh --continue-on-error"
+        );
+    }
+
+    #[test]
+    fn destroy_and_refresh_take_their_own_options() {
+        let o = OperationOptions { remove: true, run_program: true, replace: vec!["urn:x".into()], preview_only: true, ..Default::default() };
+        let d = operation_args(OperationType::Destroy, "s", &o).join(" ");
+        assert!(d.starts_with("destroy --yes --skip-preview --json"));
+        assert!(d.contains("--remove") && d.contains("--run-program") && !d.contains("--replace") && !d.contains("--preview-only"));
+        let r = operation_args(OperationType::Refresh, "s", &o).join(" ");
+        assert!(r.contains("--preview-only") && !r.contains("--remove"));
+        let p = operation_args(OperationType::Preview, "s", &Default::default()).join(" ");
+        assert!(p.starts_with("preview --json") && !p.contains("--yes"));
+    }
+
+    #[test]
+    fn failures_are_classified_like_pko() {
+        assert_eq!(classify_failure("error: the stack is currently locked by 1 lock(s)."), ErrorReason::UpdateConflict);
+        assert_eq!(classify_failure("[409] Conflict: Another update is currently in progress."), ErrorReason::UpdateConflict);
+        assert_eq!(classify_failure("error: invalid access token"), ErrorReason::InvalidAccessToken);
+        assert_eq!(classify_failure("error: no stack named 'dev' found"), ErrorReason::StackNotFound);
+        assert_eq!(classify_failure("error: update failed"), ErrorReason::UpdateFailed);
+    }
+
+    #[test]
+    fn project_info_reads_both_runtime_forms() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime:\n  name: nodejs\n").unwrap();
+        assert_eq!(project_info(d.path()), Some(("p".into(), "nodejs".into())));
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: q\nruntime: yaml\n").unwrap();
+        assert_eq!(project_info(d.path()), Some(("q".into(), "yaml".into())));
+    }
+}

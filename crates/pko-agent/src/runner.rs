@@ -1,0 +1,424 @@
+//! Runs one operation: resolve values, prepare the source, select (or create) the stack, set its config,
+//! run the Pulumi command streaming its engine events, then read outputs and build the result.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use pko_proto::v1::{
+    ConfigItem, ErrorInfo, ErrorReason, LogLine, OperationRequest, OperationResult, OperationType, OutputValue, ProjectInfo, ResultStatus,
+    config_item, log_line, operation_event::Event,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::mask::Masker;
+use crate::operation::Operation;
+use crate::pulumi;
+use crate::source::SourceCache;
+use crate::values::ValueResolver;
+
+/// What the runner needs from the agent.
+#[derive(Debug, Clone)]
+pub struct RunnerContext {
+    /// The `pulumi` binary.
+    pub pulumi: PathBuf,
+    /// Environment added to every Pulumi process (e.g. PULUMI_HOME), below the operation's own.
+    pub env: BTreeMap<String, String>,
+    /// Source cache.
+    pub sources: Arc<SourceCache>,
+    /// Value resolver (Secrets/ConfigMaps of the agent's namespace).
+    pub values: ValueResolver,
+}
+
+/// A failure before or around the Pulumi command.
+struct Failure {
+    reason: ErrorReason,
+    message: String,
+    field: String,
+}
+
+fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure {
+    Failure { reason, message: message.into(), field: field.to_string() }
+}
+
+/// Runs `req` to completion and publishes its events and its result on `op`.
+pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) {
+    let start = crate::convert::now();
+    let mut masker = Masker::default();
+    let mut result = OperationResult { start_time: Some(start), ..Default::default() };
+    let mut pinned = None;
+    let outcome = execute(&ctx, &op, &req, &mut masker, &mut result, &mut pinned).await;
+    if let Some(key) = pinned {
+        ctx.sources.release(&key);
+    }
+    result.end_time = Some(crate::convert::now());
+    match outcome {
+        Ok(()) => {
+            result.status = ResultStatus::Succeeded as i32;
+            if result.message.is_empty() {
+                result.message = format!("{} succeeded", verb(&req));
+            }
+        }
+        Err(f) => {
+            let (status, reason) = if op.interrupted.load(Ordering::SeqCst) {
+                (ResultStatus::Interrupted, ErrorReason::Interrupted)
+            } else if op.cancelled.load(Ordering::SeqCst) {
+                (ResultStatus::Cancelled, ErrorReason::Cancelled)
+            } else {
+                (ResultStatus::Failed, f.reason)
+            };
+            let message = masker.mask(&match status {
+                ResultStatus::Interrupted => format!("interrupted by agent shutdown: {}", f.message),
+                ResultStatus::Cancelled => format!("cancelled: {}", f.message),
+                _ => f.message,
+            });
+            result.status = status as i32;
+            result.message = message.clone();
+            result.error = Some(ErrorInfo { reason: reason as i32, message, field: f.field });
+        }
+    }
+    tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), "operation finished");
+    op.publish(Event::Result(result));
+}
+
+fn verb(req: &OperationRequest) -> &'static str {
+    match OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified) {
+        OperationType::Preview => "preview",
+        OperationType::Up => "update",
+        OperationType::Refresh => "refresh",
+        OperationType::Destroy => "destroy",
+        OperationType::Unspecified => "operation",
+    }
+}
+
+fn check_stop(op: &Operation) -> Result<(), Failure> {
+    if op.interrupted.load(Ordering::SeqCst) || op.cancelled.load(Ordering::SeqCst) {
+        return Err(fail(ErrorReason::Cancelled, "", "stopped before Pulumi ran"));
+    }
+    Ok(())
+}
+
+async fn execute(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    masker: &mut Masker,
+    result: &mut OperationResult,
+    pinned: &mut Option<String>,
+) -> Result<(), Failure> {
+    let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
+    if kind == OperationType::Unspecified {
+        return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh or destroy)"));
+    }
+    let stack = req.stack.clone().unwrap_or_default();
+    if stack.name.is_empty() {
+        return Err(fail(ErrorReason::InvalidRequest, "stack.name", "stack name is required"));
+    }
+
+    // 1. environment of the Pulumi process
+    let mut env = pulumi::base_env();
+    env.extend(ctx.env.clone());
+    for (i, e) in req.env.iter().enumerate() {
+        let Some(r) = &e.value else { return Err(fail(ErrorReason::InvalidRequest, &format!("env[{i}].value"), format!("env {} has no value", e.name))) };
+        let v = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
+        if e.secret || e.name.contains("PASSPHRASE") || e.name.contains("TOKEN") || e.name.contains("SECRET") || e.name.contains("PASSWORD") {
+            masker.add(&v);
+        }
+        env.insert(e.name.clone(), v);
+    }
+    check_stop(op)?;
+
+    // 2. source
+    op.log("preparing source");
+    let source = req.source.clone().unwrap_or_default();
+    let prepared = ctx.sources.prepare(&source, &ctx.values, &env).await.map_err(|e| fail(ErrorReason::InvalidSource, "source", e.0))?;
+    *pinned = Some(prepared.key.clone());
+    result.revision = prepared.revision.clone();
+    let dir = prepared.project_dir.clone();
+    let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
+    result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
+    check_stop(op)?;
+
+    // 3. stack
+    reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
+    let mut args = vec!["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
+    if stack.create {
+        args.push("--create");
+        if !stack.secrets_provider.is_empty() {
+            args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
+        }
+    }
+    let out = pulumi::run(&ctx.pulumi, &dir, &env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    if !out.success {
+        let text = masker.mask(out.stderr.trim());
+        let reason = match pulumi::classify_failure(&text) {
+            ErrorReason::UpdateFailed => ErrorReason::InvalidRequest,
+            r => r,
+        };
+        return Err(fail(reason, "stack.name", text));
+    }
+
+    // 4. config
+    set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await?;
+    check_stop(op)?;
+
+    // 5. the operation
+    let args = pulumi::operation_args(kind, &stack.name, &req.options.clone().unwrap_or_default());
+    op.log(format!("running pulumi {}", args.join(" ")));
+    let mut child = Command::new(&ctx.pulumi)
+        .args(&args)
+        .current_dir(&dir)
+        .envs(&env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| fail(ErrorReason::Internal, "", format!("starting pulumi: {e}")))?;
+    op.set_pid(child.id().unwrap_or(0));
+    // A stop requested while the process was starting still reaches it.
+    if op.interrupted.load(Ordering::SeqCst) || op.cancelled.load(Ordering::SeqCst) {
+        op.signal(nix::sys::signal::Signal::SIGINT);
+    }
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let err_masker = masker.clone();
+    let op_err = op.clone();
+    let stderr_task = tokio::spawn(async move {
+        let mut text = String::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            let l = err_masker.mask(&l);
+            op_err.publish(Event::Log(LogLine { stream: log_line::Stream::Stderr as i32, text: l.clone() }));
+            text.push_str(&l);
+            text.push('\n');
+        }
+        text
+    });
+    let mut errors = String::new();
+    let mut summary: Option<Value> = None;
+    let mut preview_doc = String::new();
+    let mut lines = BufReader::new(stdout).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let line = masker.mask(&line);
+        if kind == OperationType::Preview {
+            preview_doc.push_str(&line);
+            preview_doc.push('\n');
+            continue;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(Value::Object(ev)) => {
+                if let Some(d) = ev.get("diagnosticEvent").filter(|d| d["severity"] == "error") {
+                    errors.push_str(d["message"].as_str().unwrap_or_default());
+                }
+                if let Some(s) = ev.get("summaryEvent") {
+                    summary = Some(s.clone());
+                }
+                op.publish(Event::EngineEvent(crate::convert::to_struct(&ev)));
+            }
+            _ => op.publish(Event::Log(LogLine { stream: log_line::Stream::Stdout as i32, text: line })),
+        }
+    }
+    let status = child.wait().await.map_err(|e| fail(ErrorReason::Internal, "", format!("waiting for pulumi: {e}")))?;
+    op.set_pid(0);
+    let stderr_text = stderr_task.await.unwrap_or_default();
+    if kind == OperationType::Preview {
+        if let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&preview_doc) {
+            for d in doc.get("diagnostics").and_then(Value::as_array).into_iter().flatten() {
+                if d["severity"] == "error" {
+                    errors.push_str(d["message"].as_str().unwrap_or_default());
+                }
+            }
+            summary = doc.get("changeSummary").map(|c| json!({ "resourceChanges": c }));
+            op.publish(Event::EngineEvent(crate::convert::to_struct(&doc)));
+        } else if !preview_doc.trim().is_empty() {
+            op.publish(Event::Log(LogLine { stream: log_line::Stream::Stdout as i32, text: preview_doc.clone() }));
+        }
+    }
+    if let Some(changes) = summary.as_ref().and_then(|s| s.get("resourceChanges")).and_then(Value::as_object) {
+        result.change_summary = changes.iter().map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0) as i32)).collect();
+    }
+    result.permalink = find_permalink(&format!("{stderr_text}\n{preview_doc}")).unwrap_or_default();
+    if !status.success() {
+        let text = format!("{errors}\n{stderr_text}");
+        let reason = pulumi::classify_failure(&text);
+        let msg = first_error_line(&text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
+        return Err(fail(reason, "", msg));
+    }
+
+    // 6. outputs (up)
+    if kind == OperationType::Up {
+        result.outputs = outputs(ctx, &dir, &env, &stack.name, masker).await?;
+    }
+    Ok(())
+}
+
+/// Restores the stack's config file to what the source holds (or removes it), so config set by an
+/// earlier operation on this cached directory never leaks into the next.
+fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()> {
+    let short = stack.rsplit('/').next().unwrap_or(stack);
+    let file = dir.join(format!("Pulumi.{short}.yaml"));
+    let pristine = dir.join(".pko-pristine").join(format!("Pulumi.{short}.yaml"));
+    if !dir.join(".pko-pristine").exists() {
+        std::fs::create_dir_all(dir.join(".pko-pristine"))?;
+        for e in std::fs::read_dir(dir)?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("Pulumi.") && n != "Pulumi.yaml" && n != "Pulumi.yml" && (n.ends_with(".yaml") || n.ends_with(".yml")) {
+                std::fs::copy(e.path(), dir.join(".pko-pristine").join(&n))?;
+            }
+        }
+    }
+    if pristine.exists() {
+        std::fs::copy(&pristine, &file)?;
+    } else if file.exists() {
+        std::fs::remove_file(&file)?;
+    }
+    Ok(())
+}
+
+async fn set_config(
+    ctx: &RunnerContext,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    stack: &str,
+    project: &str,
+    items: &[ConfigItem],
+    masker: &mut Masker,
+) -> Result<(), Failure> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut json_items = serde_json::Map::new();
+    let mut path_args: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("config[{i}]");
+        if item.key.is_empty() {
+            return Err(fail(ErrorReason::InvalidConfig, &field, "config key is empty"));
+        }
+        let value: Value = match &item.value {
+            Some(config_item::Value::Literal(v)) => crate::convert::from_value(v),
+            Some(config_item::Value::ValueFrom(r)) => {
+                let s = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key)))?;
+                if item.json {
+                    serde_json::from_str(&s).map_err(|e| fail(ErrorReason::InvalidConfig, &field, format!("config {}: value is not JSON: {e}", item.key)))?
+                } else {
+                    Value::String(s)
+                }
+            }
+            None => return Err(fail(ErrorReason::InvalidConfig, &field, format!("config {} has no value", item.key))),
+        };
+        let text = match &value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if item.secret {
+            masker.add(&text);
+        }
+        let key = if item.key.contains(':') { item.key.clone() } else { format!("{project}:{}", item.key) };
+        if item.path {
+            path_args.push(if item.secret { "--secret".into() } else { "--plaintext".into() });
+            path_args.push(format!("{key}={text}"));
+        } else {
+            let mut entry = json!({ "value": text, "secret": item.secret });
+            if !value.is_string() {
+                entry["objectValue"] = value;
+            }
+            json_items.insert(key, entry);
+        }
+    }
+    let run = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        pulumi::run(&ctx.pulumi, dir, env, &refs).await
+    };
+    if !json_items.is_empty() {
+        let out = run(vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--json".into(), Value::Object(json_items).to_string()])
+            .await
+            .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+        if !out.success {
+            return Err(fail(ErrorReason::InvalidConfig, "config", masker.mask(out.stderr.trim())));
+        }
+    }
+    if !path_args.is_empty() {
+        let mut args = vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--path".into()];
+        args.extend(path_args);
+        let out = run(args).await.map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+        if !out.success {
+            return Err(fail(ErrorReason::InvalidConfig, "config", masker.mask(out.stderr.trim())));
+        }
+    }
+    Ok(())
+}
+
+async fn outputs(
+    ctx: &RunnerContext,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    stack: &str,
+    masker: &mut Masker,
+) -> Result<std::collections::HashMap<String, OutputValue>, Failure> {
+    let shown = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--show-secrets", "--stack", stack])
+        .await
+        .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack])
+        .await
+        .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    if !shown.success || !masked.success {
+        return Err(fail(ErrorReason::Internal, "", format!("reading outputs: {}", masker.mask(&shown.stderr))));
+    }
+    let shown: serde_json::Map<String, Value> = serde_json::from_str(&shown.stdout).unwrap_or_default();
+    let masked: serde_json::Map<String, Value> = serde_json::from_str(&masked.stdout).unwrap_or_default();
+    let mut out = std::collections::HashMap::new();
+    for (k, v) in shown {
+        let secret = masked.get(&k).is_some_and(|m| m == "[secret]") && v != "[secret]";
+        if secret {
+            masker.add(&match &v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+        }
+        out.insert(k, OutputValue { value: v.to_string().into_bytes(), secret });
+    }
+    Ok(out)
+}
+
+fn find_permalink(text: &str) -> Option<String> {
+    let re = regex::Regex::new(r"https?://[^\s]+/(updates|previews)/\d+").ok()?;
+    re.find(text).map(|m| m.as_str().to_string())
+}
+
+fn first_error_line(text: &str) -> Option<String> {
+    text.lines().map(str::trim).find(|l| l.starts_with("error:")).map(|l| l.trim_start_matches("error:").trim().to_string()).or_else(|| {
+        let t = text.trim();
+        (!t.is_empty()).then(|| t.lines().take(5).collect::<Vec<_>>().join("\n"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_config_is_reset_to_the_source() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime: yaml\n").unwrap();
+        std::fs::write(d.path().join("Pulumi.prod.yaml"), "config:\n  p:a: checked-in\n").unwrap();
+        reset_stack_config(d.path(), "org/p/prod").unwrap();
+        std::fs::write(d.path().join("Pulumi.prod.yaml"), "config:\n  p:a: changed\n").unwrap();
+        std::fs::write(d.path().join("Pulumi.dev.yaml"), "config:\n  p:b: stale\n").unwrap();
+        reset_stack_config(d.path(), "org/p/prod").unwrap();
+        reset_stack_config(d.path(), "dev").unwrap();
+        assert_eq!(std::fs::read_to_string(d.path().join("Pulumi.prod.yaml")).unwrap(), "config:\n  p:a: checked-in\n");
+        assert!(!d.path().join("Pulumi.dev.yaml").exists());
+    }
+
+    #[test]
+    fn permalinks_and_errors_are_found() {
+        assert_eq!(find_permalink("View Live: https://app.pulumi.com/o/p/s/updates/12\n").as_deref(), Some("https://app.pulumi.com/o/p/s/updates/12"));
+        assert_eq!(find_permalink("no link"), None);
+        assert_eq!(first_error_line("warn\nerror: the stack is locked\n").as_deref(), Some("the stack is locked"));
+    }
+}

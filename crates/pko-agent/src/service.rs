@@ -1,0 +1,235 @@
+//! The tonic service: Run, Attach, Cancel, Status, PulumiVersion, WhoAmI; and the agent's shutdown.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::Stream;
+use pko_proto::v1::agent_server::Agent;
+use pko_proto::v1::{
+    AttachRequest, CachedSource, CancelRequest, CancelResponse, ErrorInfo, ErrorReason, OperationEvent, OperationRequest, PulumiVersionRequest,
+    PulumiVersionResponse, StatusRequest, StatusResponse, WhoAmIRequest, WhoAmIResponse, status_response,
+};
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use crate::auth::Auth;
+use crate::operation::Registry;
+use crate::runner::{self, RunnerContext};
+
+/// Agent settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Operations run at once (default 1).
+    pub capacity: usize,
+    /// Grace between Ctrl-C and SIGKILL, for Cancel and for shutdown.
+    pub grace: Duration,
+}
+
+/// The agent service.
+#[derive(Debug, Clone)]
+pub struct AgentService {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: AgentConfig,
+    ctx: RunnerContext,
+    ops: Registry,
+    auth: Auth,
+    draining: AtomicBool,
+    pulumi_version: tokio::sync::OnceCell<String>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<OperationEvent, Status>> + Send>>;
+
+/// `INVALID_ARGUMENT` with an [`ErrorInfo`] detail naming the field.
+pub fn invalid(field: &str, message: impl Into<String>) -> Status {
+    let message = message.into();
+    let info = ErrorInfo { reason: ErrorReason::InvalidRequest as i32, message: message.clone(), field: field.into() };
+    Status::with_details(tonic::Code::InvalidArgument, format!("{field}: {message}"), info.encode_to_vec().into())
+}
+
+impl AgentService {
+    /// A service running operations with `ctx`, retaining finished ones for `retention` with at most
+    /// `max_events` buffered events each.
+    pub fn new(cfg: AgentConfig, ctx: RunnerContext, auth: Auth, retention: Duration, max_events: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                cfg,
+                ctx,
+                ops: Registry::new(max_events, retention),
+                auth,
+                draining: AtomicBool::new(false),
+                pulumi_version: tokio::sync::OnceCell::new(),
+            }),
+        }
+    }
+
+    /// Starts the shutdown: accept nothing new; Ctrl-C every running Pulumi process (SIGKILL after the
+    /// grace). Their operations end with status `INTERRUPTED`.
+    pub fn begin_shutdown(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        for op in self.inner.ops.running() {
+            op.interrupted.store(true, Ordering::SeqCst);
+            tracing::info!(operation = %op.id, "shutting down: interrupting pulumi");
+            op.interrupt_with_grace(self.inner.cfg.grace);
+        }
+    }
+
+    /// Second signal: kill every running Pulumi process now.
+    pub fn kill_all(&self) {
+        for op in self.inner.ops.running() {
+            op.interrupted.store(true, Ordering::SeqCst);
+            op.signal(nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    /// Resolves once the shutdown began and no operation runs any more.
+    pub async fn drained(&self) {
+        loop {
+            if self.inner.draining.load(Ordering::SeqCst) && self.inner.ops.running().is_empty() {
+                // let the final events reach the streams
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn stream_of(op: &Arc<crate::operation::Operation>) -> EventStream {
+        use futures::StreamExt;
+        Box::pin(op.follow().map(Ok))
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    type RunStream = EventStream;
+    type AttachStream = EventStream;
+
+    async fn run(&self, request: Request<OperationRequest>) -> Result<Response<Self::RunStream>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        let req = request.into_inner();
+        if req.operation_id.is_empty() {
+            return Err(invalid("operation_id", "an operation id is required"));
+        }
+        if req.source.as_ref().and_then(|s| s.kind.as_ref()).is_none() {
+            return Err(invalid("source", "a source is required (git, artifact, local or project_info)"));
+        }
+        if req.stack.as_ref().is_none_or(|s| s.name.is_empty()) {
+            return Err(invalid("stack.name", "a stack name is required"));
+        }
+        if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default() == pko_proto::v1::OperationType::Unspecified {
+            return Err(invalid("type", "operation type is required: preview, up, refresh or destroy"));
+        }
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("agent is shutting down"));
+        }
+        if let Some(op) = self.inner.ops.get(&req.operation_id) {
+            // The same operation again (e.g. a retried call): follow it instead of running it twice.
+            return Ok(Response::new(Self::stream_of(&op)));
+        }
+        if self.inner.ops.running().len() >= self.inner.cfg.capacity {
+            return Err(Status::unavailable(format!("agent busy: {} operation(s) running, capacity {}", self.inner.ops.running().len(), self.inner.cfg.capacity)));
+        }
+        let op = self.inner.ops.insert(&req.operation_id, req.epoch).ok_or_else(|| Status::already_exists("operation id in use"))?;
+        tracing::info!(operation = %op.id, epoch = req.epoch, stack = %req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or(""), "operation accepted");
+        op.log("operation accepted");
+        tokio::spawn(runner::run(self.inner.ctx.clone(), op.clone(), req));
+        Ok(Response::new(Self::stream_of(&op)))
+    }
+
+    async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<Self::AttachStream>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        let id = request.into_inner().operation_id;
+        let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        Ok(Response::new(Self::stream_of(&op)))
+    }
+
+    async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        let id = request.into_inner().operation_id;
+        let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        if op.finished() {
+            return Ok(Response::new(CancelResponse { cancelled: false }));
+        }
+        op.cancelled.store(true, Ordering::SeqCst);
+        op.log("cancel requested: interrupting pulumi");
+        op.interrupt_with_grace(self.inner.cfg.grace);
+        Ok(Response::new(CancelResponse { cancelled: true }))
+    }
+
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        let running = self.inner.ops.running();
+        let state = if self.inner.draining.load(Ordering::SeqCst) {
+            status_response::State::Draining
+        } else if running.is_empty() {
+            status_response::State::Idle
+        } else {
+            status_response::State::Busy
+        };
+        let cached_sources = self
+            .inner
+            .ctx
+            .sources
+            .entries()
+            .into_iter()
+            .map(|e| {
+                let t = e.last_used.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                CachedSource { key: e.key, size_bytes: e.size_bytes as i64, last_used: Some(prost_types::Timestamp { seconds: t.as_secs() as i64, nanos: 0 }) }
+            })
+            .collect();
+        Ok(Response::new(StatusResponse {
+            state: state as i32,
+            current_operation_id: running.first().map(|o| o.id.clone()).unwrap_or_default(),
+            pulumi_version: self.version().await.unwrap_or_default(),
+            cached_sources,
+            capacity: self.inner.cfg.capacity as i32,
+            running: running.len() as i32,
+        }))
+    }
+
+    async fn pulumi_version(&self, request: Request<PulumiVersionRequest>) -> Result<Response<PulumiVersionResponse>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        Ok(Response::new(PulumiVersionResponse { version: self.version().await? }))
+    }
+
+    async fn who_am_i(&self, request: Request<WhoAmIRequest>) -> Result<Response<WhoAmIResponse>, Status> {
+        self.inner.auth.check(request.metadata()).await?;
+        let req = request.into_inner();
+        let mut env: BTreeMap<String, String> = crate::pulumi::base_env();
+        env.extend(self.inner.ctx.env.clone());
+        for (i, e) in req.env.iter().enumerate() {
+            let r = e.value.as_ref().ok_or_else(|| invalid(&format!("env[{i}].value"), "missing value"))?;
+            let v = self.inner.ctx.values.resolve(r).await.map_err(|m| invalid(&format!("env[{i}]"), m))?;
+            env.insert(e.name.clone(), v);
+        }
+        let out = crate::pulumi::run(&self.inner.ctx.pulumi, std::path::Path::new("/"), &env, &["whoami", "--json", "--non-interactive"])
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if !out.success {
+            return Err(Status::failed_precondition(out.stderr.trim().to_string()));
+        }
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).map_err(|e| Status::internal(format!("pulumi whoami: {e}")))?;
+        Ok(Response::new(WhoAmIResponse {
+            user: v["user"].as_str().unwrap_or_default().into(),
+            organizations: v["organizations"].as_array().into_iter().flatten().filter_map(|o| o.as_str().map(String::from)).collect(),
+            url: v["url"].as_str().unwrap_or_default().into(),
+        }))
+    }
+}
+
+impl AgentService {
+    async fn version(&self) -> Result<String, Status> {
+        self.inner
+            .pulumi_version
+            .get_or_try_init(|| async { crate::pulumi::version(&self.inner.ctx.pulumi).await.map_err(|e| Status::internal(format!("pulumi version: {e}"))) })
+            .await
+            .cloned()
+    }
+}

@@ -1,0 +1,469 @@
+//! Program sources: a working directory per source revision, prepared once (clone or download, then
+//! `pulumi install`) and reused; the cache is bounded by size, least recently used first out.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use base64::Engine;
+use futures::StreamExt;
+use pko_proto::v1::{ArtifactSource, GitSource, Source, source::Kind};
+use sha2::{Digest, Sha256};
+use tokio::process::Command;
+
+use crate::values::ValueResolver;
+
+/// A source that could not be prepared (reported as `INVALID_SOURCE`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SourceError(pub String);
+
+fn err(msg: impl Into<String>) -> SourceError {
+    SourceError(msg.into())
+}
+
+/// A prepared program.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Directory holding `Pulumi.yaml`.
+    pub project_dir: PathBuf,
+    /// What ran: the commit SHA, the artifact digest, the local path or `project:<name>`.
+    pub revision: String,
+    /// Cache key of the working directory.
+    pub key: String,
+}
+
+/// Settings of the source cache.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Root directory of the cache.
+    pub root: PathBuf,
+    /// Total size the cache may keep, in bytes; least recently used entries go first.
+    pub max_bytes: u64,
+    /// Largest uncompressed artifact, in bytes (PKO's Flux default: 100 MiB).
+    pub max_artifact_bytes: u64,
+    /// `pulumi` binary for `pulumi install`.
+    pub pulumi: PathBuf,
+}
+
+/// The cache of prepared sources.
+#[derive(Debug)]
+pub struct SourceCache {
+    cfg: CacheConfig,
+    http: reqwest::Client,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    in_use: Mutex<HashSet<String>>,
+}
+
+/// One cached source (for `Status`).
+#[derive(Debug, Clone)]
+pub struct CachedEntry {
+    /// Cache key.
+    pub key: String,
+    /// Size on disk in bytes.
+    pub size_bytes: u64,
+    /// Last use.
+    pub last_used: SystemTime,
+}
+
+const READY: &str = ".pko-ready";
+
+impl SourceCache {
+    /// A cache rooted at `cfg.root` (created when missing).
+    pub fn new(cfg: CacheConfig) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&cfg.root)?;
+        let http = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build().map_err(std::io::Error::other)?;
+        Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default() })
+    }
+
+    /// Prepares `source` (or reuses its cached working directory) and returns the project directory.
+    /// The entry stays pinned (never evicted) until [`SourceCache::release`].
+    pub async fn prepare(&self, source: &Source, values: &ValueResolver, env: &BTreeMap<String, String>) -> Result<Prepared, SourceError> {
+        let kind = source.kind.as_ref().ok_or_else(|| err("the request has no source"))?;
+        let (key, dir, revision) = match kind {
+            Kind::Local(l) => {
+                let p = PathBuf::from(&l.dir);
+                if !p.is_dir() {
+                    return Err(err(format!("local source directory {} does not exist", l.dir)));
+                }
+                return self.finish(format!("local:{}", l.dir), p, l.dir.clone(), None);
+            }
+            Kind::ProjectInfo(pi) => {
+                if pi.name.is_empty() || pi.runtime.is_empty() {
+                    return Err(err("projectInfo needs a name and a runtime"));
+                }
+                let key = format!("project-{}", hex(&Sha256::digest(format!("{}\n{}", pi.name, pi.runtime))[..8]));
+                let path = self.cfg.root.join(&key);
+                if !path.join(READY).exists() {
+                    std::fs::create_dir_all(&path).map_err(|e| err(e.to_string()))?;
+                    std::fs::write(path.join("Pulumi.yaml"), format!("name: {}\nruntime: {}\n", pi.name, pi.runtime)).map_err(|e| err(e.to_string()))?;
+                    std::fs::write(path.join(READY), "").map_err(|e| err(e.to_string()))?;
+                }
+                return self.finish(key, path, format!("project:{}", pi.name), None);
+            }
+            Kind::Git(g) => {
+                let auth = GitAuthArgs::resolve(g, values).await?;
+                let sha = resolve_git_revision(g, &auth).await?;
+                let key = format!("git-{}-{}", hex(&Sha256::digest(g.url.as_bytes())[..6]), sha);
+                (key, g.dir.clone(), sha)
+            }
+            Kind::Artifact(a) => {
+                let hexd = a.digest.strip_prefix("sha256:").ok_or_else(|| err(format!("artifact digest {:?} is not of the form sha256:<hex>", a.digest)))?;
+                if hexd.len() != 64 || !hexd.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(err(format!("artifact digest {:?} is not of the form sha256:<64 hex digits>", a.digest)));
+                }
+                (format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone())
+            }
+        };
+        let lock = self.locks.lock().unwrap().entry(key.clone()).or_default().clone();
+        let _guard = lock.lock().await;
+        let path = self.cfg.root.join(&key);
+        if !path.join(READY).exists() {
+            let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.cfg.root).map_err(|e| err(e.to_string()))?;
+            match kind {
+                Kind::Git(g) => {
+                    let auth = GitAuthArgs::resolve(g, values).await?;
+                    clone(g, &revision, &auth, tmp.path()).await?;
+                }
+                Kind::Artifact(a) => self.download(a, tmp.path()).await?,
+                _ => unreachable!("handled above"),
+            }
+            let project = safe_join(tmp.path(), &dir)?;
+            if project_file(&project).is_none() {
+                return Err(err(format!("no Pulumi.yaml in {} of the source", if dir.is_empty() { "the root" } else { &dir })));
+            }
+            let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| err(format!("pulumi install: {e}")))?;
+            if !out.success {
+                return Err(err(format!("pulumi install failed: {}", out.stderr.trim())));
+            }
+            std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
+            let _ = std::fs::remove_dir_all(&path);
+            let tmp_path = tmp.keep();
+            std::fs::rename(&tmp_path, &path).map_err(|e| err(format!("caching the source: {e}")))?;
+        }
+        touch(&path.join(READY));
+        let project = safe_join(&path, &dir)?;
+        self.finish(key, project, revision, Some(()))
+    }
+
+    fn finish(&self, key: String, project_dir: PathBuf, revision: String, cached: Option<()>) -> Result<Prepared, SourceError> {
+        if project_file(&project_dir).is_none() {
+            return Err(err(format!("no Pulumi.yaml in {}", project_dir.display())));
+        }
+        self.in_use.lock().unwrap().insert(key.clone());
+        if cached.is_some() {
+            self.evict();
+        }
+        Ok(Prepared { project_dir, revision, key })
+    }
+
+    /// Unpins a prepared source.
+    pub fn release(&self, key: &str) {
+        self.in_use.lock().unwrap().remove(key);
+    }
+
+    /// The cached entries, most recently used first.
+    pub fn entries(&self) -> Vec<CachedEntry> {
+        let mut v: Vec<CachedEntry> = std::fs::read_dir(&self.cfg.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join(READY).exists())
+            .map(|e| CachedEntry {
+                key: e.file_name().to_string_lossy().into_owned(),
+                size_bytes: dir_size(&e.path()),
+                last_used: std::fs::metadata(e.path().join(READY)).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH),
+            })
+            .collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.last_used));
+        v
+    }
+
+    fn evict(&self) {
+        let entries = self.entries();
+        let mut total: u64 = entries.iter().map(|e| e.size_bytes).sum();
+        let in_use = self.in_use.lock().unwrap().clone();
+        for e in entries.iter().rev() {
+            if total <= self.cfg.max_bytes {
+                break;
+            }
+            if in_use.contains(&e.key) {
+                continue;
+            }
+            if std::fs::remove_dir_all(self.cfg.root.join(&e.key)).is_ok() {
+                tracing::info!(key = %e.key, bytes = e.size_bytes, "evicted cached source");
+                total -= e.size_bytes;
+            }
+        }
+    }
+
+    async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
+        let resp = self.http.get(&a.url).send().await.map_err(|e| err(format!("downloading {}: {e}", a.url)))?;
+        if !resp.status().is_success() {
+            return Err(err(format!("downloading {}: HTTP {}", a.url, resp.status())));
+        }
+        let cap = self.cfg.max_artifact_bytes;
+        let mut file = tempfile::tempfile().map_err(|e| err(e.to_string()))?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| err(format!("downloading {}: {e}", a.url)))?;
+            size += chunk.len() as u64;
+            if size > cap {
+                return Err(err(format!("artifact is larger than the {cap}-byte limit")));
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).map_err(|e| err(e.to_string()))?;
+        }
+        let got = format!("sha256:{}", hex(&hasher.finalize()));
+        if !got.eq_ignore_ascii_case(&a.digest) {
+            return Err(err(format!("artifact digest mismatch: expected {}, got {got}", a.digest)));
+        }
+        use std::io::Seek;
+        file.rewind().map_err(|e| err(e.to_string()))?;
+        let into = into.to_path_buf();
+        tokio::task::spawn_blocking(move || extract_tar_gz(file, &into, cap)).await.map_err(|e| err(e.to_string()))?
+    }
+}
+
+/// Extracts a gzipped tarball into `into`, refusing absolute paths, `..`, links that leave the directory,
+/// and more than `cap` uncompressed bytes.
+pub fn extract_tar_gz(reader: impl Read, into: &Path, cap: u64) -> Result<(), SourceError> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(reader));
+    let mut total = 0u64;
+    for entry in archive.entries().map_err(|e| err(format!("reading archive: {e}")))? {
+        let mut entry = entry.map_err(|e| err(format!("reading archive: {e}")))?;
+        let path = entry.path().map_err(|e| err(format!("reading archive: {e}")))?.into_owned();
+        if !is_relative_inside(&path) {
+            return Err(err(format!("unsafe path in archive: {}", path.display())));
+        }
+        if let Ok(Some(target)) = entry.link_name() {
+            let resolved = path.parent().unwrap_or(Path::new("")).join(&target);
+            if target.is_absolute() || !is_relative_inside(&resolved) {
+                return Err(err(format!("unsafe link in archive: {} -> {}", path.display(), target.display())));
+            }
+        }
+        total += entry.header().size().unwrap_or(0);
+        if total > cap {
+            return Err(err(format!("archive is larger than the {cap}-byte limit when uncompressed")));
+        }
+        entry.set_preserve_mtime(false);
+        if !entry.unpack_in(into).map_err(|e| err(format!("extracting {}: {e}", path.display())))? {
+            return Err(err(format!("unsafe path in archive: {}", path.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `p` is relative and never climbs above its root.
+fn is_relative_inside(p: &Path) -> bool {
+    let mut depth: i32 = 0;
+    for c in p.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
+    let d = dir.trim_start_matches("./");
+    if d.is_empty() {
+        return Ok(root.to_path_buf());
+    }
+    if !is_relative_inside(Path::new(d)) {
+        return Err(err(format!("source directory {dir:?} leaves the source")));
+    }
+    Ok(root.join(d))
+}
+
+fn project_file(dir: &Path) -> Option<PathBuf> {
+    ["Pulumi.yaml", "Pulumi.yml"].iter().map(|f| dir.join(f)).find(|p| p.is_file())
+}
+
+fn touch(p: &Path) {
+    let _ = std::fs::File::options().append(true).open(p).and_then(|f| f.set_modified(SystemTime::now()));
+}
+
+fn dir_size(p: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => total += e.metadata().map(|m| m.len()).unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Credentials for git, as command-line configuration and environment.
+#[derive(Default)]
+struct GitAuthArgs {
+    config: Vec<String>,
+    env: Vec<(String, String)>,
+    _key_file: Option<tempfile::NamedTempFile>,
+}
+
+impl GitAuthArgs {
+    async fn resolve(g: &GitSource, values: &ValueResolver) -> Result<Self, SourceError> {
+        let mut a = GitAuthArgs::default();
+        let Some(auth) = &g.auth else { return Ok(a) };
+        let get = |r: &Option<pko_proto::v1::ValueRef>| {
+            let r = r.clone();
+            async move {
+                match r {
+                    Some(r) => values.resolve(&r).await.map(Some).map_err(|e| err(format!("git credentials: {e}"))),
+                    None => Ok(None),
+                }
+            }
+        };
+        if let Some(key) = get(&auth.ssh_private_key).await? {
+            let mut f = tempfile::NamedTempFile::new().map_err(|e| err(e.to_string()))?;
+            f.write_all(key.as_bytes()).map_err(|e| err(e.to_string()))?;
+            let path = f.path().display().to_string();
+            a.env.push(("GIT_SSH_COMMAND".into(), format!("ssh -i {path} -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new")));
+            a._key_file = Some(f);
+        } else if let Some(token) = get(&auth.token).await? {
+            a.basic("git", &token);
+        } else if let (Some(u), Some(p)) = (get(&auth.username).await?, get(&auth.password).await?) {
+            a.basic(&u, &p);
+        }
+        Ok(a)
+    }
+
+    fn basic(&mut self, user: &str, password: &str) {
+        let b = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        self.config.push(format!("http.extraHeader=Authorization: Basic {b}"));
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new("git");
+        for kv in &self.config {
+            c.arg("-c").arg(kv);
+        }
+        c.envs(self.env.iter().cloned()).env("GIT_TERMINAL_PROMPT", "0").kill_on_drop(true);
+        c
+    }
+}
+
+async fn git(auth: &GitAuthArgs, args: &[&str], cwd: Option<&Path>) -> Result<String, SourceError> {
+    let mut c = auth.command();
+    c.args(args);
+    if let Some(d) = cwd {
+        c.current_dir(d);
+    }
+    let out = c.output().await.map_err(|e| err(format!("running git: {e}")))?;
+    if !out.status.success() {
+        return Err(err(format!("git {}: {}", args.first().unwrap_or(&""), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_sha(s: &str) -> bool {
+    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+async fn resolve_git_revision(g: &GitSource, auth: &GitAuthArgs) -> Result<String, SourceError> {
+    if g.url.is_empty() {
+        return Err(err("git source has no url"));
+    }
+    let rev = if g.revision.is_empty() { "HEAD" } else { g.revision.as_str() };
+    if is_sha(rev) {
+        return Ok(rev.to_ascii_lowercase());
+    }
+    let out = git(auth, &["ls-remote", &g.url, rev, &format!("refs/heads/{rev}"), &format!("refs/tags/{rev}")], None).await?;
+    out.lines()
+        .filter_map(|l| l.split_once('\t'))
+        .find(|(_, r)| *r == rev || *r == format!("refs/heads/{rev}") || *r == format!("refs/tags/{rev}^{{}}") || *r == format!("refs/tags/{rev}"))
+        .map(|(sha, _)| sha.to_string())
+        .ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
+}
+
+async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Result<(), SourceError> {
+    let dir = into.to_str().ok_or_else(|| err("non UTF-8 cache path"))?;
+    git(auth, &["init", "-q", dir], None).await?;
+    git(auth, &["remote", "add", "origin", &g.url], Some(into)).await?;
+    // Fetch exactly the commit (protocol v2 servers allow it); fall back to a full fetch.
+    let depth: &[&str] = if g.shallow { &["--depth", "1"] } else { &[] };
+    let mut args = vec!["fetch", "-q"];
+    args.extend_from_slice(depth);
+    args.extend_from_slice(&["origin", sha]);
+    if git(auth, &args, Some(into)).await.is_err() {
+        git(auth, &["fetch", "-q", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"], Some(into)).await?;
+    }
+    git(auth, &["-c", "advice.detachedHead=false", "checkout", "-q", sha], Some(into)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tarball(entries: &[(&str, &[u8])], link: Option<(&str, &str)>) -> Vec<u8> {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (path, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            // write the raw name so that unsafe paths reach the archive
+            let name = h.as_old_mut().name.as_mut();
+            name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        if let Some((path, target)) = link {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, path, target).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn extracts_a_safe_archive() {
+        let d = tempfile::tempdir().unwrap();
+        let t = tarball(&[("Pulumi.yaml", b"name: x\nruntime: yaml\n"), ("sub/a.txt", b"a")], None);
+        extract_tar_gz(&t[..], d.path(), 1 << 20).unwrap();
+        assert!(d.path().join("Pulumi.yaml").is_file() && d.path().join("sub/a.txt").is_file());
+    }
+
+    #[test]
+    fn refuses_traversal_links_and_oversize() {
+        let d = tempfile::tempdir().unwrap();
+        let e = extract_tar_gz(&tarball(&[("../evil", b"x")], None)[..], d.path(), 1 << 20).unwrap_err();
+        assert!(e.0.contains("unsafe path"), "{e}");
+        let e = extract_tar_gz(&tarball(&[("a", b"x")], Some(("l", "../../etc/passwd")))[..], d.path(), 1 << 20).unwrap_err();
+        assert!(e.0.contains("unsafe link"), "{e}");
+        let e = extract_tar_gz(&tarball(&[("big", &[0u8; 4096])], None)[..], d.path(), 1000).unwrap_err();
+        assert!(e.0.contains("limit"), "{e}");
+        assert!(!d.path().parent().unwrap().join("evil").exists());
+    }
+
+    #[test]
+    fn directories_may_not_leave_the_source() {
+        assert!(safe_join(Path::new("/c"), "../x").is_err());
+        assert_eq!(safe_join(Path::new("/c"), "./app").unwrap(), PathBuf::from("/c/app"));
+        assert_eq!(safe_join(Path::new("/c"), "").unwrap(), PathBuf::from("/c"));
+    }
+}
