@@ -88,7 +88,8 @@ KC
 
 start() { # name cmd...
   local name="$1"; shift
-  setsid "$@" > "$TB_RUN/logs/$name.log" 2>&1 < /dev/null &
+  # 8>&-: the daemon must not inherit the lock of up.sh (it would hold it for its whole life)
+  setsid "$@" > "$TB_RUN/logs/$name.log" 2>&1 < /dev/null 8>&- &
   echo "$name $!" >> "$TB_RUN/pids"
 }
 wait_for() { # what timeout-seconds command...

@@ -89,7 +89,7 @@ struct Serve {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_target(false).init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_target(false).with_writer(std::io::stderr).init();
     let Cmd::Serve(args) = Cli::parse().command;
     serve(args).await
 }
@@ -156,10 +156,17 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     println!("listening on {local}");
     tracing::info!(%local, auth = ?a.auth, capacity = a.capacity, "agent serving");
     let drained = service.clone();
-    builder
+    let deadline = service.clone();
+    let server = builder
         .add_service(AgentServer::new(service).max_decoding_message_size(64 << 20).max_encoding_message_size(400 << 20))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move { drained.drained().await })
-        .await?;
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move { drained.drained().await });
+    tokio::select! {
+        r = server => r?,
+        // Clients that keep idle connections open must not hold the pod past its drain.
+        _ = async move { deadline.drained().await; tokio::time::sleep(Duration::from_secs(3)).await } => {
+            tracing::info!("drained; closing remaining connections");
+        }
+    }
     tracing::info!("agent stopped");
     Ok(())
 }

@@ -134,9 +134,15 @@ impl SourceCache {
             if project_file(&project).is_none() {
                 return Err(err(format!("no Pulumi.yaml in {} of the source", if dir.is_empty() { "the root" } else { &dir })));
             }
-            let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| err(format!("pulumi install: {e}")))?;
-            if !out.success {
-                return Err(err(format!("pulumi install failed: {}", out.stderr.trim())));
+            // `pulumi install` once per source revision: language dependencies (npm, pip, go modules) and
+            // plugins. YAML programs have no dependencies and their plugins resolve at run time, so it
+            // is skipped for them (it would otherwise look up "latest" plugin versions on the network).
+            let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
+            if runtime != "yaml" {
+                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| err(format!("pulumi install: {e}")))?;
+                if !out.success {
+                    return Err(err(format!("pulumi install failed: {}", out.stderr.trim())));
+                }
             }
             std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
             let _ = std::fs::remove_dir_all(&path);

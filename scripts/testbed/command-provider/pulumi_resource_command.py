@@ -66,6 +66,15 @@ SCHEMA = {
 }
 
 
+# The SDK cannot marshal `Computed` values; on the wire an unknown is this sentinel string (Pulumi's
+# `UnknownStringValue`), which the engine reads back as "computed" during previews.
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+
+def unknown():
+    return PropertyValue(UNKNOWN)
+
+
 def plain(v):
     """PropertyValue (possibly nested) -> plain Python value."""
     if isinstance(v, PropertyValue):
@@ -150,7 +159,7 @@ class CommandProvider(p.Provider):
     async def create(self, request):
         props = request.properties
         if request.preview:
-            return p.CreateResponse(resource_id="", properties={**props, "stdout": PropertyValue.computed(), "stderr": PropertyValue.computed()})
+            return p.CreateResponse(resource_id="", properties={**props, "stdout": unknown(), "stderr": unknown()})
         stdout, stderr = "", ""
         cmd = plain(props.get("create"))
         if cmd:
@@ -160,7 +169,7 @@ class CommandProvider(p.Provider):
     async def update(self, request):
         news, olds = request.news, request.olds
         if request.preview:
-            return p.UpdateResponse(properties={**news, "stdout": PropertyValue.computed(), "stderr": PropertyValue.computed()})
+            return p.UpdateResponse(properties={**news, "stdout": unknown(), "stderr": unknown()})
         stdout, stderr = plain(olds.get("stdout")) or "", plain(olds.get("stderr")) or ""
         cmd = plain(news.get("update"))
         if cmd:

@@ -1,0 +1,334 @@
+//! The agent against the real Pulumi CLI of the test bed.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use pko_proto::v1::{
+    ArtifactSource, AttachRequest, CancelRequest, ConfigItem, ErrorReason, GitSource, OperationType, PulumiVersionRequest, ResultStatus, Source,
+    StatusRequest, WhoAmIRequest, config_item, operation_event::Event, source, status_response,
+};
+use pko_testbed::{testbed, versions};
+
+const LIFECYCLE: &str = r#"config:
+  greeting:
+    type: string
+  pw:
+    type: string
+    secret: true
+  settings:
+    type: object
+resources:
+  hello:
+    type: command:local:Command
+    properties:
+      create: echo "${greeting}"
+      delete: echo destroyed > "$MARKER"
+      environment:
+        MARKER: ${marker}
+  secretcmd:
+    type: command:local:Command
+    properties:
+      create: echo "${pw}"
+variables:
+  marker: MARKER_PATH
+outputs:
+  greeting: ${hello.stdout}
+  secretOut: ${secretcmd.stdout}
+  zones: ${settings.zones}
+"#;
+
+fn reason(r: &pko_proto::v1::OperationResult) -> ErrorReason {
+    r.error.as_ref().map(|e| ErrorReason::try_from(e.reason).unwrap()).unwrap_or(ErrorReason::Unspecified)
+}
+
+#[tokio::test]
+async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
+    let env = pulumi_env();
+    let marker = env.dir().join("marker");
+    let dir = project(&env, "life", &LIFECYCLE.replace("MARKER_PATH", &marker.display().to_string()));
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let secret = "s3cr3t-Value-42";
+
+    let mut up = request(&env, "life-up", &dir, "dev", OperationType::Up);
+    up.config = vec![
+        config("greeting", serde_json::json!("bonjour"), false),
+        config("pw", serde_json::json!(secret), true),
+        config("settings", serde_json::json!({"zones": ["a", "b"]}), false),
+    ];
+    let events = run(&mut c, up.clone()).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    let out = outputs(&r);
+    assert_eq!(out["greeting"], (serde_json::json!("bonjour"), false));
+    assert_eq!(out["secretOut"], (serde_json::json!(secret), true), "secret output is flagged");
+    assert_eq!(out["zones"], (serde_json::json!(["a", "b"]), false), "structured config reaches the program");
+    assert!(!all_text(&events[..events.len() - 1]).contains(secret), "the secret appears in no log or engine event");
+    assert!(events.iter().any(|e| matches!(&e.event, Some(Event::EngineEvent(s)) if s.fields.contains_key("summaryEvent"))));
+    assert_eq!(r.change_summary.get("create"), Some(&3), "{:?}", r.change_summary);
+    assert_eq!(r.project_info.as_ref().unwrap().name, "life");
+    assert!(events.windows(2).all(|w| w[1].sequence == w[0].sequence + 1), "sequences are consecutive");
+
+    let mut preview = up.clone();
+    preview.operation_id = "life-preview".into();
+    preview.r#type = OperationType::Preview as i32;
+    preview.options.as_mut().unwrap().expect_no_changes = true;
+    let events = run(&mut c, preview).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "preview shows no changes: {}", all_text(&events));
+    assert_eq!(r.change_summary.get("same"), Some(&3), "{:?}", r.change_summary);
+
+    let mut refresh = up.clone();
+    refresh.operation_id = "life-refresh".into();
+    refresh.r#type = OperationType::Refresh as i32;
+    let r = result(&run(&mut c, refresh).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+
+    let mut destroy = up.clone();
+    destroy.operation_id = "life-destroy".into();
+    destroy.r#type = OperationType::Destroy as i32;
+    let r = result(&run(&mut c, destroy).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "destroyed", "destroy ran the command's delete");
+    assert_eq!(r.change_summary.get("delete"), Some(&3), "{:?}", r.change_summary);
+}
+
+const SLOW: &str = r#"resources:
+  slow:
+    type: command:local:Command
+    properties:
+      create: sleep SECONDS; echo done
+outputs:
+  out: ${slow.stdout}
+"#;
+
+fn slow(env: &pko_testbed::PulumiEnv, name: &str, seconds: u32) -> std::path::PathBuf {
+    project(env, name, &SLOW.replace("SECONDS", &seconds.to_string()))
+}
+
+/// Waits until the stream shows the `slow` resource being created, then returns the stream.
+async fn until_resource_started(stream: &mut tonic::Streaming<pko_proto::v1::OperationEvent>) -> Vec<pko_proto::v1::OperationEvent> {
+    let mut seen = Vec::new();
+    while let Some(e) = stream.next().await {
+        let e = e.unwrap();
+        let started = matches!(&e.event, Some(Event::EngineEvent(s)) if {
+            let j = pko_agent::convert::from_struct(s);
+            j["resourcePreEvent"]["metadata"]["type"] == "command:local:Command"
+        });
+        let done = matches!(e.event, Some(Event::Result(_)));
+        seen.push(e);
+        if started || done {
+            break;
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn two_agents_on_one_stack_give_exactly_one_update_conflict() {
+    let env = pulumi_env();
+    let a = Agent::start(&env, &["--auth", "none"], &[]);
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    // the stack exists before the race (creating it is not what is raced)
+    let r = result(&run(&mut ca, request(&env, "create", &slow(&env, "race", 0), "dev", OperationType::Preview)).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    let ra = request(&env, "race-a", &slow(&env, "race", 4), "dev", OperationType::Up);
+    let rb = request(&env, "race-b", &slow(&env, "race", 4), "dev", OperationType::Up);
+    let (ea, eb) = tokio::join!(run(&mut ca, ra), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        run(&mut cb, rb).await
+    });
+    let results = [result(&ea), result(&eb)];
+    let ok = results.iter().filter(|r| r.status == ResultStatus::Succeeded as i32).count();
+    let conflicts: Vec<_> = results.iter().filter(|r| reason(r) == ErrorReason::UpdateConflict).collect();
+    assert_eq!((ok, conflicts.len()), (1, 1), "{results:?}");
+    assert_eq!(conflicts[0].status, ResultStatus::Failed as i32);
+}
+
+#[tokio::test]
+async fn sigterm_interrupts_pulumi_releases_the_lock_and_another_agent_succeeds() {
+    let env = pulumi_env();
+    let mut a = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut ca = a.client().await;
+    let mut stream = ca.run(request(&env, "term-1", &slow(&env, "term", 6), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut events = until_resource_started(&mut stream).await;
+    let t0 = std::time::Instant::now();
+    a.sigterm();
+    while let Some(e) = stream.next().await {
+        events.push(e.unwrap());
+    }
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Interrupted as i32, "{}", all_text(&events));
+    assert_eq!(reason(&r), ErrorReason::Interrupted);
+    assert!(a.wait_exit(Duration::from_secs(60)).success(), "the agent exits cleanly after draining");
+    // Ctrl-C is a graceful cancel: Pulumi lets the in-flight step finish, records it, releases the lock.
+    eprintln!("pulumi wound down {:?} after SIGTERM", t0.elapsed());
+
+    // another agent runs the same stack: no `pulumi cancel` needed
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut cb = b.client().await;
+    let events = run(&mut cb, request(&env, "term-2", &slow(&env, "term", 0), "dev", OperationType::Up)).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "the lock was released: {}", all_text(&events));
+}
+
+#[tokio::test]
+async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let (mut c1, mut c2) = (agent.client().await, agent.client().await);
+    let mut s1 = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut first = until_resource_started(&mut s1).await;
+    let attached: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into() }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    while let Some(e) = s1.next().await {
+        first.push(e.unwrap());
+    }
+    assert_eq!(result(&first).status, ResultStatus::Succeeded as i32, "{}", all_text(&first));
+    assert_eq!(attached, first, "Attach re-streams from the first event");
+    // after the end it is still attachable (retention), and unknown ids are NOT_FOUND
+    let again: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into() }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    assert_eq!(again, first);
+    let missing = c2.attach(AttachRequest { operation_id: "nope".into() }).await.err().unwrap();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn cancel_interrupts_the_operation_and_leaves_nothing_locked() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let mut stream = c.run(request(&env, "cancel-1", &slow(&env, "cancel", 6), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut events = until_resource_started(&mut stream).await;
+    let status = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(status.state, status_response::State::Busy as i32);
+    assert_eq!(status.current_operation_id, "cancel-1");
+    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into() }).await.unwrap().into_inner().cancelled);
+    while let Some(e) = stream.next().await {
+        events.push(e.unwrap());
+    }
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Cancelled as i32, "{}", all_text(&events));
+    assert_eq!(reason(&r), ErrorReason::Cancelled);
+    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into() }).await.unwrap().into_inner().cancelled, "already finished");
+    let r = result(&run(&mut c, request(&env, "cancel-2", &slow(&env, "cancel", 0), "dev", OperationType::Up)).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32);
+}
+
+#[tokio::test]
+async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none", "--max-artifact-bytes", "2000"], &[]);
+    let mut c = agent.client().await;
+    let good = slow(&env, "bad", 0);
+    let pulumi_yaml = std::fs::read(good.join("Pulumi.yaml")).unwrap();
+    let ok_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml)]);
+    let big_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("big.bin", &[7u8; 4096])]);
+    let evil_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("../../escape.txt", b"x")]);
+    let server = serve_files(HashMap::from([
+        ("/ok.tar.gz".to_string(), ok_tar.clone()),
+        ("/big.tar.gz".to_string(), big_tar.clone()),
+        ("/evil.tar.gz".to_string(), evil_tar.clone()),
+    ]))
+    .await;
+    let artifact = |path: &str, digest: String| Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}{path}", server.base), digest, dir: String::new() })) };
+
+    let mut cases = Vec::new();
+    let empty = env.dir().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    cases.push(("missing Pulumi.yaml", request(&env, "bad-1", &empty, "dev", OperationType::Up), ErrorReason::InvalidSource, "no Pulumi.yaml"));
+    let mut r = request(&env, "bad-2", &good, "dev", OperationType::Up);
+    r.source = Some(artifact("/ok.tar.gz", sha256(b"something else")));
+    cases.push(("wrong digest", r, ErrorReason::InvalidSource, "digest mismatch"));
+    let mut r = request(&env, "bad-3", &good, "dev", OperationType::Up);
+    r.source = Some(artifact("/big.tar.gz", sha256(&big_tar)));
+    cases.push(("oversized tarball", r, ErrorReason::InvalidSource, "limit"));
+    let mut r = request(&env, "bad-4", &good, "dev", OperationType::Up);
+    r.source = Some(artifact("/evil.tar.gz", sha256(&evil_tar)));
+    cases.push(("path traversal", r, ErrorReason::InvalidSource, "unsafe path"));
+    let mut r = request(&env, "bad-5", &good, "never-created", OperationType::Up);
+    r.stack.as_mut().unwrap().create = false;
+    cases.push(("unknown stack without create", r, ErrorReason::StackNotFound, "no stack named"));
+    let mut r = request(&env, "bad-6", &good, "dev", OperationType::Up);
+    r.config = vec![ConfigItem { key: "obj".into(), value: Some(config_item::Value::ValueFrom(literal("{not json"))), json: true, ..Default::default() }];
+    cases.push(("malformed config", r, ErrorReason::InvalidConfig, "not JSON"));
+
+    for (what, req, want, text) in cases {
+        let events = run(&mut c, req).await;
+        let r = result(&events);
+        assert_eq!(r.status, ResultStatus::Failed as i32, "{what}: {}", r.message);
+        assert_eq!(reason(&r), want, "{what}: {}", r.message);
+        assert!(r.message.contains(text), "{what}: message {:?} lacks {text:?}", r.message);
+    }
+    assert!(!env.dir().join("escape.txt").exists() && !agent.work.path().join("escape.txt").exists());
+
+    // a malformed request is refused outright, naming the field
+    let mut r = request(&env, "bad-7", &good, "dev", OperationType::Up);
+    r.r#type = 0;
+    let status = c.run(r).await.err().expect("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let info = <pko_proto::v1::ErrorInfo as prost::Message>::decode(status.details()).unwrap();
+    assert_eq!(info.field, "type");
+
+    // nothing is locked: the artifact source (valid digest) deploys the stack
+    let mut r = request(&env, "bad-8", &good, "dev", OperationType::Up);
+    r.source = Some(artifact("/ok.tar.gz", sha256(&ok_tar)));
+    let r = result(&run(&mut c, r).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(r.revision, sha256(&ok_tar));
+}
+
+#[tokio::test]
+async fn git_source_by_branch_and_commit() {
+    let env = pulumi_env();
+    let repo = env.dir().join("repo");
+    let sh = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    std::fs::create_dir_all(repo.join("app")).unwrap();
+    sh(&["init", "-q", "-b", "main"], &repo);
+    std::fs::write(repo.join("app/Pulumi.yaml"), format!("name: gitapp\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    sh(&["add", "."], &repo);
+    sh(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &repo);
+    let sha = sh(&["rev-parse", "HEAD"], &repo).trim().to_string();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    for (id, rev) in [("git-branch", "main".to_string()), ("git-commit", sha.clone())] {
+        let mut r = request(&env, id, &repo, "dev", OperationType::Up);
+        r.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource { url: format!("file://{}", repo.display()), revision: rev, dir: "app".into(), shallow: false, auth: None })),
+        });
+        let r = result(&run(&mut c, r).await);
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{id}: {}", r.message);
+        assert_eq!(r.revision, sha, "{id} resolved to the commit");
+    }
+    let status = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert!(status.cached_sources.iter().any(|s| s.key.ends_with(&sha)), "the checkout is cached once: {:?}", status.cached_sources);
+}
+
+#[tokio::test]
+async fn status_version_and_whoami() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let v = c.pulumi_version(PulumiVersionRequest {}).await.unwrap().into_inner().version;
+    assert_eq!(v, versions::pulumi());
+    let s = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!((s.state, s.capacity, s.running), (status_response::State::Idle as i32, 1, 0));
+    assert_eq!(s.pulumi_version, v);
+    let who = c
+        .who_am_i(WhoAmIRequest { env: vec![pko_proto::v1::EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(literal(&env.backend_url())), secret: false }] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(who.url, env.backend_url());
+    assert!(!who.user.is_empty());
+    let _ = testbed();
+}

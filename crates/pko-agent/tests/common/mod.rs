@@ -1,0 +1,227 @@
+//! Harness for agent tests: starts the real `pko-agent` binary against the test bed's Pulumi CLI, gives
+//! a gRPC client, builds requests, and serves artifacts over loopback HTTP.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use futures::StreamExt;
+use pko_proto::v1::agent_client::AgentClient;
+use pko_proto::v1::{
+    ConfigItem, EnvVar, LocalSource, OperationEvent, OperationRequest, OperationResult, OperationType, Source, StackSettings, ValueRef, config_item,
+    operation_event::Event, source, value_ref,
+};
+use pko_testbed::{PulumiEnv, testbed};
+use tonic::transport::Channel;
+
+pub const PASSPHRASE: &str = PulumiEnv::PASSPHRASE;
+
+/// A running agent process.
+pub struct Agent {
+    pub child: Child,
+    /// The agent's own log (stderr).
+    pub log: PathBuf,
+    pub addr: String,
+    pub work: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts `pko-agent serve` on a free loopback port with `extra` arguments and env.
+    pub fn start(env: &PulumiEnv, extra: &[&str], extra_env: &[(&str, &str)]) -> Agent {
+        let work = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pko-agent"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--work-dir"])
+            .arg(work.path())
+            .args(["--grace-seconds", "60"])
+            .args(extra)
+            .env_clear()
+            .envs(env.vars())
+            .env("HOME", env.dir())
+            .env("RUST_LOG", "info")
+            .envs(extra_env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start pko-agent");
+        let stdout = child.stdout.take().unwrap();
+        // the agent's log goes to a file next to its work dir (shown when a test fails)
+        let mut stderr = child.stderr.take().unwrap();
+        let log = work.path().join("agent.log");
+        let log_path = log.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&log_path).unwrap();
+            std::io::copy(&mut stderr, &mut f)
+        });
+        let mut line = String::new();
+        let mut reader = std::io::BufReader::new(stdout);
+        reader.read_line(&mut line).unwrap();
+        // keep draining stdout so the agent can never block on a full pipe
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("agent said {line:?}")).to_string();
+        Agent { child, addr, work, log }
+    }
+
+    pub async fn client(&self) -> AgentClient<Channel> {
+        AgentClient::connect(format!("http://{}", self.addr)).await.unwrap()
+    }
+
+    /// SIGTERM (the pod's termination signal).
+    pub fn sigterm(&self) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    }
+
+    /// Waits for the process to exit; panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(std::time::Instant::now() < end, "agent did not exit within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh Pulumi environment (home, file:// backend, passphrase) on the bed.
+pub fn pulumi_env() -> PulumiEnv {
+    testbed().pulumi_env().unwrap()
+}
+
+/// Writes a Pulumi YAML project into a new directory under `env` and returns its path.
+pub fn project(env: &PulumiEnv, name: &str, body: &str) -> PathBuf {
+    let dir = env.dir().join(format!("src-{name}-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), format!("name: {name}\nruntime: yaml\n{body}")).unwrap();
+    dir
+}
+
+pub fn rand_suffix() -> String {
+    format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 0xffff_ffff)
+}
+
+pub fn literal(v: &str) -> ValueRef {
+    ValueRef { kind: Some(value_ref::Kind::Literal(v.into())) }
+}
+
+/// A request for `kind` on `stack` of the project in `dir`, with the env's backend and passphrase.
+pub fn request(env: &PulumiEnv, id: &str, dir: &Path, stack: &str, kind: OperationType) -> OperationRequest {
+    OperationRequest {
+        operation_id: id.into(),
+        epoch: 1,
+        source: Some(Source { kind: Some(source::Kind::Local(LocalSource { dir: dir.display().to_string() })) }),
+        stack: Some(StackSettings { name: stack.into(), create: true, secrets_provider: "passphrase".into() }),
+        config: vec![],
+        env: vec![
+            EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(literal(&env.backend_url())), secret: false },
+            EnvVar { name: "PULUMI_CONFIG_PASSPHRASE".into(), value: Some(literal(PASSPHRASE)), secret: true },
+        ],
+        r#type: kind as i32,
+        options: Some(Default::default()),
+    }
+}
+
+pub fn config(key: &str, v: serde_json::Value, secret: bool) -> ConfigItem {
+    ConfigItem { key: key.into(), path: false, value: Some(config_item::Value::Literal(pko_agent::convert::to_value(&v))), secret, json: false }
+}
+
+/// Runs `req` and collects every event of its stream.
+pub async fn run(client: &mut AgentClient<Channel>, req: OperationRequest) -> Vec<OperationEvent> {
+    let stream = client.run(req).await.unwrap_or_else(|s| panic!("Run refused: {s:?}")).into_inner();
+    stream.map(|e| e.unwrap()).collect().await
+}
+
+/// The result event of a finished stream.
+pub fn result(events: &[OperationEvent]) -> OperationResult {
+    match events.last().and_then(|e| e.event.clone()) {
+        Some(Event::Result(r)) => r,
+        other => panic!("stream did not end with a result: {other:?}"),
+    }
+}
+
+/// Every log line and engine event of a stream, as text.
+pub fn all_text(events: &[OperationEvent]) -> String {
+    events
+        .iter()
+        .map(|e| match &e.event {
+            Some(Event::Log(l)) => l.text.clone(),
+            Some(Event::EngineEvent(s)) => pko_agent::convert::from_struct(s).to_string(),
+            Some(Event::Result(r)) => format!("{r:?}"),
+            None => String::new(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub fn outputs(r: &OperationResult) -> HashMap<String, (serde_json::Value, bool)> {
+    r.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap(), v.secret))).collect()
+}
+
+/// Serves `files` (path -> body) over HTTP on 127.0.0.1 until dropped; returns the base URL.
+pub struct HttpServer {
+    pub base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn serve_files(files: HashMap<String, Vec<u8>>) -> HttpServer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let files = files.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]);
+                let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let (status, body) = match files.get(&path) {
+                    Some(b) => ("200 OK", b.clone()),
+                    None => ("404 Not Found", b"not found".to_vec()),
+                };
+                let head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n", body.len());
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(&body).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    HttpServer { base, task }
+}
+
+/// A gzipped tarball of `files` (raw names are written as given, so unsafe names can be tested).
+pub fn tarball(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        let name = h.as_old_mut().name.as_mut();
+        name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+pub fn sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", sha2::Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect::<String>())
+}
