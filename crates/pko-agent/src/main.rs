@@ -124,7 +124,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         pulumi: a.pulumi.clone(),
     })
     .with_context(|| format!("creating {}", a.work_dir.display()))?;
-    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace) };
+    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace), known_stacks: Default::default() };
     let service = AgentService::new(
         AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
         ctx,

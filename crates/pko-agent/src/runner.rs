@@ -32,6 +32,9 @@ pub struct RunnerContext {
     pub sources: Arc<SourceCache>,
     /// Value resolver (Secrets/ConfigMaps of the agent's namespace).
     pub values: ValueResolver,
+    /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which
+    /// saves one Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
+    pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// A failure before or around the Pulumi command.
@@ -145,25 +148,22 @@ async fn execute(
 
     // 3. stack
     reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
-    let mut args = vec!["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
-    if stack.create {
-        args.push("--create");
-        if !stack.secrets_provider.is_empty() {
-            args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
-        }
-    }
-    let out = pulumi::run(&ctx.pulumi, &dir, &env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
-    if !out.success {
-        let text = masker.mask(out.stderr.trim());
-        let reason = match pulumi::classify_failure(&text) {
-            ErrorReason::UpdateFailed => ErrorReason::InvalidRequest,
-            r => r,
-        };
-        return Err(fail(reason, "stack.name", text));
+    let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), dir.display(), stack.name);
+    if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
+        select_stack(ctx, &dir, &env, &stack, masker).await?;
+        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
     }
 
-    // 4. config
-    set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await?;
+    // 4. config (a stack removed elsewhere since we last saw it is selected/created again, once)
+    if let Err(f) = set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await {
+        if !f.message.contains("no stack named") {
+            return Err(f);
+        }
+        ctx.known_stacks.lock().unwrap().remove(&known_key);
+        select_stack(ctx, &dir, &env, &stack, masker).await?;
+        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
+        set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await?;
+    }
     check_stop(op)?;
 
     // 5. the operation
@@ -201,6 +201,7 @@ async fn execute(
     });
     let mut errors = String::new();
     let mut summary: Option<Value> = None;
+    let mut stack_outputs: Option<serde_json::Map<String, Value>> = None;
     let mut preview_doc = String::new();
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -217,6 +218,9 @@ async fn execute(
                 }
                 if let Some(s) = ev.get("summaryEvent") {
                     summary = Some(s.clone());
+                }
+                if let Some(m) = ev.get("resOutputsEvent").map(|e| &e["metadata"]).filter(|m| m["type"] == "pulumi:pulumi:Stack") {
+                    stack_outputs = m["new"]["outputs"].as_object().cloned();
                 }
                 op.publish(Event::EngineEvent(crate::convert::to_struct(&ev)));
             }
@@ -245,6 +249,9 @@ async fn execute(
     result.permalink = find_permalink(&format!("{stderr_text}\n{preview_doc}")).unwrap_or_default();
     if !status.success() {
         let text = format!("{errors}\n{stderr_text}");
+        if text.contains("no stack named") {
+            ctx.known_stacks.lock().unwrap().remove(&known_key);
+        }
         let reason = pulumi::classify_failure(&text);
         let msg = first_error_line(&text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
         return Err(fail(reason, "", msg));
@@ -252,7 +259,7 @@ async fn execute(
 
     // 6. outputs (up)
     if kind == OperationType::Up {
-        result.outputs = outputs(ctx, &dir, &env, &stack.name, masker).await?;
+        result.outputs = outputs(ctx, &dir, &env, &stack.name, stack_outputs, masker).await?;
     }
     Ok(())
 }
@@ -353,36 +360,84 @@ async fn set_config(
     Ok(())
 }
 
+async fn select_stack(
+    ctx: &RunnerContext,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    stack: &pko_proto::v1::StackSettings,
+    masker: &Masker,
+) -> Result<(), Failure> {
+    let mut args = vec!["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
+    if stack.create {
+        args.push("--create");
+        if !stack.secrets_provider.is_empty() {
+            args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
+        }
+    }
+    let out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    if !out.success {
+        let text = masker.mask(out.stderr.trim());
+        let reason = match pulumi::classify_failure(&text) {
+            ErrorReason::UpdateFailed => ErrorReason::InvalidRequest,
+            r => r,
+        };
+        return Err(fail(reason, "stack.name", text));
+    }
+    Ok(())
+}
+
+/// Whether a value from an engine event is Pulumi's secret signature (`{"4dabf18193072939515e22adb298388d":
+/// "1b47061264138c4ac30d75fd1eb44270", ...}`).
+fn is_secret_sig(v: &Value) -> bool {
+    v.get("4dabf18193072939515e22adb298388d").and_then(Value::as_str) == Some("1b47061264138c4ac30d75fd1eb44270")
+}
+
+/// Stack outputs: taken from the stack resource's outputs event of the update; only when a secret output
+/// is among them, `pulumi stack output --show-secrets` is asked for their values.
 async fn outputs(
     ctx: &RunnerContext,
     dir: &Path,
     env: &BTreeMap<String, String>,
     stack: &str,
+    from_events: Option<serde_json::Map<String, Value>>,
     masker: &mut Masker,
 ) -> Result<std::collections::HashMap<String, OutputValue>, Failure> {
-    let shown = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--show-secrets", "--stack", stack])
-        .await
-        .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
-    let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack])
-        .await
-        .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
-    if !shown.success || !masked.success {
-        return Err(fail(ErrorReason::Internal, "", format!("reading outputs: {}", masker.mask(&shown.stderr))));
+    let event_outputs = match from_events {
+        Some(m) => m,
+        None => {
+            let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack])
+                .await
+                .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+            serde_json::from_str::<serde_json::Map<String, Value>>(&masked.stdout)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| if v == "[secret]" { (k, json!({"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270"})) } else { (k, v) })
+                .collect()
+        }
+    };
+    let mut shown = serde_json::Map::new();
+    if event_outputs.values().any(is_secret_sig) {
+        let out = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--show-secrets", "--stack", stack])
+            .await
+            .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+        if !out.success {
+            return Err(fail(ErrorReason::Internal, "", format!("reading outputs: {}", masker.mask(&out.stderr))));
+        }
+        shown = serde_json::from_str(&out.stdout).unwrap_or_default();
     }
-    let shown: serde_json::Map<String, Value> = serde_json::from_str(&shown.stdout).unwrap_or_default();
-    let masked: serde_json::Map<String, Value> = serde_json::from_str(&masked.stdout).unwrap_or_default();
-    let mut out = std::collections::HashMap::new();
-    for (k, v) in shown {
-        let secret = masked.get(&k).is_some_and(|m| m == "[secret]") && v != "[secret]";
+    let mut result = std::collections::HashMap::new();
+    for (k, v) in event_outputs {
+        let secret = is_secret_sig(&v);
+        let value = if secret { shown.get(&k).cloned().unwrap_or(Value::Null) } else { v };
         if secret {
-            masker.add(&match &v {
+            masker.add(&match &value {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             });
         }
-        out.insert(k, OutputValue { value: v.to_string().into_bytes(), secret });
+        result.insert(k, OutputValue { value: value.to_string().into_bytes(), secret });
     }
-    Ok(out)
+    Ok(result)
 }
 
 fn find_permalink(text: &str) -> Option<String> {
