@@ -420,18 +420,17 @@ async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Res
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tarball(entries: &[(&str, &[u8])], link: Option<(&str, &str)>) -> Vec<u8> {
+/// Archive builders for tests of this crate and of its users.
+pub mod testing {
+    /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the archive),
+    /// plus an optional symlink `(path, target)`.
+    pub fn tarball(files: &[(&str, &[u8])], link: Option<(&str, &str)>) -> Vec<u8> {
         let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         let mut b = tar::Builder::new(gz);
-        for (path, data) in entries {
+        for (path, data) in files {
             let mut h = tar::Header::new_gnu();
             h.set_size(data.len() as u64);
             h.set_mode(0o644);
-            // write the raw name so that unsafe paths reach the archive
             let name = h.as_old_mut().name.as_mut();
             name[..path.len()].copy_from_slice(path.as_bytes());
             h.set_cksum();
@@ -445,6 +444,12 @@ mod tests {
         }
         b.into_inner().unwrap().finish().unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::tarball;
+    use super::*;
 
     #[test]
     fn extracts_a_safe_archive() {

@@ -205,20 +205,9 @@ pub async fn serve_files(files: HashMap<String, Vec<u8>>) -> HttpServer {
     HttpServer { base, task }
 }
 
-/// A gzipped tarball of `files` (raw names are written as given, so unsafe names can be tested).
+/// A gzipped tarball of `files` (names written raw, so unsafe names can be tested).
 pub fn tarball(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    let mut b = tar::Builder::new(gz);
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        let name = h.as_old_mut().name.as_mut();
-        name[..path.len()].copy_from_slice(path.as_bytes());
-        h.set_cksum();
-        b.append(&h, *data).unwrap();
-    }
-    b.into_inner().unwrap().finish().unwrap()
+    pko_agent::source::testing::tarball(files, None)
 }
 
 pub fn sha256(b: &[u8]) -> String {
