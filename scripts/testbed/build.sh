@@ -69,6 +69,17 @@ build_pulumi_yaml() {
     -o "$TB_BIN/" github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml
 }
 
+build_pulumi_nodejs() {
+  # The current nodejs language host is an untagged module the proxy does not serve; until v3.68 it lived
+  # inside the tagged sdk module. That host runs today's @pulumi/pulumi programs with today's CLI.
+  local W="$TB_SRC/pulumi-nodejs-$PULUMI_NODEJS_HOST_SDK"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/pulumi-nodejs >/dev/null 2>&1
+  go get "github.com/pulumi/pulumi/sdk/v3@$PULUMI_NODEJS_HOST_SDK"
+  go build -mod=mod -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_NODEJS_HOST_SDK" \
+    -o "$TB_BIN/" github.com/pulumi/pulumi/sdk/v3/nodejs/cmd/pulumi-language-nodejs
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -88,6 +99,7 @@ mkdir -p "$TB_LOGS"
 step k8s build_k8s
 step pulumi build_pulumi
 step pulumi-yaml build_pulumi_yaml
+step pulumi-nodejs build_pulumi_nodejs
 # The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
 step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

@@ -1,6 +1,6 @@
 # Shared paths of the test bed (sourced). Everything lives outside the repository.
 TB_CACHE_ROOT="${TESTBED_CACHE:-$HOME/.cache/pko/testbed}"
-TB_STAMP="$(printf '%s\n' "$K8S_VERSION" "$PULUMI_VERSION" "$PULUMI_YAML_VERSION" "$PULUMI_COMMAND_VERSION" | sha256sum | cut -c1-12)"
+TB_STAMP="$(printf '%s\n' "$K8S_VERSION" "$PULUMI_VERSION" "$PULUMI_YAML_VERSION" "$PULUMI_COMMAND_VERSION" "$PULUMI_NODEJS_HOST_SDK" | sha256sum | cut -c1-12)"
 TB_HOME="$TB_CACHE_ROOT/$TB_STAMP"
 TB_BIN="$TB_HOME/bin"
 TB_SRC="$TB_HOME/src"

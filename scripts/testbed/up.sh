@@ -14,6 +14,25 @@ AP="${TESTBED_APISERVER_PORT:-16443}"; EP="${TESTBED_ETCD_PORT:-23790}"; PP=$((E
 KP="${TESTBED_KCM_PORT:-20257}"; SP="${TESTBED_SCHEDULER_PORT:-20259}"; RP="${TESTBED_REDIS_PORT:-16379}"
 CERTS="$TB_RUN/certs"; KCFG="$TB_RUN/admin.kubeconfig"
 
+# The environment lines (rewritten on every call: a rebuilt bin directory is picked up at once).
+write_env() {
+  cat > "$TB_RUN/env.sh" <<ENV
+export KUBECONFIG=$KCFG
+export PATH=$TB_BIN:\$PATH
+export REDIS_URL=redis://127.0.0.1:$RP
+export PKO_TESTBED_BIN=$TB_BIN
+export PKO_TESTBED_RUN=$TB_RUN
+export PULUMI_BACKEND_URL=file://$TB_RUN/pulumi-state
+export PULUMI_HOME=$TB_RUN/pulumi-home
+export PULUMI_CONFIG_PASSPHRASE=pko-testbed
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+export PULUMI_DISABLE_REGISTRY_RESOLVE=true
+export PULUMI_SKIP_CONFIRMATIONS=true
+export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=true
+ENV
+}
+
 print_env() {
   cat "$TB_RUN/env.sh"
 }
@@ -26,7 +45,7 @@ alive() { # every recorded pid alive?
 
 if alive && curl -sf --cacert "$CERTS/ca.crt" "https://127.0.0.1:$AP/readyz" >/dev/null 2>&1; then
   tb_log "already running (run dir $TB_RUN)"
-  print_env; exit 0
+  write_env; print_env; exit 0
 fi
 if [ -f "$TB_RUN/pids" ]; then
   tb_log "stale or partial run found; stopping it first"
@@ -138,7 +157,7 @@ start kube-scheduler "$TB_BIN/kube-scheduler" --kubeconfig="$KCFG" \
 wait_for kube-controller-manager 60 curl -sfk "https://127.0.0.1:$KP/healthz"
 wait_for "default ServiceAccount" 60 "$TB_BIN/kubectl" --kubeconfig "$KCFG" get serviceaccount default -n default
 
-cat > "$TB_RUN/env.sh" <<ENV
+write_env
 export KUBECONFIG=$KCFG
 export PATH=$TB_BIN:\$PATH
 export REDIS_URL=redis://127.0.0.1:$RP

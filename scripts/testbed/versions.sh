@@ -4,3 +4,4 @@ K8S_VERSION=v1.34.4          # kube-apiserver, kube-controller-manager, kube-sch
 PULUMI_VERSION=v3.259.0      # pulumi CLI + nodejs/python language hosts
 PULUMI_YAML_VERSION=v1.38.1  # pulumi-language-yaml
 PULUMI_COMMAND_VERSION=v1.2.1 # pulumi-resource-command
+PULUMI_NODEJS_HOST_SDK=v3.68.0 # pulumi-language-nodejs: last SDK release that holds the host inside the sdk module
