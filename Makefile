@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 ## test: bring up the test bed (building it on a cold machine), then run every test of the workspace
 test: testbed
-	$(CARGO) test --workspace
+	@scripts/test.sh
 
 ## testbed: install packages, build the third-party binaries (cached outside the repo), start the bed
 testbed:

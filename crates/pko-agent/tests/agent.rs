@@ -332,3 +332,47 @@ async fn status_version_and_whoami() {
     assert!(!who.user.is_empty());
     let _ = testbed();
 }
+
+/// The TypeScript happy path: a Flux-style artifact with a nodejs program; the agent runs `pulumi install`
+/// (npm, from the npm registry) once for the revision, then `up`.
+#[tokio::test]
+async fn typescript_program_from_an_artifact() {
+    let env = pulumi_env();
+    let files: [(&str, &[u8]); 3] = [
+        ("Pulumi.yaml", b"name: tsapp\nruntime: nodejs\n"),
+        (
+            "package.json",
+            br#"{"name": "tsapp", "main": "index.ts", "dependencies": {"@pulumi/pulumi": "3.259.0"}, "devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"}}"#,
+        ),
+        (
+            "index.ts",
+            b"import * as pulumi from \"@pulumi/pulumi\";\nconst config = new pulumi.Config();\nexport const greeting = `hello ${config.require(\"name\")}`;\nexport const token = pulumi.secret(\"ts-secret-value\");\n",
+        ),
+    ];
+    let tar = tarball(&files);
+    let server = serve_files(HashMap::from([("/ts.tar.gz".to_string(), tar.clone())])).await;
+    // share npm's download cache between runs (it lives outside the repository)
+    let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+    let agent = Agent::start(&env, &["--auth", "none"], &[("npm_config_cache", &npm_cache)]);
+    let mut c = agent.client().await;
+    let dir = env.dir().to_path_buf();
+    let mut req = request(&env, "ts-up", &dir, "dev", OperationType::Up);
+    req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/ts.tar.gz", server.base), digest: sha256(&tar), dir: String::new() })) });
+    req.config = vec![config("name", serde_json::json!("pko"), false)];
+    let events = run(&mut c, req.clone()).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    let out = outputs(&r);
+    assert_eq!(out["greeting"], (serde_json::json!("hello pko"), false));
+    assert_eq!(out["token"], (serde_json::json!("ts-secret-value"), true));
+    assert_eq!(r.project_info.as_ref().map(|p| p.runtime.as_str()), Some("nodejs"));
+    // the second operation reuses the installed revision
+    req.operation_id = "ts-preview".into();
+    req.r#type = OperationType::Preview as i32;
+    let t = std::time::Instant::now();
+    let r = result(&run(&mut c, req).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    eprintln!("warm preview of the TypeScript program: {:?}", t.elapsed());
+    let cached = c.status(StatusRequest {}).await.unwrap().into_inner().cached_sources;
+    assert_eq!(cached.iter().filter(|s| s.key.starts_with("artifact-")).count(), 1, "{cached:?}");
+}

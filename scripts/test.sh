@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# `make test`: runs every test of the workspace and ends with one summary line over all test binaries
+# ("summary: N passed, N failed"), so the total is visible whatever binary ran last.
+set -uo pipefail
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --workspace "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+passed=$(grep -oE '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -oE '; [0-9]+ failed' "$log" | awk '{s+=$2} END {print s+0}')
+echo "summary: $passed passed, $failed failed"
+exit "$status"
