@@ -376,3 +376,40 @@ async fn typescript_program_from_an_artifact() {
     let cached = c.status(StatusRequest {}).await.unwrap().into_inner().cached_sources;
     assert_eq!(cached.iter().filter(|s| s.key.starts_with("artifact-")).count(), 1, "{cached:?}");
 }
+
+/// A git source over smart HTTP with credentials: the token reaches the server as basic auth (user `git`),
+/// and a missing credential is reported as INVALID_SOURCE without leaking the token.
+#[tokio::test]
+async fn git_over_http_with_token_auth() {
+    let env = pulumi_env();
+    let root = env.dir().join("git-root");
+    let work = env.dir().join("git-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let sh = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    sh(&["init", "-q", "--bare", root.join("app.git").to_str().unwrap()], env.dir());
+    sh(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("Pulumi.yaml"), format!("name: httpgit\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    sh(&["add", "."], &work);
+    sh(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
+    sh(&["push", "-q", root.join("app.git").to_str().unwrap(), "main"], &work);
+    let token = "tok-0123456789";
+    let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let git = |id: &str, auth: Option<pko_proto::v1::GitAuth>| {
+        let mut r = request(&env, id, env.dir(), "dev", OperationType::Up);
+        r.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: server.url("app.git"), revision: "main".into(), dir: String::new(), shallow: true, auth })) });
+        r
+    };
+    let r = result(&run(&mut c, git("http-noauth", None)).await);
+    assert_eq!(reason(&r), ErrorReason::InvalidSource, "{}", r.message);
+    let auth = pko_proto::v1::GitAuth { token: Some(literal(token)), ..Default::default() };
+    let events = run(&mut c, git("http-token", Some(auth))).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    assert_eq!(r.revision.len(), 40);
+    assert!(!all_text(&events).contains(token));
+}

@@ -15,6 +15,8 @@
 //! Nothing is skipped: when the bed cannot be brought up, [`testbed`] panics with the script's output.
 #![forbid(unsafe_code)]
 
+pub mod git;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,146 @@
+//! A git server on loopback for tests and the demo: git's own smart-HTTP backend (`git http-backend`,
+//! a CGI program shipped with git) behind a minimal HTTP/1.1 front, with optional basic auth.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use base64::Engine;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Serves every repository under a root directory at `http://127.0.0.1:<port>/<repo>`.
+pub struct GitHttpServer {
+    /// `http://127.0.0.1:<port>`.
+    pub base_url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GitHttpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl GitHttpServer {
+    /// Starts serving the repositories under `root` on `addr` (e.g. `127.0.0.1:0`). With `basic_auth`
+    /// `(user, password)`, requests without those credentials get 401.
+    pub async fn start(root: &Path, addr: &str, basic_auth: Option<(String, String)>) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let base_url = format!("http://{}", listener.local_addr()?);
+        let root = root.to_path_buf();
+        let expected = basic_auth.map(|(u, p)| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))));
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let (root, expected) = (root.clone(), expected.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = handle(sock, &root, expected.as_deref()).await {
+                        eprintln!("git http server: {e}");
+                    }
+                });
+            }
+        });
+        Ok(Self { base_url, task })
+    }
+
+    /// URL of the repository at `<root>/<name>`.
+    pub fn url(&self, name: &str) -> String {
+        format!("{}/{name}", self.base_url)
+    }
+}
+
+async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) -> anyhow::Result<()> {
+    let mut reader = BufReader::new(sock);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line).await?;
+    let mut parts = request_line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or("GET").to_string(), parts.next().unwrap_or("/").to_string());
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 || line == "\r\n" || line == "\n" {
+            break;
+        }
+        if let Some((k, v)) = line.trim_end().split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let header = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    if let Some(exp) = expected_auth
+        && header("authorization").as_deref() != Some(exp)
+    {
+        let msg = b"authentication required";
+        let head = format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", msg.len());
+        let mut sock = reader.into_inner();
+        sock.write_all(head.as_bytes()).await?;
+        sock.write_all(msg).await?;
+        return Ok(());
+    }
+    if header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+        reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    }
+    let mut body = Vec::new();
+    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body.resize(len, 0);
+        reader.read_exact(&mut body).await?;
+    } else if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).await?;
+            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)?;
+            let mut chunk = vec![0u8; n + 2];
+            reader.read_exact(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    }
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let mut cgi = tokio::process::Command::new("git");
+    cgi.arg("http-backend")
+        .env("GIT_PROJECT_ROOT", root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("REQUEST_METHOD", &method)
+        .env("PATH_INFO", path)
+        .env("QUERY_STRING", query)
+        .env("CONTENT_TYPE", header("content-type").unwrap_or_default())
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .env("REMOTE_USER", "git")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(p) = header("git-protocol") {
+        cgi.env("GIT_PROTOCOL", p);
+    }
+    let mut child = cgi.spawn()?;
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(&body).await;
+    });
+    let out = child.wait_with_output().await?;
+    let _ = writer.await;
+    let split = out.stdout.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4)).or_else(|| out.stdout.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
+    let (head, body) = match split {
+        Some((i, n)) => (String::from_utf8_lossy(&out.stdout[..i]).into_owned(), out.stdout[i + n..].to_vec()),
+        None => (String::new(), out.stdout.clone()),
+    };
+    let mut status = "200 OK".to_string();
+    let mut response = String::new();
+    for line in head.lines() {
+        match line.split_once(':') {
+            Some((k, v)) if k.eq_ignore_ascii_case("status") => status = v.trim().to_string(),
+            Some(_) => {
+                response.push_str(line);
+                response.push_str("\r\n");
+            }
+            None => {}
+        }
+    }
+    let head = format!("HTTP/1.1 {status}\r\n{response}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    let mut sock = reader.into_inner();
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(&body).await?;
+    sock.shutdown().await?;
+    Ok(())
+}
