@@ -4,31 +4,13 @@
 
 mod common;
 
-use std::time::Duration;
-
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::Client;
 use pko_testbed::testbed;
 use serde_json::{Value, json};
 
-/// Installs (server-side applies) the CRDs and waits until each is Established.
 async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in pko_api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(&name, &PatchParams::apply("pko-api-tests").force(), &Patch::Apply(&crd)).await.unwrap();
-        let end = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let c = crds.get(&name).await.unwrap();
-            let established = c.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < end, "CRD {name} not Established");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    pko_testbed::install_crds(client, pko_api::crds()).await.unwrap();
 }
 
 fn api_for(client: &Client, ns: &str, v: &Value) -> Api<DynamicObject> {

@@ -3,10 +3,13 @@
 //! Subcommands:
 //! - `crds [--out DIR]`: writes the CustomResourceDefinitions (`<group>_<plural>.yaml`) to `DIR`
 //!   (default `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
-//! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types.
+//! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types;
+//! - `run`: the controllers (so far the Program controller) and the artifact server.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -29,9 +32,25 @@ enum Command {
     },
     /// Print the API reference (docs/api.md) generated from the types.
     ApiDocs,
+    /// Run the controllers (so far: Program) and the artifact server.
+    Run {
+        /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`).
+        #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR")]
+        program_fs_addr: std::net::SocketAddr,
+        /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`);
+        /// default: the listen address.
+        #[arg(long, env = "PROGRAM_FS_ADV_ADDR")]
+        program_fs_adv_addr: Option<String>,
+    },
 }
 
-fn main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match cli.command {
         Command::Crds { out } => {
@@ -50,6 +69,20 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::ApiDocs => print!("{}", pko_api::reference::api_reference_markdown()),
+        Command::Run { program_fs_addr, program_fs_adv_addr } => {
+            let client = kube::Client::try_default().await.context("connecting to the API server")?;
+            let listener = tokio::net::TcpListener::bind(program_fs_addr).await.with_context(|| format!("binding {program_fs_addr}"))?;
+            let advertised_addr = program_fs_adv_addr.unwrap_or_else(|| listener.local_addr().map(|a| a.to_string()).unwrap_or_default());
+            let ctx = Arc::new(pko_operator::context::Context {
+                client: client.clone(),
+                advertised_addr,
+                ownership: Arc::new(pko_operator::ownership::SingleReplica),
+            });
+            tracing::info!(artifacts = %program_fs_addr, advertised = %ctx.advertised_addr, "operator starting");
+            let server = tokio::spawn(pko_operator::artifacts::serve(listener, client));
+            pko_operator::run_program_controller(ctx).await;
+            server.abort();
+        }
     }
     Ok(())
 }

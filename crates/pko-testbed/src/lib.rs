@@ -160,6 +160,29 @@ impl TestBed {
     }
 }
 
+/// Server-side applies `crds` (field manager `pko-tests`) and waits until each is Established.
+///
+/// Errors: the apply failed or a CRD was not Established within 30 s.
+pub async fn install_crds(client: &Client, crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::apply("pko-tests").force(), &Patch::Apply(&crd)).await?;
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let c = api.get(&name).await?;
+            if c.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True") {
+                break;
+            }
+            anyhow::ensure!(std::time::Instant::now() < end, "CRD {name} not Established after 30 s");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
 fn sanitize(s: &str) -> String {
     let s: String = s.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     s.trim_matches('-').chars().take(40).collect()
