@@ -8,6 +8,7 @@ pub mod artifacts;
 pub mod context;
 pub mod ownership;
 pub mod program;
+pub mod stack;
 
 use std::sync::Arc;
 

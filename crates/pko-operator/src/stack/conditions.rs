@@ -1,0 +1,84 @@
+//! The kstatus "ready protocol" on a Stack (PKO `MarkReadyCondition`, `MarkReconcilingCondition`,
+//! `MarkStalledCondition`): Ready=True stands alone; Ready=False always comes with exactly one of
+//! Reconciling=True or Stalled=True.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use pko_api::constants::stack_condition as sc;
+
+/// Sets (or replaces) condition `type_`, keeping `lastTransitionTime` when the status did not change
+/// (Kubernetes `meta.SetStatusCondition` semantics).
+pub fn set(conditions: &mut Vec<Condition>, type_: &str, status: &str, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
+    let transition = conditions.iter().find(|c| c.type_ == type_).filter(|c| c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
+    conditions.retain(|c| c.type_ != type_);
+    conditions.push(Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: transition,
+    });
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// Removes condition `type_`.
+pub fn remove(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
+/// Ready=True `ProcessingCompleted`; Reconciling and Stalled removed.
+pub fn mark_ready(conditions: &mut Vec<Condition>, generation: Option<i64>, now: &Time) {
+    remove(conditions, sc::RECONCILING);
+    remove(conditions, sc::STALLED);
+    set(conditions, sc::READY, "True", sc::PROCESSING_COMPLETED, sc::PROCESSING_COMPLETED_MESSAGE, generation, now);
+}
+
+/// Ready=False `NotReadyInProgress` + Reconciling=True with `reason`; Stalled removed.
+pub fn mark_reconciling(conditions: &mut Vec<Condition>, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
+    remove(conditions, sc::STALLED);
+    set(conditions, sc::READY, "False", sc::NOT_READY_IN_PROGRESS, sc::NOT_READY_IN_PROGRESS_MESSAGE, generation, now);
+    set(conditions, sc::RECONCILING, "True", reason, message, generation, now);
+}
+
+/// Ready=False `NotReadyStalled` + Stalled=True with `reason`; Reconciling removed.
+pub fn mark_stalled(conditions: &mut Vec<Condition>, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
+    remove(conditions, sc::RECONCILING);
+    set(conditions, sc::READY, "False", sc::NOT_READY_STALLED, sc::NOT_READY_STALLED_MESSAGE, generation, now);
+    set(conditions, sc::STALLED, "True", reason, message, generation, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    fn types(c: &[Condition]) -> Vec<(String, String, String)> {
+        c.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone())).collect()
+    }
+
+    #[test]
+    fn ready_protocol_holds_exactly_one_companion() {
+        let mut c = Vec::new();
+        mark_reconciling(&mut c, sc::STACK_PROCESSING, "stack is being processed", Some(1), &t(1));
+        assert_eq!(types(&c), vec![("Ready".into(), "False".into(), "NotReadyInProgress".into()), ("Reconciling".into(), "True".into(), "StackProcessing".into())]);
+        mark_stalled(&mut c, sc::UPDATE_FAILED, "up failed 3 times", Some(1), &t(2));
+        assert_eq!(types(&c), vec![("Ready".into(), "False".into(), "NotReadyStalled".into()), ("Stalled".into(), "True".into(), "UpdateFailed".into())]);
+        mark_ready(&mut c, Some(2), &t(3));
+        assert_eq!(types(&c), vec![("Ready".into(), "True".into(), "ProcessingCompleted".into())]);
+        assert_eq!(c[0].observed_generation, Some(2));
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_changes() {
+        let mut c = Vec::new();
+        mark_reconciling(&mut c, sc::STACK_PROCESSING, "a", None, &t(10));
+        mark_reconciling(&mut c, sc::RETRYING_AFTER_FAILURE, "b", None, &t(20));
+        let ready = c.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.last_transition_time, t(10), "Ready stayed False");
+        mark_ready(&mut c, None, &t(30));
+        assert_eq!(c[0].last_transition_time, t(30));
+    }
+}

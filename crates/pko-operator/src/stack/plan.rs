@@ -1,0 +1,252 @@
+//! Whether a Stack is in sync, and what to do about it (PKO `isSynced`, the retry cooldown and the requeue
+//! computation, `stack_controller.go` §3.2 step 7 and §3.3 of the inventory). Pure: the caller passes the
+//! current source revision and the time.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use pko_api::Stack;
+use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
+use pko_api::constants::stack_condition::{self as sc, MAX_UPDATE_FAILURES};
+use pko_api::stack::{DEFAULT_RETRY_MAX_BACKOFF_SECONDS, MIN_RESYNC_FREQUENCY_SECONDS, StackUpdateStateMessage};
+use pko_api::update::UpdateType;
+
+/// First retry delay after a failed update.
+pub const BASE_COOLDOWN: Duration = Duration::from_secs(10);
+
+/// Cooldown after `failures` failed attempts (0 on the first failure): 10 s × 3^failures, capped by
+/// `retryMaxBackoffDurationSeconds` (default 24 h).
+pub fn cooldown(failures: i64, max_backoff_seconds: Option<i64>) -> Duration {
+    let cap = Duration::from_secs(max_backoff_seconds.unwrap_or(DEFAULT_RETRY_MAX_BACKOFF_SECONDS).max(0) as u64);
+    let factor = 3u64.checked_pow(failures.clamp(0, 40) as u32).unwrap_or(u64::MAX);
+    BASE_COOLDOWN.checked_mul(factor.min(u32::MAX as u64) as u32).unwrap_or(cap).min(cap)
+}
+
+/// Resync and branch-poll period: `resyncFrequencySeconds`, at least 60 s (unset or 0 mean 60 s).
+pub fn resync_period(stack: &Stack) -> Duration {
+    Duration::from_secs(stack.spec.resync_frequency_seconds.unwrap_or(0).max(MIN_RESYNC_FREQUENCY_SECONDS) as u64)
+}
+
+/// The outcome of the sync check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sync {
+    /// An update must run; `reason` is PKO's `StackUpdateDetected` event text, also the update message.
+    NeedsUpdate {
+        /// e.g. `New commit detected: abc`.
+        reason: String,
+    },
+    /// In sync (or given up): set `conditions`, come back after `requeue_after` (none: on change only).
+    Synced {
+        /// What the conditions should say.
+        conditions: Conditions,
+        /// When to look again.
+        requeue_after: Option<Duration>,
+    },
+}
+
+/// Condition state of a synced Stack.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Conditions {
+    /// Ready=True.
+    Ready,
+    /// Reconciling=True with a reason and message.
+    Reconciling(&'static str, String),
+    /// Stalled=True with a reason and message.
+    Stalled(&'static str, String),
+}
+
+/// Decides whether `stack` is in sync with the source at `commit` (the resolved revision: commit SHA,
+/// artifact revision or Program generation) at time `now`. `branch_tracking` adds the poll period to the
+/// requeue. `deleting`: the Stack is being finalized and needs a destroy.
+pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool, deleting: bool) -> Sync {
+    let status = stack.status.clone().unwrap_or_default();
+    let Some(last) = status.last_update else {
+        return Sync::NeedsUpdate { reason: if deleting { "Stack marked for deletion".into() } else { "Initial stack update".into() } };
+    };
+    let generation = stack.metadata.generation.unwrap_or(0);
+    let request = stack.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION)).cloned().unwrap_or_default();
+    if deleting && last.update_type != Some(UpdateType::Destroy) {
+        return Sync::NeedsUpdate { reason: "Stack marked for deletion".into() };
+    }
+    if !deleting {
+        if last.generation.unwrap_or(0) != generation {
+            return Sync::NeedsUpdate { reason: format!("New stack generation: {generation}") };
+        }
+        if last.reconcile_request.clone().unwrap_or_default() != request {
+            return Sync::NeedsUpdate { reason: format!("Sync request: {request}") };
+        }
+    }
+    let since_resync = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs()).unwrap_or(Duration::MAX);
+    let period = resync_period(stack);
+    let mut requeue: Vec<Duration> = Vec::new();
+    if branch_tracking {
+        requeue.push(period);
+    }
+    let kind = last.update_type.map(UpdateType::as_str).unwrap_or("update");
+    let conditions = match last.state {
+        Some(StackUpdateStateMessage::Succeeded) => {
+            if !deleting && last.last_successful_commit.as_deref() != Some(commit) {
+                return Sync::NeedsUpdate { reason: format!("New commit detected: {commit}") };
+            }
+            if !deleting && stack.spec.continue_resync_on_commit_match == Some(true) {
+                if since_resync >= period {
+                    return Sync::NeedsUpdate { reason: format!("Resync time elapsed: {}s", period.as_secs()) };
+                }
+                requeue.push(period - since_resync);
+            }
+            Conditions::Ready
+        }
+        Some(StackUpdateStateMessage::Failed) | None => {
+            if !deleting && last.last_attempted_commit.as_deref() != Some(commit) {
+                return Sync::NeedsUpdate { reason: format!("New commit detected: {commit}") };
+            }
+            let failures = last.failures.unwrap_or(0);
+            if failures >= MAX_UPDATE_FAILURES && !deleting {
+                Conditions::Stalled(sc::UPDATE_FAILED, format!("{kind} failed {} times; fix the stack or request a sync to retry", failures + 1))
+            } else {
+                let wait = cooldown(failures, stack.spec.retry_max_backoff_duration_seconds);
+                if since_resync >= wait {
+                    return Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}s", wait.as_secs()) };
+                }
+                requeue.push(wait - since_resync);
+                if last.update_type == Some(UpdateType::Preview) {
+                    Conditions::Reconciling(sc::PREVIEW_FAILED, last.message.clone().unwrap_or_else(|| "preview failed".into()))
+                } else {
+                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, format!("{} update failure(s)", failures + 1))
+                }
+            }
+        }
+    };
+    Sync::Synced { conditions, requeue_after: requeue.into_iter().min().map(|d| d.max(Duration::from_secs(1))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use pko_api::stack::{StackStatus, StackUpdateState};
+    use pko_api::StackSpec;
+    use std::collections::BTreeMap;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn stack(generation: i64, last: Option<StackUpdateState>) -> Stack {
+        let mut s = Stack::new("s", StackSpec { stack: "dev".into(), ..Default::default() });
+        s.metadata.generation = Some(generation);
+        s.status = Some(StackStatus { last_update: last, ..Default::default() });
+        s
+    }
+
+    fn done(state: StackUpdateStateMessage, failures: i64, commit: &str, at_s: i64) -> StackUpdateState {
+        StackUpdateState {
+            generation: Some(1),
+            update_type: Some(UpdateType::Up),
+            state: Some(state),
+            last_attempted_commit: Some(commit.into()),
+            last_successful_commit: (state == StackUpdateStateMessage::Succeeded).then(|| commit.to_string()),
+            last_resync_time: Some(Time(at(at_s))),
+            failures: Some(failures),
+            ..Default::default()
+        }
+    }
+
+    fn needs(s: Sync) -> String {
+        match s {
+            Sync::NeedsUpdate { reason } => reason,
+            other => panic!("expected an update, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cooldown_grows_tenfold_by_three_and_is_capped() {
+        assert_eq!(cooldown(0, None), Duration::from_secs(10));
+        assert_eq!(cooldown(1, None), Duration::from_secs(30));
+        assert_eq!(cooldown(2, None), Duration::from_secs(90));
+        assert_eq!(cooldown(30, None), Duration::from_secs(86_400));
+        assert_eq!(cooldown(5, Some(600)), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn resync_is_at_least_sixty_seconds() {
+        let mut s = stack(1, None);
+        assert_eq!(resync_period(&s), Duration::from_secs(60));
+        s.spec.resync_frequency_seconds = Some(5);
+        assert_eq!(resync_period(&s), Duration::from_secs(60));
+        s.spec.resync_frequency_seconds = Some(300);
+        assert_eq!(resync_period(&s), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn triggers_in_pko_order() {
+        assert_eq!(needs(decide(&stack(1, None), "c1", at(0), false, false)), "Initial stack update");
+        let ok = done(StackUpdateStateMessage::Succeeded, 0, "c1", 0);
+        assert_eq!(needs(decide(&stack(2, Some(ok.clone())), "c1", at(1), false, false)), "New stack generation: 2");
+        let mut s = stack(1, Some(ok.clone()));
+        s.metadata.annotations = Some(BTreeMap::from([(RECONCILE_REQUEST_ANNOTATION.to_string(), "now".to_string())]));
+        assert_eq!(needs(decide(&s, "c1", at(1), false, false)), "Sync request: now");
+        assert_eq!(needs(decide(&stack(1, Some(ok.clone())), "c2", at(1), false, false)), "New commit detected: c2");
+        assert_eq!(needs(decide(&stack(1, Some(ok)), "c1", at(1), false, true)), "Stack marked for deletion");
+    }
+
+    #[test]
+    fn a_synced_stack_is_ready_and_polls_its_branch() {
+        let s = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
+        assert_eq!(decide(&s, "c1", at(5), false, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: None });
+        assert_eq!(decide(&s, "c1", at(5), true, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(60)) });
+    }
+
+    #[test]
+    fn continue_resync_reruns_after_the_period() {
+        let mut s = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
+        s.spec.continue_resync_on_commit_match = Some(true);
+        assert_eq!(decide(&s, "c1", at(20), false, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(40)) });
+        assert_eq!(needs(decide(&s, "c1", at(60), false, false)), "Resync time elapsed: 60s");
+    }
+
+    #[test]
+    fn failures_back_off_then_stall() {
+        let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
+        match decide(&s, "c1", at(4), false, false) {
+            Sync::Synced { conditions: Conditions::Reconciling(reason, msg), requeue_after } => {
+                assert_eq!(reason, sc::RETRYING_AFTER_FAILURE);
+                assert_eq!(msg, "1 update failure(s)");
+                assert_eq!(requeue_after, Some(Duration::from_secs(6)));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(needs(decide(&s, "c1", at(10), false, false)), "Backoff time elapsed: 10s");
+        let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 2, "c1", 0)));
+        assert!(matches!(decide(&s, "c1", at(89), false, false), Sync::Synced { requeue_after: Some(d), .. } if d == Duration::from_secs(1)));
+        let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 3, "c1", 0)));
+        match decide(&s, "c1", at(100_000), false, false) {
+            Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {
+                assert_eq!(reason, sc::UPDATE_FAILED);
+                assert!(msg.contains("up failed 4 times"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // a new commit retries even a stalled stack
+        assert_eq!(needs(decide(&s, "c2", at(1), false, false)), "New commit detected: c2");
+    }
+
+    #[test]
+    fn a_failed_preview_is_reported_as_such() {
+        let mut last = done(StackUpdateStateMessage::Failed, 0, "c1", 0);
+        last.update_type = Some(UpdateType::Preview);
+        last.message = Some("preview failed: x".into());
+        let s = stack(1, Some(last));
+        assert!(matches!(decide(&s, "c1", at(1), false, false), Sync::Synced { conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, _), .. }));
+    }
+
+    #[test]
+    fn deleting_waits_for_a_successful_destroy() {
+        let mut destroyed = done(StackUpdateStateMessage::Succeeded, 0, "c1", 0);
+        destroyed.update_type = Some(UpdateType::Destroy);
+        assert!(matches!(decide(&stack(1, Some(destroyed)), "c1", at(1), false, true), Sync::Synced { conditions: Conditions::Ready, .. }));
+        let mut failed = done(StackUpdateStateMessage::Failed, 0, "c1", 0);
+        failed.update_type = Some(UpdateType::Destroy);
+        assert_eq!(needs(decide(&stack(1, Some(failed)), "c1", at(11), false, true)), "Backoff time elapsed: 10s");
+    }
+}
