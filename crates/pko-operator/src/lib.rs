@@ -9,6 +9,7 @@ pub mod context;
 pub mod ownership;
 pub mod program;
 pub mod stack;
+pub mod update;
 
 use std::sync::Arc;
 

@@ -1,0 +1,134 @@
+//! Update conditions as PKO writes them (`Progressing`, `Complete`, `Failed`), from the agent's result.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use pko_api::constants::update_condition as uc;
+use self::pko_proto_reason::Reason;
+
+/// The state of an Update's operation, as the conditions tell it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Phase {
+    /// Running.
+    Progressing,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure; `reason` is the `Failed` condition's reason (`UpdateFailed`,
+    /// `UpdateConflict`, `InvalidAccessToken`, `Unknown`, `Canceled`, …), `message` the error.
+    Failed {
+        /// Reason of the Failed condition.
+        reason: String,
+        /// Error text.
+        message: String,
+    },
+    /// Waiting: `reason` is `WorkspaceNotFound`, `WorkspaceNotReady` or `TransientFailure`.
+    Waiting {
+        /// Reason of the Progressing=False condition.
+        reason: &'static str,
+        /// Why.
+        message: String,
+    },
+}
+
+fn cond(type_: &str, status: &str, reason: &str, message: &str, generation: Option<i64>, now: &Time, old: &[Condition]) -> Condition {
+    let transition = old.iter().find(|c| c.type_ == type_ && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
+    Condition { type_: type_.into(), status: status.into(), reason: reason.into(), message: message.into(), observed_generation: generation, last_transition_time: transition }
+}
+
+/// The three conditions for `phase` (sorted by type), keeping transition times of unchanged statuses.
+pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Condition]) -> Vec<Condition> {
+    let c = |t: &str, s: &str, r: &str, m: &str| cond(t, s, r, m, generation, now, old);
+    let mut v = match phase {
+        Phase::Progressing => vec![
+            c(uc::PROGRESSING, "True", uc::REASON_PROGRESSING, ""),
+            c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""),
+            c(uc::FAILED, "False", uc::REASON_PROGRESSING, ""),
+        ],
+        Phase::Succeeded => vec![
+            c(uc::PROGRESSING, "False", uc::REASON_COMPLETE, ""),
+            c(uc::COMPLETE, "True", uc::UPDATED, ""),
+            c(uc::FAILED, "False", uc::UPDATE_SUCCEEDED, ""),
+        ],
+        Phase::Failed { reason, message } => vec![
+            c(uc::PROGRESSING, "False", uc::REASON_FAILED, ""),
+            c(uc::COMPLETE, "True", uc::REASON_FAILED, ""),
+            c(uc::FAILED, "True", reason, message),
+        ],
+        Phase::Waiting { reason, message } => vec![
+            c(uc::PROGRESSING, "False", reason, message),
+            c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""),
+            c(uc::FAILED, "False", uc::REASON_PROGRESSING, ""),
+        ],
+    };
+    v.sort_by(|a, b| a.type_.cmp(&b.type_));
+    v
+}
+
+/// The `Failed` reason for an agent error (PKO: the agent's `PulumiErrorInfo.reason`, else `UpdateFailed`
+/// for an engine failure and `Unknown` for anything else).
+pub fn failed_reason(reason: Reason) -> &'static str {
+    match reason {
+        Reason::UpdateConflict => uc::UPDATE_CONFLICT,
+        Reason::InvalidAccessToken => uc::INVALID_ACCESS_TOKEN,
+        Reason::UpdateFailed => uc::UPDATE_FAILED,
+        Reason::Cancelled => uc::CANCELED,
+        Reason::Other => uc::UNKNOWN,
+    }
+}
+
+/// The agent's error reasons as the Update controller distinguishes them (kept independent of the
+/// generated protobuf enum so this module stays pure).
+pub mod pko_proto_reason {
+    /// Agent error reason.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Reason {
+        /// Another update holds the lock.
+        UpdateConflict,
+        /// The backend refused the token.
+        InvalidAccessToken,
+        /// The engine reported failure.
+        UpdateFailed,
+        /// Cancelled.
+        Cancelled,
+        /// Anything else.
+        Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    fn view(v: &[Condition]) -> Vec<(String, String, String)> {
+        v.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone())).collect()
+    }
+
+    #[test]
+    fn phases_map_to_pko_conditions() {
+        let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        assert_eq!(
+            view(&conditions(&Phase::Progressing, Some(1), &t(0), &[])),
+            vec![s("Complete", "False", "Progressing"), s("Failed", "False", "Progressing"), s("Progressing", "True", "Progressing")]
+        );
+        assert_eq!(
+            view(&conditions(&Phase::Succeeded, Some(1), &t(0), &[])),
+            vec![s("Complete", "True", "Updated"), s("Failed", "False", "UpdateSucceeded"), s("Progressing", "False", "Complete")]
+        );
+        let failed = conditions(&Phase::Failed { reason: failed_reason(Reason::UpdateConflict).into(), message: "locked".into() }, Some(1), &t(0), &[]);
+        assert_eq!(view(&failed), vec![s("Complete", "True", "Failed"), s("Failed", "True", "UpdateConflict"), s("Progressing", "False", "Failed")]);
+        assert_eq!(failed[1].message, "locked");
+    }
+
+    #[test]
+    fn transition_times_survive_unchanged_statuses() {
+        let first = conditions(&Phase::Progressing, Some(1), &t(5), &[]);
+        let again = conditions(&Phase::Progressing, Some(1), &t(9), &first);
+        assert!(again.iter().all(|c| c.last_transition_time == t(5)));
+        let done = conditions(&Phase::Succeeded, Some(1), &t(9), &again);
+        let failed = done.iter().find(|c| c.type_ == "Failed").unwrap();
+        assert_eq!(failed.last_transition_time, t(5), "Failed stayed False");
+        assert!(done.iter().filter(|c| c.type_ != "Failed").all(|c| c.last_transition_time == t(9)));
+    }
+}
