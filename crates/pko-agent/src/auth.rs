@@ -35,13 +35,16 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// A cached decision and when it expires.
+type CachedDecision = (Result<(), Status>, Instant);
+
 /// Settings and cache of kube authentication.
 pub struct KubeAuth {
     client: kube::Client,
     audience: String,
     namespace: String,
     workspace: String,
-    cache: Mutex<HashMap<String, (Result<(), Status>, Instant)>>,
+    cache: Mutex<HashMap<String, CachedDecision>>,
 }
 
 impl KubeAuth {

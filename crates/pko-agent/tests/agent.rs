@@ -270,7 +270,7 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     // a malformed request is refused outright, naming the field
     let mut r = request(&env, "bad-7", &good, "dev", OperationType::Up);
     r.r#type = 0;
-    let status = c.run(r).await.err().expect("refused");
+    let Err(status) = c.run(r).await else { panic!("a request without a type must be refused") };
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     let info = <pko_proto::v1::ErrorInfo as prost::Message>::decode(status.details()).unwrap();
     assert_eq!(info.field, "type");

@@ -11,6 +11,8 @@
 //! follow PKO v2.9 (see `docs/api.md`). [`crds`] builds the CustomResourceDefinitions written to
 //! `deploy/crds/` by `pko-operator crds`; a test fails when the committed files differ.
 #![forbid(unsafe_code)]
+// kube's `#[kube(printcolumn(...))]` repeats keys across columns; clippy reads them as duplicates.
+#![allow(clippy::duplicated_attributes)]
 
 pub mod constants;
 pub mod program;

@@ -1,5 +1,6 @@
 //! The Update controller's pure pieces: Update status from an agent's operation result ([`status`]) and
-//! the outputs Secret ([`outputs`]).
+//! the outputs Secret ([`outputs`]) and the agent request ([`request`]).
 
 pub mod outputs;
+pub mod request;
 pub mod status;

@@ -1,0 +1,222 @@
+//! The agent request for an Update: the Workspace says where the program is and how the stack is
+//! configured, the Update says which operation with which options. Pure.
+
+use pko_api::workspace::{ConfigItem as WsConfigItem, WorkspaceSpec};
+use pko_api::{UpdateSpec, UpdateType};
+use pko_proto::v1 as pb;
+
+/// Why a request could not be built (reported on the Update as a failure naming the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RequestError {
+    /// Path of the offending field, e.g. `spec.stacks[dev].config[2]`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> RequestError {
+    RequestError { field: field.into(), message: message.into() }
+}
+
+fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef {
+    pb::ValueRef { kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })) }
+}
+
+/// The program source of a Workspace: exactly one of git, flux, local, projectInfo.
+pub fn source(ws: &WorkspaceSpec) -> Result<pb::Source, RequestError> {
+    use pb::source::Kind;
+    let kinds = [ws.git.is_some(), ws.flux.is_some(), ws.local.is_some(), ws.project_info.is_some()].iter().filter(|b| **b).count();
+    if kinds != 1 {
+        return Err(err("spec", format!("exactly one source (git, flux, local, projectInfo) is required, found {kinds}")));
+    }
+    let kind = if let Some(g) = &ws.git {
+        let auth = g.auth.as_ref().map(|a| pb::GitAuth {
+            ssh_private_key: a.ssh_private_key.as_ref().map(secret_ref),
+            ssh_passphrase: a.ssh_private_key.as_ref().and(a.password.as_ref()).map(secret_ref),
+            token: a.token.as_ref().map(secret_ref),
+            username: a.username.as_ref().map(secret_ref),
+            password: a.password.as_ref().map(secret_ref),
+        });
+        Kind::Git(pb::GitSource {
+            url: g.url.clone().ok_or_else(|| err("spec.git.url", "required"))?,
+            revision: g.git_ref.clone().unwrap_or_default(),
+            dir: g.dir.clone().unwrap_or_default(),
+            shallow: g.shallow.unwrap_or(false),
+            auth,
+        })
+    } else if let Some(f) = &ws.flux {
+        Kind::Artifact(pb::ArtifactSource {
+            url: f.url.clone().ok_or_else(|| err("spec.flux.url", "required"))?,
+            digest: f.digest.clone().ok_or_else(|| err("spec.flux.digest", "required"))?,
+            dir: f.dir.clone().unwrap_or_default(),
+        })
+    } else if let Some(l) = &ws.local {
+        Kind::Local(pb::LocalSource { dir: l.dir.clone().ok_or_else(|| err("spec.local.dir", "required"))? })
+    } else {
+        let p = ws.project_info.clone().unwrap_or_default();
+        Kind::ProjectInfo(pb::ProjectInfo {
+            name: p.name.ok_or_else(|| err("spec.projectInfo.name", "required"))?,
+            runtime: p.runtime.ok_or_else(|| err("spec.projectInfo.runtime", "required"))?,
+        })
+    };
+    Ok(pb::Source { kind: Some(kind) })
+}
+
+fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem, RequestError> {
+    let field = format!("spec.stacks[{stack}].config[{i}]");
+    let value = match (&c.value, &c.value_from) {
+        (Some(v), None) => pb::config_item::Value::Literal(to_pb_value(v)),
+        (None, Some(from)) => {
+            let kind = match (&from.env, &from.path) {
+                (Some(e), None) => pb::value_ref::Kind::Env(e.clone()),
+                (None, Some(p)) => pb::value_ref::Kind::Path(p.clone()),
+                _ => return Err(err(format!("{field}.valueFrom"), "exactly one of env or path is required")),
+            };
+            pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(kind) })
+        }
+        _ => return Err(err(field, "exactly one of value or valueFrom is required")),
+    };
+    Ok(pb::ConfigItem {
+        key: c.key.clone(),
+        path: c.path.unwrap_or(false),
+        value: Some(value),
+        secret: c.secret.unwrap_or(false),
+        json: c.value_from.as_ref().and_then(|f| f.json).unwrap_or(false),
+    })
+}
+
+fn to_pb_value(v: &serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(to_pb_value).collect() }),
+        serde_json::Value::Object(m) => Kind::StructValue(prost_types::Struct { fields: m.iter().map(|(k, v)| (k.clone(), to_pb_value(v))).collect() }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// Environment of the Pulumi process from the Workspace's `env` (literals and Secret/ConfigMap key
+/// references; other `valueFrom` kinds are refused).
+pub fn env(ws: &WorkspaceSpec) -> Result<Vec<pb::EnvVar>, RequestError> {
+    let mut out = Vec::new();
+    for e in ws.env.iter().flatten() {
+        let field = format!("spec.env[{}]", e.name);
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), None) => pb::value_ref::Kind::Literal(v.clone()),
+            (None, Some(from)) => match (&from.secret_key_ref, &from.config_map_key_ref) {
+                (Some(s), None) => pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() }),
+                (None, Some(c)) => pb::value_ref::Kind::ConfigMap(pb::KeyRef { name: c.name.clone(), key: c.key.clone() }),
+                _ => return Err(err(field, "only secretKeyRef and configMapKeyRef are supported in valueFrom")),
+            },
+            (None, None) => pb::value_ref::Kind::Literal(String::new()),
+            (Some(_), Some(_)) => return Err(err(field, "value and valueFrom are exclusive")),
+        };
+        let secret = matches!(value, pb::value_ref::Kind::Secret(_));
+        out.push(pb::EnvVar { name: e.name.clone(), value: Some(pb::ValueRef { kind: Some(value) }), secret });
+    }
+    Ok(out)
+}
+
+/// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace`.
+pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
+    let stack_name = update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
+    let kind = match update.update_type.ok_or_else(|| err("spec.type", "required"))? {
+        UpdateType::Preview => pb::OperationType::Preview,
+        UpdateType::Up => pb::OperationType::Up,
+        UpdateType::Refresh => pb::OperationType::Refresh,
+        UpdateType::Destroy => pb::OperationType::Destroy,
+    };
+    let ws_stack = workspace.stacks.iter().flatten().find(|s| s.name == stack_name);
+    let config = match ws_stack {
+        Some(s) => s.config.iter().flatten().enumerate().map(|(i, c)| config_item(&s.name, i, c)).collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    Ok(pb::OperationRequest {
+        operation_id: operation_id.into(),
+        epoch,
+        source: Some(source(workspace)?),
+        stack: Some(pb::StackSettings {
+            name: stack_name,
+            // PKO's Update controller selects with create=true; a Workspace stack may say otherwise.
+            create: ws_stack.and_then(|s| s.create).unwrap_or(true),
+            secrets_provider: ws_stack.and_then(|s| s.secrets_provider.clone()).unwrap_or_default(),
+        }),
+        config,
+        env: env(workspace)?,
+        r#type: kind as i32,
+        options: Some(pb::OperationOptions {
+            parallel: update.parallel.unwrap_or(0),
+            message: update.message.clone().unwrap_or_default(),
+            expect_no_changes: update.expect_no_changes.unwrap_or(false),
+            replace: update.replace.clone().unwrap_or_default(),
+            target: update.target.clone().unwrap_or_default(),
+            target_dependents: update.target_dependents.unwrap_or(false),
+            refresh: update.refresh.unwrap_or(false),
+            continue_on_error: update.continue_on_error.unwrap_or(false),
+            remove: update.remove.unwrap_or(false),
+            run_program: update.run_program.unwrap_or(false),
+            preview_only: update.preview_only.unwrap_or(false),
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ws(v: serde_json::Value) -> WorkspaceSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn upd(v: serde_json::Value) -> UpdateSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn builds_a_git_up_with_config_env_and_options() {
+        let w = ws(json!({
+            "git": {"url": "https://g/r.git", "ref": "abc", "dir": "app", "shallow": true, "auth": {"token": {"name": "git", "key": "t"}}},
+            "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///s"}, {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "p", "key": "k"}}}],
+            "stacks": [{"name": "dev", "create": true, "secretsProvider": "passphrase", "config": [
+                {"key": "a", "value": "x"}, {"key": "b", "value": {"n": 1}, "secret": true}, {"key": "c", "valueFrom": {"path": "/f", "json": true}}
+            ]}]
+        }));
+        let u = upd(json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"], "refresh": true}));
+        let r = build("ns/u1/uid", 7, &w, &u).unwrap();
+        assert_eq!((r.operation_id.as_str(), r.epoch, r.r#type), ("ns/u1/uid", 7, pb::OperationType::Up as i32));
+        let Some(pb::source::Kind::Git(g)) = r.source.unwrap().kind else { panic!() };
+        assert_eq!((g.url.as_str(), g.revision.as_str(), g.dir.as_str(), g.shallow), ("https://g/r.git", "abc", "app", true));
+        assert!(g.auth.unwrap().token.is_some());
+        assert_eq!(r.stack.as_ref().unwrap().secrets_provider, "passphrase");
+        assert_eq!(r.config.len(), 3);
+        assert!(r.config[1].secret && r.config[2].json);
+        assert_eq!(r.env.len(), 2);
+        assert!(r.env[1].secret, "secret env values are masked by the agent");
+        let o = r.options.unwrap();
+        assert_eq!((o.parallel, o.refresh, o.target.len()), (3, true, 1));
+    }
+
+    #[test]
+    fn flux_local_and_project_info_sources() {
+        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}}))).unwrap();
+        assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.dir == "d"));
+        assert!(matches!(source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().kind, Some(pb::source::Kind::Local(_))));
+        assert!(matches!(source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().kind, Some(pb::source::Kind::ProjectInfo(_))));
+    }
+
+    #[test]
+    fn bad_specs_name_the_field() {
+        assert_eq!(source(&ws(json!({}))).unwrap_err().field, "spec");
+        assert_eq!(source(&ws(json!({"git": {"ref": "x"}}))).unwrap_err().field, "spec.git.url");
+        let w = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a"}]}]}));
+        assert_eq!(build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.stacks[dev].config[0]");
+        assert_eq!(build("o", 1, &w, &upd(json!({"type": "up"}))).unwrap_err().field, "spec.stackName");
+        let w = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}));
+        assert_eq!(build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.env[X]");
+    }
+}
