@@ -4,6 +4,8 @@
 set -uo pipefail
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# binaries first: tests of one crate start the binaries of another (e.g. pko-agent)
+cargo build --workspace --bins 2>&1 | tail -1
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(grep -oE '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')

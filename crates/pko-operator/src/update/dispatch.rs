@@ -1,0 +1,155 @@
+//! Runs one Update on an agent and writes its progress and result to the Update's status (and the
+//! outputs Secret). The operation id is derived from the Update (`<namespace>/<name>/<uid>`), so calling
+//! [`run_on_agent`] again after an operator restart re-attaches to the running operation instead of
+//! starting a second one (the agent follows a known id), and nothing is marked Aborted.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use pko_api::constants::field_manager;
+use pko_api::update::UpdateStatus;
+use pko_api::workspace::ProjectInfo;
+use pko_api::{Update, Workspace};
+use pko_proto::v1::agent_client::AgentClient;
+use pko_proto::v1::{ErrorReason, OperationResult, ResultStatus, operation_event::Event};
+use serde_json::json;
+
+use super::outputs;
+use super::request;
+use super::status::{self, Phase, pko_proto_reason::Reason};
+
+/// Why an Update could not be run to a result.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The agent could not be reached or refused the call (retried later: `TransientFailure`).
+    #[error("agent {0}: {1}")]
+    Agent(String, String),
+    /// The stream ended without a result (the agent went away): the Update is dispatched again.
+    #[error("the operation stream ended without a result")]
+    NoResult,
+    /// Writing status or the outputs Secret failed.
+    #[error("writing update status: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Operation id of an Update: stable across operator restarts.
+pub fn operation_id(update: &Update) -> String {
+    format!("{}/{}/{}", update.namespace().unwrap_or_default(), update.name_any(), update.uid().unwrap_or_default())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
+    let patch = json!({ "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "status": st });
+    api.patch_status(&update.name_any(), &PatchParams::apply(field_manager::UPDATE_STATUS).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+fn reason_of(r: &OperationResult) -> Reason {
+    match r.error.as_ref().map(|e| ErrorReason::try_from(e.reason).unwrap_or(ErrorReason::Unspecified)) {
+        Some(ErrorReason::UpdateConflict) => Reason::UpdateConflict,
+        Some(ErrorReason::InvalidAccessToken) => Reason::InvalidAccessToken,
+        Some(ErrorReason::UpdateFailed) => Reason::UpdateFailed,
+        Some(ErrorReason::Cancelled) => Reason::Cancelled,
+        _ => Reason::Other,
+    }
+}
+
+fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
+    let t = t.as_ref()?;
+    k8s_openapi::jiff::Timestamp::new(t.seconds, t.nanos).ok().map(Time)
+}
+
+/// Runs `update` against `workspace` on the agent at `agent` (e.g. `http://127.0.0.1:50051`), with
+/// `token` as bearer token when set, and records progress and result on the Update. Returns the final
+/// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
+/// caller dispatches it again.
+pub async fn run_on_agent(
+    client: &kube::Client,
+    agent: &str,
+    token: Option<&str>,
+    epoch: i64,
+    update: &Update,
+    workspace: &Workspace,
+) -> Result<OperationResult, DispatchError> {
+    let ns = update.namespace().unwrap_or_default();
+    let api: Api<Update> = Api::namespaced(client.clone(), &ns);
+    let generation = update.meta().generation;
+    let mut st = update.status.clone().unwrap_or_default();
+    st.observed_generation = generation;
+    let old_conditions = st.conditions.clone().unwrap_or_default();
+
+    let req = match request::build(&operation_id(update), epoch, &workspace.spec, &update.spec) {
+        Ok(r) => r,
+        Err(e) => {
+            let phase = Phase::Failed { reason: pko_api::constants::update_condition::UNKNOWN.into(), message: e.to_string() };
+            st.conditions = Some(status::conditions(&phase, generation, &now(), &old_conditions));
+            st.message = Some(e.to_string());
+            st.end_time = Some(now());
+            write_status(&api, update, &st).await?;
+            return Ok(OperationResult { status: ResultStatus::Failed as i32, message: e.to_string(), ..Default::default() });
+        }
+    };
+    let mut agent_client = AgentClient::connect(agent.to_string()).await.map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?;
+    let mut call = tonic::Request::new(req);
+    if let Some(t) = token {
+        call.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| DispatchError::Agent(agent.into(), "token is not a valid header".into()))?);
+    }
+    let mut stream = agent_client.run(call).await.map_err(|s| DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())))?.into_inner();
+
+    let mut marked = old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
+    while let Some(ev) = stream.next().await {
+        let ev = ev.map_err(|s| DispatchError::Agent(agent.into(), s.message().to_string()))?;
+        if !marked {
+            st.start_time.get_or_insert_with(now);
+            st.conditions = Some(status::conditions(&Phase::Progressing, generation, &now(), &old_conditions));
+            write_status(&api, update, &st).await?;
+            marked = true;
+        }
+        let Some(Event::Result(result)) = ev.event else { continue };
+        if result.status == ResultStatus::Interrupted as i32 {
+            return Ok(result);
+        }
+        let phase = if result.status == ResultStatus::Succeeded as i32 {
+            Phase::Succeeded
+        } else {
+            Phase::Failed { reason: status::failed_reason(reason_of(&result)).into(), message: result.message.clone() }
+        };
+        if phase == Phase::Succeeded && update.spec.update_type == Some(pko_api::UpdateType::Up) {
+            let values: BTreeMap<String, (serde_json::Value, bool)> = result
+                .outputs
+                .iter()
+                .map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret)))
+                .collect();
+            let owner = update.controller_owner_ref(&()).map(|mut o| {
+                o.controller = Some(false);
+                o
+            });
+            if let Some(owner) = owner {
+                let secret = outputs::secret(&update.name_any(), &ns, owner, &values);
+                match Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &secret).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 409 => {} // written before a restart; immutable
+                    Err(e) => return Err(e.into()),
+                }
+                st.outputs = Some(outputs::secret_name(&update.name_any()));
+            }
+        }
+        st.start_time = st.start_time.clone().or_else(|| ts(&result.start_time));
+        st.end_time = ts(&result.end_time).or_else(|| Some(now()));
+        st.message = Some(result.message.clone());
+        st.permalink = Some(result.permalink.clone()).filter(|p| !p.is_empty());
+        st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
+        let current = st.conditions.clone().unwrap_or_default();
+        st.conditions = Some(status::conditions(&phase, generation, &now(), &current));
+        write_status(&api, update, &st).await?;
+        return Ok(result);
+    }
+    Err(DispatchError::NoResult)
+}

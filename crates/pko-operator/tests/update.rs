@@ -1,0 +1,152 @@
+//! An Update runs on a real agent (the `pko-agent` binary) against the test bed, its status and outputs
+//! Secret are written as PKO does, and a dispatcher that dies mid-operation re-attaches instead of
+//! aborting.
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use pko_api::{Update, Workspace};
+use pko_operator::update::{dispatch, outputs};
+use pko_proto::v1::ResultStatus;
+use pko_testbed::testbed;
+use serde_json::json;
+
+struct AgentProc(std::process::Child, String);
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the workspace agent binary built next to this test (cargo builds every binary of the workspace
+/// before running `cargo test --workspace`).
+fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
+    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-agent`", bin.display());
+    let work = env.dir().join("agent-work");
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", namespace, "--work-dir"])
+        .arg(&work)
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir())
+        .env("KUBECONFIG", testbed().kubeconfig())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+    let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    AgentProc(child, format!("http://{addr}"))
+}
+
+fn project(env: &pko_testbed::PulumiEnv, name: &str, body: &str) -> std::path::PathBuf {
+    let dir = env.dir().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), format!("name: {name}\nruntime: yaml\n{body}")).unwrap();
+    dir
+}
+
+async fn create<K>(api: &kube::Api<K>, v: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), &serde_json::from_value(v).unwrap()).await.unwrap()
+}
+
+fn condition(u: &Update, t: &str) -> Option<(String, String)> {
+    u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("update").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let agent = start_agent(&env, ns.name());
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+
+    let marker = env.dir().join("runs.txt");
+    let dir = project(
+        &env,
+        "upd",
+        &format!(
+            "config:\n  greeting:\n    type: string\n  pw:\n    type: string\n    secret: true\nresources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3; echo run >> {}; echo ${{greeting}}\n  s:\n    type: command:local:Command\n    properties:\n      create: echo ${{pw}}\noutputs:\n  greeting: ${{a.stdout}}\n  password: ${{s.stdout}}\n",
+            marker.display()
+        ),
+    );
+    let workspace: Workspace = create(
+        &ns.api::<Workspace>(),
+        json!({
+            "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "ws"},
+            "spec": {
+                "local": {"dir": dir.display().to_string()},
+                "env": [
+                    {"name": "PULUMI_BACKEND_URL", "value": env.backend_url()},
+                    {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase", "key": "value"}}}
+                ],
+                "stacks": [{"name": "dev", "create": true, "config": [{"key": "greeting", "value": "hello"}, {"key": "pw", "value": "pa55-word", "secret": true}]}]
+            }
+        }),
+    )
+    .await;
+    let updates = ns.api::<Update>();
+    let update: Update = create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})).await;
+
+    // The dispatcher dies while the operation runs (the operator is killed) ...
+    let task = {
+        let (client, agent, update, workspace) = (client.clone(), agent.1.clone(), update.clone(), workspace.clone());
+        tokio::spawn(async move { dispatch::run_on_agent(&client, &agent, None, 1, &update, &workspace).await })
+    };
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("True".into(), "Progressing".into())) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < end, "never Progressing");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    task.abort();
+    // ... and a new one re-attaches to the same operation.
+    let current = updates.get("u1").await.unwrap();
+    let result = dispatch::run_on_agent(&client, &agent.1, None, 1, &current, &workspace).await.unwrap();
+    assert_eq!(result.status, ResultStatus::Succeeded as i32, "{}", result.message);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the program ran once");
+
+    let done = updates.get("u1").await.unwrap();
+    assert_eq!(condition(&done, "Complete"), Some(("True".into(), "Updated".into())));
+    assert_eq!(condition(&done, "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "not Aborted");
+    assert_eq!(condition(&done, "Progressing"), Some(("False".into(), "Complete".into())));
+    let st = done.status.clone().unwrap();
+    assert!(st.start_time.is_some() && st.end_time.is_some());
+    assert_eq!(st.project_info.unwrap().name.as_deref(), Some("upd"));
+    assert_eq!(st.outputs.as_deref(), Some("u1-stack-outputs"));
+
+    let secret = ns.api::<Secret>().get("u1-stack-outputs").await.unwrap();
+    assert_eq!(secret.immutable, Some(true));
+    assert_eq!(secret.metadata.owner_references.as_ref().unwrap()[0].name, "u1");
+    let shown = outputs::stack_outputs(&secret);
+    assert_eq!(shown["greeting"], json!("hello"));
+    assert_eq!(shown["password"], json!("[secret]"));
+    assert!(!serde_json::to_string(&done).unwrap().contains("pa55-word"), "no secret in the Update");
+
+    // a failing program: Failed=True with the engine's reason
+    let bad = project(&env, "bad", "resources:\n  f:\n    type: command:local:Command\n    properties:\n      create: exit 3\n");
+    let mut ws2 = workspace.clone();
+    ws2.spec.local = Some(pko_api::workspace::LocalSource { dir: Some(bad.display().to_string()) });
+    let u2: Update = create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}})).await;
+    let r = dispatch::run_on_agent(&client, &agent.1, None, 1, &u2, &ws2).await.unwrap();
+    assert_eq!(r.status, ResultStatus::Failed as i32);
+    let u2 = updates.get("u2").await.unwrap();
+    assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "UpdateFailed".into())));
+    assert!(u2.status.unwrap().message.unwrap().contains("exit"), "the error reaches the Update");
+}
