@@ -2,68 +2,18 @@
 //! Secret are written as PKO does, and a dispatcher that dies mid-operation re-attaches instead of
 //! aborting.
 
-use std::io::BufRead;
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
+use common::*;
+
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PostParams;
 use pko_api::{Update, Workspace};
 use pko_operator::update::{dispatch, outputs};
 use pko_proto::v1::ResultStatus;
 use pko_testbed::testbed;
 use serde_json::json;
-
-struct AgentProc(std::process::Child, String);
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the workspace agent binary built next to this test (cargo builds every binary of the workspace
-/// before running `cargo test --workspace`).
-fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
-    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-agent`", bin.display());
-    let work = env.dir().join("agent-work");
-    let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", namespace, "--work-dir"])
-        .arg(&work)
-        .env_clear()
-        .envs(env.vars())
-        .env("HOME", env.dir())
-        .env("KUBECONFIG", testbed().kubeconfig())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-    let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
-    AgentProc(child, format!("http://{addr}"))
-}
-
-fn project(env: &pko_testbed::PulumiEnv, name: &str, body: &str) -> std::path::PathBuf {
-    let dir = env.dir().join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), format!("name: {name}\nruntime: yaml\n{body}")).unwrap();
-    dir
-}
-
-async fn create<K>(api: &kube::Api<K>, v: serde_json::Value) -> K
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &serde_json::from_value(v).unwrap()).await.unwrap()
-}
-
-fn condition(u: &Update, t: &str) -> Option<(String, String)> {
-    u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()))
-}
 
 #[tokio::test]
 async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
