@@ -66,6 +66,9 @@ struct Serve {
     /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB).
     #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES")]
     max_artifact_bytes: u64,
+    /// Pulumi log verbosity for operations (PKO `pulumiLogLevel`); 0 disables verbose logging.
+    #[arg(long, default_value_t = 0)]
+    pulumi_log_level: u32,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -124,7 +127,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         pulumi: a.pulumi.clone(),
     })
     .with_context(|| format!("creating {}", a.work_dir.display()))?;
-    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace), known_stacks: Default::default() };
+    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace), known_stacks: Default::default(), log_level: a.pulumi_log_level };
     let service = AgentService::new(
         AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
         ctx,

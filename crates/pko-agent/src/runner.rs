@@ -35,6 +35,8 @@ pub struct RunnerContext {
     /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which
     /// saves one Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
+    pub log_level: u32,
 }
 
 /// A failure before or around the Pulumi command.
@@ -167,7 +169,10 @@ async fn execute(
     check_stop(op)?;
 
     // 5. the operation
-    let args = pulumi::operation_args(kind, &stack.name, &req.options.clone().unwrap_or_default());
+    let mut args = pulumi::operation_args(kind, &stack.name, &req.options.clone().unwrap_or_default());
+    if ctx.log_level > 0 {
+        args.extend(["-v".into(), ctx.log_level.to_string(), "--logtostderr".into(), "--logflow".into()]);
+    }
     op.log(format!("running pulumi {}", args.join(" ")));
     let mut child = Command::new(&ctx.pulumi)
         .args(&args)

@@ -10,6 +10,7 @@ pub mod ownership;
 pub mod program;
 pub mod stack;
 pub mod update;
+pub mod workspace;
 
 use std::sync::Arc;
 

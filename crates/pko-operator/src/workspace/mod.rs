@@ -1,0 +1,3 @@
+//! The Workspace controller's pure pieces: the objects of the `pod` runtime ([`pod`]).
+
+pub mod pod;

@@ -1,0 +1,333 @@
+//! The `pod` runtime of a Workspace (PKO §2.3–2.4): a headless Service and a StatefulSet
+//! `<workspace>-workspace`, the agent copied into the pod by an init container, PKO's security profiles,
+//! a 600 s termination grace (time for Pulumi to wind down after Ctrl-C), and the user's pod template
+//! merged on top. Pure.
+//!
+//! Unlike PKO, the pod's revision hash covers only what changes the pod (image, env, resources, service
+//! account, security profile, pod template) — not stacks, config or the source, which travel with each
+//! operation — so a config change never rolls the pod (PKO #965).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use pko_api::Workspace;
+use pko_api::constants::{AUTO_COMPONENT_LABEL, REVISION_HASH_ANNOTATION, WORKSPACE_NAME_LABEL};
+use pko_api::workspace::{AGENT_PORT, SecurityProfile};
+use sha2::{Digest, Sha256};
+
+/// Termination grace of workspace pods (seconds): Pulumi's wind-down after Ctrl-C.
+pub const TERMINATION_GRACE_SECONDS: i64 = 600;
+/// Where the agent binary is placed in the pod.
+pub const AGENT_PATH: &str = "/share/pko-agent";
+
+/// Operator settings for the pod runtime.
+#[derive(Debug, Clone)]
+pub struct PodRuntimeConfig {
+    /// Image holding `/pko-agent` (copied into the pod by the `bootstrap` init container).
+    pub agent_image: String,
+}
+
+/// Name of the Service and StatefulSet of workspace `name`.
+pub fn object_name(name: &str) -> String {
+    format!("{name}-workspace")
+}
+
+/// gRPC address of the agent of workspace `name` in `namespace` (PKO's `status.address`).
+pub fn address(name: &str, namespace: &str) -> String {
+    format!("{}.{namespace}:{AGENT_PORT}", object_name(name))
+}
+
+fn labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(AUTO_COMPONENT_LABEL.to_string(), "workspace".to_string()), (WORKSPACE_NAME_LABEL.to_string(), name.to_string())])
+}
+
+fn owner(ws: &Workspace) -> Option<OwnerReference> {
+    use kube::Resource;
+    ws.controller_owner_ref(&())
+}
+
+/// The headless Service of the workspace.
+pub fn service(ws: &Workspace) -> Service {
+    let name = ws.metadata.name.clone().unwrap_or_default();
+    let mut l = labels(&name);
+    let tmpl = ws.spec.service_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
+    l.extend(tmpl.labels.unwrap_or_default());
+    Service {
+        metadata: ObjectMeta {
+            name: Some(object_name(&name)),
+            namespace: ws.metadata.namespace.clone(),
+            labels: Some(l),
+            annotations: tmpl.annotations,
+            owner_references: owner(ws).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(labels(&name)),
+            ports: Some(vec![ServicePort { name: Some("grpc".into()), port: AGENT_PORT, target_port: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("grpc".into())), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: Some(vec!["NET_BIND_SERVICE".into()]) }),
+        ..Default::default()
+    }
+}
+
+/// Hash of what shapes the pod (see the module docs).
+pub fn revision_hash(ws: &Workspace) -> String {
+    let s = &ws.spec;
+    let key = serde_json::json!([s.image, s.image_pull_policy, s.env, s.env_from, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level]);
+    Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The StatefulSet of the workspace (`spec` defaults applied).
+pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
+    let name = ws.metadata.name.clone().unwrap_or_default();
+    let ns = ws.metadata.namespace.clone().unwrap_or_default();
+    let spec = ws.spec.with_defaults();
+    let restricted = spec.security_profile == Some(SecurityProfile::Restricted);
+    let share = VolumeMount { name: "share".into(), mount_path: "/share".into(), ..Default::default() };
+    let bootstrap = Container {
+        name: "bootstrap".into(),
+        image: Some(cfg.agent_image.clone()),
+        command: Some(vec!["cp".into(), "/pko-agent".into(), AGENT_PATH.into()]),
+        volume_mounts: Some(vec![share.clone()]),
+        security_context: restricted.then(restricted_container),
+        ..Default::default()
+    };
+    let mut args = vec![
+        "serve".to_string(),
+        "--listen".into(),
+        format!("0.0.0.0:{AGENT_PORT}"),
+        "--work-dir".into(),
+        "/share/work".into(),
+        "--auth".into(),
+        "kube".into(),
+        "--kube-audience".into(),
+        format!("{name}.{ns}"),
+        "--kube-workspace-namespace".into(),
+        ns.clone(),
+        "--kube-workspace-name".into(),
+        name.clone(),
+        "--grace-seconds".into(),
+        (TERMINATION_GRACE_SECONDS - 10).to_string(),
+    ];
+    if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
+        args.extend(["--pulumi-log-level".into(), level.to_string()]);
+    }
+    let field = |path: &str| Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() });
+    let mut env = vec![
+        EnvVar { name: "POD_NAMESPACE".into(), value_from: field("metadata.namespace"), ..Default::default() },
+        EnvVar { name: "POD_SA_NAME".into(), value_from: field("spec.serviceAccountName"), ..Default::default() },
+    ];
+    env.extend(spec.env.clone().unwrap_or_default());
+    let pulumi = Container {
+        name: "pulumi".into(),
+        image: spec.image.clone(),
+        image_pull_policy: spec.image_pull_policy.map(|p| format!("{p:?}")),
+        command: Some(vec![AGENT_PATH.into()]),
+        args: Some(args),
+        env: Some(env),
+        env_from: spec.env_from.clone(),
+        resources: spec.resources.clone(),
+        ports: Some(vec![ContainerPort { name: Some("grpc".into()), container_port: AGENT_PORT, ..Default::default() }]),
+        volume_mounts: Some(vec![share]),
+        working_dir: Some("/share".into()),
+        security_context: restricted.then(restricted_container),
+        ..Default::default()
+    };
+    let mut pod = PodSpec {
+        service_account_name: spec.service_account_name.clone(),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        init_containers: Some(vec![bootstrap]),
+        containers: vec![pulumi],
+        volumes: Some(vec![Volume { name: "share".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }]),
+        security_context: Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+            run_as_non_root: restricted.then_some(true),
+            run_as_user: restricted.then_some(1000),
+            run_as_group: restricted.then_some(1000),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tmpl = spec.pod_template.clone().unwrap_or_default();
+    if let Some(user) = tmpl.spec {
+        merge_pod_spec(&mut pod, user);
+    }
+    let mut pod_labels = labels(&name);
+    let tmeta = tmpl.metadata.unwrap_or_default();
+    pod_labels.extend(tmeta.labels.unwrap_or_default());
+    let mut annotations = tmeta.annotations.unwrap_or_default();
+    annotations.insert(REVISION_HASH_ANNOTATION.into(), revision_hash(ws));
+    StatefulSet {
+        metadata: ObjectMeta {
+            name: Some(object_name(&name)),
+            namespace: Some(ns),
+            labels: Some(labels(&name)),
+            owner_references: owner(ws).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            service_name: Some(object_name(&name)),
+            pod_management_policy: Some("Parallel".into()),
+            selector: LabelSelector { match_labels: Some(labels(&name)), ..Default::default() },
+            template: PodTemplateSpec { metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(annotations), ..Default::default() }), spec: Some(pod) },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Strategic-merge of the user's pod spec onto the generated one, as PKO does for the parts users set:
+/// containers merged by name (fields the user sets win; env and volume mounts merged by name), init
+/// containers appended after the built-in ones, volumes merged by name, other set fields replace.
+pub fn merge_pod_spec(base: &mut PodSpec, user: PodSpec) {
+    for c in user.containers {
+        match base.containers.iter_mut().find(|b| b.name == c.name) {
+            Some(b) => merge_container(b, c),
+            None => base.containers.push(c),
+        }
+    }
+    if let Some(inits) = user.init_containers {
+        let list = base.init_containers.get_or_insert_with(Vec::new);
+        for c in inits {
+            match list.iter_mut().find(|b| b.name == c.name) {
+                Some(b) => merge_container(b, c),
+                None => list.push(c),
+            }
+        }
+    }
+    if let Some(vols) = user.volumes {
+        let list = base.volumes.get_or_insert_with(Vec::new);
+        for v in vols {
+            list.retain(|b| b.name != v.name);
+            list.push(v);
+        }
+    }
+    macro_rules! take {
+        ($($f:ident),*) => { $( if user.$f.is_some() { base.$f = user.$f; } )* };
+    }
+    take!(affinity, tolerations, node_selector, priority_class_name, image_pull_secrets, service_account_name, termination_grace_period_seconds, runtime_class_name, topology_spread_constraints, host_aliases, dns_config, dns_policy, scheduler_name, security_context);
+}
+
+fn merge_by_name<T, F: Fn(&T) -> String>(base: &mut Option<Vec<T>>, user: Option<Vec<T>>, key: F) {
+    let Some(user) = user else { return };
+    let list = base.get_or_insert_with(Vec::new);
+    for item in user {
+        let k = key(&item);
+        list.retain(|b| key(b) != k);
+        list.push(item);
+    }
+}
+
+fn merge_container(base: &mut Container, user: Container) {
+    merge_by_name(&mut base.env, user.env, |e| e.name.clone());
+    merge_by_name(&mut base.volume_mounts, user.volume_mounts, |m| m.mount_path.clone());
+    macro_rules! take {
+        ($($f:ident),*) => { $( if user.$f.is_some() { base.$f = user.$f; } )* };
+    }
+    take!(image, image_pull_policy, command, args, env_from, resources, security_context, working_dir, ports, liveness_probe, readiness_probe, startup_probe, lifecycle);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ws(spec: serde_json::Value) -> Workspace {
+        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w", "namespace": "ns", "uid": "u1"}, "spec": spec})).unwrap()
+    }
+
+    fn cfg() -> PodRuntimeConfig {
+        PodRuntimeConfig { agent_image: "pko-agent:test".into() }
+    }
+
+    #[test]
+    fn restricted_defaults_match_pko() {
+        let s = stateful_set(&ws(json!({"local": {"dir": "/p"}})), &cfg());
+        let spec = s.spec.unwrap();
+        assert_eq!((spec.replicas, spec.pod_management_policy.as_deref(), spec.service_name.as_deref()), (Some(1), Some("Parallel"), Some("w-workspace")));
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("default"));
+        assert_eq!(pod.termination_grace_period_seconds, Some(600));
+        let sc = pod.security_context.unwrap();
+        assert_eq!((sc.run_as_non_root, sc.run_as_user, sc.run_as_group), (Some(true), Some(1000), Some(1000)));
+        assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("pulumi/pulumi:latest-nonroot"));
+        let csc = c.security_context.clone().unwrap();
+        assert_eq!(csc.allow_privilege_escalation, Some(false));
+        assert_eq!(csc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(c.resources.as_ref().unwrap().requests.as_ref().unwrap()["memory"].0, "64Mi");
+        assert!(c.args.as_ref().unwrap().join(" ").contains("--auth kube --kube-audience w.ns --kube-workspace-namespace ns --kube-workspace-name w"));
+        assert_eq!(pod.init_containers.unwrap()[0].name, "bootstrap");
+        assert_eq!(s.metadata.owner_references.unwrap()[0].kind, "Workspace");
+        assert_eq!(address("w", "ns"), "w-workspace.ns:50051");
+    }
+
+    #[test]
+    fn baseline_runs_as_root_with_the_full_image() {
+        let pod = stateful_set(&ws(json!({"securityProfile": "baseline"})), &cfg()).spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.containers[0].image.as_deref(), Some("pulumi/pulumi:latest"));
+        assert_eq!(pod.security_context.as_ref().unwrap().run_as_non_root, None);
+        assert!(pod.containers[0].security_context.is_none());
+    }
+
+    #[test]
+    fn pod_template_is_merged() {
+        let s = stateful_set(
+            &ws(json!({"podTemplate": {"metadata": {"labels": {"team": "a"}}, "spec": {
+                "containers": [{"name": "pulumi", "env": [{"name": "X", "value": "1"}], "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}, {"name": "sidecar", "image": "busybox"}],
+                "initContainers": [{"name": "fetch-extra", "image": "busybox"}],
+                "volumes": [{"name": "cache", "emptyDir": {}}],
+                "tolerations": [{"key": "k", "operator": "Exists"}]
+            }}})),
+            &cfg(),
+        );
+        let t = s.spec.unwrap().template;
+        assert_eq!(t.metadata.unwrap().labels.unwrap()["team"], "a");
+        let pod = t.spec.unwrap();
+        let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, vec!["pulumi", "sidecar"]);
+        let pulumi = &pod.containers[0];
+        assert!(pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "X") && pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "POD_NAMESPACE"));
+        assert_eq!(pulumi.volume_mounts.as_ref().unwrap().len(), 2);
+        let inits: Vec<_> = pod.init_containers.unwrap().iter().map(|c| c.name.clone()).collect();
+        assert_eq!(inits, vec!["bootstrap", "fetch-extra"], "user init containers run after the built-in ones");
+        assert_eq!(pod.volumes.unwrap().len(), 2);
+        assert!(pod.tolerations.is_some());
+    }
+
+    #[test]
+    fn config_changes_do_not_roll_the_pod() {
+        let a = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "1"}]}]}));
+        let b = ws(json!({"git": {"url": "u", "ref": "r2"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "2"}]}]}));
+        assert_eq!(revision_hash(&a), revision_hash(&b));
+        let c = ws(json!({"local": {"dir": "/p"}, "image": "custom"}));
+        assert_ne!(revision_hash(&a), revision_hash(&c));
+    }
+
+    #[test]
+    fn service_is_headless_with_template_metadata() {
+        let s = service(&ws(json!({"serviceTemplate": {"metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}}}})));
+        assert_eq!(s.metadata.name.as_deref(), Some("w-workspace"));
+        let spec = s.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.ports.unwrap()[0].port, 50051);
+        assert_eq!(s.metadata.labels.unwrap()["x"], "y");
+        assert_eq!(s.metadata.annotations.unwrap()["a"], "b");
+    }
+}
