@@ -112,6 +112,17 @@ impl TestBed {
         PathBuf::from(self.var("KUBECONFIG"))
     }
 
+    /// URL of the API server, e.g. `https://127.0.0.1:16443`.
+    pub fn api_server_url(&self) -> String {
+        let kc = Kubeconfig::read_from(self.kubeconfig()).expect("admin kubeconfig");
+        kc.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone()).expect("kubeconfig has a server")
+    }
+
+    /// CA bundle file of the API server.
+    pub fn ca_file(&self) -> PathBuf {
+        PathBuf::from(self.var("PKO_TESTBED_RUN")).join("certs/ca.crt")
+    }
+
     /// Redis URL of the bed's redis-server, e.g. `redis://127.0.0.1:16379`.
     pub fn redis_url(&self) -> &str {
         self.var("REDIS_URL")

@@ -1,0 +1,251 @@
+//! The Workspace controller with two runtimes behind one interface ([`Runtime`]):
+//! - `pod` (production): the Service and StatefulSet of [`super::pod`], Ready once a replica is ready;
+//! - `local` (development and tests): agent processes on this machine, each using a kubeconfig whose
+//!   token is a TokenRequest for the Workspace's service account, so its reads of Secrets and ConfigMaps
+//!   go through real RBAC.
+//!
+//! Status: `Ready` with PKO's reasons, `address`, `pulumiVersion`, `observedGeneration`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, watcher};
+use kube::{Resource, ResourceExt};
+use pko_api::Workspace;
+use pko_api::constants::{field_manager, workspace_condition as wc};
+use pko_api::workspace::WorkspaceStatus;
+use tokio::io::AsyncBufReadExt;
+
+use super::pod::{self, PodRuntimeConfig};
+use crate::context::Context;
+
+/// Errors of a Workspace reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// API server error.
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+    /// The local runtime could not start an agent.
+    #[error("starting the local agent: {0}")]
+    Local(String),
+}
+
+/// Where agents run.
+pub enum Runtime {
+    /// Workspace pods (StatefulSet per Workspace).
+    Pod(PodRuntimeConfig),
+    /// Agent processes on this machine.
+    Local(LocalRuntime),
+}
+
+/// Agent processes on this machine, one per Workspace.
+pub struct LocalRuntime {
+    /// The `pko-agent` binary.
+    pub agent_bin: PathBuf,
+    /// Root of the agents' work directories and kubeconfigs.
+    pub work_root: PathBuf,
+    /// API server URL and CA file for the agents' kubeconfigs.
+    pub api_server: String,
+    /// CA bundle file of the API server.
+    pub ca_file: PathBuf,
+    /// Extra environment of the agents (e.g. PATH with the Pulumi CLI, PULUMI_HOME).
+    pub env: Vec<(String, String)>,
+    procs: Mutex<HashMap<String, LocalAgent>>,
+}
+
+struct LocalAgent {
+    child: tokio::process::Child,
+    address: String,
+    revision: String,
+}
+
+impl LocalRuntime {
+    /// A local runtime starting `agent_bin` under `work_root`.
+    pub fn new(agent_bin: PathBuf, work_root: PathBuf, api_server: String, ca_file: PathBuf, env: Vec<(String, String)>) -> Self {
+        Self { agent_bin, work_root, api_server, ca_file, env, procs: Mutex::default() }
+    }
+
+    /// Stops every agent (operator shutdown).
+    pub fn stop_all(&self) {
+        for (_, mut a) in self.procs.lock().unwrap().drain() {
+            let _ = a.child.start_kill();
+        }
+    }
+
+    /// Stops agents whose Workspace (by uid) is not in `alive`.
+    pub fn retain(&self, alive: &[String]) {
+        self.procs.lock().unwrap().retain(|uid, a| {
+            let keep = alive.contains(uid);
+            if !keep {
+                let _ = a.child.start_kill();
+            }
+            keep
+        });
+    }
+
+    async fn ensure(&self, client: &kube::Client, ws: &Workspace) -> Result<String, Error> {
+        let uid = ws.uid().unwrap_or_default();
+        let revision = pod::revision_hash(ws);
+        {
+            let mut procs = self.procs.lock().unwrap();
+            if let Some(a) = procs.get_mut(&uid) {
+                if a.revision == revision && matches!(a.child.try_wait(), Ok(None)) {
+                    return Ok(a.address.clone());
+                }
+                let _ = a.child.start_kill();
+                procs.remove(&uid);
+            }
+        }
+        let ns = ws.namespace().unwrap_or_default();
+        let name = ws.name_any();
+        let spec = ws.spec.with_defaults();
+        let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+        // the agent's identity: a token of the Workspace's service account
+        let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() }, ..Default::default() };
+        let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns).create_token_request(&sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
+        let dir = self.work_root.join(&ns).join(&name);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Local(e.to_string()))?;
+        let kubeconfig = dir.join("kubeconfig");
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {}, certificate-authority: {}}}\nusers:\n- name: u\n  user: {{token: {}}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {}}}\ncurrent-context: x\n",
+            self.api_server,
+            self.ca_file.display(),
+            token,
+            ns
+        );
+        std::fs::write(&kubeconfig, kc).map_err(|e| Error::Local(e.to_string()))?;
+        let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", &ns, "--work-dir"])
+            .arg(dir.join("work"))
+            .envs(self.env.iter().cloned())
+            .env("KUBECONFIG", &kubeconfig)
+            .env("PULUMI_HOME", dir.join("pulumi-home"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
+            cmd.args(["--pulumi-log-level", &level.to_string()]);
+        }
+        for e in spec.env.iter().flatten() {
+            if let Some(v) = &e.value {
+                cmd.env(&e.name, v);
+            }
+        }
+        let mut child = cmd.spawn().map_err(|e| Error::Local(format!("{}: {e}", self.agent_bin.display())))?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| Error::Local("agent did not start within 20 s".into()))?;
+        let address = first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| Error::Local("agent did not report its address".into()))?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.procs.lock().unwrap().insert(uid, LocalAgent { child, address: address.clone(), revision });
+        Ok(address)
+    }
+}
+
+/// The Workspace controller.
+pub struct WorkspaceController {
+    ctx: Arc<Context>,
+    runtime: Runtime,
+}
+
+impl WorkspaceController {
+    /// A controller using `runtime`.
+    pub fn new(ctx: Arc<Context>, runtime: Runtime) -> Arc<Self> {
+        Arc::new(Self { ctx, runtime })
+    }
+
+    /// Runs until shutdown; the local runtime's agents are stopped at the end.
+    pub async fn run(self: Arc<Self>) {
+        let api: Api<Workspace> = Api::all(self.ctx.client.clone());
+        let this = self.clone();
+        let sweeper = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if let Runtime::Local(l) = &this.runtime
+                    && let Ok(list) = Api::<Workspace>::all(this.ctx.client.clone()).list(&Default::default()).await
+                {
+                    l.retain(&list.items.iter().filter_map(|w| w.uid()).collect::<Vec<_>>());
+                }
+            }
+        });
+        Controller::new(api, watcher::Config::default())
+            .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
+            .shutdown_on_signal()
+            .run(|w, c| async move { c.reconcile(w).await }, |_w, e, _c| {
+                tracing::warn!(error = %e, "workspace reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            }, self.clone())
+            .for_each(|_| async {})
+            .await;
+        sweeper.abort();
+        if let Runtime::Local(l) = &self.runtime {
+            l.stop_all();
+        }
+    }
+
+    async fn reconcile(self: Arc<Self>, ws: Arc<Workspace>) -> Result<Action, Error> {
+        let ns = ws.namespace().unwrap_or_default();
+        let name = ws.name_any();
+        if !self.ctx.ownership.owns(&ns, &name) {
+            return Ok(Action::await_change());
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let api: Api<Workspace> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let mut st = ws.status.clone().unwrap_or_default();
+        st.observed_generation = ws.meta().generation;
+        if ws.meta().deletion_timestamp.is_some() {
+            return self.write(&api, &name, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
+        }
+        let (ready, address, requeue) = match &self.runtime {
+            Runtime::Pod(cfg) => {
+                let pp = PatchParams::apply(field_manager::OPERATOR).force();
+                Api::<Service>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::service(&ws))).await?;
+                let sts = Api::<StatefulSet>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::stateful_set(&ws, cfg))).await?;
+                let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0) >= 1;
+                if ready {
+                    (("True", wc::SUCCEEDED, ""), Some(pod::address(&name, &ns)), Duration::from_secs(300))
+                } else {
+                    (("False", wc::WAITING_FOR_REPLICAS, "waiting for the workspace pod"), None, Duration::from_secs(10))
+                }
+            }
+            Runtime::Local(local) => match local.ensure(&self.ctx.client, &ws).await {
+                Ok(addr) => (("True", wc::SUCCEEDED, ""), Some(addr), Duration::from_secs(600)),
+                Err(e) => {
+                    let msg = e.to_string();
+                    st.address = None;
+                    self.write(&api, &name, st, ("False", wc::CONNECTION_FAILED, &msg), &now).await?;
+                    return Ok(Action::requeue(Duration::from_secs(5)));
+                }
+            },
+        };
+        st.address = address;
+        self.write(&api, &name, st, ready, &now).await?;
+        Ok(Action::requeue(requeue))
+    }
+
+    async fn write(&self, api: &Api<Workspace>, name: &str, mut st: WorkspaceStatus, (status, reason, message): (&str, &str, &str), now: &Time) -> Result<(), Error> {
+        let old = st.conditions.clone().unwrap_or_default();
+        let transition = old.iter().find(|c| c.type_ == wc::READY && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
+        st.conditions = Some(vec![Condition {
+            type_: wc::READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: st.observed_generation,
+            last_transition_time: transition,
+        }]);
+        let patch = serde_json::json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": st});
+        api.patch_status(name, &PatchParams::apply(field_manager::WORKSPACE_STATUS).force(), &Patch::Apply(&patch)).await?;
+        Ok(())
+    }
+}
