@@ -1,0 +1,285 @@
+//! Pure builders of the Stack controller: the Workspace and the Update a Stack needs (PKO
+//! `stack_controller.go` steps 2, 6 and 10). No client.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, SecretEnvSource, SecretKeySelector};
+use pko_api::shared::{ResourceRef, ResourceSelectorType};
+use pko_api::stack::StackSpec;
+use pko_api::workspace::{ConfigItem, ConfigValueFrom, FluxSource, GitAuth, GitSource, ProjectInfo, WorkspaceSpec, WorkspaceStack};
+use pko_api::{UpdateSpec, UpdateType};
+
+/// Where the program of a Stack comes from, resolved to a revision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResolvedSource {
+    /// A git repository at a commit.
+    Git {
+        /// Repository URL.
+        url: String,
+        /// Commit SHA.
+        commit: String,
+    },
+    /// A Flux-style artifact (a Program's or a Flux source's).
+    Artifact {
+        /// Tarball URL.
+        url: String,
+        /// `sha256:<hex>`.
+        digest: String,
+        /// Revision string (the Program generation, or the Flux artifact revision).
+        revision: String,
+        /// Directory in the artifact.
+        dir: Option<String>,
+    },
+    /// No source: destroy from state with a synthesised project.
+    ProjectInfo(ProjectInfo),
+}
+
+impl ResolvedSource {
+    /// The revision recorded as `lastAttemptedCommit`/`lastSuccessfulCommit`.
+    pub fn revision(&self) -> String {
+        match self {
+            ResolvedSource::Git { commit, .. } => commit.clone(),
+            ResolvedSource::Artifact { revision, .. } => revision.clone(),
+            ResolvedSource::ProjectInfo(p) => format!("project:{}", p.name.clone().unwrap_or_default()),
+        }
+    }
+}
+
+fn secret_key(name: &str, key: &str) -> SecretKeySelector {
+    SecretKeySelector { name: name.into(), key: key.into(), optional: None }
+}
+
+/// Env var name carrying the value of secret config `key` (the agent reads it with `valueFrom.env`).
+pub fn secret_config_env(key: &str) -> String {
+    let k: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("PKO_SECRET_CONFIG_{k}")
+}
+
+fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
+    match r.selector_type {
+        ResourceSelectorType::Literal => Some(EnvVar { name: name.into(), value: r.literal.as_ref().map(|l| l.value.clone()), value_from: None }),
+        ResourceSelectorType::Secret => r.secret.as_ref().map(|s| EnvVar {
+            name: name.into(),
+            value: None,
+            value_from: Some(EnvVarSource { secret_key_ref: Some(secret_key(&s.name, &s.key)), ..Default::default() }),
+        }),
+        // refused by validation before building
+        ResourceSelectorType::Env | ResourceSelectorType::Fs => None,
+    }
+}
+
+fn secret_selector(r: &ResourceRef) -> Option<SecretKeySelector> {
+    r.secret.as_ref().map(|s| secret_key(&s.name, &s.key))
+}
+
+/// The Workspace spec of a Stack (before `workspaceTemplate`).
+pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpec {
+    let mut env: Vec<EnvVar> = Vec::new();
+    if let Some(b) = &spec.backend {
+        env.push(EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(b.clone()), value_from: None });
+    }
+    if let Some(s) = &spec.access_token_secret {
+        env.push(EnvVar { name: "PULUMI_ACCESS_TOKEN".into(), value: None, value_from: Some(EnvVarSource { secret_key_ref: Some(secret_key(s, "accessToken")), ..Default::default() }) });
+    }
+    // envRefs sorted by name (BTreeMap) so the generated spec is stable
+    for (name, r) in spec.env_refs.iter().flatten() {
+        env.extend(ref_env(name, r));
+    }
+    let mut env_from: Vec<EnvFromSource> = Vec::new();
+    env_from.extend(spec.envs.iter().flatten().map(|n| EnvFromSource { config_map_ref: Some(ConfigMapEnvSource { name: n.clone(), optional: None }), ..Default::default() }));
+    env_from.extend(spec.env_secrets.iter().flatten().map(|n| EnvFromSource { secret_ref: Some(SecretEnvSource { name: n.clone(), optional: None }), ..Default::default() }));
+
+    // config: inline (sorted), configRef, secrets, secretsRef (PKO's order)
+    let mut config: Vec<ConfigItem> = Vec::new();
+    for (k, v) in spec.config.iter().flatten() {
+        config.push(ConfigItem { key: k.clone(), value: Some(v.clone()), ..Default::default() });
+    }
+    for (k, r) in spec.config_ref.iter().flatten() {
+        let var = format!("PKO_CONFIGMAP_{}", secret_config_env(k).trim_start_matches("PKO_SECRET_CONFIG_"));
+        env.push(EnvVar {
+            name: var.clone(),
+            value: None,
+            value_from: Some(EnvVarSource { config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector { name: r.name.clone(), key: r.key.clone(), optional: None }), ..Default::default() }),
+        });
+        config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: r.json }), ..Default::default() });
+    }
+    for (k, v) in spec.secrets.iter().flatten() {
+        config.push(ConfigItem { key: k.clone(), value: Some(serde_json::Value::String(v.clone())), secret: Some(true), ..Default::default() });
+    }
+    for (k, r) in spec.secrets_ref.iter().flatten() {
+        match r.selector_type {
+            ResourceSelectorType::Literal => config.push(ConfigItem {
+                key: k.clone(),
+                value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())),
+                secret: Some(true),
+                ..Default::default()
+            }),
+            _ => {
+                let var = secret_config_env(k);
+                env.extend(ref_env(&var, r));
+                config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: None }), secret: Some(true), ..Default::default() });
+            }
+        }
+    }
+
+    let mut ws = WorkspaceSpec {
+        service_account_name: spec.service_account_name.clone(),
+        env: (!env.is_empty()).then_some(env),
+        env_from: (!env_from.is_empty()).then_some(env_from),
+        stacks: Some(vec![WorkspaceStack {
+            name: spec.stack.clone(),
+            create: Some(spec.use_local_stack_only != Some(true)),
+            secrets_provider: spec.secrets_provider.clone(),
+            config: (!config.is_empty()).then_some(config),
+            environment: spec.environment.clone(),
+        }]),
+        ..Default::default()
+    };
+    match source {
+        ResolvedSource::Git { url, commit } => {
+            let auth = spec.git_auth.as_ref().map(|a| GitAuth {
+                ssh_private_key: a.ssh_auth.as_ref().and_then(|s| secret_selector(&s.ssh_private_key)),
+                password: a.ssh_auth.as_ref().and_then(|s| s.password.as_ref()).and_then(secret_selector).or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
+                token: a.access_token.as_ref().and_then(secret_selector),
+                username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
+                github_app: None,
+            });
+            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth, shallow: spec.shallow });
+        }
+        ResolvedSource::Artifact { url, digest, dir, .. } => ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() }),
+        ResolvedSource::ProjectInfo(p) => ws.project_info = Some(p.clone()),
+    }
+    if let Some(t) = spec.workspace_template.as_ref().and_then(|t| t.spec.clone()) {
+        merge_workspace(&mut ws, t);
+    }
+    ws
+}
+
+/// Fields set in `template` replace the generated ones; `env` merges by name, `stacks` by name.
+fn merge_workspace(ws: &mut WorkspaceSpec, t: WorkspaceSpec) {
+    macro_rules! take {
+        ($($f:ident),*) => { $( if t.$f.is_some() { ws.$f = t.$f; } )* };
+    }
+    take!(service_account_name, security_profile, image, image_pull_policy, git, flux, local, project_info, env_from, resources, pod_template, service_template, pulumi_log_level);
+    if let Some(extra) = t.env {
+        let env = ws.env.get_or_insert_with(Vec::new);
+        for e in extra {
+            env.retain(|x| x.name != e.name);
+            env.push(e);
+        }
+    }
+    if let Some(extra) = t.stacks {
+        let stacks = ws.stacks.get_or_insert_with(Vec::new);
+        for s in extra {
+            stacks.retain(|x| x.name != s.name);
+            stacks.push(s);
+        }
+    }
+}
+
+/// The Update spec for a sync of `spec` (PKO step 10): destroy when finalizing, preview in preview mode,
+/// else up; `ttlAfterCompleted` 24h; `updateTemplate` fields win.
+pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &str) -> UpdateSpec {
+    let kind = if deleting {
+        UpdateType::Destroy
+    } else if spec.preview == Some(true) {
+        UpdateType::Preview
+    } else {
+        UpdateType::Up
+    };
+    let mut u = UpdateSpec {
+        workspace_name: Some(workspace.into()),
+        stack_name: Some(spec.stack.clone()),
+        update_type: Some(kind),
+        ttl_after_completed: Some("24h".into()),
+        message: Some(message.into()),
+        ..Default::default()
+    };
+    if kind != UpdateType::Destroy {
+        u.target = spec.targets.clone();
+        u.target_dependents = spec.target_dependents;
+        u.refresh = spec.refresh;
+    } else {
+        u.run_program = spec.run_program;
+    }
+    if let Some(t) = spec.update_template.as_ref().and_then(|t| t.spec.clone()) {
+        let v = serde_json::to_value(&t).unwrap_or_default();
+        let mut base = serde_json::to_value(&u).unwrap_or_default();
+        if let (Some(b), Some(o)) = (base.as_object_mut(), v.as_object()) {
+            for (k, v) in o {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+        u = serde_json::from_value(base).unwrap_or(u);
+    }
+    u
+}
+
+/// Labels PKO puts on objects generated for a Stack.
+pub fn stack_labels(stack: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()),
+        (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> StackSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn workspace_carries_env_config_and_git_source() {
+        let s = spec(json!({
+            "stack": "dev", "backend": "file:///s", "accessTokenSecret": "tok", "envs": ["cm"], "envSecrets": ["sec"],
+            "envRefs": {"B": {"type": "Literal", "literal": {"value": "1"}}, "A": {"type": "Secret", "secret": {"name": "s", "key": "k"}}},
+            "config": {"z": "last", "a": {"n": 1}}, "configRef": {"fromCm": {"name": "cfg", "key": "v", "json": true}},
+            "secrets": {"legacy": "x"}, "secretsRef": {"pw": {"type": "Secret", "secret": {"name": "db", "key": "pw"}}, "lit": {"type": "Literal", "literal": {"value": "v"}}},
+            "secretsProvider": "passphrase", "useLocalStackOnly": true, "repoDir": "app", "shallow": true, "serviceAccountName": "runner",
+            "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
+            "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}]}}
+        }));
+        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into() });
+        let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
+        assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_FROMCM"], "{env:?}");
+        assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");
+        assert_eq!(ws.env_from.as_ref().unwrap().len(), 2);
+        assert_eq!(ws.image.as_deref(), Some("custom"));
+        assert_eq!(ws.service_account_name.as_deref(), Some("runner"));
+        let st = &ws.stacks.as_ref().unwrap()[0];
+        assert_eq!((st.name.as_str(), st.create, st.secrets_provider.as_deref()), ("dev", Some(false), Some("passphrase")));
+        let keys: Vec<_> = st.config.as_ref().unwrap().iter().map(|c| (c.key.clone(), c.secret.unwrap_or(false))).collect();
+        assert_eq!(keys, vec![("a".into(), false), ("z".into(), false), ("fromCm".into(), false), ("legacy".into(), true), ("lit".into(), true), ("pw".into(), true)]);
+        let pw = st.config.as_ref().unwrap().iter().find(|c| c.key == "pw").unwrap();
+        assert_eq!(pw.value_from.as_ref().unwrap().env.as_deref(), Some("PKO_SECRET_CONFIG_PW"));
+        assert!(ws.env.as_ref().unwrap().iter().any(|e| e.name == "PKO_SECRET_CONFIG_PW" && e.value_from.is_some()), "the secret value stays in the Secret");
+        let git = ws.git.unwrap();
+        assert_eq!((git.url.as_deref(), git.git_ref.as_deref(), git.dir.as_deref(), git.shallow), (Some("https://g/r.git"), Some("abc"), Some("app"), Some(true)));
+        assert_eq!(git.auth.unwrap().token.unwrap().name, "git");
+    }
+
+    #[test]
+    fn artifact_and_project_sources() {
+        let s = spec(json!({"stack": "dev"}));
+        let ws = workspace_spec(&s, &ResolvedSource::Artifact { url: "http://a".into(), digest: "sha256:0".into(), revision: "3".into(), dir: Some("d".into()) });
+        assert_eq!(ws.flux.unwrap().dir.as_deref(), Some("d"));
+        let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }));
+        assert!(ws.project_info.is_some() && ws.git.is_none());
+    }
+
+    #[test]
+    fn update_kind_options_and_template() {
+        let s = spec(json!({"stack": "dev", "targets": ["urn:a"], "refresh": true, "runProgram": true, "updateTemplate": {"spec": {"ttlAfterCompleted": "1h", "parallel": 2}}}));
+        let up = update_spec(&s, "ws", false, "Initial stack update");
+        assert_eq!((up.update_type, up.ttl_after_completed.as_deref(), up.parallel, up.refresh), (Some(UpdateType::Up), Some("1h"), Some(2), Some(true)));
+        assert_eq!(up.target, Some(vec!["urn:a".to_string()]));
+        let d = update_spec(&s, "ws", true, "Stack marked for deletion");
+        assert_eq!((d.update_type, d.run_program, d.target.clone()), (Some(UpdateType::Destroy), Some(true), None));
+        let p = update_spec(&spec(json!({"stack": "dev", "preview": true})), "ws", false, "m");
+        assert_eq!((p.update_type, p.ttl_after_completed.as_deref()), (Some(UpdateType::Preview), Some("24h")));
+    }
+}
