@@ -314,7 +314,16 @@ async fn set_config(
         let value: Value = match &item.value {
             Some(config_item::Value::Literal(v)) => crate::convert::from_value(v),
             Some(config_item::Value::ValueFrom(r)) => {
-                let s = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key)))?;
+                // `env` names a variable of the Pulumi process: the operation's own environment first
+                // (e.g. a Secret reference resolved above), then the agent's.
+                let from_op_env = match &r.kind {
+                    Some(pko_proto::v1::value_ref::Kind::Env(name)) => env.get(name).cloned(),
+                    _ => None,
+                };
+                let s = match from_op_env {
+                    Some(v) => v,
+                    None => ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key)))?,
+                };
                 if item.json {
                     serde_json::from_str(&s).map_err(|e| fail(ErrorReason::InvalidConfig, &field, format!("config {}: value is not JSON: {e}", item.key)))?
                 } else {

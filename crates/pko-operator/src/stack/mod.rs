@@ -3,4 +3,5 @@
 
 pub mod build;
 pub mod conditions;
+pub mod controller;
 pub mod plan;

@@ -1,0 +1,330 @@
+//! The Stack controller (PKO `stack_controller.go`): finalizer, source resolution, the generated
+//! Workspace, Updates created one at a time and absorbed when complete, status with PKO's conditions.
+//! The decisions are the pure [`super::plan`] and [`super::build`]; this module is the I/O around them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Resource, ResourceExt};
+use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, field_manager, stack_condition as sc};
+use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateState, StackUpdateStateMessage};
+use pko_api::{Program, Stack, Update, UpdateType, Workspace};
+use serde_json::json;
+
+use super::build::{self, ResolvedSource};
+use super::conditions;
+use super::plan::{self, Sync};
+use crate::context::Context;
+
+/// Errors of a Stack reconcile (API errors; everything else becomes a condition).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// API server error.
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Runs the Stack controller until shutdown.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let stacks: Api<Stack> = Api::all(client.clone());
+    let controller = Controller::new(stacks, watcher::Config::default());
+    let store = controller.store();
+    let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
+        labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
+    };
+    controller
+        .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
+        .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
+        .watches(Api::<Program>::all(client.clone()), watcher::Config::default(), move |p: Program| {
+            let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+            store
+                .state()
+                .into_iter()
+                .filter(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name))
+                .map(|s| ObjectRef::from_obj(&*s))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile, |_s, e, _c| {
+            tracing::warn!(error = %e, "stack reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {
+    let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "status": st});
+    api.patch_status(name, &PatchParams::apply(field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+async fn set_finalizers(api: &Api<Stack>, stack: &Stack, add: bool) -> Result<(), kube::Error> {
+    let mut f: Vec<String> = stack.finalizers().to_vec();
+    if add {
+        f.push(STACK_FINALIZER.into());
+    } else {
+        f.retain(|x| x != STACK_FINALIZER);
+    }
+    let patch = json!({"metadata": {"finalizers": f, "resourceVersion": stack.resource_version()}});
+    api.patch(&stack.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+enum Resolved {
+    Ok(ResolvedSource),
+    Stalled(&'static str, String),
+}
+
+async fn git_ls_remote(url: &str, branch: &str) -> Result<String, String> {
+    let refname = if branch.starts_with("refs/") { branch.to_string() } else { format!("refs/heads/{branch}") };
+    let out = tokio::process::Command::new("git")
+        .args(["ls-remote", url, &refname])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("running git: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.split_once('\t').filter(|(_, r)| *r == refname).map(|(sha, _)| sha.to_string())).ok_or_else(|| format!("branch {branch} not found in {url}"))
+}
+
+async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, Error> {
+    let ns = stack.namespace().unwrap_or_default();
+    let spec = &stack.spec;
+    let cached = stack.status.as_ref().and_then(|s| s.project_info.clone());
+    // destroy from state when the source may be gone (PKO 2.8, #1222)
+    if deleting && spec.run_program != Some(true) && cached.is_some() {
+        return Ok(Resolved::Ok(ResolvedSource::ProjectInfo(cached.unwrap_or_default())));
+    }
+    if let Some(p) = &spec.program_ref {
+        let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
+        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
+            Some(a) => Resolved::Ok(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
+            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
+        });
+    }
+    if let Some(repo) = &spec.project_repo {
+        if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
+            return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: c.clone() }));
+        }
+        let branch = spec.branch.clone().unwrap_or_default();
+        return Ok(match git_ls_remote(repo, &branch).await {
+            Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: sha }),
+            Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
+        });
+    }
+    if let Some(f) = &spec.flux_source {
+        let (group, version) = f.source_ref.api_version.rsplit_once('/').unwrap_or(("", &f.source_ref.api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &f.source_ref.kind));
+        let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
+        let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
+        return Ok(match artifact {
+            Some(a) if a["url"].is_string() && a["digest"].is_string() => Resolved::Ok(ResolvedSource::Artifact {
+                url: a["url"].as_str().unwrap_or_default().into(),
+                digest: a["digest"].as_str().unwrap_or_default().into(),
+                revision: a["revision"].as_str().unwrap_or_default().into(),
+                dir: f.dir.clone(),
+            }),
+            _ => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{} {} has no status.artifact", f.source_ref.kind, f.source_ref.name)),
+        });
+    }
+    Ok(match cached {
+        Some(p) if deleting => Resolved::Ok(ResolvedSource::ProjectInfo(p)),
+        _ => Resolved::Stalled(sc::SPEC_INVALID, "no source: set spec.projectRepo, spec.fluxSource or spec.programRef".into()),
+    })
+}
+
+fn is_complete(u: &Update) -> bool {
+    u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
+}
+
+fn succeeded(u: &Update) -> bool {
+    u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "False"))
+}
+
+/// One reconcile of a Stack.
+pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = stack.namespace().unwrap_or_default();
+    let name = stack.name_any();
+    if !ctx.ownership.owns(&ns, &name) {
+        return Ok(Action::await_change());
+    }
+    let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleting = stack.meta().deletion_timestamp.is_some();
+    let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
+    if !deleting && !has_finalizer {
+        set_finalizers(&api, &stack, true).await?;
+        return Ok(Action::await_change());
+    }
+    if deleting && !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    let generation = stack.meta().generation;
+    let request = stack.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
+    let mut st = stack.status.clone().unwrap_or_default();
+    st.observed_generation = generation;
+    st.observed_reconcile_request = request.clone();
+    let mut conds = st.conditions.clone().unwrap_or_default();
+    let t = now();
+    let updates: Api<Update> = Api::namespaced(ctx.client.clone(), &ns);
+
+    // 3. the current update: wait for it, absorb it, or heal a dangling reference (PKO #1292)
+    if let Some(cur) = st.current_update.clone() {
+        match updates.get_opt(cur.name.as_deref().unwrap_or_default()).await? {
+            None => st.current_update = None,
+            Some(u) if !is_complete(&u) => {
+                conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
+                st.conditions = Some(conds);
+                write_status(&api, &name, &st).await?;
+                return Ok(Action::requeue(Duration::from_secs(30)));
+            }
+            Some(u) => {
+                let ok = succeeded(&u);
+                let prev = st.last_update.clone().unwrap_or_default();
+                let same_request = prev.generation == cur.generation && prev.reconcile_request == cur.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
+                let us = u.status.clone().unwrap_or_default();
+                st.last_update = Some(StackUpdateState {
+                    generation: cur.generation,
+                    reconcile_request: cur.reconcile_request.clone(),
+                    name: u.metadata.name.clone(),
+                    update_type: u.spec.update_type,
+                    state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
+                    message: us.message.clone(),
+                    last_attempted_commit: cur.commit.clone(),
+                    last_successful_commit: if ok { cur.commit.clone() } else { prev.last_successful_commit.clone() },
+                    permalink: us.permalink.clone(),
+                    last_resync_time: Some(t.clone()),
+                    failures: Some(if ok { 0 } else if same_request { prev.failures.unwrap_or(0) + 1 } else { 0 }),
+                });
+                if ok {
+                    if let Some(pi) = us.project_info.clone() {
+                        st.project_info = Some(pi);
+                    }
+                    if let Some(secret) = us.outputs.as_deref() {
+                        if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(secret).await? {
+                            st.outputs = Some(crate::update::outputs::stack_outputs(&s));
+                        }
+                    }
+                }
+                st.current_update = None;
+                st.conditions = Some(conds.clone());
+                write_status(&api, &name, &st).await?;
+                // release the Update now that its result is recorded
+                let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
+                updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await?;
+            }
+        }
+    }
+
+    // 4. deletion without destroy
+    if deleting && (stack.spec.destroy_on_finalize != Some(true) || stack.spec.preview == Some(true)) {
+        set_finalizers(&api, &stack, false).await?;
+        return Ok(Action::await_change());
+    }
+
+    // 5–6. source and validation
+    let source = match resolve(&ctx, &stack, deleting).await? {
+        Resolved::Ok(s) => s,
+        Resolved::Stalled(reason, msg) => {
+            conditions::mark_stalled(&mut conds, reason, &msg, generation, &t);
+            st.conditions = Some(conds);
+            write_status(&api, &name, &st).await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+    };
+    if let Err(e) = pko_api::validation::validate_stack_spec(&stack.spec, &ns) {
+        conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &e.to_string(), generation, &t);
+        st.conditions = Some(conds);
+        write_status(&api, &name, &st).await?;
+        return Ok(Action::await_change());
+    }
+    let revision = source.revision();
+
+    // 7. in sync?
+    let checked = Stack { status: Some(st.clone()), ..(*stack).clone() };
+    let reason = match plan::decide(&checked, &revision, t.0, stack.spec.branch.is_some(), deleting) {
+        Sync::Synced { conditions: c, requeue_after } => {
+            match c {
+                plan::Conditions::Ready => conditions::mark_ready(&mut conds, generation, &t),
+                plan::Conditions::Reconciling(r, m) => conditions::mark_reconciling(&mut conds, r, &m, generation, &t),
+                plan::Conditions::Stalled(r, m) => conditions::mark_stalled(&mut conds, r, &m, generation, &t),
+            }
+            st.conditions = Some(conds);
+            write_status(&api, &name, &st).await?;
+            if deleting && st.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded)) {
+                set_finalizers(&api, &stack, false).await?;
+                return Ok(Action::await_change());
+            }
+            return Ok(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change));
+        }
+        Sync::NeedsUpdate { reason } => reason,
+    };
+
+    // 9. the Workspace, and wait for it
+    let owner = stack.controller_owner_ref(&()).expect("stack has a uid");
+    let mut ws_meta = ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), labels: Some(build::stack_labels(&name)), owner_references: Some(vec![owner.clone()]), ..Default::default() };
+    if let Some(m) = stack.spec.workspace_template.as_ref().and_then(|t| t.metadata.clone()) {
+        ws_meta.labels.get_or_insert_with(Default::default).extend(m.labels.unwrap_or_default());
+        ws_meta.annotations = m.annotations;
+    }
+    let ws = Workspace { metadata: ws_meta, spec: build::workspace_spec(&stack.spec, &source), status: None };
+    let ws = Api::<Workspace>::namespaced(ctx.client.clone(), &ns).patch(&name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await?;
+    let ready = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::WAITING_FOR_WORKSPACE_MESSAGE, generation, &t);
+        st.conditions = Some(conds);
+        write_status(&api, &name, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+
+    // 10. the Update: currentUpdate first, then the object
+    let millis = t.0.as_millisecond();
+    let update_name = format!("{name}-{millis:x}");
+    st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
+    conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
+    st.conditions = Some(conds);
+    write_status(&api, &name, &st).await?;
+    let ws_owner = OwnerReference { controller: Some(true), ..ws.controller_owner_ref(&()).expect("workspace uid") };
+    let stack_owner = OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner };
+    let mut labels = build::stack_labels(&name);
+    let mut annotations = std::collections::BTreeMap::new();
+    if let Some(m) = stack.spec.update_template.as_ref().and_then(|t| t.metadata.clone()) {
+        labels.extend(m.labels.unwrap_or_default());
+        annotations.extend(m.annotations.unwrap_or_default());
+    }
+    let update = Update {
+        metadata: ObjectMeta {
+            name: Some(update_name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references: Some(vec![ws_owner, stack_owner]),
+            finalizers: Some(vec![STACK_FINALIZER.into()]),
+            ..Default::default()
+        },
+        spec: build::update_spec(&stack.spec, &name, deleting, &reason),
+        status: None,
+    };
+    if let Err(e) = updates.create(&PostParams::default(), &update).await {
+        st.current_update = None;
+        write_status(&api, &name, &st).await?;
+        return Err(e.into());
+    }
+    tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
+    Ok(Action::requeue(Duration::from_secs(30)))
+}

@@ -1,0 +1,119 @@
+//! End to end on the test bed: Program + Stack → the Program, Workspace (local runtime), Update and Stack
+//! controllers run a real `pulumi up` through a real agent; the Stack becomes Ready with its outputs
+//! (secrets masked); deleting it with `destroyOnFinalize` runs the program's delete.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+use pko_api::{Program, Stack};
+use pko_operator::context::Context;
+use pko_operator::ownership::SingleReplica;
+use pko_operator::update::controller::UpdateController;
+use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
+use pko_testbed::testbed;
+use serde_json::json;
+
+async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn ready(s: &Stack) -> Option<(String, String)> {
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("e2e").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let marker = env.dir().join("destroyed.txt");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(SingleReplica) });
+    let agent_bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
+    let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
+    let tasks = vec![
+        tokio::spawn(async move {
+            let _ = pko_operator::artifacts::serve(listener, client).await;
+        }),
+        tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
+        tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
+        tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
+        tokio::spawn(pko_operator::stack::controller::run(ctx.clone())),
+    ];
+
+    // the workspace's service account (`default`) may read the Stack's Secrets: the agent reads them as it
+    create(&ns.api::<k8s_openapi::api::rbac::v1::Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})).await;
+    create(&ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]})).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}})).await;
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
+               "program": {
+                   "configuration": {"greeting": {"type": "String"}, "apiKey": {"type": "String"}},
+                   "resources": {
+                       "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
+                       "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}}
+                   },
+                   "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}"}
+               }}),
+    )
+    .await;
+    create(
+        &ns.api::<Stack>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "hello"},
+               "spec": {"stack": "dev", "programRef": {"name": "hello"}, "backend": env.backend_url(), "destroyOnFinalize": true,
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}},
+                        "config": {"greeting": "bonjour"},
+                        "secretsRef": {"apiKey": {"type": "Secret", "secret": {"name": "pulumi", "key": "apiKey"}}}}}),
+    )
+    .await;
+    let stacks = ns.api::<Stack>();
+    let t0 = std::time::Instant::now();
+    let end = tokio::time::Instant::now() + Duration::from_secs(120);
+    while ready(&stacks.get("hello").await.unwrap()) != Some(("True".into(), "ProcessingCompleted".into())) {
+        if tokio::time::Instant::now() > end {
+            let out = bed.kubectl().args(["get", "stacks,workspaces,updates,programs", "-n", ns.name(), "-o", "yaml"]).output().unwrap();
+            panic!("the Stack is not Ready after 120 s:\n{}", String::from_utf8_lossy(&out.stdout));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eprintln!("apply → Ready: {:?}", t0.elapsed());
+    let s = stacks.get("hello").await.unwrap();
+    let st = s.status.clone().unwrap();
+    assert_eq!(st.outputs.as_ref().unwrap()["message"], json!("bonjour"));
+    assert_eq!(st.outputs.as_ref().unwrap()["key"], json!("[secret]"), "secret outputs are masked");
+    let last = st.last_update.clone().unwrap();
+    assert_eq!((last.update_type, last.state, last.last_successful_commit.as_deref()), (Some(pko_api::UpdateType::Up), Some(pko_api::stack::StackUpdateStateMessage::Succeeded), Some("1")));
+    assert!(st.current_update.is_none());
+    assert_eq!(st.project_info.unwrap().name.as_deref(), Some("hello"));
+    assert!(s.finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
+    assert!(!serde_json::to_string(&s).unwrap().contains("k3y-Secret-val"), "no secret value in the Stack");
+
+    stacks.delete("hello", &DeleteParams::background()).await.unwrap();
+    eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() }).await;
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "destroyed", "destroyOnFinalize ran the program's delete");
+    for t in tasks {
+        t.abort();
+    }
+}
