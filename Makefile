@@ -2,11 +2,19 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test testbed testbed-down crds docs build lint
+.PHONY: test testbed testbed-down demo demo-down crds docs build lint
 
 ## test: bring up the test bed (building it on a cold machine), then run every test of the workspace
 test: testbed
 	@scripts/test.sh
+
+## demo: the main job end to end on the local test bed (operator, agents, sample stacks)
+demo:
+	@scripts/demo.sh
+
+## demo-down: stop what `make demo` started
+demo-down:
+	@. <(scripts/testbed/ensure.sh 2>/dev/null | grep '^export'); scripts/demo-down.sh
 
 ## testbed: install packages, build the third-party binaries (cached outside the repo), start the bed
 testbed:

@@ -32,16 +32,50 @@ enum Command {
     },
     /// Print the API reference (docs/api.md) generated from the types.
     ApiDocs,
-    /// Run the controllers (so far: Program) and the artifact server.
-    Run {
-        /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`).
-        #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR")]
-        program_fs_addr: std::net::SocketAddr,
-        /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`);
-        /// default: the listen address.
-        #[arg(long, env = "PROGRAM_FS_ADV_ADDR")]
-        program_fs_adv_addr: Option<String>,
-    },
+    /// Run the controllers (Program, Stack, Workspace, Update) and the artifact server.
+    Run(Box<RunArgs>),
+}
+
+/// Flags of `pko-operator run`.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`).
+    #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR")]
+    program_fs_addr: std::net::SocketAddr,
+    /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`); default: the
+    /// listen address.
+    #[arg(long, env = "PROGRAM_FS_ADV_ADDR")]
+    program_fs_adv_addr: Option<String>,
+    /// Where workspace agents run: `pod` (StatefulSets) or `local` (processes on this machine).
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Pod)]
+    runtime: RuntimeKind,
+    /// Image holding `/pko-agent` for the pod runtime.
+    #[arg(long, default_value = "pko-agent:latest", env = "AGENT_IMAGE")]
+    agent_image: String,
+    /// The `pko-agent` binary for the local runtime.
+    #[arg(long, default_value = "pko-agent")]
+    agent_bin: PathBuf,
+    /// Work directory of local agents.
+    #[arg(long, default_value = "/tmp/pko-operator/agents")]
+    local_work_dir: PathBuf,
+    /// API server URL the local agents use.
+    #[arg(long)]
+    local_api_server: Option<String>,
+    /// CA bundle of the API server for the local agents.
+    #[arg(long)]
+    local_ca_file: Option<PathBuf>,
+    /// Operations this replica drives at once.
+    #[arg(long, default_value_t = 256)]
+    max_operations: usize,
+}
+
+/// Where workspace agents run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum RuntimeKind {
+    /// StatefulSet per Workspace.
+    Pod,
+    /// Agent processes on this machine (development, tests, `make demo`).
+    Local,
 }
 
 #[tokio::main]
@@ -69,18 +103,34 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::ApiDocs => print!("{}", pko_api::reference::api_reference_markdown()),
-        Command::Run { program_fs_addr, program_fs_adv_addr } => {
+        Command::Run(a) => {
+            use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
             let client = kube::Client::try_default().await.context("connecting to the API server")?;
-            let listener = tokio::net::TcpListener::bind(program_fs_addr).await.with_context(|| format!("binding {program_fs_addr}"))?;
-            let advertised_addr = program_fs_adv_addr.unwrap_or_else(|| listener.local_addr().map(|a| a.to_string()).unwrap_or_default());
+            let listener = tokio::net::TcpListener::bind(a.program_fs_addr).await.with_context(|| format!("binding {}", a.program_fs_addr))?;
+            let advertised_addr = a.program_fs_adv_addr.clone().unwrap_or_else(|| listener.local_addr().map(|x| x.to_string()).unwrap_or_default());
             let ctx = Arc::new(pko_operator::context::Context {
                 client: client.clone(),
                 advertised_addr,
                 ownership: Arc::new(pko_operator::ownership::SingleReplica),
             });
-            tracing::info!(artifacts = %program_fs_addr, advertised = %ctx.advertised_addr, "operator starting");
+            let runtime = match a.runtime {
+                RuntimeKind::Pod => Runtime::Pod(pko_operator::workspace::pod::PodRuntimeConfig { agent_image: a.agent_image.clone() }),
+                RuntimeKind::Local => Runtime::Local(LocalRuntime::new(
+                    a.agent_bin.clone(),
+                    a.local_work_dir.clone(),
+                    a.local_api_server.clone().context("--runtime local needs --local-api-server")?,
+                    a.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
+                    std::env::vars().collect(),
+                )),
+            };
+            tracing::info!(artifacts = %a.program_fs_addr, advertised = %ctx.advertised_addr, runtime = ?a.runtime, "operator starting");
             let server = tokio::spawn(pko_operator::artifacts::serve(listener, client));
-            pko_operator::run_program_controller(ctx).await;
+            tokio::join!(
+                pko_operator::run_program_controller(ctx.clone()),
+                pko_operator::stack::controller::run(ctx.clone()),
+                WorkspaceController::new(ctx.clone(), runtime).run(),
+                pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None).run(),
+            );
             server.abort();
         }
     }

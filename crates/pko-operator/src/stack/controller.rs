@@ -215,10 +215,10 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                     if let Some(pi) = us.project_info.clone() {
                         st.project_info = Some(pi);
                     }
-                    if let Some(secret) = us.outputs.as_deref() {
-                        if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(secret).await? {
-                            st.outputs = Some(crate::update::outputs::stack_outputs(&s));
-                        }
+                    if let Some(secret) = us.outputs.as_deref()
+                        && let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(secret).await?
+                    {
+                        st.outputs = Some(crate::update::outputs::stack_outputs(&s));
                     }
                 }
                 st.current_update = None;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make demo-down`: stops what `make demo` started (operator, its agents, git daemon) and deletes its namespace.
+set -uo pipefail
+DEMO=/tmp/pko-demo
+for p in operator git-daemon; do
+  if [ -f "$DEMO/$p.pid" ]; then
+    pid=$(cat "$DEMO/$p.pid")
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null; rm -f "$DEMO/$p.pid"
+  fi
+done
+if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
+  kubectl get ns pko-demo >/dev/null 2>&1 && {
+    # finalizers need the operator; it is gone, so release them
+    for s in $(kubectl -n pko-demo get stacks,updates -o name 2>/dev/null); do kubectl -n pko-demo patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+    kubectl delete ns pko-demo --wait=false >/dev/null 2>&1
+  }
+fi
+rm -rf "$DEMO"
+echo "demo stopped"
