@@ -117,3 +117,41 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
         t.abort();
     }
 }
+
+fn stalled(s: &Stack) -> Option<(String, String)> {
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+/// Bad sources and specs are reported as PKO does: Stalled `SourceUnavailable` / `SpecInvalid`, with a
+/// message naming what is wrong, and Ready=False `NotReadyStalled`.
+#[tokio::test]
+async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("stall").await.unwrap();
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(SingleReplica) });
+    let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
+    let stacks = ns.api::<Stack>();
+    let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
+    create(&stacks, stack("no-program", json!({"stack": "dev", "programRef": {"name": "missing"}}))).await;
+    create(&stacks, stack("bad-repo", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main"}))).await;
+    create(
+        &stacks,
+        stack("env-ref", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
+                                "envRefs": {"TOKEN": {"type": "Env", "env": {"name": "HOME"}}}})),
+    )
+    .await;
+    create(&stacks, stack("no-source", json!({"stack": "dev"}))).await;
+    let want = [
+        ("no-program", "SourceUnavailable", "program missing has no artifact"),
+        ("bad-repo", "SourceUnavailable", "resolving branch main"),
+        ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
+        ("no-source", "SpecInvalid", "no source"),
+    ];
+    for (name, reason, text) in want {
+        eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
+        assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
+    }
+    task.abort();
+}
