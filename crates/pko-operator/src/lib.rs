@@ -8,6 +8,7 @@ pub mod artifacts;
 pub mod context;
 pub mod ownership;
 pub mod program;
+pub mod queue;
 pub mod stack;
 pub mod update;
 pub mod workspace;

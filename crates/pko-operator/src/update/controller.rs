@@ -1,11 +1,11 @@
-//! The Update controller — asynchronous: a reconcile never waits for an operation. It starts a task per
-//! Update (bounded by a semaphore: how many operations this replica drives at once) and returns; the task
-//! runs the operation on the Workspace's agent ([`super::dispatch`]) and writes the result. A Progressing
-//! Update found without a task (operator restart) gets a new task, which re-attaches to the running
-//! operation by its stable id. Completed Updates are deleted after `ttlAfterCompleted`.
+//! The Update controller — asynchronous: a reconcile never waits for an operation. It pushes a job onto
+//! the work queue ([`crate::queue`]) and returns; a fixed set of workers (how many operations this replica
+//! drives at once) pops jobs and runs each on the Workspace's agent ([`super::dispatch`]), writing the
+//! result. A Progressing Update found without a job (operator restart) is pushed again, and its worker
+//! re-attaches to the running operation by its stable id. Completed Updates are deleted after
+//! `ttlAfterCompleted`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,23 +16,23 @@ use kube::{Resource, ResourceExt};
 use pko_api::constants::update_condition as uc;
 use pko_api::{Update, Workspace};
 use pko_proto::v1::ResultStatus;
-use tokio::sync::Semaphore;
 
 use super::status::{self, Phase};
 use crate::context::Context;
+use crate::queue::{InMemoryQueue, Job, WorkQueue};
 
 /// State of the Update controller.
 pub struct UpdateController {
     ctx: Arc<Context>,
-    running: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
-    permits: Arc<Semaphore>,
+    queue: Arc<dyn WorkQueue>,
+    workers: usize,
     /// Bearer token for agents (none: agents without authentication).
     token: Option<String>,
 }
 
 impl std::fmt::Debug for UpdateController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpdateController").field("running", &self.running.lock().unwrap().len()).finish()
+        f.debug_struct("UpdateController").field("queued", &self.queue.queued()).field("in_flight", &self.queue.in_flight()).finish()
     }
 }
 
@@ -76,13 +76,19 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
 }
 
 impl UpdateController {
-    /// A controller driving at most `max_operations` operations at once.
+    /// A controller driving at most `max_operations` operations at once, with the in-memory queue.
     pub fn new(ctx: Arc<Context>, max_operations: usize, token: Option<String>) -> Arc<Self> {
-        Arc::new(Self { ctx, running: Mutex::default(), permits: Arc::new(Semaphore::new(max_operations.max(1))), token })
+        Self::with_queue(ctx, Arc::new(InMemoryQueue::default()), max_operations, token)
     }
 
-    /// Runs the controller until shutdown.
+    /// A controller on `queue` with `workers` operation workers.
+    pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize, token: Option<String>) -> Arc<Self> {
+        Arc::new(Self { ctx, queue, workers: workers.max(1), token })
+    }
+
+    /// Runs the controller and its workers until shutdown.
     pub async fn run(self: Arc<Self>) {
+        let workers: Vec<_> = (0..self.workers).map(|_| tokio::spawn(self.clone().worker())).collect();
         let api: Api<Update> = Api::all(self.ctx.client.clone());
         Controller::new(api, watcher::Config::default())
             .shutdown_on_signal()
@@ -92,6 +98,38 @@ impl UpdateController {
             }, self)
             .for_each(|_| async {})
             .await;
+        for w in workers {
+            w.abort();
+        }
+    }
+
+    /// Pops jobs and drives their operations, one at a time.
+    async fn worker(self: Arc<Self>) {
+        loop {
+            let job = self.queue.pop().await;
+            self.drive(&job).await;
+            self.queue.done(&job.key);
+        }
+    }
+
+    async fn drive(&self, job: &Job) {
+        let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &job.namespace);
+        let Ok(Some(update)) = api.get_opt(&job.name).await else { return };
+        if is_complete(&update) || update.meta().deletion_timestamp.is_some() {
+            return;
+        }
+        let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
+        let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return };
+        let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return };
+        let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
+        match super::dispatch::run_on_agent(&self.ctx.client, &agent, self.token.as_deref(), job.epoch, &update, &workspace).await {
+            Ok(r) if r.status == ResultStatus::Interrupted as i32 => tracing::info!(update = %job.name, "operation interrupted by agent shutdown; will run again"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(update = %job.name, error = %e, "dispatch failed; retrying");
+                let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
+            }
+        }
     }
 
     async fn reconcile(self: Arc<Self>, update: Arc<Update>) -> Result<Action, Error> {
@@ -104,41 +142,22 @@ impl UpdateController {
         if is_complete(&update) {
             return self.expire(&api, &update).await;
         }
-        let key = update.uid().unwrap_or_default();
-        {
-            let mut running = self.running.lock().unwrap();
-            running.retain(|_, h| !h.is_finished());
-            if running.contains_key(&key) {
-                return Ok(Action::await_change());
-            }
-        }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let workspace = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns).get_opt(&ws_name).await?;
         let address = workspace.as_ref().and_then(|w| w.status.as_ref()).and_then(|s| s.address.clone());
-        let (Some(workspace), Some(address)) = (workspace.clone(), address) else {
+        if workspace.is_none() || address.is_none() {
             let (reason, message) = match workspace {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
                 Some(_) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} has no agent address yet")),
             };
             self.wait(&api, &update, reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
-        };
-        let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
-        let this = self.clone();
-        let epoch = self.ctx.ownership.epoch(&ns, &name);
-        let handle = tokio::spawn(async move {
-            let Ok(_permit) = this.permits.clone().acquire_owned().await else { return };
-            match super::dispatch::run_on_agent(&this.ctx.client, &agent, this.token.as_deref(), epoch, &update, &workspace).await {
-                Ok(r) if r.status == ResultStatus::Interrupted as i32 => tracing::info!(update = %update.name_any(), "operation interrupted by agent shutdown; will run again"),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(update = %update.name_any(), error = %e, "dispatch failed; retrying");
-                    let _ = this.wait(&Api::namespaced(this.ctx.client.clone(), &update.namespace().unwrap_or_default()), &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
-                }
-            }
-        });
-        self.running.lock().unwrap().insert(key, handle);
-        // Look again later: a finished task lets the next reconcile see the result (or retry).
+        }
+        let key = super::dispatch::operation_id(&update);
+        if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &name) }) {
+            tracing::debug!(update = %name, "queued");
+        }
+        // Look again later: a finished job lets the next reconcile see the result (or push it again).
         Ok(Action::requeue(Duration::from_secs(10)))
     }
 
