@@ -21,3 +21,21 @@ impl std::fmt::Debug for Context {
         f.debug_struct("Context").field("advertised_addr", &self.advertised_addr).field("ownership", &self.ownership).finish()
     }
 }
+
+/// Publishes a Kubernetes event (events.k8s.io) about `object` as `controller` (PKO's controller names:
+/// `stack-controller`, `update-controller`, `workspace-controller`). Failures are logged, never returned:
+/// an event is not worth failing a reconcile.
+pub async fn publish_event<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, controller: &str, object: &K, warning: bool, reason: &str, note: String) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(client.clone(), Reporter { controller: controller.into(), instance: std::env::var("POD_NAME").ok() });
+    let ev = Event {
+        type_: if warning { EventType::Warning } else { EventType::Normal },
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &object.object_ref(&())).await {
+        tracing::debug!(error = %e, reason, "event not published");
+    }
+}

@@ -109,6 +109,12 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     assert_eq!(st.project_info.unwrap().name.as_deref(), Some("hello"));
     assert!(s.finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
     assert!(!serde_json::to_string(&s).unwrap().contains("k3y-Secret-val"), "no secret value in the Stack");
+    // PKO's events on the Stack and its Update
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
+    let reasons: Vec<(String, String)> = events.items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect();
+    for want in [("Stack", "StackUpdateDetected"), ("Stack", "StackCreated"), ("Update", "UpdateSucceeded")] {
+        assert!(reasons.iter().any(|(k, r)| k == want.0 && r == want.1), "missing event {want:?} in {reasons:?}");
+    }
 
     stacks.delete("hello", &DeleteParams::background()).await.unwrap();
     eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() }).await;

@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
-use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, field_manager, stack_condition as sc};
+use pko_api::constants::{event_reason as ev, RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, field_manager, stack_condition as sc};
 use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateState, StackUpdateStateMessage};
 use pko_api::{Program, Stack, Update, UpdateType, Workspace};
 use serde_json::json;
@@ -21,7 +21,7 @@ use serde_json::json;
 use super::build::{self, ResolvedSource};
 use super::conditions;
 use super::plan::{self, Sync};
-use crate::context::Context;
+use crate::context::{Context, publish_event};
 
 /// Errors of a Stack reconcile (API errors; everything else becomes a condition).
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +224,12 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                 st.current_update = None;
                 st.conditions = Some(conds.clone());
                 write_status(&api, &name, &st).await?;
+                if ok {
+                    publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_CREATED, "Successfully updated stack".into()).await;
+                } else {
+                    let msg = format!("Failed to update Stack: {}", us.message.clone().unwrap_or_default());
+                    publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_FAILURE, msg).await;
+                }
                 // release the Update now that its result is recorded
                 let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
                 updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await?;
@@ -248,6 +254,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         }
     };
     if let Err(e) = pko_api::validation::validate_stack_spec(&stack.spec, &ns) {
+        publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_CONFIG_INVALID, e.to_string()).await;
         conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &e.to_string(), generation, &t);
         st.conditions = Some(conds);
         write_status(&api, &name, &st).await?;
@@ -326,5 +333,6 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         return Err(e.into());
     }
     tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
+    publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_UPDATE_DETECTED, reason).await;
     Ok(Action::requeue(Duration::from_secs(30)))
 }

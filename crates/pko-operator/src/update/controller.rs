@@ -175,6 +175,7 @@ impl UpdateController {
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {
+            crate::context::publish_event(&self.ctx.client, "update-controller", update, false, pko_api::constants::event_reason::UPDATE_EXPIRED, format!("deleted {ttl:?} after completion (ttlAfterCompleted)")).await;
             api.delete(&update.name_any(), &DeleteParams::background()).await?;
             tracing::info!(update = %update.name_any(), "update expired (ttlAfterCompleted)");
             return Ok(Action::await_change());

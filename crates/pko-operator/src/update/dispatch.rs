@@ -149,6 +149,8 @@ pub async fn run_on_agent(
         let current = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&phase, generation, &now(), &current));
         write_status(&api, update, &st).await?;
+        let (warning, reason) = if phase == Phase::Succeeded { (false, pko_api::constants::event_reason::UPDATE_SUCCEEDED) } else { (true, pko_api::constants::event_reason::UPDATE_FAILED) };
+        crate::context::publish_event(client, "update-controller", update, warning, reason, result.message.clone()).await;
         return Ok(result);
     }
     Err(DispatchError::NoResult)
