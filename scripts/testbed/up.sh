@@ -158,20 +158,6 @@ wait_for kube-controller-manager 60 curl -sfk "https://127.0.0.1:$KP/healthz"
 wait_for "default ServiceAccount" 60 "$TB_BIN/kubectl" --kubeconfig "$KCFG" get serviceaccount default -n default
 
 write_env
-export KUBECONFIG=$KCFG
-export PATH=$TB_BIN:\$PATH
-export REDIS_URL=redis://127.0.0.1:$RP
-export PKO_TESTBED_BIN=$TB_BIN
-export PKO_TESTBED_RUN=$TB_RUN
-export PULUMI_BACKEND_URL=file://$TB_RUN/pulumi-state
-export PULUMI_HOME=$TB_RUN/pulumi-home
-export PULUMI_CONFIG_PASSPHRASE=pko-testbed
-export PULUMI_SKIP_UPDATE_CHECK=true
-export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
-export PULUMI_DISABLE_REGISTRY_RESOLVE=true
-export PULUMI_SKIP_CONFIRMATIONS=true
-export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=true
-ENV
 mkdir -p "$TB_RUN/pulumi-state" "$TB_RUN/pulumi-home"
 echo "$((SECONDS - T0))" > "$TB_RUN/start-seconds"
 tb_log "control plane and redis up in $((SECONDS - T0)) s (run dir $TB_RUN)"
