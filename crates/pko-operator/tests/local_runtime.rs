@@ -5,7 +5,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -15,20 +14,9 @@ use pko_operator::context::Context;
 use pko_operator::ownership::SingleReplica;
 use pko_operator::update::controller::UpdateController;
 use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
-use pko_testbed::testbed;
+use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 fn workspace(name: &str, sa: &str, dir: &std::path::Path, backend: &str) -> serde_json::Value {
     json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
@@ -56,7 +44,7 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
         "subjects": [{"kind": "ServiceAccount", "name": "runner", "namespace": ns.name()}]})).await;
 
     let dir = project(&env, "local", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n");
-    let agent_bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
+    let agent_bin = agent_bin();
     let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(SingleReplica) });
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let wsc = tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run());

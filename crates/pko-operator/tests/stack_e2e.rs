@@ -16,20 +16,9 @@ use pko_operator::context::Context;
 use pko_operator::ownership::SingleReplica;
 use pko_operator::update::controller::UpdateController;
 use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
-use pko_testbed::testbed;
+use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
 
 fn ready(s: &Stack) -> Option<(String, String)> {
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
@@ -47,7 +36,7 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(SingleReplica) });
-    let agent_bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
+    let agent_bin = agent_bin();
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let tasks = vec![
         tokio::spawn(async move {

@@ -4,7 +4,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use kube::api::{Patch, PatchParams};
@@ -12,20 +11,9 @@ use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
 use pko_operator::ownership::SingleReplica;
 use pko_operator::update::controller::UpdateController;
-use pko_testbed::testbed;
+use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test]
 async fn updates_are_dispatched_completed_and_expired() {

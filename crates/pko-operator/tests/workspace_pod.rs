@@ -4,27 +4,15 @@
 
 mod common;
 
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use pko_api::Workspace;
 use pko_operator::workspace::pod::{self, PodRuntimeConfig};
-use pko_testbed::testbed;
+use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 #[tokio::test]
 async fn pod_runtime_objects_are_accepted_and_collected() {

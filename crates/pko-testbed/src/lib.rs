@@ -171,6 +171,19 @@ impl TestBed {
     }
 }
 
+/// Polls `check` every 250 ms until it returns true; panics with `what` after `secs` seconds.
+pub async fn eventually<F, Fut>(what: &str, secs: u64, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < end, "{what}: not within {secs} s");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 /// Server-side applies `crds` (field manager `pko-tests`) and waits until each is Established.
 ///
 /// Errors: the apply failed or a CRD was not Established within 30 s.

@@ -19,8 +19,7 @@ impl Drop for AgentProc {
 /// Starts the workspace agent binary built next to this test (cargo builds every binary of the workspace
 /// before running `cargo test --workspace`).
 pub fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
-    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-agent`", bin.display());
+    let bin = agent_bin();
     let work = env.dir().join("agent-work");
     let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", namespace, "--work-dir"])
@@ -39,6 +38,14 @@ pub fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
     std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
     AgentProc(child, format!("http://{addr}"))
+}
+
+/// The `pko-agent` binary next to this test's directory (cargo builds every workspace binary for
+/// `cargo test --workspace`; `make test` builds them first).
+pub fn agent_bin() -> std::path::PathBuf {
+    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("pko-agent");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-agent`", bin.display());
+    bin
 }
 
 pub fn project(env: &pko_testbed::PulumiEnv, name: &str, body: &str) -> std::path::PathBuf {
