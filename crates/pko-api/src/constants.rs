@@ -183,6 +183,9 @@ pub mod event_reason {
     pub const STACK_UPDATE_FAILURE: &str = "StackUpdateFailure";
     /// Stack: an update succeeded (Normal, "Successfully updated stack").
     pub const STACK_CREATED: &str = "StackCreated";
+    /// Stack: an update failed because another update holds the stack's backend lock (Warning). PKO declares
+    /// it but never emits it (PKO #736); ours does, naming the lock and how the Stack proceeds.
+    pub const STACK_UPDATE_CONFLICT_DETECTED: &str = "StackUpdateConflictDetected";
     /// Stack: its Workspace was deleted by `workspaceReclaimPolicy: Delete` (Normal).
     pub const WORKSPACE_DELETED: &str = "WorkspaceDeleted";
     /// Workspace: the StatefulSet was recreated (Warning).

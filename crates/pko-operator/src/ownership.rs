@@ -21,3 +21,39 @@ impl Ownership for SingleReplica {
         1
     }
 }
+
+/// A replica that owns every object of the listed namespaces and nothing else, epoch 1: an operator
+/// scoped to some namespaces (Kubernetes' namespace-scoped operator convention), and tests that share
+/// one API server without acting on each other's objects.
+#[derive(Debug, Default, Clone)]
+pub struct Namespaces(pub std::collections::BTreeSet<String>);
+
+impl Namespaces {
+    /// Owns exactly the objects of `namespace`.
+    pub fn one(namespace: &str) -> Self {
+        Self([namespace.to_string()].into())
+    }
+}
+
+impl Ownership for Namespaces {
+    fn owns(&self, namespace: &str, _name: &str) -> bool {
+        self.0.contains(namespace)
+    }
+    fn epoch(&self, _namespace: &str, _name: &str) -> i64 {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_own_only_their_objects() {
+        let o = Namespaces::one("team-a");
+        assert!(o.owns("team-a", "s1"));
+        assert!(!o.owns("team-b", "s1"));
+        assert!(!o.owns("", "s1"));
+        assert!(SingleReplica.owns("team-b", "s1"));
+    }
+}

@@ -13,9 +13,7 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use pko_api::{Program, Stack};
 use pko_operator::context::Context;
-use pko_operator::ownership::SingleReplica;
-use pko_operator::update::controller::UpdateController;
-use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
+use pko_operator::ownership::Namespaces;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
@@ -33,27 +31,9 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let env = bed.pulumi_env().unwrap();
     let marker = env.dir().join("destroyed.txt");
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(SingleReplica) });
-    let agent_bin = agent_bin();
-    let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
-    let tasks = vec![
-        tokio::spawn(async move {
-            let _ = pko_operator::artifacts::serve(listener, client).await;
-        }),
-        tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
-        tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
-        tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
-        tokio::spawn(pko_operator::stack::controller::run(ctx.clone())),
-    ];
-
+    let op = InProcessOperator::start(&client, &env, ns.name()).await;
     // the workspace's service account (`default`) may read the Stack's Secrets: the agent reads them as it
-    create(&ns.api::<k8s_openapi::api::rbac::v1::Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})).await;
-    create(&ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
-        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]})).await;
+    allow_default_sa_to_read_secrets(&ns).await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}})).await;
     create(
         &ns.api::<Program>(),
@@ -108,9 +88,7 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     stacks.delete("hello", &DeleteParams::background()).await.unwrap();
     eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() }).await;
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "destroyed", "destroyOnFinalize ran the program's delete");
-    for t in tasks {
-        t.abort();
-    }
+    drop(op);
 }
 
 fn stalled(s: &Stack) -> Option<(String, String)> {
@@ -125,7 +103,7 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let client = bed.client().await.unwrap();
     pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
     let ns = bed.namespace("stall").await.unwrap();
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(SingleReplica) });
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
     let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});

@@ -157,6 +157,24 @@ fn succeeded(u: &Update) -> bool {
     u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "False"))
 }
 
+/// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
+fn failed_reason(u: &Update) -> Option<String> {
+    u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.reason.clone())
+}
+
+/// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
+/// (a retry after the cooldown, or the stall once the retry limit is reached).
+fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option<i64>) -> String {
+    let failures = last.and_then(|l| l.failures).unwrap_or(0);
+    let cause = last.and_then(|l| l.message.clone()).unwrap_or_default();
+    let next = if failures >= sc::MAX_UPDATE_FAILURES {
+        "retry limit reached: the Stack is Stalled until the lock is gone and a sync is requested".to_string()
+    } else {
+        format!("retrying in {} s", plan::cooldown(failures, max_backoff_seconds).as_secs())
+    };
+    format!("Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`.")
+}
+
 /// One reconcile of a Stack.
 pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = stack.namespace().unwrap_or_default();
@@ -229,6 +247,10 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                 } else {
                     let msg = format!("Failed to update Stack: {}", us.message.clone().unwrap_or_default());
                     publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_FAILURE, msg).await;
+                    if failed_reason(&u).as_deref() == Some(pko_api::constants::update_condition::UPDATE_CONFLICT) {
+                        let msg = conflict_message(st.last_update.as_ref(), stack.spec.retry_max_backoff_duration_seconds);
+                        publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_CONFLICT_DETECTED, msg).await;
+                    }
                 }
                 // release the Update now that its result is recorded
                 let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
@@ -335,4 +357,23 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
     tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
     publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_UPDATE_DETECTED, reason).await;
     Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(failures: i64) -> StackUpdateState {
+        StackUpdateState { failures: Some(failures), message: Some("the stack is currently locked by 1 lock(s)".into()), ..Default::default() }
+    }
+
+    #[test]
+    fn conflict_message_names_the_lock_and_the_next_step() {
+        let first = conflict_message(Some(&failed(0)), None);
+        assert!(first.contains("currently locked by 1 lock(s)"), "{first}");
+        assert!(first.contains("retrying in 10 s"), "{first}");
+        assert!(conflict_message(Some(&failed(1)), Some(5)).contains("retrying in 5 s"));
+        let last = conflict_message(Some(&failed(3)), None);
+        assert!(last.contains("retry limit reached"), "{last}");
+    }
 }

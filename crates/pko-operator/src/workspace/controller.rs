@@ -64,7 +64,46 @@ pub struct LocalRuntime {
 }
 
 struct LocalAgent {
-    child: tokio::process::Child,
+    /// The process when this operator started it; `None` for an agent adopted after a restart.
+    child: Option<tokio::process::Child>,
+    pid: u32,
+    address: String,
+    revision: String,
+}
+
+impl LocalAgent {
+    /// Whether the agent process still runs.
+    fn alive(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => agent_process_alive(self.pid),
+        }
+    }
+
+    /// Stops the agent: its child handle when this runtime started it, else SIGTERM by PID.
+    fn kill(&mut self) {
+        match &mut self.child {
+            Some(c) => {
+                let _ = c.start_kill();
+            }
+            None => {
+                let _ = std::process::Command::new("kill").arg(self.pid.to_string()).status();
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a running `pko-agent` (a recorded PID may have been reused by another program).
+fn agent_process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
+}
+
+/// What the local runtime records next to an agent's work directory, so a restarted operator adopts the
+/// agents (and the operations they run) instead of starting new ones.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AgentRecord {
+    pid: u32,
     address: String,
     revision: String,
 }
@@ -78,7 +117,7 @@ impl LocalRuntime {
     /// Stops every agent (operator shutdown).
     pub fn stop_all(&self) {
         for (_, mut a) in self.procs.lock().unwrap().drain() {
-            let _ = a.child.start_kill();
+            a.kill();
         }
     }
 
@@ -87,7 +126,7 @@ impl LocalRuntime {
         self.procs.lock().unwrap().retain(|uid, a| {
             let keep = alive.contains(uid);
             if !keep {
-                let _ = a.child.start_kill();
+                a.kill();
             }
             keep
         });
@@ -96,24 +135,32 @@ impl LocalRuntime {
     async fn ensure(&self, client: &kube::Client, ws: &Workspace) -> Result<String, Error> {
         let uid = ws.uid().unwrap_or_default();
         let revision = pod::revision_hash(ws);
+        let ns = ws.namespace().unwrap_or_default();
+        let name = ws.name_any();
+        let dir = self.work_root.join(&ns).join(&name);
+        let record_path = dir.join("agent.json");
         {
             let mut procs = self.procs.lock().unwrap();
+            if !procs.contains_key(&uid)
+                && let Some(r) = std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
+                && agent_process_alive(r.pid)
+            {
+                tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address, "adopted a running local agent");
+                procs.insert(uid.clone(), LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision });
+            }
             if let Some(a) = procs.get_mut(&uid) {
-                if a.revision == revision && matches!(a.child.try_wait(), Ok(None)) {
+                if a.revision == revision && a.alive() {
                     return Ok(a.address.clone());
                 }
-                let _ = a.child.start_kill();
+                a.kill();
                 procs.remove(&uid);
             }
         }
-        let ns = ws.namespace().unwrap_or_default();
-        let name = ws.name_any();
         let spec = ws.spec.with_defaults();
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
         // the agent's identity: a token of the Workspace's service account
         let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() }, ..Default::default() };
         let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns).create_token_request(&sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
-        let dir = self.work_root.join(&ns).join(&name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Local(e.to_string()))?;
         let kubeconfig = dir.join("kubeconfig");
         let kc = format!(
@@ -132,7 +179,8 @@ impl LocalRuntime {
             .env("PULUMI_HOME", dir.join("pulumi-home"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .kill_on_drop(true);
+            // the agent outlives an operator crash (and is adopted by the next operator), like a pod
+            .process_group(0);
         if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
             cmd.args(["--pulumi-log-level", &level.to_string()]);
         }
@@ -147,8 +195,24 @@ impl LocalRuntime {
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| Error::Local("agent did not start within 20 s".into()))?;
         let address = first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| Error::Local("agent did not report its address".into()))?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        self.procs.lock().unwrap().insert(uid, LocalAgent { child, address: address.clone(), revision });
+        let pid = child.id().unwrap_or(0);
+        let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
+        std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| Error::Local(e.to_string()))?;
+        self.procs.lock().unwrap().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
         Ok(address)
+    }
+}
+
+impl Drop for LocalRuntime {
+    /// Agents this runtime started end with it (a crashed operator's agents survive and are adopted).
+    fn drop(&mut self) {
+        if let Ok(mut procs) = self.procs.lock() {
+            for (_, a) in procs.iter_mut() {
+                if let Some(c) = &mut a.child {
+                    let _ = c.start_kill();
+                }
+            }
+        }
     }
 }
 

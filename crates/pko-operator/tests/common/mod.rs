@@ -66,3 +66,57 @@ pub fn condition(u: &Update, t: &str) -> Option<(String, String)> {
     u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()))
 }
 
+
+/// The whole operator (artifact server, Program, Workspace with the local runtime, Update and Stack
+/// controllers) running in this test process and owning only `namespace`, so tests of one binary that
+/// run in parallel never act on each other's objects. Dropping it stops the controllers and the agents.
+pub struct InProcessOperator(Vec<tokio::task::JoinHandle<()>>);
+
+impl InProcessOperator {
+    pub async fn start(client: &kube::Client, env: &pko_testbed::PulumiEnv, namespace: &str) -> Self {
+        use pko_operator::context::Context;
+        use pko_operator::ownership::Namespaces;
+        use pko_operator::update::controller::UpdateController;
+        use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
+        use std::sync::Arc;
+        let bed = testbed();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(Namespaces::one(namespace)) });
+        let local = LocalRuntime::new(agent_bin(), env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
+        let server_client = client.clone();
+        Self(vec![
+            tokio::spawn(async move {
+                let _ = pko_operator::artifacts::serve(listener, server_client).await;
+            }),
+            tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
+            tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
+            tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
+            tokio::spawn(pko_operator::stack::controller::run(ctx)),
+        ])
+    }
+}
+
+impl Drop for InProcessOperator {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// `(status, reason)` of the Stack condition `type_`.
+pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, String, String)> {
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Grants the namespace's `default` service account (the Workspace identity) `get` on Secrets, so agents
+/// resolve the Stack's secret references with it.
+pub async fn allow_default_sa_to_read_secrets(ns: &pko_testbed::TestNamespace) {
+    use serde_json::json;
+    create(&ns.api::<k8s_openapi::api::rbac::v1::Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})).await;
+    create(&ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]})).await;
+}

@@ -1,0 +1,73 @@
+//! The operator binary killed with SIGKILL during an `up` and started again: the running operation is
+//! re-attached (its agent adopted), the Update completes, nothing is Aborted, and no lock is left.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use pko_api::{Program, Stack, Update};
+use pko_testbed::{eventually, testbed};
+use serde_json::json;
+
+fn start_operator(bed: &pko_testbed::TestBed, env: &pko_testbed::PulumiEnv, port: u16) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
+        .args(["run", "--runtime", "local", "--agent-bin"])
+        .arg(agent_bin())
+        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
+        .arg(bed.ca_file())
+        .arg("--local-work-dir")
+        .arg(env.dir().join("agents"))
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir())
+        .env("KUBECONFIG", bed.kubeconfig())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sigkilled_operator_reattaches_after_restart() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("restart").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let runs = env.dir().join("runs.txt");
+    allow_default_sa_to_read_secrets(&ns).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
+        "program": {"resources": {"s": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo run >> {}", runs.display())}}}}})).await;
+    create(&ns.api::<Stack>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "slow"},
+        "spec": {"stack": "dev", "programRef": {"name": "slow"}, "backend": env.backend_url(),
+                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}})).await;
+
+    let port = 19000 + (std::process::id() % 900) as u16;
+    let mut op = start_operator(bed, &env, port);
+    let updates = ns.api::<Update>();
+    eventually("an Update is Progressing", 60, || async {
+        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
+    })
+    .await;
+    op.kill().unwrap(); // SIGKILL
+    op.wait().unwrap();
+    let mut op = start_operator(bed, &env, port);
+
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack is Ready after the restart", 120, || async {
+        stacks.get("slow").await.unwrap().status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+    .await;
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    let summary: Vec<String> = all.iter().map(|u| format!("{}: {:?} {:?}", u.metadata.name.clone().unwrap_or_default(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone()))).collect();
+    assert_eq!(all.len(), 1, "the same Update completed; no second one was needed: {summary:#?}");
+    assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "not Aborted");
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 1, "the program ran once");
+    op.kill().unwrap();
+    op.wait().unwrap();
+    // the adopted agent belongs to no process of this test any more: stop it
+    let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
+}

@@ -1,0 +1,151 @@
+//! End to end on the test bed, failures as PKO v2 reports them:
+//! - a failing program: Reconciling `RetryingAfterFailure` between attempts, then Stalled `UpdateFailed`
+//!   once the retry limit is reached (no more Updates), until a sync request retries it;
+//! - a stack locked by another `pulumi up`: the Update fails `UpdateConflict`, the Stack says so
+//!   (lastUpdate message, `StackUpdateConflictDetected` event) and retries, and is Ready once the lock
+//!   is gone — with no `pulumi cancel`.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use kube::api::{Patch, PatchParams};
+use pko_api::stack::StackUpdateStateMessage;
+use pko_api::{Program, Stack, Update};
+use pko_testbed::{eventually, testbed};
+use serde_json::json;
+
+fn program(name: &str, create_cmd: &str) -> serde_json::Value {
+    json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
+           "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": create_cmd}}}, "outputs": {"out": "${c.stdout}"}}})
+}
+
+fn stack(name: &str, backend: &str, max_backoff: i64) -> serde_json::Value {
+    json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
+           "spec": {"stack": "dev", "programRef": {"name": name}, "backend": backend, "retryMaxBackoffDurationSeconds": max_backoff}})
+}
+
+async fn events_of(ns: &pko_testbed::TestNamespace, kind: &str, reason: &str) -> Vec<String> {
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.reason.as_deref() == Some(reason))
+        .map(|e| e.note.unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn failing_program_retries_then_stalls_until_a_sync_request() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("fail").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), program("boom", "echo boom >&2; exit 3")).await;
+    // a 4 s backoff cap keeps the test short; the retry count and the stall are PKO's
+    create(&ns.api::<Stack>(), stack("boom", &env.backend_url(), 4)).await;
+    let stacks = ns.api::<Stack>();
+    let updates = ns.api::<Update>();
+
+    eventually("the Stack retries after a failure", 90, || async {
+        let s = stacks.get("boom").await.unwrap();
+        stack_condition(&s, "Reconciling").is_some_and(|(st, r, m)| st == "True" && r == "RetryingAfterFailure" && m.contains("update failure(s)"))
+            && stack_condition(&s, "Ready").is_some_and(|(st, r, _)| st == "False" && r == "NotReadyInProgress")
+    })
+    .await;
+    eventually("the Stack stalls with UpdateFailed", 180, || async {
+        stack_condition(&stacks.get("boom").await.unwrap(), "Stalled").is_some_and(|(st, r, _)| st == "True" && r == "UpdateFailed")
+    })
+    .await;
+    let s = stacks.get("boom").await.unwrap();
+    let (_, _, message) = stack_condition(&s, "Stalled").unwrap();
+    assert!(message.contains("failed 4 times"), "{message}");
+    assert_eq!(stack_condition(&s, "Ready").map(|c| (c.0, c.1)), Some(("False".into(), "NotReadyStalled".into())));
+    let last = s.status.as_ref().and_then(|st| st.last_update.clone()).unwrap();
+    assert_eq!((last.state, last.failures), (Some(StackUpdateStateMessage::Failed), Some(3)));
+    assert!(last.message.as_deref().unwrap_or_default().contains("exit"), "the program's error reaches the Stack: {last:?}");
+    let failed: Vec<Update> = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(failed.len(), 4, "one first attempt and three retries");
+    assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "UpdateFailed".into()))));
+    assert!(events_of(&ns, "Stack", "StackUpdateFailure").await.len() >= 4);
+
+    // Stalled means no further attempts
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(updates.list(&Default::default()).await.unwrap().items.len(), 4, "a stalled Stack does not retry by itself");
+
+    // a sync request (PKO's reconciliation-request annotation) tries again
+    let patch = json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "retry-1"}}});
+    stacks.patch("boom", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    eventually("a sync request starts a fifth Update", 60, || async { updates.list(&Default::default()).await.unwrap().items.len() == 5 }).await;
+    eventually("the Stack records the request", 60, || async {
+        stacks.get("boom").await.unwrap().status.and_then(|s| s.last_update).and_then(|l| l.reconcile_request).as_deref() == Some("retry-1")
+    })
+    .await;
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("lock").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+
+    // another `pulumi up` of the same project and stack holds the backend lock for ~20 s
+    let dir = env.dir().join("outside");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 20\n").unwrap();
+    let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let mut outside = env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let locks = env.dir().join("state").join(".pulumi").join("locks");
+    eventually("the outside update holds the lock", 30, || async { !files_under(&locks).is_empty() }).await;
+
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), program("locked", "echo mine")).await;
+    create(&ns.api::<Stack>(), stack("locked", &env.backend_url(), 10)).await;
+    let stacks = ns.api::<Stack>();
+    let updates = ns.api::<Update>();
+
+    eventually("an Update fails with UpdateConflict", 60, || async {
+        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Failed") == Some(("True".into(), "UpdateConflict".into())))
+    })
+    .await;
+    eventually("the Stack reports the conflict and retries", 30, || async {
+        let s = stacks.get("locked").await.unwrap();
+        let msg = s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.message.clone()).unwrap_or_default();
+        msg.contains("locked") && stack_condition(&s, "Reconciling").is_some_and(|(st, r, _)| st == "True" && r == "RetryingAfterFailure")
+    })
+    .await;
+    let notes = events_of(&ns, "Stack", "StackUpdateConflictDetected").await;
+    assert!(notes.iter().any(|n| n.contains("holds the stack lock") && n.contains("retrying in 10 s")), "{notes:?}");
+
+    assert!(outside.wait().unwrap().success(), "the outside update finishes");
+    eventually("the Stack is Ready once the lock is gone", 120, || async {
+        stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True")
+    })
+    .await;
+    let s = stacks.get("locked").await.unwrap().status.unwrap();
+    assert_eq!(s.outputs.unwrap()["out"], json!("mine"));
+    assert!(files_under(&locks).is_empty(), "no lock is left");
+}
