@@ -10,6 +10,8 @@ for p in operator git-daemon; do
     kill -KILL -- "-$pid" 2>/dev/null; rm -f "$DEMO/$p.pid"
   fi
 done
+# local agents run in their own process groups (they outlive an operator crash, like pods): stop them too
+pkill -TERM -f -- "--work-dir $DEMO/agents" 2>/dev/null
 if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
   kubectl get ns pko-demo >/dev/null 2>&1 && {
     # finalizers need the operator; it is gone, so release them

@@ -80,6 +80,24 @@ build_pulumi_nodejs() {
     -o "$TB_BIN/" github.com/pulumi/pulumi/sdk/v3/nodejs/cmd/pulumi-language-nodejs
 }
 
+build_pulumi_python() {
+  # Like the nodejs host, the python host lived inside the tagged sdk module until v3.68. Next to its
+  # binary it needs `pulumi-language-python-exec` (a script of the same module). That host ignores the
+  # `virtualenv` runtime option of today's CLI and runs `python` from PATH, so the launcher in bin/ puts
+  # the bed's virtualenv (the PyPI `pulumi` SDK of the CLI's version, from the command step) first.
+  local W="$TB_SRC/pulumi-nodejs-$PULUMI_NODEJS_HOST_SDK" D="$TB_HOME/lib/python-host"
+  [ -d "$W" ] || { mkdir -p "$W"; cd "$W"; go mod init pko.testbed/pulumi-nodejs >/dev/null 2>&1; go get "github.com/pulumi/pulumi/sdk/v3@$PULUMI_NODEJS_HOST_SDK"; }
+  cd "$W"; mkdir -p "$D"
+  go build -mod=mod -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_NODEJS_HOST_SDK" \
+    -o "$D/" github.com/pulumi/pulumi/sdk/v3/python/cmd/pulumi-language-python
+  install -m 0755 "$(go list -mod=mod -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)/python/cmd/pulumi-language-python-exec" "$D/"
+  cat > "$TB_BIN/pulumi-language-python" <<WRAP
+#!/bin/sh
+PATH="$TB_HOME/venv-command/bin:\$PATH" exec "$D/pulumi-language-python" "\$@"
+WRAP
+  chmod +x "$TB_BIN/pulumi-language-python"
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -102,4 +120,5 @@ step pulumi-yaml build_pulumi_yaml
 step pulumi-nodejs build_pulumi_nodejs
 # The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
 step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
+step pulumi-python build_pulumi_python
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

@@ -217,3 +217,43 @@ fn pulumi_up_output_destroy_offline() {
     run("destroy --yes --skip-preview", true);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "destroyed", "the command provider's delete must run");
 }
+
+/// The Python language host: a Python program using today's PyPI `pulumi` SDK (with a config value and
+/// a `command:local:Command`) runs offline, inside a network namespace with only loopback up.
+#[test]
+fn python_program_runs_offline() {
+    let bed = testbed();
+    let env = bed.pulumi_env().unwrap();
+    let project = env.dir().join("py");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("Pulumi.yaml"), "name: pysmoke\nruntime: python\n").unwrap();
+    std::fs::write(
+        project.join("__main__.py"),
+        r#"import pulumi
+cfg = pulumi.Config()
+cmd = pulumi.CustomResource("command:local:Command", "hello", {"create": "echo hello " + cfg.require("who"), "stdout": None})
+pulumi.export("who", cfg.require("who"))
+pulumi.export("said", cmd.stdout)
+"#,
+    )
+    .unwrap();
+    let pulumi = |args: &[&str]| {
+        let out = std::process::Command::new("unshare")
+            .args(["--net", "--", "sh", "-c", "ip link set lo up && exec pulumi \"$@\"", "sh"])
+            .args(args)
+            .current_dir(&project)
+            .env_clear()
+            .envs(env.vars())
+            .env("HOME", env.dir())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pulumi {args:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    pulumi(&["stack", "init", "dev"]);
+    pulumi(&["config", "set", "who", "python"]);
+    pulumi(&["up", "--yes", "--skip-preview"]);
+    let outputs: serde_json::Value = serde_json::from_str(&pulumi(&["stack", "output", "--json"])).unwrap();
+    assert_eq!(outputs["who"], "python");
+    assert_eq!(outputs["said"], "hello python");
+}
