@@ -21,6 +21,7 @@ use serde_json::json;
 use super::build::{self, ResolvedSource};
 use super::conditions;
 use super::plan::{self, Sync};
+use super::prerequisites;
 use crate::context::{Context, publish_event};
 
 /// Errors of a Stack reconcile (API errors; everything else becomes a condition).
@@ -47,6 +48,14 @@ pub async fn run(ctx: Arc<Context>) {
     controller
         .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
         .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
+        .watches(Api::<Stack>::all(client.clone()), watcher::Config::default(), {
+            let store = store.clone();
+            move |s: Stack| {
+                let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+                let all = store.state();
+                prerequisites::dependents(all.iter().map(|s| &**s), &ns, &name).into_iter().map(ObjectRef::from_obj).collect::<Vec<_>>()
+            }
+        })
         .watches(Api::<Program>::all(client.clone()), watcher::Config::default(), move |p: Program| {
             let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
             store
@@ -155,6 +164,28 @@ fn is_complete(u: &Update) -> bool {
 
 fn succeeded(u: &Update) -> bool {
     u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "False"))
+}
+
+/// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
+/// until the next sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
+fn ready_and_reclaimable(stack: &Stack, st: &StackStatus) -> bool {
+    stack.spec.workspace_reclaim_policy == Some(pko_api::stack::WorkspaceReclaimPolicy::Delete)
+        && st.current_update.is_none()
+        && st.last_update.as_ref().is_some_and(|l| l.state == Some(StackUpdateStateMessage::Succeeded))
+}
+
+/// Deletes the Stack's Workspace if it exists, with PKO's `WorkspaceDeleted` event.
+async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Error> {
+    let ns = stack.namespace().unwrap_or_default();
+    let workspaces: Api<Workspace> = Api::namespaced(ctx.client.clone(), &ns);
+    match workspaces.get_opt(&stack.name_any()).await? {
+        Some(ws) if ws.metadata.deletion_timestamp.is_none() => {
+            workspaces.delete(&stack.name_any(), &kube::api::DeleteParams::background()).await?;
+            publish_event(&ctx.client, "stack-controller", stack, false, ev::WORKSPACE_DELETED, "Deleted the workspace (workspaceReclaimPolicy: Delete)".into()).await;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
@@ -299,10 +330,34 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                 set_finalizers(&api, &stack, false).await?;
                 return Ok(Action::await_change());
             }
+            if !deleting && ready_and_reclaimable(&stack, &st) {
+                reclaim_workspace(&ctx, &stack).await?;
+            }
             return Ok(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change));
         }
         Sync::NeedsUpdate { reason } => reason,
     };
+
+    // 8. prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751)
+    if !deleting && let Some(prereqs) = stack.spec.prerequisites.as_ref().filter(|p| !p.is_empty()) {
+        let mut found = std::collections::BTreeMap::new();
+        for p in prereqs {
+            if let Some(s) = api.get_opt(&p.name).await? {
+                found.insert(p.name.clone(), s);
+            }
+        }
+        if let prerequisites::Verdict::NotSatisfied { message, resync } = prerequisites::check(prereqs, &found, t.0) {
+            for (prereq, value) in resync {
+                let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": prereq, "annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
+                api.patch(&prereq, &PatchParams::apply(field_manager::PREREQUISITE_REQUEST).force(), &Patch::Apply(&patch)).await?;
+            }
+            conditions::mark_reconciling(&mut conds, sc::PREREQUISITE_NOT_SATISFIED, &message, generation, &t);
+            st.conditions = Some(conds);
+            write_status(&api, &name, &st).await?;
+            // woken by the prerequisites' changes (see `run`); the requeue only covers a missed event
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+    }
 
     // 9. the Workspace, and wait for it
     let owner = stack.controller_owner_ref(&()).expect("stack has a uid");
@@ -365,6 +420,20 @@ mod tests {
 
     fn failed(failures: i64) -> StackUpdateState {
         StackUpdateState { failures: Some(failures), message: Some("the stack is currently locked by 1 lock(s)".into()), ..Default::default() }
+    }
+
+    #[test]
+    fn only_a_succeeded_stack_with_the_delete_policy_reclaims_its_workspace() {
+        use pko_api::stack::WorkspaceReclaimPolicy;
+        let mut stack = Stack::new("s", pko_api::StackSpec { stack: "dev".into(), ..Default::default() });
+        let ok = StackStatus { last_update: Some(StackUpdateState { state: Some(StackUpdateStateMessage::Succeeded), ..Default::default() }), ..Default::default() };
+        assert!(!ready_and_reclaimable(&stack, &ok), "Retain is the default");
+        stack.spec.workspace_reclaim_policy = Some(WorkspaceReclaimPolicy::Delete);
+        assert!(ready_and_reclaimable(&stack, &ok));
+        let failed = StackStatus { last_update: Some(failed(0)), ..Default::default() };
+        assert!(!ready_and_reclaimable(&stack, &failed), "a failed Stack keeps its Workspace for debugging");
+        let running = StackStatus { current_update: Some(Default::default()), ..ok };
+        assert!(!ready_and_reclaimable(&stack, &running));
     }
 
     #[test]

@@ -1,0 +1,175 @@
+//! Prerequisite Stacks (PKO `spec.prerequisites`, `stack_controller.go` step 8 of the inventory): before
+//! an update runs, every named Stack of the namespace must exist, be in sync with its own spec (its
+//! `lastUpdate` is for its current generation and reconcile request), have succeeded, and — when
+//! `requirement.succeededWithinDuration` is set — have succeeded within that duration. A stale
+//! prerequisite gets the annotation `pulumi.com/reconciliation-request: after-<its lastUpdate name>` so
+//! that it runs again; the dependent waits (Reconciling `PrerequisiteNotSatisfied`) and is woken when a
+//! prerequisite changes. Pure: the caller fetches the Stacks and passes the time.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use pko_api::Stack;
+use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
+use pko_api::stack::{PrerequisiteRef, StackUpdateStateMessage};
+
+use crate::update::controller::parse_go_duration;
+
+/// The outcome of checking a Stack's prerequisites.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every prerequisite is satisfied (or there are none).
+    Satisfied,
+    /// At least one is not.
+    NotSatisfied {
+        /// What is missing, one clause per unsatisfied prerequisite (`Reconciling` message).
+        message: String,
+        /// Prerequisites to annotate, as `(stack name, reconcile-request value)`, so they resync.
+        resync: Vec<(String, String)>,
+    },
+}
+
+/// Checks `prerequisites` against the Stacks found in the namespace (`found`, by name; a missing name
+/// is a missing Stack) at time `now`.
+pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>, now: Timestamp) -> Verdict {
+    let mut clauses = Vec::new();
+    let mut resync = Vec::new();
+    for p in prerequisites {
+        let Some(s) = found.get(&p.name) else {
+            clauses.push(format!("prerequisite stack {} not found", p.name));
+            continue;
+        };
+        let Some(last) = s.status.as_ref().and_then(|st| st.last_update.as_ref()) else {
+            clauses.push(format!("prerequisite stack {} has not run an update yet", p.name));
+            continue;
+        };
+        let request = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION)).cloned();
+        if last.generation != s.metadata.generation || last.reconcile_request.clone().unwrap_or_default() != request.clone().unwrap_or_default() {
+            clauses.push(format!("prerequisite stack {} is not in sync with its spec yet", p.name));
+            continue;
+        }
+        if last.state != Some(StackUpdateStateMessage::Succeeded) {
+            clauses.push(format!("prerequisite stack {} has not succeeded", p.name));
+            continue;
+        }
+        let within = p.requirement.as_ref().and_then(|r| r.succeeded_within_duration.as_deref());
+        if let Some(d) = within {
+            let Some(limit) = parse_go_duration(d) else {
+                clauses.push(format!("prerequisite {}: succeededWithinDuration {d:?} is not a duration", p.name));
+                continue;
+            };
+            let age = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs());
+            if age.is_none_or(|a| a > limit) {
+                clauses.push(format!("prerequisite stack {} did not succeed within {d}; requested its resync", p.name));
+                let value = format!("after-{}", last.name.clone().unwrap_or_default());
+                if request.as_deref() != Some(value.as_str()) {
+                    resync.push((p.name.clone(), value));
+                }
+            }
+        }
+    }
+    if clauses.is_empty() { Verdict::Satisfied } else { Verdict::NotSatisfied { message: clauses.join("; "), resync } }
+}
+
+/// Stacks of `namespace` in `stacks` that name `prerequisite` among their prerequisites: the dependents
+/// to look at again when it changes.
+pub fn dependents<'a>(stacks: impl IntoIterator<Item = &'a Stack>, namespace: &str, prerequisite: &str) -> Vec<&'a Stack> {
+    stacks
+        .into_iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|s| s.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use pko_api::StackSpec;
+    use pko_api::stack::{RequirementSpec, StackStatus, StackUpdateState};
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn stack(name: &str, generation: i64, last: Option<(i64, StackUpdateStateMessage, i64)>) -> Stack {
+        let mut s = Stack::new(name, StackSpec { stack: "dev".into(), ..Default::default() });
+        s.metadata.namespace = Some("ns".into());
+        s.metadata.generation = Some(generation);
+        s.status = Some(StackStatus {
+            last_update: last.map(|(g, state, t)| StackUpdateState {
+                generation: Some(g),
+                name: Some(format!("{name}-u1")),
+                state: Some(state),
+                last_resync_time: Some(Time(at(t))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn prereq(name: &str, within: Option<&str>) -> PrerequisiteRef {
+        PrerequisiteRef { name: name.into(), requirement: within.map(|d| RequirementSpec { succeeded_within_duration: Some(d.into()) }) }
+    }
+
+    fn found(stacks: Vec<Stack>) -> BTreeMap<String, Stack> {
+        stacks.into_iter().map(|s| (s.metadata.name.clone().unwrap(), s)).collect()
+    }
+
+    #[test]
+    fn no_prerequisites_and_succeeded_ones_are_satisfied() {
+        assert_eq!(check(&[], &BTreeMap::new(), at(0)), Verdict::Satisfied);
+        let f = found(vec![stack("db", 2, Some((2, StackUpdateStateMessage::Succeeded, 0)))]);
+        assert_eq!(check(&[prereq("db", None)], &f, at(10_000)), Verdict::Satisfied);
+    }
+
+    #[test]
+    fn missing_unsynced_and_failed_prerequisites_are_named() {
+        let f = found(vec![
+            stack("fresh", 1, None),
+            stack("behind", 3, Some((2, StackUpdateStateMessage::Succeeded, 0))),
+            stack("broken", 1, Some((1, StackUpdateStateMessage::Failed, 0))),
+        ]);
+        let v = check(&[prereq("gone", None), prereq("fresh", None), prereq("behind", None), prereq("broken", None)], &f, at(1));
+        let Verdict::NotSatisfied { message, resync } = v else { panic!("satisfied") };
+        for want in ["gone not found", "fresh has not run", "behind is not in sync", "broken has not succeeded"] {
+            assert!(message.contains(want), "{want:?} missing from {message:?}");
+        }
+        assert!(resync.is_empty(), "only stale successes are asked to resync");
+    }
+
+    #[test]
+    fn a_stale_success_is_asked_to_resync_once() {
+        let f = found(vec![stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)))]);
+        assert_eq!(check(&[prereq("db", Some("1h"))], &f, at(3_000)), Verdict::Satisfied, "within the hour");
+        let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &f, at(4_000)) else { panic!("satisfied") };
+        assert!(message.contains("did not succeed within 1h"), "{message}");
+        assert_eq!(resync, vec![("db".to_string(), "after-db-u1".to_string())]);
+        // already requested: no second annotation (its lastUpdate then no longer matches the request, so it waits)
+        let mut requested = stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)));
+        requested.metadata.annotations = Some([(RECONCILE_REQUEST_ANNOTATION.to_string(), "after-db-u1".to_string())].into());
+        let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &found(vec![requested]), at(4_000)) else { panic!("satisfied") };
+        assert!(message.contains("not in sync"), "{message}");
+        assert!(resync.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_duration_is_reported() {
+        let f = found(vec![stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)))]);
+        let Verdict::NotSatisfied { message, .. } = check(&[prereq("db", Some("soon"))], &f, at(0)) else { panic!("satisfied") };
+        assert!(message.contains("\"soon\" is not a duration"), "{message}");
+    }
+
+    #[test]
+    fn dependents_are_found_by_prerequisite_name_within_the_namespace() {
+        let mut app = stack("app", 1, None);
+        app.spec.prerequisites = Some(vec![prereq("db", None)]);
+        let mut other = app.clone();
+        other.metadata.namespace = Some("other".into());
+        let lone = stack("lone", 1, None);
+        let all = [app, other, lone];
+        let d = dependents(all.iter(), "ns", "db");
+        assert_eq!(d.iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>(), vec!["app"]);
+    }
+}
