@@ -21,15 +21,21 @@ eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
 (cd "$ROOT" && cargo build -q --release -p pko-operator -p pko-agent)
 BIN="$ROOT/target/release"
 
+# the namespace without an operator: release the finalizers only the operator would remove, then delete it
+delete_namespace() {
+  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+  kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
+}
 cleanup() {
   [ -f "$RUN/operator.pid" ] && kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null
   sleep 2
   pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
-  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
-  kubectl delete ns $NS --wait=false >/dev/null 2>&1 || true
+  delete_namespace --wait=false
 }
 trap cleanup EXIT
-kubectl delete ns $NS --wait=true --timeout=120s >/dev/null 2>&1 || true
+[ -f "$RUN/operator.pid" ] && kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null
+pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
+delete_namespace --wait=true --timeout=120s
 rm -rf "$RUN" && mkdir -p "$RUN/state"
 
 kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
@@ -80,6 +86,8 @@ REST_KIB=$(rss $OP)
 AGENTS_KIB=0; AGENTS=0
 for p in $(pgrep -f -- "--work-dir $RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
-echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES"
+FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
+echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
+[ -n "${KEEP:-}" ] && { trap - EXIT; echo "kept: namespace $NS, operator pid $OP (log $RUN/operator.log)"; }
 echo "operator_rss_mib: idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"

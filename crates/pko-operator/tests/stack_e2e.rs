@@ -128,3 +128,35 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     }
     task.abort();
 }
+
+/// Many Stacks applied at once each get exactly one Update: a reconcile never decides on a cached copy
+/// that lags behind its own `currentUpdate` write (the load test once saw 4 of 100 Stacks updated twice).
+#[tokio::test]
+async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("many").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}}})).await;
+    const N: usize = 20;
+    let stacks = ns.api::<Stack>();
+    for i in 0..N {
+        create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
+            "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url()}})).await;
+    }
+    eventually("every Stack is Ready", 240, || async {
+        stacks.list(&Default::default()).await.unwrap().items.iter().filter(|s| ready(s).is_some_and(|(st, _)| st == "True")).count() == N
+    })
+    .await;
+    let updates = ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items;
+    let mut per_stack = std::collections::BTreeMap::<String, usize>::new();
+    for u in &updates {
+        *per_stack.entry(u.labels().get("pulumi.com/stack-name").cloned().unwrap_or_default()).or_default() += 1;
+    }
+    let twice: Vec<_> = per_stack.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "Stacks with more than one Update: {twice:?}");
+    assert_eq!(updates.len(), N);
+}

@@ -188,6 +188,12 @@ async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Err
     Ok(())
 }
 
+/// An Update of Stack `name` that is not complete yet (read from the API server, not a cache).
+async fn in_flight_update(updates: &Api<Update>, name: &str) -> Result<Option<Update>, kube::Error> {
+    let lp = kube::api::ListParams::default().labels(&format!("{STACK_NAME_LABEL}={name}"));
+    Ok(updates.list(&lp).await?.items.into_iter().find(|u| !is_complete(u) && u.metadata.deletion_timestamp.is_none()))
+}
+
 /// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
 fn failed_reason(u: &Update) -> Option<String> {
     u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.reason.clone())
@@ -214,6 +220,10 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         return Ok(Action::await_change());
     }
     let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
+    // Decide on the Stack as stored, not as cached: the watch cache can lag behind our own status write
+    // (`currentUpdate`), and a decision on the stale copy would start a second Update.
+    let Some(stack) = api.get_opt(&name).await? else { return Ok(Action::await_change()) };
+    let stack = Arc::new(stack);
     let deleting = stack.meta().deletion_timestamp.is_some();
     let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
     if !deleting && !has_finalizer {
@@ -376,7 +386,21 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
 
-    // 10. the Update: currentUpdate first, then the object
+    // 10. the Update: currentUpdate first, then the object — unless one is already in flight (a write
+    // this reconcile could not see, or another replica's before a shard moved): then follow that one
+    if let Some(running) = in_flight_update(&updates, &name).await? {
+        tracing::info!(stack = %format!("{ns}/{name}"), update = %running.name_any(), "an update is already in flight; following it");
+        st.current_update = Some(CurrentStackUpdate {
+            generation,
+            reconcile_request: request,
+            name: running.metadata.name.clone(),
+            commit: Some(revision),
+        });
+        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
+        st.conditions = Some(conds);
+        write_status(&api, &name, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
     let millis = t.0.as_millisecond();
     let update_name = format!("{name}-{millis:x}");
     st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
