@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::{Program, Stack};
-use pko_testbed::testbed;
+
 use serde_json::json;
 
 const RUNS: usize = 10;
@@ -43,11 +43,7 @@ async fn main() {
         eprintln!("stack_latency: run with `cargo bench` (it times real Pulumi operations)");
         return;
     }
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("bench").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("bench").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let program: serde_json::Value = serde_yaml::from_str(PROGRAM).unwrap();
     create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "bench"}, "program": program})).await;

@@ -11,7 +11,8 @@ use pko_api::{Program, Stack, Update};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-fn start_operator(bed: &pko_testbed::TestBed, env: &pko_testbed::PulumiEnv, port: u16) -> std::process::Child {
+fn start_operator(env: &pko_testbed::PulumiEnv, port: u16) -> std::process::Child {
+    let bed = testbed();
     Command::new(env!("CARGO_BIN_EXE_pko-operator"))
         .args(["run", "--runtime", "local", "--agent-bin"])
         .arg(agent_bin())
@@ -31,11 +32,7 @@ fn start_operator(bed: &pko_testbed::TestBed, env: &pko_testbed::PulumiEnv, port
 
 #[tokio::test]
 async fn sigkilled_operator_reattaches_after_restart() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("restart").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (_client, ns, env) = setup("restart").await;
     let runs = env.dir().join("runs.txt");
     allow_default_sa_to_read_secrets(&ns).await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
@@ -46,7 +43,7 @@ async fn sigkilled_operator_reattaches_after_restart() {
                  "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}})).await;
 
     let port = 19000 + (std::process::id() % 900) as u16;
-    let mut op = start_operator(bed, &env, port);
+    let mut op = start_operator(&env, port);
     let updates = ns.api::<Update>();
     eventually("an Update is Progressing", 60, || async {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
@@ -54,7 +51,7 @@ async fn sigkilled_operator_reattaches_after_restart() {
     .await;
     op.kill().unwrap(); // SIGKILL
     op.wait().unwrap();
-    let mut op = start_operator(bed, &env, port);
+    let mut op = start_operator(&env, port);
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready after the restart", 120, || async {

@@ -24,11 +24,7 @@ fn ready(s: &Stack) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("e2e").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("e2e").await;
     let marker = env.dir().join("destroyed.txt");
 
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
@@ -62,7 +58,7 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let end = tokio::time::Instant::now() + Duration::from_secs(120);
     while ready(&stacks.get("hello").await.unwrap()) != Some(("True".into(), "ProcessingCompleted".into())) {
         if tokio::time::Instant::now() > end {
-            let out = bed.kubectl().args(["get", "stacks,workspaces,updates,programs", "-n", ns.name(), "-o", "yaml"]).output().unwrap();
+            let out = testbed().kubectl().args(["get", "stacks,workspaces,updates,programs", "-n", ns.name(), "-o", "yaml"]).output().unwrap();
             panic!("the Stack is not Ready after 120 s:\n{}", String::from_utf8_lossy(&out.stdout));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -99,10 +95,7 @@ fn stalled(s: &Stack) -> Option<(String, String)> {
 /// message naming what is wrong, and Ready=False `NotReadyStalled`.
 #[tokio::test]
 async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("stall").await.unwrap();
+    let (client, ns, _env) = setup("stall").await;
     let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
     let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
     let stacks = ns.api::<Stack>();
@@ -133,11 +126,7 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
 /// that lags behind its own `currentUpdate` write (the load test once saw 4 of 100 Stacks updated twice).
 #[tokio::test]
 async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("many").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("many").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
         "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}}})).await;

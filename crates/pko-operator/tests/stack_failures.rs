@@ -14,7 +14,7 @@ use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::stack::StackUpdateStateMessage;
 use pko_api::{Program, Stack, Update};
-use pko_testbed::{eventually, testbed};
+use pko_testbed::eventually;
 use serde_json::json;
 
 fn program(name: &str, create_cmd: &str) -> serde_json::Value {
@@ -39,11 +39,7 @@ async fn events_of(ns: &pko_testbed::TestNamespace, kind: &str, reason: &str) ->
 
 #[tokio::test]
 async fn failing_program_retries_then_stalls_until_a_sync_request() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("fail").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("fail").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(&ns.api::<Program>(), program("boom", "echo boom >&2; exit 3")).await;
     // a 4 s backoff cap keeps the test short; the retry count and the stall are PKO's
@@ -105,11 +101,7 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("lock").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("lock").await;
 
     // another `pulumi up` of the same project and stack holds the backend lock for ~20 s
     let dir = env.dir().join("outside");

@@ -10,16 +10,12 @@ use std::time::Duration;
 use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::{Program, Stack, Workspace};
-use pko_testbed::{eventually, testbed};
+use pko_testbed::eventually;
 use serde_json::json;
 
 #[tokio::test]
 async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("prereq").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("prereq").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
         "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}, "outputs": {"out": "${c.stdout}"}}})).await;

@@ -120,3 +120,14 @@ pub async fn allow_default_sa_to_read_secrets(ns: &pko_testbed::TestNamespace) {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]})).await;
 }
+
+/// A test's start on the bed: a client, the CRDs installed, a fresh namespace `<prefix>-…` and a
+/// per-test Pulumi environment.
+pub async fn setup(prefix: &str) -> (kube::Client, pko_testbed::TestNamespace, pko_testbed::PulumiEnv) {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace(prefix).await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    (client, ns, env)
+}
