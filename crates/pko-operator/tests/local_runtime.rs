@@ -69,6 +69,19 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let msg = updates.get("forbidden").await.unwrap().status.unwrap().message.unwrap_or_default();
     assert!(msg.contains("forbidden") || msg.contains("403"), "the agent read the Secret as the workspace's service account: {msg}");
 
+
+    // the agent dies: the runtime notices within its check period, starts a new one (a new address), and
+    // the next Update runs there
+    let address = wss.get("allowed").await.unwrap().status.unwrap().address.unwrap();
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(env.dir().join("agents").join(ns.name()).join("allowed").join("agent.json")).unwrap()).unwrap();
+    assert!(std::process::Command::new("kill").args(["-KILL", &record["pid"].to_string()]).status().unwrap().success());
+    eventually("a new agent replaces the dead one", 60, || async { wss.get("allowed").await.unwrap().status.unwrap().address.is_some_and(|a| a != address) }).await;
+    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed", "stackName": "dev", "type": "up"}})).await;
+    eventually("the next update completes on the new agent", 90, || async {
+        condition(&updates.get("after-restart").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
+    })
+    .await;
+
     wsc.abort();
     upc.abort();
 }

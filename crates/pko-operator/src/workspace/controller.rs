@@ -216,6 +216,20 @@ impl Drop for LocalRuntime {
     }
 }
 
+/// How often the local runtime checks that a Workspace's agent process still runs (seconds).
+pub const LOCAL_AGENT_CHECK: Duration = Duration::from_secs(15);
+
+/// Whether the status to write — `new` (address, observedGeneration) with the Ready condition
+/// `(status, reason, message)` — is what `stored` already says; then nothing is written (the local
+/// runtime looks every [`LOCAL_AGENT_CHECK`] and must not write each time).
+fn status_unchanged(stored: &WorkspaceStatus, new: &WorkspaceStatus, (status, reason, message): (&str, &str, &str)) -> bool {
+    let conds = stored.conditions.as_deref().unwrap_or_default();
+    stored.address == new.address
+        && stored.observed_generation == new.observed_generation
+        && conds.len() == 1
+        && conds.iter().any(|c| c.type_ == wc::READY && c.status == status && c.reason == reason && c.message == message && c.observed_generation == new.observed_generation)
+}
+
 /// The Workspace controller.
 pub struct WorkspaceController {
     ctx: Arc<Context>,
@@ -268,7 +282,7 @@ impl WorkspaceController {
         let mut st = ws.status.clone().unwrap_or_default();
         st.observed_generation = ws.meta().generation;
         if ws.meta().deletion_timestamp.is_some() {
-            return self.write(&api, &name, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
+            return self.write(&api, &ws, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
         }
         let (ready, address, requeue) = match &self.runtime {
             Runtime::Pod(cfg) => {
@@ -283,22 +297,29 @@ impl WorkspaceController {
                 }
             }
             Runtime::Local(local) => match local.ensure(&self.ctx.client, &ws).await {
-                Ok(addr) => (("True", wc::SUCCEEDED, ""), Some(addr), Duration::from_secs(600)),
+                // look again soon: an agent process that died is restarted here (a pod's restart is the
+                // kubelet's, and its StatefulSet event wakes this controller)
+                Ok(addr) => (("True", wc::SUCCEEDED, ""), Some(addr), LOCAL_AGENT_CHECK),
                 Err(e) => {
                     let msg = e.to_string();
                     st.address = None;
-                    self.write(&api, &name, st, ("False", wc::CONNECTION_FAILED, &msg), &now).await?;
+                    self.write(&api, &ws, st, ("False", wc::CONNECTION_FAILED, &msg), &now).await?;
                     return Ok(Action::requeue(Duration::from_secs(5)));
                 }
             },
         };
         st.address = address;
-        self.write(&api, &name, st, ready, &now).await?;
+        self.write(&api, &ws, st, ready, &now).await?;
         Ok(Action::requeue(requeue))
     }
 
-    async fn write(&self, api: &Api<Workspace>, name: &str, mut st: WorkspaceStatus, (status, reason, message): (&str, &str, &str), now: &Time) -> Result<(), Error> {
+    async fn write(&self, api: &Api<Workspace>, ws: &Workspace, mut st: WorkspaceStatus, (status, reason, message): (&str, &str, &str), now: &Time) -> Result<(), Error> {
+        let name = ws.name_any();
+        let name = name.as_str();
         let old = st.conditions.clone().unwrap_or_default();
+        if status_unchanged(&ws.status.clone().unwrap_or_default(), &st, (status, reason, message)) {
+            return Ok(());
+        }
         let transition = old.iter().find(|c| c.type_ == wc::READY && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
         st.conditions = Some(vec![Condition {
             type_: wc::READY.into(),
@@ -311,5 +332,38 @@ impl WorkspaceController {
         let patch = serde_json::json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": st});
         api.patch_status(name, &PatchParams::apply(field_manager::WORKSPACE_STATUS).force(), &Patch::Apply(&patch)).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(address: Option<&str>, generation: i64, status: &str, reason: &str) -> WorkspaceStatus {
+        WorkspaceStatus {
+            address: address.map(str::to_string),
+            observed_generation: Some(generation),
+            conditions: Some(vec![Condition {
+                type_: wc::READY.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: String::new(),
+                observed_generation: Some(generation),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn status_is_written_only_when_it_changes() {
+        let s = stored(Some("127.0.0.1:1"), 1, "True", wc::SUCCEEDED);
+        assert!(status_unchanged(&s, &s, ("True", wc::SUCCEEDED, "")));
+        let moved = WorkspaceStatus { address: Some("127.0.0.1:2".into()), ..s.clone() };
+        assert!(!status_unchanged(&s, &moved, ("True", wc::SUCCEEDED, "")), "a restarted agent has a new address");
+        assert!(!status_unchanged(&s, &s, ("False", wc::CONNECTION_FAILED, "agent did not start")));
+        let next = WorkspaceStatus { observed_generation: Some(2), ..s.clone() };
+        assert!(!status_unchanged(&s, &next, ("True", wc::SUCCEEDED, "")), "a new generation is observed");
+        assert!(!status_unchanged(&WorkspaceStatus::default(), &s, ("True", wc::SUCCEEDED, "")), "nothing written yet");
     }
 }
