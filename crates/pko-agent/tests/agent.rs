@@ -413,3 +413,38 @@ async fn git_over_http_with_token_auth() {
     assert_eq!(r.revision.len(), 40);
     assert!(!all_text(&events).contains(token));
 }
+
+/// `--tls-cert`/`--tls-key` (mounted PEM files): the agent serves gRPC over TLS; a client that trusts the
+/// certificate is served, a plaintext client is not.
+#[tokio::test]
+async fn tls_from_mounted_files() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = pulumi_env();
+    let dir = env.dir().join("tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let agent = Agent::start(&env, &["--auth", "none", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()], &[]);
+    let port = agent.addr.rsplit_once(':').unwrap().1.to_string();
+
+    let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(&cert).unwrap())).domain_name("localhost");
+    let channel = tonic::transport::Channel::from_shared(format!("https://localhost:{port}")).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
+    let mut c = pko_proto::v1::agent_client::AgentClient::new(channel);
+    let v = c.pulumi_version(PulumiVersionRequest {}).await.unwrap().into_inner().version;
+    assert_eq!(v, versions::pulumi());
+
+    let plain = pko_proto::v1::agent_client::AgentClient::connect(format!("http://127.0.0.1:{port}")).await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(mut p) => p.pulumi_version(PulumiVersionRequest {}).await.is_err(),
+    };
+    assert!(refused, "a plaintext client must not be served");
+}
