@@ -119,6 +119,12 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
         assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
     }
+    // a Stack that never ran has nothing to destroy: deleting it does not wait for its (missing) source
+    create(&stacks, stack("never-ran", json!({"stack": "dev", "programRef": {"name": "missing"}, "destroyOnFinalize": true}))).await;
+    eventually("never-ran stalls", 60, || async { stalled(&stacks.get("never-ran").await.unwrap()).is_some() }).await;
+    assert!(stacks.get("never-ran").await.unwrap().finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
+    stacks.delete("never-ran", &DeleteParams::background()).await.unwrap();
+    eventually("never-ran is deleted", 30, || async { stacks.get_opt("never-ran").await.unwrap().is_none() }).await;
     task.abort();
 }
 

@@ -141,3 +141,30 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     assert_eq!(s.outputs.unwrap()["out"], json!("mine"));
     assert!(files_under(&locks).is_empty(), "no lock is left");
 }
+
+/// A Stack with `destroyOnFinalize` in a namespace being deleted: the destroy cannot run there (no
+/// Workspace or Update can be created), so the Stack is Stalled `NamespaceTerminating`, keeps its
+/// finalizer and says how to let it go.
+#[tokio::test]
+async fn stack_in_a_terminating_namespace_stalls_with_instructions() {
+    let (client, ns, env) = setup("nsterm").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), program("web", "echo up")).await;
+    let mut s = stack("web", &env.backend_url(), 10);
+    s["spec"]["destroyOnFinalize"] = json!(true);
+    create(&ns.api::<Stack>(), s).await;
+    let stacks = ns.api::<Stack>();
+    eventually("web is Ready", 90, || async { stack_condition(&stacks.get("web").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True") }).await;
+
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).delete(ns.name(), &Default::default()).await.unwrap();
+    eventually("web is Stalled NamespaceTerminating", 60, || async {
+        stack_condition(&stacks.get("web").await.unwrap(), "Stalled").is_some_and(|(s, r, m)| s == "True" && r == "NamespaceTerminating" && m.contains("remove the finalizer"))
+    })
+    .await;
+    let web = stacks.get("web").await.unwrap();
+    assert!(web.metadata.deletion_timestamp.is_some());
+    assert!(web.metadata.finalizers.unwrap_or_default().iter().any(|f| f == pko_api::constants::STACK_FINALIZER), "the finalizer is kept");
+    // let it go, as the message says
+    stacks.patch("web", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers"}])).unwrap())).await.unwrap();
+    eventually("web is gone", 60, || async { stacks.get_opt("web").await.unwrap().is_none() }).await;
+}

@@ -194,6 +194,22 @@ async fn in_flight_update(updates: &Api<Update>, name: &str) -> Result<Option<Up
     Ok(updates.list(&lp).await?.items.into_iter().find(|u| !is_complete(u) && u.metadata.deletion_timestamp.is_none()))
 }
 
+/// Whether namespace `ns` is being deleted.
+async fn namespace_terminating(ctx: &Context, ns: &str) -> Result<bool, kube::Error> {
+    let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
+    Ok(namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some()))
+}
+
+/// The Stalled `NamespaceTerminating` message: why the destroy cannot run and how to let the Stack go.
+fn namespace_terminating_message(ns: &str, name: &str) -> String {
+    format!(
+        "namespace {ns} is being deleted, so the destroy of this Stack (destroyOnFinalize) cannot run: no Workspace or Update can be created in it. \
+         Either destroy the stack's resources yourself and remove the finalizer with \
+         `kubectl -n {ns} patch stack {name} --type=json -p '[{{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}}]'`, \
+         or apply a Stack with the same spec in another namespace to destroy them."
+    )
+}
+
 /// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
 fn failed_reason(u: &Update) -> Option<String> {
     u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.reason.clone())
@@ -300,10 +316,17 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         }
     }
 
-    // 4. deletion without destroy
-    if deleting && (stack.spec.destroy_on_finalize != Some(true) || stack.spec.preview == Some(true)) {
+    // 4. deletion without destroy: not asked for, or nothing ever ran (PKO: no prior update)
+    if deleting && (stack.spec.destroy_on_finalize != Some(true) || stack.spec.preview == Some(true) || (st.last_update.is_none() && st.current_update.is_none())) {
         set_finalizers(&api, &stack, false).await?;
         return Ok(Action::await_change());
+    }
+    // a destroy cannot run in a terminating namespace (no Workspace or Update can be created there)
+    if deleting && namespace_terminating(&ctx, &ns).await? {
+        conditions::mark_stalled(&mut conds, sc::NAMESPACE_TERMINATING, &namespace_terminating_message(&ns, &name), generation, &t);
+        st.conditions = Some(conds);
+        write_status(&api, &name, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
     }
 
     // 5–6. source and validation
@@ -458,6 +481,14 @@ mod tests {
         assert!(!ready_and_reclaimable(&stack, &failed), "a failed Stack keeps its Workspace for debugging");
         let running = StackStatus { current_update: Some(Default::default()), ..ok };
         assert!(!ready_and_reclaimable(&stack, &running));
+    }
+
+    #[test]
+    fn namespace_terminating_message_says_how_to_let_go() {
+        let m = namespace_terminating_message("team-a", "web");
+        assert!(m.contains("namespace team-a is being deleted"), "{m}");
+        assert!(m.contains("kubectl -n team-a patch stack web"), "{m}");
+        assert!(m.contains(r#""path":"/metadata/finalizers""#), "{m}");
     }
 
     #[test]
