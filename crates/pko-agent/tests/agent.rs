@@ -379,9 +379,9 @@ async fn typescript_program_from_an_artifact() {
 
 /// A git source over smart HTTP with credentials: the token reaches the server as basic auth (user `git`),
 /// and a missing credential is reported as INVALID_SOURCE without leaking the token.
-#[tokio::test]
-async fn git_over_http_with_token_auth() {
-    let env = pulumi_env();
+/// A bare repository `<env>/git-root/app.git` whose `main` holds a quick program named `project`; returns
+/// the root.
+fn bare_repo(env: &pko_testbed::PulumiEnv, project: &str) -> std::path::PathBuf {
     let root = env.dir().join("git-root");
     let work = env.dir().join("git-work");
     std::fs::create_dir_all(&work).unwrap();
@@ -391,10 +391,17 @@ async fn git_over_http_with_token_auth() {
     };
     sh(&["init", "-q", "--bare", root.join("app.git").to_str().unwrap()], env.dir());
     sh(&["init", "-q", "-b", "main"], &work);
-    std::fs::write(work.join("Pulumi.yaml"), format!("name: httpgit\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    std::fs::write(work.join("Pulumi.yaml"), format!("name: {project}\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
     sh(&["add", "."], &work);
     sh(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
     sh(&["push", "-q", root.join("app.git").to_str().unwrap(), "main"], &work);
+    root
+}
+
+#[tokio::test]
+async fn git_over_http_with_token_auth() {
+    let env = pulumi_env();
+    let root = bare_repo(&env, "httpgit");
     let token = "tok-0123456789";
     let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
@@ -447,4 +454,29 @@ async fn tls_from_mounted_files() {
         Ok(mut p) => p.pulumi_version(PulumiVersionRequest {}).await.is_err(),
     };
     assert!(refused, "a plaintext client must not be served");
+}
+
+/// A git source over SSH (OpenSSH `sshd` on loopback) with the Secret's private key: refused without
+/// the key, cloned with it; the key never shows in the events.
+#[tokio::test]
+async fn git_over_ssh_with_a_private_key() {
+    let env = pulumi_env();
+    let root = bare_repo(&env, "sshgit");
+    let server = pko_testbed::ssh::SshGitServer::start(&root).unwrap();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let git = |id: &str, auth: Option<pko_proto::v1::GitAuth>| {
+        let mut r = request(&env, id, env.dir(), "dev", OperationType::Up);
+        r.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: server.url("app.git"), revision: "main".into(), dir: String::new(), shallow: true, auth })) });
+        r
+    };
+    let r = result(&run(&mut c, git("ssh-nokey", None)).await);
+    assert_eq!(reason(&r), ErrorReason::InvalidSource, "{}", r.message);
+    let auth = pko_proto::v1::GitAuth { ssh_private_key: Some(literal(&server.client_key)), ..Default::default() };
+    let events = run(&mut c, git("ssh-key", Some(auth))).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    assert_eq!(r.revision.len(), 40);
+    let key_body = server.client_key.lines().nth(1).unwrap();
+    assert!(!all_text(&events).contains(key_body), "the private key is not in the events");
 }
