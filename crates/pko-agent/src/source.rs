@@ -7,7 +7,6 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use base64::Engine;
 use futures::StreamExt;
 use pko_proto::v1::{ArtifactSource, GitSource, Source, source::Kind};
 use sha2::{Digest, Sha256};
@@ -321,18 +320,13 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Credentials for git, as command-line configuration and environment.
-#[derive(Default)]
-struct GitAuthArgs {
-    config: Vec<String>,
-    env: Vec<(String, String)>,
-    _key_file: Option<tempfile::NamedTempFile>,
-}
+/// Credentials for git, resolved from the request's references (the values through `values`, so Secrets
+/// are read with the agent's identity) into the git process's environment ([`pko_git::GitAuthEnv`]).
+struct GitAuthArgs(pko_git::GitAuthEnv);
 
 impl GitAuthArgs {
     async fn resolve(g: &GitSource, values: &ValueResolver) -> Result<Self, SourceError> {
-        let mut a = GitAuthArgs::default();
-        let Some(auth) = &g.auth else { return Ok(a) };
+        let Some(auth) = &g.auth else { return Ok(Self(pko_git::GitAuthEnv::default())) };
         let get = |r: &Option<pko_proto::v1::ValueRef>| {
             let r = r.clone();
             async move {
@@ -342,32 +336,17 @@ impl GitAuthArgs {
                 }
             }
         };
-        if let Some(key) = get(&auth.ssh_private_key).await? {
-            let mut f = tempfile::NamedTempFile::new().map_err(|e| err(e.to_string()))?;
-            f.write_all(key.as_bytes()).map_err(|e| err(e.to_string()))?;
-            let path = f.path().display().to_string();
-            a.env.push(("GIT_SSH_COMMAND".into(), format!("ssh -i {path} -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new")));
-            a._key_file = Some(f);
-        } else if let Some(token) = get(&auth.token).await? {
-            a.basic("git", &token);
-        } else if let (Some(u), Some(p)) = (get(&auth.username).await?, get(&auth.password).await?) {
-            a.basic(&u, &p);
-        }
-        Ok(a)
-    }
-
-    fn basic(&mut self, user: &str, password: &str) {
-        let b = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-        self.config.push(format!("http.extraHeader=Authorization: Basic {b}"));
+        let creds = pko_git::GitCredentials {
+            ssh_private_key: get(&auth.ssh_private_key).await?,
+            token: get(&auth.token).await?,
+            username: get(&auth.username).await?,
+            password: get(&auth.password).await?,
+        };
+        pko_git::GitAuthEnv::new(&creds).map(Self).map_err(err)
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new("git");
-        for kv in &self.config {
-            c.arg("-c").arg(kv);
-        }
-        c.envs(self.env.iter().cloned()).env("GIT_TERMINAL_PROMPT", "0").kill_on_drop(true);
-        c
+        self.0.command()
     }
 }
 
