@@ -155,3 +155,54 @@ async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
     assert!(twice.is_empty(), "Stacks with more than one Update: {twice:?}");
     assert_eq!(updates.len(), N);
 }
+
+/// A private repository tracked by branch: the operator's own `ls-remote` and the agent's clone both
+/// use the Stack's credentials — `gitAuth.accessToken`, or the deprecated `gitAuthSecret` — and a
+/// missing credentials Secret stalls the Stack `SpecInvalid`.
+#[tokio::test]
+async fn private_git_branch_with_gitauth_and_gitauthsecret() {
+    let (client, ns, env) = setup("privgit").await;
+    let root = env.dir().join("git-root");
+    let work = env.dir().join("git-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let git = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    git(&["init", "-q", "--bare", root.join("app.git").to_str().unwrap()], env.dir());
+    git(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("Pulumi.yaml"), "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n").unwrap();
+    git(&["add", "."], &work);
+    git(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
+    git(&["push", "-q", root.join("app.git").to_str().unwrap(), "main"], &work);
+    let token = "tok-private-42";
+    let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
+
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    allow_default_sa_to_read_secrets(&ns).await;
+    let stacks = ns.api::<Stack>();
+    let stack = |name: &str, auth: serde_json::Value| {
+        let mut spec = json!({"stack": name, "projectRepo": server.url("app.git"), "branch": "main", "backend": env.backend_url()});
+        spec.as_object_mut().unwrap().extend(auth.as_object().unwrap().clone());
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
+    };
+    create(&stacks, stack("by-token", json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}))).await;
+    create(&stacks, stack("by-secret", json!({"gitAuthSecret": "git-legacy"}))).await;
+    eventually("without its Secret, by-token stalls SpecInvalid", 60, || async {
+        stalled(&stacks.get("by-token").await.unwrap()).is_some_and(|(r, m)| r == "SpecInvalid" && m.contains("Secret git not found"))
+    })
+    .await;
+    eventually("without its Secret, by-secret stalls SpecInvalid", 60, || async {
+        stalled(&stacks.get("by-secret").await.unwrap()).is_some_and(|(r, m)| r == "SpecInvalid" && m.contains("spec.gitAuthSecret: Secret git-legacy not found"))
+    })
+    .await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}})).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-legacy"}, "stringData": {"accessToken": token}})).await;
+    for name in ["by-token", "by-secret"] {
+        eventually(&format!("{name} is Ready"), 120, || async { ready(&stacks.get(name).await.unwrap()).is_some_and(|(s, _)| s == "True") }).await;
+        let st = stacks.get(name).await.unwrap().status.unwrap();
+        assert_eq!(st.outputs.unwrap()["out"], json!("private"));
+        assert_eq!(st.last_update.unwrap().last_successful_commit.map(|c| c.len()), Some(40), "the branch was resolved to a commit");
+    }
+    assert!(!serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap().contains(token), "the token is in no Stack");
+}

@@ -18,6 +18,8 @@ pub enum ResolvedSource {
         url: String,
         /// Commit SHA.
         commit: String,
+        /// Credentials as Secret key references ([`git_auth`]).
+        auth: Option<GitAuth>,
     },
     /// A Flux-style artifact (a Program's or a Flux source's).
     Artifact {
@@ -70,6 +72,33 @@ fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
 
 fn secret_selector(r: &ResourceRef) -> Option<SecretKeySelector> {
     r.secret.as_ref().map(|s| secret_key(&s.name, &s.key))
+}
+
+/// Git credentials of a Stack as Secret key references (the Workspace's `git.auth`): from `gitAuth`, or
+/// else from the deprecated `gitAuthSecret`, whose Secret holds the keys `auth_secret_keys` (PKO's
+/// precedence: `sshPrivateKey` (+ `password`) > `accessToken` > `username` + `password`). `None`: no
+/// credentials. `gitAuth.githubApp` is not carried: its token exchange needs the GitHub API.
+pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BTreeSet<String>>) -> Option<GitAuth> {
+    if let Some(a) = &spec.git_auth {
+        return Some(GitAuth {
+            ssh_private_key: a.ssh_auth.as_ref().and_then(|s| secret_selector(&s.ssh_private_key)),
+            password: a.ssh_auth.as_ref().and_then(|s| s.password.as_ref()).and_then(secret_selector).or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
+            token: a.access_token.as_ref().and_then(secret_selector),
+            username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
+            github_app: None,
+        });
+    }
+    let (name, keys) = (spec.git_auth_secret.as_ref()?, auth_secret_keys?);
+    let sel = |k: &str| keys.contains(k).then(|| secret_key(name, k));
+    if keys.contains("sshPrivateKey") {
+        Some(GitAuth { ssh_private_key: sel("sshPrivateKey"), password: sel("password"), ..Default::default() })
+    } else if keys.contains("accessToken") {
+        Some(GitAuth { token: sel("accessToken"), ..Default::default() })
+    } else if keys.contains("username") && keys.contains("password") {
+        Some(GitAuth { username: sel("username"), password: sel("password"), ..Default::default() })
+    } else {
+        None
+    }
 }
 
 /// The Workspace spec of a Stack (before `workspaceTemplate`).
@@ -136,15 +165,8 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         ..Default::default()
     };
     match source {
-        ResolvedSource::Git { url, commit } => {
-            let auth = spec.git_auth.as_ref().map(|a| GitAuth {
-                ssh_private_key: a.ssh_auth.as_ref().and_then(|s| secret_selector(&s.ssh_private_key)),
-                password: a.ssh_auth.as_ref().and_then(|s| s.password.as_ref()).and_then(secret_selector).or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
-                token: a.access_token.as_ref().and_then(secret_selector),
-                username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
-                github_app: None,
-            });
-            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth, shallow: spec.shallow });
+        ResolvedSource::Git { url, commit, auth } => {
+            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth: auth.clone(), shallow: spec.shallow });
         }
         ResolvedSource::Artifact { url, digest, dir, .. } => ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() }),
         ResolvedSource::ProjectInfo(p) => ws.project_info = Some(p.clone()),
@@ -243,7 +265,7 @@ mod tests {
             "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
             "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}]}}
         }));
-        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into() });
+        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None) });
         let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
         assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_FROMCM"], "{env:?}");
         assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");
@@ -281,5 +303,19 @@ mod tests {
         assert_eq!((d.update_type, d.run_program, d.target.clone()), (Some(UpdateType::Destroy), Some(true), None));
         let p = update_spec(&spec(json!({"stack": "dev", "preview": true})), "ws", false, "m");
         assert_eq!((p.update_type, p.ttl_after_completed.as_deref()), (Some(UpdateType::Preview), Some("24h")));
+    }
+
+    #[test]
+    fn git_auth_secret_follows_pko_precedence() {
+        let s = spec(json!({"stack": "dev", "gitAuthSecret": "creds"}));
+        let keys = |k: &[&str]| k.iter().map(|x| x.to_string()).collect::<std::collections::BTreeSet<_>>();
+        let ssh = git_auth(&s, Some(&keys(&["sshPrivateKey", "password", "accessToken"]))).unwrap();
+        assert_eq!((ssh.ssh_private_key.unwrap().key, ssh.password.unwrap().key, ssh.token), ("sshPrivateKey".into(), "password".into(), None));
+        let tok = git_auth(&s, Some(&keys(&["accessToken", "username", "password"]))).unwrap();
+        assert_eq!((tok.token.unwrap().name, tok.username), ("creds".into(), None));
+        let basic = git_auth(&s, Some(&keys(&["username", "password"]))).unwrap();
+        assert_eq!((basic.username.unwrap().key, basic.password.unwrap().key), ("username".into(), "password".into()));
+        assert_eq!(git_auth(&s, Some(&keys(&["username"]))), None, "a user name alone is no credential");
+        assert_eq!(git_auth(&spec(json!({"stack": "dev"})), None), None);
     }
 }

@@ -97,19 +97,51 @@ enum Resolved {
     Stalled(&'static str, String),
 }
 
-async fn git_ls_remote(url: &str, branch: &str) -> Result<String, String> {
-    let refname = if branch.starts_with("refs/") { branch.to_string() } else { format!("refs/heads/{branch}") };
-    let out = tokio::process::Command::new("git")
-        .args(["ls-remote", url, &refname])
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("running git: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+/// The Stack's git credentials as Secret key references ([`build::git_auth`]), reading which keys the
+/// deprecated `gitAuthSecret` holds. Errors (the Stack is Stalled `SpecInvalid`): that Secret is missing.
+async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Result<Result<Option<pko_api::workspace::GitAuth>, String>, kube::Error> {
+    let keys = match (&spec.git_auth, &spec.git_auth_secret) {
+        (None, Some(name)) => match Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? {
+            Some(s) => Some(s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect()),
+            None => return Ok(Err(format!("spec.gitAuthSecret: Secret {name} not found"))),
+        },
+        _ => None,
+    };
+    Ok(Ok(build::git_auth(spec, keys.as_ref())))
+}
+
+/// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves
+/// git auth in the operator too). Errors (Stalled `SpecInvalid`): a Secret or key is missing.
+async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<Result<pko_git::GitCredentials, String>, kube::Error> {
+    let Some(auth) = auth else { return Ok(Ok(Default::default())) };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let mut read = std::collections::BTreeMap::<String, Option<Secret>>::new();
+    let mut value = async |sel: &Option<k8s_openapi::api::core::v1::SecretKeySelector>| -> Result<Result<Option<String>, String>, kube::Error> {
+        let Some(sel) = sel else { return Ok(Ok(None)) };
+        if !read.contains_key(&sel.name) {
+            read.insert(sel.name.clone(), secrets.get_opt(&sel.name).await?);
+        }
+        let Some(secret) = read.get(&sel.name).and_then(|s| s.as_ref()) else { return Ok(Err(format!("git credentials: Secret {} not found", sel.name))) };
+        let bytes = secret.data.as_ref().and_then(|d| d.get(&sel.key)).map(|b| b.0.clone()).or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()));
+        Ok(match bytes {
+            Some(b) => String::from_utf8(b).map(Some).map_err(|_| format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)),
+            None => Err(format!("git credentials: Secret {} has no key {}", sel.name, sel.key)),
+        })
+    };
+    macro_rules! get {
+        ($sel:expr) => {
+            match value($sel).await? {
+                Ok(v) => v,
+                Err(e) => return Ok(Err(e)),
+            }
+        };
     }
-    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.split_once('\t').filter(|(_, r)| *r == refname).map(|(sha, _)| sha.to_string())).ok_or_else(|| format!("branch {branch} not found in {url}"))
+    Ok(Ok(pko_git::GitCredentials {
+        ssh_private_key: get!(&auth.ssh_private_key),
+        token: get!(&auth.token),
+        username: get!(&auth.username),
+        password: get!(&auth.password),
+    }))
 }
 
 async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, Error> {
@@ -128,12 +160,20 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
         });
     }
     if let Some(repo) = &spec.project_repo {
+        let auth = match git_auth_refs(ctx, &ns, spec).await? {
+            Ok(a) => a,
+            Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
+        };
         if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
-            return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: c.clone() }));
+            return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: c.clone(), auth }));
         }
+        let creds = match git_credentials(ctx, &ns, auth.as_ref()).await? {
+            Ok(c) => c,
+            Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
+        };
         let branch = spec.branch.clone().unwrap_or_default();
-        return Ok(match git_ls_remote(repo, &branch).await {
-            Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: sha }),
+        return Ok(match pko_git::ls_remote(repo, &branch, &creds).await {
+            Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: sha, auth }),
             Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
         });
     }
