@@ -19,7 +19,7 @@ pub enum ResolvedSource {
         /// Commit SHA.
         commit: String,
         /// Credentials as Secret key references ([`git_auth`]).
-        auth: Option<GitAuth>,
+        auth: Option<Box<GitAuth>>,
     },
     /// A Flux-style artifact (a Program's or a Flux source's).
     Artifact {
@@ -166,7 +166,7 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
     };
     match source {
         ResolvedSource::Git { url, commit, auth } => {
-            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth: auth.clone(), shallow: spec.shallow });
+            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth: auth.as_deref().cloned(), shallow: spec.shallow });
         }
         ResolvedSource::Artifact { url, digest, dir, .. } => ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() }),
         ResolvedSource::ProjectInfo(p) => ws.project_info = Some(p.clone()),
@@ -265,7 +265,7 @@ mod tests {
             "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
             "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}]}}
         }));
-        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None) });
+        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None).map(Box::new) });
         let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
         assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_FROMCM"], "{env:?}");
         assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");

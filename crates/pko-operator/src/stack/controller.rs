@@ -161,13 +161,13 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
     }
     if let Some(repo) = &spec.project_repo {
         let auth = match git_auth_refs(ctx, &ns, spec).await? {
-            Ok(a) => a,
+            Ok(a) => a.map(Box::new),
             Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
         };
         if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
             return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: c.clone(), auth }));
         }
-        let creds = match git_credentials(ctx, &ns, auth.as_ref()).await? {
+        let creds = match git_credentials(ctx, &ns, auth.as_deref()).await? {
             Ok(c) => c,
             Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
         };
