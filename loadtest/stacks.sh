@@ -43,7 +43,7 @@ kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
-  --program-fs-addr 127.0.0.1:19091 --max-operations "$MAX_OPS" \
+  --program-fs-addr 127.0.0.1:19091 --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:18384 --namespaces $NS \
   --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
   > "$RUN/operator.log" 2>&1 < /dev/null &
 OP=$!
@@ -91,3 +91,4 @@ echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES fa
 [ -n "${KEEP:-}" ] && { trap - EXIT; echo "kept: namespace $NS, operator pid $OP (log $RUN/operator.log)"; }
 echo "operator_rss_mib: idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
+curl -s http://127.0.0.1:18384/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds\{.*quantile="0.5)' || true

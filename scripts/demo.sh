@@ -54,6 +54,7 @@ kubectl -n $NS create role pulumi-workspace --verb=get --resource=secrets,config
 kubectl -n $NS create rolebinding pulumi-workspace --role=pulumi-workspace --serviceaccount=$NS:default >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:19090 \
+  --metrics-bind-address 127.0.0.1:18383 --namespaces $NS \
   --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
   > "$DEMO/operator.log" 2>&1 < /dev/null &
 echo $! > "$DEMO/operator.pid"
@@ -70,6 +71,9 @@ kubectl -n $NS get stacks,workspaces,updates
 echo; echo "outputs:"
 for s in hello configured from-git; do echo "  $s: $(kubectl -n $NS get stack $s -o jsonpath='{.status.outputs}')"; done
 kubectl -n $NS get stack configured -o jsonpath='{.status.outputs}' | grep -q 'not-a-real-key' && fail "a secret reached the Stack status"
+echo; echo "metrics (http://127.0.0.1:18383/metrics):"
+curl -s http://127.0.0.1:18383/metrics | grep -E '^(stacks_active|stacks_failing|programs_active|pko_update_operations_total)' | sed 's/^/  /'
+curl -s http://127.0.0.1:18383/metrics | grep -q '^stacks_active 3$' || fail "the metrics endpoint does not report 3 active stacks"
 
 step "a new commit on the tracked branch"
 sed -i 's/release 1/release 2/' "$DEMO/work/app/Pulumi.yaml"

@@ -6,6 +6,7 @@
 
 pub mod artifacts;
 pub mod context;
+pub mod metrics;
 pub mod ownership;
 pub mod program;
 pub mod queue;

@@ -4,7 +4,8 @@
 //! - `crds [--out DIR]`: writes the CustomResourceDefinitions (`<group>_<plural>.yaml`) to `DIR`
 //!   (default `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
 //! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types;
-//! - `run`: the controllers (so far the Program controller) and the artifact server.
+//! - `run`: the controllers (Program, Stack, Workspace, Update), the artifact server and the metrics and
+//!   probe endpoint.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -67,6 +68,14 @@ struct RunArgs {
     /// Operations this replica drives at once.
     #[arg(long, default_value_t = 256)]
     max_operations: usize,
+    /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
+    /// of ours: several operators can share a cluster by namespace.
+    #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]
+    namespaces: Vec<String>,
+    /// Address of the metrics and probe endpoint (`/metrics`, `/healthz`, `/readyz`); `0` turns it off
+    /// (PKO `--metrics-bind-address`; its Helm chart uses port 8383).
+    #[arg(long, default_value = "0.0.0.0:8383", env = "METRICS_BIND_ADDRESS")]
+    metrics_bind_address: String,
 }
 
 /// Where workspace agents run.
@@ -111,7 +120,11 @@ async fn main() -> anyhow::Result<()> {
             let ctx = Arc::new(pko_operator::context::Context {
                 client: client.clone(),
                 advertised_addr,
-                ownership: Arc::new(pko_operator::ownership::SingleReplica),
+                ownership: if a.namespaces.is_empty() {
+                    Arc::new(pko_operator::ownership::SingleReplica)
+                } else {
+                    Arc::new(pko_operator::ownership::Namespaces(a.namespaces.iter().cloned().collect()))
+                },
             });
             let runtime = match a.runtime {
                 RuntimeKind::Pod => Runtime::Pod(pko_operator::workspace::pod::PodRuntimeConfig { agent_image: a.agent_image.clone() }),
@@ -124,6 +137,14 @@ async fn main() -> anyhow::Result<()> {
                 )),
             };
             tracing::info!(artifacts = %a.program_fs_addr, advertised = %ctx.advertised_addr, runtime = ?a.runtime, "operator starting");
+            let handle = pko_operator::metrics::install_recorder();
+            let metrics_server = if a.metrics_bind_address != "0" {
+                let l = tokio::net::TcpListener::bind(&a.metrics_bind_address).await.with_context(|| format!("binding --metrics-bind-address {}", a.metrics_bind_address))?;
+                tracing::info!(metrics = %l.local_addr()?, "metrics and probes serving");
+                Some(tokio::spawn(pko_operator::metrics::serve(l, client.clone(), ctx.ownership.clone(), handle)))
+            } else {
+                None
+            };
             let server = tokio::spawn(pko_operator::artifacts::serve(listener, client));
             tokio::join!(
                 pko_operator::run_program_controller(ctx.clone()),
@@ -132,6 +153,9 @@ async fn main() -> anyhow::Result<()> {
                 pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None).run(),
             );
             server.abort();
+            if let Some(m) = metrics_server {
+                m.abort();
+            }
         }
     }
     Ok(())

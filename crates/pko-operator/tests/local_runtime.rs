@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
-use pko_operator::ownership::SingleReplica;
+use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
 use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
 use pko_testbed::{eventually, testbed};
@@ -45,7 +45,7 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
 
     let dir = project(&env, "local", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n");
     let agent_bin = agent_bin();
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(SingleReplica) });
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let wsc = tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run());
     let upc = tokio::spawn(UpdateController::new(ctx, 4, None).run());

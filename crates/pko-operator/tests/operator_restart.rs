@@ -11,10 +11,10 @@ use pko_api::{Program, Stack, Update};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-fn start_operator(env: &pko_testbed::PulumiEnv, port: u16) -> std::process::Child {
+fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16) -> std::process::Child {
     let bed = testbed();
     Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--agent-bin"])
+        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
         .arg(agent_bin())
         .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
         .arg(bed.ca_file())
@@ -43,7 +43,7 @@ async fn sigkilled_operator_reattaches_after_restart() {
                  "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}})).await;
 
     let port = 19000 + (std::process::id() % 900) as u16;
-    let mut op = start_operator(&env, port);
+    let mut op = start_operator(&env, ns.name(), port);
     let updates = ns.api::<Update>();
     eventually("an Update is Progressing", 60, || async {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
@@ -51,7 +51,7 @@ async fn sigkilled_operator_reattaches_after_restart() {
     .await;
     op.kill().unwrap(); // SIGKILL
     op.wait().unwrap();
-    let mut op = start_operator(&env, port);
+    let mut op = start_operator(&env, ns.name(), port);
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready after the restart", 120, || async {

@@ -40,7 +40,7 @@ async fn events_of(ns: &pko_testbed::TestNamespace, kind: &str, reason: &str) ->
 #[tokio::test]
 async fn failing_program_retries_then_stalls_until_a_sync_request() {
     let (client, ns, env) = setup("fail").await;
-    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    let op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(&ns.api::<Program>(), program("boom", "echo boom >&2; exit 3")).await;
     // a 4 s backoff cap keeps the test short; the retry count and the stall are PKO's
     create(&ns.api::<Stack>(), stack("boom", &env.backend_url(), 4)).await;
@@ -68,6 +68,14 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     assert_eq!(failed.len(), 4, "one first attempt and three retries");
     assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "UpdateFailed".into()))));
     assert!(events_of(&ns, "Stack", "StackUpdateFailure").await.len() >= 4);
+
+    // PKO's metrics say so too, and ours count the failed operations
+    let text = op.metrics().await;
+    assert!(text.contains(&format!("stacks_failing{{namespace=\"{}\",name=\"boom\"}} 1\n", ns.name())), "{text}");
+    assert!(text.contains("\nstacks_active 1\n") && text.contains("\nprograms_active 1\n"), "{text}");
+    let failed_ups: f64 = text.lines().find(|l| l.starts_with("pko_update_operations_total") && l.contains("result=\"failed\"") && l.contains("type=\"up\"")).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    assert!(failed_ups >= 4.0, "{text}");
+    assert!(text.contains("pko_update_operation_duration_seconds"), "{text}");
 
     // Stalled means no further attempts
     tokio::time::sleep(Duration::from_secs(8)).await;

@@ -9,7 +9,7 @@ use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
-use pko_operator::ownership::SingleReplica;
+use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
@@ -32,7 +32,7 @@ async fn updates_are_dispatched_completed_and_expired() {
                         "stacks": [{"name": "dev", "create": true}]}}),
     )
     .await;
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(SingleReplica) });
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
     let controller = tokio::spawn(UpdateController::new(ctx, 8, None).run());
     let updates = ns.api::<Update>();
 

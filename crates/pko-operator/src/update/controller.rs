@@ -107,9 +107,16 @@ impl UpdateController {
     async fn worker(self: Arc<Self>) {
         loop {
             let job = self.queue.pop().await;
+            self.record_queue();
             self.drive(&job).await;
             self.queue.done(&job.key);
+            self.record_queue();
         }
+    }
+
+    fn record_queue(&self) {
+        metrics::gauge!(crate::metrics::names::OPERATIONS_QUEUED).set(self.queue.queued() as f64);
+        metrics::gauge!(crate::metrics::names::OPERATIONS_IN_FLIGHT).set(self.queue.in_flight() as f64);
     }
 
     async fn drive(&self, job: &Job) {
@@ -122,7 +129,19 @@ impl UpdateController {
         let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return };
         let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
-        match super::dispatch::run_on_agent(&self.ctx.client, &agent, self.token.as_deref(), job.epoch, &update, &workspace).await {
+        let started = std::time::Instant::now();
+        let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
+        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &agent, self.token.as_deref(), job.epoch, &update, &workspace).await;
+        if let Ok(r) = &outcome {
+            let result = match ResultStatus::try_from(r.status) {
+                Ok(ResultStatus::Succeeded) => "succeeded",
+                Ok(ResultStatus::Interrupted) => "interrupted",
+                _ => "failed",
+            };
+            metrics::counter!(crate::metrics::names::OPERATIONS_TOTAL, "type" => kind, "result" => result).increment(1);
+            metrics::histogram!(crate::metrics::names::OPERATION_DURATION_SECONDS, "type" => kind).record(started.elapsed().as_secs_f64());
+        }
+        match outcome {
             Ok(r) if r.status == ResultStatus::Interrupted as i32 => tracing::info!(update = %job.name, "operation interrupted by agent shutdown; will run again"),
             Ok(_) => {}
             Err(e) => {
@@ -156,6 +175,7 @@ impl UpdateController {
         let key = super::dispatch::operation_id(&update);
         if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &name) }) {
             tracing::debug!(update = %name, "queued");
+            self.record_queue();
         }
         // Look again later: a finished job lets the next reconcile see the result (or push it again).
         Ok(Action::requeue(Duration::from_secs(10)))

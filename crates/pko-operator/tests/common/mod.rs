@@ -70,7 +70,7 @@ pub fn condition(u: &Update, t: &str) -> Option<(String, String)> {
 /// The whole operator (artifact server, Program, Workspace with the local runtime, Update and Stack
 /// controllers) running in this test process and owning only `namespace`, so tests of one binary that
 /// run in parallel never act on each other's objects. Dropping it stops the controllers and the agents.
-pub struct InProcessOperator(Vec<tokio::task::JoinHandle<()>>);
+pub struct InProcessOperator(Vec<tokio::task::JoinHandle<()>>, String);
 
 impl InProcessOperator {
     pub async fn start(client: &kube::Client, env: &pko_testbed::PulumiEnv, namespace: &str) -> Self {
@@ -85,7 +85,13 @@ impl InProcessOperator {
         let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(Namespaces::one(namespace)) });
         let local = LocalRuntime::new(agent_bin(), env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
         let server_client = client.clone();
+        let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_url = format!("http://{}/metrics", metrics_listener.local_addr().unwrap());
+        let (metrics_client, ownership) = (client.clone(), ctx.ownership.clone());
         Self(vec![
+            tokio::spawn(async move {
+                let _ = pko_operator::metrics::serve(metrics_listener, metrics_client, ownership, pko_operator::metrics::install_recorder()).await;
+            }),
             tokio::spawn(async move {
                 let _ = pko_operator::artifacts::serve(listener, server_client).await;
             }),
@@ -93,7 +99,12 @@ impl InProcessOperator {
             tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
             tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
             tokio::spawn(pko_operator::stack::controller::run(ctx)),
-        ])
+        ], metrics_url)
+    }
+
+    /// The text of its `/metrics` endpoint.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(&self.1).await.unwrap().text().await.unwrap()
     }
 }
 

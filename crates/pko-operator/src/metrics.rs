@@ -1,0 +1,168 @@
+//! Prometheus metrics and health probes of the operator.
+//!
+//! `GET /metrics` (PKO's metrics endpoint, Helm port 8383) answers, in the Prometheus text format:
+//! - PKO's gauges, computed at scrape time from watch caches of the objects this replica owns, so a
+//!   deleted Stack's series disappears with it: `stacks_active`, `stacks_failing{namespace,name}` (1 when
+//!   `status.lastUpdate.state` is `failed`), `programs_active`;
+//! - ours, through the `metrics` facade and `metrics-exporter-prometheus`:
+//!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}`
+//!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
+//!   this replica's work queue).
+//!
+//! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use pko_api::stack::StackUpdateStateMessage;
+use pko_api::{Program, Stack};
+
+use crate::ownership::Ownership;
+
+/// Metric names (the PKO ones keep PKO's spelling).
+pub mod names {
+    /// Gauge: Stacks this replica owns (PKO).
+    pub const STACKS_ACTIVE: &str = "stacks_active";
+    /// Gauge per Stack, labels `namespace`, `name`: 1 when its last update failed (PKO).
+    pub const STACKS_FAILING: &str = "stacks_failing";
+    /// Gauge: Programs this replica owns (PKO).
+    pub const PROGRAMS_ACTIVE: &str = "programs_active";
+    /// Counter, labels `type` (up, preview, refresh, destroy) and `result` (succeeded, failed, interrupted).
+    pub const OPERATIONS_TOTAL: &str = "pko_update_operations_total";
+    /// Histogram in seconds, label `type`: how long an operation took on its agent.
+    pub const OPERATION_DURATION_SECONDS: &str = "pko_update_operation_duration_seconds";
+    /// Gauge: operations waiting in this replica's work queue.
+    pub const OPERATIONS_QUEUED: &str = "pko_update_operations_queued";
+    /// Gauge: operations this replica's workers drive now.
+    pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
+}
+
+/// The process-wide Prometheus recorder of the `metrics` facade: installed by the first call, the same
+/// handle for every later one (several in-process operators in one test binary share it).
+pub fn install_recorder() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// PKO's gauges for `stacks` and `programs` (those this replica owns), in the Prometheus text format.
+/// Pure: the caller passes the cached objects.
+pub fn pko_gauges<'a>(stacks: impl IntoIterator<Item = &'a Stack>, programs: usize, owns: &dyn Fn(&str, &str) -> bool) -> String {
+    let mut out = String::new();
+    let mut failing = Vec::new();
+    let mut active = 0usize;
+    for s in stacks {
+        let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+        if !owns(&ns, &name) {
+            continue;
+        }
+        active += 1;
+        let failed = s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed));
+        failing.push(format!("{}{{namespace=\"{}\",name=\"{}\"}} {}\n", names::STACKS_FAILING, escape(&ns), escape(&name), u8::from(failed)));
+    }
+    failing.sort();
+    out.push_str(&format!("# HELP {0} Number of Stacks the operator manages.\n# TYPE {0} gauge\n{0} {active}\n", names::STACKS_ACTIVE));
+    out.push_str(&format!("# HELP {0} Whether a Stack's last update failed (1) or not (0).\n# TYPE {0} gauge\n", names::STACKS_FAILING));
+    out.extend(failing);
+    out.push_str(&format!("# HELP {0} Number of Programs the operator manages.\n# TYPE {0} gauge\n{0} {programs}\n", names::PROGRAMS_ACTIVE));
+    out
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[derive(Clone)]
+struct MetricsState {
+    stacks: Store<Stack>,
+    programs: Store<Program>,
+    ownership: Arc<dyn Ownership>,
+    handle: PrometheusHandle,
+}
+
+async fn render(State(s): State<MetricsState>) -> String {
+    let stacks = s.stacks.state();
+    let owns = |ns: &str, name: &str| s.ownership.owns(ns, name);
+    let programs = s.programs.state().iter().filter(|p| owns(&p.namespace().unwrap_or_default(), &p.name_any())).count();
+    let mut out = pko_gauges(stacks.iter().map(|x| &**x), programs, &owns);
+    out.push_str(&s.handle.render());
+    out
+}
+
+/// The metrics and probe router, with the watch caches it reads; run the returned future to keep the
+/// caches current (it ends only with the watches).
+pub fn router(client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle) -> (Router, impl std::future::Future<Output = ()> + Send) {
+    let (stacks, stack_writer) = reflector::store();
+    let (programs, program_writer) = reflector::store();
+    let stack_watch = reflector::reflector(stack_writer, watcher(kube::Api::<Stack>::all(client.clone()), watcher::Config::default()).default_backoff()).for_each(|_| async {});
+    let program_watch = reflector::reflector(program_writer, watcher(kube::Api::<Program>::all(client), watcher::Config::default()).default_backoff()).for_each(|_| async {});
+    let state = MetricsState { stacks, programs, ownership, handle };
+    let router = Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .with_state(state);
+    (router, async move {
+        tokio::join!(stack_watch, program_watch);
+    })
+}
+
+/// Serves [`router`] on `listener` until the future is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle) -> std::io::Result<()> {
+    let (router, caches) = router(client, ownership, handle);
+    let caches = tokio::spawn(caches);
+    let r = axum::serve(listener, router).await;
+    caches.abort();
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_api::StackSpec;
+    use pko_api::stack::{StackStatus, StackUpdateState};
+
+    fn stack(ns: &str, name: &str, state: Option<StackUpdateStateMessage>) -> Stack {
+        let mut s = Stack::new(name, StackSpec { stack: "dev".into(), ..Default::default() });
+        s.metadata.namespace = Some(ns.into());
+        s.status = Some(StackStatus { last_update: state.map(|st| StackUpdateState { state: Some(st), ..Default::default() }), ..Default::default() });
+        s
+    }
+
+    #[test]
+    fn pko_gauges_count_owned_stacks_and_flag_failed_ones() {
+        let stacks = [
+            stack("a", "ok", Some(StackUpdateStateMessage::Succeeded)),
+            stack("a", "bad", Some(StackUpdateStateMessage::Failed)),
+            stack("a", "new", None),
+            stack("other", "x", Some(StackUpdateStateMessage::Failed)),
+        ];
+        let text = pko_gauges(stacks.iter(), 2, &|ns, _| ns == "a");
+        assert!(text.contains("\nstacks_active 3\n"), "{text}");
+        assert!(text.contains("stacks_failing{namespace=\"a\",name=\"bad\"} 1\n"));
+        assert!(text.contains("stacks_failing{namespace=\"a\",name=\"ok\"} 0\n"));
+        assert!(text.contains("stacks_failing{namespace=\"a\",name=\"new\"} 0\n"));
+        assert!(!text.contains("namespace=\"other\""), "not owned, not reported");
+        assert!(text.contains("\nprograms_active 2\n"));
+        assert!(text.contains("# TYPE stacks_failing gauge\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
