@@ -27,13 +27,13 @@ delete_namespace() {
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
 cleanup() {
-  [ -f "$RUN/operator.pid" ] && kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null
+  if [ -f "$RUN/operator.pid" ]; then kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null || true; fi
   sleep 2
   pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
   delete_namespace --wait=false
 }
 trap cleanup EXIT
-[ -f "$RUN/operator.pid" ] && kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null
+if [ -f "$RUN/operator.pid" ]; then kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null || true; fi
 pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
 delete_namespace --wait=true --timeout=120s
 rm -rf "$RUN" && mkdir -p "$RUN/state"
@@ -88,7 +88,7 @@ for p in $(pgrep -f -- "--work-dir $RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + 
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
 FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
 echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
-[ -n "${KEEP:-}" ] && { trap - EXIT; echo "kept: namespace $NS, operator pid $OP (log $RUN/operator.log)"; }
+if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pid $OP (log $RUN/operator.log)"; fi
 echo "operator_rss_mib: idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 curl -s http://127.0.0.1:18384/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds\{.*quantile="0.5)' || true
