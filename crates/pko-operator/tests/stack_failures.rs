@@ -111,10 +111,10 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
 async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone() {
     let (client, ns, env) = setup("lock").await;
 
-    // another `pulumi up` of the same project and stack holds the backend lock for ~20 s
+    // another `pulumi up` of the same project and stack holds the backend lock for ~12 s (retries come after 10 s)
     let dir = env.dir().join("outside");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 20\n").unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 12\n").unwrap();
     let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
     let mut outside = env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
