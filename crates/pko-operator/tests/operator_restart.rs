@@ -49,6 +49,9 @@ async fn sigkilled_operator_reattaches_after_restart() {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
     })
     .await;
+    let record = env.dir().join("agents").join(ns.name()).join("slow").join("agent.json");
+    let agent_pid = |p: &std::path::Path| serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap()["pid"].as_u64().unwrap();
+    let before = agent_pid(&record);
     op.kill().unwrap(); // SIGKILL
     op.wait().unwrap();
     let mut op = start_operator(&env, ns.name(), port);
@@ -63,6 +66,8 @@ async fn sigkilled_operator_reattaches_after_restart() {
     assert_eq!(all.len(), 1, "the same Update completed; no second one was needed: {summary:#?}");
     assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "not Aborted");
     assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 1, "the program ran once");
+    assert_eq!(agent_pid(&record), before, "the running agent was adopted, not replaced");
+    assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
     op.kill().unwrap();
     op.wait().unwrap();
     // the adopted agent belongs to no process of this test any more: stop it

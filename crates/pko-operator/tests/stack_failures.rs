@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -89,22 +88,6 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
         stacks.get("boom").await.unwrap().status.and_then(|s| s.last_update).and_then(|l| l.reconcile_request).as_deref() == Some("retry-1")
     })
     .await;
-}
-
-/// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(files_under(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test]

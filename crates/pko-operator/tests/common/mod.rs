@@ -142,3 +142,19 @@ pub async fn setup(prefix: &str) -> (kube::Client, pko_testbed::TestNamespace, p
     let env = bed.pulumi_env().unwrap();
     (client, ns, env)
 }
+
+/// Every file under `dir`, recursively (e.g. the lock files of a file:// backend).
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
