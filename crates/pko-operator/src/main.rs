@@ -68,6 +68,10 @@ struct RunArgs {
     /// Operations this replica drives at once.
     #[arg(long, default_value_t = 256)]
     max_operations: usize,
+    /// Operations at once per workspace class (namespace, service account, image, pod template);
+    /// 0: no limit beyond `--max-operations`.
+    #[arg(long, default_value_t = 0)]
+    max_operations_per_class: usize,
     /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
     /// of ours: several operators can share a cluster by namespace.
     #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]
@@ -150,7 +154,11 @@ async fn main() -> anyhow::Result<()> {
                 pko_operator::run_program_controller(ctx.clone()),
                 pko_operator::stack::controller::run(ctx.clone()),
                 WorkspaceController::new(ctx.clone(), runtime).run(),
-                pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None).run(),
+                {
+                    let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None);
+                    let updates = if a.max_operations_per_class > 0 { updates.with_class_limit(a.max_operations_per_class) } else { updates };
+                    updates.run()
+                },
             );
             server.abort();
             if let Some(m) = metrics_server {

@@ -7,7 +7,8 @@
 //! - ours, through the `metrics` facade and `metrics-exporter-prometheus`:
 //!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}`
 //!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
-//!   this replica's work queue).
+//!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
+//!   their workspace class was full).
 //!
 //! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths).
 
@@ -38,6 +39,8 @@ pub mod names {
     pub const OPERATIONS_TOTAL: &str = "pko_update_operations_total";
     /// Histogram in seconds, label `type`: how long an operation took on its agent.
     pub const OPERATION_DURATION_SECONDS: &str = "pko_update_operation_duration_seconds";
+    /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).
+    pub const OPERATIONS_DEFERRED_TOTAL: &str = "pko_update_operations_deferred_total";
     /// Gauge: operations waiting in this replica's work queue.
     pub const OPERATIONS_QUEUED: &str = "pko_update_operations_queued";
     /// Gauge: operations this replica's workers drive now.

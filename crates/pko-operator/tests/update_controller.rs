@@ -57,3 +57,53 @@ async fn updates_are_dispatched_completed_and_expired() {
     eventually("u2 waits", 20, || async { condition(&updates.get("u2").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotFound".into())) }).await;
     controller.abort();
 }
+
+/// `--max-operations-per-class 1`: two Workspaces of one class (same namespace, service account, image,
+/// pod template), each with its own agent — their Updates run one after the other, and both complete.
+#[tokio::test]
+async fn a_workspace_class_limit_serialises_its_operations() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("class").await.unwrap();
+    let env = bed.pulumi_env().unwrap();
+    let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let controller = tokio::spawn(UpdateController::new(ctx, 8, None).with_class_limit(1).run());
+    let agents = [start_agent(&env, ns.name()), start_agent(&env, ns.name())];
+    for (ws, agent) in ["a", "b"].iter().zip(&agents) {
+        create(
+            &ns.api::<Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": ws},
+                   "spec": {"local": {"dir": dir.display().to_string()},
+                            "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
+                            "stacks": [{"name": format!("s-{ws}"), "create": true}]}}),
+        )
+        .await;
+        ns.api::<Workspace>()
+            .patch_status(ws, &PatchParams::apply("tests").force(), &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})))
+            .await
+            .unwrap();
+    }
+    let updates = ns.api::<Update>();
+    for ws in ["a", "b"] {
+        create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws}, "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}})).await;
+    }
+    eventually("both Updates complete", 120, || async {
+        let mut done = 0;
+        for ws in ["a", "b"] {
+            if condition(&updates.get(ws).await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) {
+                done += 1;
+            }
+        }
+        done == 2
+    })
+    .await;
+    let span = |u: Update| {
+        let st = u.status.unwrap();
+        (st.start_time.unwrap().0, st.end_time.unwrap().0)
+    };
+    let (a, b) = (span(updates.get("a").await.unwrap()), span(updates.get("b").await.unwrap()));
+    assert!(b.0 >= a.1 || a.0 >= b.1, "the two operations overlapped: a {a:?}, b {b:?}");
+    controller.abort();
+}

@@ -19,6 +19,7 @@ use pko_proto::v1::ResultStatus;
 
 use super::status::{self, Phase};
 use crate::context::Context;
+use super::limits::{ClassLimits, workspace_class};
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
 
 /// State of the Update controller.
@@ -28,12 +29,23 @@ pub struct UpdateController {
     workers: usize,
     /// Bearer token for agents (none: agents without authentication).
     token: Option<String>,
+    /// Operations per workspace class.
+    class_limits: Arc<ClassLimits>,
 }
 
 impl std::fmt::Debug for UpdateController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpdateController").field("queued", &self.queue.queued()).field("in_flight", &self.queue.in_flight()).finish()
     }
+}
+
+/// What became of a job a worker popped.
+#[derive(Debug, PartialEq, Eq)]
+enum Drive {
+    /// Run to a result, or nothing to run (gone, complete, no agent yet: its reconcile looks again).
+    Done,
+    /// Its workspace class was full: to be offered again.
+    Deferred,
 }
 
 /// Errors of an Update reconcile.
@@ -83,7 +95,17 @@ impl UpdateController {
 
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize, token: Option<String>) -> Arc<Self> {
-        Arc::new(Self { ctx, queue, workers: workers.max(1), token })
+        Arc::new(Self { ctx, queue, workers: workers.max(1), token, class_limits: ClassLimits::new(workers) })
+    }
+
+    /// At most `limit` operations at once per workspace class ([`super::limits`]); by default the number
+    /// of workers (no limit beyond theirs). Call before [`Self::run`].
+    ///
+    /// Panics: when the controller is already shared (running).
+    pub fn with_class_limit(self: Arc<Self>, limit: usize) -> Arc<Self> {
+        let mut this = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("with_class_limit is called before run"));
+        this.class_limits = ClassLimits::new(limit);
+        Arc::new(this)
     }
 
     /// Runs the controller and its workers until shutdown.
@@ -108,8 +130,16 @@ impl UpdateController {
         loop {
             let job = self.queue.pop().await;
             self.record_queue();
-            self.drive(&job).await;
+            let deferred = self.drive(&job).await == Drive::Deferred;
             self.queue.done(&job.key);
+            if deferred {
+                // its class is full: offer it again shortly (never hold a worker waiting for a slot)
+                let queue = self.queue.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    queue.push(job);
+                });
+            }
             self.record_queue();
         }
     }
@@ -119,15 +149,21 @@ impl UpdateController {
         metrics::gauge!(crate::metrics::names::OPERATIONS_IN_FLIGHT).set(self.queue.in_flight() as f64);
     }
 
-    async fn drive(&self, job: &Job) {
+    async fn drive(&self, job: &Job) -> Drive {
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &job.namespace);
-        let Ok(Some(update)) = api.get_opt(&job.name).await else { return };
+        let Ok(Some(update)) = api.get_opt(&job.name).await else { return Drive::Done };
         if is_complete(&update) || update.meta().deletion_timestamp.is_some() {
-            return;
+            return Drive::Done;
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
-        let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return };
-        let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return };
+        let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return Drive::Done };
+        let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return Drive::Done };
+        let class = workspace_class(&workspace);
+        let Some(_permit) = self.class_limits.try_acquire(&class) else {
+            tracing::debug!(update = %job.name, %class, "workspace class at its operation limit; deferred");
+            metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+            return Drive::Deferred;
+        };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
@@ -149,6 +185,7 @@ impl UpdateController {
                 let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
             }
         }
+        Drive::Done
     }
 
     async fn reconcile(self: Arc<Self>, update: Arc<Update>) -> Result<Action, Error> {

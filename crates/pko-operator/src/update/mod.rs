@@ -1,8 +1,10 @@
-//! The Update controller's pure pieces: Update status from an agent's operation result ([`status`]) and
-//! the outputs Secret ([`outputs`]) and the agent request ([`request`]).
+//! The Update controller ([`controller`], asynchronous; [`dispatch`] runs one Update on an agent) and its
+//! pure pieces: Update status from an agent's operation result ([`status`]), the outputs Secret
+//! ([`outputs`]), the agent request ([`request`]) and the per-workspace-class limits ([`limits`]).
 
 pub mod controller;
 pub mod dispatch;
+pub mod limits;
 pub mod outputs;
 pub mod request;
 pub mod status;
