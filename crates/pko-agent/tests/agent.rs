@@ -383,18 +383,9 @@ async fn typescript_program_from_an_artifact() {
 /// the root.
 fn bare_repo(env: &pko_testbed::PulumiEnv, project: &str) -> std::path::PathBuf {
     let root = env.dir().join("git-root");
-    let work = env.dir().join("git-work");
-    std::fs::create_dir_all(&work).unwrap();
-    let sh = |args: &[&str], cwd: &std::path::Path| {
-        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    sh(&["init", "-q", "--bare", root.join("app.git").to_str().unwrap()], env.dir());
-    sh(&["init", "-q", "-b", "main"], &work);
-    std::fs::write(work.join("Pulumi.yaml"), format!("name: {project}\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
-    sh(&["add", "."], &work);
-    sh(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
-    sh(&["push", "-q", root.join("app.git").to_str().unwrap(), "main"], &work);
+    std::fs::create_dir_all(&root).unwrap();
+    let program = format!("name: {project}\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"));
+    pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", &program)]);
     root
 }
 

@@ -163,18 +163,9 @@ async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
 async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     let (client, ns, env) = setup("privgit").await;
     let root = env.dir().join("git-root");
-    let work = env.dir().join("git-work");
-    std::fs::create_dir_all(&work).unwrap();
-    let git = |args: &[&str], cwd: &std::path::Path| {
-        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    git(&["init", "-q", "--bare", root.join("app.git").to_str().unwrap()], env.dir());
-    git(&["init", "-q", "-b", "main"], &work);
-    std::fs::write(work.join("Pulumi.yaml"), "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n").unwrap();
-    git(&["add", "."], &work);
-    git(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
-    git(&["push", "-q", root.join("app.git").to_str().unwrap(), "main"], &work);
+    std::fs::create_dir_all(&root).unwrap();
+    let program = "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n";
+    pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
     let token = "tok-private-42";
     let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
 

@@ -62,11 +62,7 @@ async fn updates_are_dispatched_completed_and_expired() {
 /// pod template), each with its own agent — their Updates run one after the other, and both complete.
 #[tokio::test]
 async fn a_workspace_class_limit_serialises_its_operations() {
-    let bed = testbed();
-    let client = bed.client().await.unwrap();
-    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("class").await.unwrap();
-    let env = bed.pulumi_env().unwrap();
+    let (client, ns, env) = setup("class").await;
     let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
     let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
     let controller = tokio::spawn(UpdateController::new(ctx, 8, None).with_class_limit(1).run());

@@ -144,3 +144,28 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
     sock.shutdown().await?;
     Ok(())
 }
+
+/// Creates the bare repository `<root>/<name>` whose branch `main` holds one commit with `files`
+/// (`(path, contents)`), made in a scratch clone under `root`. Returns the commit SHA. Panics when git
+/// fails (test support).
+pub fn bare_repo_with(root: &Path, name: &str, files: &[(&str, &str)]) -> String {
+    let work = root.join(format!(".work-{name}"));
+    std::fs::create_dir_all(&work).unwrap();
+    let git = |args: &[&str], cwd: &Path| {
+        let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let bare = root.join(name);
+    git(&["init", "-q", "--bare", bare.to_str().unwrap()], root);
+    git(&["init", "-q", "-b", "main"], &work);
+    for (path, contents) in files {
+        let p = work.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, contents).unwrap();
+    }
+    git(&["add", "."], &work);
+    git(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &work);
+    git(&["push", "-q", bare.to_str().unwrap(), "main"], &work);
+    git(&["rev-parse", "HEAD"], &work)
+}
