@@ -159,3 +159,22 @@ async fn stack_in_a_terminating_namespace_stalls_with_instructions() {
     stacks.patch("web", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers"}])).unwrap())).await.unwrap();
     eventually("web is gone", 60, || async { stacks.get_opt("web").await.unwrap().is_none() }).await;
 }
+
+/// A Workspace that cannot get an agent (its service account does not exist): the Stack waits, and its
+/// Reconciling message says why instead of waiting silently.
+#[tokio::test]
+async fn a_stack_waiting_for_its_workspace_says_why() {
+    let (client, ns, env) = setup("wsfail").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), program("nosa", "echo hi")).await;
+    let mut s = stack("nosa", &env.backend_url(), 10);
+    s["spec"]["serviceAccountName"] = json!("deployer");
+    create(&ns.api::<Stack>(), s).await;
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack says why its Workspace is not ready", 60, || async {
+        stack_condition(&stacks.get("nosa").await.unwrap(), "Reconciling")
+            .is_some_and(|(st, r, m)| st == "True" && r == "StackProcessing" && m.starts_with("waiting for workspace readiness: ConnectionFailed:") && m.contains("deployer"))
+    })
+    .await;
+    assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update without an agent");
+}

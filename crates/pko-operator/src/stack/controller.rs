@@ -250,6 +250,16 @@ fn namespace_terminating_message(ns: &str, name: &str) -> String {
     )
 }
 
+/// PKO's "waiting for workspace readiness", followed by why the Workspace is not Ready when it says
+/// (e.g. `: ConnectionFailed: serviceaccounts "deployer" not found`), so a Stack never waits silently.
+fn workspace_wait_message(ws: &Workspace) -> String {
+    let why = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status != "True")).filter(|c| !c.message.is_empty());
+    match why {
+        Some(c) => format!("{}: {}: {}", sc::WAITING_FOR_WORKSPACE_MESSAGE, c.reason, c.message),
+        None => sc::WAITING_FOR_WORKSPACE_MESSAGE.to_string(),
+    }
+}
+
 /// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
 fn failed_reason(u: &Update) -> Option<String> {
     u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.reason.clone())
@@ -443,7 +453,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
     let ws = Api::<Workspace>::namespaced(ctx.client.clone(), &ns).patch(&name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await?;
     let ready = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     if !ready {
-        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::WAITING_FOR_WORKSPACE_MESSAGE, generation, &t);
+        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &workspace_wait_message(&ws), generation, &t);
         st.conditions = Some(conds);
         write_status(&api, &name, &st).await?;
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -521,6 +531,25 @@ mod tests {
         assert!(!ready_and_reclaimable(&stack, &failed), "a failed Stack keeps its Workspace for debugging");
         let running = StackStatus { current_update: Some(Default::default()), ..ok };
         assert!(!ready_and_reclaimable(&stack, &running));
+    }
+
+    #[test]
+    fn a_waiting_stack_says_why_its_workspace_is_not_ready() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let mut ws = Workspace::new("w", Default::default());
+        assert_eq!(workspace_wait_message(&ws), "waiting for workspace readiness");
+        ws.status = Some(pko_api::workspace::WorkspaceStatus {
+            conditions: Some(vec![Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: "ConnectionFailed".into(),
+                message: "serviceaccounts \"deployer\" not found".into(),
+                observed_generation: None,
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }]),
+            ..Default::default()
+        });
+        assert_eq!(workspace_wait_message(&ws), "waiting for workspace readiness: ConnectionFailed: serviceaccounts \"deployer\" not found");
     }
 
     #[test]
