@@ -178,3 +178,32 @@ async fn a_stack_waiting_for_its_workspace_says_why() {
     .await;
     assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update without an agent");
 }
+
+/// PKO #1292: a `status.currentUpdate` naming an Update that no longer exists must not wedge the Stack.
+/// It is cleared, the Stack is Ready again, and no update runs for it.
+#[tokio::test]
+async fn a_dangling_current_update_heals() {
+    let (client, ns, env) = setup("heal").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    create(&ns.api::<Program>(), program("heal", "echo ok")).await;
+    create(&ns.api::<Stack>(), stack("heal", &env.backend_url(), 10)).await;
+    let stacks = ns.api::<Stack>();
+    let ready = || async { stack_condition(&stacks.get("heal").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True") };
+    eventually("heal is Ready", 90, ready).await;
+    // as if the operator had written currentUpdate and died before creating the Update: its own field
+    // manager writes the whole status with a reference to an Update that does not exist
+    let mut status = serde_json::to_value(stacks.get("heal").await.unwrap().status.unwrap()).unwrap();
+    status["currentUpdate"] = json!({"name": "heal-gone", "generation": 1, "commit": "1"});
+    let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "status": status});
+    stacks.patch_status("heal", &PatchParams::apply(pko_api::constants::field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await.unwrap();
+    assert!(stacks.get("heal").await.unwrap().status.unwrap().current_update.is_some());
+    // wake the controller (the status write alone is its own field manager's change)
+    let poke = json!({"metadata": {"annotations": {"test/poke": "1"}}});
+    stacks.patch("heal", &PatchParams::default(), &Patch::Merge(&poke)).await.unwrap();
+    eventually("the dangling currentUpdate is cleared and heal is Ready", 60, || async {
+        let s = stacks.get("heal").await.unwrap();
+        s.status.as_ref().is_some_and(|st| st.current_update.is_none()) && stack_condition(&s, "Ready").is_some_and(|(st, _, _)| st == "True")
+    })
+    .await;
+    assert_eq!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.len(), 1, "only the first update ever ran");
+}
