@@ -72,6 +72,11 @@ struct RunArgs {
     /// 0: no limit beyond `--max-operations`.
     #[arg(long, default_value_t = 0)]
     max_operations_per_class: usize,
+    /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator
+    /// with TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the
+    /// pod runtime; the install manifest sets it from the Downward API.
+    #[arg(long, env = "OPERATOR_SERVICE_ACCOUNT")]
+    service_account: Option<String>,
     /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
     /// of ours: several operators can share a cluster by namespace.
     #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]
@@ -141,6 +146,11 @@ async fn main() -> anyhow::Result<()> {
                 )),
             };
             tracing::info!(artifacts = %a.program_fs_addr, advertised = %ctx.advertised_addr, runtime = ?a.runtime, "operator starting");
+            let agent_tokens = match (&a.service_account, a.runtime) {
+                (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| (n.to_string(), s.to_string())).context("--service-account must be namespace/name")?),
+                (None, RuntimeKind::Pod) => anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens"),
+                (None, RuntimeKind::Local) => None,
+            };
             let handle = pko_operator::metrics::install_recorder();
             let metrics_server = if a.metrics_bind_address != "0" {
                 let l = tokio::net::TcpListener::bind(&a.metrics_bind_address).await.with_context(|| format!("binding --metrics-bind-address {}", a.metrics_bind_address))?;
@@ -149,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 None
             };
-            let server = tokio::spawn(pko_operator::artifacts::serve(listener, client));
+            let server = tokio::spawn(pko_operator::artifacts::serve(listener, client.clone()));
             tokio::join!(
                 pko_operator::run_program_controller(ctx.clone()),
                 pko_operator::stack::controller::run(ctx.clone()),
@@ -157,6 +167,10 @@ async fn main() -> anyhow::Result<()> {
                 {
                     let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None);
                     let updates = if a.max_operations_per_class > 0 { updates.with_class_limit(a.max_operations_per_class) } else { updates };
+                    let updates = match &agent_tokens {
+                        Some((ns, sa)) => updates.with_agent_tokens(pko_operator::update::tokens::AgentTokens::new(client.clone(), ns.clone(), sa.clone())),
+                        None => updates,
+                    };
                     updates.run()
                 },
             );

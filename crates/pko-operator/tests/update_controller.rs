@@ -11,6 +11,9 @@ use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
 use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
+use pko_operator::update::tokens::AgentTokens;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
@@ -102,4 +105,52 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     let (a, b) = (span(updates.get("a").await.unwrap()), span(updates.get("b").await.unwrap()));
     assert!(b.0 >= a.1 || a.0 >= b.1, "the two operations overlapped: a {a:?}, b {b:?}");
     controller.abort();
+}
+
+/// Agents that authenticate callers (`--auth kube`, as in pods): the Update controller presents a
+/// TokenRequest token of its service account for the Workspace's audience. The account allowed to
+/// `use` `workspaces/rpc` gets its Update run; one without that permission is refused and retried.
+#[tokio::test]
+async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
+    let (client, ns, env) = setup("tokens").await;
+    let dir = project(&env, "tok", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo authenticated\noutputs:\n  out: ${a.stdout}\n");
+    for sa in ["operator", "stranger"] {
+        create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).await;
+    }
+    create(&ns.api::<Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "workspace-rpc"},
+        "rules": [{"apiGroups": ["auto.pulumi.com"], "resources": ["workspaces/rpc"], "verbs": ["use"]}]})).await;
+    create(&ns.api::<RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "operator-rpc"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-rpc"},
+        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns.name()}]})).await;
+    let audience = pko_operator::update::tokens::audience(ns.name(), "ws");
+    let agent = start_agent_with(&env, &["--auth", "kube", "--kube-audience", &audience, "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws"]);
+    create(
+        &ns.api::<Workspace>(),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "ws"},
+               "spec": {"local": {"dir": dir.display().to_string()},
+                        "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
+                        "stacks": [{"name": "dev", "create": true}]}}),
+    )
+    .await;
+    ns.api::<Workspace>()
+        .patch_status("ws", &PatchParams::apply("tests").force(), &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})))
+        .await
+        .unwrap();
+    let updates = ns.api::<Update>();
+
+    // a service account without `use` on workspaces/rpc is refused
+    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
+    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})).await;
+    eventually("the stranger's call is refused", 60, || async {
+        let u = updates.get("u").await.unwrap();
+        condition(&u, "Progressing").is_some_and(|(s, r)| s == "False" && r == "TransientFailure") && u.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.message.contains(":stranger may not use workspaces/rpc"))
+    })
+    .await;
+    stranger.abort();
+
+    // the operator's own account may: the same Update now runs
+    let operator = tokio::spawn(UpdateController::new(ctx, 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")).run());
+    eventually("the Update completes with the operator's token", 90, || async { condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
+    operator.abort();
 }

@@ -20,6 +20,7 @@ use pko_proto::v1::ResultStatus;
 use super::status::{self, Phase};
 use crate::context::Context;
 use super::limits::{ClassLimits, workspace_class};
+use super::tokens::AgentTokens;
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
 
 /// State of the Update controller.
@@ -31,6 +32,8 @@ pub struct UpdateController {
     token: Option<String>,
     /// Operations per workspace class.
     class_limits: Arc<ClassLimits>,
+    /// Per-workspace tokens for agents that authenticate callers (`--auth kube`); overrides `token`.
+    tokens: Option<Arc<AgentTokens>>,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -95,7 +98,17 @@ impl UpdateController {
 
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize, token: Option<String>) -> Arc<Self> {
-        Arc::new(Self { ctx, queue, workers: workers.max(1), token, class_limits: ClassLimits::new(workers) })
+        Arc::new(Self { ctx, queue, workers: workers.max(1), token, class_limits: ClassLimits::new(workers), tokens: None })
+    }
+
+    /// Authenticates to agents with tokens of a service account, one per Workspace audience
+    /// ([`super::tokens`]) — what agents in pods (`--auth kube`) require. Call before [`Self::run`].
+    ///
+    /// Panics: when the controller is already shared (running).
+    pub fn with_agent_tokens(self: Arc<Self>, tokens: AgentTokens) -> Arc<Self> {
+        let mut this = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("with_agent_tokens is called before run"));
+        this.tokens = Some(Arc::new(tokens));
+        Arc::new(this)
     }
 
     /// At most `limit` operations at once per workspace class ([`super::limits`]); by default the number
@@ -165,9 +178,21 @@ impl UpdateController {
             return Drive::Deferred;
         };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
+        let token = match &self.tokens {
+            Some(tokens) => match tokens.token(&super::tokens::audience(&job.namespace, &ws_name)).await {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    let message = format!("requesting a token for the workspace agent: {e}");
+                    tracing::warn!(update = %job.name, error = %e, "no token for the agent; retrying");
+                    let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, message).await;
+                    return Drive::Done;
+                }
+            },
+            None => self.token.clone(),
+        };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
-        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &agent, self.token.as_deref(), job.epoch, &update, &workspace).await;
+        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &agent, token.as_deref(), job.epoch, &update, &workspace).await;
         if let Ok(r) = &outcome {
             let result = match ResultStatus::try_from(r.status) {
                 Ok(ResultStatus::Succeeded) => "succeeded",

@@ -115,7 +115,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         "--auth".into(),
         "kube".into(),
         "--kube-audience".into(),
-        format!("{name}.{ns}"),
+        crate::update::tokens::audience(&ns, &name),
         "--kube-workspace-namespace".into(),
         ns.clone(),
         "--kube-workspace-name".into(),

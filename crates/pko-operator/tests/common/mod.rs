@@ -19,10 +19,17 @@ impl Drop for AgentProc {
 /// Starts the workspace agent binary built next to this test (cargo builds every binary of the workspace
 /// before running `cargo test --workspace`).
 pub fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
+    start_agent_with(env, &["--auth", "none", "--kube-workspace-namespace", namespace])
+}
+
+/// Starts the agent with `auth_args` (e.g. `--auth kube --kube-audience …`), as the bed's admin.
+pub fn start_agent_with(env: &pko_testbed::PulumiEnv, auth_args: &[&str]) -> AgentProc {
     let bin = agent_bin();
     let work = env.dir().join("agent-work");
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", namespace, "--work-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(auth_args)
+        .arg("--work-dir")
         .arg(&work)
         .env_clear()
         .envs(env.vars())
