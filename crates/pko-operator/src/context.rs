@@ -14,6 +14,24 @@ pub struct Context {
     pub advertised_addr: String,
     /// Which objects this replica may act on.
     pub ownership: Arc<dyn Ownership>,
+    /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`, default 25). A reconcile
+    /// never waits for a Pulumi operation, so this bounds API-server load, not operations.
+    pub reconcile_concurrency: u16,
+}
+
+/// PKO's default number of concurrent reconciles per controller.
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 25;
+
+impl Context {
+    /// A context with PKO's default reconcile concurrency.
+    pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY }
+    }
+
+    /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].
+    pub fn controller_config(&self) -> kube::runtime::controller::Config {
+        kube::runtime::controller::Config::default().concurrency(self.reconcile_concurrency)
+    }
 }
 
 impl std::fmt::Debug for Context {

@@ -24,6 +24,7 @@ use kube::Api;
 pub async fn run_program_controller(ctx: Arc<context::Context>) {
     let programs: Api<pko_api::Program> = Api::all(ctx.client.clone());
     Controller::new(programs, watcher::Config::default())
+        .with_config(ctx.controller_config())
         .shutdown_on_signal()
         .run(program::reconcile, program::error_policy, ctx)
         .for_each(|r| async move {

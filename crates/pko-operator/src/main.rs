@@ -65,6 +65,9 @@ struct RunArgs {
     /// CA bundle of the API server for the local agents.
     #[arg(long)]
     local_ca_file: Option<PathBuf>,
+    /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`).
+    #[arg(long, default_value_t = pko_operator::context::DEFAULT_RECONCILE_CONCURRENCY, env = "MAX_CONCURRENT_RECONCILES")]
+    max_concurrent_reconciles: u16,
     /// Operations this replica drives at once.
     #[arg(long, default_value_t = 256)]
     max_operations: usize,
@@ -134,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
                 } else {
                     Arc::new(pko_operator::ownership::Namespaces(a.namespaces.iter().cloned().collect()))
                 },
+                reconcile_concurrency: a.max_concurrent_reconciles,
             });
             let runtime = match a.runtime {
                 RuntimeKind::Pod => Runtime::Pod(pko_operator::workspace::pod::PodRuntimeConfig { agent_image: a.agent_image.clone() }),

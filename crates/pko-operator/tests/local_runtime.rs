@@ -45,7 +45,7 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
 
     let dir = project(&env, "local", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n");
     let agent_bin = agent_bin();
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let wsc = tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run());
     let upc = tokio::spawn(UpdateController::new(ctx, 4, None).run());

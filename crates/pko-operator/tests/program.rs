@@ -47,7 +47,7 @@ async fn program_is_published_served_and_deployable() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = tokio::spawn(pko_operator::artifacts::serve(listener, client.clone()));
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr.clone(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), addr.clone(), Arc::new(Namespaces::one(ns.name()))));
     let controller = tokio::spawn(pko_operator::run_program_controller(ctx));
 
     let api = ns.api::<Program>();

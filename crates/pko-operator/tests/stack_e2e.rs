@@ -96,7 +96,7 @@ fn stalled(s: &Stack) -> Option<(String, String)> {
 #[tokio::test]
 async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let (client, ns, _env) = setup("stall").await;
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});

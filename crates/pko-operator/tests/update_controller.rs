@@ -35,7 +35,7 @@ async fn updates_are_dispatched_completed_and_expired() {
                         "stacks": [{"name": "dev", "create": true}]}}),
     )
     .await;
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let controller = tokio::spawn(UpdateController::new(ctx, 8, None).run());
     let updates = ns.api::<Update>();
 
@@ -67,7 +67,7 @@ async fn updates_are_dispatched_completed_and_expired() {
 async fn a_workspace_class_limit_serialises_its_operations() {
     let (client, ns, env) = setup("class").await;
     let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let controller = tokio::spawn(UpdateController::new(ctx, 8, None).with_class_limit(1).run());
     let agents = [start_agent(&env, ns.name()), start_agent(&env, ns.name())];
     for (ws, agent) in ["a", "b"].iter().zip(&agents) {
@@ -139,7 +139,7 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     let updates = ns.api::<Update>();
 
     // a service account without `use` on workspaces/rpc is refused
-    let ctx = Arc::new(Context { client: client.clone(), advertised_addr: String::new(), ownership: Arc::new(Namespaces::one(ns.name())) });
+    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
     create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})).await;
     eventually("the stranger's call is refused", 60, || async {

@@ -40,7 +40,7 @@ fn now() -> Time {
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let stacks: Api<Stack> = Api::all(client.clone());
-    let controller = Controller::new(stacks, watcher::Config::default());
+    let controller = Controller::new(stacks, watcher::Config::default()).with_config(ctx.controller_config());
     let store = controller.store();
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))

@@ -126,6 +126,7 @@ impl UpdateController {
         let workers: Vec<_> = (0..self.workers).map(|_| tokio::spawn(self.clone().worker())).collect();
         let api: Api<Update> = Api::all(self.ctx.client.clone());
         Controller::new(api, watcher::Config::default())
+            .with_config(self.ctx.controller_config())
             .shutdown_on_signal()
             .run(|u, c| async move { c.reconcile(u).await }, |_u, e, _c| {
                 tracing::warn!(error = %e, "update reconcile failed");

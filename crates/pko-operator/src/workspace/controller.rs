@@ -257,6 +257,7 @@ impl WorkspaceController {
             }
         });
         Controller::new(api, watcher::Config::default())
+            .with_config(self.ctx.controller_config())
             .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
             .shutdown_on_signal()
             .run(|w, c| async move { c.reconcile(w).await }, |_w, e, _c| {

@@ -89,7 +89,7 @@ impl InProcessOperator {
         let bed = testbed();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let ctx = Arc::new(Context { client: client.clone(), advertised_addr: addr, ownership: Arc::new(Namespaces::one(namespace)) });
+        let ctx = Arc::new(Context::new(client.clone(), addr, Arc::new(Namespaces::one(namespace))));
         let local = LocalRuntime::new(agent_bin(), env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
         let server_client = client.clone();
         let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
