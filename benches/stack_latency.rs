@@ -49,8 +49,12 @@ async fn main() {
     create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "bench"}, "program": program})).await;
     let stacks = ns.api::<Stack>();
     let t = Instant::now();
-    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bench"},
-        "spec": {"stack": "dev", "programRef": {"name": "bench"}, "backend": env.backend_url(), "config": {"greeting": "v0"}}})).await;
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bench"},
+        "spec": {"stack": "dev", "programRef": {"name": "bench"}, "backend": env.backend_url(), "config": {"greeting": "v0"}}}),
+    )
+    .await;
     wait_ready(&stacks, 1).await;
     let cold = t.elapsed();
 

@@ -90,14 +90,9 @@ impl Auth {
 
 impl KubeAuth {
     async fn decide(&self, token: &str) -> Result<(), Status> {
-        let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) },
-            ..Default::default()
-        };
-        let review = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| Status::unavailable(format!("TokenReview failed: {e}")))?;
+        let review = TokenReview { spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) }, ..Default::default() };
+        let review =
+            Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await.map_err(|e| Status::unavailable(format!("TokenReview failed: {e}")))?;
         let status = review.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             let why = status.error.unwrap_or_else(|| "token not authenticated".into());
@@ -131,12 +126,7 @@ impl KubeAuth {
         if sar.status.as_ref().is_some_and(|s| s.allowed) {
             Ok(())
         } else {
-            Err(Status::permission_denied(format!(
-                "{} may not use workspaces/rpc of {}/{}",
-                user.username.unwrap_or_default(),
-                self.namespace,
-                self.workspace
-            )))
+            Err(Status::permission_denied(format!("{} may not use workspaces/rpc of {}/{}", user.username.unwrap_or_default(), self.namespace, self.workspace)))
         }
     }
 }

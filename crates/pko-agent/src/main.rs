@@ -92,7 +92,11 @@ struct Serve {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_target(false).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
     let Cmd::Serve(args) = Cli::parse().command;
     serve(args).await
 }
@@ -120,14 +124,17 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
             Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
         }
     };
-    let sources = SourceCache::new(CacheConfig {
-        root: a.work_dir.join("sources"),
-        max_bytes: a.cache_max_bytes,
-        max_artifact_bytes: a.max_artifact_bytes,
+    let sources =
+        SourceCache::new(CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: a.max_artifact_bytes, pulumi: a.pulumi.clone() })
+            .with_context(|| format!("creating {}", a.work_dir.display()))?;
+    let ctx = RunnerContext {
         pulumi: a.pulumi.clone(),
-    })
-    .with_context(|| format!("creating {}", a.work_dir.display()))?;
-    let ctx = RunnerContext { pulumi: a.pulumi.clone(), env: Default::default(), sources: Arc::new(sources), values: ValueResolver::new(kube, namespace), known_stacks: Default::default(), log_level: a.pulumi_log_level };
+        env: Default::default(),
+        sources: Arc::new(sources),
+        values: ValueResolver::new(kube, namespace),
+        known_stacks: Default::default(),
+        log_level: a.pulumi_log_level,
+    };
     let service = AgentService::new(
         AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
         ctx,

@@ -109,16 +109,7 @@ pub struct Output {
 
 /// Runs `pulumi <args>` in `dir` with `env` (added to the agent's own environment) and waits for it.
 pub async fn run(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args: &[&str]) -> std::io::Result<Output> {
-    let out = Command::new(pulumi)
-        .args(args)
-        .current_dir(dir)
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output()
-        .await?;
+    let out = Command::new(pulumi).args(args).current_dir(dir).envs(env).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).output().await?;
     Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
 }
 

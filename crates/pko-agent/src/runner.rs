@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use pko_proto::v1::{
-    ConfigItem, ErrorInfo, ErrorReason, LogLine, OperationRequest, OperationResult, OperationType, OutputValue, ProjectInfo, ResultStatus,
-    config_item, log_line, operation_event::Event,
+    ConfigItem, ErrorInfo, ErrorReason, LogLine, OperationRequest, OperationResult, OperationType, OutputValue, ProjectInfo, ResultStatus, config_item, log_line,
+    operation_event::Event,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -292,15 +292,7 @@ fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn set_config(
-    ctx: &RunnerContext,
-    dir: &Path,
-    env: &BTreeMap<String, String>,
-    stack: &str,
-    project: &str,
-    items: &[ConfigItem],
-    masker: &mut Masker,
-) -> Result<(), Failure> {
+async fn set_config(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &str, project: &str, items: &[ConfigItem], masker: &mut Masker) -> Result<(), Failure> {
     if items.is_empty() {
         return Ok(());
     }
@@ -374,13 +366,7 @@ async fn set_config(
     Ok(())
 }
 
-async fn select_stack(
-    ctx: &RunnerContext,
-    dir: &Path,
-    env: &BTreeMap<String, String>,
-    stack: &pko_proto::v1::StackSettings,
-    masker: &Masker,
-) -> Result<(), Failure> {
+async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
     let mut args = vec!["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
     if stack.create {
         args.push("--create");
@@ -419,9 +405,7 @@ async fn outputs(
     let event_outputs = match from_events {
         Some(m) => m,
         None => {
-            let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack])
-                .await
-                .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+            let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack]).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
             serde_json::from_str::<serde_json::Map<String, Value>>(&masked.stdout)
                 .unwrap_or_default()
                 .into_iter()

@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures::Stream;
 use pko_proto::v1::agent_server::Agent;
 use pko_proto::v1::{
-    AttachRequest, CachedSource, CancelRequest, CancelResponse, ErrorInfo, ErrorReason, OperationEvent, OperationRequest, PulumiVersionRequest,
-    PulumiVersionResponse, StatusRequest, StatusResponse, WhoAmIRequest, WhoAmIResponse, status_response,
+    AttachRequest, CachedSource, CancelRequest, CancelResponse, ErrorInfo, ErrorReason, OperationEvent, OperationRequest, PulumiVersionRequest, PulumiVersionResponse,
+    StatusRequest, StatusResponse, WhoAmIRequest, WhoAmIResponse, status_response,
 };
 use prost::Message;
 use tonic::{Request, Response, Status};
@@ -58,14 +58,7 @@ impl AgentService {
     /// `max_events` buffered events each.
     pub fn new(cfg: AgentConfig, ctx: RunnerContext, auth: Auth, retention: Duration, max_events: usize) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                cfg,
-                ctx,
-                ops: Registry::new(max_events, retention),
-                auth,
-                draining: AtomicBool::new(false),
-                pulumi_version: tokio::sync::OnceCell::new(),
-            }),
+            inner: Arc::new(Inner { cfg, ctx, ops: Registry::new(max_events, retention), auth, draining: AtomicBool::new(false), pulumi_version: tokio::sync::OnceCell::new() }),
         }
     }
 

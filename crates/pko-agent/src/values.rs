@@ -36,10 +36,8 @@ impl ValueResolver {
             Some(Kind::Path(path)) => std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}")),
             Some(Kind::Secret(k)) => {
                 let client = self.client.clone().ok_or("secret references need the agent to run with Kubernetes access")?;
-                let s = Api::<Secret>::namespaced(client, &self.namespace)
-                    .get(&k.name)
-                    .await
-                    .map_err(|e| format!("reading Secret {}/{}: {}", self.namespace, k.name, short(&e)))?;
+                let s =
+                    Api::<Secret>::namespaced(client, &self.namespace).get(&k.name).await.map_err(|e| format!("reading Secret {}/{}: {}", self.namespace, k.name, short(&e)))?;
                 let data: BTreeMap<_, _> = s.data.unwrap_or_default();
                 let v = data.get(&k.key).ok_or_else(|| format!("Secret {}/{} has no key {:?}", self.namespace, k.name, k.key))?;
                 String::from_utf8(v.0.clone()).map_err(|_| format!("Secret {}/{} key {:?} is not UTF-8", self.namespace, k.name, k.key))

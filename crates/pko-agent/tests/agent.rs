@@ -8,8 +8,8 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use pko_proto::v1::{
-    ArtifactSource, AttachRequest, CancelRequest, ConfigItem, ErrorReason, GitSource, OperationType, PulumiVersionRequest, ResultStatus, Source,
-    StatusRequest, WhoAmIRequest, config_item, operation_event::Event, source, status_response,
+    ArtifactSource, AttachRequest, CancelRequest, ConfigItem, ErrorReason, GitSource, OperationType, PulumiVersionRequest, ResultStatus, Source, StatusRequest, WhoAmIRequest,
+    config_item, operation_event::Event, source, status_response,
 };
 use pko_testbed::{testbed, versions};
 
@@ -230,12 +230,9 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let ok_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml)]);
     let big_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("big.bin", &[7u8; 4096])]);
     let evil_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("../../escape.txt", b"x")]);
-    let server = serve_files(HashMap::from([
-        ("/ok.tar.gz".to_string(), ok_tar.clone()),
-        ("/big.tar.gz".to_string(), big_tar.clone()),
-        ("/evil.tar.gz".to_string(), evil_tar.clone()),
-    ]))
-    .await;
+    let server =
+        serve_files(HashMap::from([("/ok.tar.gz".to_string(), ok_tar.clone()), ("/big.tar.gz".to_string(), big_tar.clone()), ("/evil.tar.gz".to_string(), evil_tar.clone())]))
+            .await;
     let artifact = |path: &str, digest: String| Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}{path}", server.base), digest, dir: String::new() })) };
 
     let mut cases = Vec::new();
@@ -302,9 +299,8 @@ async fn git_source_by_branch_and_commit() {
     let mut c = agent.client().await;
     for (id, rev) in [("git-branch", "main".to_string()), ("git-commit", sha.clone())] {
         let mut r = request(&env, id, &repo, "dev", OperationType::Up);
-        r.source = Some(Source {
-            kind: Some(source::Kind::Git(GitSource { url: format!("file://{}", repo.display()), revision: rev, dir: "app".into(), shallow: false, auth: None })),
-        });
+        r.source =
+            Some(Source { kind: Some(source::Kind::Git(GitSource { url: format!("file://{}", repo.display()), revision: rev, dir: "app".into(), shallow: false, auth: None })) });
         let r = result(&run(&mut c, r).await);
         assert_eq!(r.status, ResultStatus::Succeeded as i32, "{id}: {}", r.message);
         assert_eq!(r.revision, sha, "{id} resolved to the commit");
@@ -422,7 +418,23 @@ async fn tls_from_mounted_files() {
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
     let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-addext", "basicConstraints=critical,CA:FALSE"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+        ])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")

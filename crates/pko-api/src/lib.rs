@@ -76,10 +76,7 @@ fn stack_crd() -> CustomResourceDefinition {
 fn workspace_crd() -> CustomResourceDefinition {
     let crd = Workspace::crd();
     let mut v = serde_json::to_value(&crd).expect("crd serializes");
-    let spec = v
-        .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties")
-        .and_then(Value::as_object_mut)
-        .expect("workspace spec properties");
+    let spec = v.pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties").and_then(Value::as_object_mut).expect("workspace spec properties");
     spec["serviceAccountName"]["default"] = json!(workspace::DEFAULT_SERVICE_ACCOUNT);
     spec["securityProfile"]["default"] = json!("restricted");
     serde_json::from_value(v).expect("crd deserializes")
@@ -108,9 +105,7 @@ mod tests {
         assert_eq!(spec["serviceAccountName"]["default"], "default");
         assert_eq!(spec["securityProfile"]["default"], "restricted");
         let stack = serde_json::to_value(stack_crd()).unwrap();
-        let tmpl = stack
-            .pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/workspaceTemplate/properties/spec/properties")
-            .unwrap();
+        let tmpl = stack.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/workspaceTemplate/properties/spec/properties").unwrap();
         assert!(tmpl["serviceAccountName"].get("default").is_none(), "a template must not default fields");
     }
 

@@ -122,12 +122,8 @@ pub fn api_reference_markdown() -> String {
     let crds = crate::crds();
     for crd in &crds {
         for v in &crd.spec.versions {
-            let cols: Vec<String> = v
-                .additional_printer_columns
-                .iter()
-                .flatten()
-                .map(|c| if c.priority.unwrap_or(0) > 0 { format!("{} (wide)", c.name) } else { c.name.clone() })
-                .collect();
+            let cols: Vec<String> =
+                v.additional_printer_columns.iter().flatten().map(|c| if c.priority.unwrap_or(0) > 0 { format!("{} (wide)", c.name) } else { c.name.clone() }).collect();
             let dep = if v.deprecated == Some(true) { " (deprecated)" } else { "" };
             writeln!(out, "| {} | `{}/{}`{dep} | {} |", crd.spec.names.kind, crd.spec.group, v.name, cols.join(", ")).unwrap();
         }
@@ -146,7 +142,16 @@ pub fn api_reference_markdown() -> String {
     writeln!(out, "- finalizer `{}` on Stacks and on the Updates they create;", constants::STACK_FINALIZER).unwrap();
     writeln!(out, "- annotation `{}`: any new value requests a sync; echoed to `status.observedReconcileRequest`;", constants::RECONCILE_REQUEST_ANNOTATION).unwrap();
     writeln!(out, "- annotation `{}` on `<update>-stack-outputs` Secrets: JSON list of secret output names;", constants::SECRET_OUTPUTS_ANNOTATION).unwrap();
-    writeln!(out, "- labels `{}`, `{}`, `{}`, `{}`, `{}` on generated objects;", constants::STACK_COMPONENT_LABEL, constants::STACK_NAME_LABEL, constants::AUTO_COMPONENT_LABEL, constants::WORKSPACE_NAME_LABEL, constants::UPDATE_NAME_LABEL).unwrap();
+    writeln!(
+        out,
+        "- labels `{}`, `{}`, `{}`, `{}`, `{}` on generated objects;",
+        constants::STACK_COMPONENT_LABEL,
+        constants::STACK_NAME_LABEL,
+        constants::AUTO_COMPONENT_LABEL,
+        constants::WORKSPACE_NAME_LABEL,
+        constants::UPDATE_NAME_LABEL
+    )
+    .unwrap();
     writeln!(out, "- secret outputs appear in `Stack.status.outputs` as `{}`.\n", constants::SECRET_MASK).unwrap();
     out.push_str("Validation the API server cannot express (cross-namespace Secret references, the v1-only `Env`/`FS` reference types) is done by the Stack controller, which reports it as `Stalled` `SpecInvalid` naming the field.\n");
 

@@ -130,10 +130,7 @@ mod tests {
     #[test]
     fn literal_and_same_namespace_secret_are_valid() {
         let mut s = spec();
-        s.env_refs = Some(BTreeMap::from([
-            ("A".to_string(), ResourceRef::literal("x")),
-            ("B".to_string(), ResourceRef::secret("creds", "token")),
-        ]));
+        s.env_refs = Some(BTreeMap::from([("A".to_string(), ResourceRef::literal("x")), ("B".to_string(), ResourceRef::secret("creds", "token"))]));
         let mut same = ResourceRef::secret("creds", "pw");
         same.secret.as_mut().unwrap().namespace = Some("team-a".into());
         s.secrets_ref = Some(BTreeMap::from([("pw".to_string(), same)]));

@@ -322,10 +322,7 @@ impl WorkspaceSpec {
         });
         let resources = s.resources.get_or_insert_with(Default::default);
         if resources.requests.is_none() {
-            resources.requests = Some(BTreeMap::from([
-                ("memory".to_string(), Quantity("64Mi".into())),
-                ("cpu".to_string(), Quantity("100m".into())),
-            ]));
+            resources.requests = Some(BTreeMap::from([("memory".to_string(), Quantity("64Mi".into())), ("cpu".to_string(), Quantity("100m".into()))]));
         }
         s
     }

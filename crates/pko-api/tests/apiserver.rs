@@ -4,8 +4,8 @@
 
 mod common;
 
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use pko_testbed::testbed;
 use serde_json::{Value, json};
 

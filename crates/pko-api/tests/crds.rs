@@ -17,22 +17,13 @@ fn committed_crds_match_the_types() {
         assert!(committed == pko_api::crd_yaml(&crd), "deploy/crds/{name} differs from the types; run `cargo run -p pko-operator -- crds`");
         expected.insert(name);
     }
-    let present: BTreeSet<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".yaml")).collect();
+    let present: BTreeSet<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".yaml")).collect();
     assert_eq!(present, expected, "deploy/crds holds files the types do not generate");
 }
 
 /// Subtrees that are Kubernetes' own types (PodSpec, EnvVar, ResourceRequirements, Condition) or the same
 /// type as a whole CRD (the templates): their fields are not ours to cover field by field.
-const NOT_OURS: &[&str] = &[
-    ".env[]",
-    ".envFrom[]",
-    ".resources",
-    ".podTemplate.spec",
-    ".conditions[]",
-    "spec.workspaceTemplate.spec",
-    "spec.updateTemplate.spec",
-];
+const NOT_OURS: &[&str] = &[".env[]", ".envFrom[]", ".resources", ".podTemplate.spec", ".conditions[]", "spec.workspaceTemplate.spec", "spec.updateTemplate.spec"];
 
 fn skipped(path: &str) -> bool {
     NOT_OURS.iter().any(|s| if s.starts_with('.') { path.ends_with(s) } else { path == *s })

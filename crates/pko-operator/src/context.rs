@@ -46,13 +46,7 @@ impl std::fmt::Debug for Context {
 pub async fn publish_event<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, controller: &str, object: &K, warning: bool, reason: &str, note: String) {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
     let recorder = Recorder::new(client.clone(), Reporter { controller: controller.into(), instance: std::env::var("POD_NAME").ok() });
-    let ev = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
+    let ev = Event { type_: if warning { EventType::Warning } else { EventType::Normal }, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
     if let Err(e) = recorder.publish(&ev, &object.object_ref(&())).await {
         tracing::debug!(error = %e, reason, "event not published");
     }

@@ -17,8 +17,8 @@ pub mod workspace;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::runtime::{Controller, watcher};
 use kube::Api;
+use kube::runtime::{Controller, watcher};
 
 /// Runs the Program controller until the stream ends (shutdown signal).
 pub async fn run_program_controller(ctx: Arc<context::Context>) {

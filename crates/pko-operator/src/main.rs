@@ -102,10 +102,7 @@ enum RuntimeKind {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     match cli.command {
         Command::Crds { out } => {
@@ -152,7 +149,9 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(artifacts = %a.program_fs_addr, advertised = %ctx.advertised_addr, runtime = ?a.runtime, "operator starting");
             let agent_tokens = match (&a.service_account, a.runtime) {
                 (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| (n.to_string(), s.to_string())).context("--service-account must be namespace/name")?),
-                (None, RuntimeKind::Pod) => anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens"),
+                (None, RuntimeKind::Pod) => {
+                    anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
+                }
                 (None, RuntimeKind::Local) => None,
             };
             let handle = pko_operator::metrics::install_recorder();

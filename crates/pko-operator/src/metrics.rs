@@ -114,11 +114,7 @@ pub fn router(client: kube::Client, ownership: Arc<dyn Ownership>, handle: Prome
     let stack_watch = reflector::reflector(stack_writer, watcher(kube::Api::<Stack>::all(client.clone()), watcher::Config::default()).default_backoff()).for_each(|_| async {});
     let program_watch = reflector::reflector(program_writer, watcher(kube::Api::<Program>::all(client), watcher::Config::default()).default_backoff()).for_each(|_| async {});
     let state = MetricsState { stacks, programs, ownership, handle };
-    let router = Router::new()
-        .route("/metrics", get(render))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
-        .with_state(state);
+    let router = Router::new().route("/metrics", get(render)).route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok" })).with_state(state);
     (router, async move {
         tokio::join!(stack_watch, program_watch);
     })

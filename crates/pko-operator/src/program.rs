@@ -135,7 +135,10 @@ mod tests {
 
     fn program(generation: i64) -> Program {
         let mut resources = BTreeMap::new();
-        resources.insert("hello".to_string(), PResource { resource_type: "command:local:Command".into(), properties: Some(BTreeMap::from([("create".to_string(), json!("echo hi"))])), ..Default::default() });
+        resources.insert(
+            "hello".to_string(),
+            PResource { resource_type: "command:local:Command".into(), properties: Some(BTreeMap::from([("create".to_string(), json!("echo hi"))])), ..Default::default() },
+        );
         let mut p = Program::new("demo", ProgramFields { program: Some(ProgramSpec { resources: Some(resources), ..Default::default() }) });
         p.metadata.namespace = Some("team".into());
         p.metadata.generation = Some(generation);

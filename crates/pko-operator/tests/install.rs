@@ -6,7 +6,6 @@ mod common;
 
 use pko_testbed::{eventually, repo_root, testbed};
 
-
 fn kubectl(args: &[&str]) -> (bool, String) {
     let out = testbed().kubectl().args(args).output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).trim().to_string())
@@ -32,7 +31,15 @@ async fn can_i(client: &kube::Client, verb: &str, resource: &str, namespace: &st
         spec: SubjectAccessReviewSpec {
             user: Some("system:serviceaccount:pko-system:pko-operator".into()),
             groups: Some(vec!["system:serviceaccounts".into(), "system:serviceaccounts:pko-system".into(), "system:authenticated".into()]),
-            resource_attributes: Some(ResourceAttributes { verb: Some(verb.into()), group: Some(group), resource: Some(plural), subresource, name, namespace: Some(namespace.into()), ..Default::default() }),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some(group),
+                resource: Some(plural),
+                subresource,
+                name,
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            }),
             ..Default::default()
         },
         ..Default::default()

@@ -17,7 +17,6 @@ use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceContro
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-
 fn workspace(name: &str, sa: &str, dir: &std::path::Path, backend: &str) -> serde_json::Value {
     json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
            "spec": {"serviceAccountName": sa, "local": {"dir": dir.display().to_string()},
@@ -36,12 +35,21 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     for sa in ["runner", "nobody"] {
         create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).await;
     }
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
-    create(&ns.api::<Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}]})).await;
-    create(&ns.api::<RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "runner"},
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
+        .await;
+    create(
+        &ns.api::<Role>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}]}),
+    )
+    .await;
+    create(
+        &ns.api::<RoleBinding>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "runner"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
-        "subjects": [{"kind": "ServiceAccount", "name": "runner", "namespace": ns.name()}]})).await;
+        "subjects": [{"kind": "ServiceAccount", "name": "runner", "namespace": ns.name()}]}),
+    )
+    .await;
 
     let dir = project(&env, "local", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n");
     let agent_bin = agent_bin();
@@ -62,13 +70,19 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
 
     let updates = ns.api::<Update>();
     for (u, w) in [("ok", "allowed"), ("forbidden", "denied")] {
-        create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u}, "spec": {"workspaceName": w, "stackName": "dev", "type": "up"}})).await;
+        create(
+            &updates,
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u}, "spec": {"workspaceName": w, "stackName": "dev", "type": "up"}}),
+        )
+        .await;
     }
-    eventually("the update on the allowed workspace completes", 90, || async { condition(&updates.get("ok").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
+    eventually("the update on the allowed workspace completes", 90, || async {
+        condition(&updates.get("ok").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
+    })
+    .await;
     eventually("the other one fails on RBAC", 90, || async { condition(&updates.get("forbidden").await.unwrap(), "Failed").map(|c| c.0) == Some("True".into()) }).await;
     let msg = updates.get("forbidden").await.unwrap().status.unwrap().message.unwrap_or_default();
     assert!(msg.contains("forbidden") || msg.contains("403"), "the agent read the Secret as the workspace's service account: {msg}");
-
 
     // the agent dies: the runtime notices within its check period, starts a new one (a new address), and
     // the next Update runs there

@@ -36,11 +36,19 @@ async fn sigkilled_operator_reattaches_after_restart() {
     let runs = env.dir().join("runs.txt");
     allow_default_sa_to_read_secrets(&ns).await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
-        "program": {"resources": {"s": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo run >> {}", runs.display())}}}}})).await;
-    create(&ns.api::<Stack>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "slow"},
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
+        "program": {"resources": {"s": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo run >> {}", runs.display())}}}}}),
+    )
+    .await;
+    create(
+        &ns.api::<Stack>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "slow"},
         "spec": {"stack": "dev", "programRef": {"name": "slow"}, "backend": env.backend_url(),
-                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}})).await;
+                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+    )
+    .await;
 
     let port = 19000 + (std::process::id() % 900) as u16;
     let mut op = start_operator(&env, ns.name(), port);
@@ -62,7 +70,10 @@ async fn sigkilled_operator_reattaches_after_restart() {
     })
     .await;
     let all = updates.list(&Default::default()).await.unwrap().items;
-    let summary: Vec<String> = all.iter().map(|u| format!("{}: {:?} {:?}", u.metadata.name.clone().unwrap_or_default(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone()))).collect();
+    let summary: Vec<String> = all
+        .iter()
+        .map(|u| format!("{}: {:?} {:?}", u.metadata.name.clone().unwrap_or_default(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone())))
+        .collect();
     assert_eq!(all.len(), 1, "the same Update completed; no second one was needed: {summary:#?}");
     assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "not Aborted");
     assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 1, "the program ran once");

@@ -86,9 +86,7 @@ async fn program_is_published_served_and_deployable() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hi there");
 
     // a new generation publishes a new artifact; the old generation is gone
-    api.patch("hello", &PatchParams::apply("pko-tests"), &Patch::Merge(json!({"program": {"configuration": {"greeting": {"type": "String", "default": "hello"}}}})))
-        .await
-        .unwrap();
+    api.patch("hello", &PatchParams::apply("pko-tests"), &Patch::Merge(json!({"program": {"configuration": {"greeting": {"type": "String", "default": "hello"}}}}))).await.unwrap();
     let a2 = wait_artifact(&api, "hello", 2).await;
     assert_ne!(a2.digest, a1.digest);
     assert_eq!(http.get(&a1.url).send().await.unwrap().status(), 404);

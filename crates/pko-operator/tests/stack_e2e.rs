@@ -17,7 +17,6 @@ use pko_operator::ownership::Namespaces;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-
 fn ready(s: &Stack) -> Option<(String, String)> {
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
 }
@@ -30,18 +29,22 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     // the workspace's service account (`default`) may read the Stack's Secrets: the agent reads them as it
     allow_default_sa_to_read_secrets(&ns).await;
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}})).await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
+    )
+    .await;
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
-               "program": {
-                   "configuration": {"greeting": {"type": "String"}, "apiKey": {"type": "String"}},
-                   "resources": {
-                       "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
-                       "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}}
-                   },
-                   "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}"}
-               }}),
+        "program": {
+            "configuration": {"greeting": {"type": "String"}, "apiKey": {"type": "String"}},
+            "resources": {
+                "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
+                "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}}
+            },
+            "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}"}
+        }}),
     )
     .await;
     create(
@@ -69,14 +72,18 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     assert_eq!(st.outputs.as_ref().unwrap()["message"], json!("bonjour"));
     assert_eq!(st.outputs.as_ref().unwrap()["key"], json!("[secret]"), "secret outputs are masked");
     let last = st.last_update.clone().unwrap();
-    assert_eq!((last.update_type, last.state, last.last_successful_commit.as_deref()), (Some(pko_api::UpdateType::Up), Some(pko_api::stack::StackUpdateStateMessage::Succeeded), Some("1")));
+    assert_eq!(
+        (last.update_type, last.state, last.last_successful_commit.as_deref()),
+        (Some(pko_api::UpdateType::Up), Some(pko_api::stack::StackUpdateStateMessage::Succeeded), Some("1"))
+    );
     assert!(st.current_update.is_none());
     assert_eq!(st.project_info.unwrap().name.as_deref(), Some("hello"));
     assert!(s.finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
     assert!(!serde_json::to_string(&s).unwrap().contains("k3y-Secret-val"), "no secret value in the Stack");
     // PKO's events on the Stack and its Update
     let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
-    let reasons: Vec<(String, String)> = events.items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect();
+    let reasons: Vec<(String, String)> =
+        events.items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect();
     for want in [("Stack", "StackUpdateDetected"), ("Stack", "StackCreated"), ("Update", "UpdateSucceeded")] {
         assert!(reasons.iter().any(|(k, r)| k == want.0 && r == want.1), "missing event {want:?} in {reasons:?}");
     }
@@ -104,8 +111,11 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     create(&stacks, stack("bad-repo", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main"}))).await;
     create(
         &stacks,
-        stack("env-ref", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
-                                "envRefs": {"TOKEN": {"type": "Env", "env": {"name": "HOME"}}}})),
+        stack(
+            "env-ref",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
+                                "envRefs": {"TOKEN": {"type": "Env", "env": {"name": "HOME"}}}}),
+        ),
     )
     .await;
     create(&stacks, stack("no-source", json!({"stack": "dev"}))).await;
@@ -134,13 +144,21 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
 async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
     let (client, ns, env) = setup("many").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}}})).await;
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}}}),
+    )
+    .await;
     const N: usize = 20;
     let stacks = ns.api::<Stack>();
     for i in 0..N {
-        create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
-            "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url()}})).await;
+        create(
+            &stacks,
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
+            "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url()}}),
+        )
+        .await;
     }
     eventually("every Stack is Ready", 240, || async {
         stacks.list(&Default::default()).await.unwrap().items.iter().filter(|s| ready(s).is_some_and(|(st, _)| st == "True")).count() == N

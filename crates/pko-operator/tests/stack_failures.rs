@@ -72,7 +72,12 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     let text = op.metrics().await;
     assert!(text.contains(&format!("stacks_failing{{namespace=\"{}\",name=\"boom\"}} 1\n", ns.name())), "{text}");
     assert!(text.contains("\nstacks_active 1\n") && text.contains("\nprograms_active 1\n"), "{text}");
-    let failed_ups: f64 = text.lines().find(|l| l.starts_with("pko_update_operations_total") && l.contains("result=\"failed\"") && l.contains("type=\"up\"")).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let failed_ups: f64 = text
+        .lines()
+        .find(|l| l.starts_with("pko_update_operations_total") && l.contains("result=\"failed\"") && l.contains("type=\"up\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
     assert!(failed_ups >= 4.0, "{text}");
     assert!(text.contains("pko_update_operation_duration_seconds"), "{text}");
 
@@ -97,10 +102,12 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     // another `pulumi up` of the same project and stack holds the backend lock for ~12 s (retries come after 10 s)
     let dir = env.dir().join("outside");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 12\n").unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 12\n")
+        .unwrap();
     let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
-    let mut outside = env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut outside =
+        env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let locks = env.dir().join("state").join(".pulumi").join("locks");
     eventually("the outside update holds the lock", 30, || async { !files_under(&locks).is_empty() }).await;
 
@@ -124,10 +131,8 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     assert!(notes.iter().any(|n| n.contains("holds the stack lock") && n.contains("retrying in 10 s")), "{notes:?}");
 
     assert!(outside.wait().unwrap().success(), "the outside update finishes");
-    eventually("the Stack is Ready once the lock is gone", 120, || async {
-        stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True")
-    })
-    .await;
+    eventually("the Stack is Ready once the lock is gone", 120, || async { stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True") })
+        .await;
     let s = stacks.get("locked").await.unwrap().status.unwrap();
     assert_eq!(s.outputs.unwrap()["out"], json!("mine"));
     assert!(files_under(&locks).is_empty(), "no lock is left");

@@ -17,8 +17,12 @@ use serde_json::json;
 async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     let (client, ns, env) = setup("prereq").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}, "outputs": {"out": "${c.stdout}"}}})).await;
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}, "outputs": {"out": "${c.stdout}"}}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     let workspaces = ns.api::<Workspace>();
     let ready = |name: &'static str| {
@@ -27,8 +31,12 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     };
 
     // app depends on db, which does not exist yet
-    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
-        "spec": {"stack": "app", "programRef": {"name": "p"}, "backend": env.backend_url(), "prerequisites": [{"name": "db"}]}})).await;
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
+        "spec": {"stack": "app", "programRef": {"name": "p"}, "backend": env.backend_url(), "prerequisites": [{"name": "db"}]}}),
+    )
+    .await;
     eventually("app waits for its missing prerequisite", 60, || async {
         stack_condition(&stacks.get("app").await.unwrap(), "Reconciling")
             .is_some_and(|(s, r, m)| s == "True" && r == "PrerequisiteNotSatisfied" && m.contains("prerequisite stack db not found"))
@@ -37,8 +45,12 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no update runs before the prerequisite");
 
     // db appears (and gives its Workspace back after each successful sync); app follows it
-    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "db"},
-        "spec": {"stack": "db", "programRef": {"name": "p"}, "backend": env.backend_url(), "workspaceReclaimPolicy": "Delete"}})).await;
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "db"},
+        "spec": {"stack": "db", "programRef": {"name": "p"}, "backend": env.backend_url(), "workspaceReclaimPolicy": "Delete"}}),
+    )
+    .await;
     eventually("db is Ready", 90, || ready("db")).await;
     eventually("app is Ready after db", 90, || ready("app")).await;
     eventually("db's Workspace is reclaimed", 30, || async { workspaces.get_opt("db").await.unwrap().is_none() }).await;

@@ -23,7 +23,8 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let ns = bed.namespace("update").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
+        .await;
 
     let marker = env.dir().join("runs.txt");
     let dir = project(
@@ -50,7 +51,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
     let updates = ns.api::<Update>();
-    let update: Update = create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})).await;
+    let update: Update = create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+    )
+    .await;
 
     // The dispatcher dies while the operation runs (the operator is killed) ...
     let task = {
@@ -93,7 +98,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let bad = project(&env, "bad", "resources:\n  f:\n    type: command:local:Command\n    properties:\n      create: exit 3\n");
     let mut ws2 = workspace.clone();
     ws2.spec.local = Some(pko_api::workspace::LocalSource { dir: Some(bad.display().to_string()) });
-    let u2: Update = create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}})).await;
+    let u2: Update = create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
+    )
+    .await;
     let r = dispatch::run_on_agent(&client, &agent.1, None, 1, &u2, &ws2).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();

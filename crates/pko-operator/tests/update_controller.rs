@@ -6,17 +6,16 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
 use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
 use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
 use pko_operator::update::tokens::AgentTokens;
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
-
 
 #[tokio::test]
 async fn updates_are_dispatched_completed_and_expired() {
@@ -41,13 +40,15 @@ async fn updates_are_dispatched_completed_and_expired() {
 
     // no agent address yet: the Update waits
     create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await;
-    eventually("u1 waits for the workspace", 20, || async {
-        condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotReady".into()))
-    })
-    .await;
+    eventually("u1 waits for the workspace", 20, || async { condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotReady".into())) })
+        .await;
     // the workspace becomes ready (here by hand: the Workspace controller is not built yet)
     ns.api::<Workspace>()
-        .patch_status("ws", &PatchParams::apply("tests").force(), &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})))
+        .patch_status(
+            "ws",
+            &PatchParams::apply("tests").force(),
+            &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
+        )
         .await
         .unwrap();
     eventually("u1 completes", 60, || async { condition(&updates.get("u1").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
@@ -56,7 +57,11 @@ async fn updates_are_dispatched_completed_and_expired() {
     eventually("u1 expires", 30, || async { updates.get_opt("u1").await.unwrap().is_none() }).await;
 
     // a missing workspace
-    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "nope", "stackName": "dev", "type": "preview"}})).await;
+    create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "nope", "stackName": "dev", "type": "preview"}}),
+    )
+    .await;
     eventually("u2 waits", 20, || async { condition(&updates.get("u2").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotFound".into())) }).await;
     controller.abort();
 }
@@ -80,7 +85,11 @@ async fn a_workspace_class_limit_serialises_its_operations() {
         )
         .await;
         ns.api::<Workspace>()
-            .patch_status(ws, &PatchParams::apply("tests").force(), &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})))
+            .patch_status(
+                ws,
+                &PatchParams::apply("tests").force(),
+                &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
+            )
             .await
             .unwrap();
     }
@@ -117,11 +126,19 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     for sa in ["operator", "stranger"] {
         create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).await;
     }
-    create(&ns.api::<Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "workspace-rpc"},
-        "rules": [{"apiGroups": ["auto.pulumi.com"], "resources": ["workspaces/rpc"], "verbs": ["use"]}]})).await;
-    create(&ns.api::<RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "operator-rpc"},
+    create(
+        &ns.api::<Role>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "workspace-rpc"},
+        "rules": [{"apiGroups": ["auto.pulumi.com"], "resources": ["workspaces/rpc"], "verbs": ["use"]}]}),
+    )
+    .await;
+    create(
+        &ns.api::<RoleBinding>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "operator-rpc"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-rpc"},
-        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns.name()}]})).await;
+        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns.name()}]}),
+    )
+    .await;
     let audience = pko_operator::update::tokens::audience(ns.name(), "ws");
     let agent = start_agent_with(&env, &["--auth", "kube", "--kube-audience", &audience, "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws"]);
     create(
@@ -133,7 +150,11 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     )
     .await;
     ns.api::<Workspace>()
-        .patch_status("ws", &PatchParams::apply("tests").force(), &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})))
+        .patch_status(
+            "ws",
+            &PatchParams::apply("tests").force(),
+            &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
+        )
         .await
         .unwrap();
     let updates = ns.api::<Update>();
@@ -141,16 +162,24 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     // a service account without `use` on workspaces/rpc is refused
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
-    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})).await;
+    create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+    )
+    .await;
     eventually("the stranger's call is refused", 60, || async {
         let u = updates.get("u").await.unwrap();
-        condition(&u, "Progressing").is_some_and(|(s, r)| s == "False" && r == "TransientFailure") && u.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.message.contains(":stranger may not use workspaces/rpc"))
+        condition(&u, "Progressing").is_some_and(|(s, r)| s == "False" && r == "TransientFailure")
+            && u.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.message.contains(":stranger may not use workspaces/rpc"))
     })
     .await;
     stranger.abort();
 
     // the operator's own account may: the same Update now runs
     let operator = tokio::spawn(UpdateController::new(ctx, 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")).run());
-    eventually("the Update completes with the operator's token", 90, || async { condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
+    eventually("the Update completes with the operator's token", 90, || async {
+        condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
+    })
+    .await;
     operator.abort();
 }

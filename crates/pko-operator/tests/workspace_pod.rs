@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -12,7 +11,6 @@ use pko_api::Workspace;
 use pko_operator::workspace::pod::{self, PodRuntimeConfig};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
-
 
 #[tokio::test]
 async fn pod_runtime_objects_are_accepted_and_collected() {

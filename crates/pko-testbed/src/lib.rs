@@ -74,12 +74,7 @@ pub fn testbed() -> &'static TestBed {
         let script = repo_root().join("scripts/testbed/ensure.sh");
         let out = Command::new("bash").arg(&script).output().expect("run scripts/testbed/ensure.sh");
         if !out.status.success() {
-            panic!(
-                "the test bed did not come up ({}):\n{}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            panic!("the test bed did not come up ({}):\n{}\n{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         }
         TestBed { env: parse_exports(&String::from_utf8_lossy(&out.stdout)) }
     })
@@ -88,11 +83,7 @@ pub fn testbed() -> &'static TestBed {
 /// Parses `export NAME=value` lines; `$PATH` in a value is expanded from this process's PATH.
 fn parse_exports(text: &str) -> BTreeMap<String, String> {
     let path = std::env::var("PATH").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("export "))
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.replace("$PATH", &path)))
-        .collect()
+    text.lines().filter_map(|l| l.trim().strip_prefix("export ")).filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.replace("$PATH", &path))).collect()
 }
 
 impl TestBed {
@@ -267,10 +258,7 @@ impl Drop for TestNamespace {
     fn drop(&mut self) {
         if !self.deleted {
             // Drop cannot await; kubectl deletes without waiting for the namespace to be finalized.
-            let _ = Command::new(&self.kubectl)
-                .env("KUBECONFIG", &self.kubeconfig)
-                .args(["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"])
-                .output();
+            let _ = Command::new(&self.kubectl).env("KUBECONFIG", &self.kubeconfig).args(["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"]).output();
         }
     }
 }

@@ -58,7 +58,14 @@ impl SshGitServer {
                 dir.path().join("authorized_keys").display()
             ),
         )?;
-        let child = Command::new("/usr/sbin/sshd").args(["-D", "-e", "-f"]).arg(&config).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting /usr/sbin/sshd")?;
+        let child = Command::new("/usr/sbin/sshd")
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting /usr/sbin/sshd")?;
         let end = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > end {

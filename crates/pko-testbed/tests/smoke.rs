@@ -52,10 +52,7 @@ async fn namespace_is_created_and_deleted() {
 async fn owner_reference_cascade_is_garbage_collected() {
     let ns = testbed().namespace("smoke-gc").await.unwrap();
     let cms: Api<ConfigMap> = ns.api();
-    let owner = cms
-        .create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() })
-        .await
-        .unwrap();
+    let owner = cms.create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() }).await.unwrap();
     let child = ConfigMap {
         metadata: ObjectMeta {
             name: Some("child".into()),
@@ -110,18 +107,13 @@ async fn lease_update_is_guarded_by_resource_version() {
 async fn service_account_token_is_issued_and_reviewed() {
     let ns = testbed().namespace("smoke-token").await.unwrap();
     let sas: Api<ServiceAccount> = ns.api();
-    sas.create(&PostParams::default(), &ServiceAccount { metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() }, ..Default::default() })
-        .await
-        .unwrap();
+    sas.create(&PostParams::default(), &ServiceAccount { metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() }, ..Default::default() }).await.unwrap();
     let audience = format!("ws.{}", ns.name());
     let tr = sas
         .create_token_request(
             "agent",
             &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec { audiences: vec![audience.clone()], expiration_seconds: Some(600), ..Default::default() },
-                ..Default::default()
-            },
+            &TokenRequest { spec: TokenRequestSpec { audiences: vec![audience.clone()], expiration_seconds: Some(600), ..Default::default() }, ..Default::default() },
         )
         .await
         .unwrap();
@@ -129,10 +121,7 @@ async fn service_account_token_is_issued_and_reviewed() {
     assert!(!token.is_empty());
 
     let reviews: Api<TokenReview> = Api::all(ns.client());
-    let review = |aud: String, token: String| TokenReview {
-        spec: TokenReviewSpec { token: Some(token), audiences: Some(vec![aud]) },
-        ..Default::default()
-    };
+    let review = |aud: String, token: String| TokenReview { spec: TokenReviewSpec { token: Some(token), audiences: Some(vec![aud]) }, ..Default::default() };
     let ok = reviews.create(&PostParams::default(), &review(audience, token.clone())).await.unwrap().status.unwrap();
     assert_eq!(ok.authenticated, Some(true), "{ok:?}");
     assert_eq!(ok.user.unwrap().username.as_deref(), Some(format!("system:serviceaccount:{}:agent", ns.name()).as_str()));

@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{
-    ConfigItem, EnvVar, LocalSource, OperationEvent, OperationRequest, OperationResult, OperationType, Source, StackSettings, ValueRef, config_item,
-    operation_event::Event, source, value_ref,
+    ConfigItem, EnvVar, LocalSource, OperationEvent, OperationRequest, OperationResult, OperationType, Source, StackSettings, ValueRef, config_item, operation_event::Event,
+    source, value_ref,
 };
 use pko_testbed::{PulumiEnv, testbed};
 use tonic::transport::Channel;

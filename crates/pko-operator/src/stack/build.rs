@@ -108,7 +108,11 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         env.push(EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(b.clone()), value_from: None });
     }
     if let Some(s) = &spec.access_token_secret {
-        env.push(EnvVar { name: "PULUMI_ACCESS_TOKEN".into(), value: None, value_from: Some(EnvVarSource { secret_key_ref: Some(secret_key(s, "accessToken")), ..Default::default() }) });
+        env.push(EnvVar {
+            name: "PULUMI_ACCESS_TOKEN".into(),
+            value: None,
+            value_from: Some(EnvVarSource { secret_key_ref: Some(secret_key(s, "accessToken")), ..Default::default() }),
+        });
     }
     // envRefs sorted by name (BTreeMap) so the generated spec is stable
     for (name, r) in spec.env_refs.iter().flatten() {
@@ -128,7 +132,10 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         env.push(EnvVar {
             name: var.clone(),
             value: None,
-            value_from: Some(EnvVarSource { config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector { name: r.name.clone(), key: r.key.clone(), optional: None }), ..Default::default() }),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector { name: r.name.clone(), key: r.key.clone(), optional: None }),
+                ..Default::default()
+            }),
         });
         config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: r.json }), ..Default::default() });
     }
@@ -137,12 +144,9 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
     }
     for (k, r) in spec.secrets_ref.iter().flatten() {
         match r.selector_type {
-            ResourceSelectorType::Literal => config.push(ConfigItem {
-                key: k.clone(),
-                value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())),
-                secret: Some(true),
-                ..Default::default()
-            }),
+            ResourceSelectorType::Literal => {
+                config.push(ConfigItem { key: k.clone(), value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())), secret: Some(true), ..Default::default() })
+            }
             _ => {
                 let var = secret_config_env(k);
                 env.extend(ref_env(&var, r));
@@ -239,10 +243,7 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
 
 /// Labels PKO puts on objects generated for a Stack.
 pub fn stack_labels(stack: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()),
-        (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string()),
-    ])
+    BTreeMap::from([(pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()), (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string())])
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
-use pko_api::constants::{event_reason as ev, RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, field_manager, stack_condition as sc};
+use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
 use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateState, StackUpdateStateMessage};
 use pko_api::{Program, Stack, Update, UpdateType, Workspace};
 use serde_json::json;
@@ -46,8 +46,12 @@ pub async fn run(ctx: Arc<Context>) {
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
     };
     controller
-        .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
-        .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
+        .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| {
+            by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
+        })
+        .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| {
+            by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone())
+        })
         .watches(Api::<Stack>::all(client.clone()), watcher::Config::default(), {
             let store = store.clone();
             move |s: Stack| {
@@ -66,10 +70,14 @@ pub async fn run(ctx: Arc<Context>) {
                 .collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(reconcile, |_s, e, _c| {
-            tracing::warn!(error = %e, "stack reconcile failed");
-            Action::requeue(Duration::from_secs(5))
-        }, ctx)
+        .run(
+            reconcile,
+            |_s, e, _c| {
+                tracing::warn!(error = %e, "stack reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            },
+            ctx,
+        )
         .for_each(|_| async {})
         .await;
 }
@@ -122,7 +130,12 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
             read.insert(sel.name.clone(), secrets.get_opt(&sel.name).await?);
         }
         let Some(secret) = read.get(&sel.name).and_then(|s| s.as_ref()) else { return Ok(Err(format!("git credentials: Secret {} not found", sel.name))) };
-        let bytes = secret.data.as_ref().and_then(|d| d.get(&sel.key)).map(|b| b.0.clone()).or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()));
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&sel.key))
+            .map(|b| b.0.clone())
+            .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()));
         Ok(match bytes {
             Some(b) => String::from_utf8(b).map(Some).map_err(|_| format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)),
             None => Err(format!("git credentials: Secret {} has no key {}", sel.name, sel.key)),
@@ -136,12 +149,7 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
             }
         };
     }
-    Ok(Ok(pko_git::GitCredentials {
-        ssh_private_key: get!(&auth.ssh_private_key),
-        token: get!(&auth.token),
-        username: get!(&auth.username),
-        password: get!(&auth.password),
-    }))
+    Ok(Ok(pko_git::GitCredentials { ssh_private_key: get!(&auth.ssh_private_key), token: get!(&auth.token), username: get!(&auth.username), password: get!(&auth.password) }))
 }
 
 async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, Error> {
@@ -334,7 +342,13 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                     last_successful_commit: if ok { cur.commit.clone() } else { prev.last_successful_commit.clone() },
                     permalink: us.permalink.clone(),
                     last_resync_time: Some(t.clone()),
-                    failures: Some(if ok { 0 } else if same_request { prev.failures.unwrap_or(0) + 1 } else { 0 }),
+                    failures: Some(if ok {
+                        0
+                    } else if same_request {
+                        prev.failures.unwrap_or(0) + 1
+                    } else {
+                        0
+                    }),
                 });
                 if ok {
                     if let Some(pi) = us.project_info.clone() {
@@ -444,7 +458,13 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
 
     // 9. the Workspace, and wait for it
     let owner = stack.controller_owner_ref(&()).expect("stack has a uid");
-    let mut ws_meta = ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), labels: Some(build::stack_labels(&name)), owner_references: Some(vec![owner.clone()]), ..Default::default() };
+    let mut ws_meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(ns.clone()),
+        labels: Some(build::stack_labels(&name)),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    };
     if let Some(m) = stack.spec.workspace_template.as_ref().and_then(|t| t.metadata.clone()) {
         ws_meta.labels.get_or_insert_with(Default::default).extend(m.labels.unwrap_or_default());
         ws_meta.annotations = m.annotations;
@@ -463,12 +483,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
     // this reconcile could not see, or another replica's before a shard moved): then follow that one
     if let Some(running) = in_flight_update(&updates, &name).await? {
         tracing::info!(stack = %format!("{ns}/{name}"), update = %running.name_any(), "an update is already in flight; following it");
-        st.current_update = Some(CurrentStackUpdate {
-            generation,
-            reconcile_request: request,
-            name: running.metadata.name.clone(),
-            commit: Some(revision),
-        });
+        st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
         conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
         st.conditions = Some(conds);
         write_status(&api, &name, &st).await?;

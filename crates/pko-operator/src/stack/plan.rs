@@ -124,8 +124,8 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use pko_api::stack::{StackStatus, StackUpdateState};
     use pko_api::StackSpec;
+    use pko_api::stack::{StackStatus, StackUpdateState};
     use std::collections::BTreeMap;
 
     fn at(s: i64) -> Timestamp {

@@ -74,11 +74,7 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
 /// Stacks of `namespace` in `stacks` that name `prerequisite` among their prerequisites: the dependents
 /// to look at again when it changes.
 pub fn dependents<'a>(stacks: impl IntoIterator<Item = &'a Stack>, namespace: &str, prerequisite: &str) -> Vec<&'a Stack> {
-    stacks
-        .into_iter()
-        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|s| s.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite))
-        .collect()
+    stacks.into_iter().filter(|s| s.metadata.namespace.as_deref() == Some(namespace)).filter(|s| s.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)).collect()
 }
 
 #[cfg(test)]

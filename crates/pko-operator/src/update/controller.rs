@@ -17,10 +17,10 @@ use pko_api::constants::update_condition as uc;
 use pko_api::{Update, Workspace};
 use pko_proto::v1::ResultStatus;
 
-use super::status::{self, Phase};
-use crate::context::Context;
 use super::limits::{ClassLimits, workspace_class};
+use super::status::{self, Phase};
 use super::tokens::AgentTokens;
+use crate::context::Context;
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
 
 /// State of the Update controller.
@@ -128,10 +128,14 @@ impl UpdateController {
         Controller::new(api, watcher::Config::default())
             .with_config(self.ctx.controller_config())
             .shutdown_on_signal()
-            .run(|u, c| async move { c.reconcile(u).await }, |_u, e, _c| {
-                tracing::warn!(error = %e, "update reconcile failed");
-                Action::requeue(Duration::from_secs(5))
-            }, self)
+            .run(
+                |u, c| async move { c.reconcile(u).await },
+                |_u, e, _c| {
+                    tracing::warn!(error = %e, "update reconcile failed");
+                    Action::requeue(Duration::from_secs(5))
+                },
+                self,
+            )
             .for_each(|_| async {})
             .await;
         for w in workers {
@@ -247,7 +251,12 @@ impl UpdateController {
     async fn wait(&self, api: &Api<Update>, update: &Update, reason: &'static str, message: String) -> Result<(), kube::Error> {
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
-        st.conditions = Some(status::conditions(&Phase::Waiting { reason, message }, update.meta().generation, &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()), &old));
+        st.conditions = Some(status::conditions(
+            &Phase::Waiting { reason, message },
+            update.meta().generation,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+            &old,
+        ));
         let patch = serde_json::json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "status": st});
         api.patch_status(&update.name_any(), &kube::api::PatchParams::apply(pko_api::constants::field_manager::UPDATE_STATUS).force(), &kube::api::Patch::Apply(&patch)).await?;
         Ok(())
@@ -258,7 +267,15 @@ impl UpdateController {
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {
-            crate::context::publish_event(&self.ctx.client, "update-controller", update, false, pko_api::constants::event_reason::UPDATE_EXPIRED, format!("deleted {ttl:?} after completion (ttlAfterCompleted)")).await;
+            crate::context::publish_event(
+                &self.ctx.client,
+                "update-controller",
+                update,
+                false,
+                pko_api::constants::event_reason::UPDATE_EXPIRED,
+                format!("deleted {ttl:?} after completion (ttlAfterCompleted)"),
+            )
+            .await;
             api.delete(&update.name_any(), &DeleteParams::background()).await?;
             tracing::info!(update = %update.name_any(), "update expired (ttlAfterCompleted)");
             return Ok(Action::await_change());

@@ -70,14 +70,7 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
 /// `token` as bearer token when set, and records progress and result on the Update. Returns the final
 /// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
 /// caller dispatches it again.
-pub async fn run_on_agent(
-    client: &kube::Client,
-    agent: &str,
-    token: Option<&str>,
-    epoch: i64,
-    update: &Update,
-    workspace: &Workspace,
-) -> Result<OperationResult, DispatchError> {
+pub async fn run_on_agent(client: &kube::Client, agent: &str, token: Option<&str>, epoch: i64, update: &Update, workspace: &Workspace) -> Result<OperationResult, DispatchError> {
     let ns = update.namespace().unwrap_or_default();
     let api: Api<Update> = Api::namespaced(client.clone(), &ns);
     let generation = update.meta().generation;
@@ -122,11 +115,8 @@ pub async fn run_on_agent(
             Phase::Failed { reason: status::failed_reason(reason_of(&result)).into(), message: result.message.clone() }
         };
         if phase == Phase::Succeeded && update.spec.update_type == Some(pko_api::UpdateType::Up) {
-            let values: BTreeMap<String, (serde_json::Value, bool)> = result
-                .outputs
-                .iter()
-                .map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret)))
-                .collect();
+            let values: BTreeMap<String, (serde_json::Value, bool)> =
+                result.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret))).collect();
             let owner = update.controller_owner_ref(&()).map(|mut o| {
                 o.controller = Some(false);
                 o
@@ -149,7 +139,8 @@ pub async fn run_on_agent(
         let current = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&phase, generation, &now(), &current));
         write_status(&api, update, &st).await?;
-        let (warning, reason) = if phase == Phase::Succeeded { (false, pko_api::constants::event_reason::UPDATE_SUCCEEDED) } else { (true, pko_api::constants::event_reason::UPDATE_FAILED) };
+        let (warning, reason) =
+            if phase == Phase::Succeeded { (false, pko_api::constants::event_reason::UPDATE_SUCCEEDED) } else { (true, pko_api::constants::event_reason::UPDATE_FAILED) };
         crate::context::publish_event(client, "update-controller", update, warning, reason, result.message.clone()).await;
         return Ok(result);
     }

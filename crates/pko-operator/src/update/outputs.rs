@@ -39,13 +39,8 @@ pub fn secret(update: &str, namespace: &str, owner: OwnerReference, outputs: &BT
 
 /// `Stack.status.outputs` from an outputs Secret: JSON values, secret ones replaced by `[secret]`.
 pub fn stack_outputs(secret: &Secret) -> BTreeMap<String, Value> {
-    let secret_keys: Vec<String> = secret
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SECRET_OUTPUTS_ANNOTATION))
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_default();
+    let secret_keys: Vec<String> =
+        secret.metadata.annotations.as_ref().and_then(|a| a.get(SECRET_OUTPUTS_ANNOTATION)).and_then(|s| serde_json::from_str(s).ok()).unwrap_or_default();
     secret
         .data
         .iter()

@@ -1,8 +1,8 @@
 //! Update conditions as PKO writes them (`Progressing`, `Complete`, `Failed`), from the agent's result.
 
+use self::pko_proto_reason::Reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use pko_api::constants::update_condition as uc;
-use self::pko_proto_reason::Reason;
 
 /// The state of an Update's operation, as the conditions tell it.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,26 +37,16 @@ fn cond(type_: &str, status: &str, reason: &str, message: &str, generation: Opti
 pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Condition]) -> Vec<Condition> {
     let c = |t: &str, s: &str, r: &str, m: &str| cond(t, s, r, m, generation, now, old);
     let mut v = match phase {
-        Phase::Progressing => vec![
-            c(uc::PROGRESSING, "True", uc::REASON_PROGRESSING, ""),
-            c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""),
-            c(uc::FAILED, "False", uc::REASON_PROGRESSING, ""),
-        ],
-        Phase::Succeeded => vec![
-            c(uc::PROGRESSING, "False", uc::REASON_COMPLETE, ""),
-            c(uc::COMPLETE, "True", uc::UPDATED, ""),
-            c(uc::FAILED, "False", uc::UPDATE_SUCCEEDED, ""),
-        ],
-        Phase::Failed { reason, message } => vec![
-            c(uc::PROGRESSING, "False", uc::REASON_FAILED, ""),
-            c(uc::COMPLETE, "True", uc::REASON_FAILED, ""),
-            c(uc::FAILED, "True", reason, message),
-        ],
-        Phase::Waiting { reason, message } => vec![
-            c(uc::PROGRESSING, "False", reason, message),
-            c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""),
-            c(uc::FAILED, "False", uc::REASON_PROGRESSING, ""),
-        ],
+        Phase::Progressing => {
+            vec![c(uc::PROGRESSING, "True", uc::REASON_PROGRESSING, ""), c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""), c(uc::FAILED, "False", uc::REASON_PROGRESSING, "")]
+        }
+        Phase::Succeeded => vec![c(uc::PROGRESSING, "False", uc::REASON_COMPLETE, ""), c(uc::COMPLETE, "True", uc::UPDATED, ""), c(uc::FAILED, "False", uc::UPDATE_SUCCEEDED, "")],
+        Phase::Failed { reason, message } => {
+            vec![c(uc::PROGRESSING, "False", uc::REASON_FAILED, ""), c(uc::COMPLETE, "True", uc::REASON_FAILED, ""), c(uc::FAILED, "True", reason, message)]
+        }
+        Phase::Waiting { reason, message } => {
+            vec![c(uc::PROGRESSING, "False", reason, message), c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""), c(uc::FAILED, "False", uc::REASON_PROGRESSING, "")]
+        }
     };
     v.sort_by(|a, b| a.type_.cmp(&b.type_));
     v

@@ -95,8 +95,7 @@ impl LocalAgent {
 
 /// Whether `pid` is a running `pko-agent` (a recorded PID may have been reused by another program).
 fn agent_process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
 }
 
 /// What the local runtime records next to an agent's work directory, so a restarted operator adopts the
@@ -160,7 +159,8 @@ impl LocalRuntime {
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
         // the agent's identity: a token of the Workspace's service account
         let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() }, ..Default::default() };
-        let token = Api::<ServiceAccount>::namespaced(client.clone(), &ns).create_token_request(&sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
+        let token =
+            Api::<ServiceAccount>::namespaced(client.clone(), &ns).create_token_request(&sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
         std::fs::create_dir_all(&dir).map_err(|e| Error::Local(e.to_string()))?;
         let kubeconfig = dir.join("kubeconfig");
         let kc = format!(
@@ -193,7 +193,8 @@ impl LocalRuntime {
         let stdout = child.stdout.take().expect("piped");
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| Error::Local("agent did not start within 20 s".into()))?;
-        let address = first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| Error::Local("agent did not report its address".into()))?;
+        let address =
+            first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| Error::Local("agent did not report its address".into()))?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
@@ -260,10 +261,14 @@ impl WorkspaceController {
             .with_config(self.ctx.controller_config())
             .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
             .shutdown_on_signal()
-            .run(|w, c| async move { c.reconcile(w).await }, |_w, e, _c| {
-                tracing::warn!(error = %e, "workspace reconcile failed");
-                Action::requeue(Duration::from_secs(5))
-            }, self.clone())
+            .run(
+                |w, c| async move { c.reconcile(w).await },
+                |_w, e, _c| {
+                    tracing::warn!(error = %e, "workspace reconcile failed");
+                    Action::requeue(Duration::from_secs(5))
+                },
+                self.clone(),
+            )
             .for_each(|_| async {})
             .await;
         sweeper.abort();

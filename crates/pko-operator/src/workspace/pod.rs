@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use pko_api::Workspace;
@@ -69,7 +69,12 @@ pub fn service(ws: &Workspace) -> Service {
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
             selector: Some(labels(&name)),
-            ports: Some(vec![ServicePort { name: Some("grpc".into()), port: AGENT_PORT, target_port: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("grpc".into())), ..Default::default() }]),
+            ports: Some(vec![ServicePort {
+                name: Some("grpc".into()),
+                port: AGENT_PORT,
+                target_port: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("grpc".into())),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         ..Default::default()
@@ -220,7 +225,22 @@ pub fn merge_pod_spec(base: &mut PodSpec, user: PodSpec) {
     macro_rules! take {
         ($($f:ident),*) => { $( if user.$f.is_some() { base.$f = user.$f; } )* };
     }
-    take!(affinity, tolerations, node_selector, priority_class_name, image_pull_secrets, service_account_name, termination_grace_period_seconds, runtime_class_name, topology_spread_constraints, host_aliases, dns_config, dns_policy, scheduler_name, security_context);
+    take!(
+        affinity,
+        tolerations,
+        node_selector,
+        priority_class_name,
+        image_pull_secrets,
+        service_account_name,
+        termination_grace_period_seconds,
+        runtime_class_name,
+        topology_spread_constraints,
+        host_aliases,
+        dns_config,
+        dns_policy,
+        scheduler_name,
+        security_context
+    );
 }
 
 fn merge_by_name<T, F: Fn(&T) -> String>(base: &mut Option<Vec<T>>, user: Option<Vec<T>>, key: F) {
@@ -248,7 +268,8 @@ mod tests {
     use serde_json::json;
 
     fn ws(spec: serde_json::Value) -> Workspace {
-        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w", "namespace": "ns", "uid": "u1"}, "spec": spec})).unwrap()
+        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w", "namespace": "ns", "uid": "u1"}, "spec": spec}))
+            .unwrap()
     }
 
     fn cfg() -> PodRuntimeConfig {

@@ -73,7 +73,6 @@ pub fn condition(u: &Update, t: &str) -> Option<(String, String)> {
     u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()))
 }
 
-
 /// The whole operator (artifact server, Program, Workspace with the local runtime, Update and Stack
 /// controllers) running in this test process and owning only `namespace`, so tests of one binary that
 /// run in parallel never act on each other's objects. Dropping it stops the controllers and the agents.
@@ -95,18 +94,21 @@ impl InProcessOperator {
         let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_url = format!("http://{}/metrics", metrics_listener.local_addr().unwrap());
         let (metrics_client, ownership) = (client.clone(), ctx.ownership.clone());
-        Self(vec![
-            tokio::spawn(async move {
-                let _ = pko_operator::metrics::serve(metrics_listener, metrics_client, ownership, pko_operator::metrics::install_recorder()).await;
-            }),
-            tokio::spawn(async move {
-                let _ = pko_operator::artifacts::serve(listener, server_client).await;
-            }),
-            tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
-            tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
-            tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
-            tokio::spawn(pko_operator::stack::controller::run(ctx)),
-        ], metrics_url)
+        Self(
+            vec![
+                tokio::spawn(async move {
+                    let _ = pko_operator::metrics::serve(metrics_listener, metrics_client, ownership, pko_operator::metrics::install_recorder()).await;
+                }),
+                tokio::spawn(async move {
+                    let _ = pko_operator::artifacts::serve(listener, server_client).await;
+                }),
+                tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
+                tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
+                tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
+                tokio::spawn(pko_operator::stack::controller::run(ctx)),
+            ],
+            metrics_url,
+        )
     }
 
     /// The text of its `/metrics` endpoint.
@@ -132,11 +134,19 @@ pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, Strin
 /// resolve the Stack's secret references with it.
 pub async fn allow_default_sa_to_read_secrets(ns: &pko_testbed::TestNamespace) {
     use serde_json::json;
-    create(&ns.api::<k8s_openapi::api::rbac::v1::Role>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})).await;
-    create(&ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
+    create(
+        &ns.api::<k8s_openapi::api::rbac::v1::Role>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}),
+    )
+    .await;
+    create(
+        &ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
-        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]})).await;
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]}),
+    )
+    .await;
 }
 
 /// A test's start on the bed: a client, the CRDs installed, a fresh namespace `<prefix>-…` and a
