@@ -168,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
                 pko_operator::stack::controller::run(ctx.clone()),
                 WorkspaceController::new(ctx.clone(), runtime).run(),
                 {
-                    let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations, None);
+                    let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations);
                     let updates = if a.max_operations_per_class > 0 { updates.with_class_limit(a.max_operations_per_class) } else { updates };
                     let updates = match &agent_tokens {
                         Some((ns, sa)) => updates.with_agent_tokens(pko_operator::update::tokens::AgentTokens::new(client.clone(), ns.clone(), sa.clone())),

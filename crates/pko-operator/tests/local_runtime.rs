@@ -56,7 +56,7 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let wsc = tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run());
-    let upc = tokio::spawn(UpdateController::new(ctx, 4, None).run());
+    let upc = tokio::spawn(UpdateController::new(ctx, 4).run());
 
     create(&ns.api::<Workspace>(), workspace("allowed", "runner", &dir, &env.backend_url())).await;
     create(&ns.api::<Workspace>(), workspace("denied", "nobody", &dir, &env.backend_url())).await;

@@ -17,6 +17,20 @@ use pko_operator::update::tokens::AgentTokens;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
+/// A Workspace running the program in `dir` for `stack` on the test's file:// backend.
+fn local_workspace(name: &str, dir: &std::path::Path, env: &pko_testbed::PulumiEnv, stack: &str) -> serde_json::Value {
+    json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
+           "spec": {"local": {"dir": dir.display().to_string()},
+                    "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
+                    "stacks": [{"name": stack, "create": true}]}})
+}
+
+/// Points Workspace `name` at an agent started by the test (no Workspace controller runs here).
+async fn set_agent_address(ns: &pko_testbed::TestNamespace, name: &str, address: &str) {
+    let status = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": address}});
+    ns.api::<Workspace>().patch_status(name, &PatchParams::apply("tests").force(), &Patch::Apply(status)).await.unwrap();
+}
+
 #[tokio::test]
 async fn updates_are_dispatched_completed_and_expired() {
     let bed = testbed();
@@ -26,31 +40,17 @@ async fn updates_are_dispatched_completed_and_expired() {
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
     let dir = project(&env, "ctl", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: ${a.stdout}\n");
-    create(
-        &ns.api::<Workspace>(),
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "ws"},
-               "spec": {"local": {"dir": dir.display().to_string()},
-                        "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
-                        "stacks": [{"name": "dev", "create": true}]}}),
-    )
-    .await;
+    create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let controller = tokio::spawn(UpdateController::new(ctx, 8, None).run());
+    let controller = tokio::spawn(UpdateController::new(ctx, 8).run());
     let updates = ns.api::<Update>();
 
     // no agent address yet: the Update waits
     create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await;
     eventually("u1 waits for the workspace", 20, || async { condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotReady".into())) })
         .await;
-    // the workspace becomes ready (here by hand: the Workspace controller is not built yet)
-    ns.api::<Workspace>()
-        .patch_status(
-            "ws",
-            &PatchParams::apply("tests").force(),
-            &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
-        )
-        .await
-        .unwrap();
+    // the workspace becomes ready (by hand: this test runs no Workspace controller)
+    set_agent_address(&ns, "ws", &agent.1).await;
     eventually("u1 completes", 60, || async { condition(&updates.get("u1").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
     assert_eq!(updates.get("u1").await.unwrap().status.unwrap().outputs.as_deref(), Some("u1-stack-outputs"));
     // ttlAfterCompleted: 3s
@@ -73,25 +73,11 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     let (client, ns, env) = setup("class").await;
     let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let controller = tokio::spawn(UpdateController::new(ctx, 8, None).with_class_limit(1).run());
+    let controller = tokio::spawn(UpdateController::new(ctx, 8).with_class_limit(1).run());
     let agents = [start_agent(&env, ns.name()), start_agent(&env, ns.name())];
     for (ws, agent) in ["a", "b"].iter().zip(&agents) {
-        create(
-            &ns.api::<Workspace>(),
-            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": ws},
-                   "spec": {"local": {"dir": dir.display().to_string()},
-                            "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
-                            "stacks": [{"name": format!("s-{ws}"), "create": true}]}}),
-        )
-        .await;
-        ns.api::<Workspace>()
-            .patch_status(
-                ws,
-                &PatchParams::apply("tests").force(),
-                &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
-            )
-            .await
-            .unwrap();
+        create(&ns.api::<Workspace>(), local_workspace(ws, &dir, &env, &format!("s-{ws}"))).await;
+        set_agent_address(&ns, ws, &agent.1).await;
     }
     let updates = ns.api::<Update>();
     for ws in ["a", "b"] {
@@ -141,27 +127,13 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     .await;
     let audience = pko_operator::update::tokens::audience(ns.name(), "ws");
     let agent = start_agent_with(&env, &["--auth", "kube", "--kube-audience", &audience, "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws"]);
-    create(
-        &ns.api::<Workspace>(),
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "ws"},
-               "spec": {"local": {"dir": dir.display().to_string()},
-                        "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
-                        "stacks": [{"name": "dev", "create": true}]}}),
-    )
-    .await;
-    ns.api::<Workspace>()
-        .patch_status(
-            "ws",
-            &PatchParams::apply("tests").force(),
-            &Patch::Apply(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": agent.1}})),
-        )
-        .await
-        .unwrap();
+    create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
+    set_agent_address(&ns, "ws", &agent.1).await;
     let updates = ns.api::<Update>();
 
     // a service account without `use` on workspaces/rpc is refused
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
+    let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
     create(
         &updates,
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
@@ -176,7 +148,7 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     stranger.abort();
 
     // the operator's own account may: the same Update now runs
-    let operator = tokio::spawn(UpdateController::new(ctx, 2, None).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")).run());
+    let operator = tokio::spawn(UpdateController::new(ctx, 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")).run());
     eventually("the Update completes with the operator's token", 90, || async {
         condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
     })

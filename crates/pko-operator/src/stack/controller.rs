@@ -105,51 +105,81 @@ enum Resolved {
     Stalled(&'static str, String),
 }
 
+/// Why the Stack's git credentials could not be had: the API failed (the reconcile is retried), or the
+/// spec names a Secret or key that is not there (the Stack is Stalled `SpecInvalid` with this text).
+enum CredentialError {
+    Kube(kube::Error),
+    Invalid(String),
+}
+
+impl From<kube::Error> for CredentialError {
+    fn from(e: kube::Error) -> Self {
+        Self::Kube(e)
+    }
+}
+
 /// The Stack's git credentials as Secret key references ([`build::git_auth`]), reading which keys the
-/// deprecated `gitAuthSecret` holds. Errors (the Stack is Stalled `SpecInvalid`): that Secret is missing.
-async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Result<Result<Option<pko_api::workspace::GitAuth>, String>, kube::Error> {
+/// deprecated `gitAuthSecret` holds.
+async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Result<Option<pko_api::workspace::GitAuth>, CredentialError> {
     let keys = match (&spec.git_auth, &spec.git_auth_secret) {
         (None, Some(name)) => match Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? {
             Some(s) => Some(s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect()),
-            None => return Ok(Err(format!("spec.gitAuthSecret: Secret {name} not found"))),
+            None => return Err(CredentialError::Invalid(format!("spec.gitAuthSecret: Secret {name} not found"))),
         },
         _ => None,
     };
-    Ok(Ok(build::git_auth(spec, keys.as_ref())))
+    Ok(build::git_auth(spec, keys.as_ref()))
+}
+
+/// The value of the Secret key `sel` (none: no selector), from `secrets` (the Secrets of the Stack's
+/// namespace read so far, by name; a Secret is read once).
+async fn secret_value(
+    api: &Api<Secret>,
+    secrets: &mut std::collections::BTreeMap<String, Option<Secret>>,
+    sel: &Option<k8s_openapi::api::core::v1::SecretKeySelector>,
+) -> Result<Option<String>, CredentialError> {
+    let Some(sel) = sel else { return Ok(None) };
+    if !secrets.contains_key(&sel.name) {
+        secrets.insert(sel.name.clone(), api.get_opt(&sel.name).await?);
+    }
+    let secret = secrets[&sel.name].as_ref().ok_or_else(|| CredentialError::Invalid(format!("git credentials: Secret {} not found", sel.name)))?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&sel.key))
+        .map(|b| b.0.clone())
+        .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()))
+        .ok_or_else(|| CredentialError::Invalid(format!("git credentials: Secret {} has no key {}", sel.name, sel.key)))?;
+    String::from_utf8(bytes).map(Some).map_err(|_| CredentialError::Invalid(format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)))
 }
 
 /// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves
-/// git auth in the operator too). Errors (Stalled `SpecInvalid`): a Secret or key is missing.
-async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<Result<pko_git::GitCredentials, String>, kube::Error> {
-    let Some(auth) = auth else { return Ok(Ok(Default::default())) };
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let mut read = std::collections::BTreeMap::<String, Option<Secret>>::new();
-    let mut value = async |sel: &Option<k8s_openapi::api::core::v1::SecretKeySelector>| -> Result<Result<Option<String>, String>, kube::Error> {
-        let Some(sel) = sel else { return Ok(Ok(None)) };
-        if !read.contains_key(&sel.name) {
-            read.insert(sel.name.clone(), secrets.get_opt(&sel.name).await?);
-        }
-        let Some(secret) = read.get(&sel.name).and_then(|s| s.as_ref()) else { return Ok(Err(format!("git credentials: Secret {} not found", sel.name))) };
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(&sel.key))
-            .map(|b| b.0.clone())
-            .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()));
-        Ok(match bytes {
-            Some(b) => String::from_utf8(b).map(Some).map_err(|_| format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)),
-            None => Err(format!("git credentials: Secret {} has no key {}", sel.name, sel.key)),
-        })
-    };
-    macro_rules! get {
-        ($sel:expr) => {
-            match value($sel).await? {
-                Ok(v) => v,
-                Err(e) => return Ok(Err(e)),
-            }
-        };
+/// git auth in the operator too).
+async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<pko_git::GitCredentials, CredentialError> {
+    let Some(auth) = auth else { return Ok(Default::default()) };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let mut secrets = std::collections::BTreeMap::new();
+    Ok(pko_git::GitCredentials {
+        ssh_private_key: secret_value(&api, &mut secrets, &auth.ssh_private_key).await?,
+        token: secret_value(&api, &mut secrets, &auth.token).await?,
+        username: secret_value(&api, &mut secrets, &auth.username).await?,
+        password: secret_value(&api, &mut secrets, &auth.password).await?,
+    })
+}
+
+/// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with
+/// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
+async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &str) -> Result<Resolved, CredentialError> {
+    let auth = git_auth_refs(ctx, ns, spec).await?.map(Box::new);
+    if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
+        return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.to_string(), commit: c.clone(), auth }));
     }
-    Ok(Ok(pko_git::GitCredentials { ssh_private_key: get!(&auth.ssh_private_key), token: get!(&auth.token), username: get!(&auth.username), password: get!(&auth.password) }))
+    let creds = git_credentials(ctx, ns, auth.as_deref()).await?;
+    let branch = spec.branch.clone().unwrap_or_default();
+    Ok(match pko_git::ls_remote(repo, &branch, &creds).await {
+        Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.to_string(), commit: sha, auth }),
+        Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
+    })
 }
 
 async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, Error> {
@@ -168,22 +198,11 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
         });
     }
     if let Some(repo) = &spec.project_repo {
-        let auth = match git_auth_refs(ctx, &ns, spec).await? {
-            Ok(a) => a.map(Box::new),
-            Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
+        return match resolve_git(ctx, &ns, spec, repo).await {
+            Ok(r) => Ok(r),
+            Err(CredentialError::Invalid(e)) => Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
+            Err(CredentialError::Kube(e)) => Err(e.into()),
         };
-        if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
-            return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: c.clone(), auth }));
-        }
-        let creds = match git_credentials(ctx, &ns, auth.as_deref()).await? {
-            Ok(c) => c,
-            Err(e) => return Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
-        };
-        let branch = spec.branch.clone().unwrap_or_default();
-        return Ok(match pko_git::ls_remote(repo, &branch, &creds).await {
-            Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.clone(), commit: sha, auth }),
-            Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
-        });
     }
     if let Some(f) = &spec.flux_source {
         let (group, version) = f.source_ref.api_version.rsplit_once('/').unwrap_or(("", &f.source_ref.api_version));

@@ -28,12 +28,10 @@ pub struct UpdateController {
     ctx: Arc<Context>,
     queue: Arc<dyn WorkQueue>,
     workers: usize,
-    /// Bearer token for agents (none: agents without authentication).
-    token: Option<String>,
     /// Operations per workspace class.
     class_limits: Arc<ClassLimits>,
-    /// Per-workspace tokens for agents that authenticate callers (`--auth kube`); overrides `token`.
-    tokens: Option<Arc<AgentTokens>>,
+    /// Per-workspace tokens for agents that authenticate callers (`--auth kube`); none: no credentials.
+    tokens: Option<AgentTokens>,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -91,42 +89,38 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
 }
 
 impl UpdateController {
-    /// A controller driving at most `max_operations` operations at once, with the in-memory queue.
-    pub fn new(ctx: Arc<Context>, max_operations: usize, token: Option<String>) -> Arc<Self> {
-        Self::with_queue(ctx, Arc::new(InMemoryQueue::default()), max_operations, token)
+    /// A controller driving at most `max_operations` operations at once, with the in-memory queue,
+    /// calling agents without credentials (local agents, `--auth none`).
+    pub fn new(ctx: Arc<Context>, max_operations: usize) -> Self {
+        Self::with_queue(ctx, Arc::new(InMemoryQueue::default()), max_operations)
     }
 
     /// A controller on `queue` with `workers` operation workers.
-    pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize, token: Option<String>) -> Arc<Self> {
-        Arc::new(Self { ctx, queue, workers: workers.max(1), token, class_limits: ClassLimits::new(workers), tokens: None })
+    pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
+        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None }
     }
 
     /// Authenticates to agents with tokens of a service account, one per Workspace audience
-    /// ([`super::tokens`]) — what agents in pods (`--auth kube`) require. Call before [`Self::run`].
-    ///
-    /// Panics: when the controller is already shared (running).
-    pub fn with_agent_tokens(self: Arc<Self>, tokens: AgentTokens) -> Arc<Self> {
-        let mut this = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("with_agent_tokens is called before run"));
-        this.tokens = Some(Arc::new(tokens));
-        Arc::new(this)
+    /// ([`super::tokens`]) — what agents in pods (`--auth kube`) require.
+    pub fn with_agent_tokens(mut self, tokens: AgentTokens) -> Self {
+        self.tokens = Some(tokens);
+        self
     }
 
     /// At most `limit` operations at once per workspace class ([`super::limits`]); by default the number
-    /// of workers (no limit beyond theirs). Call before [`Self::run`].
-    ///
-    /// Panics: when the controller is already shared (running).
-    pub fn with_class_limit(self: Arc<Self>, limit: usize) -> Arc<Self> {
-        let mut this = Arc::try_unwrap(self).unwrap_or_else(|_| panic!("with_class_limit is called before run"));
-        this.class_limits = ClassLimits::new(limit);
-        Arc::new(this)
+    /// of workers (no limit beyond theirs).
+    pub fn with_class_limit(mut self, limit: usize) -> Self {
+        self.class_limits = ClassLimits::new(limit);
+        self
     }
 
     /// Runs the controller and its workers until shutdown.
-    pub async fn run(self: Arc<Self>) {
-        let workers: Vec<_> = (0..self.workers).map(|_| tokio::spawn(self.clone().worker())).collect();
-        let api: Api<Update> = Api::all(self.ctx.client.clone());
+    pub async fn run(self) {
+        let this = Arc::new(self);
+        let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
+        let api: Api<Update> = Api::all(this.ctx.client.clone());
         Controller::new(api, watcher::Config::default())
-            .with_config(self.ctx.controller_config())
+            .with_config(this.ctx.controller_config())
             .shutdown_on_signal()
             .run(
                 |u, c| async move { c.reconcile(u).await },
@@ -134,7 +128,7 @@ impl UpdateController {
                     tracing::warn!(error = %e, "update reconcile failed");
                     Action::requeue(Duration::from_secs(5))
                 },
-                self,
+                this,
             )
             .for_each(|_| async {})
             .await;
@@ -193,7 +187,7 @@ impl UpdateController {
                     return Drive::Done;
                 }
             },
-            None => self.token.clone(),
+            None => None,
         };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");

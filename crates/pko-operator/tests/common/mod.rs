@@ -104,7 +104,7 @@ impl InProcessOperator {
                 }),
                 tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
                 tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
-                tokio::spawn(UpdateController::new(ctx.clone(), 8, None).run()),
+                tokio::spawn(UpdateController::new(ctx.clone(), 8).run()),
                 tokio::spawn(pko_operator::stack::controller::run(ctx)),
             ],
             metrics_url,
