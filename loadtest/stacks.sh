@@ -43,7 +43,7 @@ kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
-  --program-fs-addr 127.0.0.1:19091 --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:18384 --namespaces $NS \
+  --program-fs-addr 127.0.0.1:19091 --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:18384 --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
   --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
   > "$RUN/operator.log" 2>&1 < /dev/null &
 OP=$!

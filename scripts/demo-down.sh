@@ -17,6 +17,7 @@ if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
     # finalizers need the operator; it is gone, so release them
     for s in $(kubectl -n pko-demo get stacks,updates -o name 2>/dev/null); do kubectl -n pko-demo patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
     kubectl delete ns pko-demo --wait=false >/dev/null 2>&1
+    kubectl delete clusterrolebinding pko-metrics-pko-demo --ignore-not-found >/dev/null 2>&1
   }
 fi
 rm -rf "$DEMO"

@@ -54,7 +54,7 @@ kubectl -n $NS create role pulumi-workspace --verb=get --resource=secrets,config
 kubectl -n $NS create rolebinding pulumi-workspace --role=pulumi-workspace --serviceaccount=$NS:default >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:19090 \
-  --metrics-bind-address 127.0.0.1:18383 --namespaces $NS \
+  --metrics-bind-address 127.0.0.1:18383 --health-probe-bind-address 127.0.0.1:18081 --namespaces $NS \
   --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
   > "$DEMO/operator.log" 2>&1 < /dev/null &
 echo $! > "$DEMO/operator.pid"
@@ -71,9 +71,17 @@ kubectl -n $NS get stacks,workspaces,updates
 echo; echo "outputs:"
 for s in hello configured from-git; do echo "  $s: $(kubectl -n $NS get stack $s -o jsonpath='{.status.outputs}')"; done
 kubectl -n $NS get stack configured -o jsonpath='{.status.outputs}' | grep -q 'not-a-real-key' && fail "a secret reached the Stack status"
-echo; echo "metrics (http://127.0.0.1:18383/metrics):"
-curl -s http://127.0.0.1:18383/metrics | grep -E '^(stacks_active|stacks_failing|programs_active|pko_update_operations_total)' | sed 's/^/  /'
-curl -s http://127.0.0.1:18383/metrics | grep -q '^stacks_active 3$' || fail "the metrics endpoint does not report 3 active stacks"
+# /metrics is HTTPS and needs a token allowed `get /metrics` (--metrics-secure, as in PKO): a scraper's
+# service account bound to the pko-metrics-reader role of deploy/manifests/operator.yaml
+kubectl create clusterrole pko-metrics-reader --verb=get --non-resource-url=/metrics --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
+kubectl -n $NS create serviceaccount metrics-scraper >/dev/null
+kubectl create clusterrolebinding "pko-metrics-$NS" --clusterrole=pko-metrics-reader --serviceaccount=$NS:metrics-scraper --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
+SCRAPE_TOKEN="$(kubectl -n $NS create token metrics-scraper)"
+metrics() { curl -sk -H "Authorization: Bearer $SCRAPE_TOKEN" https://127.0.0.1:18383/metrics; }
+echo; echo "metrics (https://127.0.0.1:18383/metrics, as $NS:metrics-scraper):"
+metrics | grep -E '^(stacks_active|stacks_failing|programs_active|pko_update_operations_total)' | sed 's/^/  /'
+metrics | grep -q '^stacks_active 3$' || fail "the metrics endpoint does not report 3 active stacks"
+[ "$(curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1:18383/metrics)" = 401 ] || fail "the metrics endpoint answers without a token"
 
 step "a new commit on the tracked branch"
 sed -i 's/release 1/release 2/' "$DEMO/work/app/Pulumi.yaml"

@@ -4,11 +4,13 @@
 //! - [`service`]: the RPCs (Run, Attach, Cancel, Status, PulumiVersion, WhoAmI) and shutdown;
 //! - [`operation`]: per-operation event logs that clients follow from the first event;
 //! - [`runner`]: one operation, step by step; [`pulumi`]: the CLI's command lines and error mapping;
-//! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache;
+//! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache; [`archive`]: safe,
+//!   bounded extraction of hostile tarballs;
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
 //! - [`mask`]: secrets never leave the agent unmasked.
 #![forbid(unsafe_code)]
 
+pub mod archive;
 pub mod auth;
 pub mod convert;
 pub mod mask;

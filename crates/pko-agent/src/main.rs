@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pko_agent::auth::{Auth, KubeAuth};
 use pko_agent::runner::RunnerContext;
 use pko_agent::service::{AgentConfig, AgentService};
-use pko_agent::source::{CacheConfig, SourceCache};
+use pko_agent::source::{CacheConfig, DownloadConfig, SourceCache};
 use pko_agent::values::ValueResolver;
 use pko_proto::v1::agent_server::AgentServer;
 use tokio::signal::unix::{SignalKind, signal};
@@ -66,6 +66,18 @@ struct Serve {
     /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB).
     #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES")]
     max_artifact_bytes: u64,
+    /// Seconds to establish an artifact download's connection.
+    #[arg(long, default_value_t = 10)]
+    artifact_connect_timeout_seconds: u64,
+    /// Seconds an artifact server may stay silent (waiting for the response or its next bytes).
+    #[arg(long, default_value_t = 30)]
+    artifact_read_timeout_seconds: u64,
+    /// Seconds one artifact download attempt may take in all.
+    #[arg(long, default_value_t = 300)]
+    artifact_timeout_seconds: u64,
+    /// Retries of a failed artifact download (connection errors, timeouts, HTTP 429/5xx; PKO: 3).
+    #[arg(long, default_value_t = 3)]
+    artifact_retries: u32,
     /// Pulumi log verbosity for operations (PKO `pulumiLogLevel`); 0 disables verbose logging.
     #[arg(long, default_value_t = 0)]
     pulumi_log_level: u32,
@@ -81,6 +93,11 @@ struct Serve {
     /// Name of the workspace (for the SubjectAccessReview).
     #[arg(long)]
     kube_workspace_name: Option<String>,
+    /// Kubeconfig of the agent's own identity (the local runtime passes one). Without it: the pod's
+    /// service account in a pod, else the usual `KUBECONFIG`/`~/.kube/config` inference. Never taken
+    /// from the environment in a pod, so a Workspace's `env` cannot redirect the agent's identity.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// PEM certificate for TLS (with --tls-key).
     #[arg(long)]
     tls_cert: Option<PathBuf>,
@@ -101,8 +118,21 @@ async fn main() -> anyhow::Result<()> {
     serve(args).await
 }
 
+/// The agent's Kubernetes client: from `kubeconfig` when given, in-cluster in a pod, else inferred.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading --kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => kube::Config::incluster()?,
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
 async fn serve(a: Serve) -> anyhow::Result<()> {
-    let kube = match kube::Client::try_default().await {
+    let kube = match kube_client(a.kubeconfig.as_deref()).await {
         Ok(c) => Some(c),
         Err(e) if a.auth == AuthMode::None => {
             tracing::warn!("no Kubernetes access ({e}); Secret and ConfigMap references will fail");
@@ -124,9 +154,14 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
             Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
         }
     };
-    let sources =
-        SourceCache::new(CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: a.max_artifact_bytes, pulumi: a.pulumi.clone() })
-            .with_context(|| format!("creating {}", a.work_dir.display()))?;
+    let download = DownloadConfig {
+        connect_timeout: Duration::from_secs(a.artifact_connect_timeout_seconds),
+        read_timeout: Duration::from_secs(a.artifact_read_timeout_seconds),
+        total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
+        retries: a.artifact_retries,
+    };
+    let cache = CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: a.max_artifact_bytes, download, pulumi: a.pulumi.clone() };
+    let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
     let ctx = RunnerContext {
         pulumi: a.pulumi.clone(),
         env: Default::default(),

@@ -113,6 +113,18 @@ pub async fn run(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args
     Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
 }
 
+/// Runs `pulumi <args>` like [`run`], writing `input` to its standard input (values too large for the
+/// command line).
+pub async fn run_with_input(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: &str) -> std::io::Result<Output> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new(pulumi).args(args).current_dir(dir).envs(env).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).await?;
+    }
+    let out = child.wait_with_output().await?;
+    Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
+}
+
 /// `pulumi version` of the binary at `pulumi` (e.g. `v3.259.0`).
 pub async fn version(pulumi: &Path) -> std::io::Result<String> {
     let out = run(pulumi, Path::new("/"), &base_env(), &["version"]).await?;

@@ -135,6 +135,10 @@ async fn execute(
         }
         env.insert(e.name.clone(), v);
     }
+    if let Some((name, v)) = env.iter().find(|(k, v)| k.len() + v.len() + 2 > MAX_ENV_VAR_BYTES) {
+        let msg = format!("env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable", v.len());
+        return Err(fail(ErrorReason::InvalidConfig, "env", msg));
+    }
     check_stop(op)?;
 
     // 2. source
@@ -205,6 +209,7 @@ async fn execute(
         text
     });
     let mut errors = String::new();
+    let mut stderr_diagnostics = String::new();
     let mut summary: Option<Value> = None;
     let mut stack_outputs: Option<serde_json::Map<String, Value>> = None;
     let mut preview_doc = String::new();
@@ -218,8 +223,14 @@ async fn execute(
         }
         match serde_json::from_str::<Value>(&line) {
             Ok(Value::Object(ev)) => {
-                if let Some(d) = ev.get("diagnosticEvent").filter(|d| d["severity"] == "error") {
-                    errors.push_str(d["message"].as_str().unwrap_or_default());
+                if let Some(d) = ev.get("diagnosticEvent") {
+                    let text = d["message"].as_str().unwrap_or_default();
+                    match d["severity"].as_str() {
+                        Some("error") => errors.push_str(text),
+                        // language hosts (Pulumi YAML among them) report program errors as info on stderr
+                        Some("info#err") => stderr_diagnostics.push_str(text),
+                        _ => {}
+                    }
                 }
                 if let Some(s) = ev.get("summaryEvent") {
                     summary = Some(s.clone());
@@ -253,7 +264,7 @@ async fn execute(
     }
     result.permalink = find_permalink(&format!("{stderr_text}\n{preview_doc}")).unwrap_or_default();
     if !status.success() {
-        let text = format!("{errors}\n{stderr_text}");
+        let text = format!("{errors}\n{stderr_diagnostics}\n{stderr_text}");
         if text.contains("no stack named") {
             ctx.known_stacks.lock().unwrap().remove(&known_key);
         }
@@ -296,8 +307,7 @@ async fn set_config(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, Stri
     if items.is_empty() {
         return Ok(());
     }
-    let mut json_items = serde_json::Map::new();
-    let mut path_args: Vec<String> = Vec::new();
+    let mut planned = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let field = format!("config[{i}]");
         if item.key.is_empty() {
@@ -332,38 +342,120 @@ async fn set_config(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, Stri
             masker.add(&text);
         }
         let key = if item.key.contains(':') { item.key.clone() } else { format!("{project}:{}", item.key) };
-        if item.path {
-            path_args.push(if item.secret { "--secret".into() } else { "--plaintext".into() });
-            path_args.push(format!("{key}={text}"));
-        } else {
-            let mut entry = json!({ "value": text, "secret": item.secret });
-            if !value.is_string() {
-                entry["objectValue"] = value;
-            }
-            json_items.insert(key, entry);
-        }
+        planned.push(PlannedConfig { key, text, secret: item.secret, path: item.path, object: (!value.is_string()).then_some(value) });
     }
-    let run = |args: Vec<String>| async move {
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        pulumi::run(&ctx.pulumi, dir, env, &refs).await
-    };
-    if !json_items.is_empty() {
-        let out = run(vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--json".into(), Value::Object(json_items).to_string()])
-            .await
-            .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
-        if !out.success {
-            return Err(fail(ErrorReason::InvalidConfig, "config", masker.mask(out.stderr.trim())));
+    for c in config_commands(stack, &planned) {
+        let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let out = match &c.stdin {
+            None => pulumi::run(&ctx.pulumi, dir, env, &refs).await,
+            Some(input) => pulumi::run_with_input(&ctx.pulumi, dir, env, &refs, input).await,
         }
-    }
-    if !path_args.is_empty() {
-        let mut args = vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--path".into()];
-        args.extend(path_args);
-        let out = run(args).await.map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+        .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
         if !out.success {
             return Err(fail(ErrorReason::InvalidConfig, "config", masker.mask(out.stderr.trim())));
         }
     }
     Ok(())
+}
+
+/// Longest `NAME=value` environment entry, in bytes (Linux `MAX_ARG_STRLEN`).
+pub const MAX_ENV_VAR_BYTES: usize = 128 << 10;
+
+/// Longest single command-line argument the agent passes to Pulumi, in bytes: half of Linux's
+/// `MAX_ARG_STRLEN` (128 KiB), leaving room for the key.
+pub const MAX_CONFIG_ARG_BYTES: usize = 64 << 10;
+/// Bytes of `--path` config values one `pulumi config set-all` carries (Linux allows 2 MiB of arguments
+/// and environment together); a `--json` batch is one argument and stays within
+/// [`MAX_CONFIG_ARG_BYTES`].
+pub const MAX_CONFIG_BATCH_BYTES: usize = 256 << 10;
+
+/// One config value, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedConfig {
+    /// Fully qualified key (`project:key`).
+    pub key: String,
+    /// The value as text (JSON text for structured values).
+    pub text: String,
+    /// Encrypted by the stack's secrets provider.
+    pub secret: bool,
+    /// `key` is a property path (`--path`).
+    pub path: bool,
+    /// The structured value, when it is not a string.
+    pub object: Option<Value>,
+}
+
+/// One Pulumi command that sets config: its arguments and, for a value too large for the command line,
+/// the value on standard input (`pulumi config set <key>` reads it there, trimming one final newline).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigCommand {
+    /// Arguments after `pulumi`.
+    pub args: Vec<String>,
+    /// Standard input.
+    pub stdin: Option<String>,
+}
+
+/// The commands that set `items` on `stack` with no argument over [`MAX_CONFIG_ARG_BYTES`] and no
+/// command over [`MAX_CONFIG_BATCH_BYTES`] of values: `config set-all --json` batches for plain keys,
+/// `config set-all --path` batches for paths, and `config set <key>` with the value on standard input
+/// for a value too large for one argument. Pure.
+pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigCommand> {
+    let mut out = Vec::new();
+    let mut json_batch = serde_json::Map::new();
+    let mut json_bytes = 0usize;
+    let mut path_batch: Vec<String> = Vec::new();
+    let mut path_bytes = 0usize;
+    let flag = |secret: bool| if secret { "--secret" } else { "--plaintext" }.to_string();
+    let flush_json = |batch: &mut serde_json::Map<String, Value>, bytes: &mut usize, out: &mut Vec<ConfigCommand>| {
+        if !batch.is_empty() {
+            let doc = Value::Object(std::mem::take(batch)).to_string();
+            out.push(ConfigCommand { args: vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--json".into(), doc], stdin: None });
+            *bytes = 0;
+        }
+    };
+    let flush_path = |batch: &mut Vec<String>, bytes: &mut usize, out: &mut Vec<ConfigCommand>| {
+        if !batch.is_empty() {
+            let mut args = vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--path".into()];
+            args.append(batch);
+            out.push(ConfigCommand { args, stdin: None });
+            *bytes = 0;
+        }
+    };
+    for item in items {
+        let mut entry = json!({ "value": item.text, "secret": item.secret });
+        if let Some(o) = &item.object {
+            entry["objectValue"] = o.clone();
+        }
+        let size = item.key.len() + if item.path { item.text.len() } else { entry.to_string().len() };
+        if size > MAX_CONFIG_ARG_BYTES {
+            let mut args = vec!["config".into(), "set".into(), "--stack".into(), stack.into(), flag(item.secret)];
+            if item.path {
+                args.push("--path".into());
+            }
+            if item.object.is_some() {
+                args.extend(["--type".into(), "json".into()]);
+            }
+            args.extend(["--".into(), item.key.clone()]);
+            out.push(ConfigCommand { args, stdin: Some(format!("{}\n", item.text)) });
+        } else if item.path {
+            if path_bytes + size > MAX_CONFIG_BATCH_BYTES {
+                flush_path(&mut path_batch, &mut path_bytes, &mut out);
+            }
+            path_batch.push(flag(item.secret));
+            path_batch.push(format!("{}={}", item.key, item.text));
+            path_bytes += size;
+        } else {
+            // the JSON document is one argument: it stays within the per-argument limit
+            let size = size + 8;
+            if json_bytes + size > MAX_CONFIG_ARG_BYTES {
+                flush_json(&mut json_batch, &mut json_bytes, &mut out);
+            }
+            json_batch.insert(item.key.clone(), entry);
+            json_bytes += size;
+        }
+    }
+    flush_json(&mut json_batch, &mut json_bytes, &mut out);
+    flush_path(&mut path_batch, &mut path_bytes, &mut out);
+    out
 }
 
 async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
@@ -466,6 +558,42 @@ mod tests {
         reset_stack_config(d.path(), "dev").unwrap();
         assert_eq!(std::fs::read_to_string(d.path().join("Pulumi.prod.yaml")).unwrap(), "config:\n  p:a: checked-in\n");
         assert!(!d.path().join("Pulumi.dev.yaml").exists());
+    }
+
+    fn item(key: &str, text: &str, secret: bool, path: bool) -> PlannedConfig {
+        PlannedConfig { key: key.into(), text: text.into(), secret, path, object: None }
+    }
+
+    #[test]
+    fn small_config_is_one_command_per_kind() {
+        let cmds = config_commands("dev", &[item("p:a", "1", false, false), item("p:b", "2", true, false), item("p:c.d", "3", false, true)]);
+        assert_eq!(cmds.len(), 2);
+        assert_eq!(&cmds[0].args[..5], &["config", "set-all", "--stack", "dev", "--json"]);
+        let doc: Value = serde_json::from_str(&cmds[0].args[5]).unwrap();
+        assert_eq!(doc["p:b"], json!({"value": "2", "secret": true}));
+        assert_eq!(cmds[1].args[4..], ["--path", "--plaintext", "p:c.d=3"]);
+        assert!(cmds.iter().all(|c| c.stdin.is_none()));
+    }
+
+    #[test]
+    fn no_argument_or_command_exceeds_the_kernel_limits() {
+        let big = "x".repeat(300 << 10);
+        let medium = "y".repeat(40 << 10);
+        let mut items: Vec<PlannedConfig> = (0..20).map(|i| item(&format!("p:m{i}"), &medium, false, false)).collect();
+        items.push(item("p:big", &big, true, false));
+        items.push(item("p:bigpath.x", &big, false, true));
+        let cmds = config_commands("dev", &items);
+        for c in &cmds {
+            assert!(c.args.iter().all(|a| a.len() <= MAX_CONFIG_ARG_BYTES + 1024), "an argument over the limit");
+            assert!(c.args.iter().map(String::len).sum::<usize>() <= MAX_CONFIG_BATCH_BYTES + MAX_CONFIG_ARG_BYTES);
+        }
+        let stdin: Vec<&ConfigCommand> = cmds.iter().filter(|c| c.stdin.is_some()).collect();
+        assert_eq!(stdin.len(), 2, "the two large values go on standard input");
+        assert_eq!(stdin[0].args, ["config", "set", "--stack", "dev", "--secret", "--", "p:big"]);
+        assert_eq!(stdin[0].stdin.as_deref().map(str::len), Some(big.len() + 1));
+        assert!(stdin[1].args.contains(&"--path".to_string()));
+        let set: usize = cmds.iter().filter(|c| c.stdin.is_none()).map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len()).sum();
+        assert_eq!(set, 20, "every medium value is set, in batches");
     }
 
     #[test]

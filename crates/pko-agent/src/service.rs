@@ -53,6 +53,49 @@ pub fn invalid(field: &str, message: impl Into<String>) -> Status {
     Status::with_details(tonic::Code::InvalidArgument, format!("{field}: {message}"), info.encode_to_vec().into())
 }
 
+/// Checks a `Run` request before anything runs: the required fields, a git URL and revision that git
+/// cannot read as options ([`pko_git::validate_url`], [`pko_git::validate_ref`]), and environment names
+/// and values a process can carry (a name that is empty or holds `=` or NUL, a value with NUL).
+///
+/// Errors: `INVALID_ARGUMENT` with an [`ErrorInfo`] naming the field ([`invalid`]).
+pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
+    use pko_proto::v1::source::Kind;
+    if req.operation_id.is_empty() {
+        return Err(invalid("operation_id", "an operation id is required"));
+    }
+    let Some(kind) = req.source.as_ref().and_then(|s| s.kind.as_ref()) else {
+        return Err(invalid("source", "a source is required (git, artifact, local or project_info)"));
+    };
+    if let Kind::Git(g) = kind {
+        pko_git::validate_url(&g.url).map_err(|e| invalid("source.git.url", e))?;
+        if !g.revision.is_empty() {
+            pko_git::validate_ref("revision", &g.revision).map_err(|e| invalid("source.git.revision", e))?;
+        }
+    }
+    if req.stack.as_ref().is_none_or(|s| s.name.is_empty()) {
+        return Err(invalid("stack.name", "a stack name is required"));
+    }
+    if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default() == pko_proto::v1::OperationType::Unspecified {
+        return Err(invalid("type", "operation type is required: preview, up, refresh or destroy"));
+    }
+    for (i, e) in req.env.iter().enumerate() {
+        if e.name.is_empty() || e.name.contains(['=', '\0']) {
+            return Err(invalid(&format!("env[{i}].name"), format!("{:?} is not an environment variable name", e.name)));
+        }
+        if let Some(pko_proto::v1::value_ref::Kind::Literal(v)) = e.value.as_ref().and_then(|v| v.kind.as_ref())
+            && v.contains('\0')
+        {
+            return Err(invalid(&format!("env[{i}].value"), format!("the value of {} contains a NUL byte", e.name)));
+        }
+    }
+    for (i, c) in req.config.iter().enumerate() {
+        if c.key.is_empty() || c.key.starts_with('-') || c.key.contains('\0') {
+            return Err(invalid(&format!("config[{i}].key"), format!("{:?} is not a config key", c.key)));
+        }
+    }
+    Ok(())
+}
+
 impl AgentService {
     /// A service running operations with `ctx`, retaining finished ones for `retention` with at most
     /// `max_events` buffered events each.
@@ -107,18 +150,7 @@ impl Agent for AgentService {
     async fn run(&self, request: Request<OperationRequest>) -> Result<Response<Self::RunStream>, Status> {
         self.inner.auth.check(request.metadata()).await?;
         let req = request.into_inner();
-        if req.operation_id.is_empty() {
-            return Err(invalid("operation_id", "an operation id is required"));
-        }
-        if req.source.as_ref().and_then(|s| s.kind.as_ref()).is_none() {
-            return Err(invalid("source", "a source is required (git, artifact, local or project_info)"));
-        }
-        if req.stack.as_ref().is_none_or(|s| s.name.is_empty()) {
-            return Err(invalid("stack.name", "a stack name is required"));
-        }
-        if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default() == pko_proto::v1::OperationType::Unspecified {
-            return Err(invalid("type", "operation type is required: preview, up, refresh or destroy"));
-        }
+        validate_request(&req)?;
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(Status::unavailable("agent is shutting down"));
         }

@@ -2,10 +2,10 @@
 //! `pulumi install`) and reused; the cache is bounded by size, least recently used first out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use pko_proto::v1::{ArtifactSource, GitSource, Source, source::Kind};
@@ -43,8 +43,30 @@ pub struct CacheConfig {
     pub max_bytes: u64,
     /// Largest uncompressed artifact, in bytes (PKO's Flux default: 100 MiB).
     pub max_artifact_bytes: u64,
+    /// Artifact downloads: timeouts and retries.
+    pub download: DownloadConfig,
     /// `pulumi` binary for `pulumi install`.
     pub pulumi: PathBuf,
+}
+
+/// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times).
+#[derive(Debug, Clone, Copy)]
+pub struct DownloadConfig {
+    /// Time to establish the connection.
+    pub connect_timeout: Duration,
+    /// Longest silence while waiting for the response or its next bytes.
+    pub read_timeout: Duration,
+    /// Time one attempt may take in all, the body included (a server that drips bytes ends here).
+    pub total_timeout: Duration,
+    /// Attempts after the first, on connection errors, timeouts, HTTP 429 and 5xx; 1 s, 2 s, 4 s … apart.
+    pub retries: u32,
+}
+
+impl Default for DownloadConfig {
+    /// 10 s to connect, 30 s of silence, 5 minutes per attempt, 3 retries.
+    fn default() -> Self {
+        Self { connect_timeout: Duration::from_secs(10), read_timeout: Duration::from_secs(30), total_timeout: Duration::from_secs(300), retries: 3 }
+    }
 }
 
 /// The cache of prepared sources.
@@ -73,7 +95,14 @@ impl SourceCache {
     /// A cache rooted at `cfg.root` (created when missing).
     pub fn new(cfg: CacheConfig) -> std::io::Result<Self> {
         std::fs::create_dir_all(&cfg.root)?;
-        let http = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build().map_err(std::io::Error::other)?;
+        let d = cfg.download;
+        let http = reqwest::Client::builder()
+            .connect_timeout(d.connect_timeout)
+            .read_timeout(d.read_timeout)
+            .timeout(d.total_timeout)
+            .redirect(reqwest::redirect::Policy::limited(5))
+            .build()
+            .map_err(std::io::Error::other)?;
         Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default() })
     }
 
@@ -204,63 +233,72 @@ impl SourceCache {
         }
     }
 
+    /// Downloads the artifact (retrying as [`DownloadConfig`] says), checks its digest and extracts it
+    /// into `into` ([`crate::archive::extract_tar_gz`] within the artifact limit).
     async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
-        let resp = self.http.get(&a.url).send().await.map_err(|e| err(format!("downloading {}: {e}", a.url)))?;
-        if !resp.status().is_success() {
-            return Err(err(format!("downloading {}: HTTP {}", a.url, resp.status())));
+        let mut attempt = 0u32;
+        let file = loop {
+            match self.fetch_once(a).await {
+                Ok(f) => break f,
+                Err((e, retry)) if retry && attempt < self.cfg.download.retries => {
+                    let wait = Duration::from_secs(1 << attempt.min(5));
+                    tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(), "artifact download failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        };
+        let into = into.to_path_buf();
+        let limits = crate::archive::Limits::new(self.cfg.max_artifact_bytes);
+        let extracted = tokio::task::spawn_blocking(move || crate::archive::extract_tar_gz(file, &into, &limits)).await.map_err(|e| err(e.to_string()))?;
+        extracted.map(|_| ()).map_err(|e| err(e.to_string()))
+    }
+
+    /// One download attempt into a temporary file, checked against the digest. Errors carry whether a
+    /// retry may help (connection errors, timeouts, HTTP 429 and 5xx).
+    async fn fetch_once(&self, a: &ArtifactSource) -> Result<std::fs::File, (SourceError, bool)> {
+        let transient = |e: &reqwest::Error| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body();
+        let resp = self.http.get(&a.url).send().await.map_err(|e| (err(format!("downloading {}: {}", a.url, describe(&e))), transient(&e)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let retry = status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
+            return Err((err(format!("downloading {}: HTTP {status}", a.url)), retry));
         }
+        // the compressed size is bounded by the uncompressed limit too
         let cap = self.cfg.max_artifact_bytes;
-        let mut file = tempfile::tempfile().map_err(|e| err(e.to_string()))?;
+        let mut file = tempfile::tempfile().map_err(|e| (err(e.to_string()), false))?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let mut body = resp.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| err(format!("downloading {}: {e}", a.url)))?;
+            let chunk = chunk.map_err(|e| (err(format!("downloading {}: {}", a.url, describe(&e))), transient(&e)))?;
             size += chunk.len() as u64;
             if size > cap {
-                return Err(err(format!("artifact is larger than the {cap}-byte limit")));
+                return Err((err(format!("artifact is larger than the {cap}-byte limit")), false));
             }
             hasher.update(&chunk);
-            file.write_all(&chunk).map_err(|e| err(e.to_string()))?;
+            file.write_all(&chunk).map_err(|e| (err(e.to_string()), false))?;
         }
         let got = format!("sha256:{}", hex(&hasher.finalize()));
         if !got.eq_ignore_ascii_case(&a.digest) {
-            return Err(err(format!("artifact digest mismatch: expected {}, got {got}", a.digest)));
+            return Err((err(format!("artifact digest mismatch: expected {}, got {got}", a.digest)), false));
         }
         use std::io::Seek;
-        file.rewind().map_err(|e| err(e.to_string()))?;
-        let into = into.to_path_buf();
-        tokio::task::spawn_blocking(move || extract_tar_gz(file, &into, cap)).await.map_err(|e| err(e.to_string()))?
+        file.rewind().map_err(|e| (err(e.to_string()), false))?;
+        Ok(file)
     }
 }
 
-/// Extracts a gzipped tarball into `into`, refusing absolute paths, `..`, links that leave the directory,
-/// and more than `cap` uncompressed bytes.
-pub fn extract_tar_gz(reader: impl Read, into: &Path, cap: u64) -> Result<(), SourceError> {
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(reader));
-    let mut total = 0u64;
-    for entry in archive.entries().map_err(|e| err(format!("reading archive: {e}")))? {
-        let mut entry = entry.map_err(|e| err(format!("reading archive: {e}")))?;
-        let path = entry.path().map_err(|e| err(format!("reading archive: {e}")))?.into_owned();
-        if !is_relative_inside(&path) {
-            return Err(err(format!("unsafe path in archive: {}", path.display())));
-        }
-        if let Ok(Some(target)) = entry.link_name() {
-            let resolved = path.parent().unwrap_or(Path::new("")).join(&target);
-            if target.is_absolute() || !is_relative_inside(&resolved) {
-                return Err(err(format!("unsafe link in archive: {} -> {}", path.display(), target.display())));
-            }
-        }
-        total += entry.header().size().unwrap_or(0);
-        if total > cap {
-            return Err(err(format!("archive is larger than the {cap}-byte limit when uncompressed")));
-        }
-        entry.set_preserve_mtime(false);
-        if !entry.unpack_in(into).map_err(|e| err(format!("extracting {}: {e}", path.display())))? {
-            return Err(err(format!("unsafe path in archive: {}", path.display())));
-        }
+/// A reqwest error with its causes (reqwest's own text is only "error sending request").
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() { "timed out".to_string() } else { e.to_string() };
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        text.push_str(&format!(": {s}"));
+        src = s.source();
     }
-    Ok(())
+    text
 }
 
 /// Whether `p` is relative and never climbs above its root.
@@ -350,105 +388,85 @@ impl GitAuthArgs {
     }
 }
 
+/// How long one git command of the agent may take (a clone of a large repository included).
+pub const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 async fn git(auth: &GitAuthArgs, args: &[&str], cwd: Option<&Path>) -> Result<String, SourceError> {
     let mut c = auth.command();
     c.args(args);
     if let Some(d) = cwd {
         c.current_dir(d);
     }
-    let out = c.output().await.map_err(|e| err(format!("running git: {e}")))?;
+    let what = args.first().copied().unwrap_or("");
+    let out = pko_git::run(c, what, GIT_TIMEOUT).await.map_err(err)?;
     if !out.status.success() {
-        return Err(err(format!("git {}: {}", args.first().unwrap_or(&""), String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(err(format!("git {what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn is_sha(s: &str) -> bool {
-    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+/// Refuses a git source whose URL or revision git could read as an option ([`pko_git::validate_url`],
+/// [`pko_git::validate_ref`]); the Workspace is tenant input, as is the Stack it may come from.
+fn validate_git(g: &GitSource) -> Result<(), SourceError> {
+    pko_git::validate_url(&g.url).map_err(|e| err(format!("source.git.url: {e}")))?;
+    if !g.revision.is_empty() {
+        pko_git::validate_ref("source.git.revision", &g.revision).map_err(err)?;
+    }
+    Ok(())
 }
 
 async fn resolve_git_revision(g: &GitSource, auth: &GitAuthArgs) -> Result<String, SourceError> {
-    if g.url.is_empty() {
-        return Err(err("git source has no url"));
-    }
+    validate_git(g)?;
     let rev = if g.revision.is_empty() { "HEAD" } else { g.revision.as_str() };
-    if is_sha(rev) {
+    if pko_git::is_sha(rev) {
         return Ok(rev.to_ascii_lowercase());
     }
-    let out = git(auth, &["ls-remote", &g.url, rev, &format!("refs/heads/{rev}"), &format!("refs/tags/{rev}")], None).await?;
+    let out = git(auth, &["ls-remote", "--end-of-options", &g.url, rev, &format!("refs/heads/{rev}"), &format!("refs/tags/{rev}")], None).await?;
     out.lines()
         .filter_map(|l| l.split_once('\t'))
         .find(|(_, r)| *r == rev || *r == format!("refs/heads/{rev}") || *r == format!("refs/tags/{rev}^{{}}") || *r == format!("refs/tags/{rev}"))
         .map(|(sha, _)| sha.to_string())
+        .filter(|sha| pko_git::is_sha(sha))
         .ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
 }
 
 async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Result<(), SourceError> {
+    validate_git(g)?;
+    if !pko_git::is_sha(sha) {
+        return Err(err(format!("revision {sha:?} is not a commit SHA")));
+    }
     let dir = into.to_str().ok_or_else(|| err("non UTF-8 cache path"))?;
-    git(auth, &["init", "-q", dir], None).await?;
-    git(auth, &["remote", "add", "origin", &g.url], Some(into)).await?;
+    git(auth, &["init", "-q", "--", dir], None).await?;
+    git(auth, &["remote", "add", "--end-of-options", "origin", &g.url], Some(into)).await?;
     // Fetch exactly the commit (protocol v2 servers allow it); fall back to a full fetch.
     let depth: &[&str] = if g.shallow { &["--depth", "1"] } else { &[] };
     let mut args = vec!["fetch", "-q"];
     args.extend_from_slice(depth);
-    args.extend_from_slice(&["origin", sha]);
+    args.extend_from_slice(&["--end-of-options", "origin", sha]);
     if git(auth, &args, Some(into)).await.is_err() {
-        git(auth, &["fetch", "-q", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"], Some(into)).await?;
+        git(auth, &["fetch", "-q", "--end-of-options", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"], Some(into)).await?;
     }
     git(auth, &["-c", "advice.detachedHead=false", "checkout", "-q", sha], Some(into)).await?;
+    // a repository may hold symlinks to anywhere: none may lead out of the checkout
+    crate::archive::check_links_inside(into).map_err(|e| err(e.to_string()))?;
     Ok(())
 }
 
 /// Archive builders for tests of this crate and of its users.
 pub mod testing {
-    /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the archive),
-    /// plus an optional symlink `(path, target)`.
+    /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the
+    /// archive), plus an optional symlink `(path, target)`.
     pub fn tarball(files: &[(&str, &[u8])], link: Option<(&str, &str)>) -> Vec<u8> {
-        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        let mut b = tar::Builder::new(gz);
-        for (path, data) in files {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            let name = h.as_old_mut().name.as_mut();
-            name[..path.len()].copy_from_slice(path.as_bytes());
-            h.set_cksum();
-            b.append(&h, *data).unwrap();
-        }
-        if let Some((path, target)) = link {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            b.append_link(&mut h, path, target).unwrap();
-        }
-        b.into_inner().unwrap().finish().unwrap()
+        use crate::archive::testing::{Item, build};
+        let mut items: Vec<Item<'_>> = files.iter().map(|(p, d)| Item::File(p, d)).collect();
+        items.extend(link.map(|(p, t)| Item::Symlink(p, t)));
+        build(&items)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testing::tarball;
     use super::*;
-
-    #[test]
-    fn extracts_a_safe_archive() {
-        let d = tempfile::tempdir().unwrap();
-        let t = tarball(&[("Pulumi.yaml", b"name: x\nruntime: yaml\n"), ("sub/a.txt", b"a")], None);
-        extract_tar_gz(&t[..], d.path(), 1 << 20).unwrap();
-        assert!(d.path().join("Pulumi.yaml").is_file() && d.path().join("sub/a.txt").is_file());
-    }
-
-    #[test]
-    fn refuses_traversal_links_and_oversize() {
-        let d = tempfile::tempdir().unwrap();
-        let e = extract_tar_gz(&tarball(&[("../evil", b"x")], None)[..], d.path(), 1 << 20).unwrap_err();
-        assert!(e.0.contains("unsafe path"), "{e}");
-        let e = extract_tar_gz(&tarball(&[("a", b"x")], Some(("l", "../../etc/passwd")))[..], d.path(), 1 << 20).unwrap_err();
-        assert!(e.0.contains("unsafe link"), "{e}");
-        let e = extract_tar_gz(&tarball(&[("big", &[0u8; 4096])], None)[..], d.path(), 1000).unwrap_err();
-        assert!(e.0.contains("limit"), "{e}");
-        assert!(!d.path().parent().unwrap().join("evil").exists());
-    }
 
     #[test]
     fn directories_may_not_leave_the_source() {

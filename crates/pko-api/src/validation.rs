@@ -69,7 +69,85 @@ pub fn validate_stack_spec(spec: &StackSpec, namespace: &str) -> Result<(), Spec
             check_ref("spec.gitAuth.githubApp.privateKey", &app.private_key, namespace, &mut errors);
         }
     }
+    let templates = [
+        ("spec.workspaceTemplate.metadata", spec.workspace_template.as_ref().and_then(|t| t.metadata.as_ref())),
+        ("spec.updateTemplate.metadata", spec.update_template.as_ref().and_then(|t| t.metadata.as_ref())),
+    ];
+    for (field, meta) in templates {
+        if let Some(m) = meta {
+            check_metadata(field, m, &mut errors);
+        }
+    }
     if errors.is_empty() { Ok(()) } else { Err(SpecInvalid(errors)) }
+}
+
+/// Largest total size of an object's annotations, in bytes (Kubernetes `TotalAnnotationSizeLimitB`).
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 << 10;
+
+/// Whether `s` is a Kubernetes "qualified name" part: 1–63 characters, alphanumerics with `-`, `_`, `.`
+/// inside.
+fn is_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Whether `s` is a DNS subdomain (RFC 1123): at most 253 characters of lower-case labels.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+/// A label or annotation key (`[prefix/]name`, Kubernetes `IsQualifiedName`): why it is invalid.
+pub fn qualified_name_error(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+        return Some("the prefix before '/' must be a lower-case DNS subdomain of at most 253 characters".into());
+    }
+    if !is_name_part(name) {
+        return Some("the name must be 1-63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into());
+    }
+    None
+}
+
+/// Checks labels and annotations as the API server will (keys qualified names, label values at most 63
+/// characters of the same alphabet or empty, annotations at most [`MAX_ANNOTATIONS_BYTES`] in all), so a
+/// template the API server would refuse stalls the Stack naming the field instead of failing each write.
+fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &mut Vec<FieldError>) {
+    for (k, v) in m.labels.iter().flatten() {
+        if let Some(why) = qualified_name_error(k) {
+            errors.push(FieldError { field: format!("{field}.labels[{k:?}]"), message: format!("invalid label key: {why}") });
+        }
+        if !v.is_empty() && !is_name_part(v) {
+            errors.push(FieldError {
+                field: format!("{field}.labels[{k:?}]"),
+                message: format!("invalid label value {v:?}: at most 63 characters, alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"),
+            });
+        }
+    }
+    let mut total = 0usize;
+    for (k, v) in m.annotations.iter().flatten() {
+        total += k.len() + v.len();
+        if let Some(why) = qualified_name_error(k) {
+            errors.push(FieldError { field: format!("{field}.annotations[{k:?}]"), message: format!("invalid annotation key: {why}") });
+        }
+    }
+    if total > MAX_ANNOTATIONS_BYTES {
+        errors.push(FieldError { field: format!("{field}.annotations"), message: format!("annotations take {total} bytes; the limit is {MAX_ANNOTATIONS_BYTES}") });
+    }
 }
 
 fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<FieldError>) {
@@ -173,6 +251,31 @@ mod tests {
         s.secrets_ref = Some(BTreeMap::from([("k".to_string(), bad)]));
         let err = validate_stack_spec(&s, "ns").unwrap_err();
         assert_eq!(err.0[0].field, "spec.secretsRef.k");
+    }
+
+    #[test]
+    fn template_metadata_the_api_server_would_refuse_is_invalid() {
+        use crate::shared::EmbeddedObjectMeta;
+        use crate::stack::{UpdateTemplate, WorkspaceTemplate};
+        let meta = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| EmbeddedObjectMeta {
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        };
+        let mut s = spec();
+        s.update_template =
+            Some(UpdateTemplate { metadata: Some(meta(&[("team", "a"), ("example.com/tier", ""), ("a.b_c-d", "x.y")], &[("note", "any text at all")])), spec: None });
+        assert_eq!(validate_stack_spec(&s, "ns"), Ok(()));
+        s.update_template = Some(UpdateTemplate { metadata: Some(meta(&[("bad key!", "x"), ("ok", "not a valid value!")], &[])), spec: None });
+        let err = validate_stack_spec(&s, "ns").unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        assert_eq!(err.0[0].field, r#"spec.updateTemplate.metadata.labels["bad key!"]"#);
+        assert!(err.0[1].message.contains("invalid label value"), "{err}");
+        s.update_template = None;
+        s.workspace_template = Some(WorkspaceTemplate { metadata: Some(meta(&[], &[("Upper.Case/x", "v"), ("big", &"x".repeat(300 << 10))])), spec: None });
+        let err = validate_stack_spec(&s, "ns").unwrap_err();
+        assert!(err.0.iter().any(|e| e.field == r#"spec.workspaceTemplate.metadata.annotations["Upper.Case/x"]"#), "{err}");
+        assert!(err.0.iter().any(|e| e.field == "spec.workspaceTemplate.metadata.annotations" && e.message.contains("limit")), "{err}");
+        assert!(qualified_name_error(&"a".repeat(64)).is_some());
     }
 
     #[test]

@@ -3,9 +3,21 @@
 //! `Authorization` header through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`, an SSH key
 //! through a 0600 temporary file named in `GIT_SSH_COMMAND` — never on its command line, where other
 //! processes could read them from `/proc/<pid>/cmdline`. Git never prompts (`GIT_TERMINAL_PROMPT=0`).
+//!
+//! URLs and refs come from tenants (a Stack's `projectRepo`/`branch`/`commit`, a Workspace's `git`), so
+//! they are never allowed to become options or transports (docs/security.md):
+//! - [`validate_url`] and [`validate_ref`] refuse option-like (`-…`), control-character and remote-helper
+//!   (`ext::…`) input with a message naming what is wrong;
+//! - every git command line puts `--end-of-options` before URLs and refs ([`GitAuthEnv::command`] users,
+//!   [`ls_remote`]);
+//! - the git process may only use the transports in [`ALLOWED_PROTOCOLS`] (`GIT_ALLOW_PROTOCOL`), reads no
+//!   system or global configuration, and gives up on a stalled HTTP transfer
+//!   ([`HTTP_LOW_SPEED_SECONDS`]) or an unanswered SSH connection; callers bound each command's total time
+//!   ([`run`]).
 #![forbid(unsafe_code)]
 
 use std::io::Write;
+use std::time::Duration;
 
 use base64::Engine;
 
@@ -61,7 +73,7 @@ impl GitAuthEnv {
             }
             f.write_all(text.as_bytes()).map_err(|e| format!("writing the SSH key: {e}"))?;
             let path = f.path().display().to_string();
-            a.env.push(("GIT_SSH_COMMAND".into(), format!("ssh -i {path} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new")));
+            a.env.push(("GIT_SSH_COMMAND".into(), format!("ssh -i {path} -o IdentitiesOnly=yes {SSH_OPTIONS}")));
             a._key_file = Some(f);
         } else if let Some(token) = &creds.token {
             a.basic("git", token);
@@ -78,9 +90,19 @@ impl GitAuthEnv {
         self.env.push(("GIT_CONFIG_VALUE_0".into(), format!("Authorization: Basic {b}")));
     }
 
-    /// The variables to set on the git process (`GIT_TERMINAL_PROMPT=0` included).
+    /// The variables to set on the git process: the credentials, then the hardening every git process
+    /// gets (no prompt, [`ALLOWED_PROTOCOLS`], no system or global config, stall limits, SSH batch mode).
     pub fn vars(&self) -> impl Iterator<Item = (String, String)> + '_ {
-        self.env.iter().cloned().chain(std::iter::once(("GIT_TERMINAL_PROMPT".to_string(), "0".to_string())))
+        let ssh = (!self.env.iter().any(|(k, _)| k == "GIT_SSH_COMMAND")).then(|| ("GIT_SSH_COMMAND".to_string(), format!("ssh {SSH_OPTIONS}")));
+        let hardening = [
+            ("GIT_TERMINAL_PROMPT", "0".to_string()),
+            ("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS.to_string()),
+            ("GIT_CONFIG_NOSYSTEM", "1".to_string()),
+            ("GIT_CONFIG_GLOBAL", "/dev/null".to_string()),
+            ("GIT_HTTP_LOW_SPEED_LIMIT", "1000".to_string()),
+            ("GIT_HTTP_LOW_SPEED_TIME", HTTP_LOW_SPEED_SECONDS.to_string()),
+        ];
+        self.env.iter().cloned().chain(ssh).chain(hardening.into_iter().map(|(k, v)| (k.to_string(), v)))
     }
 
     /// A `git` command with these credentials (killed when dropped).
@@ -91,13 +113,118 @@ impl GitAuthEnv {
     }
 }
 
+/// The transports a git process may use (`GIT_ALLOW_PROTOCOL`): no remote helpers such as `ext::`, which
+/// runs a command. `file` stays allowed: in a workspace pod it reaches only the tenant's own files.
+pub const ALLOWED_PROTOCOLS: &str = "https:http:ssh:git:file";
+
+/// Seconds an HTTP transfer may stay below 1,000 bytes/s before git gives up (`GIT_HTTP_LOW_SPEED_TIME`).
+pub const HTTP_LOW_SPEED_SECONDS: u64 = 30;
+
+/// Options of every `ssh` that git starts: never prompt, give up on an unanswered connection (10 s) or a
+/// silent server (3 × 10 s), accept a host key seen for the first time.
+pub const SSH_OPTIONS: &str = "-o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=10 -o ServerAliveInterval=10 -o ServerAliveCountMax=3";
+
+/// How long [`ls_remote`] may take in all, in seconds.
+pub const LS_REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn control_or_space(s: &str) -> bool {
+    s.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
+/// Checks a repository URL before it reaches git: `https://`, `http://`, `ssh://`, `git://`, `file://`
+/// (also `git+ssh://`), an absolute path, or scp-like `[user@]host:path`. Refused, with the reason: an
+/// empty URL, one that starts with `-` (git would read an option such as `--upload-pack=<command>`), a
+/// host that starts with `-` (an `ssh` option), white space or control characters, remote-helper
+/// transports (`ext::…`, `fd::…`) and other schemes.
+pub fn validate_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Err("the repository URL is empty".into());
+    }
+    if url.starts_with('-') {
+        return Err(format!("the repository URL {url:?} starts with '-' and would be read as an option"));
+    }
+    if control_or_space(url) {
+        return Err(format!("the repository URL {url:?} contains white space or control characters"));
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if !["https", "http", "ssh", "git", "file", "git+ssh", "ssh+git"].contains(&scheme.to_ascii_lowercase().as_str()) {
+            return Err(format!("the repository URL scheme {scheme:?} is not supported (use https, http, ssh, git or file)"));
+        }
+        let host = rest.split('/').next().unwrap_or_default();
+        let host = host.rsplit_once('@').map(|(_, h)| h).unwrap_or(host);
+        if host.starts_with('-') {
+            return Err(format!("the host of the repository URL {url:?} starts with '-'"));
+        }
+        return Ok(());
+    }
+    let before_slash = url.split('/').next().unwrap_or_default();
+    if before_slash.contains("::") {
+        return Err(format!("the repository URL {url:?} names a remote helper transport, which is not allowed"));
+    }
+    if url.starts_with('/') {
+        return Ok(());
+    }
+    // scp-like: [user@]host:path, the colon before any slash
+    match before_slash.split_once(':') {
+        Some((userhost, _)) if !userhost.is_empty() => {
+            let host = userhost.rsplit_once('@').map(|(_, h)| h).unwrap_or(userhost);
+            if host.is_empty() || host.starts_with('-') {
+                return Err(format!("the host of the repository URL {url:?} is empty or starts with '-'"));
+            }
+            Ok(())
+        }
+        _ => Err(format!("the repository URL {url:?} is not a URL (https://, ssh://, git://, file://), an absolute path or user@host:path")),
+    }
+}
+
+/// Checks a branch, tag, ref or commit name before it reaches git (git's `check-ref-format` rules, plus
+/// no leading `-`): no white space or control characters, none of `~ ^ : ? * [ \`, no `..`, no `@{`, no
+/// leading `/`, no trailing `/`, `.` or `.lock`. `what` names the field in the message (e.g.
+/// `spec.branch`).
+pub fn validate_ref(what: &str, r: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("{what} {r:?} {why}"));
+    if r.is_empty() {
+        return bad("is empty");
+    }
+    if r.starts_with('-') {
+        return bad("starts with '-' and would be read as an option");
+    }
+    if control_or_space(r) || r.chars().any(|c| "~^:?*[\\".contains(c)) {
+        return bad("contains white space, a control character or one of ~ ^ : ? * [ \\");
+    }
+    if r.contains("..") || r.contains("@{") || r.contains("//") || r.starts_with('/') || r.ends_with('/') || r.ends_with('.') || r.ends_with(".lock") {
+        return bad("is not a valid git ref name");
+    }
+    Ok(())
+}
+
+/// Whether `s` is a full commit SHA (40 hex digits).
+pub fn is_sha(s: &str) -> bool {
+    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Runs `cmd` (a git command, killed when dropped) for at most `timeout`. Errors: git could not start,
+/// or `git <what> did not finish within N s`.
+pub async fn run(mut cmd: tokio::process::Command, what: &str, timeout: Duration) -> Result<std::process::Output, String> {
+    cmd.stdin(std::process::Stdio::null());
+    match tokio::time::timeout(timeout, cmd.output()).await {
+        Ok(r) => r.map_err(|e| format!("running git: {e}")),
+        Err(_) => Err(format!("git {what} did not finish within {} s", timeout.as_secs())),
+    }
+}
+
 /// The commit SHA that `branch` (a branch name or a full `refs/...` name) points to in the remote `url`,
-/// by `git ls-remote`. Errors: git's message (unreachable remote, refused credentials) or
-/// `branch <b> not found in <url>`.
+/// by `git ls-remote` ([`LS_REMOTE_TIMEOUT`] at most). Errors: the URL or branch is refused
+/// ([`validate_url`], [`validate_ref`]), git's message (unreachable remote, refused credentials), a
+/// timeout, or `branch <b> not found in <url>`.
 pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Result<String, String> {
+    validate_url(url)?;
+    validate_ref("branch", branch)?;
     let refname = if branch.starts_with("refs/") { branch.to_string() } else { format!("refs/heads/{branch}") };
     let auth = GitAuthEnv::new(creds)?;
-    let out = auth.command().args(["ls-remote", url, &refname]).output().await.map_err(|e| format!("running git: {e}"))?;
+    let mut cmd = auth.command();
+    cmd.args(["ls-remote", "--end-of-options", url, &refname]);
+    let out = run(cmd, "ls-remote", LS_REMOTE_TIMEOUT).await?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
@@ -133,7 +260,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "KEY\n");
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        assert!(!a.vars().any(|(k, _)| k.starts_with("GIT_CONFIG")), "one credential only");
+        assert!(!a.vars().any(|(k, _)| k == "GIT_CONFIG_COUNT"), "one credential only");
         drop(a);
         assert!(!std::path::Path::new(&path).exists(), "the key file goes with the environment");
     }
@@ -160,5 +287,61 @@ mod tests {
         assert_eq!(ls_remote(&url, "main", &GitCredentials::default()).await.unwrap(), head);
         assert_eq!(ls_remote(&url, "refs/heads/main", &GitCredentials::default()).await.unwrap(), head);
         assert!(ls_remote(&url, "nope", &GitCredentials::default()).await.unwrap_err().contains("branch nope not found"));
+    }
+
+    #[test]
+    fn urls_that_git_would_read_as_options_or_helpers_are_refused() {
+        for ok in ["https://github.com/o/r.git", "http://127.0.0.1:8080/r", "ssh://git@host:22/r.git", "git://127.0.0.1/r.git", "file:///srv/r", "git@github.com:o/r.git", "/srv/r"]
+        {
+            assert_eq!(validate_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "--upload-pack=touch /tmp/x",
+            "-u",
+            "ext::sh -c touch% /tmp/x",
+            "fd::3",
+            "ssh://-oProxyCommand=touch%20x/r",
+            "ssh://user@-oProxyCommand=x/r",
+            "-oProxyCommand=x:r",
+            "https://h/r\n--upload-pack=x",
+            "javascript://x",
+            "relative/path",
+        ] {
+            assert!(validate_url(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert!(validate_url("--upload-pack=x").unwrap_err().contains("option"));
+    }
+
+    #[test]
+    fn refs_that_git_would_read_as_options_are_refused() {
+        for ok in ["main", "feature/x", "refs/heads/main", "v1.2.3", "HEAD", "0123456789abcdef0123456789abcdef01234567"] {
+            assert_eq!(validate_ref("spec.branch", ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "--upload-pack=touch x", "-b", "a..b", "a b", "x\n", "a~1", "a^", "a:b", "@{-1}", "x.lock", "x/", "/x", "a*"] {
+            let e = validate_ref("spec.branch", bad).unwrap_err();
+            assert!(e.starts_with("spec.branch"), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn ls_remote_never_runs_an_option_like_url_or_branch() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pwned");
+        let url = format!("--upload-pack=touch {}", marker.display());
+        assert!(ls_remote(&url, "main", &GitCredentials::default()).await.unwrap_err().contains("option"));
+        let e = ls_remote("file:///nonexistent", &format!("--upload-pack=touch {}", marker.display()), &GitCredentials::default()).await.unwrap_err();
+        assert!(e.contains("option"), "{e}");
+        assert!(!marker.exists(), "no command ran");
+    }
+
+    #[test]
+    fn every_git_process_is_hardened() {
+        let v: Vec<(String, String)> = GitAuthEnv::default().vars().collect();
+        let get = |k: &str| v.iter().find(|(n, _)| n == k).map(|(_, x)| x.clone());
+        assert_eq!(get("GIT_ALLOW_PROTOCOL").as_deref(), Some(ALLOWED_PROTOCOLS));
+        assert_eq!(get("GIT_CONFIG_NOSYSTEM").as_deref(), Some("1"));
+        assert!(get("GIT_SSH_COMMAND").unwrap().contains("BatchMode=yes"));
+        assert_eq!(get("GIT_HTTP_LOW_SPEED_TIME").as_deref(), Some("30"));
     }
 }

@@ -20,17 +20,16 @@ use futures::StreamExt;
 use kube::Api;
 use kube::runtime::{Controller, watcher};
 
-/// Runs the Program controller until the stream ends (shutdown signal).
-pub async fn run_program_controller(ctx: Arc<context::Context>) {
+/// The Program controller and its cache (which the artifact server reads): run the future until the
+/// stream ends (shutdown signal).
+pub fn program_controller(ctx: Arc<context::Context>) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send) {
     let programs: Api<pko_api::Program> = Api::all(ctx.client.clone());
-    Controller::new(programs, watcher::Config::default())
-        .with_config(ctx.controller_config())
-        .shutdown_on_signal()
-        .run(program::reconcile, program::error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "program reconcile");
-            }
-        })
-        .await;
+    let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).shutdown_on_signal();
+    let store = controller.store();
+    let run = controller.run(program::reconcile, program::error_policy, ctx).for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "program reconcile");
+        }
+    });
+    (store, run)
 }

@@ -88,6 +88,24 @@ struct RunArgs {
     /// (PKO `--metrics-bind-address`; its Helm chart uses port 8383).
     #[arg(long, default_value = "0.0.0.0:8383", env = "METRICS_BIND_ADDRESS")]
     metrics_bind_address: String,
+    /// Serve `/metrics` over HTTPS to callers allowed `get` on the non-resource URL `/metrics`
+    /// (TokenReview + SubjectAccessReview), as PKO does by default; `--metrics-secure=false` serves plain
+    /// HTTP to anyone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    metrics_secure: bool,
+    /// Directory with `tls.crt` and `tls.key` for the secure metrics endpoint (controller-runtime's
+    /// `CertDir`); default: a self-signed certificate made at start.
+    #[arg(long)]
+    metrics_cert_dir: Option<PathBuf>,
+    /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0`
+    /// turns it off.
+    #[arg(long, default_value = "0.0.0.0:8081", env = "HEALTH_PROBE_BIND_ADDRESS")]
+    health_probe_bind_address: String,
+}
+
+/// A listen address: `host:port`, or `:port` (every interface, as Go's flags write it).
+fn listen_address(s: &str) -> String {
+    if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_string() }
 }
 
 /// Where workspace agents run.
@@ -143,7 +161,7 @@ async fn main() -> anyhow::Result<()> {
                     a.local_work_dir.clone(),
                     a.local_api_server.clone().context("--runtime local needs --local-api-server")?,
                     a.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
-                    std::env::vars().collect(),
+                    pko_operator::workspace::controller::local_agent_env(std::env::vars()),
                 )),
             };
             tracing::info!(artifacts = %a.program_fs_addr, advertised = %ctx.advertised_addr, runtime = ?a.runtime, "operator starting");
@@ -156,30 +174,46 @@ async fn main() -> anyhow::Result<()> {
             };
             let handle = pko_operator::metrics::install_recorder();
             let metrics_server = if a.metrics_bind_address != "0" {
-                let l = tokio::net::TcpListener::bind(&a.metrics_bind_address).await.with_context(|| format!("binding --metrics-bind-address {}", a.metrics_bind_address))?;
-                tracing::info!(metrics = %l.local_addr()?, "metrics and probes serving");
-                Some(tokio::spawn(pko_operator::metrics::serve(l, client.clone(), ctx.ownership.clone(), handle)))
+                let addr = listen_address(&a.metrics_bind_address);
+                let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --metrics-bind-address {addr}"))?;
+                let security = if a.metrics_secure {
+                    let tls = match &a.metrics_cert_dir {
+                        Some(d) => axum_server::tls_rustls::RustlsConfig::from_pem_file(d.join("tls.crt"), d.join("tls.key"))
+                            .await
+                            .with_context(|| format!("reading {}/tls.crt and tls.key", d.display()))?,
+                        None => pko_operator::metrics::self_signed_tls(std::env::var("POD_NAME").into_iter().collect()).await.context("making the metrics certificate")?,
+                    };
+                    pko_operator::metrics::Security::Secure { tls }
+                } else {
+                    pko_operator::metrics::Security::Insecure
+                };
+                tracing::info!(metrics = %l.local_addr()?, secure = a.metrics_secure, "metrics serving");
+                Some(tokio::spawn(pko_operator::metrics::serve(l, client.clone(), ctx.ownership.clone(), handle, security)))
             } else {
                 None
             };
-            let server = tokio::spawn(pko_operator::artifacts::serve(listener, client.clone()));
-            tokio::join!(
-                pko_operator::run_program_controller(ctx.clone()),
-                pko_operator::stack::controller::run(ctx.clone()),
-                WorkspaceController::new(ctx.clone(), runtime).run(),
-                {
-                    let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations);
-                    let updates = if a.max_operations_per_class > 0 { updates.with_class_limit(a.max_operations_per_class) } else { updates };
-                    let updates = match &agent_tokens {
-                        Some((ns, sa)) => updates.with_agent_tokens(pko_operator::update::tokens::AgentTokens::new(client.clone(), ns.clone(), sa.clone())),
-                        None => updates,
-                    };
-                    updates.run()
-                },
-            );
+            let probe_server = if a.health_probe_bind_address != "0" {
+                let addr = listen_address(&a.health_probe_bind_address);
+                let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
+                Some(tokio::spawn(pko_operator::metrics::serve_probes(l)))
+            } else {
+                None
+            };
+            let (programs, program_controller) = pko_operator::program_controller(ctx.clone());
+            let artifacts = pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
+            let server = tokio::spawn(pko_operator::artifacts::serve(listener, artifacts));
+            tokio::join!(program_controller, pko_operator::stack::controller::run(ctx.clone()), WorkspaceController::new(ctx.clone(), runtime).run(), {
+                let updates = pko_operator::update::controller::UpdateController::new(ctx.clone(), a.max_operations);
+                let updates = if a.max_operations_per_class > 0 { updates.with_class_limit(a.max_operations_per_class) } else { updates };
+                let updates = match &agent_tokens {
+                    Some((ns, sa)) => updates.with_agent_tokens(pko_operator::update::tokens::AgentTokens::new(client.clone(), ns.clone(), sa.clone())),
+                    None => updates,
+                };
+                updates.run()
+            },);
             server.abort();
-            if let Some(m) = metrics_server {
-                m.abort();
+            for server in metrics_server.into_iter().chain(probe_server) {
+                server.abort();
             }
         }
     }

@@ -10,7 +10,13 @@
 //!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
 //!   their workspace class was full).
 //!
-//! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths).
+//! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint
+//! ([`serve_probes`], PKO `--health-probe-bind-address`).
+//!
+//! `/metrics` names namespaces and Stacks, so by default (PKO `--metrics-secure=true`) it is served over
+//! HTTPS and only to callers whose bearer token passes a TokenReview and a SubjectAccessReview for `get`
+//! on the non-resource URL `/metrics` — controller-runtime's `WithAuthenticationAndAuthorization`, which
+//! PKO uses; grant it with a ClusterRole such as `deploy/manifests/operator.yaml`'s `pko-metrics-reader`.
 
 use std::sync::Arc;
 
@@ -114,19 +120,122 @@ pub fn router(client: kube::Client, ownership: Arc<dyn Ownership>, handle: Prome
     let stack_watch = reflector::reflector(stack_writer, watcher(kube::Api::<Stack>::all(client.clone()), watcher::Config::default()).default_backoff()).for_each(|_| async {});
     let program_watch = reflector::reflector(program_writer, watcher(kube::Api::<Program>::all(client), watcher::Config::default()).default_backoff()).for_each(|_| async {});
     let state = MetricsState { stacks, programs, ownership, handle };
-    let router = Router::new().route("/metrics", get(render)).route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok" })).with_state(state);
+    let router = Router::new().route("/metrics", get(render)).with_state(state);
     (router, async move {
         tokio::join!(stack_watch, program_watch);
     })
 }
 
-/// Serves [`router`] on `listener` until the future is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle) -> std::io::Result<()> {
-    let (router, caches) = router(client, ownership, handle);
+/// How `/metrics` is protected (PKO `--metrics-secure`).
+pub enum Security {
+    /// Plain HTTP, no authentication (`--metrics-secure=false`).
+    Insecure,
+    /// HTTPS with `tls`; callers authenticated and authorized by [`Authz`].
+    Secure {
+        /// Certificate and key (self-signed by [`self_signed_tls`] unless given).
+        tls: axum_server::tls_rustls::RustlsConfig,
+    },
+}
+
+/// A TLS configuration with a self-signed certificate for `localhost` and `names` (controller-runtime
+/// generates one the same way when no certificate is given). Errors: certificate generation failed.
+pub async fn self_signed_tls(names: Vec<String>) -> std::io::Result<axum_server::tls_rustls::RustlsConfig> {
+    let mut sans = vec!["localhost".to_string()];
+    sans.extend(names);
+    let cert = rcgen::generate_simple_self_signed(sans).map_err(std::io::Error::other)?;
+    axum_server::tls_rustls::RustlsConfig::from_pem(cert.cert.pem().into_bytes(), cert.signing_key.serialize_pem().into_bytes()).await
+}
+
+/// Bearer-token authentication (TokenReview) and authorization (SubjectAccessReview: `get` on the
+/// non-resource URL `/metrics`) of metrics scrapers, with decisions cached (allowed: 60 s, refused: 5 s).
+pub struct Authz {
+    client: kube::Client,
+    cache: std::sync::Mutex<std::collections::HashMap<String, (axum::http::StatusCode, std::time::Instant)>>,
+}
+
+impl Authz {
+    /// Checks tokens with `client`'s API server.
+    pub fn new(client: kube::Client) -> Arc<Self> {
+        Arc::new(Self { client, cache: Default::default() })
+    }
+
+    /// `200 OK` when the token may `get /metrics`, `401` when it is missing or not authenticated, `403` when
+    /// it is not allowed, `503` when the API server could not be asked.
+    pub async fn decide(&self, token: Option<&str>) -> axum::http::StatusCode {
+        use axum::http::StatusCode;
+        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+        use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+        let Some(token) = token.filter(|t| !t.is_empty()) else { return StatusCode::UNAUTHORIZED };
+        if let Some((code, until)) = self.cache.lock().ok().and_then(|c| c.get(token).cloned())
+            && std::time::Instant::now() < until
+        {
+            return code;
+        }
+        let pp = kube::api::PostParams::default();
+        let review = TokenReview { spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() }, ..Default::default() };
+        let code = match kube::Api::<TokenReview>::all(self.client.clone()).create(&pp, &review).await {
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+            Ok(r) => match r.status.filter(|s| s.authenticated == Some(true)).and_then(|s| s.user) {
+                None => StatusCode::UNAUTHORIZED,
+                Some(user) => {
+                    let sar = SubjectAccessReview {
+                        spec: SubjectAccessReviewSpec {
+                            user: user.username,
+                            groups: user.groups,
+                            uid: user.uid,
+                            extra: user.extra,
+                            non_resource_attributes: Some(NonResourceAttributes { path: Some("/metrics".into()), verb: Some("get".into()) }),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    match kube::Api::<SubjectAccessReview>::all(self.client.clone()).create(&pp, &sar).await {
+                        Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+                        Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => StatusCode::OK,
+                        Ok(_) => StatusCode::FORBIDDEN,
+                    }
+                }
+            },
+        };
+        let ttl = std::time::Duration::from_secs(if code == StatusCode::OK { 60 } else { 5 });
+        if let Ok(mut c) = self.cache.lock() {
+            c.retain(|_, (_, until)| *until > std::time::Instant::now());
+            c.insert(token.to_string(), (code, std::time::Instant::now() + ttl));
+        }
+        code
+    }
+}
+
+async fn require_authz(State(authz): State<Arc<Authz>>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let token = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    match authz.decide(token.map(str::trim)).await {
+        axum::http::StatusCode::OK => next.run(req).await,
+        code => (code, code.canonical_reason().unwrap_or("refused")).into_response(),
+    }
+}
+
+/// Serves `/metrics` ([`router`]) on `listener` until the future is dropped: plain HTTP, or HTTPS with
+/// authentication and authorization ([`Security::Secure`]).
+pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle, security: Security) -> std::io::Result<()> {
+    let (router, caches) = router(client.clone(), ownership, handle);
     let caches = tokio::spawn(caches);
-    let r = axum::serve(listener, router).await;
+    let r = match security {
+        Security::Insecure => axum::serve(listener, router).await,
+        Security::Secure { tls } => {
+            let router = router.layer(axum::middleware::from_fn_with_state(Authz::new(client), require_authz));
+            axum_server::from_tcp_rustls(listener.into_std()?, tls)?.serve(router.into_make_service()).await
+        }
+    };
     caches.abort();
     r
+}
+
+/// Serves the probes (`/healthz`, `/readyz`) on `listener`, unauthenticated (PKO
+/// `--health-probe-bind-address`, `:8081`), until the future is dropped.
+pub async fn serve_probes(listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok" }));
+    axum::serve(listener, router).await
 }
 
 #[cfg(test)]

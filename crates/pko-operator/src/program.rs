@@ -81,8 +81,8 @@ pub fn desired_artifact(program: &Program, advertised: &str, previous: Option<&A
     let digest = digest(&bytes);
     let unchanged = previous.filter(|p| p.digest.as_deref() == Some(digest.as_str()) && p.revision.as_deref() == Some(generation.to_string().as_str()));
     Ok(Artifact {
-        path: format!("programs/{ns}/{name}/{generation}.tar.gz"),
-        url: format!("http://{advertised}/programs/{ns}/{name}/{generation}"),
+        path: format!("programs/{ns}/{name}/{generation}/{hex}.tar.gz", hex = digest.trim_start_matches("sha256:")),
+        url: format!("http://{advertised}/programs/{ns}/{name}/{generation}/{hex}.tar.gz", hex = digest.trim_start_matches("sha256:")),
         revision: Some(generation.to_string()),
         digest: Some(digest),
         last_update_time: unchanged.map(|p| p.last_update_time.clone()).unwrap_or(now),
@@ -161,8 +161,9 @@ mod tests {
         assert_eq!(a, b, "same program, same bytes");
         let art = desired_artifact(&program(3), "op.pko:80", None, Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)).unwrap();
         assert_eq!(art.digest.as_deref(), Some(digest(&a).as_str()));
-        assert_eq!(art.url, "http://op.pko:80/programs/team/demo/3");
-        assert_eq!(art.path, "programs/team/demo/3.tar.gz");
+        let hex = digest(&tarball(&program(3)).unwrap()).trim_start_matches("sha256:").to_string();
+        assert_eq!(art.url, format!("http://op.pko:80/programs/team/demo/3/{hex}.tar.gz"), "the digest makes the URL a capability");
+        assert_eq!(art.path, format!("programs/team/demo/3/{hex}.tar.gz"));
         assert_eq!(art.revision.as_deref(), Some("3"));
         assert_eq!(art.size, Some(a.len() as i64));
     }

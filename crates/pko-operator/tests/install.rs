@@ -85,6 +85,8 @@ async fn install_manifest_is_accepted_and_grants_what_the_controllers_use() {
         ("watch", "gitrepositories.source.toolkit.fluxcd.io", "team-a"),
         ("create", "serviceaccounts/pko-operator#token", "pko-system"),
         ("update", "leases.coordination.k8s.io", "pko-system"),
+        ("create", "tokenreviews.authentication.k8s.io", ""),
+        ("create", "subjectaccessreviews.authorization.k8s.io", ""),
     ];
     let mut missing = Vec::new();
     for (verb, resource, ns) in needed {

@@ -37,6 +37,22 @@ fn untar(bytes: &[u8]) -> String {
     s
 }
 
+fn program_named(name: &str) -> Program {
+    serde_json::from_value(json!({
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
+        "program": {
+            "configuration": {"greeting": {"type": "String", "default": "hi"}},
+            "resources": {"greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting} there"}}},
+            "outputs": {"message": "${greet.stdout}"}
+        }
+    }))
+    .unwrap()
+}
+
+fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+}
+
 #[tokio::test]
 async fn program_is_published_served_and_deployable() {
     let bed = testbed();
@@ -46,24 +62,18 @@ async fn program_is_published_served_and_deployable() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(pko_operator::artifacts::serve(listener, client.clone()));
     let ctx = Arc::new(Context::new(client.clone(), addr.clone(), Arc::new(Namespaces::one(ns.name()))));
-    let controller = tokio::spawn(pko_operator::run_program_controller(ctx));
+    let (programs, run) = pko_operator::program_controller(ctx.clone());
+    let state = pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
+    let server = tokio::spawn(pko_operator::artifacts::serve(listener, state));
+    let controller = tokio::spawn(run);
 
     let api = ns.api::<Program>();
-    let program: Program = serde_json::from_value(json!({
-        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
-        "program": {
-            "configuration": {"greeting": {"type": "String", "default": "hi"}},
-            "resources": {"greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting} there"}}},
-            "outputs": {"message": "${greet.stdout}"}
-        }
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &program).await.unwrap();
+    api.create(&PostParams::default(), &program_named("hello")).await.unwrap();
     let a1 = wait_artifact(&api, "hello", 1).await;
-    assert_eq!(a1.url, format!("http://{addr}/programs/{}/hello/1", ns.name()));
-    assert_eq!(a1.path, format!("programs/{}/hello/1.tar.gz", ns.name()));
+    let hex = a1.digest.clone().unwrap().trim_start_matches("sha256:").to_string();
+    assert_eq!(a1.url, format!("http://{addr}/programs/{}/hello/1/{hex}.tar.gz", ns.name()));
+    assert_eq!(a1.path, format!("programs/{}/hello/1/{hex}.tar.gz", ns.name()));
 
     let http = reqwest::Client::new();
     let bytes = http.get(&a1.url).send().await.unwrap().error_for_status().unwrap().bytes().await.unwrap();
@@ -92,7 +102,15 @@ async fn program_is_published_served_and_deployable() {
     assert_eq!(http.get(&a1.url).send().await.unwrap().status(), 404);
     let bytes = http.get(&a2.url).send().await.unwrap().bytes().await.unwrap();
     assert_eq!(Some(pko_operator::program::digest(&bytes)), a2.digest);
-    assert_eq!(http.get(format!("http://{addr}/programs/{}/missing/1", ns.name())).send().await.unwrap().status(), 404);
+    assert_eq!(http.get(format!("http://{addr}/programs/{}/missing/1/{hex}.tar.gz", ns.name())).send().await.unwrap().status(), 404);
+    // the name and generation alone do not fetch it: the digest is part of the URL
+    let guessed = format!("http://{addr}/programs/{}/hello/2/{}.tar.gz", ns.name(), "0".repeat(64));
+    assert_eq!(http.get(&guessed).send().await.unwrap().status(), 404);
+    // a Program in a namespace this replica does not own is not served, even with its real URL
+    let other = bed.namespace("program-other").await.unwrap();
+    other.api::<Program>().create(&PostParams::default(), &program_named("hello")).await.unwrap();
+    let foreign = pko_operator::program::desired_artifact(&other.api::<Program>().get("hello").await.unwrap(), &addr, None, now()).unwrap();
+    assert_eq!(http.get(&foreign.url).send().await.unwrap().status(), 404);
 
     controller.abort();
     server.abort();

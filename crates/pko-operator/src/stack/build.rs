@@ -51,11 +51,26 @@ fn secret_key(name: &str, key: &str) -> SecretKeySelector {
     SecretKeySelector { name: name.into(), key: key.into(), optional: None }
 }
 
-/// Env var name carrying the value of secret config `key` (the agent reads it with `valueFrom.env`).
-pub fn secret_config_env(key: &str) -> String {
-    let k: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
-    format!("PKO_SECRET_CONFIG_{k}")
+/// Env var name carrying the value of config `key` behind `prefix` (the agent reads it with
+/// `valueFrom.env`): `<prefix>_<key>` with the key's ASCII letters and digits kept as they are and every
+/// other byte written `_xx` (hex), so two keys never share a variable (`dbpass` → `…_dbpass`, `dbPass` →
+/// `…_dbPass`, `db.pass` → `…_db_2epass`, `db_pass` → `…_db_5fpass`).
+pub fn config_env(prefix: &str, key: &str) -> String {
+    let mut out = format!("{prefix}_");
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    out
 }
+
+/// Prefix of the variables carrying `secretsRef` values ([`config_env`]).
+pub const SECRET_CONFIG_ENV_PREFIX: &str = "PKO_SECRET_CONFIG";
+/// Prefix of the variables carrying `configRef` values ([`config_env`]).
+pub const CONFIGMAP_ENV_PREFIX: &str = "PKO_CONFIGMAP";
 
 fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
     match r.selector_type {
@@ -128,7 +143,7 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         config.push(ConfigItem { key: k.clone(), value: Some(v.clone()), ..Default::default() });
     }
     for (k, r) in spec.config_ref.iter().flatten() {
-        let var = format!("PKO_CONFIGMAP_{}", secret_config_env(k).trim_start_matches("PKO_SECRET_CONFIG_"));
+        let var = config_env(CONFIGMAP_ENV_PREFIX, k);
         env.push(EnvVar {
             name: var.clone(),
             value: None,
@@ -148,7 +163,7 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
                 config.push(ConfigItem { key: k.clone(), value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())), secret: Some(true), ..Default::default() })
             }
             _ => {
-                let var = secret_config_env(k);
+                let var = config_env(SECRET_CONFIG_ENV_PREFIX, k);
                 env.extend(ref_env(&var, r));
                 config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: None }), secret: Some(true), ..Default::default() });
             }
@@ -241,6 +256,24 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
     u
 }
 
+/// The name of the Update a sync creates: `<stack>-<8 hex digits>` of a hash of what the sync is for
+/// (generation, reconcile request, revision, destroy or not) and of the previous Update (its name and
+/// failure count). Deterministic: a pass that retries a failed create chooses the same name, so writing
+/// it to `currentUpdate` again changes nothing (and wakes no watch); every new sync differs from the
+/// last Update, so it never collides with one that still exists.
+pub fn update_name(stack: &str, generation: Option<i64>, request: Option<&str>, revision: &str, deleting: bool, last: Option<&pko_api::stack::StackUpdateState>) -> String {
+    use sha2::{Digest, Sha256};
+    let key = format!(
+        "{}\n{}\n{revision}\n{deleting}\n{}\n{}",
+        generation.unwrap_or(0),
+        request.unwrap_or(""),
+        last.and_then(|l| l.name.as_deref()).unwrap_or(""),
+        last.and_then(|l| l.failures).unwrap_or(0)
+    );
+    let h = Sha256::digest(key.as_bytes());
+    format!("{stack}-{:02x}{:02x}{:02x}{:02x}", h[0], h[1], h[2], h[3])
+}
+
 /// Labels PKO puts on objects generated for a Stack.
 pub fn stack_labels(stack: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()), (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string())])
@@ -268,7 +301,7 @@ mod tests {
         }));
         let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None).map(Box::new) });
         let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
-        assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_FROMCM"], "{env:?}");
+        assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_fromCm"], "{env:?}");
         assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");
         assert_eq!(ws.env_from.as_ref().unwrap().len(), 2);
         assert_eq!(ws.image.as_deref(), Some("custom"));
@@ -278,11 +311,47 @@ mod tests {
         let keys: Vec<_> = st.config.as_ref().unwrap().iter().map(|c| (c.key.clone(), c.secret.unwrap_or(false))).collect();
         assert_eq!(keys, vec![("a".into(), false), ("z".into(), false), ("fromCm".into(), false), ("legacy".into(), true), ("lit".into(), true), ("pw".into(), true)]);
         let pw = st.config.as_ref().unwrap().iter().find(|c| c.key == "pw").unwrap();
-        assert_eq!(pw.value_from.as_ref().unwrap().env.as_deref(), Some("PKO_SECRET_CONFIG_PW"));
-        assert!(ws.env.as_ref().unwrap().iter().any(|e| e.name == "PKO_SECRET_CONFIG_PW" && e.value_from.is_some()), "the secret value stays in the Secret");
+        assert_eq!(pw.value_from.as_ref().unwrap().env.as_deref(), Some("PKO_SECRET_CONFIG_pw"));
+        assert!(ws.env.as_ref().unwrap().iter().any(|e| e.name == "PKO_SECRET_CONFIG_pw" && e.value_from.is_some()), "the secret value stays in the Secret");
         let git = ws.git.unwrap();
         assert_eq!((git.url.as_deref(), git.git_ref.as_deref(), git.dir.as_deref(), git.shallow), (Some("https://g/r.git"), Some("abc"), Some("app"), Some(true)));
         assert_eq!(git.auth.unwrap().token.unwrap().name, "git");
+    }
+
+    #[test]
+    fn update_names_repeat_for_a_retry_and_change_for_a_new_sync() {
+        use pko_api::stack::StackUpdateState;
+        let a = update_name("web", Some(3), None, "abc", false, None);
+        assert_eq!(a, update_name("web", Some(3), None, "abc", false, None), "a retried create picks the same name");
+        assert!(a.starts_with("web-") && a.len() == "web-".len() + 8, "{a}");
+        let done = StackUpdateState { name: Some(a.clone()), failures: Some(0), ..Default::default() };
+        let resync = update_name("web", Some(3), None, "abc", false, Some(&done));
+        assert_ne!(resync, a, "a resync after the Update differs from it");
+        let failed_again = StackUpdateState { name: Some(a.clone()), failures: Some(1), ..Default::default() };
+        assert_ne!(update_name("web", Some(3), None, "abc", false, Some(&failed_again)), resync);
+        for other in [
+            update_name("web", Some(4), None, "abc", false, None),
+            update_name("web", Some(3), Some("req"), "abc", false, None),
+            update_name("web", Some(3), None, "def", false, None),
+            update_name("web", Some(3), None, "abc", true, None),
+        ] {
+            assert_ne!(other, a);
+        }
+    }
+
+    #[test]
+    fn config_variables_never_collide() {
+        let keys = ["dbpass", "dbPass", "DBPASS", "db.pass", "db_pass", "db-pass", "db_2epass", "aws:region", "ünï"];
+        let vars: std::collections::BTreeSet<String> = keys.iter().map(|k| config_env(SECRET_CONFIG_ENV_PREFIX, k)).collect();
+        assert_eq!(vars.len(), keys.len(), "{vars:?}");
+        assert_eq!(config_env(SECRET_CONFIG_ENV_PREFIX, "db.pass"), "PKO_SECRET_CONFIG_db_2epass");
+        assert!(vars.iter().all(|v| v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')), "valid variable names: {vars:?}");
+        let s = spec(json!({"stack": "dev", "secretsRef": {
+            "dbpass": {"type": "Secret", "secret": {"name": "s", "key": "a"}},
+            "dbPass": {"type": "Secret", "secret": {"name": "s", "key": "b"}}}}));
+        let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo::default()));
+        let env: Vec<_> = ws.env.unwrap().into_iter().map(|e| (e.name, e.value_from.unwrap().secret_key_ref.unwrap().key)).collect();
+        assert_eq!(env, vec![("PKO_SECRET_CONFIG_dbPass".to_string(), "b".to_string()), ("PKO_SECRET_CONFIG_dbpass".to_string(), "a".to_string())]);
     }
 
     #[test]

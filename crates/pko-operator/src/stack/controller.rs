@@ -170,6 +170,13 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
 /// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with
 /// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
 async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &str) -> Result<Resolved, CredentialError> {
+    // tenant input never reaches git as an option (docs/security.md)
+    pko_git::validate_url(repo).map_err(|e| CredentialError::Invalid(format!("spec.projectRepo: {e}")))?;
+    for (field, value) in [("spec.branch", &spec.branch), ("spec.commit", &spec.commit)] {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+            pko_git::validate_ref(field, v).map_err(CredentialError::Invalid)?;
+        }
+    }
     let auth = git_auth_refs(ctx, ns, spec).await?.map(Box::new);
     if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
         return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.to_string(), commit: c.clone(), auth }));
@@ -305,6 +312,31 @@ fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option
     format!("Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`.")
 }
 
+/// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
+const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API server refused the Workspace";
+/// Start of the `SpecInvalid` message when the API server refused the generated Update.
+const REFUSED_UPDATE: &str = "spec.updateTemplate: the API server refused the Update";
+
+/// Whether API error `e` on a generated object is a refusal of its content (HTTP 400 or 422: the
+/// templates made it invalid), and the condition message: `<what>: <API message>`.
+fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
+    match e {
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => (true, format!("{what}: {}", s.message)),
+        other => (false, format!("{what}: {other}")),
+    }
+}
+
+/// Whether the Stack is Stalled because the API server refused a generated object of this generation.
+fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], generation: Option<i64>) -> bool {
+    conds.iter().any(|c| {
+        c.type_ == sc::STALLED
+            && c.status == "True"
+            && c.reason == sc::SPEC_INVALID
+            && c.observed_generation == generation
+            && (c.message.starts_with(REFUSED_WORKSPACE) || c.message.starts_with(REFUSED_UPDATE))
+    })
+}
+
 /// One reconcile of a Stack.
 pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = stack.namespace().unwrap_or_default();
@@ -429,6 +461,11 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         write_status(&api, &name, &st).await?;
         return Ok(Action::await_change());
     }
+    // a template the API server refused stays refused for this generation: no retry loop (a spec change
+    // — a new generation — tries again)
+    if refused_this_generation(&conds, generation) {
+        return Ok(Action::await_change());
+    }
     let revision = source.revision();
 
     // 7. in sync?
@@ -489,7 +526,20 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         ws_meta.annotations = m.annotations;
     }
     let ws = Workspace { metadata: ws_meta, spec: build::workspace_spec(&stack.spec, &source), status: None };
-    let ws = Api::<Workspace>::namespaced(ctx.client.clone(), &ns).patch(&name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await?;
+    let ws = match Api::<Workspace>::namespaced(ctx.client.clone(), &ns).patch(&name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            let (stall, msg) = refusal(REFUSED_WORKSPACE, &e);
+            if stall {
+                conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &msg, generation, &t);
+            } else {
+                conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &msg, generation, &t);
+            }
+            st.conditions = Some(conds);
+            write_status(&api, &name, &st).await?;
+            return if stall { Ok(Action::await_change()) } else { Err(e.into()) };
+        }
+    };
     let ready = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     if !ready {
         conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &workspace_wait_message(&ws), generation, &t);
@@ -508,8 +558,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         write_status(&api, &name, &st).await?;
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
-    let millis = t.0.as_millisecond();
-    let update_name = format!("{name}-{millis:x}");
+    let update_name = build::update_name(&name, generation, request.as_deref(), &revision, deleting, st.last_update.as_ref());
     st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
     conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
     st.conditions = Some(conds);
@@ -535,10 +584,26 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         spec: build::update_spec(&stack.spec, &name, deleting, &reason),
         status: None,
     };
-    if let Err(e) = updates.create(&PostParams::default(), &update).await {
-        st.current_update = None;
-        write_status(&api, &name, &st).await?;
-        return Err(e.into());
+    match updates.create(&PostParams::default(), &update).await {
+        Ok(_) => {}
+        // created by an earlier pass whose reconcile ended before this point: follow it
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Action::requeue(Duration::from_secs(30))),
+        Err(e) => {
+            let (stall, msg) = refusal(REFUSED_UPDATE, &e);
+            if stall {
+                // one write undoes currentUpdate and says why; it stays so until the spec changes
+                st.current_update = None;
+                let mut conds = st.conditions.clone().unwrap_or_default();
+                conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &msg, generation, &t);
+                st.conditions = Some(conds);
+                write_status(&api, &name, &st).await?;
+                return Ok(Action::await_change());
+            }
+            // anything else is retried by the error policy: currentUpdate stays as written (the next pass
+            // heals the dangling name and writes the same one again — no change, so no watch event)
+            publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_FAILURE, msg).await;
+            return Err(e.into());
+        }
     }
     tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
     publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_UPDATE_DETECTED, reason).await;
@@ -592,6 +657,26 @@ mod tests {
         assert!(m.contains("namespace team-a is being deleted"), "{m}");
         assert!(m.contains("kubectl -n team-a patch stack web"), "{m}");
         assert!(m.contains(r#""path":"/metadata/finalizers""#), "{m}");
+    }
+
+    #[test]
+    fn a_refused_template_stalls_for_its_generation_only() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let api = |code: u16| kube::Error::Api(kube::core::Status::failure("metadata.labels: Invalid value: \"bad!\"", "Invalid").with_code(code).boxed());
+        let (stall, msg) = refusal(REFUSED_UPDATE, &api(422));
+        assert!(stall && msg.starts_with("spec.updateTemplate: the API server refused the Update: metadata.labels"), "{msg}");
+        assert!(!refusal(REFUSED_UPDATE, &api(500)).0, "a server error is retried");
+        let stalled = |message: &str, generation: i64| Condition {
+            type_: sc::STALLED.into(),
+            status: "True".into(),
+            reason: sc::SPEC_INVALID.into(),
+            message: message.into(),
+            observed_generation: Some(generation),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        assert!(refused_this_generation(&[stalled(&msg, 3)], Some(3)));
+        assert!(!refused_this_generation(&[stalled(&msg, 3)], Some(4)), "a new generation tries again");
+        assert!(!refused_this_generation(&[stalled("spec.envRefs.X: bad", 3)], Some(3)), "other stalls are decided afresh");
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl LocalRuntime {
         let name = ws.name_any();
         let dir = self.work_root.join(&ns).join(&name);
         let record_path = dir.join("agent.json");
-        {
+        let running = {
             let mut procs = self.procs.lock().unwrap();
             if !procs.contains_key(&uid)
                 && let Some(r) = std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
@@ -147,34 +147,43 @@ impl LocalRuntime {
                 tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address, "adopted a running local agent");
                 procs.insert(uid.clone(), LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision });
             }
-            if let Some(a) = procs.get_mut(&uid) {
-                if a.revision == revision && a.alive() {
-                    return Ok(a.address.clone());
+            let usable = procs.get_mut(&uid).map(|a| (a.revision == revision && a.alive(), a.address.clone()));
+            match usable {
+                Some((true, address)) => Some(address),
+                Some((false, _)) => {
+                    if let Some(mut a) = procs.remove(&uid) {
+                        a.kill();
+                    }
+                    None
                 }
-                a.kill();
-                procs.remove(&uid);
+                None => None,
             }
+        };
+        if let Some(address) = running {
+            self.refresh_token(client, ws).await?;
+            return Ok(address);
         }
         let spec = ws.spec.with_defaults();
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
-        // the agent's identity: a token of the Workspace's service account
-        let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() }, ..Default::default() };
-        let token =
-            Api::<ServiceAccount>::namespaced(client.clone(), &ns).create_token_request(&sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::Local(e.to_string()))?;
+        create_private_dir(&dir).map_err(|e| Error::Local(format!("creating {}: {e}", dir.display())))?;
+        // the agent's identity: a token of the Workspace's service account, in a 0600 file its kubeconfig
+        // names (`tokenFile`), renewed by `refresh_token` before it expires
+        let token_path = dir.join("token");
+        self.write_token(client, &ns, &sa, &token_path).await?;
         let kubeconfig = dir.join("kubeconfig");
-        let kc = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {}, certificate-authority: {}}}\nusers:\n- name: u\n  user: {{token: {}}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {}}}\ncurrent-context: x\n",
-            self.api_server,
-            self.ca_file.display(),
-            token,
-            ns
-        );
-        std::fs::write(&kubeconfig, kc).map_err(|e| Error::Local(e.to_string()))?;
+        let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, &ns);
+        let kc = serde_yaml::to_string(&kc).map_err(|e| Error::Local(format!("writing the kubeconfig: {e}")))?;
+        write_private(&kubeconfig, kc.as_bytes()).map_err(|e| Error::Local(format!("writing {}: {e}", kubeconfig.display())))?;
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", &ns, "--work-dir"])
-            .arg(dir.join("work"))
+        // A clean environment: only what the runtime passes (see `LocalRuntime::new`), never the
+        // Workspace's `env` — that reaches Pulumi through each operation request, and must not redirect
+        // the agent's own identity (a Workspace `KUBECONFIG` would). The agent's kubeconfig is a flag.
+        cmd.env_clear()
             .envs(self.env.iter().cloned())
+            .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", &ns, "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--work-dir")
+            .arg(dir.join("work"))
             .env("KUBECONFIG", &kubeconfig)
             .env("PULUMI_HOME", dir.join("pulumi-home"))
             .stdout(Stdio::piped())
@@ -183,11 +192,6 @@ impl LocalRuntime {
             .process_group(0);
         if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
             cmd.args(["--pulumi-log-level", &level.to_string()]);
-        }
-        for e in spec.env.iter().flatten() {
-            if let Some(v) = &e.value {
-                cmd.env(&e.name, v);
-            }
         }
         let mut child = cmd.spawn().map_err(|e| Error::Local(format!("{}: {e}", self.agent_bin.display())))?;
         let stdout = child.stdout.take().expect("piped");
@@ -201,6 +205,84 @@ impl LocalRuntime {
         std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| Error::Local(e.to_string()))?;
         self.procs.lock().unwrap().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
         Ok(address)
+    }
+}
+
+/// Lifetime of a local agent's service-account token, in seconds; it is renewed after half of it.
+pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
+
+/// The variables of the operator's environment a local agent inherits (`PATH`, `HOME`, `TMPDIR`, `TZ`,
+/// `LANG`, `LC_*`, `RUST_LOG`, `PULUMI_*`): never `KUBECONFIG`, cloud credentials or other secrets of the
+/// operator's process.
+pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    vars.into_iter().filter(|(k, _)| ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG"].contains(&k.as_str()) || k.starts_with("LC_") || k.starts_with("PULUMI_")).collect()
+}
+
+/// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read
+/// by the agent's client every minute), namespace `ns`. Built with kube's own type.
+fn agent_kubeconfig(server: &str, ca: &std::path::Path, token_file: &std::path::Path, ns: &str) -> kube::config::Kubeconfig {
+    use kube::config::{AuthInfo, Cluster, Context as KubeContext, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+    Kubeconfig {
+        api_version: Some("v1".into()),
+        kind: Some("Config".into()),
+        clusters: vec![NamedCluster {
+            name: "workspace".into(),
+            cluster: Some(Cluster { server: Some(server.into()), certificate_authority: Some(ca.display().to_string()), ..Default::default() }),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "workspace".into(),
+            auth_info: Some(AuthInfo { token_file: Some(token_file.display().to_string()), ..Default::default() }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "workspace".into(),
+            context: Some(KubeContext { cluster: "workspace".into(), user: Some("workspace".into()), namespace: Some(ns.into()), ..Default::default() }),
+            ..Default::default()
+        }],
+        current_context: Some("workspace".into()),
+        ..Default::default()
+    }
+}
+
+/// Creates `dir` (and its parents) readable only by this user (0700).
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes `bytes` to `path` readable only by this user (0600), atomically (a temporary file renamed).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+impl LocalRuntime {
+    /// Writes a fresh token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]) to `path`.
+    async fn write_token(&self, client: &kube::Client, ns: &str, sa: &str, path: &std::path::Path) -> Result<(), Error> {
+        let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
+        let token = Api::<ServiceAccount>::namespaced(client.clone(), ns).create_token_request(sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
+        write_private(path, token.as_bytes()).map_err(|e| Error::Local(format!("writing {}: {e}", path.display())))
+    }
+
+    /// Renews the token of a running agent when half its lifetime has passed.
+    async fn refresh_token(&self, client: &kube::Client, ws: &Workspace) -> Result<(), Error> {
+        let ns = ws.namespace().unwrap_or_default();
+        let path = self.work_root.join(&ns).join(ws.name_any()).join("token");
+        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_none_or(|a| a.as_secs() as i64 > LOCAL_TOKEN_SECONDS / 2) {
+            let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+            self.write_token(client, &ns, &sa, &path).await?;
+            tracing::info!(workspace = %format!("{ns}/{}", ws.name_any()), "renewed the local agent's token");
+        }
+        Ok(())
     }
 }
 

@@ -90,19 +90,27 @@ impl InProcessOperator {
         let addr = listener.local_addr().unwrap().to_string();
         let ctx = Arc::new(Context::new(client.clone(), addr, Arc::new(Namespaces::one(namespace))));
         let local = LocalRuntime::new(agent_bin(), env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
-        let server_client = client.clone();
+        let (programs, program_run) = pko_operator::program_controller(ctx.clone());
+        let artifacts = pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
         let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_url = format!("http://{}/metrics", metrics_listener.local_addr().unwrap());
         let (metrics_client, ownership) = (client.clone(), ctx.ownership.clone());
         Self(
             vec![
                 tokio::spawn(async move {
-                    let _ = pko_operator::metrics::serve(metrics_listener, metrics_client, ownership, pko_operator::metrics::install_recorder()).await;
+                    let _ = pko_operator::metrics::serve(
+                        metrics_listener,
+                        metrics_client,
+                        ownership,
+                        pko_operator::metrics::install_recorder(),
+                        pko_operator::metrics::Security::Insecure,
+                    )
+                    .await;
                 }),
                 tokio::spawn(async move {
-                    let _ = pko_operator::artifacts::serve(listener, server_client).await;
+                    let _ = pko_operator::artifacts::serve(listener, artifacts).await;
                 }),
-                tokio::spawn(pko_operator::run_program_controller(ctx.clone())),
+                tokio::spawn(program_run),
                 tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
                 tokio::spawn(UpdateController::new(ctx.clone(), 8).run()),
                 tokio::spawn(pko_operator::stack::controller::run(ctx)),
