@@ -264,8 +264,10 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
             let mode = if entry.header().mode().unwrap_or(0o644) & 0o111 != 0 { 0o755 } else { 0o644 };
             let write_err = |source| ArchiveError::Write { path: rel.display().to_string(), source };
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
-            let n = std::io::copy(&mut (&mut entry).take(size), &mut file).map_err(|e| ArchiveError::Write { path: rel.display().to_string(), source: e })?;
-            out.bytes += n;
+            out.bytes += copy_entry(&mut entry, size, &mut file).map_err(|e| match e {
+                Copy::Read(e) => ArchiveError::Read(e),
+                Copy::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
+            })?;
         } else if kind.is_symlink() {
             let target = meta.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
             let unsafe_link = || ArchiveError::UnsafeLink { path: rel.display().to_string(), target: shown(&target) };
@@ -289,6 +291,29 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
     }
     check_links_inside(into)?;
     Ok(out)
+}
+
+/// Which side of a copy failed.
+enum Copy {
+    Read(std::io::Error),
+    Write(std::io::Error),
+}
+
+/// Copies at most `size` bytes of `from` to `to`; returns the bytes copied.
+fn copy_entry(from: &mut impl Read, size: u64, to: &mut impl std::io::Write) -> Result<u64, Copy> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut from = from.take(size);
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Copy::Read(e)),
+        };
+        to.write_all(&buf[..n]).map_err(Copy::Write)?;
+        total += n as u64;
+    }
 }
 
 /// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most

@@ -535,11 +535,18 @@ fn find_permalink(text: &str) -> Option<String> {
     re.find(text).map(|m| m.as_str().to_string())
 }
 
+/// The first `error:`/`Error:` line of Pulumi's output without its prefix, followed by the location
+/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`); else the first five lines.
 fn first_error_line(text: &str) -> Option<String> {
-    text.lines().map(str::trim).find(|l| l.starts_with("error:")).map(|l| l.trim_start_matches("error:").trim().to_string()).or_else(|| {
-        let t = text.trim();
-        (!t.is_empty()).then(|| t.lines().take(5).collect::<Vec<_>>().join("\n"))
-    })
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if let Some(i) = lines.iter().position(|l| l.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("error:"))) {
+        let mut msg = lines[i][6..].trim().to_string();
+        if let Some(loc) = lines.get(i + 1).filter(|l| l.starts_with("on ")) {
+            msg.push_str(&format!(" ({})", loc.trim_end_matches(':')));
+        }
+        return Some(msg);
+    }
+    (!lines.is_empty()).then(|| lines.iter().take(5).copied().collect::<Vec<_>>().join("\n"))
 }
 
 #[cfg(test)]
@@ -601,5 +608,8 @@ mod tests {
         assert_eq!(find_permalink("View Live: https://app.pulumi.com/o/p/s/updates/12\n").as_deref(), Some("https://app.pulumi.com/o/p/s/updates/12"));
         assert_eq!(find_permalink("no link"), None);
         assert_eq!(first_error_line("warn\nerror: the stack is locked\n").as_deref(), Some("the stack is locked"));
+        // Pulumi YAML's info#err diagnostics
+        let yaml = "\nError: resource, variable, or config value \"missing\" not found\n\n  on Pulumi.yaml line 7:\n\n   7:       create: ${missing.value}\n";
+        assert_eq!(first_error_line(yaml).as_deref(), Some("resource, variable, or config value \"missing\" not found (on Pulumi.yaml line 7)"));
     }
 }

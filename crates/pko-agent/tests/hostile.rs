@@ -74,6 +74,11 @@ fn pax_size_bomb(size: u64) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// The first half of `bytes` (a gzip stream cut short).
+fn truncated(bytes: &[u8]) -> Vec<u8> {
+    bytes[..bytes.len() / 2].to_vec()
+}
+
 /// A chain of links climbing one directory per link from the extraction directory to `/`, then a file
 /// written through the chain into `target_dir`.
 fn symlink_chain(levels: usize, target_dir: &str, file: &str) -> Vec<u8> {
@@ -100,7 +105,8 @@ async fn option_like_git_urls_and_revisions_never_run_a_command() {
     let cases = [
         (format!("--upload-pack=touch {}", m("url")), "main".to_string(), "option"),
         (good_url.clone(), format!("--upload-pack=touch {}", m("rev")), "option"),
-        (format!("ext::sh -c touch% {}", m("ext")), "main".to_string(), "remote helper"),
+        (format!("ext::sh -c touch% {}", m("ext")), "main".to_string(), "white space"),
+        (format!("ext::touch%S{}", m("ext2")), "main".to_string(), "remote helper"),
         (format!("ssh://-oProxyCommand=touch%20{}/r", m("ssh")), "main".to_string(), "starts with '-'"),
         (good_url.clone(), "main\n--upload-pack=x".to_string(), "white space"),
     ];
@@ -147,7 +153,11 @@ async fn hostile_archives_are_refused_with_bounded_memory_and_disk() {
         ("PAX size bomb (512 MiB behind a 0-byte header)", pax_size_bomb(512 << 20), "PAX size"),
         ("zip bomb (200 MiB of zeros)", zero_bomb(b'0', "zeros.bin", 200 << 20), "limit"),
         ("120,000 entries", build(&many.iter().map(|n| Item::File(n, b"")).collect::<Vec<_>>()), "entries"),
-        ("truncated gzip", build(&[Item::File("Pulumi.yaml", yaml), Item::File("a", &[9u8; 50_000])])[..200].to_vec(), "reading archive"),
+        (
+            "truncated gzip",
+            truncated(&build(&[Item::File("Pulumi.yaml", yaml), Item::File("a", &(0..50_000u32).map(|i| (i * 7919 % 251) as u8).collect::<Vec<_>>())])),
+            "reading archive",
+        ),
         ("not gzip", b"<html>this is not an artifact</html>".to_vec(), "reading archive"),
     ];
     eprintln!("corpus built in {:?}", started.elapsed());
@@ -194,6 +204,9 @@ async fn dripping_server() -> (String, tokio::task::JoinHandle<()>) {
     let task = tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
             tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut request = [0u8; 4096];
+                let _ = sock.read(&mut request).await;
                 let _ = sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n").await;
                 for _ in 0..1_048_576 {
                     if sock.write_all(b"\0").await.is_err() {
@@ -258,4 +271,15 @@ async fn config_larger_than_a_command_line_is_applied_and_a_huge_env_value_is_a_
     let r = result(&run(&mut c, req).await);
     assert_eq!(reason(&r), ErrorReason::InvalidConfig, "{}", r.message);
     assert!(r.message.contains("env HUGE") && r.message.contains("bytes"), "{}", r.message);
+}
+
+#[tokio::test]
+async fn a_pulumi_yaml_program_error_is_the_failure_message() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let dir = project(&env, "yamlerr", "resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: ${missing.value}\n");
+    let r = result(&run(&mut c, request(&env, "yamlerr", &dir, "dev", OperationType::Up)).await);
+    assert_eq!(r.status, ResultStatus::Failed as i32);
+    assert!(r.message.contains("\"missing\" not found") && r.message.contains("Pulumi.yaml line"), "{}", r.message);
 }

@@ -20,10 +20,6 @@ use pko_operator::ownership::Namespaces;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-fn stalled(s: &Stack) -> Option<(String, String)> {
-    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
-}
-
 fn stack(name: &str, spec: serde_json::Value) -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
 }
@@ -68,8 +64,7 @@ async fn writes_during(stacks: &Api<Stack>, name: &str, secs: u64) -> usize {
 #[tokio::test]
 async fn option_like_repositories_and_refs_stall_and_run_nothing() {
     let (client, ns, env) = setup("hostile-git").await;
-    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
+    let task = start_stack_controller(&client, ns.name());
     let stacks = ns.api::<Stack>();
     let marks = env.dir().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
@@ -78,7 +73,7 @@ async fn option_like_repositories_and_refs_stall_and_run_nothing() {
         ("repo", json!({"stack": "dev", "projectRepo": touch("repo"), "branch": "main"}), "spec.projectRepo"),
         ("branch", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "branch": touch("branch")}), "spec.branch"),
         ("commit", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "commit": touch("commit")}), "spec.commit"),
-        ("ext", json!({"stack": "dev", "projectRepo": format!("ext::sh -c touch% {}", marks.join("ext").display()), "branch": "main"}), "remote helper"),
+        ("ext", json!({"stack": "dev", "projectRepo": format!("ext::touch%S{}", marks.join("ext").display()), "branch": "main"}), "remote helper"),
     ];
     for (name, spec, _) in &cases {
         create(&stacks, stack(name, spec.clone())).await;
@@ -170,7 +165,11 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
 
     // a spec change (new generation) is tried again: without the refused label the Stack goes Ready
     stacks
-        .patch("refused-by-policy", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"updateTemplate": {"metadata": {"labels": {"fine": "yes"}}}}})))
+        .patch(
+            "refused-by-policy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"updateTemplate": {"metadata": {"labels": {"pko-hostile-refuse": null, "fine": "yes"}}}}})),
+        )
         .await
         .unwrap();
     eventually("the fixed Stack is Ready", 120, || async {

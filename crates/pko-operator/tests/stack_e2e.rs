@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -12,8 +11,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use pko_api::{Program, Stack};
-use pko_operator::context::Context;
-use pko_operator::ownership::Namespaces;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
@@ -94,17 +91,12 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     drop(op);
 }
 
-fn stalled(s: &Stack) -> Option<(String, String)> {
-    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
-}
-
 /// Bad sources and specs are reported as PKO does: Stalled `SourceUnavailable` / `SpecInvalid`, with a
 /// message naming what is wrong, and Ready=False `NotReadyStalled`.
 #[tokio::test]
 async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let (client, ns, _env) = setup("stall").await;
-    let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let task = tokio::spawn(pko_operator::stack::controller::run(ctx));
+    let task = start_stack_controller(&client, ns.name());
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
     create(&stacks, stack("no-program", json!({"stack": "dev", "programRef": {"name": "missing"}}))).await;

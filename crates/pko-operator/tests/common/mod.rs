@@ -138,6 +138,19 @@ pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, Strin
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// `(reason, message)` of the Stack's `Stalled` condition when it is True.
+pub fn stalled(s: &pko_api::Stack) -> Option<(String, String)> {
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+/// Runs only the Stack controller, owning `namespace` (tests of what it decides before any Workspace).
+pub fn start_stack_controller(client: &kube::Client, namespace: &str) -> tokio::task::JoinHandle<()> {
+    use pko_operator::context::Context;
+    use pko_operator::ownership::Namespaces;
+    let ctx = std::sync::Arc::new(Context::new(client.clone(), String::new(), std::sync::Arc::new(Namespaces::one(namespace))));
+    tokio::spawn(pko_operator::stack::controller::run(ctx))
+}
+
 /// Grants the namespace's `default` service account (the Workspace identity) `get` on Secrets, so agents
 /// resolve the Stack's secret references with it.
 pub async fn allow_default_sa_to_read_secrets(ns: &pko_testbed::TestNamespace) {
