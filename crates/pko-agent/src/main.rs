@@ -150,7 +150,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         }
         AuthMode::Kube => {
             let ws = a.kube_workspace_name.clone().context("--auth kube needs --kube-workspace-name")?;
-            let audience = a.kube_audience.clone().unwrap_or_else(|| format!("{ws}.{namespace}"));
+            let audience = a.kube_audience.clone().unwrap_or_else(|| pko_proto::workspace_audience(&namespace, &ws));
             Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
         }
     };

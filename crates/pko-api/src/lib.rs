@@ -14,7 +14,9 @@
 // kube's `#[kube(printcolumn(...))]` repeats keys across columns; clippy reads them as duplicates.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod conditions;
 pub mod constants;
+pub mod duration;
 pub mod program;
 pub mod reference;
 pub mod schema;

@@ -17,6 +17,8 @@ pub struct Context {
     /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`, default 25). A reconcile
     /// never waits for a Pulumi operation, so this bounds API-server load, not operations.
     pub reconcile_concurrency: u16,
+    /// One event recorder per controller, for the process's life (event aggregation).
+    pub events: crate::k8s::Events,
 }
 
 /// PKO's default number of concurrent reconciles per controller.
@@ -25,7 +27,8 @@ pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 25;
 impl Context {
     /// A context with PKO's default reconcile concurrency.
     pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY }
+        let events = crate::k8s::Events::new(&client);
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].
@@ -37,17 +40,5 @@ impl Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context").field("advertised_addr", &self.advertised_addr).field("ownership", &self.ownership).finish()
-    }
-}
-
-/// Publishes a Kubernetes event (events.k8s.io) about `object` as `controller` (PKO's controller names:
-/// `stack-controller`, `update-controller`, `workspace-controller`). Failures are logged, never returned:
-/// an event is not worth failing a reconcile.
-pub async fn publish_event<K: kube::Resource<DynamicType = ()>>(client: &kube::Client, controller: &str, object: &K, warning: bool, reason: &str, note: String) {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let recorder = Recorder::new(client.clone(), Reporter { controller: controller.into(), instance: std::env::var("POD_NAME").ok() });
-    let ev = Event { type_: if warning { EventType::Warning } else { EventType::Normal }, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
-    if let Err(e) = recorder.publish(&ev, &object.object_ref(&())).await {
-        tracing::debug!(error = %e, reason, "event not published");
     }
 }

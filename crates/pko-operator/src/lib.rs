@@ -6,7 +6,9 @@
 
 pub mod artifacts;
 pub mod context;
+pub mod k8s;
 pub mod metrics;
+pub mod outputs;
 pub mod ownership;
 pub mod program;
 pub mod queue;

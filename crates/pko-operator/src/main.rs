@@ -144,15 +144,14 @@ async fn main() -> anyhow::Result<()> {
             let client = kube::Client::try_default().await.context("connecting to the API server")?;
             let listener = tokio::net::TcpListener::bind(a.program_fs_addr).await.with_context(|| format!("binding {}", a.program_fs_addr))?;
             let advertised_addr = a.program_fs_adv_addr.clone().unwrap_or_else(|| listener.local_addr().map(|x| x.to_string()).unwrap_or_default());
+            let ownership: Arc<dyn pko_operator::ownership::Ownership> = if a.namespaces.is_empty() {
+                Arc::new(pko_operator::ownership::SingleReplica)
+            } else {
+                Arc::new(pko_operator::ownership::Namespaces(a.namespaces.iter().cloned().collect()))
+            };
             let ctx = Arc::new(pko_operator::context::Context {
-                client: client.clone(),
-                advertised_addr,
-                ownership: if a.namespaces.is_empty() {
-                    Arc::new(pko_operator::ownership::SingleReplica)
-                } else {
-                    Arc::new(pko_operator::ownership::Namespaces(a.namespaces.iter().cloned().collect()))
-                },
                 reconcile_concurrency: a.max_concurrent_reconciles,
+                ..pko_operator::context::Context::new(client.clone(), advertised_addr, ownership)
             });
             let runtime = match a.runtime {
                 RuntimeKind::Pod => Runtime::Pod(pko_operator::workspace::pod::PodRuntimeConfig { agent_image: a.agent_image.clone() }),

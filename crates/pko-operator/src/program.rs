@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use pko_api::program::{Artifact, ProgramStatus};
@@ -99,21 +99,14 @@ pub async fn reconcile(program: Arc<Program>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
     let status = program.status.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let now = pko_api::conditions::now();
     let artifact = desired_artifact(&program, &ctx.advertised_addr, status.artifact.as_ref(), now)?;
     let generation = program.meta().generation;
     if status.artifact.as_ref() == Some(&artifact) && status.observed_generation == generation {
         return Ok(Action::await_change());
     }
-    let patch = json!({
-        "apiVersion": "pulumi.com/v1",
-        "kind": "Program",
-        "status": ProgramStatus { observed_generation: generation, artifact: Some(artifact) },
-    });
-    Api::<Program>::namespaced(ctx.client.clone(), &ns)
-        .patch_status(&name, &PatchParams::apply(STATUS_FIELD_MANAGER).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(Error::Status)?;
+    let status = ProgramStatus { observed_generation: generation, artifact: Some(artifact) };
+    crate::k8s::apply_status(&Api::<Program>::namespaced(ctx.client.clone(), &ns), &name, STATUS_FIELD_MANAGER, &status).await.map_err(Error::Status)?;
     tracing::info!(program = %format!("{ns}/{name}"), generation, "published program artifact");
     Ok(Action::await_change())
 }

@@ -10,7 +10,8 @@ use common::*;
 
 use k8s_openapi::api::core::v1::Secret;
 use pko_api::{Update, Workspace};
-use pko_operator::update::{dispatch, outputs};
+use pko_operator::outputs;
+use pko_operator::update::dispatch;
 use pko_proto::v1::ResultStatus;
 use pko_testbed::testbed;
 use serde_json::json;
@@ -57,10 +58,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
 
+    let events = pko_operator::k8s::Events::new(&client);
     // The dispatcher dies while the operation runs (the operator is killed) ...
     let task = {
         let (client, agent, update, workspace) = (client.clone(), agent.1.clone(), update.clone(), workspace.clone());
-        tokio::spawn(async move { dispatch::run_on_agent(&client, &agent, None, 1, &update, &workspace).await })
+        tokio::spawn(async move { dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client).update, &agent, None, 1, &update, &workspace).await })
     };
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -73,7 +75,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     task.abort();
     // ... and a new one re-attaches to the same operation.
     let current = updates.get("u1").await.unwrap();
-    let result = dispatch::run_on_agent(&client, &agent.1, None, 1, &current, &workspace).await.unwrap();
+    let result = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &current, &workspace).await.unwrap();
     assert_eq!(result.status, ResultStatus::Succeeded as i32, "{}", result.message);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the program ran once");
 
@@ -103,7 +105,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &agent.1, None, 1, &u2, &ws2).await.unwrap();
+    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u2, &ws2).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "UpdateFailed".into())));

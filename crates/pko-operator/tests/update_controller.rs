@@ -125,7 +125,7 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
         "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns.name()}]}),
     )
     .await;
-    let audience = pko_operator::update::tokens::audience(ns.name(), "ws");
+    let audience = pko_proto::workspace_audience(ns.name(), "ws");
     let agent = start_agent_with(&env, &["--auth", "kube", "--kube-audience", &audience, "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws"]);
     create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     set_agent_address(&ns, "ws", &agent.1).await;

@@ -5,26 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use pko_api::constants::stack_condition as sc;
 
-/// Sets (or replaces) condition `type_`, keeping `lastTransitionTime` when the status did not change
-/// (Kubernetes `meta.SetStatusCondition` semantics).
-pub fn set(conditions: &mut Vec<Condition>, type_: &str, status: &str, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
-    let transition = conditions.iter().find(|c| c.type_ == type_).filter(|c| c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
-    conditions.retain(|c| c.type_ != type_);
-    conditions.push(Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: generation,
-        last_transition_time: transition,
-    });
-    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
-}
-
-/// Removes condition `type_`.
-pub fn remove(conditions: &mut Vec<Condition>, type_: &str) {
-    conditions.retain(|c| c.type_ != type_);
-}
+pub use pko_api::conditions::{remove, set};
 
 /// Ready=True `ProcessingCompleted`; Reconciling and Stalled removed.
 pub fn mark_ready(conditions: &mut Vec<Condition>, generation: Option<i64>, now: &Time) {

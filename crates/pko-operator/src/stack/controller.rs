@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -22,7 +22,8 @@ use super::build::{self, ResolvedSource};
 use super::conditions;
 use super::plan::{self, Sync};
 use super::prerequisites;
-use crate::context::{Context, publish_event};
+use crate::context::Context;
+use crate::k8s::{self, Severity};
 
 /// Errors of a Stack reconcile (API errors; everything else becomes a condition).
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +31,6 @@ pub enum Error {
     /// API server error.
     #[error("{0}")]
     Kube(#[from] kube::Error),
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
 }
 
 /// Runs the Stack controller until shutdown.
@@ -83,9 +80,7 @@ pub async fn run(ctx: Arc<Context>) {
 }
 
 async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {
-    let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "status": st});
-    api.patch_status(name, &PatchParams::apply(field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    k8s::apply_status(api, name, field_manager::STACK_STATUS, st).await
 }
 
 async fn set_finalizers(api: &Api<Stack>, stack: &Stack, add: bool) -> Result<(), kube::Error> {
@@ -232,14 +227,6 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
     })
 }
 
-fn is_complete(u: &Update) -> bool {
-    u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
-}
-
-fn succeeded(u: &Update) -> bool {
-    u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "False"))
-}
-
 /// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
 /// until the next sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
 fn ready_and_reclaimable(stack: &Stack, st: &StackStatus) -> bool {
@@ -255,7 +242,7 @@ async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Err
     match workspaces.get_opt(&stack.name_any()).await? {
         Some(ws) if ws.metadata.deletion_timestamp.is_none() => {
             workspaces.delete(&stack.name_any(), &kube::api::DeleteParams::background()).await?;
-            publish_event(&ctx.client, "stack-controller", stack, false, ev::WORKSPACE_DELETED, "Deleted the workspace (workspaceReclaimPolicy: Delete)".into()).await;
+            k8s::publish(&ctx.events.stack, stack, Severity::Normal, ev::WORKSPACE_DELETED, "Deleted the workspace (workspaceReclaimPolicy: Delete)".into()).await;
         }
         _ => {}
     }
@@ -265,7 +252,7 @@ async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Err
 /// An Update of Stack `name` that is not complete yet (read from the API server, not a cache).
 async fn in_flight_update(updates: &Api<Update>, name: &str) -> Result<Option<Update>, kube::Error> {
     let lp = kube::api::ListParams::default().labels(&format!("{STACK_NAME_LABEL}={name}"));
-    Ok(updates.list(&lp).await?.items.into_iter().find(|u| !is_complete(u) && u.metadata.deletion_timestamp.is_none()))
+    Ok(updates.list(&lp).await?.items.into_iter().find(|u| !u.is_complete() && u.metadata.deletion_timestamp.is_none()))
 }
 
 /// Whether namespace `ns` is being deleted.
@@ -287,16 +274,10 @@ fn namespace_terminating_message(ns: &str, name: &str) -> String {
 /// PKO's "waiting for workspace readiness", followed by why the Workspace is not Ready when it says
 /// (e.g. `: ConnectionFailed: serviceaccounts "deployer" not found`), so a Stack never waits silently.
 fn workspace_wait_message(ws: &Workspace) -> String {
-    let why = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status != "True")).filter(|c| !c.message.is_empty());
-    match why {
+    match ws.not_ready_reason() {
         Some(c) => format!("{}: {}: {}", sc::WAITING_FOR_WORKSPACE_MESSAGE, c.reason, c.message),
         None => sc::WAITING_FOR_WORKSPACE_MESSAGE.to_string(),
     }
-}
-
-/// Reason of the Update's `Failed` condition when it is True (e.g. `UpdateConflict`).
-fn failed_reason(u: &Update) -> Option<String> {
-    u.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.reason.clone())
 }
 
 /// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
@@ -364,21 +345,21 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
     st.observed_generation = generation;
     st.observed_reconcile_request = request.clone();
     let mut conds = st.conditions.clone().unwrap_or_default();
-    let t = now();
+    let t = pko_api::conditions::now();
     let updates: Api<Update> = Api::namespaced(ctx.client.clone(), &ns);
 
     // 3. the current update: wait for it, absorb it, or heal a dangling reference (PKO #1292)
     if let Some(cur) = st.current_update.clone() {
         match updates.get_opt(cur.name.as_deref().unwrap_or_default()).await? {
             None => st.current_update = None,
-            Some(u) if !is_complete(&u) => {
+            Some(u) if !u.is_complete() => {
                 conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
                 st.conditions = Some(conds);
                 write_status(&api, &name, &st).await?;
                 return Ok(Action::requeue(Duration::from_secs(30)));
             }
             Some(u) => {
-                let ok = succeeded(&u);
+                let ok = u.succeeded();
                 let prev = st.last_update.clone().unwrap_or_default();
                 let same_request = prev.generation == cur.generation && prev.reconcile_request == cur.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
                 let us = u.status.clone().unwrap_or_default();
@@ -408,20 +389,20 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
                     if let Some(secret) = us.outputs.as_deref()
                         && let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(secret).await?
                     {
-                        st.outputs = Some(crate::update::outputs::stack_outputs(&s));
+                        st.outputs = Some(crate::outputs::stack_outputs(&s));
                     }
                 }
                 st.current_update = None;
                 st.conditions = Some(conds.clone());
                 write_status(&api, &name, &st).await?;
                 if ok {
-                    publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_CREATED, "Successfully updated stack".into()).await;
+                    k8s::publish(&ctx.events.stack, &*stack, Severity::Normal, ev::STACK_CREATED, "Successfully updated stack".into()).await;
                 } else {
                     let msg = format!("Failed to update Stack: {}", us.message.clone().unwrap_or_default());
-                    publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_FAILURE, msg).await;
-                    if failed_reason(&u).as_deref() == Some(pko_api::constants::update_condition::UPDATE_CONFLICT) {
+                    k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_FAILURE, msg).await;
+                    if u.failed_reason() == Some(pko_api::constants::update_condition::UPDATE_CONFLICT) {
                         let msg = conflict_message(st.last_update.as_ref(), stack.spec.retry_max_backoff_duration_seconds);
-                        publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_CONFLICT_DETECTED, msg).await;
+                        k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg).await;
                     }
                 }
                 // release the Update now that its result is recorded
@@ -455,7 +436,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
         }
     };
     if let Err(e) = pko_api::validation::validate_stack_spec(&stack.spec, &ns) {
-        publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_CONFIG_INVALID, e.to_string()).await;
+        k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_CONFIG_INVALID, e.to_string()).await;
         conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &e.to_string(), generation, &t);
         st.conditions = Some(conds);
         write_status(&api, &name, &st).await?;
@@ -540,8 +521,7 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
             return if stall { Ok(Action::await_change()) } else { Err(e.into()) };
         }
     };
-    let ready = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    if !ready {
+    if !ws.is_ready() {
         conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &workspace_wait_message(&ws), generation, &t);
         st.conditions = Some(conds);
         write_status(&api, &name, &st).await?;
@@ -601,18 +581,19 @@ pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, E
             }
             // anything else is retried by the error policy: currentUpdate stays as written (the next pass
             // heals the dangling name and writes the same one again — no change, so no watch event)
-            publish_event(&ctx.client, "stack-controller", &*stack, true, ev::STACK_UPDATE_FAILURE, msg).await;
+            k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_FAILURE, msg).await;
             return Err(e.into());
         }
     }
     tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
-    publish_event(&ctx.client, "stack-controller", &*stack, false, ev::STACK_UPDATE_DETECTED, reason).await;
+    k8s::publish(&ctx.events.stack, &*stack, Severity::Normal, ev::STACK_UPDATE_DETECTED, reason).await;
     Ok(Action::requeue(Duration::from_secs(30)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn failed(failures: i64) -> StackUpdateState {
         StackUpdateState { failures: Some(failures), message: Some("the stack is currently locked by 1 lock(s)".into()), ..Default::default() }

@@ -13,8 +13,6 @@ use pko_api::Stack;
 use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
 use pko_api::stack::{PrerequisiteRef, StackUpdateStateMessage};
 
-use crate::update::controller::parse_go_duration;
-
 /// The outcome of checking a Stack's prerequisites.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -54,7 +52,7 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
         }
         let within = p.requirement.as_ref().and_then(|r| r.succeeded_within_duration.as_deref());
         if let Some(d) = within {
-            let Some(limit) = parse_go_duration(d) else {
+            let Ok(limit) = pko_api::duration::parse_go_duration(d) else {
                 clauses.push(format!("prerequisite {}: succeededWithinDuration {d:?} is not a duration", p.name));
                 continue;
             };

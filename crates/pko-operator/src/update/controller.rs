@@ -57,37 +57,6 @@ pub enum Error {
     Kube(#[from] kube::Error),
 }
 
-fn is_complete(u: &Update) -> bool {
-    u.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == uc::COMPLETE && c.status == "True"))
-}
-
-/// Parses a Go duration such as `24h`, `90s`, `1h30m`, `500ms` (the `ttlAfterCompleted` format).
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut total = 0f64;
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let n: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += n * scale;
-    }
-    Some(Duration::from_secs_f64(total))
-}
-
 impl UpdateController {
     /// A controller driving at most `max_operations` operations at once, with the in-memory queue,
     /// calling agents without credentials (local agents, `--auth none`).
@@ -164,7 +133,7 @@ impl UpdateController {
     async fn drive(&self, job: &Job) -> Drive {
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &job.namespace);
         let Ok(Some(update)) = api.get_opt(&job.name).await else { return Drive::Done };
-        if is_complete(&update) || update.meta().deletion_timestamp.is_some() {
+        if update.is_complete() || update.meta().deletion_timestamp.is_some() {
             return Drive::Done;
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
@@ -178,7 +147,7 @@ impl UpdateController {
         };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
         let token = match &self.tokens {
-            Some(tokens) => match tokens.token(&super::tokens::audience(&job.namespace, &ws_name)).await {
+            Some(tokens) => match tokens.token(&pko_proto::workspace_audience(&job.namespace, &ws_name)).await {
                 Ok(t) => Some(t),
                 Err(e) => {
                     let message = format!("requesting a token for the workspace agent: {e}");
@@ -191,7 +160,7 @@ impl UpdateController {
         };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
-        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &agent, token.as_deref(), job.epoch, &update, &workspace).await;
+        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace).await;
         if let Ok(r) = &outcome {
             let result = match ResultStatus::try_from(r.status) {
                 Ok(ResultStatus::Succeeded) => "succeeded",
@@ -219,7 +188,7 @@ impl UpdateController {
             return Ok(Action::await_change());
         }
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &ns);
-        if is_complete(&update) {
+        if update.is_complete() {
             return self.expire(&api, &update).await;
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
@@ -233,7 +202,7 @@ impl UpdateController {
             self.wait(&api, &update, reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
-        let key = super::dispatch::operation_id(&update);
+        let key = update.operation_id();
         if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &name) }) {
             tracing::debug!(update = %name, "queued");
             self.record_queue();
@@ -245,27 +214,19 @@ impl UpdateController {
     async fn wait(&self, api: &Api<Update>, update: &Update, reason: &'static str, message: String) -> Result<(), kube::Error> {
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
-        st.conditions = Some(status::conditions(
-            &Phase::Waiting { reason, message },
-            update.meta().generation,
-            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
-            &old,
-        ));
-        let patch = serde_json::json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "status": st});
-        api.patch_status(&update.name_any(), &kube::api::PatchParams::apply(pko_api::constants::field_manager::UPDATE_STATUS).force(), &kube::api::Patch::Apply(&patch)).await?;
-        Ok(())
+        st.conditions = Some(status::conditions(&Phase::Waiting { reason, message }, update.meta().generation, &pko_api::conditions::now(), &old));
+        crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
     }
 
     async fn expire(&self, api: &Api<Update>, update: &Update) -> Result<Action, Error> {
-        let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(parse_go_duration) else { return Ok(Action::await_change()) };
+        let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(|d| pko_api::duration::parse_go_duration(d).ok()) else { return Ok(Action::await_change()) };
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {
-            crate::context::publish_event(
-                &self.ctx.client,
-                "update-controller",
+            crate::k8s::publish(
+                &self.ctx.events.update,
                 update,
-                false,
+                crate::k8s::Severity::Normal,
                 pko_api::constants::event_reason::UPDATE_EXPIRED,
                 format!("deleted {ttl:?} after completion (ttlAfterCompleted)"),
             )
@@ -275,21 +236,5 @@ impl UpdateController {
             return Ok(Action::await_change());
         }
         Ok(Action::requeue(ttl - age))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(parse_go_duration("24h"), Some(Duration::from_secs(86_400)));
-        assert_eq!(parse_go_duration("1h30m"), Some(Duration::from_secs(5_400)));
-        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1_500)));
-        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_go_duration("5"), None);
-        assert_eq!(parse_go_duration(""), None);
-        assert_eq!(parse_go_duration("3d"), None);
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
 use pko_api::constants::field_manager;
 use pko_api::update::UpdateStatus;
@@ -16,11 +16,10 @@ use pko_api::workspace::ProjectInfo;
 use pko_api::{Update, Workspace};
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{ErrorReason, OperationResult, ResultStatus, operation_event::Event};
-use serde_json::json;
 
-use super::outputs;
 use super::request;
 use super::status::{self, Phase, pko_proto_reason::Reason};
+use crate::outputs;
 
 /// Why an Update could not be run to a result.
 #[derive(Debug, thiserror::Error)]
@@ -36,19 +35,8 @@ pub enum DispatchError {
     Kube(#[from] kube::Error),
 }
 
-/// Operation id of an Update: stable across operator restarts.
-pub fn operation_id(update: &Update) -> String {
-    format!("{}/{}/{}", update.namespace().unwrap_or_default(), update.name_any(), update.uid().unwrap_or_default())
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
-
 async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
-    let patch = json!({ "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "status": st });
-    api.patch_status(&update.name_any(), &PatchParams::apply(field_manager::UPDATE_STATUS).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    crate::k8s::apply_status(api, &update.name_any(), field_manager::UPDATE_STATUS, st).await
 }
 
 fn reason_of(r: &OperationResult) -> Reason {
@@ -70,7 +58,15 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
 /// `token` as bearer token when set, and records progress and result on the Update. Returns the final
 /// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
 /// caller dispatches it again.
-pub async fn run_on_agent(client: &kube::Client, agent: &str, token: Option<&str>, epoch: i64, update: &Update, workspace: &Workspace) -> Result<OperationResult, DispatchError> {
+pub async fn run_on_agent(
+    client: &kube::Client,
+    events: &kube::runtime::events::Recorder,
+    agent: &str,
+    token: Option<&str>,
+    epoch: i64,
+    update: &Update,
+    workspace: &Workspace,
+) -> Result<OperationResult, DispatchError> {
     let ns = update.namespace().unwrap_or_default();
     let api: Api<Update> = Api::namespaced(client.clone(), &ns);
     let generation = update.meta().generation;
@@ -78,13 +74,13 @@ pub async fn run_on_agent(client: &kube::Client, agent: &str, token: Option<&str
     st.observed_generation = generation;
     let old_conditions = st.conditions.clone().unwrap_or_default();
 
-    let req = match request::build(&operation_id(update), epoch, &workspace.spec, &update.spec) {
+    let req = match request::build(&update.operation_id(), epoch, &workspace.spec, &update.spec) {
         Ok(r) => r,
         Err(e) => {
             let phase = Phase::Failed { reason: pko_api::constants::update_condition::UNKNOWN.into(), message: e.to_string() };
-            st.conditions = Some(status::conditions(&phase, generation, &now(), &old_conditions));
+            st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &old_conditions));
             st.message = Some(e.to_string());
-            st.end_time = Some(now());
+            st.end_time = Some(pko_api::conditions::now());
             write_status(&api, update, &st).await?;
             return Ok(OperationResult { status: ResultStatus::Failed as i32, message: e.to_string(), ..Default::default() });
         }
@@ -100,8 +96,8 @@ pub async fn run_on_agent(client: &kube::Client, agent: &str, token: Option<&str
     while let Some(ev) = stream.next().await {
         let ev = ev.map_err(|s| DispatchError::Agent(agent.into(), s.message().to_string()))?;
         if !marked {
-            st.start_time.get_or_insert_with(now);
-            st.conditions = Some(status::conditions(&Phase::Progressing, generation, &now(), &old_conditions));
+            st.start_time.get_or_insert_with(pko_api::conditions::now);
+            st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));
             write_status(&api, update, &st).await?;
             marked = true;
         }
@@ -132,16 +128,19 @@ pub async fn run_on_agent(client: &kube::Client, agent: &str, token: Option<&str
             }
         }
         st.start_time = st.start_time.clone().or_else(|| ts(&result.start_time));
-        st.end_time = ts(&result.end_time).or_else(|| Some(now()));
+        st.end_time = ts(&result.end_time).or_else(|| Some(pko_api::conditions::now()));
         st.message = Some(result.message.clone());
         st.permalink = Some(result.permalink.clone()).filter(|p| !p.is_empty());
         st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
         let current = st.conditions.clone().unwrap_or_default();
-        st.conditions = Some(status::conditions(&phase, generation, &now(), &current));
+        st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &current));
         write_status(&api, update, &st).await?;
-        let (warning, reason) =
-            if phase == Phase::Succeeded { (false, pko_api::constants::event_reason::UPDATE_SUCCEEDED) } else { (true, pko_api::constants::event_reason::UPDATE_FAILED) };
-        crate::context::publish_event(client, "update-controller", update, warning, reason, result.message.clone()).await;
+        let (severity, reason) = if phase == Phase::Succeeded {
+            (crate::k8s::Severity::Normal, pko_api::constants::event_reason::UPDATE_SUCCEEDED)
+        } else {
+            (crate::k8s::Severity::Warning, pko_api::constants::event_reason::UPDATE_FAILED)
+        };
+        crate::k8s::publish(events, update, severity, reason, result.message.clone()).await;
         return Ok(result);
     }
     Err(DispatchError::NoResult)

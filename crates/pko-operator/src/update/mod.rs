@@ -6,7 +6,6 @@
 pub mod controller;
 pub mod dispatch;
 pub mod limits;
-pub mod outputs;
 pub mod request;
 pub mod status;
 pub mod tokens;

@@ -28,27 +28,21 @@ pub enum Phase {
     },
 }
 
-fn cond(type_: &str, status: &str, reason: &str, message: &str, generation: Option<i64>, now: &Time, old: &[Condition]) -> Condition {
-    let transition = old.iter().find(|c| c.type_ == type_ && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
-    Condition { type_: type_.into(), status: status.into(), reason: reason.into(), message: message.into(), observed_generation: generation, last_transition_time: transition }
-}
-
-/// The three conditions for `phase` (sorted by type), keeping transition times of unchanged statuses.
+/// The three conditions for `phase` (sorted by type), keeping transition times of unchanged statuses
+/// ([`pko_api::conditions::set`]).
 pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Condition]) -> Vec<Condition> {
-    let c = |t: &str, s: &str, r: &str, m: &str| cond(t, s, r, m, generation, now, old);
-    let mut v = match phase {
-        Phase::Progressing => {
-            vec![c(uc::PROGRESSING, "True", uc::REASON_PROGRESSING, ""), c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""), c(uc::FAILED, "False", uc::REASON_PROGRESSING, "")]
-        }
-        Phase::Succeeded => vec![c(uc::PROGRESSING, "False", uc::REASON_COMPLETE, ""), c(uc::COMPLETE, "True", uc::UPDATED, ""), c(uc::FAILED, "False", uc::UPDATE_SUCCEEDED, "")],
-        Phase::Failed { reason, message } => {
-            vec![c(uc::PROGRESSING, "False", uc::REASON_FAILED, ""), c(uc::COMPLETE, "True", uc::REASON_FAILED, ""), c(uc::FAILED, "True", reason, message)]
-        }
-        Phase::Waiting { reason, message } => {
-            vec![c(uc::PROGRESSING, "False", reason, message), c(uc::COMPLETE, "False", uc::REASON_PROGRESSING, ""), c(uc::FAILED, "False", uc::REASON_PROGRESSING, "")]
-        }
+    // (status, reason, message) of Progressing, Complete and Failed
+    type Triple<'a> = (&'a str, &'a str, &'a str);
+    let (progressing, complete, failed): (Triple, Triple, Triple) = match phase {
+        Phase::Progressing => (("True", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, "")),
+        Phase::Succeeded => (("False", uc::REASON_COMPLETE, ""), ("True", uc::UPDATED, ""), ("False", uc::UPDATE_SUCCEEDED, "")),
+        Phase::Failed { reason, message } => (("False", uc::REASON_FAILED, ""), ("True", uc::REASON_FAILED, ""), ("True", reason, message)),
+        Phase::Waiting { reason, message } => (("False", reason, message), ("False", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, "")),
     };
-    v.sort_by(|a, b| a.type_.cmp(&b.type_));
+    let mut v: Vec<Condition> = old.iter().filter(|c| [uc::PROGRESSING, uc::COMPLETE, uc::FAILED].contains(&c.type_.as_str())).cloned().collect();
+    for (type_, (status, reason, message)) in [(uc::PROGRESSING, progressing), (uc::COMPLETE, complete), (uc::FAILED, failed)] {
+        pko_api::conditions::set(&mut v, type_, status, reason, message, generation, now);
+    }
     v
 }
 

@@ -17,11 +17,6 @@ pub const TOKEN_LIFETIME_SECONDS: i64 = 3600;
 /// A cached token is renewed this long before it expires.
 pub const RENEW_BEFORE: Duration = Duration::from_secs(300);
 
-/// The audience an agent of Workspace `name` in `namespace` expects (`--kube-audience`).
-pub fn audience(namespace: &str, name: &str) -> String {
-    format!("{name}.{namespace}")
-}
-
 /// Tokens of one service account, per audience.
 pub struct AgentTokens {
     client: kube::Client,
@@ -60,15 +55,5 @@ impl AgentTokens {
         let expires = Instant::now() + Duration::from_secs(TOKEN_LIFETIME_SECONDS as u64);
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(audience.to_string(), (token.clone(), expires));
         Ok(token)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_audience_is_the_one_pod_agents_are_started_with() {
-        assert_eq!(audience("team-a", "web"), "web.team-a");
     }
 }

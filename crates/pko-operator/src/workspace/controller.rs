@@ -408,17 +408,10 @@ impl WorkspaceController {
         if status_unchanged(&ws.status.clone().unwrap_or_default(), &st, (status, reason, message)) {
             return Ok(());
         }
-        let transition = old.iter().find(|c| c.type_ == wc::READY && c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
-        st.conditions = Some(vec![Condition {
-            type_: wc::READY.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: message.into(),
-            observed_generation: st.observed_generation,
-            last_transition_time: transition,
-        }]);
-        let patch = serde_json::json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": st});
-        api.patch_status(name, &PatchParams::apply(field_manager::WORKSPACE_STATUS).force(), &Patch::Apply(&patch)).await?;
+        let mut conditions: Vec<Condition> = old.into_iter().filter(|c| c.type_ == wc::READY).collect();
+        pko_api::conditions::set(&mut conditions, wc::READY, status, reason, message, st.observed_generation, now);
+        st.conditions = Some(conditions);
+        crate::k8s::apply_status(api, name, field_manager::WORKSPACE_STATUS, &st).await?;
         Ok(())
     }
 }

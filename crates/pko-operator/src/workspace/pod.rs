@@ -120,7 +120,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         "--auth".into(),
         "kube".into(),
         "--kube-audience".into(),
-        crate::update::tokens::audience(&ns, &name),
+        pko_proto::workspace_audience(&ns, &name),
         "--kube-workspace-namespace".into(),
         ns.clone(),
         "--kube-workspace-name".into(),
