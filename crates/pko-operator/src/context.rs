@@ -19,6 +19,9 @@ pub struct Context {
     pub reconcile_concurrency: u16,
     /// One event recorder per controller, for the process's life (event aggregation).
     pub events: crate::k8s::Events,
+    /// Cancelled to shut the operator down: every controller stops taking work (kube's
+    /// `graceful_shutdown_on`) and the servers end after them.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// PKO's default number of concurrent reconciles per controller.
@@ -28,7 +31,8 @@ impl Context {
     /// A context with PKO's default reconcile concurrency.
     pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
         let events = crate::k8s::Events::new(&client);
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events }
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shutdown }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

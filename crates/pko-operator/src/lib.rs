@@ -4,6 +4,7 @@
 //! shard-ownership seam ([`ownership`]) the fleet will implement.
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod artifacts;
 pub mod context;
 pub mod k8s;
@@ -12,6 +13,7 @@ pub mod outputs;
 pub mod ownership;
 pub mod program;
 pub mod queue;
+pub mod run;
 pub mod stack;
 pub mod update;
 pub mod workspace;
@@ -26,7 +28,7 @@ use kube::runtime::{Controller, watcher};
 /// stream ends (shutdown signal).
 pub fn program_controller(ctx: Arc<context::Context>) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send) {
     let programs: Api<pko_api::Program> = Api::all(ctx.client.clone());
-    let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).shutdown_on_signal();
+    let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
     let store = controller.store();
     let run = controller.run(program::reconcile, program::error_policy, ctx).for_each(|r| async move {
         if let Err(e) = r {

@@ -1,7 +1,8 @@
 //! Prometheus metrics and health probes of the operator.
 //!
 //! `GET /metrics` (PKO's metrics endpoint, Helm port 8383) answers, in the Prometheus text format:
-//! - PKO's gauges, computed at scrape time from watch caches of the objects this replica owns, so a
+//! - PKO's gauges, computed at scrape time from the Stack and Program controllers' caches (objects this
+//!   replica owns), so a
 //!   deleted Stack's series disappears with it: `stacks_active`, `stacks_failing{namespace,name}` (1 when
 //!   `status.lastUpdate.state` is `failed`), `programs_active`;
 //! - ours, through the `metrics` facade and `metrics-exporter-prometheus`:
@@ -23,10 +24,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
-use futures::StreamExt;
 use kube::ResourceExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use pko_api::stack::StackUpdateStateMessage;
 use pko_api::{Program, Stack};
@@ -112,18 +111,24 @@ async fn render(State(s): State<MetricsState>) -> String {
     out
 }
 
-/// The metrics and probe router, with the watch caches it reads; run the returned future to keep the
-/// caches current (it ends only with the watches).
-pub fn router(client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle) -> (Router, impl std::future::Future<Output = ()> + Send) {
-    let (stacks, stack_writer) = reflector::store();
-    let (programs, program_writer) = reflector::store();
-    let stack_watch = reflector::reflector(stack_writer, watcher(kube::Api::<Stack>::all(client.clone()), watcher::Config::default()).default_backoff()).for_each(|_| async {});
-    let program_watch = reflector::reflector(program_writer, watcher(kube::Api::<Program>::all(client), watcher::Config::default()).default_backoff()).for_each(|_| async {});
-    let state = MetricsState { stacks, programs, ownership, handle };
-    let router = Router::new().route("/metrics", get(render)).with_state(state);
-    (router, async move {
-        tokio::join!(stack_watch, program_watch);
-    })
+/// What `/metrics` reads: the Stack and Program controllers' caches (no watch of its own), this
+/// replica's ownership, and the `metrics` facade's recorder.
+#[derive(Clone)]
+pub struct Sources {
+    /// The Stack controller's store.
+    pub stacks: Store<Stack>,
+    /// The Program controller's store.
+    pub programs: Store<Program>,
+    /// Which objects this replica reports.
+    pub ownership: Arc<dyn Ownership>,
+    /// The recorder of [`install_recorder`].
+    pub handle: PrometheusHandle,
+}
+
+/// The `/metrics` router over `sources`.
+pub fn router(sources: Sources) -> Router {
+    let Sources { stacks, programs, ownership, handle } = sources;
+    Router::new().route("/metrics", get(render)).with_state(MetricsState { stacks, programs, ownership, handle })
 }
 
 /// How `/metrics` is protected (PKO `--metrics-secure`).
@@ -217,18 +222,15 @@ async fn require_authz(State(authz): State<Arc<Authz>>, req: axum::extract::Requ
 
 /// Serves `/metrics` ([`router`]) on `listener` until the future is dropped: plain HTTP, or HTTPS with
 /// authentication and authorization ([`Security::Secure`]).
-pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, ownership: Arc<dyn Ownership>, handle: PrometheusHandle, security: Security) -> std::io::Result<()> {
-    let (router, caches) = router(client.clone(), ownership, handle);
-    let caches = tokio::spawn(caches);
-    let r = match security {
+pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, sources: Sources, security: Security) -> std::io::Result<()> {
+    let router = router(sources);
+    match security {
         Security::Insecure => axum::serve(listener, router).await,
         Security::Secure { tls } => {
             let router = router.layer(axum::middleware::from_fn_with_state(Authz::new(client), require_authz));
             axum_server::from_tcp_rustls(listener.into_std()?, tls)?.serve(router.into_make_service()).await
         }
-    };
-    caches.abort();
-    r
+    }
 }
 
 /// Serves the probes (`/healthz`, `/readyz`) on `listener`, unauthenticated (PKO

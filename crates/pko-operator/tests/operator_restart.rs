@@ -14,7 +14,7 @@ use serde_json::json;
 fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16) -> std::process::Child {
     let bed = testbed();
     Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
+        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
         .arg(agent_bin())
         .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
         .arg(bed.ca_file())

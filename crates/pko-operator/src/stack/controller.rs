@@ -35,14 +35,21 @@ pub enum Error {
 
 /// Runs the Stack controller until shutdown.
 pub async fn run(ctx: Arc<Context>) {
+    controller(ctx).1.await
+}
+
+/// The Stack controller and its cache (which the metrics endpoint reads): run the future until
+/// shutdown.
+pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>, impl std::future::Future<Output = ()> + Send) {
     let client = ctx.client.clone();
     let stacks: Api<Stack> = Api::all(client.clone());
     let controller = Controller::new(stacks, watcher::Config::default()).with_config(ctx.controller_config());
     let store = controller.store();
+    let cache = store.clone();
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
     };
-    controller
+    let run = controller
         .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| {
             by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
         })
@@ -66,7 +73,7 @@ pub async fn run(ctx: Arc<Context>) {
                 .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()
         })
-        .shutdown_on_signal()
+        .graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned())
         .run(
             reconcile,
             |_s, e, _c| {
@@ -75,8 +82,8 @@ pub async fn run(ctx: Arc<Context>) {
             },
             ctx,
         )
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    (cache, run)
 }
 
 async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {

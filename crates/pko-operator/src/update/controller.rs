@@ -90,7 +90,7 @@ impl UpdateController {
         let api: Api<Update> = Api::all(this.ctx.client.clone());
         Controller::new(api, watcher::Config::default())
             .with_config(this.ctx.controller_config())
-            .shutdown_on_signal()
+            .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
             .run(
                 |u, c| async move { c.reconcile(u).await },
                 |_u, e, _c| {

@@ -328,21 +328,24 @@ impl WorkspaceController {
     /// Runs until shutdown; the local runtime's agents are stopped at the end.
     pub async fn run(self: Arc<Self>) {
         let api: Api<Workspace> = Api::all(self.ctx.client.clone());
-        let this = self.clone();
+        let controller = Controller::new(api, watcher::Config::default());
+        // local agents whose Workspace is gone are stopped: read from the controller's own cache (once
+        // it has synced), never by listing the API
+        let (this, store) = (self.clone(), controller.store());
         let sweeper = tokio::spawn(async move {
+            let Runtime::Local(local) = &this.runtime else { return };
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                if let Runtime::Local(l) = &this.runtime
-                    && let Ok(list) = Api::<Workspace>::all(this.ctx.client.clone()).list(&Default::default()).await
-                {
-                    l.retain(&list.items.iter().filter_map(|w| w.uid()).collect::<Vec<_>>());
-                }
+                local.retain(&store.state().iter().filter_map(|w| w.uid()).collect::<Vec<_>>());
             }
         });
-        Controller::new(api, watcher::Config::default())
+        controller
             .with_config(self.ctx.controller_config())
             .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
-            .shutdown_on_signal()
+            .graceful_shutdown_on(self.ctx.shutdown.clone().cancelled_owned())
             .run(
                 |w, c| async move { c.reconcile(w).await },
                 |_w, e, _c| {

@@ -74,62 +74,71 @@ pub fn condition(u: &Update, t: &str) -> Option<(String, String)> {
 }
 
 /// The whole operator (artifact server, Program, Workspace with the local runtime, Update and Stack
-/// controllers) running in this test process and owning only `namespace`, so tests of one binary that
-/// run in parallel never act on each other's objects. Dropping it stops the controllers and the agents.
-pub struct InProcessOperator(Vec<tokio::task::JoinHandle<()>>, String);
+/// controllers, metrics) started by the same assembly as `pko-operator run` (`pko_operator::run`), in
+/// this test process and owning only `namespace`, so tests of one binary that run in parallel never act
+/// on each other's objects. Dropping it cancels its shutdown token and stops the agents.
+pub struct InProcessOperator {
+    pub running: Option<pko_operator::run::Running>,
+    shutdown: tokio_util::sync::CancellationToken,
+    metrics_url: String,
+}
+
+/// The flags of an in-process operator: local runtime on the bed, loopback ports picked by the kernel,
+/// plain-HTTP metrics, no probe endpoint, only `namespace`.
+pub fn run_args(env: &pko_testbed::PulumiEnv, namespace: &str) -> pko_operator::args::RunArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: pko_operator::args::RunArgs,
+    }
+    let bed = testbed();
+    let (agent_bin, work, ca) = (agent_bin().display().to_string(), env.dir().join("agents").display().to_string(), bed.ca_file().display().to_string());
+    let args = [
+        "test",
+        "--runtime",
+        "local",
+        "--agent-bin",
+        &agent_bin,
+        "--local-work-dir",
+        &work,
+        "--local-api-server",
+        &bed.api_server_url(),
+        "--local-ca-file",
+        &ca,
+        "--program-fs-addr",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+        "--metrics-secure=false",
+        "--health-probe-bind-address",
+        "0",
+        "--max-operations",
+        "8",
+        "--namespaces",
+        namespace,
+    ];
+    Cli::parse_from(args).run
+}
 
 impl InProcessOperator {
     pub async fn start(client: &kube::Client, env: &pko_testbed::PulumiEnv, namespace: &str) -> Self {
-        use pko_operator::context::Context;
-        use pko_operator::ownership::Namespaces;
-        use pko_operator::update::controller::UpdateController;
-        use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
-        use std::sync::Arc;
-        let bed = testbed();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let ctx = Arc::new(Context::new(client.clone(), addr, Arc::new(Namespaces::one(namespace))));
-        let local = LocalRuntime::new(agent_bin(), env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
-        let (programs, program_run) = pko_operator::program_controller(ctx.clone());
-        let artifacts = pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
-        let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let metrics_url = format!("http://{}/metrics", metrics_listener.local_addr().unwrap());
-        let (metrics_client, ownership) = (client.clone(), ctx.ownership.clone());
-        Self(
-            vec![
-                tokio::spawn(async move {
-                    let _ = pko_operator::metrics::serve(
-                        metrics_listener,
-                        metrics_client,
-                        ownership,
-                        pko_operator::metrics::install_recorder(),
-                        pko_operator::metrics::Security::Insecure,
-                    )
-                    .await;
-                }),
-                tokio::spawn(async move {
-                    let _ = pko_operator::artifacts::serve(listener, artifacts).await;
-                }),
-                tokio::spawn(program_run),
-                tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run()),
-                tokio::spawn(UpdateController::new(ctx.clone(), 8).run()),
-                tokio::spawn(pko_operator::stack::controller::run(ctx)),
-            ],
-            metrics_url,
-        )
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = pko_operator::run::Operator::new(client.clone(), run_args(env, namespace)).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
+        let metrics_url = format!("http://{}/metrics", running.metrics_addr.unwrap());
+        Self { running: Some(running), shutdown, metrics_url }
     }
 
     /// The text of its `/metrics` endpoint.
     pub async fn metrics(&self) -> String {
-        reqwest::get(&self.1).await.unwrap().text().await.unwrap()
+        reqwest::get(&self.metrics_url).await.unwrap().text().await.unwrap()
     }
 }
 
 impl Drop for InProcessOperator {
     fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
+        self.shutdown.cancel();
+        self.running.take();
     }
 }
 

@@ -1,0 +1,164 @@
+//! Flags of `pko-operator run`, grouped (`#[command(flatten)]`): artifacts, runtime, operations,
+//! metrics and logging — and room for the fleet's group. Every flag has PKO's name and environment
+//! variable where PKO has one.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// Every flag of `pko-operator run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The artifact server.
+    #[command(flatten)]
+    pub artifacts: ArtifactArgs,
+    /// Where workspace agents run.
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// What this replica acts on, and how much at once.
+    #[command(flatten)]
+    pub operations: OperationArgs,
+    /// Metrics and probes.
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+    /// Log output.
+    #[command(flatten)]
+    pub logging: LoggingArgs,
+}
+
+/// The artifact server (PKO's program file server).
+#[derive(Args, Debug, Clone)]
+pub struct ArtifactArgs {
+    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`); port 0 picks a free one.
+    #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR")]
+    pub program_fs_addr: std::net::SocketAddr,
+    /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`); default: the
+    /// bound address.
+    #[arg(long, env = "PROGRAM_FS_ADV_ADDR")]
+    pub program_fs_adv_addr: Option<String>,
+}
+
+/// Where workspace agents run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// StatefulSet per Workspace.
+    Pod,
+    /// Agent processes on this machine (development, tests, `make demo`).
+    Local,
+}
+
+/// The agent runtime.
+#[derive(Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// Where workspace agents run: `pod` (StatefulSets) or `local` (processes on this machine).
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Pod)]
+    pub runtime: RuntimeKind,
+    /// Image holding `/pko-agent` for the pod runtime.
+    #[arg(long, default_value = "pko-agent:latest", env = "AGENT_IMAGE")]
+    pub agent_image: String,
+    /// The `pko-agent` binary for the local runtime.
+    #[arg(long, default_value = "pko-agent")]
+    pub agent_bin: PathBuf,
+    /// Work directory of local agents.
+    #[arg(long, default_value = "/tmp/pko-operator/agents")]
+    pub local_work_dir: PathBuf,
+    /// API server URL the local agents use (required by `--runtime local`).
+    #[arg(long)]
+    pub local_api_server: Option<String>,
+    /// CA bundle of the API server for the local agents (required by `--runtime local`).
+    #[arg(long)]
+    pub local_ca_file: Option<PathBuf>,
+    /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator
+    /// with TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the
+    /// pod runtime; the install manifest sets it from the Downward API.
+    #[arg(long, env = "OPERATOR_SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
+}
+
+/// What this replica acts on, and how much at once.
+#[derive(Args, Debug, Clone)]
+pub struct OperationArgs {
+    /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`).
+    #[arg(long, default_value_t = crate::context::DEFAULT_RECONCILE_CONCURRENCY, env = "MAX_CONCURRENT_RECONCILES")]
+    pub max_concurrent_reconciles: u16,
+    /// Operations this replica drives at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_operations: usize,
+    /// Operations at once per workspace class (namespace, service account, image, pod template);
+    /// 0: no limit beyond `--max-operations`.
+    #[arg(long, default_value_t = 0)]
+    pub max_operations_per_class: usize,
+    /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
+    /// of ours: several operators can share a cluster by namespace.
+    #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]
+    pub namespaces: Vec<String>,
+}
+
+/// Metrics and probes.
+#[derive(Args, Debug, Clone)]
+pub struct MetricsArgs {
+    /// Address of the metrics endpoint (`/metrics`); `0` turns it off (PKO `--metrics-bind-address`;
+    /// its Helm chart uses port 8383). `:port` means every interface.
+    #[arg(long, default_value = "0.0.0.0:8383", env = "METRICS_BIND_ADDRESS")]
+    pub metrics_bind_address: String,
+    /// Serve `/metrics` over HTTPS to callers allowed `get` on the non-resource URL `/metrics`
+    /// (TokenReview + SubjectAccessReview), as PKO does by default; `--metrics-secure=false` serves plain
+    /// HTTP to anyone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_secure: bool,
+    /// Directory with `tls.crt` and `tls.key` for the secure metrics endpoint (controller-runtime's
+    /// `CertDir`); default: a self-signed certificate made at start.
+    #[arg(long)]
+    pub metrics_cert_dir: Option<PathBuf>,
+    /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0`
+    /// turns it off.
+    #[arg(long, default_value = "0.0.0.0:8081", env = "HEALTH_PROBE_BIND_ADDRESS")]
+    pub health_probe_bind_address: String,
+}
+
+/// Log format.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object a line (PKO's `--zap-encoder=json`).
+    Json,
+    /// Human-readable text (PKO's `console`); colours only on a terminal.
+    #[value(alias = "console")]
+    Text,
+}
+
+/// Log output (to standard output, as PKO).
+#[derive(Args, Debug, Clone)]
+pub struct LoggingArgs {
+    /// `json` or `text`; PKO's `--zap-encoder` (`json`/`console`) is accepted too.
+    #[arg(long, alias = "zap-encoder", value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// A listen address: `host:port`, or `:port` (every interface, as Go's flags write it).
+pub fn listen_address(s: &str) -> String {
+    if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn defaults_and_pko_spellings_parse() {
+        let a = Cli::parse_from(["x"]).run;
+        assert_eq!((a.runtime.runtime, a.metrics.metrics_secure, a.logging.log_format), (RuntimeKind::Pod, true, LogFormat::Text));
+        let a = Cli::parse_from(["x", "--metrics-secure=false", "--zap-encoder", "json", "--namespaces", "a,b"]).run;
+        assert!(!a.metrics.metrics_secure);
+        assert_eq!(a.logging.log_format, LogFormat::Json);
+        assert_eq!(a.operations.namespaces, ["a", "b"]);
+        assert_eq!(listen_address(":8081"), "0.0.0.0:8081");
+        assert_eq!(listen_address("127.0.0.1:1"), "127.0.0.1:1");
+    }
+}

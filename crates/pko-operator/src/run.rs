@@ -1,0 +1,170 @@
+//! The operator assembly: one function wires the controllers (Program, Stack, Workspace, Update), the
+//! artifact server, the metrics and probe endpoints and the agent runtime, under one shutdown token.
+//! `main`, the integration tests and the benches all start the operator here, so a test can run two or
+//! more replicas in one process against one API server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{RunArgs, RuntimeKind, listen_address};
+use crate::context::Context;
+use crate::ownership::{Namespaces, Ownership, SingleReplica};
+use crate::update::controller::UpdateController;
+use crate::update::tokens::AgentTokens;
+use crate::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
+use crate::workspace::pod::PodRuntimeConfig;
+
+/// An operator to start: an API client, its flags, and (local runtime) the environment its agents get.
+pub struct Operator {
+    client: kube::Client,
+    args: RunArgs,
+    local_agent_env: Vec<(String, String)>,
+}
+
+/// A started operator: where it listens, its context, and its task.
+pub struct Running {
+    /// Bound address of the artifact server.
+    pub artifacts_addr: SocketAddr,
+    /// Bound address of `/metrics`, unless turned off.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Bound address of the probes, unless turned off.
+    pub probes_addr: Option<SocketAddr>,
+    /// The controllers' shared context.
+    pub ctx: Arc<Context>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until the operator has shut down (its token was cancelled and the controllers ended).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+
+    /// Cancels the shutdown token and waits for the controllers to end.
+    pub async fn stop(self) {
+        self.ctx.shutdown.cancel();
+        self.wait().await;
+    }
+}
+
+impl Operator {
+    /// An operator with `args`, talking to the API server through `client`.
+    pub fn new(client: kube::Client, args: RunArgs) -> Self {
+        Self { client, args, local_agent_env: Vec::new() }
+    }
+
+    /// The environment local agents start with ([`crate::workspace::controller::local_agent_env`] of
+    /// the operator's own, in `main`).
+    pub fn local_agent_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.local_agent_env = env;
+        self
+    }
+
+    /// Binds the listeners, starts every controller and server, and returns at once. Cancelling
+    /// `shutdown` stops the controllers (each finishes its running reconciles) and then the servers.
+    ///
+    /// Errors: a flag combination that cannot work (named in the message), a listener that cannot bind,
+    /// or the metrics certificate.
+    pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        let Operator { client, args, local_agent_env } = self;
+        let RunArgs { artifacts, runtime, operations, metrics, logging: _ } = args;
+        let listener = tokio::net::TcpListener::bind(artifacts.program_fs_addr).await.with_context(|| format!("binding --program-fs-addr {}", artifacts.program_fs_addr))?;
+        let artifacts_addr = listener.local_addr()?;
+        let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
+        let ownership: Arc<dyn Ownership> =
+            if operations.namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())) };
+        let ctx =
+            Arc::new(Context { reconcile_concurrency: operations.max_concurrent_reconciles, shutdown: shutdown.clone(), ..Context::new(client.clone(), advertised, ownership) });
+        let agent_runtime = match runtime.runtime {
+            RuntimeKind::Pod => Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }),
+            RuntimeKind::Local => Runtime::Local(LocalRuntime::new(
+                runtime.agent_bin.clone(),
+                runtime.local_work_dir.clone(),
+                runtime.local_api_server.clone().context("--runtime local needs --local-api-server")?,
+                runtime.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
+                local_agent_env,
+            )),
+        };
+        let agent_tokens = match (&runtime.service_account, runtime.runtime) {
+            (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
+            (None, RuntimeKind::Pod) => {
+                anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
+            }
+            (None, RuntimeKind::Local) => None,
+        };
+        let mut servers = Vec::new();
+        let (programs, program_controller) = crate::program_controller(ctx.clone());
+        let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone());
+        let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
+        let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, &mut servers).await?);
+        let state = crate::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
+        servers.push(tokio::spawn(async move {
+            let _ = crate::artifacts::serve(listener, state).await;
+        }));
+        tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime, "operator starting");
+        let updates = UpdateController::new(ctx.clone(), operations.max_operations);
+        let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
+        let updates = match agent_tokens {
+            Some(t) => updates.with_agent_tokens(t),
+            None => updates,
+        };
+        let controllers = (program_controller, stack_controller, WorkspaceController::new(ctx.clone(), agent_runtime).run(), updates.run());
+        let task = tokio::spawn(async move {
+            tokio::join!(controllers.0, controllers.1, controllers.2, controllers.3);
+            for s in servers {
+                s.abort();
+            }
+            tracing::info!("operator stopped");
+        });
+        Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    async fn serve_metrics(
+        ctx: &Arc<Context>,
+        m: &crate::args::MetricsArgs,
+        sources: crate::metrics::Sources,
+        servers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> anyhow::Result<Option<SocketAddr>> {
+        if m.metrics_bind_address == "0" {
+            return Ok(None);
+        }
+        let addr = listen_address(&m.metrics_bind_address);
+        let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --metrics-bind-address {addr}"))?;
+        let bound = l.local_addr()?;
+        let security = if m.metrics_secure {
+            let tls = match &m.metrics_cert_dir {
+                Some(d) => axum_server::tls_rustls::RustlsConfig::from_pem_file(d.join("tls.crt"), d.join("tls.key"))
+                    .await
+                    .with_context(|| format!("reading {}/tls.crt and tls.key", d.display()))?,
+                None => crate::metrics::self_signed_tls(std::env::var("POD_NAME").into_iter().collect()).await.context("making the metrics certificate")?,
+            };
+            crate::metrics::Security::Secure { tls }
+        } else {
+            crate::metrics::Security::Insecure
+        };
+        tracing::info!(metrics = %bound, secure = m.metrics_secure, "metrics serving");
+        let client = ctx.client.clone();
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(l, client, sources, security).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        }));
+        Ok(Some(bound))
+    }
+
+    async fn serve_probes(m: &crate::args::MetricsArgs, servers: &mut Vec<tokio::task::JoinHandle<()>>) -> anyhow::Result<Option<SocketAddr>> {
+        if m.health_probe_bind_address == "0" {
+            return Ok(None);
+        }
+        let addr = listen_address(&m.health_probe_bind_address);
+        let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
+        let bound = l.local_addr()?;
+        servers.push(tokio::spawn(async move {
+            let _ = crate::metrics::serve_probes(l).await;
+        }));
+        Ok(Some(bound))
+    }
+}
