@@ -1,5 +1,5 @@
-//! Kubernetes plumbing every controller shares, written once: the server-side-apply status write and
-//! the event recorders.
+//! Kubernetes plumbing every controller shares, written once: the server-side-apply status write, the
+//! event recorders, and the observation of each reconcile (span, counter, duration).
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -56,4 +56,39 @@ pub async fn publish<K: kube::Resource<DynamicType = ()>>(recorder: &Recorder, o
     if let Err(e) = recorder.publish(&ev, &object.object_ref(&())).await {
         tracing::debug!(error = %e, reason, "event not published");
     }
+}
+
+/// Runs `reconcile` — one reconcile of `controller` on `object` — inside a tracing span `reconcile`
+/// with the controller, namespace, name, generation and a reconcile id (unique in this process), and
+/// records it: `pko_reconciles_total{controller}` and `pko_reconcile_duration_seconds{controller}`
+/// (a histogram, seconds).
+pub async fn observe<K, F, T, E>(controller: &'static str, object: &K, reconcile: F) -> Result<T, E>
+where
+    K: kube::Resource,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    use tracing::Instrument;
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let meta = object.meta();
+    let span = tracing::info_span!(
+        "reconcile",
+        controller,
+        namespace = meta.namespace.as_deref().unwrap_or_default(),
+        name = meta.name.as_deref().unwrap_or_default(),
+        generation = meta.generation.unwrap_or_default(),
+        reconcile_id = id
+    );
+    let start = std::time::Instant::now();
+    let result = reconcile.instrument(span).await;
+    metrics::counter!(crate::metrics::names::RECONCILES_TOTAL, "controller" => controller).increment(1);
+    metrics::histogram!(crate::metrics::names::RECONCILE_DURATION_SECONDS, "controller" => controller).record(start.elapsed().as_secs_f64());
+    result
+}
+
+/// Counts a failed reconcile of `controller` at `step` (`pko_reconcile_errors_total{controller,step}`)
+/// and logs it; the error policy of every controller calls this.
+pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {
+    tracing::warn!(controller, step, %error, "reconcile failed");
+    metrics::counter!(crate::metrics::names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
 }

@@ -30,7 +30,7 @@ pub fn program_controller(ctx: Arc<context::Context>) -> (kube::runtime::reflect
     let programs: Api<pko_api::Program> = Api::all(ctx.client.clone());
     let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
     let store = controller.store();
-    let run = controller.run(program::reconcile, program::error_policy, ctx).for_each(|r| async move {
+    let run = controller.run(|p, c| async move { k8s::observe("program", &*p.clone(), program::reconcile(p, c)).await }, program::error_policy, ctx).for_each(|r| async move {
         if let Err(e) = r {
             tracing::debug!(error = %e, "program reconcile");
         }

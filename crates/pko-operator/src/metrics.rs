@@ -5,7 +5,10 @@
 //!   replica owns), so a
 //!   deleted Stack's series disappears with it: `stacks_active`, `stacks_failing{namespace,name}` (1 when
 //!   `status.lastUpdate.state` is `failed`), `programs_active`;
-//! - ours, through the `metrics` facade and `metrics-exporter-prometheus`:
+//! - reconciles of each controller: `pko_reconciles_total{controller}`,
+//!   `pko_reconcile_errors_total{controller,step}`, `pko_reconcile_duration_seconds{controller}`;
+//! - ours, through the `metrics` facade and `metrics-exporter-prometheus` (every `*_seconds` metric a
+//!   histogram):
 //!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}`
 //!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
 //!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
@@ -50,6 +53,12 @@ pub mod names {
     pub const OPERATIONS_QUEUED: &str = "pko_update_operations_queued";
     /// Gauge: operations this replica's workers drive now.
     pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
+    /// Counter, label `controller`: reconciles run.
+    pub const RECONCILES_TOTAL: &str = "pko_reconciles_total";
+    /// Counter, labels `controller` and `step`: reconciles that failed, by the step that failed.
+    pub const RECONCILE_ERRORS_TOTAL: &str = "pko_reconcile_errors_total";
+    /// Histogram in seconds, label `controller`: how long a reconcile took.
+    pub const RECONCILE_DURATION_SECONDS: &str = "pko_reconcile_duration_seconds";
 }
 
 /// The process-wide Prometheus recorder of the `metrics` facade: installed by the first call, the same
@@ -58,7 +67,11 @@ pub fn install_recorder() -> PrometheusHandle {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // `*_seconds` metrics are histograms (buckets from 5 ms to 30 minutes), not summaries
+            let buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0];
+            let builder = PrometheusBuilder::new();
+            let builder = builder.set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()), &buckets).unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
             let handle = recorder.handle();
             let _ = metrics::set_global_recorder(recorder);
             handle
@@ -233,10 +246,16 @@ pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, sour
     }
 }
 
-/// Serves the probes (`/healthz`, `/readyz`) on `listener`, unauthenticated (PKO
-/// `--health-probe-bind-address`, `:8081`), until the future is dropped.
-pub async fn serve_probes(listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok" }));
+/// Serves the probes on `listener`, unauthenticated (PKO `--health-probe-bind-address`, `:8081`), until
+/// the future is dropped: `/healthz` answers `ok` while the process runs; `/readyz` answers `503` until
+/// `ready` is set (the controllers' caches have synced), then `ok`.
+pub async fn serve_probes(listener: tokio::net::TcpListener, ready: Arc<std::sync::atomic::AtomicBool>) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    let readyz = move || {
+        let ready = ready.clone();
+        async move { if ready.load(std::sync::atomic::Ordering::Relaxed) { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") } }
+    };
+    let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz));
     axum::serve(listener, router).await
 }
 

@@ -113,7 +113,11 @@ pub async fn reconcile(program: Arc<Program>, ctx: Arc<Context>) -> Result<Actio
 
 /// Retries a failed reconcile after 5 s (a render error waits for the next change).
 pub fn error_policy(_program: Arc<Program>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "program reconcile failed");
+    let step = match error {
+        Error::Render(..) => "render",
+        Error::Status(_) => "status",
+    };
+    crate::k8s::reconcile_failed("program", step, error);
     match error {
         Error::Render(..) => Action::await_change(),
         Error::Status(_) => Action::requeue(Duration::from_secs(5)),

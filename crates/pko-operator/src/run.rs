@@ -99,7 +99,16 @@ impl Operator {
         let (programs, program_controller) = crate::program_controller(ctx.clone());
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone());
         let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
-        let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, &mut servers).await?);
+        // ready once the Stack and Program caches have synced
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, stack_cache, program_cache) = (ready.clone(), sources.stacks.clone(), sources.programs.clone());
+        servers.push(tokio::spawn(async move {
+            if stack_cache.wait_until_ready().await.is_ok() && program_cache.wait_until_ready().await.is_ok() {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!("caches synced: ready");
+            }
+        }));
+        let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
         let state = crate::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, state).await;
@@ -155,7 +164,11 @@ impl Operator {
         Ok(Some(bound))
     }
 
-    async fn serve_probes(m: &crate::args::MetricsArgs, servers: &mut Vec<tokio::task::JoinHandle<()>>) -> anyhow::Result<Option<SocketAddr>> {
+    async fn serve_probes(
+        m: &crate::args::MetricsArgs,
+        ready: Arc<std::sync::atomic::AtomicBool>,
+        servers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> anyhow::Result<Option<SocketAddr>> {
         if m.health_probe_bind_address == "0" {
             return Ok(None);
         }
@@ -163,7 +176,7 @@ impl Operator {
         let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
         let bound = l.local_addr()?;
         servers.push(tokio::spawn(async move {
-            let _ = crate::metrics::serve_probes(l).await;
+            let _ = crate::metrics::serve_probes(l, ready).await;
         }));
         Ok(Some(bound))
     }

@@ -1,5 +1,6 @@
-//! Pure builders of the Stack controller: the Workspace and the Update a Stack needs (PKO
-//! `stack_controller.go` steps 2, 6 and 10). No client.
+//! Pure builders of the Stack controller: the whole Workspace and Update objects a Stack needs
+//! (metadata, owner references, templates and spec; PKO `stack_controller.go` steps 2, 6 and 10). No
+//! client.
 
 use std::collections::BTreeMap;
 
@@ -274,6 +275,62 @@ pub fn update_name(stack: &str, generation: Option<i64>, request: Option<&str>, 
     format!("{stack}-{:02x}{:02x}{:02x}{:02x}", h[0], h[1], h[2], h[3])
 }
 
+/// An object that cannot be built yet.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The owner has no uid (it was not read from the API server), so no owner reference can name it.
+    #[error("the {0} has no uid yet")]
+    NoUid(&'static str),
+}
+
+fn owner_ref<K: kube::Resource<DynamicType = ()>>(owner: &K, what: &'static str) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference, BuildError> {
+    owner.controller_owner_ref(&()).ok_or(BuildError::NoUid(what))
+}
+
+/// The Workspace of `stack` (named after it, in its namespace): PKO's labels plus
+/// `workspaceTemplate.metadata`, the Stack as controlling owner, and [`workspace_spec`].
+pub fn workspace(stack: &pko_api::Stack, source: &ResolvedSource) -> Result<pko_api::Workspace, BuildError> {
+    use kube::ResourceExt;
+    let name = stack.name_any();
+    let mut labels = stack_labels(&name);
+    let template = stack.spec.workspace_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
+    labels.extend(template.labels.unwrap_or_default());
+    let metadata = kube::api::ObjectMeta {
+        name: Some(name),
+        namespace: stack.namespace(),
+        labels: Some(labels),
+        annotations: template.annotations,
+        owner_references: Some(vec![owner_ref(stack, "stack")?]),
+        ..Default::default()
+    };
+    Ok(pko_api::Workspace { metadata, spec: workspace_spec(&stack.spec, source), status: None })
+}
+
+/// The Update `name` of `stack` on `workspace`: PKO's labels plus `updateTemplate.metadata`, the
+/// Workspace as controlling owner and the Stack as a second owner (blocking its deletion), the Stack
+/// finalizer (released once the result is absorbed), and [`update_spec`].
+pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str, deleting: bool, reason: &str) -> Result<pko_api::Update, BuildError> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::ResourceExt;
+    let stack_name = stack.name_any();
+    let ws_owner = OwnerReference { controller: Some(true), ..owner_ref(workspace, "workspace")? };
+    let stack_owner = OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner_ref(stack, "stack")? };
+    let template = stack.spec.update_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
+    let mut labels = stack_labels(&stack_name);
+    labels.extend(template.labels.unwrap_or_default());
+    let annotations = template.annotations.filter(|a| !a.is_empty());
+    let metadata = kube::api::ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: stack.namespace(),
+        labels: Some(labels),
+        annotations,
+        owner_references: Some(vec![ws_owner, stack_owner]),
+        finalizers: Some(vec![pko_api::constants::STACK_FINALIZER.into()]),
+        ..Default::default()
+    };
+    Ok(pko_api::Update { metadata, spec: update_spec(&stack.spec, &stack_name, deleting, reason), status: None })
+}
+
 /// Labels PKO puts on objects generated for a Stack.
 pub fn stack_labels(stack: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()), (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string())])
@@ -316,6 +373,34 @@ mod tests {
         let git = ws.git.unwrap();
         assert_eq!((git.url.as_deref(), git.git_ref.as_deref(), git.dir.as_deref(), git.shallow), (Some("https://g/r.git"), Some("abc"), Some("app"), Some(true)));
         assert_eq!(git.auth.unwrap().token.unwrap().name, "git");
+    }
+
+    #[test]
+    fn whole_objects_carry_labels_templates_and_owners() {
+        let mut stack: pko_api::Stack = serde_json::from_value(json!({
+            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "web", "namespace": "team"},
+            "spec": {"stack": "dev", "workspaceTemplate": {"metadata": {"labels": {"tier": "a"}, "annotations": {"n": "1"}}},
+                     "updateTemplate": {"metadata": {"labels": {"kind": "u"}}}}
+        }))
+        .unwrap();
+        let src = ResolvedSource::ProjectInfo(ProjectInfo::default());
+        assert_eq!(workspace(&stack, &src).unwrap_err(), BuildError::NoUid("stack"), "no owner reference without a uid");
+        stack.metadata.uid = Some("s-uid".into());
+        let mut ws = workspace(&stack, &src).unwrap();
+        let labels = ws.metadata.labels.clone().unwrap();
+        assert_eq!((labels["tier"].as_str(), labels[pko_api::constants::STACK_NAME_LABEL].as_str()), ("a", "web"));
+        assert_eq!(ws.metadata.annotations.clone().unwrap()["n"], "1");
+        assert_eq!(ws.metadata.owner_references.clone().unwrap()[0].uid, "s-uid");
+        assert!(update(&stack, &ws, "web-1", false, "m").is_err(), "the Workspace needs a uid too");
+        ws.metadata.uid = Some("w-uid".into());
+        let u = update(&stack, &ws, "web-1", false, "m").unwrap();
+        let owners = u.metadata.owner_references.unwrap();
+        assert_eq!((owners[0].uid.as_str(), owners[0].controller), ("w-uid", Some(true)));
+        assert_eq!((owners[1].uid.as_str(), owners[1].controller, owners[1].block_owner_deletion), ("s-uid", Some(false), Some(true)));
+        assert_eq!(u.metadata.labels.unwrap()["kind"], "u");
+        assert_eq!(u.metadata.finalizers.unwrap(), [pko_api::constants::STACK_FINALIZER]);
+        assert_eq!(u.metadata.namespace.as_deref(), Some("team"));
+        assert_eq!(u.spec.update_type, Some(UpdateType::Up));
     }
 
     #[test]

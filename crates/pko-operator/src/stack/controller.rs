@@ -1,37 +1,27 @@
-//! The Stack controller (PKO `stack_controller.go`): finalizer, source resolution, the generated
-//! Workspace, Updates created one at a time and absorbed when complete, status with PKO's conditions.
-//! The decisions are the pure [`super::plan`] and [`super::build`]; this module is the I/O around them.
+//! The Stack controller (PKO `stack_controller.go`): its watches, and the I/O the reconcile steps
+//! ([`super::reconcile`]) call — source resolution (Program, git `ls-remote` with the Stack's
+//! credentials, Flux sources), finalizer and status writes, and the messages PKO's conditions carry.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
-use kube::{Resource, ResourceExt};
-use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
-use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateState, StackUpdateStateMessage};
-use pko_api::{Program, Stack, Update, UpdateType, Workspace};
+use pko_api::constants::{STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
+use pko_api::stack::{StackStatus, StackUpdateState, StackUpdateStateMessage};
+use pko_api::{Program, Stack, Update, Workspace};
 use serde_json::json;
 
 use super::build::{self, ResolvedSource};
-use super::conditions;
-use super::plan::{self, Sync};
+use super::plan;
 use super::prerequisites;
 use crate::context::Context;
 use crate::k8s::{self, Severity};
-
-/// Errors of a Stack reconcile (API errors; everything else becomes a condition).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// API server error.
-    #[error("{0}")]
-    Kube(#[from] kube::Error),
-}
 
 /// Runs the Stack controller until shutdown.
 pub async fn run(ctx: Arc<Context>) {
@@ -75,9 +65,9 @@ pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>,
         })
         .graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned())
         .run(
-            reconcile,
+            |s, c| async move { crate::k8s::observe("stack", &*s.clone(), super::reconcile::reconcile(s, c)).await },
             |_s, e, _c| {
-                tracing::warn!(error = %e, "stack reconcile failed");
+                crate::k8s::reconcile_failed("stack", e.step(), e);
                 Action::requeue(Duration::from_secs(5))
             },
             ctx,
@@ -86,11 +76,11 @@ pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>,
     (cache, run)
 }
 
-async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {
+pub(super) async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {
     k8s::apply_status(api, name, field_manager::STACK_STATUS, st).await
 }
 
-async fn set_finalizers(api: &Api<Stack>, stack: &Stack, add: bool) -> Result<(), kube::Error> {
+pub(super) async fn set_finalizers(api: &Api<Stack>, stack: &Stack, add: bool) -> Result<(), kube::Error> {
     let mut f: Vec<String> = stack.finalizers().to_vec();
     if add {
         f.push(STACK_FINALIZER.into());
@@ -102,8 +92,11 @@ async fn set_finalizers(api: &Api<Stack>, stack: &Stack, add: bool) -> Result<()
     Ok(())
 }
 
-enum Resolved {
-    Ok(ResolvedSource),
+/// A source at a revision, or why the Stack stalls.
+pub(super) enum Resolved {
+    /// The source.
+    Source(ResolvedSource),
+    /// The Stalled reason and message.
     Stalled(&'static str, String),
 }
 
@@ -181,28 +174,28 @@ async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &
     }
     let auth = git_auth_refs(ctx, ns, spec).await?.map(Box::new);
     if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
-        return Ok(Resolved::Ok(ResolvedSource::Git { url: repo.to_string(), commit: c.clone(), auth }));
+        return Ok(Resolved::Source(ResolvedSource::Git { url: repo.to_string(), commit: c.clone(), auth }));
     }
     let creds = git_credentials(ctx, ns, auth.as_deref()).await?;
     let branch = spec.branch.clone().unwrap_or_default();
     Ok(match pko_git::ls_remote(repo, &branch, &creds).await {
-        Ok(sha) => Resolved::Ok(ResolvedSource::Git { url: repo.to_string(), commit: sha, auth }),
+        Ok(sha) => Resolved::Source(ResolvedSource::Git { url: repo.to_string(), commit: sha, auth }),
         Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
     })
 }
 
-async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, Error> {
+pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, kube::Error> {
     let ns = stack.namespace().unwrap_or_default();
     let spec = &stack.spec;
     let cached = stack.status.as_ref().and_then(|s| s.project_info.clone());
     // destroy from state when the source may be gone (PKO 2.8, #1222)
     if deleting && spec.run_program != Some(true) && cached.is_some() {
-        return Ok(Resolved::Ok(ResolvedSource::ProjectInfo(cached.unwrap_or_default())));
+        return Ok(Resolved::Source(ResolvedSource::ProjectInfo(cached.unwrap_or_default())));
     }
     if let Some(p) = &spec.program_ref {
         let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
         return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
-            Some(a) => Resolved::Ok(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
+            Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
         });
     }
@@ -210,7 +203,7 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
         return match resolve_git(ctx, &ns, spec, repo).await {
             Ok(r) => Ok(r),
             Err(CredentialError::Invalid(e)) => Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
-            Err(CredentialError::Kube(e)) => Err(e.into()),
+            Err(CredentialError::Kube(e)) => Err(e),
         };
     }
     if let Some(f) = &spec.flux_source {
@@ -219,7 +212,7 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
         let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
         let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
         return Ok(match artifact {
-            Some(a) if a["url"].is_string() && a["digest"].is_string() => Resolved::Ok(ResolvedSource::Artifact {
+            Some(a) if a["url"].is_string() && a["digest"].is_string() => Resolved::Source(ResolvedSource::Artifact {
                 url: a["url"].as_str().unwrap_or_default().into(),
                 digest: a["digest"].as_str().unwrap_or_default().into(),
                 revision: a["revision"].as_str().unwrap_or_default().into(),
@@ -229,21 +222,21 @@ async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolve
         });
     }
     Ok(match cached {
-        Some(p) if deleting => Resolved::Ok(ResolvedSource::ProjectInfo(p)),
+        Some(p) if deleting => Resolved::Source(ResolvedSource::ProjectInfo(p)),
         _ => Resolved::Stalled(sc::SPEC_INVALID, "no source: set spec.projectRepo, spec.fluxSource or spec.programRef".into()),
     })
 }
 
 /// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
 /// until the next sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
-fn ready_and_reclaimable(stack: &Stack, st: &StackStatus) -> bool {
+pub(super) fn ready_and_reclaimable(stack: &Stack, st: &StackStatus) -> bool {
     stack.spec.workspace_reclaim_policy == Some(pko_api::stack::WorkspaceReclaimPolicy::Delete)
         && st.current_update.is_none()
         && st.last_update.as_ref().is_some_and(|l| l.state == Some(StackUpdateStateMessage::Succeeded))
 }
 
 /// Deletes the Stack's Workspace if it exists, with PKO's `WorkspaceDeleted` event.
-async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Error> {
+pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Error> {
     let ns = stack.namespace().unwrap_or_default();
     let workspaces: Api<Workspace> = Api::namespaced(ctx.client.clone(), &ns);
     match workspaces.get_opt(&stack.name_any()).await? {
@@ -257,19 +250,19 @@ async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<(), kube::Err
 }
 
 /// An Update of Stack `name` that is not complete yet (read from the API server, not a cache).
-async fn in_flight_update(updates: &Api<Update>, name: &str) -> Result<Option<Update>, kube::Error> {
+pub(super) async fn in_flight_update(updates: &Api<Update>, name: &str) -> Result<Option<Update>, kube::Error> {
     let lp = kube::api::ListParams::default().labels(&format!("{STACK_NAME_LABEL}={name}"));
     Ok(updates.list(&lp).await?.items.into_iter().find(|u| !u.is_complete() && u.metadata.deletion_timestamp.is_none()))
 }
 
 /// Whether namespace `ns` is being deleted.
-async fn namespace_terminating(ctx: &Context, ns: &str) -> Result<bool, kube::Error> {
+pub(super) async fn namespace_terminating(ctx: &Context, ns: &str) -> Result<bool, kube::Error> {
     let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
     Ok(namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some()))
 }
 
 /// The Stalled `NamespaceTerminating` message: why the destroy cannot run and how to let the Stack go.
-fn namespace_terminating_message(ns: &str, name: &str) -> String {
+pub(super) fn namespace_terminating_message(ns: &str, name: &str) -> String {
     format!(
         "namespace {ns} is being deleted, so the destroy of this Stack (destroyOnFinalize) cannot run: no Workspace or Update can be created in it. \
          Either destroy the stack's resources yourself and remove the finalizer with \
@@ -280,7 +273,7 @@ fn namespace_terminating_message(ns: &str, name: &str) -> String {
 
 /// PKO's "waiting for workspace readiness", followed by why the Workspace is not Ready when it says
 /// (e.g. `: ConnectionFailed: serviceaccounts "deployer" not found`), so a Stack never waits silently.
-fn workspace_wait_message(ws: &Workspace) -> String {
+pub(super) fn workspace_wait_message(ws: &Workspace) -> String {
     match ws.not_ready_reason() {
         Some(c) => format!("{}: {}: {}", sc::WAITING_FOR_WORKSPACE_MESSAGE, c.reason, c.message),
         None => sc::WAITING_FOR_WORKSPACE_MESSAGE.to_string(),
@@ -289,7 +282,7 @@ fn workspace_wait_message(ws: &Workspace) -> String {
 
 /// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
 /// (a retry after the cooldown, or the stall once the retry limit is reached).
-fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option<i64>) -> String {
+pub(super) fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option<i64>) -> String {
     let failures = last.and_then(|l| l.failures).unwrap_or(0);
     let cause = last.and_then(|l| l.message.clone()).unwrap_or_default();
     let next = if failures >= sc::MAX_UPDATE_FAILURES {
@@ -301,13 +294,13 @@ fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option
 }
 
 /// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
-const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API server refused the Workspace";
+pub(super) const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API server refused the Workspace";
 /// Start of the `SpecInvalid` message when the API server refused the generated Update.
-const REFUSED_UPDATE: &str = "spec.updateTemplate: the API server refused the Update";
+pub(super) const REFUSED_UPDATE: &str = "spec.updateTemplate: the API server refused the Update";
 
 /// Whether API error `e` on a generated object is a refusal of its content (HTTP 400 or 422: the
 /// templates made it invalid), and the condition message: `<what>: <API message>`.
-fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
+pub(super) fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
     match e {
         kube::Error::Api(s) if s.code == 400 || s.code == 422 => (true, format!("{what}: {}", s.message)),
         other => (false, format!("{what}: {other}")),
@@ -315,7 +308,7 @@ fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
 }
 
 /// Whether the Stack is Stalled because the API server refused a generated object of this generation.
-fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], generation: Option<i64>) -> bool {
+pub(super) fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], generation: Option<i64>) -> bool {
     conds.iter().any(|c| {
         c.type_ == sc::STALLED
             && c.status == "True"
@@ -323,278 +316,6 @@ fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::
             && c.observed_generation == generation
             && (c.message.starts_with(REFUSED_WORKSPACE) || c.message.starts_with(REFUSED_UPDATE))
     })
-}
-
-/// One reconcile of a Stack.
-pub async fn reconcile(stack: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = stack.namespace().unwrap_or_default();
-    let name = stack.name_any();
-    if !ctx.ownership.owns(&ns, &name) {
-        return Ok(Action::await_change());
-    }
-    let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
-    // Decide on the Stack as stored, not as cached: the watch cache can lag behind our own status write
-    // (`currentUpdate`), and a decision on the stale copy would start a second Update.
-    let Some(stack) = api.get_opt(&name).await? else { return Ok(Action::await_change()) };
-    let stack = Arc::new(stack);
-    let deleting = stack.meta().deletion_timestamp.is_some();
-    let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
-    if !deleting && !has_finalizer {
-        set_finalizers(&api, &stack, true).await?;
-        return Ok(Action::await_change());
-    }
-    if deleting && !has_finalizer {
-        return Ok(Action::await_change());
-    }
-    let generation = stack.meta().generation;
-    let request = stack.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
-    let mut st = stack.status.clone().unwrap_or_default();
-    st.observed_generation = generation;
-    st.observed_reconcile_request = request.clone();
-    let mut conds = st.conditions.clone().unwrap_or_default();
-    let t = pko_api::conditions::now();
-    let updates: Api<Update> = Api::namespaced(ctx.client.clone(), &ns);
-
-    // 3. the current update: wait for it, absorb it, or heal a dangling reference (PKO #1292)
-    if let Some(cur) = st.current_update.clone() {
-        match updates.get_opt(cur.name.as_deref().unwrap_or_default()).await? {
-            None => st.current_update = None,
-            Some(u) if !u.is_complete() => {
-                conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
-                st.conditions = Some(conds);
-                write_status(&api, &name, &st).await?;
-                return Ok(Action::requeue(Duration::from_secs(30)));
-            }
-            Some(u) => {
-                let ok = u.succeeded();
-                let prev = st.last_update.clone().unwrap_or_default();
-                let same_request = prev.generation == cur.generation && prev.reconcile_request == cur.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
-                let us = u.status.clone().unwrap_or_default();
-                st.last_update = Some(StackUpdateState {
-                    generation: cur.generation,
-                    reconcile_request: cur.reconcile_request.clone(),
-                    name: u.metadata.name.clone(),
-                    update_type: u.spec.update_type,
-                    state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
-                    message: us.message.clone(),
-                    last_attempted_commit: cur.commit.clone(),
-                    last_successful_commit: if ok { cur.commit.clone() } else { prev.last_successful_commit.clone() },
-                    permalink: us.permalink.clone(),
-                    last_resync_time: Some(t.clone()),
-                    failures: Some(if ok {
-                        0
-                    } else if same_request {
-                        prev.failures.unwrap_or(0) + 1
-                    } else {
-                        0
-                    }),
-                });
-                if ok {
-                    if let Some(pi) = us.project_info.clone() {
-                        st.project_info = Some(pi);
-                    }
-                    if let Some(secret) = us.outputs.as_deref()
-                        && let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(secret).await?
-                    {
-                        st.outputs = Some(crate::outputs::stack_outputs(&s));
-                    }
-                }
-                st.current_update = None;
-                st.conditions = Some(conds.clone());
-                write_status(&api, &name, &st).await?;
-                if ok {
-                    k8s::publish(&ctx.events.stack, &*stack, Severity::Normal, ev::STACK_CREATED, "Successfully updated stack".into()).await;
-                } else {
-                    let msg = format!("Failed to update Stack: {}", us.message.clone().unwrap_or_default());
-                    k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_FAILURE, msg).await;
-                    if u.failed_reason() == Some(pko_api::constants::update_condition::UPDATE_CONFLICT) {
-                        let msg = conflict_message(st.last_update.as_ref(), stack.spec.retry_max_backoff_duration_seconds);
-                        k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg).await;
-                    }
-                }
-                // release the Update now that its result is recorded
-                let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
-                updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await?;
-            }
-        }
-    }
-
-    // 4. deletion without destroy: not asked for, or nothing ever ran (PKO: no prior update)
-    if deleting && (stack.spec.destroy_on_finalize != Some(true) || stack.spec.preview == Some(true) || (st.last_update.is_none() && st.current_update.is_none())) {
-        set_finalizers(&api, &stack, false).await?;
-        return Ok(Action::await_change());
-    }
-    // a destroy cannot run in a terminating namespace (no Workspace or Update can be created there)
-    if deleting && namespace_terminating(&ctx, &ns).await? {
-        conditions::mark_stalled(&mut conds, sc::NAMESPACE_TERMINATING, &namespace_terminating_message(&ns, &name), generation, &t);
-        st.conditions = Some(conds);
-        write_status(&api, &name, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(30)));
-    }
-
-    // 5–6. source and validation
-    let source = match resolve(&ctx, &stack, deleting).await? {
-        Resolved::Ok(s) => s,
-        Resolved::Stalled(reason, msg) => {
-            conditions::mark_stalled(&mut conds, reason, &msg, generation, &t);
-            st.conditions = Some(conds);
-            write_status(&api, &name, &st).await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
-    };
-    if let Err(e) = pko_api::validation::validate_stack_spec(&stack.spec, &ns) {
-        k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_CONFIG_INVALID, e.to_string()).await;
-        conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &e.to_string(), generation, &t);
-        st.conditions = Some(conds);
-        write_status(&api, &name, &st).await?;
-        return Ok(Action::await_change());
-    }
-    // a template the API server refused stays refused for this generation: no retry loop (a spec change
-    // — a new generation — tries again)
-    if refused_this_generation(&conds, generation) {
-        return Ok(Action::await_change());
-    }
-    let revision = source.revision();
-
-    // 7. in sync?
-    let checked = Stack { status: Some(st.clone()), ..(*stack).clone() };
-    let reason = match plan::decide(&checked, &revision, t.0, stack.spec.branch.is_some(), deleting) {
-        Sync::Synced { conditions: c, requeue_after } => {
-            match c {
-                plan::Conditions::Ready => conditions::mark_ready(&mut conds, generation, &t),
-                plan::Conditions::Reconciling(r, m) => conditions::mark_reconciling(&mut conds, r, &m, generation, &t),
-                plan::Conditions::Stalled(r, m) => conditions::mark_stalled(&mut conds, r, &m, generation, &t),
-            }
-            st.conditions = Some(conds);
-            write_status(&api, &name, &st).await?;
-            if deleting && st.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded)) {
-                set_finalizers(&api, &stack, false).await?;
-                return Ok(Action::await_change());
-            }
-            if !deleting && ready_and_reclaimable(&stack, &st) {
-                reclaim_workspace(&ctx, &stack).await?;
-            }
-            return Ok(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change));
-        }
-        Sync::NeedsUpdate { reason } => reason,
-    };
-
-    // 8. prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751)
-    if !deleting && let Some(prereqs) = stack.spec.prerequisites.as_ref().filter(|p| !p.is_empty()) {
-        let mut found = std::collections::BTreeMap::new();
-        for p in prereqs {
-            if let Some(s) = api.get_opt(&p.name).await? {
-                found.insert(p.name.clone(), s);
-            }
-        }
-        if let prerequisites::Verdict::NotSatisfied { message, resync } = prerequisites::check(prereqs, &found, t.0) {
-            for (prereq, value) in resync {
-                let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": prereq, "annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
-                api.patch(&prereq, &PatchParams::apply(field_manager::PREREQUISITE_REQUEST).force(), &Patch::Apply(&patch)).await?;
-            }
-            conditions::mark_reconciling(&mut conds, sc::PREREQUISITE_NOT_SATISFIED, &message, generation, &t);
-            st.conditions = Some(conds);
-            write_status(&api, &name, &st).await?;
-            // woken by the prerequisites' changes (see `run`); the requeue only covers a missed event
-            return Ok(Action::requeue(Duration::from_secs(300)));
-        }
-    }
-
-    // 9. the Workspace, and wait for it
-    let owner = stack.controller_owner_ref(&()).expect("stack has a uid");
-    let mut ws_meta = ObjectMeta {
-        name: Some(name.clone()),
-        namespace: Some(ns.clone()),
-        labels: Some(build::stack_labels(&name)),
-        owner_references: Some(vec![owner.clone()]),
-        ..Default::default()
-    };
-    if let Some(m) = stack.spec.workspace_template.as_ref().and_then(|t| t.metadata.clone()) {
-        ws_meta.labels.get_or_insert_with(Default::default).extend(m.labels.unwrap_or_default());
-        ws_meta.annotations = m.annotations;
-    }
-    let ws = Workspace { metadata: ws_meta, spec: build::workspace_spec(&stack.spec, &source), status: None };
-    let ws = match Api::<Workspace>::namespaced(ctx.client.clone(), &ns).patch(&name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await {
-        Ok(ws) => ws,
-        Err(e) => {
-            let (stall, msg) = refusal(REFUSED_WORKSPACE, &e);
-            if stall {
-                conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &msg, generation, &t);
-            } else {
-                conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &msg, generation, &t);
-            }
-            st.conditions = Some(conds);
-            write_status(&api, &name, &st).await?;
-            return if stall { Ok(Action::await_change()) } else { Err(e.into()) };
-        }
-    };
-    if !ws.is_ready() {
-        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, &workspace_wait_message(&ws), generation, &t);
-        st.conditions = Some(conds);
-        write_status(&api, &name, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(5)));
-    }
-
-    // 10. the Update: currentUpdate first, then the object — unless one is already in flight (a write
-    // this reconcile could not see, or another replica's before a shard moved): then follow that one
-    if let Some(running) = in_flight_update(&updates, &name).await? {
-        tracing::info!(stack = %format!("{ns}/{name}"), update = %running.name_any(), "an update is already in flight; following it");
-        st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
-        conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
-        st.conditions = Some(conds);
-        write_status(&api, &name, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(30)));
-    }
-    let update_name = build::update_name(&name, generation, request.as_deref(), &revision, deleting, st.last_update.as_ref());
-    st.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
-    conditions::mark_reconciling(&mut conds, sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE, generation, &t);
-    st.conditions = Some(conds);
-    write_status(&api, &name, &st).await?;
-    let ws_owner = OwnerReference { controller: Some(true), ..ws.controller_owner_ref(&()).expect("workspace uid") };
-    let stack_owner = OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner };
-    let mut labels = build::stack_labels(&name);
-    let mut annotations = std::collections::BTreeMap::new();
-    if let Some(m) = stack.spec.update_template.as_ref().and_then(|t| t.metadata.clone()) {
-        labels.extend(m.labels.unwrap_or_default());
-        annotations.extend(m.annotations.unwrap_or_default());
-    }
-    let update = Update {
-        metadata: ObjectMeta {
-            name: Some(update_name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some(labels),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            owner_references: Some(vec![ws_owner, stack_owner]),
-            finalizers: Some(vec![STACK_FINALIZER.into()]),
-            ..Default::default()
-        },
-        spec: build::update_spec(&stack.spec, &name, deleting, &reason),
-        status: None,
-    };
-    match updates.create(&PostParams::default(), &update).await {
-        Ok(_) => {}
-        // created by an earlier pass whose reconcile ended before this point: follow it
-        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Action::requeue(Duration::from_secs(30))),
-        Err(e) => {
-            let (stall, msg) = refusal(REFUSED_UPDATE, &e);
-            if stall {
-                // one write undoes currentUpdate and says why; it stays so until the spec changes
-                st.current_update = None;
-                let mut conds = st.conditions.clone().unwrap_or_default();
-                conditions::mark_stalled(&mut conds, sc::SPEC_INVALID, &msg, generation, &t);
-                st.conditions = Some(conds);
-                write_status(&api, &name, &st).await?;
-                return Ok(Action::await_change());
-            }
-            // anything else is retried by the error policy: currentUpdate stays as written (the next pass
-            // heals the dangling name and writes the same one again — no change, so no watch event)
-            k8s::publish(&ctx.events.stack, &*stack, Severity::Warning, ev::STACK_UPDATE_FAILURE, msg).await;
-            return Err(e.into());
-        }
-    }
-    tracing::info!(stack = %format!("{ns}/{name}"), update = %update_name, %reason, "stack update started");
-    k8s::publish(&ctx.events.stack, &*stack, Severity::Normal, ev::STACK_UPDATE_DETECTED, reason).await;
-    Ok(Action::requeue(Duration::from_secs(30)))
 }
 
 #[cfg(test)]

@@ -1,9 +1,13 @@
-//! The Stack controller ([`controller`]: the I/O) and its pure parts: the sync decision ([`plan`]),
-//! prerequisites ([`prerequisites`]), the Workspace and Update builders ([`build`]) and condition
-//! bookkeeping ([`conditions`]).
+//! The Stack controller: [`controller`] wires the watches and resolves sources; [`reconcile`] is the
+//! driver over named steps (dereference → absorb → plan → build → apply → one status write). The pure
+//! parts: finished Updates into status ([`absorb`]), the sync decision ([`plan`]), prerequisites
+//! ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition bookkeeping
+//! ([`conditions`]).
 
+pub mod absorb;
 pub mod build;
 pub mod conditions;
 pub mod controller;
 pub mod plan;
 pub mod prerequisites;
+pub mod reconcile;

@@ -92,9 +92,9 @@ impl UpdateController {
             .with_config(this.ctx.controller_config())
             .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
             .run(
-                |u, c| async move { c.reconcile(u).await },
+                |u, c| async move { crate::k8s::observe("update", &*u.clone(), c.reconcile(u)).await },
                 |_u, e, _c| {
-                    tracing::warn!(error = %e, "update reconcile failed");
+                    crate::k8s::reconcile_failed("update", "api", e);
                     Action::requeue(Duration::from_secs(5))
                 },
                 this,

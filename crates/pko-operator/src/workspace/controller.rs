@@ -29,6 +29,16 @@ use tokio::io::AsyncBufReadExt;
 use super::pod::{self, PodRuntimeConfig};
 use crate::context::Context;
 
+impl Error {
+    /// The failing part, as a metric label: `api` or `local_runtime`.
+    pub fn step(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "api",
+            Error::Local(_) => "local_runtime",
+        }
+    }
+}
+
 /// Errors of a Workspace reconcile.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -347,9 +357,9 @@ impl WorkspaceController {
             .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
             .graceful_shutdown_on(self.ctx.shutdown.clone().cancelled_owned())
             .run(
-                |w, c| async move { c.reconcile(w).await },
+                |w, c| async move { crate::k8s::observe("workspace", &*w.clone(), c.reconcile(w)).await },
                 |_w, e, _c| {
-                    tracing::warn!(error = %e, "workspace reconcile failed");
+                    crate::k8s::reconcile_failed("workspace", e.step(), e);
                     Action::requeue(Duration::from_secs(5))
                 },
                 self.clone(),

@@ -1,0 +1,115 @@
+//! Absorbing a finished Update into the Stack's status (PKO `stack_controller.go`, the completed-update
+//! branch): the new `lastUpdate` (state, commits, failure count) and what follows from it. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use pko_api::Update;
+use pko_api::constants::update_condition as uc;
+use pko_api::stack::{CurrentStackUpdate, StackUpdateState, StackUpdateStateMessage};
+use pko_api::workspace::ProjectInfo;
+
+/// What a finished Update means for its Stack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Absorbed {
+    /// The new `status.lastUpdate`.
+    pub last_update: StackUpdateState,
+    /// The operation succeeded.
+    pub succeeded: bool,
+    /// It failed because another update held the stack lock (`UpdateConflict`).
+    pub conflict: bool,
+    /// Project name and runtime to cache (success only).
+    pub project_info: Option<ProjectInfo>,
+    /// The outputs Secret to read into `status.outputs` (success only).
+    pub outputs_secret: Option<String>,
+    /// The Update's message (the error on failure).
+    pub message: String,
+}
+
+/// The finished `update` that `current` pointed at, against the previous `lastUpdate` `prev`, at `now`.
+/// The failure count grows only while the same generation and reconcile request keep failing (PKO);
+/// a success resets it and moves `lastSuccessfulCommit`.
+pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time) -> Absorbed {
+    let ok = update.succeeded();
+    let prev = prev.cloned().unwrap_or_default();
+    let same_request = prev.generation == current.generation && prev.reconcile_request == current.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
+    let us = update.status.clone().unwrap_or_default();
+    let failures = if ok {
+        0
+    } else if same_request {
+        prev.failures.unwrap_or(0) + 1
+    } else {
+        0
+    };
+    Absorbed {
+        last_update: StackUpdateState {
+            generation: current.generation,
+            reconcile_request: current.reconcile_request.clone(),
+            name: update.metadata.name.clone(),
+            update_type: update.spec.update_type,
+            state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
+            message: us.message.clone(),
+            last_attempted_commit: current.commit.clone(),
+            last_successful_commit: if ok { current.commit.clone() } else { prev.last_successful_commit.clone() },
+            permalink: us.permalink.clone(),
+            last_resync_time: Some(now.clone()),
+            failures: Some(failures),
+        },
+        succeeded: ok,
+        conflict: update.failed_reason() == Some(uc::UPDATE_CONFLICT),
+        project_info: if ok { us.project_info.clone() } else { None },
+        outputs_secret: if ok { us.outputs.clone() } else { None },
+        message: us.message.unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_api::update::UpdateStatus;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    fn finished(name: &str, ok: bool, reason: &str) -> Update {
+        let mut u = Update::new(name, Default::default());
+        let mut conds = Vec::new();
+        pko_api::conditions::set(&mut conds, uc::COMPLETE, "True", uc::UPDATED, "", None, &t(0));
+        pko_api::conditions::set(&mut conds, uc::FAILED, if ok { "False" } else { "True" }, reason, "", None, &t(0));
+        u.status = Some(UpdateStatus {
+            conditions: Some(conds),
+            message: Some(if ok { "update succeeded" } else { "boom" }.into()),
+            outputs: ok.then(|| format!("{name}-stack-outputs")),
+            project_info: Some(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }),
+            ..Default::default()
+        });
+        u
+    }
+
+    fn current(generation: i64, commit: &str) -> CurrentStackUpdate {
+        CurrentStackUpdate { generation: Some(generation), reconcile_request: None, name: Some("u".into()), commit: Some(commit.into()) }
+    }
+
+    #[test]
+    fn a_success_records_the_commit_outputs_and_project() {
+        let a = absorb(None, &current(2, "abc"), &finished("u", true, uc::UPDATE_SUCCEEDED), &t(9));
+        assert!(a.succeeded && !a.conflict);
+        assert_eq!(a.last_update.state, Some(StackUpdateStateMessage::Succeeded));
+        assert_eq!((a.last_update.last_successful_commit.as_deref(), a.last_update.failures), (Some("abc"), Some(0)));
+        assert_eq!(a.outputs_secret.as_deref(), Some("u-stack-outputs"));
+        assert_eq!(a.project_info.and_then(|p| p.name).as_deref(), Some("p"));
+        assert_eq!(a.last_update.last_resync_time, Some(t(9)));
+    }
+
+    #[test]
+    fn failures_count_only_for_the_same_request() {
+        let first = absorb(None, &current(2, "abc"), &finished("u1", false, uc::UPDATE_FAILED), &t(1));
+        assert_eq!((first.last_update.failures, first.outputs_secret.clone()), (Some(0), None));
+        let prev = StackUpdateState { last_successful_commit: Some("old".into()), ..first.last_update.clone() };
+        let second = absorb(Some(&prev), &current(2, "abc"), &finished("u2", false, uc::UPDATE_CONFLICT), &t(2));
+        assert_eq!(second.last_update.failures, Some(1));
+        assert!(second.conflict);
+        assert_eq!(second.last_update.last_successful_commit.as_deref(), Some("old"), "a failure keeps the last success");
+        let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3));
+        assert_eq!(new_generation.last_update.failures, Some(0), "a new generation starts counting again");
+    }
+}

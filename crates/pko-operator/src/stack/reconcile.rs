@@ -1,0 +1,429 @@
+//! One reconcile of a Stack (PKO `stack_controller.go` `Reconcile`), as a short driver over named steps:
+//!
+//! 1. **dereference**: the Stack as stored (not the watch cache, which can lag behind our own
+//!    `currentUpdate` write) and its finalizer;
+//! 2. **current update**: wait for it, absorb a finished one ([`super::absorb`], pure), or heal a
+//!    dangling reference (PKO #1292);
+//! 3. **deletion**: release the finalizer when no destroy is due; stall in a terminating namespace;
+//! 4. **source**: resolve the revision, validate the spec, keep a refused template stalled;
+//! 5. **plan**: in sync or not ([`super::plan`], pure);
+//! 6. **prerequisites**;
+//! 7. **workspace**: build ([`super::build`], pure) and apply; wait until it is Ready;
+//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update.
+//!
+//! Each step changes the pass's status and may end the pass; the driver then writes the status once
+//! (nothing when unchanged) and carries out what must follow the write (events, releasing the absorbed
+//! Update's finalizer, the Stack's finalizer, reclaiming the Workspace). One write comes earlier: the
+//! `currentUpdate` intent before an Update is created, so that a crash never leaves an Update the Stack
+//! does not know. Each step fails with its own [`Error`] variant.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, event_reason as ev, field_manager, stack_condition as sc};
+use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateStateMessage};
+use pko_api::{Stack, Update, UpdateType, Workspace};
+use serde_json::json;
+
+use super::build::{self, ResolvedSource};
+use super::controller::{self as io, Resolved};
+use super::plan::{self, Sync};
+use super::{absorb, conditions, prerequisites};
+use crate::context::Context;
+use crate::k8s::{self, Severity};
+
+/// Errors of a Stack reconcile, one per step (user-facing problems become conditions instead).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading the Stack.
+    #[error("reading the stack: {0}")]
+    Dereference(#[source] kube::Error),
+    /// Adding or removing the Stack finalizer.
+    #[error("updating the stack finalizer: {0}")]
+    Finalizer(#[source] kube::Error),
+    /// Reading the current Update or its outputs, or releasing it.
+    #[error("absorbing the current update: {0}")]
+    CurrentUpdate(#[source] kube::Error),
+    /// Checking the namespace of a Stack being deleted.
+    #[error("checking the namespace: {0}")]
+    Deletion(#[source] kube::Error),
+    /// Resolving the source (Program, git credentials, Flux source).
+    #[error("resolving the source: {0}")]
+    Source(#[source] kube::Error),
+    /// Reading prerequisites or requesting their resync.
+    #[error("checking prerequisites: {0}")]
+    Prerequisites(#[source] kube::Error),
+    /// Building or applying the Workspace, or reclaiming it.
+    #[error("applying the workspace: {0}")]
+    Workspace(String),
+    /// Listing in-flight Updates or creating the Update.
+    #[error("creating the update: {0}")]
+    Update(String),
+    /// Writing the Stack status.
+    #[error("writing the stack status: {0}")]
+    Status(#[source] kube::Error),
+}
+
+impl Error {
+    /// The step that failed, as a metric label (`pko_reconcile_errors_total{step}`).
+    pub fn step(&self) -> &'static str {
+        match self {
+            Error::Dereference(_) => "dereference",
+            Error::Finalizer(_) => "finalizer",
+            Error::CurrentUpdate(_) => "current_update",
+            Error::Deletion(_) => "deletion",
+            Error::Source(_) => "source",
+            Error::Prerequisites(_) => "prerequisites",
+            Error::Workspace(_) => "workspace",
+            Error::Update(_) => "update",
+            Error::Status(_) => "status",
+        }
+    }
+}
+
+/// How a pass ends: with an action, or with an error for the error policy (after the status write).
+enum Exit {
+    Done(Action),
+    Retry(Error),
+}
+
+/// What must happen after the status write.
+enum Effect {
+    Event(Severity, &'static str, String),
+    /// Drop the Stack finalizer from the absorbed Update (its result is in the status now).
+    ReleaseUpdate(Box<Update>),
+    /// Drop the Stack's own finalizer (deletion done).
+    RemoveFinalizer,
+    /// Delete the Workspace (`workspaceReclaimPolicy: Delete`).
+    ReclaimWorkspace,
+}
+
+/// The state of one pass: the Stack as read, the status being built, and the effects to carry out.
+struct Pass {
+    stack: Arc<Stack>,
+    api: Api<Stack>,
+    updates: Api<Update>,
+    ns: String,
+    name: String,
+    generation: Option<i64>,
+    request: Option<String>,
+    deleting: bool,
+    now: Time,
+    status: StackStatus,
+    conditions: Vec<Condition>,
+    written: Option<StackStatus>,
+    effects: Vec<Effect>,
+}
+
+impl Pass {
+    fn new(ctx: &Context, api: Api<Stack>, stack: Arc<Stack>) -> Self {
+        let (ns, name) = (stack.namespace().unwrap_or_default(), stack.name_any());
+        let generation = stack.meta().generation;
+        let request = stack.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
+        let mut status = stack.status.clone().unwrap_or_default();
+        status.observed_generation = generation;
+        status.observed_reconcile_request = request.clone();
+        let conditions = status.conditions.clone().unwrap_or_default();
+        Pass {
+            updates: Api::namespaced(ctx.client.clone(), &ns),
+            deleting: stack.meta().deletion_timestamp.is_some(),
+            written: stack.status.clone(),
+            api,
+            stack,
+            ns,
+            name,
+            generation,
+            request,
+            now: pko_api::conditions::now(),
+            status,
+            conditions,
+            effects: Vec::new(),
+        }
+    }
+
+    fn reconciling(&mut self, reason: &str, message: &str) {
+        conditions::mark_reconciling(&mut self.conditions, reason, message, self.generation, &self.now);
+    }
+
+    fn stalled(&mut self, reason: &str, message: &str) {
+        conditions::mark_stalled(&mut self.conditions, reason, message, self.generation, &self.now);
+    }
+
+    fn event(&mut self, severity: Severity, reason: &'static str, note: String) {
+        self.effects.push(Effect::Event(severity, reason, note));
+    }
+
+    /// Writes the status built so far, unless it is what is stored (or was last written).
+    async fn write_status(&mut self) -> Result<(), Error> {
+        self.status.conditions = Some(self.conditions.clone());
+        if self.written.as_ref() == Some(&self.status) {
+            return Ok(());
+        }
+        io::write_status(&self.api, &self.name, &self.status).await.map_err(Error::Status)?;
+        self.written = Some(self.status.clone());
+        Ok(())
+    }
+
+    /// Carries out the effects, in order, after the status write.
+    async fn apply_effects(&mut self, ctx: &Context) -> Result<Option<Action>, Error> {
+        let mut action = None;
+        for effect in std::mem::take(&mut self.effects) {
+            match effect {
+                Effect::Event(severity, reason, note) => k8s::publish(&ctx.events.stack, &*self.stack, severity, reason, note).await,
+                Effect::ReleaseUpdate(u) => {
+                    let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
+                    self.updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await.map_err(Error::CurrentUpdate)?;
+                }
+                Effect::RemoveFinalizer => {
+                    io::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
+                    action = Some(Action::await_change());
+                }
+                Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(|e| Error::Workspace(e.to_string()))?,
+            }
+        }
+        Ok(action)
+    }
+}
+
+/// One reconcile of a Stack: ownership, dereference, the steps, one status write, the effects.
+pub async fn reconcile(cached: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
+    if !ctx.ownership.owns(&ns, &name) {
+        return Ok(Action::await_change());
+    }
+    let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(stack) = api.get_opt(&name).await.map_err(Error::Dereference)? else { return Ok(Action::await_change()) };
+    let deleting = stack.meta().deletion_timestamp.is_some();
+    let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
+    if !has_finalizer {
+        if !deleting {
+            io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
+        }
+        return Ok(Action::await_change());
+    }
+    let mut pass = Pass::new(&ctx, api, Arc::new(stack));
+    let exit = match steps(&ctx, &mut pass).await? {
+        ControlFlow::Break(exit) => exit,
+        ControlFlow::Continue(()) => Exit::Done(Action::await_change()),
+    };
+    pass.write_status().await?;
+    let after = pass.apply_effects(&ctx).await?;
+    match exit {
+        Exit::Done(action) => Ok(after.unwrap_or(action)),
+        Exit::Retry(e) => Err(e),
+    }
+}
+
+type Step<T = ()> = Result<ControlFlow<Exit, T>, Error>;
+
+async fn steps(ctx: &Context, p: &mut Pass) -> Step {
+    if let ControlFlow::Break(e) = current_update(ctx, p).await? {
+        return Ok(ControlFlow::Break(e));
+    }
+    if let ControlFlow::Break(e) = deletion(ctx, p).await? {
+        return Ok(ControlFlow::Break(e));
+    }
+    let source = match source(ctx, p).await? {
+        ControlFlow::Continue(s) => s,
+        ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
+    };
+    let reason = match sync(p, &source) {
+        ControlFlow::Continue(r) => r,
+        ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
+    };
+    if let ControlFlow::Break(e) = prerequisites(p).await? {
+        return Ok(ControlFlow::Break(e));
+    }
+    let ws = match workspace(ctx, p, &source).await? {
+        ControlFlow::Continue(ws) => ws,
+        ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
+    };
+    update(p, &ws, &source, reason).await.map(ControlFlow::Break)
+}
+
+/// Step 2: the current Update — wait while it runs, absorb it once complete, forget it when gone.
+async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
+    let Some(cur) = p.status.current_update.clone() else { return Ok(ControlFlow::Continue(())) };
+    let Some(u) = p.updates.get_opt(cur.name.as_deref().unwrap_or_default()).await.map_err(Error::CurrentUpdate)? else {
+        p.status.current_update = None;
+        return Ok(ControlFlow::Continue(()));
+    };
+    if !u.is_complete() {
+        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
+        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
+    }
+    let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now);
+    if let Some(pi) = a.project_info.clone() {
+        p.status.project_info = Some(pi);
+    }
+    if let Some(secret) = a.outputs_secret.as_deref()
+        && let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)?
+    {
+        p.status.outputs = Some(crate::outputs::stack_outputs(&s));
+    }
+    p.status.last_update = Some(a.last_update.clone());
+    p.status.current_update = None;
+    if a.succeeded {
+        p.event(Severity::Normal, ev::STACK_CREATED, "Successfully updated stack".into());
+    } else {
+        p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update Stack: {}", a.message));
+        if a.conflict {
+            let msg = io::conflict_message(p.status.last_update.as_ref(), p.stack.spec.retry_max_backoff_duration_seconds);
+            p.event(Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg);
+        }
+    }
+    p.effects.push(Effect::ReleaseUpdate(Box::new(u)));
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Step 3: a Stack being deleted without a destroy due lets go; a terminating namespace stalls it.
+async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
+    if !p.deleting {
+        return Ok(ControlFlow::Continue(()));
+    }
+    let spec = &p.stack.spec;
+    // not asked for, or nothing ever ran (PKO: no prior update)
+    if spec.destroy_on_finalize != Some(true) || spec.preview == Some(true) || (p.status.last_update.is_none() && p.status.current_update.is_none()) {
+        p.effects.push(Effect::RemoveFinalizer);
+        return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
+    }
+    // a destroy cannot run in a terminating namespace (no Workspace or Update can be created there)
+    if io::namespace_terminating(ctx, &p.ns).await.map_err(Error::Deletion)? {
+        let msg = io::namespace_terminating_message(&p.ns, &p.name);
+        p.stalled(sc::NAMESPACE_TERMINATING, &msg);
+        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Step 4: the source at a revision, and a valid spec.
+async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
+    let source = match io::resolve(ctx, &p.stack, p.deleting).await.map_err(Error::Source)? {
+        Resolved::Source(s) => s,
+        Resolved::Stalled(reason, msg) => {
+            p.stalled(reason, &msg);
+            return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
+        }
+    };
+    if let Err(e) = pko_api::validation::validate_stack_spec(&p.stack.spec, &p.ns) {
+        p.event(Severity::Warning, ev::STACK_CONFIG_INVALID, e.to_string());
+        p.stalled(sc::SPEC_INVALID, &e.to_string());
+        return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
+    }
+    // a template the API server refused stays refused for this generation (a spec change tries again)
+    if io::refused_this_generation(&p.conditions, p.generation) {
+        return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
+    }
+    Ok(ControlFlow::Continue(source))
+}
+
+/// Step 5: in sync (conditions, maybe the finalizer or the Workspace go) or the reason for an Update.
+fn sync(p: &mut Pass, source: &ResolvedSource) -> ControlFlow<Exit, String> {
+    let checked = Stack { status: Some(p.status.clone()), ..(*p.stack).clone() };
+    let (c, requeue_after) = match plan::decide(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting) {
+        Sync::NeedsUpdate { reason } => return ControlFlow::Continue(reason),
+        Sync::Synced { conditions: c, requeue_after } => (c, requeue_after),
+    };
+    match c {
+        plan::Conditions::Ready => conditions::mark_ready(&mut p.conditions, p.generation, &p.now),
+        plan::Conditions::Reconciling(r, m) => p.reconciling(r, &m),
+        plan::Conditions::Stalled(r, m) => p.stalled(r, &m),
+    }
+    let destroyed = p.status.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded));
+    if p.deleting && destroyed {
+        p.effects.push(Effect::RemoveFinalizer);
+    } else if !p.deleting && io::ready_and_reclaimable(&p.stack, &p.status) {
+        p.effects.push(Effect::ReclaimWorkspace);
+    }
+    ControlFlow::Break(Exit::Done(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change)))
+}
+
+/// Step 6: prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751).
+async fn prerequisites(p: &mut Pass) -> Step {
+    let Some(prereqs) = p.stack.spec.prerequisites.clone().filter(|pre| !pre.is_empty() && !p.deleting) else { return Ok(ControlFlow::Continue(())) };
+    let mut found = std::collections::BTreeMap::new();
+    for pre in &prereqs {
+        if let Some(s) = p.api.get_opt(&pre.name).await.map_err(Error::Prerequisites)? {
+            found.insert(pre.name.clone(), s);
+        }
+    }
+    let prerequisites::Verdict::NotSatisfied { message, resync } = prerequisites::check(&prereqs, &found, p.now.0) else { return Ok(ControlFlow::Continue(())) };
+    for (prereq, value) in resync {
+        let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": prereq, "annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
+        p.api.patch(&prereq, &PatchParams::apply(field_manager::PREREQUISITE_REQUEST).force(), &Patch::Apply(&patch)).await.map_err(Error::Prerequisites)?;
+    }
+    p.reconciling(sc::PREREQUISITE_NOT_SATISFIED, &message);
+    // woken by the prerequisites' changes (see the controller's watches); the requeue covers a missed event
+    Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(300)))))
+}
+
+/// Step 7: the Workspace, applied; the pass waits until it is Ready.
+async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step<Workspace> {
+    let ws = build::workspace(&p.stack, source).map_err(|e| Error::Workspace(e.to_string()))?;
+    let applied = Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).patch(&p.name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await;
+    let ws = match applied {
+        Ok(ws) => ws,
+        Err(e) => {
+            let (stall, msg) = io::refusal(io::REFUSED_WORKSPACE, &e);
+            if stall {
+                p.stalled(sc::SPEC_INVALID, &msg);
+                return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
+            }
+            p.reconciling(sc::STACK_PROCESSING, &msg);
+            return Ok(ControlFlow::Break(Exit::Retry(Error::Workspace(e.to_string()))));
+        }
+    };
+    if !ws.is_ready() {
+        p.reconciling(sc::STACK_PROCESSING, &io::workspace_wait_message(&ws));
+        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(5)))));
+    }
+    Ok(ControlFlow::Continue(ws))
+}
+
+/// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's
+/// before a shard moved), or write `currentUpdate` and create the Update.
+async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
+    let revision = source.revision();
+    let (generation, request) = (p.generation, p.request.clone());
+    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(|e| Error::Update(e.to_string()))? {
+        tracing::info!(update = %running.name_any(), "an update is already in flight; following it");
+        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
+        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
+        return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
+    }
+    let update_name = build::update_name(&p.name, generation, request.as_deref(), &revision, p.deleting, p.status.last_update.as_ref());
+    let update = build::update(&p.stack, ws, &update_name, p.deleting, &reason).map_err(|e| Error::Update(e.to_string()))?;
+    p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
+    p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
+    // the intent first: a crash between the two writes leaves a name the next pass heals, never an
+    // Update the Stack does not know
+    p.write_status().await?;
+    match p.updates.create(&PostParams::default(), &update).await {
+        Ok(_) => {
+            tracing::info!(update = %update_name, %reason, "stack update started");
+            p.event(Severity::Normal, ev::STACK_UPDATE_DETECTED, reason);
+            Ok(Exit::Done(Action::requeue(Duration::from_secs(30))))
+        }
+        // created by an earlier pass that ended before this point: follow it
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Exit::Done(Action::requeue(Duration::from_secs(30)))),
+        Err(e) => {
+            let (stall, msg) = io::refusal(io::REFUSED_UPDATE, &e);
+            if stall {
+                // undone and said why; it stays so until the spec changes
+                p.status.current_update = None;
+                p.stalled(sc::SPEC_INVALID, &msg);
+                return Ok(Exit::Done(Action::await_change()));
+            }
+            // retried by the error policy: currentUpdate stays as written (the next pass heals the dangling
+            // name and writes the same one again — no change, so no watch event)
+            p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, msg);
+            Ok(Exit::Retry(Error::Update(e.to_string())))
+        }
+    }
+}
