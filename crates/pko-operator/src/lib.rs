@@ -1,18 +1,21 @@
-//! The operator: controllers and the artifact server, and CRD generation (`pko-operator crds`).
-//!
-//! Built so far: the Program controller ([`program`]) and the artifact server ([`artifacts`]), behind the
-//! shard-ownership seam ([`ownership`]) the fleet will implement.
+//! The operator: the Program, Stack, Workspace and Update controllers (peers that meet through API
+//! objects), the artifact server, metrics and probes, and the one assembly that wires them ([`run`],
+//! flags in [`args`]). The fleet's seams live in crates of their own below this one: ownership
+//! ([`ownership`] = `pko-fleet`) and the work queue ([`queue`] = `pko-queue`). `docs/architecture.md` has
+//! the module map.
 #![forbid(unsafe_code)]
 
 pub mod args;
 pub mod artifacts;
 pub mod context;
 pub mod k8s;
+/// Ownership of objects by this replica: the `pko-fleet` crate (the fleet implements it there).
+pub use pko_fleet as ownership;
+/// The work queue between the Update controller and its workers: the `pko-queue` crate.
+pub use pko_queue as queue;
 pub mod metrics;
 pub mod outputs;
-pub mod ownership;
 pub mod program;
-pub mod queue;
 pub mod run;
 pub mod stack;
 pub mod update;

@@ -1,4 +1,6 @@
-//! The Workspace controller's pure pieces: the objects of the `pod` runtime ([`pod`]).
+//! The Workspace controller ([`controller`]) and its two agent runtimes: workspace pods, whose objects
+//! [`pod`] builds (pure), and agent processes on this machine ([`local`]).
 
 pub mod controller;
+pub mod local;
 pub mod pod;

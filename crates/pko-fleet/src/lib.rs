@@ -1,5 +1,7 @@
 //! Shard ownership: whether this replica may act on an object. The fleet (several replicas splitting
 //! Stacks over Lease-held shards) implements [`Ownership`]; until then one replica owns everything.
+//! No PKO types here: the fleet (Lease-held shards, consistent hashing) grows in this crate.
+#![forbid(unsafe_code)]
 
 /// Decides which objects this replica reconciles and with which fencing epoch.
 pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {

@@ -1,6 +1,8 @@
 //! The work queue between reconciles and operation workers. Reconciles push a job per Update; a fixed
 //! set of workers pops jobs and drives the operations. The fleet replaces the in-memory queue with the
 //! Redis one (at-least-once, fenced by shard epoch) behind the same trait.
+//! No PKO types or Kubernetes here: the Redis queue grows in this crate.
+#![forbid(unsafe_code)]
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;

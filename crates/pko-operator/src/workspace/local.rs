@@ -1,0 +1,284 @@
+//! The local agent runtime (development, tests, `make demo`): one `pko-agent` process per Workspace on
+//! this machine, each with its own 0700 directory, a 0600 kubeconfig naming a 0600 `tokenFile` of the
+//! Workspace's service account (renewed after half its lifetime), and a clean environment. A record
+//! next to each agent lets a restarted operator adopt the agent — and the operations it runs — instead of
+//! starting a new one. Signals go through `nix`; the kubeconfig is kube's own `Kubeconfig` type.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use pko_api::Workspace;
+use tokio::io::AsyncBufReadExt;
+
+/// Why a local agent could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// Asking the API server for the agent's token failed.
+    #[error("requesting the agent's token: {0}")]
+    Token(#[from] kube::Error),
+    /// The agent's files or process could not be set up, or it did not start.
+    #[error("starting the local agent: {0}")]
+    Agent(String),
+}
+
+/// Agent processes on this machine, one per Workspace.
+pub struct LocalRuntime {
+    /// The `pko-agent` binary.
+    pub agent_bin: PathBuf,
+    /// Root of the agents' work directories and kubeconfigs.
+    pub work_root: PathBuf,
+    /// API server URL and CA file for the agents' kubeconfigs.
+    pub api_server: String,
+    /// CA bundle file of the API server.
+    pub ca_file: PathBuf,
+    /// Extra environment of the agents (e.g. PATH with the Pulumi CLI, PULUMI_HOME).
+    pub env: Vec<(String, String)>,
+    procs: Mutex<HashMap<String, LocalAgent>>,
+}
+
+struct LocalAgent {
+    /// The process when this operator started it; `None` for an agent adopted after a restart.
+    child: Option<tokio::process::Child>,
+    pid: u32,
+    address: String,
+    revision: String,
+}
+
+impl LocalAgent {
+    /// Whether the agent process still runs.
+    fn alive(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => agent_process_alive(self.pid),
+        }
+    }
+
+    /// Stops the agent: its child handle when this runtime started it, else SIGTERM by PID.
+    fn kill(&mut self) {
+        match &mut self.child {
+            Some(c) => {
+                let _ = c.start_kill();
+            }
+            None => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+    }
+}
+
+/// Whether `pid` is a running `pko-agent` (a recorded PID may have been reused by another program).
+fn agent_process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
+}
+
+/// What the local runtime records next to an agent's work directory, so a restarted operator adopts the
+/// agents (and the operations they run) instead of starting new ones.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AgentRecord {
+    pid: u32,
+    address: String,
+    revision: String,
+}
+
+impl LocalRuntime {
+    /// A local runtime starting `agent_bin` under `work_root`.
+    pub fn new(agent_bin: PathBuf, work_root: PathBuf, api_server: String, ca_file: PathBuf, env: Vec<(String, String)>) -> Self {
+        Self { agent_bin, work_root, api_server, ca_file, env, procs: Mutex::default() }
+    }
+
+    /// Stops every agent (operator shutdown).
+    pub fn stop_all(&self) {
+        for (_, mut a) in self.procs.lock().unwrap().drain() {
+            a.kill();
+        }
+    }
+
+    /// Stops agents whose Workspace (by uid) is not in `alive`.
+    pub fn retain(&self, alive: &[String]) {
+        self.procs.lock().unwrap().retain(|uid, a| {
+            let keep = alive.contains(uid);
+            if !keep {
+                a.kill();
+            }
+            keep
+        });
+    }
+
+    /// Makes sure the agent of `ws` runs at its current revision (adopting one a previous operator
+    /// started, restarting a dead or outdated one) and returns its address.
+    ///
+    /// Errors: [`LocalError`].
+    pub async fn ensure_agent(&self, client: &kube::Client, ws: &Workspace) -> Result<String, LocalError> {
+        let uid = ws.uid().unwrap_or_default();
+        let revision = super::pod::revision_hash(ws);
+        let ns = ws.namespace().unwrap_or_default();
+        let name = ws.name_any();
+        let dir = self.work_root.join(&ns).join(&name);
+        let record_path = dir.join("agent.json");
+        let running = {
+            let mut procs = self.procs.lock().unwrap();
+            if !procs.contains_key(&uid)
+                && let Some(r) = std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
+                && agent_process_alive(r.pid)
+            {
+                tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address, "adopted a running local agent");
+                procs.insert(uid.clone(), LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision });
+            }
+            let usable = procs.get_mut(&uid).map(|a| (a.revision == revision && a.alive(), a.address.clone()));
+            match usable {
+                Some((true, address)) => Some(address),
+                Some((false, _)) => {
+                    if let Some(mut a) = procs.remove(&uid) {
+                        a.kill();
+                    }
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(address) = running {
+            self.refresh_token(client, ws).await?;
+            return Ok(address);
+        }
+        let spec = ws.spec.with_defaults();
+        let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+        create_private_dir(&dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
+        // the agent's identity: a token of the Workspace's service account, in a 0600 file its kubeconfig
+        // names (`tokenFile`), renewed by `refresh_token` before it expires
+        let token_path = dir.join("token");
+        self.write_token(client, &ns, &sa, &token_path).await?;
+        let kubeconfig = dir.join("kubeconfig");
+        let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, &ns);
+        let kc = serde_yaml::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
+        write_private(&kubeconfig, kc.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
+        let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        // A clean environment: only what the runtime passes (see `LocalRuntime::new`), never the
+        // Workspace's `env` — that reaches Pulumi through each operation request, and must not redirect
+        // the agent's own identity (a Workspace `KUBECONFIG` would). The agent's kubeconfig is a flag.
+        cmd.env_clear()
+            .envs(self.env.iter().cloned())
+            .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", &ns, "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--work-dir")
+            .arg(dir.join("work"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("PULUMI_HOME", dir.join("pulumi-home"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // the agent outlives an operator crash (and is adopted by the next operator), like a pod
+            .process_group(0);
+        if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
+            cmd.args(["--pulumi-log-level", &level.to_string()]);
+        }
+        let mut child = cmd.spawn().map_err(|e| LocalError::Agent(format!("{}: {e}", self.agent_bin.display())))?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
+        let address =
+            first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let pid = child.id().unwrap_or(0);
+        let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
+        std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| LocalError::Agent(e.to_string()))?;
+        self.procs.lock().unwrap().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
+        Ok(address)
+    }
+}
+
+/// Lifetime of a local agent's service-account token, in seconds; it is renewed after half of it.
+pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
+
+/// The variables of the operator's environment a local agent inherits (`PATH`, `HOME`, `TMPDIR`, `TZ`,
+/// `LANG`, `LC_*`, `RUST_LOG`, `PULUMI_*`): never `KUBECONFIG`, cloud credentials or other secrets of the
+/// operator's process.
+pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    vars.into_iter().filter(|(k, _)| ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG"].contains(&k.as_str()) || k.starts_with("LC_") || k.starts_with("PULUMI_")).collect()
+}
+
+/// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read
+/// by the agent's client every minute), namespace `ns`. Built with kube's own type.
+fn agent_kubeconfig(server: &str, ca: &std::path::Path, token_file: &std::path::Path, ns: &str) -> kube::config::Kubeconfig {
+    use kube::config::{AuthInfo, Cluster, Context as KubeContext, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+    Kubeconfig {
+        api_version: Some("v1".into()),
+        kind: Some("Config".into()),
+        clusters: vec![NamedCluster {
+            name: "workspace".into(),
+            cluster: Some(Cluster { server: Some(server.into()), certificate_authority: Some(ca.display().to_string()), ..Default::default() }),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "workspace".into(),
+            auth_info: Some(AuthInfo { token_file: Some(token_file.display().to_string()), ..Default::default() }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "workspace".into(),
+            context: Some(KubeContext { cluster: "workspace".into(), user: Some("workspace".into()), namespace: Some(ns.into()), ..Default::default() }),
+            ..Default::default()
+        }],
+        current_context: Some("workspace".into()),
+        ..Default::default()
+    }
+}
+
+/// Creates `dir` (and its parents) readable only by this user (0700).
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes `bytes` to `path` readable only by this user (0600), atomically (a temporary file renamed).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+impl LocalRuntime {
+    /// Writes a fresh token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]) to `path`.
+    async fn write_token(&self, client: &kube::Client, ns: &str, sa: &str, path: &std::path::Path) -> Result<(), LocalError> {
+        let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
+        let token = Api::<ServiceAccount>::namespaced(client.clone(), ns).create_token_request(sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
+        write_private(path, token.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", path.display())))
+    }
+
+    /// Renews the token of a running agent when half its lifetime has passed.
+    async fn refresh_token(&self, client: &kube::Client, ws: &Workspace) -> Result<(), LocalError> {
+        let ns = ws.namespace().unwrap_or_default();
+        let path = self.work_root.join(&ns).join(ws.name_any()).join("token");
+        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_none_or(|a| a.as_secs() as i64 > LOCAL_TOKEN_SECONDS / 2) {
+            let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+            self.write_token(client, &ns, &sa, &path).await?;
+            tracing::info!(workspace = %format!("{ns}/{}", ws.name_any()), "renewed the local agent's token");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalRuntime {
+    /// Agents this runtime started end with it (a crashed operator's agents survive and are adopted).
+    fn drop(&mut self) {
+        if let Ok(mut procs) = self.procs.lock() {
+            for (_, a) in procs.iter_mut() {
+                if let Some(c) = &mut a.child {
+                    let _ = c.start_kill();
+                }
+            }
+        }
+    }
+}
