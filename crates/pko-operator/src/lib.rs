@@ -30,7 +30,7 @@ use kube::runtime::{Controller, watcher};
 /// The Program controller and its cache (which the artifact server reads): run the future until the
 /// stream ends (shutdown signal).
 pub fn program_controller(ctx: Arc<context::Context>) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send) {
-    let programs: Api<pko_api::Program> = Api::all(ctx.client.clone());
+    let programs: Api<pko_api::Program> = ctx.watch_api();
     let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
     let store = controller.store();
     let run = controller.run(|p, c| async move { k8s::observe("program", &*p.clone(), program::reconcile(p, c)).await }, program::error_policy, ctx).for_each(|r| async move {

@@ -76,8 +76,14 @@ impl Operator {
         let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
         let ownership: Arc<dyn Ownership> =
             if operations.namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())) };
-        let ctx =
-            Arc::new(Context { reconcile_concurrency: operations.max_concurrent_reconciles, shutdown: shutdown.clone(), ..Context::new(client.clone(), advertised, ownership) });
+        // one namespace: every watch namespaced (namespace-scoped installs need no cluster RBAC)
+        let watch_namespace = (operations.namespaces.len() == 1).then(|| operations.namespaces[0].clone());
+        let ctx = Arc::new(Context {
+            reconcile_concurrency: operations.max_concurrent_reconciles,
+            shutdown: shutdown.clone(),
+            watch_namespace,
+            ..Context::new(client.clone(), advertised, ownership)
+        });
         let agent_runtime = match runtime.runtime {
             RuntimeKind::Pod => Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }),
             RuntimeKind::Local => Runtime::Local(LocalRuntime::new(

@@ -31,8 +31,7 @@ pub async fn run(ctx: Arc<Context>) {
 /// The Stack controller and its cache (which the metrics endpoint reads): run the future until
 /// shutdown.
 pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>, impl std::future::Future<Output = ()> + Send) {
-    let client = ctx.client.clone();
-    let stacks: Api<Stack> = Api::all(client.clone());
+    let stacks: Api<Stack> = ctx.watch_api();
     let controller = Controller::new(stacks, watcher::Config::default()).with_config(ctx.controller_config());
     let store = controller.store();
     let cache = store.clone();
@@ -40,13 +39,13 @@ pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>,
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
     };
     let run = controller
-        .watches(Api::<Update>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| {
+        .watches(ctx.watch_api::<Update>(), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| {
             by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
         })
-        .watches(Api::<Workspace>::all(client.clone()), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| {
+        .watches(ctx.watch_api::<Workspace>(), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| {
             by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone())
         })
-        .watches(Api::<Stack>::all(client.clone()), watcher::Config::default(), {
+        .watches(ctx.watch_api::<Stack>(), watcher::Config::default(), {
             let store = store.clone();
             move |s: Stack| {
                 let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
@@ -54,7 +53,7 @@ pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>,
                 prerequisites::dependents(all.iter().map(|s| &**s), &ns, &name).into_iter().map(ObjectRef::from_obj).collect::<Vec<_>>()
             }
         })
-        .watches(Api::<Program>::all(client.clone()), watcher::Config::default(), move |p: Program| {
+        .watches(ctx.watch_api::<Program>(), watcher::Config::default(), move |p: Program| {
             let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
             store
                 .state()

@@ -87,7 +87,7 @@ impl UpdateController {
     pub async fn run(self) {
         let this = Arc::new(self);
         let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
-        let api: Api<Update> = Api::all(this.ctx.client.clone());
+        let api: Api<Update> = this.ctx.watch_api();
         Controller::new(api, watcher::Config::default())
             .with_config(this.ctx.controller_config())
             .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())

@@ -83,7 +83,7 @@ impl WorkspaceController {
 
     /// Runs until shutdown; the local runtime's agents are stopped at the end.
     pub async fn run(self: Arc<Self>) {
-        let api: Api<Workspace> = Api::all(self.ctx.client.clone());
+        let api: Api<Workspace> = self.ctx.watch_api();
         let controller = Controller::new(api, watcher::Config::default());
         // local agents whose Workspace is gone are stopped: read from the controller's own cache (once
         // it has synced), never by listing the API
@@ -100,7 +100,7 @@ impl WorkspaceController {
         });
         controller
             .with_config(self.ctx.controller_config())
-            .owns(Api::<StatefulSet>::all(self.ctx.client.clone()), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
+            .owns(self.ctx.watch_api::<StatefulSet>(), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
             .graceful_shutdown_on(self.ctx.shutdown.clone().cancelled_owned())
             .run(
                 |w, c| async move { crate::k8s::observe("workspace", &*w.clone(), c.reconcile(w)).await },
