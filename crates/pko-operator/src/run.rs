@@ -17,6 +17,17 @@ use crate::update::tokens::AgentTokens;
 use crate::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
 use crate::workspace::pod::PodRuntimeConfig;
 
+/// Binds the address of `flag` (`0` turns it off; `:port` is every interface). Errors name the flag.
+async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<(tokio::net::TcpListener, SocketAddr)>> {
+    if value == "0" {
+        return Ok(None);
+    }
+    let addr = listen_address(value);
+    let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {flag} {addr}"))?;
+    let bound = l.local_addr()?;
+    Ok(Some((l, bound)))
+}
+
 /// An operator to start: an API client, its flags, and (local runtime) the environment its agents get.
 pub struct Operator {
     client: kube::Client,
@@ -143,12 +154,7 @@ impl Operator {
         sources: crate::metrics::Sources,
         servers: &mut Vec<tokio::task::JoinHandle<()>>,
     ) -> anyhow::Result<Option<SocketAddr>> {
-        if m.metrics_bind_address == "0" {
-            return Ok(None);
-        }
-        let addr = listen_address(&m.metrics_bind_address);
-        let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --metrics-bind-address {addr}"))?;
-        let bound = l.local_addr()?;
+        let Some((l, bound)) = bind("--metrics-bind-address", &m.metrics_bind_address).await? else { return Ok(None) };
         let security = if m.metrics_secure {
             let tls = match &m.metrics_cert_dir {
                 Some(d) => axum_server::tls_rustls::RustlsConfig::from_pem_file(d.join("tls.crt"), d.join("tls.key"))
@@ -175,12 +181,7 @@ impl Operator {
         ready: Arc<std::sync::atomic::AtomicBool>,
         servers: &mut Vec<tokio::task::JoinHandle<()>>,
     ) -> anyhow::Result<Option<SocketAddr>> {
-        if m.health_probe_bind_address == "0" {
-            return Ok(None);
-        }
-        let addr = listen_address(&m.health_probe_bind_address);
-        let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
-        let bound = l.local_addr()?;
+        let Some((l, bound)) = bind("--health-probe-bind-address", &m.health_probe_bind_address).await? else { return Ok(None) };
         servers.push(tokio::spawn(async move {
             let _ = crate::metrics::serve_probes(l, ready).await;
         }));
