@@ -93,16 +93,22 @@ impl LocalRuntime {
         Self { agent_bin, work_root, api_server, ca_file, env, procs: Mutex::default() }
     }
 
+    /// The agents by Workspace uid. A panic while the lock was held cannot leave the map torn (every
+    /// change is one insert or remove), so a poisoned lock is taken as it is.
+    fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalAgent>> {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Stops every agent (operator shutdown).
     pub fn stop_all(&self) {
-        for (_, mut a) in self.procs.lock().unwrap().drain() {
+        for (_, mut a) in self.agents().drain() {
             a.kill();
         }
     }
 
     /// Stops agents whose Workspace (by uid) is not in `alive`.
     pub fn retain(&self, alive: &[String]) {
-        self.procs.lock().unwrap().retain(|uid, a| {
+        self.agents().retain(|uid, a| {
             let keep = alive.contains(uid);
             if !keep {
                 a.kill();
@@ -123,7 +129,7 @@ impl LocalRuntime {
         let dir = self.work_root.join(&ns).join(&name);
         let record_path = dir.join("agent.json");
         let running = {
-            let mut procs = self.procs.lock().unwrap();
+            let mut procs = self.agents();
             if !procs.contains_key(&uid)
                 && let Some(r) = std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
                 && agent_process_alive(r.pid)
@@ -178,7 +184,7 @@ impl LocalRuntime {
             cmd.args(["--pulumi-log-level", &level.to_string()]);
         }
         let mut child = cmd.spawn().map_err(|e| LocalError::Agent(format!("{}: {e}", self.agent_bin.display())))?;
-        let stdout = child.stdout.take().expect("piped");
+        let stdout = child.stdout.take().ok_or_else(|| LocalError::Agent("the agent's stdout is not piped".into()))?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
         let address =
@@ -187,7 +193,7 @@ impl LocalRuntime {
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
         std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| LocalError::Agent(e.to_string()))?;
-        self.procs.lock().unwrap().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
+        self.agents().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
         Ok(address)
     }
 }
