@@ -49,7 +49,8 @@ pub struct CacheConfig {
     pub pulumi: PathBuf,
 }
 
-/// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times).
+/// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times); the agent's
+/// `--artifact-*` flags set them.
 #[derive(Debug, Clone, Copy)]
 pub struct DownloadConfig {
     /// Time to establish the connection.
@@ -60,13 +61,6 @@ pub struct DownloadConfig {
     pub total_timeout: Duration,
     /// Attempts after the first, on connection errors, timeouts, HTTP 429 and 5xx; 1 s, 2 s, 4 s … apart.
     pub retries: u32,
-}
-
-impl Default for DownloadConfig {
-    /// 10 s to connect, 30 s of silence, 5 minutes per attempt, 3 retries.
-    fn default() -> Self {
-        Self { connect_timeout: Duration::from_secs(10), read_timeout: Duration::from_secs(30), total_timeout: Duration::from_secs(300), retries: 3 }
-    }
 }
 
 /// The cache of prepared sources.

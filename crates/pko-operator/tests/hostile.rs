@@ -111,9 +111,9 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
     let policy: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": vap_name},
         "spec": {"failurePolicy": "Fail",
-                 "matchConstraints": {"resourceRules": [{"apiGroups": ["auto.pulumi.com"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["updates"]}]},
+                 "matchConstraints": {"resourceRules": [{"apiGroups": ["auto.pulumi.com"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["updates", "workspaces"]}]},
                  "validations": [{"expression": "!has(object.metadata.labels) || !('pko-hostile-refuse' in object.metadata.labels)",
-                                  "message": "updates labelled pko-hostile-refuse are not allowed here"}]}
+                                  "message": "objects labelled pko-hostile-refuse are not allowed here"}]}
     }))
     .unwrap();
     let policies = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(client.clone());
@@ -145,6 +145,11 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
         ("bad-label-key", json!({"updateTemplate": {"metadata": {"labels": {"bad key!": "x"}}}}), r#"spec.updateTemplate.metadata.labels["bad key!"]"#),
         ("bad-ws-label", json!({"workspaceTemplate": {"metadata": {"labels": {"ok": "not a valid value!"}}}}), r#"spec.workspaceTemplate.metadata.labels["ok"]"#),
         ("refused-by-policy", json!({"updateTemplate": {"metadata": {"labels": {"pko-hostile-refuse": "yes"}}}}), "spec.updateTemplate: the API server refused the Update"),
+        (
+            "ws-refused-by-policy",
+            json!({"workspaceTemplate": {"metadata": {"labels": {"pko-hostile-refuse": "yes"}}}}),
+            "spec.workspaceTemplate: the API server refused the Workspace",
+        ),
     ];
     for (name, extra, _) in &cases {
         create(&stacks, stack(name, base(extra.clone()))).await;
@@ -223,6 +228,18 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env
         let m = std::fs::metadata(agent_dir.join(f)).unwrap().permissions().mode() & 0o777;
         assert_eq!(m, mode, "{f:?} has mode {m:o}");
     }
+    // a token past half its lifetime is renewed while the agent runs (the runtime looks every 15 s)
+    let token = agent_dir.join("token");
+    let old = std::fs::read_to_string(&token).unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options().write(true).open(&token).unwrap().set_modified(two_hours_ago).unwrap();
+    poll("the local agent's token is renewed", 60, || async {
+        let age = std::fs::metadata(&token).unwrap().modified().unwrap().elapsed().unwrap_or_default();
+        (age < Duration::from_secs(600)).then_some(())
+    })
+    .await;
+    assert_ne!(std::fs::read_to_string(&token).unwrap(), old, "a new token was written");
+    assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
 
     // a namespace whose workspace account may not read Secrets: pointing KUBECONFIG at the bed's admin
     // kubeconfig through envRefs does not let the agent read them

@@ -59,12 +59,15 @@ pub enum Error {
     /// Reading prerequisites or requesting their resync.
     #[error("checking prerequisites: {0}")]
     Prerequisites(#[source] kube::Error),
-    /// Building or applying the Workspace, or reclaiming it.
+    /// Building the Workspace or the Update (an owner not read from the API server).
+    #[error("building: {0}")]
+    Build(#[from] build::BuildError),
+    /// Applying the Workspace, or reclaiming it.
     #[error("applying the workspace: {0}")]
-    Workspace(String),
+    Workspace(#[source] kube::Error),
     /// Listing in-flight Updates or creating the Update.
     #[error("creating the update: {0}")]
-    Update(String),
+    Update(#[source] kube::Error),
     /// Writing the Stack status.
     #[error("writing the stack status: {0}")]
     Status(#[source] kube::Error),
@@ -80,6 +83,7 @@ impl Error {
             Error::Deletion(_) => "deletion",
             Error::Source(_) => "source",
             Error::Prerequisites(_) => "prerequisites",
+            Error::Build(_) => "build",
             Error::Workspace(_) => "workspace",
             Error::Update(_) => "update",
             Error::Status(_) => "status",
@@ -184,7 +188,7 @@ impl Pass {
                     io::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
                     action = Some(Action::await_change());
                 }
-                Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(|e| Error::Workspace(e.to_string()))?,
+                Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(Error::Workspace)?,
             }
         }
         Ok(action)
@@ -365,7 +369,7 @@ async fn prerequisites(p: &mut Pass) -> Step {
 
 /// Step 7: the Workspace, applied; the pass waits until it is Ready.
 async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step<Workspace> {
-    let ws = build::workspace(&p.stack, source).map_err(|e| Error::Workspace(e.to_string()))?;
+    let ws = build::workspace(&p.stack, source)?;
     let applied = Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).patch(&p.name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await;
     let ws = match applied {
         Ok(ws) => ws,
@@ -376,7 +380,7 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
                 return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
             }
             p.reconciling(sc::STACK_PROCESSING, &msg);
-            return Ok(ControlFlow::Break(Exit::Retry(Error::Workspace(e.to_string()))));
+            return Ok(ControlFlow::Break(Exit::Retry(Error::Workspace(e))));
         }
     };
     if !ws.is_ready() {
@@ -391,14 +395,14 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
 async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
     let revision = source.revision();
     let (generation, request) = (p.generation, p.request.clone());
-    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(|e| Error::Update(e.to_string()))? {
+    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(Error::Update)? {
         tracing::info!(update = %running.name_any(), "an update is already in flight; following it");
         p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
     let update_name = build::update_name(&p.name, generation, request.as_deref(), &revision, p.deleting, p.status.last_update.as_ref());
-    let update = build::update(&p.stack, ws, &update_name, p.deleting, &reason).map_err(|e| Error::Update(e.to_string()))?;
+    let update = build::update(&p.stack, ws, &update_name, p.deleting, &reason)?;
     p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
     p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an
@@ -423,7 +427,7 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
             // retried by the error policy: currentUpdate stays as written (the next pass heals the dangling
             // name and writes the same one again — no change, so no watch event)
             p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, msg);
-            Ok(Exit::Retry(Error::Update(e.to_string())))
+            Ok(Exit::Retry(Error::Update(e)))
         }
     }
 }
