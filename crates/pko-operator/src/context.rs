@@ -19,10 +19,6 @@ pub struct Context {
     pub reconcile_concurrency: u16,
     /// One event recorder per controller, for the process's life (event aggregation).
     pub events: crate::k8s::Events,
-    /// The one namespace this replica watches (`--namespaces` with one entry): every watch is then
-    /// namespaced, so a namespace-scoped install needs only namespaced RBAC and pays nothing for other
-    /// namespaces' churn. `None`: cluster-wide watches (filtered by [`Self::ownership`]).
-    pub watch_namespace: Option<String>,
     /// Cancelled to shut the operator down: every controller stops taking work (kube's
     /// `graceful_shutdown_on`) and the servers end after them.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -36,19 +32,7 @@ impl Context {
     pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
         let events = crate::k8s::Events::new(&client);
         let shutdown = tokio_util::sync::CancellationToken::new();
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, watch_namespace: None, shutdown }
-    }
-
-    /// The API every watch of kind `K` uses: namespaced to [`Self::watch_namespace`] when set, else
-    /// cluster-wide.
-    pub fn watch_api<K>(&self) -> kube::Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-    {
-        match &self.watch_namespace {
-            Some(ns) => kube::Api::namespaced(self.client.clone(), ns),
-            None => kube::Api::all(self.client.clone()),
-        }
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shutdown }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

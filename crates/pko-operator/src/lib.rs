@@ -8,6 +8,7 @@
 pub mod args;
 pub mod artifacts;
 pub mod context;
+pub mod informer;
 pub mod k8s;
 /// Ownership of objects by this replica: the `pko-fleet` crate (the fleet implements it there).
 pub use pko_fleet as ownership;
@@ -24,15 +25,17 @@ pub mod workspace;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::Api;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::Controller;
 
-/// The Program controller and its cache (which the artifact server reads): run the future until the
-/// stream ends (shutdown signal).
-pub fn program_controller(ctx: Arc<context::Context>) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send) {
-    let programs: Api<pko_api::Program> = ctx.watch_api();
-    let controller = Controller::new(programs, watcher::Config::default()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
-    let store = controller.store();
+/// The Program controller and its cache (which the artifact server reads), watching Programs through
+/// `informers`: run the future until shutdown.
+pub fn program_controller(
+    ctx: Arc<context::Context>,
+    informers: &mut informer::Informers,
+) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send + 'static) {
+    let programs = informers.programs();
+    let store = programs.store();
+    let controller = Controller::for_stream(programs.objects(), store.clone()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
     let run = controller.run(|p, c| async move { k8s::observe("program", &*p.clone(), program::reconcile(p, c)).await }, program::error_policy, ctx).for_each(|r| async move {
         if let Err(e) = r {
             tracing::debug!(error = %e, "program reconcile");

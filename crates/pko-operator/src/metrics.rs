@@ -249,11 +249,11 @@ pub async fn serve(listener: tokio::net::TcpListener, client: kube::Client, sour
 /// Serves the probes on `listener`, unauthenticated (PKO `--health-probe-bind-address`, `:8081`), until
 /// the future is dropped: `/healthz` answers `ok` while the process runs; `/readyz` answers `503` until
 /// `ready` is set (the controllers' caches have synced), then `ok`.
-pub async fn serve_probes(listener: tokio::net::TcpListener, ready: Arc<std::sync::atomic::AtomicBool>) -> std::io::Result<()> {
+pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::informer::Synced) -> std::io::Result<()> {
     use axum::http::StatusCode;
     let readyz = move || {
         let ready = ready.clone();
-        async move { if ready.load(std::sync::atomic::Ordering::Relaxed) { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") } }
+        async move { if ready.get() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") } }
     };
     let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz));
     axum::serve(listener, router).await

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{RunArgs, RuntimeKind, listen_address};
 use crate::context::Context;
+use crate::informer::{Informers, Synced, WatchScope};
 use crate::ownership::{Namespaces, Ownership, SingleReplica};
 use crate::update::controller::UpdateController;
 use crate::update::tokens::AgentTokens;
@@ -87,14 +88,10 @@ impl Operator {
         let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
         let ownership: Arc<dyn Ownership> =
             if operations.namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())) };
-        // one namespace: every watch namespaced (namespace-scoped installs need no cluster RBAC)
-        let watch_namespace = (operations.namespaces.len() == 1).then(|| operations.namespaces[0].clone());
-        let ctx = Arc::new(Context {
-            reconcile_concurrency: operations.max_concurrent_reconciles,
-            shutdown: shutdown.clone(),
-            watch_namespace,
-            ..Context::new(client.clone(), advertised, ownership)
-        });
+        let ctx =
+            Arc::new(Context { reconcile_concurrency: operations.max_concurrent_reconciles, shutdown: shutdown.clone(), ..Context::new(client.clone(), advertised, ownership) });
+        // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
+        let mut informers = Informers::new(client.clone(), WatchScope::from_namespaces(&operations.namespaces));
         let agent_runtime = match runtime.runtime {
             RuntimeKind::Pod => Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }),
             RuntimeKind::Local => Runtime::Local(LocalRuntime::new(
@@ -113,31 +110,27 @@ impl Operator {
             (None, RuntimeKind::Local) => None,
         };
         let mut servers = Vec::new();
-        let (programs, program_controller) = crate::program_controller(ctx.clone());
-        let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone());
+        let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
+        let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
+        let workspace_controller = WorkspaceController::new(ctx.clone(), agent_runtime).run(&mut informers);
+        let updates = UpdateController::new(ctx.clone(), operations.max_operations);
+        let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
+        let update_controller = match agent_tokens {
+            Some(t) => updates.with_agent_tokens(t),
+            None => updates,
+        }
+        .run(&mut informers);
+        // every kind is watched once, by its informer; ready once every cache has synced
+        let (ready, watches) = informers.run(shutdown.clone());
+        servers.push(tokio::spawn(watches));
         let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
-        // ready once the Stack and Program caches have synced
-        let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (flag, stack_cache, program_cache) = (ready.clone(), sources.stacks.clone(), sources.programs.clone());
-        servers.push(tokio::spawn(async move {
-            if stack_cache.wait_until_ready().await.is_ok() && program_cache.wait_until_ready().await.is_ok() {
-                flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!("caches synced: ready");
-            }
-        }));
         let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
         let state = crate::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, state).await;
         }));
         tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime, "operator starting");
-        let updates = UpdateController::new(ctx.clone(), operations.max_operations);
-        let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
-        let updates = match agent_tokens {
-            Some(t) => updates.with_agent_tokens(t),
-            None => updates,
-        };
-        let controllers = (program_controller, stack_controller, WorkspaceController::new(ctx.clone(), agent_runtime).run(), updates.run());
+        let controllers = (program_controller, stack_controller, workspace_controller, update_controller);
         let task = tokio::spawn(async move {
             tokio::join!(controllers.0, controllers.1, controllers.2, controllers.3);
             for s in servers {
@@ -176,11 +169,7 @@ impl Operator {
         Ok(Some(bound))
     }
 
-    async fn serve_probes(
-        m: &crate::args::MetricsArgs,
-        ready: Arc<std::sync::atomic::AtomicBool>,
-        servers: &mut Vec<tokio::task::JoinHandle<()>>,
-    ) -> anyhow::Result<Option<SocketAddr>> {
+    async fn serve_probes(m: &crate::args::MetricsArgs, ready: Synced, servers: &mut Vec<tokio::task::JoinHandle<()>>) -> anyhow::Result<Option<SocketAddr>> {
         let Some((l, bound)) = bind("--health-probe-bind-address", &m.health_probe_bind_address).await? else { return Ok(None) };
         servers.push(tokio::spawn(async move {
             let _ = crate::metrics::serve_probes(l, ready).await;

@@ -296,7 +296,9 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (client, ns, _env) = setup("hostile-http").await;
     let ctx = Arc::new(Context::new(client.clone(), "127.0.0.1:1".to_string(), Arc::new(Namespaces::one(ns.name()))));
-    let (programs, run) = pko_operator::program_controller(ctx.clone());
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
+    let (programs, run) = pko_operator::program_controller(ctx.clone(), &mut informers);
+    let run = informers.drive(run);
     let programs_for_metrics = programs.clone();
     let controller = tokio::spawn(run);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -316,8 +318,9 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://{}/metrics", listener.local_addr().unwrap());
     let tls = pko_operator::metrics::self_signed_tls(vec![]).await.unwrap();
-    let (stacks, stack_controller) = pko_operator::stack::controller::controller(ctx.clone());
-    let stack_controller = tokio::spawn(stack_controller);
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
+    let (stacks, stack_controller) = pko_operator::stack::controller::controller(ctx.clone(), &mut informers);
+    let stack_controller = tokio::spawn(informers.drive(stack_controller));
     let sources = pko_operator::metrics::Sources { stacks, programs: programs_for_metrics, ownership: ctx.ownership.clone(), handle: pko_operator::metrics::install_recorder() };
     let metrics = tokio::spawn(pko_operator::metrics::serve(listener, client.clone(), sources, pko_operator::metrics::Security::Secure { tls }));
     let get = |token: Option<String>| {

@@ -55,8 +55,11 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let agent_bin = agent_bin();
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
-    let wsc = tokio::spawn(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run());
-    let upc = tokio::spawn(UpdateController::new(ctx, 4).run());
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
+    let controllers = futures::future::join(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run(&mut informers), UpdateController::new(ctx, 4).run(&mut informers));
+    let controllers = tokio::spawn(informers.drive(async move {
+        controllers.await;
+    }));
 
     create(&ns.api::<Workspace>(), workspace("allowed", "runner", &dir, &env.backend_url())).await;
     create(&ns.api::<Workspace>(), workspace("denied", "nobody", &dir, &env.backend_url())).await;
@@ -96,6 +99,5 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     })
     .await;
 
-    wsc.abort();
-    upc.abort();
+    controllers.abort();
 }

@@ -11,10 +11,18 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
 use pko_api::{Update, Workspace};
 use pko_operator::context::Context;
+use pko_operator::informer::Informers;
 use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
 use pko_operator::update::tokens::AgentTokens;
 use pko_testbed::{eventually, testbed};
+
+/// Runs `controller` alone, watching `namespace`.
+fn spawn_update_controller(client: &kube::Client, namespace: &str, controller: UpdateController) -> tokio::task::JoinHandle<()> {
+    let mut informers = Informers::new(client.clone(), scoped(namespace));
+    let run = controller.run(&mut informers);
+    tokio::spawn(informers.drive(run))
+}
 use serde_json::json;
 
 /// A Workspace running the program in `dir` for `stack` on the test's file:// backend.
@@ -42,7 +50,7 @@ async fn updates_are_dispatched_completed_and_expired() {
     let dir = project(&env, "ctl", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: ${a.stdout}\n");
     create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let controller = tokio::spawn(UpdateController::new(ctx, 8).run());
+    let controller = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 8));
     let updates = ns.api::<Update>();
 
     // no agent address yet: the Update waits
@@ -73,7 +81,7 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     let (client, ns, env) = setup("class").await;
     let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let controller = tokio::spawn(UpdateController::new(ctx, 8).with_class_limit(1).run());
+    let controller = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 8).with_class_limit(1));
     let agents = [start_agent(&env, ns.name()), start_agent(&env, ns.name())];
     for (ws, agent) in ["a", "b"].iter().zip(&agents) {
         create(&ns.api::<Workspace>(), local_workspace(ws, &dir, &env, &format!("s-{ws}"))).await;
@@ -133,7 +141,7 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
 
     // a service account without `use` on workspaces/rpc is refused
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let stranger = tokio::spawn(UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")).run());
+    let stranger = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")));
     create(
         &updates,
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
@@ -148,7 +156,7 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     stranger.abort();
 
     // the operator's own account may: the same Update now runs
-    let operator = tokio::spawn(UpdateController::new(ctx, 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")).run());
+    let operator = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")));
     eventually("the Update completes with the operator's token", 90, || async {
         condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
     })

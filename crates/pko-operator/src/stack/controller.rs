@@ -9,9 +9,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use pko_api::constants::{STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
 use pko_api::stack::{StackStatus, StackUpdateState, StackUpdateStateMessage};
 use pko_api::{Program, Stack, Update, Workspace};
@@ -21,41 +21,31 @@ use super::build::{self, ResolvedSource};
 use super::plan;
 use super::prerequisites;
 use crate::context::Context;
+use crate::informer::Informers;
 use crate::k8s::{self, Severity};
 
-/// Runs the Stack controller until shutdown.
-pub async fn run(ctx: Arc<Context>) {
-    controller(ctx).1.await
-}
-
-/// The Stack controller and its cache (which the metrics endpoint reads): run the future until
-/// shutdown.
-pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>, impl std::future::Future<Output = ()> + Send) {
-    let stacks: Api<Stack> = ctx.watch_api();
-    let controller = Controller::new(stacks, watcher::Config::default()).with_config(ctx.controller_config());
-    let store = controller.store();
-    let cache = store.clone();
+/// The Stack controller and its cache (which the metrics endpoint reads), watching through
+/// `informers`: Stacks (itself, and the Stacks whose prerequisites a change may satisfy), and the
+/// Updates, Workspaces and Programs that wake a Stack. Run the future until shutdown.
+pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
+    let store = informers.stacks().store();
+    let controller = Controller::for_stream(informers.stacks().objects(), store.clone()).with_config(ctx.controller_config());
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
     };
+    let dependents = store.clone();
+    let by_program = store.clone();
     let run = controller
-        .watches(ctx.watch_api::<Update>(), watcher::Config::default().labels(STACK_NAME_LABEL), move |u: Update| {
-            by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
+        .watches_stream(informers.updates().objects(), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
+        .watches_stream(informers.workspaces().objects(), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
+        .watches_stream(informers.stacks().objects(), move |s: Stack| {
+            let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+            let all = dependents.state();
+            prerequisites::dependents(all.iter().map(|s| &**s), &ns, &name).into_iter().map(ObjectRef::from_obj).collect::<Vec<_>>()
         })
-        .watches(ctx.watch_api::<Workspace>(), watcher::Config::default().labels(STACK_NAME_LABEL), move |w: Workspace| {
-            by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone())
-        })
-        .watches(ctx.watch_api::<Stack>(), watcher::Config::default(), {
-            let store = store.clone();
-            move |s: Stack| {
-                let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-                let all = store.state();
-                prerequisites::dependents(all.iter().map(|s| &**s), &ns, &name).into_iter().map(ObjectRef::from_obj).collect::<Vec<_>>()
-            }
-        })
-        .watches(ctx.watch_api::<Program>(), watcher::Config::default(), move |p: Program| {
+        .watches_stream(informers.programs().objects(), move |p: Program| {
             let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
-            store
+            by_program
                 .state()
                 .into_iter()
                 .filter(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name))
@@ -72,7 +62,7 @@ pub fn controller(ctx: Arc<Context>) -> (kube::runtime::reflector::Store<Stack>,
             ctx,
         )
         .for_each(|_| async {});
-    (cache, run)
+    (store, run)
 }
 
 pub(super) async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+
+use crate::informer::Informers;
 use kube::{Resource, ResourceExt};
 use pko_api::constants::update_condition as uc;
 use pko_api::{Update, Workspace};
@@ -83,26 +85,30 @@ impl UpdateController {
         self
     }
 
-    /// Runs the controller and its workers until shutdown.
-    pub async fn run(self) {
+    /// The controller and its workers, watching Updates through `informers`: run the future until
+    /// shutdown.
+    pub fn run(self, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let updates = informers.updates();
+        let controller = Controller::for_stream(updates.objects(), updates.store());
         let this = Arc::new(self);
-        let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
-        let api: Api<Update> = this.ctx.watch_api();
-        Controller::new(api, watcher::Config::default())
-            .with_config(this.ctx.controller_config())
-            .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
-            .run(
-                |u, c| async move { crate::k8s::observe("update", &*u.clone(), c.reconcile(u)).await },
-                |_u, e, _c| {
-                    crate::k8s::reconcile_failed("update", "api", e);
-                    Action::requeue(Duration::from_secs(5))
-                },
-                this,
-            )
-            .for_each(|_| async {})
-            .await;
-        for w in workers {
-            w.abort();
+        async move {
+            let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
+            controller
+                .with_config(this.ctx.controller_config())
+                .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
+                .run(
+                    |u, c| async move { crate::k8s::observe("update", &*u.clone(), c.reconcile(u)).await },
+                    |_u, e, _c| {
+                        crate::k8s::reconcile_failed("update", "api", e);
+                        Action::requeue(Duration::from_secs(5))
+                    },
+                    this.clone(),
+                )
+                .for_each(|_| async {})
+                .await;
+            for w in workers {
+                w.abort();
+            }
         }
     }
 

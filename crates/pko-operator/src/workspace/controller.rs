@@ -15,8 +15,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use pko_api::Workspace;
 use pko_api::constants::{field_manager, workspace_condition as wc};
@@ -25,6 +26,7 @@ use pko_api::workspace::WorkspaceStatus;
 pub use super::local::{LocalRuntime, local_agent_env};
 use super::pod::{self, PodRuntimeConfig};
 use crate::context::Context;
+use crate::informer::{Change, Informers};
 
 impl Error {
     /// The failing part, as a metric label: `api` or `local_runtime`.
@@ -81,40 +83,65 @@ impl WorkspaceController {
         Arc::new(Self { ctx, runtime })
     }
 
-    /// Runs until shutdown; the local runtime's agents are stopped at the end.
-    pub async fn run(self: Arc<Self>) {
-        let api: Api<Workspace> = self.ctx.watch_api();
-        let controller = Controller::new(api, watcher::Config::default());
-        // local agents whose Workspace is gone are stopped: read from the controller's own cache (once
-        // it has synced), never by listing the API
-        let (this, store) = (self.clone(), controller.store());
-        let sweeper = tokio::spawn(async move {
-            let Runtime::Local(local) = &this.runtime else { return };
-            if store.wait_until_ready().await.is_err() {
-                return;
+    /// The controller's run, watching through `informers` (Workspaces, and the agents' StatefulSets
+    /// with the pod runtime): run the future until shutdown; the local runtime's agents are stopped at
+    /// the end.
+    pub fn run(self: Arc<Self>, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let store = informers.workspaces().store();
+        let controller = Controller::for_stream(informers.workspaces().objects(), store.clone());
+        let controller = match self.runtime {
+            Runtime::Pod(_) => controller.owns_stream(informers.stateful_sets().objects()),
+            Runtime::Local(_) => controller,
+        };
+        // local agents whose Workspace is gone are stopped: once the cache has synced (agents adopted
+        // from an earlier operator), then on each deletion the watch reports
+        let deletions = informers.workspaces().subscribe();
+        let this = self.clone();
+        async move {
+            let sweeper = tokio::spawn(this.clone().sweep(store, deletions));
+            controller
+                .with_config(this.ctx.controller_config())
+                .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
+                .run(
+                    |w, c| async move { crate::k8s::observe("workspace", &*w.clone(), c.reconcile(w)).await },
+                    |_w, e, _c| {
+                        crate::k8s::reconcile_failed("workspace", e.step(), e);
+                        Action::requeue(Duration::from_secs(5))
+                    },
+                    this.clone(),
+                )
+                .for_each(|_| async {})
+                .await;
+            sweeper.abort();
+            if let Runtime::Local(l) = &this.runtime {
+                l.stop_all();
             }
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                local.retain(&store.state().iter().filter_map(|w| w.uid()).collect::<Vec<_>>());
-            }
-        });
-        controller
-            .with_config(self.ctx.controller_config())
-            .owns(self.ctx.watch_api::<StatefulSet>(), watcher::Config::default().labels("auto.pulumi.com/component=workspace"))
-            .graceful_shutdown_on(self.ctx.shutdown.clone().cancelled_owned())
-            .run(
-                |w, c| async move { crate::k8s::observe("workspace", &*w.clone(), c.reconcile(w)).await },
-                |_w, e, _c| {
-                    crate::k8s::reconcile_failed("workspace", e.step(), e);
-                    Action::requeue(Duration::from_secs(5))
+        }
+    }
+
+    /// Stops local agents whose Workspace is gone from `store`: after the first sync, then at every
+    /// deletion in `changes`.
+    async fn sweep(self: Arc<Self>, store: Store<Workspace>, changes: impl futures::Stream<Item = Change<Workspace>> + Send + 'static) {
+        let Runtime::Local(local) = &self.runtime else { return };
+        let retain = || local.retain(&store.state().iter().filter_map(|w| w.uid()).collect());
+        // read the changes while waiting for the sync: an unread subscription holds the informer back
+        let mut changes = std::pin::pin!(changes);
+        let mut synced = false;
+        loop {
+            tokio::select! {
+                ready = store.wait_until_ready(), if !synced => {
+                    if ready.is_err() {
+                        return;
+                    }
+                    synced = true;
+                    retain();
+                }
+                change = changes.next() => match change {
+                    None => return,
+                    Some(Change::Deleted(_)) if synced => retain(),
+                    Some(_) => {}
                 },
-                self.clone(),
-            )
-            .for_each(|_| async {})
-            .await;
-        sweeper.abort();
-        if let Runtime::Local(l) = &self.runtime {
-            l.stop_all();
+            }
         }
     }
 

@@ -107,7 +107,7 @@ impl LocalRuntime {
     }
 
     /// Stops agents whose Workspace (by uid) is not in `alive`.
-    pub fn retain(&self, alive: &[String]) {
+    pub fn retain(&self, alive: &std::collections::HashSet<String>) {
         self.agents().retain(|uid, a| {
             let keep = alive.contains(uid);
             if !keep {

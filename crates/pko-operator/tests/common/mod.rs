@@ -157,7 +157,14 @@ pub fn start_stack_controller(client: &kube::Client, namespace: &str) -> tokio::
     use pko_operator::context::Context;
     use pko_operator::ownership::Namespaces;
     let ctx = std::sync::Arc::new(Context::new(client.clone(), String::new(), std::sync::Arc::new(Namespaces::one(namespace))));
-    tokio::spawn(pko_operator::stack::controller::run(ctx))
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(namespace));
+    let (_, controller) = pko_operator::stack::controller::controller(ctx, &mut informers);
+    tokio::spawn(informers.drive(controller))
+}
+
+/// The watch scope of a test: its own namespace only.
+pub fn scoped(namespace: &str) -> pko_operator::informer::WatchScope {
+    pko_operator::informer::WatchScope::Namespaces(vec![namespace.to_string()])
 }
 
 /// Grants the namespace's `default` service account (the Workspace identity) `get` on Secrets, so agents

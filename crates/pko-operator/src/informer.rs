@@ -1,0 +1,452 @@
+//! One watch per kind, shared by every controller that needs it (the informer of client-go's shared
+//! informer factory; kube's own shared streams are behind `unstable-runtime-subscribe`, whose
+//! subscriber stalls when an object is deleted between its event and its read).
+//!
+//! An [`Informer`] runs one watch per *source* — the whole cluster, or each namespace of
+//! `--namespaces` — merges them into one [`Store`], and hands every change to each subscriber:
+//! controllers get their trigger stream from [`Informer::objects`] and their cache from
+//! [`Informer::store`]. With several namespaces every watch is namespaced, so a namespace-scoped
+//! install needs only namespaced RBAC and pays nothing for other namespaces' churn.
+//!
+//! [`Informers`] holds one informer per kind, created when a controller first subscribes, so a
+//! process (or a test) that runs only some controllers watches only their kinds.
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::Api;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use pko_api::{Program, Stack, Update, Workspace};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Where a replica watches (the operator's `--namespaces`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum WatchScope {
+    /// Every namespace: one cluster-wide watch per kind (needs cluster-wide RBAC).
+    #[default]
+    Cluster,
+    /// These namespaces: one namespaced watch per kind and namespace (namespaced RBAC suffices).
+    Namespaces(Vec<String>),
+}
+
+impl WatchScope {
+    /// `Cluster` for an empty list, else the listed namespaces (duplicates dropped).
+    pub fn from_namespaces(namespaces: &[String]) -> Self {
+        let mut seen = HashSet::new();
+        let list: Vec<String> = namespaces.iter().filter(|n| seen.insert(n.as_str())).cloned().collect();
+        if list.is_empty() { Self::Cluster } else { Self::Namespaces(list) }
+    }
+}
+
+/// A change an informer saw: an object created or changed (also every object of a re-list), or
+/// deleted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change<K> {
+    /// Created, changed, or listed again.
+    Applied(K),
+    /// Deleted (or gone from a re-list).
+    Deleted(K),
+}
+
+impl<K> Change<K> {
+    /// The object, whichever the change.
+    pub fn into_object(self) -> K {
+        match self {
+            Change::Applied(k) | Change::Deleted(k) => k,
+        }
+    }
+}
+
+/// The bound on what kinds an informer watches: namespaced, statically typed Kubernetes objects.
+pub trait Watched: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
+impl<K> Watched for K where K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
+
+/// Changes a subscriber may hold before the informer waits for it (backpressure, never loss).
+const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// One kind's shared watch: its sources, its store, its subscribers.
+pub struct Informer<K: Watched> {
+    apis: Vec<Api<K>>,
+    config: watcher::Config,
+    writer: Writer<K>,
+    subscribers: Vec<mpsc::Sender<Change<K>>>,
+}
+
+impl<K: Watched> Informer<K> {
+    /// An informer of `K` over `scope` with `config` (label or field selectors); it watches nothing
+    /// until [`Self::run`].
+    pub fn new(client: &kube::Client, scope: &WatchScope, config: watcher::Config) -> Self {
+        let apis = match scope {
+            WatchScope::Cluster => vec![Api::all(client.clone())],
+            WatchScope::Namespaces(list) => list.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect(),
+        };
+        Self { apis, config, writer: Writer::default(), subscribers: Vec::new() }
+    }
+
+    /// The cache: every object of every source, ready once each source has listed once.
+    pub fn store(&self) -> Store<K> {
+        self.writer.as_reader()
+    }
+
+    /// Every change from now on. Subscribe before [`Self::run`] to see the first list; a subscriber
+    /// that is not read holds the informer back (bounded buffer), a dropped one is forgotten.
+    pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        self.subscribers.push(tx);
+        tokio_stream_of(rx)
+    }
+
+    /// The objects of every change, as kube's `Controller::for_stream` / `watches_stream` take them.
+    pub fn objects(&mut self) -> BoxStream<'static, Result<K, watcher::Error>> {
+        self.subscribe().map(|c| Ok(c.into_object())).boxed()
+    }
+
+    /// Watches until `shutdown` is cancelled: keeps the store and hands every change to the
+    /// subscribers. Watch errors are logged and retried with kube's default backoff.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Informer { apis, config, mut writer, mut subscribers } = self;
+        let kind = K::kind(&());
+        let reader = writer.as_reader();
+        let mut merge = Merge::new(apis.len());
+        let sources = apis.into_iter().enumerate().map(|(i, api)| watcher(api, config.clone()).default_backoff().map(move |e| (i, e)).boxed());
+        let mut events = futures::stream::select_all(sources);
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = events.next() => e,
+            };
+            let Some((source, event)) = next else { return };
+            let event = match event {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+                    continue;
+                }
+            };
+            for step in merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect()) {
+                match step {
+                    Step::Store(e) => writer.apply_watcher_event(&e),
+                    Step::Notify(change) => {
+                        for tx in &subscribers {
+                            tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                _ = tx.send(change.clone()) => {}
+                            }
+                        }
+                        subscribers.retain(|tx| !tx.is_closed());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tokio_stream_of<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// What the merge asks of the informer: write an event into the store, or hand a change on.
+#[derive(Debug)]
+enum Step<K> {
+    Store(watcher::Event<K>),
+    Notify(Change<K>),
+}
+
+/// Merges the watch events of several sources (disjoint: one namespace each, or the cluster) into one
+/// store. Each source's re-list replaces only that source's objects: what it no longer lists is
+/// deleted. Once every source has listed, the store is marked ready (kube's store is ready after its
+/// first `InitDone`, so the merge replays the store's contents as one init).
+struct Merge<K: Watched> {
+    known: Vec<HashSet<ObjectRef<K>>>,
+    listing: Vec<Option<HashSet<ObjectRef<K>>>>,
+    listed: Vec<bool>,
+    ready: bool,
+}
+
+impl<K: Watched> Merge<K> {
+    fn new(sources: usize) -> Self {
+        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false }
+    }
+
+    /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
+    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<K>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
+        match event {
+            watcher::Event::Apply(o) => {
+                self.known[source].insert(ObjectRef::from_obj(&o));
+                vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
+            }
+            watcher::Event::Delete(o) => {
+                self.known[source].remove(&ObjectRef::from_obj(&o));
+                vec![Step::Store(watcher::Event::Delete(o.clone())), Step::Notify(Change::Deleted(o))]
+            }
+            watcher::Event::Init => {
+                self.listing[source] = Some(HashSet::new());
+                vec![]
+            }
+            watcher::Event::InitApply(o) => {
+                let r = ObjectRef::from_obj(&o);
+                self.listing[source].get_or_insert_with(HashSet::new).insert(r.clone());
+                self.known[source].insert(r);
+                vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing[source].take().unwrap_or_default();
+                let gone: Vec<_> = self.known[source].difference(&listed).cloned().collect();
+                self.known[source] = listed;
+                let mut steps = Vec::new();
+                for o in gone.iter().filter_map(&lookup) {
+                    steps.push(Step::Store(watcher::Event::Delete(o.clone())));
+                    steps.push(Step::Notify(Change::Deleted(o)));
+                }
+                self.listed[source] = true;
+                if !self.ready && self.listed.iter().all(|l| *l) {
+                    self.ready = true;
+                    steps.push(Step::Store(watcher::Event::Init));
+                    steps.extend(all().into_iter().map(|o| Step::Store(watcher::Event::InitApply(o))));
+                    steps.push(Step::Store(watcher::Event::InitDone));
+                }
+                steps
+            }
+        }
+    }
+}
+
+/// Boxed future of an informer's run.
+type InformerRun = futures::future::BoxFuture<'static, ()>;
+/// Boxed future that says whether an informer's store became ready.
+type SyncWait = futures::future::BoxFuture<'static, bool>;
+
+/// A slot of [`Informers`]: the informer of one kind, made on first use.
+struct Slot<K: Watched> {
+    config: watcher::Config,
+    informer: Option<Informer<K>>,
+}
+
+impl<K: Watched> Slot<K> {
+    fn new(config: watcher::Config) -> Self {
+        Self { config, informer: None }
+    }
+
+    fn get(&mut self, client: &kube::Client, scope: &WatchScope) -> &mut Informer<K> {
+        let config = self.config.clone();
+        self.informer.get_or_insert_with(|| Informer::new(client, scope, config))
+    }
+}
+
+/// The informers of one operator replica, one per kind: Stacks, Programs, Workspaces, Updates, and the
+/// agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
+pub struct Informers {
+    client: kube::Client,
+    scope: WatchScope,
+    stacks: Slot<Stack>,
+    programs: Slot<Program>,
+    workspaces: Slot<Workspace>,
+    updates: Slot<Update>,
+    stateful_sets: Slot<StatefulSet>,
+}
+
+/// The label of the StatefulSets the Workspace controller makes (PKO's).
+pub const WORKSPACE_COMPONENT_SELECTOR: &str = "auto.pulumi.com/component=workspace";
+
+impl Informers {
+    /// No informer yet; each is made when first asked for.
+    pub fn new(client: kube::Client, scope: WatchScope) -> Self {
+        let all = watcher::Config::default;
+        Self {
+            client,
+            scope,
+            stacks: Slot::new(all()),
+            programs: Slot::new(all()),
+            workspaces: Slot::new(all()),
+            updates: Slot::new(all()),
+            stateful_sets: Slot::new(all().labels(WORKSPACE_COMPONENT_SELECTOR)),
+        }
+    }
+
+    /// The Stack informer.
+    pub fn stacks(&mut self) -> &mut Informer<Stack> {
+        self.stacks.get(&self.client, &self.scope)
+    }
+
+    /// The Program informer.
+    pub fn programs(&mut self) -> &mut Informer<Program> {
+        self.programs.get(&self.client, &self.scope)
+    }
+
+    /// The Workspace informer.
+    pub fn workspaces(&mut self) -> &mut Informer<Workspace> {
+        self.workspaces.get(&self.client, &self.scope)
+    }
+
+    /// The Update informer.
+    pub fn updates(&mut self) -> &mut Informer<Update> {
+        self.updates.get(&self.client, &self.scope)
+    }
+
+    /// The informer of the agents' StatefulSets.
+    pub fn stateful_sets(&mut self) -> &mut Informer<StatefulSet> {
+        self.stateful_sets.get(&self.client, &self.scope)
+    }
+
+    /// Runs the informers made so far beside `controllers` (the futures their subscribers' controllers
+    /// return) until `controllers` ends: for tests and tools that run some controllers without the
+    /// whole assembly.
+    pub fn drive(self, controllers: impl std::future::Future<Output = ()> + Send + 'static) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (_, watches) = self.run(CancellationToken::new());
+        async move {
+            futures::pin_mut!(controllers, watches);
+            futures::future::select(controllers, watches).await;
+        }
+    }
+
+    /// Runs every informer made so far until `shutdown`; `synced` is set once each has listed.
+    pub fn run(mut self, shutdown: CancellationToken) -> (Synced, impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut waits: Vec<SyncWait> = Vec::new();
+        let mut runs: Vec<InformerRun> = Vec::new();
+        fn add<K: Watched>(slot: &mut Slot<K>, waits: &mut Vec<SyncWait>, runs: &mut Vec<InformerRun>, shutdown: &CancellationToken) {
+            if let Some(i) = slot.informer.take() {
+                let store = i.store();
+                waits.push(async move { store.wait_until_ready().await.is_ok() }.boxed());
+                runs.push(i.run(shutdown.clone()).boxed());
+            }
+        }
+        add(&mut self.stacks, &mut waits, &mut runs, &shutdown);
+        add(&mut self.programs, &mut waits, &mut runs, &shutdown);
+        add(&mut self.workspaces, &mut waits, &mut runs, &shutdown);
+        add(&mut self.updates, &mut waits, &mut runs, &shutdown);
+        add(&mut self.stateful_sets, &mut waits, &mut runs, &shutdown);
+        let synced = Synced(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let flag = synced.clone();
+        let all_synced = async move {
+            if futures::future::join_all(waits).await.into_iter().all(|ok| ok) {
+                flag.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!("caches synced");
+            }
+        };
+        (synced, async move {
+            futures::future::join(futures::future::join_all(runs), all_synced).await;
+        })
+    }
+}
+
+/// Whether every informer has listed once (the operator's `/readyz`).
+#[derive(Clone, Debug, Default)]
+pub struct Synced(Arc<std::sync::atomic::AtomicBool>);
+
+impl Synced {
+    /// True once every cache has synced.
+    pub fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+
+    fn cm(ns: &str, name: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.namespace = Some(ns.into());
+        c.metadata.name = Some(name.into());
+        c
+    }
+
+    /// A merge feeding a real kube store, as [`Informer::run`] does; returns what it notified.
+    struct Harness {
+        merge: Merge<ConfigMap>,
+        writer: Writer<ConfigMap>,
+    }
+
+    impl Harness {
+        fn new(sources: usize) -> Self {
+            Self { merge: Merge::new(sources), writer: Writer::default() }
+        }
+
+        fn feed(&mut self, source: usize, event: watcher::Event<ConfigMap>) -> Vec<String> {
+            let reader = self.writer.as_reader();
+            let steps = self.merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect());
+            let mut notified = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Store(e) => self.writer.apply_watcher_event(&e),
+                    Step::Notify(Change::Applied(o)) => notified.push(format!("+{}/{}", o.namespace().unwrap_or_default(), o.name_any())),
+                    Step::Notify(Change::Deleted(o)) => notified.push(format!("-{}/{}", o.namespace().unwrap_or_default(), o.name_any())),
+                }
+            }
+            notified
+        }
+
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<String> = self.writer.as_reader().state().iter().map(|o| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())).collect();
+            v.sort();
+            v
+        }
+
+        fn ready(&self) -> bool {
+            self.writer.as_reader().wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
+        }
+
+        fn list(&mut self, source: usize, objects: &[ConfigMap]) -> Vec<String> {
+            let mut n = self.feed(source, watcher::Event::Init);
+            for o in objects {
+                n.extend(self.feed(source, watcher::Event::InitApply(o.clone())));
+            }
+            n.extend(self.feed(source, watcher::Event::InitDone));
+            n
+        }
+    }
+
+    #[test]
+    fn one_source_lists_then_applies_and_deletes() {
+        let mut h = Harness::new(1);
+        assert!(!h.ready());
+        assert_eq!(h.list(0, &[cm("a", "x"), cm("a", "y")]), ["+a/x", "+a/y"]);
+        assert!(h.ready(), "ready after the first list");
+        assert_eq!(h.names(), ["a/x", "a/y"]);
+        assert_eq!(h.feed(0, watcher::Event::Apply(cm("a", "z"))), ["+a/z"]);
+        assert_eq!(h.feed(0, watcher::Event::Delete(cm("a", "x"))), ["-a/x"]);
+        assert_eq!(h.names(), ["a/y", "a/z"]);
+    }
+
+    #[test]
+    fn the_store_is_ready_only_once_every_namespace_has_listed() {
+        let mut h = Harness::new(2);
+        h.list(0, &[cm("a", "x")]);
+        assert!(!h.ready(), "namespace b has not listed yet");
+        assert_eq!(h.names(), ["a/x"], "a's objects are visible before b lists");
+        h.list(1, &[cm("b", "x")]);
+        assert!(h.ready());
+        assert_eq!(h.names(), ["a/x", "b/x"], "the ready replay loses nothing");
+    }
+
+    #[test]
+    fn a_relist_deletes_only_what_its_own_namespace_no_longer_has() {
+        let mut h = Harness::new(2);
+        h.list(0, &[cm("a", "x"), cm("a", "y")]);
+        h.list(1, &[cm("b", "x")]);
+        // a's watch restarts (a 410 Gone, or a new selector) and y was deleted meanwhile
+        assert_eq!(h.list(0, &[cm("a", "x")]), ["+a/x", "-a/y"]);
+        assert_eq!(h.names(), ["a/x", "b/x"], "b's objects survive a's re-list");
+        // b re-lists: z is new, x is gone
+        h.feed(1, watcher::Event::Init);
+        h.feed(1, watcher::Event::InitApply(cm("b", "z")));
+        assert_eq!(h.feed(1, watcher::Event::InitDone), ["-b/x"]);
+        assert_eq!(h.names(), ["a/x", "b/z"]);
+    }
+
+    #[test]
+    fn scope_from_namespaces() {
+        assert_eq!(WatchScope::from_namespaces(&[]), WatchScope::Cluster);
+        assert_eq!(WatchScope::from_namespaces(&["a".into(), "b".into(), "a".into()]), WatchScope::Namespaces(vec!["a".into(), "b".into()]));
+    }
+}

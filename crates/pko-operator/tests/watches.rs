@@ -1,0 +1,86 @@
+//! Each kind is watched once: an operator running every controller over two namespaces opens one
+//! WATCH per kind and namespace — never a cluster-wide one — and makes no periodic LIST (the reshape
+//! issue; before it, Stacks and Programs were watched three times each and Workspaces were LISTed every
+//! 5 s). Counted on the operator's own HTTP requests, through a tower layer on its client.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use pko_api::{Program, Stack};
+use pko_testbed::{eventually, testbed};
+use serde_json::json;
+
+/// One request of the operator: method, path, query.
+type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+/// The collection requests in `seen` (from index `from`) of one verb, by `namespace/resource`
+/// (`*/resource` for a cluster-wide one): `watch` for WATCHes, else LISTs.
+fn collections(seen: &Seen, from: usize, watch: bool) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (method, path, query) in seen.lock().unwrap().iter().skip(from) {
+        if method != "GET" || query.contains("watch=true") != watch {
+            continue;
+        }
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        // /api/v1/namespaces/N/R, /apis/G/V/namespaces/N/R, or /api/v1/R, /apis/G/V/R (cluster-wide)
+        let rest = if parts.first() == Some(&"api") { &parts[2..] } else { &parts[3.min(parts.len())..] };
+        let key = match rest {
+            ["namespaces", ns, resource] => format!("{ns}/{resource}"),
+            [resource] => format!("*/{resource}"),
+            _ => continue, // a single object
+        };
+        *out.entry(key).or_insert(0) += 1;
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically() {
+    let (admin, ns, env) = setup("watches").await;
+    let other = testbed().namespace("watches-b").await.unwrap();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        record.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+        req
+    });
+    let client = kube::client::ClientBuilder::try_from(testbed().config().await.unwrap()).unwrap().with_layer(&layer).build();
+    let _op = InProcessOperator::start(&client, &env, &format!("{},{}", ns.name(), other.name())).await;
+
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+               "program": {"resources": {"hi": {"type": "command:local:Command", "properties": {"create": "echo once"}}}}}),
+    )
+    .await;
+    create(
+        &ns.api::<Stack>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"},
+               "spec": {"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
+    )
+    .await;
+    let stacks = kube::Api::<Stack>::namespaced(admin.clone(), ns.name());
+    eventually("the Stack is Ready", 120, || async { stack_condition(&stacks.get("s").await.unwrap(), "Ready").is_some_and(|c| c.0 == "True") }).await;
+
+    let watches = collections(&seen, 0, true);
+    eprintln!("watches opened: {watches:?}");
+    let mut expected = BTreeMap::new();
+    for n in [ns.name(), other.name()] {
+        for r in ["stacks", "programs", "workspaces", "updates"] {
+            expected.insert(format!("{n}/{r}"), 1);
+        }
+    }
+    assert_eq!(watches, expected, "one watch per kind and namespace, none cluster-wide");
+
+    // at rest: no periodic LIST of any collection (the old Workspace sweeper listed every 5 s)
+    let mark = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let lists = collections(&seen, mark, false);
+    assert!(lists.is_empty(), "collections listed at rest: {lists:?}");
+    assert!(collections(&seen, mark, true).is_empty(), "watches reopened at rest");
+}
