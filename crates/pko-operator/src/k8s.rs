@@ -86,6 +86,56 @@ where
     result
 }
 
+/// An error of a reconcile: which step failed, and when to try again.
+pub trait ReconcileError: std::error::Error {
+    /// The step that failed, as a metric label (`pko_reconcile_errors_total{step}`).
+    fn step(&self) -> &'static str;
+    /// When to reconcile again: after this long, or (`None`) only when the object changes. Default:
+    /// 5 seconds.
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(5))
+    }
+}
+
+/// The error policy of `controller` (kube's `error_policy`): counts and logs the failure
+/// ([`reconcile_failed`]) and requeues as [`ReconcileError::retry_after`] says.
+pub fn error_policy<K, E: ReconcileError, C>(controller: &'static str) -> impl Fn(std::sync::Arc<K>, &E, std::sync::Arc<C>) -> kube::runtime::controller::Action {
+    move |_object, error, _ctx| {
+        reconcile_failed(controller, error.step(), error);
+        match error.retry_after() {
+            Some(after) => kube::runtime::controller::Action::requeue(after),
+            None => kube::runtime::controller::Action::await_change(),
+        }
+    }
+}
+
+/// Runs `controller` (named `name` in spans, metrics and logs) until `ctx.shutdown`: with the context's
+/// concurrency, each reconcile observed ([`observe`]) and failures handled by [`error_policy`]. `state`
+/// is what `reconcile` gets besides the object.
+pub async fn run_controller<K, C, F, Fut, E>(controller: kube::runtime::Controller<K>, ctx: &crate::context::Context, name: &'static str, reconcile: F, state: std::sync::Arc<C>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(std::sync::Arc<K>, std::sync::Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<kube::runtime::controller::Action, E>> + Send + 'static,
+    E: ReconcileError + Send + 'static,
+{
+    use futures::StreamExt;
+    controller
+        .with_config(ctx.controller_config())
+        .graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned())
+        .run(
+            move |object, state| {
+                let work = reconcile(object.clone(), state);
+                async move { observe(name, &*object, work).await }
+            },
+            error_policy(name),
+            state,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
 /// Counts a failed reconcile of `controller` at `step` (`pko_reconcile_errors_total{controller,step}`)
 /// and logs it; the error policy of every controller calls this.
 pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {

@@ -24,7 +24,6 @@ pub mod workspace;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::runtime::Controller;
 
 /// The Program controller and its cache (which the artifact server reads), watching Programs through
@@ -35,11 +34,7 @@ pub fn program_controller(
 ) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send + 'static) {
     let programs = informers.programs();
     let store = programs.store();
-    let controller = Controller::for_stream(programs.objects(), store.clone()).with_config(ctx.controller_config()).graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned());
-    let run = controller.run(|p, c| async move { k8s::observe("program", &*p.clone(), program::reconcile(p, c)).await }, program::error_policy, ctx).for_each(|r| async move {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "program reconcile");
-        }
-    });
+    let controller = Controller::for_stream(programs.objects(), store.clone());
+    let run = async move { k8s::run_controller(controller, &ctx.clone(), "program", program::reconcile, ctx).await };
     (store, run)
 }

@@ -29,7 +29,7 @@ use axum::extract::State;
 use axum::routing::get;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{LabelSet, PrometheusBuilder, PrometheusHandle};
 use pko_api::stack::StackUpdateStateMessage;
 use pko_api::{Program, Stack};
 
@@ -79,32 +79,41 @@ pub fn install_recorder() -> PrometheusHandle {
         .clone()
 }
 
-/// PKO's gauges for `stacks` and `programs` (those this replica owns), in the Prometheus text format.
-/// Pure: the caller passes the cached objects.
+/// PKO's gauges for `stacks` and `programs` (those this replica owns), in the Prometheus text format,
+/// written with `metrics-exporter-prometheus`'s own formatting (the same escaping as the facade's
+/// metrics). Pure: the caller passes the cached objects.
+///
+/// These are collector-style gauges, computed at scrape time from the caches as PKO computes them from
+/// its informers, rather than facade gauges: the `metrics` facade cannot delete a series (PKO deletes a
+/// deleted Stack's `stacks_failing`), and its recorder is process-wide, so several replicas in one
+/// process (the fleet tests) would overwrite one another's `stacks_active`.
 pub fn pko_gauges<'a>(stacks: impl IntoIterator<Item = &'a Stack>, programs: usize, owns: &dyn Fn(&str, &str) -> bool) -> String {
-    let mut out = String::new();
+    use metrics_exporter_prometheus::formatting::{write_help_line, write_metric_line, write_type_line};
+    let no_labels = LabelSet::from_key_and_global(&metrics::Key::from_name(names::STACKS_ACTIVE), &Default::default());
     let mut failing = Vec::new();
-    let mut active = 0usize;
     for s in stacks {
         let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-        if !owns(&ns, &name) {
-            continue;
+        if owns(&ns, &name) {
+            let failed = s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed));
+            failing.push((ns, name, u8::from(failed)));
         }
-        active += 1;
-        let failed = s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed));
-        failing.push(format!("{}{{namespace=\"{}\",name=\"{}\"}} {}\n", names::STACKS_FAILING, escape(&ns), escape(&name), u8::from(failed)));
     }
     failing.sort();
-    out.push_str(&format!("# HELP {0} Number of Stacks the operator manages.\n# TYPE {0} gauge\n{0} {active}\n", names::STACKS_ACTIVE));
-    out.push_str(&format!("# HELP {0} Whether a Stack's last update failed (1) or not (0).\n# TYPE {0} gauge\n", names::STACKS_FAILING));
-    out.extend(failing);
-    out.push_str(&format!("# HELP {0} Number of Programs the operator manages.\n# TYPE {0} gauge\n{0} {programs}\n", names::PROGRAMS_ACTIVE));
+    let mut out = String::new();
+    let gauge = |out: &mut String, name: &str, help: &str| {
+        write_help_line(out, name, None, None, help);
+        write_type_line(out, name, None, None, "gauge");
+    };
+    gauge(&mut out, names::STACKS_ACTIVE, "Number of Stacks the operator manages.");
+    write_metric_line::<&str, usize>(&mut out, names::STACKS_ACTIVE, None, &no_labels, None, failing.len(), None);
+    gauge(&mut out, names::STACKS_FAILING, "Whether a Stack's last update failed (1) or not (0).");
+    for (ns, name, failed) in failing {
+        let key = metrics::Key::from_parts(names::STACKS_FAILING, vec![metrics::Label::new("namespace", ns), metrics::Label::new("name", name)]);
+        write_metric_line::<&str, u8>(&mut out, names::STACKS_FAILING, None, &LabelSet::from_key_and_global(&key, &Default::default()), None, failed, None);
+    }
+    gauge(&mut out, names::PROGRAMS_ACTIVE, "Number of Programs the operator manages.");
+    write_metric_line::<&str, usize>(&mut out, names::PROGRAMS_ACTIVE, None, &no_labels, None, programs, None);
     out
-}
-
-/// Escapes a label value (backslash, double quote, newline).
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[derive(Clone)]
@@ -292,6 +301,7 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let text = pko_gauges([stack("a", "b\"c\\d", None)].iter(), 0, &|_, _| true);
+        assert!(text.contains(r#"stacks_failing{namespace="a",name="b\"c\\d"} 0"#), "{text}");
     }
 }

@@ -111,16 +111,21 @@ pub async fn reconcile(program: Arc<Program>, ctx: Arc<Context>) -> Result<Actio
     Ok(Action::await_change())
 }
 
-/// Retries a failed reconcile after 5 s (a render error waits for the next change).
-pub fn error_policy(_program: Arc<Program>, error: &Error, _ctx: Arc<Context>) -> Action {
-    let step = match error {
-        Error::Render(..) => "render",
-        Error::Status(_) => "status",
-    };
-    crate::k8s::reconcile_failed("program", step, error);
-    match error {
-        Error::Render(..) => Action::await_change(),
-        Error::Status(_) => Action::requeue(Duration::from_secs(5)),
+/// The steps of a Program reconcile: `render`, `status`.
+impl crate::k8s::ReconcileError for Error {
+    fn step(&self) -> &'static str {
+        match self {
+            Error::Render(..) => "render",
+            Error::Status(_) => "status",
+        }
+    }
+
+    /// A Program that cannot be rendered waits for its next change.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Render(..) => None,
+            Error::Status(_) => Some(Duration::from_secs(5)),
+        }
     }
 }
 

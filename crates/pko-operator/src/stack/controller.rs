@@ -3,14 +3,11 @@
 //! credentials, Flux sources), finalizer and status writes, and the messages PKO's conditions carry.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::Controller;
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pko_api::constants::{STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
 use pko_api::stack::{StackStatus, StackUpdateState, StackUpdateStateMessage};
@@ -29,13 +26,13 @@ use crate::k8s::{self, Severity};
 /// Updates, Workspaces and Programs that wake a Stack. Run the future until shutdown.
 pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
     let store = informers.stacks().store();
-    let controller = Controller::for_stream(informers.stacks().objects(), store.clone()).with_config(ctx.controller_config());
+    let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
         labels.and_then(|l| l.get(STACK_NAME_LABEL)).map(|n| ObjectRef::<Stack>::new(n).within(&ns.unwrap_or_default()))
     };
     let dependents = store.clone();
     let by_program = store.clone();
-    let run = controller
+    let controller = controller
         .watches_stream(informers.updates().objects(), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
         .watches_stream(informers.workspaces().objects(), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
         .watches_stream(informers.stacks().objects(), move |s: Stack| {
@@ -51,17 +48,8 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
                 .filter(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name))
                 .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()
-        })
-        .graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned())
-        .run(
-            |s, c| async move { crate::k8s::observe("stack", &*s.clone(), super::reconcile::reconcile(s, c)).await },
-            |_s, e, _c| {
-                crate::k8s::reconcile_failed("stack", e.step(), e);
-                Action::requeue(Duration::from_secs(5))
-            },
-            ctx,
-        )
-        .for_each(|_| async {});
+        });
+    let run = async move { k8s::run_controller(controller, &ctx.clone(), "stack", super::reconcile::reconcile, ctx).await };
     (store, run)
 }
 

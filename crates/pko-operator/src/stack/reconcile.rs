@@ -73,9 +73,8 @@ pub enum Error {
     Status(#[source] kube::Error),
 }
 
-impl Error {
-    /// The step that failed, as a metric label (`pko_reconcile_errors_total{step}`).
-    pub fn step(&self) -> &'static str {
+impl crate::k8s::ReconcileError for Error {
+    fn step(&self) -> &'static str {
         match self {
             Error::Dereference(_) => "dereference",
             Error::Finalizer(_) => "finalizer",

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
@@ -49,6 +48,13 @@ enum Drive {
     Done,
     /// Its workspace class was full: to be offered again.
     Deferred,
+}
+
+/// An Update reconcile fails only on the API (step `api`).
+impl crate::k8s::ReconcileError for Error {
+    fn step(&self) -> &'static str {
+        "api"
+    }
 }
 
 /// Errors of an Update reconcile.
@@ -93,19 +99,7 @@ impl UpdateController {
         let this = Arc::new(self);
         async move {
             let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
-            controller
-                .with_config(this.ctx.controller_config())
-                .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
-                .run(
-                    |u, c| async move { crate::k8s::observe("update", &*u.clone(), c.reconcile(u)).await },
-                    |_u, e, _c| {
-                        crate::k8s::reconcile_failed("update", "api", e);
-                        Action::requeue(Duration::from_secs(5))
-                    },
-                    this.clone(),
-                )
-                .for_each(|_| async {})
-                .await;
+            crate::k8s::run_controller(controller, &this.ctx, "update", |u, c: Arc<Self>| c.reconcile(u), this.clone()).await;
             for w in workers {
                 w.abort();
             }

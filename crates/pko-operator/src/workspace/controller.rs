@@ -28,9 +28,9 @@ use super::pod::{self, PodRuntimeConfig};
 use crate::context::Context;
 use crate::informer::{Change, Informers};
 
-impl Error {
-    /// The failing part, as a metric label: `api` or `local_runtime`.
-    pub fn step(&self) -> &'static str {
+/// The failing part: `api` or `local_runtime`.
+impl crate::k8s::ReconcileError for Error {
+    fn step(&self) -> &'static str {
         match self {
             Error::Kube(_) => "api",
             Error::Local(_) => "local_runtime",
@@ -99,19 +99,7 @@ impl WorkspaceController {
         let this = self.clone();
         async move {
             let sweeper = tokio::spawn(this.clone().sweep(store, deletions));
-            controller
-                .with_config(this.ctx.controller_config())
-                .graceful_shutdown_on(this.ctx.shutdown.clone().cancelled_owned())
-                .run(
-                    |w, c| async move { crate::k8s::observe("workspace", &*w.clone(), c.reconcile(w)).await },
-                    |_w, e, _c| {
-                        crate::k8s::reconcile_failed("workspace", e.step(), e);
-                        Action::requeue(Duration::from_secs(5))
-                    },
-                    this.clone(),
-                )
-                .for_each(|_| async {})
-                .await;
+            crate::k8s::run_controller(controller, &this.ctx, "workspace", |w, c: Arc<Self>| c.reconcile(w), this.clone()).await;
             sweeper.abort();
             if let Runtime::Local(l) = &this.runtime {
                 l.stop_all();
