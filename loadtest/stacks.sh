@@ -18,7 +18,9 @@ NS=pko-load
 fail() { echo "LOADTEST FAILED: $*" >&2; [ -f "$RUN/operator.log" ] && tail -20 "$RUN/operator.log" >&2; exit 1; }
 
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
-(cd "$ROOT" && cargo build -q --release -p pko-operator -p pko-agent)
+echo "building pko-operator and pko-agent (release)…"
+(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep -E '^(error|warning: unused)|Compiling pko-' || true)
+[ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
 BIN="$ROOT/target/release"
 
 # the namespace without an operator: release the finalizers only the operator would remove, then delete it
@@ -72,12 +74,14 @@ YAML
 
 T0=$(date +%s)
 kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
-PEAK=0
+echo "applied $N Stacks; waiting for Ready (progress every 10 s)"
+PEAK=0; LAST=$T0
 while :; do
   now=$(date +%s); [ $((now - T0)) -gt "$TIMEOUT_S" ] && fail "not all Stacks Ready after ${TIMEOUT_S} s"
   r=$(rss $OP); [ "$r" -gt "$PEAK" ] && PEAK=$r
   ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   [ "$ready" -ge "$N" ] && break
+  if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
   sleep 2
 done
 READY_S=$(( $(date +%s) - T0 ))
