@@ -1,8 +1,10 @@
-//! Shard ownership: whether this replica may act on an object. The fleet (several replicas splitting
-//! Stacks over Lease-held shards) implements [`Ownership`]; until then one replica owns everything.
-//! No PKO types here: the fleet (Lease-held shards, consistent hashing) grows in this crate.
+//! Shard ownership: whether this replica may act on an object, and with which fencing epoch. One
+//! replica owns everything ([`SingleReplica`], or [`Namespaces`]); a fleet splits objects over virtual
+//! shards ([`ring`]) held through Leases ([`lease`], [`membership`]). No PKO types here.
 #![forbid(unsafe_code)]
 
+pub mod lease;
+pub mod membership;
 pub mod ring;
 
 /// Virtual shards of a fleet by default (`--shards`): the smallest power of two at which the default

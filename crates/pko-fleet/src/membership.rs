@@ -1,0 +1,464 @@
+//! A replica's membership in the fleet and the shards it holds.
+//!
+//! Each replica renews its membership Lease every [`FleetConfig::renew_interval`]; the others count it
+//! live while they see its `renewTime` change within its `leaseDurationSeconds`, measured on their own
+//! clock from when they saw the change (client-go's rule, immune to clock offsets). From the live
+//! members, every replica computes the same desired holder of each shard ([`crate::ring`]) and:
+//! - takes a shard it should hold when its Lease is free, released, held by a member no longer live,
+//!   or missing (resourceVersion-guarded, one transition later: the new epoch);
+//! - releases a shard another live member should hold, after it has stopped acting on it;
+//! - drops at once a shard whose Lease names someone else.
+//!
+//! A replica that has not renewed its membership within [`FleetConfig::renew_deadline`] holds nothing
+//! (checked on every [`Ownership::owns`], so a process that was frozen acts on nothing once it runs
+//! again); others take its shards only after a full lease duration without a renewal, which is longer.
+//! On shutdown a replica releases its membership (one write): its shards are free for the others at
+//! once. At rest the fleet writes one membership renewal per replica per interval and nothing else.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::Ownership;
+use crate::lease::{self, FLEET_LABEL, KIND_LABEL, SHARD_LABEL, Written};
+use crate::ring::{Ring, shard_of};
+
+/// How a replica takes part in the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Namespace of the Leases (the operator's).
+    pub namespace: String,
+    /// Name of the fleet (prefix of its Leases, value of their `pulumi.com/fleet` label).
+    pub fleet: String,
+    /// This replica's id (its pod name).
+    pub replica: String,
+    /// Number of virtual shards (every replica of a fleet must agree).
+    pub shards: u32,
+    /// How long a membership lasts without renewal before others take its shards.
+    pub lease_duration: Duration,
+    /// How often a replica renews its membership.
+    pub renew_interval: Duration,
+    /// A replica that could not renew within this long holds nothing (shorter than the duration).
+    pub renew_deadline: Duration,
+}
+
+impl FleetConfig {
+    /// Defaults of client-go's leader election: 15 s duration, 10 s renew deadline; renewals every
+    /// 5 s (0.2 writes per second per replica at rest).
+    pub fn new(namespace: impl Into<String>, fleet: impl Into<String>, replica: impl Into<String>, shards: u32) -> Self {
+        Self {
+            namespace: namespace.into(),
+            fleet: fleet.into(),
+            replica: replica.into(),
+            shards,
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(5),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a replica holds now, published on every change.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    /// Held shards and their epochs.
+    pub shards: BTreeMap<u32, i64>,
+    /// Live members as this replica last saw them (sorted).
+    pub members: Vec<String>,
+    /// Until when the holding is valid (the renew deadline of the last renewal); `None`: nothing held.
+    pub valid_until: Option<Instant>,
+}
+
+impl Held {
+    /// The epoch of `shard` if it is held and the holding still valid.
+    pub fn epoch(&self, shard: u32) -> Option<i64> {
+        self.valid_until.filter(|until| Instant::now() < *until).and_then(|_| self.shards.get(&shard).copied())
+    }
+}
+
+/// [`Ownership`] by held shards: an object is owned when its shard is held and the holding valid.
+#[derive(Debug, Clone)]
+pub struct ShardOwnership {
+    shards: u32,
+    held: watch::Receiver<Arc<Held>>,
+}
+
+impl ShardOwnership {
+    /// The shard of `namespace/name`.
+    pub fn shard(&self, namespace: &str, name: &str) -> u32 {
+        shard_of(&format!("{namespace}/{name}"), self.shards)
+    }
+
+    /// Every change of what this replica holds.
+    pub fn changes(&self) -> watch::Receiver<Arc<Held>> {
+        self.held.clone()
+    }
+}
+
+impl Ownership for ShardOwnership {
+    fn owns(&self, namespace: &str, name: &str) -> bool {
+        self.held.borrow().epoch(self.shard(namespace, name)).is_some()
+    }
+
+    fn epoch(&self, namespace: &str, name: &str) -> i64 {
+        self.held.borrow().epoch(self.shard(namespace, name)).unwrap_or(0)
+    }
+}
+
+/// Who is live, by watching membership Leases change (pure: the caller passes the clock).
+#[derive(Debug, Default)]
+pub struct Liveness {
+    seen: HashMap<String, (Option<String>, Instant)>,
+}
+
+impl Liveness {
+    /// The live members among membership Leases `members` at `now`: a holder whose `renewTime`
+    /// changed less than its `leaseDurationSeconds` ago (as first seen here), not released.
+    pub fn live<'a>(&mut self, members: impl IntoIterator<Item = &'a Lease>, now: Instant) -> BTreeSet<String> {
+        let mut live = BTreeSet::new();
+        for l in members {
+            let Some(holder) = lease::holder(l) else { continue };
+            let spec = l.spec.as_ref();
+            let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string());
+            let duration = Duration::from_secs(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(15).max(1) as u64);
+            let entry = self.seen.entry(holder.to_string()).or_insert_with(|| (renewed.clone(), now));
+            if entry.0 != renewed {
+                *entry = (renewed, now);
+            }
+            if now.saturating_duration_since(entry.1) < duration {
+                live.insert(holder.to_string());
+            }
+        }
+        live
+    }
+}
+
+/// One step of a replica towards the desired assignment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Create the missing Lease of the shard, held by this replica.
+    Create(u32),
+    /// Take the shard's Lease (free, or its holder is not live).
+    Take(u32),
+    /// Stop acting on the shard, then release its Lease to the live member that should hold it.
+    Release(u32),
+    /// Stop acting on the shard at once: its Lease names someone else.
+    Drop(u32),
+}
+
+/// The steps of replica `me` (pure): `desired` holder per shard, shard Leases by shard, `live`
+/// members, and what `me` holds.
+pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, live: &BTreeSet<String>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for (shard, want) in desired.iter().enumerate() {
+        let shard = shard as u32;
+        let lease = leases.get(&shard);
+        let holder = lease.and_then(|l| lease::holder(l));
+        if held.contains_key(&shard) {
+            if holder != Some(me) {
+                steps.push(Step::Drop(shard));
+            } else if want != me && live.contains(want) {
+                steps.push(Step::Release(shard));
+            }
+        } else if want == me {
+            match (lease, holder) {
+                (None, _) => steps.push(Step::Create(shard)),
+                (Some(_), None) => steps.push(Step::Take(shard)),
+                (Some(_), Some(h)) if h == me || !live.contains(h) => steps.push(Step::Take(shard)),
+                (Some(_), Some(_)) => {} // a live member holds it: it releases when it sees us
+            }
+        }
+    }
+    steps
+}
+
+/// A replica's membership: run [`Fleet::run`] until shutdown; [`ShardOwnership`] tells the
+/// controllers what it holds.
+pub struct Fleet {
+    cfg: FleetConfig,
+    api: Api<Lease>,
+    ring: Arc<dyn Ring>,
+    held: watch::Sender<Arc<Held>>,
+}
+
+/// Shard Leases written at once while taking or releasing many (a fleet's first start takes S).
+const WRITE_CONCURRENCY: usize = 32;
+
+impl Fleet {
+    /// A member of `cfg.fleet` using `ring`, and the ownership it publishes.
+    pub fn new(client: kube::Client, cfg: FleetConfig, ring: Arc<dyn Ring>) -> (Self, ShardOwnership) {
+        let (held, rx) = watch::channel(Arc::new(Held::default()));
+        let api = Api::namespaced(client, &cfg.namespace);
+        let ownership = ShardOwnership { shards: cfg.shards, held: rx };
+        (Self { cfg, api, ring, held }, ownership)
+    }
+
+    fn labels(&self, kind: &str) -> BTreeMap<String, String> {
+        [(FLEET_LABEL.to_string(), self.cfg.fleet.clone()), (KIND_LABEL.to_string(), kind.to_string())].into()
+    }
+
+    fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>) {
+        let held = Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until: valid_until.filter(|_| !shards.is_empty()) };
+        self.held.send_replace(Arc::new(held));
+    }
+
+    /// Renews (or creates) this replica's membership Lease; `true` when it was written.
+    async fn renew(&self, store: &reflector::Store<Lease>) -> bool {
+        let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
+        let secs = self.cfg.lease_duration.as_secs().max(1) as i32;
+        let current = store.get(&reflector::ObjectRef::new(&name).within(&self.cfg.namespace));
+        let written = match current {
+            Some(l) => lease::replace(&self.api, &l, |s| lease::renew(s, &self.cfg.replica, secs)).await,
+            None => lease::create(&self.api, &name, self.labels("member"), lease::member_spec(&self.cfg.replica, secs)).await,
+        };
+        match written {
+            Ok(Written::Done(_)) => true,
+            Ok(Written::Conflict) => {
+                // our cached copy is stale: read it and try once more
+                match self.api.get_opt(&name).await {
+                    Ok(Some(l)) => matches!(lease::replace(&self.api, &l, |s| lease::renew(s, &self.cfg.replica, secs)).await, Ok(Written::Done(_))),
+                    _ => false,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "membership renewal failed");
+                false
+            }
+        }
+    }
+
+    /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
+    /// On shutdown it holds nothing and releases its membership, so the others take its shards at once.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let selector = format!("{FLEET_LABEL}={}", self.cfg.fleet);
+        let (store, writer) = reflector::store();
+        let changed = Arc::new(Notify::new());
+        let notify = changed.clone();
+        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector)).default_backoff().reflect(writer).for_each(move |_| {
+            notify.notify_one();
+            async {}
+        });
+        let watch = tokio::spawn(watch);
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+        let mut liveness = Liveness::default();
+        let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
+        let mut last_renewal: Option<Instant> = None;
+        let mut next_renewal = Instant::now();
+        let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
+        let mut live = BTreeSet::new();
+        loop {
+            let now = Instant::now();
+            if now >= next_renewal {
+                if self.renew(&store).await {
+                    last_renewal = Some(now);
+                }
+                next_renewal = now + self.cfg.renew_interval;
+            }
+            let valid_until = last_renewal.map(|t| t + self.cfg.renew_deadline).filter(|u| *u > Instant::now());
+            if valid_until.is_none() {
+                if !shards.is_empty() {
+                    tracing::warn!(held = shards.len(), "membership not renewed within its deadline: holding nothing");
+                    shards.clear();
+                }
+                self.publish(&shards, &live, None);
+            } else {
+                let leases = store.state();
+                let members = leases.iter().filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("member")).map(|l| &**l);
+                live = liveness.live(members, Instant::now());
+                live.insert(self.cfg.replica.clone());
+                let desired = match &ring_cache {
+                    Some((set, d)) if *set == live => d.clone(),
+                    _ => {
+                        let d = self.ring.assign(self.cfg.shards, &live.iter().cloned().collect::<Vec<_>>());
+                        ring_cache = Some((live.clone(), d.clone()));
+                        d
+                    }
+                };
+                let by_shard: BTreeMap<u32, Arc<Lease>> = leases
+                    .iter()
+                    .filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("shard"))
+                    .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
+                    .collect();
+                let steps = plan(&self.cfg.replica, &desired, &by_shard, &live, &shards);
+                self.apply(steps, &by_shard, &mut shards, &live, valid_until).await;
+                self.publish(&shards, &live, valid_until);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        // hold nothing, then release the membership: successors need not wait for it to expire
+        self.publish(&BTreeMap::new(), &BTreeSet::new(), None);
+        let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
+        if let Ok(Some(l)) = self.api.get_opt(&name).await {
+            let _ = lease::replace(&self.api, &l, lease::release).await;
+        }
+        watch.abort();
+    }
+
+    /// Carries out `steps`: drops and releases first (stop acting, publish, then write), then takes.
+    async fn apply(&self, steps: Vec<Step>, leases: &BTreeMap<u32, Arc<Lease>>, shards: &mut BTreeMap<u32, i64>, live: &BTreeSet<String>, valid_until: Option<Instant>) {
+        let mut releases = Vec::new();
+        let mut takes = Vec::new();
+        for step in steps {
+            match step {
+                Step::Drop(k) => {
+                    shards.remove(&k);
+                }
+                Step::Release(k) => {
+                    shards.remove(&k);
+                    releases.push(k);
+                }
+                Step::Create(k) | Step::Take(k) => takes.push(k),
+            }
+        }
+        if !releases.is_empty() {
+            // nobody acts on them any more before their Leases say so
+            self.publish(shards, live, valid_until);
+            let writes = futures::stream::iter(releases.into_iter().filter_map(|k| leases.get(&k).cloned()))
+                .map(|l| async move { lease::replace(&self.api, &l, lease::release).await })
+                .buffer_unordered(WRITE_CONCURRENCY);
+            let done = writes.filter(|r| std::future::ready(matches!(r, Ok(Written::Done(_))))).count().await;
+            tracing::info!(released = done, "shards released to their new holders");
+        }
+        if takes.is_empty() {
+            return;
+        }
+        let me = self.cfg.replica.clone();
+        let writes = futures::stream::iter(takes)
+            .map(|k| {
+                let me = me.clone();
+                let lease = leases.get(&k).cloned();
+                async move {
+                    let written = match lease {
+                        Some(l) => lease::replace(&self.api, &l, |s| lease::take(s, &me)).await,
+                        None => {
+                            let mut spec = Default::default();
+                            lease::take(&mut spec, &me);
+                            let mut labels = self.labels("shard");
+                            labels.insert(SHARD_LABEL.into(), k.to_string());
+                            lease::create(&self.api, &lease::shard_name(&self.cfg.fleet, k), labels, spec).await
+                        }
+                    };
+                    (k, written)
+                }
+            })
+            .buffer_unordered(WRITE_CONCURRENCY);
+        let taken: Vec<(u32, i64)> = writes
+            .filter_map(|(k, w)| {
+                std::future::ready(match w {
+                    Ok(Written::Done(l)) => Some((k, lease::transitions(&l))),
+                    Ok(Written::Conflict) => None,
+                    Err(e) => {
+                        tracing::warn!(shard = k, error = %e, "taking a shard failed");
+                        None
+                    }
+                })
+            })
+            .collect()
+            .await;
+        if !taken.is_empty() {
+            tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), "shards taken");
+        }
+        shards.extend(taken);
+    }
+}
+
+use kube::ResourceExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn lease(holder: Option<&str>, renewed_secs: i64) -> Lease {
+        Lease {
+            metadata: Default::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(renewed_secs).unwrap_or_default())),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_member_is_live_while_its_renewals_are_seen_and_dead_after_a_duration_without() {
+        let t0 = Instant::now();
+        let mut l = Liveness::default();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(l.live([&lease(Some("a"), 1), &lease(Some("b"), 1)], t0), set(&["a", "b"]));
+        // a renews, b does not
+        assert_eq!(l.live([&lease(Some("a"), 2), &lease(Some("b"), 1)], t0 + Duration::from_secs(10)), set(&["a", "b"]));
+        assert_eq!(l.live([&lease(Some("a"), 3), &lease(Some("b"), 1)], t0 + Duration::from_secs(16)), set(&["a"]), "b: 16 s without a renewal");
+        // a released membership is not live at once
+        assert_eq!(l.live([&lease(None, 3)], t0 + Duration::from_secs(17)), set(&[]));
+        // the clock of the writer does not matter: only that renewTime changes
+        assert_eq!(l.live([&lease(Some("b"), -5000)], t0 + Duration::from_secs(18)), set(&["b"]));
+    }
+
+    fn shard_lease(holder: Option<&str>) -> Arc<Lease> {
+        Arc::new(lease(holder, 0))
+    }
+
+    #[test]
+    fn plan_takes_what_it_should_hold_once_free_and_releases_to_live_members() {
+        let desired: Vec<String> = ["me", "me", "me", "other", "other", "me"].iter().map(|s| s.to_string()).collect();
+        let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
+        let leases: BTreeMap<u32, Arc<Lease>> = [
+            // 0 missing
+            (1, shard_lease(None)),
+            (2, shard_lease(Some("dead"))),
+            (3, shard_lease(Some("me"))),
+            (4, shard_lease(Some("other"))),
+            (5, shard_lease(Some("other"))),
+        ]
+        .into();
+        let held: BTreeMap<u32, i64> = [(3, 7), (4, 2)].into();
+        let steps = plan("me", &desired, &leases, &live, &held);
+        assert_eq!(
+            steps,
+            [
+                Step::Create(0),
+                Step::Take(1),
+                Step::Take(2),    // its holder is not live
+                Step::Release(3), // other should hold it and is live
+                Step::Drop(4),    // the Lease names other: never act on it
+                                  // 5: other holds it and is live — wait for its release
+            ]
+        );
+    }
+
+    #[test]
+    fn a_shard_held_in_a_previous_life_is_taken_again_with_a_new_epoch() {
+        let desired = vec!["me".to_string()];
+        let live: BTreeSet<String> = ["me".to_string()].into();
+        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
+        assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Take(0)]);
+        let mut spec = LeaseSpec { lease_transitions: Some(4), ..Default::default() };
+        lease::take(&mut spec, "me");
+        assert_eq!(spec.lease_transitions, Some(5));
+    }
+
+    #[test]
+    fn an_expired_holding_owns_nothing() {
+        let held = Held { shards: [(1, 3)].into(), members: vec![], valid_until: Some(Instant::now() - Duration::from_millis(1)) };
+        assert_eq!(held.epoch(1), None);
+        let held = Held { valid_until: Some(Instant::now() + Duration::from_secs(5)), ..held };
+        assert_eq!(held.epoch(1), Some(3));
+        assert_eq!(held.epoch(2), None);
+    }
+}

