@@ -31,6 +31,9 @@ pub const STACK_NAME_LABEL: &str = "pulumi.com/stack-name";
 pub const AUTO_COMPONENT_LABEL: &str = "auto.pulumi.com/component";
 /// Label carrying the Workspace name on its generated Service and StatefulSet.
 pub const WORKSPACE_NAME_LABEL: &str = "auto.pulumi.com/workspace-name";
+/// Label carrying the virtual shard of a Stack and of everything made for it (our fleet's; see
+/// [`crate::shard`]).
+pub const SHARD_LABEL: &str = "pulumi.com/shard";
 /// Label carrying the Update name on its outputs Secret.
 pub const UPDATE_NAME_LABEL: &str = "auto.pulumi.com/update-name";
 

@@ -20,6 +20,7 @@ pub mod duration;
 pub mod program;
 pub mod reference;
 pub mod schema;
+pub mod shard;
 pub mod shared;
 pub mod stack;
 pub mod update;

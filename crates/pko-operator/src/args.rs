@@ -24,6 +24,39 @@ pub struct RunArgs {
     /// Log output.
     #[command(flatten)]
     pub logging: LoggingArgs,
+    /// The sharded fleet.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+}
+
+/// The sharded fleet (ours): several replicas split Stacks over Lease-held virtual shards.
+#[derive(Args, Debug, Clone)]
+pub struct FleetArgs {
+    /// Take part in a fleet: hold shards through Leases and act only on their objects. Off: this
+    /// replica acts on everything (one replica).
+    #[arg(long, env = "PKO_FLEET")]
+    pub fleet: bool,
+    /// Virtual shards (every replica of a fleet must agree; changing it moves every Stack).
+    #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub shards: u32,
+    /// Name of the fleet: prefix of its Leases.
+    #[arg(long, default_value = "pko", env = "PKO_FLEET_NAME")]
+    pub fleet_name: String,
+    /// Namespace of the fleet's Leases (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub fleet_namespace: Option<String>,
+    /// This replica's id in the fleet (default: its pod name, else its host name).
+    #[arg(long, env = "POD_NAME")]
+    pub replica_id: Option<String>,
+    /// Seconds a replica's membership lasts without renewal before others take its shards.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Seconds between membership renewals (writes at rest: one per interval per replica).
+    #[arg(long, default_value_t = 5)]
+    pub renew_interval_seconds: u64,
+    /// Seconds after its last renewal at which a replica that could not renew stops acting.
+    #[arg(long, default_value_t = 10)]
+    pub renew_deadline_seconds: u64,
 }
 
 /// The artifact server (PKO's program file server).

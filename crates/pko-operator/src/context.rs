@@ -19,6 +19,9 @@ pub struct Context {
     pub reconcile_concurrency: u16,
     /// One event recorder per controller, for the process's life (event aggregation).
     pub events: crate::k8s::Events,
+    /// Changes each time this replica gains shards (`--fleet`): controllers of kinds watched whole
+    /// (Programs) reconcile everything again then (kube's `reconcile_all_on`); sharded kinds re-list.
+    pub shards_gained: Option<tokio::sync::watch::Receiver<u64>>,
     /// Cancelled to shut the operator down: every controller stops taking work (kube's
     /// `graceful_shutdown_on`) and the servers end after them.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -32,7 +35,7 @@ impl Context {
     pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
         let events = crate::k8s::Events::new(&client);
         let shutdown = tokio_util::sync::CancellationToken::new();
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shutdown }
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

@@ -24,7 +24,7 @@ use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use pko_api::{Program, Stack, Update, Workspace};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 /// Where a replica watches (the operator's `--namespaces`).
@@ -78,6 +78,7 @@ pub struct Informer<K: Watched> {
     config: watcher::Config,
     writer: Writer<K>,
     subscribers: Vec<mpsc::Sender<Change<K>>>,
+    shards: Option<watch::Receiver<String>>,
 }
 
 impl<K: Watched> Informer<K> {
@@ -88,7 +89,15 @@ impl<K: Watched> Informer<K> {
             WatchScope::Cluster => vec![Api::all(client.clone())],
             WatchScope::Namespaces(list) => list.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect(),
         };
-        Self { apis, config, writer: Writer::default(), subscribers: Vec::new() }
+        Self { apis, config, writer: Writer::default(), subscribers: Vec::new(), shards: None }
+    }
+
+    /// Watches only the objects `selector` picks besides the informer's own selector (the fleet: the
+    /// shards this replica holds); each change of it re-lists, and what no longer matches leaves the
+    /// store as deleted.
+    pub fn with_shard_selector(mut self, selector: watch::Receiver<String>) -> Self {
+        self.shards = Some(selector);
+        self
     }
 
     /// The cache: every object of every source, ready once each source has listed once.
@@ -112,16 +121,20 @@ impl<K: Watched> Informer<K> {
     /// Watches until `shutdown` is cancelled: keeps the store and hands every change to the
     /// subscribers. Watch errors are logged and retried with kube's default backoff.
     pub async fn run(self, shutdown: CancellationToken) {
-        let Informer { apis, config, mut writer, mut subscribers } = self;
+        let Informer { apis, config, mut writer, mut subscribers, mut shards } = self;
         let kind = K::kind(&());
         let reader = writer.as_reader();
         let mut merge = Merge::new(apis.len());
-        let sources = apis.into_iter().enumerate().map(|(i, api)| watcher(api, config.clone()).default_backoff().map(move |e| (i, e)).boxed());
-        let mut events = futures::stream::select_all(sources);
+        let mut events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 e = events.next() => e,
+                Ok(()) = async { match shards.as_mut() { Some(s) => s.changed().await, None => std::future::pending().await } } => {
+                    // held shards changed: watch again with the new selector (a re-list per source)
+                    events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
+                    continue;
+                }
             };
             let Some((source, event)) = next else { return };
             let event = match event {
@@ -146,6 +159,21 @@ impl<K: Watched> Informer<K> {
                 }
             }
         }
+    }
+}
+
+impl<K: Watched> Informer<K> {
+    /// One watch per source, with `shards`' current selector joined to `config`'s.
+    fn sources(apis: &[Api<K>], config: &watcher::Config, shards: Option<&mut watch::Receiver<String>>) -> Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> {
+        let mut config = config.clone();
+        if let Some(s) = shards {
+            let selector = s.borrow_and_update().clone();
+            config.label_selector = Some(match config.label_selector.take() {
+                Some(own) if !own.is_empty() => format!("{own},{selector}"),
+                _ => selector,
+            });
+        }
+        apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().map(move |e| (i, e)).boxed()).collect()
     }
 }
 
@@ -227,17 +255,25 @@ type SyncWait = futures::future::BoxFuture<'static, bool>;
 /// A slot of [`Informers`]: the informer of one kind, made on first use.
 struct Slot<K: Watched> {
     config: watcher::Config,
+    sharded: bool,
     informer: Option<Informer<K>>,
 }
 
 impl<K: Watched> Slot<K> {
-    fn new(config: watcher::Config) -> Self {
-        Self { config, informer: None }
+    fn new(config: watcher::Config, sharded: bool) -> Self {
+        Self { config, sharded, informer: None }
     }
 
-    fn get(&mut self, client: &kube::Client, scope: &WatchScope) -> &mut Informer<K> {
+    fn get(&mut self, client: &kube::Client, scope: &WatchScope, shards: Option<&watch::Receiver<String>>) -> &mut Informer<K> {
         let config = self.config.clone();
-        self.informer.get_or_insert_with(|| Informer::new(client, scope, config))
+        let shards = shards.filter(|_| self.sharded).cloned();
+        self.informer.get_or_insert_with(|| {
+            let i = Informer::new(client, scope, config);
+            match shards {
+                Some(s) => i.with_shard_selector(s),
+                None => i,
+            }
+        })
     }
 }
 
@@ -246,6 +282,7 @@ impl<K: Watched> Slot<K> {
 pub struct Informers {
     client: kube::Client,
     scope: WatchScope,
+    shards: Option<watch::Receiver<String>>,
     stacks: Slot<Stack>,
     programs: Slot<Program>,
     workspaces: Slot<Workspace>,
@@ -263,37 +300,46 @@ impl Informers {
         Self {
             client,
             scope,
-            stacks: Slot::new(all()),
-            programs: Slot::new(all()),
-            workspaces: Slot::new(all()),
-            updates: Slot::new(all()),
-            stateful_sets: Slot::new(all().labels(WORKSPACE_COMPONENT_SELECTOR)),
+            shards: None,
+            stacks: Slot::new(all(), true),
+            programs: Slot::new(all(), false),
+            workspaces: Slot::new(all(), true),
+            updates: Slot::new(all(), true),
+            stateful_sets: Slot::new(all().labels(WORKSPACE_COMPONENT_SELECTOR), true),
         }
+    }
+
+    /// Watches Stacks, Workspaces, Updates and StatefulSets only in the shards `selector` picks (the
+    /// fleet's held shards, [`shard_selector`]); Programs stay whole (any Stack may reference one).
+    /// Call before the first informer is made.
+    pub fn with_shards(mut self, selector: watch::Receiver<String>) -> Self {
+        self.shards = Some(selector);
+        self
     }
 
     /// The Stack informer.
     pub fn stacks(&mut self) -> &mut Informer<Stack> {
-        self.stacks.get(&self.client, &self.scope)
+        self.stacks.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The Program informer.
     pub fn programs(&mut self) -> &mut Informer<Program> {
-        self.programs.get(&self.client, &self.scope)
+        self.programs.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The Workspace informer.
     pub fn workspaces(&mut self) -> &mut Informer<Workspace> {
-        self.workspaces.get(&self.client, &self.scope)
+        self.workspaces.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The Update informer.
     pub fn updates(&mut self) -> &mut Informer<Update> {
-        self.updates.get(&self.client, &self.scope)
+        self.updates.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The informer of the agents' StatefulSets.
     pub fn stateful_sets(&mut self) -> &mut Informer<StatefulSet> {
-        self.stateful_sets.get(&self.client, &self.scope)
+        self.stateful_sets.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// Runs the informers made so far beside `controllers` (the futures their subscribers' controllers
@@ -334,6 +380,24 @@ impl Informers {
         (synced, async move {
             futures::future::join(futures::future::join_all(runs), all_synced).await;
         })
+    }
+}
+
+/// The label selector of the objects in `held` shards out of `total`: `pulumi.com/shard in (…)`, or
+/// `notin` the others when that is shorter, or every labelled object when all are held; nothing (a
+/// value no shard has) when none is.
+pub fn shard_selector(held: &std::collections::BTreeSet<u32>, total: u32) -> String {
+    use pko_api::constants::SHARD_LABEL;
+    let list = |it: &mut dyn Iterator<Item = u32>| it.map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let held_count = held.len() as u32;
+    if held_count == 0 {
+        format!("{SHARD_LABEL}=none")
+    } else if held_count >= total {
+        SHARD_LABEL.to_string()
+    } else if held_count <= total / 2 {
+        format!("{SHARD_LABEL} in ({})", list(&mut held.iter().copied()))
+    } else {
+        format!("{SHARD_LABEL},{SHARD_LABEL} notin ({})", list(&mut (0..total).filter(|s| !held.contains(s))))
     }
 }
 
@@ -442,6 +506,15 @@ mod tests {
         h.feed(1, watcher::Event::InitApply(cm("b", "z")));
         assert_eq!(h.feed(1, watcher::Event::InitDone), ["-b/x"]);
         assert_eq!(h.names(), ["a/x", "b/z"]);
+    }
+
+    #[test]
+    fn shard_selectors_stay_short() {
+        let held = |v: &[u32]| v.iter().copied().collect::<std::collections::BTreeSet<u32>>();
+        assert_eq!(shard_selector(&held(&[]), 8), "pulumi.com/shard=none");
+        assert_eq!(shard_selector(&held(&[1, 5]), 8), "pulumi.com/shard in (1,5)");
+        assert_eq!(shard_selector(&held(&[0, 1, 2, 3, 4, 6]), 8), "pulumi.com/shard,pulumi.com/shard notin (5,7)");
+        assert_eq!(shard_selector(&held(&(0..8).collect::<Vec<_>>()), 8), "pulumi.com/shard");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod args;
 pub mod artifacts;
 pub mod context;
+pub mod fleet;
 pub mod informer;
 pub mod k8s;
 /// Ownership of objects by this replica: the `pko-fleet` crate (the fleet implements it there).
@@ -34,7 +35,14 @@ pub fn program_controller(
 ) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send + 'static) {
     let programs = informers.programs();
     let store = programs.store();
-    let controller = Controller::for_stream(programs.objects(), store.clone());
+    let mut controller = Controller::for_stream(programs.objects(), store.clone());
+    if let Some(gained) = ctx.shards_gained.clone() {
+        // Programs are watched whole: one that was not ours may be now
+        controller = controller.reconcile_all_on(futures::stream::unfold(gained, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        }));
+    }
     let run = async move { k8s::run_controller(controller, &ctx.clone(), "program", program::reconcile, ctx).await };
     (store, run)
 }

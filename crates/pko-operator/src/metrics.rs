@@ -53,6 +53,8 @@ pub mod names {
     pub const OPERATIONS_QUEUED: &str = "pko_update_operations_queued";
     /// Gauge: operations this replica's workers drive now.
     pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
+    /// Gauge: shards this replica holds (`--fleet`).
+    pub const SHARDS_HELD: &str = "pko_fleet_shards_held";
     /// Counter, label `controller`: reconciles run.
     pub const RECONCILES_TOTAL: &str = "pko_reconciles_total";
     /// Counter, labels `controller` and `step`: reconciles that failed, by the step that failed.

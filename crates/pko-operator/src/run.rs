@@ -82,16 +82,33 @@ impl Operator {
     /// or the metrics certificate.
     pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
         let Operator { client, args, local_agent_env } = self;
-        let RunArgs { artifacts, runtime, operations, metrics, logging: _ } = args;
+        let RunArgs { artifacts, runtime, operations, metrics, logging: _, fleet } = args;
         let listener = tokio::net::TcpListener::bind(artifacts.program_fs_addr).await.with_context(|| format!("binding --program-fs-addr {}", artifacts.program_fs_addr))?;
         let artifacts_addr = listener.local_addr()?;
         let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
-        let ownership: Arc<dyn Ownership> =
-            if operations.namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())) };
-        let ctx =
-            Arc::new(Context { reconcile_concurrency: operations.max_concurrent_reconciles, shutdown: shutdown.clone(), ..Context::new(client.clone(), advertised, ownership) });
+        let scope = WatchScope::from_namespaces(&operations.namespaces);
+        let mut servers = Vec::new();
+        let mut membership = Vec::new();
+        // the fleet: held shards decide what this replica owns and which objects its informers watch
+        let member = if fleet.fleet { Some(crate::fleet::join(&client, &fleet, &operations.namespaces, &shutdown)?) } else { None };
+        let ownership: Arc<dyn Ownership> = match &member {
+            Some(m) => m.ownership.clone(),
+            None if operations.namespaces.is_empty() => Arc::new(SingleReplica),
+            None => Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())),
+        };
+        let ctx = Arc::new(Context {
+            reconcile_concurrency: operations.max_concurrent_reconciles,
+            shutdown: shutdown.clone(),
+            shards_gained: member.as_ref().map(|m| m.gained.clone()),
+            ..Context::new(client.clone(), advertised, ownership)
+        });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
-        let mut informers = Informers::new(client.clone(), WatchScope::from_namespaces(&operations.namespaces));
+        let mut informers = Informers::new(client.clone(), scope.clone());
+        if let Some(m) = member {
+            informers = informers.with_shards(m.selector.clone());
+            membership.extend(m.tasks);
+            servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
+        }
         let agent_runtime = match runtime.runtime {
             RuntimeKind::Pod => Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }),
             RuntimeKind::Local => Runtime::Local(LocalRuntime::new(
@@ -109,7 +126,7 @@ impl Operator {
             }
             (None, RuntimeKind::Local) => None,
         };
-        let mut servers = Vec::new();
+
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
         let workspace_controller = WorkspaceController::new(ctx.clone(), agent_runtime).run(&mut informers);
@@ -133,6 +150,8 @@ impl Operator {
         let controllers = (program_controller, stack_controller, workspace_controller, update_controller);
         let task = tokio::spawn(async move {
             tokio::join!(controllers.0, controllers.1, controllers.2, controllers.3);
+            // the membership ends by releasing its Lease (successors take the shards at once)
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
             for s in servers {
                 s.abort();
             }

@@ -292,9 +292,8 @@ fn owner_ref<K: kube::Resource<DynamicType = ()>>(owner: &K, what: &'static str)
 pub fn workspace(stack: &pko_api::Stack, source: &ResolvedSource) -> Result<pko_api::Workspace, BuildError> {
     use kube::ResourceExt;
     let name = stack.name_any();
-    let mut labels = stack_labels(&name);
     let template = stack.spec.workspace_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
-    labels.extend(template.labels.unwrap_or_default());
+    let labels = child_labels(stack, template.labels);
     let metadata = kube::api::ObjectMeta {
         name: Some(name),
         namespace: stack.namespace(),
@@ -316,8 +315,7 @@ pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str
     let ws_owner = OwnerReference { controller: Some(true), ..owner_ref(workspace, "workspace")? };
     let stack_owner = OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner_ref(stack, "stack")? };
     let template = stack.spec.update_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
-    let mut labels = stack_labels(&stack_name);
-    labels.extend(template.labels.unwrap_or_default());
+    let labels = child_labels(stack, template.labels);
     let annotations = template.annotations.filter(|a| !a.is_empty());
     let metadata = kube::api::ObjectMeta {
         name: Some(name.to_string()),
@@ -329,6 +327,18 @@ pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str
         ..Default::default()
     };
     Ok(pko_api::Update { metadata, spec: update_spec(&stack.spec, &stack_name, deleting, reason), status: None })
+}
+
+/// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard (ours,
+/// never overridden by a template: it decides which replica sees the object).
+fn child_labels(stack: &pko_api::Stack, template: Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    use kube::ResourceExt;
+    let mut labels = stack_labels(&stack.name_any());
+    labels.extend(template.unwrap_or_default());
+    if let Some(shard) = stack.labels().get(pko_api::constants::SHARD_LABEL) {
+        labels.insert(pko_api::constants::SHARD_LABEL.into(), shard.clone());
+    }
+    labels
 }
 
 /// Labels PKO puts on objects generated for a Stack.
@@ -378,8 +388,8 @@ mod tests {
     #[test]
     fn whole_objects_carry_labels_templates_and_owners() {
         let mut stack: pko_api::Stack = serde_json::from_value(json!({
-            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "web", "namespace": "team"},
-            "spec": {"stack": "dev", "workspaceTemplate": {"metadata": {"labels": {"tier": "a"}, "annotations": {"n": "1"}}},
+            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "web", "namespace": "team", "labels": {"pulumi.com/shard": "17"}},
+            "spec": {"stack": "dev", "workspaceTemplate": {"metadata": {"labels": {"tier": "a", "pulumi.com/shard": "3"}, "annotations": {"n": "1"}}},
                      "updateTemplate": {"metadata": {"labels": {"kind": "u"}}}}
         }))
         .unwrap();
@@ -389,6 +399,7 @@ mod tests {
         let mut ws = workspace(&stack, &src).unwrap();
         let labels = ws.metadata.labels.clone().unwrap();
         assert_eq!((labels["tier"].as_str(), labels[pko_api::constants::STACK_NAME_LABEL].as_str()), ("a", "web"));
+        assert_eq!(labels[pko_api::constants::SHARD_LABEL], "17", "the Stack's shard, whatever the template says");
         assert_eq!(ws.metadata.annotations.clone().unwrap()["n"], "1");
         assert_eq!(ws.metadata.owner_references.clone().unwrap()[0].uid, "s-uid");
         assert!(update(&stack, &ws, "web-1", false, "m").is_err(), "the Workspace needs a uid too");

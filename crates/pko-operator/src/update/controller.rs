@@ -15,6 +15,7 @@ use kube::runtime::controller::Action;
 use crate::informer::Informers;
 use kube::{Resource, ResourceExt};
 use pko_api::constants::update_condition as uc;
+use pko_api::shard::ShardKey;
 use pko_api::{Update, Workspace};
 use pko_proto::v1::ResultStatus;
 
@@ -136,6 +137,12 @@ impl UpdateController {
         if update.is_complete() || update.meta().deletion_timestamp.is_some() {
             return Drive::Done;
         }
+        // fenced: a job pushed under an epoch this replica no longer holds is dropped (the shard's new
+        // holder pushes its own)
+        if self.ctx.ownership.epoch(&job.namespace, &update.shard_key()) != job.epoch {
+            tracing::info!(update = %job.name, epoch = job.epoch, "shard no longer held at this epoch; job dropped");
+            return Drive::Done;
+        }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return Drive::Done };
         let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return Drive::Done };
@@ -184,7 +191,8 @@ impl UpdateController {
     async fn reconcile(self: Arc<Self>, update: Arc<Update>) -> Result<Action, Error> {
         let ns = update.namespace().unwrap_or_default();
         let name = update.name_any();
-        if !self.ctx.ownership.owns(&ns, &name) || update.meta().deletion_timestamp.is_some() {
+        let shard_key = update.shard_key();
+        if !self.ctx.ownership.owns(&ns, &shard_key) || update.meta().deletion_timestamp.is_some() {
             return Ok(Action::await_change());
         }
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &ns);
@@ -203,7 +211,7 @@ impl UpdateController {
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         let key = update.operation_id();
-        if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &name) }) {
+        if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key) }) {
             tracing::debug!(update = %name, "queued");
             self.record_queue();
         }

@@ -21,6 +21,7 @@ use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use pko_api::Workspace;
 use pko_api::constants::{field_manager, workspace_condition as wc};
+use pko_api::shard::ShardKey;
 use pko_api::workspace::WorkspaceStatus;
 
 pub use super::local::{LocalRuntime, local_agent_env};
@@ -136,7 +137,7 @@ impl WorkspaceController {
     async fn reconcile(self: Arc<Self>, ws: Arc<Workspace>) -> Result<Action, Error> {
         let ns = ws.namespace().unwrap_or_default();
         let name = ws.name_any();
-        if !self.ctx.ownership.owns(&ns, &name) {
+        if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
             return Ok(Action::await_change());
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use pko_api::Workspace;
-use pko_api::constants::{AUTO_COMPONENT_LABEL, REVISION_HASH_ANNOTATION, WORKSPACE_NAME_LABEL};
+use pko_api::constants::{AUTO_COMPONENT_LABEL, REVISION_HASH_ANNOTATION, SHARD_LABEL, WORKSPACE_NAME_LABEL};
 use pko_api::workspace::{AGENT_PORT, SecurityProfile};
 use sha2::{Digest, Sha256};
 
@@ -180,7 +180,8 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         metadata: ObjectMeta {
             name: Some(object_name(&name)),
             namespace: Some(ns),
-            labels: Some(labels(&name)),
+            // the Workspace's shard too: the replica holding it watches this StatefulSet
+            labels: Some(labels(&name).into_iter().chain(kube::ResourceExt::labels(ws).get(SHARD_LABEL).map(|s| (SHARD_LABEL.to_string(), s.clone()))).collect()),
             owner_references: owner(ws).map(|o| vec![o]),
             ..Default::default()
         },

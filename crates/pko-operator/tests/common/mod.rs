@@ -86,6 +86,11 @@ pub struct InProcessOperator {
 /// The flags of an in-process operator: local runtime on the bed, loopback ports picked by the kernel,
 /// plain-HTTP metrics, no probe endpoint, only `namespace`.
 pub fn run_args(env: &pko_testbed::PulumiEnv, namespace: &str) -> pko_operator::args::RunArgs {
+    run_args_with(env, namespace, &[])
+}
+
+/// [`run_args`] and then `extra` flags.
+pub fn run_args_with(env: &pko_testbed::PulumiEnv, namespace: &str, extra: &[&str]) -> pko_operator::args::RunArgs {
     use clap::Parser;
     #[derive(Parser)]
     struct Cli {
@@ -118,15 +123,29 @@ pub fn run_args(env: &pko_testbed::PulumiEnv, namespace: &str) -> pko_operator::
         "--namespaces",
         namespace,
     ];
-    Cli::parse_from(args).run
+    Cli::parse_from(args.iter().chain(extra)).run
 }
 
 impl InProcessOperator {
     pub async fn start(client: &kube::Client, env: &pko_testbed::PulumiEnv, namespace: &str) -> Self {
+        Self::start_with(client, env, run_args(env, namespace)).await
+    }
+
+    /// An operator with `args`.
+    pub async fn start_with(client: &kube::Client, env: &pko_testbed::PulumiEnv, args: pko_operator::args::RunArgs) -> Self {
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = pko_operator::run::Operator::new(client.clone(), run_args(env, namespace)).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
+        let running = pko_operator::run::Operator::new(client.clone(), args).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
         let metrics_url = format!("http://{}/metrics", running.metrics_addr.unwrap());
         Self { running: Some(running), shutdown, metrics_url }
+    }
+
+    /// Shuts it down gracefully (as on SIGTERM) and waits until it has stopped.
+    #[allow(dead_code)]
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(r) = self.running.take() {
+            r.wait().await;
+        }
     }
 
     /// The text of its `/metrics` endpoint.

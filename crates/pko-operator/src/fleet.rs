@@ -1,0 +1,142 @@
+//! The operator's side of the sharded fleet (`--fleet`): the membership of `pko-fleet` turned into
+//! what the controllers use — an [`Ownership`] (held shards, within `--namespaces` when given), the
+//! label selector of the held shards that the informers watch with, and the labeller that writes
+//! `pulumi.com/shard` once on every Stack, Workspace and Update that lacks it.
+//!
+//! Any replica labels an unlabelled object, by server-side apply with its own field manager: the
+//! value is a pure function of the object (`pko_fleet::ring::shard_of` of its namespace and
+//! [`ShardKey`]), so replicas agree and the write is idempotent. A Stack's Workspace and Updates are
+//! built with the Stack's label (`stack::build`); the labeller catches those made directly.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use pko_api::constants::SHARD_LABEL;
+use pko_api::shard::ShardKey;
+use pko_api::{Stack, Update, Workspace};
+use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
+use pko_fleet::ring::{BoundedRing, shard_of};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::FleetArgs;
+use crate::informer::{Change, Informer, WatchScope, Watched, shard_selector};
+use crate::ownership::{Namespaces, Ownership};
+
+/// Field manager of the shard label.
+pub const SHARD_FIELD_MANAGER: &str = "pulumi-kubernetes-operator/shard";
+
+/// Ownership by held shards, within some namespaces when the replica is scoped (`--namespaces`).
+#[derive(Debug, Clone)]
+pub struct FleetOwnership {
+    shards: ShardOwnership,
+    namespaces: Option<Namespaces>,
+}
+
+impl Ownership for FleetOwnership {
+    fn owns(&self, namespace: &str, name: &str) -> bool {
+        self.namespaces.as_ref().is_none_or(|n| n.owns(namespace, name)) && self.shards.owns(namespace, name)
+    }
+
+    fn epoch(&self, namespace: &str, name: &str) -> i64 {
+        self.shards.epoch(namespace, name)
+    }
+}
+
+/// A started fleet member: its ownership, the selector of its held shards, and its task.
+pub struct Member {
+    /// What this replica owns.
+    pub ownership: Arc<FleetOwnership>,
+    /// The label selector of the held shards, for [`crate::informer::Informers::with_shards`].
+    pub selector: watch::Receiver<String>,
+    /// Counts the times this replica gained shards (for `reconcile_all_on` of unsharded kinds).
+    pub gained: watch::Receiver<u64>,
+    /// The membership and the selector tasks (end at shutdown; the membership is released then).
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Errors starting a fleet member.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// Neither `--fleet-namespace` nor `POD_NAMESPACE` says where the Leases live.
+    #[error("--fleet needs --fleet-namespace (env POD_NAMESPACE): the namespace of the fleet's Leases")]
+    NoNamespace,
+    /// No replica id and no host name.
+    #[error("--fleet needs --replica-id (env POD_NAME): this replica's id, unique in the fleet")]
+    NoReplicaId,
+}
+
+/// Joins the fleet of `args`: starts the membership (until `shutdown`) and publishes the selector of
+/// the held shards.
+///
+/// Errors: [`FleetError`] naming the missing flag.
+pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shutdown: &CancellationToken) -> Result<Member, FleetError> {
+    let namespace = args.fleet_namespace.clone().filter(|n| !n.is_empty()).ok_or(FleetError::NoNamespace)?;
+    let replica =
+        args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)?;
+    let cfg = FleetConfig {
+        lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
+        renew_interval: Duration::from_secs(args.renew_interval_seconds.max(1)),
+        renew_deadline: Duration::from_secs(args.renew_deadline_seconds.max(1)),
+        ..FleetConfig::new(namespace, args.fleet_name.clone(), replica.clone(), args.shards)
+    };
+    tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
+    let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
+    let mut changes = shards.changes();
+    let total = args.shards;
+    let (tx, selector) = watch::channel(shard_selector(&BTreeSet::new(), total));
+    let (gained_tx, gained) = watch::channel(0u64);
+    let publish = tokio::spawn(async move {
+        let mut last: Option<BTreeSet<u32>> = None;
+        loop {
+            let held: BTreeSet<u32> = changes.borrow_and_update().shards.keys().copied().collect();
+            if last.as_ref() != Some(&held) {
+                if held.iter().any(|s| !last.as_ref().is_some_and(|l| l.contains(s))) {
+                    gained_tx.send_modify(|n| *n += 1);
+                }
+                metrics::gauge!(crate::metrics::names::SHARDS_HELD).set(held.len() as f64);
+                tx.send_replace(shard_selector(&held, total));
+                last = Some(held);
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let membership = tokio::spawn(fleet.run(shutdown.clone()));
+    let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
+    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
+}
+
+/// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label and
+/// labels each with its shard out of `shards`. Runs until `shutdown`.
+pub async fn label_unsharded(client: kube::Client, scope: WatchScope, shards: u32, shutdown: CancellationToken) {
+    let unlabelled = || kube::runtime::watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
+    let stacks = label_kind::<Stack>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
+    let workspaces = label_kind::<Workspace>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
+    let updates = label_kind::<Update>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
+    futures::future::join3(stacks, workspaces, updates).await;
+}
+
+async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, shutdown: CancellationToken) {
+    use futures::StreamExt;
+    let mut changes = Box::pin(informer.subscribe());
+    let watch = tokio::spawn(informer.run(shutdown.clone()));
+    while let Some(change) = changes.next().await {
+        let Change::Applied(object) = change else { continue };
+        let ns = object.namespace().unwrap_or_default();
+        let shard = shard_of(&format!("{ns}/{}", object.shard_key()), shards);
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()), "kind": K::kind(&()),
+            "metadata": {"name": object.name_any(), "labels": {SHARD_LABEL: shard.to_string()}},
+        });
+        let api: Api<K> = Api::namespaced(client.clone(), &ns);
+        if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
+            tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard label not written");
+        }
+    }
+    watch.abort();
+}

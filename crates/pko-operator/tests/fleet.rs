@@ -1,0 +1,130 @@
+//! Three operator replicas in one fleet (`--fleet`) against one API server: every Stack is labelled
+//! with its shard, owned by exactly one replica, and runs exactly one Update; when a replica stops
+//! gracefully, the others take its shards and its Stacks keep converging.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use std::time::Duration;
+
+use common::*;
+use kube::ResourceExt;
+use pko_api::{Program, Stack, Update};
+use pko_testbed::eventually;
+use serde_json::json;
+
+const STACKS: usize = 9;
+
+fn fleet_args<'a>(ns: &'a str, replica: &'a str) -> Vec<&'a str> {
+    vec![
+        "--fleet",
+        "--fleet-namespace",
+        ns,
+        "--replica-id",
+        replica,
+        "--shards",
+        "64",
+        "--lease-duration-seconds",
+        "6",
+        "--renew-interval-seconds",
+        "2",
+        "--renew-deadline-seconds",
+        "4",
+    ]
+}
+
+async fn ready_count(stacks: &kube::Api<Stack>) -> usize {
+    stacks.list(&Default::default()).await.unwrap().items.iter().filter(|s| stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")).count()
+}
+
+#[tokio::test]
+async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+    let (client, ns, env) = setup("fleet").await;
+    let mut replicas = Vec::new();
+    for r in ["r0", "r1", "r2"] {
+        replicas.push(Some(InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), r))).await));
+    }
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+               "configuration": {"n": {"type": "String", "default": "0"}},
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo ${n}"}}}, "outputs": {"out": "${r.stdout}"}}}),
+    )
+    .await;
+    let stack = |i: usize, n: &str| {
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
+               "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url(), "config": {"n": n},
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}})
+    };
+    for i in 0..STACKS {
+        create(&ns.api::<Stack>(), stack(i, "0")).await;
+    }
+    let stacks = ns.api::<Stack>();
+    let ready = tokio::time::timeout(Duration::from_secs(180), async {
+        while ready_count(&stacks).await < STACKS {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    if ready.is_err() {
+        for s in stacks.list(&Default::default()).await.unwrap() {
+            eprintln!("{} labels={:?} conditions={:?}", s.name_any(), s.labels(), s.status.as_ref().and_then(|x| x.conditions.clone()));
+        }
+        panic!("not every Stack Ready within 180 s");
+    }
+
+    // labelled, owned by exactly one replica, one Update each
+    let owners = |replicas: &Vec<Option<InProcessOperator>>, s: &Stack| {
+        replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.running.as_ref().is_some_and(|x| x.ctx.ownership.owns(ns.name(), &s.name_any()))))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let mut by_owner: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for s in stacks.list(&Default::default()).await.unwrap() {
+        let shard = s.labels().get("pulumi.com/shard").cloned();
+        assert_eq!(shard, Some(pko_fleet::ring::shard_of(&format!("{}/{}", ns.name(), s.name_any()), 64).to_string()), "{} labelled with its shard", s.name_any());
+        let o = owners(&replicas, &s);
+        assert_eq!(o.len(), 1, "{} owned by {o:?}", s.name_any());
+        by_owner.entry(o[0]).or_default().push(s.name_any());
+    }
+    eprintln!("stacks by replica: {by_owner:?}");
+    let updates = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
+    assert_eq!(updates.len(), STACKS, "one Update per Stack: {:?}", updates.iter().map(|u| u.name_any()).collect::<Vec<_>>());
+    assert!(updates.iter().all(|u| u.labels().contains_key("pulumi.com/shard")), "Updates carry the shard label");
+
+    // stop the replica owning the most Stacks; change every Stack: all converge on the other two
+    let (&gone, moved) = by_owner.iter().max_by_key(|(_, v)| v.len()).unwrap();
+    let t = std::time::Instant::now();
+    if let Some(op) = replicas[gone].take() {
+        op.stop().await;
+    }
+    eprintln!("replica r{gone} stopped ({} Stacks) in {:.1} s", moved.len(), t.elapsed().as_secs_f64());
+    for i in 0..STACKS {
+        stacks.patch(&format!("s{i}"), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"config": {"n": "1"}}}))).await.unwrap();
+    }
+    eventually("every Stack converges on the second generation", 180, || async {
+        stacks
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|s| s.status.as_ref().and_then(|st| st.outputs.as_ref()).is_some_and(|o| o["out"] == json!("1")) && stack_condition(s, "Ready").is_some_and(|c| c.0 == "True"))
+            .count()
+            == STACKS
+    })
+    .await;
+    eprintln!("all Stacks converged {:.1} s after the stop", t.elapsed().as_secs_f64());
+    for s in stacks.list(&Default::default()).await.unwrap() {
+        let o = owners(&replicas, &s);
+        assert_eq!(o.len(), 1, "{} owned by {o:?} after the stop", s.name_any());
+        assert_ne!(o[0], gone);
+    }
+    let updates = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
+    assert_eq!(updates.len(), 2 * STACKS, "one more Update per Stack, none doubled");
+}
