@@ -167,6 +167,9 @@ pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, li
             } else if want != me && live.contains(want) {
                 steps.push(Step::Release(shard));
             }
+        } else if holder == Some(me) && want != me {
+            // the Lease still names us (a release that failed, or an earlier life): let it go
+            steps.push(Step::Release(shard));
         } else if want == me {
             match (lease, holder) {
                 (None, _) => steps.push(Step::Create(shard)),
@@ -440,6 +443,14 @@ mod tests {
                                   // 5: other holds it and is live — wait for its release
             ]
         );
+    }
+
+    #[test]
+    fn a_lease_still_naming_us_is_released_when_another_should_hold_it() {
+        let desired = vec!["other".to_string()];
+        let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
+        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
+        assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Release(0)], "a release that failed is tried again");
     }
 
     #[test]
