@@ -19,6 +19,10 @@ pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {
     fn owns(&self, namespace: &str, name: &str) -> bool;
     /// Fencing epoch of the shard holding `namespace/name` (carried by every side effect).
     fn epoch(&self, namespace: &str, name: &str) -> i64;
+    /// The shard of `namespace/name` (0 outside a fleet).
+    fn shard(&self, _namespace: &str, _name: &str) -> u32 {
+        0
+    }
 }
 
 /// A single replica: owns every object, epoch 1.

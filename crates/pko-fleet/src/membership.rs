@@ -91,11 +91,6 @@ pub struct ShardOwnership {
 }
 
 impl ShardOwnership {
-    /// The shard of `namespace/name`.
-    pub fn shard(&self, namespace: &str, name: &str) -> u32 {
-        shard_of(&format!("{namespace}/{name}"), self.shards)
-    }
-
     /// Every change of what this replica holds.
     pub fn changes(&self) -> watch::Receiver<Arc<Held>> {
         self.held.clone()
@@ -109,6 +104,10 @@ impl Ownership for ShardOwnership {
 
     fn epoch(&self, namespace: &str, name: &str) -> i64 {
         self.held.borrow().epoch(self.shard(namespace, name)).unwrap_or(0)
+    }
+
+    fn shard(&self, namespace: &str, name: &str) -> u32 {
+        shard_of(&format!("{namespace}/{name}"), self.shards)
     }
 }
 

@@ -121,6 +121,17 @@ pub struct OperationArgs {
     /// 0: no limit beyond `--max-operations`.
     #[arg(long, default_value_t = 0)]
     pub max_operations_per_class: usize,
+    /// At most this many operations of one namespace at once (0: no limit); namespaces take turns
+    /// either way, so one with 1,000 Stacks cannot starve one with 3.
+    #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
+    pub max_operations_per_namespace: usize,
+    /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
+    /// replica that queued them and move with their shard. Required for more than one replica.
+    #[arg(long, env = "PKO_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Prefix of the queue's Redis keys (several fleets may share one Redis).
+    #[arg(long, default_value = "pko", env = "PKO_REDIS_PREFIX")]
+    pub redis_prefix: String,
     /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
     /// of ours: several operators can share a cluster by namespace.
     #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]

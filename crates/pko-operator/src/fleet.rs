@@ -44,6 +44,62 @@ impl Ownership for FleetOwnership {
     fn epoch(&self, namespace: &str, name: &str) -> i64 {
         self.shards.epoch(namespace, name)
     }
+
+    fn shard(&self, namespace: &str, name: &str) -> u32 {
+        self.shards.shard(namespace, name)
+    }
+}
+
+impl FleetOwnership {
+    /// Every change of the held shards.
+    pub fn changes(&self) -> watch::Receiver<Arc<pko_fleet::membership::Held>> {
+        self.shards.changes()
+    }
+}
+
+/// Keeps `queue` in step with the held shards: a gained shard's jobs recorded elsewhere are adopted at
+/// its epoch, a lost shard's waiting jobs forgotten. Runs until the membership ends.
+pub async fn follow_shards(ownership: Arc<FleetOwnership>, queue: Arc<dyn crate::queue::WorkQueue>) {
+    let mut changes = ownership.changes();
+    let mut last: std::collections::BTreeMap<u32, i64> = Default::default();
+    loop {
+        let held = changes.borrow_and_update().shards.clone();
+        if held != last {
+            let now = held.clone();
+            queue.forget(&move |job| now.contains_key(&job.shard));
+            for (shard, epoch) in held.iter().filter(|(s, e)| last.get(s) != Some(e)) {
+                match queue.adopt(*shard, *epoch).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(shard, epoch, jobs = n, "adopted the shard's queued operations"),
+                    Err(e) => tracing::warn!(shard, error = %e, "could not adopt the shard's queued operations"),
+                }
+            }
+            last = held;
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Refuses a second replica without Redis: each replica's in-memory queue is its own, so operations a
+/// stopped replica had queued would wait for the next reconcile instead of moving with their shard.
+///
+/// Errors: another live member of the fleet, named.
+pub async fn check_single_without_redis(client: &kube::Client, args: &FleetArgs, replica: &str) -> anyhow::Result<()> {
+    let Some(namespace) = args.fleet_namespace.as_deref() else { return Ok(()) };
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("{}={},{}=member", pko_fleet::lease::FLEET_LABEL, args.fleet_name, pko_fleet::lease::KIND_LABEL);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for l in leases.list(&kube::api::ListParams::default().labels(&selector)).await?.items {
+        let Some(spec) = l.spec.as_ref() else { continue };
+        let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty() && *h != replica) else { continue };
+        let fresh = spec.renew_time.as_ref().is_some_and(|t| now.duration_since(t.0).as_secs() < i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+        if fresh {
+            anyhow::bail!("replica {holder} is live in fleet {}: more than one replica needs --redis-url (the work queue they share)", args.fleet_name);
+        }
+    }
+    Ok(())
 }
 
 /// A started fleet member: its ownership, the selector of its held shards, and its task.
@@ -56,6 +112,8 @@ pub struct Member {
     pub gained: watch::Receiver<u64>,
     /// The membership and the selector tasks (end at shutdown; the membership is released then).
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// This replica's id.
+    pub replica: String,
 }
 
 /// Errors starting a fleet member.
@@ -69,14 +127,20 @@ pub enum FleetError {
     NoReplicaId,
 }
 
+/// This replica's id: `--replica-id` (env `POD_NAME`), else the host name.
+///
+/// Errors: [`FleetError::NoReplicaId`].
+pub fn replica_id(args: &FleetArgs) -> Result<String, FleetError> {
+    args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)
+}
+
 /// Joins the fleet of `args`: starts the membership (until `shutdown`) and publishes the selector of
 /// the held shards.
 ///
 /// Errors: [`FleetError`] naming the missing flag.
 pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shutdown: &CancellationToken) -> Result<Member, FleetError> {
     let namespace = args.fleet_namespace.clone().filter(|n| !n.is_empty()).ok_or(FleetError::NoNamespace)?;
-    let replica =
-        args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)?;
+    let replica = replica_id(args)?;
     let cfg = FleetConfig {
         lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
         renew_interval: Duration::from_secs(args.renew_interval_seconds.max(1)),
@@ -85,6 +149,7 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
     let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
+    let replica = replica.clone();
     let mut changes = shards.changes();
     let total = args.shards;
     let (tx, selector) = watch::channel(shard_selector(&BTreeSet::new(), total));
@@ -108,7 +173,7 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     });
     let membership = tokio::spawn(fleet.run(shutdown.clone()));
     let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
-    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
+    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish], replica })
 }
 
 /// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label and

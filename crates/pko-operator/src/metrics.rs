@@ -53,6 +53,8 @@ pub mod names {
     pub const OPERATIONS_QUEUED: &str = "pko_update_operations_queued";
     /// Gauge: operations this replica's workers drive now.
     pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
+    /// Histogram in seconds, label `namespace`: from an operation's first push to a worker taking it.
+    pub const DISPATCH_WAIT_SECONDS: &str = "pko_dispatch_wait_seconds";
     /// Gauge: shards this replica holds (`--fleet`).
     pub const SHARDS_HELD: &str = "pko_fleet_shards_held";
     /// Counter, label `controller`: reconciles run.

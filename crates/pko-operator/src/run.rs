@@ -90,7 +90,14 @@ impl Operator {
         let mut servers = Vec::new();
         let mut membership = Vec::new();
         // the fleet: held shards decide what this replica owns and which objects its informers watch
+        if fleet.fleet && operations.redis_url.as_deref().is_none_or(str::is_empty) {
+            crate::fleet::check_single_without_redis(&client, &fleet, &crate::fleet::replica_id(&fleet)?).await?;
+        }
         let member = if fleet.fleet { Some(crate::fleet::join(&client, &fleet, &operations.namespaces, &shutdown)?) } else { None };
+        let queue = Self::queue(&operations, member.as_ref()).await?;
+        if let Some(m) = &member {
+            membership.push(tokio::spawn(crate::fleet::follow_shards(m.ownership.clone(), queue.clone())));
+        }
         let ownership: Arc<dyn Ownership> = match &member {
             Some(m) => m.ownership.clone(),
             None if operations.namespaces.is_empty() => Arc::new(SingleReplica),
@@ -130,7 +137,7 @@ impl Operator {
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
         let workspace_controller = WorkspaceController::new(ctx.clone(), agent_runtime).run(&mut informers);
-        let updates = UpdateController::new(ctx.clone(), operations.max_operations);
+        let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations);
         let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
         let update_controller = match agent_tokens {
             Some(t) => updates.with_agent_tokens(t),
@@ -158,6 +165,23 @@ impl Operator {
             tracing::info!("operator stopped");
         });
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// The work queue: Redis with `--redis-url`, else in memory (a fleet of one: checked before
+    /// joining).
+    async fn queue(operations: &crate::args::OperationArgs, member: Option<&crate::fleet::Member>) -> anyhow::Result<Arc<dyn crate::queue::WorkQueue>> {
+        let per_namespace = operations.max_operations_per_namespace;
+        let Some(url) = operations.redis_url.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(Arc::new(crate::queue::InMemoryQueue::new(per_namespace)));
+        };
+        let worker = member.map(|m| m.replica.clone()).unwrap_or_else(|| "single".into());
+        let q = crate::queue::redis::RedisQueue::new(url, &operations.redis_prefix, &worker, per_namespace)?;
+        match q.ping().await {
+            Ok(()) => tracing::info!(prefix = %operations.redis_prefix, "work queue: redis"),
+            // Redis is an accelerator: the operator works without it and records jobs once it is back
+            Err(e) => tracing::warn!(error = %e, "redis does not answer yet; jobs run from memory until it does"),
+        }
+        Ok(Arc::new(q))
     }
 
     async fn serve_metrics(

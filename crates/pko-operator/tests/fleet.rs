@@ -16,8 +16,8 @@ use serde_json::json;
 
 const STACKS: usize = 9;
 
-fn fleet_args<'a>(ns: &'a str, replica: &'a str) -> Vec<&'a str> {
-    vec![
+fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
         "--fleet",
         "--fleet-namespace",
         ns,
@@ -31,7 +31,9 @@ fn fleet_args<'a>(ns: &'a str, replica: &'a str) -> Vec<&'a str> {
         "2",
         "--renew-deadline-seconds",
         "4",
-    ]
+    ];
+    v.extend_from_slice(redis);
+    v
 }
 
 async fn ready_count(stacks: &kube::Api<Stack>) -> usize {
@@ -42,9 +44,11 @@ async fn ready_count(stacks: &kube::Api<Stack>) -> usize {
 async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
     let (client, ns, env) = setup("fleet").await;
+    let prefix = pko_testbed::testbed().redis_prefix("fleet");
+    let redis = ["--redis-url", pko_testbed::testbed().redis_url(), "--redis-prefix", &prefix];
     let mut replicas = Vec::new();
     for r in ["r0", "r1", "r2"] {
-        replicas.push(Some(InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), r))).await));
+        replicas.push(Some(InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), r, &redis))).await));
     }
     create(
         &ns.api::<Program>(),
@@ -127,4 +131,15 @@ async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
     }
     let updates = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
     assert_eq!(updates.len(), 2 * STACKS, "one more Update per Stack, none doubled");
+}
+
+#[tokio::test]
+async fn a_second_replica_without_redis_is_refused() {
+    let (client, ns, env) = setup("fleet-noredis").await;
+    let _first = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r0", &[]))).await;
+    eventually("r0's membership is written", 30, || async { ns.api::<k8s_openapi::api::coordination::v1::Lease>().get_opt("pko-member-r0").await.unwrap().is_some() }).await;
+    let second =
+        pko_operator::run::Operator::new(client.clone(), run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r1", &[]))).start(tokio_util::sync::CancellationToken::new()).await;
+    let err = second.err().expect("a second replica without Redis is refused").to_string();
+    assert!(err.contains("replica r0 is live") && err.contains("--redis-url"), "{err}");
 }

@@ -1,100 +1,163 @@
 //! The work queue between reconciles and operation workers. Reconciles push a job per Update; a fixed
-//! set of workers pops jobs and drives the operations. The fleet replaces the in-memory queue with the
-//! Redis one (at-least-once, fenced by shard epoch) behind the same trait.
-//! No PKO types or Kubernetes here: the Redis queue grows in this crate.
+//! set of workers pops jobs and drives the operations. Two implementations behind [`WorkQueue`]:
+//! [`InMemoryQueue`] (one replica) and [`redis::RedisQueue`] (the fleet: jobs outlive their replica,
+//! fenced by shard epoch). Both start jobs in the same order ([`fair::Fair`]: round-robin over
+//! namespaces, an optional per-namespace limit). No PKO types or Kubernetes here.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashSet, VecDeque};
+pub mod fair;
+pub mod redis;
+
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
+use crate::fair::Fair;
+
 /// One Update to run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Job {
     /// Dedup key: the operation id (`<namespace>/<name>/<uid>`).
     pub key: String,
-    /// Namespace of the Update.
+    /// Namespace of the Update (the unit of fairness).
     pub namespace: String,
     /// Name of the Update.
     pub name: String,
     /// Fencing epoch of the shard that pushed it.
     pub epoch: i64,
+    /// The shard of the Update (0 outside a fleet).
+    #[serde(default)]
+    pub shard: u32,
 }
+
+/// A job handed to a worker, and how long it waited since it was first queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The job.
+    pub job: Job,
+    /// Time from the first push to this claim.
+    pub waited: Duration,
+}
+
+/// An error of a queue's backing store (the in-memory queue has none).
+pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A queue of jobs, deduplicated by key from push until [`WorkQueue::done`].
 pub trait WorkQueue: Send + Sync + std::fmt::Debug + 'static {
-    /// Enqueues `job`; `false` when a job with its key is queued or in flight.
-    fn push(&self, job: Job) -> bool;
+    /// Enqueues `job`: `Ok(false)` when a job with its key is queued or in flight, or its epoch is
+    /// older than its shard's newest (fenced).
+    fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>>;
+    /// Enqueues `job` once `delay` has passed (a retry); as [`Self::push`].
+    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>>;
     /// Waits for the next job; it stays in flight until [`WorkQueue::done`].
-    fn pop(&self) -> BoxFuture<'_, Job>;
-    /// The job with `key` finished (or was abandoned): its key may be pushed again.
-    fn done(&self, key: &str);
+    fn pop(&self) -> BoxFuture<'_, Claimed>;
+    /// The running `job` is still being driven: `false` when it must not be any more (its epoch is
+    /// stale: the shard moved).
+    fn heartbeat<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, bool>;
+    /// The job finished (or was abandoned): its key may be pushed again.
+    fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()>;
+    /// This replica now holds `shard` at `epoch`: jobs recorded for it elsewhere are queued here.
+    /// Returns how many.
+    fn adopt(&self, shard: u32, epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>>;
+    /// Forgets the waiting jobs `keep` refuses (shards this replica no longer holds).
+    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync));
     /// Jobs waiting.
     fn queued(&self) -> usize;
     /// Jobs popped and not done.
     fn in_flight(&self) -> usize;
 }
 
+/// Waits for the next job of `local`, woken by `notify` or by the next delayed job falling due.
+async fn take_next(local: &Mutex<Fair>, notify: &Notify) -> (Job, Instant) {
+    loop {
+        let notified = notify.notified();
+        let due = {
+            let mut f = local.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((job, queued_at)) = f.take_with_time(Instant::now()) {
+                if f.waiting() > 0 {
+                    notify.notify_one();
+                }
+                return (job, queued_at);
+            }
+            f.next_due()
+        };
+        match due {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at.into(), notified).await;
+            }
+            None => notified.await,
+        }
+    }
+}
+
 /// The in-process queue (one replica).
 #[derive(Debug, Default)]
 pub struct InMemoryQueue {
-    state: Mutex<State>,
+    local: Mutex<Fair>,
     notify: Notify,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    queue: VecDeque<Job>,
-    keys: HashSet<String>,
-    in_flight: usize,
+impl InMemoryQueue {
+    /// A queue letting at most `per_namespace` jobs of one namespace be in flight (0: no limit).
+    pub fn new(per_namespace: usize) -> Self {
+        Self { local: Mutex::new(Fair::new(per_namespace)), notify: Notify::new() }
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, Fair> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl WorkQueue for InMemoryQueue {
-    fn push(&self, job: Job) -> bool {
-        let mut s = self.state.lock().unwrap();
-        if !s.keys.insert(job.key.clone()) {
-            return false;
+    fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>> {
+        let pushed = self.local().push(job);
+        if pushed {
+            self.notify.notify_one();
         }
-        s.queue.push_back(job);
-        drop(s);
-        self.notify.notify_one();
-        true
+        Box::pin(async move { Ok(pushed) })
     }
 
-    fn pop(&self) -> BoxFuture<'_, Job> {
+    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
+        let pushed = self.local().push_at(job, Instant::now() + delay);
+        if pushed {
+            self.notify.notify_one();
+        }
+        Box::pin(async move { Ok(pushed) })
+    }
+
+    fn pop(&self) -> BoxFuture<'_, Claimed> {
         Box::pin(async move {
-            loop {
-                let notified = self.notify.notified();
-                {
-                    let mut s = self.state.lock().unwrap();
-                    if let Some(job) = s.queue.pop_front() {
-                        s.in_flight += 1;
-                        if !s.queue.is_empty() {
-                            self.notify.notify_one();
-                        }
-                        return job;
-                    }
-                }
-                notified.await;
-            }
+            let (job, queued_at) = take_next(&self.local, &self.notify).await;
+            Claimed { job, waited: queued_at.elapsed() }
         })
     }
 
-    fn done(&self, key: &str) {
-        let mut s = self.state.lock().unwrap();
-        if s.keys.remove(key) {
-            s.in_flight = s.in_flight.saturating_sub(1);
-        }
+    fn heartbeat<'a>(&'a self, _job: &'a Job) -> BoxFuture<'a, bool> {
+        Box::pin(async { true })
+    }
+
+    fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()> {
+        self.local().done(&job.key);
+        self.notify.notify_one();
+        Box::pin(async {})
+    }
+
+    fn adopt(&self, _shard: u32, _epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>> {
+        Box::pin(async { Ok(0) })
+    }
+
+    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {
+        self.local().retain_waiting(keep);
     }
 
     fn queued(&self) -> usize {
-        self.state.lock().unwrap().queue.len()
+        self.local().waiting()
     }
 
     fn in_flight(&self) -> usize {
-        self.state.lock().unwrap().in_flight
+        self.local().in_flight()
     }
 }
 
@@ -102,25 +165,24 @@ impl WorkQueue for InMemoryQueue {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::time::Duration;
 
     fn job(k: &str) -> Job {
-        Job { key: k.into(), namespace: "ns".into(), name: k.into(), epoch: 1 }
+        Job { key: k.into(), namespace: "ns".into(), name: k.into(), epoch: 1, shard: 0 }
     }
 
     #[tokio::test]
     async fn fifo_with_dedup_until_done() {
         let q = InMemoryQueue::default();
-        assert!(q.push(job("a")));
-        assert!(q.push(job("b")));
-        assert!(!q.push(job("a")), "queued twice");
-        assert_eq!(q.pop().await.key, "a");
-        assert!(!q.push(job("a")), "in flight");
+        assert!(q.push(job("a")).await.unwrap());
+        assert!(q.push(job("b")).await.unwrap());
+        assert!(!q.push(job("a")).await.unwrap(), "queued twice");
+        assert_eq!(q.pop().await.job.key, "a");
+        assert!(!q.push(job("a")).await.unwrap(), "in flight");
         assert_eq!((q.queued(), q.in_flight()), (1, 1));
-        q.done("a");
-        assert!(q.push(job("a")), "pushable again once done");
-        assert_eq!(q.pop().await.key, "b");
-        assert_eq!(q.pop().await.key, "a");
+        q.done(&job("a")).await;
+        assert!(q.push(job("a")).await.unwrap(), "pushable again once done");
+        assert_eq!(q.pop().await.job.key, "b");
+        assert_eq!(q.pop().await.job.key, "a");
         assert_eq!(q.in_flight(), 2);
     }
 
@@ -130,12 +192,12 @@ mod tests {
         let workers: Vec<_> = (0..3)
             .map(|_| {
                 let q = q.clone();
-                tokio::spawn(async move { q.pop().await.key })
+                tokio::spawn(async move { q.pop().await.job.key })
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         for k in ["x", "y", "z"] {
-            q.push(job(k));
+            q.push(job(k)).await.unwrap();
         }
         let mut got = Vec::new();
         for w in workers {
@@ -143,5 +205,15 @@ mod tests {
         }
         got.sort();
         assert_eq!(got, vec!["x", "y", "z"]);
+    }
+
+    #[tokio::test]
+    async fn a_delayed_job_is_popped_when_due() {
+        let q = InMemoryQueue::default();
+        let t = Instant::now();
+        q.push_after(job("later"), Duration::from_millis(200)).await.unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(2), q.pop()).await.expect("popped once due");
+        assert_eq!(c.job.key, "later");
+        assert!(t.elapsed() >= Duration::from_millis(200));
     }
 }

@@ -110,19 +110,33 @@ impl UpdateController {
     /// Pops jobs and drives their operations, one at a time.
     async fn worker(self: Arc<Self>) {
         loop {
-            let job = self.queue.pop().await;
+            let claimed = self.queue.pop().await;
+            let job = claimed.job;
+            metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.record_queue();
             let deferred = self.drive(&job).await == Drive::Deferred;
-            self.queue.done(&job.key);
+            self.queue.done(&job).await;
             if deferred {
                 // its class is full: offer it again shortly (never hold a worker waiting for a slot)
-                let queue = self.queue.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    queue.push(job);
-                });
+                let _ = self.queue.push_after(job, Duration::from_secs(1)).await;
             }
             self.record_queue();
+        }
+    }
+
+    /// Returns once `job` may no longer be driven here: its shard is not held at its epoch any more, or
+    /// the queue's heartbeat says so. Checked every second (ownership) and every 10 s (heartbeat).
+    async fn fenced(&self, job: &Job, shard_key: &str) {
+        let mut tick = 0u32;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tick += 1;
+            if self.ctx.ownership.epoch(&job.namespace, shard_key) != job.epoch {
+                return;
+            }
+            if tick.is_multiple_of(10) && !self.queue.heartbeat(job).await {
+                return;
+            }
         }
     }
 
@@ -167,7 +181,18 @@ impl UpdateController {
         };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
-        let outcome = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace).await;
+        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace);
+        // fenced while it runs: once the shard moved (or the queue says the job's epoch is stale), this
+        // replica stops following the operation and writes nothing more; the agent keeps running it and
+        // the shard's new holder attaches
+        let shard_key = update.shard_key();
+        let outcome = tokio::select! {
+            outcome = dispatch => outcome,
+            () = self.fenced(job, &shard_key) => {
+                tracing::info!(update = %job.name, epoch = job.epoch, "shard lost while the operation runs: handed to its new holder");
+                return Drive::Done;
+            }
+        };
         if let Ok(r) = &outcome {
             let result = match ResultStatus::try_from(r.status) {
                 Ok(ResultStatus::Succeeded) => "succeeded",
@@ -211,9 +236,14 @@ impl UpdateController {
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         let key = update.operation_id();
-        if self.queue.push(Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key) }) {
-            tracing::debug!(update = %name, "queued");
-            self.record_queue();
+        let job = Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key), shard: self.ctx.ownership.shard(&ns, &shard_key) };
+        match self.queue.push(job).await {
+            Ok(true) => {
+                tracing::debug!(update = %name, "queued");
+                self.record_queue();
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(update = %name, error = %e, "not queued; retrying"),
         }
         // Look again later: a finished job lets the next reconcile see the result (or push it again).
         Ok(Action::requeue(Duration::from_secs(10)))

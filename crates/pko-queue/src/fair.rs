@@ -1,0 +1,198 @@
+//! The order in which a replica starts jobs (no locking; the caller passes the clock to [`Fair::take`]): deduplicated by
+//! key, round-robin across namespaces, at most `per_namespace` jobs of one namespace in flight, and
+//! delayed jobs held until they are due. A namespace with 1,000 queued jobs gets one turn in each
+//! round, like a namespace with 3, so it cannot starve it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use crate::Job;
+
+/// Jobs waiting, delayed or in flight, in round-robin order over namespaces.
+#[derive(Debug, Default)]
+pub struct Fair {
+    jobs: HashMap<String, (Job, Instant)>,
+    ready: BTreeMap<String, VecDeque<String>>,
+    rotation: VecDeque<String>,
+    delayed: BinaryHeap<Reverse<(Instant, String)>>,
+    in_flight: HashSet<String>,
+    running: HashMap<String, usize>,
+    per_namespace: usize,
+}
+
+impl Fair {
+    /// A queue letting at most `per_namespace` jobs of one namespace be in flight (0: no limit).
+    pub fn new(per_namespace: usize) -> Self {
+        Self { per_namespace, ..Default::default() }
+    }
+
+    /// Queues `job` now; `false` when a job with its key is queued, delayed or in flight.
+    pub fn push(&mut self, job: Job) -> bool {
+        if self.jobs.contains_key(&job.key) {
+            return false;
+        }
+        self.enqueue(&job.namespace, job.key.clone());
+        self.jobs.insert(job.key.clone(), (job, Instant::now()));
+        true
+    }
+
+    /// Queues `job` once `at` has come; `false` as [`Self::push`].
+    pub fn push_at(&mut self, job: Job, at: Instant) -> bool {
+        if self.jobs.contains_key(&job.key) {
+            return false;
+        }
+        self.delayed.push(Reverse((at, job.key.clone())));
+        self.jobs.insert(job.key.clone(), (job, Instant::now()));
+        true
+    }
+
+    fn enqueue(&mut self, namespace: &str, key: String) {
+        let list = self.ready.entry(namespace.to_string()).or_default();
+        if list.is_empty() && !self.rotation.iter().any(|n| n == namespace) {
+            self.rotation.push_back(namespace.to_string());
+        }
+        list.push_back(key);
+    }
+
+    /// The next job to start at `now`, in flight from now until [`Self::done`]: the first of the next
+    /// namespace in the rotation that is under its limit.
+    pub fn take(&mut self, now: Instant) -> Option<Job> {
+        self.take_with_time(now).map(|(j, _)| j)
+    }
+
+    /// [`Self::take`], with when the job was first queued here.
+    pub fn take_with_time(&mut self, now: Instant) -> Option<(Job, Instant)> {
+        while self.delayed.peek().is_some_and(|Reverse((at, _))| *at <= now) {
+            let Some(Reverse((_, key))) = self.delayed.pop() else { break };
+            if let Some(ns) = self.jobs.get(&key).map(|j| j.0.namespace.clone()) {
+                self.enqueue(&ns, key);
+            }
+        }
+        for _ in 0..self.rotation.len() {
+            let ns = self.rotation.pop_front()?;
+            if self.per_namespace > 0 && self.running.get(&ns).copied().unwrap_or(0) >= self.per_namespace {
+                self.rotation.push_back(ns);
+                continue;
+            }
+            let list = self.ready.get_mut(&ns)?;
+            let key = list.pop_front();
+            if list.is_empty() {
+                self.ready.remove(&ns);
+            } else {
+                self.rotation.push_back(ns.clone());
+            }
+            let Some((job, queued_at)) = key.and_then(|k| self.jobs.get(&k).cloned()) else { continue };
+            self.in_flight.insert(job.key.clone());
+            *self.running.entry(ns).or_default() += 1;
+            return Some((job, queued_at));
+        }
+        None
+    }
+
+    /// When the next delayed job is due, if any.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.delayed.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The job `key` is finished or abandoned: its key may be pushed again.
+    pub fn done(&mut self, key: &str) {
+        let Some((job, _)) = self.jobs.remove(key) else { return };
+        if self.in_flight.remove(key) {
+            if let Some(n) = self.running.get_mut(&job.namespace) {
+                *n = n.saturating_sub(1);
+            }
+        } else if let Some(list) = self.ready.get_mut(&job.namespace) {
+            list.retain(|k| k != key);
+            if list.is_empty() {
+                self.ready.remove(&job.namespace);
+                self.rotation.retain(|n| n != &job.namespace);
+            }
+        }
+    }
+
+    /// Forgets the waiting jobs `keep` refuses (a lost shard's); in-flight ones stay until done.
+    pub fn retain_waiting(&mut self, keep: impl Fn(&Job) -> bool) {
+        let drop: Vec<String> = self.jobs.values().map(|(j, _)| j).filter(|j| !self.in_flight.contains(&j.key) && !keep(j)).map(|j| j.key.clone()).collect();
+        for k in drop {
+            self.done(&k);
+        }
+    }
+
+    /// Jobs waiting (queued or delayed).
+    pub fn waiting(&self) -> usize {
+        self.jobs.len() - self.in_flight.len()
+    }
+
+    /// Jobs taken and not done.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn job(ns: &str, k: &str) -> Job {
+        Job { key: format!("{ns}/{k}"), namespace: ns.into(), name: k.into(), epoch: 1, shard: 0 }
+    }
+
+    fn keys(f: &mut Fair, n: usize) -> Vec<String> {
+        (0..n).filter_map(|_| f.take(Instant::now()).map(|j| j.key)).collect()
+    }
+
+    #[test]
+    fn a_noisy_namespace_does_not_starve_a_quiet_one() {
+        let mut f = Fair::new(0);
+        for i in 0..1000 {
+            f.push(job("noisy", &i.to_string()));
+        }
+        for i in 0..3 {
+            f.push(job("quiet", &i.to_string()));
+        }
+        let first = keys(&mut f, 6);
+        assert_eq!(first, ["noisy/0", "quiet/0", "noisy/1", "quiet/1", "noisy/2", "quiet/2"]);
+        assert_eq!((f.waiting(), f.in_flight()), (997, 6));
+    }
+
+    #[test]
+    fn the_per_namespace_limit_holds_and_frees_on_done() {
+        let mut f = Fair::new(2);
+        for i in 0..5 {
+            f.push(job("a", &i.to_string()));
+        }
+        f.push(job("b", "0"));
+        assert_eq!(keys(&mut f, 5), ["a/0", "b/0", "a/1"], "a at its limit of 2");
+        f.done("a/0");
+        assert_eq!(keys(&mut f, 5), ["a/2"]);
+    }
+
+    #[test]
+    fn dedup_until_done_and_delays() {
+        let mut f = Fair::new(0);
+        let t0 = Instant::now();
+        assert!(f.push(job("a", "x")));
+        assert!(!f.push(job("a", "x")));
+        assert!(f.push_at(job("a", "later"), t0 + Duration::from_secs(5)));
+        assert!(!f.push(job("a", "later")), "delayed counts as queued");
+        assert_eq!(f.take(t0).map(|j| j.key), Some("a/x".into()));
+        assert!(!f.push(job("a", "x")), "in flight");
+        assert_eq!(f.take(t0), None, "the delayed job is not due");
+        assert_eq!(f.next_due(), Some(t0 + Duration::from_secs(5)));
+        assert_eq!(f.take(t0 + Duration::from_secs(5)).map(|j| j.key), Some("a/later".into()));
+        f.done("a/x");
+        assert!(f.push(job("a", "x")));
+    }
+
+    #[test]
+    fn waiting_jobs_of_a_lost_shard_are_forgotten() {
+        let mut f = Fair::new(0);
+        f.push(Job { shard: 1, ..job("a", "x") });
+        f.push(Job { shard: 2, ..job("a", "y") });
+        f.retain_waiting(|j| j.shard != 1);
+        assert_eq!(keys(&mut f, 3), ["a/y"]);
+        assert_eq!(f.waiting(), 0);
+    }
+}

@@ -1,0 +1,349 @@
+//! The Redis work queue (`--redis-url`): jobs survive the replica that queued them, and a shard's new
+//! holder picks up its jobs — queued ones and those whose dispatcher stopped — at once, fenced by the
+//! shard's epoch so that the old holder can neither acknowledge nor queue anything for it any more.
+//!
+//! Redis is an accelerator, not the source of truth: every job is derived from an Update in the API
+//! server, and the Update controller pushes again every Update that is not complete, so a Redis that
+//! lost everything (restart without persistence, `FLUSHALL`) is refilled by the owners' reconciles.
+//!
+//! Keys (prefix `P`, default `pko`), every change through one Lua script (atomic):
+//! - `P:job:<key>` hash: `job` (JSON), `shard`, `epoch`, `state` (`queued` | `running`), `worker`,
+//!   `queued_ms` (when first queued, for the wait time), `lease_ms` (a running job's visibility
+//!   deadline, renewed by [`RedisQueue::heartbeat`]);
+//! - `P:shard:<k>` set of the job keys of shard `k` (what its next holder adopts);
+//! - `P:fence:<k>` the newest epoch of shard `k` seen: a push, claim, heartbeat or acknowledgement with
+//!   an older epoch is refused.
+//!
+//! The order of starting is local to the replica ([`crate::fair::Fair`]: round-robin over namespaces,
+//! a per-namespace limit); Redis holds what must outlive the replica.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::{Config, Pool, Runtime};
+use futures::future::BoxFuture;
+use redis::Script;
+use tokio::sync::Notify;
+
+use crate::fair::Fair;
+use crate::{Claimed, Job, QueueError, WorkQueue};
+
+/// Errors of the Redis queue.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisQueueError {
+    /// The URL could not make a pool (`--redis-url`).
+    #[error("--redis-url: {0}")]
+    Url(String),
+    /// Redis refused or failed a command.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No connection from the pool.
+    #[error("redis connection: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    /// A job record that is not ours (not JSON of a job).
+    #[error("job record {0}: {1}")]
+    Record(String, serde_json::Error),
+}
+
+/// How long a running job stays claimed without a heartbeat.
+pub const VISIBILITY: Duration = Duration::from_secs(30);
+
+const PUSH: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
+local epoch = tonumber(ARGV[2])
+if epoch < fence then return -1 end
+if epoch > fence then redis.call('SET', KEYS[3], epoch) end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'job', ARGV[3], 'shard', ARGV[4], 'epoch', epoch, 'state', 'queued', 'queued_ms', ARGV[5])
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"#;
+
+const CLAIM: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
+local epoch = tonumber(ARGV[2])
+if epoch < fence then return {-1, 0} end
+if epoch > fence then redis.call('SET', KEYS[3], epoch) end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'job', ARGV[3], 'shard', ARGV[4], 'queued_ms', ARGV[5])
+  redis.call('SADD', KEYS[2], ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'state', 'running', 'worker', ARGV[6], 'lease_ms', ARGV[7])
+return {1, tonumber(redis.call('HGET', KEYS[1], 'queued_ms') or ARGV[5])}
+"#;
+
+const HEARTBEAT: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < fence then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'lease_ms', ARGV[2])
+return 1
+"#;
+
+const ACK: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
+if tonumber(ARGV[2]) < fence then return -1 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"#;
+
+const ADOPT: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local epoch = tonumber(ARGV[1])
+if epoch < fence then return {} end
+redis.call('SET', KEYS[2], epoch)
+local out = {}
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local job = redis.call('HGET', ARGV[2] .. key, 'job')
+  if job then table.insert(out, job) else redis.call('SREM', KEYS[1], key) end
+end
+return out
+"#;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The Redis queue of one replica.
+pub struct RedisQueue {
+    pool: Pool,
+    prefix: String,
+    worker: String,
+    local: Mutex<Fair>,
+    notify: Notify,
+    scripts: Arc<Scripts>,
+}
+
+struct Scripts {
+    push: Script,
+    claim: Script,
+    heartbeat: Script,
+    ack: Script,
+    adopt: Script,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue").field("prefix", &self.prefix).field("worker", &self.worker).finish()
+    }
+}
+
+impl RedisQueue {
+    /// A queue on `url` (`redis://` or `rediss://`, password in the URL) with key prefix `prefix`,
+    /// claiming as `worker` (the replica id), at most `per_namespace` jobs of a namespace at once
+    /// (0: no limit). Connects lazily; [`Self::ping`] checks the connection.
+    ///
+    /// Errors: [`RedisQueueError::Url`].
+    pub fn new(url: &str, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
+        let pool = Config::from_url(url).create_pool(Some(Runtime::Tokio1)).map_err(|e| RedisQueueError::Url(e.to_string()))?;
+        Ok(Self {
+            pool,
+            prefix: prefix.to_string(),
+            worker: worker.to_string(),
+            local: Mutex::new(Fair::new(per_namespace)),
+            notify: Notify::new(),
+            scripts: Arc::new(Scripts { push: Script::new(PUSH), claim: Script::new(CLAIM), heartbeat: Script::new(HEARTBEAT), ack: Script::new(ACK), adopt: Script::new(ADOPT) }),
+        })
+    }
+
+    /// Checks that Redis answers.
+    ///
+    /// Errors: the connection's.
+    pub async fn ping(&self) -> Result<(), RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        redis::cmd("PING").query_async::<String>(&mut c).await?;
+        Ok(())
+    }
+
+    fn job_key(&self, key: &str) -> String {
+        format!("{}:job:{key}", self.prefix)
+    }
+    fn shard_key(&self, shard: u32) -> String {
+        format!("{}:shard:{shard}", self.prefix)
+    }
+    fn fence_key(&self, shard: u32) -> String {
+        format!("{}:fence:{shard}", self.prefix)
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, Fair> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `job` in Redis: `Ok(true)` new, `Ok(false)` already there, `Err` stale epoch or Redis.
+    async fn record(&self, job: &Job) -> Result<i64, RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
+        Ok(self
+            .scripts
+            .push
+            .key(self.job_key(&job.key))
+            .key(self.shard_key(job.shard))
+            .key(self.fence_key(job.shard))
+            .arg(&job.key)
+            .arg(job.epoch)
+            .arg(json)
+            .arg(job.shard)
+            .arg(now_ms())
+            .invoke_async(&mut c)
+            .await?)
+    }
+
+    /// Claims `job` for this replica: `Some(queued for)` when it may run, `None` when its epoch is
+    /// stale. A job Redis lost is recorded again (Redis is not the source of truth).
+    async fn claim(&self, job: &Job) -> Result<Option<Duration>, RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
+        let now = now_ms();
+        let (ok, queued): (i64, u64) = self
+            .scripts
+            .claim
+            .key(self.job_key(&job.key))
+            .key(self.shard_key(job.shard))
+            .key(self.fence_key(job.shard))
+            .arg(&job.key)
+            .arg(job.epoch)
+            .arg(json)
+            .arg(job.shard)
+            .arg(now)
+            .arg(&self.worker)
+            .arg(now + VISIBILITY.as_millis() as u64)
+            .invoke_async(&mut c)
+            .await?;
+        Ok((ok == 1).then(|| Duration::from_millis(now.saturating_sub(queued))))
+    }
+
+    /// Extends the visibility of the running `job`; `false` when its epoch is stale (stop driving it).
+    ///
+    /// Errors: Redis.
+    pub async fn extend(&self, job: &Job) -> Result<bool, RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        let r: i64 = self
+            .scripts
+            .heartbeat
+            .key(self.job_key(&job.key))
+            .key(self.fence_key(job.shard))
+            .arg(job.epoch)
+            .arg(now_ms() + VISIBILITY.as_millis() as u64)
+            .invoke_async(&mut c)
+            .await?;
+        Ok(r >= 0)
+    }
+
+    /// Takes over `shard` at `epoch`: fences older epochs and queues the shard's jobs here (queued
+    /// ones, and running ones whose dispatcher stopped: running again re-attaches on the agent).
+    /// Returns how many were queued.
+    ///
+    /// Errors: Redis; a record that is not a job.
+    pub async fn adopt_shard(&self, shard: u32, epoch: i64) -> Result<usize, RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        let records: Vec<String> =
+            self.scripts.adopt.key(self.shard_key(shard)).key(self.fence_key(shard)).arg(epoch).arg(format!("{}:job:", self.prefix)).invoke_async(&mut c).await?;
+        let mut queued = 0;
+        for r in records {
+            let job: Job = serde_json::from_str(&r).map_err(|e| RedisQueueError::Record(r.clone(), e))?;
+            if self.local().push(Job { epoch, ..job }) {
+                queued += 1;
+            }
+        }
+        if queued > 0 {
+            self.notify.notify_waiters();
+        }
+        Ok(queued)
+    }
+}
+
+impl RedisQueue {
+    async fn ack(&self, job: &Job) -> Result<(), RedisQueueError> {
+        let mut c = self.pool.get().await?;
+        let _: i64 =
+            self.scripts.ack.key(self.job_key(&job.key)).key(self.shard_key(job.shard)).key(self.fence_key(job.shard)).arg(&job.key).arg(job.epoch).invoke_async(&mut c).await?;
+        Ok(())
+    }
+}
+
+impl WorkQueue for RedisQueue {
+    fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>> {
+        Box::pin(async move {
+            match self.record(&job).await {
+                Ok(-1) => return Ok(false), // fenced: the shard has a newer holder
+                Ok(_) => {}
+                // Redis is an accelerator: without it the job still runs here, and the next reconcile
+                // records it again
+                Err(e) => tracing::warn!(error = %e, job = %job.key, "job not recorded in Redis; queued locally"),
+            }
+            let pushed = self.local().push(job);
+            if pushed {
+                self.notify.notify_one();
+            }
+            Ok(pushed)
+        })
+    }
+
+    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
+        Box::pin(async move {
+            let pushed = self.local().push_at(job, Instant::now() + delay);
+            if pushed {
+                self.notify.notify_one();
+            }
+            Ok(pushed)
+        })
+    }
+
+    fn pop(&self) -> BoxFuture<'_, Claimed> {
+        Box::pin(async move {
+            loop {
+                let (job, queued_at) = crate::take_next(&self.local, &self.notify).await;
+                match self.claim(&job).await {
+                    Ok(Some(waited)) => return Claimed { job, waited },
+                    Ok(None) => {
+                        tracing::info!(job = %job.key, epoch = job.epoch, "job fenced: its shard has a newer holder");
+                        self.local().done(&job.key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, job = %job.key, "job not claimed in Redis; running it anyway");
+                        return Claimed { job, waited: queued_at.elapsed() };
+                    }
+                }
+            }
+        })
+    }
+
+    fn heartbeat<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            match self.extend(job).await {
+                Ok(current) => current,
+                Err(e) => {
+                    tracing::debug!(error = %e, job = %job.key, "heartbeat not recorded");
+                    true
+                }
+            }
+        })
+    }
+
+    fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()> {
+        self.local().done(&job.key);
+        self.notify.notify_one();
+        Box::pin(async move {
+            if let Err(e) = self.ack(job).await {
+                tracing::warn!(error = %e, job = %job.key, "job not acknowledged in Redis");
+            }
+        })
+    }
+
+    fn adopt(&self, shard: u32, epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>> {
+        Box::pin(async move { Ok(self.adopt_shard(shard, epoch).await?) })
+    }
+
+    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {
+        self.local().retain_waiting(keep);
+    }
+
+    fn queued(&self) -> usize {
+        self.local().waiting()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.local().in_flight()
+    }
+}
