@@ -44,13 +44,83 @@ pub struct Claimed {
 /// An error of a queue's backing store (the in-memory queue has none).
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The replica-local half of every queue: the order of starting ([`Fair`]) and the wake-ups of
+/// waiting workers.
+#[derive(Debug, Default)]
+pub struct Local {
+    fair: Mutex<Fair>,
+    notify: Notify,
+}
+
+impl Local {
+    /// At most `per_namespace` jobs of one namespace in flight (0: no limit).
+    pub fn new(per_namespace: usize) -> Self {
+        Self { fair: Mutex::new(Fair::new(per_namespace)), notify: Notify::new() }
+    }
+
+    fn fair(&self) -> std::sync::MutexGuard<'_, Fair> {
+        self.fair.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `job` now (or at `at`); `false` when its key is queued or in flight.
+    pub fn push(&self, job: Job, at: Option<Instant>) -> bool {
+        let pushed = match at {
+            Some(at) => self.fair().push_at(job, at),
+            None => self.fair().push(job),
+        };
+        if pushed {
+            self.notify.notify_one();
+        }
+        pushed
+    }
+
+    /// Waits for the next job, woken by a push, a done or the next delayed job falling due; returns it
+    /// with when it was first queued here.
+    pub async fn take(&self) -> (Job, Instant) {
+        loop {
+            let notified = self.notify.notified();
+            let due = {
+                let mut f = self.fair();
+                if let Some(taken) = f.take_with_time(Instant::now()) {
+                    if f.waiting() > 0 {
+                        self.notify.notify_one();
+                    }
+                    return taken;
+                }
+                f.next_due()
+            };
+            match due {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at.into(), notified).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// The job `key` is finished: its key may be pushed again, its namespace's slot is free.
+    pub fn done(&self, key: &str) {
+        self.fair().done(key);
+        self.notify.notify_one();
+    }
+}
+
+/// What every queue has: its [`Local`] half. Gives [`WorkQueue`] its local methods.
+pub trait Ordered {
+    /// The replica-local half.
+    fn local(&self) -> &Local;
+}
+
 /// A queue of jobs, deduplicated by key from push until [`WorkQueue::done`].
-pub trait WorkQueue: Send + Sync + std::fmt::Debug + 'static {
+pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
     /// Enqueues `job`: `Ok(false)` when a job with its key is queued or in flight, or its epoch is
     /// older than its shard's newest (fenced).
     fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>>;
-    /// Enqueues `job` once `delay` has passed (a retry); as [`Self::push`].
-    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>>;
+    /// Enqueues `job` once `delay` has passed (a retry; held by this replica only).
+    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
+        let pushed = self.local().push(job, Some(Instant::now() + delay));
+        Box::pin(async move { Ok(pushed) })
+    }
     /// Waits for the next job; it stays in flight until [`WorkQueue::done`].
     fn pop(&self) -> BoxFuture<'_, Claimed>;
     /// The running `job` is still being driven: `false` when it must not be any more (its epoch is
@@ -62,74 +132,47 @@ pub trait WorkQueue: Send + Sync + std::fmt::Debug + 'static {
     /// Returns how many.
     fn adopt(&self, shard: u32, epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>>;
     /// Forgets the waiting jobs `keep` refuses (shards this replica no longer holds).
-    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync));
+    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {
+        self.local().fair().retain_waiting(keep);
+    }
     /// Jobs waiting.
-    fn queued(&self) -> usize;
+    fn queued(&self) -> usize {
+        self.local().fair().waiting()
+    }
     /// Jobs popped and not done.
-    fn in_flight(&self) -> usize;
-}
-
-/// Waits for the next job of `local`, woken by `notify` or by the next delayed job falling due.
-async fn take_next(local: &Mutex<Fair>, notify: &Notify) -> (Job, Instant) {
-    loop {
-        let notified = notify.notified();
-        let due = {
-            let mut f = local.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((job, queued_at)) = f.take_with_time(Instant::now()) {
-                if f.waiting() > 0 {
-                    notify.notify_one();
-                }
-                return (job, queued_at);
-            }
-            f.next_due()
-        };
-        match due {
-            Some(at) => {
-                let _ = tokio::time::timeout_at(at.into(), notified).await;
-            }
-            None => notified.await,
-        }
+    fn in_flight(&self) -> usize {
+        self.local().fair().in_flight()
     }
 }
 
 /// The in-process queue (one replica).
 #[derive(Debug, Default)]
 pub struct InMemoryQueue {
-    local: Mutex<Fair>,
-    notify: Notify,
+    local: Local,
 }
 
 impl InMemoryQueue {
     /// A queue letting at most `per_namespace` jobs of one namespace be in flight (0: no limit).
     pub fn new(per_namespace: usize) -> Self {
-        Self { local: Mutex::new(Fair::new(per_namespace)), notify: Notify::new() }
+        Self { local: Local::new(per_namespace) }
     }
+}
 
-    fn local(&self) -> std::sync::MutexGuard<'_, Fair> {
-        self.local.lock().unwrap_or_else(|e| e.into_inner())
+impl Ordered for InMemoryQueue {
+    fn local(&self) -> &Local {
+        &self.local
     }
 }
 
 impl WorkQueue for InMemoryQueue {
     fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>> {
-        let pushed = self.local().push(job);
-        if pushed {
-            self.notify.notify_one();
-        }
-        Box::pin(async move { Ok(pushed) })
-    }
-
-    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
-        let pushed = self.local().push_at(job, Instant::now() + delay);
-        if pushed {
-            self.notify.notify_one();
-        }
+        let pushed = self.local.push(job, None);
         Box::pin(async move { Ok(pushed) })
     }
 
     fn pop(&self) -> BoxFuture<'_, Claimed> {
         Box::pin(async move {
-            let (job, queued_at) = take_next(&self.local, &self.notify).await;
+            let (job, queued_at) = self.local.take().await;
             Claimed { job, waited: queued_at.elapsed() }
         })
     }
@@ -139,25 +182,12 @@ impl WorkQueue for InMemoryQueue {
     }
 
     fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()> {
-        self.local().done(&job.key);
-        self.notify.notify_one();
+        self.local.done(&job.key);
         Box::pin(async {})
     }
 
     fn adopt(&self, _shard: u32, _epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>> {
         Box::pin(async { Ok(0) })
-    }
-
-    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {
-        self.local().retain_waiting(keep);
-    }
-
-    fn queued(&self) -> usize {
-        self.local().waiting()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.local().in_flight()
     }
 }
 

@@ -17,16 +17,14 @@
 //! The order of starting is local to the replica ([`crate::fair::Fair`]: round-robin over namespaces,
 //! a per-namespace limit); Redis holds what must outlive the replica.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_redis::{Config, Pool, Runtime};
 use futures::future::BoxFuture;
 use redis::Script;
-use tokio::sync::Notify;
 
-use crate::fair::Fair;
-use crate::{Claimed, Job, QueueError, WorkQueue};
+use crate::{Claimed, Job, Local, Ordered, QueueError, WorkQueue};
 
 /// Errors of the Redis queue.
 #[derive(Debug, thiserror::Error)]
@@ -48,11 +46,20 @@ pub enum RedisQueueError {
 /// How long a running job stays claimed without a heartbeat.
 pub const VISIBILITY: Duration = Duration::from_secs(30);
 
+/// Prepended to every script: `current(fence key, epoch)` is false when `epoch` is older than the
+/// shard's newest, and raises the newest to `epoch` otherwise.
+const FENCE: &str = r#"
+local function current(fence_key, epoch)
+  local fence = tonumber(redis.call('GET', fence_key) or '0')
+  if epoch < fence then return false end
+  if epoch > fence then redis.call('SET', fence_key, epoch) end
+  return true
+end
+"#;
+
 const PUSH: &str = r#"
-local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
 local epoch = tonumber(ARGV[2])
-if epoch < fence then return -1 end
-if epoch > fence then redis.call('SET', KEYS[3], epoch) end
+if not current(KEYS[3], epoch) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'job', ARGV[3], 'shard', ARGV[4], 'epoch', epoch, 'state', 'queued', 'queued_ms', ARGV[5])
 redis.call('SADD', KEYS[2], ARGV[1])
@@ -60,10 +67,8 @@ return 1
 "#;
 
 const CLAIM: &str = r#"
-local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
 local epoch = tonumber(ARGV[2])
-if epoch < fence then return {-1, 0} end
-if epoch > fence then redis.call('SET', KEYS[3], epoch) end
+if not current(KEYS[3], epoch) then return {-1, 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'job', ARGV[3], 'shard', ARGV[4], 'queued_ms', ARGV[5])
   redis.call('SADD', KEYS[2], ARGV[1])
@@ -73,26 +78,21 @@ return {1, tonumber(redis.call('HGET', KEYS[1], 'queued_ms') or ARGV[5])}
 "#;
 
 const HEARTBEAT: &str = r#"
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) < fence then return -1 end
+if not current(KEYS[2], tonumber(ARGV[1])) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'lease_ms', ARGV[2])
 return 1
 "#;
 
 const ACK: &str = r#"
-local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
-if tonumber(ARGV[2]) < fence then return -1 end
+if not current(KEYS[3], tonumber(ARGV[2])) then return -1 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 return 1
 "#;
 
 const ADOPT: &str = r#"
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-local epoch = tonumber(ARGV[1])
-if epoch < fence then return {} end
-redis.call('SET', KEYS[2], epoch)
+if not current(KEYS[2], tonumber(ARGV[1])) then return {} end
 local out = {}
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local job = redis.call('HGET', ARGV[2] .. key, 'job')
@@ -100,6 +100,11 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
 end
 return out
 "#;
+
+/// `body` behind the [`FENCE`] prelude.
+fn fenced(body: &str) -> Script {
+    Script::new(&format!("{FENCE}{body}"))
+}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -110,8 +115,7 @@ pub struct RedisQueue {
     pool: Pool,
     prefix: String,
     worker: String,
-    local: Mutex<Fair>,
-    notify: Notify,
+    local: Local,
     scripts: Arc<Scripts>,
 }
 
@@ -141,9 +145,8 @@ impl RedisQueue {
             pool,
             prefix: prefix.to_string(),
             worker: worker.to_string(),
-            local: Mutex::new(Fair::new(per_namespace)),
-            notify: Notify::new(),
-            scripts: Arc::new(Scripts { push: Script::new(PUSH), claim: Script::new(CLAIM), heartbeat: Script::new(HEARTBEAT), ack: Script::new(ACK), adopt: Script::new(ADOPT) }),
+            local: Local::new(per_namespace),
+            scripts: Arc::new(Scripts { push: fenced(PUSH), claim: fenced(CLAIM), heartbeat: fenced(HEARTBEAT), ack: fenced(ACK), adopt: fenced(ADOPT) }),
         })
     }
 
@@ -166,50 +169,30 @@ impl RedisQueue {
         format!("{}:fence:{shard}", self.prefix)
     }
 
-    fn local(&self) -> std::sync::MutexGuard<'_, Fair> {
-        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    /// `script` with the keys and arguments every job script starts with: KEYS job, shard set, fence;
+    /// ARGV key, epoch, job JSON, shard, now (ms).
+    fn job_call<'s>(&self, script: &'s Script, job: &Job, now: u64) -> Result<redis::ScriptInvocation<'s>, RedisQueueError> {
+        let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
+        let mut call = script.key(self.job_key(&job.key));
+        call.key(self.shard_key(job.shard)).key(self.fence_key(job.shard)).arg(&job.key).arg(job.epoch).arg(json).arg(job.shard).arg(now);
+        Ok(call)
     }
 
-    /// Records `job` in Redis: `Ok(true)` new, `Ok(false)` already there, `Err` stale epoch or Redis.
+    /// Records `job` in Redis: 1 new, 0 already there, -1 its epoch is stale.
     async fn record(&self, job: &Job) -> Result<i64, RedisQueueError> {
+        let call = self.job_call(&self.scripts.push, job, now_ms())?;
         let mut c = self.pool.get().await?;
-        let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
-        Ok(self
-            .scripts
-            .push
-            .key(self.job_key(&job.key))
-            .key(self.shard_key(job.shard))
-            .key(self.fence_key(job.shard))
-            .arg(&job.key)
-            .arg(job.epoch)
-            .arg(json)
-            .arg(job.shard)
-            .arg(now_ms())
-            .invoke_async(&mut c)
-            .await?)
+        Ok(call.invoke_async(&mut c).await?)
     }
 
     /// Claims `job` for this replica: `Some(queued for)` when it may run, `None` when its epoch is
     /// stale. A job Redis lost is recorded again (Redis is not the source of truth).
     async fn claim(&self, job: &Job) -> Result<Option<Duration>, RedisQueueError> {
-        let mut c = self.pool.get().await?;
-        let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
         let now = now_ms();
-        let (ok, queued): (i64, u64) = self
-            .scripts
-            .claim
-            .key(self.job_key(&job.key))
-            .key(self.shard_key(job.shard))
-            .key(self.fence_key(job.shard))
-            .arg(&job.key)
-            .arg(job.epoch)
-            .arg(json)
-            .arg(job.shard)
-            .arg(now)
-            .arg(&self.worker)
-            .arg(now + VISIBILITY.as_millis() as u64)
-            .invoke_async(&mut c)
-            .await?;
+        let mut call = self.job_call(&self.scripts.claim, job, now)?;
+        call.arg(&self.worker).arg(now + VISIBILITY.as_millis() as u64);
+        let mut c = self.pool.get().await?;
+        let (ok, queued): (i64, u64) = call.invoke_async(&mut c).await?;
         Ok((ok == 1).then(|| Duration::from_millis(now.saturating_sub(queued))))
     }
 
@@ -242,12 +225,9 @@ impl RedisQueue {
         let mut queued = 0;
         for r in records {
             let job: Job = serde_json::from_str(&r).map_err(|e| RedisQueueError::Record(r.clone(), e))?;
-            if self.local().push(Job { epoch, ..job }) {
+            if self.local.push(Job { epoch, ..job }, None) {
                 queued += 1;
             }
-        }
-        if queued > 0 {
-            self.notify.notify_waiters();
         }
         Ok(queued)
     }
@@ -262,6 +242,12 @@ impl RedisQueue {
     }
 }
 
+impl Ordered for RedisQueue {
+    fn local(&self) -> &Local {
+        &self.local
+    }
+}
+
 impl WorkQueue for RedisQueue {
     fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>> {
         Box::pin(async move {
@@ -272,33 +258,19 @@ impl WorkQueue for RedisQueue {
                 // records it again
                 Err(e) => tracing::warn!(error = %e, job = %job.key, "job not recorded in Redis; queued locally"),
             }
-            let pushed = self.local().push(job);
-            if pushed {
-                self.notify.notify_one();
-            }
-            Ok(pushed)
-        })
-    }
-
-    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
-        Box::pin(async move {
-            let pushed = self.local().push_at(job, Instant::now() + delay);
-            if pushed {
-                self.notify.notify_one();
-            }
-            Ok(pushed)
+            Ok(self.local.push(job, None))
         })
     }
 
     fn pop(&self) -> BoxFuture<'_, Claimed> {
         Box::pin(async move {
             loop {
-                let (job, queued_at) = crate::take_next(&self.local, &self.notify).await;
+                let (job, queued_at) = self.local.take().await;
                 match self.claim(&job).await {
                     Ok(Some(waited)) => return Claimed { job, waited },
                     Ok(None) => {
                         tracing::info!(job = %job.key, epoch = job.epoch, "job fenced: its shard has a newer holder");
-                        self.local().done(&job.key);
+                        self.local.done(&job.key);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, job = %job.key, "job not claimed in Redis; running it anyway");
@@ -322,8 +294,7 @@ impl WorkQueue for RedisQueue {
     }
 
     fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()> {
-        self.local().done(&job.key);
-        self.notify.notify_one();
+        self.local.done(&job.key);
         Box::pin(async move {
             if let Err(e) = self.ack(job).await {
                 tracing::warn!(error = %e, job = %job.key, "job not acknowledged in Redis");
@@ -333,17 +304,5 @@ impl WorkQueue for RedisQueue {
 
     fn adopt(&self, shard: u32, epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>> {
         Box::pin(async move { Ok(self.adopt_shard(shard, epoch).await?) })
-    }
-
-    fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {
-        self.local().retain_waiting(keep);
-    }
-
-    fn queued(&self) -> usize {
-        self.local().waiting()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.local().in_flight()
     }
 }
