@@ -18,8 +18,8 @@ use tokio::sync::watch;
 pub struct Operation {
     /// Caller-chosen id.
     pub id: String,
-    /// Fencing epoch of the request.
-    pub epoch: i64,
+    /// The newest fencing epoch seen for this operation (its `Run`, then any later caller's).
+    epoch: std::sync::atomic::AtomicI64,
     log: Mutex<EventLog>,
     count: watch::Sender<usize>,
     pid: AtomicU32,
@@ -43,7 +43,7 @@ impl Operation {
         let (count, _) = watch::channel(0);
         Self {
             id,
-            epoch,
+            epoch: std::sync::atomic::AtomicI64::new(epoch),
             log: Mutex::new(EventLog { events: Vec::new(), next_seq: 0, dropped: 0, max: max_events.max(2) }),
             count,
             pid: AtomicU32::new(0),
@@ -51,6 +51,19 @@ impl Operation {
             interrupted: AtomicBool::new(false),
             finished_at: Mutex::new(None),
         }
+    }
+
+    /// The newest fencing epoch seen for this operation.
+    pub fn epoch(&self) -> i64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Admits a caller with `epoch`: refused (`Err(newest)`) when older than the newest seen, which it
+    /// becomes otherwise. A replica that lost the operation's shard cannot follow, cancel or restart it
+    /// once the shard's new holder has called.
+    pub fn admit(&self, epoch: i64) -> Result<(), i64> {
+        let newest = self.epoch.fetch_max(epoch, Ordering::SeqCst);
+        if epoch < newest { Err(newest) } else { Ok(()) }
     }
 
     /// Appends an event. Past the buffer bound, engine events and logs are dropped (counted); the result
@@ -81,7 +94,7 @@ impl Operation {
     }
 
     fn wrap(&self, sequence: u64, event: Event) -> OperationEvent {
-        OperationEvent { operation_id: self.id.clone(), sequence, epoch: self.epoch, time: Some(crate::convert::now()), event: Some(event) }
+        OperationEvent { operation_id: self.id.clone(), sequence, epoch: self.epoch(), time: Some(crate::convert::now()), event: Some(event) }
     }
 
     /// An agent log line.
@@ -198,6 +211,16 @@ mod tests {
     use super::*;
     use futures::StreamExt;
     use pko_proto::v1::ResultStatus;
+
+    #[test]
+    fn callers_with_an_older_epoch_are_refused_once_a_newer_one_came() {
+        let op = Operation::new("op".into(), 3, 10);
+        assert_eq!(op.admit(3), Ok(()), "the Run's own epoch");
+        assert_eq!(op.admit(2), Err(3));
+        assert_eq!(op.admit(5), Ok(()), "a newer holder");
+        assert_eq!(op.epoch(), 5);
+        assert_eq!(op.admit(3), Err(5), "the previous holder is now stale");
+    }
 
     fn result() -> Event {
         Event::Result(OperationResult { status: ResultStatus::Succeeded as i32, ..Default::default() })

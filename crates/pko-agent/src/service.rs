@@ -142,6 +142,11 @@ impl AgentService {
     }
 }
 
+/// Refuses a caller whose epoch is older than the newest seen for `op` (`FAILED_PRECONDITION`).
+fn admit(op: &crate::operation::Operation, epoch: i64) -> Result<(), Status> {
+    op.admit(epoch).map_err(|newest| Status::failed_precondition(format!("operation {}: epoch {epoch} is older than {newest}; its shard has a newer holder", op.id)))
+}
+
 #[tonic::async_trait]
 impl Agent for AgentService {
     type RunStream = EventStream;
@@ -155,7 +160,9 @@ impl Agent for AgentService {
             return Err(Status::unavailable("agent is shutting down"));
         }
         if let Some(op) = self.inner.ops.get(&req.operation_id) {
-            // The same operation again (e.g. a retried call): follow it instead of running it twice.
+            // The same operation again (e.g. a retried call, or the shard's new holder): follow it
+            // instead of running it twice — unless the caller's epoch is stale.
+            admit(&op, req.epoch)?;
             return Ok(Response::new(Self::stream_of(&op)));
         }
         if self.inner.ops.running().len() >= self.inner.cfg.capacity {
@@ -170,15 +177,17 @@ impl Agent for AgentService {
 
     async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<Self::AttachStream>, Status> {
         self.inner.auth.check(request.metadata()).await?;
-        let id = request.into_inner().operation_id;
+        let AttachRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        admit(&op, epoch)?;
         Ok(Response::new(Self::stream_of(&op)))
     }
 
     async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
         self.inner.auth.check(request.metadata()).await?;
-        let id = request.into_inner().operation_id;
+        let CancelRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        admit(&op, epoch)?;
         if op.finished() {
             return Ok(Response::new(CancelResponse { cancelled: false }));
         }

@@ -184,17 +184,27 @@ async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     let (mut c1, mut c2) = (agent.client().await, agent.client().await);
     let mut s1 = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.unwrap().into_inner();
     let mut first = until_resource_started(&mut s1).await;
-    let attached: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into() }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    let attached: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
     while let Some(e) = s1.next().await {
         first.push(e.unwrap());
     }
     assert_eq!(result(&first).status, ResultStatus::Succeeded as i32, "{}", all_text(&first));
     assert_eq!(attached, first, "Attach re-streams from the first event");
     // after the end it is still attachable (retention), and unknown ids are NOT_FOUND
-    let again: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into() }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    let again: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
     assert_eq!(again, first);
-    let missing = c2.attach(AttachRequest { operation_id: "nope".into() }).await.err().unwrap();
+    let missing = c2.attach(AttachRequest { operation_id: "nope".into(), epoch: 1 }).await.err().unwrap();
     assert_eq!(missing.code(), tonic::Code::NotFound);
+    // fencing: once the shard's new holder (epoch 2) has called, the old holder (epoch 1) is refused
+    // on Attach, Run and Cancel
+    assert!(c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 2 }).await.is_ok());
+    let stale = c1.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.err().expect("a stale Attach is refused");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{}", stale.message());
+    assert!(stale.message().contains("epoch 1 is older than 2"), "{}", stale.message());
+    let stale = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.err().expect("a stale Run is refused");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
+    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1 }).await.err().expect("a stale Cancel is refused");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
 }
 
 #[tokio::test]
@@ -207,14 +217,14 @@ async fn cancel_interrupts_the_operation_and_leaves_nothing_locked() {
     let status = c.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(status.state, status_response::State::Busy as i32);
     assert_eq!(status.current_operation_id, "cancel-1");
-    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into() }).await.unwrap().into_inner().cancelled);
+    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1 }).await.unwrap().into_inner().cancelled);
     while let Some(e) = stream.next().await {
         events.push(e.unwrap());
     }
     let r = result(&events);
     assert_eq!(r.status, ResultStatus::Cancelled as i32, "{}", all_text(&events));
     assert_eq!(reason(&r), ErrorReason::Cancelled);
-    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into() }).await.unwrap().into_inner().cancelled, "already finished");
+    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1 }).await.unwrap().into_inner().cancelled, "already finished");
     let r = result(&run(&mut c, request(&env, "cancel-2", &slow(&env, "cancel", 0), "dev", OperationType::Up)).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32);
