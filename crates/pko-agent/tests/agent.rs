@@ -198,12 +198,12 @@ async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     // fencing: once the shard's new holder (epoch 2) has called, the old holder (epoch 1) is refused
     // on Attach, Run and Cancel
     assert!(c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 2 }).await.is_ok());
-    let stale = c1.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.err().expect("a stale Attach is refused");
+    let stale = c1.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.expect_err("a stale Attach is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{}", stale.message());
     assert!(stale.message().contains("epoch 1 is older than 2"), "{}", stale.message());
-    let stale = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.err().expect("a stale Run is refused");
+    let stale = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.expect_err("a stale Run is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
-    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1 }).await.err().expect("a stale Cancel is refused");
+    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1 }).await.expect_err("a stale Cancel is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
 }
 
