@@ -8,9 +8,12 @@ CARGO ?= cargo
 test: testbed
 	@scripts/test.sh
 
-## demo: the main job end to end on the local test bed (operator, agents, sample stacks)
+REPLICAS ?= 1
+
+## demo: the main job end to end on the local test bed (operator, agents, sample stacks);
+## REPLICAS=3: a fleet of three replicas over redis, one of them killed mid-run
 demo:
-	@scripts/demo.sh
+	@REPLICAS=$(REPLICAS) scripts/demo.sh
 
 ## demo-down: stop what `make demo` started
 demo-down:

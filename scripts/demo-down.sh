@@ -2,12 +2,12 @@
 # `make demo-down`: stops what `make demo` started (operator, its agents, git daemon) and deletes its namespace.
 set -uo pipefail
 DEMO=/tmp/pko-demo
-for p in operator git-daemon; do
-  if [ -f "$DEMO/$p.pid" ]; then
-    pid=$(cat "$DEMO/$p.pid")
+for f in "$DEMO"/operator*.pid "$DEMO/git-daemon.pid"; do
+  if [ -f "$f" ]; then
+    pid=$(cat "$f")
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null; rm -f "$DEMO/$p.pid"
+    kill -KILL -- "-$pid" 2>/dev/null; rm -f "$f"
   fi
 done
 # local agents run in their own process groups (they outlive an operator crash, like pods): stop them too

@@ -6,13 +6,17 @@
 #     with plain, structured and secret config) until every Stack is Ready; their outputs
 #  4. a new commit on the tracked branch → the new Update
 #  5. deleting a Stack with destroyOnFinalize → the program's delete ran
+# With REPLICAS=N (N > 1), N operator replicas form a fleet over the bed's redis-server: the demo prints
+# who holds which shards and the queue, and SIGKILLs the replica holding the tracked-branch Stack before
+# the push, so its new update runs on a survivor.
 # Ends with one success line, or fails loudly with the reason. `make demo-down` cleans up.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEMO=/tmp/pko-demo
 NS=pko-demo
 GIT_PORT=18418
-fail() { echo "DEMO FAILED: $*" >&2; [ -f "$DEMO/operator.log" ] && tail -20 "$DEMO/operator.log" >&2; exit 1; }
+REPLICAS=${REPLICAS:-1}
+fail() { echo "DEMO FAILED: $*" >&2; for l in "$DEMO"/operator*.log; do [ -f "$l" ] && { echo "-- $l" >&2; tail -20 "$l" >&2; }; done; exit 1; }
 step() { printf '\n== %s\n' "$*"; }
 trap 'fail "a command failed (line $LINENO)"' ERR
 
@@ -53,12 +57,24 @@ kubectl create namespace $NS >/dev/null
 kubectl -n $NS create role pulumi-workspace --verb=get --resource=secrets,configmaps >/dev/null
 kubectl -n $NS create rolebinding pulumi-workspace --role=pulumi-workspace --serviceaccount=$NS:default >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
-setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:19090 \
-  --metrics-bind-address 127.0.0.1:18383 --health-probe-bind-address 127.0.0.1:18081 --namespaces $NS \
-  --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
-  > "$DEMO/operator.log" 2>&1 < /dev/null &
-echo $! > "$DEMO/operator.pid"
-sleep 1; kill -0 "$(cat "$DEMO/operator.pid")" || fail "the operator did not start"
+FLEET=()
+if [ "$REPLICAS" -gt 1 ]; then
+  # a fleet: Lease-held shards in the demo namespace, the work queue in the bed's redis-server
+  redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+  FLEET=(--fleet --fleet-namespace $NS --shards 64 --redis-url "$REDIS_URL" --redis-prefix pko-demo)
+fi
+for i in $(seq 0 $((REPLICAS - 1))); do
+  setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:$((19090 + i)) \
+    --metrics-bind-address 127.0.0.1:$((18383 + i)) --health-probe-bind-address 127.0.0.1:$((18081 + i)) --namespaces $NS \
+    --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
+    ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id demo-$i} \
+    > "$DEMO/operator-$i.log" 2>&1 < /dev/null &
+  echo $! > "$DEMO/operator-$i.pid"
+  disown   # the demo kills one replica on purpose: no job-control notice
+done
+sleep 1
+for i in $(seq 0 $((REPLICAS - 1))); do kill -0 "$(cat "$DEMO/operator-$i.pid")" || fail "operator replica $i did not start"; done
+echo "  $REPLICAS operator replica(s) started"
 
 step "sample manifests (deploy/examples)"
 T0=$(date +%s.%N)
@@ -77,11 +93,35 @@ kubectl create clusterrole pko-metrics-reader --verb=get --non-resource-url=/met
 kubectl -n $NS create serviceaccount metrics-scraper >/dev/null
 kubectl create clusterrolebinding "pko-metrics-$NS" --clusterrole=pko-metrics-reader --serviceaccount=$NS:metrics-scraper --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
 SCRAPE_TOKEN="$(kubectl -n $NS create token metrics-scraper)"
-metrics() { curl -sk -H "Authorization: Bearer $SCRAPE_TOKEN" https://127.0.0.1:18383/metrics; }
-echo; echo "metrics (https://127.0.0.1:18383/metrics, as $NS:metrics-scraper):"
-metrics | grep -E '^(stacks_active|stacks_failing|programs_active|pko_update_operations_total)' | sed 's/^/  /'
-metrics | grep -q '^stacks_active 3$' || fail "the metrics endpoint does not report 3 active stacks"
+metrics() { curl -sk -H "Authorization: Bearer $SCRAPE_TOKEN" "https://127.0.0.1:$((18383 + ${1:-0}))/metrics"; }
+ACTIVE=0
+for i in $(seq 0 $((REPLICAS - 1))); do
+  echo; echo "metrics of replica $i (https://127.0.0.1:$((18383 + i))/metrics, as $NS:metrics-scraper):"
+  metrics "$i" | grep -E '^(stacks_active|stacks_failing|programs_active|pko_update_operations_total|pko_fleet_shards_held)' | sed 's/^/  /'
+  ACTIVE=$((ACTIVE + $(metrics "$i" | awk '/^stacks_active /{print $2}')))
+done
+[ "$ACTIVE" = 3 ] || fail "the replicas report $ACTIVE active stacks, not 3"
 [ "$(curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1:18383/metrics)" = 401 ] || fail "the metrics endpoint answers without a token"
+
+shard_holder() { # the replica holding the shard of stack $1
+  local shard; shard=$(kubectl -n $NS get stack "$1" -o jsonpath='{.metadata.labels.pulumi\.com/shard}')
+  kubectl -n $NS get lease "pko-shard-$shard" -o jsonpath='{.spec.holderIdentity}'
+}
+if [ "$REPLICAS" -gt 1 ]; then
+  step "the fleet: who holds what"
+  echo "  shards held per replica (Leases pko-shard-*):"
+  kubectl -n $NS get leases -l pulumi.com/lease=shard -o jsonpath='{range .items[*]}{.spec.holderIdentity}{"\n"}{end}' | sort | uniq -c | sed 's/^/   /'
+  for s in hello configured from-git; do echo "  stack $s: shard $(kubectl -n $NS get stack $s -o jsonpath='{.metadata.labels.pulumi\.com/shard}'), held by $(shard_holder $s)"; done
+  echo "  the queue in redis ($REDIS_URL, prefix pko-demo): $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:job:*' | wc -l) job(s) recorded, fences: $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:fence:*' | wc -l) shard(s)"
+  VICTIM=$(shard_holder from-git); VICTIM_I=${VICTIM#demo-}
+  step "SIGKILL of replica $VICTIM (it holds from-git's shard)"
+  kill -KILL -- "-$(cat "$DEMO/operator-$VICTIM_I.pid")" 2>/dev/null || kill -KILL "$(cat "$DEMO/operator-$VICTIM_I.pid")"
+  rm -f "$DEMO/operator-$VICTIM_I.pid"
+  TK=$(date +%s.%N)
+  for _ in $(seq 1 120); do H=$(shard_holder from-git); [ -n "$H" ] && [ "$H" != "$VICTIM" ] && break; sleep 0.5; done
+  [ "$(shard_holder from-git)" != "$VICTIM" ] || fail "nobody took over from-git's shard"
+  printf '  from-git'"'"'s shard is now held by %s, %.1f s after the kill (membership lease 15 s)\n' "$(shard_holder from-git)" "$(awk "BEGIN{print $(date +%s.%N) - $TK}")"
+fi
 
 step "a new commit on the tracked branch"
 sed -i 's/release 1/release 2/' "$DEMO/work/app/Pulumi.yaml"
@@ -109,4 +149,6 @@ kubectl -n $NS delete stack hello --timeout=120s >/dev/null
 echo "  $(cat "$DEMO/destroyed-dev.txt") (written by the command provider's delete)"
 
 echo
-printf 'DEMO OK: 3 stacks Ready %.1f s after apply, branch push -> new update in %.1f s, destroyOnFinalize destroyed the resources. `make demo-down` cleans up.\n' "$READY_S" "$PUSH_S"
+FLEET_NOTE=""
+[ "$REPLICAS" -gt 1 ] && FLEET_NOTE=" ($REPLICAS replicas; the push ran on $(shard_holder from-git) after $VICTIM was killed)"
+printf 'DEMO OK: 3 stacks Ready %.1f s after apply, branch push -> new update in %.1f s%s, destroyOnFinalize destroyed the resources. `make demo-down` cleans up.\n' "$READY_S" "$PUSH_S" "$FLEET_NOTE"
