@@ -6,16 +6,19 @@
 #   loadtest/stacks.sh [N]          N Stacks (default 100)
 #   MAX_OPS=16 loadtest/stacks.sh   operations the operator drives at once (default 16)
 #   TIMEOUT_S=1800                  give up after this many seconds (bounded run)
+#   REPLICAS=3                      that many operator replicas in a fleet (--fleet, the bed's redis);
+#                                   memory is reported per replica and summed
 #
 # Everything listens on 127.0.0.1; the run stops by itself and cleans up (namespace, operator, agents).
 set -euo pipefail
 N=${1:-100}
 MAX_OPS=${MAX_OPS:-16}
+REPLICAS=${REPLICAS:-1}
 TIMEOUT_S=${TIMEOUT_S:-1800}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN=/tmp/pko-load
 NS=pko-load
-fail() { echo "LOADTEST FAILED: $*" >&2; [ -f "$RUN/operator.log" ] && tail -20 "$RUN/operator.log" >&2; exit 1; }
+fail() { echo "LOADTEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && tail -20 "$l" >&2; done; exit 1; }
 
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
 echo "building pko-operator and pko-agent (release)…"
@@ -29,13 +32,13 @@ delete_namespace() {
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
 cleanup() {
-  if [ -f "$RUN/operator.pid" ]; then kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null || true; fi
+  for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
   pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
   delete_namespace --wait=false
 }
 trap cleanup EXIT
-if [ -f "$RUN/operator.pid" ]; then kill -TERM "$(cat "$RUN/operator.pid")" 2>/dev/null || true; fi
+for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
 pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
 delete_namespace --wait=true --timeout=120s
 rm -rf "$RUN" && mkdir -p "$RUN/state"
@@ -44,15 +47,28 @@ kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
-PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
-  --program-fs-addr 127.0.0.1:19091 --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:18384 --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
-  --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
-  > "$RUN/operator.log" 2>&1 < /dev/null &
-OP=$!
-echo $OP > "$RUN/operator.pid"
-sleep 1; kill -0 $OP || fail "the operator did not start"
-rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-IDLE_KIB=$(rss $OP)
+FLEET=()
+if [ "$REPLICAS" -gt 1 ]; then
+  redis-cli -u "$REDIS_URL" --scan --pattern 'pko-load:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+  FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load)
+fi
+OPS=()
+for i in $(seq 0 $((REPLICAS - 1))); do
+  PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
+    --program-fs-addr 127.0.0.1:$((19091 + i)) --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:$((18384 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
+    --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
+    ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id load-$i} \
+    > "$RUN/operator-$i.log" 2>&1 < /dev/null &
+  OPS+=($!)
+  echo $! > "$RUN/operator-$i.pid"
+done
+sleep 1
+for op in "${OPS[@]}"; do kill -0 "$op" || fail "an operator replica did not start"; done
+OP=${OPS[0]}
+rss() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done; echo $t; }
+IDLE_KIB=$(rss "${OPS[@]}")
+declare -A PEAK_OF
+for op in "${OPS[@]}"; do PEAK_OF[$op]=0; done
 
 {
   cat <<YAML
@@ -78,7 +94,8 @@ echo "applied $N Stacks; waiting for Ready (progress every 10 s)"
 PEAK=0; LAST=$T0
 while :; do
   now=$(date +%s); [ $((now - T0)) -gt "$TIMEOUT_S" ] && fail "not all Stacks Ready after ${TIMEOUT_S} s"
-  r=$(rss $OP); [ "$r" -gt "$PEAK" ] && PEAK=$r
+  r=$(rss "${OPS[@]}"); [ "$r" -gt "$PEAK" ] && PEAK=$r
+  for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; done
   ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   [ "$ready" -ge "$N" ] && break
   if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
@@ -86,13 +103,18 @@ while :; do
 done
 READY_S=$(( $(date +%s) - T0 ))
 sleep 10   # let the last status writes and requeues settle
-REST_KIB=$(rss $OP)
+REST_KIB=$(rss "${OPS[@]}")
+PER_REPLICA=""
+for op in "${OPS[@]}"; do PER_REPLICA="$PER_REPLICA peak=$((PEAK_OF[$op] / 1024))/rest=$(($(rss "$op") / 1024))"; done
 AGENTS_KIB=0; AGENTS=0
 for p in $(pgrep -f -- "--work-dir $RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
 FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
 echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
-if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pid $OP (log $RUN/operator.log)"; fi
-echo "operator_rss_mib: idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
+if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pids ${OPS[*]} (logs $RUN/operator-*.log)"; fi
+echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
+echo "per replica (MiB):$PER_REPLICA"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
-curl -s http://127.0.0.1:18384/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count))' || true
+for i in $(seq 0 $((REPLICAS - 1))); do
+  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held)' | sed 's/^/  /' || true
+done

@@ -157,9 +157,17 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     let publish = tokio::spawn(async move {
         let mut last: Option<BTreeSet<u32>> = None;
         loop {
-            let held: BTreeSet<u32> = changes.borrow_and_update().shards.keys().copied().collect();
+            let (held, members): (BTreeSet<u32>, usize) = {
+                let h = changes.borrow_and_update();
+                (h.shards.keys().copied().collect(), h.members.len())
+            };
+            metrics::gauge!(crate::metrics::names::FLEET_MEMBERS).set(members as f64);
             if last.as_ref() != Some(&held) {
-                if held.iter().any(|s| !last.as_ref().is_some_and(|l| l.contains(s))) {
+                let before = last.clone().unwrap_or_default();
+                let (gained, lost) = (held.difference(&before).count(), before.difference(&held).count());
+                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(gained as u64);
+                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(lost as u64);
+                if gained > 0 {
                     gained_tx.send_modify(|n| *n += 1);
                 }
                 metrics::gauge!(crate::metrics::names::SHARDS_HELD).set(held.len() as f64);

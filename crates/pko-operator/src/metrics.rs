@@ -12,7 +12,10 @@
 //!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}`
 //!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
 //!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
-//!   their workspace class was full).
+//!   their workspace class was full), `pko_dispatch_wait_seconds{namespace}` (histogram: first push to
+//!   a worker taking it);
+//! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
+//!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}` (counter).
 //!
 //! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint
 //! ([`serve_probes`], PKO `--health-probe-bind-address`).
@@ -57,6 +60,10 @@ pub mod names {
     pub const DISPATCH_WAIT_SECONDS: &str = "pko_dispatch_wait_seconds";
     /// Gauge: shards this replica holds (`--fleet`).
     pub const SHARDS_HELD: &str = "pko_fleet_shards_held";
+    /// Counter, label `change` (`gained`, `lost`): shards this replica took or gave up.
+    pub const SHARD_TRANSITIONS_TOTAL: &str = "pko_fleet_shard_transitions_total";
+    /// Gauge: live members of the fleet as this replica sees them.
+    pub const FLEET_MEMBERS: &str = "pko_fleet_members";
     /// Counter, label `controller`: reconciles run.
     pub const RECONCILES_TOTAL: &str = "pko_reconciles_total";
     /// Counter, labels `controller` and `step`: reconciles that failed, by the step that failed.
