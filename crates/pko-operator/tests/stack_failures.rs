@@ -69,9 +69,11 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     assert_eq!(failed.len(), 4, "one first attempt and three retries");
     assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "UpdateFailed".into()))));
     // four failures with the same note: one recorder per controller aggregates them into a series
+    eventually("four StackUpdateFailure occurrences (events follow the status write)", 30, || async {
+        events_of(&ns, "Stack", "StackUpdateFailure").await.iter().map(|(_, n)| n).sum::<i32>() >= 4
+    })
+    .await;
     let failures = events_of(&ns, "Stack", "StackUpdateFailure").await;
-    let occurrences: i32 = failures.iter().map(|(_, n)| n).sum();
-    assert!(occurrences >= 4, "{failures:?}");
     assert!(failures.len() < 4, "repeated events are aggregated, not one object each: {failures:?}");
 
     // PKO's metrics say so too, and ours count the failed operations
@@ -133,8 +135,11 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
         msg.contains("locked") && stack_condition(&s, "Reconciling").is_some_and(|(st, r, _)| st == "True" && r == "RetryingAfterFailure")
     })
     .await;
-    let notes = events_of(&ns, "Stack", "StackUpdateConflictDetected").await;
-    assert!(notes.iter().any(|(n, _)| n.contains("holds the stack lock") && n.contains("retrying in 10 s")), "{notes:?}");
+    // the event follows the status write (a pass's effects come after its one write)
+    eventually("the StackUpdateConflictDetected event names the lock and the retry", 30, || async {
+        events_of(&ns, "Stack", "StackUpdateConflictDetected").await.iter().any(|(n, _)| n.contains("holds the stack lock") && n.contains("retrying in 10 s"))
+    })
+    .await;
 
     assert!(outside.wait().unwrap().success(), "the outside update finishes");
     eventually("the Stack is Ready once the lock is gone", 120, || async { stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True") })
