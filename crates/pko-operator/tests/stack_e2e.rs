@@ -77,12 +77,14 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     assert_eq!(st.project_info.unwrap().name.as_deref(), Some("hello"));
     assert!(s.finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
     assert!(!serde_json::to_string(&s).unwrap().contains("k3y-Secret-val"), "no secret value in the Stack");
-    // PKO's events on the Stack and its Update
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
-    let reasons: Vec<(String, String)> =
-        events.items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect();
+    // PKO's events on the Stack and its Update (published after the status writes they follow)
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    let reasons = || async {
+        let items = events.list(&Default::default()).await.unwrap().items;
+        items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect::<Vec<(String, String)>>()
+    };
     for want in [("Stack", "StackUpdateDetected"), ("Stack", "StackCreated"), ("Update", "UpdateSucceeded")] {
-        assert!(reasons.iter().any(|(k, r)| k == want.0 && r == want.1), "missing event {want:?} in {reasons:?}");
+        eventually(&format!("event {want:?}"), 30, || async { reasons().await.iter().any(|(k, r)| k == want.0 && r == want.1) }).await;
     }
 
     stacks.delete("hello", &DeleteParams::background()).await.unwrap();

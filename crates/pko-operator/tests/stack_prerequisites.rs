@@ -55,8 +55,10 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     eventually("app is Ready after db", 90, || ready("app")).await;
     eventually("db's Workspace is reclaimed", 30, || async { workspaces.get_opt("db").await.unwrap().is_none() }).await;
     assert!(workspaces.get_opt("app").await.unwrap().is_some(), "Retain (the default) keeps app's Workspace");
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
-    assert!(events.items.iter().any(|e| e.reason.as_deref() == Some("WorkspaceDeleted")), "WorkspaceDeleted event");
+    eventually("the WorkspaceDeleted event (it follows the delete)", 30, || async {
+        ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items.iter().any(|e| e.reason.as_deref() == Some("WorkspaceDeleted"))
+    })
+    .await;
 
     // app now wants db to have succeeded within 5 s: db is stale, gets a sync request, runs again (its
     // Workspace recreated), and app proceeds
