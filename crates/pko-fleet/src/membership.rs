@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{Notify, watch};
@@ -243,8 +244,12 @@ impl Fleet {
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
-        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector)).default_backoff().reflect(writer).for_each(move |_| {
-            notify.notify_one();
+        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector)).default_backoff().reflect(writer).for_each(move |event| {
+            match event {
+                // e.g. no RBAC for Leases in the fleet's namespace: say so rather than wait silently
+                Err(e) => tracing::warn!(error = %e, "watching the fleet's Leases failed; retrying"),
+                Ok(_) => notify.notify_one(),
+            }
             async {}
         });
         let watch = tokio::spawn(watch);
@@ -376,8 +381,6 @@ impl Fleet {
         shards.extend(taken);
     }
 }
-
-use kube::ResourceExt as _;
 
 #[cfg(test)]
 mod tests {

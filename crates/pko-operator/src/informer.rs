@@ -110,7 +110,7 @@ impl<K: Watched> Informer<K> {
     pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.subscribers.push(tx);
-        tokio_stream_of(rx)
+        tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 
     /// The objects of every change, as kube's `Controller::for_stream` / `watches_stream` take them.
@@ -175,10 +175,6 @@ impl<K: Watched> Informer<K> {
         }
         apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().map(move |e| (i, e)).boxed()).collect()
     }
-}
-
-fn tokio_stream_of<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl Stream<Item = T> + Send + 'static {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 /// What the merge asks of the informer: write an event into the store, or hand a change on.

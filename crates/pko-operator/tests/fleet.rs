@@ -142,4 +142,20 @@ async fn a_second_replica_without_redis_is_refused() {
         pko_operator::run::Operator::new(client.clone(), run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r1", &[]))).start(tokio_util::sync::CancellationToken::new()).await;
     let err = second.err().expect("a second replica without Redis is refused").to_string();
     assert!(err.contains("replica r0 is live") && err.contains("--redis-url"), "{err}");
+
+    // the labeller: a Workspace and an Update made by hand (PKO's auto.pulumi.com API, no Stack) get
+    // the shard of the Workspace, so one replica owns both
+    create(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "hand"}, "spec": {}})).await;
+    create(
+        &ns.api::<Update>(),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "hand-1"}, "spec": {"workspaceName": "hand", "stackName": "dev", "type": "up"}}),
+    )
+    .await;
+    let want = pko_fleet::ring::shard_of(&format!("{}/hand", ns.name()), 64).to_string();
+    eventually("the hand-made Workspace and Update are labelled with the Workspace's shard", 30, || async {
+        let w = ns.api::<pko_api::Workspace>().get("hand").await.unwrap();
+        let u = ns.api::<Update>().get("hand-1").await.unwrap();
+        w.labels().get("pulumi.com/shard") == Some(&want) && u.labels().get("pulumi.com/shard") == Some(&want)
+    })
+    .await;
 }

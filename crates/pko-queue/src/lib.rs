@@ -116,10 +116,13 @@ pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
     /// Enqueues `job`: `Ok(false)` when a job with its key is queued or in flight, or its epoch is
     /// older than its shard's newest (fenced).
     fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>>;
-    /// Enqueues `job` once `delay` has passed (a retry; held by this replica only).
-    fn push_after(&self, job: Job, delay: Duration) -> BoxFuture<'_, Result<bool, QueueError>> {
-        let pushed = self.local().push(job, Some(Instant::now() + delay));
-        Box::pin(async move { Ok(pushed) })
+    /// Puts the popped `job` back, to be popped again once `delay` has passed (a retry: its class
+    /// was full). It stays recorded as it is in the backing store (not acknowledged), so it moves with
+    /// its shard meanwhile, and its key stays taken.
+    fn retry_after(&self, job: Job, delay: Duration) {
+        let local = self.local();
+        local.done(&job.key);
+        local.push(job, Some(Instant::now() + delay));
     }
     /// Waits for the next job; it stays in flight until [`WorkQueue::done`].
     fn pop(&self) -> BoxFuture<'_, Claimed>;
@@ -238,10 +241,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_delayed_job_is_popped_when_due() {
+    async fn a_job_put_back_is_popped_again_when_due_and_stays_deduplicated() {
         let q = InMemoryQueue::default();
+        q.push(job("later")).await.unwrap();
+        let popped = q.pop().await.job;
         let t = Instant::now();
-        q.push_after(job("later"), Duration::from_millis(200)).await.unwrap();
+        q.retry_after(popped, Duration::from_millis(200));
+        assert!(!q.push(job("later")).await.unwrap(), "its key stays taken while it waits");
         let c = tokio::time::timeout(Duration::from_secs(2), q.pop()).await.expect("popped once due");
         assert_eq!(c.job.key, "later");
         assert!(t.elapsed() >= Duration::from_millis(200));

@@ -64,7 +64,12 @@ async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() 
     assert_eq!(b.adopt(2, 2).await.unwrap(), 1, "only shard 2's job");
     assert_eq!(pop(&b).await.name, "y");
     // a still holds shard 1: its job is its own
-    assert_eq!(pop(&a).await.name, "x");
+    let x = pop(&a).await;
+    assert_eq!(x.name, "x");
+    // put back for a retry (its class was full), it stays recorded: a later holder still adopts it
+    a.retry_after(x, Duration::from_secs(60));
+    let c = RedisQueue::new(bed.redis_url(), &prefix, "c", 0).unwrap();
+    assert_eq!(c.adopt(1, 2).await.unwrap(), 1, "a job waiting for its retry moves with its shard");
 }
 
 #[tokio::test]

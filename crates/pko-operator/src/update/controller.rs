@@ -114,11 +114,11 @@ impl UpdateController {
             let job = claimed.job;
             metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.record_queue();
-            let deferred = self.drive(&job).await == Drive::Deferred;
-            self.queue.done(&job).await;
-            if deferred {
+            if self.drive(&job).await == Drive::Deferred {
                 // its class is full: offer it again shortly (never hold a worker waiting for a slot)
-                let _ = self.queue.push_after(job, Duration::from_secs(1)).await;
+                self.queue.retry_after(job, Duration::from_secs(1));
+            } else {
+                self.queue.done(&job).await;
             }
             self.record_queue();
         }

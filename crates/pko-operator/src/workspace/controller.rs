@@ -95,13 +95,16 @@ impl WorkspaceController {
             Runtime::Local(_) => controller,
         };
         // local agents whose Workspace is gone are stopped: once the cache has synced (agents adopted
-        // from an earlier operator), then on each deletion the watch reports
-        let deletions = informers.workspaces().subscribe();
+        // from an earlier operator), then on each deletion the watch reports (the pod runtime needs no
+        // sweeper: a Workspace's StatefulSet goes with it)
+        let deletions = matches!(self.runtime, Runtime::Local(_)).then(|| informers.workspaces().subscribe());
         let this = self.clone();
         async move {
-            let sweeper = tokio::spawn(this.clone().sweep(store, deletions));
+            let sweeper = deletions.map(|d| tokio::spawn(this.clone().sweep(store, d)));
             crate::k8s::run_controller(controller, &this.ctx, "workspace", |w, c: Arc<Self>| c.reconcile(w), this.clone()).await;
-            sweeper.abort();
+            if let Some(s) = sweeper {
+                s.abort();
+            }
             if let Runtime::Local(l) = &this.runtime {
                 l.stop_all();
             }
