@@ -98,6 +98,11 @@ struct Serve {
     /// from the environment in a pod, so a Workspace's `env` cannot redirect the agent's identity.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Shut down after this many seconds without an operation or a Run/Attach/Cancel call (0: never).
+    /// A pooled agent's backstop: its operator stops it when idle, but an agent whose operator died
+    /// must not stay forever.
+    #[arg(long, default_value_t = 0)]
+    exit_when_idle_seconds: u64,
     /// PEM certificate for TLS (with --tls-key).
     #[arg(long)]
     tls_cert: Option<PathBuf>,
@@ -190,6 +195,21 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         tracing::warn!("second signal: killing pulumi");
         signals.kill_all();
     });
+
+    if a.exit_when_idle_seconds > 0 {
+        let idle = service.clone();
+        let limit = Duration::from_secs(a.exit_when_idle_seconds);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if idle.idle_for() >= limit {
+                    tracing::info!(seconds = limit.as_secs(), "idle: shutting down (--exit-when-idle-seconds)");
+                    idle.begin_shutdown();
+                    return;
+                }
+            }
+        });
+    }
 
     let mut builder = tonic::transport::Server::builder();
     if let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) {

@@ -42,6 +42,8 @@ struct Inner {
     auth: Auth,
     draining: AtomicBool,
     pulumi_version: tokio::sync::OnceCell<String>,
+    /// When a call last arrived or an operation was last seen running.
+    last_active: std::sync::Mutex<std::time::Instant>,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<OperationEvent, Status>> + Send>>;
@@ -101,7 +103,15 @@ impl AgentService {
     /// `max_events` buffered events each.
     pub fn new(cfg: AgentConfig, ctx: RunnerContext, auth: Auth, retention: Duration, max_events: usize) -> Self {
         Self {
-            inner: Arc::new(Inner { cfg, ctx, ops: Registry::new(max_events, retention), auth, draining: AtomicBool::new(false), pulumi_version: tokio::sync::OnceCell::new() }),
+            inner: Arc::new(Inner {
+                cfg,
+                ctx,
+                ops: Registry::new(max_events, retention),
+                auth,
+                draining: AtomicBool::new(false),
+                pulumi_version: tokio::sync::OnceCell::new(),
+                last_active: std::sync::Mutex::new(std::time::Instant::now()),
+            }),
         }
     }
 
@@ -122,6 +132,21 @@ impl AgentService {
             op.interrupted.store(true, Ordering::SeqCst);
             op.signal(nix::sys::signal::Signal::SIGKILL);
         }
+    }
+
+    /// Marks the agent active now (a call arrived).
+    fn touch(&self) {
+        *self.inner.last_active.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
+    /// How long the agent has been idle: no operation running and no call since, at the resolution
+    /// of the calls to this function (an operation seen running counts as activity).
+    pub fn idle_for(&self) -> Duration {
+        if !self.inner.ops.running().is_empty() {
+            self.touch();
+            return Duration::ZERO;
+        }
+        self.inner.last_active.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
     }
 
     /// Resolves once the shutdown began and no operation runs any more.
@@ -153,17 +178,19 @@ impl Agent for AgentService {
     type AttachStream = EventStream;
 
     async fn run(&self, request: Request<OperationRequest>) -> Result<Response<Self::RunStream>, Status> {
+        self.touch();
         self.inner.auth.check(request.metadata()).await?;
         let req = request.into_inner();
         validate_request(&req)?;
-        if self.inner.draining.load(Ordering::SeqCst) {
-            return Err(Status::unavailable("agent is shutting down"));
-        }
         if let Some(op) = self.inner.ops.get(&req.operation_id) {
             // The same operation again (e.g. a retried call, or the shard's new holder): follow it
-            // instead of running it twice — unless the caller's epoch is stale.
+            // instead of running it twice — unless the caller's epoch is stale. Also while shutting
+            // down: the caller sees it end (`INTERRUPTED`) and only then runs it elsewhere.
             admit(&op, req.epoch)?;
             return Ok(Response::new(Self::stream_of(&op)));
+        }
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("agent is shutting down"));
         }
         if self.inner.ops.running().len() >= self.inner.cfg.capacity {
             return Err(Status::unavailable(format!("agent busy: {} operation(s) running, capacity {}", self.inner.ops.running().len(), self.inner.cfg.capacity)));
@@ -176,6 +203,7 @@ impl Agent for AgentService {
     }
 
     async fn attach(&self, request: Request<AttachRequest>) -> Result<Response<Self::AttachStream>, Status> {
+        self.touch();
         self.inner.auth.check(request.metadata()).await?;
         let AttachRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
@@ -184,6 +212,7 @@ impl Agent for AgentService {
     }
 
     async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        self.touch();
         self.inner.auth.check(request.metadata()).await?;
         let CancelRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;

@@ -178,6 +178,21 @@ async fn sigterm_interrupts_pulumi_releases_the_lock_and_another_agent_succeeds(
 }
 
 #[tokio::test]
+async fn an_idle_agent_exits_by_itself_after_exit_when_idle_seconds_but_not_while_it_works() {
+    let env = pulumi_env();
+    let mut a = Agent::start(&env, &["--auth", "none", "--exit-when-idle-seconds", "2"], &[]);
+    let mut ca = a.client().await;
+    // an operation longer than the idle limit keeps it alive
+    let events = run(&mut ca, request(&env, "idle-1", &slow(&env, "idle", 4), "dev", OperationType::Up)).await;
+    assert_eq!(result(&events).status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    let t0 = std::time::Instant::now();
+    assert!(a.wait_exit(Duration::from_secs(30)).success(), "it exits cleanly once idle");
+    let idle = t0.elapsed();
+    eprintln!("agent exited {idle:?} after its operation ended (--exit-when-idle-seconds 2)");
+    assert!(idle >= Duration::from_millis(1500), "not before the idle limit: {idle:?}");
+}
+
+#[tokio::test]
 async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);

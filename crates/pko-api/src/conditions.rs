@@ -54,6 +54,12 @@ impl Update {
         is_true(self.conditions(), uc::COMPLETE)
     }
 
+    /// `status.startTime` is set: an agent began the operation once (it may run still, after a
+    /// dispatcher's restart or a shard move, and is then followed rather than started again).
+    pub fn was_started(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| s.start_time.is_some())
+    }
+
     /// `Failed=False` is present: the operation succeeded (meaningful once complete).
     pub fn succeeded(&self) -> bool {
         find(self.conditions(), uc::FAILED).is_some_and(|c| c.status == "False")

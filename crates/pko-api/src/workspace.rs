@@ -302,6 +302,12 @@ pub struct WorkspaceStatus {
     /// Version of the Pulumi CLI in the workspace (PKO 2.9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulumi_version: Option<String>,
+    /// The agent pool this Workspace's operations run on, `<namespace>/<class>` — the Workspaces with
+    /// the same namespace, service account, image, pod template and log level share one pool (our
+    /// extension: in PKO each Workspace has its own pod). Unset when the Workspace has its own agent
+    /// (`address`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// Conditions; known type: `Ready` (and `Stalled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::conditions")]

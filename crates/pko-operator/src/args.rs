@@ -101,6 +101,20 @@ pub struct RuntimeArgs {
     /// CA bundle of the API server for the local agents (required by `--runtime local`).
     #[arg(long)]
     pub local_ca_file: Option<PathBuf>,
+    /// Run operations on pools of agents per workspace class (namespace, service account, image, pod
+    /// template, log level) instead of an agent per Workspace: agents start on demand and stop when
+    /// idle, so an idle Stack costs no process. `--runtime local` only for now.
+    #[arg(long, env = "PKO_AGENT_POOLS")]
+    pub agent_pools: bool,
+    /// Agents each pool keeps running even when idle (`--agent-pools`).
+    #[arg(long, default_value_t = 0)]
+    pub pool_min_agents: usize,
+    /// Most agents per pool (`--agent-pools`); more operations of the class wait in the queue.
+    #[arg(long, default_value_t = 16)]
+    pub pool_max_agents: usize,
+    /// Seconds an agent of a pool may stay idle before it is stopped (`--agent-pools`).
+    #[arg(long, default_value_t = 60)]
+    pub pool_idle_timeout_seconds: u64,
     /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator
     /// with TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the
     /// pod runtime; the install manifest sets it from the Downward API.

@@ -58,6 +58,12 @@ pub mod names {
     pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
     /// Histogram in seconds, label `namespace`: from an operation's first push to a worker taking it.
     pub const DISPATCH_WAIT_SECONDS: &str = "pko_dispatch_wait_seconds";
+    /// Gauge, labels `class` (`<namespace>/<hash>`) and `state` (`idle`, `busy`): agents of a pool.
+    pub const POOL_AGENTS: &str = "pko_pool_agents";
+    /// Counter: pool agents started (demand, or the minimum).
+    pub const POOL_AGENTS_STARTED_TOTAL: &str = "pko_pool_agents_started_total";
+    /// Counter: pool agents stopped after their idle timeout.
+    pub const POOL_AGENTS_STOPPED_TOTAL: &str = "pko_pool_agents_stopped_total";
     /// Gauge: shards this replica holds (`--fleet`).
     pub const SHARDS_HELD: &str = "pko_fleet_shards_held";
     /// Counter, label `change` (`gained`, `lost`): shards this replica took or gave up.

@@ -17,6 +17,7 @@ use crate::update::controller::UpdateController;
 use crate::update::tokens::AgentTokens;
 use crate::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
 use crate::workspace::pod::PodRuntimeConfig;
+use crate::workspace::pool::{LocalPools, PoolConfig};
 
 /// Binds the address of `flag` (`0` turns it off; `:port` is every interface). Errors name the flag.
 async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<(tokio::net::TcpListener, SocketAddr)>> {
@@ -116,15 +117,27 @@ impl Operator {
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
         }
-        let agent_runtime = match runtime.runtime {
-            RuntimeKind::Pod => Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }),
-            RuntimeKind::Local => Runtime::Local(LocalRuntime::new(
-                runtime.agent_bin.clone(),
-                runtime.local_work_dir.clone(),
-                runtime.local_api_server.clone().context("--runtime local needs --local-api-server")?,
-                runtime.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
-                local_agent_env,
-            )),
+        let (agent_runtime, pools) = match (runtime.runtime, runtime.agent_pools) {
+            (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
+            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
+            (RuntimeKind::Local, pooled) => {
+                let local = LocalRuntime::new(
+                    runtime.agent_bin.clone(),
+                    runtime.local_work_dir.clone(),
+                    runtime.local_api_server.clone().context("--runtime local needs --local-api-server")?,
+                    runtime.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
+                    local_agent_env,
+                );
+                if pooled {
+                    let idle_timeout = std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds);
+                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout };
+                    let replica = if fleet.fleet { crate::fleet::replica_id(&fleet)? } else { "operator".into() };
+                    let pools = LocalPools::new(local, client.clone(), replica, cfg);
+                    (Runtime::LocalPool(pools.clone()), Some(pools))
+                } else {
+                    (Runtime::Local(local), None)
+                }
+            }
         };
         let agent_tokens = match (&runtime.service_account, runtime.runtime) {
             (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
@@ -139,6 +152,13 @@ impl Operator {
         let workspace_controller = WorkspaceController::new(ctx.clone(), agent_runtime).run(&mut informers);
         let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations);
         let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
+        let updates = match &pools {
+            Some(p) => {
+                membership.push(tokio::spawn(p.clone().run(shutdown.clone())));
+                updates.with_pools(p.clone())
+            }
+            None => updates,
+        };
         let update_controller = match agent_tokens {
             Some(t) => updates.with_agent_tokens(t),
             None => updates,

@@ -11,7 +11,7 @@ use pko_api::{Program, Stack, Update};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
-fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16) -> std::process::Child {
+fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16, extra: &[&str]) -> std::process::Child {
     let bed = testbed();
     Command::new(env!("CARGO_BIN_EXE_pko-operator"))
         .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
@@ -20,6 +20,7 @@ fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16) -> s
         .arg(bed.ca_file())
         .arg("--local-work-dir")
         .arg(env.dir().join("agents"))
+        .args(extra)
         .env_clear()
         .envs(env.vars())
         .env("HOME", env.dir())
@@ -32,6 +33,22 @@ fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16) -> s
 
 #[tokio::test]
 async fn sigkilled_operator_reattaches_after_restart() {
+    sigkilled_operator_reattaches(&[], |env, ns| env.dir().join("agents").join(ns).join("slow").join("agent.json")).await;
+}
+
+/// The same with agent pools: the restarted operator adopts its pool's agent (slot 0 of the class) and
+/// follows the operation there.
+#[tokio::test]
+async fn sigkilled_operator_reattaches_to_its_pooled_agent_after_restart() {
+    sigkilled_operator_reattaches(&["--agent-pools", "--pool-idle-timeout-seconds", "5"], |env, ns| {
+        let classes = env.dir().join("agents").join("pools").join(ns);
+        let class = std::fs::read_dir(&classes).unwrap().flatten().next().unwrap().path();
+        class.join("operator").join("0").join("agent.json")
+    })
+    .await;
+}
+
+async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_testbed::PulumiEnv, &str) -> std::path::PathBuf) {
     let (_client, ns, env) = setup("restart").await;
     let runs = env.dir().join("runs.txt");
     allow_default_sa_to_read_secrets(&ns).await;
@@ -50,19 +67,20 @@ async fn sigkilled_operator_reattaches_after_restart() {
     )
     .await;
 
-    let port = 19000 + (std::process::id() % 900) as u16;
-    let mut op = start_operator(&env, ns.name(), port);
+    // two tests of this binary run at once: each its own port
+    let port = 19000 + (std::process::id() % 900) as u16 + if extra.is_empty() { 0 } else { 1000 };
+    let mut op = start_operator(&env, ns.name(), port, extra);
     let updates = ns.api::<Update>();
     eventually("an Update is Progressing", 60, || async {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
     })
     .await;
-    let record = env.dir().join("agents").join(ns.name()).join("slow").join("agent.json");
+    let record = record(&env, ns.name());
     let agent_pid = |p: &std::path::Path| serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap()["pid"].as_u64().unwrap();
     let before = agent_pid(&record);
     op.kill().unwrap(); // SIGKILL
     op.wait().unwrap();
-    let mut op = start_operator(&env, ns.name(), port);
+    let mut op = start_operator(&env, ns.name(), port, extra);
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready after the restart", 120, || async {

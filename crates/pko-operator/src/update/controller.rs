@@ -24,6 +24,7 @@ use super::status::{self, Phase};
 use super::tokens::AgentTokens;
 use crate::context::Context;
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
+use crate::workspace::pool::{End, LocalPools};
 
 /// State of the Update controller.
 pub struct UpdateController {
@@ -34,6 +35,9 @@ pub struct UpdateController {
     class_limits: Arc<ClassLimits>,
     /// Per-workspace tokens for agents that authenticate callers (`--auth kube`); none: no credentials.
     tokens: Option<AgentTokens>,
+    /// Agent pools per workspace class (`--agent-pools`); none: each Workspace's own agent
+    /// (`status.address`).
+    pools: Option<Arc<LocalPools>>,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -49,6 +53,8 @@ enum Drive {
     Done,
     /// Its workspace class was full: to be offered again.
     Deferred,
+    /// Its agent is shutting down (`INTERRUPTED`): to be run again at once, on another agent.
+    Again,
 }
 
 /// An Update reconcile fails only on the API (step `api`).
@@ -75,13 +81,19 @@ impl UpdateController {
 
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
-        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None }
+        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None, pools: None }
     }
 
     /// Authenticates to agents with tokens of a service account, one per Workspace audience
     /// ([`super::tokens`]) — what agents in pods (`--auth kube`) require.
     pub fn with_agent_tokens(mut self, tokens: AgentTokens) -> Self {
         self.tokens = Some(tokens);
+        self
+    }
+
+    /// Runs operations on the agent pools of `pools` instead of each Workspace's own agent.
+    pub fn with_pools(mut self, pools: Arc<LocalPools>) -> Self {
+        self.pools = Some(pools);
         self
     }
 
@@ -114,11 +126,12 @@ impl UpdateController {
             let job = claimed.job;
             metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.record_queue();
-            if self.drive(&job).await == Drive::Deferred {
+            match self.drive(&job).await {
                 // its class is full: offer it again shortly (never hold a worker waiting for a slot)
-                self.queue.retry_after(job, Duration::from_secs(1));
-            } else {
-                self.queue.done(&job).await;
+                Drive::Deferred => self.queue.retry_after(job, Duration::from_secs(1)),
+                // handed over: its agent stopped it cleanly (SIGTERM → Ctrl-C); another one runs it
+                Drive::Again => self.queue.retry_after(job, Duration::ZERO),
+                Drive::Done => self.queue.done(&job).await,
             }
             self.record_queue();
         }
@@ -159,12 +172,32 @@ impl UpdateController {
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return Drive::Done };
-        let Some(address) = workspace.status.as_ref().and_then(|s| s.address.clone()) else { return Drive::Done };
         let class = workspace_class(&workspace);
         let Some(_permit) = self.class_limits.try_acquire(&class) else {
             tracing::debug!(update = %job.name, %class, "workspace class at its operation limit; deferred");
             metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
             return Drive::Deferred;
+        };
+        // the agent: one of the class's pool (the one running it already, after a restart or a shard
+        // move), or the Workspace's own
+        let (address, lent) = match &self.pools {
+            Some(pools) => match pools.acquire(&workspace, &update.operation_id(), job.epoch, update.was_started()).await {
+                Ok(Some(lent)) => (lent.address.clone(), Some(lent)),
+                Ok(None) => {
+                    tracing::debug!(update = %job.name, %class, "every agent of the pool is busy; deferred");
+                    metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+                    return Drive::Deferred;
+                }
+                Err(e) => {
+                    tracing::warn!(update = %job.name, %class, error = %e, "no pool agent; retrying");
+                    let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
+                    return Drive::Done;
+                }
+            },
+            None => match workspace.status.as_ref().and_then(|s| s.address.clone()) {
+                Some(a) => (a, None),
+                None => return Drive::Done,
+            },
         };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
         let token = match &self.tokens {
@@ -202,8 +235,21 @@ impl UpdateController {
             metrics::counter!(crate::metrics::names::OPERATIONS_TOTAL, "type" => kind, "result" => result).increment(1);
             metrics::histogram!(crate::metrics::names::OPERATION_DURATION_SECONDS, "type" => kind).record(started.elapsed().as_secs_f64());
         }
+        let interrupted = matches!(&outcome, Ok(r) if r.status == ResultStatus::Interrupted as i32);
+        if let Some(lent) = lent {
+            lent.finish(match &outcome {
+                Ok(_) if interrupted => End::Interrupted,
+                Ok(_) => End::Result,
+                Err(_) => End::Unknown,
+            });
+        }
         match outcome {
-            Ok(r) if r.status == ResultStatus::Interrupted as i32 => tracing::info!(update = %job.name, "operation interrupted by agent shutdown; will run again"),
+            Ok(_) if interrupted => {
+                tracing::info!(update = %job.name, "operation interrupted by agent shutdown; will run again");
+                if self.pools.is_some() {
+                    return Drive::Again;
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "dispatch failed; retrying");
@@ -226,11 +272,16 @@ impl UpdateController {
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let workspace = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns).get_opt(&ws_name).await?;
-        let address = workspace.as_ref().and_then(|w| w.status.as_ref()).and_then(|s| s.address.clone());
-        if workspace.is_none() || address.is_none() {
+        // pooled: a Ready Workspace is enough (its agent is lent per operation); else its own agent's address
+        let ready = match (&workspace, &self.pools) {
+            (Some(w), Some(_)) => w.is_ready(),
+            (Some(w), None) => w.status.as_ref().and_then(|s| s.address.as_ref()).is_some(),
+            (None, _) => false,
+        };
+        if !ready {
             let (reason, message) = match workspace {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
-                Some(_) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} has no agent address yet")),
+                Some(_) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)")),
             };
             self.wait(&api, &update, reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));

@@ -10,10 +10,12 @@ use pko_api::Workspace;
 use sha2::{Digest, Sha256};
 
 /// The class of a Workspace: namespace, service account (default `default`), image (default: the
-/// operator's) and pod template, hashed (16 hex characters after the namespace, e.g. `team-a/3f2a…`).
+/// operator's), pod template and Pulumi log level (an agent's flag), hashed (16 hex characters after
+/// the namespace, e.g. `team-a/3f2a…`). Agents of one class are interchangeable
+/// ([`crate::workspace::pool`]).
 pub fn workspace_class(ws: &Workspace) -> String {
     let s = &ws.spec;
-    let key = serde_json::json!([s.service_account_name.as_deref().unwrap_or("default"), s.image, s.pod_template]);
+    let key = serde_json::json!([s.service_account_name.as_deref().unwrap_or("default"), s.image, s.pod_template, s.pulumi_log_level.filter(|l| *l > 0)]);
     let hash: String = Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect();
     format!("{}/{hash}", ws.metadata.namespace.as_deref().unwrap_or_default())
 }

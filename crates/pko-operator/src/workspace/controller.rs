@@ -26,6 +26,7 @@ use pko_api::workspace::WorkspaceStatus;
 
 pub use super::local::{LocalRuntime, local_agent_env};
 use super::pod::{self, PodRuntimeConfig};
+use super::pool::LocalPools;
 use crate::context::Context;
 use crate::informer::{Change, Informers};
 
@@ -54,8 +55,12 @@ pub enum Error {
 pub enum Runtime {
     /// Workspace pods (StatefulSet per Workspace).
     Pod(PodRuntimeConfig),
-    /// Agent processes on this machine.
+    /// Agent processes on this machine, one per Workspace.
     Local(LocalRuntime),
+    /// Agent processes on this machine, pooled per workspace class ([`super::pool`]): the Workspace
+    /// is Ready at once and reports its pool; agents are started per operation by the Update
+    /// controller, which shares these pools.
+    LocalPool(Arc<LocalPools>),
 }
 
 /// How often the local runtime checks that a Workspace's agent process still runs (seconds).
@@ -67,6 +72,7 @@ pub const LOCAL_AGENT_CHECK: Duration = Duration::from_secs(15);
 fn status_unchanged(stored: &WorkspaceStatus, new: &WorkspaceStatus, (status, reason, message): (&str, &str, &str)) -> bool {
     let conds = stored.conditions.as_deref().unwrap_or_default();
     stored.address == new.address
+        && stored.pool == new.pool
         && stored.observed_generation == new.observed_generation
         && conds.len() == 1
         && conds.iter().any(|c| c.type_ == wc::READY && c.status == status && c.reason == reason && c.message == message && c.observed_generation == new.observed_generation)
@@ -92,7 +98,7 @@ impl WorkspaceController {
         let controller = Controller::for_stream(informers.workspaces().objects(), store.clone());
         let controller = match self.runtime {
             Runtime::Pod(_) => controller.owns_stream(informers.stateful_sets().objects()),
-            Runtime::Local(_) => controller,
+            Runtime::Local(_) | Runtime::LocalPool(_) => controller,
         };
         // local agents whose Workspace is gone are stopped: once the cache has synced (agents adopted
         // from an earlier operator), then on each deletion the watch reports (the pod runtime needs no
@@ -150,6 +156,12 @@ impl WorkspaceController {
         if ws.meta().deletion_timestamp.is_some() {
             return self.write(&api, &ws, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
         }
+        if let Runtime::LocalPool(_) = &self.runtime {
+            st.address = None;
+            st.pool = Some(LocalPools::class_of(&ws));
+            self.write(&api, &ws, st, ("True", wc::SUCCEEDED, ""), &now).await?;
+            return Ok(Action::await_change());
+        }
         let (ready, address, requeue) = match &self.runtime {
             Runtime::Pod(cfg) => {
                 let pp = PatchParams::apply(field_manager::OPERATOR).force();
@@ -173,6 +185,7 @@ impl WorkspaceController {
                     return Ok(Action::requeue(Duration::from_secs(5)));
                 }
             },
+            Runtime::LocalPool(_) => return Ok(Action::await_change()),
         };
         st.address = address;
         self.write(&api, &ws, st, ready, &now).await?;

@@ -74,7 +74,7 @@ impl LocalAgent {
 }
 
 /// Whether `pid` is a running `pko-agent` (a recorded PID may have been reused by another program).
-fn agent_process_alive(pid: u32) -> bool {
+pub(crate) fn agent_process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists() && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
 }
 
@@ -155,41 +155,8 @@ impl LocalRuntime {
         }
         let spec = ws.spec.with_defaults();
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
-        create_private_dir(&dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
-        // the agent's identity: a token of the Workspace's service account, in a 0600 file its kubeconfig
-        // names (`tokenFile`), renewed by `refresh_token` before it expires
-        let token_path = dir.join("token");
-        self.write_token(client, &ns, &sa, &token_path).await?;
-        let kubeconfig = dir.join("kubeconfig");
-        let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, &ns);
-        let kc = serde_yaml::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
-        write_private(&kubeconfig, kc.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
-        let mut cmd = tokio::process::Command::new(&self.agent_bin);
-        // A clean environment: only what the runtime passes (see `LocalRuntime::new`), never the
-        // Workspace's `env` — that reaches Pulumi through each operation request, and must not redirect
-        // the agent's own identity (a Workspace `KUBECONFIG` would). The agent's kubeconfig is a flag.
-        cmd.env_clear()
-            .envs(self.env.iter().cloned())
-            .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", &ns, "--kubeconfig"])
-            .arg(&kubeconfig)
-            .arg("--work-dir")
-            .arg(dir.join("work"))
-            .env("KUBECONFIG", &kubeconfig)
-            .env("PULUMI_HOME", dir.join("pulumi-home"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            // the agent outlives an operator crash (and is adopted by the next operator), like a pod
-            .process_group(0);
-        if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
-            cmd.args(["--pulumi-log-level", &level.to_string()]);
-        }
-        let mut child = cmd.spawn().map_err(|e| LocalError::Agent(format!("{}: {e}", self.agent_bin.display())))?;
-        let stdout = child.stdout.take().ok_or_else(|| LocalError::Agent("the agent's stdout is not piped".into()))?;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
-        let address =
-            first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let kubeconfig = self.prepare_identity(client, &dir, &ns, &sa).await?;
+        let (child, address) = self.spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[]).await?;
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
         std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| LocalError::Agent(e.to_string()))?;
@@ -255,6 +222,82 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 impl LocalRuntime {
+    /// Writes the identity of agents working in `dir` for service account `ns/sa`: a 0600 token file
+    /// and a 0600 kubeconfig naming it (in `dir`, created 0700). Returns the kubeconfig's path.
+    ///
+    /// Errors: the TokenRequest ([`LocalError::Token`]) or a file ([`LocalError::Agent`]).
+    pub(crate) async fn prepare_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str) -> Result<PathBuf, LocalError> {
+        create_private_dir(dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
+        // the agent's identity: a token of the service account, in a 0600 file its kubeconfig names
+        // (`tokenFile`), renewed before it expires
+        let token_path = dir.join("token");
+        self.write_token(client, ns, sa, &token_path).await?;
+        let kubeconfig = dir.join("kubeconfig");
+        let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, ns);
+        let kc = serde_yaml::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
+        write_private(&kubeconfig, kc.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
+        Ok(kubeconfig)
+    }
+
+    /// Renews the token in `dir` (see [`Self::prepare_identity`]) once half its lifetime has passed.
+    /// Returns whether it was renewed.
+    ///
+    /// Errors: as [`Self::prepare_identity`].
+    pub(crate) async fn refresh_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str) -> Result<bool, LocalError> {
+        let path = dir.join("token");
+        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a.as_secs() as i64 <= LOCAL_TOKEN_SECONDS / 2) {
+            return Ok(false);
+        }
+        self.write_token(client, ns, sa, &path).await?;
+        Ok(true)
+    }
+
+    /// Starts a `pko-agent` working in `dir` (its `work` and `pulumi-home` below), with `kubeconfig` as
+    /// its identity, reading references in namespace `ns`, plus `extra` arguments; waits up to 20 s for
+    /// the address it listens on (loopback, a free port). The process has its own process group, so it
+    /// outlives an operator crash.
+    ///
+    /// Errors: [`LocalError::Agent`] when it cannot start or does not report its address.
+    pub(crate) async fn spawn(
+        &self,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        log_level: Option<i32>,
+        extra: &[String],
+    ) -> Result<(tokio::process::Child, String), LocalError> {
+        create_private_dir(dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
+        let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        // A clean environment: only what the runtime passes (see `LocalRuntime::new`), never the
+        // Workspace's `env` — that reaches Pulumi through each operation request, and must not redirect
+        // the agent's own identity (a Workspace `KUBECONFIG` would). The agent's kubeconfig is a flag.
+        cmd.env_clear()
+            .envs(self.env.iter().cloned())
+            .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", ns, "--kubeconfig"])
+            .arg(kubeconfig)
+            .arg("--work-dir")
+            .arg(dir.join("work"))
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("PULUMI_HOME", dir.join("pulumi-home"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // the agent outlives an operator crash (and is adopted by the next operator), like a pod
+            .process_group(0);
+        if let Some(level) = log_level.filter(|l| *l > 0) {
+            cmd.args(["--pulumi-log-level", &level.to_string()]);
+        }
+        let mut child = cmd.spawn().map_err(|e| LocalError::Agent(format!("{}: {e}", self.agent_bin.display())))?;
+        let stdout = child.stdout.take().ok_or_else(|| LocalError::Agent("the agent's stdout is not piped".into()))?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
+        let address =
+            first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok((child, address))
+    }
+
     /// Writes a fresh token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]) to `path`.
     async fn write_token(&self, client: &kube::Client, ns: &str, sa: &str, path: &std::path::Path) -> Result<(), LocalError> {
         let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
@@ -265,11 +308,8 @@ impl LocalRuntime {
     /// Renews the token of a running agent when half its lifetime has passed.
     async fn refresh_token(&self, client: &kube::Client, ws: &Workspace) -> Result<(), LocalError> {
         let ns = ws.namespace().unwrap_or_default();
-        let path = self.work_root.join(&ns).join(ws.name_any()).join("token");
-        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-        if age.is_none_or(|a| a.as_secs() as i64 > LOCAL_TOKEN_SECONDS / 2) {
-            let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
-            self.write_token(client, &ns, &sa, &path).await?;
+        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+        if self.refresh_identity(client, &self.work_root.join(&ns).join(ws.name_any()), &ns, &sa).await? {
             tracing::info!(workspace = %format!("{ns}/{}", ws.name_any()), "renewed the local agent's token");
         }
         Ok(())

@@ -1,0 +1,598 @@
+//! Agent pools of the local runtime (`--agent-pools`): the agents of one workspace class (namespace,
+//! service account, image, pod template, log level — [`crate::update::limits::workspace_class`]) are
+//! interchangeable, because every operation request carries its whole source, settings and environment.
+//! So an operation goes to any idle agent of its class, not to an agent per Workspace: a pool per class
+//! grows with demand up to `max` agents, and agents idle for `idle_timeout` are stopped down to `min`
+//! (default 0: an idle Stack costs no process — PKO keeps one pod per Stack, 24/7).
+//!
+//! Layout on disk, under the runtime's work root: `pools/<namespace>/<class hash>/<replica>/` holds the
+//! replica's identity for the class (0600 token and kubeconfig of the service account), and `<n>/` per
+//! agent slot its work directory (source cache, kept across restarts of the slot) and `agent.json` (PID,
+//! address). The records let a restarted replica adopt its agents, and let any replica find the agent
+//! that runs an operation ([`LocalPools::acquire`] with `started`): after a restart or a shard move, the
+//! operation is followed where it runs instead of being started twice.
+//!
+//! Invariants: an agent is lent to one operation at a time; an agent that still runs an operation
+//! nobody follows (its dispatcher was fenced) is not lent again until its `Status` says it is idle; an
+//! agent that reported `INTERRUPTED` (it is shutting down) is never lent again. Agents get
+//! `--exit-when-idle-seconds` as a backstop, so an agent whose replica died does not run forever.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use pko_api::Workspace;
+use pko_proto::v1::agent_client::AgentClient;
+use pko_proto::v1::{AttachRequest, StatusRequest, status_response::State};
+
+use super::local::{LocalError, LocalRuntime, agent_process_alive};
+use crate::update::limits::workspace_class;
+
+/// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,
+/// `--pool-idle-timeout-seconds`).
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Agents kept running per class even when idle (default 0).
+    pub min: usize,
+    /// Most agents per class (at least 1); an operation finding every agent busy waits in the queue.
+    pub max: usize,
+    /// How long an agent may stay idle before it is stopped (while the pool has more than `min`).
+    pub idle_timeout: Duration,
+}
+
+/// What an agent slot looks like to the pure decisions ([`pick`], [`idle_out`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    /// The operation the agent is known to run (lent, or found running and not yet seen idle).
+    pub running: Option<String>,
+    /// Lent to a dispatcher now.
+    pub lent: bool,
+    /// Still starting (no address yet).
+    pub starting: bool,
+    /// Alive and not shutting down.
+    pub usable: bool,
+    /// Since when it has been free.
+    pub idle_since: Instant,
+}
+
+impl SlotView {
+    fn free(&self) -> bool {
+        self.usable && !self.lent && !self.starting && self.running.is_none()
+    }
+}
+
+/// Where an operation goes, decided from the pool's slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick {
+    /// Slot `i` runs this operation already: follow it there.
+    Follow(usize),
+    /// Slot `i` is free: lend it.
+    Lend(usize),
+    /// None is free and the pool may grow: start an agent.
+    Start,
+    /// Every agent is busy and the pool is at its maximum: the operation waits.
+    Full,
+}
+
+/// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that
+/// runs it already, else the free agent used most recently (so the others reach their idle timeout),
+/// else a new one while fewer than `max` exist (dead ones do not count), else none.
+pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
+    if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
+        return Pick::Follow(i);
+    }
+    if let Some((i, _)) = slots.iter().enumerate().filter(|(_, s)| s.free()).max_by_key(|(_, s)| s.idle_since) {
+        return Pick::Lend(i);
+    }
+    if slots.iter().filter(|s| s.usable || s.starting).count() < max.max(1) { Pick::Start } else { Pick::Full }
+}
+
+/// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while
+/// more than `min` usable agents remain.
+pub fn idle_out(slots: &[SlotView], min: usize, idle_timeout: Duration, now: Instant) -> Vec<usize> {
+    let mut candidates: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].free() && now.saturating_duration_since(slots[i].idle_since) >= idle_timeout).collect();
+    candidates.sort_by_key(|&i| slots[i].idle_since);
+    let usable = slots.iter().filter(|s| s.usable || s.starting).count();
+    candidates.truncate(usable.saturating_sub(min));
+    candidates
+}
+
+/// An agent process of a pool.
+struct Agent {
+    child: Option<tokio::process::Child>,
+    pid: u32,
+    address: String,
+}
+
+impl Agent {
+    fn alive(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => agent_process_alive(self.pid),
+        }
+    }
+
+    /// SIGTERM: the agent stops taking work, Ctrl-Cs a running Pulumi and exits once drained.
+    fn terminate(&self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), nix::sys::signal::Signal::SIGTERM);
+    }
+}
+
+struct Slot {
+    n: usize,
+    agent: Option<Agent>,
+    running: Option<String>,
+    lent: bool,
+    draining: bool,
+    idle_since: Instant,
+}
+
+impl Slot {
+    fn view(&mut self) -> SlotView {
+        let usable = !self.draining && self.agent.as_mut().is_some_and(Agent::alive);
+        SlotView { running: self.running.clone(), lent: self.lent, starting: self.agent.is_none() && !self.draining, usable, idle_since: self.idle_since }
+    }
+}
+
+struct Pool {
+    namespace: String,
+    service_account: String,
+    log_level: Option<i32>,
+    /// `pools/<namespace>/<hash>` under the work root.
+    dir: PathBuf,
+    slots: Vec<Slot>,
+    loaded: bool,
+}
+
+impl Pool {
+    fn replica_dir(&self, replica: &str) -> PathBuf {
+        self.dir.join(replica)
+    }
+
+    fn slot_index(&self, n: usize) -> Option<usize> {
+        self.slots.iter().position(|s| s.n == n)
+    }
+}
+
+/// The agent record written next to a pool agent's work directory.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    pid: u32,
+    address: String,
+}
+
+/// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the
+/// operation ended, so the pool knows whether the agent is free.
+pub struct Lent {
+    /// The agent's gRPC address (`127.0.0.1:<port>`).
+    pub address: String,
+    /// `(class, slot)` when the agent is one of this replica's; `None` for another replica's agent
+    /// found running the operation (followed, not lent).
+    slot: Option<(String, usize)>,
+    pools: Arc<LocalPools>,
+    ended: End,
+}
+
+/// How a lent agent's operation ended, as its dispatcher saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// A result arrived: the agent is free.
+    Result,
+    /// The agent is shutting down (`INTERRUPTED`): never lend it again.
+    Interrupted,
+    /// The dispatcher stopped following (fenced, stream broken): the agent may still run it.
+    Unknown,
+}
+
+impl Lent {
+    /// Records how the operation ended (default when dropped without it: [`End::Unknown`]).
+    pub fn finish(mut self, end: End) {
+        self.ended = end;
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some((class, n)) = self.slot.take() {
+            self.pools.give_back(&class, n, self.ended);
+        }
+    }
+}
+
+/// The pools of this replica, by class.
+pub struct LocalPools {
+    runtime: LocalRuntime,
+    client: kube::Client,
+    replica: String,
+    cfg: PoolConfig,
+    pools: Mutex<HashMap<String, Pool>>,
+}
+
+impl LocalPools {
+    /// Pools of agents started with `runtime` (binary, work root, environment), recorded under
+    /// `<work root>/pools/…/<replica>/`.
+    pub fn new(runtime: LocalRuntime, client: kube::Client, replica: String, cfg: PoolConfig) -> Arc<Self> {
+        Arc::new(Self { runtime, client, replica, cfg, pools: Mutex::default() })
+    }
+
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool (class) of `ws`, as reported in its status.
+    pub fn class_of(ws: &Workspace) -> String {
+        workspace_class(ws)
+    }
+
+    /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the
+    /// Update was already Progressing: a restart or a shard move), the agents recorded for the class by
+    /// any replica are asked first whether they know `op`, and the one that does is followed. `None`:
+    /// every agent is busy and the pool is at its maximum.
+    ///
+    /// Errors: [`LocalError`] when a new agent cannot be started.
+    pub async fn acquire(self: &Arc<Self>, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, LocalError> {
+        let class = workspace_class(ws);
+        self.load(&class, ws).await;
+        if started && let Some(found) = self.locate(&class, op, epoch).await {
+            return Ok(Some(found));
+        }
+        let n = {
+            let mut pools = self.pools();
+            let Some(pool) = pools.get_mut(&class) else { return Ok(None) };
+            let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
+            match pick(&views, op, self.cfg.max) {
+                Pick::Follow(i) | Pick::Lend(i) => {
+                    let s = &mut pool.slots[i];
+                    s.lent = true;
+                    s.running = Some(op.to_string());
+                    let address = s.agent.as_ref().map(|a| a.address.clone()).unwrap_or_default();
+                    return Ok(Some(self.lent(&class, s.n, address)));
+                }
+                Pick::Full => return Ok(None),
+                Pick::Start => {
+                    // drop dead slots; reuse the lowest free slot number (its source cache stays)
+                    pool.slots.retain_mut(|s| s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(Agent::alive));
+                    let n = (0..).find(|n| pool.slot_index(*n).is_none()).unwrap_or(0);
+                    pool.slots.push(Slot { n, agent: None, running: Some(op.to_string()), lent: true, draining: false, idle_since: Instant::now() });
+                    n
+                }
+            }
+        };
+        match self.start(&class, n).await {
+            Ok(address) => Ok(Some(self.lent(&class, n, address))),
+            Err(e) => {
+                self.remove_slot(&class, n);
+                Err(e)
+            }
+        }
+    }
+
+    fn lent(self: &Arc<Self>, class: &str, n: usize, address: String) -> Lent {
+        Lent { address, slot: Some((class.to_string(), n)), pools: self.clone(), ended: End::Unknown }
+    }
+
+    fn remove_slot(&self, class: &str, n: usize) {
+        if let Some(pool) = self.pools().get_mut(class) {
+            pool.slots.retain(|s| s.n != n);
+        }
+    }
+
+    fn give_back(&self, class: &str, n: usize, end: End) {
+        let mut pools = self.pools();
+        let Some(pool) = pools.get_mut(class) else { return };
+        let Some(s) = pool.slots.iter_mut().find(|s| s.n == n) else { return };
+        s.lent = false;
+        match end {
+            End::Result => s.running = None,
+            End::Interrupted => s.draining = true,
+            // still running there perhaps: the reaper asks the agent before lending it again
+            End::Unknown => {}
+        }
+        s.idle_since = Instant::now();
+    }
+
+    /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it
+    /// (a restart), each with the operation it runs.
+    async fn load(&self, class: &str, ws: &Workspace) {
+        let dir = {
+            let mut pools = self.pools();
+            let pool = pools.entry(class.to_string()).or_insert_with(|| {
+                let spec = ws.spec.with_defaults();
+                Pool {
+                    namespace: ws.namespace().unwrap_or_default(),
+                    service_account: spec.service_account_name.unwrap_or_else(|| "default".into()),
+                    log_level: spec.pulumi_log_level,
+                    dir: self.runtime.work_root.join("pools").join(class),
+                    slots: Vec::new(),
+                    loaded: false,
+                }
+            });
+            if pool.loaded {
+                return;
+            }
+            pool.loaded = true;
+            pool.replica_dir(&self.replica)
+        };
+        let mut adopted = Vec::new();
+        for (n, record) in records(&dir) {
+            if !agent_process_alive(record.pid) {
+                continue;
+            }
+            let running = match status(&record.address).await {
+                Some((State::Busy, op)) if !op.is_empty() => Some(op),
+                Some((State::Idle | State::Busy, _)) => None,
+                _ => continue,
+            };
+            tracing::info!(class, slot = n, pid = record.pid, address = %record.address, running = ?running, "adopted a pooled agent");
+            adopted.push(Slot {
+                n,
+                agent: Some(Agent { child: None, pid: record.pid, address: record.address }),
+                running,
+                lent: false,
+                draining: false,
+                idle_since: Instant::now(),
+            });
+        }
+        if let Some(pool) = self.pools().get_mut(class) {
+            pool.slots.extend(adopted);
+        }
+    }
+
+    /// The agent recorded for `class` (by any replica) that knows operation `op`, asked with `Attach`.
+    async fn locate(self: &Arc<Self>, class: &str, op: &str, epoch: i64) -> Option<Lent> {
+        let dir = self.pools().get(class).map(|p| p.dir.clone())?;
+        let replicas = std::fs::read_dir(&dir).ok()?;
+        for replica in replicas.flatten() {
+            let replica_name = replica.file_name().to_string_lossy().to_string();
+            for (n, record) in records(&replica.path()) {
+                if !agent_process_alive(record.pid) || !knows(&record.address, op, epoch).await {
+                    continue;
+                }
+                tracing::info!(class, operation = op, address = %record.address, replica = %replica_name, "found the agent running the operation; following it");
+                if replica_name == self.replica {
+                    let mut pools = self.pools();
+                    if let Some(s) = pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
+                        s.lent = true;
+                        s.running = Some(op.to_string());
+                        drop(pools);
+                        return Some(self.lent(class, n, record.address));
+                    }
+                }
+                return Some(Lent { address: record.address, slot: None, pools: self.clone(), ended: End::Unknown });
+            }
+        }
+        None
+    }
+
+    /// Starts the agent of slot `n` of `class` and records it. Returns its address.
+    async fn start(&self, class: &str, n: usize) -> Result<String, LocalError> {
+        let (ns, sa, log_level, replica_dir) = {
+            let pools = self.pools();
+            let p = pools.get(class).ok_or_else(|| LocalError::Agent(format!("pool {class} is gone")))?;
+            (p.namespace.clone(), p.service_account.clone(), p.log_level, p.replica_dir(&self.replica))
+        };
+        let identity = replica_dir.join("identity");
+        let kubeconfig = self.runtime.prepare_identity(&self.client, &identity, &ns, &sa).await?;
+        let slot_dir = replica_dir.join(n.to_string());
+        // the backstop: an agent whose replica died stops itself a minute after the idle timeout
+        let backstop = (self.cfg.idle_timeout + Duration::from_secs(60)).as_secs().to_string();
+        let (child, address) = self.runtime.spawn(&slot_dir, &kubeconfig, &ns, log_level, &["--exit-when-idle-seconds".into(), backstop]).await?;
+        let pid = child.id().unwrap_or(0);
+        let record = serde_json::to_vec(&Record { pid, address: address.clone() }).unwrap_or_default();
+        std::fs::write(slot_dir.join("agent.json"), record).map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
+        tracing::info!(class, slot = n, pid, %address, "pool agent started");
+        metrics::counter!(crate::metrics::names::POOL_AGENTS_STARTED_TOTAL).increment(1);
+        let mut pools = self.pools();
+        match pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
+            Some(s) => s.agent = Some(Agent { child: Some(child), pid, address: address.clone() }),
+            None => {
+                // the pool was stopped while the agent started
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        Ok(address)
+    }
+
+    /// Keeps the pools in shape until `shutdown`, once a second: forgets dead agents, asks agents that
+    /// may still run an unfollowed operation whether they are idle, stops agents idle past the timeout
+    /// down to the minimum, starts agents up to the minimum, renews tokens, and publishes the pool
+    /// gauges. At shutdown, stops the idle agents; busy ones finish their operation (a successor
+    /// follows it) and then stop by their idle backstop.
+    pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.maintain().await,
+                () = shutdown.cancelled() => break,
+            }
+        }
+        self.stop_idle();
+    }
+
+    async fn maintain(&self) {
+        // 1. dead agents go; agents that may still run an unfollowed operation are asked
+        let mut ask = Vec::new();
+        let classes: Vec<String> = self.pools().keys().cloned().collect();
+        for class in &classes {
+            let mut pools = self.pools();
+            let Some(pool) = pools.get_mut(class) else { continue };
+            pool.slots.retain_mut(|s| {
+                let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(Agent::alive);
+                if !keep {
+                    tracing::info!(class = %class, slot = s.n, "pool agent exited");
+                }
+                keep
+            });
+            for s in pool.slots.iter().filter(|s| !s.lent && s.running.is_some()) {
+                if let Some(a) = &s.agent {
+                    ask.push((class.clone(), s.n, a.address.clone()));
+                }
+            }
+        }
+        for (class, n, address) in ask {
+            let idle = matches!(status(&address).await, Some((State::Idle, _)));
+            if idle && let Some(s) = self.pools().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent)) {
+                s.running = None;
+                s.idle_since = Instant::now();
+            }
+        }
+        // 2. idle agents beyond the minimum stop; 3. the minimum is kept
+        let now = Instant::now();
+        let mut to_start = Vec::new();
+        for class in &classes {
+            let mut pools = self.pools();
+            let Some(pool) = pools.get_mut(class) else { continue };
+            let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
+            for i in idle_out(&views, self.cfg.min, self.cfg.idle_timeout, now) {
+                let s = &mut pool.slots[i];
+                if let Some(a) = &s.agent {
+                    tracing::info!(class = %class, slot = s.n, "pool agent idle: stopping it");
+                    a.terminate();
+                    metrics::counter!(crate::metrics::names::POOL_AGENTS_STOPPED_TOTAL).increment(1);
+                }
+                s.draining = true;
+            }
+            pool.slots.retain(|s| !(s.draining && !s.lent && s.running.is_none()));
+            let usable = views.iter().filter(|v| v.usable || v.starting).count();
+            for _ in usable..self.cfg.min {
+                let n = (0..).find(|n| pool.slot_index(*n).is_none()).unwrap_or(0);
+                pool.slots.push(Slot { n, agent: None, running: None, lent: false, draining: false, idle_since: now });
+                to_start.push((class.clone(), n));
+            }
+            let (busy, idle) = pool.slots.iter().fold((0, 0), |(b, i), s| if s.running.is_some() || s.lent { (b + 1, i) } else { (b, i + 1) });
+            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
+            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set(idle as f64);
+        }
+        for (class, n) in to_start {
+            if let Err(e) = self.start(&class, n).await {
+                tracing::warn!(class = %class, error = %e, "could not start a pool agent for the minimum");
+                self.remove_slot(&class, n);
+            }
+        }
+        // 4. tokens of the classes with agents are renewed after half their lifetime
+        let identities: Vec<(PathBuf, String, String)> = self
+            .pools()
+            .values()
+            .filter(|p| !p.slots.is_empty())
+            .map(|p| (p.replica_dir(&self.replica).join("identity"), p.namespace.clone(), p.service_account.clone()))
+            .collect();
+        for (dir, ns, sa) in identities {
+            if let Err(e) = self.runtime.refresh_identity(&self.client, &dir, &ns, &sa).await {
+                tracing::warn!(namespace = %ns, service_account = %sa, error = %e, "could not renew a pool's token");
+            }
+        }
+    }
+
+    /// Stops every agent not running an operation (replica shutdown).
+    pub fn stop_idle(&self) {
+        for pool in self.pools().values_mut() {
+            for s in pool.slots.iter_mut().filter(|s| !s.lent && s.running.is_none()) {
+                if let Some(a) = &s.agent {
+                    a.terminate();
+                }
+            }
+        }
+    }
+
+    /// Agents per class now: `(class, usable agents, of which busy)`, sorted by class (tests, the demo).
+    pub fn sizes(&self) -> Vec<(String, usize, usize)> {
+        let mut out: Vec<_> = self
+            .pools()
+            .iter_mut()
+            .map(|(c, p)| {
+                let views: Vec<SlotView> = p.slots.iter_mut().map(Slot::view).collect();
+                (c.clone(), views.iter().filter(|v| v.usable).count(), views.iter().filter(|v| v.usable && (v.lent || v.running.is_some())).count())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// The agent records under a replica's directory of a class: `(slot, record)`.
+fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
+    let Ok(entries) = std::fs::read_dir(replica_dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse::<usize>().ok()?;
+            let record = serde_json::from_slice(&std::fs::read(e.path().join("agent.json")).ok()?).ok()?;
+            Some((n, record))
+        })
+        .collect()
+}
+
+async fn connect(address: &str) -> Option<AgentClient<tonic::transport::Channel>> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).ok()?.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5));
+    endpoint.connect().await.ok().map(AgentClient::new)
+}
+
+/// The agent's state and current operation, or `None` when it does not answer.
+async fn status(address: &str) -> Option<(State, String)> {
+    let r = connect(address).await?.status(StatusRequest {}).await.ok()?.into_inner();
+    Some((State::try_from(r.state).unwrap_or(State::Unspecified), r.current_operation_id))
+}
+
+/// Whether the agent at `address` knows operation `op` (running, or finished and retained) and is the
+/// place to follow it: an agent shutting down is, only while `op` still runs there (once it ended
+/// `INTERRUPTED`, the operation is to run on another agent).
+async fn knows(address: &str, op: &str, epoch: i64) -> bool {
+    let Some(mut c) = connect(address).await else { return false };
+    match c.status(StatusRequest {}).await.map(|r| r.into_inner()) {
+        Ok(s) if s.state == State::Draining as i32 && s.current_operation_id != op => false,
+        Ok(_) => c.attach(AttachRequest { operation_id: op.to_string(), epoch }).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(running: Option<&str>, lent: bool, usable: bool, idle_secs_ago: u64, now: Instant) -> SlotView {
+        SlotView { running: running.map(str::to_string), lent, starting: false, usable, idle_since: now - Duration::from_secs(idle_secs_ago) }
+    }
+
+    #[test]
+    fn an_operation_is_followed_where_it_runs_before_anything_else() {
+        let now = Instant::now();
+        let slots = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
+        assert_eq!(pick(&slots, "op", 2), Pick::Follow(1));
+        assert_eq!(pick(&slots, "other", 2), Pick::Lend(0));
+    }
+
+    #[test]
+    fn the_most_recently_used_free_agent_is_lent_so_others_can_idle_out() {
+        let now = Instant::now();
+        let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
+        assert_eq!(pick(&slots, "op", 3), Pick::Lend(1));
+    }
+
+    #[test]
+    fn a_busy_pool_grows_to_its_maximum_and_then_makes_operations_wait() {
+        let now = Instant::now();
+        let busy = view(Some("a"), true, true, 0, now);
+        let unfollowed = view(Some("b"), false, true, 0, now);
+        assert_eq!(pick(std::slice::from_ref(&busy), "op", 2), Pick::Start);
+        assert_eq!(pick(&[busy.clone(), unfollowed.clone()], "op", 2), Pick::Full, "an agent running an unfollowed operation is not free");
+        assert_eq!(pick(&[], "op", 0), Pick::Start, "a maximum of 0 is taken as 1");
+        let dead = view(None, false, false, 0, now);
+        assert_eq!(pick(&[busy, dead], "op", 2), Pick::Start, "a dead agent does not count");
+        let draining = view(Some("op"), false, false, 0, now);
+        assert_eq!(pick(&[draining], "op", 1), Pick::Start, "an interrupted agent is not followed: the operation goes elsewhere");
+    }
+
+    #[test]
+    fn idle_agents_stop_after_the_timeout_down_to_the_minimum() {
+        let now = Instant::now();
+        let t = Duration::from_secs(60);
+        let slots = [view(None, false, true, 90, now), view(None, false, true, 120, now), view(None, false, true, 10, now), view(Some("a"), true, true, 300, now)];
+        assert_eq!(idle_out(&slots, 0, t, now), vec![1, 0], "longest idle first; busy and recent stay");
+        assert_eq!(idle_out(&slots, 3, t, now), vec![1], "three of four stay");
+        assert_eq!(idle_out(&slots, 4, t, now), Vec::<usize>::new());
+        assert_eq!(idle_out(&slots, 0, Duration::ZERO, now), vec![1, 0, 2]);
+    }
+}

@@ -1,0 +1,187 @@
+//! Agent pools (`--agent-pools`, local runtime): Stacks of one workspace class share a pool of agents
+//! that grows with demand up to its maximum and shrinks to zero processes when idle; an agent SIGTERMed
+//! mid-`up` Ctrl-Cs Pulumi and its operation completes on another agent of the pool, with no lock left.
+//! Asserted from the agents' own records (their slot directories and processes) and the program's own
+//! trace, not only from status.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use pko_api::{Program, Stack, Update, Workspace};
+use pko_testbed::eventually;
+use serde_json::json;
+
+/// The pids of running `pko-agent` processes whose command line names `dir`.
+fn agents_under(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("pko-agent") && c.contains(&needle)
+            })
+        })
+        .collect()
+}
+
+/// The slot directories of this replica's pools: `<agents>/pools/<ns>/<class>/operator/<n>`.
+fn slots(pools: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let classes = std::fs::read_dir(pools).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
+    for class in classes {
+        for slot in std::fs::read_dir(class.path().join("operator")).into_iter().flatten().flatten() {
+            if slot.file_name().to_str().is_some_and(|n| n.parse::<usize>().is_ok()) {
+                out.push(slot.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn ready(s: &Stack) -> bool {
+    s.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
+    allow_default_sa_to_read_secrets(ns).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
+}
+
+async fn stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str) {
+    create(
+        &ns.api::<Stack>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
+        "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+    )
+    .await;
+}
+
+/// The value of the first sample of `name` in a Prometheus text exposition (0 when absent).
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
+    let (client, ns, env) = setup("pools").await;
+    let runs = env.dir().join("runs.txt");
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 2; echo ${{pulumi.stack}} >> {}", runs.display())}}}}),
+    )
+    .await;
+    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "3"]);
+    let operator = InProcessOperator::start_with(&client, &env, args).await;
+    let names = ["pool-a", "pool-b", "pool-c", "pool-d"];
+    for n in names {
+        stack(&ns, &env, n).await;
+    }
+    let stacks = ns.api::<Stack>();
+    let pools_dir = env.dir().join("agents").join("pools");
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = std::time::Instant::now();
+    eventually("the four Stacks are Ready", 180, || async {
+        most.fetch_max(agents_under(&pools_dir).len(), std::sync::atomic::Ordering::SeqCst);
+        let all = stacks.list(&Default::default()).await.unwrap().items;
+        all.len() == 4 && all.iter().all(ready)
+    })
+    .await;
+    let most = most.into_inner();
+    eprintln!("4 Stacks Ready in {:?} on a pool of at most 2 agents (seen {most} at once)", t0.elapsed());
+
+    // every Workspace reports the one pool of its class, and has no agent of its own
+    let workspaces = ns.api::<Workspace>().list(&Default::default()).await.unwrap().items;
+    assert_eq!(workspaces.len(), 4);
+    let pools: std::collections::BTreeSet<_> = workspaces.iter().map(|w| w.status.as_ref().and_then(|s| s.pool.clone())).collect();
+    assert_eq!(pools.len(), 1, "one class, one pool: {pools:?}");
+    let pool = pools.into_iter().next().flatten().expect("status.pool is set");
+    assert!(pool.starts_with(&format!("{}/", ns.name())), "{pool}");
+    assert!(workspaces.iter().all(|w| w.status.as_ref().is_some_and(|s| s.address.is_none())), "no Workspace has an agent of its own");
+
+    // the pool's own records: at most two slots ever existed, and each program ran once
+    let used = slots(&pools_dir);
+    assert!(!used.is_empty() && used.len() <= 2, "slots used: {used:?}");
+    assert!(most <= 2, "{most} agents ran at once; the maximum is 2");
+    let mut trace: Vec<String> = std::fs::read_to_string(&runs).unwrap().lines().map(str::to_string).collect();
+    trace.sort();
+    assert_eq!(trace, names, "each Stack's program ran exactly once");
+
+    // idle: the pool shrinks to zero processes
+    let t_idle = std::time::Instant::now();
+    eventually("no pool agent runs once the pool is idle", 60, || async { agents_under(&pools_dir).is_empty() }).await;
+    eprintln!("pool empty {:?} after the last Stack was Ready (idle timeout 3 s)", t_idle.elapsed());
+    // (the metrics recorder is shared by the tests of this binary: only presence is asserted)
+    let metrics = operator.metrics().await;
+    assert!(sample(&metrics, "pko_pool_agents_stopped_total") >= 1.0, "{metrics}");
+
+    // work again: the pool starts from zero and runs it
+    let updates_before = ns.api::<Update>().list(&Default::default()).await.unwrap().items.len();
+    stacks
+        .patch("pool-a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "again"}}})))
+        .await
+        .unwrap();
+    let updates = ns.api::<Update>();
+    eventually("a new Update succeeds on a pool started from zero", 120, || async {
+        let all = updates.list(&Default::default()).await.unwrap().items;
+        all.len() > updates_before && all.iter().filter(|u| u.is_complete()).count() == all.len()
+    })
+    .await;
+    assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| u.succeeded()), "every Update succeeded");
+    operator.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
+    let (client, ns, env) = setup("handoff").await;
+    let runs = env.dir().join("runs.txt");
+    // `a` is in flight when the agent gets SIGTERM; Ctrl-C lets it finish and be recorded; `b` runs on
+    // the next agent
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {
+            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}", runs.display())}},
+            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
+    )
+    .await;
+    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
+    let operator = InProcessOperator::start_with(&client, &env, args).await;
+    stack(&ns, &env, "handoff").await;
+    let updates = ns.api::<Update>();
+    eventually("the Update is Progressing", 60, || async {
+        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
+    })
+    .await;
+    let pools_dir = env.dir().join("agents").join("pools");
+    let first = slots(&pools_dir).into_iter().next().expect("a slot");
+    let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"].as_u64().unwrap() as i32;
+    // `a` has started (its sleep runs): SIGTERM the agent
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let t0 = std::time::Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack is Ready after the handoff", 120, || async { ready(&stacks.get("handoff").await.unwrap()) }).await;
+    eprintln!("handoff: Stack Ready {:?} after the agent's SIGTERM", t0.elapsed());
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1, "the same Update completed on another agent");
+    assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())));
+    let trace = std::fs::read_to_string(&runs).unwrap();
+    assert_eq!(trace.lines().collect::<Vec<_>>(), ["a", "b"], "each resource was created once, b after the handoff");
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the SIGTERMed agent exited");
+    assert!(agents_under(&pools_dir).iter().all(|p| *p as i32 != pid));
+    let metrics = operator.metrics().await;
+    assert!(sample(&metrics, "pko_pool_agents_started_total") >= 2.0, "a second agent ran it: {metrics}");
+    assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
+    operator.stop().await;
+    let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
+}
