@@ -117,28 +117,7 @@ impl Operator {
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
         }
-        let (agent_runtime, pools) = match (runtime.runtime, runtime.agent_pools) {
-            (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
-            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
-            (RuntimeKind::Local, pooled) => {
-                let local = LocalRuntime::new(
-                    runtime.agent_bin.clone(),
-                    runtime.local_work_dir.clone(),
-                    runtime.local_api_server.clone().context("--runtime local needs --local-api-server")?,
-                    runtime.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
-                    local_agent_env,
-                );
-                if pooled {
-                    let idle_timeout = std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds);
-                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout };
-                    let replica = if fleet.fleet { crate::fleet::replica_id(&fleet)? } else { "operator".into() };
-                    let pools = LocalPools::new(local, client.clone(), replica, cfg);
-                    (Runtime::LocalPool(pools.clone()), Some(pools))
-                } else {
-                    (Runtime::Local(local), None)
-                }
-            }
-        };
+        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, &fleet, local_agent_env)?;
         let agent_tokens = match (&runtime.service_account, runtime.runtime) {
             (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
             (None, RuntimeKind::Pod) => {
@@ -185,6 +164,39 @@ impl Operator {
             tracing::info!("operator stopped");
         });
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// Where agents run (`--runtime`, `--agent-pools`), and the pools when they are pooled.
+    ///
+    /// Errors: a flag the runtime needs is missing, or pools with the pod runtime.
+    fn agent_runtime(
+        client: &kube::Client,
+        runtime: &crate::args::RuntimeArgs,
+        fleet: &crate::args::FleetArgs,
+        local_agent_env: Vec<(String, String)>,
+    ) -> anyhow::Result<(Runtime, Option<Arc<LocalPools>>)> {
+        Ok(match (runtime.runtime, runtime.agent_pools) {
+            (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
+            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
+            (RuntimeKind::Local, pooled) => {
+                let local = LocalRuntime::new(
+                    runtime.agent_bin.clone(),
+                    runtime.local_work_dir.clone(),
+                    runtime.local_api_server.clone().context("--runtime local needs --local-api-server")?,
+                    runtime.local_ca_file.clone().context("--runtime local needs --local-ca-file")?,
+                    local_agent_env,
+                );
+                if pooled {
+                    let idle_timeout = std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds);
+                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout };
+                    let replica = if fleet.fleet { crate::fleet::replica_id(fleet)? } else { "operator".into() };
+                    let pools = LocalPools::new(local, client.clone(), replica, cfg);
+                    (Runtime::LocalPool(pools.clone()), Some(pools))
+                } else {
+                    (Runtime::Local(local), None)
+                }
+            }
+        })
     }
 
     /// The work queue: Redis with `--redis-url`, else in memory (a fleet of one: checked before

@@ -24,7 +24,7 @@ use super::status::{self, Phase};
 use super::tokens::AgentTokens;
 use crate::context::Context;
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
-use crate::workspace::pool::{End, LocalPools};
+use crate::workspace::pool::{End, Lent, LocalPools};
 
 /// State of the Update controller.
 pub struct UpdateController {
@@ -178,26 +178,9 @@ impl UpdateController {
             metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
             return Drive::Deferred;
         };
-        // the agent: one of the class's pool (the one running it already, after a restart or a shard
-        // move), or the Workspace's own
-        let (address, lent) = match &self.pools {
-            Some(pools) => match pools.acquire(&workspace, &update.operation_id(), job.epoch, update.was_started()).await {
-                Ok(Some(lent)) => (lent.address.clone(), Some(lent)),
-                Ok(None) => {
-                    tracing::debug!(update = %job.name, %class, "every agent of the pool is busy; deferred");
-                    metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
-                    return Drive::Deferred;
-                }
-                Err(e) => {
-                    tracing::warn!(update = %job.name, %class, error = %e, "no pool agent; retrying");
-                    let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
-                    return Drive::Done;
-                }
-            },
-            None => match workspace.status.as_ref().and_then(|s| s.address.clone()) {
-                Some(a) => (a, None),
-                None => return Drive::Done,
-            },
+        let (address, lent) = match self.agent_for(job, &api, &update, &workspace).await {
+            Ok(found) => found,
+            Err(drive) => return drive,
         };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
         let token = match &self.tokens {
@@ -257,6 +240,29 @@ impl UpdateController {
             }
         }
         Drive::Done
+    }
+
+    /// The agent to run `update` on: one of its class's pool (the one running it already, after a
+    /// restart or a shard move), or the Workspace's own (`status.address`). `Err`: what became of the job
+    /// instead (deferred while the pool is full; done when there is no agent, the Update then waits
+    /// `TransientFailure` and its reconcile pushes it again).
+    async fn agent_for(&self, job: &Job, api: &Api<Update>, update: &Update, workspace: &Workspace) -> Result<(String, Option<Lent>), Drive> {
+        let Some(pools) = &self.pools else {
+            return workspace.status.as_ref().and_then(|s| s.address.clone()).map(|a| (a, None)).ok_or(Drive::Done);
+        };
+        match pools.acquire(workspace, &update.operation_id(), job.epoch, update.was_started()).await {
+            Ok(Some(lent)) => Ok((lent.address.clone(), Some(lent))),
+            Ok(None) => {
+                tracing::debug!(update = %job.name, "every agent of the pool is busy; deferred");
+                metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+                Err(Drive::Deferred)
+            }
+            Err(e) => {
+                tracing::warn!(update = %job.name, error = %e, "no pool agent; retrying");
+                let _ = self.wait(api, update, uc::TRANSIENT_FAILURE, e.to_string()).await;
+                Err(Drive::Done)
+            }
+        }
     }
 
     async fn reconcile(self: Arc<Self>, update: Arc<Update>) -> Result<Action, Error> {

@@ -413,12 +413,16 @@ impl LocalPools {
     }
 
     async fn maintain(&self) {
-        // 1. dead agents go; agents that may still run an unfollowed operation are asked
+        self.forget_dead_and_ask_unfollowed().await;
+        self.resize().await;
+        self.renew_tokens().await;
+    }
+
+    /// Dead agents go; agents that may still run an operation nobody follows are asked whether they
+    /// are idle now.
+    async fn forget_dead_and_ask_unfollowed(&self) {
         let mut ask = Vec::new();
-        let classes: Vec<String> = self.pools().keys().cloned().collect();
-        for class in &classes {
-            let mut pools = self.pools();
-            let Some(pool) = pools.get_mut(class) else { continue };
+        for (class, pool) in self.pools().iter_mut() {
             pool.slots.retain_mut(|s| {
                 let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(Agent::alive);
                 if !keep {
@@ -439,12 +443,13 @@ impl LocalPools {
                 s.idle_since = Instant::now();
             }
         }
-        // 2. idle agents beyond the minimum stop; 3. the minimum is kept
+    }
+
+    /// Idle agents beyond the minimum stop ([`idle_out`]); the minimum is started; the gauges follow.
+    async fn resize(&self) {
         let now = Instant::now();
         let mut to_start = Vec::new();
-        for class in &classes {
-            let mut pools = self.pools();
-            let Some(pool) = pools.get_mut(class) else { continue };
+        for (class, pool) in self.pools().iter_mut() {
             let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
             for i in idle_out(&views, self.cfg.min, self.cfg.idle_timeout, now) {
                 let s = &mut pool.slots[i];
@@ -462,9 +467,9 @@ impl LocalPools {
                 pool.slots.push(Slot { n, agent: None, running: None, lent: false, draining: false, idle_since: now });
                 to_start.push((class.clone(), n));
             }
-            let (busy, idle) = pool.slots.iter().fold((0, 0), |(b, i), s| if s.running.is_some() || s.lent { (b + 1, i) } else { (b, i + 1) });
+            let busy = pool.slots.iter().filter(|s| s.running.is_some() || s.lent).count();
             metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
-            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set(idle as f64);
+            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set((pool.slots.len() - busy) as f64);
         }
         for (class, n) in to_start {
             if let Err(e) = self.start(&class, n).await {
@@ -472,7 +477,10 @@ impl LocalPools {
                 self.remove_slot(&class, n);
             }
         }
-        // 4. tokens of the classes with agents are renewed after half their lifetime
+    }
+
+    /// The tokens of the classes with agents are renewed after half their lifetime.
+    async fn renew_tokens(&self) {
         let identities: Vec<(PathBuf, String, String)> = self
             .pools()
             .values()
