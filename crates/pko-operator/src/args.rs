@@ -103,9 +103,11 @@ pub struct RuntimeArgs {
     pub local_ca_file: Option<PathBuf>,
     /// Run operations on pools of agents per workspace class (namespace, service account, image, pod
     /// template, log level) instead of an agent per Workspace: agents start on demand and stop when
-    /// idle, so an idle Stack costs no process. `--runtime local` only for now.
-    #[arg(long, env = "PKO_AGENT_POOLS")]
-    pub agent_pools: bool,
+    /// idle, so an idle Stack costs no process. Default: on with `--runtime local`, off with
+    /// `--runtime pod` (pools of workspace pods are not built yet); `--agent-pools=false` gives every
+    /// Workspace its own agent.
+    #[arg(long, env = "PKO_AGENT_POOLS", num_args = 0..=1, default_missing_value = "true")]
+    pub agent_pools: Option<bool>,
     /// Agents each pool keeps running even when idle (`--agent-pools`).
     #[arg(long, default_value_t = 0)]
     pub pool_min_agents: usize,

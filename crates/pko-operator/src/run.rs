@@ -175,7 +175,7 @@ impl Operator {
         fleet: &crate::args::FleetArgs,
         local_agent_env: Vec<(String, String)>,
     ) -> anyhow::Result<(Runtime, Option<Arc<LocalPools>>)> {
-        Ok(match (runtime.runtime, runtime.agent_pools) {
+        Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
             (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
             (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
             (RuntimeKind::Local, pooled) => {

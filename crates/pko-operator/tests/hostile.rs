@@ -221,14 +221,17 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env
     assert_eq!(std::fs::read_to_string(out.join("lower")).unwrap().trim(), "value-of-lower");
     assert_eq!(std::fs::read_to_string(out.join("upper")).unwrap().trim(), "VALUE-OF-UPPER", "dbPass did not replace dbpass");
 
-    // the local agent's credentials are private to it
+    // the local agents' credentials are private to them: the pool's identity (one per class and
+    // replica) and each agent's directory
     use std::os::unix::fs::PermissionsExt;
-    let agent_dir = env.dir().join("agents").join(ns.name()).join("collide");
-    for (f, mode) in [("kubeconfig", 0o600), ("token", 0o600), ("", 0o700)] {
+    let classes = env.dir().join("agents").join("pools").join(ns.name());
+    let class = std::fs::read_dir(&classes).unwrap().flatten().next().unwrap().path().join("operator");
+    let agent_dir = class.join("identity");
+    for (f, mode) in [("kubeconfig", 0o600), ("token", 0o600), ("", 0o700), ("../0", 0o700)] {
         let m = std::fs::metadata(agent_dir.join(f)).unwrap().permissions().mode() & 0o777;
         assert_eq!(m, mode, "{f:?} has mode {m:o}");
     }
-    // a token past half its lifetime is renewed while the agent runs (the runtime looks every 15 s)
+    // a token past half its lifetime is renewed while the pool has agents (the pool looks every second)
     let token = agent_dir.join("token");
     let old = std::fs::read_to_string(&token).unwrap();
     let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);

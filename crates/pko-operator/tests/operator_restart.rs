@@ -33,7 +33,7 @@ fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16, extr
 
 #[tokio::test]
 async fn sigkilled_operator_reattaches_after_restart() {
-    sigkilled_operator_reattaches(&[], |env, ns| env.dir().join("agents").join(ns).join("slow").join("agent.json")).await;
+    sigkilled_operator_reattaches(&["--agent-pools=false"], |env, ns| env.dir().join("agents").join(ns).join("slow").join("agent.json")).await;
 }
 
 /// The same with agent pools: the restarted operator adopts its pool's agent (slot 0 of the class) and
