@@ -133,7 +133,21 @@ start redis redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no
   --dir "$TB_RUN" --protected-mode yes
 wait_for redis 15 redis-cli -p "$RP" ping
 
+# Audit: only writes by service accounts of the namespace pko-audit (the fleet's fencing test runs each
+# replica as one of them, so every write can be attributed to a replica); nothing else is logged.
+cat > "$TB_RUN/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts:pko-audit"]
+  verbs: ["create", "update", "patch", "delete"]
+- level: None
+POLICY
 start kube-apiserver "$TB_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$EP" \
+  --audit-policy-file="$TB_RUN/audit-policy.yaml" --audit-log-path="$TB_RUN/logs/audit.log" \
+  --audit-log-maxsize=100 --audit-log-maxbackup=1 --audit-log-mode=blocking \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$AP" \
   --tls-cert-file="$CERTS/apiserver.crt" --tls-private-key-file="$CERTS/apiserver.key" \
   --client-ca-file="$CERTS/ca.crt" --authorization-mode=Node,RBAC --allow-privileged=true \

@@ -168,8 +168,19 @@ impl AgentService {
 }
 
 /// Refuses a caller whose epoch is older than the newest seen for `op` (`FAILED_PRECONDITION`).
-fn admit(op: &crate::operation::Operation, epoch: i64) -> Result<(), Status> {
-    op.admit(epoch).map_err(|newest| Status::failed_precondition(format!("operation {}: epoch {epoch} is older than {newest}; its shard has a newer holder", op.id)))
+/// Every call on a known operation is logged (`agent call`, with its epoch), refused ones as warnings:
+/// the agent's own record of who steered an operation, and under which epoch.
+fn admit(op: &crate::operation::Operation, epoch: i64, call: &str) -> Result<(), Status> {
+    match op.admit(epoch) {
+        Ok(()) => {
+            tracing::info!(operation = %op.id, epoch, call, "agent call");
+            Ok(())
+        }
+        Err(newest) => {
+            tracing::warn!(operation = %op.id, epoch, newest, call, "agent call refused: stale epoch");
+            Err(Status::failed_precondition(format!("operation {}: epoch {epoch} is older than {newest}; its shard has a newer holder", op.id)))
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -186,7 +197,7 @@ impl Agent for AgentService {
             // The same operation again (e.g. a retried call, or the shard's new holder): follow it
             // instead of running it twice — unless the caller's epoch is stale. Also while shutting
             // down: the caller sees it end (`INTERRUPTED`) and only then runs it elsewhere.
-            admit(&op, req.epoch)?;
+            admit(&op, req.epoch, "run")?;
             return Ok(Response::new(Self::stream_of(&op)));
         }
         if self.inner.draining.load(Ordering::SeqCst) {
@@ -196,7 +207,7 @@ impl Agent for AgentService {
             return Err(Status::unavailable(format!("agent busy: {} operation(s) running, capacity {}", self.inner.ops.running().len(), self.inner.cfg.capacity)));
         }
         let op = self.inner.ops.insert(&req.operation_id, req.epoch).ok_or_else(|| Status::already_exists("operation id in use"))?;
-        tracing::info!(operation = %op.id, epoch = req.epoch, stack = %req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or(""), "operation accepted");
+        tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or(""), "agent call: operation accepted");
         op.log("operation accepted");
         tokio::spawn(runner::run(self.inner.ctx.clone(), op.clone(), req));
         Ok(Response::new(Self::stream_of(&op)))
@@ -207,7 +218,7 @@ impl Agent for AgentService {
         self.inner.auth.check(request.metadata()).await?;
         let AttachRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
-        admit(&op, epoch)?;
+        admit(&op, epoch, "attach")?;
         Ok(Response::new(Self::stream_of(&op)))
     }
 
@@ -216,7 +227,7 @@ impl Agent for AgentService {
         self.inner.auth.check(request.metadata()).await?;
         let CancelRequest { operation_id: id, epoch } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
-        admit(&op, epoch)?;
+        admit(&op, epoch, "cancel")?;
         if op.finished() {
             return Ok(Response::new(CancelResponse { cancelled: false }));
         }

@@ -13,6 +13,7 @@ use serde_json::json;
 
 fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16, extra: &[&str]) -> std::process::Child {
     let bed = testbed();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(env.dir().join("operator.log")).unwrap();
     Command::new(env!("CARGO_BIN_EXE_pko-operator"))
         .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
         .arg(agent_bin())
@@ -25,10 +26,28 @@ fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16, extr
         .envs(env.vars())
         .env("HOME", env.dir())
         .env("KUBECONFIG", bed.kubeconfig())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
         .spawn()
         .unwrap()
+}
+
+/// Prints the operators' log when the test fails.
+struct DumpOnPanic(std::path::PathBuf);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.0).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(80).collect();
+            eprintln!("--- {} (last 80 lines) ---\n{}", self.0.display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+    }
+}
+
+/// A loopback port free now (the artifact server keeps it across the restart: agents download from it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[tokio::test]
@@ -67,8 +86,8 @@ async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_test
     )
     .await;
 
-    // two tests of this binary run at once: each its own port
-    let port = 19000 + (std::process::id() % 900) as u16 + if extra.is_empty() { 0 } else { 1000 };
+    let port = free_port();
+    let _dump = DumpOnPanic(env.dir().join("operator.log"));
     let mut op = start_operator(&env, ns.name(), port, extra);
     let updates = ns.api::<Update>();
     eventually("an Update is Progressing", 60, || async {

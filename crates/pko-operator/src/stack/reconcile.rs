@@ -71,6 +71,10 @@ pub enum Error {
     /// Writing the Stack status.
     #[error("writing the stack status: {0}")]
     Status(#[source] kube::Error),
+    /// The Stack's shard stopped being held during the pass (it moved, or this replica passed its
+    /// renew deadline, e.g. frozen): nothing more is written; its new holder reconciles it.
+    #[error("fenced: the stack's shard is no longer held here")]
+    Fenced,
 }
 
 impl crate::k8s::ReconcileError for Error {
@@ -86,6 +90,7 @@ impl crate::k8s::ReconcileError for Error {
             Error::Workspace(_) => "workspace",
             Error::Update(_) => "update",
             Error::Status(_) => "status",
+            Error::Fenced => "fenced",
         }
     }
 }
@@ -109,6 +114,7 @@ enum Effect {
 
 /// The state of one pass: the Stack as read, the status being built, and the effects to carry out.
 struct Pass {
+    ownership: Arc<dyn crate::ownership::Ownership>,
     stack: Arc<Stack>,
     api: Api<Stack>,
     updates: Api<Update>,
@@ -134,6 +140,7 @@ impl Pass {
         status.observed_reconcile_request = request.clone();
         let conditions = status.conditions.clone().unwrap_or_default();
         Pass {
+            ownership: ctx.ownership.clone(),
             updates: Api::namespaced(ctx.client.clone(), &ns),
             deleting: stack.meta().deletion_timestamp.is_some(),
             written: stack.status.clone(),
@@ -162,12 +169,19 @@ impl Pass {
         self.effects.push(Effect::Event(severity, reason, note));
     }
 
+    /// Fails with [`Error::Fenced`] once the Stack's shard is not held here any more: asked right
+    /// before every write of the pass.
+    fn fence(&self) -> Result<(), Error> {
+        if self.ownership.owns(&self.ns, &self.name) { Ok(()) } else { Err(Error::Fenced) }
+    }
+
     /// Writes the status built so far, unless it is what is stored (or was last written).
     async fn write_status(&mut self) -> Result<(), Error> {
         self.status.conditions = Some(self.conditions.clone());
         if self.written.as_ref() == Some(&self.status) {
             return Ok(());
         }
+        self.fence()?;
         io::write_status(&self.api, &self.name, &self.status).await.map_err(Error::Status)?;
         self.written = Some(self.status.clone());
         Ok(())
@@ -177,6 +191,7 @@ impl Pass {
     async fn apply_effects(&mut self, ctx: &Context) -> Result<Option<Action>, Error> {
         let mut action = None;
         for effect in std::mem::take(&mut self.effects) {
+            self.fence()?;
             match effect {
                 Effect::Event(severity, reason, note) => k8s::publish(&ctx.events.stack, &*self.stack, severity, reason, note).await,
                 Effect::ReleaseUpdate(u) => {
@@ -407,6 +422,7 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an
     // Update the Stack does not know
     p.write_status().await?;
+    p.fence()?;
     match p.updates.create(&PostParams::default(), &update).await {
         Ok(_) => {
             tracing::info!(update = %update_name, %reason, "stack update started");

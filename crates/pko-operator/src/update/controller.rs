@@ -197,11 +197,22 @@ impl UpdateController {
         };
         let started = std::time::Instant::now();
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
-        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace);
+        let shard_key = update.shard_key();
+        let fenced = || self.ctx.ownership.epoch(&job.namespace, &shard_key) != job.epoch;
+        // fenced again right before the agent is called: finding the agent may have taken a while (an
+        // agent started, or this replica frozen), and the queue knows whether the shard's new holder
+        // has raised its fence since (a stale `Run` on a new agent would start the operation twice)
+        if fenced() || !self.queue.heartbeat(job).await {
+            tracing::info!(update = %job.name, epoch = job.epoch, "shard lost before the operation started: not started here");
+            if let Some(lent) = lent {
+                lent.finish(End::Result);
+            }
+            return Drive::Done;
+        }
+        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace, &fenced);
         // fenced while it runs: once the shard moved (or the queue says the job's epoch is stale), this
         // replica stops following the operation and writes nothing more; the agent keeps running it and
         // the shard's new holder attaches
-        let shard_key = update.shard_key();
         let outcome = tokio::select! {
             outcome = dispatch => outcome,
             () = self.fenced(job, &shard_key) => {
@@ -234,6 +245,7 @@ impl UpdateController {
                 }
             }
             Ok(_) => {}
+            Err(super::dispatch::DispatchError::Fenced) => tracing::info!(update = %job.name, epoch = job.epoch, "shard lost: stopped following; nothing written"),
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "dispatch failed; retrying");
                 let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;

@@ -33,6 +33,10 @@ pub enum DispatchError {
     /// Writing status or the outputs Secret failed.
     #[error("writing update status: {0}")]
     Kube(#[from] kube::Error),
+    /// The shard moved to another replica (or this one stopped holding anything): nothing more is
+    /// written; the shard's new holder follows the operation.
+    #[error("fenced: the shard is no longer held at this epoch")]
+    Fenced,
 }
 
 async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
@@ -58,6 +62,11 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
 /// `token` as bearer token when set, and records progress and result on the Update. Returns the final
 /// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
 /// caller dispatches it again.
+///
+/// `fenced` is asked right before every write (status, outputs Secret, event): once it says true (the
+/// shard's epoch is no longer held), nothing more is written and [`DispatchError::Fenced`] returned — a
+/// replica that was frozen and wakes up with a result in its buffers does not write it.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_on_agent(
     client: &kube::Client,
     events: &kube::runtime::events::Recorder,
@@ -66,7 +75,9 @@ pub async fn run_on_agent(
     epoch: i64,
     update: &Update,
     workspace: &Workspace,
+    fenced: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<OperationResult, DispatchError> {
+    let check = || if fenced() { Err(DispatchError::Fenced) } else { Ok(()) };
     let ns = update.namespace().unwrap_or_default();
     let api: Api<Update> = Api::namespaced(client.clone(), &ns);
     let generation = update.meta().generation;
@@ -81,6 +92,7 @@ pub async fn run_on_agent(
             st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &old_conditions));
             st.message = Some(e.to_string());
             st.end_time = Some(pko_api::conditions::now());
+            check()?;
             write_status(&api, update, &st).await?;
             return Ok(OperationResult { status: ResultStatus::Failed as i32, message: e.to_string(), ..Default::default() });
         }
@@ -90,6 +102,8 @@ pub async fn run_on_agent(
     if let Some(t) = token {
         call.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| DispatchError::Agent(agent.into(), "token is not a valid header".into()))?);
     }
+    // the last moment before the operation can start: connecting may have taken a while
+    check()?;
     let mut stream = agent_client.run(call).await.map_err(|s| DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())))?.into_inner();
 
     let mut marked = old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
@@ -98,6 +112,7 @@ pub async fn run_on_agent(
         if !marked {
             st.start_time.get_or_insert_with(pko_api::conditions::now);
             st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));
+            check()?;
             write_status(&api, update, &st).await?;
             marked = true;
         }
@@ -119,6 +134,7 @@ pub async fn run_on_agent(
             });
             if let Some(owner) = owner {
                 let secret = outputs::secret(&update.name_any(), &ns, owner, &values);
+                check()?;
                 match Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &secret).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 409 => {} // written before a restart; immutable
@@ -134,12 +150,14 @@ pub async fn run_on_agent(
         st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
         let current = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &current));
+        check()?;
         write_status(&api, update, &st).await?;
         let (severity, reason) = if phase == Phase::Succeeded {
             (crate::k8s::Severity::Normal, pko_api::constants::event_reason::UPDATE_SUCCEEDED)
         } else {
             (crate::k8s::Severity::Warning, pko_api::constants::event_reason::UPDATE_FAILED)
         };
+        check()?;
         crate::k8s::publish(events, update, severity, reason, result.message.clone()).await;
         return Ok(result);
     }

@@ -199,6 +199,10 @@ impl WorkspaceController {
         if status_unchanged(&ws.status.clone().unwrap_or_default(), &st, (status, reason, message)) {
             return Ok(());
         }
+        // fenced: the shard may have moved while this pass ran (or this replica was frozen)
+        if !self.ctx.ownership.owns(&ws.namespace().unwrap_or_default(), &ws.shard_key()) {
+            return Ok(());
+        }
         let mut conditions: Vec<Condition> = old.into_iter().filter(|c| c.type_ == wc::READY).collect();
         pko_api::conditions::set(&mut conditions, wc::READY, status, reason, message, st.observed_generation, now);
         st.conditions = Some(conditions);

@@ -1,0 +1,335 @@
+//! Fencing, proven on real processes: three `pko-operator` replicas in one fleet over the bed's
+//! redis-server, each running as its own service account, so the API server's audit log (the bed logs
+//! every write of the namespace `pko-audit`'s service accounts) attributes every write to a replica.
+//! One replica is frozen with SIGSTOP while it drives operations, until every shard it held has moved
+//! and the new holders have followed those operations to their end; then it runs again (SIGCONT), with
+//! the results in its own streams' buffers. Asserted afterwards:
+//! - from the audit log: the frozen replica writes nothing to an object of a shard it held — Stack,
+//!   Workspace, Update, outputs Secret, Event, Program — unless it first took that shard again
+//!   (a new epoch, through its Lease);
+//! - from the agents' own logs: no agent call (Run, Attach, Cancel) carries an epoch older than one
+//!   already seen for its operation, and no agent refused a stale epoch after the freeze;
+//! - from the programs' own trace: each Stack's `up` ran exactly once; every Stack is Ready, no Update
+//!   is left Progressing and no backend lock is left.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use pko_api::{Stack, Update};
+use pko_testbed::{eventually, testbed};
+use serde_json::json;
+
+const AUDIT_NS: &str = "pko-audit";
+const SHARDS: u32 = 64;
+const STACKS: usize = 6;
+const FLEET: &str = "pko";
+
+/// A kubeconfig for service account `pko-audit/<name>`, bound to cluster-admin.
+async fn replica_identity(client: &kube::Client, dir: &Path, name: &str) -> PathBuf {
+    let created = Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": AUDIT_NS}})).unwrap()).await;
+    assert!(created.is_ok() || matches!(&created, Err(kube::Error::Api(e)) if e.code == 409), "{created:?}");
+    let sas = Api::<ServiceAccount>::namespaced(client.clone(), AUDIT_NS);
+    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()).await.unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": format!("pko-audit-{name}")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": AUDIT_NS}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let tr = k8s_openapi::api::authentication::v1::TokenRequest {
+        spec: k8s_openapi::api::authentication::v1::TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        ..Default::default()
+    };
+    let token = sas.create_token_request(name, &PostParams::default(), &tr).await.unwrap().status.unwrap().token;
+    let bed = testbed();
+    let path = dir.join(format!("{name}.kubeconfig"));
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster: {{server: \"{}\", certificate-authority: \"{}\"}}\nusers:\n- name: r\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: c\n  context: {{cluster: bed, user: r}}\ncurrent-context: c\n",
+        bed.api_server_url(),
+        bed.ca_file().display()
+    );
+    std::fs::write(&path, kc).unwrap();
+    path
+}
+
+fn start_replica(env: &pko_testbed::PulumiEnv, ns: &str, name: &str, kubeconfig: &Path, redis: &[&str], port: u16) -> Child {
+    let bed = testbed();
+    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
+        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
+        .arg(agent_bin())
+        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
+        .arg(bed.ca_file())
+        .arg("--local-work-dir")
+        .arg(env.dir().join("agents"))
+        .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", FLEET, "--replica-id", name, "--shards", &SHARDS.to_string()])
+        .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
+        .args(redis)
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir())
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(log("out")))
+        .stderr(Stdio::from(log("err")))
+        .spawn()
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// Shard number → holder, from the fleet's shard Leases.
+async fn holders(leases: &Api<Lease>) -> BTreeMap<u32, String> {
+    let lp = ListParams::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
+    leases
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let shard = l.labels().get("pulumi.com/shard")?.parse().ok()?;
+            Some((shard, l.spec?.holder_identity.filter(|h| !h.is_empty())?))
+        })
+        .collect()
+}
+
+/// One write of the audit log: when, by whom, on what.
+#[derive(Debug)]
+struct Write {
+    at: Timestamp,
+    user: String,
+    #[allow(dead_code)] // printed when an assertion fails
+    verb: String,
+    resource: String,
+    namespace: String,
+    name: String,
+    code: i64,
+}
+
+fn audit_writes(since: Timestamp) -> Vec<Write> {
+    let path = PathBuf::from(testbed().var("PKO_TESTBED_RUN")).join("logs").join("audit.log");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (the bed must run with its audit policy)", path.display()));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| {
+            let at: Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+            (at >= since).then(|| Write {
+                at,
+                user: e["user"]["username"].as_str().unwrap_or_default().to_string(),
+                verb: e["verb"].as_str().unwrap_or_default().to_string(),
+                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
+                namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
+                name: e["objectRef"]["name"].as_str().unwrap_or_default().to_string(),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// One agent call seen in an agent's log: when, which operation, which epoch, refused or not.
+#[derive(Debug)]
+struct Call {
+    at: Timestamp,
+    operation: String,
+    epoch: i64,
+    refused: bool,
+}
+
+fn agent_calls(dir: &Path) -> Vec<Call> {
+    let mut calls = Vec::new();
+    for f in std::fs::read_dir(dir).unwrap().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".log")) {
+        for line in std::fs::read_to_string(f.path()).unwrap_or_default().lines() {
+            if !line.contains("agent call") {
+                continue;
+            }
+            let field = |k: &str| line.split_whitespace().find_map(|t| t.strip_prefix(k)).map(str::to_string);
+            let (Some(at), Some(operation), Some(epoch)) =
+                (line.split_whitespace().next().and_then(|t| t.parse().ok()), field("operation="), field("epoch=").and_then(|e| e.parse().ok()))
+            else {
+                continue;
+            };
+            calls.push(Call { at, operation, epoch, refused: line.contains("refused") });
+        }
+    }
+    calls.sort_by_key(|c| c.at);
+    calls
+}
+
+/// Keeps the replicas' logs (and their agents') when the test fails: copied to `<tmp>/<namespace>-logs`.
+struct KeepLogsOnPanic(PathBuf, String);
+
+impl Drop for KeepLogsOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let to = std::env::temp_dir().join(format!("{}-logs", self.1));
+            let _ = std::fs::create_dir_all(&to);
+            for f in std::fs::read_dir(&self.0).into_iter().flatten().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".log")) {
+                let _ = std::fs::copy(f.path(), to.join(f.file_name()));
+            }
+            eprintln!("replica logs kept in {}", to.display());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_it_lost() {
+    let (client, ns, env) = setup("fencing").await;
+    let runs = env.dir().join("runs.txt");
+    let _logs = KeepLogsOnPanic(env.dir().to_path_buf(), ns.name().to_string());
+    allow_default_sa_to_read_secrets(&ns).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
+    )
+    .await;
+    create(
+        &ns.api::<pko_api::Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"},
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 12; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
+    )
+    .await;
+    let suffix = ns.name().rsplit('-').next().unwrap().to_string();
+    let names: Vec<String> = (0..3).map(|i| format!("r{i}-{suffix}")).collect();
+    let prefix = testbed().redis_prefix("fencing");
+    let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
+    let base = 17000 + (std::process::id() % 900) as u16;
+    let mut replicas = BTreeMap::new();
+    for (i, n) in names.iter().enumerate() {
+        let kc = replica_identity(&client, env.dir(), n).await;
+        replicas.insert(n.clone(), start_replica(&env, ns.name(), n, &kc, &redis, base + i as u16));
+    }
+    let leases = ns.api::<Lease>();
+    eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;
+    for i in 0..STACKS {
+        create(
+            &ns.api::<Stack>(),
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
+                   "spec": {"stack": format!("s{i}"), "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+        )
+        .await;
+    }
+
+    // the victim: the holder of a shard with an operation running — not the Program's holder, whose
+    // artifact server (named in the artifact URL) the agents download from: freezing it stalls every
+    // download, a failure mode of its own (docs/architecture.md), not what this test is about
+    let updates = ns.api::<Update>();
+    let program_shard = pko_fleet::ring::shard_of(&format!("{}/prog", ns.name()), SHARDS);
+    let victim = std::sync::Mutex::new(None);
+    eventually("an Update is Progressing on a replica that does not serve the Program", 90, || async {
+        let held = holders(&leases).await;
+        let server = held.get(&program_shard).cloned();
+        let candidate = updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True"))
+            .filter_map(|u| held.get(&u.labels().get("pulumi.com/shard")?.parse::<u32>().ok()?).cloned())
+            .find(|h| Some(h) != server.as_ref());
+        let found = candidate.is_some();
+        *victim.lock().unwrap() = candidate;
+        found
+    })
+    .await;
+    let victim = victim.into_inner().unwrap().unwrap();
+    let held: BTreeSet<u32> = holders(&leases).await.into_iter().filter(|(_, h)| *h == victim).map(|(s, _)| s).collect();
+    signal(&replicas[&victim], nix::sys::signal::Signal::SIGSTOP);
+    let t_stop = std::time::Instant::now();
+    eventually("every shard of the frozen replica has moved", 60, || async { !holders(&leases).await.values().any(|h| *h == victim) }).await;
+    let moved = t_stop.elapsed();
+    // the new holders follow the operations to their end while it sleeps: when it wakes, its own
+    // streams hold the results, which it must not write
+    eventually("the operations the frozen replica drove are complete", 90, || async {
+        updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True"))
+    })
+    .await;
+    let t_cont = Timestamp::now();
+    signal(&replicas[&victim], nix::sys::signal::Signal::SIGCONT);
+    eprintln!("froze {victim} holding {} shards; they moved in {moved:?}; it runs again at {t_cont}", held.len());
+
+    let stacks = ns.api::<Stack>();
+    eventually("every Stack is Ready", 240, || async {
+        let all = stacks.list(&Default::default()).await.unwrap().items;
+        all.len() == STACKS && all.iter().all(|s| stack_condition(s, "Ready").is_some_and(|c| c.0 == "True"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // shard of every object name of the test namespace (Stacks and what is made for them; the Program)
+    let mut shard_of: BTreeMap<String, u32> = BTreeMap::new();
+    for s in stacks.list(&Default::default()).await.unwrap() {
+        shard_of.insert(s.name_any(), s.labels()["pulumi.com/shard"].parse().unwrap());
+    }
+    for u in updates.list(&Default::default()).await.unwrap() {
+        shard_of.insert(u.name_any(), u.labels()["pulumi.com/shard"].parse().unwrap());
+    }
+    shard_of.insert("prog".into(), pko_fleet::ring::shard_of(&format!("{}/prog", ns.name()), SHARDS));
+    // an object's shard: the longest known name its name starts with (Events, outputs Secrets)
+    let shard_for = |name: &str| shard_of.iter().filter(|(n, _)| name.starts_with(n.as_str())).max_by_key(|(n, _)| n.len()).map(|(_, s)| *s);
+
+    let user = format!("system:serviceaccount:{AUDIT_NS}:{victim}");
+    let writes: Vec<Write> = audit_writes(t_cont).into_iter().filter(|w| w.user == user).collect();
+    let retaken: BTreeMap<u32, Timestamp> = writes
+        .iter()
+        .filter(|w| w.resource == "leases" && (200..300).contains(&w.code))
+        .filter_map(|w| Some((w.name.strip_prefix(&format!("{FLEET}-shard-"))?.parse::<u32>().ok()?, w.at)))
+        .fold(BTreeMap::new(), |mut m, (s, at)| {
+            m.entry(s).or_insert(at);
+            m
+        });
+    let violations: Vec<&Write> = writes
+        .iter()
+        .filter(|w| w.namespace == ns.name() && w.resource != "leases")
+        .filter(|w| shard_for(&w.name).is_some_and(|s| held.contains(&s) && retaken.get(&s).is_none_or(|t| w.at < *t)))
+        .collect();
+    eprintln!("{} writes by {victim} after SIGCONT; shards it took again: {:?}", writes.len(), retaken.keys().collect::<Vec<_>>());
+    assert!(violations.is_empty(), "writes by the frozen replica to shards it had lost: {violations:#?}");
+
+    // agents: epochs never go back for an operation, and nothing stale was refused after the freeze
+    let calls = agent_calls(env.dir());
+    assert!(!calls.is_empty(), "the agents log their calls");
+    let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+    for c in &calls {
+        let n = newest.entry(c.operation.as_str()).or_insert(c.epoch);
+        assert!(c.epoch >= *n || c.at < t_cont, "a call with a stale epoch after the freeze: {c:?} (newest {n})");
+        *n = (*n).max(c.epoch);
+        assert!(!(c.refused && c.at >= t_cont), "an agent refused a stale call after the freeze: {c:?}");
+    }
+
+    // the work itself: one `up` per Stack, nothing left running, no lock
+    let mut trace: Vec<String> = std::fs::read_to_string(&runs).unwrap().lines().map(str::to_string).collect();
+    trace.sort();
+    assert_eq!(trace, (0..STACKS).map(|i| format!("s{i}")).collect::<Vec<_>>(), "each program ran exactly once");
+    assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True")), "no Update is left Progressing");
+    assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
+
+    for (_, mut r) in replicas {
+        let _ = r.kill();
+        let _ = r.wait();
+    }
+    let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
+    for n in &names {
+        let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(&format!("pko-audit-{n}"), &Default::default()).await;
+        let _ = Api::<ServiceAccount>::namespaced(client.clone(), AUDIT_NS).delete(n, &Default::default()).await;
+    }
+}
