@@ -2,14 +2,14 @@
 //! Program's tarball, regenerated on the fly (deterministic, so it matches `status.artifact.digest`).
 //!
 //! The server reads the Program controller's cache (no API request per download, so unknown paths cost
-//! nothing) and answers 404 unless the Program is one this replica owns, at that generation, with that
-//! digest. The digest (sha256 of the tarball) makes the URL a capability: it can be had only from the
+//! nothing) and answers 404 unless the Program is in that cache (the replica's watch scope, e.g.
+//! `--namespaces`), at that generation, with that digest. In a fleet every replica serves every Program
+//! of its scope, not only those of its shards: any replica behind the operator's Service answers, and a
+//! Program's URL keeps working while its shard moves. The digest (sha256 of the tarball) makes the URL a capability: it can be had only from the
 //! Program's status (RBAC on Programs of its namespace) or from the content itself, so a caller cannot
 //! fetch another tenant's Program by guessing names (PKO serves `/programs/<ns>/<name>` to anyone).
 //! Agents verify the digest of what they download, so the endpoint needs no other authentication
 //! (docs/security.md).
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -20,15 +20,11 @@ use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pko_api::Program;
 
-use crate::ownership::Ownership;
-
-/// What the artifact server reads: the Program controller's cache and this replica's ownership.
+/// What the artifact server reads: the Program controller's cache.
 #[derive(Clone)]
 pub struct ArtifactState {
-    /// The Program controller's store.
+    /// The Program controller's store (its watch scope bounds what is served).
     pub programs: Store<Program>,
-    /// Which Programs this replica serves.
-    pub ownership: Arc<dyn Ownership>,
 }
 
 /// The router of the artifact server.
@@ -41,9 +37,6 @@ fn not_found() -> Response {
 }
 
 async fn program_artifact(State(s): State<ArtifactState>, Path((namespace, name, generation, file)): Path<(String, String, String, String)>) -> Response {
-    if !s.ownership.owns(&namespace, &name) {
-        return not_found();
-    }
     let Some(program) = s.programs.get(&ObjectRef::new(&name).within(&namespace)) else { return not_found() };
     if program.meta().generation.map(|g| g.to_string()).as_deref() != Some(generation.as_str()) {
         return not_found();

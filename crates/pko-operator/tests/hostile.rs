@@ -306,7 +306,7 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let controller = tokio::spawn(run);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(pko_operator::artifacts::serve(listener, pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() }));
+    let server = tokio::spawn(pko_operator::artifacts::serve(listener, pko_operator::artifacts::ArtifactState { programs }));
     let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().unwrap();
     let before = program_gets(&client).await;
     for i in 0..200 {

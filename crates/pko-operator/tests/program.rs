@@ -66,7 +66,7 @@ async fn program_is_published_served_and_deployable() {
     let mut informers = pko_operator::informer::Informers::new(client.clone(), pko_operator::informer::WatchScope::Namespaces(vec![ns.name().to_string()]));
     let (programs, run) = pko_operator::program_controller(ctx.clone(), &mut informers);
     let run = informers.drive(run);
-    let state = pko_operator::artifacts::ArtifactState { programs, ownership: ctx.ownership.clone() };
+    let state = pko_operator::artifacts::ArtifactState { programs };
     let server = tokio::spawn(pko_operator::artifacts::serve(listener, state));
     let controller = tokio::spawn(run);
 
@@ -108,7 +108,7 @@ async fn program_is_published_served_and_deployable() {
     // the name and generation alone do not fetch it: the digest is part of the URL
     let guessed = format!("http://{addr}/programs/{}/hello/2/{}.tar.gz", ns.name(), "0".repeat(64));
     assert_eq!(http.get(&guessed).send().await.unwrap().status(), 404);
-    // a Program in a namespace this replica does not own is not served, even with its real URL
+    // a Program outside this replica's watch scope is not served, even with its real URL
     let other = bed.namespace("program-other").await.unwrap();
     other.api::<Program>().create(&PostParams::default(), &program_named("hello")).await.unwrap();
     let foreign = pko_operator::program::desired_artifact(&other.api::<Program>().get("hello").await.unwrap(), &addr, None, now()).unwrap();
