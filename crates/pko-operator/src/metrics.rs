@@ -13,7 +13,10 @@
 //!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
 //!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
 //!   their workspace class was full), `pko_dispatch_wait_seconds{namespace}` (histogram: first push to
-//!   a worker taking it);
+//!   a worker taking it), `pko_dispatch_latency_seconds{namespace}` (histogram: first push to the
+//!   operation's first event on its agent), `pko_queue_depth{namespace}` (gauge),
+//!   `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}` (gauge),
+//!   `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
 //! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
 //!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}` (counter).
 //!
@@ -58,6 +61,13 @@ pub mod names {
     pub const OPERATIONS_IN_FLIGHT: &str = "pko_update_operations_in_flight";
     /// Histogram in seconds, label `namespace`: from an operation's first push to a worker taking it.
     pub const DISPATCH_WAIT_SECONDS: &str = "pko_dispatch_wait_seconds";
+    /// Histogram in seconds, label `namespace`: from an operation's first push to its first event on
+    /// an agent (Pulumi started) — the dispatch latency.
+    pub const DISPATCH_LATENCY_SECONDS: &str = "pko_dispatch_latency_seconds";
+    /// Gauge, label `namespace`: operations waiting in this replica's queue.
+    pub const QUEUE_DEPTH: &str = "pko_queue_depth";
+    /// Gauge, label `class` (`<namespace>/<hash>`): operations of a workspace class this replica drives.
+    pub const OPERATIONS_RUNNING: &str = "pko_operations_running";
     /// Gauge, labels `class` (`<namespace>/<hash>`) and `state` (`idle`, `busy`): agents of a pool.
     pub const POOL_AGENTS: &str = "pko_pool_agents";
     /// Counter: pool agents started (demand, or the minimum).

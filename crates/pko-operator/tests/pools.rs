@@ -123,6 +123,10 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     // (the metrics recorder is shared by the tests of this binary: only presence is asserted)
     let metrics = operator.metrics().await;
     assert!(sample(&metrics, "pko_pool_agents_stopped_total") >= 1.0, "{metrics}");
+    // capacity metrics: dispatch latency (push → Pulumi started) per namespace, operations per class
+    let latency = format!("pko_dispatch_latency_seconds_count{{namespace=\"{}\"}}", ns.name());
+    assert!(sample(&metrics, &latency) >= 4.0, "{latency} in {metrics}");
+    assert!(metrics.contains(&format!("pko_operations_running{{class=\"{pool}\"}}")), "{metrics}");
 
     // work again: the pool starts from zero and runs it
     let updates_before = ns.api::<Update>().list(&Default::default()).await.unwrap().items.len();

@@ -62,7 +62,9 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // The dispatcher dies while the operation runs (the operator is killed) ...
     let task = {
         let (client, agent, update, workspace) = (client.clone(), agent.1.clone(), update.clone(), workspace.clone());
-        tokio::spawn(async move { dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client).update, &agent, None, 1, &update, &workspace, &|| false).await })
+        tokio::spawn(async move {
+            dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client).update, &agent, None, 1, &update, &workspace, &dispatch::Hooks::none()).await
+        })
     };
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -75,7 +77,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     task.abort();
     // ... and a new one re-attaches to the same operation.
     let current = updates.get("u1").await.unwrap();
-    let result = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &current, &workspace, &|| false).await.unwrap();
+    let result = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &current, &workspace, &dispatch::Hooks::none()).await.unwrap();
     assert_eq!(result.status, ResultStatus::Succeeded as i32, "{}", result.message);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the program ran once");
 
@@ -105,7 +107,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u2, &ws2, &|| false).await.unwrap();
+    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "UpdateFailed".into())));
@@ -118,7 +120,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u3, &workspace, &|| true).await;
+    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u3, &workspace, &dispatch::Hooks { fenced: &|| true, started: &|| {} }).await;
     assert!(matches!(r, Err(dispatch::DispatchError::Fenced)), "{r:?}");
     assert!(updates.get("u3").await.unwrap().status.is_none(), "a fenced dispatcher writes nothing");
 }

@@ -124,6 +124,15 @@ impl Fair {
         self.jobs.len() - self.in_flight.len()
     }
 
+    /// Jobs waiting (queued or delayed) per namespace; namespaces with none are absent.
+    pub fn waiting_by_namespace(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for (job, _) in self.jobs.values().filter(|(j, _)| !self.in_flight.contains(&j.key)) {
+            *out.entry(job.namespace.clone()).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// Jobs taken and not done.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

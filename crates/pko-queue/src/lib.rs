@@ -142,6 +142,10 @@ pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
     fn queued(&self) -> usize {
         self.local().fair().waiting()
     }
+    /// Jobs waiting per namespace (namespaces with none are absent).
+    fn queued_by_namespace(&self) -> std::collections::BTreeMap<String, usize> {
+        self.local().fair().waiting_by_namespace()
+    }
     /// Jobs popped and not done.
     fn in_flight(&self) -> usize {
         self.local().fair().in_flight()
@@ -212,6 +216,7 @@ mod tests {
         assert_eq!(q.pop().await.job.key, "a");
         assert!(!q.push(job("a")).await.unwrap(), "in flight");
         assert_eq!((q.queued(), q.in_flight()), (1, 1));
+        assert_eq!(q.queued_by_namespace().into_iter().collect::<Vec<_>>(), [(job("b").namespace, 1)], "in-flight jobs are not waiting");
         q.done(&job("a")).await;
         assert!(q.push(job("a")).await.unwrap(), "pushable again once done");
         assert_eq!(q.pop().await.job.key, "b");

@@ -38,6 +38,8 @@ pub struct UpdateController {
     /// Agent pools per workspace class (`--agent-pools`); none: each Workspace's own agent
     /// (`status.address`).
     pools: Option<Arc<LocalPools>>,
+    /// Namespaces whose queue depth was last published (to set a drained one to 0).
+    depth_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -81,7 +83,7 @@ impl UpdateController {
 
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
-        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None, pools: None }
+        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None, pools: None, depth_shown: Default::default() }
     }
 
     /// Authenticates to agents with tokens of a service account, one per Workspace audience
@@ -123,10 +125,11 @@ impl UpdateController {
     async fn worker(self: Arc<Self>) {
         loop {
             let claimed = self.queue.pop().await;
+            let popped = std::time::Instant::now();
             let job = claimed.job;
             metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.record_queue();
-            match self.drive(&job).await {
+            match self.drive(&job, claimed.waited, popped).await {
                 // its class is full: offer it again shortly (never hold a worker waiting for a slot)
                 Drive::Deferred => self.queue.retry_after(job, Duration::from_secs(1)),
                 // handed over: its agent stopped it cleanly (SIGTERM → Ctrl-C); another one runs it
@@ -154,11 +157,22 @@ impl UpdateController {
     }
 
     fn record_queue(&self) {
+        // per namespace; a namespace whose queue emptied is set to 0 once, then forgotten
+        let depth = self.queue.queued_by_namespace();
+        let mut shown = self.depth_shown.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in shown.iter().filter(|n| !depth.contains_key(*n)) {
+            metrics::gauge!(crate::metrics::names::QUEUE_DEPTH, "namespace" => gone.clone()).set(0.0);
+        }
+        for (ns, n) in &depth {
+            metrics::gauge!(crate::metrics::names::QUEUE_DEPTH, "namespace" => ns.clone()).set(*n as f64);
+        }
+        *shown = depth.into_keys().collect();
         metrics::gauge!(crate::metrics::names::OPERATIONS_QUEUED).set(self.queue.queued() as f64);
         metrics::gauge!(crate::metrics::names::OPERATIONS_IN_FLIGHT).set(self.queue.in_flight() as f64);
     }
 
-    async fn drive(&self, job: &Job) -> Drive {
+    /// Drives `job`, popped at `popped` after waiting `waited` in the queue.
+    async fn drive(&self, job: &Job, waited: Duration, popped: std::time::Instant) -> Drive {
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &job.namespace);
         let Ok(Some(update)) = api.get_opt(&job.name).await else { return Drive::Done };
         if update.is_complete() || update.meta().deletion_timestamp.is_some() {
@@ -199,6 +213,10 @@ impl UpdateController {
         let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
         let shard_key = update.shard_key();
         let fenced = || self.ctx.ownership.epoch(&job.namespace, &shard_key) != job.epoch;
+        // dispatch latency: first push → the operation's first event on its agent
+        let on_started = || {
+            metrics::histogram!(crate::metrics::names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone()).record((waited + popped.elapsed()).as_secs_f64());
+        };
         // fenced again right before the agent is called: finding the agent may have taken a while (an
         // agent started, or this replica frozen), and the queue knows whether the shard's new holder
         // has raised its fence since (a stale `Run` on a new agent would start the operation twice)
@@ -209,7 +227,8 @@ impl UpdateController {
             }
             return Drive::Done;
         }
-        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace, &fenced);
+        let hooks = super::dispatch::Hooks { fenced: &fenced, started: &on_started };
+        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace, &hooks);
         // fenced while it runs: once the shard moved (or the queue says the job's epoch is stale), this
         // replica stops following the operation and writes nothing more; the agent keeps running it and
         // the shard's new holder attaches

@@ -39,6 +39,28 @@ pub enum DispatchError {
     Fenced,
 }
 
+/// What [`run_on_agent`] asks and tells its caller while the operation runs.
+pub struct Hooks<'a> {
+    /// Asked right before every write and before `Run`: `true` once the shard is no longer held at the
+    /// operation's epoch.
+    pub fenced: &'a (dyn Fn() -> bool + Send + Sync),
+    /// Called once, at the first event of the operation on its agent (Pulumi started, or a re-attach).
+    pub started: &'a (dyn Fn() + Send + Sync),
+}
+
+fn never() -> bool {
+    false
+}
+
+fn nothing() {}
+
+impl Hooks<'static> {
+    /// Never fenced, nothing told (tests, a single replica's tools).
+    pub fn none() -> Self {
+        Hooks { fenced: &never, started: &nothing }
+    }
+}
+
 async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
     crate::k8s::apply_status(api, &update.name_any(), field_manager::UPDATE_STATUS, st).await
 }
@@ -63,9 +85,9 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
 /// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
 /// caller dispatches it again.
 ///
-/// `fenced` is asked right before every write (status, outputs Secret, event): once it says true (the
-/// shard's epoch is no longer held), nothing more is written and [`DispatchError::Fenced`] returned — a
-/// replica that was frozen and wakes up with a result in its buffers does not write it.
+/// `hooks.fenced` is asked right before every write (status, outputs Secret, event): once it says true
+/// (the shard's epoch is no longer held), nothing more is written and [`DispatchError::Fenced`] returned
+/// — a replica that was frozen and wakes up with a result in its buffers does not write it.
 #[allow(clippy::too_many_arguments)]
 pub async fn run_on_agent(
     client: &kube::Client,
@@ -75,9 +97,9 @@ pub async fn run_on_agent(
     epoch: i64,
     update: &Update,
     workspace: &Workspace,
-    fenced: &(dyn Fn() -> bool + Send + Sync),
+    hooks: &Hooks<'_>,
 ) -> Result<OperationResult, DispatchError> {
-    let check = || if fenced() { Err(DispatchError::Fenced) } else { Ok(()) };
+    let check = || if (hooks.fenced)() { Err(DispatchError::Fenced) } else { Ok(()) };
     let ns = update.namespace().unwrap_or_default();
     let api: Api<Update> = Api::namespaced(client.clone(), &ns);
     let generation = update.meta().generation;
@@ -107,8 +129,12 @@ pub async fn run_on_agent(
     let mut stream = agent_client.run(call).await.map_err(|s| DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())))?.into_inner();
 
     let mut marked = old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
+    let mut first = true;
     while let Some(ev) = stream.next().await {
         let ev = ev.map_err(|s| DispatchError::Agent(agent.into(), s.message().to_string()))?;
+        if std::mem::take(&mut first) {
+            (hooks.started)();
+        }
         if !marked {
             st.start_time.get_or_insert_with(pko_api::conditions::now);
             st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));

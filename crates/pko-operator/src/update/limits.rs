@@ -39,6 +39,7 @@ impl Drop for ClassPermit {
         let mut running = self.limits.running.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = running.get_mut(&self.class) {
             *n -= 1;
+            metrics::gauge!(crate::metrics::names::OPERATIONS_RUNNING, "class" => self.class.clone()).set(*n as f64);
             if *n == 0 {
                 running.remove(&self.class);
             }
@@ -60,6 +61,7 @@ impl ClassLimits {
             return None;
         }
         *n += 1;
+        metrics::gauge!(crate::metrics::names::OPERATIONS_RUNNING, "class" => class.to_string()).set(*n as f64);
         Some(ClassPermit { limits: self.clone(), class: class.to_string() })
     }
 
