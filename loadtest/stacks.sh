@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Load test: N Stacks of one Program on the local test bed, with the operator's local runtime (one agent
-# process per Workspace). Measures the time from `kubectl apply` to every Stack Ready, and the resident
-# memory of the operator (peak while converging, and at rest) and of the agents.
+# Load test: N Stacks of one Program on the local test bed, with the operator's local runtime (agent
+# pools: the Stacks share one pool of at most POOL_MAX agents per replica). Measures the time from
+# `kubectl apply` to every Stack Ready, the resident memory of the operator (peak while converging, and
+# at rest) and of the agents, dispatch latency, and the idle cost: agent processes left IDLE_WAIT_S
+# after every Stack is Ready.
 #
 #   loadtest/stacks.sh [N]          N Stacks (default 100)
 #   MAX_OPS=16 loadtest/stacks.sh   operations the operator drives at once (default 16)
 #   TIMEOUT_S=1800                  give up after this many seconds (bounded run)
 #   REPLICAS=3                      that many operator replicas in a fleet (--fleet, the bed's redis);
 #                                   memory is reported per replica and summed
+#   POOL_MAX=16                     agents per pool and replica (--pool-max-agents)
+#   IDLE_TIMEOUT_S=60               --pool-idle-timeout-seconds; IDLE_WAIT_S (default: it + 15) is when
+#                                   the agents left are counted
+#   HOLLOW=1                        HOLLOW AGENTS (kubemark-style, control-plane load only): operations
+#                                   are simulated for that many seconds, no Pulumi runs; the report says so
 #
 # Everything listens on 127.0.0.1; the run stops by itself and cleans up (namespace, operator, agents).
 set -euo pipefail
@@ -15,6 +22,12 @@ N=${1:-100}
 MAX_OPS=${MAX_OPS:-16}
 REPLICAS=${REPLICAS:-1}
 TIMEOUT_S=${TIMEOUT_S:-1800}
+POOL_MAX=${POOL_MAX:-16}
+IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
+IDLE_WAIT_S=${IDLE_WAIT_S:-$((IDLE_TIMEOUT_S + 15))}
+HOLLOW=${HOLLOW:-}
+POOL=(--pool-max-agents "$POOL_MAX" --pool-idle-timeout-seconds "$IDLE_TIMEOUT_S")
+[ -n "$HOLLOW" ] && POOL+=(--hollow-agents-seconds "$HOLLOW") && echo "HOLLOW AGENTS: operations simulated for $HOLLOW s, no Pulumi runs (control-plane load test)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN=/tmp/pko-load
 NS=pko-load
@@ -34,12 +47,12 @@ delete_namespace() {
 cleanup() {
   for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
-  pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
+  pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
   delete_namespace --wait=false
 }
 trap cleanup EXIT
 for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
-pkill -TERM -f -- "--work-dir $RUN/agents" 2>/dev/null || true
+pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
 delete_namespace --wait=true --timeout=120s
 rm -rf "$RUN" && mkdir -p "$RUN/state"
 
@@ -57,7 +70,7 @@ for i in $(seq 0 $((REPLICAS - 1))); do
   PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
     --program-fs-addr 127.0.0.1:$((19091 + i)) --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:$((18384 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
     --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
-    ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id load-$i} \
+    ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id load-$i} "${POOL[@]}" \
     > "$RUN/operator-$i.log" 2>&1 < /dev/null &
   OPS+=($!)
   echo $! > "$RUN/operator-$i.pid"
@@ -107,7 +120,7 @@ REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
 for op in "${OPS[@]}"; do PER_REPLICA="$PER_REPLICA peak=$((PEAK_OF[$op] / 1024))/rest=$(($(rss "$op") / 1024))"; done
 AGENTS_KIB=0; AGENTS=0
-for p in $(pgrep -f -- "--work-dir $RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
+for p in $(pgrep -f -- "$RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
 FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
 echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
@@ -116,5 +129,21 @@ echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) pea
 echo "per replica (MiB):$PER_REPLICA"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 for i in $(seq 0 $((REPLICAS - 1))); do
-  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held)' | sed 's/^/  /' || true
+  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total)' | sed 's/^/  /' || true
 done
+# dispatch latency (first push → the operation's first event on its agent), from the histograms of all
+# replicas: p50 and p99 by linear interpolation within the Prometheus buckets
+for i in $(seq 0 $((REPLICAS - 1))); do curl -s http://127.0.0.1:$((18384 + i))/metrics; done \
+  | awk '/^pko_dispatch_latency_seconds_bucket/ { match($0, /le="[^"]+"/); le = substr($0, RSTART + 4, RLENGTH - 5); c[le] += $NF }
+         END { n = 0; for (le in c) { les[++n] = le }
+               for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if ((les[i] == "+Inf" ? 1e99 : les[i]) > (les[j] == "+Inf" ? 1e99 : les[j])) { t = les[i]; les[i] = les[j]; les[j] = t }
+               total = c["+Inf"]; if (total == 0) { print "dispatch_latency: no samples"; exit }
+               split("0.5 0.99", qs, " ")
+               for (k = 1; k <= 2; k++) { q = qs[k] * total; prev = 0; prevc = 0
+                 for (i = 1; i <= n; i++) { if (c[les[i]] >= q) { hi = (les[i] == "+Inf" ? prev : les[i]); v = prev + (hi - prev) * (c[les[i]] == prevc ? 0 : (q - prevc) / (c[les[i]] - prevc)); printf "dispatch_latency_p%s_s=%.3f ", qs[k] * 100, v; break }
+                   prev = les[i]; prevc = c[les[i]] } }
+               printf "(samples %d)\n", total }'
+echo "idle cost: waiting ${IDLE_WAIT_S} s (pool idle timeout ${IDLE_TIMEOUT_S} s)…"
+sleep "$IDLE_WAIT_S"
+echo "agents_left_after_idle=$(pgrep -fc -- "$RUN/agents/pools" || true) (${IDLE_WAIT_S} s after all Ready)"
+[ -n "$HOLLOW" ] && echo "NOTE: HOLLOW AGENTS — operations were simulated (${HOLLOW} s each); no Pulumi ran"

@@ -87,6 +87,10 @@ kubectl -n $NS get stacks,workspaces,updates
 echo; echo "outputs:"
 for s in hello configured from-git; do echo "  $s: $(kubectl -n $NS get stack $s -o jsonpath='{.status.outputs}')"; done
 kubectl -n $NS get stack configured -o jsonpath='{.status.outputs}' | grep -q 'not-a-real-key' && fail "a secret reached the Stack status"
+echo; echo "agent pools: the Workspaces of one class (namespace, service account, image, template) share one pool;"
+echo "no agent per Stack (PKO: one pod per Stack, 24/7):"
+kubectl -n $NS get workspaces -o custom-columns='  WORKSPACE:.metadata.name,POOL:.status.pool' | sed 's/^/  /'
+echo "  pko-agent processes now: $(pgrep -fc "$DEMO/agents/pools" || true); idle ones stop after 60 s (--pool-idle-timeout-seconds)"
 # /metrics is HTTPS and needs a token allowed `get /metrics` (--metrics-secure, as in PKO): a scraper's
 # service account bound to the pko-metrics-reader role of deploy/manifests/operator.yaml
 kubectl create clusterrole pko-metrics-reader --verb=get --non-resource-url=/metrics --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null

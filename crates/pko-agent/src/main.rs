@@ -103,6 +103,10 @@ struct Serve {
     /// must not stay forever.
     #[arg(long, default_value_t = 0)]
     exit_when_idle_seconds: u64,
+    /// HOLLOW AGENT, for control-plane load tests only (kubemark-style): every operation succeeds after
+    /// this many seconds without running Pulumi. Never a default; never used by a functional test.
+    #[arg(long)]
+    hollow_seconds: Option<f64>,
     /// PEM certificate for TLS (with --tls-key).
     #[arg(long)]
     tls_cert: Option<PathBuf>,
@@ -175,7 +179,11 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         values: ValueResolver::new(kube, namespace),
         known_stacks: Default::default(),
         log_level: a.pulumi_log_level,
+        hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
     };
+    if let Some(s) = a.hollow_seconds {
+        tracing::warn!(seconds = s, "HOLLOW AGENT: operations are simulated, no Pulumi runs (load tests only)");
+    }
     let service = AgentService::new(
         AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
         ctx,

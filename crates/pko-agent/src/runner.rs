@@ -37,6 +37,10 @@ pub struct RunnerContext {
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
     pub log_level: u32,
+    /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
+    /// functional test): every operation succeeds after this delay without running Pulumi or reading
+    /// its source. `None`: a real agent.
+    pub hollow: Option<std::time::Duration>,
 }
 
 /// A failure before or around the Pulumi command.
@@ -52,6 +56,9 @@ fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure
 
 /// Runs `req` to completion and publishes its events and its result on `op`.
 pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) {
+    if let Some(delay) = ctx.hollow {
+        return hollow(&op, &req, delay).await;
+    }
     let start = crate::convert::now();
     let mut masker = Masker::default();
     let mut result = OperationResult { start_time: Some(start), ..Default::default() };
@@ -87,6 +94,39 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
         }
     }
     tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), "operation finished");
+    op.publish(Event::Result(result));
+}
+
+/// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown
+/// or Cancel), then succeeds with no outputs. Its log line and result message say it was simulated.
+async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::Duration) {
+    let start = crate::convert::now();
+    op.log("hollow agent: simulated operation, no Pulumi runs (load tests only)");
+    let end = tokio::time::Instant::now() + delay;
+    let status = loop {
+        if op.interrupted.load(Ordering::SeqCst) {
+            break ResultStatus::Interrupted;
+        }
+        if op.cancelled.load(Ordering::SeqCst) {
+            break ResultStatus::Cancelled;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            break ResultStatus::Succeeded;
+        }
+        tokio::time::sleep((end - now).min(std::time::Duration::from_millis(100))).await;
+    };
+    let message = match status {
+        ResultStatus::Succeeded => format!("hollow agent: {} simulated", verb(req)),
+        _ => "hollow agent: simulated operation stopped".to_string(),
+    };
+    let error = (status != ResultStatus::Succeeded).then(|| ErrorInfo {
+        reason: if status == ResultStatus::Interrupted { ErrorReason::Interrupted } else { ErrorReason::Cancelled } as i32,
+        message: message.clone(),
+        field: String::new(),
+    });
+    let result = OperationResult { status: status as i32, message, error, start_time: Some(start), end_time: Some(crate::convert::now()), ..Default::default() };
+    tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
     op.publish(Event::Result(result));
 }
 

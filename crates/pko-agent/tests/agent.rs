@@ -193,6 +193,21 @@ async fn an_idle_agent_exits_by_itself_after_exit_when_idle_seconds_but_not_whil
 }
 
 #[tokio::test]
+async fn a_hollow_agent_simulates_operations_without_pulumi() {
+    let env = pulumi_env();
+    // load tests only: no `pulumi` binary at all, and the operation still succeeds after the delay
+    let a = Agent::start(&env, &["--auth", "none", "--hollow-seconds", "0.5", "--pulumi", "/nonexistent/pulumi"], &[]);
+    let mut ca = a.client().await;
+    let t0 = std::time::Instant::now();
+    let events = run(&mut ca, request(&env, "hollow-1", &slow(&env, "hollow", 30), "dev", OperationType::Up)).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    assert!(r.message.contains("hollow agent"), "named as simulated: {}", r.message);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(10), "the set delay, not the program's 30 s: {took:?}");
+}
+
+#[tokio::test]
 async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);

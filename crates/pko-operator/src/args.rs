@@ -117,6 +117,11 @@ pub struct RuntimeArgs {
     /// Seconds an agent of a pool may stay idle before it is stopped (`--agent-pools`).
     #[arg(long, default_value_t = 60)]
     pub pool_idle_timeout_seconds: u64,
+    /// HOLLOW AGENTS, for control-plane load tests only (kubemark-style): pool agents simulate every
+    /// operation (success after this many seconds, `pko-agent --hollow-seconds`) instead of running
+    /// Pulumi. Never a default; never used by a functional test. Needs `--agent-pools`.
+    #[arg(long)]
+    pub hollow_agents_seconds: Option<f64>,
     /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator
     /// with TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the
     /// pod runtime; the install manifest sets it from the Downward API.

@@ -177,6 +177,7 @@ impl Operator {
     ) -> anyhow::Result<(Runtime, Option<Arc<LocalPools>>)> {
         Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
             (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
+            (_, false) if runtime.hollow_agents_seconds.is_some() => anyhow::bail!("--hollow-agents-seconds needs agent pools (--runtime local --agent-pools)"),
             (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
             (RuntimeKind::Local, pooled) => {
                 let local = LocalRuntime::new(
@@ -188,7 +189,12 @@ impl Operator {
                 );
                 if pooled {
                     let idle_timeout = std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds);
-                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout };
+                    let mut agent_args = Vec::new();
+                    if let Some(s) = runtime.hollow_agents_seconds {
+                        tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
+                        agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
+                    }
+                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout, agent_args };
                     let replica = if fleet.fleet { crate::fleet::replica_id(fleet)? } else { "operator".into() };
                     let pools = LocalPools::new(local, client.clone(), replica, cfg);
                     (Runtime::LocalPool(pools.clone()), Some(pools))

@@ -40,6 +40,9 @@ pub struct PoolConfig {
     pub max: usize,
     /// How long an agent may stay idle before it is stopped (while the pool has more than `min`).
     pub idle_timeout: Duration,
+    /// More arguments of every pool agent (`--hollow-seconds 1` for a load test's hollow agents). Pool
+    /// agents run one operation at a time (the pool lends an agent to one operation).
+    pub agent_args: Vec<String>,
 }
 
 /// What an agent slot looks like to the pure decisions ([`pick`], [`idle_out`]).
@@ -378,7 +381,9 @@ impl LocalPools {
         let slot_dir = replica_dir.join(n.to_string());
         // the backstop: an agent whose replica died stops itself a minute after the idle timeout
         let backstop = (self.cfg.idle_timeout + Duration::from_secs(60)).as_secs().to_string();
-        let (child, address) = self.runtime.spawn(&slot_dir, &kubeconfig, &ns, log_level, &["--exit-when-idle-seconds".into(), backstop]).await?;
+        let mut args = vec!["--exit-when-idle-seconds".to_string(), backstop];
+        args.extend(self.cfg.agent_args.iter().cloned());
+        let (child, address) = self.runtime.spawn(&slot_dir, &kubeconfig, &ns, log_level, &args).await?;
         let pid = child.id().unwrap_or(0);
         let record = serde_json::to_vec(&Record { pid, address: address.clone() }).unwrap_or_default();
         std::fs::write(slot_dir.join("agent.json"), record).map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
