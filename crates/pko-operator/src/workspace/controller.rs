@@ -156,9 +156,14 @@ impl WorkspaceController {
         if ws.meta().deletion_timestamp.is_some() {
             return self.write(&api, &ws, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
         }
-        if let Runtime::LocalPool(_) = &self.runtime {
+        if let Runtime::LocalPool(pools) = &self.runtime {
             st.address = None;
             st.pool = Some(LocalPools::class_of(&ws));
+            if let Err(e) = pools.check_identity(&ws).await {
+                // as with an agent of its own: not Ready, and why (e.g. its service account is missing)
+                self.write(&api, &ws, st, ("False", wc::CONNECTION_FAILED, &e.to_string()), &now).await?;
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
             self.write(&api, &ws, st, ("True", wc::SUCCEEDED, ""), &now).await?;
             return Ok(Action::await_change());
         }

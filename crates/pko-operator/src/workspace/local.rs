@@ -165,6 +165,15 @@ impl LocalRuntime {
     }
 }
 
+/// A token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]): the identity of local agents.
+///
+/// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not
+/// request its tokens.
+pub(crate) async fn token_request(client: &kube::Client, ns: &str, sa: &str) -> Result<String, LocalError> {
+    let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
+    Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns).create_token_request(sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default())
+}
+
 /// Lifetime of a local agent's service-account token, in seconds; it is renewed after half of it.
 pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
 
@@ -300,8 +309,7 @@ impl LocalRuntime {
 
     /// Writes a fresh token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]) to `path`.
     async fn write_token(&self, client: &kube::Client, ns: &str, sa: &str, path: &std::path::Path) -> Result<(), LocalError> {
-        let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
-        let token = Api::<ServiceAccount>::namespaced(client.clone(), ns).create_token_request(sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default();
+        let token = token_request(client, ns, sa).await?;
         write_private(path, token.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", path.display())))
     }
 

@@ -229,6 +229,15 @@ impl LocalPools {
         workspace_class(ws)
     }
 
+    /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
+    /// Workspace is not Ready otherwise, and says why, as with an agent of its own).
+    ///
+    /// Errors: [`LocalError::Token`] naming the service account's problem.
+    pub async fn check_identity(&self, ws: &Workspace) -> Result<(), LocalError> {
+        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+        super::local::token_request(&self.client, &ws.namespace().unwrap_or_default(), &sa).await.map(|_| ())
+    }
+
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the
     /// Update was already Progressing: a restart or a shard move), the agents recorded for the class by
     /// any replica are asked first whether they know `op`, and the one that does is followed. `None`:
