@@ -119,6 +119,8 @@ struct Write {
     #[allow(dead_code)] // printed when an assertion fails
     verb: String,
     resource: String,
+    #[allow(dead_code)] // printed when an assertion fails
+    subresource: String,
     namespace: String,
     name: String,
     code: i64,
@@ -136,6 +138,7 @@ fn audit_writes(since: Timestamp) -> Vec<Write> {
                 user: e["user"]["username"].as_str().unwrap_or_default().to_string(),
                 verb: e["verb"].as_str().unwrap_or_default().to_string(),
                 resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
+                subresource: e["objectRef"]["subresource"].as_str().unwrap_or_default().to_string(),
                 namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
                 name: e["objectRef"]["name"].as_str().unwrap_or_default().to_string(),
                 code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),

@@ -220,7 +220,8 @@ pub async fn reconcile(cached: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, 
     let deleting = stack.meta().deletion_timestamp.is_some();
     let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
     if !has_finalizer {
-        if !deleting {
+        // fenced: the read above may have crossed a freeze or a shard move
+        if !deleting && ctx.ownership.owns(&ns, &name) {
             io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
         }
         return Ok(Action::await_change());

@@ -203,7 +203,7 @@ impl UpdateController {
                 Err(e) => {
                     let message = format!("requesting a token for the workspace agent: {e}");
                     tracing::warn!(update = %job.name, error = %e, "no token for the agent; retrying");
-                    let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, message).await;
+                    let _ = self.wait(&api, &update, Some(job.epoch), uc::TRANSIENT_FAILURE, message).await;
                     return Drive::Done;
                 }
             },
@@ -267,7 +267,7 @@ impl UpdateController {
             Err(super::dispatch::DispatchError::Fenced) => tracing::info!(update = %job.name, epoch = job.epoch, "shard lost: stopped following; nothing written"),
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "dispatch failed; retrying");
-                let _ = self.wait(&api, &update, uc::TRANSIENT_FAILURE, e.to_string()).await;
+                let _ = self.wait(&api, &update, Some(job.epoch), uc::TRANSIENT_FAILURE, e.to_string()).await;
             }
         }
         Drive::Done
@@ -290,7 +290,7 @@ impl UpdateController {
             }
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "no pool agent; retrying");
-                let _ = self.wait(api, update, uc::TRANSIENT_FAILURE, e.to_string()).await;
+                let _ = self.wait(api, update, Some(job.epoch), uc::TRANSIENT_FAILURE, e.to_string()).await;
                 Err(Drive::Done)
             }
         }
@@ -320,7 +320,7 @@ impl UpdateController {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
                 Some(_) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)")),
             };
-            self.wait(&api, &update, reason, message).await?;
+            self.wait(&api, &update, None, reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         let key = update.operation_id();
@@ -337,7 +337,19 @@ impl UpdateController {
         Ok(Action::requeue(Duration::from_secs(10)))
     }
 
-    async fn wait(&self, api: &Api<Update>, update: &Update, reason: &'static str, message: String) -> Result<(), kube::Error> {
+    /// Writes the Update's status as waiting (`reason`, `message`) — unless fenced: the shard is not
+    /// held any more (or, for a job's dispatch, not at the job's `epoch`), e.g. because this replica was
+    /// frozen while it read the API; then nothing is written.
+    async fn wait(&self, api: &Api<Update>, update: &Update, epoch: Option<i64>, reason: &'static str, message: String) -> Result<(), kube::Error> {
+        let (ns, key) = (update.namespace().unwrap_or_default(), update.shard_key());
+        let fenced = match epoch {
+            Some(e) => self.ctx.ownership.epoch(&ns, &key) != e,
+            None => !self.ctx.ownership.owns(&ns, &key),
+        };
+        if fenced {
+            tracing::info!(update = %update.name_any(), %reason, "shard not held (at this epoch): waiting status not written");
+            return Ok(());
+        }
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&Phase::Waiting { reason, message }, update.meta().generation, &pko_api::conditions::now(), &old));
@@ -357,6 +369,9 @@ impl UpdateController {
                 format!("deleted {ttl:?} after completion (ttlAfterCompleted)"),
             )
             .await;
+            if !self.ctx.ownership.owns(&update.namespace().unwrap_or_default(), &update.shard_key()) {
+                return Ok(Action::await_change());
+            }
             api.delete(&update.name_any(), &DeleteParams::background()).await?;
             tracing::info!(update = %update.name_any(), "update expired (ttlAfterCompleted)");
             return Ok(Action::await_change());

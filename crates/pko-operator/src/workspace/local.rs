@@ -43,17 +43,25 @@ pub struct LocalRuntime {
     procs: Mutex<HashMap<String, LocalAgent>>,
 }
 
-struct LocalAgent {
+/// A `pko-agent` process on this machine (of a Workspace, or of a pool).
+pub(crate) struct LocalAgent {
     /// The process when this operator started it; `None` for an agent adopted after a restart.
-    child: Option<tokio::process::Child>,
-    pid: u32,
-    address: String,
-    revision: String,
+    pub(crate) child: Option<tokio::process::Child>,
+    pub(crate) pid: u32,
+    /// Its gRPC address, `127.0.0.1:<port>`.
+    pub(crate) address: String,
+    /// The Workspace revision it runs (empty for a pool's agent).
+    pub(crate) revision: String,
 }
 
 impl LocalAgent {
+    /// SIGTERM: the agent stops taking work, Ctrl-Cs a running Pulumi and exits once drained.
+    pub(crate) fn terminate(&self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), nix::sys::signal::Signal::SIGTERM);
+    }
+
     /// Whether the agent process still runs.
-    fn alive(&mut self) -> bool {
+    pub(crate) fn alive(&mut self) -> bool {
         match &mut self.child {
             Some(c) => matches!(c.try_wait(), Ok(None)),
             None => agent_process_alive(self.pid),
@@ -66,9 +74,7 @@ impl LocalAgent {
             Some(c) => {
                 let _ = c.start_kill();
             }
-            None => {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), nix::sys::signal::Signal::SIGTERM);
-            }
+            None => self.terminate(),
         }
     }
 }

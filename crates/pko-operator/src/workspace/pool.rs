@@ -27,7 +27,7 @@ use pko_api::Workspace;
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{AttachRequest, StatusRequest, status_response::State};
 
-use super::local::{LocalError, LocalRuntime, agent_process_alive};
+use super::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
 use crate::update::limits::workspace_class;
 
 /// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,
@@ -102,30 +102,9 @@ pub fn idle_out(slots: &[SlotView], min: usize, idle_timeout: Duration, now: Ins
     candidates
 }
 
-/// An agent process of a pool.
-struct Agent {
-    child: Option<tokio::process::Child>,
-    pid: u32,
-    address: String,
-}
-
-impl Agent {
-    fn alive(&mut self) -> bool {
-        match &mut self.child {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => agent_process_alive(self.pid),
-        }
-    }
-
-    /// SIGTERM: the agent stops taking work, Ctrl-Cs a running Pulumi and exits once drained.
-    fn terminate(&self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), nix::sys::signal::Signal::SIGTERM);
-    }
-}
-
 struct Slot {
     n: usize,
-    agent: Option<Agent>,
+    agent: Option<LocalAgent>,
     running: Option<String>,
     lent: bool,
     draining: bool,
@@ -134,7 +113,7 @@ struct Slot {
 
 impl Slot {
     fn view(&mut self) -> SlotView {
-        let usable = !self.draining && self.agent.as_mut().is_some_and(Agent::alive);
+        let usable = !self.draining && self.agent.as_mut().is_some_and(LocalAgent::alive);
         SlotView { running: self.running.clone(), lent: self.lent, starting: self.agent.is_none() && !self.draining, usable, idle_since: self.idle_since }
     }
 }
@@ -265,7 +244,7 @@ impl LocalPools {
                 Pick::Full => return Ok(None),
                 Pick::Start => {
                     // drop dead slots; reuse the lowest free slot number (its source cache stays)
-                    pool.slots.retain_mut(|s| s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(Agent::alive));
+                    pool.slots.retain_mut(|s| s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive));
                     let n = (0..).find(|n| pool.slot_index(*n).is_none()).unwrap_or(0);
                     pool.slots.push(Slot { n, agent: None, running: Some(op.to_string()), lent: true, draining: false, idle_since: Instant::now() });
                     n
@@ -340,7 +319,7 @@ impl LocalPools {
             tracing::info!(class, slot = n, pid = record.pid, address = %record.address, running = ?running, "adopted a pooled agent");
             adopted.push(Slot {
                 n,
-                agent: Some(Agent { child: None, pid: record.pid, address: record.address }),
+                agent: Some(LocalAgent { child: None, pid: record.pid, address: record.address, revision: String::new() }),
                 running,
                 lent: false,
                 draining: false,
@@ -400,7 +379,7 @@ impl LocalPools {
         metrics::counter!(crate::metrics::names::POOL_AGENTS_STARTED_TOTAL).increment(1);
         let mut pools = self.pools();
         match pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
-            Some(s) => s.agent = Some(Agent { child: Some(child), pid, address: address.clone() }),
+            Some(s) => s.agent = Some(LocalAgent { child: Some(child), pid, address: address.clone(), revision: String::new() }),
             None => {
                 // the pool was stopped while the agent started
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
@@ -438,7 +417,7 @@ impl LocalPools {
         let mut ask = Vec::new();
         for (class, pool) in self.pools().iter_mut() {
             pool.slots.retain_mut(|s| {
-                let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(Agent::alive);
+                let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive);
                 if !keep {
                     tracing::info!(class = %class, slot = s.n, "pool agent exited");
                 }
