@@ -35,7 +35,7 @@ fail() { echo "LOADTEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f 
 
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
 echo "building pko-operator and pko-agent (release)…"
-(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep -E '^(error|warning: unused)|Compiling pko-' || true)
+(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
 [ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
 BIN="$ROOT/target/release"
 
@@ -146,4 +146,4 @@ for i in $(seq 0 $((REPLICAS - 1))); do curl -s http://127.0.0.1:$((18384 + i))/
 echo "idle cost: waiting ${IDLE_WAIT_S} s (pool idle timeout ${IDLE_TIMEOUT_S} s)…"
 sleep "$IDLE_WAIT_S"
 echo "agents_left_after_idle=$(pgrep -fc -- "$RUN/agents/pools" || true) (${IDLE_WAIT_S} s after all Ready)"
-[ -n "$HOLLOW" ] && echo "NOTE: HOLLOW AGENTS — operations were simulated (${HOLLOW} s each); no Pulumi ran"
+if [ -n "$HOLLOW" ]; then echo "NOTE: HOLLOW AGENTS — operations were simulated (${HOLLOW} s each); no Pulumi ran"; fi
