@@ -7,13 +7,14 @@
 //! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache; [`archive`]: safe,
 //!   bounded extraction of hostile tarballs;
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
-//! - [`mask`]: secrets never leave the agent unmasked.
+//! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders.
 #![forbid(unsafe_code)]
 
 pub mod archive;
 pub mod auth;
 pub mod convert;
 pub mod mask;
+pub mod locks;
 pub mod operation;
 pub mod pulumi;
 pub mod runner;

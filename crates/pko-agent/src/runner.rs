@@ -48,10 +48,12 @@ struct Failure {
     reason: ErrorReason,
     message: String,
     field: String,
+    /// An `UpdateConflict` whose every lock holder is known dead: those holders, and why.
+    stale: Vec<(crate::locks::Holder, &'static str)>,
 }
 
 fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure {
-    Failure { reason, message: message.into(), field: field.to_string() }
+    Failure { reason, message: message.into(), field: field.to_string(), stale: Vec::new() }
 }
 
 /// Runs `req` to completion and publishes its events and its result on `op`.
@@ -212,16 +214,45 @@ async fn execute(
     }
     check_stop(op)?;
 
-    // 5. the operation
-    let mut args = pulumi::operation_args(kind, &stack.name, &req.options.clone().unwrap_or_default());
+    // 5. the operation; a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`)
+    // releases those locks and runs once more
+    let options = req.options.clone().unwrap_or_default();
+    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
+    match operate(ctx, op, &step, masker, result).await {
+        Err(f) if !f.stale.is_empty() => {
+            check_stop(op)?;
+            release_stale_locks(ctx, op, &step, &f.stale, masker).await?;
+            check_stop(op)?;
+            operate(ctx, op, &step, masker, result).await
+        }
+        other => other,
+    }
+}
+
+/// What [`operate`] runs: the operation's kind on `stack` in the project `dir`.
+struct Step<'a> {
+    kind: OperationType,
+    stack: &'a str,
+    dir: &'a Path,
+    env: &'a BTreeMap<String, String>,
+    options: &'a pko_proto::v1::OperationOptions,
+    /// The stack's key in [`RunnerContext::known_stacks`].
+    known_key: &'a str,
+}
+
+/// Runs the Pulumi command of `step` and, for `up`, reads the outputs into `result`. A conflict whose
+/// every lock holder is known dead on this host carries them in [`Failure::stale`].
+async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, masker: &mut Masker, result: &mut OperationResult) -> Result<(), Failure> {
+    let (kind, dir, env, known_key) = (step.kind, step.dir, step.env, step.known_key);
+    let mut args = pulumi::operation_args(kind, step.stack, step.options);
     if ctx.log_level > 0 {
         args.extend(["-v".into(), ctx.log_level.to_string(), "--logtostderr".into(), "--logflow".into()]);
     }
     op.log(format!("running pulumi {}", args.join(" ")));
     let mut child = Command::new(&ctx.pulumi)
         .args(&args)
-        .current_dir(&dir)
-        .envs(&env)
+        .current_dir(dir)
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -306,16 +337,37 @@ async fn execute(
     if !status.success() {
         let text = format!("{errors}\n{stderr_diagnostics}\n{stderr_text}");
         if text.contains("no stack named") {
-            ctx.known_stacks.lock().unwrap().remove(&known_key);
+            ctx.known_stacks.lock().unwrap().remove(known_key);
         }
         let reason = pulumi::classify_failure(&text);
         let msg = first_error_line(&text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
-        return Err(fail(reason, "", msg));
+        let mut failure = fail(reason, "", msg);
+        if reason == ErrorReason::UpdateConflict {
+            let host = crate::locks::hostname();
+            failure.stale = crate::locks::stale(&text, &host, |pid| crate::locks::process_info(Path::new("/proc"), pid));
+        }
+        return Err(failure);
     }
 
     // 6. outputs (up)
     if kind == OperationType::Up {
-        result.outputs = outputs(ctx, &dir, &env, &stack.name, stack_outputs, masker).await?;
+        result.outputs = outputs(ctx, dir, env, step.stack, stack_outputs, masker).await?;
+    }
+    Ok(())
+}
+
+/// Releases the locks of `stale` holders (all known dead: [`crate::locks`]) with `pulumi cancel`, which
+/// deletes the stack's lock files of a DIY backend; logged on the operation and the agent.
+async fn release_stale_locks(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, stale: &[(crate::locks::Holder, &'static str)], masker: &Masker) -> Result<(), Failure> {
+    let holders: Vec<String> = stale.iter().map(|(h, why)| format!("{} pid {} ({why})", h.who, h.pid)).collect();
+    tracing::warn!(operation = %op.id, epoch = op.epoch(), holders = ?holders, "releasing backend locks whose holders are known dead");
+    op.log(format!("releasing {} stale lock(s) whose holder is known dead: {}", stale.len(), holders.join("; ")));
+    let out = pulumi::run(&ctx.pulumi, step.dir, step.env, &["cancel", "--yes", "--non-interactive", "--stack", step.stack])
+        .await
+        .map_err(|e| fail(ErrorReason::Internal, "", format!("running pulumi cancel: {e}")))?;
+    if !out.success {
+        let text = masker.mask(&out.stderr);
+        return Err(fail(ErrorReason::UpdateConflict, "", format!("releasing stale locks failed: {}", first_error_line(&text).unwrap_or_else(|| text.trim().to_string()))));
     }
     Ok(())
 }

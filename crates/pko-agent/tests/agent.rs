@@ -148,6 +148,36 @@ async fn two_agents_on_one_stack_give_exactly_one_update_conflict() {
     let conflicts: Vec<_> = results.iter().filter(|r| reason(r) == ErrorReason::UpdateConflict).collect();
     assert_eq!((ok, conflicts.len()), (1, 1), "{results:?}");
     assert_eq!(conflicts[0].status, ResultStatus::Failed as i32);
+    // the holder was alive: its lock was not touched
+    assert!(!all_text(if reason(&results[0]) == ErrorReason::UpdateConflict { &ea } else { &eb }).contains("stale lock"));
+    assert!(conflicts[0].message.contains("locked"), "{}", conflicts[0].message);
+}
+
+#[tokio::test]
+async fn a_lock_left_by_an_agent_killed_mid_up_is_released_once_its_holder_is_dead() {
+    let env = pulumi_env();
+    let mut a = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut ca = a.client().await;
+    let dir = slow(&env, "killed", 30);
+    let mut stream = ca.run(request(&env, "killed-1", &dir, "dev", OperationType::Up)).await.unwrap().into_inner();
+    until_resource_started(&mut stream).await;
+    // the pod dies: agent, pulumi and plugins at once; the lock stays behind
+    a.kill_group();
+    assert_eq!(lock_files(&env).len(), 1, "the killed pulumi left its lock");
+
+    // the operation again, on another agent at a newer epoch (what the operator's retry sends)
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut cb = b.client().await;
+    std::fs::write(dir.join("Pulumi.yaml"), format!("name: killed\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    let mut again = request(&env, "killed-1", &dir, "dev", OperationType::Up);
+    again.epoch = 2;
+    let events = run(&mut cb, again).await;
+    let r = result(&events);
+    let text = all_text(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
+    assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead") && text.contains("no process has its pid"), "{text}");
+    assert!(lock_files(&env).is_empty(), "no lock left: {:?}", lock_files(&env));
+    assert_eq!(outputs(&r)["out"].0, serde_json::json!("done"));
 }
 
 #[tokio::test]

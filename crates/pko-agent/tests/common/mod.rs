@@ -44,6 +44,8 @@ impl Agent {
             .envs(extra_env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // its own process group, like a container: `kill_group` ends it with its pulumi and plugins
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().expect("start pko-agent");
         let stdout = child.stdout.take().unwrap();
         // the agent's log goes to a file next to its work dir (shown when a test fails)
@@ -72,6 +74,19 @@ impl Agent {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     }
 
+    /// SIGKILL to the agent's whole process group — the agent, its `pulumi` and the plugins — as when
+    /// a pod is OOM-killed or its node is lost; returns once no process of the group is left.
+    pub fn kill_group(&mut self) {
+        let group = nix::unistd::Pid::from_raw(-(self.child.id() as i32));
+        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while nix::sys::signal::kill(group, None).is_ok() {
+            assert!(std::time::Instant::now() < end, "the agent's process group outlived SIGKILL for 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits for the process to exit; panics after `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let end = std::time::Instant::now() + timeout;
@@ -95,6 +110,23 @@ impl Drop for Agent {
 /// A fresh Pulumi environment (home, file:// backend, passphrase) on the bed.
 pub fn pulumi_env() -> PulumiEnv {
     testbed().pulumi_env().unwrap()
+}
+
+/// The lock files of the env's `file://` backend (`.pulumi/locks/**.json`).
+pub fn lock_files(env: &PulumiEnv) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "json") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&env.dir().join("state/.pulumi/locks"), &mut out);
+    out
 }
 
 /// Writes a Pulumi YAML project into a new directory under `env` and returns its path.
