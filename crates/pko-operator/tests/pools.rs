@@ -189,3 +189,67 @@ async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
     operator.stop().await;
     let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
 }
+
+#[tokio::test]
+async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holder_is_dead() {
+    let (client, ns, env) = setup("killed").await;
+    let runs = env.dir().join("runs.txt");
+    // `a` is in flight when its agent is SIGKILLed (its pulumi orphaned, then reaped by the pool): the
+    // lock stays, with a dead holder; the retry on the next agent releases it and completes the update
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {
+            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}", runs.display())}},
+            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
+    )
+    .await;
+    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
+    let operator = InProcessOperator::start_with(&client, &env, args).await;
+    stack(&ns, &env, "killed").await;
+    let updates = ns.api::<Update>();
+    eventually("the Update is Progressing", 60, || async {
+        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
+    })
+    .await;
+    let pools_dir = env.dir().join("agents").join("pools");
+    let locks = env.dir().join("state").join(".pulumi").join("locks");
+    let first = slots(&pools_dir).into_iter().next().expect("a slot");
+    let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"].as_u64().unwrap() as i32;
+    // the `up`'s lock, held while `a` sleeps (read again until it is the same for a second)
+    let lock_holder = || {
+        let held: Vec<_> = files_under(&locks).into_iter().filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
+        let pid = held.first().and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).and_then(|v| v["pid"].as_i64());
+        pid.map(|p| (held, p as i32))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (held, holder) = loop {
+        assert!(std::time::Instant::now() < deadline, "no lock held for a second within 60 s: {:?}", files_under(&locks));
+        if let Some(h) = lock_holder() {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            if lock_holder() == Some(h.clone()) {
+                break h;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let t0 = std::time::Instant::now();
+    // the agent alone: its pulumi lives on, orphaned, until the pool sees the agent dead
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    // (exited: gone, or a zombie not yet reaped)
+    let running = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, f)| !f.trim_start().starts_with('Z')));
+    eventually("the pool kills the dead agent's orphaned pulumi", 30, || async { !running(holder) }).await;
+
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack is Ready after the retry", 120, || async { ready(&stacks.get("killed").await.unwrap()) }).await;
+    eprintln!("SIGKILLed agent: Stack Ready {:?} after the kill", t0.elapsed());
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1, "the same Update completed on another agent");
+    assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())));
+    let trace = std::fs::read_to_string(&runs).unwrap();
+    assert_eq!(trace.lines().filter(|l| *l == "b").count(), 1, "b created once, after the retry: {trace}");
+    assert!(trace.lines().next() == Some("a"), "a completed before b (the killed a never echoed): {trace}");
+    assert!(files_under(&locks).is_empty(), "no lock is left: the dead holder's {held:?} was released");
+    operator.stop().await;
+    let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
+}
+

@@ -68,6 +68,20 @@ impl LocalAgent {
         }
     }
 
+    /// Once the agent is dead: SIGKILL what is left of its process group (agents start as group
+    /// leaders), i.e. the `pulumi` and plugins a SIGKILLed agent orphaned — as a container's processes
+    /// die with it — so the lock they hold is known dead (the agent's `locks` module) and nothing runs on
+    /// unobserved. Only for an agent this runtime started (its group id is certainly its own; an adopted
+    /// agent's PID may have been reused).
+    pub(crate) fn reap_group(&self) {
+        if self.child.is_some() {
+            let group = nix::unistd::Pid::from_raw(-(self.pid as i32));
+            if nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                tracing::warn!(pid = self.pid, "agent died: its leftover processes (pulumi, plugins) were killed");
+            }
+        }
+    }
+
     /// Stops the agent: its child handle when this runtime started it, else SIGTERM by PID.
     fn kill(&mut self) {
         match &mut self.child {

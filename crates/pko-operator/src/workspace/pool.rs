@@ -244,7 +244,7 @@ impl LocalPools {
                 Pick::Full => return Ok(None),
                 Pick::Start => {
                     // drop dead slots; reuse the lowest free slot number (its source cache stays)
-                    pool.slots.retain_mut(|s| s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive));
+                    drop_dead(class.as_str(), &mut pool.slots);
                     let n = (0..).find(|n| pool.slot_index(*n).is_none()).unwrap_or(0);
                     pool.slots.push(Slot { n, agent: None, running: Some(op.to_string()), lent: true, draining: false, idle_since: Instant::now() });
                     n
@@ -416,13 +416,7 @@ impl LocalPools {
     async fn forget_dead_and_ask_unfollowed(&self) {
         let mut ask = Vec::new();
         for (class, pool) in self.pools().iter_mut() {
-            pool.slots.retain_mut(|s| {
-                let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive);
-                if !keep {
-                    tracing::info!(class = %class, slot = s.n, "pool agent exited");
-                }
-                keep
-            });
+            drop_dead(class, &mut pool.slots);
             for s in pool.slots.iter().filter(|s| !s.lent && s.running.is_some()) {
                 if let Some(a) = &s.agent {
                     ask.push((class.clone(), s.n, a.address.clone()));
@@ -514,6 +508,21 @@ impl LocalPools {
 }
 
 /// The agent records under a replica's directory of a class: `(slot, record)`.
+/// Forgets the slots whose agent died (a lent slot stays until its lender gives it back), killing what
+/// a dead agent left of its process group ([`LocalAgent::reap_group`]).
+fn drop_dead(class: &str, slots: &mut Vec<Slot>) {
+    slots.retain_mut(|s| {
+        let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive);
+        if !keep {
+            tracing::info!(class = %class, slot = s.n, "pool agent exited");
+            if let Some(a) = &s.agent {
+                a.reap_group();
+            }
+        }
+        keep
+    });
+}
+
 fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
     let Ok(entries) = std::fs::read_dir(replica_dir) else { return Vec::new() };
     entries
