@@ -16,26 +16,6 @@ use serde_json::json;
 
 const STACKS: usize = 9;
 
-fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Vec<&'a str> {
-    let mut v = vec![
-        "--fleet",
-        "--fleet-namespace",
-        ns,
-        "--replica-id",
-        replica,
-        "--shards",
-        "64",
-        "--lease-duration-seconds",
-        "6",
-        "--renew-interval-seconds",
-        "2",
-        "--renew-deadline-seconds",
-        "4",
-    ];
-    v.extend_from_slice(redis);
-    v
-}
-
 async fn ready_count(stacks: &kube::Api<Stack>) -> usize {
     stacks.list(&Default::default()).await.unwrap().items.iter().filter(|s| stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")).count()
 }

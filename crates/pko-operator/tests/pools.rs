@@ -9,8 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use k8s_openapi::api::core::v1::Secret;
-use pko_api::{Program, Stack, Update, Workspace};
+use pko_api::{Stack, Update, Workspace};
 use pko_testbed::eventually;
 use serde_json::json;
 
@@ -46,24 +45,8 @@ fn slots(pools: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn ready(s: &Stack) -> bool {
-    s.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
-    allow_default_sa_to_read_secrets(ns).await;
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
-}
-
 async fn stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str) {
-    create(
-        &ns.api::<Stack>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
-        "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(),
-                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
-    )
-    .await;
+    prog_stack(ns, env, name, json!({})).await;
 }
 
 /// The value of the first sample of `name` in a Prometheus text exposition (0 when absent).

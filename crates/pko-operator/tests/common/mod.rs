@@ -123,7 +123,10 @@ pub fn run_args_with(env: &pko_testbed::PulumiEnv, namespace: &str, extra: &[&st
         "--namespaces",
         namespace,
     ];
-    Cli::parse_from(args.iter().chain(extra)).run
+    // an `extra` `--max-operations` replaces the default 8
+    let overridden = extra.contains(&"--max-operations");
+    let base = args.iter().enumerate().filter(|(i, a)| !(overridden && (**a == "--max-operations" || (*i > 0 && args[i - 1] == "--max-operations")))).map(|(_, a)| a);
+    Cli::parse_from(base.chain(extra)).run
 }
 
 impl InProcessOperator {
@@ -230,4 +233,51 @@ pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// Whether the Stack's `Ready` condition is True.
+pub fn ready(s: &pko_api::Stack) -> bool {
+    stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")
+}
+
+/// A passphrase Secret `p` (key `v`), the default service account allowed to read it, and Program
+/// `prog` with `program` as its body, in `ns`.
+pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
+    allow_default_sa_to_read_secrets(ns).await;
+    create(&ns.api::<k8s_openapi::api::core::v1::Secret>(), serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(&ns.api::<pko_api::Program>(), serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
+}
+
+/// Stack `name` (also its stack name) of Program `prog` on `env`'s backend, with the passphrase of
+/// [`passphrase_and_program`], and `config`.
+pub async fn prog_stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str, config: serde_json::Value) {
+    create(
+        &ns.api::<pko_api::Stack>(),
+        serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
+        "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "config": config,
+                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+    )
+    .await;
+}
+
+/// Fleet flags of replica `replica` in `ns` (64 shards, a 6 s lease renewed every 2 s, 4 s renew
+/// deadline), plus `redis`.
+pub fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--fleet",
+        "--fleet-namespace",
+        ns,
+        "--replica-id",
+        replica,
+        "--shards",
+        "64",
+        "--lease-duration-seconds",
+        "6",
+        "--renew-interval-seconds",
+        "2",
+        "--renew-deadline-seconds",
+        "4",
+    ];
+    v.extend_from_slice(redis);
+    v
 }
