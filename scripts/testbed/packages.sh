@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test bed needs, without starting their daemons. Idempotent.
 set -euo pipefail
-PKGS=(etcd-server etcd-client redis-server openssl git jq iproute2 util-linux curl ca-certificates openssh-server openssh-client)
+PKGS=(etcd-server etcd-client redis-server prometheus openssl git jq iproute2 util-linux curl ca-certificates openssh-server openssh-client)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 [ ${#missing[@]} -eq 0 ] && exit 0

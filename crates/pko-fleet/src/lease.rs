@@ -56,6 +56,16 @@ pub enum Written {
     Conflict,
 }
 
+/// Counter of Lease writes sent by this process: `pko_fleet_lease_writes_total{lease, result}`, `lease`
+/// the [`KIND_LABEL`] value (`member` or `shard`), `result` `done` or `conflict` (a 409: someone wrote
+/// first). The fleet's coordination cost at rest is its rate.
+pub const LEASE_WRITES_TOTAL: &str = "pko_fleet_lease_writes_total";
+
+fn count_write(labels: Option<&BTreeMap<String, String>>, result: &'static str) {
+    let kind = labels.and_then(|l| l.get(KIND_LABEL)).cloned().unwrap_or_else(|| "unknown".into());
+    metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(1);
+}
+
 fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -66,8 +76,14 @@ fn now() -> MicroTime {
 pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, String>, spec: LeaseSpec) -> Result<Written, kube::Error> {
     let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..Default::default() }, spec: Some(spec) };
     match api.create(&PostParams::default(), &lease).await {
-        Ok(l) => Ok(Written::Done(Box::new(l))),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Written::Conflict),
+        Ok(l) => {
+            count_write(lease.metadata.labels.as_ref(), "done");
+            Ok(Written::Done(Box::new(l)))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            count_write(lease.metadata.labels.as_ref(), "conflict");
+            Ok(Written::Conflict)
+        }
         Err(e) => Err(e),
     }
 }
@@ -81,8 +97,14 @@ pub async fn replace(api: &Api<Lease>, read: &Lease, change: impl FnOnce(&mut Le
     change(lease.spec.get_or_insert_with(Default::default));
     let name = lease.metadata.name.clone().unwrap_or_default();
     match api.replace(&name, &PostParams::default(), &lease).await {
-        Ok(l) => Ok(Written::Done(Box::new(l))),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Written::Conflict),
+        Ok(l) => {
+            count_write(lease.metadata.labels.as_ref(), "done");
+            Ok(Written::Done(Box::new(l)))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            count_write(lease.metadata.labels.as_ref(), "conflict");
+            Ok(Written::Conflict)
+        }
         Err(e) => Err(e),
     }
 }

@@ -18,7 +18,10 @@
 //!   `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}` (gauge),
 //!   `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
 //! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
-//!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}` (counter).
+//!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}` (counter),
+//!   `pko_fleet_lease_writes_total{lease="member"|"shard",result="done"|"conflict"}` (counter: the
+//!   coordination cost);
+//! - the process's (`metrics-process`): `process_cpu_seconds_total`, `process_resident_memory_bytes`, …
 //!
 //! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint
 //! ([`serve_probes`], PKO `--health-probe-bind-address`).
@@ -151,7 +154,22 @@ struct MetricsState {
     handle: PrometheusHandle,
 }
 
+/// The process's own metrics (`metrics-process`: `process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, open fds, threads, …), collected at each scrape — the per-replica CPU
+/// and memory of the fleet dashboard.
+fn collect_process_metrics() {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR
+        .get_or_init(|| {
+            let c = metrics_process::Collector::default();
+            c.describe();
+            c
+        })
+        .collect();
+}
+
 async fn render(State(s): State<MetricsState>) -> String {
+    collect_process_metrics();
     let stacks = s.stacks.state();
     let owns = |ns: &str, name: &str| s.ownership.owns(ns, name);
     let programs = s.programs.state().iter().filter(|p| owns(&p.namespace().unwrap_or_default(), &p.name_any())).count();

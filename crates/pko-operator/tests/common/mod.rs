@@ -80,7 +80,7 @@ pub fn condition(u: &Update, t: &str) -> Option<(String, String)> {
 pub struct InProcessOperator {
     pub running: Option<pko_operator::run::Running>,
     shutdown: tokio_util::sync::CancellationToken,
-    metrics_url: String,
+    pub metrics_url: String,
 }
 
 /// The flags of an in-process operator: local runtime on the bed, loopback ports picked by the kernel,

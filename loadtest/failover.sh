@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Failover rounds: a fleet of REPLICAS operator processes (default 3) over the bed's redis-server and
+# the local agent pools drives N Stacks (default 30). Each round changes every Stack (config n=<round>),
+# SIGKILLs one replica while the updates run, measures how long until its shard Leases are held by the
+# survivors (failover), restarts it, and waits until every Stack is Ready at the new generation.
+# At the end, from the program's own trace (one line `<stack> <n>` per `up` that created the resource
+# of generation n): operations lost (a (stack, round) with no line) and duplicated (more than one), plus
+# Updates Failed or left Progressing and backend locks left.
+#
+#   loadtest/failover.sh [N]        N Stacks (default 30)
+#   ROUNDS=20                       kill rounds (default 20)
+#   KILL_AFTER_S=3                  seconds after the change before the kill (default 3)
+#   LEASE_S=15                      --lease-duration-seconds (default: the operator's default, 15)
+#   TIMEOUT_S=3600                  give up after this many seconds
+#
+# Everything listens on 127.0.0.1; the run cleans up (namespace, operators, agents).
+set -euo pipefail
+N=${1:-30}
+ROUNDS=${ROUNDS:-20}
+REPLICAS=${REPLICAS:-3}
+KILL_AFTER_S=${KILL_AFTER_S:-3}
+LEASE_S=${LEASE_S:-15}
+TIMEOUT_S=${TIMEOUT_S:-3600}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN=/tmp/pko-failover
+NS=pko-failover
+fail() { echo "FAILOVER TEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && { echo "== $l" >&2; tail -15 "$l" >&2; }; done; exit 1; }
+
+eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
+echo "building pko-operator and pko-agent (release)…"
+(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
+[ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
+BIN="$ROOT/target/release"
+
+delete_namespace() {
+  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+  kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
+}
+stop_all() {
+  for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
+  sleep 2
+  pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
+}
+cleanup() { stop_all; delete_namespace --wait=false; }
+trap cleanup EXIT
+stop_all
+delete_namespace --wait=true --timeout=120s
+rm -rf "$RUN" && mkdir -p "$RUN/state"
+redis-cli -u "$REDIS_URL" --scan --pattern 'pko-failover:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+
+kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl create namespace $NS >/dev/null
+KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+
+# replica i as its own session (its agents have their own process groups and outlive it, like pods)
+start_replica() {
+  local i=$1
+  PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
+    --program-fs-addr 127.0.0.1:$((19191 + i)) --metrics-bind-address 127.0.0.1:$((18484 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
+    --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
+    --fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-failover --replica-id "r$i" \
+    --lease-duration-seconds "$LEASE_S" --pool-idle-timeout-seconds 60 \
+    >> "$RUN/operator-$i.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/operator-$i.pid"
+}
+for i in $(seq 0 $((REPLICAS - 1))); do start_replica "$i"; done
+sleep 1
+for i in $(seq 0 $((REPLICAS - 1))); do kill -0 "$(cat "$RUN/operator-$i.pid")" || fail "replica $i did not start"; done
+
+TRACE="$RUN/trace.txt"
+: > "$TRACE"
+{
+  cat <<YAML
+apiVersion: pulumi.com/v1
+kind: Program
+metadata: {name: traced}
+program:
+  configuration:
+    n: {type: String, default: "0"}
+  resources:
+    r:
+      type: command:local:Command
+      properties:
+        create: "sleep 2; echo \${pulumi.stack} \${n} >> $TRACE"
+        triggers: ["\${n}"]
+YAML
+  for i in $(seq -f '%03g' 1 "$N"); do
+    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {n: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
+  done
+} > "$RUN/manifests.yaml"
+
+T_START=$(date +%s)
+# every Stack Ready at its current generation with config n=$1
+converged() {
+  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.n} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
+    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l
+}
+wait_converged() {
+  local n=$1 t0 last now c
+  t0=$(date +%s); last=$t0
+  while :; do
+    now=$(date +%s); [ $((now - T_START)) -gt "$TIMEOUT_S" ] && fail "not converged on n=$n after ${TIMEOUT_S} s in all"
+    c=$(converged "$n"); [ "$c" -ge "$N" ] && break
+    if [ $((now - last)) -ge 15 ]; then last=$now; echo "    n=$n: $c/$N Ready ($((now - t0)) s)" >&2; fi
+    sleep 1
+  done
+  echo $(( $(date +%s) - t0 ))
+}
+kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
+echo "applied $N Stacks on $REPLICAS replicas; waiting for the first convergence"
+wait_converged 0 >/dev/null
+echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
+
+shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
+FAILOVERS=()
+for round in $(seq 1 "$ROUNDS"); do
+  for i in $(seq -f '%03g' 1 "$N"); do echo "{\"spec\":{\"config\":{\"n\":\"$round\"}}}" > "$RUN/patch.json"; kubectl -n $NS patch stack "s$i" --type=merge --patch-file "$RUN/patch.json" >/dev/null & done
+  wait
+  sleep "$KILL_AFTER_S"
+  victim=$(( (round - 1) % REPLICAS ))
+  held=$(shards_held_by "r$victim")
+  running=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
+  kill -KILL "$(cat "$RUN/operator-$victim.pid")"
+  t_kill=$(date +%s.%N)
+  while [ "$(shards_held_by "r$victim")" -gt 0 ]; do
+    [ "$(echo "$(date +%s.%N) - $t_kill > 120" | bc)" = 1 ] && fail "round $round: r$victim's shards not taken within 120 s"
+    sleep 0.25
+  done
+  fo=$(echo "$(date +%s.%N) - $t_kill" | bc)
+  FAILOVERS+=("$fo")
+  start_replica "$victim"
+  took=$(wait_converged "$round" | tail -1)
+  printf 'round %d: SIGKILL r%d (held %d shards, %d updates Progressing) -> shards taken in %.1f s; all %d Ready at n=%d %d s after the change\n' \
+    "$round" "$victim" "$held" "$running" "$fo" "$N" "$round" "$((took + KILL_AFTER_S))"
+done
+
+sleep 5
+# operations lost / duplicated, from the trace
+LOST=0; DUP=0
+for i in $(seq -f '%03g' 1 "$N"); do
+  for n in $(seq 0 "$ROUNDS"); do
+    c=$(grep -c "^s$i $n\$" "$TRACE" || true)
+    [ "$c" -eq 0 ] && LOST=$((LOST + 1))
+    [ "$c" -gt 1 ] && DUP=$((DUP + c - 1))
+  done
+done
+FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
+PROGRESSING=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
+LOCKS=$(find "$RUN/state/.pulumi/locks" -name '*.json' 2>/dev/null | wc -l)
+printf '%s\n' "${FAILOVERS[@]}" | sort -n > "$RUN/failovers.txt"
+echo "stacks=$N replicas=$REPLICAS rounds=$ROUNDS lease_duration_s=$LEASE_S kill_after_s=$KILL_AFTER_S"
+echo "failover_s: min=$(head -1 "$RUN/failovers.txt") median=$(sed -n "$(( (ROUNDS + 1) / 2 ))p" "$RUN/failovers.txt") max=$(tail -1 "$RUN/failovers.txt")"
+echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS"
+echo "total $(( $(date +%s) - T_START )) s"
+[ "$LOST" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] || fail "operations lost or duplicated, or leftovers"
