@@ -9,7 +9,8 @@
 #   MAX_OPS=16 loadtest/stacks.sh   operations the operator drives at once (default 16)
 #   TIMEOUT_S=1800                  give up after this many seconds (bounded run)
 #   REPLICAS=3                      that many operator replicas in a fleet (--fleet, the bed's redis);
-#                                   memory is reported per replica and summed
+#                                   memory is reported per replica and summed; FLEET_ONE=1: one replica,
+#                                   but as a fleet (Leases, Redis)
 #   POOL_MAX=16                     agents per pool and replica (--pool-max-agents)
 #   IDLE_TIMEOUT_S=60               --pool-idle-timeout-seconds; IDLE_WAIT_S (default: it + 15) is when
 #                                   the agents left are counted
@@ -61,7 +62,7 @@ kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 FLEET=()
-if [ "$REPLICAS" -gt 1 ]; then
+if [ "$REPLICAS" -gt 1 ] || [ -n "${FLEET_ONE:-}" ]; then
   redis-cli -u "$REDIS_URL" --scan --pattern 'pko-load:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
   FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load)
 fi
@@ -143,6 +144,12 @@ for i in $(seq 0 $((REPLICAS - 1))); do curl -s http://127.0.0.1:$((18384 + i))/
                  for (i = 1; i <= n; i++) { if (c[les[i]] >= q) { hi = (les[i] == "+Inf" ? prev : les[i]); v = prev + (hi - prev) * (c[les[i]] == prevc ? 0 : (q - prevc) / (c[les[i]] - prevc)); printf "dispatch_latency_p%s_s=%.3f ", qs[k] * 100, v; break }
                    prev = les[i]; prevc = c[les[i]] } }
                printf "(samples %d)\n", total }'
+# coordination cost at rest: Lease writes per second per replica over 30 s (fleet only)
+if [ "${#FLEET[@]}" -gt 0 ]; then
+  lease_writes() { for i in $(seq 0 $((REPLICAS - 1))); do curl -s http://127.0.0.1:$((18384 + i))/metrics; done | awk '/^pko_fleet_lease_writes_total/ { s += $NF } END { print s + 0 }'; }
+  w0=$(lease_writes); sleep 30; w1=$(lease_writes)
+  echo "coordination_writes_at_rest: $(echo "scale=3; ($w1 - $w0) / 30 / $REPLICAS" | bc) per second per replica (Lease writes over 30 s, $REPLICAS replica(s))"
+fi
 echo "idle cost: waiting ${IDLE_WAIT_S} s (pool idle timeout ${IDLE_TIMEOUT_S} s)…"
 sleep "$IDLE_WAIT_S"
 echo "agents_left_after_idle=$(pgrep -fc -- "$RUN/agents/pools" || true) (${IDLE_WAIT_S} s after all Ready)"
