@@ -147,9 +147,14 @@ pub struct OperationArgs {
     #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
     pub max_operations_per_namespace: usize,
     /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
-    /// replica that queued them and move with their shard. Required for more than one replica.
+    /// replica that queued them and move with their shard. Required for more than one replica. With
+    /// `--redis-sentinel-master`: the Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).
     #[arg(long, env = "PKO_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// HA installs: the name of the master the Sentinels of `--redis-url` monitor; the queue follows it
+    /// through a failover. The first Sentinel URL's password and database are used for the master.
+    #[arg(long, env = "PKO_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
     /// Prefix of the queue's Redis keys (several fleets may share one Redis).
     #[arg(long, default_value = "pko", env = "PKO_REDIS_PREFIX")]
     pub redis_prefix: String,

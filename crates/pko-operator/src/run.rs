@@ -213,9 +213,11 @@ impl Operator {
             return Ok(Arc::new(crate::queue::InMemoryQueue::new(per_namespace)));
         };
         let worker = member.map(|m| m.replica.clone()).unwrap_or_else(|| "single".into());
-        let q = crate::queue::redis::RedisQueue::new(url, &operations.redis_prefix, &worker, per_namespace)?;
+        let target = pko_queue::connect::Target::parse(url, operations.redis_sentinel_master.as_deref()).map_err(anyhow::Error::msg)?;
+        let q = crate::queue::redis::RedisQueue::on(&target, &operations.redis_prefix, &worker, per_namespace)?;
+        let via = if matches!(target, pko_queue::connect::Target::Sentinel { .. }) { "redis (through Sentinel)" } else { "redis" };
         match q.ping().await {
-            Ok(()) => tracing::info!(prefix = %operations.redis_prefix, "work queue: redis"),
+            Ok(()) => tracing::info!(prefix = %operations.redis_prefix, "work queue: {via}"),
             // Redis is an accelerator: the operator works without it and records jobs once it is back
             Err(e) => tracing::warn!(error = %e, "redis does not answer yet; jobs run from memory until it does"),
         }

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fair;
+pub mod connect;
 pub mod redis;
 
 use std::sync::Mutex;

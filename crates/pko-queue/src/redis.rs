@@ -20,17 +20,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::{Config, Pool, Runtime};
 use futures::future::BoxFuture;
 use redis::Script;
 
+use crate::connect::{Pools, Target};
 use crate::{Claimed, Job, Local, Ordered, QueueError, WorkQueue};
 
 /// Errors of the Redis queue.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisQueueError {
     /// The URL could not make a pool (`--redis-url`).
-    #[error("--redis-url: {0}")]
+    #[error("{0}")]
     Url(String),
     /// Redis refused or failed a command.
     #[error("redis: {0}")]
@@ -112,7 +112,7 @@ fn now_ms() -> u64 {
 
 /// The Redis queue of one replica.
 pub struct RedisQueue {
-    pool: Pool,
+    pool: Pools,
     prefix: String,
     worker: String,
     local: Local,
@@ -140,7 +140,14 @@ impl RedisQueue {
     ///
     /// Errors: [`RedisQueueError::Url`].
     pub fn new(url: &str, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
-        let pool = Config::from_url(url).create_pool(Some(Runtime::Tokio1)).map_err(|e| RedisQueueError::Url(e.to_string()))?;
+        Self::on(&Target::parse(url, None).map_err(RedisQueueError::Url)?, prefix, worker, per_namespace)
+    }
+
+    /// A queue on `target` (one server, or the master Sentinel names); otherwise as [`Self::new`].
+    ///
+    /// Errors: [`RedisQueueError::Url`].
+    pub fn on(target: &Target, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
+        let pool = Pools::new(target).map_err(|e| RedisQueueError::Url(format!("--redis-url: {e}")))?;
         Ok(Self {
             pool,
             prefix: prefix.to_string(),

@@ -1,6 +1,7 @@
 //! The Redis work queue against the bed's real redis-server: jobs outlive the replica that queued them,
-//! a shard's new holder adopts them, the old holder is fenced out (claim, heartbeat, push), and a Redis
-//! that lost everything loses no job.
+//! a shard's new holder adopts them, the old holder is fenced out (claim, heartbeat, push), a Redis
+//! that lost everything loses no job, and through Redis Sentinel the queue follows its master across a
+//! failover (a master killed, then a forced failover back).
 
 use std::time::Duration;
 
@@ -89,4 +90,146 @@ async fn a_redis_that_lost_everything_loses_no_job() {
     assert_eq!(j.name, "z");
     let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
     assert_eq!(b.adopt(5, 5).await.unwrap(), 1, "the claim recorded the job again");
+}
+
+/// A redis-server process (no persistence) on a free loopback port, with `extra` arguments.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(extra: &[&str], sentinel_conf: Option<String>) -> Server {
+        // the probe listener is closed before the server binds the port
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Self::start_on(port, extra, sentinel_conf)
+    }
+
+    fn start_on(port: u16, extra: &[&str], sentinel_conf: Option<String>) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new("redis-server");
+        if let Some(conf) = sentinel_conf {
+            // Sentinel rewrites its config file: a private, writable one
+            let file = dir.path().join("sentinel.conf");
+            std::fs::write(&file, format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.path().display())).unwrap();
+            cmd.arg(&file).arg("--sentinel");
+        } else {
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"]).arg(dir.path()).args(extra);
+        }
+        let child = cmd.stdout(std::process::Stdio::null()).spawn().expect("redis-server (the bed's Debian package)");
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < end, "redis-server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child, port, _dir: dir }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `INFO <section>` (or any command) of this server, through redis-cli.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_keeps_queued_jobs() {
+    use pko_queue::connect::Target;
+    let mut master = Server::start(&[], None);
+    let replica = Server::start(&["--replicaof", "127.0.0.1", &master.port.to_string()], None);
+    let sentinel = Server::start(
+        &[],
+        Some(format!(
+            "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\nsentinel failover-timeout m 10000\nsentinel parallel-syncs m 1\n",
+            master.port
+        )),
+    );
+    let target = Target::parse(&sentinel.url(), Some("m")).unwrap();
+    let prefix = "sentinel-test";
+    let a = RedisQueue::on(&target, prefix, "a", 0).unwrap();
+    a.ping().await.unwrap();
+    assert!(a.push(job("u1", 5, 1)).await.unwrap());
+    assert!(a.push(job("u2", 5, 1)).await.unwrap());
+    let running = pop(&a).await;
+    // replicated, and the Sentinel knows the replica
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while !(replica.cli(&["INFO", "replication"]).contains("master_link_status:up") && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&replica.port.to_string())) {
+        assert!(std::time::Instant::now() < end, "replica not synced or not known to the Sentinel within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // the master dies; the Sentinel promotes the replica
+    let _ = master.child.kill();
+    let _ = master.child.wait();
+    // what was in Redis before the failover is there: a new holder adopts both jobs from it, once the
+    // Sentinel names the promoted master (while the failover runs it names none: an error, retried)
+    let t = std::time::Instant::now();
+    let b = RedisQueue::on(&target, prefix, "b", 0).unwrap();
+    let adopted = loop {
+        match b.adopt(5, 2).await {
+            Ok(n) => break n,
+            Err(e) => {
+                assert!(t.elapsed() < Duration::from_secs(60), "no master through the Sentinel within 60 s: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    eprintln!("queue working on the promoted master {:.1} s after the old one died", t.elapsed().as_secs_f64());
+    assert!(replica.cli(&["ROLE"]).starts_with("master"), "the replica was promoted");
+    assert_eq!(adopted, 2, "the queued and the running job survived the failover");
+    assert!(b.push(job("u3", 5, 2)).await.unwrap(), "and new jobs are recorded on the new master");
+    let mut got = vec![pop(&b).await.name, pop(&b).await.name, pop(&b).await.name];
+    got.sort();
+    assert_eq!(got, ["u1", "u2", "u3"]);
+    // the old holder's pool dropped its broken connection and follows the Sentinel too: it reaches the
+    // new master and is fenced there (an unreachable Redis would have let it run on from memory)
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while a.heartbeat(&running).await {
+        assert!(std::time::Instant::now() < end, "the old holder's queue never reached the new master");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // a failover back while the demoted server lives on (SENTINEL FAILOVER): the Sentinel disconnects
+    // its clients, and a connection that would still reach it gets READONLY and is dropped; either way
+    // the queue's next write goes to the new master
+    let old = Server::start_on(master.port, &[], None);
+    drop(master);
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    while !(old.cli(&["INFO", "replication"]).contains("master_link_status:up") && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&format!("{}", old.port))) {
+        assert!(std::time::Instant::now() < end, "the old master did not rejoin as a replica within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(b.push(job("u4", 5, 2)).await.unwrap(), "b has a pooled connection to the current master");
+    assert!(sentinel.cli(&["SENTINEL", "FAILOVER", "m"]).contains("OK"));
+    let t = std::time::Instant::now();
+    let end = t + Duration::from_secs(60);
+    while !(old.cli(&["ROLE"]).starts_with("master") && replica.cli(&["ROLE"]).starts_with("slave")) {
+        assert!(std::time::Instant::now() < end, "the forced failover did not complete within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pushed = loop {
+        match b.push(job("u5", 5, 2)).await {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(t.elapsed() < Duration::from_secs(60), "b stuck on the demoted server: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(pushed, "recorded on the new master");
+    assert!(old.cli(&["KEYS", "sentinel-test:job:*"]).contains("u5"), "u5 is on the promoted server");
+    eprintln!("after a forced failover the queue wrote to the new master {:.1} s later", t.elapsed().as_secs_f64());
 }
