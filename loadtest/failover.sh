@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Failover rounds: a fleet of REPLICAS operator processes (default 3) over the bed's redis-server and
-# the local agent pools drives N Stacks (default 30). Each round changes every Stack (config n=<round>),
+# the local agent pools drives N Stacks (default 30). Each round changes every Stack (config gen=<round>),
 # SIGKILLs one replica while the updates run, measures how long until its shard Leases are held by the
 # survivors (failover), restarts it, and waits until every Stack is Ready at the new generation.
-# At the end, from the program's own trace (one line `<stack> <n>` per `up` that created the resource
-# of generation n): operations lost (a (stack, round) with no line) and duplicated (more than one), plus
+# At the end, from the program's own trace (one line `<stack> <gen>` per `up` that created the resource
+# of generation gen): operations lost (a (stack, round) with no line) and duplicated (more than one), plus
 # Updates Failed or left Progressing and backend locks left.
 #
 #   loadtest/failover.sh [N]        N Stacks (default 30)
@@ -77,23 +77,23 @@ kind: Program
 metadata: {name: traced}
 program:
   configuration:
-    n: {type: String, default: "0"}
+    gen: {type: String, default: "0"}
   resources:
     r:
       type: command:local:Command
       properties:
-        create: "sleep 2; echo \${pulumi.stack} \${n} >> $TRACE"
-        triggers: ["\${n}"]
+        create: "sleep 2; echo \${pulumi.stack} \${gen} >> $TRACE"
+        triggers: ["\${gen}"]
 YAML
   for i in $(seq -f '%03g' 1 "$N"); do
-    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {n: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
+    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {gen: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
   done
 } > "$RUN/manifests.yaml"
 
 T_START=$(date +%s)
-# every Stack Ready at its current generation with config n=$1
+# every Stack Ready at its current generation with config gen=$1
 converged() {
-  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.n} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
+  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
     | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l
 }
 wait_converged() {
@@ -115,7 +115,7 @@ echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
 FAILOVERS=()
 for round in $(seq 1 "$ROUNDS"); do
-  for i in $(seq -f '%03g' 1 "$N"); do echo "{\"spec\":{\"config\":{\"n\":\"$round\"}}}" > "$RUN/patch.json"; kubectl -n $NS patch stack "s$i" --type=merge --patch-file "$RUN/patch.json" >/dev/null & done
+  for i in $(seq -f '%03g' 1 "$N"); do kubectl -n $NS patch stack "s$i" --type=merge -p "{\"spec\":{\"config\":{\"gen\":\"$round\"}}}" >/dev/null & done
   wait
   sleep "$KILL_AFTER_S"
   victim=$(( (round - 1) % REPLICAS ))

@@ -12,6 +12,7 @@
 #                                   memory is reported per replica and summed; FLEET_ONE=1: one replica,
 #                                   but as a fleet (Leases, Redis)
 #   POOL_MAX=16                     agents per pool and replica (--pool-max-agents)
+#   POOL_MIN=0                      agents kept per pool once it exists (--pool-min-agents): a warm pool
 #   IDLE_TIMEOUT_S=60               --pool-idle-timeout-seconds; IDLE_WAIT_S (default: it + 15) is when
 #                                   the agents left are counted
 #   HOLLOW=1                        HOLLOW AGENTS (kubemark-style, control-plane load only): operations
@@ -27,7 +28,8 @@ POOL_MAX=${POOL_MAX:-16}
 IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
 IDLE_WAIT_S=${IDLE_WAIT_S:-$((IDLE_TIMEOUT_S + 15))}
 HOLLOW=${HOLLOW:-}
-POOL=(--pool-max-agents "$POOL_MAX" --pool-idle-timeout-seconds "$IDLE_TIMEOUT_S")
+POOL_MIN=${POOL_MIN:-0}
+POOL=(--pool-min-agents "$POOL_MIN" --pool-max-agents "$POOL_MAX" --pool-idle-timeout-seconds "$IDLE_TIMEOUT_S")
 [ -n "$HOLLOW" ] && POOL+=(--hollow-agents-seconds "$HOLLOW") && echo "HOLLOW AGENTS: operations simulated for $HOLLOW s, no Pulumi runs (control-plane load test)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN=/tmp/pko-load

@@ -66,6 +66,21 @@ fn count_write(labels: Option<&BTreeMap<String, String>>, result: &'static str) 
     metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(1);
 }
 
+/// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted.
+fn written(answer: Result<Lease, kube::Error>, labels: Option<&BTreeMap<String, String>>) -> Result<Written, kube::Error> {
+    match answer {
+        Ok(l) => {
+            count_write(labels, "done");
+            Ok(Written::Done(Box::new(l)))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            count_write(labels, "conflict");
+            Ok(Written::Conflict)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -75,17 +90,7 @@ fn now() -> MicroTime {
 /// Errors: the API server's, except 409.
 pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, String>, spec: LeaseSpec) -> Result<Written, kube::Error> {
     let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..Default::default() }, spec: Some(spec) };
-    match api.create(&PostParams::default(), &lease).await {
-        Ok(l) => {
-            count_write(lease.metadata.labels.as_ref(), "done");
-            Ok(Written::Done(Box::new(l)))
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            count_write(lease.metadata.labels.as_ref(), "conflict");
-            Ok(Written::Conflict)
-        }
-        Err(e) => Err(e),
-    }
+    written(api.create(&PostParams::default(), &lease).await, lease.metadata.labels.as_ref())
 }
 
 /// Replaces `read` (as read, with its resourceVersion) by `read` with `change` applied to its spec;
@@ -96,17 +101,7 @@ pub async fn replace(api: &Api<Lease>, read: &Lease, change: impl FnOnce(&mut Le
     let mut lease = read.clone();
     change(lease.spec.get_or_insert_with(Default::default));
     let name = lease.metadata.name.clone().unwrap_or_default();
-    match api.replace(&name, &PostParams::default(), &lease).await {
-        Ok(l) => {
-            count_write(lease.metadata.labels.as_ref(), "done");
-            Ok(Written::Done(Box::new(l)))
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            count_write(lease.metadata.labels.as_ref(), "conflict");
-            Ok(Written::Conflict)
-        }
-        Err(e) => Err(e),
-    }
+    written(api.replace(&name, &PostParams::default(), &lease).await, lease.metadata.labels.as_ref())
 }
 
 /// The spec of a membership Lease of `replica` renewed now, lasting `duration_seconds`.

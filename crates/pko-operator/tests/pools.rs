@@ -127,22 +127,26 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     operator.stop().await;
 }
 
-#[tokio::test]
-async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
-    let (client, ns, env) = setup("handoff").await;
+/// A two-resource `up` in flight on a pool of at most two agents: `a` (sleeps 6 s, then appends `a` to
+/// the returned trace) is being created, `b` waits for it. Returns the operator, the trace file, the
+/// pools directory and the PID of the agent running the operation.
+async fn two_step_up_in_flight(
+    client: &kube::Client,
+    ns: &pko_testbed::TestNamespace,
+    env: &pko_testbed::PulumiEnv,
+    stack_name: &str,
+) -> (InProcessOperator, PathBuf, PathBuf, i32) {
     let runs = env.dir().join("runs.txt");
-    // `a` is in flight when the agent gets SIGTERM; Ctrl-C lets it finish and be recorded; `b` runs on
-    // the next agent
     passphrase_and_program(
-        &ns,
+        ns,
         json!({"resources": {
             "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}", runs.display())}},
             "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
     )
     .await;
-    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
-    let operator = InProcessOperator::start_with(&client, &env, args).await;
-    stack(&ns, &env, "handoff").await;
+    let args = run_args_with(env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
+    let operator = InProcessOperator::start_with(client, env, args).await;
+    stack(ns, env, stack_name).await;
     let updates = ns.api::<Update>();
     eventually("the Update is Progressing", 60, || async {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
@@ -151,6 +155,16 @@ async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
     let pools_dir = env.dir().join("agents").join("pools");
     let first = slots(&pools_dir).into_iter().next().expect("a slot");
     let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"].as_u64().unwrap() as i32;
+    (operator, runs, pools_dir, pid)
+}
+
+#[tokio::test]
+async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
+    let (client, ns, env) = setup("handoff").await;
+    // `a` is in flight when the agent gets SIGTERM; Ctrl-C lets it finish and be recorded; `b` runs on
+    // the next agent
+    let (operator, runs, pools_dir, pid) = two_step_up_in_flight(&client, &ns, &env, "handoff").await;
+    let updates = ns.api::<Update>();
     // `a` has started (its sleep runs): SIGTERM the agent
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let t0 = std::time::Instant::now();
@@ -176,28 +190,11 @@ async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
 #[tokio::test]
 async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holder_is_dead() {
     let (client, ns, env) = setup("killed").await;
-    let runs = env.dir().join("runs.txt");
     // `a` is in flight when its agent is SIGKILLed (its pulumi orphaned, then reaped by the pool): the
     // lock stays, with a dead holder; the retry on the next agent releases it and completes the update
-    passphrase_and_program(
-        &ns,
-        json!({"resources": {
-            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}", runs.display())}},
-            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
-    )
-    .await;
-    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
-    let operator = InProcessOperator::start_with(&client, &env, args).await;
-    stack(&ns, &env, "killed").await;
+    let (operator, runs, pools_dir, pid) = two_step_up_in_flight(&client, &ns, &env, "killed").await;
     let updates = ns.api::<Update>();
-    eventually("the Update is Progressing", 60, || async {
-        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
-    })
-    .await;
-    let pools_dir = env.dir().join("agents").join("pools");
     let locks = env.dir().join("state").join(".pulumi").join("locks");
-    let first = slots(&pools_dir).into_iter().next().expect("a slot");
-    let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"].as_u64().unwrap() as i32;
     // the `up`'s lock, held while `a` sleeps (read again until it is the same for a second)
     let lock_holder = || {
         let held: Vec<_> = files_under(&locks).into_iter().filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
