@@ -26,16 +26,7 @@ RUN=/tmp/pko-failover
 NS=pko-failover
 fail() { echo "FAILOVER TEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && { echo "== $l" >&2; tail -15 "$l" >&2; }; done; exit 1; }
 
-eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
-echo "building pko-operator and pko-agent (release)…"
-(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
-[ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
-BIN="$ROOT/target/release"
-
-delete_namespace() {
-  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
-  kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
-}
+. "$ROOT/loadtest/lib.sh"
 stop_all() {
   for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
@@ -115,8 +106,9 @@ echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
 FAILOVERS=()
 for round in $(seq 1 "$ROUNDS"); do
-  for i in $(seq -f '%03g' 1 "$N"); do kubectl -n $NS patch stack "s$i" --type=merge -p "{\"spec\":{\"config\":{\"gen\":\"$round\"}}}" >/dev/null & done
-  wait
+  patches=()
+  for i in $(seq -f '%03g' 1 "$N"); do kubectl -n $NS patch stack "s$i" --type=merge -p "{\"spec\":{\"config\":{\"gen\":\"$round\"}}}" >/dev/null & patches+=($!); done
+  wait "${patches[@]}"   # only the patches: the replicas are this script's background jobs too
   sleep "$KILL_AFTER_S"
   victim=$(( (round - 1) % REPLICAS ))
   held=$(shards_held_by "r$victim")

@@ -36,17 +36,7 @@ RUN=/tmp/pko-load
 NS=pko-load
 fail() { echo "LOADTEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && tail -20 "$l" >&2; done; exit 1; }
 
-eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
-echo "building pko-operator and pko-agent (release)…"
-(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
-[ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
-BIN="$ROOT/target/release"
-
-# the namespace without an operator: release the finalizers only the operator would remove, then delete it
-delete_namespace() {
-  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
-  kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
-}
+. "$ROOT/loadtest/lib.sh"
 cleanup() {
   for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
