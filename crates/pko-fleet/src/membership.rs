@@ -194,6 +194,66 @@ pub struct Fleet {
 /// Shard Leases written at once while taking or releasing many (a fleet's first start takes S).
 const WRITE_CONCURRENCY: usize = 32;
 
+/// Shards taken per published step: ownership of the first ones is published while the rest are
+/// still being written.
+const TAKE_CHUNK: usize = 128;
+
+/// Renews (or creates) `cfg.replica`'s membership Lease; `true` when it was written.
+async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, String>, store: &reflector::Store<Lease>) -> bool {
+    let name = lease::member_name(&cfg.fleet, &cfg.replica);
+    let secs = cfg.lease_duration.as_secs().max(1) as i32;
+    let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
+    let written = match current {
+        Some(l) => lease::replace(api, &l, |s| lease::renew(s, &cfg.replica, secs)).await,
+        None => lease::create(api, &name, labels, lease::member_spec(&cfg.replica, secs)).await,
+    };
+    match written {
+        Ok(Written::Done(_)) => true,
+        Ok(Written::Conflict) => {
+            // our cached copy is stale: read it and try once more
+            match api.get_opt(&name).await {
+                Ok(Some(l)) => matches!(lease::replace(api, &l, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
+                _ => false,
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "membership renewal failed");
+            false
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renews the membership every `cfg.renew_interval` on its own task until aborted, so that taking or
+/// releasing many shards (seconds of Lease writes on a busy API server) never delays it: a renewal
+/// late by more than the lease duration would make the others take every shard of a live replica.
+/// Sends the time each successful renewal was *started* (the conservative start of its validity).
+fn spawn_renewer(
+    api: Api<Lease>,
+    cfg: FleetConfig,
+    labels: BTreeMap<String, String>,
+    store: reflector::Store<Lease>,
+    renewed: watch::Sender<Option<Instant>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let started = Instant::now();
+            if renew(&api, &cfg, labels.clone(), &store).await {
+                renewed.send_replace(Some(started));
+            }
+            tokio::time::sleep_until((started + cfg.renew_interval).into()).await;
+        }
+    })
+}
+
 impl Fleet {
     /// A member of `cfg.fleet` using `ring`, and the ownership it publishes.
     pub fn new(client: kube::Client, cfg: FleetConfig, ring: Arc<dyn Ring>) -> (Self, ShardOwnership) {
@@ -210,31 +270,6 @@ impl Fleet {
     fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>) {
         let held = Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until: valid_until.filter(|_| !shards.is_empty()) };
         self.held.send_replace(Arc::new(held));
-    }
-
-    /// Renews (or creates) this replica's membership Lease; `true` when it was written.
-    async fn renew(&self, store: &reflector::Store<Lease>) -> bool {
-        let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
-        let secs = self.cfg.lease_duration.as_secs().max(1) as i32;
-        let current = store.get(&reflector::ObjectRef::new(&name).within(&self.cfg.namespace));
-        let written = match current {
-            Some(l) => lease::replace(&self.api, &l, |s| lease::renew(s, &self.cfg.replica, secs)).await,
-            None => lease::create(&self.api, &name, self.labels("member"), lease::member_spec(&self.cfg.replica, secs)).await,
-        };
-        match written {
-            Ok(Written::Done(_)) => true,
-            Ok(Written::Conflict) => {
-                // our cached copy is stale: read it and try once more
-                match self.api.get_opt(&name).await {
-                    Ok(Some(l)) => matches!(lease::replace(&self.api, &l, |s| lease::renew(s, &self.cfg.replica, secs)).await, Ok(Written::Done(_))),
-                    _ => false,
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "membership renewal failed");
-                false
-            }
-        }
     }
 
     /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
@@ -258,19 +293,14 @@ impl Fleet {
         }
         let mut liveness = Liveness::default();
         let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
-        let mut last_renewal: Option<Instant> = None;
-        let mut next_renewal = Instant::now();
+        let (renewed_tx, mut renewed) = watch::channel(None);
+        // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
+        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx));
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
         let mut live = BTreeSet::new();
         loop {
-            let now = Instant::now();
-            if now >= next_renewal {
-                if self.renew(&store).await {
-                    last_renewal = Some(now);
-                }
-                next_renewal = now + self.cfg.renew_interval;
-            }
-            let valid_until = last_renewal.map(|t| t + self.cfg.renew_deadline).filter(|u| *u > Instant::now());
+            renewed.borrow_and_update();
+            let valid_until = self.valid_until(&renewed);
             if valid_until.is_none() {
                 if !shards.is_empty() {
                     tracing::warn!(held = shards.len(), "membership not renewed within its deadline: holding nothing");
@@ -296,15 +326,17 @@ impl Fleet {
                     .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
                     .collect();
                 let steps = plan(&self.cfg.replica, &desired, &by_shard, &live, &shards);
-                self.apply(steps, &by_shard, &mut shards, &live, valid_until).await;
-                self.publish(&shards, &live, valid_until);
+                self.apply(steps, &by_shard, &mut shards, &live, &renewed).await;
+                self.publish(&shards, &live, self.valid_until(&renewed));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = changed.notified() => {}
+                Ok(()) = renewed.changed() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
+        drop(renewer);
         // hold nothing, then release the membership: successors need not wait for it to expire
         self.publish(&BTreeMap::new(), &BTreeSet::new(), None);
         let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
@@ -315,7 +347,13 @@ impl Fleet {
     }
 
     /// Carries out `steps`: drops and releases first (stop acting, publish, then write), then takes.
-    async fn apply(&self, steps: Vec<Step>, leases: &BTreeMap<u32, Arc<Lease>>, shards: &mut BTreeMap<u32, i64>, live: &BTreeSet<String>, valid_until: Option<Instant>) {
+    /// Until when what this replica holds is valid: the renew deadline after the start of its last
+    /// successful renewal (`renewed`), if still ahead.
+    fn valid_until(&self, renewed: &watch::Receiver<Option<Instant>>) -> Option<Instant> {
+        renewed.borrow().map(|t| t + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
+    }
+
+    async fn apply(&self, steps: Vec<Step>, leases: &BTreeMap<u32, Arc<Lease>>, shards: &mut BTreeMap<u32, i64>, live: &BTreeSet<String>, renewed: &watch::Receiver<Option<Instant>>) {
         let mut releases = Vec::new();
         let mut takes = Vec::new();
         for step in steps {
@@ -332,7 +370,7 @@ impl Fleet {
         }
         if !releases.is_empty() {
             // nobody acts on them any more before their Leases say so
-            self.publish(shards, live, valid_until);
+            self.publish(shards, live, self.valid_until(renewed));
             let writes = futures::stream::iter(releases.into_iter().filter_map(|k| leases.get(&k).cloned()))
                 .map(|l| async move { lease::replace(&self.api, &l, lease::release).await })
                 .buffer_unordered(WRITE_CONCURRENCY);
@@ -342,8 +380,23 @@ impl Fleet {
         if takes.is_empty() {
             return;
         }
+        // in chunks, each published as soon as it is written: the first shards work again while the
+        // rest are still being taken
+        for chunk in takes.chunks(TAKE_CHUNK) {
+            let taken = self.take(chunk, leases).await;
+            if !taken.is_empty() {
+                tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), "shards taken");
+                shards.extend(taken);
+                self.publish(shards, live, self.valid_until(renewed));
+            }
+        }
+    }
+
+    /// Takes the shards of `chunk` (their Leases as read in `leases`, or new ones),
+    /// [`WRITE_CONCURRENCY`] writes at a time; returns those taken with their new epochs.
+    async fn take(&self, chunk: &[u32], leases: &BTreeMap<u32, Arc<Lease>>) -> Vec<(u32, i64)> {
         let me = self.cfg.replica.clone();
-        let writes = futures::stream::iter(takes)
+        let writes = futures::stream::iter(chunk.iter().copied())
             .map(|k| {
                 let me = me.clone();
                 let lease = leases.get(&k).cloned();
@@ -362,7 +415,7 @@ impl Fleet {
                 }
             })
             .buffer_unordered(WRITE_CONCURRENCY);
-        let taken: Vec<(u32, i64)> = writes
+        writes
             .filter_map(|(k, w)| {
                 std::future::ready(match w {
                     Ok(Written::Done(l)) => Some((k, lease::transitions(&l))),
@@ -374,13 +427,10 @@ impl Fleet {
                 })
             })
             .collect()
-            .await;
-        if !taken.is_empty() {
-            tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), "shards taken");
-        }
-        shards.extend(taken);
+            .await
     }
 }
+
 
 #[cfg(test)]
 mod tests {
