@@ -13,8 +13,8 @@
 pub mod archive;
 pub mod auth;
 pub mod convert;
-pub mod mask;
 pub mod locks;
+pub mod mask;
 pub mod operation;
 pub mod pulumi;
 pub mod runner;

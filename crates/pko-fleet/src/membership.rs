@@ -353,7 +353,14 @@ impl Fleet {
         renewed.borrow().map(|t| t + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
     }
 
-    async fn apply(&self, steps: Vec<Step>, leases: &BTreeMap<u32, Arc<Lease>>, shards: &mut BTreeMap<u32, i64>, live: &BTreeSet<String>, renewed: &watch::Receiver<Option<Instant>>) {
+    async fn apply(
+        &self,
+        steps: Vec<Step>,
+        leases: &BTreeMap<u32, Arc<Lease>>,
+        shards: &mut BTreeMap<u32, i64>,
+        live: &BTreeSet<String>,
+        renewed: &watch::Receiver<Option<Instant>>,
+    ) {
         let mut releases = Vec::new();
         let mut takes = Vec::new();
         for step in steps {
@@ -430,7 +437,6 @@ impl Fleet {
             .await
     }
 }
-
 
 #[cfg(test)]
 mod tests {

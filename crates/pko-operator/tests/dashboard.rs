@@ -37,7 +37,8 @@ impl Drop for Prometheus {
 
 #[tokio::test]
 async fn every_dashboard_expression_evaluates_to_series_on_a_real_prometheus() {
-    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/dashboards/pko-fleet.json")).unwrap()).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/dashboards/pko-fleet.json")).unwrap()).unwrap();
     let exprs = exprs(&dashboard);
     assert!(exprs.len() >= 20, "the dashboard has its panels: {}", exprs.len());
 

@@ -232,4 +232,3 @@ async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holde
     operator.stop().await;
     let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
 }
-

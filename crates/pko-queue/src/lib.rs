@@ -5,8 +5,8 @@
 //! namespaces, an optional per-namespace limit). No PKO types or Kubernetes here.
 #![forbid(unsafe_code)]
 
-pub mod fair;
 pub mod connect;
+pub mod fair;
 pub mod redis;
 
 use std::sync::Mutex;

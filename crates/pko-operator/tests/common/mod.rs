@@ -244,7 +244,11 @@ pub fn ready(s: &pko_api::Stack) -> bool {
 /// `prog` with `program` as its body, in `ns`.
 pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
     allow_default_sa_to_read_secrets(ns).await;
-    create(&ns.api::<k8s_openapi::api::core::v1::Secret>(), serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
+    )
+    .await;
     create(&ns.api::<pko_api::Program>(), serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
 }
 
