@@ -240,8 +240,9 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     let waited = t.elapsed();
     let noisy_done = ready_at(&noisy_stacks, "1").await;
     eprintln!("quiet Stack Ready {:.1} s after it was created, while {noisy_done}/{NOISY} noisy Stacks were Ready", waited.as_secs_f64());
-    // first in first out would have run it after all 12; round-robin runs it at the next free slot
-    assert!(noisy_done <= 6, "the quiet namespace waited behind {noisy_done} noisy updates");
+    // first in first out would have started it only after every noisy update queued before it (at
+    // least 10 of 12 done when it is Ready); round-robin starts it at the next free slot
+    assert!(noisy_done <= 8, "the quiet namespace waited behind {noisy_done} noisy updates");
     converge(&noisy_stacks, "1", NOISY, 240).await;
     no_lock_left(&env);
     operator.stop().await;
