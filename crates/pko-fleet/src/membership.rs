@@ -298,8 +298,22 @@ impl Fleet {
         let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx));
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
         let mut live = BTreeSet::new();
+        let mut seen_renewal: Option<Instant> = None;
         loop {
-            renewed.borrow_and_update();
+            let current = *renewed.borrow_and_update();
+            // a gap between two renewals longer than the deadline (this process was frozen, or the API
+            // server unreachable): the holding lapsed in between, whatever the cached Leases still say.
+            // Hold nothing; shards come back only through resourceVersion-guarded takes, which fail
+            // for a Lease another replica wrote meanwhile.
+            if let (Some(prev), Some(cur)) = (seen_renewal, current)
+                && cur.saturating_duration_since(prev) > self.cfg.renew_deadline
+                && !shards.is_empty()
+            {
+                tracing::warn!(held = shards.len(), gap_s = cur.saturating_duration_since(prev).as_secs_f64(), "membership lapsed between renewals: holding nothing");
+                shards.clear();
+                self.publish(&shards, &live, None);
+            }
+            seen_renewal = current.or(seen_renewal);
             let valid_until = self.valid_until(&renewed);
             if valid_until.is_none() {
                 if !shards.is_empty() {
