@@ -86,8 +86,8 @@ YAML
 T_START=$(date +%s)
 # every Stack Ready at its current generation with config gen=$1
 converged() {
-  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
-    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l
+  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
+    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l || true
 }
 wait_converged() {
   local n=$1 t0 last now c
@@ -117,7 +117,7 @@ for round in $(seq 1 "$ROUNDS"); do
   held=$(shards_held_by "r$victim")
   running=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
   kill -KILL "$(cat "$RUN/operator-$victim.pid")"
-  t_kill=$(date +%s.%N)
+  t_kill=$(date +%s.%N); kill_at=$(date -u +%T.%N | cut -c1-12)
   while [ "$(shards_held_by "r$victim")" -gt 0 ]; do
     [ "$(echo "$(date +%s.%N) - $t_kill > 120" | bc)" = 1 ] && fail "round $round: r$victim's shards not taken within 120 s"
     sleep 0.25
@@ -127,8 +127,8 @@ for round in $(seq 1 "$ROUNDS"); do
   start_replica "$victim"
   wait_converged "$round" >/dev/null
   took=$(( $(date +%s) - t_change ))
-  printf 'round %d: SIGKILL r%d (held %d shards, %d updates Progressing) -> shards taken in %.1f s; all %d Ready at n=%d %d s after the change\n' \
-    "$round" "$victim" "$held" "$running" "$fo" "$N" "$round" "$took"
+  printf 'round %d: %s SIGKILL r%d (held %d shards, %d updates Progressing) -> shards taken in %.1f s; all %d Ready at n=%d %d s after the change\n' \
+    "$round" "$kill_at" "$victim" "$held" "$running" "$fo" "$N" "$round" "$took"
 done
 
 sleep 5

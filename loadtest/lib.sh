@@ -11,3 +11,34 @@ delete_namespace() {
   for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
+
+# Prometheus for a run's report (Debian's `prometheus`, a bed package): prom_start DIR PORT TARGET...
+# scrapes the replicas' metrics endpoints (host:port) every 2 s into DIR; prom_stop stops it.
+prom_start() {
+  local dir=$1 port=$2; shift 2
+  mkdir -p "$dir"
+  { echo "global: {scrape_interval: 2s, evaluation_interval: 2s}"
+    echo "scrape_configs:"
+    echo "- job_name: pko"
+    echo "  static_configs:"
+    echo "  - targets: [$(printf '"%s",' "$@" | sed 's/,$//')]"; } > "$dir/prometheus.yml"
+  prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+    --web.listen-address="127.0.0.1:$port" > "$dir/prometheus.log" 2>&1 &
+  PROM_PID=$!
+  PROM_URL="http://127.0.0.1:$port"
+  for _ in $(seq 1 30); do curl -sf "$PROM_URL/-/ready" >/dev/null && return 0; sleep 1; done
+  fail "prometheus did not start (see $dir/prometheus.log)"
+}
+prom_stop() { [ -n "${PROM_PID:-}" ] && kill "$PROM_PID" 2>/dev/null || true; }
+
+# plot_report START END OUT TITLE [EVENT_T:LABEL...]: PNG plots and report.md from the run's Prometheus
+# (matplotlib in a virtualenv under ~/.cache/pko, made once from PyPI).
+plot_report() {
+  local venv="${XDG_CACHE_HOME:-$HOME/.cache}/pko/plot-venv"
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    echo "making the plotting virtualenv ($venv, matplotlib from PyPI)…"
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q matplotlib || { echo "no matplotlib: report skipped" >&2; return 0; }
+  fi
+  sleep 3   # the last scrape
+  "$venv/bin/python" "$ROOT/loadtest/plot.py" "$PROM_URL" "$@"
+}

@@ -15,6 +15,9 @@
 #   POOL_MIN=0                      agents kept per pool once it exists (--pool-min-agents): a warm pool
 #   IDLE_TIMEOUT_S=60               --pool-idle-timeout-seconds; IDLE_WAIT_S (default: it + 15) is when
 #                                   the agents left are counted
+#   FAILOVER=1                      (fleet) SIGKILL the last replica once half the Stacks are Ready, restart
+#                                   it once the survivors hold its shards
+#   REPORT_DIR=DIR                  where the report (PNG plots from the run's Prometheus, report.md) goes
 #   HOLLOW=1                        HOLLOW AGENTS (kubemark-style, control-plane load only): operations
 #                                   are simulated for that many seconds, no Pulumi runs; the report says so
 #
@@ -38,6 +41,7 @@ fail() { echo "LOADTEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f 
 
 . "$ROOT/loadtest/lib.sh"
 cleanup() {
+  prom_stop
   for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
   pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
@@ -59,19 +63,25 @@ if [ "$REPLICAS" -gt 1 ] || [ -n "${FLEET_ONE:-}" ]; then
   FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load)
 fi
 OPS=()
-for i in $(seq 0 $((REPLICAS - 1))); do
+start_replica() {
+  local i=$1
   PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
     --program-fs-addr 127.0.0.1:$((19091 + i)) --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:$((18384 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
     --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
     ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id load-$i} "${POOL[@]}" \
-    > "$RUN/operator-$i.log" 2>&1 < /dev/null &
-  OPS+=($!)
+    >> "$RUN/operator-$i.log" 2>&1 < /dev/null &
+  OPS[$i]=$!
   echo $! > "$RUN/operator-$i.pid"
-done
+}
+for i in $(seq 0 $((REPLICAS - 1))); do start_replica "$i"; done
+TARGETS=(); for i in $(seq 0 $((REPLICAS - 1))); do TARGETS+=("127.0.0.1:$((18384 + i))"); done
+prom_start "$RUN/prometheus" "${PROM_PORT:-19990}" "${TARGETS[@]}"
 sleep 1
 for op in "${OPS[@]}"; do kill -0 "$op" || fail "an operator replica did not start"; done
 OP=${OPS[0]}
 rss() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done; echo $t; }
+# CPU seconds (user + system) used so far by processes "$@", summed
+cpu_s() { local p; for p in "$@"; do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk -v hz="$(getconf CLK_TCK)" '{ s += $1 } END { printf "%.1f", s / hz }'; }
 IDLE_KIB=$(rss "${OPS[@]}")
 declare -A PEAK_OF
 for op in "${OPS[@]}"; do PEAK_OF[$op]=0; done
@@ -94,6 +104,10 @@ YAML
   done
 } > "$RUN/manifests.yaml"
 
+APISERVER=$(pgrep -f "kube-apiserver.*--secure-port=${KCFG_SERVER##*:}( |$)" | head -1 || true)
+declare -A CPU0
+for op in "${OPS[@]}"; do CPU0[$op]=$(cpu_s "$op"); done
+API_CPU0=$(cpu_s ${APISERVER:-})
 T0=$(date +%s)
 kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
 echo "applied $N Stacks; waiting for Ready (progress every 10 s)"
@@ -104,10 +118,23 @@ while :; do
   for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; done
   ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   [ "$ready" -ge "$N" ] && break
+  # FAILOVER=1 (fleet): SIGKILL the last replica once half the Stacks are Ready; restart it once the
+  # survivors hold its shards (as a Deployment restarts a killed pod)
+  if [ -n "${FAILOVER:-}" ] && [ "$REPLICAS" -gt 1 ] && [ -z "${KILLED_AT:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
+    v=$((REPLICAS - 1)); kill -KILL "${OPS[$v]}"; KILLED_AT=$(date +%s.%N)
+    echo "  FAILOVER: SIGKILL replica $v at ready=$ready/$N"
+    while kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="load-$v" '$1 ~ /-shard-/ && $2 == r {f=1} END {exit !f}'; do sleep 0.5; done
+    FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
+    echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s; restarting it"
+    start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0
+  fi
   if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
   sleep 2
 done
 READY_S=$(( $(date +%s) - T0 ))
+CPU_PER=""; CPU_TOTAL=0
+for op in "${OPS[@]}"; do c=$(echo "$(cpu_s "$op") - ${CPU0[$op]}" | bc); CPU_PER="$CPU_PER $c"; CPU_TOTAL=$(echo "$CPU_TOTAL + $c" | bc); done
+API_CPU=$(echo "$(cpu_s ${APISERVER:-}) - $API_CPU0" | bc)
 sleep 10   # let the last status writes and requeues settle
 REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
@@ -120,6 +147,7 @@ echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES fa
 if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pids ${OPS[*]} (logs $RUN/operator-*.log)"; fi
 echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "per replica (MiB):$PER_REPLICA"
+echo "operator_cpu_s (apply → all Ready): total=$CPU_TOTAL per replica:$CPU_PER; kube-apiserver=$API_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 for i in $(seq 0 $((REPLICAS - 1))); do
   echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total)' | sed 's/^/  /' || true
@@ -145,4 +173,9 @@ fi
 echo "idle cost: waiting ${IDLE_WAIT_S} s (pool idle timeout ${IDLE_TIMEOUT_S} s)…"
 sleep "$IDLE_WAIT_S"
 echo "agents_left_after_idle=$(pgrep -fc -- "$RUN/agents/pools" || true) (${IDLE_WAIT_S} s after all Ready)"
+[ -n "${FAILOVER_S:-}" ] && echo "failover mid-run: the SIGKILLed replica's shards were held by the survivors after ${FAILOVER_S} s"
+TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
+EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
+[ -n "${KILLED_AT:-}" ] && EVENTS+=("$KILLED_AT:SIGKILL replica $((REPLICAS - 1))")
+plot_report "$T0" "$(date +%s)" "${REPORT_DIR:-$RUN/report}" "$TITLE" "${EVENTS[@]}"
 if [ -n "$HOLLOW" ]; then echo "NOTE: HOLLOW AGENTS — operations were simulated (${HOLLOW} s each); no Pulumi ran"; fi

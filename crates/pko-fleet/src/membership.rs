@@ -232,22 +232,47 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The last successful membership renewal as the renewer saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Renewal {
+    /// When it was *started* (the conservative start of its validity).
+    started: Instant,
+    /// Lapses so far: successful renewals that started more than the renew deadline after the one
+    /// before (this process was frozen, or the API server unreachable, in between). A holding built
+    /// before a lapse is void, whatever the cached Leases still say.
+    lapses: u64,
+}
+
+/// Whether a successful renewal started at `started` follows the previous successful one (`previous`)
+/// by more than `deadline`: the holding lapsed in between (pure).
+fn lapsed(previous: Option<Instant>, started: Instant, deadline: Duration) -> bool {
+    previous.is_some_and(|p| started.saturating_duration_since(p) > deadline)
+}
+
 /// Renews the membership every `cfg.renew_interval` on its own task until aborted, so that taking or
 /// releasing many shards (seconds of Lease writes on a busy API server) never delays it: a renewal
 /// late by more than the lease duration would make the others take every shard of a live replica.
-/// Sends the time each successful renewal was *started* (the conservative start of its validity).
+/// Sends each successful renewal; lapses are counted here, between consecutive renewals, not where
+/// they are observed (a main loop busy writing Leases for longer than the deadline sees renewals
+/// seconds apart without any lapse).
 fn spawn_renewer(
     api: Api<Lease>,
     cfg: FleetConfig,
     labels: BTreeMap<String, String>,
     store: reflector::Store<Lease>,
-    renewed: watch::Sender<Option<Instant>>,
+    renewed: watch::Sender<Option<Renewal>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut lapses = 0;
+        let mut previous = None;
         loop {
             let started = Instant::now();
             if renew(&api, &cfg, labels.clone(), &store).await {
-                renewed.send_replace(Some(started));
+                if lapsed(previous, started, cfg.renew_deadline) {
+                    lapses += 1;
+                }
+                previous = Some(started);
+                renewed.send_replace(Some(Renewal { started, lapses }));
             }
             tokio::time::sleep_until((started + cfg.renew_interval).into()).await;
         }
@@ -293,28 +318,29 @@ impl Fleet {
         }
         let mut liveness = Liveness::default();
         let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
-        let (renewed_tx, mut renewed) = watch::channel(None);
+        let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
         // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
         let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx));
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
         let mut live = BTreeSet::new();
-        let mut seen_renewal: Option<Instant> = None;
+        // the lapses the current holding was built after
+        let mut accepted_lapses = 0;
         loop {
             let current = *renewed.borrow_and_update();
-            // a gap between two renewals longer than the deadline (this process was frozen, or the API
-            // server unreachable): the holding lapsed in between, whatever the cached Leases still say.
-            // Hold nothing; shards come back only through resourceVersion-guarded takes, which fail
-            // for a Lease another replica wrote meanwhile.
-            if let (Some(prev), Some(cur)) = (seen_renewal, current)
-                && cur.saturating_duration_since(prev) > self.cfg.renew_deadline
-                && !shards.is_empty()
+            // a renewal after a lapse (this process was frozen, or the API server unreachable, for
+            // longer than the deadline): hold nothing; shards come back only through
+            // resourceVersion-guarded takes, which fail for a Lease another replica wrote meanwhile.
+            if let Some(r) = current
+                && r.lapses != accepted_lapses
             {
-                tracing::warn!(held = shards.len(), gap_s = cur.saturating_duration_since(prev).as_secs_f64(), "membership lapsed between renewals: holding nothing");
-                shards.clear();
+                if !shards.is_empty() {
+                    tracing::warn!(held = shards.len(), "membership lapsed between renewals: holding nothing");
+                    shards.clear();
+                }
+                accepted_lapses = r.lapses;
                 self.publish(&shards, &live, None);
             }
-            seen_renewal = current.or(seen_renewal);
-            let valid_until = self.valid_until(&renewed);
+            let valid_until = self.valid_until(&renewed, accepted_lapses);
             if valid_until.is_none() {
                 if !shards.is_empty() {
                     tracing::warn!(held = shards.len(), "membership not renewed within its deadline: holding nothing");
@@ -340,8 +366,8 @@ impl Fleet {
                     .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
                     .collect();
                 let steps = plan(&self.cfg.replica, &desired, &by_shard, &live, &shards);
-                self.apply(steps, &by_shard, &mut shards, &live, &renewed).await;
-                self.publish(&shards, &live, self.valid_until(&renewed));
+                self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses)).await;
+                self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -362,9 +388,10 @@ impl Fleet {
 
     /// Carries out `steps`: drops and releases first (stop acting, publish, then write), then takes.
     /// Until when what this replica holds is valid: the renew deadline after the start of its last
-    /// successful renewal (`renewed`), if still ahead.
-    fn valid_until(&self, renewed: &watch::Receiver<Option<Instant>>) -> Option<Instant> {
-        renewed.borrow().map(|t| t + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
+    /// successful renewal (`renewed`), if still ahead and no lapse happened since the holding was built
+    /// (`accepted_lapses`): a holding from before a lapse is never published as valid again.
+    fn valid_until(&self, renewed: &watch::Receiver<Option<Renewal>>, accepted_lapses: u64) -> Option<Instant> {
+        renewed.borrow().filter(|r| r.lapses == accepted_lapses).map(|r| r.started + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
     }
 
     async fn apply(
@@ -373,7 +400,7 @@ impl Fleet {
         leases: &BTreeMap<u32, Arc<Lease>>,
         shards: &mut BTreeMap<u32, i64>,
         live: &BTreeSet<String>,
-        renewed: &watch::Receiver<Option<Instant>>,
+        (renewed, accepted_lapses): (&watch::Receiver<Option<Renewal>>, u64),
     ) {
         let mut releases = Vec::new();
         let mut takes = Vec::new();
@@ -391,7 +418,7 @@ impl Fleet {
         }
         if !releases.is_empty() {
             // nobody acts on them any more before their Leases say so
-            self.publish(shards, live, self.valid_until(renewed));
+            self.publish(shards, live, self.valid_until(renewed, accepted_lapses));
             let writes = futures::stream::iter(releases.into_iter().filter_map(|k| leases.get(&k).cloned()))
                 .map(|l| async move { lease::replace(&self.api, &l, lease::release).await })
                 .buffer_unordered(WRITE_CONCURRENCY);
@@ -401,14 +428,16 @@ impl Fleet {
         if takes.is_empty() {
             return;
         }
+        tracing::info!(taking = takes.len(), "taking shards");
         // in chunks, each published as soon as it is written: the first shards work again while the
         // rest are still being taken
         for chunk in takes.chunks(TAKE_CHUNK) {
+            let started = Instant::now();
             let taken = self.take(chunk, leases).await;
             if !taken.is_empty() {
-                tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), "shards taken");
+                tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), seconds = started.elapsed().as_secs_f64(), "shards taken");
                 shards.extend(taken);
-                self.publish(shards, live, self.valid_until(renewed));
+                self.publish(shards, live, self.valid_until(renewed, accepted_lapses));
             }
         }
     }
@@ -457,6 +486,16 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    #[test]
+    fn a_lapse_is_a_gap_between_two_successful_renewals_longer_than_the_deadline() {
+        let t0 = Instant::now();
+        let deadline = Duration::from_secs(10);
+        assert!(!lapsed(None, t0, deadline), "the first renewal");
+        assert!(!lapsed(Some(t0), t0 + Duration::from_secs(5), deadline), "on time");
+        assert!(!lapsed(Some(t0), t0 + deadline, deadline), "at the deadline exactly");
+        assert!(lapsed(Some(t0), t0 + Duration::from_secs(15), deadline), "two renewals failed in between, or frozen");
+    }
 
     fn lease(holder: Option<&str>, renewed_secs: i64) -> Lease {
         Lease {
