@@ -26,7 +26,7 @@ TIMEOUT_S=${TIMEOUT_S:-3600}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN=/tmp/pko-failover
 NS=pko-failover
-fail() { echo "FAILOVER TEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && { echo "== $l" >&2; tail -15 "$l" >&2; }; done; exit 1; }
+fail() { KEEP_NS=1; echo "FAILOVER TEST FAILED: $* (namespace $NS kept for inspection; the operators are stopped)" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && { echo "== $l" >&2; tail -15 "$l" >&2; }; done; exit 1; }
 
 . "$ROOT/loadtest/lib.sh"
 stop_all() {
@@ -34,7 +34,7 @@ stop_all() {
   sleep 2
   pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
 }
-cleanup() { stop_all; delete_namespace --wait=false; }
+cleanup() { stop_all; [ -n "${KEEP_NS:-}" ] || delete_namespace --wait=false; }
 trap cleanup EXIT
 stop_all
 delete_namespace --wait=true --timeout=120s
