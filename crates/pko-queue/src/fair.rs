@@ -17,6 +17,9 @@ pub struct Fair {
     rotation: VecDeque<String>,
     delayed: BinaryHeap<Reverse<(Instant, String)>>,
     in_flight: HashSet<String>,
+    /// Jobs pushed under a newer epoch while a job with their key was in flight under an older one:
+    /// queued when that one is done (its driver was fenced; the shard's new holder must run it).
+    after: HashMap<String, Job>,
     running: HashMap<String, usize>,
     per_namespace: usize,
 }
@@ -27,9 +30,29 @@ impl Fair {
         Self { per_namespace, ..Default::default() }
     }
 
-    /// Queues `job` now; `false` when a job with its key is queued, delayed or in flight.
+    /// Whether `job` only renews a job with its key already here: `true` when one is queued, delayed
+    /// or in flight under the same or a newer epoch (nothing to do). A waiting one under an older epoch
+    /// takes `job`'s epoch in place; an in-flight one under an older epoch is followed by `job` once it
+    /// is done (a fenced driver must not swallow the push of the shard's new holder).
+    fn absorbed(&mut self, job: &Job) -> bool {
+        let Some((held, _)) = self.jobs.get_mut(&job.key) else { return false };
+        if job.epoch > held.epoch {
+            if self.in_flight.contains(&job.key) {
+                let later = self.after.get(&job.key).map_or(0, |j| j.epoch);
+                if job.epoch > later {
+                    self.after.insert(job.key.clone(), job.clone());
+                }
+            } else {
+                *held = job.clone();
+            }
+        }
+        true
+    }
+
+    /// Queues `job` now; `false` when a job with its key is queued, delayed or in flight (one under an
+    /// older epoch is renewed, see [`Self::absorbed`]).
     pub fn push(&mut self, job: Job) -> bool {
-        if self.jobs.contains_key(&job.key) {
+        if self.absorbed(&job) {
             return false;
         }
         self.enqueue(&job.namespace, job.key.clone());
@@ -39,7 +62,7 @@ impl Fair {
 
     /// Queues `job` once `at` has come; `false` as [`Self::push`].
     pub fn push_at(&mut self, job: Job, at: Instant) -> bool {
-        if self.jobs.contains_key(&job.key) {
+        if self.absorbed(&job) {
             return false;
         }
         self.delayed.push(Reverse((at, job.key.clone())));
@@ -97,6 +120,13 @@ impl Fair {
 
     /// The job `key` is finished or abandoned: its key may be pushed again.
     pub fn done(&mut self, key: &str) {
+        self.forget(key);
+        if let Some(next) = self.after.remove(key) {
+            self.push(next);
+        }
+    }
+
+    fn forget(&mut self, key: &str) {
         let Some((job, _)) = self.jobs.remove(key) else { return };
         if self.in_flight.remove(key) {
             if let Some(n) = self.running.get_mut(&job.namespace) {
@@ -150,6 +180,34 @@ mod tests {
 
     fn keys(f: &mut Fair, n: usize) -> Vec<String> {
         (0..n).filter_map(|_| f.take(Instant::now()).map(|j| j.key)).collect()
+    }
+
+    #[test]
+    fn a_push_under_a_newer_epoch_is_not_swallowed_by_a_job_of_an_older_one() {
+        let mut f = Fair::new(0);
+        let old = job("ns", "s011");
+        let new = Job { epoch: 2, ..old.clone() };
+        // waiting: renewed in place
+        assert!(f.push(old.clone()));
+        assert!(!f.push(new.clone()));
+        assert_eq!(f.take(Instant::now()).map(|j| j.epoch), Some(2));
+        f.done(&old.key);
+        // in flight under epoch 1 (its driver is being fenced): epoch 2 runs once it is done
+        assert!(f.push(old.clone()));
+        assert_eq!(f.take(Instant::now()).map(|j| j.epoch), Some(1));
+        assert!(!f.push(new.clone()));
+        assert!(!f.push(old.clone()), "an older or equal epoch changes nothing");
+        assert_eq!(f.take(Instant::now()), None, "the key stays taken while in flight");
+        f.done(&old.key);
+        assert_eq!(f.take(Instant::now()).map(|j| j.epoch), Some(2), "the new holder's job runs");
+        f.done(&old.key);
+        assert_eq!((f.waiting(), f.in_flight()), (0, 0));
+        // the same epoch while in flight: nothing follows
+        assert!(f.push(old.clone()));
+        f.take(Instant::now());
+        assert!(!f.push(old.clone()));
+        f.done(&old.key);
+        assert_eq!(f.take(Instant::now()), None);
     }
 
     #[test]
