@@ -70,7 +70,14 @@ def main():
                 if not pts:
                     continue
                 inst = series["metric"].get("instance", "")
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label.format(instance=inst))
+                xs, ys = [], []
+                for i, (x, y) in enumerate(pts):
+                    if i and x - pts[i - 1][0] > 5:  # no scrape (a killed replica): break the line
+                        xs.append(float("nan"))
+                        ys.append(float("nan"))
+                    xs.append(x)
+                    ys.append(y)
+                ax.plot(xs, ys, label=label.format(instance=inst))
                 drawn += 1
         for t, label in events:
             ax.axvline(t - start, color="red", linestyle="--", linewidth=1)
