@@ -105,7 +105,6 @@ echo "applied $N Stacks on $REPLICAS replicas; waiting for the first convergence
 wait_converged 0 >/dev/null
 echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 
-shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
 FAILOVERS=()
 for round in $(seq 1 "$ROUNDS"); do
   t_change=$(date +%s)

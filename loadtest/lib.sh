@@ -1,5 +1,6 @@
 # Shared by the load tests (sourced; needs ROOT, NS and fail()): the bed's environment, release
-# binaries in BIN (progress shown line by line), and delete_namespace.
+# binaries in BIN (progress shown line by line), delete_namespace, shards_held_by, and a per-run Prometheus
+# with its plotted report (prom_start, prom_stop, plot_report).
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
 echo "building pko-operator and pko-agent (release)…"
 (cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
@@ -11,6 +12,9 @@ delete_namespace() {
   for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
+
+# shards_held_by REPLICA: how many shard Leases of the fleet in $NS name REPLICA as holder
+shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
 
 # Prometheus for a run's report (Debian's `prometheus`, a bed package): prom_start DIR PORT TARGET...
 # scrapes the replicas' metrics endpoints (host:port) every 2 s into DIR; prom_stop stops it.

@@ -123,7 +123,7 @@ while :; do
   if [ -n "${FAILOVER:-}" ] && [ "$REPLICAS" -gt 1 ] && [ -z "${KILLED_AT:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
     v=$((REPLICAS - 1)); kill -KILL "${OPS[$v]}"; KILLED_AT=$(date +%s.%N)
     echo "  FAILOVER: SIGKILL replica $v at ready=$ready/$N"
-    while kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="load-$v" '$1 ~ /-shard-/ && $2 == r {f=1} END {exit !f}'; do sleep 0.5; done
+    while [ "$(shards_held_by "load-$v")" -gt 0 ]; do sleep 0.5; done
     FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
     echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s; restarting it"
     start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0

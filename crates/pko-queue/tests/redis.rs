@@ -1,5 +1,6 @@
 //! The Redis work queue against the bed's real redis-server: jobs outlive the replica that queued them,
-//! a shard's new holder adopts them, the old holder is fenced out (claim, heartbeat, push), a Redis
+//! a shard's new holder adopts them, the old holder is fenced out (claim, heartbeat, push), a replica
+//! regaining a shard runs a job its fenced driver still held at the new epoch, a Redis
 //! that lost everything loses no job, and through Redis Sentinel the queue follows its master across a
 //! failover (a master killed, then a forced failover back).
 
@@ -52,6 +53,32 @@ async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
     }
     let c = RedisQueue::new(bed.redis_url(), &prefix, "c", 0).unwrap();
     assert_eq!(c.adopt(3, 3).await.unwrap(), 0, "nothing left once b acknowledged");
+}
+
+#[tokio::test]
+async fn a_replica_that_regains_a_shard_while_its_fenced_driver_still_runs_the_job_runs_it_at_the_new_epoch() {
+    let bed = testbed();
+    let prefix = bed.redis_prefix("regain");
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap();
+    a.ping().await.unwrap();
+    // a drives u1 of shard 4 at epoch 1 …
+    assert!(a.push(job("u1", 4, 1)).await.unwrap());
+    let running = pop(&a).await;
+    // … loses the shard and takes it again at epoch 2 before that driver has noticed: adopting the
+    // shard and the Update's reconcile both push u1 at epoch 2 while the epoch-1 job is in flight
+    assert_eq!(a.adopt(4, 2).await.unwrap(), 0, "u1 is here already: not queued twice");
+    assert!(!a.push(job("u1", 4, 2)).await.unwrap(), "the key is taken while in flight");
+    nothing(&a).await;
+    assert!(!a.heartbeat(&running).await, "the epoch-1 driver is fenced");
+    // once the fenced driver is done, the job runs again at epoch 2 (it used to vanish here)
+    a.done(&running).await;
+    let again = pop(&a).await;
+    assert_eq!((again.name.as_str(), again.epoch), ("u1", 2));
+    assert!(a.heartbeat(&again).await, "claimed in Redis at the new epoch");
+    a.done(&again).await;
+    nothing(&a).await;
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
+    assert_eq!(b.adopt(4, 3).await.unwrap(), 0, "acknowledged at epoch 2: nothing left in Redis");
 }
 
 #[tokio::test]
