@@ -55,6 +55,19 @@ pub fn invalid(field: &str, message: impl Into<String>) -> Status {
     Status::with_details(tonic::Code::InvalidArgument, format!("{field}: {message}"), info.encode_to_vec().into())
 }
 
+/// How late a request arrived at `now` past its sender's `not_after` (the renew deadline of the
+/// sender's hold on the shard, `OperationRequest.not_after`); `None`: in time, or no deadline given.
+/// A malformed timestamp counts as already past (it cannot prove the sender still holds its shard).
+pub fn late_by(not_after: Option<&prost_types::Timestamp>, now: std::time::SystemTime) -> Option<std::time::Duration> {
+    let t = not_after?;
+    let deadline = u64::try_from(t.seconds)
+        .ok()
+        .zip(u32::try_from(t.nanos).ok().filter(|n| *n < 1_000_000_000))
+        .map(|(s, n)| std::time::UNIX_EPOCH + std::time::Duration::new(s, n))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    now.duration_since(deadline).ok()
+}
+
 /// Checks a `Run` request before anything runs: the required fields, a git URL and revision that git
 /// cannot read as options ([`pko_git::validate_url`], [`pko_git::validate_ref`]), and environment names
 /// and values a process can carry (a name that is empty or holds `=` or NUL, a value with NUL).
@@ -193,6 +206,16 @@ impl Agent for AgentService {
         self.inner.auth.check(request.metadata()).await?;
         let req = request.into_inner();
         validate_request(&req)?;
+        // fenced by time: the sender checked its hold on the shard before the call, but may have been
+        // frozen since, and the shard's new holder may run this operation on another agent
+        if let Some(late) = late_by(req.not_after.as_ref(), std::time::SystemTime::now()) {
+            tracing::warn!(operation = %req.operation_id, epoch = req.epoch, call = "run", late_s = late.as_secs_f64(), "agent call refused: past its sender's fence deadline");
+            return Err(Status::failed_precondition(format!(
+                "operation {}: the request arrived {:.3} s after its sender's hold on the shard lapsed (not_after); the shard may have a newer holder",
+                req.operation_id,
+                late.as_secs_f64()
+            )));
+        }
         if let Some(op) = self.inner.ops.get(&req.operation_id) {
             // The same operation again (e.g. a retried call, or the shard's new holder): follow it
             // instead of running it twice — unless the caller's epoch is stale. Also while shutting
@@ -305,5 +328,23 @@ impl AgentService {
             .get_or_try_init(|| async { crate::pulumi::version(&self.inner.ctx.pulumi).await.map_err(|e| Status::internal(format!("pulumi version: {e}"))) })
             .await
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::late_by;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn a_request_past_its_senders_fence_deadline_is_late_and_one_without_a_deadline_never_is() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let at = |seconds, nanos| prost_types::Timestamp { seconds, nanos };
+        assert_eq!(late_by(None, now), None);
+        assert_eq!(late_by(Some(&at(1_001, 0)), now), None, "in time");
+        assert_eq!(late_by(Some(&at(999, 500_000_000)), now), Some(Duration::from_millis(500)));
+        assert_eq!(late_by(Some(&at(1_000, 0)), now), Some(Duration::ZERO), "at the deadline is too late");
+        assert_eq!(late_by(Some(&at(-5, 0)), now), Some(Duration::from_secs(1_000)), "a malformed deadline counts as past");
+        assert_eq!(late_by(Some(&at(2_000, -1)), now), Some(Duration::from_secs(1_000)));
     }
 }

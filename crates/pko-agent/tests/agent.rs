@@ -268,6 +268,26 @@ async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
 }
 
 #[tokio::test]
+async fn a_run_arriving_after_its_senders_fence_deadline_starts_nothing_and_one_in_time_runs() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let mut late = request(&env, "late-1", &slow(&env, "late", 0), "dev", OperationType::Up);
+    late.not_after = Some(prost_types::Timestamp { seconds: now.as_secs() as i64 - 2, nanos: 0 });
+    let refused = c.run(late).await.expect_err("a Run past its fence deadline is refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{}", refused.message());
+    assert!(refused.message().contains("after its sender's hold on the shard lapsed"), "{}", refused.message());
+    assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32, "nothing started");
+    let unknown = c.attach(AttachRequest { operation_id: "late-1".into(), epoch: 1 }).await.expect_err("the refused operation is not known");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let mut in_time = request(&env, "late-1", &slow(&env, "late", 0), "dev", OperationType::Up);
+    in_time.not_after = Some(prost_types::Timestamp { seconds: now.as_secs() as i64 + 60, nanos: 0 });
+    let r = result(&run(&mut c, in_time).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+}
+
+#[tokio::test]
 async fn cancel_interrupts_the_operation_and_leaves_nothing_locked() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);

@@ -54,8 +54,9 @@ impl Update {
         is_true(self.conditions(), uc::COMPLETE)
     }
 
-    /// `status.startTime` is set: an agent began the operation once (it may run still, after a
-    /// dispatcher's restart or a shard move, and is then followed rather than started again).
+    /// `status.startTime` is set: the operation was handed to an agent once — a dispatcher records it
+    /// right before it calls the agent's `Run` — so an agent may run it still (after the dispatcher's
+    /// restart or crash, or a shard move), and it is looked for there rather than started again.
     pub fn was_started(&self) -> bool {
         self.status.as_ref().is_some_and(|s| s.start_time.is_some())
     }

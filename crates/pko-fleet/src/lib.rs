@@ -23,6 +23,14 @@ pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {
     fn shard(&self, _namespace: &str, _name: &str) -> u32 {
         0
     }
+    /// Until when (wall clock) this replica's hold on the shard of `namespace/name` stays valid — its
+    /// renew deadline, before any other replica can take the shard. Carried by every agent `Run`
+    /// (`OperationRequest.not_after`), so that a request delivered later — its sender frozen between
+    /// its last fencing check and the call — is refused by the agent. `None`: no deadline (one
+    /// replica, which nobody takes over from); a shard not held gives a time already past.
+    fn not_after(&self, _namespace: &str, _name: &str) -> Option<std::time::SystemTime> {
+        None
+    }
 }
 
 /// A single replica: owns every object, epoch 1.

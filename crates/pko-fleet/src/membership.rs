@@ -82,6 +82,16 @@ impl Held {
     pub fn epoch(&self, shard: u32) -> Option<i64> {
         self.valid_until.filter(|until| Instant::now() < *until).and_then(|_| self.shards.get(&shard).copied())
     }
+
+    /// Until when (wall clock) `shard` is held validly: the renew deadline of the last renewal, or
+    /// the Unix epoch (already past) when the shard is not held or the holding lapsed.
+    pub fn not_after(&self, shard: u32) -> std::time::SystemTime {
+        let now = Instant::now();
+        match self.valid_until {
+            Some(until) if now < until && self.shards.contains_key(&shard) => std::time::SystemTime::now() + (until - now),
+            _ => std::time::SystemTime::UNIX_EPOCH,
+        }
+    }
 }
 
 /// [`Ownership`] by held shards: an object is owned when its shard is held and the holding valid.
@@ -105,6 +115,10 @@ impl Ownership for ShardOwnership {
 
     fn epoch(&self, namespace: &str, name: &str) -> i64 {
         self.held.borrow().epoch(self.shard(namespace, name)).unwrap_or(0)
+    }
+
+    fn not_after(&self, namespace: &str, name: &str) -> Option<std::time::SystemTime> {
+        Some(self.held.borrow().not_after(self.shard(namespace, name)))
     }
 
     fn shard(&self, namespace: &str, name: &str) -> u32 {
@@ -486,6 +500,17 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    #[test]
+    fn a_held_shard_is_valid_until_the_renew_deadline_in_wall_clock_and_anything_else_is_already_past() {
+        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(Instant::now() + Duration::from_secs(4)) };
+        let until = held.not_after(3).duration_since(std::time::SystemTime::now()).expect("in the future");
+        assert!(until > Duration::from_secs(3) && until <= Duration::from_secs(4), "{until:?}");
+        assert_eq!(held.not_after(4), std::time::SystemTime::UNIX_EPOCH, "a shard not held");
+        let lapsed = Held { valid_until: Some(Instant::now() - Duration::from_millis(1)), ..held.clone() };
+        assert_eq!(lapsed.not_after(3), std::time::SystemTime::UNIX_EPOCH, "a lapsed holding");
+        assert_eq!(Held { valid_until: None, ..held }.not_after(3), std::time::SystemTime::UNIX_EPOCH, "nothing held");
+    }
 
     #[test]
     fn a_lapse_is_a_gap_between_two_successful_renewals_longer_than_the_deadline() {

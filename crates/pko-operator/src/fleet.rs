@@ -48,6 +48,10 @@ impl Ownership for FleetOwnership {
     fn shard(&self, namespace: &str, name: &str) -> u32 {
         self.shards.shard(namespace, name)
     }
+
+    fn not_after(&self, namespace: &str, name: &str) -> Option<std::time::SystemTime> {
+        self.shards.not_after(namespace, name)
+    }
 }
 
 impl FleetOwnership {

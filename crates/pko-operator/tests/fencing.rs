@@ -7,8 +7,10 @@
 //! - from the audit log: the frozen replica writes nothing to an object of a shard it held — Stack,
 //!   Workspace, Update, outputs Secret, Event, Program — unless it first took that shard again
 //!   (a new epoch, through its Lease);
-//! - from the agents' own logs: no agent call (Run, Attach, Cancel) carries an epoch older than one
-//!   already seen for its operation, and no agent refused a stale epoch after the freeze;
+//! - from the agents' own logs: no agent served a call (Run, Attach, Cancel) with an epoch older than
+//!   one already seen for its operation; the only calls refused after the freeze are those the frozen
+//!   replica checked and sent right before it froze, refused for arriving past their fence deadline
+//!   (`OperationRequest.not_after`); no operation was started on two agents;
 //! - from the programs' own trace: each Stack's `up` ran exactly once; every Stack is Ready, no Update
 //!   is left Progressing and no backend lock is left.
 
@@ -147,13 +149,17 @@ fn audit_writes(since: Timestamp) -> Vec<Write> {
         .collect()
 }
 
-/// One agent call seen in an agent's log: when, which operation, which epoch, refused or not.
+/// One agent call seen in an agent's log: when, which operation, which epoch, refused or not, and
+/// whether it was refused for arriving after its sender's fence deadline (`late`), or started the
+/// operation on that agent (`accepted`).
 #[derive(Debug)]
 struct Call {
     at: Timestamp,
     operation: String,
     epoch: i64,
     refused: bool,
+    late: bool,
+    accepted: bool,
 }
 
 fn agent_calls(dir: &Path) -> Vec<Call> {
@@ -169,7 +175,7 @@ fn agent_calls(dir: &Path) -> Vec<Call> {
             else {
                 continue;
             };
-            calls.push(Call { at, operation, epoch, refused: line.contains("refused") });
+            calls.push(Call { at, operation, epoch, refused: line.contains("refused"), late: line.contains("fence deadline"), accepted: line.contains("operation accepted") });
         }
     }
     calls.sort_by_key(|c| c.at);
@@ -308,16 +314,26 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     eprintln!("{} writes by {victim} after SIGCONT; shards it took again: {:?}", writes.len(), retaken.keys().collect::<Vec<_>>());
     assert!(violations.is_empty(), "writes by the frozen replica to shards it had lost: {violations:#?}");
 
-    // agents: epochs never go back for an operation, and nothing stale was refused after the freeze
+    // agents: no call with a stale epoch was served after the freeze; the only refusals after it are
+    // of calls the frozen replica had checked and sent right before it froze, which arrived after
+    // its fence deadline; and no operation was started on two agents
     let calls = agent_calls(env.dir());
     assert!(!calls.is_empty(), "the agents log their calls");
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-    for c in &calls {
+    for c in calls.iter().filter(|c| !c.refused) {
         let n = newest.entry(c.operation.as_str()).or_insert(c.epoch);
-        assert!(c.epoch >= *n || c.at < t_cont, "a call with a stale epoch after the freeze: {c:?} (newest {n})");
+        assert!(c.epoch >= *n || c.at < t_cont, "a call with a stale epoch served after the freeze: {c:?} (newest {n})");
         *n = (*n).max(c.epoch);
-        assert!(!(c.refused && c.at >= t_cont), "an agent refused a stale call after the freeze: {c:?}");
     }
+    for c in calls.iter().filter(|c| c.refused && c.at >= t_cont) {
+        assert!(c.late, "an agent refused a stale call after the freeze that its sender should not have made: {c:?}");
+    }
+    eprintln!("calls in flight at the freeze, refused by their fence deadline: {}", calls.iter().filter(|c| c.late).count());
+    let mut accepted: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in calls.iter().filter(|c| c.accepted) {
+        *accepted.entry(c.operation.as_str()).or_default() += 1;
+    }
+    assert!(accepted.values().all(|n| *n == 1), "an operation started on more than one agent: {accepted:?}");
 
     // the work itself: one `up` per Stack, nothing left running, no lock
     let mut trace: Vec<String> = std::fs::read_to_string(&runs).unwrap().lines().map(str::to_string).collect();

@@ -1,6 +1,7 @@
 //! An Update runs on a real agent (the `pko-agent` binary) against the test bed, its status and outputs
 //! Secret are written as PKO does, and a dispatcher that dies mid-operation re-attaches instead of
-//! aborting.
+//! aborting. The Update is marked started before `Run` is sent, and `Run` carries the fence deadline
+//! the agent enforces.
 
 mod common;
 
@@ -16,7 +17,7 @@ use pko_proto::v1::ResultStatus;
 use pko_testbed::testbed;
 use serde_json::json;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let bed = testbed();
     let client = bed.client().await.unwrap();
@@ -113,14 +114,43 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "UpdateFailed".into())));
     assert!(u2.status.unwrap().message.unwrap().contains("exit"), "the error reaches the Update");
 
-    // fenced from the start (the shard moved, or this replica was frozen past its deadline): the
-    // operation's events are read, but nothing is written to the Update
+    // marked started before any agent has it: at the moment `Run` is sent (its fence deadline is
+    // asked then), the Update in the API server is already Progressing with a start time — so a
+    // dispatcher killed right after the call leaves an Update its successor knows to look for
+    let u4: Update = create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4", "type": "preview"}}),
+    )
+    .await;
+    let at_run = std::sync::Mutex::new(None);
+    let probe = || {
+        let u = tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(updates.get("u4"))).unwrap();
+        *at_run.lock().unwrap() = Some((u.was_started(), condition(&u, "Progressing")));
+        None
+    };
+    // (its stack lacks the project's config: the preview fails, which does not matter here)
+    dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u4, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe }).await.unwrap();
+    assert_eq!(at_run.into_inner().unwrap(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
+
+    // the deadline reaches the agent: a Run sent past it (its sender frozen right after its last
+    // check) is refused and starts nothing
+    let u5: Update = create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u5"}, "spec": {"workspaceName": "ws", "stackName": "dev5", "type": "preview"}}),
+    )
+    .await;
+    let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
+    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u5, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past }).await;
+    assert!(matches!(&r, Err(dispatch::DispatchError::Agent(_, m)) if m.contains("hold on the shard lapsed")), "{r:?}");
+
+    // fenced from the start (the shard moved, or this replica was frozen past its deadline): nothing
+    // runs, and nothing is written to the Update
     let u3: Update = create(
         &updates,
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u3, &workspace, &dispatch::Hooks { fenced: &|| true, started: &|| {} }).await;
+    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u3, &workspace, &dispatch::Hooks { fenced: &|| true, started: &|| {}, not_after: &|| None }).await;
     assert!(matches!(r, Err(dispatch::DispatchError::Fenced)), "{r:?}");
     assert!(updates.get("u3").await.unwrap().status.is_none(), "a fenced dispatcher writes nothing");
 }

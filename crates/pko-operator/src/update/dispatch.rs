@@ -46,6 +46,10 @@ pub struct Hooks<'a> {
     pub fenced: &'a (dyn Fn() -> bool + Send + Sync),
     /// Called once, at the first event of the operation on its agent (Pulumi started, or a re-attach).
     pub started: &'a (dyn Fn() + Send + Sync),
+    /// Asked right before `Run`: until when (wall clock) the shard is held at the operation's epoch
+    /// ([`pko_fleet::Ownership::not_after`]), sent as `OperationRequest.not_after` so that the agent
+    /// refuses the call if it arrives later; `None`: no deadline.
+    pub not_after: &'a (dyn Fn() -> Option<std::time::SystemTime> + Send + Sync),
 }
 
 fn never() -> bool {
@@ -54,11 +58,21 @@ fn never() -> bool {
 
 fn nothing() {}
 
+fn no_deadline() -> Option<std::time::SystemTime> {
+    None
+}
+
 impl Hooks<'static> {
-    /// Never fenced, nothing told (tests, a single replica's tools).
+    /// Never fenced, no deadline, nothing told (tests, a single replica's tools).
     pub fn none() -> Self {
-        Hooks { fenced: &never, started: &nothing }
+        Hooks { fenced: &never, started: &nothing, not_after: &no_deadline }
     }
+}
+
+/// `t` as a protobuf timestamp (seconds and nanoseconds since the Unix epoch; times before it as 0).
+fn timestamp(t: std::time::SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp { seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nanos: d.subsec_nanos() as i32 }
 }
 
 async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
@@ -120,27 +134,35 @@ pub async fn run_on_agent(
         }
     };
     let mut agent_client = AgentClient::connect(agent.to_string()).await.map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?;
+    // Marked Progressing, with its start time, before any agent can have it (PKO marks it before it
+    // connects): whoever dispatches this Update next — after a restart, a crash or a shard move — then
+    // knows an agent may run it ([`Update::was_started`]) and looks for that agent before starting it
+    // anywhere else. Marked after the first event instead, a dispatcher killed in between left an
+    // Update that looked never started while an agent ran it.
+    let marked = st.start_time.is_some() && old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
+    if !marked {
+        st.start_time.get_or_insert_with(pko_api::conditions::now);
+        st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));
+        check()?;
+        write_status(&api, update, &st).await?;
+    }
+    // the last moment before the operation can start: connecting and marking may have taken a while.
+    // This replica may still be frozen right after this check; the agent then refuses the call by the
+    // deadline it carries (the shard's new holder may run the operation on another agent meanwhile).
+    check()?;
+    let mut req = req;
+    req.not_after = (hooks.not_after)().map(timestamp);
     let mut call = tonic::Request::new(req);
     if let Some(t) = token {
         call.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| DispatchError::Agent(agent.into(), "token is not a valid header".into()))?);
     }
-    // the last moment before the operation can start: connecting may have taken a while
-    check()?;
     let mut stream = agent_client.run(call).await.map_err(|s| DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())))?.into_inner();
 
-    let mut marked = old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
     let mut first = true;
     while let Some(ev) = stream.next().await {
         let ev = ev.map_err(|s| DispatchError::Agent(agent.into(), s.message().to_string()))?;
         if std::mem::take(&mut first) {
             (hooks.started)();
-        }
-        if !marked {
-            st.start_time.get_or_insert_with(pko_api::conditions::now);
-            st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));
-            check()?;
-            write_status(&api, update, &st).await?;
-            marked = true;
         }
         let Some(Event::Result(result)) = ev.event else { continue };
         if result.status == ResultStatus::Interrupted as i32 {

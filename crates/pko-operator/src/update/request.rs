@@ -161,6 +161,8 @@ pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: 
             run_program: update.run_program.unwrap_or(false),
             preview_only: update.preview_only.unwrap_or(false),
         }),
+        // set by the dispatcher right before `Run` (`dispatch::Hooks::not_after`)
+        not_after: None,
     })
 }
 

@@ -1,0 +1,155 @@
+//! A replica SIGKILLed the moment its pool agent has accepted an operation (two `pko-operator`
+//! processes in one fleet over the bed's redis-server, `--agent-pools`): the Update was marked started
+//! before the agent had it, so the shard's next holder looks for the agent that runs it — one of the
+//! dead replica's — and follows it there instead of starting a second `up` on an agent of its own
+//! (which would meet the backend lock and fail the Update `UpdateConflict`). Asserted from the agents'
+//! own answers and records, the program's own trace and the survivor's log. (The kill lands a few
+//! milliseconds after the agent took the operation, usually after the Update's status write too; that
+//! the mark is written before `Run` is sent at all is asserted deterministically in `tests/update.rs`.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use pko_api::{Stack, Update};
+use pko_proto::v1::agent_client::AgentClient;
+use pko_proto::v1::{StatusRequest, status_response::State};
+use pko_testbed::{eventually, testbed};
+use serde_json::json;
+
+const SHARDS: u32 = 64;
+const FLEET: &str = "crash";
+
+fn start_replica(env: &pko_testbed::PulumiEnv, ns: &str, name: &str, redis: &[&str], port: u16) -> Child {
+    let bed = testbed();
+    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
+        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
+        .arg(agent_bin())
+        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
+        .arg(bed.ca_file())
+        .arg("--local-work-dir")
+        .arg(env.dir().join("agents"))
+        .args(["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"])
+        .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", FLEET, "--replica-id", name, "--shards", &SHARDS.to_string()])
+        .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
+        .args(redis)
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir())
+        .env("KUBECONFIG", bed.kubeconfig())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(log("out")))
+        .stderr(Stdio::from(log("err")))
+        .spawn()
+        .unwrap()
+}
+
+/// The holder of every shard Lease of the fleet that has one.
+async fn holders(leases: &Api<Lease>) -> Vec<(u32, String)> {
+    let lp = ListParams::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
+    let items = leases.list(&lp).await.unwrap().items;
+    items.into_iter().filter_map(|l| Some((l.labels().get("pulumi.com/shard")?.parse().ok()?, l.spec?.holder_identity.filter(|h| !h.is_empty())?))).collect()
+}
+
+/// The addresses recorded by `replica`'s pool agents: `<agents>/pools/<ns>/<class>/<replica>/<n>/agent.json`.
+fn recorded_agents(pools: &Path, replica: &str) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let classes = std::fs::read_dir(pools).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
+    for class in classes {
+        for slot in std::fs::read_dir(class.path().join(replica)).into_iter().flatten().flatten() {
+            let Ok(bytes) = std::fs::read(slot.path().join("agent.json")) else { continue };
+            if let Some(address) = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["address"].as_str().map(str::to_string)) {
+                out.push((slot.path(), address));
+            }
+        }
+    }
+    out
+}
+
+/// The operation the agent at `address` runs, when it is busy.
+async fn running_on(address: &str) -> Option<String> {
+    let mut c = AgentClient::connect(format!("http://{address}")).await.ok()?;
+    let s = c.status(StatusRequest {}).await.ok()?.into_inner();
+    (s.state == State::Busy as i32 && !s.current_operation_id.is_empty()).then_some(s.current_operation_id)
+}
+
+#[tokio::test]
+async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_there_by_its_successor() {
+    let (_client, ns, env) = setup("crash").await;
+    let trace = env.dir().join("runs.txt");
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {
+            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo a >> {}", trace.display())}},
+            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", trace.display())}, "options": {"dependsOn": ["${a}"]}}}}),
+    )
+    .await;
+    let prefix = testbed().redis_prefix("crash");
+    let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
+    let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let mut replicas: Vec<Option<Child>> = ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(start_replica(&env, ns.name(), r, &redis, *p))).collect();
+    let leases: Api<Lease> = ns.api();
+    eventually("both replicas hold shards, every shard held", 90, || async {
+        let h = holders(&leases).await;
+        h.len() == SHARDS as usize && ["r0", "r1"].iter().all(|r| h.iter().any(|(_, x)| x == r))
+    })
+    .await;
+
+    prog_stack(&ns, &env, "s", json!({})).await;
+    let shard = pko_fleet::ring::shard_of(&format!("{}/s", ns.name()), SHARDS);
+    let owner = holders(&leases).await.into_iter().find(|(s, _)| *s == shard).map(|(_, h)| h).unwrap();
+    let (victim, survivor) = if owner == "r0" { (0, "r1") } else { (1, "r0") };
+
+    // kill the owner the moment one of its agents reports the operation as running
+    let pools = env.dir().join("agents").join("pools");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (slot, op) = loop {
+        assert!(Instant::now() < deadline, "no agent of {owner} ran the operation within 120 s");
+        let mut found = None;
+        for (slot, address) in recorded_agents(&pools, &owner) {
+            if let Some(op) = running_on(&address).await {
+                found = Some((slot, op));
+                break;
+            }
+        }
+        if let Some(f) = found {
+            break f;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let mut dead = replicas[victim].take().unwrap();
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let killed = Instant::now();
+    eprintln!("{owner} SIGKILLed while its agent ({}) runs {op}", slot.display());
+
+    let updates = ns.api::<Update>();
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1);
+    assert!(all[0].was_started(), "the Update was marked started before its agent had it: {:?}", all[0].status);
+
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack is Ready on the survivor", 120, || async { ready(&stacks.get("s").await.unwrap()) }).await;
+    eprintln!("Stack Ready {:.1} s after the kill", killed.elapsed().as_secs_f64());
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1, "no second Update: {:?}", all.iter().map(|u| (u.name_any(), u.status.clone())).collect::<Vec<_>>());
+    assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "the Update succeeded (no lock conflict)");
+    assert_eq!(std::fs::read_to_string(&trace).unwrap().lines().collect::<Vec<_>>(), ["a", "b"], "each resource created once");
+    let log = std::fs::read_to_string(env.dir().join(format!("{survivor}.err.log"))).unwrap() + &std::fs::read_to_string(env.dir().join(format!("{survivor}.out.log"))).unwrap();
+    assert!(log.contains("found the agent running the operation; following it"), "the survivor followed the dead replica's agent");
+    assert!(recorded_agents(&pools, survivor).is_empty(), "the survivor started no agent of its own for it: {:?}", recorded_agents(&pools, survivor));
+    assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
+
+    for mut r in replicas.into_iter().flatten() {
+        let _ = r.kill();
+        let _ = r.wait();
+    }
+    let _ = Command::new("pkill").args(["-f", &pools.display().to_string()]).status();
+}
