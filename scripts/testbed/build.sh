@@ -98,6 +98,15 @@ WRAP
   chmod +x "$TB_BIN/pulumi-language-python"
 }
 
+build_helm() {
+  local W="$TB_SRC/helm-$HELM_VERSION"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/helm >/dev/null 2>&1
+  go get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  go build -mod=mod -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$TB_BIN/" \
+    helm.sh/helm/v3/cmd/helm
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -121,4 +130,5 @@ step pulumi-nodejs build_pulumi_nodejs
 # The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
 step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
 step pulumi-python build_pulumi_python
+step helm build_helm "$HELM_VERSION"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"
