@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -28,6 +28,17 @@ use crate::ownership::{Namespaces, Ownership};
 
 /// Field manager of the shard label.
 pub const SHARD_FIELD_MANAGER: &str = "pulumi-kubernetes-operator/shard";
+
+/// How long a holding had lapsed when a new one is published (pure): `previous` is the validity of
+/// the holding published before, `current` that of the new one, at `now`. A holding lapses without
+/// anything being published when its renewal comes late (the membership loop busy writing Leases, the
+/// API server slow): `Held::epoch` fences everything from its deadline on, by the clock. `None`: no
+/// gap (still valid, or not valid now either, or nothing held before).
+pub fn resumed_after_gap(previous: Option<Instant>, current: Option<Instant>, now: Instant) -> Option<Duration> {
+    let previous = previous?;
+    let current = current.filter(|c| *c > now)?;
+    (previous <= now && current > previous).then(|| now - previous)
+}
 
 /// Ownership by held shards, within some namespaces when the replica is scoped (`--namespaces`).
 #[derive(Debug, Clone)]
@@ -160,12 +171,27 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     let (gained_tx, gained) = watch::channel(0u64);
     let publish = tokio::spawn(async move {
         let mut last: Option<BTreeSet<u32>> = None;
+        let mut last_valid: Option<Instant> = None;
         loop {
-            let (held, members): (BTreeSet<u32>, usize) = {
+            let (held, members, valid_until): (BTreeSet<u32>, usize, Option<Instant>) = {
                 let h = changes.borrow_and_update();
-                (h.shards.keys().copied().collect(), h.members.len())
+                (h.shards.keys().copied().collect(), h.members.len(), h.valid_until)
             };
             metrics::gauge!(crate::metrics::names::FLEET_MEMBERS).set(members as f64);
+            let gap = resumed_after_gap(last_valid, valid_until, Instant::now());
+            last_valid = valid_until;
+            if let Some(gap) = gap
+                && last.as_ref() == Some(&held)
+            {
+                // Everything was fenced meanwhile: dispatches let their operations go, reconciles
+                // skipped their objects and scheduled nothing more. The shards did not change, so
+                // nothing would look at those objects again: re-list them (every object of a re-list
+                // is handed to the controllers) and reconcile the unsharded kinds, as on a gain.
+                tracing::warn!(held = held.len(), gap_s = gap.as_secs_f64(), "holding valid again after lapsing for a moment: reconciling every object of the held shards");
+                metrics::counter!(crate::metrics::names::FLEET_HOLDING_GAPS_TOTAL).increment(1);
+                gained_tx.send_modify(|n| *n += 1);
+                tx.send_replace(shard_selector(&held, total));
+            }
             if last.as_ref() != Some(&held) {
                 let before = last.clone().unwrap_or_default();
                 let (gained, lost) = (held.difference(&before).count(), before.difference(&held).count());
@@ -216,4 +242,20 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
         }
     }
     watch.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holding_that_lapsed_before_the_next_was_published_is_a_gap_and_others_are_not() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(resumed_after_gap(Some(now - s(2)), Some(now + s(8)), now), Some(s(2)), "lapsed 2 s ago, valid again");
+        assert_eq!(resumed_after_gap(Some(now + s(1)), Some(now + s(9)), now), None, "renewed in time");
+        assert_eq!(resumed_after_gap(None, Some(now + s(9)), now), None, "nothing valid before (a start, or a lapse already handled)");
+        assert_eq!(resumed_after_gap(Some(now - s(2)), None, now), None, "still not valid");
+        assert_eq!(resumed_after_gap(Some(now - s(2)), Some(now - s(1)), now), None, "published already expired");
+    }
 }

@@ -18,7 +18,7 @@
 //!   `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}` (gauge),
 //!   `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
 //! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
-//!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}` (counter),
+//!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}`, `pko_fleet_holding_gaps_total` (counters),
 //!   `pko_fleet_lease_writes_total{lease="member"|"shard",result="done"|"conflict"}` (counter: the
 //!   coordination cost);
 //! - the process's (`metrics-process`): `process_cpu_seconds_total`, `process_resident_memory_bytes`, …
@@ -81,6 +81,9 @@ pub mod names {
     pub const SHARDS_HELD: &str = "pko_fleet_shards_held";
     /// Counter, label `change` (`gained`, `lost`): shards this replica took or gave up.
     pub const SHARD_TRANSITIONS_TOTAL: &str = "pko_fleet_shard_transitions_total";
+    /// Counter: times this replica's holding lapsed for a moment (its renewal came after the renew
+    /// deadline without a lapse between renewals) and every object of its shards was reconciled again.
+    pub const FLEET_HOLDING_GAPS_TOTAL: &str = "pko_fleet_holding_gaps_total";
     /// Gauge: live members of the fleet as this replica sees them.
     pub const FLEET_MEMBERS: &str = "pko_fleet_members";
     /// Counter, label `controller`: reconciles run.

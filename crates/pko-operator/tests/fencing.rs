@@ -223,7 +223,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let mut replicas = BTreeMap::new();
     for (i, n) in names.iter().enumerate() {
         let kc = replica_identity(&client, env.dir(), n).await;
-        replicas.insert(n.clone(), start_replica(&env, ns.name(), n, &kc, &redis, base + i as u16));
+        replicas.insert(n.clone(), KillOnDrop(start_replica(&env, ns.name(), n, &kc, &redis, base + i as u16)));
     }
     let leases = ns.api::<Lease>();
     eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;
@@ -262,7 +262,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     .await;
     let victim = victim.into_inner().unwrap().unwrap();
     let held: BTreeSet<u32> = holders(&leases).await.into_iter().filter(|(_, h)| *h == victim).map(|(s, _)| s).collect();
-    signal(&replicas[&victim], nix::sys::signal::Signal::SIGSTOP);
+    signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGSTOP);
     let t_stop = std::time::Instant::now();
     eventually("every shard of the frozen replica has moved", 60, || async { !holders(&leases).await.values().any(|h| *h == victim) }).await;
     let moved = t_stop.elapsed();
@@ -273,7 +273,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     })
     .await;
     let t_cont = Timestamp::now();
-    signal(&replicas[&victim], nix::sys::signal::Signal::SIGCONT);
+    signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGCONT);
     eprintln!("froze {victim} holding {} shards; they moved in {moved:?}; it runs again at {t_cont}", held.len());
 
     let stacks = ns.api::<Stack>();
@@ -342,10 +342,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True")), "no Update is left Progressing");
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
 
-    for (_, mut r) in replicas {
-        let _ = r.kill();
-        let _ = r.wait();
-    }
+    drop(replicas);
     let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
     for n in &names {
         let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(&format!("pko-audit-{n}"), &Default::default()).await;

@@ -94,7 +94,7 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     let prefix = testbed().redis_prefix("crash");
     let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
     let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
-    let mut replicas: Vec<Option<Child>> = ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(start_replica(&env, ns.name(), r, &redis, *p))).collect();
+    let mut replicas: Vec<Option<KillOnDrop>> = ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(KillOnDrop(start_replica(&env, ns.name(), r, &redis, *p)))).collect();
     let leases: Api<Lease> = ns.api();
     eventually("both replicas hold shards, every shard held", 90, || async {
         let h = holders(&leases).await;
@@ -125,8 +125,8 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let mut dead = replicas[victim].take().unwrap();
-    dead.kill().unwrap();
-    dead.wait().unwrap();
+    dead.0.kill().unwrap();
+    dead.0.wait().unwrap();
     let killed = Instant::now();
     eprintln!("{owner} SIGKILLed while its agent ({}) runs {op}", slot.display());
 
@@ -147,9 +147,6 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     assert!(recorded_agents(&pools, survivor).is_empty(), "the survivor started no agent of its own for it: {:?}", recorded_agents(&pools, survivor));
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
 
-    for mut r in replicas.into_iter().flatten() {
-        let _ = r.kill();
-        let _ = r.wait();
-    }
+    drop(replicas);
     let _ = Command::new("pkill").args(["-f", &pools.display().to_string()]).status();
 }

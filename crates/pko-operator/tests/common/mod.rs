@@ -16,6 +16,16 @@ impl Drop for AgentProc {
     }
 }
 
+/// A child process (an operator replica) killed when dropped, so a failing test leaves none running.
+#[allow(dead_code)]
+pub struct KillOnDrop(pub std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the workspace agent binary built next to this test (cargo builds every binary of the workspace
 /// before running `cargo test --workspace`).
 pub fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
