@@ -9,7 +9,12 @@ BIN="$ROOT/target/release"
 
 # the namespace without an operator: release the finalizers only the operator would remove, then delete it
 delete_namespace() {
-  for s in $(kubectl -n $NS get stacks,updates -o name 2>/dev/null); do kubectl -n $NS patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+  local objs; objs="$(kubectl -n $NS get stacks,updates -o name 2>/dev/null || true)"
+  if [ -n "$objs" ]; then
+    # eight at a time: one by one, 1,000 Stacks took over 10 minutes
+    echo "removing the finalizers of $(echo "$objs" | wc -l) objects in $NS…"
+    echo "$objs" | xargs -P 8 -I{} kubectl -n $NS patch {} --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  fi
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
 
