@@ -18,7 +18,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::*;
@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use pko_api::{Stack, Update};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
@@ -69,48 +69,12 @@ async fn replica_identity(client: &kube::Client, dir: &Path, name: &str) -> Path
     path
 }
 
-fn start_replica(env: &pko_testbed::PulumiEnv, ns: &str, name: &str, kubeconfig: &Path, redis: &[&str], port: u16) -> Child {
-    let bed = testbed();
-    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
-        .arg(agent_bin())
-        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
-        .arg(bed.ca_file())
-        .arg("--local-work-dir")
-        .arg(env.dir().join("agents"))
-        .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", FLEET, "--replica-id", name, "--shards", &SHARDS.to_string()])
-        .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
-        .args(redis)
-        .env_clear()
-        .envs(env.vars())
-        .env("HOME", env.dir())
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(log("out")))
-        .stderr(Stdio::from(log("err")))
-        .spawn()
-        .unwrap()
-}
-
 fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
-/// Shard number → holder, from the fleet's shard Leases.
 async fn holders(leases: &Api<Lease>) -> BTreeMap<u32, String> {
-    let lp = ListParams::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
-    leases
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|l| {
-            let shard = l.labels().get("pulumi.com/shard")?.parse().ok()?;
-            Some((shard, l.spec?.holder_identity.filter(|h| !h.is_empty())?))
-        })
-        .collect()
+    shard_holders(leases, FLEET).await
 }
 
 /// One write of the audit log: when, by whom, on what.
@@ -223,7 +187,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let mut replicas = BTreeMap::new();
     for (i, n) in names.iter().enumerate() {
         let kc = replica_identity(&client, env.dir(), n).await;
-        replicas.insert(n.clone(), KillOnDrop(start_replica(&env, ns.name(), n, &kc, &redis, base + i as u16)));
+        replicas.insert(n.clone(), KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &kc, base + i as u16, &redis)));
     }
     let leases = ns.api::<Lease>();
     eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;

@@ -10,13 +10,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use pko_api::{Stack, Update};
 use pko_fleet::ring::{BoundedRing, Ring};
 use pko_proto::v1::agent_client::AgentClient;
@@ -26,38 +26,6 @@ use serde_json::json;
 
 const SHARDS: u32 = 64;
 const FLEET: &str = "crash";
-
-fn start_replica(env: &pko_testbed::PulumiEnv, ns: &str, name: &str, redis: &[&str], port: u16) -> Child {
-    let bed = testbed();
-    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
-        .arg(agent_bin())
-        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
-        .arg(bed.ca_file())
-        .arg("--local-work-dir")
-        .arg(env.dir().join("agents"))
-        .args(["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"])
-        .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", FLEET, "--replica-id", name, "--shards", &SHARDS.to_string()])
-        .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
-        .args(redis)
-        .env_clear()
-        .envs(env.vars())
-        .env("HOME", env.dir())
-        .env("KUBECONFIG", bed.kubeconfig())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(log("out")))
-        .stderr(Stdio::from(log("err")))
-        .spawn()
-        .unwrap()
-}
-
-/// The holder of every shard Lease of the fleet that has one.
-async fn holders(leases: &Api<Lease>) -> Vec<(u32, String)> {
-    let lp = ListParams::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
-    let items = leases.list(&lp).await.unwrap().items;
-    items.into_iter().filter_map(|l| Some((l.labels().get("pulumi.com/shard")?.parse().ok()?, l.spec?.holder_identity.filter(|h| !h.is_empty())?))).collect()
-}
 
 /// The addresses recorded by `replica`'s pool agents: `<agents>/pools/<ns>/<class>/<replica>/<n>/agent.json`.
 fn recorded_agents(pools: &Path, replica: &str) -> Vec<(PathBuf, String)> {
@@ -95,13 +63,16 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     let prefix = testbed().redis_prefix("crash");
     let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
     let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
-    let mut replicas: Vec<Option<KillOnDrop>> = ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(KillOnDrop(start_replica(&env, ns.name(), r, &redis, *p)))).collect();
+    let extra = [&redis[..], &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]].concat();
+    let kubeconfig = testbed().kubeconfig();
+    let mut replicas: Vec<Option<KillOnDrop>> =
+        ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(KillOnDrop(start_replica_process(&env, ns.name(), FLEET, r, &kubeconfig, *p, &extra)))).collect();
     let leases: Api<Lease> = ns.api();
     // settled: every shard held by the replica the ring gives it to (while the second replica joins,
     // shards released by the first are without a holder for a moment)
     let desired = BoundedRing::default().assign(SHARDS, &["r0".to_string(), "r1".to_string()]);
     eventually("every shard held by its owner on the ring", 90, || async {
-        let h = holders(&leases).await;
+        let h = shard_holders(&leases, FLEET).await;
         h.len() == SHARDS as usize && h.iter().all(|(s, x)| desired[*s as usize] == *x)
     })
     .await;

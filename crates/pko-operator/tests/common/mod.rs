@@ -295,3 +295,47 @@ pub fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Ve
     v.extend_from_slice(redis);
     v
 }
+
+/// A `pko-operator run` process: replica `name` of fleet `fleet` (64 shards, a 6 s lease renewed every
+/// 2 s, 4 s renew deadline) in `ns`, local runtime on the bed, artifacts on loopback `port`, `extra`
+/// flags (Redis, pools) last; credentials from `kubeconfig`; logs in `<env dir>/<name>.{out,err}.log`
+/// (its agents inherit them).
+#[allow(dead_code)]
+pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str, name: &str, kubeconfig: &std::path::Path, port: u16, extra: &[&str]) -> std::process::Child {
+    let bed = testbed();
+    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
+        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
+        .arg(agent_bin())
+        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
+        .arg(bed.ca_file())
+        .arg("--local-work-dir")
+        .arg(env.dir().join("agents"))
+        .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", fleet, "--replica-id", name, "--shards", "64"])
+        .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
+        .args(extra)
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir())
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(log("out")))
+        .stderr(Stdio::from(log("err")))
+        .spawn()
+        .unwrap()
+}
+
+/// Shard number → holder, from the shard Leases of fleet `fleet` that name one.
+#[allow(dead_code)]
+pub async fn shard_holders(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>, fleet: &str) -> std::collections::BTreeMap<u32, String> {
+    use kube::ResourceExt;
+    let lp = kube::api::ListParams::default().labels(&format!("pulumi.com/fleet={fleet},pulumi.com/lease=shard"));
+    leases
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|l| Some((l.labels().get("pulumi.com/shard")?.parse().ok()?, l.spec?.holder_identity.filter(|h| !h.is_empty())?)))
+        .collect()
+}
