@@ -2,7 +2,8 @@
 # Failover rounds: a fleet of REPLICAS operator processes (default 3) over the bed's redis-server and
 # the local agent pools drives N Stacks (default 30). Each round changes every Stack (config gen=<round>),
 # SIGKILLs one replica while the updates run, measures how long until its shard Leases are held by the
-# survivors (failover), restarts it, and waits until every Stack is Ready at the new generation.
+# survivors (failover: every shard; work resumed: every shard with a job in Redis at the kill — what a
+# takeover takes first), restarts it, and waits until every Stack is Ready at the new generation.
 # At the end, from the program's own trace (one line `<stack> <gen>` per `up` that created the resource
 # of generation gen): operations lost (a (stack, round) with no line) and duplicated (more than one), plus
 # Updates Failed or left Progressing and backend locks left.
@@ -105,7 +106,13 @@ echo "applied $N Stacks on $REPLICAS replicas; waiting for the first convergence
 wait_converged 0 >/dev/null
 echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 
+# victim_shards REPLICA: the shard numbers whose Leases name REPLICA
+victim_shards() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r {sub(/.*-shard-/, "", $1); print $1}' | sort; }
+# with_jobs SHARD...: those with a job recorded in Redis (queued or running)
+with_jobs() { [ $# -gt 0 ] || return 0; for k in "$@"; do echo "SCARD pko-failover:shard:$k"; done | redis-cli -u "$REDIS_URL" | paste -d' ' <(printf '%s\n' "$@") - | awk '$2 > 0 {print $1}' | sort; }
+
 FAILOVERS=()
+RESUMED=()
 for round in $(seq 1 "$ROUNDS"); do
   t_change=$(date +%s)
   patches=()
@@ -115,19 +122,26 @@ for round in $(seq 1 "$ROUNDS"); do
   victim=$(( (round - 1) % REPLICAS ))
   held=$(shards_held_by "r$victim")
   running=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
+  # shellcheck disable=SC2046
+  busy=$(with_jobs $(victim_shards "r$victim"))
   kill -KILL "$(cat "$RUN/operator-$victim.pid")"
   t_kill=$(date +%s.%N); kill_at=$(date -u +%T.%N | cut -c1-12)
-  while [ "$(shards_held_by "r$victim")" -gt 0 ]; do
+  resumed=""; [ -n "$busy" ] || resumed="-"   # no job at the kill: nothing to resume
+  while :; do
+    still=$(victim_shards "r$victim")
+    if [ -z "$resumed" ] && [ -z "$(comm -12 <(echo "$busy") <(echo "$still") | grep . || true)" ]; then resumed=$(printf '%.1f' "$(echo "$(date +%s.%N) - $t_kill" | bc)"); fi
+    [ -z "$still" ] && break
     [ "$(echo "$(date +%s.%N) - $t_kill > 120" | bc)" = 1 ] && fail "round $round: r$victim's shards not taken within 120 s"
     sleep 0.25
   done
   fo=$(echo "$(date +%s.%N) - $t_kill" | bc)
   FAILOVERS+=("$fo")
+  RESUMED+=("$resumed")
   start_replica "$victim"
   wait_converged "$round" >/dev/null
   took=$(( $(date +%s) - t_change ))
-  printf 'round %d: %s SIGKILL r%d (held %d shards, %d updates Progressing) -> shards taken in %.1f s; all %d Ready at n=%d %d s after the change\n' \
-    "$round" "$kill_at" "$victim" "$held" "$running" "$fo" "$N" "$round" "$took"
+  printf 'round %d: %s SIGKILL r%d (held %d shards, %d with jobs, %d updates Progressing) -> work resumed in %s s, every shard taken in %.1f s; all %d Ready at n=%d %d s after the change\n' \
+    "$round" "$kill_at" "$victim" "$held" "$(echo "$busy" | grep -c . || true)" "$running" "$resumed" "$fo" "$N" "$round" "$took"
 done
 
 sleep 5
@@ -144,7 +158,9 @@ FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.condi
 PROGRESSING=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
 LOCKS=$(find "$RUN/state/.pulumi/locks" -name '*.json' 2>/dev/null | wc -l)
 printf '%s\n' "${FAILOVERS[@]}" | sort -n > "$RUN/failovers.txt"
+printf '%s\n' "${RESUMED[@]}" | grep -v '^-$' | sort -n > "$RUN/resumed.txt" || true
 echo "stacks=$N replicas=$REPLICAS rounds=$ROUNDS lease_duration_s=$LEASE_S kill_after_s=$KILL_AFTER_S"
+echo "work_resumed_s (rounds with jobs at the kill: $(wc -l < "$RUN/resumed.txt")): min=$(head -1 "$RUN/resumed.txt") median=$(sed -n "$(( ($(wc -l < "$RUN/resumed.txt") + 1) / 2 ))p" "$RUN/resumed.txt") max=$(tail -1 "$RUN/resumed.txt")"
 echo "failover_s: min=$(head -1 "$RUN/failovers.txt") median=$(sed -n "$(( (ROUNDS + 1) / 2 ))p" "$RUN/failovers.txt") max=$(tail -1 "$RUN/failovers.txt")"
 echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS"
 echo "total $(( $(date +%s) - T_START )) s"

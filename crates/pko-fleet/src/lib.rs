@@ -13,6 +13,15 @@ pub mod ring;
 /// only when it changes hands, so S costs nothing at rest.
 pub const DEFAULT_SHARDS: u32 = 2048;
 
+/// Which shards have operations queued or running (ours): a replica taking over shards takes those
+/// first, so that the operations of a crashed replica resume before its idle shards are written
+/// (hundreds of Lease writes on a busy API server). The work queue answers (`RedisQueue`).
+pub trait Backlog: Send + Sync + std::fmt::Debug {
+    /// The subset of `shards` with work recorded; empty when unknown (the fleet then takes in shard
+    /// order). The fleet waits for the answer at most [`membership::BACKLOG_TIMEOUT`].
+    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, std::collections::BTreeSet<u32>>;
+}
+
 /// Decides which objects this replica reconciles and with which fencing epoch.
 pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {
     /// Whether this replica owns the object `namespace/name` now.

@@ -27,7 +27,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::Ownership;
+use crate::{Backlog, Ownership};
 use crate::lease::{self, FLEET_LABEL, KIND_LABEL, SHARD_LABEL, Written};
 use crate::ring::{Ring, shard_of};
 
@@ -75,9 +75,21 @@ pub struct Held {
     pub members: Vec<String>,
     /// Until when the holding is valid (the renew deadline of the last renewal); `None`: nothing held.
     pub valid_until: Option<Instant>,
+    /// The membership lapses counted before this holding was built: only a renewal with the same
+    /// count may advance `valid_until` (a holding from before a lapse is void).
+    pub lapses: u64,
 }
 
 impl Held {
+    /// The validity a successful renewal started at `started` (`until` = `started` + renew deadline)
+    /// gives this holding at `now`, when it advances it: the renewal was counted after the same lapses
+    /// as the holding, something is held, `until` is still ahead and later than the current validity.
+    /// `None`: leave the holding as it is. Pure.
+    pub fn advanced_by_renewal(&self, lapses: u64, until: Instant, now: Instant) -> Option<Instant> {
+        let later = self.valid_until.is_none_or(|v| until > v);
+        (lapses == self.lapses && !self.shards.is_empty() && until > now && later).then_some(until)
+    }
+
     /// The epoch of `shard` if it is held and the holding still valid.
     pub fn epoch(&self, shard: u32) -> Option<i64> {
         self.valid_until.filter(|until| Instant::now() < *until).and_then(|_| self.shards.get(&shard).copied())
@@ -203,6 +215,28 @@ pub struct Fleet {
     api: Api<Lease>,
     ring: Arc<dyn Ring>,
     held: watch::Sender<Arc<Held>>,
+    backlog: Option<Arc<dyn Backlog>>,
+}
+
+/// How long a takeover waits for the [`Backlog`] before taking in shard order.
+pub const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `takes` in the order they are taken, chunked (pure): the shards with work (`urgent`) first, in
+/// chunks of their own, then the others, at most `chunk` shards per chunk. Each chunk is published
+/// once written.
+pub fn take_order(takes: &[u32], urgent: &BTreeSet<u32>, chunk: usize) -> Vec<Vec<u32>> {
+    let (first, rest): (Vec<u32>, Vec<u32>) = takes.iter().partition(|k| urgent.contains(k));
+    first.chunks(chunk.max(1)).chain(rest.chunks(chunk.max(1))).map(<[u32]>::to_vec).collect()
+}
+
+/// The validity a publish gives (pure): `proposed` (from the last renewal the main loop read), or the
+/// current one when a renewal advanced it meanwhile (same lapses, later); `None` stays `None`.
+fn published_validity(current: &Held, lapses: u64, proposed: Option<Instant>) -> Option<Instant> {
+    let proposed = proposed?;
+    Some(match current.valid_until {
+        Some(c) if current.lapses == lapses && c > proposed => c,
+        _ => proposed,
+    })
 }
 
 /// Shard Leases written at once while taking or releasing many (a fleet's first start takes S).
@@ -268,13 +302,18 @@ fn lapsed(previous: Option<Instant>, started: Instant, deadline: Duration) -> bo
 /// late by more than the lease duration would make the others take every shard of a live replica.
 /// Sends each successful renewal; lapses are counted here, between consecutive renewals, not where
 /// they are observed (a main loop busy writing Leases for longer than the deadline sees renewals
-/// seconds apart without any lapse).
+/// seconds apart without any lapse). Each renewal also advances the validity of the published holding
+/// itself ([`Held::advanced_by_renewal`]): a main loop busy releasing or taking hundreds of shards for
+/// longer than the deadline publishes nothing meanwhile, and its last publish would otherwise expire by
+/// the clock and fence every shard the replica still holds (found by `loadtest/failover.sh`: a
+/// replica releasing 400 shards to a rejoining one on a saturated API server held nothing for 10 s).
 fn spawn_renewer(
     api: Api<Lease>,
     cfg: FleetConfig,
     labels: BTreeMap<String, String>,
     store: reflector::Store<Lease>,
     renewed: watch::Sender<Option<Renewal>>,
+    held: watch::Sender<Arc<Held>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut lapses = 0;
@@ -286,7 +325,16 @@ fn spawn_renewer(
                     lapses += 1;
                 }
                 previous = Some(started);
+                // first the renewal (what the main loop's publishes compute from), then the holding
                 renewed.send_replace(Some(Renewal { started, lapses }));
+                let until = started + cfg.renew_deadline;
+                held.send_if_modified(|h| match h.advanced_by_renewal(lapses, until, Instant::now()) {
+                    Some(v) => {
+                        Arc::make_mut(h).valid_until = Some(v);
+                        true
+                    }
+                    None => false,
+                });
             }
             tokio::time::sleep_until((started + cfg.renew_interval).into()).await;
         }
@@ -299,16 +347,39 @@ impl Fleet {
         let (held, rx) = watch::channel(Arc::new(Held::default()));
         let api = Api::namespaced(client, &cfg.namespace);
         let ownership = ShardOwnership { shards: cfg.shards, held: rx };
-        (Self { cfg, api, ring, held }, ownership)
+        (Self { cfg, api, ring, held, backlog: None }, ownership)
+    }
+
+    /// Takes the shards `backlog` names first on every takeover.
+    #[must_use]
+    pub fn with_backlog(mut self, backlog: Arc<dyn Backlog>) -> Self {
+        self.backlog = Some(backlog);
+        self
+    }
+
+    /// The shards among `takes` with work, by the backlog, within [`BACKLOG_TIMEOUT`] (empty otherwise).
+    async fn urgent(&self, takes: &[u32]) -> BTreeSet<u32> {
+        let Some(backlog) = &self.backlog else { return BTreeSet::new() };
+        match tokio::time::timeout(BACKLOG_TIMEOUT, backlog.with_work(takes)).await {
+            Ok(urgent) => urgent,
+            Err(_) => {
+                tracing::warn!(seconds = BACKLOG_TIMEOUT.as_secs(), "the work queue did not say which shards have work in time: taking in shard order");
+                BTreeSet::new()
+            }
+        }
     }
 
     fn labels(&self, kind: &str) -> BTreeMap<String, String> {
         [(FLEET_LABEL.to_string(), self.cfg.fleet.clone()), (KIND_LABEL.to_string(), kind.to_string())].into()
     }
 
-    fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>) {
-        let held = Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until: valid_until.filter(|_| !shards.is_empty()) };
-        self.held.send_replace(Arc::new(held));
+    /// Publishes `shards` held after `lapses`, valid until `valid_until` (or later, when the renewer
+    /// advanced the current holding meanwhile).
+    fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>, lapses: u64) {
+        self.held.send_modify(|h| {
+            let valid_until = published_validity(h, lapses, valid_until).filter(|_| !shards.is_empty());
+            *h = Arc::new(Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until, lapses });
+        });
     }
 
     /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
@@ -334,7 +405,7 @@ impl Fleet {
         let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
         let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
         // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
-        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx));
+        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx, self.held.clone()));
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
         let mut live = BTreeSet::new();
         // the lapses the current holding was built after
@@ -352,7 +423,7 @@ impl Fleet {
                     shards.clear();
                 }
                 accepted_lapses = r.lapses;
-                self.publish(&shards, &live, None);
+                self.publish(&shards, &live, None, accepted_lapses);
             }
             let valid_until = self.valid_until(&renewed, accepted_lapses);
             if valid_until.is_none() {
@@ -360,7 +431,7 @@ impl Fleet {
                     tracing::warn!(held = shards.len(), "membership not renewed within its deadline: holding nothing");
                     shards.clear();
                 }
-                self.publish(&shards, &live, None);
+                self.publish(&shards, &live, None, accepted_lapses);
             } else {
                 let leases = store.state();
                 let members = leases.iter().filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("member")).map(|l| &**l);
@@ -381,7 +452,7 @@ impl Fleet {
                     .collect();
                 let steps = plan(&self.cfg.replica, &desired, &by_shard, &live, &shards);
                 self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses)).await;
-                self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses));
+                self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -392,7 +463,7 @@ impl Fleet {
         }
         drop(renewer);
         // hold nothing, then release the membership: successors need not wait for it to expire
-        self.publish(&BTreeMap::new(), &BTreeSet::new(), None);
+        self.publish(&BTreeMap::new(), &BTreeSet::new(), None, accepted_lapses);
         let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
         if let Ok(Some(l)) = self.api.get_opt(&name).await {
             let _ = lease::replace(&self.api, &l, lease::release).await;
@@ -432,7 +503,7 @@ impl Fleet {
         }
         if !releases.is_empty() {
             // nobody acts on them any more before their Leases say so
-            self.publish(shards, live, self.valid_until(renewed, accepted_lapses));
+            self.publish(shards, live, self.valid_until(renewed, accepted_lapses), accepted_lapses);
             let writes = futures::stream::iter(releases.into_iter().filter_map(|k| leases.get(&k).cloned()))
                 .map(|l| async move { lease::replace(&self.api, &l, lease::release).await })
                 .buffer_unordered(WRITE_CONCURRENCY);
@@ -442,16 +513,17 @@ impl Fleet {
         if takes.is_empty() {
             return;
         }
-        tracing::info!(taking = takes.len(), "taking shards");
-        // in chunks, each published as soon as it is written: the first shards work again while the
-        // rest are still being taken
-        for chunk in takes.chunks(TAKE_CHUNK) {
+        let urgent = self.urgent(&takes).await;
+        tracing::info!(taking = takes.len(), with_work = urgent.len(), "taking shards");
+        // in chunks, each published as soon as it is written: the shards with work first, so that
+        // their operations resume while the rest are still being taken
+        for chunk in take_order(&takes, &urgent, TAKE_CHUNK) {
             let started = Instant::now();
-            let taken = self.take(chunk, leases).await;
+            let taken = self.take(&chunk, leases).await;
             if !taken.is_empty() {
                 tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), seconds = started.elapsed().as_secs_f64(), "shards taken");
                 shards.extend(taken);
-                self.publish(shards, live, self.valid_until(renewed, accepted_lapses));
+                self.publish(shards, live, self.valid_until(renewed, accepted_lapses), accepted_lapses);
             }
         }
     }
@@ -503,13 +575,50 @@ mod tests {
 
     #[test]
     fn a_held_shard_is_valid_until_the_renew_deadline_in_wall_clock_and_anything_else_is_already_past() {
-        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(Instant::now() + Duration::from_secs(4)) };
+        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(Instant::now() + Duration::from_secs(4)), lapses: 0 };
         let until = held.not_after(3).duration_since(std::time::SystemTime::now()).expect("in the future");
         assert!(until > Duration::from_secs(3) && until <= Duration::from_secs(4), "{until:?}");
         assert_eq!(held.not_after(4), std::time::SystemTime::UNIX_EPOCH, "a shard not held");
         let lapsed = Held { valid_until: Some(Instant::now() - Duration::from_millis(1)), ..held.clone() };
         assert_eq!(lapsed.not_after(3), std::time::SystemTime::UNIX_EPOCH, "a lapsed holding");
         assert_eq!(Held { valid_until: None, ..held }.not_after(3), std::time::SystemTime::UNIX_EPOCH, "nothing held");
+    }
+
+    #[test]
+    fn a_renewal_advances_the_holding_built_after_the_same_lapses_and_nothing_else() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(2)), lapses: 1 };
+        assert_eq!(held.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "a later renewal, same lapses");
+        assert_eq!(held.advanced_by_renewal(2, now + secs(9), now), None, "a renewal after a lapse the holding predates");
+        assert_eq!(held.advanced_by_renewal(1, now + secs(1), now), None, "never earlier than the current validity");
+        assert_eq!(held.advanced_by_renewal(1, now, now), None, "a renewal already past its deadline");
+        let expired = Held { valid_until: Some(now - secs(1)), ..held.clone() };
+        assert_eq!(expired.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "a holding that lapsed by the clock only (a late renewal)");
+        let published_invalid = Held { valid_until: None, ..held.clone() };
+        assert_eq!(published_invalid.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "published with a late renewal, shards kept");
+        let empty = Held { shards: BTreeMap::new(), valid_until: None, ..held };
+        assert_eq!(empty.advanced_by_renewal(1, now + secs(9), now), None, "nothing held");
+    }
+
+    #[test]
+    fn shards_with_work_are_taken_first_in_chunks_of_their_own() {
+        let takes: Vec<u32> = (0..10).collect();
+        assert_eq!(take_order(&takes, &BTreeSet::from([7, 2, 42]), 4), vec![vec![2, 7], vec![0, 1, 3, 4], vec![5, 6, 8, 9]], "42 is not taken");
+        assert_eq!(take_order(&takes, &BTreeSet::new(), 4), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+        assert_eq!(take_order(&[3, 1], &BTreeSet::from([1, 3]), 1), vec![vec![3], vec![1]], "order of the plan kept");
+        assert!(take_order(&[], &BTreeSet::from([1]), 4).is_empty());
+    }
+
+    #[test]
+    fn a_publish_never_moves_validity_back_past_what_a_renewal_gave() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        let current = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(9)), lapses: 1 };
+        assert_eq!(published_validity(&current, 1, Some(now + secs(4))), Some(now + secs(9)), "computed from an older renewal");
+        assert_eq!(published_validity(&current, 1, Some(now + secs(12))), Some(now + secs(12)), "a newer renewal");
+        assert_eq!(published_validity(&current, 2, Some(now + secs(4))), Some(now + secs(4)), "built after another lapse");
+        assert_eq!(published_validity(&current, 1, None), None, "invalid stays invalid");
     }
 
     #[test]
@@ -602,7 +711,7 @@ mod tests {
 
     #[test]
     fn an_expired_holding_owns_nothing() {
-        let held = Held { shards: [(1, 3)].into(), members: vec![], valid_until: Some(Instant::now() - Duration::from_millis(1)) };
+        let held = Held { shards: [(1, 3)].into(), members: vec![], valid_until: Some(Instant::now() - Duration::from_millis(1)), lapses: 0 };
         assert_eq!(held.epoch(1), None);
         let held = Held { valid_until: Some(Instant::now() + Duration::from_secs(5)), ..held };
         assert_eq!(held.epoch(1), Some(3));

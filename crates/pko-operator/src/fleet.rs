@@ -17,6 +17,7 @@ use kube::api::{Api, Patch, PatchParams};
 use pko_api::constants::SHARD_LABEL;
 use pko_api::shard::ShardKey;
 use pko_api::{Stack, Update, Workspace};
+use pko_fleet::Backlog;
 use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
 use pko_fleet::ring::{BoundedRing, shard_of};
 use tokio::sync::watch;
@@ -149,11 +150,26 @@ pub fn replica_id(args: &FleetArgs) -> Result<String, FleetError> {
     args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)
 }
 
+/// The Redis work queue as the fleet's [`Backlog`]: the shards with jobs recorded are taken first.
+#[derive(Debug)]
+pub struct QueueBacklog(pub Arc<crate::queue::redis::RedisQueue>);
+
+impl Backlog for QueueBacklog {
+    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, BTreeSet<u32>> {
+        Box::pin(async move {
+            self.0.shards_with_jobs(shards).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading which shards have jobs failed: taking in shard order");
+                BTreeSet::new()
+            })
+        })
+    }
+}
+
 /// Joins the fleet of `args`: starts the membership (until `shutdown`) and publishes the selector of
-/// the held shards.
+/// the held shards. With `backlog`, a takeover takes the shards with work first.
 ///
 /// Errors: [`FleetError`] naming the missing flag.
-pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shutdown: &CancellationToken) -> Result<Member, FleetError> {
+pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shutdown: &CancellationToken, backlog: Option<Arc<dyn Backlog>>) -> Result<Member, FleetError> {
     let namespace = args.fleet_namespace.clone().filter(|n| !n.is_empty()).ok_or(FleetError::NoNamespace)?;
     let replica = replica_id(args)?;
     let cfg = FleetConfig {
@@ -164,6 +180,10 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
     let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
+    let fleet = match backlog {
+        Some(b) => fleet.with_backlog(b),
+        None => fleet,
+    };
     let replica = replica.clone();
     let mut changes = shards.changes();
     let total = args.shards;

@@ -94,8 +94,11 @@ impl Operator {
         if fleet.fleet && operations.redis_url.as_deref().is_none_or(str::is_empty) {
             crate::fleet::check_single_without_redis(&client, &fleet, &crate::fleet::replica_id(&fleet)?).await?;
         }
-        let member = if fleet.fleet { Some(crate::fleet::join(&client, &fleet, &operations.namespaces, &shutdown)?) } else { None };
-        let queue = Self::queue(&operations, member.as_ref()).await?;
+        let replica = if fleet.fleet { Some(crate::fleet::replica_id(&fleet)?) } else { None };
+        let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
+        // a takeover takes the shards with queued or running operations first
+        let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
+        let member = if fleet.fleet { Some(crate::fleet::join(&client, &fleet, &operations.namespaces, &shutdown, backlog)?) } else { None };
         if let Some(m) = &member {
             membership.push(tokio::spawn(crate::fleet::follow_shards(m.ownership.clone(), queue.clone())));
         }
@@ -205,14 +208,17 @@ impl Operator {
         })
     }
 
-    /// The work queue: Redis with `--redis-url`, else in memory (a fleet of one: checked before
-    /// joining).
-    async fn queue(operations: &crate::args::OperationArgs, member: Option<&crate::fleet::Member>) -> anyhow::Result<Arc<dyn crate::queue::WorkQueue>> {
+    /// The work queue: Redis with `--redis-url` (returned twice: also as itself, the fleet's
+    /// backlog), else in memory (a fleet of one: checked before). `replica`: this replica's fleet id.
+    async fn queue(
+        operations: &crate::args::OperationArgs,
+        replica: Option<&str>,
+    ) -> anyhow::Result<(Arc<dyn crate::queue::WorkQueue>, Option<Arc<crate::queue::redis::RedisQueue>>)> {
         let per_namespace = operations.max_operations_per_namespace;
         let Some(url) = operations.redis_url.as_deref().filter(|u| !u.is_empty()) else {
-            return Ok(Arc::new(crate::queue::InMemoryQueue::new(per_namespace)));
+            return Ok((Arc::new(crate::queue::InMemoryQueue::new(per_namespace)), None));
         };
-        let worker = member.map(|m| m.replica.clone()).unwrap_or_else(|| "single".into());
+        let worker = replica.unwrap_or("single").to_string();
         let target = pko_queue::connect::Target::parse(url, operations.redis_sentinel_master.as_deref()).map_err(anyhow::Error::msg)?;
         let q = crate::queue::redis::RedisQueue::on(&target, &operations.redis_prefix, &worker, per_namespace)?;
         let via = if matches!(target, pko_queue::connect::Target::Sentinel { .. }) { "redis (through Sentinel)" } else { "redis" };
@@ -221,7 +227,8 @@ impl Operator {
             // Redis is an accelerator: the operator works without it and records jobs once it is back
             Err(e) => tracing::warn!(error = %e, "redis does not answer yet; jobs run from memory until it does"),
         }
-        Ok(Arc::new(q))
+        let q = Arc::new(q);
+        Ok((q.clone(), Some(q)))
     }
 
     async fn serve_metrics(
