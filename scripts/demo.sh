@@ -54,8 +54,7 @@ step "CRDs and the operator (local runtime)"
 kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
-kubectl -n $NS create role pulumi-workspace --verb=get --resource=secrets,configmaps >/dev/null
-kubectl -n $NS create rolebinding pulumi-workspace --role=pulumi-workspace --serviceaccount=$NS:default >/dev/null
+# no Role for the workspaces' service account: as with PKO, the Stacks' Secrets reach Pulumi without one
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
 FLEET=()
 if [ "$REPLICAS" -gt 1 ]; then

@@ -167,7 +167,6 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let (client, ns, env) = setup("fencing").await;
     let runs = env.dir().join("runs.txt");
     let _logs = KeepLogsOnPanic(env.dir().to_path_buf(), ns.name().to_string());
-    allow_default_sa_to_read_secrets(&ns).await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),

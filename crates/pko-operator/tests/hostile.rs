@@ -191,7 +191,6 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
 async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env_cannot_change_identity() {
     let (client, ns, env) = setup("hostile-cfg").await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
-    allow_default_sa_to_read_secrets(&ns).await;
     let out = env.dir().join("out");
     std::fs::create_dir_all(&out).unwrap();
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"lower": "value-of-lower", "upper": "VALUE-OF-UPPER"}}))

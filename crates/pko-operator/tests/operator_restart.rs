@@ -70,7 +70,6 @@ async fn sigkilled_operator_reattaches_to_its_pooled_agent_after_restart() {
 async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_testbed::PulumiEnv, &str) -> std::path::PathBuf) {
     let (_client, ns, env) = setup("restart").await;
     let runs = env.dir().join("runs.txt");
-    allow_default_sa_to_read_secrets(&ns).await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
     create(
         &ns.api::<Program>(),

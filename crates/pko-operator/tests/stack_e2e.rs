@@ -24,8 +24,18 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let marker = env.dir().join("destroyed.txt");
 
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
-    // the workspace's service account (`default`) may read the Stack's Secrets: the agent reads them as it
-    allow_default_sa_to_read_secrets(&ns).await;
+    // PKO's RBAC only: the workspace's service account (`default`) has no Role, and may not read the
+    // Stack's Secrets or ConfigMaps — the operator resolves every reference (envRefs, secretsRef,
+    // Workspace env valueFrom) with its own identity, in the Stack's namespace
+    for resource in ["secrets", "configmaps"] {
+        let out = testbed().kubectl().args(["auth", "can-i", "get", resource, "-n", ns.name(), "--as", &format!("system:serviceaccount:{}:default", ns.name())]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no", "the workspace's service account may not get {resource}");
+    }
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::ConfigMap>(),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}),
+    )
+    .await;
     create(
         &ns.api::<Secret>(),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
@@ -38,9 +48,10 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
             "configuration": {"greeting": {"type": "String"}, "apiKey": {"type": "String"}},
             "resources": {
                 "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
-                "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}}
+                "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}},
+                "env": {"type": "command:local:Command", "properties": {"create": "test \"$FROM_SECRET\" = k3y-Secret-val && echo \"$FROM_CM\""}}
             },
-            "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}"}
+            "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}", "fromEnv": "${env.stdout}"}
         }}),
     )
     .await;
@@ -50,7 +61,10 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
                "spec": {"stack": "dev", "programRef": {"name": "hello"}, "backend": env.backend_url(), "destroyOnFinalize": true,
                         "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}},
                         "config": {"greeting": "bonjour"},
-                        "secretsRef": {"apiKey": {"type": "Secret", "secret": {"name": "pulumi", "key": "apiKey"}}}}}),
+                        "secretsRef": {"apiKey": {"type": "Secret", "secret": {"name": "pulumi", "key": "apiKey"}}},
+                        "workspaceTemplate": {"spec": {"env": [
+                            {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
+                            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "pulumi", "key": "apiKey"}}}]}}}}),
     )
     .await;
     let stacks = ns.api::<Stack>();
@@ -68,6 +82,7 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let st = s.status.clone().unwrap();
     assert_eq!(st.outputs.as_ref().unwrap()["message"], json!("bonjour"));
     assert_eq!(st.outputs.as_ref().unwrap()["key"], json!("[secret]"), "secret outputs are masked");
+    assert_eq!(st.outputs.as_ref().unwrap()["fromEnv"], json!("eu-west-9"), "Workspace env from a ConfigMap and a Secret");
     let last = st.last_update.clone().unwrap();
     assert_eq!(
         (last.update_type, last.state, last.last_successful_commit.as_deref()),
@@ -182,7 +197,6 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
 
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    allow_default_sa_to_read_secrets(&ns).await;
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, auth: serde_json::Value| {
         let mut spec = json!({"stack": name, "projectRepo": server.url("app.git"), "branch": "main", "backend": env.backend_url()});
@@ -208,4 +222,21 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
         assert_eq!(st.last_update.unwrap().last_successful_commit.map(|c| c.len()), Some(40), "the branch was resolved to a commit");
     }
     assert!(!serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap().contains(token), "the token is in no Stack");
+}
+
+/// A resource whose outputs are larger than tonic's default 4 MiB message limit (5 MB of stdout, so
+/// its engine event is a 5 MB message on the operation stream): the operator accepts messages up to
+/// PKO's 400 MiB (#1154) and the Stack converges; with the default limit the stream broke and the
+/// operation was retried without end.
+#[tokio::test]
+async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
+    let (client, ns, env) = setup("bigevent").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    passphrase_and_program(&ns, json!({"resources": {"big": {"type": "command:local:Command", "properties": {"create": "head -c 5000000 /dev/zero | tr '\\0' a"}}}})).await;
+    prog_stack(&ns, &env, "big", json!({})).await;
+    let stacks = ns.api::<Stack>();
+    eventually("the Stack with a 5 MB engine event is Ready", 180, || async {
+        ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into()))
+    })
+    .await;
 }

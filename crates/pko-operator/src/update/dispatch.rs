@@ -17,7 +17,7 @@ use pko_api::{Update, Workspace};
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{ErrorReason, OperationResult, ResultStatus, operation_event::Event};
 
-use super::request;
+use super::{request, values};
 use super::status::{self, Phase, pko_proto_reason::Reason};
 use crate::outputs;
 
@@ -37,6 +37,9 @@ pub enum DispatchError {
     /// written; the shard's new holder follows the operation.
     #[error("fenced: the shard is no longer held at this epoch")]
     Fenced,
+    /// The API server did not answer a read of the operation's Secrets or ConfigMaps (retried later).
+    #[error("reading the operation's Secrets and ConfigMaps: {0}")]
+    Values(String),
 }
 
 /// What [`run_on_agent`] asks and tells its caller while the operation runs.
@@ -67,6 +70,16 @@ impl Hooks<'static> {
     pub fn none() -> Self {
         Hooks { fenced: &never, started: &nothing, not_after: &no_deadline }
     }
+}
+
+/// Largest message the operator accepts from an agent: 400 MiB, PKO's limit since 2.6.0 (#1154) — a
+/// result with large outputs, or a large engine event, must not break the stream (tonic's default is
+/// 4 MiB).
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 400 << 20;
+
+/// A client of the agent at `channel` that accepts messages up to [`MAX_AGENT_MESSAGE_BYTES`].
+pub fn agent_client(channel: tonic::transport::Channel) -> AgentClient<tonic::transport::Channel> {
+    AgentClient::new(channel).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
 }
 
 /// `t` as a protobuf timestamp (seconds and nanoseconds since the Unix epoch; times before it as 0).
@@ -121,19 +134,30 @@ pub async fn run_on_agent(
     st.observed_generation = generation;
     let old_conditions = st.conditions.clone().unwrap_or_default();
 
-    let req = match request::build(&update.operation_id(), epoch, &workspace.spec, &update.spec) {
+    // the request, with its Secret and ConfigMap references resolved with the operator's identity in
+    // the Update's namespace: a workspace's service account needs no RBAC beyond PKO's
+    let built = match request::build(&update.operation_id(), epoch, &workspace.spec, &update.spec) {
+        Ok(mut r) => match values::resolve(client, &ns, &mut r).await {
+            Ok(_) => Ok(r),
+            Err(e) if e.is_transient() => return Err(DispatchError::Values(e.to_string())),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    let req = match built {
         Ok(r) => r,
-        Err(e) => {
-            let phase = Phase::Failed { reason: pko_api::constants::update_condition::UNKNOWN.into(), message: e.to_string() };
+        Err(message) => {
+            let phase = Phase::Failed { reason: pko_api::constants::update_condition::UNKNOWN.into(), message: message.clone() };
             st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &old_conditions));
-            st.message = Some(e.to_string());
+            st.message = Some(message.clone());
             st.end_time = Some(pko_api::conditions::now());
             check()?;
             write_status(&api, update, &st).await?;
-            return Ok(OperationResult { status: ResultStatus::Failed as i32, message: e.to_string(), ..Default::default() });
+            return Ok(OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() });
         }
     };
-    let mut agent_client = AgentClient::connect(agent.to_string()).await.map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?;
+    let channel = tonic::transport::Endpoint::from_shared(agent.to_string()).map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?;
+    let mut agent_client = agent_client(channel.connect().await.map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?);
     // Marked Progressing, with its start time, before any agent can have it (PKO marks it before it
     // connects): whoever dispatches this Update next — after a restart, a crash or a shard move — then
     // knows an agent may run it ([`Update::was_started`]) and looks for that agent before starting it

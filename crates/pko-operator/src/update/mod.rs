@@ -9,3 +9,4 @@ pub mod limits;
 pub mod request;
 pub mod status;
 pub mod tokens;
+pub mod values;

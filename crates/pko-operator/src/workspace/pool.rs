@@ -537,7 +537,7 @@ fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
 
 async fn connect(address: &str) -> Option<AgentClient<tonic::transport::Channel>> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).ok()?.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5));
-    endpoint.connect().await.ok().map(AgentClient::new)
+    endpoint.connect().await.ok().map(crate::update::dispatch::agent_client)
 }
 
 /// The agent's state and current operation, or `None` when it does not answer.

@@ -199,25 +199,6 @@ pub fn scoped(namespace: &str) -> pko_operator::informer::WatchScope {
     pko_operator::informer::WatchScope::Namespaces(vec![namespace.to_string()])
 }
 
-/// Grants the namespace's `default` service account (the Workspace identity) `get` on Secrets, so agents
-/// resolve the Stack's secret references with it.
-pub async fn allow_default_sa_to_read_secrets(ns: &pko_testbed::TestNamespace) {
-    use serde_json::json;
-    create(
-        &ns.api::<k8s_openapi::api::rbac::v1::Role>(),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "read-secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}),
-    )
-    .await;
-    create(
-        &ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>(),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "workspace"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-secrets"},
-        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns.name()}]}),
-    )
-    .await;
-}
-
 /// A test's start on the bed: a client, the CRDs installed, a fresh namespace `<prefix>-…` and a
 /// per-test Pulumi environment.
 pub async fn setup(prefix: &str) -> (kube::Client, pko_testbed::TestNamespace, pko_testbed::PulumiEnv) {
@@ -250,10 +231,9 @@ pub fn ready(s: &pko_api::Stack) -> bool {
     stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")
 }
 
-/// A passphrase Secret `p` (key `v`), the default service account allowed to read it, and Program
-/// `prog` with `program` as its body, in `ns`.
+/// A passphrase Secret `p` (key `v`) and Program `prog` with `program` as its body, in `ns` (no Role
+/// for the workspace's service account: the operator resolves Secret references, as PKO's RBAC needs).
 pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
-    allow_default_sa_to_read_secrets(ns).await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
         serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),

@@ -1,0 +1,257 @@
+//! The Secret and ConfigMap references of an operation, resolved by the operator.
+//!
+//! PKO puts a workspace's Secret and ConfigMap values into its pod through the kubelet
+//! (`secretKeyRef`, `envFrom`, volumes), so a workspace service account needs nothing but
+//! `system:auth-delegator`. Ours runs operations on agents that outlive one Stack (pools) and takes
+//! config and secret changes without a pod rollout (PKO #965), so values cannot be baked into a pod.
+//! To need exactly PKO's RBAC, the operator reads every Secret and ConfigMap a request refers to
+//! (`envRefs`, `secretsRef`, `accessTokenSecret`, git credentials, Workspace `env[].valueFrom`) with
+//! its own identity and sends the values in the request.
+//!
+//! Trust model (the same boundary as PKO's): a request reads only in its Update's namespace — the
+//! namespace of the Stack, its Workspace and the pod PKO would create, whose kubelet would read the
+//! same Secrets. Nothing here can name another namespace. Values travel only in the `Run` call (TLS
+//! and a bearer token in a cluster); they are never logged, never in status, conditions or events
+//! (errors name the object and key, never a value), and the agent masks those of Secrets (`EnvVar`
+//! `secret`, secret config) in every line of output.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use pko_proto::v1 as pb;
+use pb::value_ref::Kind;
+
+/// A Secret or a ConfigMap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// `v1/Secret` (`data`, base64 in the API, bytes here).
+    Secret,
+    /// `v1/ConfigMap` (`data`).
+    ConfigMap,
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Secret => "Secret",
+            ObjectKind::ConfigMap => "ConfigMap",
+        })
+    }
+}
+
+/// Which object and key a reference names, and where in the request it sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    /// The request field (`env[0] (NAME)`, `config[2] (key)`, `source.git.auth.token`).
+    pub field: String,
+    /// Secret or ConfigMap.
+    pub kind: ObjectKind,
+    /// The Update's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The key in its `data`.
+    pub key: String,
+}
+
+impl std::fmt::Display for Reference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} {}/{}", self.field, self.kind, self.namespace, self.name)
+    }
+}
+
+/// Why a reference could not be resolved; names the request field, the object and the key — never
+/// a value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ValuesError {
+    /// The object could not be read (missing, forbidden to the operator, API server error): the
+    /// reason, and the API server's HTTP status (`None`: no answer).
+    #[error("{0} could not be read: {1}")]
+    Read(Reference, String, Option<u16>),
+    /// The object has no such key.
+    #[error("{0} has no key {key:?}", key = .0.key)]
+    NoKey(Reference),
+    /// A value that is not UTF-8 (an environment variable or config value must be text).
+    #[error("{0} key {key:?} is not UTF-8", key = .0.key)]
+    NotUtf8(Reference),
+}
+
+impl ValuesError {
+    /// Whether trying again may succeed without anyone changing anything: no answer, or the API
+    /// server busy or failing (429, 5xx). A missing object, key or permission is the user's to fix:
+    /// the Update fails with the message.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ValuesError::Read(_, _, code) if code.is_none_or(|c| c == 429 || c >= 500))
+    }
+}
+
+/// Every value reference of `req` with the request field it sits in (pure): `env[i] (NAME)`,
+/// `config[i] (key)`, `source.git.auth.<credential>`.
+pub fn references(req: &mut pb::OperationRequest) -> Vec<(String, &mut pb::ValueRef)> {
+    let mut out = Vec::new();
+    for (i, e) in req.env.iter_mut().enumerate() {
+        let field = format!("env[{i}] ({})", e.name);
+        if let Some(v) = e.value.as_mut() {
+            out.push((field, v));
+        }
+    }
+    for (i, c) in req.config.iter_mut().enumerate() {
+        let field = format!("config[{i}] ({})", c.key);
+        if let Some(pb::config_item::Value::ValueFrom(v)) = c.value.as_mut() {
+            out.push((field, v));
+        }
+    }
+    if let Some(pb::source::Kind::Git(g)) = req.source.as_mut().and_then(|s| s.kind.as_mut())
+        && let Some(a) = g.auth.as_mut()
+    {
+        for (name, v) in [
+            ("ssh_private_key", &mut a.ssh_private_key),
+            ("ssh_passphrase", &mut a.ssh_passphrase),
+            ("token", &mut a.token),
+            ("username", &mut a.username),
+            ("password", &mut a.password),
+        ] {
+            if let Some(v) = v.as_mut() {
+                out.push((format!("source.git.auth.{name}"), v));
+            }
+        }
+    }
+    out
+}
+
+/// The object and key `r` reads, if it is a Secret or ConfigMap reference (pure).
+fn object_of(r: &pb::ValueRef) -> Option<(ObjectKind, &pb::KeyRef)> {
+    match &r.kind {
+        Some(Kind::Secret(k)) => Some((ObjectKind::Secret, k)),
+        Some(Kind::ConfigMap(k)) => Some((ObjectKind::ConfigMap, k)),
+        _ => None,
+    }
+}
+
+/// The data of a Secret or ConfigMap as read: key → bytes.
+type Data = BTreeMap<String, Vec<u8>>;
+
+/// The value `reference` names in `data`, its object's data as read (pure).
+///
+/// Errors: [`ValuesError::NoKey`], [`ValuesError::NotUtf8`].
+pub fn value_in(data: &Data, reference: &Reference) -> Result<String, ValuesError> {
+    let bytes = data.get(&reference.key).ok_or_else(|| ValuesError::NoKey(reference.clone()))?;
+    String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(reference.clone()))
+}
+
+async fn read(client: &kube::Client, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
+    Ok(match kind {
+        ObjectKind::Secret => Api::<Secret>::namespaced(client.clone(), namespace).get(name).await?.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect(),
+        ObjectKind::ConfigMap => {
+            let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?;
+            let text = cm.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes()));
+            // binaryData as PKO's kubelet would mount it (a key is in one of the two maps)
+            text.chain(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0))).collect()
+        }
+    })
+}
+
+fn code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn short(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
+/// Replaces every Secret and ConfigMap reference of `req` by its value, read with the operator's
+/// identity in `namespace` (the Update's), each object once. Returns how many references it resolved.
+/// Environment variables read from a Secret stay marked `secret` (masked by the agent).
+///
+/// Errors: the first reference that cannot be resolved ([`ValuesError`]); `req` is then partly
+/// resolved and must not be sent.
+pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::OperationRequest) -> Result<usize, ValuesError> {
+    for e in &mut req.env {
+        if e.value.as_ref().and_then(object_of).is_some_and(|(k, _)| k == ObjectKind::Secret) {
+            e.secret = true;
+        }
+    }
+    let mut read_objects: BTreeMap<(ObjectKind, String), Data> = BTreeMap::new();
+    let mut resolved = 0;
+    for (field, r) in references(req) {
+        let Some((kind, key)) = object_of(r) else { continue };
+        let reference = Reference { field, kind, namespace: namespace.into(), name: key.name.clone(), key: key.key.clone() };
+        let id = (kind, reference.name.clone());
+        if !read_objects.contains_key(&id) {
+            let d = read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(reference.clone(), short(&e), code(&e)))?;
+            read_objects.insert(id.clone(), d);
+        }
+        let value = read_objects.get(&id).map(|d| value_in(d, &reference)).unwrap_or_else(|| Err(ValuesError::NoKey(reference.clone())))?;
+        r.kind = Some(Kind::Literal(value));
+        resolved += 1;
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str, key: &str) -> pb::KeyRef {
+        pb::KeyRef { name: name.into(), key: key.into() }
+    }
+
+    fn r(kind: Kind) -> Option<pb::ValueRef> {
+        Some(pb::ValueRef { kind: Some(kind) })
+    }
+
+    #[test]
+    fn every_reference_of_a_request_is_found_with_its_field() {
+        let mut req = pb::OperationRequest {
+            env: vec![pb::EnvVar { name: "A".into(), value: r(Kind::Secret(key("s", "a"))), secret: false }],
+            config: vec![
+                pb::ConfigItem { key: "lit".into(), value: Some(pb::config_item::Value::Literal(Default::default())), ..Default::default() },
+                pb::ConfigItem { key: "cm".into(), value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))) })), ..Default::default() },
+            ],
+            source: Some(pb::Source {
+                kind: Some(pb::source::Kind::Git(pb::GitSource {
+                    auth: Some(pb::GitAuth { token: r(Kind::Secret(key("git", "t"))), username: r(Kind::Literal("u".into())), ..Default::default() }),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        };
+        let fields: Vec<String> = references(&mut req).into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields, ["env[0] (A)", "config[1] (cm)", "source.git.auth.token", "source.git.auth.username"]);
+    }
+
+    fn reference(field: &str, kind: ObjectKind, name: &str, key: &str) -> Reference {
+        Reference { field: field.into(), kind, namespace: "ns".into(), name: name.into(), key: key.into() }
+    }
+
+    #[test]
+    fn a_value_is_text_of_an_existing_key_and_errors_name_the_key_never_a_value() {
+        let data: Data = [("k".to_string(), b"v4lue".to_vec()), ("bin".to_string(), vec![0xff, 0xfe])].into();
+        assert_eq!(value_in(&data, &reference("env[0] (A)", ObjectKind::Secret, "s", "k")), Ok("v4lue".into()));
+        let missing = value_in(&data, &reference("env[0] (A)", ObjectKind::Secret, "s", "nope")).unwrap_err();
+        assert_eq!(missing.to_string(), "env[0] (A): Secret ns/s has no key \"nope\"");
+        let binary = value_in(&data, &reference("config[2] (x)", ObjectKind::Secret, "s", "bin")).unwrap_err();
+        assert_eq!(binary.to_string(), "config[2] (x): Secret ns/s key \"bin\" is not UTF-8");
+        let cm = value_in(&data, &reference("env[1] (B)", ObjectKind::ConfigMap, "c", "z")).unwrap_err();
+        assert!(!cm.to_string().contains("v4lue") && cm.to_string().contains("ConfigMap ns/c"), "{cm}");
+        assert!(!cm.is_transient(), "the user's to fix");
+    }
+
+    #[test]
+    fn only_unanswered_busy_or_failing_reads_are_transient() {
+        let read = |code| ValuesError::Read(reference("f", ObjectKind::Secret, "s", "k"), "r".into(), code);
+        assert!(read(None).is_transient());
+        assert!(read(Some(503)).is_transient());
+        assert!(read(Some(429)).is_transient());
+        assert!(!read(Some(404)).is_transient(), "missing: the user's to fix");
+        assert!(!read(Some(403)).is_transient(), "the operator may not read it");
+        assert_eq!(read(Some(404)).to_string(), "f: Secret ns/s could not be read: r");
+    }
+}
