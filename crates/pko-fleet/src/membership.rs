@@ -27,9 +27,9 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backlog, Ownership};
 use crate::lease::{self, FLEET_LABEL, KIND_LABEL, SHARD_LABEL, Written};
 use crate::ring::{Ring, shard_of};
+use crate::{Backlog, Ownership};
 
 /// How a replica takes part in the fleet.
 #[derive(Debug, Clone)]

@@ -31,11 +31,8 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
         let out = testbed().kubectl().args(["auth", "can-i", "get", resource, "-n", ns.name(), "--as", &format!("system:serviceaccount:{}:default", ns.name())]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no", "the workspace's service account may not get {resource}");
     }
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::ConfigMap>(),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}),
-    )
-    .await;
+    create(&ns.api::<k8s_openapi::api::core::v1::ConfigMap>(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}))
+        .await;
     create(
         &ns.api::<Secret>(),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
@@ -235,8 +232,6 @@ async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
     passphrase_and_program(&ns, json!({"resources": {"big": {"type": "command:local:Command", "properties": {"create": "head -c 5000000 /dev/zero | tr '\\0' a"}}}})).await;
     prog_stack(&ns, &env, "big", json!({})).await;
     let stacks = ns.api::<Stack>();
-    eventually("the Stack with a 5 MB engine event is Ready", 180, || async {
-        ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into()))
-    })
-    .await;
+    eventually("the Stack with a 5 MB engine event is Ready", 180, || async { ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into())) })
+        .await;
 }

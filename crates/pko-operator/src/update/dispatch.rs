@@ -17,8 +17,8 @@ use pko_api::{Update, Workspace};
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{ErrorReason, OperationResult, ResultStatus, operation_event::Event};
 
-use super::{request, values};
 use super::status::{self, Phase, pko_proto_reason::Reason};
+use super::{request, values};
 use crate::outputs;
 
 /// Why an Update could not be run to a result.

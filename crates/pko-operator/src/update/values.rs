@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use pko_proto::v1 as pb;
 use pb::value_ref::Kind;
+use pko_proto::v1 as pb;
 
 /// A Secret or a ConfigMap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,13 +68,13 @@ pub enum ValuesError {
     /// The object could not be read (missing, forbidden to the operator, API server error): the
     /// reason, and the API server's HTTP status (`None`: no answer).
     #[error("{0} could not be read: {1}")]
-    Read(Reference, String, Option<u16>),
+    Read(Box<Reference>, String, Option<u16>),
     /// The object has no such key.
     #[error("{0} has no key {key:?}", key = .0.key)]
-    NoKey(Reference),
+    NoKey(Box<Reference>),
     /// A value that is not UTF-8 (an environment variable or config value must be text).
     #[error("{0} key {key:?} is not UTF-8", key = .0.key)]
-    NotUtf8(Reference),
+    NotUtf8(Box<Reference>),
 }
 
 impl ValuesError {
@@ -136,8 +136,8 @@ type Data = BTreeMap<String, Vec<u8>>;
 ///
 /// Errors: [`ValuesError::NoKey`], [`ValuesError::NotUtf8`].
 pub fn value_in(data: &Data, reference: &Reference) -> Result<String, ValuesError> {
-    let bytes = data.get(&reference.key).ok_or_else(|| ValuesError::NoKey(reference.clone()))?;
-    String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(reference.clone()))
+    let bytes = data.get(&reference.key).ok_or_else(|| ValuesError::NoKey(Box::new(reference.clone())))?;
+    String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(Box::new(reference.clone())))
 }
 
 async fn read(client: &kube::Client, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
@@ -185,10 +185,10 @@ pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::Opera
         let reference = Reference { field, kind, namespace: namespace.into(), name: key.name.clone(), key: key.key.clone() };
         let id = (kind, reference.name.clone());
         if !read_objects.contains_key(&id) {
-            let d = read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(reference.clone(), short(&e), code(&e)))?;
+            let d = read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?;
             read_objects.insert(id.clone(), d);
         }
-        let value = read_objects.get(&id).map(|d| value_in(d, &reference)).unwrap_or_else(|| Err(ValuesError::NoKey(reference.clone())))?;
+        let value = read_objects.get(&id).map(|d| value_in(d, &reference)).unwrap_or_else(|| Err(ValuesError::NoKey(Box::new(reference.clone()))))?;
         r.kind = Some(Kind::Literal(value));
         resolved += 1;
     }
@@ -213,7 +213,11 @@ mod tests {
             env: vec![pb::EnvVar { name: "A".into(), value: r(Kind::Secret(key("s", "a"))), secret: false }],
             config: vec![
                 pb::ConfigItem { key: "lit".into(), value: Some(pb::config_item::Value::Literal(Default::default())), ..Default::default() },
-                pb::ConfigItem { key: "cm".into(), value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))) })), ..Default::default() },
+                pb::ConfigItem {
+                    key: "cm".into(),
+                    value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))) })),
+                    ..Default::default()
+                },
             ],
             source: Some(pb::Source {
                 kind: Some(pb::source::Kind::Git(pb::GitSource {
@@ -246,7 +250,7 @@ mod tests {
 
     #[test]
     fn only_unanswered_busy_or_failing_reads_are_transient() {
-        let read = |code| ValuesError::Read(reference("f", ObjectKind::Secret, "s", "k"), "r".into(), code);
+        let read = |code| ValuesError::Read(Box::new(reference("f", ObjectKind::Secret, "s", "k")), "r".into(), code);
         assert!(read(None).is_transient());
         assert!(read(Some(503)).is_transient());
         assert!(read(Some(429)).is_transient());
