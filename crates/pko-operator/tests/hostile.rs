@@ -188,7 +188,7 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
 }
 
 #[tokio::test]
-async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env_cannot_change_identity() {
+async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read_only_in_the_stacks_own_namespace() {
     let (client, ns, env) = setup("hostile-cfg").await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     let out = env.dir().join("out");
@@ -243,11 +243,13 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env
     assert_ne!(std::fs::read_to_string(&token).unwrap(), old, "a new token was written");
     assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
 
-    // a namespace whose workspace account may not read Secrets: pointing KUBECONFIG at the bed's admin
-    // kubeconfig through envRefs does not let the agent read them
+    // Secret references are resolved by the operator in the Stack's own namespace and nowhere else:
+    // a Stack in a second namespace naming Secret `db` (which exists only in the first) fails naming
+    // its own namespace's missing Secret — pointing KUBECONFIG at the bed's admin kubeconfig through
+    // envRefs changes nothing (it reaches only the program), and the value of the first namespace's
+    // `db` appears nowhere
     let (_, ns2, _) = setup("hostile-kcfg").await;
     let op2 = InProcessOperator::start(&client, &env, ns2.name()).await;
-    create(&ns2.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"pw": "admin-only"}})).await;
     create(
         &ns2.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": serde_json::from_str::<serde_json::Value>(PROGRAM).unwrap()}),
@@ -260,7 +262,7 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env
             json!({"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
                "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}},
                            "KUBECONFIG": {"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}}},
-               "secretsRef": {"pw": {"type": "Secret", "secret": {"name": "db", "key": "pw"}}}}),
+               "secretsRef": {"pw": {"type": "Secret", "secret": {"name": "db", "key": "lower"}}}}),
         ),
     )
     .await;
@@ -270,9 +272,11 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_kubeconfig_env
         list.items.iter().find(|u| condition(u, "Failed").is_some_and(|(s, _)| s == "True")).map(|u| u.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default())
     })
     .await;
-    assert!(message.contains("forbidden"), "{message}");
+    assert!(message.contains(&format!("Secret {}/db could not be read", ns2.name())) && message.contains("not found"), "{message}");
     let s = ns2.api::<Stack>().get("bypass").await.unwrap();
-    assert!(!s.status.and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"), "the Stack must not be Ready");
+    assert!(!s.status.clone().and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"), "the Stack must not be Ready");
+    let everything = serde_json::to_string(&(s, updates.list(&Default::default()).await.unwrap().items)).unwrap();
+    assert!(!everything.contains("value-of-lower"), "the first namespace's Secret value leaked");
     drop(op2);
     drop(op);
 }
