@@ -140,7 +140,7 @@ REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
 for op in "${OPS[@]}"; do PER_REPLICA="$PER_REPLICA peak=$((PEAK_OF[$op] / 1024))/rest=$(($(rss "$op") / 1024))"; done
 AGENTS_KIB=0; AGENTS=0
-for p in $(pgrep -f -- "$RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
+for p in $(pgrep -f -- "pko-agent serve .*$RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
 FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
 echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
