@@ -106,8 +106,6 @@ echo "applied $N Stacks on $REPLICAS replicas; waiting for the first convergence
 wait_converged 0 >/dev/null
 echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 
-# victim_shards REPLICA: the shard numbers whose Leases name REPLICA
-victim_shards() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r {sub(/.*-shard-/, "", $1); print $1}' | sort; }
 # with_jobs SHARD...: those with a job recorded in Redis (queued or running)
 with_jobs() { [ $# -gt 0 ] || return 0; for k in "$@"; do echo "SCARD pko-failover:shard:$k"; done | redis-cli -u "$REDIS_URL" | paste -d' ' <(printf '%s\n' "$@") - | awk '$2 > 0 {print $1}' | sort; }
 
@@ -122,7 +120,7 @@ for round in $(seq 1 "$ROUNDS"); do
   victim=$(( (round - 1) % REPLICAS ))
   held=$(shards_held_by "r$victim")
   running=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
-  victims=$(victim_shards "r$victim")
+  victims=$(shards_of "r$victim")
   # shellcheck disable=SC2046
   busy=$(with_jobs $victims)
   # every Lease change from here on, stamped as it arrives (the numbers come from this, not from the

@@ -1,5 +1,5 @@
 # Shared by the load tests (sourced; needs ROOT, NS and fail()): the bed's environment, release
-# binaries in BIN (progress shown line by line), delete_namespace, shards_held_by, and a per-run Prometheus
+# binaries in BIN (progress shown line by line), delete_namespace, shards_of / shards_held_by, and a per-run Prometheus
 # with its plotted report (prom_start, prom_stop, plot_report).
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
 echo "building pko-operator and pko-agent (release)…"
@@ -18,8 +18,10 @@ delete_namespace() {
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
 
-# shards_held_by REPLICA: how many shard Leases of the fleet in $NS name REPLICA as holder
-shards_held_by() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r' | wc -l; }
+# shards_of REPLICA: the numbers of the shards whose Leases (fleet in $NS) name REPLICA as holder, sorted
+shards_of() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r {sub(/.*-shard-/, "", $1); print $1}' | sort; }
+# shards_held_by REPLICA: how many
+shards_held_by() { shards_of "$1" | wc -l; }
 
 # Prometheus for a run's report (Debian's `prometheus`, a bed package): prom_start DIR PORT TARGET...
 # scrapes the replicas' metrics endpoints (host:port) every 2 s into DIR; prom_stop stops it.

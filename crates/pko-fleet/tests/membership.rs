@@ -1,6 +1,7 @@
 //! The fleet's membership against the real API server: replicas split the shards with no shard held
 //! twice, write nothing but their renewals at rest, hand shards over within seconds on a graceful
-//! stop, take a crashed replica's shards after its lease expires, and rebalance when one joins.
+//! stop, take a crashed replica's shards after its lease expires (those with work first), and rebalance
+//! when one joins.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,9 +10,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::watcher;
-use pko_fleet::Ownership;
 use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
 use pko_fleet::ring::BoundedRing;
+use pko_fleet::{Backlog, Ownership};
 use pko_testbed::{eventually, testbed};
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +36,15 @@ fn config(ns: &str, replica: &str) -> FleetConfig {
 }
 
 async fn start(client: &kube::Client, ns: &str, name: &str) -> Replica {
+    start_with(client, ns, name, None).await
+}
+
+async fn start_with(client: &kube::Client, ns: &str, name: &str, backlog: Option<Arc<dyn Backlog>>) -> Replica {
     let (fleet, ownership) = Fleet::new(client.clone(), config(ns, name), Arc::new(BoundedRing::default()));
+    let fleet = match backlog {
+        Some(b) => fleet.with_backlog(b),
+        None => fleet,
+    };
     let stop = CancellationToken::new();
     let task = tokio::spawn(fleet.run(stop.clone()));
     Replica { name: name.to_string(), ownership, stop, task }
@@ -132,4 +141,55 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     d.stop.cancel();
     let _ = (a.task.await, d.task.await);
     watch.abort();
+}
+
+/// A backlog naming the shards a test marked as having work.
+#[derive(Debug, Default)]
+struct Marked(std::sync::Mutex<std::collections::BTreeSet<u32>>);
+
+impl Backlog for Marked {
+    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, std::collections::BTreeSet<u32>> {
+        let marked = self.0.lock().unwrap().clone();
+        Box::pin(async move { shards.iter().copied().filter(|k| marked.contains(k)).collect() })
+    }
+}
+
+/// A crashed replica's shards with work (as the backlog says) are taken, and their Leases written,
+/// before any of its other shards: the Leases' `acquireTime` (written by the taker) of the marked
+/// shards all precede those of the rest.
+#[tokio::test]
+async fn a_takeover_takes_the_shards_with_work_first() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet-backlog").await.unwrap();
+    let ns = ns.name().to_string();
+    let marked = Arc::new(Marked::default());
+    let a = start_with(&client, &ns, "a", Some(marked.clone())).await;
+    let b = start(&client, &ns, "b").await;
+    eventually("a and b split the shards", 60, || async { split(&[&a, &b]) }).await;
+    let of_b: Vec<u32> = holders(&[&b]).into_keys().collect();
+    assert!(of_b.len() >= 8, "b holds its share: {of_b:?}");
+    // three of b's shards, not the lowest numbers (shard order alone would not put them first)
+    let with_work: std::collections::BTreeSet<u32> = of_b.iter().rev().take(3).copied().collect();
+    *marked.0.lock().unwrap() = with_work.clone();
+
+    b.task.abort();
+    let _ = b.task.await;
+    eventually("a holds every shard", 30, || async { split(&[&a]) }).await;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
+    let mut acquired = BTreeMap::new();
+    for l in leases.list(&Default::default()).await.unwrap().items {
+        let Some(k) = l.metadata.labels.as_ref().and_then(|m| m.get("pulumi.com/shard")).and_then(|v| v.parse::<u32>().ok()) else { continue };
+        if of_b.contains(&k) {
+            let spec = l.spec.unwrap_or_default();
+            assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+            acquired.insert(k, spec.acquire_time.expect("acquireTime written by the taker").0);
+        }
+    }
+    let last_with_work = with_work.iter().map(|k| acquired[k]).max().unwrap();
+    let first_other = acquired.iter().filter(|(k, _)| !with_work.contains(k)).map(|(_, t)| *t).min().unwrap();
+    eprintln!("b's {} shards taken: the {} with work by {last_with_work}, the others from {first_other}", of_b.len(), with_work.len());
+    assert!(last_with_work < first_other, "a shard without work was taken before one with work ({first_other} <= {last_with_work})");
+    a.stop.cancel();
+    let _ = a.task.await;
 }

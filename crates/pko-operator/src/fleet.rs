@@ -128,8 +128,6 @@ pub struct Member {
     pub gained: watch::Receiver<u64>,
     /// The membership and the selector tasks (end at shutdown; the membership is released then).
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// This replica's id.
-    pub replica: String,
 }
 
 /// Errors starting a fleet member.
@@ -165,18 +163,25 @@ impl Backlog for QueueBacklog {
     }
 }
 
-/// Joins the fleet of `args`: starts the membership (until `shutdown`) and publishes the selector of
-/// the held shards. With `backlog`, a takeover takes the shards with work first.
+/// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`)
+/// and publishes the selector of the held shards. With `backlog`, a takeover takes the shards with
+/// work first.
 ///
 /// Errors: [`FleetError`] naming the missing flag.
-pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shutdown: &CancellationToken, backlog: Option<Arc<dyn Backlog>>) -> Result<Member, FleetError> {
+pub fn join(
+    client: &kube::Client,
+    args: &FleetArgs,
+    replica: &str,
+    namespaces: &[String],
+    shutdown: &CancellationToken,
+    backlog: Option<Arc<dyn Backlog>>,
+) -> Result<Member, FleetError> {
     let namespace = args.fleet_namespace.clone().filter(|n| !n.is_empty()).ok_or(FleetError::NoNamespace)?;
-    let replica = replica_id(args)?;
     let cfg = FleetConfig {
         lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
         renew_interval: Duration::from_secs(args.renew_interval_seconds.max(1)),
         renew_deadline: Duration::from_secs(args.renew_deadline_seconds.max(1)),
-        ..FleetConfig::new(namespace, args.fleet_name.clone(), replica.clone(), args.shards)
+        ..FleetConfig::new(namespace, args.fleet_name.clone(), replica, args.shards)
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
     let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
@@ -184,7 +189,6 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
         Some(b) => fleet.with_backlog(b),
         None => fleet,
     };
-    let replica = replica.clone();
     let mut changes = shards.changes();
     let total = args.shards;
     let (tx, selector) = watch::channel(shard_selector(&BTreeSet::new(), total));
@@ -231,7 +235,7 @@ pub fn join(client: &kube::Client, args: &FleetArgs, namespaces: &[String], shut
     });
     let membership = tokio::spawn(fleet.run(shutdown.clone()));
     let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
-    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish], replica })
+    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
 }
 
 /// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label and

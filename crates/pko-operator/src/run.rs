@@ -91,14 +91,20 @@ impl Operator {
         let mut servers = Vec::new();
         let mut membership = Vec::new();
         // the fleet: held shards decide what this replica owns and which objects its informers watch
-        if fleet.fleet && operations.redis_url.as_deref().is_none_or(str::is_empty) {
-            crate::fleet::check_single_without_redis(&client, &fleet, &crate::fleet::replica_id(&fleet)?).await?;
-        }
+        // this replica's fleet id, once (the host name when not given)
         let replica = if fleet.fleet { Some(crate::fleet::replica_id(&fleet)?) } else { None };
+        if let Some(r) = &replica
+            && operations.redis_url.as_deref().is_none_or(str::is_empty)
+        {
+            crate::fleet::check_single_without_redis(&client, &fleet, r).await?;
+        }
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
         // a takeover takes the shards with queued or running operations first
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
-        let member = if fleet.fleet { Some(crate::fleet::join(&client, &fleet, &operations.namespaces, &shutdown, backlog)?) } else { None };
+        let member = match &replica {
+            Some(r) => Some(crate::fleet::join(&client, &fleet, r, &operations.namespaces, &shutdown, backlog)?),
+            None => None,
+        };
         if let Some(m) = &member {
             membership.push(tokio::spawn(crate::fleet::follow_shards(m.ownership.clone(), queue.clone())));
         }
@@ -120,7 +126,7 @@ impl Operator {
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
         }
-        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, &fleet, local_agent_env)?;
+        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, replica.as_deref(), local_agent_env)?;
         let agent_tokens = match (&runtime.service_account, runtime.runtime) {
             (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
             (None, RuntimeKind::Pod) => {
@@ -169,13 +175,14 @@ impl Operator {
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
     }
 
-    /// Where agents run (`--runtime`, `--agent-pools`), and the pools when they are pooled.
+    /// Where agents run (`--runtime`, `--agent-pools`), and the pools when they are pooled; `replica`:
+    /// this replica's fleet id, under which its pools keep their records ("operator" outside a fleet).
     ///
     /// Errors: a flag the runtime needs is missing, or pools with the pod runtime.
     fn agent_runtime(
         client: &kube::Client,
         runtime: &crate::args::RuntimeArgs,
-        fleet: &crate::args::FleetArgs,
+        replica: Option<&str>,
         local_agent_env: Vec<(String, String)>,
     ) -> anyhow::Result<(Runtime, Option<Arc<LocalPools>>)> {
         Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
@@ -198,7 +205,7 @@ impl Operator {
                         agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
                     }
                     let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout, agent_args };
-                    let replica = if fleet.fleet { crate::fleet::replica_id(fleet)? } else { "operator".into() };
+                    let replica = replica.unwrap_or("operator").to_string();
                     let pools = LocalPools::new(local, client.clone(), replica, cfg);
                     (Runtime::LocalPool(pools.clone()), Some(pools))
                 } else {

@@ -12,20 +12,10 @@ use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
 fn start_operator(env: &pko_testbed::PulumiEnv, namespace: &str, port: u16, extra: &[&str]) -> std::process::Child {
-    let bed = testbed();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(env.dir().join("operator.log")).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", namespace, "--agent-bin"])
-        .arg(agent_bin())
-        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
-        .arg(bed.ca_file())
-        .arg("--local-work-dir")
-        .arg(env.dir().join("agents"))
+    operator_command(env, namespace, port)
         .args(extra)
-        .env_clear()
-        .envs(env.vars())
-        .env("HOME", env.dir())
-        .env("KUBECONFIG", bed.kubeconfig())
+        .env("KUBECONFIG", testbed().kubeconfig())
         .stdout(Stdio::from(log.try_clone().unwrap()))
         .stderr(Stdio::from(log))
         .spawn()

@@ -183,12 +183,14 @@ pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::Opera
     for (field, r) in references(req) {
         let Some((kind, key)) = object_of(r) else { continue };
         let reference = Reference { field, kind, namespace: namespace.into(), name: key.name.clone(), key: key.key.clone() };
-        let id = (kind, reference.name.clone());
-        if !read_objects.contains_key(&id) {
-            let d = read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?;
-            read_objects.insert(id.clone(), d);
-        }
-        let value = read_objects.get(&id).map(|d| value_in(d, &reference)).unwrap_or_else(|| Err(ValuesError::NoKey(Box::new(reference.clone()))))?;
+        // each object once per request
+        let data = match read_objects.entry((kind, reference.name.clone())) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?)
+            }
+        };
+        let value = value_in(data, &reference)?;
         r.kind = Some(Kind::Literal(value));
         resolved += 1;
     }

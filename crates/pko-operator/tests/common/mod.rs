@@ -276,27 +276,35 @@ pub fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Ve
     v
 }
 
-/// A `pko-operator run` process: replica `name` of fleet `fleet` (64 shards, a 6 s lease renewed every
-/// 2 s, 4 s renew deadline) in `ns`, local runtime on the bed, artifacts on loopback `port`, `extra`
-/// flags (Redis, pools) last; credentials from `kubeconfig`; logs in `<env dir>/<name>.{out,err}.log`
-/// (its agents inherit them).
+/// `pko-operator run` with the local runtime on the bed, watching only `ns`, artifacts on loopback
+/// `port`, no metrics or probe listeners, a clean environment (the Pulumi environment of `env`, its
+/// directory as `HOME`); the caller adds flags, credentials and where the output goes.
 #[allow(dead_code)]
-pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str, name: &str, kubeconfig: &std::path::Path, port: u16, extra: &[&str]) -> std::process::Child {
+pub fn operator_command(env: &pko_testbed::PulumiEnv, ns: &str, port: u16) -> Command {
     let bed = testbed();
-    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_pko-operator"))
-        .args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pko-operator"));
+    c.args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", ns, "--agent-bin"])
         .arg(agent_bin())
         .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
         .arg(bed.ca_file())
         .arg("--local-work-dir")
         .arg(env.dir().join("agents"))
+        .env_clear()
+        .envs(env.vars())
+        .env("HOME", env.dir());
+    c
+}
+
+/// A `pko-operator run` process ([`operator_command`]): replica `name` of fleet `fleet` (64 shards, a
+/// 6 s lease renewed every 2 s, 4 s renew deadline) in `ns`, `extra` flags (Redis, pools) last;
+/// credentials from `kubeconfig`; logs in `<env dir>/<name>.{out,err}.log` (its agents inherit them).
+#[allow(dead_code)]
+pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str, name: &str, kubeconfig: &std::path::Path, port: u16, extra: &[&str]) -> std::process::Child {
+    let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
+    operator_command(env, ns, port)
         .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", fleet, "--replica-id", name, "--shards", "64"])
         .args(["--lease-duration-seconds", "6", "--renew-interval-seconds", "2", "--renew-deadline-seconds", "4"])
         .args(extra)
-        .env_clear()
-        .envs(env.vars())
-        .env("HOME", env.dir())
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(log("out")))
