@@ -81,19 +81,35 @@ pub fn classify_failure(text: &str) -> ErrorReason {
     }
 }
 
-/// The environment every Pulumi process of the agent gets on top of the operation's own variables:
-/// no update check, no interactive prompts, no plugin downloads.
+/// The environment every Pulumi process of the agent gets below the operation's own variables: no
+/// update check, no interactive prompts. Plugin acquisition stays on, as in PKO's workspaces (a
+/// Workspace `env` or the agent's environment may set `PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION`).
 pub fn base_env() -> BTreeMap<String, String> {
     [
         ("PULUMI_SKIP_UPDATE_CHECK", "true"),
         ("PULUMI_SKIP_CONFIRMATIONS", "true"),
-        ("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "true"),
         ("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true"),
         ("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// Name of Pulumi's switch that turns automatic plugin downloads off (the air-gapped setting).
+pub const DISABLE_PLUGIN_ACQUISITION: &str = "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION";
+
+/// Whether a Pulumi process started with `env` on top of an environment where the variable is
+/// `inherited` (the agent's own value, if any) sees plugin acquisition disabled. Pulumi's boolean
+/// syntax: `1` or `true` in any case; anything else, or unset, is false.
+pub fn plugin_acquisition_disabled(env: &BTreeMap<String, String>, inherited: Option<&str>) -> bool {
+    env.get(DISABLE_PLUGIN_ACQUISITION).map(String::as_str).or(inherited).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// The error lines of a failed `pulumi` command's standard error: without the `context canceled`
+/// line the CLI prints after its own error, trimmed.
+pub fn error_text(stderr: &str) -> String {
+    stderr.lines().filter(|l| l.trim() != "context canceled").collect::<Vec<_>>().join("\n").trim().to_string()
 }
 
 /// Output of a short Pulumi command.
@@ -149,6 +165,23 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn plugin_acquisition_follows_the_operation_then_the_agent() {
+        let env = |v: &str| BTreeMap::from([(DISABLE_PLUGIN_ACQUISITION.to_string(), v.to_string())]);
+        assert!(!plugin_acquisition_disabled(&BTreeMap::new(), None), "on by default, as in PKO");
+        assert!(plugin_acquisition_disabled(&BTreeMap::new(), Some("true")));
+        assert!(plugin_acquisition_disabled(&env("1"), None) && plugin_acquisition_disabled(&env("TRUE"), None));
+        assert!(!plugin_acquisition_disabled(&env("false"), Some("true")), "the operation's value wins");
+        assert!(!plugin_acquisition_disabled(&env("yes"), None), "Pulumi reads only 1 and true");
+        assert!(!base_env().contains_key(DISABLE_PLUGIN_ACQUISITION));
+    }
+
+    #[test]
+    fn error_text_drops_the_context_canceled_line() {
+        assert_eq!(error_text("error: failed to download plugin: command-9.9.9: 404\ncontext canceled\n"), "error: failed to download plugin: command-9.9.9: 404");
+    }
+
     use super::*;
 
     #[test]

@@ -156,14 +156,14 @@ impl SourceCache {
             if project_file(&project).is_none() {
                 return Err(err(format!("no Pulumi.yaml in {} of the source", if dir.is_empty() { "the root" } else { &dir })));
             }
-            // `pulumi install` once per source revision: language dependencies (npm, pip, go modules) and
-            // plugins. YAML programs have no dependencies and their plugins resolve at run time, so it
-            // is skipped for them (it would otherwise look up "latest" plugin versions on the network).
+            // `pulumi install` once per source revision, for every runtime as PKO's workspaces do:
+            // language dependencies (npm, pip, go modules), provider plugins and `packages`.
             let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
-            if runtime != "yaml" {
+            let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
+            if install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) {
                 let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| err(format!("pulumi install: {e}")))?;
                 if !out.success {
-                    return Err(err(format!("pulumi install failed: {}", out.stderr.trim())));
+                    return Err(err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
                 }
             }
             std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
@@ -325,6 +325,14 @@ fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
     Ok(root.join(d))
 }
 
+/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO, except YAML when
+/// plugin acquisition is disabled (the air-gapped setting): for YAML `pulumi install` only downloads
+/// plugins and packages, so with downloads off the plugins must already be on `PATH` or in the
+/// plugin cache, and `pulumi up` finds them there.
+fn install_needed(runtime: &str, acquisition_disabled: bool) -> bool {
+    runtime != "yaml" || !acquisition_disabled
+}
+
 fn project_file(dir: &Path) -> Option<PathBuf> {
     ["Pulumi.yaml", "Pulumi.yml"].iter().map(|f| dir.join(f)).find(|p| p.is_file())
 }
@@ -460,6 +468,16 @@ pub mod testing {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_runtime_is_installed_unless_yaml_may_not_download() {
+        for runtime in ["nodejs", "python", "go", "dotnet", "java"] {
+            assert!(install_needed(runtime, false) && install_needed(runtime, true), "{runtime}");
+        }
+        assert!(install_needed("yaml", false), "YAML gets its plugins installed, as in PKO");
+        assert!(!install_needed("yaml", true), "with downloads off there is nothing to install");
+    }
+
     use super::*;
 
     #[test]
