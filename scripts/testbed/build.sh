@@ -107,6 +107,18 @@ build_helm() {
     helm.sh/helm/v3/cmd/helm
 }
 
+build_flux_source_controller() {
+  # Flux's source-controller, for the Flux source tests. Its go.mod replaces its own `api` module with
+  # the nested directory, which a module zip leaves out, so the module is copied and the replacement
+  # pointed at the published `api` module of the same version. Its CRDs are kept next to the binary.
+  local W="$TB_SRC/source-controller-$FLUX_SOURCE_CONTROLLER_VERSION" D="$TB_HOME/share/flux-source-controller" M
+  M="$(go mod download -json "github.com/fluxcd/source-controller@$FLUX_SOURCE_CONTROLLER_VERSION" | jq -r .Dir)"
+  rm -rf "$W"; cp -r "$M" "$W"; chmod -R u+w "$W"; cd "$W"
+  go mod edit -replace "github.com/fluxcd/source-controller/api=github.com/fluxcd/source-controller/api@$FLUX_SOURCE_CONTROLLER_VERSION"
+  go build -mod=mod -trimpath -ldflags "-s -w" -o "$TB_BIN/source-controller" .
+  rm -rf "$D"; mkdir -p "$D/crds"; cp config/crd/bases/*.yaml "$D/crds/"
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -131,4 +143,5 @@ step pulumi-nodejs build_pulumi_nodejs
 step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
 step pulumi-python build_pulumi_python
 step helm build_helm "$HELM_VERSION"
+step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLER_VERSION"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

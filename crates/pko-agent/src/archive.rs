@@ -152,6 +152,11 @@ fn shown(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Whether an entry path names the root itself (`.`, `./`, `././`).
+fn names_the_root(raw: &[u8]) -> bool {
+    !raw.is_empty() && Path::new(OsStr::from_bytes(raw)).components().all(|c| c == Component::CurDir)
+}
+
 /// The entry path as a relative path of normal components. Errors: empty, absolute, or with `..`.
 fn entry_path(raw: &[u8]) -> Result<PathBuf, ArchiveError> {
     let unsafe_path = |why| ArchiveError::UnsafePath { path: shown(raw), why };
@@ -253,6 +258,10 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
         }
         if meta.sparse || kind.is_gnu_sparse() {
             return Err(unsupported("a sparse file"));
+        }
+        if kind.is_dir() && names_the_root(&raw_path) {
+            // `./`, as Flux's source-controller writes first: the root exists already
+            continue;
         }
         let rel = entry_path(&raw_path)?;
         let dest = into.join(&rel);
@@ -503,6 +512,16 @@ mod tests {
         assert_eq!((r.entries, r.bytes), (5, 23));
         assert_eq!(std::fs::read_to_string(d.path().join("root/link")).unwrap(), "a");
         assert_eq!(std::fs::read_to_string(d.path().join("root/sub/up")).unwrap(), "name: x\nruntime: yaml\n");
+    }
+
+    #[test]
+    fn a_root_directory_entry_is_skipped_but_a_root_file_is_refused() {
+        // Flux's source-controller archives start with a `./` directory entry
+        let (d, r) = extract(&[Item::Dir("./"), Item::File("./Pulumi.yaml", b"name: x\n")]);
+        assert_eq!(r.unwrap().bytes, 8);
+        assert!(d.path().join("root/Pulumi.yaml").is_file());
+        let (_, r) = extract(&[Item::File(".", b"x")]);
+        assert!(matches!(r, Err(ArchiveError::UnsafePath { .. })), "{r:?}");
     }
 
     #[test]

@@ -313,6 +313,11 @@ impl Informers {
         self
     }
 
+    /// Where these informers watch.
+    pub fn scope(&self) -> &WatchScope {
+        &self.scope
+    }
+
     /// The Stack informer.
     pub fn stacks(&mut self) -> &mut Informer<Stack> {
         self.stacks.get(&self.client, &self.scope, self.shards.as_ref())

@@ -129,7 +129,7 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         ("no-program", "SourceUnavailable", "program missing has no artifact"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
         ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
-        ("no-source", "SpecInvalid", "no source"),
+        ("no-source", "SpecInvalid", "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec"),
     ];
     for (name, reason, text) in want {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
@@ -142,6 +142,33 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     stacks.delete("never-ran", &DeleteParams::background()).await.unwrap();
     eventually("never-ran is deleted", 30, || async { stacks.get_opt("never-ran").await.unwrap().is_none() }).await;
     task.abort();
+}
+
+/// PKO's `examples/custom-source`: a Stack with no source runs the program its Workspace template
+/// names (`local.dir`, a program baked into the image; here a directory on the agent's machine), and
+/// with nothing new to deploy it stays synced.
+#[tokio::test]
+async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
+    let (client, ns, env) = setup("custom-source").await;
+    let dir = project(&env, "baked", "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\noutputs:\n  said: ${hi.stdout}\n");
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    let stacks = ns.api::<Stack>();
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "custom"},
+               "spec": {"stack": "dev", "backend": env.backend_url(),
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}},
+                        "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
+    )
+    .await;
+    eventually("the Stack is Ready", 120, || async { ready(&stacks.get("custom").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into())) }).await;
+    let st = stacks.get("custom").await.unwrap().status.unwrap();
+    assert_eq!(st.outputs.unwrap()["said"], json!("baked in"));
+    assert_eq!(st.last_update.unwrap().last_successful_commit.as_deref(), Some(""), "PKO's empty commit");
+    // synced: no second Update
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.len(), 1, "one Update");
 }
 
 /// Many Stacks applied at once each get exactly one Update: a reconcile never decides on a cached copy

@@ -35,15 +35,26 @@ pub enum ResolvedSource {
     },
     /// No source: destroy from state with a synthesised project.
     ProjectInfo(ProjectInfo),
+    /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a
+    /// program baked into the image — PKO's `examples/custom-source`); its revision is empty, as PKO's
+    /// commit is for a Stack without a source.
+    Template,
 }
 
 impl ResolvedSource {
+    /// Whether `spec`'s Workspace template brings a source of its own (`git`, `flux` or `local`), so a
+    /// Stack without a source can run on it (PKO proceeds without a source). Pure.
+    pub fn template_has_source(spec: &pko_api::StackSpec) -> bool {
+        spec.workspace_template.as_ref().and_then(|t| t.spec.as_ref()).is_some_and(|t| t.git.is_some() || t.flux.is_some() || t.local.is_some())
+    }
+
     /// The revision recorded as `lastAttemptedCommit`/`lastSuccessfulCommit`.
     pub fn revision(&self) -> String {
         match self {
             ResolvedSource::Git { commit, .. } => commit.clone(),
             ResolvedSource::Artifact { revision, .. } => revision.clone(),
             ResolvedSource::ProjectInfo(p) => format!("project:{}", p.name.clone().unwrap_or_default()),
+            ResolvedSource::Template => String::new(),
         }
     }
 }
@@ -190,6 +201,7 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         }
         ResolvedSource::Artifact { url, digest, dir, .. } => ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() }),
         ResolvedSource::ProjectInfo(p) => ws.project_info = Some(p.clone()),
+        ResolvedSource::Template => {}
     }
     if let Some(t) = spec.workspace_template.as_ref().and_then(|t| t.spec.clone()) {
         merge_workspace(&mut ws, t);
@@ -457,6 +469,18 @@ mod tests {
         assert_eq!(ws.flux.unwrap().dir.as_deref(), Some("d"));
         let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }));
         assert!(ws.project_info.is_some() && ws.git.is_none());
+    }
+
+    #[test]
+    fn a_stack_without_a_source_runs_on_its_templates_own() {
+        assert!(!ResolvedSource::template_has_source(&spec(json!({"stack": "dev"}))));
+        assert!(!ResolvedSource::template_has_source(&spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"image": "mine"}}}))));
+        let s = spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "/share/program"}}}}));
+        assert!(ResolvedSource::template_has_source(&s));
+        let ws = workspace_spec(&s, &ResolvedSource::Template);
+        assert_eq!(ws.local.and_then(|l| l.dir).as_deref(), Some("/share/program"));
+        assert!(ws.git.is_none() && ws.flux.is_none() && ws.project_info.is_none());
+        assert_eq!(ResolvedSource::Template.revision(), "", "PKO's commit of a Stack without a source");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use pko_api::constants::{STACK_FINALIZER, STACK_NAME_LABEL, event_reason as ev, field_manager, stack_condition as sc};
@@ -22,8 +22,9 @@ use crate::informer::Informers;
 use crate::k8s::{self, Severity};
 
 /// The Stack controller and its cache (which the metrics endpoint reads), watching through
-/// `informers`: Stacks (itself, and the Stacks whose prerequisites a change may satisfy), and the
-/// Updates, Workspaces and Programs that wake a Stack. Run the future until shutdown.
+/// `informers`: Stacks (itself, and the Stacks whose prerequisites a change may satisfy), the
+/// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
+/// ([`super::flux`]). Run the future until shutdown.
 pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
     let store = informers.stacks().store();
     let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
@@ -49,7 +50,17 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
                 .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()
         });
-    let run = async move { k8s::run_controller(controller, &ctx.clone(), "stack", super::reconcile::reconcile, ctx).await };
+    // Flux sources: a new artifact revision reconciles the Stacks that refer to it
+    let (flux_tx, flux_rx) = tokio::sync::mpsc::channel(1024);
+    let flux = super::flux::run(ctx.client.clone(), informers.scope().clone(), informers.stacks().subscribe(), store.clone(), flux_tx);
+    let controller = controller.reconcile_on(tokio_stream::wrappers::ReceiverStream::new(flux_rx));
+    let run = async move {
+        let own = ctx.clone();
+        tokio::select! {
+            () = k8s::run_controller(controller, &own, "stack", super::reconcile::reconcile, ctx) => {}
+            () = async { flux.await; std::future::pending::<()>().await } => {}
+        }
+    };
     (store, run)
 }
 
@@ -203,8 +214,7 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         };
     }
     if let Some(f) = &spec.flux_source {
-        let (group, version) = f.source_ref.api_version.rsplit_once('/').unwrap_or(("", &f.source_ref.api_version));
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &f.source_ref.kind));
+        let ar = super::flux::SourceKind { api_version: f.source_ref.api_version.clone(), kind: f.source_ref.kind.clone() }.api_resource();
         let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
         let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
         return Ok(match artifact {
@@ -219,9 +229,15 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
     }
     Ok(match cached {
         Some(p) if deleting => Resolved::Source(ResolvedSource::ProjectInfo(p)),
-        _ => Resolved::Stalled(sc::SPEC_INVALID, "no source: set spec.projectRepo, spec.fluxSource or spec.programRef".into()),
+        _ if ResolvedSource::template_has_source(spec) => Resolved::Source(ResolvedSource::Template),
+        _ => Resolved::Stalled(sc::SPEC_INVALID, NO_SOURCE.into()),
     })
 }
+
+/// The `SpecInvalid` message of a Stack with no source at all (PKO would create a Workspace that
+/// cannot run; ours says what to set instead).
+pub(super) const NO_SOURCE: &str =
+    "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec (local.dir for a program in the image)";
 
 /// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
 /// until the next sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
