@@ -2,7 +2,7 @@
 //!
 //! | kind | group/version | module |
 //! |---|---|---|
-//! | `Stack` | `pulumi.com/v1` (storage), `pulumi.com/v1alpha1` (served, deprecated) | [`stack`], [`stack::v1alpha1`] |
+//! | `Stack` | `pulumi.com/v1` (storage), `pulumi.com/v1alpha1` (served, not stored) | [`stack`], [`stack::v1alpha1`] |
 //! | `Program` | `pulumi.com/v1` | [`program`] |
 //! | `Workspace` | `auto.pulumi.com/v1alpha1` | [`workspace`] |
 //! | `Update` | `auto.pulumi.com/v1alpha1` | [`update`] |
@@ -36,12 +36,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-/// Deprecation warning returned by the API server for `pulumi.com/v1alpha1` Stacks.
-pub const STACK_V1ALPHA1_DEPRECATION: &str = "pulumi.com/v1alpha1 Stack is deprecated; use pulumi.com/v1";
-
 /// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update.
 ///
-/// The Stack CRD serves `v1` (storage) and `v1alpha1` (same spec, reduced status, deprecated). The
+/// The Stack CRD serves `v1` (storage) and `v1alpha1` (same spec, reduced status, no printer columns,
+/// not marked deprecated — as PKO serves it, so applying one prints no warning). The
 /// Workspace CRD carries PKO's schema defaults (`serviceAccountName: default`, `securityProfile:
 /// restricted`) at its root spec only, never inside a Stack's `workspaceTemplate`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -64,8 +62,7 @@ fn stack_crd() -> CustomResourceDefinition {
     v1alpha1.name = "v1alpha1".into();
     v1alpha1.storage = false;
     v1alpha1.served = true;
-    v1alpha1.deprecated = Some(true);
-    v1alpha1.deprecation_warning = Some(STACK_V1ALPHA1_DEPRECATION.into());
+    v1alpha1.additional_printer_columns = None;
     // v1alpha1 status: only outputs and lastUpdate.
     let mut schema = serde_json::to_value(&v1alpha1.schema).expect("schema serializes");
     if let Some(status) = schema.pointer_mut("/openAPIV3Schema/properties/status/properties").and_then(Value::as_object_mut) {

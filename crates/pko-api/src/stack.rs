@@ -1,4 +1,4 @@
-//! `Stack` (`pulumi.com/v1`, the storage version, and `pulumi.com/v1alpha1`, served and deprecated):
+//! `Stack` (`pulumi.com/v1`, the storage version, and `pulumi.com/v1alpha1`, served, not stored):
 //! a Pulumi stack the operator keeps deployed (PKO `operator/api/pulumi/shared/stack_types.go` and
 //! `operator/api/pulumi/v1/stack_types.go`, v2.9). Both versions share [`StackSpec`].
 
@@ -46,7 +46,7 @@ macro_rules! set {
     printcolumn(name = "Last Commit", type_ = "string", json_path = ".status.lastUpdate.lastAttemptedCommit", priority = 10),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Reconciling", type_ = "string", json_path = ".status.conditions[?(@.type==\"Reconciling\")].reason"),
-    printcolumn(name = "Stalled", type_ = "string", json_path = ".status.conditions[?(@.type==\"Stalled\")].status"),
+    printcolumn(name = "Stalled", type_ = "string", json_path = ".status.conditions[?(@.type==\"Stalled\")].reason"),
     printcolumn(name = "Permalink", type_ = "string", json_path = ".status.lastUpdate.permalink")
 )]
 #[serde(rename_all = "camelCase")]
@@ -441,7 +441,7 @@ pub struct StackStatus {
     pub project_info: Option<ProjectInfo>,
 }
 
-/// `pulumi.com/v1alpha1` Stack: served for compatibility, deprecated, not stored. Same spec as v1; its
+/// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as v1; its
 /// status holds only `outputs` and `lastUpdate`. Both versions are served from the same stored object
 /// (no conversion webhook), so reading a v1 object as v1alpha1 drops the other status fields.
 pub mod v1alpha1 {

@@ -131,3 +131,18 @@ async fn kubectl_shows_pko_printer_columns() {
         assert!(all.contains(kind), "`kubectl get pulumi` misses {kind}: {all}");
     }
 }
+
+/// As PKO serves it, `pulumi.com/v1alpha1` is not marked deprecated: applying a v1alpha1 Stack prints
+/// no warning (PKO manifests applied by GitOps tools stay quiet).
+#[tokio::test]
+async fn a_v1alpha1_stack_applies_without_a_deprecation_warning() {
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    install_crds(&client).await;
+    let ns = bed.namespace("api-v1alpha1").await.unwrap();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/valid/stack-v1alpha1.yaml");
+    let out = bed.kubectl().args(["apply", "-n", ns.name(), "-f"]).arg(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.to_ascii_lowercase().contains("warning"), "no deprecation warning: {stderr}");
+}

@@ -81,6 +81,7 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     assert_eq!(st.outputs.as_ref().unwrap()["key"], json!("[secret]"), "secret outputs are masked");
     assert_eq!(st.outputs.as_ref().unwrap()["fromEnv"], json!("eu-west-9"), "Workspace env from a ConfigMap and a Secret");
     let last = st.last_update.clone().unwrap();
+    assert_eq!(last.message, None, "PKO leaves the message of a success empty");
     assert_eq!(
         (last.update_type, last.state, last.last_successful_commit.as_deref()),
         (Some(pko_api::UpdateType::Up), Some(pko_api::stack::StackUpdateStateMessage::Succeeded), Some("1"))

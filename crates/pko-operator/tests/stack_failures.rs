@@ -50,7 +50,7 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
 
     eventually("the Stack retries after a failure", 90, || async {
         let s = stacks.get("boom").await.unwrap();
-        stack_condition(&s, "Reconciling").is_some_and(|(st, r, m)| st == "True" && r == "RetryingAfterFailure" && m.contains("update failure(s)"))
+        stack_condition(&s, "Reconciling").is_some_and(|(st, r, m)| st == "True" && r == "RetryingAfterFailure" && m == "0 update failure(s)")
             && stack_condition(&s, "Ready").is_some_and(|(st, r, _)| st == "False" && r == "NotReadyInProgress")
     })
     .await;
@@ -60,14 +60,15 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     .await;
     let s = stacks.get("boom").await.unwrap();
     let (_, _, message) = stack_condition(&s, "Stalled").unwrap();
-    assert!(message.contains("failed 4 times"), "{message}");
+    assert_eq!(message, "up failed 3 times; not retrying until the spec or source changes", "PKO's text");
     assert_eq!(stack_condition(&s, "Ready").map(|c| (c.0, c.1)), Some(("False".into(), "NotReadyStalled".into())));
     let last = s.status.as_ref().and_then(|st| st.last_update.clone()).unwrap();
     assert_eq!((last.state, last.failures), (Some(StackUpdateStateMessage::Failed), Some(3)));
     assert!(last.message.as_deref().unwrap_or_default().contains("exit"), "the program's error reaches the Stack: {last:?}");
     let failed: Vec<Update> = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(failed.len(), 4, "one first attempt and three retries");
-    assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "UpdateFailed".into()))));
+    assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "Unknown".into()))), "PKO's reason for an engine failure");
+    assert!(failed.iter().all(|u| u.status.as_ref().and_then(|s| s.message.as_deref()).is_some_and(|m| m.starts_with("up failed: "))), "PKO's message");
     // four failures with the same note: one recorder per controller aggregates them into a series
     eventually("four StackUpdateFailure occurrences (events follow the status write)", 30, || async {
         events_of(&ns, "Stack", "StackUpdateFailure").await.iter().map(|(_, n)| n).sum::<i32>() >= 4

@@ -111,8 +111,9 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();
-    assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "UpdateFailed".into())));
-    assert!(u2.status.unwrap().message.unwrap().contains("exit"), "the error reaches the Update");
+    assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "Unknown".into())), "PKO's reason for an engine failure");
+    let message = u2.status.unwrap().message.unwrap();
+    assert!(message.starts_with("up failed: ") && message.contains("exit"), "the error reaches the Update as PKO words it: {message}");
 
     // marked started before any agent has it: at the moment `Run` is sent (its fence deadline is
     // asked then), the Update in the API server is already Progressing with a start time — so a

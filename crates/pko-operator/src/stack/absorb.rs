@@ -46,7 +46,8 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             name: update.metadata.name.clone(),
             update_type: update.spec.update_type,
             state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
-            message: us.message.clone(),
+            // PKO leaves the message of a success empty
+            message: if ok { None } else { us.message.clone() },
             last_attempted_commit: current.commit.clone(),
             last_successful_commit: if ok { current.commit.clone() } else { prev.last_successful_commit.clone() },
             permalink: us.permalink.clone(),

@@ -27,6 +27,36 @@ pub fn resync_period(stack: &Stack) -> Duration {
     Duration::from_secs(stack.spec.resync_frequency_seconds.unwrap_or(0).max(MIN_RESYNC_FREQUENCY_SECONDS) as u64)
 }
 
+/// `s` quoted as Go's `%q` prints it (PKO's sync texts quote commits and requests; they end up in
+/// Pulumi's update history): double quotes, with `"`, `\\` and control characters escaped. Pure.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `d` as Go's `time.Duration` prints it, to the second (PKO's texts: `10s`, `1m0s`, `24h0m0s`). Pure.
+pub fn go_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
+    }
+}
+
 /// The outcome of the sync check.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sync {
@@ -73,7 +103,7 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
             return Sync::NeedsUpdate { reason: format!("New stack generation: {generation}") };
         }
         if last.reconcile_request.clone().unwrap_or_default() != request {
-            return Sync::NeedsUpdate { reason: format!("Sync request: {request}") };
+            return Sync::NeedsUpdate { reason: format!("Sync request: {}", go_quote(&request)) };
         }
     }
     let since_resync = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs()).unwrap_or(Duration::MAX);
@@ -86,11 +116,11 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
     let conditions = match last.state {
         Some(StackUpdateStateMessage::Succeeded) => {
             if !deleting && last.last_successful_commit.as_deref() != Some(commit) {
-                return Sync::NeedsUpdate { reason: format!("New commit detected: {commit}") };
+                return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
             }
             if !deleting && stack.spec.continue_resync_on_commit_match == Some(true) {
                 if since_resync >= period {
-                    return Sync::NeedsUpdate { reason: format!("Resync time elapsed: {}s", period.as_secs()) };
+                    return Sync::NeedsUpdate { reason: format!("Resync time elapsed: {}", go_duration(period)) };
                 }
                 requeue.push(period - since_resync);
             }
@@ -98,21 +128,21 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
         }
         Some(StackUpdateStateMessage::Failed) | None => {
             if !deleting && last.last_attempted_commit.as_deref() != Some(commit) {
-                return Sync::NeedsUpdate { reason: format!("New commit detected: {commit}") };
+                return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
             }
             let failures = last.failures.unwrap_or(0);
             if failures >= MAX_UPDATE_FAILURES && !deleting {
-                Conditions::Stalled(sc::UPDATE_FAILED, format!("{kind} failed {} times; fix the stack or request a sync to retry", failures + 1))
+                Conditions::Stalled(sc::UPDATE_FAILED, format!("{kind} failed {failures} times; not retrying until the spec or source changes"))
             } else {
                 let wait = cooldown(failures, stack.spec.retry_max_backoff_duration_seconds);
                 if since_resync >= wait {
-                    return Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}s", wait.as_secs()) };
+                    return Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}", go_duration(wait)) };
                 }
                 requeue.push(wait - since_resync);
                 if last.update_type == Some(UpdateType::Preview) {
-                    Conditions::Reconciling(sc::PREVIEW_FAILED, last.message.clone().unwrap_or_else(|| "preview failed".into()))
+                    Conditions::Reconciling(sc::PREVIEW_FAILED, format!("preview failed ({failures} attempt(s))"))
                 } else {
-                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, format!("{} update failure(s)", failures + 1))
+                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, format!("{failures} update failure(s)"))
                 }
             }
         }
@@ -160,6 +190,16 @@ mod tests {
     }
 
     #[test]
+    fn texts_quote_and_format_durations_as_go_does() {
+        assert_eq!(go_quote("abc"), "\"abc\"");
+        assert_eq!(go_quote("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\x01\"");
+        assert_eq!(go_quote("main@sha1:0f"), "\"main@sha1:0f\"");
+        for (secs, go) in [(0, "0s"), (10, "10s"), (60, "1m0s"), (90, "1m30s"), (270, "4m30s"), (3600, "1h0m0s"), (86_400, "24h0m0s"), (3723, "1h2m3s")] {
+            assert_eq!(go_duration(Duration::from_secs(secs)), go, "{secs} s");
+        }
+    }
+
+    #[test]
     fn cooldown_grows_tenfold_by_three_and_is_capped() {
         assert_eq!(cooldown(0, None), Duration::from_secs(10));
         assert_eq!(cooldown(1, None), Duration::from_secs(30));
@@ -185,8 +225,8 @@ mod tests {
         assert_eq!(needs(decide(&stack(2, Some(ok.clone())), "c1", at(1), false, false)), "New stack generation: 2");
         let mut s = stack(1, Some(ok.clone()));
         s.metadata.annotations = Some(BTreeMap::from([(RECONCILE_REQUEST_ANNOTATION.to_string(), "now".to_string())]));
-        assert_eq!(needs(decide(&s, "c1", at(1), false, false)), "Sync request: now");
-        assert_eq!(needs(decide(&stack(1, Some(ok.clone())), "c2", at(1), false, false)), "New commit detected: c2");
+        assert_eq!(needs(decide(&s, "c1", at(1), false, false)), "Sync request: \"now\"", "Go-quoted, as PKO");
+        assert_eq!(needs(decide(&stack(1, Some(ok.clone())), "c2", at(1), false, false)), "New commit detected: \"c2\"");
         assert_eq!(needs(decide(&stack(1, Some(ok)), "c1", at(1), false, true)), "Stack marked for deletion");
     }
 
@@ -202,7 +242,7 @@ mod tests {
         let mut s = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
         s.spec.continue_resync_on_commit_match = Some(true);
         assert_eq!(decide(&s, "c1", at(20), false, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(40)) });
-        assert_eq!(needs(decide(&s, "c1", at(60), false, false)), "Resync time elapsed: 60s");
+        assert_eq!(needs(decide(&s, "c1", at(60), false, false)), "Resync time elapsed: 1m0s", "a Go duration, as PKO");
     }
 
     #[test]
@@ -211,7 +251,7 @@ mod tests {
         match decide(&s, "c1", at(4), false, false) {
             Sync::Synced { conditions: Conditions::Reconciling(reason, msg), requeue_after } => {
                 assert_eq!(reason, sc::RETRYING_AFTER_FAILURE);
-                assert_eq!(msg, "1 update failure(s)");
+                assert_eq!(msg, "0 update failure(s)", "PKO counts the failures before this one");
                 assert_eq!(requeue_after, Some(Duration::from_secs(6)));
             }
             other => panic!("{other:?}"),
@@ -223,12 +263,12 @@ mod tests {
         match decide(&s, "c1", at(100_000), false, false) {
             Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {
                 assert_eq!(reason, sc::UPDATE_FAILED);
-                assert!(msg.contains("up failed 4 times"), "{msg}");
+                assert_eq!(msg, "up failed 3 times; not retrying until the spec or source changes");
             }
             other => panic!("{other:?}"),
         }
         // a new commit retries even a stalled stack
-        assert_eq!(needs(decide(&s, "c2", at(1), false, false)), "New commit detected: c2");
+        assert_eq!(needs(decide(&s, "c2", at(1), false, false)), "New commit detected: \"c2\"");
     }
 
     #[test]
@@ -237,7 +277,10 @@ mod tests {
         last.update_type = Some(UpdateType::Preview);
         last.message = Some("preview failed: x".into());
         let s = stack(1, Some(last));
-        assert!(matches!(decide(&s, "c1", at(1), false, false), Sync::Synced { conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, _), .. }));
+        assert_eq!(
+            decide(&s, "c1", at(1), false, false),
+            Sync::Synced { conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, "preview failed (0 attempt(s))".into()), requeue_after: Some(Duration::from_secs(9)) }
+        );
     }
 
     #[test]

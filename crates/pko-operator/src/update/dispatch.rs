@@ -192,10 +192,14 @@ pub async fn run_on_agent(
         if result.status == ResultStatus::Interrupted as i32 {
             return Ok(result);
         }
-        let phase = if result.status == ResultStatus::Succeeded as i32 {
-            Phase::Succeeded
+        // PKO: a success's message is Pulumi's update summary message (the Update's own message); a
+        // failure's is the agent's error as PKO words it
+        let update_type = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
+        let (phase, message) = if result.status == ResultStatus::Succeeded as i32 {
+            (Phase::Succeeded, update.spec.message.clone().unwrap_or_default())
         } else {
-            Phase::Failed { reason: status::failed_reason(reason_of(&result)).into(), message: result.message.clone() }
+            let (reason, message) = status::failure(reason_of(&result), update_type, &result.message);
+            (Phase::Failed { reason: reason.into(), message: message.clone() }, message)
         };
         if phase == Phase::Succeeded && update.spec.update_type == Some(pko_api::UpdateType::Up) {
             let values: BTreeMap<String, (serde_json::Value, bool)> =
@@ -217,7 +221,7 @@ pub async fn run_on_agent(
         }
         st.start_time = st.start_time.clone().or_else(|| ts(&result.start_time));
         st.end_time = ts(&result.end_time).or_else(|| Some(pko_api::conditions::now()));
-        st.message = Some(result.message.clone());
+        st.message = Some(message).filter(|m| !m.is_empty());
         st.permalink = Some(result.permalink.clone()).filter(|p| !p.is_empty());
         st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
         let current = st.conditions.clone().unwrap_or_default();

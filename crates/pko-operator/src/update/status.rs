@@ -46,15 +46,21 @@ pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Con
     v
 }
 
-/// The `Failed` reason for an agent error (PKO: the agent's `PulumiErrorInfo.reason`, else `UpdateFailed`
-/// for an engine failure and `Unknown` for anything else).
-pub fn failed_reason(reason: Reason) -> &'static str {
+/// PKO's `Failed` reason and Update `status.message` for a failed operation of type `update_type`
+/// (`up`, `preview`, `refresh`, `destroy`) with the agent's `message` (PKO `update_controller.go`
+/// `setStatusBlockFromGRPCErr` over its agent's `server.go`): a lock conflict and a refused token keep
+/// their own reason and message (PKO's `PulumiErrorInfo`); a cancel is `Canceled`; any other failure
+/// is `Unknown` with `<type> failed: <message>`, as PKO's agent wraps every Automation API error. Pure.
+pub fn failure(reason: Reason, update_type: &str, message: &str) -> (&'static str, String) {
     match reason {
-        Reason::UpdateConflict => uc::UPDATE_CONFLICT,
-        Reason::InvalidAccessToken => uc::INVALID_ACCESS_TOKEN,
-        Reason::UpdateFailed => uc::UPDATE_FAILED,
-        Reason::Cancelled => uc::CANCELED,
-        Reason::Other => uc::UNKNOWN,
+        Reason::UpdateConflict => (uc::UPDATE_CONFLICT, message.to_string()),
+        Reason::InvalidAccessToken => (uc::INVALID_ACCESS_TOKEN, message.to_string()),
+        Reason::Cancelled => (uc::CANCELED, message.to_string()),
+        Reason::UpdateFailed | Reason::Other => {
+            let prefix = format!("{update_type} failed");
+            let message = if message.starts_with(&prefix) { message.to_string() } else { format!("{prefix}: {message}") };
+            (uc::UNKNOWN, message)
+        }
     }
 }
 
@@ -90,6 +96,16 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_reported_as_pko_does() {
+        assert_eq!(failure(Reason::UpdateFailed, "up", "exit status 255"), ("Unknown", "up failed: exit status 255".to_string()));
+        assert_eq!(failure(Reason::Other, "destroy", "no Pulumi.yaml"), ("Unknown", "destroy failed: no Pulumi.yaml".to_string()));
+        assert_eq!(failure(Reason::UpdateFailed, "preview", "preview failed: x").1, "preview failed: x", "never doubled");
+        assert_eq!(failure(Reason::UpdateConflict, "up", "locked"), ("UpdateConflict", "locked".to_string()));
+        assert_eq!(failure(Reason::InvalidAccessToken, "up", "401"), ("InvalidAccessToken", "401".to_string()));
+        assert_eq!(failure(Reason::Cancelled, "up", "cancelled: x").0, "Canceled");
+    }
+
+    #[test]
     fn phases_map_to_pko_conditions() {
         let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
         assert_eq!(
@@ -100,7 +116,7 @@ mod tests {
             view(&conditions(&Phase::Succeeded, Some(1), &t(0), &[])),
             vec![s("Complete", "True", "Updated"), s("Failed", "False", "UpdateSucceeded"), s("Progressing", "False", "Complete")]
         );
-        let failed = conditions(&Phase::Failed { reason: failed_reason(Reason::UpdateConflict).into(), message: "locked".into() }, Some(1), &t(0), &[]);
+        let failed = conditions(&Phase::Failed { reason: failure(Reason::UpdateConflict, "up", "locked").0.into(), message: "locked".into() }, Some(1), &t(0), &[]);
         assert_eq!(view(&failed), vec![s("Complete", "True", "Failed"), s("Failed", "True", "UpdateConflict"), s("Progressing", "False", "Failed")]);
         assert_eq!(failed[1].message, "locked");
     }
