@@ -212,6 +212,7 @@ async fn execute(
         ctx.known_stacks.lock().unwrap().insert(known_key.clone());
         set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await?;
     }
+    add_environments(ctx, &dir, &env, &stack, masker).await?;
     check_stop(op)?;
 
     // 5. the operation; a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`)
@@ -548,6 +549,23 @@ pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigComman
     flush_json(&mut json_batch, &mut json_bytes, &mut out);
     flush_path(&mut path_batch, &mut path_bytes, &mut out);
     out
+}
+
+/// Imports the stack's ESC environments (`pulumi config env add`, PKO's `AddEnvironments`) into the
+/// stack's config file, which every operation restores from the source first. Errors: Pulumi's
+/// message (e.g. a backend without ESC) as `INVALID_CONFIG` on `stack.environments`.
+async fn add_environments(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
+    if stack.environments.is_empty() {
+        return Ok(());
+    }
+    let mut args = vec!["config", "env", "add", "--yes", "--non-interactive", "--stack", stack.name.as_str()];
+    args.extend(stack.environments.iter().map(String::as_str));
+    let out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    if !out.success {
+        let text = masker.mask(&pulumi::error_text(&out.stderr));
+        return Err(fail(ErrorReason::InvalidConfig, "stack.environments", format!("adding ESC environments {}: {text}", stack.environments.join(", "))));
+    }
+    Ok(())
 }
 
 async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {

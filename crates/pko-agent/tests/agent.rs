@@ -344,6 +344,10 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let mut r = request(&env, "bad-6", &good, "dev", OperationType::Up);
     r.config = vec![ConfigItem { key: "obj".into(), value: Some(config_item::Value::ValueFrom(literal("{not json"))), json: true, ..Default::default() }];
     cases.push(("malformed config", r, ErrorReason::InvalidConfig, "not JSON"));
+    // PKO's spec.environment reaches Pulumi (`pulumi config env add`); a backend without ESC says so
+    let mut r = request(&env, "bad-esc", &good, "dev", OperationType::Up);
+    r.stack.as_mut().unwrap().environments = vec!["team/prod".into()];
+    cases.push(("ESC environment on a file backend", r, ErrorReason::InvalidConfig, "does not support environments"));
 
     for (what, req, want, text) in cases {
         let events = run(&mut c, req).await;

@@ -151,7 +151,7 @@ pub fn request(env: &PulumiEnv, id: &str, dir: &Path, stack: &str, kind: Operati
         operation_id: id.into(),
         epoch: 1,
         source: Some(Source { kind: Some(source::Kind::Local(LocalSource { dir: dir.display().to_string() })) }),
-        stack: Some(StackSettings { name: stack.into(), create: true, secrets_provider: "passphrase".into() }),
+        stack: Some(StackSettings { name: stack.into(), create: true, secrets_provider: "passphrase".into(), ..Default::default() }),
         config: vec![],
         env: vec![
             EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(literal(&env.backend_url())), secret: false },

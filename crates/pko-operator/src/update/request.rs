@@ -144,6 +144,7 @@ pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: 
             // PKO's Update controller selects with create=true; a Workspace stack may say otherwise.
             create: ws_stack.and_then(|s| s.create).unwrap_or(true),
             secrets_provider: ws_stack.and_then(|s| s.secrets_provider.clone()).unwrap_or_default(),
+            environments: ws_stack.and_then(|s| s.environment.clone()).unwrap_or_default(),
         }),
         config,
         env: env(workspace)?,
@@ -184,7 +185,7 @@ mod tests {
         let w = ws(json!({
             "git": {"url": "https://g/r.git", "ref": "abc", "dir": "app", "shallow": true, "auth": {"token": {"name": "git", "key": "t"}}},
             "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///s"}, {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "p", "key": "k"}}}],
-            "stacks": [{"name": "dev", "create": true, "secretsProvider": "passphrase", "config": [
+            "stacks": [{"name": "dev", "create": true, "secretsProvider": "passphrase", "environment": ["team/base", "team/prod"], "config": [
                 {"key": "a", "value": "x"}, {"key": "b", "value": {"n": 1}, "secret": true}, {"key": "c", "valueFrom": {"path": "/f", "json": true}}
             ]}]
         }));
@@ -195,6 +196,7 @@ mod tests {
         assert_eq!((g.url.as_str(), g.revision.as_str(), g.dir.as_str(), g.shallow), ("https://g/r.git", "abc", "app", true));
         assert!(g.auth.unwrap().token.is_some());
         assert_eq!(r.stack.as_ref().unwrap().secrets_provider, "passphrase");
+        assert_eq!(r.stack.as_ref().unwrap().environments, vec!["team/base", "team/prod"], "PKO's spec.environment, in order");
         assert_eq!(r.config.len(), 3);
         assert!(r.config[1].secret && r.config[2].json);
         assert_eq!(r.env.len(), 2);
