@@ -20,13 +20,6 @@ pub const DEFAULT_RETRY_MAX_BACKOFF_SECONDS: i64 = 86_400;
 /// Maximum length of a Stack name (PKO CEL rule; leaves room for `-workspace` and a hash in pod labels).
 pub const MAX_STACK_NAME_LENGTH: usize = 42;
 
-// CEL building blocks: a string field counts as set when present and non-empty (PKO's `omitempty`).
-macro_rules! set {
-    ($f:literal) => {
-        concat!("(has(self.", $f, ") && self.", $f, " != '')")
-    };
-}
-
 /// Desired state of a Stack (PKO `shared.StackSpec`).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[kube(
@@ -50,16 +43,6 @@ macro_rules! set {
     printcolumn(name = "Permalink", type_ = "string", json_path = ".status.lastUpdate.permalink")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = Rule::new(concat!("!", set!("projectRepo"), " || (", set!("commit"), " != ", set!("branch"), ")"))
-        .message("exactly one of spec.commit or spec.branch must be set with spec.projectRepo")
-        .field_path(".projectRepo"),
-    validation = Rule::new(concat!(set!("projectRepo"), " || !(", set!("commit"), " || ", set!("branch"), ")"))
-        .message("spec.commit and spec.branch need spec.projectRepo")
-        .field_path(".projectRepo"),
-    validation = Rule::new(concat!("[", set!("projectRepo"), ", has(self.fluxSource), has(self.programRef)].filter(x, x).size() <= 1"))
-        .message("at most one source may be set: spec.projectRepo, spec.fluxSource or spec.programRef")
-)]
 pub struct StackSpec {
     // --- auth and environment ---
     /// Deprecated: name of a Secret whose key `accessToken` becomes `PULUMI_ACCESS_TOKEN`. Use `envRefs`.

@@ -126,11 +126,22 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     )
     .await;
     create(&stacks, stack("no-source", json!({"stack": "dev"}))).await;
+    // accepted at admission as PKO's CRD does, judged by the controller in PKO's words
+    create(&stacks, stack("no-ref", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git"}))).await;
+    create(
+        &stacks,
+        stack("both-refs", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main"})),
+    )
+    .await;
+    create(&stacks, stack("git-wins", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main", "programRef": {"name": "missing"}}))).await;
     let want = [
         ("no-program", "SourceUnavailable", "program missing has no artifact"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
         ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
         ("no-source", "SpecInvalid", "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec"),
+        ("no-ref", "SpecInvalid", r#"missing "commit" or "branch""#),
+        ("both-refs", "SpecInvalid", r#"only one of "commit" or "branch" should be specified"#),
+        ("git-wins", "SourceUnavailable", "resolving branch main"),
     ];
     for (name, reason, text) in want {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;

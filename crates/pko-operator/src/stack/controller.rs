@@ -169,11 +169,26 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
     })
 }
 
+/// What is wrong with the commit and branch of a Stack with `projectRepo`, in PKO's words
+/// (`git.go` `NewGitSource`): neither set, or both. Pure.
+fn git_ref_error(spec: &pko_api::StackSpec) -> Option<&'static str> {
+    let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
+    match (set(&spec.commit), set(&spec.branch)) {
+        (false, false) => Some(r#"missing "commit" or "branch""#),
+        (true, true) => Some(r#"only one of "commit" or "branch" should be specified"#),
+        _ => None,
+    }
+}
+
 /// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with
 /// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
 async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &str) -> Result<Resolved, CredentialError> {
     // tenant input never reaches git as an option (docs/security.md)
     pko_git::validate_url(repo).map_err(|e| CredentialError::Invalid(format!("spec.projectRepo: {e}")))?;
+    // PKO's `NewGitSource` checks and texts (admission accepts these specs, as PKO's CRD does)
+    if let Some(e) = git_ref_error(spec) {
+        return Err(CredentialError::Invalid(e.into()));
+    }
     for (field, value) in [("spec.branch", &spec.branch), ("spec.commit", &spec.commit)] {
         if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
             pko_git::validate_ref(field, v).map_err(CredentialError::Invalid)?;
@@ -199,13 +214,7 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
     if deleting && spec.run_program != Some(true) && cached.is_some() {
         return Ok(Resolved::Source(ResolvedSource::ProjectInfo(cached.unwrap_or_default())));
     }
-    if let Some(p) = &spec.program_ref {
-        let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
-        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
-            Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
-            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
-        });
-    }
+    // PKO's precedence when several are set: git, then Flux, then a Program
     if let Some(repo) = &spec.project_repo {
         return match resolve_git(ctx, &ns, spec, repo).await {
             Ok(r) => Ok(r),
@@ -225,6 +234,13 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
                 dir: f.dir.clone(),
             }),
             _ => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{} {} has no status.artifact", f.source_ref.kind, f.source_ref.name)),
+        });
+    }
+    if let Some(p) = &spec.program_ref {
+        let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
+        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
+            Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
+            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
         });
     }
     Ok(match cached {
@@ -332,6 +348,19 @@ pub(super) fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::a
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn git_refs_are_judged_in_pkos_words() {
+        let spec = |v: serde_json::Value| serde_json::from_value::<pko_api::StackSpec>(v).unwrap();
+        assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r"}))), Some(r#"missing "commit" or "branch""#));
+        assert_eq!(
+            git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a", "branch": "main"}))),
+            Some(r#"only one of "commit" or "branch" should be specified"#)
+        );
+        assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "", "branch": "main"}))), None, "empty is unset");
+        assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a"}))), None);
+    }
+
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
