@@ -423,13 +423,9 @@ async fn resolve_git_revision(g: &GitSource, auth: &GitAuthArgs) -> Result<Strin
     if pko_git::is_sha(rev) {
         return Ok(rev.to_ascii_lowercase());
     }
-    let out = git(auth, &["ls-remote", "--end-of-options", &g.url, rev, &format!("refs/heads/{rev}"), &format!("refs/tags/{rev}")], None).await?;
-    out.lines()
-        .filter_map(|l| l.split_once('\t'))
-        .find(|(_, r)| *r == rev || *r == format!("refs/heads/{rev}") || *r == format!("refs/tags/{rev}^{{}}") || *r == format!("refs/tags/{rev}"))
-        .map(|(sha, _)| sha.to_string())
-        .filter(|sha| pko_git::is_sha(sha))
-        .ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
+    // any ref by full or short name, as PKO's operator resolves a branch (an annotated tag: its commit)
+    let out = git(auth, &["ls-remote", "--end-of-options", &g.url], None).await?;
+    pko_git::pick_ref(&out, rev).filter(|sha| pko_git::is_sha(sha)).ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
 }
 
 async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Result<(), SourceError> {

@@ -213,29 +213,58 @@ pub async fn run(mut cmd: tokio::process::Command, what: &str, timeout: Duration
     }
 }
 
-/// The commit SHA that `branch` (a branch name or a full `refs/...` name) points to in the remote `url`,
-/// by `git ls-remote` ([`LS_REMOTE_TIMEOUT`] at most). Errors: the URL or branch is refused
-/// ([`validate_url`], [`validate_ref`]), git's message (unreachable remote, refused credentials), a
-/// timeout, or `branch <b> not found in <url>`.
+/// The commit SHA that `branch` names in the remote `url`, resolved as PKO resolves it (go-git's
+/// remote list in `git.go`): the first ref whose full name (`refs/heads/main`, `refs/tags/v1`,
+/// `HEAD`) or short name (`main`, `v1`, `pull/1/head`) is `branch` — so tags and other refs work too —
+/// read from `git ls-remote` ([`LS_REMOTE_TIMEOUT`] at most); an annotated tag gives the commit it
+/// points to. Errors: the URL or branch is refused ([`validate_url`], [`validate_ref`]), git's message
+/// (unreachable remote, refused credentials), a timeout, or `no commits found for ref "<b>"`.
 pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Result<String, String> {
     validate_url(url)?;
     validate_ref("branch", branch)?;
-    let refname = if branch.starts_with("refs/") { branch.to_string() } else { format!("refs/heads/{branch}") };
     let auth = GitAuthEnv::new(creds)?;
     let mut cmd = auth.command();
-    cmd.args(["ls-remote", "--end-of-options", url, &refname]);
+    cmd.args(["ls-remote", "--end-of-options", url]);
     let out = run(cmd, "ls-remote", LS_REMOTE_TIMEOUT).await?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.split_once('\t').filter(|(_, r)| *r == refname).map(|(sha, _)| sha.to_string()))
-        .ok_or_else(|| format!("branch {branch} not found in {url}"))
+    pick_ref(&String::from_utf8_lossy(&out.stdout), branch).ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
+}
+
+/// go-git's short name of a ref: `refs/heads/x`, `refs/tags/x` and `refs/remotes/x` give `x`, any
+/// other `refs/x` gives `x`, anything else is its own short name. Pure.
+pub fn short_ref_name(full: &str) -> &str {
+    ["refs/heads/", "refs/tags/", "refs/remotes/", "refs/"].iter().find_map(|p| full.strip_prefix(p)).unwrap_or(full)
+}
+
+/// The SHA of the first ref of an `ls-remote` listing (`<sha>\t<name>` lines) whose full or short
+/// name is `wanted`; for an annotated tag, the commit of its peeled line (`<name>^{}`). Pure.
+pub fn pick_ref(listing: &str, wanted: &str) -> Option<String> {
+    let refs: Vec<(&str, &str)> = listing.lines().filter_map(|l| l.split_once('\t')).collect();
+    let (sha, name) = refs.iter().find(|(_, name)| !name.ends_with("^{}") && (*name == wanted || short_ref_name(name) == wanted))?;
+    let peeled = format!("{name}^{{}}");
+    Some(refs.iter().find(|(_, n)| *n == peeled).map_or(*sha, |(s, _)| *s).to_string())
 }
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn refs_resolve_by_full_or_short_name_as_pko_does() {
+        let listing = "aaa\tHEAD\nbbb\trefs/heads/main\nccc\trefs/heads/feature/x\nddd\trefs/tags/v1\neee\trefs/tags/v1^{}\nfff\trefs/tags/light\n111\trefs/pull/7/head\n";
+        assert_eq!(pick_ref(listing, "main").as_deref(), Some("bbb"));
+        assert_eq!(pick_ref(listing, "refs/heads/main").as_deref(), Some("bbb"));
+        assert_eq!(pick_ref(listing, "feature/x").as_deref(), Some("ccc"));
+        assert_eq!(pick_ref(listing, "v1").as_deref(), Some("eee"), "an annotated tag gives its commit");
+        assert_eq!(pick_ref(listing, "light").as_deref(), Some("fff"), "a lightweight tag");
+        assert_eq!(pick_ref(listing, "pull/7/head").as_deref(), Some("111"));
+        assert_eq!(pick_ref(listing, "HEAD").as_deref(), Some("aaa"));
+        assert_eq!(pick_ref(listing, "v1^{}"), None);
+        assert_eq!(pick_ref(listing, "nope"), None);
+        assert_eq!(short_ref_name("refs/remotes/origin/x"), "origin/x");
+    }
+
     use super::*;
 
     fn vars(c: &GitCredentials) -> Vec<(String, String)> {
@@ -286,7 +315,7 @@ mod tests {
         let url = format!("file://{}", dir.path().display());
         assert_eq!(ls_remote(&url, "main", &GitCredentials::default()).await.unwrap(), head);
         assert_eq!(ls_remote(&url, "refs/heads/main", &GitCredentials::default()).await.unwrap(), head);
-        assert!(ls_remote(&url, "nope", &GitCredentials::default()).await.unwrap_err().contains("branch nope not found"));
+        assert!(ls_remote(&url, "nope", &GitCredentials::default()).await.unwrap_err().contains(r#"no commits found for ref "nope""#), "PKO's text");
     }
 
     #[test]

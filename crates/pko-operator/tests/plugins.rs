@@ -130,5 +130,5 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     // `pulumi install` ran before the operation, as PKO's install step: the stack was never created
     let state: Vec<_> = files_under(&env.dir().join("state")).into_iter().filter(|p| p.to_string_lossy().contains("unserved")).collect();
     assert!(state.is_empty(), "the failed install touched no stack: {state:?}");
-    assert!(message.starts_with("pulumi install failed"), "the failure names the step: {message}");
+    assert!(message.starts_with("up failed: pulumi install failed"), "the failure names the step: {message}");
 }

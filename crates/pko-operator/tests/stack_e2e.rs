@@ -228,7 +228,14 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     let root = env.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();
     let program = "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n";
-    pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
+    let commit = pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
+    // an annotated tag: PKO resolves `branch` against every ref, tags included
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.email=t@e", "-c", "user.name=t", "tag", "-a", "v1", "-m", "release", &commit])
+        .current_dir(root.join("app.git"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let token = "tok-private-42";
     let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
 
@@ -241,6 +248,9 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     };
     create(&stacks, stack("by-token", json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}))).await;
     create(&stacks, stack("by-secret", json!({"gitAuthSecret": "git-legacy"}))).await;
+    let mut by_tag = stack("by-tag", json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}));
+    by_tag["spec"]["branch"] = json!("v1");
+    create(&stacks, by_tag).await;
     eventually("without its Secret, by-token stalls SpecInvalid", 60, || async {
         stalled(&stacks.get("by-token").await.unwrap()).is_some_and(|(r, m)| r == "SpecInvalid" && m.contains("Secret git not found"))
     })
@@ -251,11 +261,11 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     .await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}})).await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-legacy"}, "stringData": {"accessToken": token}})).await;
-    for name in ["by-token", "by-secret"] {
+    for name in ["by-token", "by-secret", "by-tag"] {
         eventually(&format!("{name} is Ready"), 120, || async { ready(&stacks.get(name).await.unwrap()).is_some_and(|(s, _)| s == "True") }).await;
         let st = stacks.get(name).await.unwrap().status.unwrap();
         assert_eq!(st.outputs.unwrap()["out"], json!("private"));
-        assert_eq!(st.last_update.unwrap().last_successful_commit.map(|c| c.len()), Some(40), "the branch was resolved to a commit");
+        assert_eq!(st.last_update.unwrap().last_successful_commit.as_deref(), Some(commit.as_str()), "{name}: the ref was resolved to its commit");
     }
     assert!(!serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap().contains(token), "the token is in no Stack");
 }
