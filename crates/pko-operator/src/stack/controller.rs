@@ -226,15 +226,7 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         let ar = super::flux::SourceKind { api_version: f.source_ref.api_version.clone(), kind: f.source_ref.kind.clone() }.api_resource();
         let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
         let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
-        return Ok(match artifact {
-            Some(a) if a["url"].is_string() && a["digest"].is_string() => Resolved::Source(ResolvedSource::Artifact {
-                url: a["url"].as_str().unwrap_or_default().into(),
-                digest: a["digest"].as_str().unwrap_or_default().into(),
-                revision: a["revision"].as_str().unwrap_or_default().into(),
-                dir: f.dir.clone(),
-            }),
-            _ => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{} {} has no status.artifact", f.source_ref.kind, f.source_ref.name)),
-        });
+        return Ok(flux_artifact(artifact.as_ref(), &f.source_ref.kind, &f.source_ref.name, f.dir.clone()));
     }
     if let Some(p) = &spec.program_ref {
         let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
@@ -248,6 +240,25 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         _ if ResolvedSource::template_has_source(spec) => Resolved::Source(ResolvedSource::Template),
         _ => Resolved::Stalled(sc::SPEC_INVALID, NO_SOURCE.into()),
     })
+}
+
+/// The source of a Stack from the `status.artifact` of its Flux source `kind`/`name` (none: the source
+/// has no artifact yet → Stalled `SourceUnavailable`, as PKO's "Flux source has no artifact"). An
+/// artifact without `digest` stalls too, saying so: this operator verifies every download (PKO fetches
+/// such an artifact unverified; source-controller has written a digest since Flux 2.0). Pure.
+fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, dir: Option<String>) -> Resolved {
+    let field = |a: &serde_json::Value, k: &str| a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string);
+    match artifact {
+        Some(a) => match (field(a, "url"), field(a, "digest")) {
+            (Some(url), Some(digest)) => Resolved::Source(ResolvedSource::Artifact { url, digest, revision: field(a, "revision").unwrap_or_default(), dir }),
+            (None, _) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
+            (Some(_), None) => Resolved::Stalled(
+                sc::SOURCE_UNAVAILABLE,
+                format!("{kind} {name}: status.artifact has no digest; artifacts are verified by their sha256 digest (Flux's source-controller writes one since Flux 2.0)"),
+            ),
+        },
+        None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has no status.artifact")),
+    }
 }
 
 /// The `SpecInvalid` message of a Stack with no source at all (PKO would create a Workspace that
@@ -348,6 +359,26 @@ pub(super) fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::a
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn flux_artifacts_need_a_url_and_a_digest() {
+        let stalled = |r: Resolved| match r {
+            Resolved::Stalled(reason, message) => (reason, message),
+            Resolved::Source(_) => panic!("expected a stall"),
+        };
+        let ok = json!({"url": "http://sc/a.tar.gz", "digest": "sha256:ab", "revision": "main@sha1:1"});
+        match flux_artifact(Some(&ok), "GitRepository", "infra", Some("app".into())) {
+            Resolved::Source(ResolvedSource::Artifact { url, digest, revision, dir }) => {
+                assert_eq!((url.as_str(), digest.as_str(), revision.as_str(), dir.as_deref()), ("http://sc/a.tar.gz", "sha256:ab", "main@sha1:1", Some("app")));
+            }
+            _ => panic!("expected the artifact"),
+        }
+        assert_eq!(stalled(flux_artifact(None, "GitRepository", "infra", None)), (sc::SOURCE_UNAVAILABLE, "GitRepository infra has no status.artifact".to_string()));
+        let (reason, message) = stalled(flux_artifact(Some(&json!({"url": "http://sc/a.tar.gz", "digest": ""})), "Bucket", "b", None));
+        assert_eq!(reason, sc::SOURCE_UNAVAILABLE);
+        assert!(message.starts_with("Bucket b: status.artifact has no digest"), "{message}");
+        assert!(stalled(flux_artifact(Some(&json!({"digest": "sha256:ab"})), "Bucket", "b", None)).1.contains("without a url"));
+    }
 
     #[test]
     fn git_refs_are_judged_in_pkos_words() {
