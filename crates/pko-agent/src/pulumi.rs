@@ -165,6 +165,7 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn plugin_acquisition_follows_the_operation_then_the_agent() {
@@ -181,8 +182,6 @@ mod tests {
     fn error_text_drops_the_context_canceled_line() {
         assert_eq!(error_text("error: failed to download plugin: command-9.9.9: 404\ncontext canceled\n"), "error: failed to download plugin: command-9.9.9: 404");
     }
-
-    use super::*;
 
     #[test]
     fn up_arguments_carry_every_option() {

@@ -464,6 +464,7 @@ pub mod testing {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn every_runtime_is_installed_unless_yaml_may_not_download() {
@@ -473,8 +474,6 @@ mod tests {
         assert!(install_needed("yaml", false), "YAML gets its plugins installed, as in PKO");
         assert!(!install_needed("yaml", true), "with downloads off there is nothing to install");
     }
-
-    use super::*;
 
     #[test]
     fn directories_may_not_leave_the_source() {

@@ -167,11 +167,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let (client, ns, env) = setup("fencing").await;
     let runs = env.dir().join("runs.txt");
     let _logs = KeepLogsOnPanic(env.dir().to_path_buf(), ns.name().to_string());
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
-    )
-    .await;
+    passphrase_secret(&ns).await;
     create(
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"},
@@ -195,7 +191,7 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
             &ns.api::<Stack>(),
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
                    "spec": {"stack": format!("s{i}"), "programRef": {"name": "prog"}, "backend": env.backend_url(),
-                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+                            "envRefs": passphrase_env_refs()}}),
         )
         .await;
     }

@@ -77,11 +77,7 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
     pko_testbed::git::bare_repo_with(&repos, "infra.git", &[("Pulumi.yaml", &pulumi_yaml("one"))]);
     let server = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
     let mut sc = start_source_controller(ns.name(), env.dir());
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
-    )
-    .await;
+    passphrase_secret(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     // the Stack first: it waits for the source's first artifact, which the watch then delivers
     let stacks = ns.api::<Stack>();
@@ -90,7 +86,7 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "fluxed"},
                "spec": {"stack": "dev", "backend": env.backend_url(),
                         "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "infra"}, "dir": "."},
-                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+                        "envRefs": passphrase_env_refs()}}),
     )
     .await;
     eventually("the Stack waits for an artifact", 60, || async { stalled(&stacks.get("fluxed").await.unwrap()).is_some_and(|(r, _)| r == "SourceUnavailable") }).await;

@@ -6,7 +6,6 @@ mod common;
 use std::process::{Command, Stdio};
 
 use common::*;
-use k8s_openapi::api::core::v1::Secret;
 use pko_api::{Program, Stack, Update};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
@@ -60,7 +59,7 @@ async fn sigkilled_operator_reattaches_to_its_pooled_agent_after_restart() {
 async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_testbed::PulumiEnv, &str) -> std::path::PathBuf) {
     let (_client, ns, env) = setup("restart").await;
     let runs = env.dir().join("runs.txt");
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    passphrase_secret(&ns).await;
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
@@ -71,7 +70,7 @@ async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_test
         &ns.api::<Stack>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "slow"},
         "spec": {"stack": "dev", "programRef": {"name": "slow"}, "backend": env.backend_url(),
-                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+                 "envRefs": passphrase_env_refs()}}),
     )
     .await;
 

@@ -75,7 +75,7 @@ fn command_plugin_archive(env: &pko_testbed::PulumiEnv, dir: &std::path::Path, v
 fn stack(env: &pko_testbed::PulumiEnv, name: &str, program: &str, server: &str) -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
            "spec": {"stack": name, "programRef": {"name": program}, "backend": env.backend_url(),
-                    "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}},
+                    "envRefs": passphrase_env_refs(),
                     "workspaceTemplate": {"spec": {"env": [
                         {"name": "PULUMI_IGNORE_AMBIENT_PLUGINS", "value": "true"},
                         {"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "false"},
@@ -95,11 +95,7 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     std::fs::create_dir_all(&served).unwrap();
     let archive = command_plugin_archive(&env, &served, "1.2.1");
     let server = plugin_server(served.clone()).await;
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
-    )
-    .await;
+    passphrase_secret(&ns).await;
     create(&ns.api::<pko_api::Program>(), program("served", "1.2.1")).await;
     create(&ns.api::<pko_api::Program>(), program("unserved", "9.9.9")).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;

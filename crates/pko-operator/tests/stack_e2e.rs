@@ -163,14 +163,14 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
 async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     let (client, ns, env) = setup("custom-source").await;
     let dir = project(&env, "baked", "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\noutputs:\n  said: ${hi.stdout}\n");
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    passphrase_secret(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "custom"},
                "spec": {"stack": "dev", "backend": env.backend_url(),
-                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}},
+                        "envRefs": passphrase_env_refs(),
                         "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
     )
     .await;
@@ -181,6 +181,29 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     // synced: no second Update
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.len(), 1, "one Update");
+}
+
+/// PKO's `spec.environment` (ESC) reaches Pulumi through the operator and the agent
+/// (`pulumi config env add`): on a file backend, which has no ESC, the Update fails with Pulumi's own
+/// message, naming the environment.
+#[tokio::test]
+async fn esc_environments_reach_pulumi_and_a_backend_without_esc_says_so() {
+    let (client, ns, env) = setup("esc").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    let stacks = ns.api::<Stack>();
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "esc"},
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(), "environment": ["team/prod"]}}),
+    )
+    .await;
+    eventually("the Update fails", 120, || async {
+        stacks.get("esc").await.unwrap().status.and_then(|s| s.last_update).is_some_and(|l| l.state == Some(pko_api::stack::StackUpdateStateMessage::Failed))
+    })
+    .await;
+    let message = stacks.get("esc").await.unwrap().status.unwrap().last_update.unwrap().message.unwrap_or_default();
+    assert!(message.contains("adding ESC environments team/prod") && message.contains("does not support environments"), "{message}");
 }
 
 /// Many Stacks applied at once each get exactly one Update: a reconcile never decides on a cached copy

@@ -223,7 +223,7 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         };
     }
     if let Some(f) = &spec.flux_source {
-        let ar = super::flux::SourceKind { api_version: f.source_ref.api_version.clone(), kind: f.source_ref.kind.clone() }.api_resource();
+        let ar = super::flux::SourceKind::of(&f.source_ref).api_resource();
         let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
         let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
         return Ok(flux_artifact(artifact.as_ref(), &f.source_ref.kind, &f.source_ref.name, f.dir.clone()));
@@ -359,6 +359,8 @@ pub(super) fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::a
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]
     fn flux_artifacts_need_a_url_and_a_digest() {
@@ -391,9 +393,6 @@ mod tests {
         assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "", "branch": "main"}))), None, "empty is unset");
         assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a"}))), None);
     }
-
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn failed(failures: i64) -> StackUpdateState {
         StackUpdateState { failures: Some(failures), message: Some("the stack is currently locked by 1 lock(s)".into()), ..Default::default() }

@@ -31,6 +31,11 @@ pub struct SourceKind {
 }
 
 impl SourceKind {
+    /// The kind `source_ref` names.
+    pub fn of(source_ref: &pko_api::stack::FluxSourceReference) -> Self {
+        Self { api_version: source_ref.api_version.clone(), kind: source_ref.kind.clone() }
+    }
+
     /// The API resource of this kind (plural by kube's rules, as the Stack controller reads sources).
     pub fn api_resource(&self) -> ApiResource {
         let (group, version) = self.api_version.rsplit_once('/').unwrap_or(("", &self.api_version));
@@ -40,8 +45,7 @@ impl SourceKind {
 
 /// The source kind `stack`'s `spec.fluxSource` refers to, if it has one. Pure.
 pub fn source_kind(stack: &Stack) -> Option<SourceKind> {
-    let r = &stack.spec.flux_source.as_ref()?.source_ref;
-    Some(SourceKind { api_version: r.api_version.clone(), kind: r.kind.clone() })
+    Some(SourceKind::of(&stack.spec.flux_source.as_ref()?.source_ref))
 }
 
 /// The Stacks among `stacks` that refer to the source `ns`/`name` of `kind` (a Flux source is
@@ -50,7 +54,7 @@ pub fn referring<'a>(stacks: impl IntoIterator<Item = &'a Stack>, kind: &SourceK
     stacks
         .into_iter()
         .filter(|s| s.namespace().as_deref() == Some(ns))
-        .filter(|s| s.spec.flux_source.as_ref().is_some_and(|f| f.source_ref.name == name && f.source_ref.kind == kind.kind && f.source_ref.api_version == kind.api_version))
+        .filter(|s| s.spec.flux_source.as_ref().is_some_and(|f| f.source_ref.name == name && SourceKind::of(&f.source_ref) == *kind))
         .map(ObjectRef::from_obj)
         .collect()
 }

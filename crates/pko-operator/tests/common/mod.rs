@@ -231,14 +231,24 @@ pub fn ready(s: &pko_api::Stack) -> bool {
     stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")
 }
 
-/// A passphrase Secret `p` (key `v`) and Program `prog` with `program` as its body, in `ns` (no Role
-/// for the workspace's service account: the operator resolves Secret references, as PKO's RBAC needs).
-pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
+/// The passphrase Secret `p` (key `v`) in `ns`, which [`passphrase_env_refs`] names.
+pub async fn passphrase_secret(ns: &pko_testbed::TestNamespace) {
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
         serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
     )
     .await;
+}
+
+/// A Stack's `envRefs` giving Pulumi the passphrase of [`passphrase_secret`].
+pub fn passphrase_env_refs() -> serde_json::Value {
+    serde_json::json!({"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}})
+}
+
+/// A passphrase Secret `p` (key `v`) and Program `prog` with `program` as its body, in `ns` (no Role
+/// for the workspace's service account: the operator resolves Secret references, as PKO's RBAC needs).
+pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
+    passphrase_secret(ns).await;
     create(&ns.api::<pko_api::Program>(), serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
 }
 
@@ -249,7 +259,7 @@ pub async fn prog_stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::Pulu
         &ns.api::<pko_api::Stack>(),
         serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
         "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "config": config,
-                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "p", "key": "v"}}}}}),
+                 "envRefs": passphrase_env_refs()}}),
     )
     .await;
 }
