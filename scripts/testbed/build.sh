@@ -96,6 +96,14 @@ build_pulumi_python() {
 PATH="$TB_HOME/venv-command/bin:\$PATH" exec "$D/pulumi-language-python" "\$@"
 WRAP
   chmod +x "$TB_BIN/pulumi-language-python"
+  # Python dynamic providers (`pulumi.dynamic`) run as the `pulumi-python` resource plugin: the SDK's
+  # own launcher (`sdk/python/dist/pulumi-resource-pulumi-python`) is `python -m pulumi.dynamic`; ours
+  # runs it from the bed's virtualenv. The drift-detection tests change such a resource behind Pulumi's back.
+  cat > "$TB_BIN/pulumi-resource-pulumi-python" <<WRAP
+#!/bin/sh
+PATH="$TB_HOME/venv-command/bin:\$PATH" exec python3 -u -m pulumi.dynamic "\$@"
+WRAP
+  chmod +x "$TB_BIN/pulumi-resource-pulumi-python"
 }
 
 build_helm() {
@@ -141,7 +149,8 @@ step pulumi-yaml build_pulumi_yaml
 step pulumi-nodejs build_pulumi_nodejs
 # The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
 step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
-step pulumi-python build_pulumi_python
+# suffix: the stamp of a bed built before the dynamic-provider launcher was added
+step pulumi-python build_pulumi_python dynamic
 step helm build_helm "$HELM_VERSION"
 step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLER_VERSION"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

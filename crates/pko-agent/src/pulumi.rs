@@ -8,8 +8,22 @@ use std::process::Stdio;
 use pko_proto::v1::{ErrorReason, OperationOptions, OperationType};
 use tokio::process::Command;
 
-/// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` and `destroy` stream
-/// engine events as JSON lines on stdout (`--json`); `preview --json` prints one JSON document at the end.
+/// Whether the operation only previews: `preview`, and a preview-only `refresh` (a drift check).
+/// Pulumi refuses `--yes` and `--skip-preview` next to `--preview-only`.
+pub fn previews(kind: OperationType, o: &OperationOptions) -> bool {
+    kind == OperationType::Preview || (kind == OperationType::Refresh && o.preview_only)
+}
+
+/// Environment of the Pulumi process for the operation beyond the agent's: a preview-only refresh
+/// streams engine events as `up` does (`PULUMI_ENABLE_STREAMING_JSON_PREVIEW`), because Pulumi's
+/// preview digest lists a resource that drifted without `detailedDiff` as an unchanged `refresh`.
+pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static str, &'static str)> {
+    if kind == OperationType::Refresh && o.preview_only { vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true")] } else { Vec::new() }
+}
+
+/// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too,
+/// with [`operation_env`]) and `destroy` stream engine events as JSON lines on stdout (`--json`);
+/// `preview --json` prints one JSON document at the end (Pulumi's preview digest).
 pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let verb = match kind {
@@ -20,7 +34,7 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
         OperationType::Unspecified => "preview",
     };
     a.push(verb.into());
-    if kind != OperationType::Preview {
+    if !previews(kind, o) {
         a.extend(["--yes".into(), "--skip-preview".into()]);
     }
     a.extend(["--json".into(), "--non-interactive".into(), "--color".into(), "never".into(), "--stack".into(), stack.into()]);
@@ -63,6 +77,29 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
         a.push("--preview-only".into());
     }
     a
+}
+
+/// The change an engine event reports, when it is a `resOutputsEvent` of a resource (not the root
+/// stack) whose step changes something (not `same`, `read` or `refresh`): URN, step kind and the
+/// properties that differ (`diffs`, `detailedDiff`, else the outputs that differ between the old and
+/// the new state — a refresh of a provider without detailed diffs names none). Pure.
+pub fn event_change(ev: &serde_json::Value) -> Option<(String, String, Vec<String>)> {
+    let m = ev.get("resOutputsEvent")?.get("metadata")?;
+    let (urn, op) = (m.get("urn")?.as_str()?, m.get("op")?.as_str()?);
+    if matches!(op, "same" | "read" | "refresh") || urn.contains("::pulumi:pulumi:Stack::") {
+        return None;
+    }
+    let mut props: Vec<String> = m.get("diffs").and_then(serde_json::Value::as_array).into_iter().flatten().filter_map(|k| k.as_str().map(str::to_string)).collect();
+    if props.is_empty() {
+        props = m.get("detailedDiff").and_then(serde_json::Value::as_object).map(|d| d.keys().cloned().collect()).unwrap_or_default();
+    }
+    if props.is_empty()
+        && let (Some(old), Some(new)) = (m["old"]["outputs"].as_object(), m["new"]["outputs"].as_object())
+    {
+        let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).filter(|k| !k.starts_with("__")).collect();
+        props = keys.into_iter().filter(|k| old.get(*k) != new.get(*k)).cloned().collect();
+    }
+    Some((urn.to_string(), op.to_string(), props))
 }
 
 /// Maps a failed Pulumi command's error text to an [`ErrorReason`] (PKO maps the same messages).
@@ -210,9 +247,32 @@ mod tests {
         assert!(d.starts_with("destroy --yes --skip-preview --json"));
         assert!(d.contains("--remove") && d.contains("--run-program") && !d.contains("--replace") && !d.contains("--preview-only"));
         let r = operation_args(OperationType::Refresh, "s", &o).join(" ");
-        assert!(r.contains("--preview-only") && !r.contains("--remove"));
+        assert!(r.starts_with("refresh --json") && r.contains("--preview-only") && !r.contains("--remove"), "Pulumi refuses --yes/--skip-preview with --preview-only: {r}");
+        assert_eq!(operation_env(OperationType::Refresh, &o), vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true")]);
+        assert!(operation_env(OperationType::Refresh, &Default::default()).is_empty() && operation_env(OperationType::Preview, &o).is_empty());
+        let r = operation_args(OperationType::Refresh, "s", &Default::default()).join(" ");
+        assert!(r.starts_with("refresh --yes --skip-preview --json") && !r.contains("--preview-only"));
         let p = operation_args(OperationType::Preview, "s", &Default::default()).join(" ");
         assert!(p.starts_with("preview --json") && !p.contains("--yes"));
+    }
+
+    #[test]
+    fn engine_events_give_the_changed_resources() {
+        let out = |op: &str, urn: &str, extra: serde_json::Value| {
+            let mut m = serde_json::json!({"op": op, "urn": urn});
+            m.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            serde_json::json!({"resOutputsEvent": {"metadata": m}})
+        };
+        let state = |content: &str| serde_json::json!({"outputs": {"__provider": "x", "content": content, "path": "/p"}});
+        let drifted = out("update", "urn:pulumi:dev::p::a:b:C::f", serde_json::json!({"old": state("desired"), "new": state("changed"), "detailedDiff": null}));
+        assert_eq!(event_change(&drifted), Some(("urn:pulumi:dev::p::a:b:C::f".into(), "update".into(), vec!["content".to_string()])));
+        let gone = out("delete", "urn:pulumi:dev::p::a:b:C::g", serde_json::json!({"old": state("desired")}));
+        assert_eq!(event_change(&gone), Some(("urn:pulumi:dev::p::a:b:C::g".into(), "delete".into(), vec![])));
+        let named = out("update", "urn:x::a:b:C::h", serde_json::json!({"diffs": ["size"], "detailedDiff": {"other": {}}}));
+        assert_eq!(event_change(&named).unwrap().2, vec!["size".to_string()]);
+        assert_eq!(event_change(&out("same", "urn:x::a:b:C::s", serde_json::json!({}))), None);
+        assert_eq!(event_change(&out("update", "urn:pulumi:dev::p::pulumi:pulumi:Stack::p-dev", serde_json::json!({}))), None, "the root stack");
+        assert_eq!(event_change(&serde_json::json!({"resourcePreEvent": {"metadata": {"op": "update", "urn": "urn:x::a:b:C::f"}}})), None);
     }
 
     #[test]

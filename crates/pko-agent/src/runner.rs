@@ -243,6 +243,9 @@ struct Step<'a> {
 
 /// Runs the Pulumi command of `step` and, for `up`, reads the outputs into `result`. A conflict whose
 /// every lock holder is known dead on this host carries them in [`Failure::stale`].
+/// Most resources a drift check's result names (the change summary counts them all).
+const MAX_CHANGES: usize = 100;
+
 async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, masker: &mut Masker, result: &mut OperationResult) -> Result<(), Failure> {
     let (kind, dir, env, known_key) = (step.kind, step.dir, step.env, step.known_key);
     let mut args = pulumi::operation_args(kind, step.stack, step.options);
@@ -254,6 +257,7 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
         .args(&args)
         .current_dir(dir)
         .envs(env)
+        .envs(pulumi::operation_env(kind, step.options))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -285,10 +289,12 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
     let mut summary: Option<Value> = None;
     let mut stack_outputs: Option<serde_json::Map<String, Value>> = None;
     let mut preview_doc = String::new();
+    let digest = kind == OperationType::Preview;
+    let drift_check = kind == OperationType::Refresh && step.options.preview_only;
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let line = masker.mask(&line);
-        if kind == OperationType::Preview {
+        if digest {
             preview_doc.push_str(&line);
             preview_doc.push('\n');
             continue;
@@ -304,6 +310,11 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
                         _ => {}
                     }
                 }
+                if drift_check && result.changes.len() < MAX_CHANGES
+                    && let Some((urn, op, properties)) = pulumi::event_change(&Value::Object(ev.clone()))
+                {
+                    result.changes.push(pko_proto::v1::ResourceChange { urn, op, properties });
+                }
                 if let Some(s) = ev.get("summaryEvent") {
                     summary = Some(s.clone());
                 }
@@ -318,7 +329,7 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
     let status = child.wait().await.map_err(|e| fail(ErrorReason::Internal, "", format!("waiting for pulumi: {e}")))?;
     op.set_pid(0);
     let stderr_text = stderr_task.await.unwrap_or_default();
-    if kind == OperationType::Preview {
+    if digest {
         if let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&preview_doc) {
             for d in doc.get("diagnostics").and_then(Value::as_array).into_iter().flatten() {
                 if d["severity"] == "error" {

@@ -23,6 +23,9 @@ pub const REVISION_HASH_ANNOTATION: &str = "auto.pulumi.com/revision-hash";
 /// Annotation on a workspace pod once the agent initialised it (PKO `auto.pulumi.com/initialized`).
 pub const INITIALIZED_ANNOTATION: &str = "auto.pulumi.com/initialized";
 
+/// Annotation on a drift check's Update (ours): `"true"` when its schedule remediates
+/// (`autoRemediate`), so the check's result knows whether an `up --refresh` follows.
+pub const DRIFT_AUTO_REMEDIATE_ANNOTATION: &str = "pulumi.com/drift-auto-remediate";
 /// Label on objects generated for a Stack: `pulumi.com/component=stack`.
 pub const STACK_COMPONENT_LABEL: &str = "pulumi.com/component";
 /// Label carrying the Stack name on objects generated for it.
@@ -104,6 +107,18 @@ pub mod stack_condition {
     pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
     /// Stalled reason: a conflicting update holds the stack lock (defined by PKO; ours sets it).
     pub const UPDATE_CONFLICT: &str = "UpdateConflict";
+
+    /// Condition type of scheduled drift detection (PKO's proposed API, #1037): True when the last check
+    /// found drift, False when it found none (or the drift was remediated), Unknown when it failed.
+    pub const DRIFT_DETECTED: &str = "DriftDetected";
+    /// `DriftDetected` reason: the last check found drifted resources (PKO's proposal).
+    pub const DRIFT_CHANGES: &str = "Changes";
+    /// `DriftDetected` reason: no drift (PKO's proposal), or it was remediated.
+    pub const DRIFT_NO_CHANGES: &str = "NoChanges";
+    /// `DriftDetected` reason (ours): the check itself failed; the next tick tries again.
+    pub const DRIFT_CHECK_FAILED: &str = "CheckFailed";
+    /// `DriftDetected` reason (ours): a schedule's cron does not parse; no checks run.
+    pub const DRIFT_INVALID_SCHEDULE: &str = "InvalidSchedule";
 
     /// Number of failed attempts after which a Stack is Stalled `UpdateFailed` (PKO 2.8 `maxUpdateFailures`).
     pub const MAX_UPDATE_FAILURES: i64 = 3;
@@ -189,6 +204,11 @@ pub mod event_reason {
     /// Stack: an update failed because another update holds the stack's backend lock (Warning). PKO declares
     /// it but never emits it (PKO #736); ours does, naming the lock and how the Stack proceeds.
     pub const STACK_UPDATE_CONFLICT_DETECTED: &str = "StackUpdateConflictDetected";
+    /// Stack: a drift check found drifted resources (Warning here; PKO's proposal: Normal); the note
+    /// names them.
+    pub const STACK_DRIFT_DETECTED: &str = "StackDriftDetected";
+    /// Stack (ours): a drift check failed (Warning).
+    pub const STACK_DRIFT_CHECK_FAILED: &str = "StackDriftCheckFailed";
     /// Stack: its Workspace was deleted by `workspaceReclaimPolicy: Delete` (Normal).
     pub const WORKSPACE_DELETED: &str = "WorkspaceDeleted";
     /// Workspace: the StatefulSet was recreated (Warning).

@@ -174,6 +174,55 @@ pub struct StackSpec {
     /// Merged (strategic merge) onto every generated Update: `ttlAfterCompleted`, `parallel`, `remove`, …
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_template: Option<UpdateTemplate>,
+    /// Scheduled drift detection: a preview-only refresh on each cron tick, reported in the
+    /// `DriftDetected` condition, optionally remediated with `up --refresh` (PKO's proposed API,
+    /// #1037 / branch `eron/drift-detection`; not in a PKO release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_detection: Option<DriftDetection>,
+}
+
+/// Scheduled drift detection of a Stack (PKO's proposed `DriftDetectionSpec`, #1037).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftDetection {
+    /// When to check; the earliest next tick of all schedules wins. None or empty: no checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedules: Option<Vec<DriftSchedule>>,
+}
+
+/// One drift-check schedule (PKO's proposed `DriftSchedule`, #1037).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftSchedule {
+    /// Cron expression in UTC: five fields as in a Kubernetes CronJob (`*/15 * * * *`), the
+    /// `@hourly`/`@daily`/`@weekly`/`@monthly`/`@yearly` shorthands, or six fields with leading
+    /// seconds (ours). Several ticks missed while the operator was down give one check.
+    pub cron: String,
+    /// Run `up --refresh` when a check on this schedule finds drift (default false: report only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_remediate: Option<bool>,
+}
+
+/// Drift detection state of a Stack (PKO's proposed `DriftDetectionStatus`, #1037, plus ours).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftDetectionStatus {
+    /// When the last drift check ended (PKO).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<Time>,
+    /// When the next check is due (ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_check: Option<Time>,
+    /// Name of the Update of the last check (ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check_update: Option<String>,
+    /// The resources the last check found drifted, at most 100 (ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drifted_resources: Option<Vec<crate::update::ResourceChange>>,
+    /// The last check's schedule remediates: an `up --refresh` runs while `DriftDetected` is True
+    /// (ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_remediate: Option<bool>,
 }
 
 /// A ConfigMap key holding a config value (PKO `ConfigMapRef`).
@@ -422,6 +471,9 @@ pub struct StackStatus {
     /// Project name and runtime, cached so the stack can be destroyed when its source is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_info: Option<ProjectInfo>,
+    /// Scheduled drift detection (`spec.driftDetection`): the last and next check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_detection: Option<DriftDetectionStatus>,
 }
 
 /// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as v1; its

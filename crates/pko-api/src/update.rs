@@ -76,7 +76,8 @@ pub struct UpdateSpec {
     /// Run the program during destroy and refresh (`--run-program`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_program: Option<bool>,
-    /// Refresh without writing state (refresh only; newer PKO).
+    /// Refresh without writing state (refresh only): a drift check. Not in a PKO release; PKO's
+    /// proposed drift-detection API (#1037, branch `eron/drift-detection`) has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview_only: Option<bool>,
 }
@@ -137,4 +138,28 @@ pub struct UpdateStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Option<Vec<Condition>>,
+    /// Ours: Pulumi's change summary of the operation, step kind → count (`same: 3`, `update: 1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_summary: Option<std::collections::BTreeMap<String, i32>>,
+    /// Ours: the resources a preview-only `refresh` (a drift check) found changed, at most
+    /// [`MAX_RESOURCE_CHANGES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_changes: Option<Vec<ResourceChange>>,
+}
+
+/// Most entries of `status.resourceChanges` (the rest are counted in `changeSummary`).
+pub const MAX_RESOURCE_CHANGES: usize = 100;
+
+/// A resource a drift check found changed (ours): an engine event of `pulumi refresh --preview-only`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceChange {
+    /// The resource's URN.
+    pub urn: String,
+    /// Pulumi's step kind: `create`, `update`, `delete`, `replace`, … (in a drift check: `update` for a
+    /// resource changed behind Pulumi's back, `delete` for one gone).
+    pub op: String,
+    /// The properties that differ, when Pulumi names them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub properties: Option<Vec<String>>,
 }

@@ -146,6 +146,10 @@ pub struct OperationArgs {
     /// either way, so one with 1,000 Stacks cannot starve one with 3.
     #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
     pub max_operations_per_namespace: usize,
+    /// Drift checks (`spec.driftDetection`) running at once across the fleet (counted in Redis with
+    /// `--redis-url`); a due check waits for a free slot. 0: no limit.
+    #[arg(long, default_value_t = crate::context::DEFAULT_MAX_DRIFT_CHECKS, env = "MAX_CONCURRENT_DRIFT_CHECKS")]
+    pub max_concurrent_drift_checks: usize,
     /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
     /// replica that queued them and move with their shard. Required for more than one replica. With
     /// `--redis-sentinel-master`: the Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).

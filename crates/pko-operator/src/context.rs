@@ -25,17 +25,24 @@ pub struct Context {
     /// Cancelled to shut the operator down: every controller stops taking work (kube's
     /// `graceful_shutdown_on`) and the servers end after them.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The fleet-wide cap on concurrent drift checks (`--max-concurrent-drift-checks`): in Redis with
+    /// `--redis-url`, else this replica's.
+    pub drift_slots: Arc<dyn pko_queue::slots::Slots>,
 }
+
+/// Default of `--max-concurrent-drift-checks`.
+pub const DEFAULT_MAX_DRIFT_CHECKS: usize = 10;
 
 /// PKO's default number of concurrent reconciles per controller.
 pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 25;
 
 impl Context {
-    /// A context with PKO's default reconcile concurrency.
+    /// A context with PKO's default reconcile concurrency and this replica's own drift-check slots.
     pub fn new(client: kube::Client, advertised_addr: impl Into<String>, ownership: Arc<dyn Ownership>) -> Self {
         let events = crate::k8s::Events::new(&client);
         let shutdown = tokio_util::sync::CancellationToken::new();
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown }
+        let drift_slots = Arc::new(pko_queue::slots::MemorySlots::new(DEFAULT_MAX_DRIFT_CHECKS));
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown, drift_slots }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

@@ -56,6 +56,13 @@ pub mod names {
     pub const OPERATIONS_TOTAL: &str = "pko_update_operations_total";
     /// Histogram in seconds, label `type`: how long an operation took on its agent.
     pub const OPERATION_DURATION_SECONDS: &str = "pko_update_operation_duration_seconds";
+    /// Counter, label `result` (`changes`, `no_changes`, `failed`): drift checks that ended
+    /// (`spec.driftDetection`).
+    pub const DRIFT_CHECKS_TOTAL: &str = "pko_drift_checks_total";
+    /// Counter: drift checks put off because `--max-concurrent-drift-checks` were running fleet-wide.
+    pub const DRIFT_CHECKS_DEFERRED_TOTAL: &str = "pko_drift_checks_deferred_total";
+    /// Counter: drift remediations started (`autoRemediate`).
+    pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
     /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).
     pub const OPERATIONS_DEFERRED_TOTAL: &str = "pko_update_operations_deferred_total";
     /// Gauge: operations waiting in this replica's work queue.

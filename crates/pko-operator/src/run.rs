@@ -99,6 +99,10 @@ impl Operator {
             crate::fleet::check_single_without_redis(&client, &fleet, r).await?;
         }
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
+        let drift_slots: Arc<dyn pko_queue::slots::Slots> = match &redis {
+            Some(q) => Arc::new(q.slots("drift-checks", operations.max_concurrent_drift_checks)),
+            None => Arc::new(pko_queue::slots::MemorySlots::new(operations.max_concurrent_drift_checks)),
+        };
         // a takeover takes the shards with queued or running operations first
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
         let member = match &replica {
@@ -117,6 +121,7 @@ impl Operator {
             reconcile_concurrency: operations.max_concurrent_reconciles,
             shutdown: shutdown.clone(),
             shards_gained: member.as_ref().map(|m| m.gained.clone()),
+            drift_slots,
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC

@@ -51,7 +51,8 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// A pool of connections to the queue's Redis.
+/// A pool of connections to the queue's Redis (cheap to clone: the pools are shared).
+#[derive(Clone)]
 pub(crate) enum Pools {
     Server(deadpool_redis::Pool),
     Sentinel(deadpool_redis::sentinel::Pool),

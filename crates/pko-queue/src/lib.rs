@@ -8,6 +8,7 @@
 pub mod connect;
 pub mod fair;
 pub mod redis;
+pub mod slots;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

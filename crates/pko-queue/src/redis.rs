@@ -157,6 +157,12 @@ impl RedisQueue {
         })
     }
 
+    /// Fleet-wide slots named `name` on this queue's Redis (key `P:slots:<name>`), at most `cap` held at
+    /// once (0: no limit).
+    pub fn slots(&self, name: &str, cap: usize) -> crate::slots::RedisSlots {
+        crate::slots::RedisSlots::new(self.pool.clone(), format!("{}:slots:{name}", self.prefix), cap)
+    }
+
     /// Checks that Redis answers.
     ///
     /// Errors: the connection's.

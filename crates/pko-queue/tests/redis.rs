@@ -125,6 +125,32 @@ async fn a_redis_that_lost_everything_loses_no_job() {
     assert_eq!(b.adopt(5, 5).await.unwrap(), 1, "the claim recorded the job again");
 }
 
+/// Drift-check slots shared by two replicas through Redis: the cap holds across them, a holder renews
+/// its own slot, a released or expired slot is free again (expiry by the Redis server's clock).
+#[tokio::test]
+async fn slots_cap_holders_across_replicas_and_expire() {
+    use pko_queue::slots::Slots;
+    let bed = testbed();
+    let prefix = bed.redis_prefix("slots");
+    let (a, b) = (RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(), RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap());
+    let (sa, sb) = (a.slots("drift", 2), b.slots("drift", 2));
+    let lease = Duration::from_secs(60);
+    assert!(sa.acquire("ns/one", lease).await.unwrap());
+    assert!(sb.acquire("ns/two", lease).await.unwrap());
+    assert!(!sb.acquire("ns/three", lease).await.unwrap(), "the cap counts the other replica's holder");
+    assert!(!sa.acquire("ns/three", lease).await.unwrap());
+    assert!(sa.acquire("ns/two", lease).await.unwrap(), "a holder renews its slot, whichever replica asks");
+    assert_eq!(sa.held().await.unwrap(), 2);
+    sb.release("ns/one").await.unwrap();
+    assert!(sb.acquire("ns/three", Duration::from_millis(200)).await.unwrap(), "a released slot is free");
+    assert!(!sa.acquire("ns/four", lease).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(sa.acquire("ns/four", lease).await.unwrap(), "an expired lease frees its slot (a replica that died)");
+    let other = a.slots("other", 1);
+    assert!(other.acquire("ns/one", lease).await.unwrap(), "slots of another name are counted apart");
+    assert!(a.slots("unlimited", 0).acquire("x", lease).await.unwrap());
+}
+
 /// A redis-server process (no persistence) on a free loopback port, with `extra` arguments.
 struct Server {
     child: std::process::Child,

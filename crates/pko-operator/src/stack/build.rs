@@ -341,6 +341,31 @@ pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str
     Ok(pko_api::Update { metadata, spec: update_spec(&stack.spec, &stack_name, deleting, reason), status: None })
 }
 
+/// Time to live of a finished drift check's Update (a schedule every 15 minutes keeps 4, not 96 as
+/// with the 24 h of other Updates); `updateTemplate.spec.ttlAfterCompleted` overrides it.
+pub const DRIFT_CHECK_TTL: &str = "1h";
+
+/// The Update of a drift check of `stack` (PKO's proposal, #1037): a `refresh` with `previewOnly`
+/// (nothing written to the stack's state), message `Drift detection`, the Stack's `targets`, the
+/// update template's other settings; annotated when its schedule remediates. Owned as [`update`]'s.
+///
+/// Errors: [`BuildError::NoUid`].
+pub fn drift_check(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str, auto_remediate: bool) -> Result<pko_api::Update, BuildError> {
+    let mut u = update(stack, workspace, name, false, "Drift detection")?;
+    let ttl_set = stack.spec.update_template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.ttl_after_completed.as_ref()).is_some();
+    u.spec.update_type = Some(UpdateType::Refresh);
+    u.spec.preview_only = Some(true);
+    u.spec.refresh = None;
+    u.spec.target_dependents = None;
+    if !ttl_set {
+        u.spec.ttl_after_completed = Some(DRIFT_CHECK_TTL.into());
+    }
+    if auto_remediate {
+        u.metadata.annotations.get_or_insert_default().insert(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION.into(), "true".into());
+    }
+    Ok(u)
+}
+
 /// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard (ours,
 /// never overridden by a template: it decides which replica sees the object).
 fn child_labels(stack: &pko_api::Stack, template: Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
@@ -365,6 +390,24 @@ mod tests {
 
     fn spec(v: serde_json::Value) -> StackSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_drift_check_is_a_preview_only_refresh_with_a_short_ttl() {
+        let mut stack = pko_api::Stack::new("web", spec(json!({"stack": "dev", "refresh": true, "targets": ["urn:a"], "updateTemplate": {"spec": {"parallel": 3}}})));
+        stack.metadata.uid = Some("u1".into());
+        stack.metadata.namespace = Some("ns".into());
+        let mut ws = pko_api::Workspace::new("web", Default::default());
+        ws.metadata.uid = Some("u2".into());
+        let u = drift_check(&stack, &ws, "web-drift-01020304", true).unwrap();
+        assert_eq!((u.spec.update_type, u.spec.preview_only, u.spec.refresh), (Some(UpdateType::Refresh), Some(true), None));
+        assert_eq!((u.spec.ttl_after_completed.as_deref(), u.spec.parallel, u.spec.message.as_deref()), (Some("1h"), Some(3), Some("Drift detection")));
+        assert_eq!(u.spec.target, Some(vec!["urn:a".to_string()]));
+        assert_eq!(u.metadata.annotations.unwrap()[pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION], "true");
+        stack.spec.update_template = Some(serde_json::from_value(json!({"spec": {"ttlAfterCompleted": "5m"}})).unwrap());
+        let u = drift_check(&stack, &ws, "web-drift-01020304", false).unwrap();
+        assert_eq!(u.spec.ttl_after_completed.as_deref(), Some("5m"), "the template's TTL wins");
+        assert!(u.metadata.annotations.is_none());
     }
 
     #[test]

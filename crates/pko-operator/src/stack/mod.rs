@@ -2,12 +2,13 @@
 //! driver over named steps (dereference → absorb → plan → build → apply → one status write). The pure
 //! parts: finished Updates into status ([`absorb`]), the sync decision ([`plan`]), prerequisites
 //! ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition bookkeeping
-//! ([`conditions`]); the Flux source watches are [`flux`].
+//! ([`conditions`]), scheduled drift detection ([`drift`]); the Flux source watches are [`flux`].
 
 pub mod absorb;
 pub mod build;
 pub mod conditions;
 pub mod controller;
+pub mod drift;
 pub mod flux;
 pub mod plan;
 pub mod prerequisites;

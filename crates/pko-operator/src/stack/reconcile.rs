@@ -9,7 +9,9 @@
 //! 5. **plan**: in sync or not ([`super::plan`], pure);
 //! 6. **prerequisites**;
 //! 7. **workspace**: build ([`super::build`], pure) and apply; wait until it is Ready;
-//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update.
+//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update — or, for a
+//!    synced Stack whose drift check is due ([`super::drift`]), create the check's Update once a
+//!    fleet-wide slot is free. A running check leaves the Stack Ready.
 //!
 //! Each step changes the pass's status and may end the pass; the driver then writes the status once
 //! (nothing when unchanged) and carries out what must follow the write (events, releasing the absorbed
@@ -34,7 +36,7 @@ use serde_json::json;
 use super::build::{self, ResolvedSource};
 use super::controller::{self as io, Resolved};
 use super::plan::{self, Sync};
-use super::{absorb, conditions, prerequisites};
+use super::{absorb, conditions, drift, prerequisites};
 use crate::context::Context;
 use crate::k8s::{self, Severity};
 
@@ -110,6 +112,20 @@ enum Effect {
     RemoveFinalizer,
     /// Delete the Workspace (`workspaceReclaimPolicy: Delete`).
     ReclaimWorkspace,
+    /// Give the Stack's drift-check slot back (its check ended).
+    ReleaseDriftSlot,
+}
+
+/// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
+/// 30 s) renews it, so only a check whose replica died holds a slot that long.
+pub const DRIFT_SLOT_LEASE: Duration = Duration::from_secs(600);
+
+/// What a pass that is not in sync goes on to do.
+enum Work {
+    /// Create an Update (`up`, `preview` or `destroy`) for this reason.
+    Update(String),
+    /// Create the drift check for this tick.
+    DriftCheck { tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool },
 }
 
 /// The state of one pass: the Stack as read, the status being built, and the effects to carry out.
@@ -169,6 +185,20 @@ impl Pass {
         self.effects.push(Effect::Event(severity, reason, note));
     }
 
+    /// The key of this Stack's drift-check slot.
+    fn slot_key(&self) -> String {
+        format!("{}/{}", self.ns, self.name)
+    }
+
+    /// The status as it stands in this pass (with the conditions set so far).
+    fn view(&self) -> StackStatus {
+        StackStatus { conditions: Some(self.conditions.clone()), ..self.status.clone() }
+    }
+
+    fn set_drift(&mut self, status: &str, reason: &str, message: &str) {
+        conditions::set(&mut self.conditions, sc::DRIFT_DETECTED, status, reason, message, self.generation, &self.now);
+    }
+
     /// Fails with [`Error::Fenced`] once the Stack's shard is not held here any more: asked right
     /// before every write of the pass.
     fn fence(&self) -> Result<(), Error> {
@@ -203,6 +233,12 @@ impl Pass {
                     action = Some(Action::await_change());
                 }
                 Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(Error::Workspace)?,
+                Effect::ReleaseDriftSlot => {
+                    if let Err(e) = ctx.drift_slots.release(&self.slot_key()).await {
+                        // the slot's lease runs out by itself
+                        tracing::warn!(error = %e, "releasing the drift-check slot");
+                    }
+                }
             }
         }
         Ok(action)
@@ -252,18 +288,24 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
         ControlFlow::Continue(s) => s,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
-    let reason = match sync(p, &source) {
-        ControlFlow::Continue(r) => r,
+    let work = match sync(p, &source) {
+        ControlFlow::Continue(w) => w,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
-    if let ControlFlow::Break(e) = prerequisites(p).await? {
+    // a drift check only reads: prerequisites gate updates
+    if matches!(work, Work::Update(_))
+        && let ControlFlow::Break(e) = prerequisites(p).await?
+    {
         return Ok(ControlFlow::Break(e));
     }
     let ws = match workspace(ctx, p, &source).await? {
         ControlFlow::Continue(ws) => ws,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
-    update(p, &ws, &source, reason).await.map(ControlFlow::Break)
+    match work {
+        Work::Update(reason) => update(p, &ws, &source, reason).await.map(ControlFlow::Break),
+        Work::DriftCheck { tick, auto_remediate } => drift_check(ctx, p, &ws, &source, tick, auto_remediate).await.map(ControlFlow::Break),
+    }
 }
 
 /// Step 2: the current Update — wait while it runs, absorb it once complete, forget it when gone.
@@ -273,6 +315,9 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         p.status.current_update = None;
         return Ok(ControlFlow::Continue(()));
     };
+    if drift::is_check(&u) {
+        return drift_checked(ctx, p, u).await;
+    }
     if !u.is_complete() {
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
@@ -298,6 +343,39 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         }
     }
     p.effects.push(Effect::ReleaseUpdate(Box::new(u)));
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Step 2, for a drift check: while it runs the Stack stays as it is (Ready) and the check's slot is
+/// renewed; once it ended, its result sets `DriftDetected` and `status.driftDetection` (never
+/// `lastUpdate`: a check is not an update of the stack).
+async fn drift_checked(ctx: &Context, p: &mut Pass, u: Update) -> Step {
+    if !u.is_complete() {
+        if let Err(e) = ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
+            tracing::warn!(error = %e, "renewing the drift-check slot");
+        }
+        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
+    }
+    let o = drift::outcome(&u);
+    let auto_remediate = u.annotations().get(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION).is_some_and(|v| v == "true");
+    p.status.drift_detection = Some(drift::checked(p.status.drift_detection.as_ref(), &u, &o, p.now.0, auto_remediate));
+    p.set_drift(o.status, o.reason, &o.message);
+    let result = match o.reason {
+        sc::DRIFT_CHANGES => {
+            p.event(Severity::Warning, ev::STACK_DRIFT_DETECTED, o.message.clone());
+            "changes"
+        }
+        sc::DRIFT_CHECK_FAILED => {
+            p.event(Severity::Warning, ev::STACK_DRIFT_CHECK_FAILED, o.message.clone());
+            "failed"
+        }
+        _ => "no_changes",
+    };
+    metrics::counter!(crate::metrics::names::DRIFT_CHECKS_TOTAL, "result" => result).increment(1);
+    tracing::info!(update = %u.name_any(), result, "drift check ended");
+    p.status.current_update = None;
+    p.effects.push(Effect::ReleaseUpdate(Box::new(u)));
+    p.effects.push(Effect::ReleaseDriftSlot);
     Ok(ControlFlow::Continue(()))
 }
 
@@ -342,17 +420,26 @@ async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
     Ok(ControlFlow::Continue(source))
 }
 
-/// Step 5: in sync (conditions, maybe the finalizer or the Workspace go) or the reason for an Update.
-fn sync(p: &mut Pass, source: &ResolvedSource) -> ControlFlow<Exit, String> {
+/// Step 5: in sync (conditions, maybe the finalizer or the Workspace go, maybe a drift check is due)
+/// or the reason for an Update.
+fn sync(p: &mut Pass, source: &ResolvedSource) -> ControlFlow<Exit, Work> {
     let checked = Stack { status: Some(p.status.clone()), ..(*p.stack).clone() };
-    let (c, requeue_after) = match plan::decide(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting) {
-        Sync::NeedsUpdate { reason } => return ControlFlow::Continue(reason),
+    let (c, mut requeue_after) = match plan::decide(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting) {
+        Sync::NeedsUpdate { reason } => return ControlFlow::Continue(Work::Update(reason)),
         Sync::Synced { conditions: c, requeue_after } => (c, requeue_after),
     };
+    let ready = c == plan::Conditions::Ready;
     match c {
         plan::Conditions::Ready => conditions::mark_ready(&mut p.conditions, p.generation, &p.now),
         plan::Conditions::Reconciling(r, m) => p.reconciling(r, &m),
         plan::Conditions::Stalled(r, m) => p.stalled(r, &m),
+    }
+    if ready && !p.deleting {
+        match drift_due(p) {
+            ControlFlow::Break(work) => return ControlFlow::Continue(work),
+            ControlFlow::Continue(Some(next)) => requeue_after = Some(requeue_after.map_or(next, |r| r.min(next))),
+            ControlFlow::Continue(None) => {}
+        }
     }
     let destroyed = p.status.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded));
     if p.deleting && destroyed {
@@ -361,6 +448,44 @@ fn sync(p: &mut Pass, source: &ResolvedSource) -> ControlFlow<Exit, String> {
         p.effects.push(Effect::ReclaimWorkspace);
     }
     ControlFlow::Break(Exit::Done(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change)))
+}
+
+/// Step 5, for a synced, Ready Stack: drift to remediate (`Break` an Update), a check due (`Break` the
+/// check), or when to look again (`Continue` with the time to the next tick). Keeps `DriftDetected`
+/// and `status.driftDetection.nextCheck` current.
+fn drift_due(p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
+    match drift::remediation(&p.view()) {
+        drift::Remediation::Run(reason) => {
+            metrics::counter!(crate::metrics::names::DRIFT_REMEDIATIONS_TOTAL).increment(1);
+            return ControlFlow::Break(Work::Update(reason));
+        }
+        drift::Remediation::Done(message) => p.set_drift("False", sc::DRIFT_NO_CHANGES, &message),
+        drift::Remediation::None => {}
+    }
+    match drift::due(&p.stack, &p.view(), p.now.0) {
+        drift::Due::Off => {
+            // drift detection was turned off: nothing of it is left to read
+            conditions::remove(&mut p.conditions, sc::DRIFT_DETECTED);
+            p.status.drift_detection = None;
+            ControlFlow::Continue(None)
+        }
+        drift::Due::Invalid(message) => {
+            let known = pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED).is_some_and(|c| c.message == message);
+            if !known {
+                p.event(Severity::Warning, ev::STACK_CONFIG_INVALID, message.clone());
+            }
+            p.set_drift("Unknown", sc::DRIFT_INVALID_SCHEDULE, &message);
+            ControlFlow::Continue(None)
+        }
+        drift::Due::At(tick) => {
+            p.status.drift_detection.get_or_insert_default().next_check = Some(Time(tick));
+            ControlFlow::Continue(Some(tick.duration_since(p.now.0).unsigned_abs().max(Duration::from_secs(1))))
+        }
+        drift::Due::Check { tick, auto_remediate } => {
+            p.status.drift_detection.get_or_insert_default().next_check = Some(Time(tick));
+            ControlFlow::Break(Work::DriftCheck { tick, auto_remediate })
+        }
+    }
 }
 
 /// Step 6: prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751).
@@ -405,6 +530,44 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
     Ok(ControlFlow::Continue(ws))
 }
 
+/// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in 30 s), write
+/// `currentUpdate`, create the check's Update. The Stack stays Ready.
+async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool) -> Result<Exit, Error> {
+    let (generation, request, revision) = (p.generation, p.request.clone(), source.revision());
+    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(Error::Update)? {
+        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
+        return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
+    }
+    match ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
+        Ok(true) => {}
+        Ok(false) => {
+            metrics::counter!(crate::metrics::names::DRIFT_CHECKS_DEFERRED_TOTAL).increment(1);
+            return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "taking a drift-check slot; trying again in 30 s");
+            return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
+        }
+    }
+    let name = drift::check_name(&p.name, tick);
+    let check = build::drift_check(&p.stack, ws, &name, auto_remediate)?;
+    p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(name.clone()), commit: Some(revision) });
+    p.write_status().await?;
+    p.fence()?;
+    match p.updates.create(&PostParams::default(), &check).await {
+        Ok(_) => tracing::info!(update = %name, auto_remediate, "drift check started"),
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => {
+            p.status.current_update = None;
+            p.effects.push(Effect::ReleaseDriftSlot);
+            let (_, msg) = io::refusal(io::REFUSED_UPDATE, &e);
+            p.set_drift("Unknown", sc::DRIFT_CHECK_FAILED, &msg);
+            return Ok(Exit::Retry(Error::Update(e)));
+        }
+    }
+    Ok(Exit::Done(Action::requeue(Duration::from_secs(30))))
+}
+
 /// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's
 /// before a shard moved), or write `currentUpdate` and create the Update.
 async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
@@ -417,7 +580,11 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
     let update_name = build::update_name(&p.name, generation, request.as_deref(), &revision, p.deleting, p.status.last_update.as_ref());
-    let update = build::update(&p.stack, ws, &update_name, p.deleting, &reason)?;
+    let mut update = build::update(&p.stack, ws, &update_name, p.deleting, &reason)?;
+    // drift found by an autoRemediate schedule: the up (and its retries) refresh first
+    if !p.deleting && update.spec.update_type == Some(UpdateType::Up) && drift::remediating(&p.view()) {
+        update.spec.refresh = Some(true);
+    }
     p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
     p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an

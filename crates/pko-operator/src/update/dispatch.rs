@@ -224,6 +224,11 @@ pub async fn run_on_agent(
         st.message = Some(message).filter(|m| !m.is_empty());
         st.permalink = Some(result.permalink.clone()).filter(|p| !p.is_empty());
         st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
+        st.change_summary = Some(result.change_summary.iter().map(|(k, v)| (k.clone(), *v)).collect()).filter(|m: &BTreeMap<String, i32>| !m.is_empty());
+        st.resource_changes = (!result.changes.is_empty()).then(|| {
+            let changes = result.changes.iter().take(pko_api::update::MAX_RESOURCE_CHANGES);
+            changes.map(|c| pko_api::update::ResourceChange { urn: c.urn.clone(), op: c.op.clone(), properties: Some(c.properties.clone()).filter(|p| !p.is_empty()) }).collect()
+        });
         let current = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &current));
         check()?;
