@@ -25,4 +25,8 @@ HEADER
   # (the chart's crds/ are symlinks to deploy/crds: helm says so on every run)
   "$HELM" template pko "$ROOT/deploy/helm/pko" --namespace pko-system --set namespace.create=true 2> >(grep -v "found symbolic link" >&2)
 }
-if [ "${1:-}" = "--print" ]; then render; else render > "$ROOT/deploy/manifests/operator.yaml"; echo "wrote deploy/manifests/operator.yaml"; fi
+command -v "$HELM" >/dev/null || { echo "scripts/manifests.sh: no helm ($HELM): run under the bed's environment or set HELM" >&2; exit 1; }
+if [ "${1:-}" = "--print" ]; then render; else
+  # into a temporary file first: a failed render never leaves a half-written manifest
+  OUT="$(mktemp)"; render > "$OUT"; chmod 644 "$OUT"; mv "$OUT" "$ROOT/deploy/manifests/operator.yaml"; echo "wrote deploy/manifests/operator.yaml"
+fi
