@@ -14,11 +14,17 @@ pub fn previews(kind: OperationType, o: &OperationOptions) -> bool {
     kind == OperationType::Preview || (kind == OperationType::Refresh && o.preview_only)
 }
 
-/// Environment of the Pulumi process for the operation beyond the agent's: a preview-only refresh
-/// streams engine events as `up` does (`PULUMI_ENABLE_STREAMING_JSON_PREVIEW`), because Pulumi's
-/// preview digest lists a resource that drifted without `detailedDiff` as an unchanged `refresh`.
+/// Environment of the Pulumi process for the operation over [`base_env`] and the operation's own: a
+/// preview-only refresh streams engine events as `up` does (`PULUMI_ENABLE_STREAMING_JSON_PREVIEW`),
+/// because Pulumi's preview digest lists a resource that drifted without `detailedDiff` as an
+/// unchanged `refresh`; and it turns `PULUMI_SKIP_CONFIRMATIONS` off, which Pulumi reads as `--yes`
+/// ("--yes and --preview-only cannot be used together").
 pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static str, &'static str)> {
-    if kind == OperationType::Refresh && o.preview_only { vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true")] } else { Vec::new() }
+    if kind == OperationType::Refresh && o.preview_only {
+        vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too,
@@ -248,7 +254,7 @@ mod tests {
         assert!(d.contains("--remove") && d.contains("--run-program") && !d.contains("--replace") && !d.contains("--preview-only"));
         let r = operation_args(OperationType::Refresh, "s", &o).join(" ");
         assert!(r.starts_with("refresh --json") && r.contains("--preview-only") && !r.contains("--remove"), "Pulumi refuses --yes/--skip-preview with --preview-only: {r}");
-        assert_eq!(operation_env(OperationType::Refresh, &o), vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true")]);
+        assert_eq!(operation_env(OperationType::Refresh, &o), vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]);
         assert!(operation_env(OperationType::Refresh, &Default::default()).is_empty() && operation_env(OperationType::Preview, &o).is_empty());
         let r = operation_args(OperationType::Refresh, "s", &Default::default()).join(" ");
         assert!(r.starts_with("refresh --yes --skip-preview --json") && !r.contains("--preview-only"));
