@@ -27,6 +27,45 @@ pub struct RunArgs {
     /// The sharded fleet.
     #[command(flatten)]
     pub fleet: FleetArgs,
+    /// PKO's leader election and API client settings.
+    #[command(flatten)]
+    pub manager: ManagerArgs,
+}
+
+/// A Go duration (`30s`, `1m0s`, `500ms`), as PKO's flags and `LEADER_ELECTION_*`/`KUBE_API_TIMEOUT`
+/// take them.
+fn go_duration(s: &str) -> Result<std::time::Duration, String> {
+    pko_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+/// PKO's manager flags: leader election (one active replica outside a fleet) and the API client's
+/// timeout. PKO's install manifest sets all of them; they mean the same here.
+#[derive(Args, Debug, Clone)]
+pub struct ManagerArgs {
+    /// Act only while holding the Lease `operator.pulumi.com` in the operator's namespace (PKO
+    /// `--leader-elect`): one active replica, the others wait. With `--fleet` every replica is active
+    /// (shard Leases decide what each acts on) and this flag changes nothing.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// How long the leader Lease lasts without renewal (PKO; env `LEADER_ELECTION_LEASE_DURATION`).
+    #[arg(long, default_value = "60s", value_parser = go_duration, env = "LEADER_ELECTION_LEASE_DURATION")]
+    pub leader_election_lease_duration: std::time::Duration,
+    /// How long the leader keeps trying to renew before it gives up (PKO; env
+    /// `LEADER_ELECTION_RENEW_DEADLINE`): it renews once less than duration − deadline is left.
+    #[arg(long, default_value = "45s", value_parser = go_duration, env = "LEADER_ELECTION_RENEW_DEADLINE")]
+    pub leader_election_renew_deadline: std::time::Duration,
+    /// How often a waiting replica looks at the leader Lease again (PKO; env
+    /// `LEADER_ELECTION_RETRY_PERIOD`): a Lease released on shutdown is taken within it.
+    #[arg(long, default_value = "10s", value_parser = go_duration, env = "LEADER_ELECTION_RETRY_PERIOD")]
+    pub leader_election_retry_period: std::time::Duration,
+    /// Timeout of API requests (PKO `--kube-api-timeout`, env `KUBE_API_TIMEOUT`): connecting, sending,
+    /// and each wait for response bytes. Watches are not cut by it (they wait longer by design).
+    #[arg(long, default_value = "30s", value_parser = go_duration, env = "KUBE_API_TIMEOUT")]
+    pub kube_api_timeout: std::time::Duration,
+    /// Accepted for PKO's manifests: the metrics endpoint speaks HTTP/1.1 (PKO's default, for the
+    /// HTTP/2 rapid-reset CVEs).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub enable_http2: bool,
 }
 
 /// The sharded fleet (ours): several replicas split Stacks over Lease-held virtual shards.
@@ -62,8 +101,9 @@ pub struct FleetArgs {
 /// The artifact server (PKO's program file server).
 #[derive(Args, Debug, Clone)]
 pub struct ArtifactArgs {
-    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`); port 0 picks a free one.
-    #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR")]
+    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`; `:9090` means every interface); port 0
+    /// picks a free one.
+    #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR", value_parser = socket_address)]
     pub program_fs_addr: std::net::SocketAddr,
     /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`); default: the
     /// bound address.
@@ -89,6 +129,9 @@ pub struct RuntimeArgs {
     /// Image holding `/pko-agent` for the pod runtime.
     #[arg(long, default_value = "pko-agent:latest", env = "AGENT_IMAGE")]
     pub agent_image: String,
+    /// Pull policy of `--agent-image` (PKO `AGENT_IMAGE_PULL_POLICY`); default: Kubernetes' for the tag.
+    #[arg(long, env = "AGENT_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub agent_image_pull_policy: Option<String>,
     /// The `pko-agent` binary for the local runtime.
     #[arg(long, default_value = "pko-agent")]
     pub agent_bin: PathBuf,
@@ -127,6 +170,10 @@ pub struct RuntimeArgs {
     /// pod runtime; the install manifest sets it from the Downward API.
     #[arg(long, env = "OPERATOR_SERVICE_ACCOUNT")]
     pub service_account: Option<String>,
+    /// The operator's service account name alone (PKO `POD_SA_NAME`, from the Downward API): with
+    /// `POD_NAMESPACE` it stands for `--service-account` when that is not given.
+    #[arg(long, env = "POD_SA_NAME", hide = true)]
+    pub pod_sa_name: Option<String>,
 }
 
 /// What this replica acts on, and how much at once.
@@ -206,6 +253,48 @@ pub struct LoggingArgs {
     /// `json` or `text`; PKO's `--zap-encoder` (`json`/`console`) is accepted too.
     #[arg(long, alias = "zap-encoder", value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// Least level logged (PKO `--zap-log-level`): `debug`, `info`, `error`, `panic`, or zap's integer
+    /// verbosity (`1`, `2`, … = debug and below); `RUST_LOG` overrides it.
+    #[arg(long, alias = "zap-log-level", default_value = "info", value_parser = log_level)]
+    pub log_level: String,
+    /// PKO `--zap-devel`: debug level unless `--zap-log-level` says otherwise.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub zap_devel: bool,
+    /// Accepted for PKO's manifests (`--zap-stacktrace-level`): errors carry their cause chain instead.
+    #[arg(long)]
+    pub zap_stacktrace_level: Option<String>,
+    /// Accepted for PKO's manifests (`--zap-time-encoding`): timestamps are RFC 3339 in UTC.
+    #[arg(long, value_parser = ["epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano"])]
+    pub zap_time_encoding: Option<String>,
+}
+
+impl LoggingArgs {
+    /// The `tracing` filter directive of the chosen level (`info` by default; `debug` with
+    /// `--zap-devel` and no explicit level).
+    pub fn filter(&self) -> &str {
+        if self.zap_devel && self.log_level == "info" { "debug" } else { &self.log_level }
+    }
+}
+
+/// PKO's zap level as a `tracing` level: names as they are (`panic`/`dpanic`/`fatal` → `error`,
+/// `warn` stays), a positive integer N (zap's `-N`) → `debug` (N = 1) or `trace` (N ≥ 2).
+fn log_level(s: &str) -> Result<String, String> {
+    let s = s.trim().to_ascii_lowercase();
+    Ok(match s.as_str() {
+        "trace" | "debug" | "info" | "warn" | "error" => s,
+        "panic" | "dpanic" | "fatal" => "error".into(),
+        n => match n.parse::<i64>() {
+            Ok(0) => "info".into(),
+            Ok(1) => "debug".into(),
+            Ok(n) if n > 1 => "trace".into(),
+            _ => return Err(format!("{s:?} is not a log level (debug, info, error, panic, or a verbosity 1, 2, …)")),
+        },
+    })
+}
+
+/// A socket address, also in Go's `:port` form (every interface).
+fn socket_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    listen_address(s).parse().map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// A listen address: `host:port`, or `:port` (every interface, as Go's flags write it).
@@ -217,6 +306,38 @@ pub fn listen_address(s: &str) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// PKO's install manifest (`operator/config/manager/manager.yaml`, v2.9) passes these to `/manager`.
+    #[test]
+    fn pko_manifest_flags_parse_and_mean_the_same() {
+        let a = Cli::parse_from([
+            "x",
+            "--leader-elect",
+            "--health-probe-bind-address=:8081",
+            "--program-fs-adv-addr=pulumi-kubernetes-operator.ns:80",
+            "--zap-log-level=info",
+            "--zap-encoder=console",
+            "--zap-time-encoding=iso8601",
+            "--program-fs-addr=:9090",
+            "--leader-election-lease-duration=30s",
+            "--kube-api-timeout=1m0s",
+        ])
+        .run;
+        assert!(a.manager.leader_elect);
+        assert_eq!(a.manager.leader_election_lease_duration, std::time::Duration::from_secs(30));
+        assert_eq!(a.manager.leader_election_renew_deadline, std::time::Duration::from_secs(45));
+        assert_eq!(a.manager.kube_api_timeout, std::time::Duration::from_secs(60));
+        assert_eq!(a.artifacts.program_fs_addr, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!((a.logging.log_format, a.logging.filter()), (LogFormat::Text, "info"));
+        let a = Cli::parse_from(["x", "--zap-devel"]).run;
+        assert_eq!(a.logging.filter(), "debug");
+        for (zap, level) in [("debug", "debug"), ("error", "error"), ("panic", "error"), ("2", "trace"), ("1", "debug")] {
+            assert_eq!(Cli::parse_from(["x", "--zap-log-level", zap]).run.logging.filter(), level, "{zap}");
+        }
+        assert!(!Cli::parse_from(["x"]).run.manager.leader_elect);
+        assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "sixty"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--agent-image-pull-policy", "Sometimes"]).is_err());
+    }
 
     #[derive(Parser)]
     struct Cli {
@@ -233,6 +354,7 @@ mod tests {
         assert_eq!(a.logging.log_format, LogFormat::Json);
         assert_eq!(a.operations.namespaces, ["a", "b"]);
         assert_eq!(listen_address(":8081"), "0.0.0.0:8081");
+        assert!(Cli::try_parse_from(["x", "--zap-log-level", "loud"]).is_err());
         assert_eq!(listen_address("127.0.0.1:1"), "127.0.0.1:1");
     }
 }

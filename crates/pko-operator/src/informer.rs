@@ -313,7 +313,12 @@ impl Informers {
         self
     }
 
-    /// Where these informers watch.
+    /// The client the informers watch through (without the request timeout: a watch waits by design).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The namespaces watched.
     pub fn scope(&self) -> &WatchScope {
         &self.scope
     }

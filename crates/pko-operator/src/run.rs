@@ -33,6 +33,7 @@ async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<(tokio::net::Tcp
 /// An operator to start: an API client, its flags, and (local runtime) the environment its agents get.
 pub struct Operator {
     client: kube::Client,
+    watch_client: Option<kube::Client>,
     args: RunArgs,
     local_agent_env: Vec<(String, String)>,
 }
@@ -66,7 +67,14 @@ impl Running {
 impl Operator {
     /// An operator with `args`, talking to the API server through `client`.
     pub fn new(client: kube::Client, args: RunArgs) -> Self {
-        Self { client, args, local_agent_env: Vec::new() }
+        Self { client, watch_client: None, args, local_agent_env: Vec::new() }
+    }
+
+    /// The client watches go through (default: the request client). `main` gives one without
+    /// `--kube-api-timeout`'s read timeout, which would cut every quiet watch.
+    pub fn watch_client(mut self, client: kube::Client) -> Self {
+        self.watch_client = Some(client);
+        self
     }
 
     /// The environment local agents start with ([`crate::workspace::controller::local_agent_env`] of
@@ -82,8 +90,8 @@ impl Operator {
     /// Errors: a flag combination that cannot work (named in the message), a listener that cannot bind,
     /// or the metrics certificate.
     pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
-        let Operator { client, args, local_agent_env } = self;
-        let RunArgs { artifacts, runtime, operations, metrics, logging: _, fleet } = args;
+        let Operator { client, watch_client, args, local_agent_env } = self;
+        let RunArgs { artifacts, runtime, operations, metrics, logging: _, fleet, manager: _ } = args;
         let listener = tokio::net::TcpListener::bind(artifacts.program_fs_addr).await.with_context(|| format!("binding --program-fs-addr {}", artifacts.program_fs_addr))?;
         let artifacts_addr = listener.local_addr()?;
         let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
@@ -125,14 +133,16 @@ impl Operator {
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
-        let mut informers = Informers::new(client.clone(), scope.clone());
+        let mut informers = Informers::new(watch_client.unwrap_or_else(|| client.clone()), scope.clone());
         if let Some(m) = member {
             informers = informers.with_shards(m.selector.clone());
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
         }
         let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, replica.as_deref(), local_agent_env)?;
-        let agent_tokens = match (&runtime.service_account, runtime.runtime) {
+        // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
+        let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));
+        let agent_tokens = match (&service_account, runtime.runtime) {
             (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
             (None, RuntimeKind::Pod) => {
                 anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
@@ -193,7 +203,7 @@ impl Operator {
         Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
             (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
             (_, false) if runtime.hollow_agents_seconds.is_some() => anyhow::bail!("--hollow-agents-seconds needs agent pools (--runtime local --agent-pools)"),
-            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone() }), None),
+            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone(), agent_image_pull_policy: runtime.agent_image_pull_policy.clone() }), None),
             (RuntimeKind::Local, pooled) => {
                 let local = LocalRuntime::new(
                     runtime.agent_bin.clone(),

@@ -52,7 +52,7 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
         });
     // Flux sources: a new artifact revision reconciles the Stacks that refer to it
     let (flux_tx, flux_rx) = tokio::sync::mpsc::channel(1024);
-    let flux = super::flux::run(ctx.client.clone(), informers.scope().clone(), informers.stacks().subscribe(), store.clone(), flux_tx);
+    let flux = super::flux::run(informers.client().clone(), informers.scope().clone(), informers.stacks().subscribe(), store.clone(), flux_tx);
     let controller = controller.reconcile_on(tokio_stream::wrappers::ReceiverStream::new(flux_rx));
     let run = async move {
         let own = ctx.clone();

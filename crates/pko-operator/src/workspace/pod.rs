@@ -30,6 +30,9 @@ pub const AGENT_PATH: &str = "/share/pko-agent";
 pub struct PodRuntimeConfig {
     /// Image holding `/pko-agent` (copied into the pod by the `bootstrap` init container).
     pub agent_image: String,
+    /// Pull policy of that image (PKO `AGENT_IMAGE_PULL_POLICY`: `Always`, `IfNotPresent`, `Never`);
+    /// none: Kubernetes' default for the tag.
+    pub agent_image_pull_policy: Option<String>,
 }
 
 /// Name of the Service and StatefulSet of workspace `name`.
@@ -106,6 +109,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     let bootstrap = Container {
         name: "bootstrap".into(),
         image: Some(cfg.agent_image.clone()),
+        image_pull_policy: cfg.agent_image_pull_policy.clone(),
         command: Some(vec!["cp".into(), "/pko-agent".into(), AGENT_PATH.into()]),
         volume_mounts: Some(vec![share.clone()]),
         security_context: restricted.then(restricted_container),
@@ -274,7 +278,7 @@ mod tests {
     }
 
     fn cfg() -> PodRuntimeConfig {
-        PodRuntimeConfig { agent_image: "pko-agent:test".into() }
+        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: Some("Never".into()) }
     }
 
     #[test]
@@ -295,7 +299,8 @@ mod tests {
         assert_eq!(csc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
         assert_eq!(c.resources.as_ref().unwrap().requests.as_ref().unwrap()["memory"].0, "64Mi");
         assert!(c.args.as_ref().unwrap().join(" ").contains("--auth kube --kube-audience w.ns --kube-workspace-namespace ns --kube-workspace-name w"));
-        assert_eq!(pod.init_containers.unwrap()[0].name, "bootstrap");
+        let bootstrap = &pod.init_containers.unwrap()[0];
+        assert_eq!((bootstrap.name.as_str(), bootstrap.image_pull_policy.as_deref()), ("bootstrap", Some("Never")), "AGENT_IMAGE_PULL_POLICY");
         assert_eq!(s.metadata.owner_references.unwrap()[0].kind, "Workspace");
         assert_eq!(address("w", "ns"), "w-workspace.ns:50051");
     }
