@@ -47,14 +47,9 @@ pub fn go_quote(s: &str) -> String {
     out
 }
 
-/// `d` as Go's `time.Duration` prints it, to the second (PKO's texts: `10s`, `1m0s`, `24h0m0s`). Pure.
+/// `d` as Go's `time.Duration` prints it (PKO's texts: `10s`, `1m0s`, `24h0m0s`). Pure.
 pub fn go_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    match (s / 3600, s / 60 % 60, s % 60) {
-        (0, 0, sec) => format!("{sec}s"),
-        (0, m, sec) => format!("{m}m{sec}s"),
-        (h, m, sec) => format!("{h}h{m}m{sec}s"),
-    }
+    pko_api::duration::format_go_duration(d)
 }
 
 /// The outcome of the sync check.
