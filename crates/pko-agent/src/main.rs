@@ -63,9 +63,10 @@ struct Serve {
     /// Size of the source cache in bytes.
     #[arg(long, default_value_t = 2 << 30)]
     cache_max_bytes: u64,
-    /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB).
-    #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES")]
-    max_artifact_bytes: u64,
+    /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB; a
+    /// negative value, PKO's −1, means no limit).
+    #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES", allow_negative_numbers = true)]
+    max_artifact_bytes: i64,
     /// Seconds to establish an artifact download's connection.
     #[arg(long, default_value_t = 10)]
     artifact_connect_timeout_seconds: u64,
@@ -170,7 +171,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
         retries: a.artifact_retries,
     };
-    let cache = CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: a.max_artifact_bytes, download, pulumi: a.pulumi.clone() };
+    let cache = CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX), download, pulumi: a.pulumi.clone() };
     let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
     let ctx = RunnerContext {
         pulumi: a.pulumi.clone(),

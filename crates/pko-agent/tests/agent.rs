@@ -372,6 +372,15 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let r = result(&run(&mut c, r).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(r.revision, sha256(&ok_tar));
+    // as PKO: an artifact without a digest is downloaded unverified (and still within the size limit)
+    let mut r = request(&env, "bad-9", &good, "dev", OperationType::Preview);
+    r.source = Some(artifact("/ok.tar.gz", String::new()));
+    let r = result(&run(&mut c, r).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "an artifact without a digest runs: {}", r.message);
+    let mut r = request(&env, "bad-10", &good, "dev", OperationType::Preview);
+    r.source = Some(artifact("/big.tar.gz", String::new()));
+    let r = result(&run(&mut c, r).await);
+    assert!(r.status == ResultStatus::Failed as i32 && r.message.contains("limit"), "the size limit holds without a digest: {}", r.message);
 }
 
 #[tokio::test]

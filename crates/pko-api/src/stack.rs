@@ -64,8 +64,8 @@ pub struct StackSpec {
     pub backend: Option<String>,
 
     // --- identity and configuration ---
-    /// Fully qualified stack name (`org/project/stack`, or `stack`). Required.
-    #[schemars(length(min = 1))]
+    /// Fully qualified stack name (`org/project/stack`, or `stack`). Required (no minimum length, as
+    /// PKO: an empty name fails the Update with Pulumi's message).
     pub stack: String,
     /// Inline configuration: key → string, or any structured JSON value (needs Pulumi CLI ≥ 3.202.0).
     /// Keys without `project:` are prefixed with the project name.
@@ -136,9 +136,9 @@ pub struct StackSpec {
     /// programs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continue_resync_on_commit_match: Option<bool>,
-    /// Resync and branch-poll period in seconds; default 60, values below 60 (including 0) mean 60.
+    /// Resync and branch-poll period in seconds; default 60, values below 60 (0 and negative ones
+    /// included: no minimum in the schema, as PKO) mean 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub resync_frequency_seconds: Option<i64>,
     /// Refresh before up and preview.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,9 +155,9 @@ pub struct StackSpec {
     /// Deprecated and ignored by PKO v2: retry on update conflicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_on_update_conflict: Option<bool>,
-    /// Cap of the failed-update backoff in seconds; default 86400 (24 h).
+    /// Cap of the failed-update backoff in seconds; default 86400 (24 h). No minimum in the schema
+    /// (PKO); 0 or negative retry at once (after 1 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub retry_max_backoff_duration_seconds: Option<i64>,
     /// Only ever run `preview`; deletion never destroys.
     #[serde(default, skip_serializing_if = "Option::is_none")]

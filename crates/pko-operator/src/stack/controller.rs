@@ -249,13 +249,11 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
 fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, dir: Option<String>) -> Resolved {
     let field = |a: &serde_json::Value, k: &str| a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string);
     match artifact {
-        Some(a) => match (field(a, "url"), field(a, "digest")) {
-            (Some(url), Some(digest)) => Resolved::Source(ResolvedSource::Artifact { url, digest, revision: field(a, "revision").unwrap_or_default(), dir }),
-            (None, _) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
-            (Some(_), None) => Resolved::Stalled(
-                sc::SOURCE_UNAVAILABLE,
-                format!("{kind} {name}: status.artifact has no digest; artifacts are verified by their sha256 digest (Flux's source-controller writes one since Flux 2.0)"),
-            ),
+        // as PKO: an artifact without a digest is downloaded unverified (source-controller has written
+        // digests since Flux 2.0; other producers may not)
+        Some(a) => match field(a, "url") {
+            Some(url) => Resolved::Source(ResolvedSource::Artifact { url, digest: field(a, "digest").unwrap_or_default(), revision: field(a, "revision").unwrap_or_default(), dir }),
+            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
         },
         None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has no status.artifact")),
     }
@@ -363,7 +361,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]
-    fn flux_artifacts_need_a_url_and_a_digest() {
+    fn flux_artifacts_need_a_url_and_may_lack_a_digest() {
         let stalled = |r: Resolved| match r {
             Resolved::Stalled(reason, message) => (reason, message),
             Resolved::Source(_) => panic!("expected a stall"),
@@ -376,9 +374,11 @@ mod tests {
             _ => panic!("expected the artifact"),
         }
         assert_eq!(stalled(flux_artifact(None, "GitRepository", "infra", None)), (sc::SOURCE_UNAVAILABLE, "GitRepository infra has no status.artifact".to_string()));
-        let (reason, message) = stalled(flux_artifact(Some(&json!({"url": "http://sc/a.tar.gz", "digest": ""})), "Bucket", "b", None));
-        assert_eq!(reason, sc::SOURCE_UNAVAILABLE);
-        assert!(message.starts_with("Bucket b: status.artifact has no digest"), "{message}");
+        // as PKO: no digest, downloaded unverified
+        match flux_artifact(Some(&json!({"url": "http://sc/a.tar.gz", "digest": "", "revision": "r1"})), "Bucket", "b", None) {
+            Resolved::Source(ResolvedSource::Artifact { digest, revision, .. }) => assert_eq!((digest.as_str(), revision.as_str()), ("", "r1")),
+            _ => panic!("an artifact without a digest is used"),
+        }
         assert!(stalled(flux_artifact(Some(&json!({"digest": "sha256:ab"})), "Bucket", "b", None)).1.contains("without a url"));
     }
 

@@ -48,7 +48,8 @@ pub fn source(ws: &WorkspaceSpec) -> Result<pb::Source, RequestError> {
     } else if let Some(f) = &ws.flux {
         Kind::Artifact(pb::ArtifactSource {
             url: f.url.clone().ok_or_else(|| err("spec.flux.url", "required"))?,
-            digest: f.digest.clone().ok_or_else(|| err("spec.flux.digest", "required"))?,
+            // optional, as in PKO: without one the agent downloads unverified
+            digest: f.digest.clone().unwrap_or_default(),
             dir: f.dir.clone().unwrap_or_default(),
         })
     } else if let Some(l) = &ws.local {
@@ -209,6 +210,8 @@ mod tests {
     fn flux_local_and_project_info_sources() {
         let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}}))).unwrap();
         assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.dir == "d"));
+        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz"}}))).unwrap();
+        assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.digest.is_empty()), "a digest is optional (PKO)");
         assert!(matches!(source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().kind, Some(pb::source::Kind::Local(_))));
         assert!(matches!(source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().kind, Some(pb::source::Kind::ProjectInfo(_))));
     }

@@ -33,6 +33,9 @@ pub struct PodRuntimeConfig {
     /// Pull policy of that image (PKO `AGENT_IMAGE_PULL_POLICY`: `Always`, `IfNotPresent`, `Never`);
     /// none: Kubernetes' default for the tag.
     pub agent_image_pull_policy: Option<String>,
+    /// PKO `FLUX_MAX_UNTAR_SIZE_BYTES` of the operator, passed on to every agent: the largest
+    /// uncompressed Flux artifact in bytes (−1: no limit); none: the agent's default (100 MiB).
+    pub flux_max_untar_size_bytes: Option<i64>,
 }
 
 /// Name of the Service and StatefulSet of workspace `name`.
@@ -140,6 +143,9 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         EnvVar { name: "POD_NAMESPACE".into(), value_from: field("metadata.namespace"), ..Default::default() },
         EnvVar { name: "POD_SA_NAME".into(), value_from: field("spec.serviceAccountName"), ..Default::default() },
     ];
+    if let Some(max) = cfg.flux_max_untar_size_bytes {
+        env.push(EnvVar { name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(), value: Some(max.to_string()), ..Default::default() });
+    }
     env.extend(spec.env.clone().unwrap_or_default());
     let pulumi = Container {
         name: "pulumi".into(),
@@ -278,7 +284,7 @@ mod tests {
     }
 
     fn cfg() -> PodRuntimeConfig {
-        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: Some("Never".into()) }
+        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: Some("Never".into()), flux_max_untar_size_bytes: Some(-1) }
     }
 
     #[test]
@@ -299,6 +305,8 @@ mod tests {
         assert_eq!(csc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
         assert_eq!(c.resources.as_ref().unwrap().requests.as_ref().unwrap()["memory"].0, "64Mi");
         assert!(c.args.as_ref().unwrap().join(" ").contains("--auth kube --kube-audience w.ns --kube-workspace-namespace ns --kube-workspace-name w"));
+        let env = c.env.clone().unwrap_or_default();
+        assert!(env.iter().any(|e| e.name == "FLUX_MAX_UNTAR_SIZE_BYTES" && e.value.as_deref() == Some("-1")), "the operator's FLUX_MAX_UNTAR_SIZE_BYTES reaches the agent");
         let bootstrap = &pod.init_containers.unwrap()[0];
         assert_eq!((bootstrap.name.as_str(), bootstrap.image_pull_policy.as_deref()), ("bootstrap", Some("Never")), "AGENT_IMAGE_PULL_POLICY");
         assert_eq!(s.metadata.owner_references.unwrap()[0].kind, "Workspace");
