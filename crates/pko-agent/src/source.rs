@@ -370,6 +370,11 @@ struct GitAuthArgs(pko_git::GitAuthEnv);
 impl GitAuthArgs {
     async fn resolve(g: &GitSource, values: &ValueResolver) -> Result<Self, SourceError> {
         let Some(auth) = &g.auth else { return Ok(Self(pko_git::GitAuthEnv::default())) };
+        // the operator exchanges GitHub App credentials for a token; a request still carrying them was
+        // not prepared (the private key is not ours to hold)
+        if auth.github_app_id.is_some() || auth.github_app_installation_id.is_some() || auth.github_app_private_key.is_some() {
+            return Err(err("git credentials: GitHub App credentials reach the agent only as an installation token (source.git.auth.token); the caller exchanges them"));
+        }
         let get = |r: &Option<pko_proto::v1::ValueRef>| {
             let r = r.clone();
             async move {

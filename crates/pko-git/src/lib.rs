@@ -16,6 +16,8 @@
 //!   ([`run`]).
 #![forbid(unsafe_code)]
 
+pub mod github_app;
+
 use std::io::Write;
 use std::time::Duration;
 

@@ -201,6 +201,10 @@ pub struct OperationArgs {
     /// `--redis-url`); a due check waits for a free slot. 0: no limit.
     #[arg(long, default_value_t = crate::context::DEFAULT_MAX_DRIFT_CHECKS, env = "MAX_CONCURRENT_DRIFT_CHECKS")]
     pub max_concurrent_drift_checks: usize,
+    /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged
+    /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
+    #[arg(long, default_value = pko_git::github_app::DEFAULT_API_URL, env = "GITHUB_API_URL")]
+    pub github_api_url: String,
     /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
     /// replica that queued them and move with their shard. Required for more than one replica. With
     /// `--redis-sentinel-master`: the Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).

@@ -28,6 +28,9 @@ pub struct Context {
     /// The fleet-wide cap on concurrent drift checks (`--max-concurrent-drift-checks`): in Redis with
     /// `--redis-url`, else this replica's.
     pub drift_slots: Arc<dyn pko_queue::slots::Slots>,
+    /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
+    /// `https://api.github.com`, PKO's fixed URL).
+    pub github_api_url: String,
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -42,7 +45,7 @@ impl Context {
         let events = crate::k8s::Events::new(&client);
         let shutdown = tokio_util::sync::CancellationToken::new();
         let drift_slots = Arc::new(pko_queue::slots::MemorySlots::new(DEFAULT_MAX_DRIFT_CHECKS));
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown, drift_slots }
+        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown, drift_slots, github_api_url: pko_git::github_app::DEFAULT_API_URL.into() }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

@@ -130,6 +130,7 @@ impl Operator {
             shutdown: shutdown.clone(),
             shards_gained: member.as_ref().map(|m| m.gained.clone()),
             drift_slots,
+            github_api_url: operations.github_api_url.clone(),
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC

@@ -104,7 +104,8 @@ fn secret_selector(r: &ResourceRef) -> Option<SecretKeySelector> {
 /// Git credentials of a Stack as Secret key references (the Workspace's `git.auth`): from `gitAuth`, or
 /// else from the deprecated `gitAuthSecret`, whose Secret holds the keys `auth_secret_keys` (PKO's
 /// precedence: `sshPrivateKey` (+ `password`) > `accessToken` > `username` + `password`). `None`: no
-/// credentials. `gitAuth.githubApp` is not carried: its token exchange needs the GitHub API.
+/// credentials. `gitAuth.githubApp` is carried as Secret references too; the operator exchanges it for
+/// an installation token for each operation (`update::values`).
 pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BTreeSet<String>>) -> Option<GitAuth> {
     if let Some(a) = &spec.git_auth {
         return Some(GitAuth {
@@ -112,7 +113,11 @@ pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BT
             password: a.ssh_auth.as_ref().and_then(|s| s.password.as_ref()).and_then(secret_selector).or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
             token: a.access_token.as_ref().and_then(secret_selector),
             username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
-            github_app: None,
+            github_app: a.github_app.as_ref().map(|g| pko_api::workspace::GitHubAppSecretAuth {
+                app_id: secret_selector(&g.app_id),
+                installation_id: secret_selector(&g.installation_id),
+                private_key: secret_selector(&g.private_key),
+            }),
         });
     }
     let (name, keys) = (spec.git_auth_secret.as_ref()?, auth_secret_keys?);

@@ -112,6 +112,8 @@ pub(super) enum Resolved {
 enum CredentialError {
     Kube(kube::Error),
     Invalid(String),
+    /// The GitHub App token exchange failed: Stalled `SourceUnavailable`, tried again in 30 s.
+    Unavailable(String),
 }
 
 impl From<kube::Error> for CredentialError {
@@ -161,9 +163,21 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
     let Some(auth) = auth else { return Ok(Default::default()) };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let mut secrets = std::collections::BTreeMap::new();
+    // a GitHub App's credentials buy an installation token, used as a personal access token (PKO)
+    let mut token = secret_value(&api, &mut secrets, &auth.token).await?;
+    if let Some(app) = &auth.github_app {
+        let app_id = secret_value(&api, &mut secrets, &app.app_id).await?.unwrap_or_default();
+        let installation = secret_value(&api, &mut secrets, &app.installation_id).await?.unwrap_or_default();
+        let key = secret_value(&api, &mut secrets, &app.private_key).await?.unwrap_or_default();
+        let exchanged = pko_git::github_app::installation_token(&ctx.github_api_url, &app_id, &installation, &key).await;
+        token = Some(exchanged.map_err(|e| match e {
+            pko_git::github_app::GitHubAppError::NotANumber(..) | pko_git::github_app::GitHubAppError::Key(_) => CredentialError::Invalid(format!("spec.gitAuth.githubApp: {e}")),
+            _ => CredentialError::Unavailable(format!("spec.gitAuth.githubApp: {e}")),
+        })?);
+    }
     Ok(pko_git::GitCredentials {
         ssh_private_key: secret_value(&api, &mut secrets, &auth.ssh_private_key).await?,
-        token: secret_value(&api, &mut secrets, &auth.token).await?,
+        token,
         username: secret_value(&api, &mut secrets, &auth.username).await?,
         password: secret_value(&api, &mut secrets, &auth.password).await?,
     })
@@ -219,6 +233,7 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         return match resolve_git(ctx, &ns, spec, repo).await {
             Ok(r) => Ok(r),
             Err(CredentialError::Invalid(e)) => Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
+            Err(CredentialError::Unavailable(e)) => Ok(Resolved::Stalled(sc::SOURCE_UNAVAILABLE, e)),
             Err(CredentialError::Kube(e)) => Err(e),
         };
     }

@@ -228,7 +228,7 @@ impl UpdateController {
             return Drive::Done;
         }
         let not_after = || self.ctx.ownership.not_after(&job.namespace, &shard_key);
-        let hooks = super::dispatch::Hooks { fenced: &fenced, started: &on_started, not_after: &not_after };
+        let hooks = super::dispatch::Hooks { fenced: &fenced, started: &on_started, not_after: &not_after, github_api_url: &self.ctx.github_api_url };
         let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace, &hooks);
         // fenced while it runs: once the shard moved (or the queue says the job's epoch is stale), this
         // replica stops following the operation and writes nothing more; the agent keeps running it and

@@ -53,6 +53,8 @@ pub struct Hooks<'a> {
     /// ([`pko_fleet::Ownership::not_after`]), sent as `OperationRequest.not_after` so that the agent
     /// refuses the call if it arrives later; `None`: no deadline.
     pub not_after: &'a (dyn Fn() -> Option<std::time::SystemTime> + Send + Sync),
+    /// Where GitHub App git credentials are exchanged for an installation token (`--github-api-url`).
+    pub github_api_url: &'a str,
 }
 
 fn never() -> bool {
@@ -68,7 +70,7 @@ fn no_deadline() -> Option<std::time::SystemTime> {
 impl Hooks<'static> {
     /// Never fenced, no deadline, nothing told (tests, a single replica's tools).
     pub fn none() -> Self {
-        Hooks { fenced: &never, started: &nothing, not_after: &no_deadline }
+        Hooks { fenced: &never, started: &nothing, not_after: &no_deadline, github_api_url: pko_git::github_app::DEFAULT_API_URL }
     }
 }
 
@@ -138,7 +140,11 @@ pub async fn run_on_agent(
     // the Update's namespace: a workspace's service account needs no RBAC beyond PKO's
     let built = match request::build(&update.operation_id(), epoch, &workspace.spec, &update.spec) {
         Ok(mut r) => match values::resolve(client, &ns, &mut r).await {
-            Ok(_) => Ok(r),
+            Ok(_) => match values::exchange_github_app(&mut r, hooks.github_api_url).await {
+                Ok(()) => Ok(r),
+                Err(e) if e.is_transient() => return Err(DispatchError::Values(e.to_string())),
+                Err(e) => Err(e.to_string()),
+            },
             Err(e) if e.is_transient() => return Err(DispatchError::Values(e.to_string())),
             Err(e) => Err(e.to_string()),
         },

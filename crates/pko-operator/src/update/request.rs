@@ -37,6 +37,9 @@ pub fn source(ws: &WorkspaceSpec) -> Result<pb::Source, RequestError> {
             token: a.token.as_ref().map(secret_ref),
             username: a.username.as_ref().map(secret_ref),
             password: a.password.as_ref().map(secret_ref),
+            github_app_id: a.github_app.as_ref().and_then(|g| g.app_id.as_ref()).map(secret_ref),
+            github_app_installation_id: a.github_app.as_ref().and_then(|g| g.installation_id.as_ref()).map(secret_ref),
+            github_app_private_key: a.github_app.as_ref().and_then(|g| g.private_key.as_ref()).map(secret_ref),
         });
         Kind::Git(pb::GitSource {
             url: g.url.clone().ok_or_else(|| err("spec.git.url", "required"))?,

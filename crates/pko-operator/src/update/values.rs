@@ -111,6 +111,9 @@ pub fn references(req: &mut pb::OperationRequest) -> Vec<(String, &mut pb::Value
             ("token", &mut a.token),
             ("username", &mut a.username),
             ("password", &mut a.password),
+            ("github_app_id", &mut a.github_app_id),
+            ("github_app_installation_id", &mut a.github_app_installation_id),
+            ("github_app_private_key", &mut a.github_app_private_key),
         ] {
             if let Some(v) = v.as_mut() {
                 out.push((format!("source.git.auth.{name}"), v));
@@ -195,6 +198,40 @@ pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::Opera
         resolved += 1;
     }
     Ok(resolved)
+}
+
+/// Why GitHub App credentials bought no token.
+#[derive(Debug, thiserror::Error)]
+#[error("source.git.auth.github_app: {0}")]
+pub struct GitHubAppExchangeError(#[from] pko_git::github_app::GitHubAppError);
+
+impl GitHubAppExchangeError {
+    /// Whether trying again may help: GitHub did not answer, or answered 429/5xx.
+    pub fn is_transient(&self) -> bool {
+        use pko_git::github_app::GitHubAppError as E;
+        matches!(&self.0, E::Request(..)) || matches!(&self.0, E::Refused(_, code, _) if *code == 429 || *code >= 500)
+    }
+}
+
+/// After [`resolve`]: GitHub App credentials in the request's git auth (PKO `githubApp`) are
+/// exchanged at `api_url` for an installation token, which becomes `token`; the App's fields are
+/// cleared, so the private key never leaves the operator. Nothing to do without them.
+///
+/// Errors: [`GitHubAppExchangeError`] (the fields must have been resolved to literals).
+pub async fn exchange_github_app(req: &mut pb::OperationRequest, api_url: &str) -> Result<(), GitHubAppExchangeError> {
+    let Some(pb::source::Kind::Git(g)) = req.source.as_mut().and_then(|s| s.kind.as_mut()) else { return Ok(()) };
+    let Some(a) = g.auth.as_mut() else { return Ok(()) };
+    if a.github_app_id.is_none() && a.github_app_installation_id.is_none() && a.github_app_private_key.is_none() {
+        return Ok(());
+    }
+    let literal = |v: &Option<pb::ValueRef>| match v.as_ref().and_then(|v| v.kind.as_ref()) {
+        Some(Kind::Literal(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let token = pko_git::github_app::installation_token(api_url, &literal(&a.github_app_id), &literal(&a.github_app_installation_id), &literal(&a.github_app_private_key)).await?;
+    a.token = Some(pb::ValueRef { kind: Some(Kind::Literal(token)) });
+    (a.github_app_id, a.github_app_installation_id, a.github_app_private_key) = (None, None, None);
+    Ok(())
 }
 
 #[cfg(test)]
