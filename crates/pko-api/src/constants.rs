@@ -52,6 +52,9 @@ pub mod field_manager {
     pub const PREREQUISITE_REQUEST: &str = "pulumi-kubernetes-operator/prerequisite-request";
     /// Workspace status.
     pub const WORKSPACE_STATUS: &str = "pulumi-kubernetes-operator/workspace-status";
+    /// The Workspace's `status.pulumiVersion`, written by the Update dispatcher from the agent that ran
+    /// an operation (agents of a pool start on demand, so only an operation meets one).
+    pub const WORKSPACE_PULUMI_VERSION: &str = "pulumi-kubernetes-operator/workspace-pulumi-version";
     /// Update status.
     pub const UPDATE_STATUS: &str = "pulumi-kubernetes-operator/update-status";
 }

@@ -90,6 +90,14 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     assert_eq!(st.project_info.unwrap().name.as_deref(), Some("hello"));
     assert!(s.finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
     assert!(!serde_json::to_string(&s).unwrap().contains("k3y-Secret-val"), "no secret value in the Stack");
+    // PKO's Workspace status.pulumiVersion: the CLI that ran the operation, as semver
+    let cli = std::process::Command::new("pulumi").arg("version").env_clear().envs(env.vars()).output().unwrap();
+    let want = String::from_utf8_lossy(&cli.stdout).trim().trim_start_matches('v').to_string();
+    assert!(want.starts_with("3."), "pulumi version: {want}");
+    eventually("the Workspace reports its Pulumi version", 30, || async {
+        ns.api::<pko_api::Workspace>().get("hello").await.unwrap().status.and_then(|w| w.pulumi_version).as_deref() == Some(want.as_str())
+    })
+    .await;
     // PKO's events on the Stack and its Update (published after the status writes they follow)
     let events = ns.api::<k8s_openapi::api::events::v1::Event>();
     let reasons = || async {

@@ -57,6 +57,12 @@ pub struct Hooks<'a> {
     pub github_api_url: &'a str,
 }
 
+/// The Pulumi CLI's version as PKO reports it (the automation API's semver: `3.259.0` for `pulumi
+/// version`'s `v3.259.0`). Pure.
+pub fn pulumi_version(cli: &str) -> String {
+    cli.trim().trim_start_matches('v').to_string()
+}
+
 fn never() -> bool {
     false
 }
@@ -246,6 +252,22 @@ pub async fn run_on_agent(
         };
         check()?;
         crate::k8s::publish(events, update, severity, reason, result.message.clone()).await;
+        // PKO's Workspace `status.pulumiVersion`: the CLI of the agent that ran this operation
+        let mut ask = tonic::Request::new(pko_proto::v1::StatusRequest {});
+        if let Some(t) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+            ask.metadata_mut().insert("authorization", t);
+        }
+        if let Ok(s) = agent_client.status(ask).await {
+            let version = pulumi_version(&s.into_inner().pulumi_version);
+            if !version.is_empty() && workspace.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) != Some(version.as_str()) {
+                check()?;
+                let api: Api<Workspace> = Api::namespaced(client.clone(), &ns);
+                let st = serde_json::json!({ "pulumiVersion": version });
+                if let Err(e) = crate::k8s::apply_status(&api, &workspace.name_any(), field_manager::WORKSPACE_PULUMI_VERSION, &st).await {
+                    tracing::warn!(error = %e, "writing the workspace's pulumiVersion");
+                }
+            }
+        }
         return Ok(result);
     }
     Err(DispatchError::NoResult)
