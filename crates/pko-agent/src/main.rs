@@ -171,7 +171,13 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
         retries: a.artifact_retries,
     };
-    let cache = CacheConfig { root: a.work_dir.join("sources"), max_bytes: a.cache_max_bytes, max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX), download, pulumi: a.pulumi.clone() };
+    let cache = CacheConfig {
+        root: a.work_dir.join("sources"),
+        max_bytes: a.cache_max_bytes,
+        max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX),
+        download,
+        pulumi: a.pulumi.clone(),
+    };
     let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
     let ctx = RunnerContext {
         pulumi: a.pulumi.clone(),

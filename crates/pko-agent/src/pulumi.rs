@@ -20,11 +20,7 @@ pub fn previews(kind: OperationType, o: &OperationOptions) -> bool {
 /// unchanged `refresh`; and it turns `PULUMI_SKIP_CONFIRMATIONS` off, which Pulumi reads as `--yes`
 /// ("--yes and --preview-only cannot be used together").
 pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static str, &'static str)> {
-    if kind == OperationType::Refresh && o.preview_only {
-        vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]
-    } else {
-        Vec::new()
-    }
+    if kind == OperationType::Refresh && o.preview_only { vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")] } else { Vec::new() }
 }
 
 /// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too,

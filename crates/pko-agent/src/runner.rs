@@ -310,7 +310,8 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
                         _ => {}
                     }
                 }
-                if drift_check && result.changes.len() < MAX_CHANGES
+                if drift_check
+                    && result.changes.len() < MAX_CHANGES
                     && let Some((urn, op, properties)) = pulumi::event_change(&Value::Object(ev.clone()))
                 {
                     result.changes.push(pko_proto::v1::ResourceChange { urn, op, properties });

@@ -45,7 +45,17 @@ impl Context {
         let events = crate::k8s::Events::new(&client);
         let shutdown = tokio_util::sync::CancellationToken::new();
         let drift_slots = Arc::new(pko_queue::slots::MemorySlots::new(DEFAULT_MAX_DRIFT_CHECKS));
-        Self { client, advertised_addr: advertised_addr.into(), ownership, reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY, events, shards_gained: None, shutdown, drift_slots, github_api_url: pko_git::github_app::DEFAULT_API_URL.into() }
+        Self {
+            client,
+            advertised_addr: advertised_addr.into(),
+            ownership,
+            reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY,
+            events,
+            shards_gained: None,
+            shutdown,
+            drift_slots,
+            github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
+        }
     }
 
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].

@@ -53,7 +53,13 @@ pub struct Leadership {
 /// or `shutdown` is cancelled (`None`).
 ///
 /// Errors: the Lease cannot be read or created (RBAC: `get`/`create`/`patch` on `leases`).
-pub async fn acquire(client: kube::Client, namespace: &str, identity: &str, timing: Timing, shutdown: &tokio_util::sync::CancellationToken) -> Result<Option<Leadership>, LeaseManagerError> {
+pub async fn acquire(
+    client: kube::Client,
+    namespace: &str,
+    identity: &str,
+    timing: Timing,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Option<Leadership>, LeaseManagerError> {
     let (duration, grace) = timing.lease_seconds();
     let build = || {
         LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)

@@ -134,7 +134,11 @@ async fn leader_election(client: &kube::Client, args: &pko_operator::args::RunAr
     let namespace = args.fleet.fleet_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "pko".into());
     let identity = format!("{}_{}", args.fleet.replica_id.clone().unwrap_or(host), std::process::id());
-    let timing = pko_operator::leader::Timing { lease_duration: args.manager.leader_election_lease_duration, renew_deadline: args.manager.leader_election_renew_deadline, retry_period: args.manager.leader_election_retry_period };
+    let timing = pko_operator::leader::Timing {
+        lease_duration: args.manager.leader_election_lease_duration,
+        renew_deadline: args.manager.leader_election_renew_deadline,
+        retry_period: args.manager.leader_election_retry_period,
+    };
     let waiting = pko_operator::leader::acquire(client.clone(), &namespace, &identity, timing, shutdown);
     tokio::select! {
         r = waiting => r.context("leader election (--leader-elect): the Lease operator.pulumi.com"),

@@ -204,7 +204,14 @@ impl Operator {
         Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
             (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
             (_, false) if runtime.hollow_agents_seconds.is_some() => anyhow::bail!("--hollow-agents-seconds needs agent pools (--runtime local --agent-pools)"),
-            (RuntimeKind::Pod, false) => (Runtime::Pod(PodRuntimeConfig { agent_image: runtime.agent_image.clone(), agent_image_pull_policy: runtime.agent_image_pull_policy.clone(), flux_max_untar_size_bytes: runtime.flux_max_untar_size_bytes }), None),
+            (RuntimeKind::Pod, false) => (
+                Runtime::Pod(PodRuntimeConfig {
+                    agent_image: runtime.agent_image.clone(),
+                    agent_image_pull_policy: runtime.agent_image_pull_policy.clone(),
+                    flux_max_untar_size_bytes: runtime.flux_max_untar_size_bytes,
+                }),
+                None,
+            ),
             (RuntimeKind::Local, pooled) => {
                 let local = LocalRuntime::new(
                     runtime.agent_bin.clone(),

@@ -130,7 +130,18 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         None
     };
     // (its stack lacks the project's config: the preview fails, which does not matter here)
-    dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u4, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe, github_api_url: "" }).await.unwrap();
+    dispatch::run_on_agent(
+        &client,
+        &events.update,
+        &agent.1,
+        None,
+        1,
+        &u4,
+        &workspace,
+        &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe, github_api_url: "" },
+    )
+    .await
+    .unwrap();
     assert_eq!(at_run.into_inner().unwrap(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
 
     // the deadline reaches the agent: a Run sent past it (its sender frozen right after its last
@@ -141,7 +152,17 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
     let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u5, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past, github_api_url: "" }).await;
+    let r = dispatch::run_on_agent(
+        &client,
+        &events.update,
+        &agent.1,
+        None,
+        1,
+        &u5,
+        &workspace,
+        &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past, github_api_url: "" },
+    )
+    .await;
     assert!(matches!(&r, Err(dispatch::DispatchError::Agent(_, m)) if m.contains("hold on the shard lapsed")), "{r:?}");
 
     // fenced from the start (the shard moved, or this replica was frozen past its deadline): nothing
@@ -151,7 +172,17 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u3, &workspace, &dispatch::Hooks { fenced: &|| true, started: &|| {}, not_after: &|| None, github_api_url: "" }).await;
+    let r = dispatch::run_on_agent(
+        &client,
+        &events.update,
+        &agent.1,
+        None,
+        1,
+        &u3,
+        &workspace,
+        &dispatch::Hooks { fenced: &|| true, started: &|| {}, not_after: &|| None, github_api_url: "" },
+    )
+    .await;
     assert!(matches!(r, Err(dispatch::DispatchError::Fenced)), "{r:?}");
     assert!(updates.get("u3").await.unwrap().status.is_none(), "a fenced dispatcher writes nothing");
 }

@@ -267,7 +267,9 @@ fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, d
         // as PKO: an artifact without a digest is downloaded unverified (source-controller has written
         // digests since Flux 2.0; other producers may not)
         Some(a) => match field(a, "url") {
-            Some(url) => Resolved::Source(ResolvedSource::Artifact { url, digest: field(a, "digest").unwrap_or_default(), revision: field(a, "revision").unwrap_or_default(), dir }),
+            Some(url) => {
+                Resolved::Source(ResolvedSource::Artifact { url, digest: field(a, "digest").unwrap_or_default(), revision: field(a, "revision").unwrap_or_default(), dir })
+            }
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
         },
         None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has no status.artifact")),

@@ -290,7 +290,14 @@ mod tests {
     }
 
     fn finished(ok: bool, changes: Vec<ResourceChange>, summary: &[(&str, i32)], message: Option<&str>) -> Update {
-        let cond = |type_: &str, status: &str| Condition { type_: type_.into(), status: status.into(), reason: "x".into(), message: String::new(), last_transition_time: Time(t("2026-11-24T10:00:00Z")), observed_generation: None };
+        let cond = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "x".into(),
+            message: String::new(),
+            last_transition_time: Time(t("2026-11-24T10:00:00Z")),
+            observed_generation: None,
+        };
         let conditions = vec![cond("Complete", "True"), cond("Failed", if ok { "False" } else { "True" })];
         Update {
             metadata: kube::api::ObjectMeta { name: Some("s-drift-00000000".into()), ..Default::default() },
@@ -330,11 +337,29 @@ mod tests {
     }
 
     fn drifted(auto: bool, checked_at: &str, last: Option<(&str, UpdateType, StackUpdateStateMessage)>) -> StackStatus {
-        let cond = Condition { type_: sc::DRIFT_DETECTED.into(), status: "True".into(), reason: sc::DRIFT_CHANGES.into(), message: String::new(), last_transition_time: Time(t(checked_at)), observed_generation: None };
+        let cond = Condition {
+            type_: sc::DRIFT_DETECTED.into(),
+            status: "True".into(),
+            reason: sc::DRIFT_CHANGES.into(),
+            message: String::new(),
+            last_transition_time: Time(t(checked_at)),
+            observed_generation: None,
+        };
         StackStatus {
             conditions: Some(vec![cond]),
-            drift_detection: Some(DriftDetectionStatus { last_check: Some(Time(t(checked_at))), auto_remediate: Some(auto), drifted_resources: Some(vec![change("urn:a", "update", &[])]), ..Default::default() }),
-            last_update: last.map(|(at, ty, state)| StackUpdateState { name: Some("s-1".into()), last_resync_time: Some(Time(t(at))), update_type: Some(ty), state: Some(state), ..Default::default() }),
+            drift_detection: Some(DriftDetectionStatus {
+                last_check: Some(Time(t(checked_at))),
+                auto_remediate: Some(auto),
+                drifted_resources: Some(vec![change("urn:a", "update", &[])]),
+                ..Default::default()
+            }),
+            last_update: last.map(|(at, ty, state)| StackUpdateState {
+                name: Some("s-1".into()),
+                last_resync_time: Some(Time(t(at))),
+                update_type: Some(ty),
+                state: Some(state),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }

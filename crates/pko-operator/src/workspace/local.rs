@@ -201,7 +201,11 @@ pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
 /// `LANG`, `LC_*`, `RUST_LOG`, `PULUMI_*`): never `KUBECONFIG`, cloud credentials or other secrets of the
 /// operator's process.
 pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
-    vars.into_iter().filter(|(k, _)| ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG", "FLUX_MAX_UNTAR_SIZE_BYTES"].contains(&k.as_str()) || k.starts_with("LC_") || k.starts_with("PULUMI_")).collect()
+    vars.into_iter()
+        .filter(|(k, _)| {
+            ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG", "FLUX_MAX_UNTAR_SIZE_BYTES"].contains(&k.as_str()) || k.starts_with("LC_") || k.starts_with("PULUMI_")
+        })
+        .collect()
 }
 
 /// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read
