@@ -65,6 +65,9 @@ fn notes(node: &Value) -> String {
     if let Some(m) = node.get("minimum") {
         n.push(format!("≥ {m}"));
     }
+    if node.get("pattern").and_then(Value::as_str) == Some(crate::duration::GO_DURATION_PATTERN) {
+        n.push("a Go duration (e.g. `90s`, `1h30m`, `-5m`)".into());
+    }
     if let Some(m) = node.get("minLength") {
         n.push(format!("min length {m}"));
     }

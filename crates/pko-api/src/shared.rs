@@ -45,18 +45,19 @@ impl ResourceRef {
     }
 }
 
-/// The type of a [`ResourceRef`] (PKO `ResourceSelectorType`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ResourceSelectorType {
-    /// An environment variable of the operator (refused in v2).
-    Env,
-    /// A file on the operator's file system (refused in v2).
-    #[serde(rename = "FS")]
-    Fs,
-    /// A key of a Kubernetes Secret.
-    Secret,
-    /// A literal value.
-    Literal,
+crate::open_enum! {
+    /// The type of a [`ResourceRef`] (PKO `ResourceSelectorType`, a Go string: any value is admitted;
+    /// one this version does not know makes the Stack Stalled `SpecInvalid`).
+    pub enum ResourceSelectorType {
+        /// An environment variable of the operator (refused in v2).
+        Env = "Env",
+        /// A file on the operator's file system (refused in v2).
+        Fs = "FS",
+        /// A key of a Kubernetes Secret.
+        Secret = "Secret",
+        /// A literal value.
+        Literal = "Literal",
+    }
 }
 
 /// Names an environment variable (PKO `EnvSelector`).

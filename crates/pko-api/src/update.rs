@@ -82,29 +82,18 @@ pub struct UpdateSpec {
     pub preview_only: Option<bool>,
 }
 
-/// Kind of Pulumi operation of an Update (PKO `UpdateType`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum UpdateType {
-    /// `pulumi preview`.
-    Preview,
-    /// `pulumi up`.
-    Up,
-    /// `pulumi destroy`.
-    Destroy,
-    /// `pulumi refresh`.
-    Refresh,
-}
-
-impl UpdateType {
-    /// The lowercase name used in the API and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpdateType::Preview => "preview",
-            UpdateType::Up => "up",
-            UpdateType::Destroy => "destroy",
-            UpdateType::Refresh => "refresh",
-        }
+crate::open_enum! {
+    /// Kind of Pulumi operation of an Update (PKO `UpdateType`, a Go string: any value is admitted;
+    /// one this version does not know fails the Update, naming `spec.type`).
+    pub enum UpdateType {
+        /// `pulumi preview`.
+        Preview = "preview",
+        /// `pulumi up`.
+        Up = "up",
+        /// `pulumi destroy`.
+        Destroy = "destroy",
+        /// `pulumi refresh`.
+        Refresh = "refresh",
     }
 }
 

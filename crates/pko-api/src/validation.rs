@@ -152,11 +152,11 @@ fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &m
 
 fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<FieldError>) {
     let mut err = |message: String| errors.push(FieldError { field: field.to_string(), message });
-    match r.selector_type {
-        ResourceSelectorType::Env | ResourceSelectorType::Fs => err(format!(
-            "resource reference type {} is deprecated and no longer supported; use Secret or Literal",
-            if r.selector_type == ResourceSelectorType::Env { "Env" } else { "FS" }
-        )),
+    match &r.selector_type {
+        ResourceSelectorType::Env | ResourceSelectorType::Fs => {
+            err(format!("resource reference type {} is deprecated and no longer supported; use Secret or Literal", r.selector_type))
+        }
+        ResourceSelectorType::Unknown(t) => err(format!("unsupported resource reference type {t:?}; use Secret or Literal")),
         ResourceSelectorType::Literal => {
             if r.literal.is_none() {
                 err("type Literal needs the literal field".into());
@@ -224,6 +224,12 @@ mod tests {
         assert_eq!(err.0.len(), 1);
         assert_eq!(err.0[0].field, "spec.envRefs.TOKEN");
         assert!(err.0[0].message.contains("Env"), "{err}");
+        // a type PKO's schema admits (a Go string) but nobody knows: Stalled SpecInvalid naming it
+        let mut s = spec();
+        let odd = ResourceRef { selector_type: "ConfigMap".into(), env: None, filesystem: None, secret: None, literal: None };
+        s.env_refs = Some(BTreeMap::from([("TOKEN".to_string(), odd)]));
+        let err = validate_stack_spec(&s, "ns").unwrap_err();
+        assert_eq!((err.0[0].field.as_str(), err.0[0].message.as_str()), ("spec.envRefs.TOKEN", r#"unsupported resource reference type "ConfigMap"; use Secret or Literal"#));
     }
 
     #[test]

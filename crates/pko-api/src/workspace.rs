@@ -85,38 +85,42 @@ pub struct WorkspaceSpec {
     /// Extra labels and annotations for the generated Service (PKO 2.9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_template: Option<EmbeddedServiceTemplateSpec>,
-    /// Pulumi CLI log verbosity (`-v`); 0 or unset disables verbose logging. PKO declares it `uint32`; it is
-    /// a signed integer here with a minimum of 0.
+    /// Pulumi CLI log verbosity (`-v`); 0 or unset disables verbose logging. PKO's `uint32`: 0 to
+    /// 4294967295 (values PKO's decoder refuses — negative or larger — are refused at admission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub pulumi_log_level: Option<i32>,
+    #[schemars(schema_with = "crate::schema::uint32")]
+    pub pulumi_log_level: Option<u32>,
     /// Stacks this workspace selects (and creates) and configures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub stacks: Option<Vec<WorkspaceStack>>,
 }
 
-/// Pod security profile of a Workspace (PKO `SecurityProfile`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SecurityProfile {
-    /// Runs as root, Pod Security Standards *baseline*.
-    Baseline,
-    /// Runs as uid 1000, no privilege escalation, all capabilities dropped but `NET_BIND_SERVICE`
-    /// (Pod Security Standards *restricted*). The default.
-    #[default]
-    Restricted,
+crate::open_enum! {
+    /// Pod security profile of a Workspace (PKO `SecurityProfile`, a Go string: any value is admitted;
+    /// one this version does not know makes the Workspace Stalled `SpecInvalid`).
+    #[derive(Default)]
+    pub enum SecurityProfile {
+        /// Runs as root, Pod Security Standards *baseline*.
+        Baseline = "baseline",
+        /// Runs as uid 1000, no privilege escalation, all capabilities dropped but `NET_BIND_SERVICE`
+        /// (Pod Security Standards *restricted*). The default.
+        #[default]
+        Restricted = "restricted",
+    }
 }
 
-/// Kubernetes image pull policy.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum PullPolicy {
-    /// Always pull.
-    Always,
-    /// Never pull; the image must be present on the node.
-    Never,
-    /// Pull only when the image is not present.
-    IfNotPresent,
+crate::open_enum! {
+    /// Kubernetes image pull policy (`corev1.PullPolicy`, a Go string: any value is admitted; one this
+    /// version does not know makes the Workspace Stalled `SpecInvalid`).
+    pub enum PullPolicy {
+        /// Always pull.
+        Always = "Always",
+        /// Never pull; the image must be present on the node.
+        Never = "Never",
+        /// Pull only when the image is not present.
+        IfNotPresent = "IfNotPresent",
+    }
 }
 
 /// A git source (PKO `auto.GitSource`). The Stack controller always puts a resolved commit SHA in `ref`.
@@ -321,10 +325,11 @@ impl WorkspaceSpec {
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let mut s = self.clone();
         s.service_account_name.get_or_insert_with(|| DEFAULT_SERVICE_ACCOUNT.to_string());
-        let profile = *s.security_profile.get_or_insert(SecurityProfile::Restricted);
+        let profile = s.security_profile.get_or_insert(SecurityProfile::Restricted).clone();
+        // PKO: the non-root image unless the profile is `baseline`
         s.image.get_or_insert_with(|| match profile {
-            SecurityProfile::Restricted => DEFAULT_IMAGE_RESTRICTED.to_string(),
             SecurityProfile::Baseline => DEFAULT_IMAGE_BASELINE.to_string(),
+            _ => DEFAULT_IMAGE_RESTRICTED.to_string(),
         });
         let resources = s.resources.get_or_insert_with(Default::default);
         if resources.requests.is_none() {

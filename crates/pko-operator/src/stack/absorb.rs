@@ -44,7 +44,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             generation: current.generation,
             reconcile_request: current.reconcile_request.clone(),
             name: update.metadata.name.clone(),
-            update_type: update.spec.update_type,
+            update_type: update.spec.update_type.clone(),
             state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
             // PKO leaves the message of a success empty
             message: if ok { None } else { us.message.clone() },

@@ -85,7 +85,7 @@ pub const SECRET_CONFIG_ENV_PREFIX: &str = "PKO_SECRET_CONFIG";
 pub const CONFIGMAP_ENV_PREFIX: &str = "PKO_CONFIGMAP";
 
 fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
-    match r.selector_type {
+    match &r.selector_type {
         ResourceSelectorType::Literal => Some(EnvVar { name: name.into(), value: r.literal.as_ref().map(|l| l.value.clone()), value_from: None }),
         ResourceSelectorType::Secret => r.secret.as_ref().map(|s| EnvVar {
             name: name.into(),
@@ -93,7 +93,7 @@ fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
             value_from: Some(EnvVarSource { secret_key_ref: Some(secret_key(&s.name, &s.key)), ..Default::default() }),
         }),
         // refused by validation before building
-        ResourceSelectorType::Env | ResourceSelectorType::Fs => None,
+        ResourceSelectorType::Env | ResourceSelectorType::Fs | ResourceSelectorType::Unknown(_) => None,
     }
 }
 
@@ -249,7 +249,7 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
     let mut u = UpdateSpec {
         workspace_name: Some(workspace.into()),
         stack_name: Some(spec.stack.clone()),
-        update_type: Some(kind),
+        update_type: Some(kind.clone()),
         ttl_after_completed: Some("24h".into()),
         message: Some(message.into()),
         ..Default::default()

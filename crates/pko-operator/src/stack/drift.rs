@@ -373,7 +373,7 @@ mod tests {
         let after = Some(("2026-11-24T10:16:00Z", UpdateType::Up, Succeeded));
         assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", after)), Remediation::Done("drift remediated by update s-1".into()));
         let failed = Some(("2026-11-24T10:16:00Z", UpdateType::Up, Failed));
-        assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", failed)), Remediation::None, "the failure's backoff retries");
+        assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", failed.clone())), Remediation::None, "the failure's backoff retries");
         assert!(remediating(&drifted(true, "2026-11-24T10:15:00Z", failed)), "and the retry refreshes first");
     }
 }

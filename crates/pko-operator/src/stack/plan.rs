@@ -107,7 +107,7 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
     if branch_tracking {
         requeue.push(period);
     }
-    let kind = last.update_type.map(UpdateType::as_str).unwrap_or("update");
+    let kind = last.update_type.as_ref().map(UpdateType::as_str).unwrap_or("update");
     let conditions = match last.state {
         Some(StackUpdateStateMessage::Succeeded) => {
             if !deleting && last.last_successful_commit.as_deref() != Some(commit) {

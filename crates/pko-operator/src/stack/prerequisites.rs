@@ -52,7 +52,7 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
         }
         let within = p.requirement.as_ref().and_then(|r| r.succeeded_within_duration.as_deref());
         if let Some(d) = within {
-            let Ok(limit) = pko_api::duration::parse_go_duration(d) else {
+            let Ok(limit) = pko_api::duration::parse_go_duration_or_zero(d) else {
                 clauses.push(format!("prerequisite {}: succeededWithinDuration {d:?} is not a duration", p.name));
                 continue;
             };

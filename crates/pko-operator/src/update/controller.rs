@@ -210,7 +210,7 @@ impl UpdateController {
             None => None,
         };
         let started = std::time::Instant::now();
-        let kind = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
+        let kind = update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
         let shard_key = update.shard_key();
         let fenced = || self.ctx.ownership.epoch(&job.namespace, &shard_key) != job.epoch;
         // dispatch latency: first push → the operation's first event on its agent
@@ -358,7 +358,7 @@ impl UpdateController {
     }
 
     async fn expire(&self, api: &Api<Update>, update: &Update) -> Result<Action, Error> {
-        let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(|d| pko_api::duration::parse_go_duration(d).ok()) else { return Ok(Action::await_change()) };
+        let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(|d| pko_api::duration::parse_go_duration_or_zero(d).ok()) else { return Ok(Action::await_change()) };
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {

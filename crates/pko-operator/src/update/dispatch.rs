@@ -206,7 +206,7 @@ pub async fn run_on_agent(
         }
         // PKO: a success's message is Pulumi's update summary message (the Update's own message); a
         // failure's is the agent's error as PKO words it
-        let update_type = update.spec.update_type.map(pko_api::UpdateType::as_str).unwrap_or("up");
+        let update_type = update.spec.update_type.as_ref().map(pko_api::UpdateType::as_str).unwrap_or("up");
         let (phase, message) = if result.status == ResultStatus::Succeeded as i32 {
             (Phase::Succeeded, update.spec.message.clone().unwrap_or_default())
         } else {

@@ -128,11 +128,12 @@ pub fn env(ws: &WorkspaceSpec) -> Result<Vec<pb::EnvVar>, RequestError> {
 /// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace`.
 pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
     let stack_name = update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
-    let kind = match update.update_type.ok_or_else(|| err("spec.type", "required"))? {
+    let kind = match update.update_type.as_ref().ok_or_else(|| err("spec.type", "required"))? {
         UpdateType::Preview => pb::OperationType::Preview,
         UpdateType::Up => pb::OperationType::Up,
         UpdateType::Refresh => pb::OperationType::Refresh,
         UpdateType::Destroy => pb::OperationType::Destroy,
+        UpdateType::Unknown(t) => return Err(err("spec.type", format!("unsupported update type {t:?}; one of {}", UpdateType::expected()))),
     };
     let ws_stack = workspace.stacks.iter().flatten().find(|s| s.name == stack_name);
     let config = match ws_stack {
@@ -228,5 +229,9 @@ mod tests {
         assert_eq!(build("o", 1, &w, &upd(json!({"type": "up"}))).unwrap_err().field, "spec.stackName");
         let w = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}));
         assert_eq!(build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.env[X]");
+        // PKO admits any type (a Go string); the Update fails naming it and the types there are
+        let w = ws(json!({"local": {"dir": "/p"}}));
+        let e = build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "deploy"}))).unwrap_err();
+        assert_eq!(e.to_string(), r#"spec.type: unsupported update type "deploy"; one of "preview", "up", "destroy" or "refresh""#);
     }
 }

@@ -297,7 +297,7 @@ impl LocalRuntime {
         dir: &std::path::Path,
         kubeconfig: &std::path::Path,
         ns: &str,
-        log_level: Option<i32>,
+        log_level: Option<u32>,
         extra: &[String],
     ) -> Result<(tokio::process::Child, String), LocalError> {
         create_private_dir(dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;

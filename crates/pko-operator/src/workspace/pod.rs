@@ -150,7 +150,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     let pulumi = Container {
         name: "pulumi".into(),
         image: spec.image.clone(),
-        image_pull_policy: spec.image_pull_policy.map(|p| format!("{p:?}")),
+        image_pull_policy: spec.image_pull_policy.as_ref().map(ToString::to_string),
         command: Some(vec![AGENT_PATH.into()]),
         args: Some(args),
         env: Some(env),

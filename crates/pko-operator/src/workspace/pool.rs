@@ -121,7 +121,7 @@ impl Slot {
 struct Pool {
     namespace: String,
     service_account: String,
-    log_level: Option<i32>,
+    log_level: Option<u32>,
     /// `pools/<namespace>/<hash>` under the work root.
     dir: PathBuf,
     slots: Vec<Slot>,
