@@ -186,6 +186,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         values: ValueResolver::new(kube, namespace),
         known_stacks: Default::default(),
         log_level: a.pulumi_log_level,
+        pulumi_version: Default::default(),
         hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
     };
     if let Some(s) = a.hollow_seconds {

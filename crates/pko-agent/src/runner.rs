@@ -17,6 +17,8 @@ use tokio::process::Command;
 
 use crate::mask::Masker;
 use crate::operation::Operation;
+use pko_api::validation::{MIN_PULUMI_FOR_STRUCTURED_CONFIG, parse_pulumi_version};
+
 use crate::pulumi;
 use crate::source::SourceCache;
 use crate::values::ValueResolver;
@@ -37,6 +39,8 @@ pub struct RunnerContext {
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
     pub log_level: u32,
+    /// The Pulumi CLI's version (`pulumi version`), read once on first use.
+    pub pulumi_version: Arc<tokio::sync::OnceCell<String>>,
     /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
     /// functional test): every operation succeeds after this delay without running Pulumi or reading
     /// its source. `None`: a real agent.
@@ -186,7 +190,10 @@ async fn execute(
     // 2. source
     op.log("preparing source");
     let source = req.source.clone().unwrap_or_default();
-    let prepared = ctx.sources.prepare(&source, &ctx.values, &env).await.map_err(|e| fail(ErrorReason::InvalidSource, "source", e.0))?;
+    let prepared = ctx.sources.prepare(&source, &ctx.values, &env).await.map_err(|e| {
+        let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
+        fail(reason, "source", e.message)
+    })?;
     *pinned = Some(prepared.key.clone());
     result.revision = prepared.revision.clone();
     let dir = prepared.project_dir.clone();
@@ -194,7 +201,13 @@ async fn execute(
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
     check_stop(op)?;
 
-    // 3. stack
+    // 3. stack: structured config needs a CLI that reads it (PKO's IncompatibleConfiguration)
+    if uses_structured_config(&req.config) {
+        let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
+        if let Some(message) = structured_config_unsupported(version) {
+            return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
+        }
+    }
     reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
     let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), dir.display(), stack.name);
     if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
@@ -457,7 +470,7 @@ async fn set_config(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, Stri
         }
         .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
         if !out.success {
-            return Err(fail(ErrorReason::InvalidConfig, "config", masker.mask(out.stderr.trim())));
+            return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
         }
     }
     Ok(())
@@ -565,7 +578,8 @@ pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigComman
 
 /// Imports the stack's ESC environments (`pulumi config env add`, PKO's `AddEnvironments`) into the
 /// stack's config file, which every operation restores from the source first. Errors: Pulumi's
-/// message (e.g. a backend without ESC) as `INVALID_CONFIG` on `stack.environments`.
+/// message (e.g. a backend without ESC) as `INITIALIZATION_FAILED` on `stack.environments` (PKO: a
+/// Workspace `InitializationFailed`).
 async fn add_environments(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
     if stack.environments.is_empty() {
         return Ok(());
@@ -575,7 +589,7 @@ async fn add_environments(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String
     let out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
     if !out.success {
         let text = masker.mask(&pulumi::error_text(&out.stderr));
-        return Err(fail(ErrorReason::InvalidConfig, "stack.environments", format!("adding ESC environments {}: {text}", stack.environments.join(", "))));
+        return Err(fail(ErrorReason::InitializationFailed, "stack.environments", format!("adding ESC environments {}: {text}", stack.environments.join(", "))));
     }
     Ok(())
 }
@@ -592,12 +606,29 @@ async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, St
     if !out.success {
         let text = masker.mask(out.stderr.trim());
         let reason = match pulumi::classify_failure(&text) {
-            ErrorReason::UpdateFailed => ErrorReason::InvalidRequest,
+            ErrorReason::UpdateFailed => ErrorReason::InitializationFailed,
             r => r,
         };
         return Err(fail(reason, "stack.name", text));
     }
     Ok(())
+}
+
+/// Whether `config` holds a structured value: a literal that is not a string, or a value parsed as
+/// JSON.
+fn uses_structured_config(config: &[ConfigItem]) -> bool {
+    config.iter().any(|c| c.json || matches!(&c.value, Some(config_item::Value::Literal(v)) if !matches!(v.kind, Some(prost_types::value::Kind::StringValue(_)))))
+}
+
+/// PKO's message when the CLI `version` (`v3.180.0`) is older than
+/// [`MIN_PULUMI_FOR_STRUCTURED_CONFIG`] (or not a version); `None` when it reads structured config.
+pub fn structured_config_unsupported(version: &str) -> Option<String> {
+    let (a, b, c) = MIN_PULUMI_FOR_STRUCTURED_CONFIG;
+    match parse_pulumi_version(version) {
+        Some(v) if v >= MIN_PULUMI_FOR_STRUCTURED_CONFIG => None,
+        Some(_) => Some(format!("Pulumi CLI version {} does not support JSON configuration, require >= v{a}.{b}.{c}", version.trim())),
+        None => Some(format!("Failed to parse Pulumi version {:?}", version.trim())),
+    }
 }
 
 /// Whether a value from an engine event is Pulumi's secret signature (`{"4dabf18193072939515e22adb298388d":
@@ -723,6 +754,28 @@ mod tests {
         assert!(stdin[1].args.contains(&"--path".to_string()));
         let set: usize = cmds.iter().filter(|c| c.stdin.is_none()).map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len()).sum();
         assert_eq!(set, 20, "every medium value is set, in batches");
+    }
+
+    #[test]
+    fn structured_config_needs_pulumi_3_202() {
+        let string = ConfigItem {
+            key: "a".into(),
+            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::StringValue("x".into())) })),
+            ..Default::default()
+        };
+        let number = ConfigItem {
+            key: "n".into(),
+            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(2.0)) })),
+            ..Default::default()
+        };
+        let json_ref = ConfigItem { key: "j".into(), json: true, ..Default::default() };
+        assert!(!uses_structured_config(std::slice::from_ref(&string)));
+        assert!(uses_structured_config(&[string.clone(), number]));
+        assert!(uses_structured_config(&[json_ref]));
+        assert_eq!(structured_config_unsupported("v3.202.0"), None);
+        assert_eq!(structured_config_unsupported("v3.259.0\n"), None);
+        assert_eq!(structured_config_unsupported("v3.201.9").as_deref(), Some("Pulumi CLI version v3.201.9 does not support JSON configuration, require >= v3.202.0"));
+        assert_eq!(structured_config_unsupported("dev").as_deref(), Some("Failed to parse Pulumi version \"dev\""));
     }
 
     #[test]

@@ -41,7 +41,6 @@ struct Inner {
     ops: Registry,
     auth: Auth,
     draining: AtomicBool,
-    pulumi_version: tokio::sync::OnceCell<String>,
     /// When a call last arrived or an operation was last seen running.
     last_active: std::sync::Mutex<std::time::Instant>,
 }
@@ -122,7 +121,6 @@ impl AgentService {
                 ops: Registry::new(max_events, retention),
                 auth,
                 draining: AtomicBool::new(false),
-                pulumi_version: tokio::sync::OnceCell::new(),
                 last_active: std::sync::Mutex::new(std::time::Instant::now()),
             }),
         }
@@ -324,6 +322,7 @@ impl Agent for AgentService {
 impl AgentService {
     async fn version(&self) -> Result<String, Status> {
         self.inner
+            .ctx
             .pulumi_version
             .get_or_try_init(|| async { crate::pulumi::version(&self.inner.ctx.pulumi).await.map_err(|e| Status::internal(format!("pulumi version: {e}"))) })
             .await

@@ -14,13 +14,23 @@ use tokio::process::Command;
 
 use crate::values::ValueResolver;
 
-/// A source that could not be prepared (reported as `INVALID_SOURCE`).
+/// A source that could not be prepared: reported as `INVALID_SOURCE`, or `INSTALLATION_FAILED` when
+/// `install` is set (the source is there; `pulumi install` failed).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SourceError(pub String);
+#[error("{message}")]
+pub struct SourceError {
+    /// What went wrong.
+    pub message: String,
+    /// `pulumi install` failed (the fetch itself succeeded).
+    pub install: bool,
+}
 
 fn err(msg: impl Into<String>) -> SourceError {
-    SourceError(msg.into())
+    SourceError { message: msg.into(), install: false }
+}
+
+fn install_err(msg: impl Into<String>) -> SourceError {
+    SourceError { message: msg.into(), install: true }
 }
 
 /// A prepared program.
@@ -164,9 +174,9 @@ impl SourceCache {
             let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
             let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
             if install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) {
-                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| err(format!("pulumi install: {e}")))?;
+                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| install_err(format!("pulumi install: {e}")))?;
                 if !out.success {
-                    return Err(err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
+                    return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
                 }
             }
             std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;

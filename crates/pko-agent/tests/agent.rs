@@ -347,7 +347,7 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     // PKO's spec.environment reaches Pulumi (`pulumi config env add`); a backend without ESC says so
     let mut r = request(&env, "bad-esc", &good, "dev", OperationType::Up);
     r.stack.as_mut().unwrap().environments = vec!["team/prod".into()];
-    cases.push(("ESC environment on a file backend", r, ErrorReason::InvalidConfig, "does not support environments"));
+    cases.push(("ESC environment on a file backend", r, ErrorReason::InitializationFailed, "does not support environments"));
 
     for (what, req, want, text) in cases {
         let events = run(&mut c, req).await;
@@ -585,4 +585,48 @@ async fn git_over_ssh_with_a_private_key() {
     assert_eq!(r.revision.len(), 40);
     let key_body = server.client_key.lines().nth(1).unwrap();
     assert!(!all_text(&events).contains(key_body), "the private key is not in the events");
+}
+
+/// PKO's `IncompatibleConfiguration`: structured config needs Pulumi CLI ≥ 3.202.0. The bed's CLI is
+/// newer, so the agent runs it behind a wrapper that reports `v3.180.0` for `pulumi version` (and runs
+/// the real CLI for everything else): the gate refuses structured config before any stack is touched,
+/// and string config still deploys.
+#[tokio::test]
+async fn structured_config_on_an_old_cli_is_an_incompatible_configuration() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = pulumi_env();
+    let path = env.vars().into_iter().find(|(k, _)| k == "PATH").unwrap().1;
+    let real = std::env::split_paths(&path).map(|d| d.join("pulumi")).find(|p| p.is_file()).expect("the bed's pulumi");
+    let shim = env.dir().join("old-pulumi");
+    std::fs::write(&shim, format!("#!/bin/sh\nif [ \"$1\" = version ]; then echo v3.180.0; exit 0; fi\nexec {} \"$@\"\n", real.display())).unwrap();
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = Agent::start(&env, &["--auth", "none", "--pulumi", shim.to_str().unwrap()], &[]);
+    let mut c = agent.client().await;
+    let dir = slow(&env, "oldcli", 0);
+    let number = prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(3.0)) };
+    let mut r = request(&env, "old-1", &dir, "dev", OperationType::Up);
+    r.config = vec![ConfigItem { key: "replicas".into(), value: Some(config_item::Value::Literal(number)), ..Default::default() }];
+    let res = result(&run(&mut c, r).await);
+    assert_eq!((res.status, reason(&res)), (ResultStatus::Failed as i32, ErrorReason::IncompatibleConfiguration), "{}", res.message);
+    assert_eq!(res.message, "Pulumi CLI version v3.180.0 does not support JSON configuration, require >= v3.202.0");
+    assert!(files_under_state(&env, "oldcli").is_empty(), "refused before the stack was created");
+    let text = prost_types::Value { kind: Some(prost_types::value::Kind::StringValue("3".into())) };
+    let mut r = request(&env, "old-2", &dir, "dev", OperationType::Up);
+    r.config = vec![ConfigItem { key: "replicas".into(), value: Some(config_item::Value::Literal(text)), ..Default::default() }];
+    let res = result(&run(&mut c, r).await);
+    assert_eq!(res.status, ResultStatus::Succeeded as i32, "string config needs no new CLI: {}", res.message);
+}
+
+/// Files of the env's `file://` backend whose path names `project`.
+fn files_under_state(env: &pko_testbed::PulumiEnv, project: &str) -> Vec<std::path::PathBuf> {
+    fn walk(d: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() { walk(&p, out) } else { out.push(p) }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&env.dir().join("state"), &mut out);
+    out.retain(|p| p.to_string_lossy().contains(project));
+    out
 }

@@ -89,6 +89,21 @@ impl Workspace {
     pub fn not_ready_reason(&self) -> Option<&Condition> {
         find(self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::READY).filter(|c| c.status != "True" && !c.message.is_empty())
     }
+
+    /// `Stalled=True` for the current generation (PKO's Workspace `Stalled`: `InstallationFailed`,
+    /// `InitializationFailed`, `IncompatibleConfiguration`; ours also `SpecInvalid`). A stall recorded
+    /// for an earlier generation does not count: a spec change is tried again.
+    pub fn stalled(&self) -> Option<&Condition> {
+        let c = find(self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::STALLED)?;
+        (c.status == "True" && c.observed_generation == self.metadata.generation).then_some(c)
+    }
+
+    /// Whether an Update may run on this Workspace: it is Ready, or Stalled only by an earlier
+    /// operation's result ([`wc::OPERATION_STALLS`]) — running again is how such a Workspace recovers
+    /// (with agents lent per operation there is no pod to re-initialise, as PKO does).
+    pub fn runnable(&self) -> bool {
+        self.is_ready() || self.stalled().is_some_and(|c| wc::OPERATION_STALLS.contains(&c.reason.as_str()))
+    }
 }
 
 #[cfg(test)]

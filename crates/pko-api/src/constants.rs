@@ -55,6 +55,10 @@ pub mod field_manager {
     /// The Workspace's `status.pulumiVersion`, written by the Update dispatcher from the agent that ran
     /// an operation (agents of a pool start on demand, so only an operation meets one).
     pub const WORKSPACE_PULUMI_VERSION: &str = "pulumi-kubernetes-operator/workspace-pulumi-version";
+    /// The Workspace's `Stalled` condition: written by the Update dispatcher from an operation's result
+    /// (the workspace could not be installed or initialised) and by the Workspace controller (a spec it
+    /// cannot run, a stall left from an earlier generation); each clears it by applying none.
+    pub const WORKSPACE_STALLED: &str = "pulumi-kubernetes-operator/workspace-stalled";
     /// Update status.
     pub const UPDATE_STATUS: &str = "pulumi-kubernetes-operator/update-status";
 }
@@ -151,8 +155,15 @@ pub mod workspace_condition {
     pub const INITIALIZATION_FAILED: &str = "InitializationFailed";
     /// Ready=False and Stalled: the spec needs a newer Pulumi CLI.
     pub const INCOMPATIBLE_CONFIGURATION: &str = "IncompatibleConfiguration";
+    /// Ready=False and Stalled: a field holds a value this version cannot run with (e.g. an unknown
+    /// `securityProfile`; PKO's schema admits any string). Ours; PKO has no such reason.
+    pub const SPEC_INVALID: &str = "SpecInvalid";
     /// Ready=True.
     pub const SUCCEEDED: &str = "Succeeded";
+
+    /// Stalled reasons an operation's result sets (the workspace could not be prepared for it); an
+    /// Update may still run on such a Workspace — that is how it recovers.
+    pub const OPERATION_STALLS: &[&str] = &[INSTALLATION_FAILED, INITIALIZATION_FAILED, INCOMPATIBLE_CONFIGURATION];
 }
 
 /// Condition types and reasons of an Update.

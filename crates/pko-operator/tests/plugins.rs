@@ -2,7 +2,10 @@
 //! runtime (YAML included) with plugin acquisition on, and Pulumi downloads the plugin for real — here
 //! from a loopback plugin server, through Pulumi's `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES`. Ambient
 //! plugins are ignored in these Stacks, so the deploy can only succeed with the downloaded plugin. A
-//! plugin version the server lacks fails the Update with a message naming the plugin.
+//! plugin version the server lacks fails the Update with a message naming the plugin, and — as PKO's
+//! Workspace lifecycle — stalls the Workspace (`InstallationFailed`, with PKO's `InstallationFailure`
+//! event) and the Stack (`WorkspaceFailed`) instead of retrying; once the plugin is served, a sync
+//! request deploys and clears the stall (`Initialized`).
 
 mod common;
 
@@ -127,4 +130,45 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     let state: Vec<_> = files_under(&env.dir().join("state")).into_iter().filter(|p| p.to_string_lossy().contains("unserved")).collect();
     assert!(state.is_empty(), "the failed install touched no stack: {state:?}");
     assert!(message.starts_with("up failed: pulumi install failed"), "the failure names the step: {message}");
+
+    // PKO's Workspace lifecycle: the Workspace is Stalled InstallationFailed (Ready False with that
+    // reason), the Stack Stalled WorkspaceFailed "<reason>: <message>", and nothing is retried
+    let workspaces = ns.api::<pko_api::Workspace>();
+    eventually("the Stack is Stalled WorkspaceFailed", 60, || async { stalled(&stacks.get("unserved").await.unwrap()).is_some_and(|(r, _)| r == "WorkspaceFailed") }).await;
+    let (_, stack_message) = stalled(&stacks.get("unserved").await.unwrap()).unwrap();
+    assert!(stack_message.starts_with("InstallationFailed: pulumi install failed") && stack_message.contains("command-9.9.9"), "{stack_message}");
+    let ws = workspaces.get("unserved").await.unwrap();
+    let stall = ws.stalled().expect("the Workspace is Stalled");
+    assert_eq!(stall.reason, "InstallationFailed");
+    eventually("the Workspace is not Ready, with the stall's reason", 30, || async {
+        workspaces.get("unserved").await.unwrap().not_ready_reason().is_some_and(|c| c.reason == "InstallationFailed" && c.message.contains("command-9.9.9"))
+    })
+    .await;
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("InstallationFailure")
+            && e.regarding.as_ref().is_some_and(|r| r.kind.as_deref() == Some("Workspace") && r.name.as_deref() == Some("unserved"))
+            && e.note.as_deref().is_some_and(|n| n.contains("command-9.9.9"))),
+        "PKO's InstallationFailure event on the Workspace"
+    );
+    // the first retry would come after 10 s (PKO's backoff): none comes, as in PKO
+    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+    let tried = |updates: &[Update]| updates.iter().filter(|u| u.spec.stack_name.as_deref() == Some("unserved")).count();
+    assert_eq!(tried(&ns.api::<Update>().list(&Default::default()).await.unwrap().items), 1, "a stalled workspace is not retried");
+
+    // the plugin is served now; a sync request tries again, deploys, and clears the stall
+    command_plugin_archive(&env, &served, "9.9.9");
+    let request = json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "plugin-published"}}});
+    stacks.patch("unserved", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&request)).await.unwrap();
+    eventually("the Stack deploys once the plugin is served", 180, || async { ready(&stacks.get("unserved").await.unwrap()) }).await;
+    eventually("the Workspace's stall is cleared", 30, || async {
+        let ws = workspaces.get("unserved").await.unwrap();
+        ws.stalled().is_none() && ws.is_ready()
+    })
+    .await;
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("Initialized") && e.regarding.as_ref().is_some_and(|r| r.name.as_deref() == Some("unserved"))),
+        "PKO's Initialized event"
+    );
 }

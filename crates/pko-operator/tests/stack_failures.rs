@@ -196,6 +196,57 @@ async fn a_stack_waiting_for_its_workspace_says_why() {
     assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update without an agent");
 }
 
+/// PKO's Workspace lifecycle, two ways a Workspace stalls and stalls its Stack (`WorkspaceFailed`)
+/// without retrying:
+/// - a spec this version cannot run (PKO's schema admits any `securityProfile`): Stalled `SpecInvalid`
+///   before any Update; mending the spec deploys;
+/// - `useLocalStackOnly` on a stack that does not exist: PKO's `SelectStack` fails, the Workspace is
+///   Stalled `InitializationFailed` (with PKO's `StackInitializationFailure` event) — one Update, not
+///   four.
+#[tokio::test]
+async fn a_stalled_workspace_stalls_its_stack_without_retries() {
+    let (client, ns, env) = setup("wsstall").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    let stacks = ns.api::<Stack>();
+    let workspaces = ns.api::<pko_api::Workspace>();
+    create(&ns.api::<Program>(), program("odd", "echo hi")).await;
+    let mut s = stack("odd", &env.backend_url(), 4);
+    s["spec"]["envRefs"] = passphrase_env_refs();
+    s["spec"]["workspaceTemplate"] = json!({"spec": {"securityProfile": "privileged"}});
+    passphrase_secret(&ns).await;
+    create(&stacks, s).await;
+    eventually("the Stack is Stalled WorkspaceFailed: SpecInvalid", 60, || async {
+        stalled(&stacks.get("odd").await.unwrap())
+            .is_some_and(|(r, m)| r == "WorkspaceFailed" && m == r#"SpecInvalid: spec.securityProfile: unsupported value "privileged"; one of "baseline" or "restricted""#)
+    })
+    .await;
+    let ws = workspaces.get("odd").await.unwrap();
+    assert_eq!(ws.not_ready_reason().map(|c| c.reason.as_str()), Some("SpecInvalid"), "Ready False with the stall's reason");
+    assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update for a spec that cannot run");
+    let mend = json!({"spec": {"workspaceTemplate": {"spec": {"securityProfile": "baseline"}}}});
+    stacks.patch("odd", &PatchParams::default(), &Patch::Merge(&mend)).await.unwrap();
+    eventually("the mended Stack deploys", 120, || async { ready(&stacks.get("odd").await.unwrap()) }).await;
+    assert!(workspaces.get("odd").await.unwrap().stalled().is_none(), "the stall is cleared");
+
+    create(&ns.api::<Program>(), program("local-only", "echo hi")).await;
+    let mut s = stack("local-only", &env.backend_url(), 4);
+    s["spec"]["envRefs"] = passphrase_env_refs();
+    s["spec"]["stack"] = json!("never-created");
+    s["spec"]["useLocalStackOnly"] = json!(true);
+    create(&stacks, s).await;
+    eventually("the Stack is Stalled WorkspaceFailed: InitializationFailed", 120, || async {
+        stalled(&stacks.get("local-only").await.unwrap()).is_some_and(|(r, m)| r == "WorkspaceFailed" && m.starts_with("InitializationFailed: ") && m.contains("never-created"))
+    })
+    .await;
+    let ws = workspaces.get("local-only").await.unwrap();
+    assert_eq!(ws.stalled().map(|c| c.reason.as_str()), Some("InitializationFailed"));
+    assert!(!events_of(&ns, "Workspace", "StackInitializationFailure").await.is_empty(), "PKO's StackInitializationFailure event");
+    // a 4 s backoff cap: without the stall a retry would have come by now
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let tried = ns.api::<Update>().list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.stack_name.as_deref() == Some("never-created")).count();
+    assert_eq!(tried, 1, "one Update, not four");
+}
+
 /// PKO #1292: a `status.currentUpdate` naming an Update that no longer exists must not wedge the Stack.
 /// It is cleared, the Stack is Ready again, and no update runs for it.
 #[tokio::test]

@@ -63,9 +63,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // The dispatcher dies while the operation runs (the operator is killed) ...
     let task = {
         let (client, agent, update, workspace) = (client.clone(), agent.1.clone(), update.clone(), workspace.clone());
-        tokio::spawn(async move {
-            dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client).update, &agent, None, 1, &update, &workspace, &dispatch::Hooks::none()).await
-        })
+        tokio::spawn(async move { dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client), &agent, None, 1, &update, &workspace, &dispatch::Hooks::none()).await })
     };
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -78,7 +76,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     task.abort();
     // ... and a new one re-attaches to the same operation.
     let current = updates.get("u1").await.unwrap();
-    let result = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &current, &workspace, &dispatch::Hooks::none()).await.unwrap();
+    let result = dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &current, &workspace, &dispatch::Hooks::none()).await.unwrap();
     assert_eq!(result.status, ResultStatus::Succeeded as i32, "{}", result.message);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the program ran once");
 
@@ -108,7 +106,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events.update, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
+    let r = dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "Unknown".into())), "PKO's reason for an engine failure");
@@ -130,18 +128,9 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         None
     };
     // (its stack lacks the project's config: the preview fails, which does not matter here)
-    dispatch::run_on_agent(
-        &client,
-        &events.update,
-        &agent.1,
-        None,
-        1,
-        &u4,
-        &workspace,
-        &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe, github_api_url: "" },
-    )
-    .await
-    .unwrap();
+    dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u4, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe, github_api_url: "" })
+        .await
+        .unwrap();
     assert_eq!(at_run.into_inner().unwrap(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
 
     // the deadline reaches the agent: a Run sent past it (its sender frozen right after its last
@@ -152,17 +141,9 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
     let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
-    let r = dispatch::run_on_agent(
-        &client,
-        &events.update,
-        &agent.1,
-        None,
-        1,
-        &u5,
-        &workspace,
-        &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past, github_api_url: "" },
-    )
-    .await;
+    let r =
+        dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u5, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past, github_api_url: "" })
+            .await;
     assert!(matches!(&r, Err(dispatch::DispatchError::Agent(_, m)) if m.contains("hold on the shard lapsed")), "{r:?}");
 
     // fenced from the start (the shard moved, or this replica was frozen past its deadline): nothing
@@ -174,7 +155,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     .await;
     let r = dispatch::run_on_agent(
         &client,
-        &events.update,
+        &events,
         &agent.1,
         None,
         1,

@@ -84,6 +84,14 @@ pub enum Conditions {
 /// artifact revision or Program generation) at time `now`. `branch_tracking` adds the poll period to the
 /// requeue. `deleting`: the Stack is being finalized and needs a destroy.
 pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool, deleting: bool) -> Sync {
+    decide_with_workspace(stack, commit, now, branch_tracking, deleting, None)
+}
+
+/// [`decide`], knowing whether the Stack's Workspace is Stalled (`workspace_stall`: its reason and
+/// message). A failed update whose Workspace stalled is not retried (PKO): the Stack is Stalled
+/// `WorkspaceFailed` — `PulumiVersionTooLow` for `IncompatibleConfiguration` — with `"<reason>:
+/// <message>"`, until the spec, the source or the sync request changes.
+pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool, deleting: bool, workspace_stall: Option<(&str, &str)>) -> Sync {
     let status = stack.status.clone().unwrap_or_default();
     let Some(last) = status.last_update else {
         return Sync::NeedsUpdate { reason: if deleting { "Stack marked for deletion".into() } else { "Initial stack update".into() } };
@@ -126,7 +134,10 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
                 return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
             }
             let failures = last.failures.unwrap_or(0);
-            if failures >= MAX_UPDATE_FAILURES && !deleting {
+            if let Some((reason, message)) = workspace_stall {
+                let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
+                Conditions::Stalled(stall, format!("{reason}: {message}"))
+            } else if failures >= MAX_UPDATE_FAILURES && !deleting {
                 Conditions::Stalled(sc::UPDATE_FAILED, format!("{kind} failed {failures} times; not retrying until the spec or source changes"))
             } else {
                 let wait = cooldown(failures, stack.spec.retry_max_backoff_duration_seconds);
@@ -264,6 +275,26 @@ mod tests {
         }
         // a new commit retries even a stalled stack
         assert_eq!(needs(decide(&s, "c2", at(1), false, false)), "New commit detected: \"c2\"");
+    }
+
+    #[test]
+    fn a_failure_that_stalled_the_workspace_is_not_retried() {
+        let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
+        let stall = Some(("InstallationFailed", "pulumi install failed: no plugin"));
+        match decide_with_workspace(&s, "c1", at(100_000), false, false, stall) {
+            Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {
+                assert_eq!((reason, msg.as_str()), (sc::WORKSPACE_FAILED, "InstallationFailed: pulumi install failed: no plugin"), "PKO's text: reason, then message");
+            }
+            other => panic!("{other:?}"),
+        }
+        let old_cli = Some(("IncompatibleConfiguration", "Pulumi CLI version v3.180.0 does not support JSON configuration, require >= v3.202.0"));
+        assert!(matches!(decide_with_workspace(&s, "c1", at(1), false, false, old_cli), Sync::Synced { conditions: Conditions::Stalled(sc::PULUMI_VERSION_TOO_LOW, _), .. }));
+        // a new commit, generation or sync request tries again
+        assert_eq!(needs(decide_with_workspace(&s, "c2", at(1), false, false, stall)), "New commit detected: \"c2\"");
+        assert_eq!(needs(decide_with_workspace(&stack(2, s.status.clone().unwrap().last_update), "c1", at(1), false, false, stall)), "New stack generation: 2");
+        // a succeeded stack does not care
+        let ok = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
+        assert_eq!(decide_with_workspace(&ok, "c1", at(1), false, false, stall), Sync::Synced { conditions: Conditions::Ready, requeue_after: None });
     }
 
     #[test]

@@ -288,7 +288,8 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
         ControlFlow::Continue(s) => s,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
-    let work = match sync(p, &source) {
+    let stall = workspace_stall(ctx, p).await?;
+    let work = match sync(p, &source, stall.as_ref().map(|(r, m)| (r.as_str(), m.as_str()))) {
         ControlFlow::Continue(w) => w,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
@@ -420,11 +421,21 @@ async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
     Ok(ControlFlow::Continue(source))
 }
 
+/// Before step 5: after a failed update, whether the Stack's Workspace is Stalled (its reason and
+/// message): then the failure is not retried (PKO's `WorkspaceFailed`). One read, only on that path.
+async fn workspace_stall(ctx: &Context, p: &Pass) -> Result<Option<(String, String)>, Error> {
+    if p.status.last_update.as_ref().and_then(|l| l.state) != Some(StackUpdateStateMessage::Failed) {
+        return Ok(None);
+    }
+    let ws = Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).get_opt(&p.name).await.map_err(Error::Workspace)?;
+    Ok(ws.as_ref().and_then(Workspace::stalled).map(|c| (c.reason.clone(), c.message.clone())))
+}
+
 /// Step 5: in sync (conditions, maybe the finalizer or the Workspace go, maybe a drift check is due)
 /// or the reason for an Update.
-fn sync(p: &mut Pass, source: &ResolvedSource) -> ControlFlow<Exit, Work> {
+fn sync(p: &mut Pass, source: &ResolvedSource, workspace_stall: Option<(&str, &str)>) -> ControlFlow<Exit, Work> {
     let checked = Stack { status: Some(p.status.clone()), ..(*p.stack).clone() };
-    let (c, mut requeue_after) = match plan::decide(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting) {
+    let (c, mut requeue_after) = match plan::decide_with_workspace(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting, workspace_stall) {
         Sync::NeedsUpdate { reason } => return ControlFlow::Continue(Work::Update(reason)),
         Sync::Synced { conditions: c, requeue_after } => (c, requeue_after),
     };
@@ -523,7 +534,14 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
             return Ok(ControlFlow::Break(Exit::Retry(Error::Workspace(e))));
         }
     };
-    if !ws.is_ready() {
+    // a spec the Workspace cannot run: Stalled until it changes (woken by the Workspace's watch)
+    if let Some(c) = ws.stalled().filter(|c| c.reason == pko_api::constants::workspace_condition::SPEC_INVALID) {
+        p.stalled(sc::WORKSPACE_FAILED, &format!("{}: {}", c.reason, c.message));
+        return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
+    }
+    // Stalled by an earlier operation: this one runs and may mend it (agents prepare the workspace
+    // inside each operation)
+    if !ws.runnable() {
         p.reconciling(sc::STACK_PROCESSING, &io::workspace_wait_message(&ws));
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(5)))));
     }

@@ -229,7 +229,7 @@ impl UpdateController {
         }
         let not_after = || self.ctx.ownership.not_after(&job.namespace, &shard_key);
         let hooks = super::dispatch::Hooks { fenced: &fenced, started: &on_started, not_after: &not_after, github_api_url: &self.ctx.github_api_url };
-        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events.update, &agent, token.as_deref(), job.epoch, &update, &workspace, &hooks);
+        let dispatch = super::dispatch::run_on_agent(&self.ctx.client, &self.ctx.events, &agent, token.as_deref(), job.epoch, &update, &workspace, &hooks);
         // fenced while it runs: once the shard moved (or the queue says the job's epoch is stale), this
         // replica stops following the operation and writes nothing more; the agent keeps running it and
         // the shard's new holder attaches
@@ -310,16 +310,20 @@ impl UpdateController {
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let workspace = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns).get_opt(&ws_name).await?;
-        // pooled: a Ready Workspace is enough (its agent is lent per operation); else its own agent's address
+        // pooled: a Ready Workspace is enough (its agent is lent per operation) — or one Stalled by an
+        // earlier operation, which this one may mend; else its own agent's address
         let ready = match (&workspace, &self.pools) {
-            (Some(w), Some(_)) => w.is_ready(),
+            (Some(w), Some(_)) => w.runnable(),
             (Some(w), None) => w.status.as_ref().and_then(|s| s.address.as_ref()).is_some(),
             (None, _) => false,
         };
         if !ready {
             let (reason, message) = match workspace {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
-                Some(_) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)")),
+                Some(w) => match w.not_ready_reason() {
+                    Some(c) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready: {}: {}", c.reason, c.message)),
+                    None => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)")),
+                },
             };
             self.wait(&api, &update, None, reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));

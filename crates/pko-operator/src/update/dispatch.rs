@@ -126,7 +126,7 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
 #[allow(clippy::too_many_arguments)]
 pub async fn run_on_agent(
     client: &kube::Client,
-    events: &kube::runtime::events::Recorder,
+    events: &crate::k8s::Events,
     agent: &str,
     token: Option<&str>,
     epoch: i64,
@@ -251,7 +251,11 @@ pub async fn run_on_agent(
             (crate::k8s::Severity::Warning, pko_api::constants::event_reason::UPDATE_FAILED)
         };
         check()?;
-        crate::k8s::publish(events, update, severity, reason, result.message.clone()).await;
+        crate::k8s::publish(&events.update, update, severity, reason, result.message.clone()).await;
+        // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
+        // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it
+        check()?;
+        crate::workspace::stalled::record(client, events, workspace, &crate::workspace::stalled::verdict(&result)).await;
         // PKO's Workspace `status.pulumiVersion`: the CLI of the agent that ran this operation
         let mut ask = tonic::Request::new(pko_proto::v1::StatusRequest {});
         if let Some(t) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {

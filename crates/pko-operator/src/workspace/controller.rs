@@ -5,7 +5,9 @@
 //!   token is a TokenRequest for the Workspace's service account, so its reads of Secrets and ConfigMaps
 //!   go through real RBAC.
 //!
-//! Status: `Ready` with PKO's reasons, `address`, `pulumiVersion`, `observedGeneration`.
+//! Status: `Ready` with PKO's reasons, `address`, `observedGeneration` (`pulumiVersion` and `Stalled`
+//! come from operations, [`super::stalled`]). A Stalled Workspace is Ready False with the stall's reason
+//! and message, as PKO's; a spec this version cannot run is Stalled `SpecInvalid` here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,8 +76,31 @@ fn status_unchanged(stored: &WorkspaceStatus, new: &WorkspaceStatus, (status, re
     stored.address == new.address
         && stored.pool == new.pool
         && stored.observed_generation == new.observed_generation
-        && conds.len() == 1
+        && conds.iter().filter(|c| c.type_ == wc::READY).count() == 1
         && conds.iter().any(|c| c.type_ == wc::READY && c.status == status && c.reason == reason && c.message == message && c.observed_generation == new.observed_generation)
+}
+
+/// The `Ready` condition `(status, reason, message)` of a Workspace whose runtime says `ready`: False
+/// with the stall's reason and message while `ws` is Stalled (PKO). Pure.
+fn with_stall<'a>(ws: &'a Workspace, ready: (&'a str, &'a str, &'a str)) -> (&'a str, &'a str, &'a str) {
+    match ws.stalled() {
+        Some(c) => ("False", c.reason.as_str(), c.message.as_str()),
+        None => ready,
+    }
+}
+
+/// PKO's `Ready` for a workspace StatefulSet `sts`: False `RollingUpdate` while its controller has not
+/// observed its generation or a new revision rolls out, False `WaitingForReplicas` until a replica is
+/// available, else True. Pure.
+pub fn stateful_set_ready(sts: &StatefulSet) -> (&'static str, &'static str, &'static str) {
+    let st = sts.status.clone().unwrap_or_default();
+    if st.observed_generation != sts.metadata.generation || st.update_revision != st.current_revision {
+        return ("False", wc::ROLLING_UPDATE, "Waiting for the statefulset to be updated");
+    }
+    if st.available_replicas.unwrap_or(0) < 1 {
+        return ("False", wc::WAITING_FOR_REPLICAS, "Waiting for the workspace pod to be available");
+    }
+    ("True", wc::SUCCEEDED, "")
 }
 
 /// The Workspace controller.
@@ -156,6 +181,28 @@ impl WorkspaceController {
         if ws.meta().deletion_timestamp.is_some() {
             return self.write(&api, &ws, st, ("False", wc::DELETING, "workspace is being deleted"), &now).await.map(|_| Action::await_change());
         }
+        // a spec this version cannot run (PKO's schema admits any string for these): Stalled until it
+        // changes; a stall of an earlier generation, or of a spec since mended, is cleared
+        let stale = ws
+            .status
+            .as_ref()
+            .and_then(|s| pko_api::conditions::find(s.conditions.as_deref().unwrap_or_default(), wc::STALLED))
+            .is_some_and(|c| c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID));
+        match super::stalled::spec_error(&ws.spec) {
+            Some(message) => {
+                if self.ctx.ownership.owns(&ns, &ws.shard_key()) {
+                    super::stalled::apply(&self.ctx.client, &ws, Some((wc::SPEC_INVALID, &message))).await?;
+                }
+                self.write(&api, &ws, st, ("False", wc::SPEC_INVALID, &message), &now).await?;
+                return Ok(Action::await_change());
+            }
+            None if stale && self.ctx.ownership.owns(&ns, &ws.shard_key()) => {
+                // the write wakes this controller again, with the condition gone
+                super::stalled::apply(&self.ctx.client, &ws, None).await?;
+                return Ok(Action::await_change());
+            }
+            None => {}
+        }
         if let Runtime::LocalPool(pools) = &self.runtime {
             st.address = None;
             st.pool = Some(LocalPools::class_of(&ws));
@@ -164,7 +211,7 @@ impl WorkspaceController {
                 self.write(&api, &ws, st, ("False", wc::CONNECTION_FAILED, &e.to_string()), &now).await?;
                 return Ok(Action::requeue(Duration::from_secs(5)));
             }
-            self.write(&api, &ws, st, ("True", wc::SUCCEEDED, ""), &now).await?;
+            self.write(&api, &ws, st, with_stall(&ws, ("True", wc::SUCCEEDED, "")), &now).await?;
             return Ok(Action::await_change());
         }
         let (ready, address, requeue) = match &self.runtime {
@@ -172,11 +219,9 @@ impl WorkspaceController {
                 let pp = PatchParams::apply(field_manager::OPERATOR).force();
                 Api::<Service>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::service(&ws))).await?;
                 let sts = Api::<StatefulSet>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::stateful_set(&ws, cfg))).await?;
-                let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0) >= 1;
-                if ready {
-                    (("True", wc::SUCCEEDED, ""), Some(pod::address(&name, &ns)), Duration::from_secs(300))
-                } else {
-                    (("False", wc::WAITING_FOR_REPLICAS, "waiting for the workspace pod"), None, Duration::from_secs(10))
+                match stateful_set_ready(&sts) {
+                    ready @ ("True", _, _) => (ready, Some(pod::address(&name, &ns)), Duration::from_secs(300)),
+                    not_ready => (not_ready, None, Duration::from_secs(10)),
                 }
             }
             Runtime::Local(local) => match local.ensure_agent(&self.ctx.client, &ws).await {
@@ -193,7 +238,7 @@ impl WorkspaceController {
             Runtime::LocalPool(_) => return Ok(Action::await_change()),
         };
         st.address = address;
-        self.write(&api, &ws, st, ready, &now).await?;
+        self.write(&api, &ws, st, with_stall(&ws, ready), &now).await?;
         Ok(Action::requeue(requeue))
     }
 
@@ -234,6 +279,40 @@ mod tests {
             }]),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_statefulset_is_ready_once_rolled_out_and_available() {
+        use k8s_openapi::api::apps::v1::StatefulSetStatus;
+        let sts = |generation: i64, observed: i64, current: &str, update: &str, available: i32| StatefulSet {
+            metadata: kube::api::ObjectMeta { generation: Some(generation), ..Default::default() },
+            status: Some(StatefulSetStatus {
+                observed_generation: Some(observed),
+                current_revision: Some(current.into()),
+                update_revision: Some(update.into()),
+                available_replicas: Some(available),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(stateful_set_ready(&sts(2, 1, "a", "a", 1)).1, wc::ROLLING_UPDATE, "generation not observed yet");
+        assert_eq!(stateful_set_ready(&sts(2, 2, "a", "b", 1)).1, wc::ROLLING_UPDATE, "a new revision rolls out");
+        assert_eq!(stateful_set_ready(&sts(2, 2, "b", "b", 0)).1, wc::WAITING_FOR_REPLICAS);
+        assert_eq!(stateful_set_ready(&sts(2, 2, "b", "b", 1)), ("True", wc::SUCCEEDED, ""));
+    }
+
+    #[test]
+    fn a_stalled_workspace_is_not_ready_with_the_stall_s_reason() {
+        let mut ws = Workspace::new("w", Default::default());
+        ws.metadata.generation = Some(3);
+        assert_eq!(with_stall(&ws, ("True", wc::SUCCEEDED, "")), ("True", wc::SUCCEEDED, ""));
+        let mut stall = stored(None, 3, "True", wc::INSTALLATION_FAILED);
+        stall.conditions.as_mut().unwrap()[0].type_ = wc::STALLED.into();
+        stall.conditions.as_mut().unwrap()[0].message = "pulumi install failed".into();
+        ws.status = Some(stall);
+        assert_eq!(with_stall(&ws, ("True", wc::SUCCEEDED, "")), ("False", wc::INSTALLATION_FAILED, "pulumi install failed"));
+        ws.metadata.generation = Some(4);
+        assert_eq!(with_stall(&ws, ("True", wc::SUCCEEDED, "")), ("True", wc::SUCCEEDED, ""), "a new generation is tried again");
     }
 
     #[test]
