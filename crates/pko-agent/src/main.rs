@@ -82,6 +82,12 @@ struct Serve {
     /// Pulumi log verbosity for operations (PKO `pulumiLogLevel`); 0 disables verbose logging.
     #[arg(long, default_value_t = 0)]
     pulumi_log_level: u32,
+    /// A dotenv file (`NAME=value` lines) read before each operation; its variables reach Pulumi over
+    /// the agent's own and the Workspace's `env` (PKO's `--env-file /share/.env`, 2.2 dynamic
+    /// environment variables: containers of the workspace pod append to `$PULUMI_ENV`). A missing file
+    /// adds nothing; a malformed one fails the operation naming the file.
+    #[arg(long)]
+    env_file: Option<PathBuf>,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -186,6 +192,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         values: ValueResolver::new(kube, namespace),
         known_stacks: Default::default(),
         log_level: a.pulumi_log_level,
+        env_file: a.env_file.clone(),
         pulumi_version: Default::default(),
         hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
     };

@@ -39,6 +39,9 @@ pub struct RunnerContext {
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
     pub log_level: u32,
+    /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win
+    /// over the agent's and the request's.
+    pub env_file: Option<PathBuf>,
     /// The Pulumi CLI's version (`pulumi version`), read once on first use.
     pub pulumi_version: Arc<tokio::sync::OnceCell<String>>,
     /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
@@ -176,10 +179,18 @@ async fn execute(
     for (i, e) in req.env.iter().enumerate() {
         let Some(r) = &e.value else { return Err(fail(ErrorReason::InvalidRequest, &format!("env[{i}].value"), format!("env {} has no value", e.name))) };
         let v = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
-        if e.secret || e.name.contains("PASSPHRASE") || e.name.contains("TOKEN") || e.name.contains("SECRET") || e.name.contains("PASSWORD") {
+        if e.secret || is_secret_name(&e.name) {
             masker.add(&v);
         }
         env.insert(e.name.clone(), v);
+    }
+    if let Some(path) = &ctx.env_file {
+        for (name, v) in read_env_file(path).map_err(|m| fail(ErrorReason::InvalidConfig, "env", m))? {
+            if is_secret_name(&name) {
+                masker.add(&v);
+            }
+            env.insert(name, v);
+        }
     }
     if let Some((name, v)) = env.iter().find(|(k, v)| k.len() + v.len() + 2 > MAX_ENV_VAR_BYTES) {
         let msg = format!("env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable", v.len());
@@ -241,6 +252,33 @@ async fn execute(
         }
         other => other,
     }
+}
+
+/// Whether an environment variable's name says it holds a secret (masked in every log line).
+fn is_secret_name(name: &str) -> bool {
+    ["PASSPHRASE", "TOKEN", "SECRET", "PASSWORD"].iter().any(|s| name.contains(s))
+}
+
+/// The variables of the dotenv file `path` (dotenv syntax: `NAME=value`, quotes, `export`, comments),
+/// none when it does not exist. Errors: the file named with what is wrong in it.
+fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let iter = match dotenvy::from_path_iter(path) {
+        Ok(i) => i,
+        Err(dotenvy::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("env file {}: {e}", path.display())),
+    };
+    let mut vars = Vec::new();
+    for r in iter {
+        match r {
+            Ok(v) => vars.push(v),
+            // the line itself may hold a secret: it is not repeated
+            Err(dotenvy::Error::LineParse(_, at)) => {
+                return Err(format!("env file {}: entry {} is not NAME=value (a parse error at character {at} of it)", path.display(), vars.len() + 1));
+            }
+            Err(e) => return Err(format!("env file {}: {e}", path.display())),
+        }
+    }
+    Ok(vars)
 }
 
 /// What [`operate`] runs: the operation's kind on `stack` in the project `dir`.
@@ -754,6 +792,18 @@ mod tests {
         assert!(stdin[1].args.contains(&"--path".to_string()));
         let set: usize = cmds.iter().filter(|c| c.stdin.is_none()).map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len()).sum();
         assert_eq!(set, 20, "every medium value is set, in batches");
+    }
+
+    #[test]
+    fn env_files_are_read_as_dotenv_without_repeating_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".env");
+        assert_eq!(read_env_file(&path), Ok(vec![]), "no file yet: nothing");
+        std::fs::write(&path, "# written by an init container\nA=1\nexport B=\"two words\"\n").unwrap();
+        assert_eq!(read_env_file(&path), Ok(vec![("A".into(), "1".into()), ("B".into(), "two words".into())]));
+        std::fs::write(&path, "A=1\nPULUMI_CONFIG_PASSPHRASE=\"hunter2\n").unwrap();
+        let e = read_env_file(&path).unwrap_err();
+        assert!(e.contains("entry 2 is not NAME=value") && !e.contains("hunter2"), "{e}");
     }
 
     #[test]

@@ -630,3 +630,40 @@ fn files_under_state(env: &pko_testbed::PulumiEnv, project: &str) -> Vec<std::pa
     out.retain(|p| p.to_string_lossy().contains(project));
     out
 }
+
+/// PKO's dynamic environment variables (`$PULUMI_ENV`, 2.2.0): what is written to the agent's
+/// `--env-file` reaches Pulumi — read before each operation, so a later write counts without a restart
+/// (PKO reads it once at start) — and wins over the request's env.
+#[tokio::test]
+async fn the_env_file_reaches_each_operation() {
+    let env = pulumi_env();
+    let file = env.dir().join("dynamic.env");
+    let agent = Agent::start(&env, &["--auth", "none", "--env-file", file.to_str().unwrap()], &[]);
+    let mut c = agent.client().await;
+    let dir = project(
+        &env,
+        "dynenv",
+        "resources:\n  echo:\n    type: command:local:Command\n    properties:\n      create: echo \"$FROM_ENV_FILE\"\n      triggers: [\"${run}\"]\nconfig:\n  run: {type: string}\noutputs:\n  out: ${echo.stdout}\n",
+    );
+    let run_with = |id: &str, run: &str| {
+        let mut r = request(&env, id, &dir, "dev", OperationType::Up);
+        r.config = vec![ConfigItem {
+            key: "run".into(),
+            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(run.into())) })),
+            ..Default::default()
+        }];
+        r.env.push(pko_proto::v1::EnvVar { name: "FROM_ENV_FILE".into(), value: Some(literal("from the request")), secret: false });
+        r
+    };
+    let r = result(&run(&mut c, run_with("dyn-1", "1")).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(outputs(&r)["out"].0, serde_json::json!("from the request"), "no file yet: {}", r.message);
+    std::fs::write(&file, "FROM_ENV_FILE=\"written by an init container\"\n").unwrap();
+    let r = result(&run(&mut c, run_with("dyn-2", "2")).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(outputs(&r)["out"].0, serde_json::json!("written by an init container"), "{}", r.message);
+    std::fs::write(&file, "FROM_ENV_FILE=\"unterminated\n").unwrap();
+    let r = result(&run(&mut c, run_with("dyn-3", "3")).await);
+    assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::InvalidConfig), "{}", r.message);
+    assert!(r.message.contains("dynamic.env") && !r.message.contains("unterminated"), "names the file, not the line: {}", r.message);
+}

@@ -24,6 +24,11 @@ use sha2::{Digest, Sha256};
 pub const TERMINATION_GRACE_SECONDS: i64 = 600;
 /// Where the agent binary is placed in the pod.
 pub const AGENT_PATH: &str = "/share/pko-agent";
+/// PKO's dynamic environment file: containers append `NAME=value` lines, the agent reads it before
+/// each operation (`--env-file`).
+pub const ENV_FILE: &str = "/share/.env";
+/// The variable naming [`ENV_FILE`] in every container (PKO).
+pub const PULUMI_ENV: &str = "PULUMI_ENV";
 
 /// Operator settings for the pod runtime.
 #[derive(Debug, Clone)]
@@ -134,6 +139,8 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         name.clone(),
         "--grace-seconds".into(),
         (TERMINATION_GRACE_SECONDS - 10).to_string(),
+        "--env-file".into(),
+        ENV_FILE.into(),
     ];
     if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
         args.extend(["--pulumi-log-level".into(), level.to_string()]);
@@ -178,9 +185,10 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         ..Default::default()
     };
     let tmpl = spec.pod_template.clone().unwrap_or_default();
-    if let Some(user) = tmpl.spec {
+    if let Some(user) = &tmpl.spec {
         merge_pod_spec(&mut pod, user);
     }
+    add_pulumi_env(&mut pod);
     let mut pod_labels = labels(&name);
     let tmeta = tmpl.metadata.unwrap_or_default();
     pod_labels.extend(tmeta.labels.unwrap_or_default());
@@ -207,70 +215,30 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     }
 }
 
-/// Strategic-merge of the user's pod spec onto the generated one, as PKO does for the parts users set:
-/// containers merged by name (fields the user sets win; env and volume mounts merged by name), init
-/// containers appended after the built-in ones, volumes merged by name, other set fields replace.
-pub fn merge_pod_spec(base: &mut PodSpec, user: PodSpec) {
-    for c in user.containers {
-        match base.containers.iter_mut().find(|b| b.name == c.name) {
-            Some(b) => merge_container(b, c),
-            None => base.containers.push(c),
-        }
-    }
-    if let Some(inits) = user.init_containers {
-        let list = base.init_containers.get_or_insert_with(Vec::new);
-        for c in inits {
-            match list.iter_mut().find(|b| b.name == c.name) {
-                Some(b) => merge_container(b, c),
-                None => list.push(c),
-            }
-        }
-    }
-    if let Some(vols) = user.volumes {
-        let list = base.volumes.get_or_insert_with(Vec::new);
-        for v in vols {
-            list.retain(|b| b.name != v.name);
-            list.push(v);
-        }
-    }
-    macro_rules! take {
-        ($($f:ident),*) => { $( if user.$f.is_some() { base.$f = user.$f; } )* };
-    }
-    take!(
-        affinity,
-        tolerations,
-        node_selector,
-        priority_class_name,
-        image_pull_secrets,
-        service_account_name,
-        termination_grace_period_seconds,
-        runtime_class_name,
-        topology_spread_constraints,
-        host_aliases,
-        dns_config,
-        dns_policy,
-        scheduler_name,
-        security_context
-    );
-}
-
-fn merge_by_name<T, F: Fn(&T) -> String>(base: &mut Option<Vec<T>>, user: Option<Vec<T>>, key: F) {
-    let Some(user) = user else { return };
-    let list = base.get_or_insert_with(Vec::new);
-    for item in user {
-        let k = key(&item);
-        list.retain(|b| key(b) != k);
-        list.push(item);
+/// Kubernetes' strategic merge of the user's pod spec onto the generated one ([`super::merge`]), as PKO
+/// merges `podTemplate`: lists with a merge key merge element by element (the built-in containers,
+/// volumes and mounts keep their places, the user's new ones follow), maps merge, every other field
+/// the user sets replaces — every PodSpec field, none dropped.
+pub fn merge_pod_spec(base: &mut PodSpec, user: &PodSpec) {
+    let (Ok(mut merged), Ok(patch)) = (serde_json::to_value(&*base), serde_json::to_value(user)) else { return };
+    super::merge::strategic_merge(&mut merged, &patch);
+    match serde_json::from_value(merged) {
+        Ok(spec) => *base = spec,
+        // both sides are PodSpecs and the merge keeps the shape: not expected
+        Err(e) => tracing::warn!(error = %e, "the merged pod template is not a PodSpec; the user's podTemplate.spec is ignored"),
     }
 }
 
-fn merge_container(base: &mut Container, user: Container) {
-    merge_by_name(&mut base.env, user.env, |e| e.name.clone());
-    merge_by_name(&mut base.volume_mounts, user.volume_mounts, |m| m.mount_path.clone());
-    macro_rules! take {
-        ($($f:ident),*) => { $( if user.$f.is_some() { base.$f = user.$f; } )* };
+/// PKO's `$PULUMI_ENV`: every container and init container of the pod (the user's too) gets
+/// `PULUMI_ENV=/share/.env`; what they write there reaches each Pulumi operation (the agent's
+/// `--env-file`, PKO 2.2 dynamic environment variables).
+fn add_pulumi_env(pod: &mut PodSpec) {
+    let var = EnvVar { name: PULUMI_ENV.into(), value: Some(ENV_FILE.into()), ..Default::default() };
+    for c in pod.containers.iter_mut().chain(pod.init_containers.iter_mut().flatten()) {
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != PULUMI_ENV);
+        env.push(var.clone());
     }
-    take!(image, image_pull_policy, command, args, env_from, resources, security_context, working_dir, ports, liveness_probe, readiness_probe, startup_probe, lifecycle);
 }
 
 #[cfg(test)]
@@ -344,6 +312,46 @@ mod tests {
         assert_eq!(inits, vec!["bootstrap", "fetch-extra"], "user init containers run after the built-in ones");
         assert_eq!(pod.volumes.unwrap().len(), 2);
         assert!(pod.tolerations.is_some());
+    }
+
+    /// PKO's `examples/custom-workspace` podTemplate, merged as PKO's strategic merge does: every field
+    /// kept (none dropped, maps merged), and `$PULUMI_ENV` on every container, the user's init
+    /// container included, so its `echo X=Y >> $PULUMI_ENV` works.
+    #[test]
+    fn pko_custom_workspace_example_merges_as_in_pko() {
+        let s = stateful_set(
+            &ws(json!({"podTemplate": {"metadata": {"labels": {"example.com/mylabel": "bar"}}, "spec": {
+                "terminationGracePeriodSeconds": 3600,
+                "shareProcessNamespace": true,
+                "enableServiceLinks": false,
+                "securityContext": {"fsGroup": 1000},
+                "tolerations": [{"key": "example.com/foo", "operator": "Exists", "effect": "NoSchedule"}],
+                "initContainers": [{"name": "extra", "image": "busybox", "command": ["sh", "-c", "echo 'PULUMI_CONFIG_PASSPHRASE=test' >> $PULUMI_ENV"],
+                                    "volumeMounts": [{"name": "share", "mountPath": "/share"}]}],
+                "containers": [{"name": "pulumi", "stdin": true, "securityContext": {"readOnlyRootFilesystem": true},
+                                "volumeMounts": [{"name": "secret-volume", "mountPath": "/etc/secret-volume", "readOnly": true}]}],
+                "volumes": [{"name": "secret-volume", "secret": {"secretName": "test-secret"}}]
+            }}})),
+            &cfg(),
+        );
+        let pod = s.spec.unwrap().template.spec.unwrap();
+        assert_eq!((pod.termination_grace_period_seconds, pod.share_process_namespace, pod.enable_service_links), (Some(3600), Some(true), Some(false)), "every PodSpec field");
+        let sc = pod.security_context.unwrap();
+        assert_eq!((sc.fs_group, sc.run_as_user, sc.seccomp_profile.map(|p| p.type_)), (Some(1000), Some(1000), Some("RuntimeDefault".to_string())), "maps merge");
+        let pulumi = &pod.containers[0];
+        assert_eq!(pulumi.stdin, Some(true), "every field of a generated container");
+        let csc = pulumi.security_context.clone().unwrap();
+        assert_eq!((csc.read_only_root_filesystem, csc.allow_privilege_escalation), (Some(true), Some(false)), "the restricted profile stays");
+        assert_eq!(pulumi.image.as_deref(), Some("pulumi/pulumi:latest-nonroot"));
+        let mounts: Vec<_> = pulumi.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
+        assert_eq!(mounts, vec!["/share", "/etc/secret-volume"]);
+        let inits = pod.init_containers.unwrap();
+        for c in pod.containers.iter().chain(inits.iter()) {
+            assert!(c.env.iter().flatten().any(|e| e.name == "PULUMI_ENV" && e.value.as_deref() == Some("/share/.env")), "{} has $PULUMI_ENV", c.name);
+        }
+        assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["bootstrap", "extra"]);
+        let args = pulumi.args.clone().unwrap();
+        assert!(args.windows(2).any(|w| w == ["--env-file", "/share/.env"]), "the agent reads it before each operation: {args:?}");
     }
 
     #[test]
