@@ -320,7 +320,8 @@ pub struct WorkspaceStatus {
 
 impl WorkspaceSpec {
     /// The spec with PKO's defaults filled in where unset: service account `default`, profile
-    /// `restricted`, the profile's image, requests memory 64Mi / cpu 100m.
+    /// `restricted`, the profile's image, requests memory 64Mi / cpu 100m — each only where the user set
+    /// neither that request (or set it to zero, as PKO's `IsZero`) nor a limit for it.
     pub fn with_defaults(&self) -> WorkspaceSpec {
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let mut s = self.clone();
@@ -331,10 +332,47 @@ impl WorkspaceSpec {
             SecurityProfile::Baseline => DEFAULT_IMAGE_BASELINE.to_string(),
             _ => DEFAULT_IMAGE_RESTRICTED.to_string(),
         });
+        // PKO's webhook, per field: a request the user did not set gets its default — unless the user
+        // set a limit for it, which Kubernetes then takes as the request (PKO would request 64Mi under
+        // a lower limit, which the API server refuses)
         let resources = s.resources.get_or_insert_with(Default::default);
-        if resources.requests.is_none() {
-            resources.requests = Some(BTreeMap::from([("memory".to_string(), Quantity("64Mi".into())), ("cpu".to_string(), Quantity("100m".into()))]));
+        for (name, default) in [("memory", "64Mi"), ("cpu", "100m")] {
+            let limited = resources.limits.as_ref().is_some_and(|l| l.contains_key(name));
+            let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+            let zero = |q: &Quantity| q.0.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse::<f64>().is_ok_and(|v| v == 0.0);
+            if !limited && requests.get(name).is_none_or(zero) {
+                requests.insert(name.to_string(), Quantity(default.into()));
+            }
+        }
+        if resources.requests.as_ref().is_some_and(BTreeMap::is_empty) {
+            resources.requests = None;
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn resources(json: serde_json::Value) -> WorkspaceSpec {
+        WorkspaceSpec { resources: Some(serde_json::from_value(json).unwrap()), ..Default::default() }
+    }
+
+    fn requests(s: &WorkspaceSpec) -> BTreeMap<String, String> {
+        s.with_defaults().resources.unwrap().requests.unwrap_or_default().into_iter().map(|(k, Quantity(v))| (k, v)).collect()
+    }
+
+    #[test]
+    fn resource_requests_default_per_field_as_pko() {
+        let both = BTreeMap::from([("cpu".to_string(), "100m".to_string()), ("memory".to_string(), "64Mi".to_string())]);
+        assert_eq!(requests(&WorkspaceSpec::default()), both);
+        let cpu_only = requests(&resources(serde_json::json!({"requests": {"cpu": "2"}})));
+        assert_eq!(cpu_only, BTreeMap::from([("cpu".to_string(), "2".to_string()), ("memory".to_string(), "64Mi".to_string())]), "the memory request still defaults");
+        let zero = requests(&resources(serde_json::json!({"requests": {"cpu": "0", "memory": "0Mi"}})));
+        assert_eq!(zero, both, "a zero request is defaulted (PKO's IsZero)");
+        let limited = requests(&resources(serde_json::json!({"limits": {"memory": "32Mi"}})));
+        assert_eq!(limited, BTreeMap::from([("cpu".to_string(), "100m".to_string())]), "a limit is left to Kubernetes as the request, never a request above it");
     }
 }
