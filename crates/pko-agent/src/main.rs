@@ -27,6 +27,29 @@ struct Cli {
 enum Cmd {
     /// Serve the agent API.
     Serve(Serve),
+    /// Prepare a workspace pod's shared volume (the `fetch` init container, after PKO's): the dynamic
+    /// environment file (`$PULUMI_ENV`) and the work directory. Sources are fetched per operation by
+    /// `serve`, so there is nothing to clone here.
+    Init(Init),
+}
+
+/// `pko-agent init`.
+#[derive(Parser, Debug)]
+struct Init {
+    /// The shared volume (PKO's `/share`).
+    #[arg(long, default_value = "/share")]
+    share: PathBuf,
+}
+
+/// Creates `<share>/.env` (empty when absent; an init container may have written it already) and
+/// `<share>/work`. Errors: the path that could not be created.
+fn init(a: &Init) -> anyhow::Result<()> {
+    let env_file = a.share.join(".env");
+    std::fs::OpenOptions::new().create(true).append(true).open(&env_file).with_context(|| format!("creating {}", env_file.display()))?;
+    let work = a.share.join("work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    tracing::info!(share = %a.share.display(), "workspace volume prepared");
+    Ok(())
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -88,6 +111,10 @@ struct Serve {
     /// adds nothing; a malformed one fails the operation naming the file.
     #[arg(long)]
     env_file: Option<PathBuf>,
+    /// A symbolic link pointed at the project directory of each operation before Pulumi runs (PKO's
+    /// `/share/workspace`, for sidecars that read the program); with operations at once, the latest's.
+    #[arg(long)]
+    workspace_link: Option<PathBuf>,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -131,8 +158,10 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    let Cmd::Serve(args) = Cli::parse().command;
-    serve(args).await
+    match Cli::parse().command {
+        Cmd::Serve(args) => serve(args).await,
+        Cmd::Init(args) => init(&args),
+    }
 }
 
 /// The agent's Kubernetes client: from `kubeconfig` when given, in-cluster in a pod, else inferred.
@@ -193,6 +222,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         known_stacks: Default::default(),
         log_level: a.pulumi_log_level,
         env_file: a.env_file.clone(),
+        workspace_link: a.workspace_link.clone(),
         pulumi_version: Default::default(),
         hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
     };

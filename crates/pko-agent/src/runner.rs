@@ -42,6 +42,9 @@ pub struct RunnerContext {
     /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win
     /// over the agent's and the request's.
     pub env_file: Option<PathBuf>,
+    /// A symbolic link pointed at each operation's project directory (`--workspace-link`, PKO's
+    /// `/share/workspace`).
+    pub workspace_link: Option<PathBuf>,
     /// The Pulumi CLI's version (`pulumi version`), read once on first use.
     pub pulumi_version: Arc<tokio::sync::OnceCell<String>>,
     /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
@@ -208,6 +211,12 @@ async fn execute(
     *pinned = Some(prepared.key.clone());
     result.revision = prepared.revision.clone();
     let dir = prepared.project_dir.clone();
+    if let Some(link) = &ctx.workspace_link {
+        // for sidecars only: a failure is logged, never fails the operation
+        if let Err(e) = point_link(link, &dir) {
+            op.log(&format!("pointing {} at the project: {e}", link.display()));
+        }
+    }
     let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
     check_stop(op)?;
@@ -252,6 +261,16 @@ async fn execute(
         }
         other => other,
     }
+}
+
+/// Points the symbolic link `link` at `target`, atomically (a new link renamed over the old one).
+fn point_link(link: &Path, target: &Path) -> std::io::Result<()> {
+    let tmp = link.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    std::fs::rename(&tmp, link).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 /// Whether an environment variable's name says it holds a secret (masked in every log line).
@@ -792,6 +811,22 @@ mod tests {
         assert!(stdin[1].args.contains(&"--path".to_string()));
         let set: usize = cmds.iter().filter(|c| c.stdin.is_none()).map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len()).sum();
         assert_eq!(set, 20, "every medium value is set, in batches");
+    }
+
+    #[test]
+    fn the_workspace_link_follows_the_latest_project() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, link) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("workspace"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        point_link(&link, &a).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), a);
+        point_link(&link, &b).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), b, "replaced in place");
+        let real_dir = dir.path().join("real");
+        std::fs::create_dir_all(real_dir.join("x")).unwrap();
+        assert!(point_link(&real_dir, &a).is_err(), "a directory in the way is not replaced");
+        assert!(real_dir.join("x").is_dir());
     }
 
     #[test]

@@ -638,7 +638,8 @@ fn files_under_state(env: &pko_testbed::PulumiEnv, project: &str) -> Vec<std::pa
 async fn the_env_file_reaches_each_operation() {
     let env = pulumi_env();
     let file = env.dir().join("dynamic.env");
-    let agent = Agent::start(&env, &["--auth", "none", "--env-file", file.to_str().unwrap()], &[]);
+    let link = env.dir().join("workspace");
+    let agent = Agent::start(&env, &["--auth", "none", "--env-file", file.to_str().unwrap(), "--workspace-link", link.to_str().unwrap()], &[]);
     let mut c = agent.client().await;
     let dir = project(
         &env,
@@ -658,6 +659,7 @@ async fn the_env_file_reaches_each_operation() {
     let r = result(&run(&mut c, run_with("dyn-1", "1")).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("from the request"), "no file yet: {}", r.message);
+    assert!(link.join("Pulumi.yaml").is_file(), "PKO's /share/workspace points at the operation's project");
     std::fs::write(&file, "FROM_ENV_FILE=\"written by an init container\"\n").unwrap();
     let r = result(&run(&mut c, run_with("dyn-2", "2")).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
@@ -666,4 +668,19 @@ async fn the_env_file_reaches_each_operation() {
     let r = result(&run(&mut c, run_with("dyn-3", "3")).await);
     assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::InvalidConfig), "{}", r.message);
     assert!(r.message.contains("dynamic.env") && !r.message.contains("unterminated"), "names the file, not the line: {}", r.message);
+}
+
+/// `pko-agent init`, the workspace pod's `fetch` init container: the dynamic environment file exists
+/// (what an earlier init container wrote is kept) and the work directory too.
+#[test]
+fn init_prepares_the_shared_volume() {
+    let share = tempfile::tempdir().unwrap();
+    std::fs::write(share.path().join(".env"), "A=1\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent")).args(["init", "--share"]).arg(share.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(share.path().join(".env")).unwrap(), "A=1\n", "kept");
+    assert!(share.path().join("work").is_dir());
+    let fresh = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent")).args(["init", "--share"]).arg(fresh.path()).output().unwrap();
+    assert!(out.status.success() && fresh.path().join(".env").is_file());
 }

@@ -27,6 +27,9 @@ pub const AGENT_PATH: &str = "/share/pko-agent";
 /// PKO's dynamic environment file: containers append `NAME=value` lines, the agent reads it before
 /// each operation (`--env-file`).
 pub const ENV_FILE: &str = "/share/.env";
+/// PKO's `/share/workspace`: a link to the project directory of the latest operation (the agent's
+/// `--workspace-link`), for sidecars that read the program.
+pub const WORKSPACE_LINK: &str = "/share/workspace";
 /// The variable naming [`ENV_FILE`] in every container (PKO).
 pub const PULUMI_ENV: &str = "PULUMI_ENV";
 
@@ -141,6 +144,8 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         (TERMINATION_GRACE_SECONDS - 10).to_string(),
         "--env-file".into(),
         ENV_FILE.into(),
+        "--workspace-link".into(),
+        WORKSPACE_LINK.into(),
     ];
     if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
         args.extend(["--pulumi-log-level".into(), level.to_string()]);
@@ -154,6 +159,17 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         env.push(EnvVar { name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(), value: Some(max.to_string()), ..Default::default() });
     }
     env.extend(spec.env.clone().unwrap_or_default());
+    // PKO's second init container, so podTemplate patches written for PKO's `fetch` merge into a
+    // whole container: here it prepares the shared volume (sources are fetched per operation)
+    let fetch = Container {
+        name: "fetch".into(),
+        image: spec.image.clone(),
+        image_pull_policy: spec.image_pull_policy.as_ref().map(ToString::to_string),
+        command: Some(vec![AGENT_PATH.into(), "init".into(), "--share".into(), "/share".into()]),
+        volume_mounts: Some(vec![share.clone()]),
+        security_context: restricted.then(restricted_container),
+        ..Default::default()
+    };
     let pulumi = Container {
         name: "pulumi".into(),
         image: spec.image.clone(),
@@ -172,7 +188,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     let mut pod = PodSpec {
         service_account_name: spec.service_account_name.clone(),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
-        init_containers: Some(vec![bootstrap]),
+        init_containers: Some(vec![bootstrap, fetch]),
         containers: vec![pulumi],
         volumes: Some(vec![Volume { name: "share".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }]),
         security_context: Some(PodSecurityContext {
@@ -309,7 +325,7 @@ mod tests {
         assert!(pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "X") && pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "POD_NAMESPACE"));
         assert_eq!(pulumi.volume_mounts.as_ref().unwrap().len(), 2);
         let inits: Vec<_> = pod.init_containers.unwrap().iter().map(|c| c.name.clone()).collect();
-        assert_eq!(inits, vec!["bootstrap", "fetch-extra"], "user init containers run after the built-in ones");
+        assert_eq!(inits, vec!["bootstrap", "fetch", "fetch-extra"], "user init containers run after the built-in ones");
         assert_eq!(pod.volumes.unwrap().len(), 2);
         assert!(pod.tolerations.is_some());
     }
@@ -349,9 +365,27 @@ mod tests {
         for c in pod.containers.iter().chain(inits.iter()) {
             assert!(c.env.iter().flatten().any(|e| e.name == "PULUMI_ENV" && e.value.as_deref() == Some("/share/.env")), "{} has $PULUMI_ENV", c.name);
         }
-        assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["bootstrap", "extra"]);
+        assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["bootstrap", "fetch", "extra"]);
         let args = pulumi.args.clone().unwrap();
         assert!(args.windows(2).any(|w| w == ["--env-file", "/share/.env"]), "the agent reads it before each operation: {args:?}");
+        assert!(args.windows(2).any(|w| w == ["--workspace-link", "/share/workspace"]), "PKO's /share/workspace: {args:?}");
+    }
+
+    /// A podTemplate written for PKO that patches its `fetch` init container merges into ours, a whole
+    /// container, instead of adding an init container without an image.
+    #[test]
+    fn a_patch_of_pko_s_fetch_container_merges() {
+        let s = stateful_set(
+            &ws(json!({"podTemplate": {"spec": {"containers": [], "initContainers": [{"name": "fetch", "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                                                                                        "resources": {"limits": {"memory": "128Mi"}}}]}}})),
+            &cfg(),
+        );
+        let inits = s.spec.unwrap().template.spec.unwrap().init_containers.unwrap();
+        assert_eq!(inits.len(), 2, "merged, not added");
+        let fetch = &inits[1];
+        assert_eq!((fetch.name.as_str(), fetch.image.as_deref()), ("fetch", Some("pulumi/pulumi:latest-nonroot")));
+        assert_eq!(fetch.command.clone().unwrap(), vec!["/share/pko-agent", "init", "--share", "/share"]);
+        assert!(fetch.env.iter().flatten().any(|e| e.name == "HTTPS_PROXY") && fetch.resources.is_some());
     }
 
     #[test]
