@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Serve the agent API.
-    Serve(Serve),
+    Serve(Box<Serve>),
     /// Prepare a workspace pod's shared volume (the `fetch` init container, after PKO's): the dynamic
     /// environment file (`$PULUMI_ENV`) and the work directory. Sources are fetched per operation by
     /// `serve`, so there is nothing to clone here.
@@ -159,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Cmd::Serve(args) => serve(args).await,
+        Cmd::Serve(args) => serve(*args).await,
         Cmd::Init(args) => init(&args),
     }
 }

@@ -214,7 +214,7 @@ async fn execute(
     if let Some(link) = &ctx.workspace_link {
         // for sidecars only: a failure is logged, never fails the operation
         if let Err(e) = point_link(link, &dir) {
-            op.log(&format!("pointing {} at the project: {e}", link.display()));
+            op.log(format!("pointing {} at the project: {e}", link.display()));
         }
     }
     let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
