@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use pko_api::validation::{MIN_PULUMI_FOR_STRUCTURED_CONFIG, parse_pulumi_version};
 use pko_proto::v1::{
     ConfigItem, ErrorInfo, ErrorReason, LogLine, OperationRequest, OperationResult, OperationType, OutputValue, ProjectInfo, ResultStatus, config_item, log_line,
     operation_event::Event,
@@ -17,8 +18,6 @@ use tokio::process::Command;
 
 use crate::mask::Masker;
 use crate::operation::Operation;
-use pko_api::validation::{MIN_PULUMI_FOR_STRUCTURED_CONFIG, parse_pulumi_version};
-
 use crate::pulumi;
 use crate::source::SourceCache;
 use crate::values::ValueResolver;
@@ -221,12 +220,12 @@ async fn execute(
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
     check_stop(op)?;
 
-    // 3. stack: structured config needs a CLI that reads it (PKO's IncompatibleConfiguration)
-    if uses_structured_config(&req.config) {
-        let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
-        if let Some(message) = structured_config_unsupported(version) {
-            return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
-        }
+    // 3. stack: structured config needs a CLI that reads it (PKO's IncompatibleConfiguration); the
+    // version (read once per agent) is reported for the Workspace's `status.pulumiVersion`
+    let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
+    result.pulumi_version = version.clone();
+    if let Some(message) = structured_config_unsupported(version).filter(|_| uses_structured_config(&req.config)) {
+        return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
     }
     reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
     let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), dir.display(), stack.name);

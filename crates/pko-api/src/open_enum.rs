@@ -54,7 +54,7 @@ macro_rules! open_enum {
                 !matches!(self, Self::Unknown(_))
             }
 
-            /// The known values as a message lists them: `` `a`, `b` or `c` ``.
+            /// The known values as a message lists them, quoted: `"a", "b" or "c"`.
             pub fn expected() -> String {
                 let quoted: Vec<String> = Self::KNOWN.iter().map(|k| format!("{k:?}")).collect();
                 match quoted.split_last() {

@@ -33,7 +33,8 @@ impl fmt::Display for SpecInvalid {
     }
 }
 
-/// Minimum Pulumi CLI version for structured (non-string) config values (PKO: 3.202.0).
+/// Minimum Pulumi CLI version for structured (non-string) config values (PKO: 3.202.0); the agent
+/// refuses such config on an older CLI (`INCOMPATIBLE_CONFIGURATION`, the Stack `PulumiVersionTooLow`).
 pub const MIN_PULUMI_FOR_STRUCTURED_CONFIG: (u64, u64, u64) = (3, 202, 0);
 
 /// Checks what CEL cannot: every [`ResourceRef`] (envRefs, secretsRef, gitAuth) is `Literal` or `Secret`
@@ -179,12 +180,6 @@ fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<Fie
     }
 }
 
-/// Whether the spec uses structured (non-string) config values, which need Pulumi CLI ≥ 3.202.0
-/// ([`MIN_PULUMI_FOR_STRUCTURED_CONFIG`]); with an older CLI the Stack is Stalled `PulumiVersionTooLow`.
-pub fn uses_structured_config(spec: &StackSpec) -> bool {
-    spec.config.iter().flatten().any(|(_, v)| !v.is_string()) || spec.config_ref.iter().flatten().any(|(_, r)| r.json == Some(true))
-}
-
 /// Parses a Pulumi version string such as `v3.259.0` or `3.202.0-alpha.1` into `(major, minor, patch)`.
 /// Returns `None` when it is not of that form.
 pub fn parse_pulumi_version(v: &str) -> Option<(u64, u64, u64)> {
@@ -198,7 +193,7 @@ pub fn parse_pulumi_version(v: &str) -> Option<(u64, u64, u64)> {
 mod tests {
     use super::*;
     use crate::shared::{EnvSelector, SecretSelector};
-    use crate::stack::{ConfigMapRef, GitAuthConfig};
+    use crate::stack::GitAuthConfig;
     use std::collections::BTreeMap;
 
     fn spec() -> StackSpec {
@@ -282,18 +277,6 @@ mod tests {
         assert!(err.0.iter().any(|e| e.field == r#"spec.workspaceTemplate.metadata.annotations["Upper.Case/x"]"#), "{err}");
         assert!(err.0.iter().any(|e| e.field == "spec.workspaceTemplate.metadata.annotations" && e.message.contains("limit")), "{err}");
         assert!(qualified_name_error(&"a".repeat(64)).is_some());
-    }
-
-    #[test]
-    fn structured_config_is_detected() {
-        let mut s = spec();
-        s.config = Some(BTreeMap::from([("a".to_string(), serde_json::json!("plain"))]));
-        assert!(!uses_structured_config(&s));
-        s.config.as_mut().unwrap().insert("b".into(), serde_json::json!({"x": 1}));
-        assert!(uses_structured_config(&s));
-        let mut s = spec();
-        s.config_ref = Some(BTreeMap::from([("c".to_string(), ConfigMapRef { name: "cm".into(), key: "k".into(), json: Some(true) })]));
-        assert!(uses_structured_config(&s));
     }
 
     #[test]

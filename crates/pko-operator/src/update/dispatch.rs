@@ -257,19 +257,13 @@ pub async fn run_on_agent(
         check()?;
         crate::workspace::stalled::record(client, events, workspace, &crate::workspace::stalled::verdict(&result)).await;
         // PKO's Workspace `status.pulumiVersion`: the CLI of the agent that ran this operation
-        let mut ask = tonic::Request::new(pko_proto::v1::StatusRequest {});
-        if let Some(t) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
-            ask.metadata_mut().insert("authorization", t);
-        }
-        if let Ok(s) = agent_client.status(ask).await {
-            let version = pulumi_version(&s.into_inner().pulumi_version);
-            if !version.is_empty() && workspace.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) != Some(version.as_str()) {
-                check()?;
-                let api: Api<Workspace> = Api::namespaced(client.clone(), &ns);
-                let st = serde_json::json!({ "pulumiVersion": version });
-                if let Err(e) = crate::k8s::apply_status(&api, &workspace.name_any(), field_manager::WORKSPACE_PULUMI_VERSION, &st).await {
-                    tracing::warn!(error = %e, "writing the workspace's pulumiVersion");
-                }
+        let version = pulumi_version(&result.pulumi_version);
+        if !version.is_empty() && workspace.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) != Some(version.as_str()) {
+            check()?;
+            let api: Api<Workspace> = Api::namespaced(client.clone(), &ns);
+            let st = serde_json::json!({ "pulumiVersion": version });
+            if let Err(e) = crate::k8s::apply_status(&api, &workspace.name_any(), field_manager::WORKSPACE_PULUMI_VERSION, &st).await {
+                tracing::warn!(error = %e, "writing the workspace's pulumiVersion");
             }
         }
         return Ok(result);

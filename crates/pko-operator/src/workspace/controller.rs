@@ -183,11 +183,6 @@ impl WorkspaceController {
         }
         // a spec this version cannot run (PKO's schema admits any string for these): Stalled until it
         // changes; a stall of an earlier generation, or of a spec since mended, is cleared
-        let stale = ws
-            .status
-            .as_ref()
-            .and_then(|s| pko_api::conditions::find(s.conditions.as_deref().unwrap_or_default(), wc::STALLED))
-            .is_some_and(|c| c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID));
         match super::stalled::spec_error(&ws.spec) {
             Some(message) => {
                 if self.ctx.ownership.owns(&ns, &ws.shard_key()) {
@@ -196,7 +191,7 @@ impl WorkspaceController {
                 self.write(&api, &ws, st, ("False", wc::SPEC_INVALID, &message), &now).await?;
                 return Ok(Action::await_change());
             }
-            None if stale && self.ctx.ownership.owns(&ns, &ws.shard_key()) => {
+            None if super::stalled::outdated(&ws) && self.ctx.ownership.owns(&ns, &ws.shard_key()) => {
                 // the write wakes this controller again, with the condition gone
                 super::stalled::apply(&self.ctx.client, &ws, None).await?;
                 return Ok(Action::await_change());

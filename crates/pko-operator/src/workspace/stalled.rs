@@ -68,6 +68,14 @@ pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
     (!errors.is_empty()).then(|| errors.join("; "))
 }
 
+/// Whether the Workspace controller clears `ws`'s `Stalled` condition: it was recorded for an earlier
+/// generation, or it is `SpecInvalid` (the controller's own; a spec that still cannot run stalls it
+/// again at once). Pure.
+pub fn outdated(ws: &Workspace) -> bool {
+    let current = pko_api::conditions::find(ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::STALLED);
+    current.is_some_and(|c| c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID))
+}
+
 /// The event PKO emits when a workspace stalls with `reason`, and its text. Pure.
 pub fn stall_event(reason: &str, message: &str) -> Option<(&'static str, String)> {
     match reason {
@@ -216,5 +224,13 @@ mod tests {
         assert!(ws(2, Some(("InstallationFailed", "m", 1))).stalled().is_none());
         assert!(ws(1, Some(("InstallationFailed", "m", 1))).runnable(), "an operation may run again: that is how it recovers");
         assert!(!ws(1, Some((wc::SPEC_INVALID, "m", 1))).runnable(), "a spec it cannot run waits for a new spec");
+    }
+
+    #[test]
+    fn the_controller_clears_old_stalls_and_its_own() {
+        assert!(!outdated(&ws(1, None)));
+        assert!(!outdated(&ws(1, Some(("InstallationFailed", "m", 1)))), "an operation's stall of this generation stays");
+        assert!(outdated(&ws(2, Some(("InstallationFailed", "m", 1)))), "of an earlier generation");
+        assert!(outdated(&ws(1, Some((wc::SPEC_INVALID, "m", 1)))), "its own: checked again on every pass");
     }
 }
