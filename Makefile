@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test testbed testbed-down demo demo-down crds docs build lint
+.PHONY: test testbed testbed-down demo demo-down crds docs build lint images
 
 ## test: bring up the test bed (building it on a cold machine), then run every test of the workspace
 test: testbed
@@ -22,6 +22,11 @@ demo-down:
 ## testbed: install packages, build the third-party binaries (cached outside the repo), start the bed
 testbed:
 	@scripts/testbed/ensure.sh
+
+## images: the images of deploy/images (pko-operator, pko-agent, pko-workspace) built without a container
+## engine (mmdebstrap + umoci), as OCI archives under ~/.cache/pko/testbed/images, imported into the bed's node
+images: testbed
+	@scripts/images/build.sh
 
 ## testbed-down: stop exactly the processes `make testbed` started and remove its run directory
 testbed-down:

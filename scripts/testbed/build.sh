@@ -16,10 +16,8 @@ mkdir -p "$TB_BIN" "$TB_SRC" "$TB_STAMPS"
 
 want() { [ -z "${TESTBED_ONLY:-}" ] || [[ " $TESTBED_ONLY " == *" $1 "* ]]; }
 
-build_k8s() {
-  local W="$TB_SRC/k8s-$K8S_VERSION" SV="v0${K8S_VERSION#v1}" minor
-  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+k8s_wrapper() { # the wrapper module of k8s.io/kubernetes (its staging modules pinned), in the current dir
+  local SV="v0${K8S_VERSION#v1}"
   go mod init pko.testbed/k8s >/dev/null 2>&1
   local KMOD; KMOD="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | jq -r .GoMod)"
   local args=()
@@ -32,15 +30,46 @@ build_k8s() {
   awk '/^godebug \(/{b=1;next} b&&/^\)/{b=0} b{print $1} /^godebug [^(]/{print $2}' "$KMOD" | while read -r kv; do
     [ -n "$kv" ] && go mod edit -godebug="$kv"
   done
-  local P=k8s.io/kubernetes/cmd
-  go get "$P/kube-apiserver@$K8S_VERSION" "$P/kube-controller-manager@$K8S_VERSION" \
-    "$P/kube-scheduler@$K8S_VERSION" "$P/kubectl@$K8S_VERSION"
-  local LDF="-s -w" p
+}
+
+k8s_build() { # k8s_build CMD... : builds k8s.io/kubernetes/cmd/<CMD> into the bin directory
+  local minor P=k8s.io/kubernetes/cmd LDF="-s -w" p c pkgs=()
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  for c in "$@"; do pkgs+=("$P/$c"); done
+  go get "${pkgs[@]/%/@$K8S_VERSION}"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     LDF="$LDF -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  go build -mod=mod -trimpath -ldflags "$LDF" -o "$TB_BIN/" \
-    "$P/kube-apiserver" "$P/kube-controller-manager" "$P/kube-scheduler" "$P/kubectl"
+  go build -mod=mod -trimpath -ldflags "$LDF" -o "$TB_BIN/" "${pkgs[@]}"
+}
+
+build_k8s() {
+  local W="$TB_SRC/k8s-$K8S_VERSION"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  k8s_wrapper
+  k8s_build kube-apiserver kube-controller-manager kube-scheduler kubectl
+}
+
+build_k8s_node() {
+  # kubelet and kube-proxy from the same pinned module as the control plane (its wrapper, when present)
+  local W="$TB_SRC/k8s-$K8S_VERSION"
+  if [ ! -f "$W/go.mod" ]; then mkdir -p "$W"; cd "$W"; k8s_wrapper; fi
+  cd "$W"
+  k8s_build kubelet kube-proxy
+}
+
+build_coredns() {
+  # Service names resolve in pods as in a cluster: CoreDNS (its `kubernetes` plugin) on the node's address.
+  local W="$TB_SRC/coredns-$COREDNS_VERSION" M
+  M="$(go mod download -json "github.com/coredns/coredns@$COREDNS_VERSION" | jq -r .Dir)"
+  rm -rf "$W"; cp -r "$M" "$W"; chmod -R u+w "$W"; cd "$W"
+  go build -mod=mod -trimpath -ldflags "-s -w" -o "$TB_BIN/coredns" .
+}
+
+build_pause() {
+  # The pod sandbox image's program (testbed.md §7.2): exits on SIGINT/SIGTERM, reaps children.
+  local D="$TB_HOME/share/node"; mkdir -p "$D"
+  gcc -static -O2 -o "$D/pause" "$HERE/node/pause.c"
 }
 
 build_pulumi() {
@@ -152,5 +181,9 @@ step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pu
 # suffix: the stamp of a bed built before the dynamic-provider launcher was added
 step pulumi-python build_pulumi_python dynamic
 step helm build_helm "$HELM_VERSION"
+# the node (testbed.md §7): kubelet, kube-proxy, CoreDNS and the sandbox's pause program
+step k8s-node build_k8s_node
+step coredns build_coredns "$COREDNS_VERSION"
+step pause build_pause "$(sha256sum "$HERE/node/pause.c" | cut -c1-12)"
 step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLER_VERSION"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

@@ -4,6 +4,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 . "$HERE/lib.sh"
+"$HERE/node-down.sh"
 if [ ! -d "$TB_RUN" ]; then tb_log "not running"; exit 0; fi
 if [ -f "$TB_RUN/pids" ]; then
   # reverse start order: scheduler, KCM, apiserver, redis, etcd

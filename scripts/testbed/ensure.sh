@@ -10,4 +10,6 @@ T0=$SECONDS
 t=$SECONDS; "$HERE/packages.sh"; tb_log "packages: $((SECONDS - t)) s"
 "$HERE/build.sh"
 "$HERE/up.sh"
+"$HERE/node-up.sh"
+cat "$TB_RUN/node/env.sh" 2>/dev/null || true
 tb_log "make testbed: $((SECONDS - T0)) s in all"

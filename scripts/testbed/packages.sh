@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test bed needs, without starting their daemons. Idempotent.
 set -euo pipefail
-PKGS=(etcd-server etcd-client redis-server prometheus openssl git jq iproute2 util-linux curl ca-certificates openssh-server openssh-client)
+PKGS=(etcd-server etcd-client redis-server prometheus openssl git jq iproute2 util-linux curl ca-certificates openssh-server openssh-client
+  # the node (testbed.md §7) and the images built without a container engine (`make images`)
+  containerd runc containernetworking-plugins iptables conntrack umoci mmdebstrap tini gcc libc6-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "[testbed] installing ${missing[*]}" >&2
-# postinst scripts of etcd-server and redis-server would start daemons on the default ports: block that.
+# postinst scripts of etcd-server, redis-server and containerd would start daemons on the default ports: block that.
 printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null; $SUDO chmod +x /usr/sbin/policy-rc.d
 trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
 $SUDO apt-get update -qq

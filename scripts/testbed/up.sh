@@ -8,6 +8,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 . "$HERE/lib.sh"
+. "$HERE/node/env.sh"
 mkdir -p "$TB_CACHE_ROOT"; exec 8> "$TB_CACHE_ROOT/.up.lock"; flock 8   # one up at a time per machine
 
 AP="${TESTBED_APISERVER_PORT:-16443}"; EP="${TESTBED_ETCD_PORT:-23790}"; PP=$((EP + 10))
@@ -43,7 +44,17 @@ alive() { # every recorded pid alive?
   while read -r name pid; do kill -0 "$pid" 2>/dev/null || return 1; done < "$TB_RUN/pids"
 }
 
-if alive && curl -sf --cacert "$CERTS/ca.crt" "https://127.0.0.1:$AP/readyz" >/dev/null 2>&1; then
+# The node's address, on lo, is where the API server listens: the host's processes and the node's pods
+# (through the Service `kubernetes`) reach it there, and nothing off this machine can. Without the
+# privilege to add it, the API server stays on 127.0.0.1 and the bed has no node.
+ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_IFACE" 2>/dev/null || true
+API_IP=127.0.0.1
+ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" && API_IP="$NODE_IP"
+# A bed started by another version of this script (or on another address) is restarted.
+CONFIG="$(cat "$0" "$HERE/node/env.sh" | sha256sum | cut -c1-12)-$API_IP"
+
+if alive && [ "$(cat "$TB_RUN/config" 2>/dev/null)" = "$CONFIG" ] \
+   && curl -sf --cacert "$CERTS/ca.crt" "https://$API_IP:$AP/readyz" >/dev/null 2>&1; then
   tb_log "already running (run dir $TB_RUN)"
   write_env; print_env; exit 0
 fi
@@ -68,7 +79,7 @@ gen_certs() {
   cd "$CERTS"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=pko-testbed-ca" 2>/dev/null
   cat > apiserver.ext <<EXT
-subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:127.0.0.1,IP:$NODE_IP,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 extendedKeyUsage=serverAuth
 EXT
   printf 'extendedKeyUsage=clientAuth\n' > client.ext
@@ -92,7 +103,7 @@ kind: Config
 clusters:
 - name: pko-testbed
   cluster:
-    server: https://127.0.0.1:$AP
+    server: https://$API_IP:$AP
     certificate-authority: $CERTS/ca.crt
 users:
 - name: admin
@@ -148,7 +159,7 @@ POLICY
 start kube-apiserver "$TB_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$EP" \
   --audit-policy-file="$TB_RUN/audit-policy.yaml" --audit-log-path="$TB_RUN/logs/audit.log" \
   --audit-log-maxsize=100 --audit-log-maxbackup=1 --audit-log-mode=blocking \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$AP" \
+  --bind-address="$API_IP" --advertise-address="$API_IP" --secure-port="$AP" \
   --tls-cert-file="$CERTS/apiserver.crt" --tls-private-key-file="$CERTS/apiserver.key" \
   --client-ca-file="$CERTS/ca.crt" --authorization-mode=Node,RBAC --allow-privileged=true \
   --service-cluster-ip-range=10.0.0.0/24 \
@@ -157,7 +168,7 @@ start kube-apiserver "$TB_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$
   --kubelet-client-certificate="$CERTS/kubelet-client.crt" --kubelet-client-key="$CERTS/kubelet-client.key" \
   --kubelet-preferred-address-types=InternalIP --enable-priority-and-fairness=false \
   --storage-media-type=application/json --event-ttl=1h
-wait_for kube-apiserver 120 curl -sf --cacert "$CERTS/ca.crt" "https://127.0.0.1:$AP/readyz"
+wait_for kube-apiserver 120 curl -sf --cacert "$CERTS/ca.crt" "https://$API_IP:$AP/readyz"
 
 start kube-controller-manager "$TB_BIN/kube-controller-manager" --kubeconfig="$KCFG" \
   --authentication-kubeconfig="$KCFG" --authorization-kubeconfig="$KCFG" \
@@ -172,6 +183,7 @@ wait_for kube-controller-manager 60 curl -sfk "https://127.0.0.1:$KP/healthz"
 wait_for "default ServiceAccount" 60 "$TB_BIN/kubectl" --kubeconfig "$KCFG" get serviceaccount default -n default
 
 write_env
+echo "$CONFIG" > "$TB_RUN/config"
 mkdir -p "$TB_RUN/pulumi-state" "$TB_RUN/pulumi-home"
 echo "$((SECONDS - T0))" > "$TB_RUN/start-seconds"
 tb_log "control plane and redis up in $((SECONDS - T0)) s (run dir $TB_RUN)"

@@ -8,3 +8,4 @@ PULUMI_NODEJS_HOST_SDK=v3.68.0 # pulumi-language-nodejs: last SDK release that h
 HELM_VERSION=v3.21.4         # helm (chart lint/template/install tests); not part of the cache stamp: built as its own step
 FLUX_SOURCE_CONTROLLER_VERSION=v1.8.0 # Flux source-controller (Flux source tests); not part of the cache stamp. The module proxy
                                       # refuses several newer tags ("This module version is not available") and their deps
+COREDNS_VERSION=v1.14.7     # CoreDNS on the node (Service names in pods); not part of the cache stamp: built as its own step

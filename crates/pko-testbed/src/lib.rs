@@ -157,10 +157,52 @@ impl TestBed {
         Ok(PulumiEnv { dir, path: self.var("PATH").to_string() })
     }
 
+    /// The bed's node (`scripts/testbed/node-up.sh`, testbed.md §7): a kubelet on containerd, runc and the
+    /// CNI bridge, kube-proxy, and CoreDNS resolving Service names in pods.
+    ///
+    /// Panics when the bed has no node (`TESTBED_NODE=0`, or no privilege to run one): a test that needs
+    /// pods fails, it is never skipped.
+    pub fn node(&self) -> Node {
+        let name = self.env.get("PKO_TESTBED_NODE").unwrap_or_else(|| panic!("the test bed has no node: `make testbed` as root brings it up (scripts/testbed/node-up.sh)"));
+        Node { name: name.clone(), ip: self.var("PKO_TESTBED_NODE_IP").to_string() }
+    }
+
+    /// Builds the images `pko-operator`, `pko-agent` and `pko-workspace` (`scripts/images/build.sh`,
+    /// what `make images` runs) from the binaries in `bin_dir` (e.g. `target/debug`), and imports them
+    /// into the node's containerd; unchanged images are neither rebuilt nor re-imported. Once per
+    /// process. Returns the images' tag (the workspace's version, e.g. `0.1.0`).
+    ///
+    /// Panics with the script's output when it fails.
+    pub fn images(&self, bin_dir: &Path) -> &'static str {
+        static IMAGES: OnceLock<String> = OnceLock::new();
+        IMAGES.get_or_init(|| {
+            self.node();
+            let out = Command::new("bash")
+                .arg(repo_root().join("scripts/images/build.sh"))
+                .env("PKO_IMAGES_BIN_DIR", bin_dir)
+                .env("PATH", self.var("PATH"))
+                .output()
+                .expect("run scripts/images/build.sh");
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "scripts/images/build.sh failed ({})", out.status);
+            env!("CARGO_PKG_VERSION").to_string()
+        })
+    }
+
     /// A Redis key prefix unique to one test (`pko-test:<name>:<random>:`), so tests may share the server.
     pub fn redis_prefix(&self, test: &str) -> String {
         format!("pko-test:{}:{}:", sanitize(test), random_suffix(8))
     }
+}
+
+/// The test bed's node, as [`TestBed::node`] reports it.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Name of the Node object, e.g. `pko-node`.
+    pub name: String,
+    /// The node's address (its InternalIP, where the API server listens), e.g. `10.250.0.1`: pods reach
+    /// the host there, so a test server bound to it serves pods.
+    pub ip: String,
 }
 
 /// Polls `check` every 250 ms until it returns true; panics with `what` after `secs` seconds.

@@ -24,6 +24,10 @@ use sha2::{Digest, Sha256};
 pub const TERMINATION_GRACE_SECONDS: i64 = 600;
 /// Where the agent binary is placed in the pod.
 pub const AGENT_PATH: &str = "/share/pko-agent";
+/// Where the `bootstrap` init container puts `tini` (from the agent image's `/tini`), the workspace
+/// container's PID 1: it forwards SIGTERM to the agent and reaps the zombies Pulumi's plugins leave
+/// (PKO: `/share/tini`, pulumi/pulumi-kubernetes-operator#698).
+pub const TINI_PATH: &str = "/share/tini";
 /// PKO's dynamic environment file: containers append `NAME=value` lines, the agent reads it before
 /// each operation (`--env-file`).
 pub const ENV_FILE: &str = "/share/.env";
@@ -36,7 +40,7 @@ pub const PULUMI_ENV: &str = "PULUMI_ENV";
 /// Operator settings for the pod runtime.
 #[derive(Debug, Clone)]
 pub struct PodRuntimeConfig {
-    /// Image holding `/pko-agent` (copied into the pod by the `bootstrap` init container).
+    /// Image holding `/pko-agent` and `/tini` (copied into the pod by the `bootstrap` init container).
     pub agent_image: String,
     /// Pull policy of that image (PKO `AGENT_IMAGE_PULL_POLICY`: `Always`, `IfNotPresent`, `Never`);
     /// none: Kubernetes' default for the tag.
@@ -121,7 +125,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         name: "bootstrap".into(),
         image: Some(cfg.agent_image.clone()),
         image_pull_policy: cfg.agent_image_pull_policy.clone(),
-        command: Some(vec!["cp".into(), "/pko-agent".into(), AGENT_PATH.into()]),
+        command: Some(vec!["cp".into(), "/pko-agent".into(), "/tini".into(), "/share/".into()]),
         volume_mounts: Some(vec![share.clone()]),
         security_context: restricted.then(restricted_container),
         ..Default::default()
@@ -174,7 +178,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         name: "pulumi".into(),
         image: spec.image.clone(),
         image_pull_policy: spec.image_pull_policy.as_ref().map(ToString::to_string),
-        command: Some(vec![AGENT_PATH.into()]),
+        command: Some(vec![TINI_PATH.into(), "--".into(), AGENT_PATH.into()]),
         args: Some(args),
         env: Some(env),
         env_from: spec.env_from.clone(),
@@ -293,6 +297,8 @@ mod tests {
         assert!(env.iter().any(|e| e.name == "FLUX_MAX_UNTAR_SIZE_BYTES" && e.value.as_deref() == Some("-1")), "the operator's FLUX_MAX_UNTAR_SIZE_BYTES reaches the agent");
         let bootstrap = &pod.init_containers.unwrap()[0];
         assert_eq!((bootstrap.name.as_str(), bootstrap.image_pull_policy.as_deref()), ("bootstrap", Some("Never")), "AGENT_IMAGE_PULL_POLICY");
+        assert_eq!(bootstrap.command.clone().unwrap(), vec!["cp", "/pko-agent", "/tini", "/share/"]);
+        assert_eq!(c.command.clone().unwrap(), vec!["/share/tini", "--", "/share/pko-agent"], "tini is PID 1: it reaps zombies and forwards SIGTERM");
         assert_eq!(s.metadata.owner_references.unwrap()[0].kind, "Workspace");
         assert_eq!(address("w", "ns"), "w-workspace.ns:50051");
     }

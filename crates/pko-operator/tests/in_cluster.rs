@@ -1,0 +1,380 @@
+//! The production path on the bed's real node: the images (`scripts/images/build.sh`, what `make images`
+//! runs) imported into the node's containerd, the operator installed with `helm install` from
+//! `deploy/helm/pko` and running in a pod, workspaces in pods of the workspace image, the agent copied in
+//! by the `bootstrap` init container and run under tini, Service names resolved by CoreDNS, Services
+//! routed by kube-proxy, Pulumi's state on a hostPath volume.
+//!
+//! One test walks the lifecycle a user meets, in order (each step needs the one before):
+//! 1. `helm install` → the operator Deployment is available;
+//! 2. a Program Stack with secret config, and a git Stack, converge with their workspaces in pods;
+//! 3. `kubectl delete pod` of a workspace pod during a slow `up`: the agent gets SIGTERM and sends CTRL-C to
+//!    Pulumi, its run ends Interrupted at once (not after the grace period), the same Update is handed to
+//!    the recreated pod and completes there, the Stack converges, no Pulumi lock is left;
+//! 4. `helm upgrade` with changed values during a slow `up` rolls the operator, and the operation is not lost;
+//! 5. the Stacks deleted, `helm uninstall` leaves no workload, ClusterRole or Service behind.
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use common::{create, ready, stack_condition};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use pko_api::{Stack, Update};
+use pko_testbed::{repo_root, testbed};
+use serde_json::json;
+
+/// `helm` of the bed with private cache/config dirs; (success, stdout, stderr).
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(testbed().bin_dir().join("helm"))
+        .args(args)
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("pko-helm-cache"))
+        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("pko-helm-config"))
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("pko-helm-data"))
+        .env("KUBECONFIG", testbed().kubeconfig())
+        .output()
+        .expect("the bed's helm (make testbed)");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+fn kubectl(args: &[&str]) -> String {
+    let out = testbed().kubectl().args(args).output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The operator's logs (for a failing assertion's message).
+fn operator_logs(ns: &str) -> String {
+    let out = testbed().kubectl().args(["logs", "-n", ns, "deploy/pko-operator"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// What the cluster shows of `ns` and the operator in `op_ns` (for a failing wait's message).
+fn diagnostics(ns: &str, op_ns: &str) -> String {
+    let run = |args: &[&str]| {
+        let out = testbed().kubectl().args(args).output().unwrap();
+        format!("$ kubectl {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let mut s = String::new();
+    s += &run(&["get", "stacks,workspaces,updates,statefulsets,pods,services", "-n", ns, "-o", "wide"]);
+    s += &run(&["get", "updates", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status}{\"\\n\"}{end}"]);
+    s += &run(&["get", "stacks", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"]);
+    s += &run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+    for stack in ["prog-stack", "git-stack"] {
+        s += &run(&["logs", "-n", ns, &format!("{stack}-workspace-0"), "--all-containers", "--tail", "40"]);
+    }
+    s += &run(&["logs", "-n", op_ns, "deploy/pko-operator", "--tail", "60"]);
+    s
+}
+
+/// Polls `check` every 250 ms until it holds; panics after `secs` with `what` and the diagnostics.
+async fn wait_for<F, Fut>(what: &str, secs: u64, ns: &str, op_ns: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + std::time::Duration::from_secs(secs);
+    while !check().await {
+        if Instant::now() > end {
+            panic!("{what}: not within {secs} s\n{}", diagnostics(ns, op_ns));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// Removes what the test made outside its namespace, also when it fails: the Helm release, the
+/// operator's namespace, the ClusterRoleBinding.
+struct Cleanup {
+    release: String,
+    op_ns: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = helm(&["uninstall", &self.release, "--namespace", &self.op_ns, "--ignore-not-found"]);
+        let _ = testbed().kubectl().args(["delete", "namespace", &self.op_ns, "--wait=false", "--ignore-not-found"]).output();
+        let _ = testbed().kubectl().args(["delete", "clusterrolebinding", &format!("{}-ws-auth", self.release), "--ignore-not-found"]).output();
+    }
+}
+
+/// A Stack of Program `prog` whose workspace runs in a pod of the workspace image, with Pulumi's
+/// `file://` state on the node's `state_dir` (mounted at /state) and the passphrase from Secret `p`.
+fn stack_spec(name: &str, tag: &str, state_dir: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "stack": name,
+        "backend": "file:///state",
+        "envRefs": common::passphrase_env_refs(),
+        "workspaceTemplate": {"spec": {
+            "image": format!("pko-workspace:{tag}"),
+            "imagePullPolicy": "IfNotPresent",
+            // the bed is offline: the image's plugins only (PKO users' pods download them)
+            "env": [{"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "true"}, {"name": "PULUMI_DISABLE_REGISTRY_RESOLVE", "value": "true"}],
+            "podTemplate": {"spec": {
+                "volumes": [{"name": "state", "hostPath": {"path": state_dir, "type": "Directory"}}],
+                "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]
+            }}
+        }}
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
+}
+
+/// Updates of `stack` (by the label the operator sets), oldest first.
+async fn updates_of(api: &Api<Update>, stack: &str) -> Vec<Update> {
+    let mut v: Vec<Update> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|u| u.spec.stack_name.as_deref().is_some_and(|s| s.ends_with(stack)) || u.metadata.owner_references.iter().flatten().any(|o| o.name == stack))
+        .collect();
+    v.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
+    v
+}
+
+fn failed_update(u: &Update) -> bool {
+    common::condition(u, "Complete").is_some_and(|c| c.0 == "True") && common::condition(u, "Failed").is_some_and(|c| c.0 == "True")
+}
+
+/// Waits for the workspace pod `<stack>-workspace-0` to be Running with its containers ready; returns it.
+async fn workspace_pod(pods: &Api<Pod>, stack: &str, secs: u64) -> Pod {
+    let name = format!("{stack}-workspace-0");
+    let end = Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let pod = pods.get_opt(&name).await.unwrap();
+        if let Some(p) =
+            pod.filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| cs.iter().all(|c| c.ready)))
+        {
+            return p;
+        }
+        assert!(Instant::now() < end, "workspace pod {name} not Running and ready within {secs} s");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// Lock files of the file:// backend under `state_dir` (Pulumi's `.pulumi/locks/<org>/<project>/<stack>/*.json`).
+fn locks(state_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    common::files_under(&state_dir.join(".pulumi/locks"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
+    let bed = testbed();
+    let node = bed.node();
+    let bin_dir = common::agent_bin().parent().unwrap().to_path_buf();
+    let tag = bed.images(&bin_dir);
+    let client = bed.client().await.unwrap();
+    pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
+    let ns = bed.namespace("in-cluster").await.unwrap();
+    let op_ns = format!("{}-op", ns.name());
+    let release = format!("pko-{}", &ns.name()[ns.name().len() - 6..]);
+    let _cleanup = Cleanup { release: release.clone(), op_ns: op_ns.clone() };
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap()).await.unwrap();
+
+    // Pulumi's state on the node, writable by the workspace image's user (1000)
+    let env = bed.pulumi_env().unwrap();
+    let state = env.dir().join("node-state");
+    std::fs::create_dir_all(&state).unwrap();
+    for d in [env.dir(), state.as_path()] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    }
+    let state_dir = state.display().to_string();
+
+    // -- 1. helm install --
+    let chart = repo_root().join("deploy/helm/pko").display().to_string();
+    let watch = format!("namespace.watch={{{}}}", ns.name());
+    let base_sets = ["--set", &watch, "--set", "fullnameOverride=pko-operator", "--set", "terminationGracePeriodSeconds=60"];
+    let t = Instant::now();
+    let mut args = vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
+    args.extend(base_sets);
+    let (ok, _, err) = helm(&args);
+    assert!(ok, "helm install: {err}\n{}", operator_logs(&op_ns));
+    eprintln!("helm install → operator available: {:.1} s", t.elapsed().as_secs_f64());
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &op_ns);
+    let d = deploys.get("pko-operator").await.unwrap();
+    assert_eq!(d.status.and_then(|s| s.available_replicas), Some(1), "the operator pod is available");
+    let op_pods: Api<Pod> = Api::namespaced(client.clone(), &op_ns);
+    let op_pod = op_pods.list(&ListParams::default().labels("app.kubernetes.io/name=pko-operator")).await.unwrap().items.remove(0);
+    assert_eq!(op_pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node.name.as_str()), "the operator runs on the bed's node");
+    assert_eq!(op_pod.spec.as_ref().unwrap().containers[0].image.as_deref(), Some(format!("pko-operator:{tag}").as_str()));
+
+    // the workspaces' service account may check the operator's token (PKO's documented requirement)
+    kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
+    common::passphrase_secret(&ns).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "api"}, "stringData": {"token": "t0ken-Secret-val"}}),
+    )
+    .await;
+
+    // -- 2. a Program Stack with secret config, and a git Stack, converge in workspace pods --
+    create(
+        &ns.api::<pko_api::Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": {
+            "configuration": {"greeting": {"type": "String"}, "token": {"type": "String"}, "pause": {"type": "String", "default": "0"}},
+            "resources": {
+                "hello": {"type": "command:local:Command", "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}},
+                "tok": {"type": "command:local:Command", "properties": {"create": "echo ${token}"}}
+            },
+            "outputs": {"said": "${hello.stdout}", "tokenLength": "${tok.stdout}"}
+        }}),
+    )
+    .await;
+    let stacks = ns.api::<Stack>();
+    let t = Instant::now();
+    create(
+        &stacks,
+        stack_spec(
+            "prog-stack",
+            tag,
+            &state_dir,
+            json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
+        ),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    wait_for("the Program Stack Ready (cold workspace pod)", 180, ns.name(), &op_ns, || async { stacks.get("prog-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    eprintln!("Program Stack apply → Ready, cold workspace pod: {:.1} s", t.elapsed().as_secs_f64());
+    let s = stacks.get("prog-stack").await.unwrap();
+    let outputs = s.status.as_ref().and_then(|s| s.outputs.clone()).unwrap_or_default();
+    assert!(outputs.get("said").is_some_and(|v| v.as_str().is_some_and(|v| v.contains("hello from prog-stack-workspace-0"))), "the program ran in the workspace pod: {outputs:?}");
+    let pod = workspace_pod(&pods, "prog-stack", 30).await;
+    let ps = pod.spec.as_ref().unwrap();
+    assert_eq!(ps.node_name.as_deref(), Some(node.name.as_str()));
+    assert_eq!(ps.containers[0].command.clone().unwrap(), vec!["/share/tini", "--", "/share/pko-agent"], "tini is the workspace container's PID 1");
+    // the agent under tini: PID 1 in the container is tini, the agent its child
+    let comm = kubectl(&["exec", "-n", ns.name(), "prog-stack-workspace-0", "-c", "pulumi", "--", "cat", "/proc/1/comm"]);
+    assert_eq!(comm.trim(), "tini");
+
+    // warm: a config change runs on the same pod
+    let uid = pod.metadata.uid.clone();
+    let t = Instant::now();
+    stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "bonjour"}}}))).await.unwrap();
+    wait_for("the Program Stack Ready again (warm workspace pod)", 120, ns.name(), &op_ns, || async {
+        stacks.get("prog-stack").await.is_ok_and(|s| {
+            ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("bonjour")))
+        })
+    })
+    .await;
+    eprintln!("Program Stack change → Ready, warm workspace pod: {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(pods.get("prog-stack-workspace-0").await.unwrap().metadata.uid, uid, "the same workspace pod ran it");
+    // the secret config reached the program, and shows only masked
+    let s = stacks.get("prog-stack").await.unwrap();
+    assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("tokenLength")), Some(&json!("[secret]")));
+    let status = serde_json::to_string(&s.status).unwrap();
+    assert!(!status.contains("t0ken-Secret-val"), "the secret in the status: {status}");
+
+    // a git Stack: the source served on the node's address, fetched by the agent in the pod
+    let git_root = env.dir().join("git");
+    std::fs::create_dir_all(&git_root).unwrap();
+    let repo = pko_testbed::git::bare_repo_with(
+        &git_root,
+        "proj.git",
+        &[(
+            "app/Pulumi.yaml",
+            "name: gitproj\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo from-git\noutputs:\n  out: ${c.stdout}\n",
+        )],
+    );
+    let server = pko_testbed::git::GitHttpServer::start(&git_root, &format!("{}:0", node.ip), None).await.unwrap();
+    create(&stacks, stack_spec("git-stack", tag, &state_dir, json!({"projectRepo": server.url("proj.git"), "repoDir": "app", "commit": repo}))).await;
+    wait_for("the git Stack Ready", 300, ns.name(), &op_ns, || async { stacks.get("git-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    let s = stacks.get("git-stack").await.unwrap();
+    assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("out")).and_then(|v| v.as_str()), Some("from-git"));
+
+    // -- 3. a workspace pod deleted during a slow up: SIGTERM → CTRL-C, interrupted, converges after --
+    let updates = ns.api::<Update>();
+    let before = updates_of(&updates, "prog-stack").await.len();
+    stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "40", "greeting": "slow"}}}))).await.unwrap();
+    // the `up` is running when its command is (the sleep in the pod)
+    wait_for("the slow up running in the workspace pod", 120, ns.name(), &op_ns, || async {
+        let out = testbed()
+            .kubectl()
+            .args(["exec", "-n", ns.name(), "prog-stack-workspace-0", "-c", "pulumi", "--", "sh", "-c", "ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("sleep 40")
+    })
+    .await;
+    let running = updates_of(&updates, "prog-stack").await.pop().unwrap().metadata.name.unwrap();
+    let t = Instant::now();
+    kubectl(&["delete", "pod", "-n", ns.name(), "prog-stack-workspace-0", "--wait=true", "--timeout=90s"]);
+    let handoff = t.elapsed().as_secs_f64();
+    eprintln!("workspace pod deleted mid-up: SIGTERM → CTRL-C → pod gone in {handoff:.1} s (grace period 600 s)");
+    assert!(handoff < 30.0, "the agent stopped Pulumi on SIGTERM instead of running out the grace period ({handoff:.1} s)");
+    // the interrupted operation is handed over: the same Update runs again on the new pod and completes
+    wait_for("the interrupted Update completed on the new workspace pod", 240, ns.name(), &op_ns, || async {
+        updates.get(&running).await.is_ok_and(|u| common::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))
+    })
+    .await;
+    let u = updates.get(&running).await.unwrap();
+    assert!(!failed_update(&u), "the interrupted Update completed without failing: {:?}", u.status);
+    assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "no second Update: the interrupted one was handed over");
+    let logs = operator_logs(&op_ns);
+    assert!(logs.contains("operation interrupted by agent shutdown") && logs.contains(running.as_str()), "the operator saw the agent's Interrupted result:\n{logs}");
+    wait_for("the Stack converges after the interruption", 120, ns.name(), &op_ns, || async {
+        stacks.get("prog-stack").await.is_ok_and(|s| {
+            ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("slow")))
+        })
+    })
+    .await;
+    assert!(locks(&state).is_empty(), "no Pulumi lock left: {:?}", locks(&state));
+
+    // -- 4. helm upgrade during a slow up: the operator rolls, the operation is not lost --
+    let before = updates_of(&updates, "prog-stack").await.len();
+    stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "15", "greeting": "upgraded"}}}))).await.unwrap();
+    wait_for("the next up started", 120, ns.name(), &op_ns, || async { updates_of(&updates, "prog-stack").await.len() > before }).await;
+    let running = updates_of(&updates, "prog-stack").await.pop().unwrap().metadata.name.unwrap();
+    let mut args = vec!["upgrade", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s", "--set", "controller.logLevel=debug"];
+    args.extend(base_sets);
+    let (ok, _, err) = helm(&args);
+    assert!(ok, "helm upgrade: {err}");
+    let pods_now: Vec<Pod> = op_pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=pko-operator"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert!(pods_now.iter().all(|p| p.metadata.uid != op_pod.metadata.uid), "helm upgrade rolled the operator pod");
+    let env = &pods_now[0].spec.as_ref().unwrap().containers[0].env.clone().unwrap();
+    assert!(env.iter().any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")), "the new value reached the operator");
+    wait_for("the Stack converges on the upgraded operator", 300, ns.name(), &op_ns, || async {
+        stacks.get("prog-stack").await.is_ok_and(|s| {
+            ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("upgraded")))
+        })
+    })
+    .await;
+    assert!(stack_condition(&stacks.get("prog-stack").await.unwrap(), "Stalled").is_none_or(|c| c.0 != "True"));
+    let u = updates.get(&running).await.unwrap();
+    assert!(common::condition(&u, "Complete").is_some_and(|c| c.0 == "True") && !failed_update(&u), "the Update running across the upgrade completed: {:?}", u.status);
+    assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "the new operator followed the running Update instead of starting another");
+
+    // -- 5. Stacks deleted, helm uninstall: nothing left --
+    for name in ["prog-stack", "git-stack"] {
+        stacks.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    wait_for("the Stacks gone (finalizers run by the operator in its pod)", 180, ns.name(), &op_ns, || async {
+        stacks.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    let (ok, _, err) = helm(&["uninstall", release.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "120s"]);
+    assert!(ok, "helm uninstall: {err}");
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns.name());
+    wait_for("no workload left", 120, ns.name(), &op_ns, || async {
+        deploys.list(&ListParams::default()).await.unwrap().items.is_empty()
+            && op_pods.list(&ListParams::default()).await.unwrap().items.is_empty()
+            && sets.list(&ListParams::default()).await.unwrap().items.is_empty()
+            && pods.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    assert!(roles.get_opt("pko-operator").await.unwrap().is_none(), "the ClusterRole is gone");
+    drop(server);
+}
