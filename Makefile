@@ -9,11 +9,13 @@ test: testbed
 	@scripts/test.sh
 
 REPLICAS ?= 1
+RUNTIME ?= local
 
 ## demo: the main job end to end on the local test bed (operator, agents, sample stacks);
-## REPLICAS=3: a fleet of three replicas over redis, one of them killed mid-run
+## REPLICAS=3: a fleet of three replicas over redis, one of them killed mid-run;
+## RUNTIME=pod: on the bed's node, installed with Helm, the operator and workspaces in pods
 demo:
-	@REPLICAS=$(REPLICAS) scripts/demo.sh
+	@if [ "$(RUNTIME)" = pod ]; then scripts/demo-pod.sh; else REPLICAS=$(REPLICAS) scripts/demo.sh; fi
 
 ## demo-down: stop what `make demo` started
 demo-down:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make demo-down`: stops what `make demo` started (operator, its agents, git daemon) and deletes its namespace.
+# `make demo-down`: stops what `make demo` started (operator, its agents, git daemon; with RUNTIME=pod the Helm
+# release) and deletes its namespaces.
 set -uo pipefail
 DEMO=/tmp/pko-demo
 for f in "$DEMO"/operator*.pid "$DEMO/git-daemon.pid"; do
@@ -13,6 +14,13 @@ done
 # local agents run in their own process groups (they outlive an operator crash, like pods): stop them too
 pkill -TERM -f -- "--work-dir $DEMO/agents" 2>/dev/null
 if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
+  # `make demo RUNTIME=pod`: the Helm release (its operator runs the Stacks' finalizers first)
+  if command -v helm >/dev/null && helm status pko -n pko-system >/dev/null 2>&1; then
+    kubectl -n pko-demo delete stacks --all --timeout=60s >/dev/null 2>&1
+    helm uninstall pko -n pko-system --wait >/dev/null 2>&1
+    kubectl delete ns pko-system --wait=false >/dev/null 2>&1
+  fi
+  kubectl delete clusterrolebinding pko-demo-workspaces --ignore-not-found >/dev/null 2>&1
   kubectl get ns pko-demo >/dev/null 2>&1 && {
     # finalizers need the operator; it is gone, so release them
     for s in $(kubectl -n pko-demo get stacks,updates -o name 2>/dev/null); do kubectl -n pko-demo patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done

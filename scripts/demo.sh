@@ -21,7 +21,8 @@ step() { printf '\n== %s\n' "$*"; }
 trap 'fail "a command failed (line $LINENO)"' ERR
 
 step "test bed"
-eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
+# its progress (each component built on a cold machine, with a heartbeat) goes to the terminal
+eval "$("$ROOT/scripts/testbed/ensure.sh" | grep '^export')"
 "$ROOT/scripts/demo-down.sh" >/dev/null 2>&1 || true
 kubectl wait --for=delete namespace/$NS --timeout=120s >/dev/null 2>&1 || true
 mkdir -p "$DEMO/state"   # the examples use the file:// backend file:///tmp/pko-demo/state

@@ -6,6 +6,9 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # binaries first: tests of one crate start the binaries of another (e.g. pko-agent)
 cargo build --workspace --bins 2>&1 | tail -1
+# the images of the in-cluster tests, from those binaries, imported into the bed's node (a cold machine:
+# a few minutes, with progress); the tests find them unchanged
+PKO_IMAGES_BIN_DIR="$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/debug" scripts/images/build.sh
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(grep -oE '^test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')

@@ -166,7 +166,17 @@ step() { # step NAME FUNCTION [STAMP-SUFFIX]
   if [ -f "$stamp" ]; then tb_log "$name: already built ($(cat "$stamp"))"; return 0; fi
   local t0=$SECONDS
   tb_log "$name: building"
-  ( "$fn" ) > "$TB_LOGS/build-$name.log" 2>&1 || { tb_log "$name: FAILED after $((SECONDS - t0)) s; log: $TB_LOGS/build-$name.log"; tail -30 "$TB_LOGS/build-$name.log" >&2; exit 1; }
+  ( "$fn" ) > "$TB_LOGS/build-$name.log" 2>&1 &
+  local pid=$! rc=0 n=0
+  # a heartbeat every 30 s: a cold build of one component takes up to ten minutes on two cores
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1; n=$((n + 1))
+    if [ $((n % 30)) -eq 0 ]; then
+      tb_log "$name: still building ($((SECONDS - t0)) s; log $TB_LOGS/build-$name.log: $(tail -1 "$TB_LOGS/build-$name.log" 2>/dev/null | cut -c1-80))"
+    fi
+  done
+  wait "$pid" || rc=$?
+  [ "$rc" -eq 0 ] || { tb_log "$name: FAILED after $((SECONDS - t0)) s; log: $TB_LOGS/build-$name.log"; tail -30 "$TB_LOGS/build-$name.log" >&2; exit 1; }
   echo "built in $((SECONDS - t0)) s on $(date -u +%FT%TZ)" > "$stamp"
   tb_log "$name: built in $((SECONDS - t0)) s"
 }
