@@ -27,8 +27,21 @@ alive() {
 node_env() { # what tests read (pko_testbed::TestBed::node); ensure.sh prints it after the bed's
   printf 'export PKO_TESTBED_NODE=%s\nexport PKO_TESTBED_NODE_IP=%s\nexport PKO_TESTBED_CONTAINERD=%s\n' "$NODE_NAME" "$NODE_IP" "$NODE_CONTAINERD_SOCK" > "$N/env.sh"
 }
-if alive && node_ready; then node_env; tb_log "node: $NODE_NAME already Ready"; exit 0; fi
-[ -f "$TB_RUN/node-pids" ] && { tb_log "node: stale or partial node found; stopping it first"; "$HERE/node-down.sh"; }
+# A Node whose processes run but that is not Ready (a busy machine) gets 60 s before it is restarted:
+# a restart kills every pod, and tests may be running some.
+if alive; then
+  for _ in $(seq 1 120); do node_ready && break; sleep 0.5; done
+  if node_ready; then node_env; tb_log "node: $NODE_NAME already Ready"; exit 0; fi
+  WHY="the Node is not Ready after 60 s"
+else
+  WHY="a node process is not running"
+fi
+if [ -f "$TB_RUN/node-pids" ]; then
+  tb_log "node: stale or partial node found ($WHY); stopping it first"
+  echo "$(date -u +%FT%TZ) node: $WHY" >> "$TB_CACHE_ROOT/restarts.log"
+  mkdir -p "$TB_CACHE_ROOT/previous-run"; cp -r "$N/logs" "$TB_CACHE_ROOT/previous-run/node" 2>/dev/null || true
+  "$HERE/node-down.sh"
+fi
 
 for b in kubelet kube-proxy coredns; do
   [ -x "$TB_BIN/$b" ] || { echo "missing $TB_BIN/$b: run scripts/testbed/build.sh (make testbed)" >&2; exit 1; }
@@ -36,7 +49,7 @@ done
 for b in containerd ctr runc umoci iptables; do
   command -v "$b" >/dev/null || { echo "missing $b: run scripts/testbed/packages.sh (make testbed)" >&2; exit 1; }
 done
-ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" || { echo "no $NODE_IP on $NODE_IFACE: up.sh makes it" >&2; exit 1; }
+ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" || { echo "no $NODE_IP on $NODE_IFACE: up.sh adds it, which needs root (TESTBED_NODE=0 skips the node)" >&2; exit 1; }
 
 T0=$SECONDS
 mkdir -p "$N" "$N/logs" "$NODE_STATE" "$NODE_IMAGES"
@@ -183,6 +196,8 @@ start kubelet "$TB_BIN/kubelet" --config="$N/kubelet.yaml" --kubeconfig="$N/kube
 wait_for "kubelet healthz" 60 curl -sf http://127.0.0.1:10248/healthz
 for k in "${SYSCTLS[@]}"; do sysctl -qw "$k=${before[$k]}" || true; done
 wait_for "Node $NODE_NAME Ready" 90 node_ready
+# pods reach the API server through the Service `kubernetes` once kube-proxy has programmed it
+wait_for "kube-proxy's rules for the Service kubernetes" 60 sh -c 'iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q "default/kubernetes"' 
 tb_log "node: kubelet up, $NODE_NAME Ready in $((SECONDS - t)) s"
 echo "$((SECONDS - T0))" > "$N/start-seconds"
 node_env

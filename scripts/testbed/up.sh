@@ -53,13 +53,31 @@ ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" && API_IP=
 # A bed started by another version of this script (or on another address) is restarted.
 CONFIG="$(cat "$0" "$HERE/node/env.sh" | sha256sum | cut -c1-12)-$API_IP"
 
-if alive && [ "$(cat "$TB_RUN/config" 2>/dev/null)" = "$CONFIG" ] \
-   && curl -sf --cacert "$CERTS/ca.crt" "https://$API_IP:$AP/readyz" >/dev/null 2>&1; then
+ready() { # the API server answers /readyz; a busy one gets 20 s (a restart would break running tests)
+  local i
+  for i in $(seq 1 40); do
+    curl -sf --max-time 5 --cacert "$CERTS/ca.crt" "https://$API_IP:$AP/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  return 1
+}
+stale_reason() { # why the recorded run cannot be kept ("" when it can)
+  [ -f "$TB_RUN/pids" ] || { echo "no run recorded"; return; }
+  local name pid
+  while read -r name pid; do kill -0 "$pid" 2>/dev/null || { echo "$name ($pid) is not running"; return; }; done < "$TB_RUN/pids"
+  [ "$(cat "$TB_RUN/config" 2>/dev/null)" = "$CONFIG" ] || { echo "started with another configuration ($(cat "$TB_RUN/config" 2>/dev/null) ≠ $CONFIG)"; return; }
+  ready || echo "the API server at $API_IP:$AP is not ready after 20 s"
+}
+WHY="$(stale_reason)"
+if [ -z "$WHY" ]; then
   tb_log "already running (run dir $TB_RUN)"
   write_env; print_env; exit 0
 fi
 if [ -f "$TB_RUN/pids" ]; then
-  tb_log "stale or partial run found; stopping it first"
+  tb_log "stale or partial run found ($WHY); stopping it first (its logs: $TB_CACHE_ROOT/previous-run)"
+  rm -rf "$TB_CACHE_ROOT/previous-run"; cp -r "$TB_RUN/logs" "$TB_CACHE_ROOT/previous-run" 2>/dev/null || true
+  [ -d "$TB_RUN/node/logs" ] && cp -r "$TB_RUN/node/logs" "$TB_CACHE_ROOT/previous-run/node" 2>/dev/null
+  echo "$(date -u +%FT%TZ) $WHY" >> "$TB_CACHE_ROOT/restarts.log"
   "$HERE/down.sh"
 fi
 

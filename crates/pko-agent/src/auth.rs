@@ -57,7 +57,8 @@ impl KubeAuth {
 impl Auth {
     /// Checks the `authorization: Bearer <token>` metadata of a request.
     ///
-    /// Errors: `UNAUTHENTICATED` (no or invalid token), `PERMISSION_DENIED` (not allowed to `use`
+    /// Errors: `UNAUTHENTICATED` (no or invalid token, or the workspace's service account may not review
+    /// tokens: it lacks `system:auth-delegator`), `PERMISSION_DENIED` (not allowed to `use`
     /// `workspaces/rpc` of this workspace), `UNAVAILABLE` (the API server could not be asked).
     pub async fn check(&self, md: &tonic::metadata::MetadataMap) -> Result<(), Status> {
         let Auth::Kube(k) = self else { return Ok(()) };
@@ -88,11 +89,24 @@ impl Auth {
     }
 }
 
+/// The status of a review (`kind`: `TokenReview` or `SubjectAccessReview`) the API server did not
+/// answer: forbidden (403), the workspace's service account lacks `system:auth-delegator` — a setup
+/// error, `UNAUTHENTICATED` as PKO's agent says, naming the fix; anything else is an outage,
+/// `UNAVAILABLE` (retried, never cached).
+fn review_failed(kind: &str, e: kube::Error) -> Status {
+    match e {
+        kube::Error::Api(ae) if ae.code == 403 => Status::unauthenticated(format!(
+            "{kind} forbidden: the workspace's service account may not review tokens; bind it to the ClusterRole system:auth-delegator ({})",
+            ae.message
+        )),
+        e => Status::unavailable(format!("{kind} failed: {e}")),
+    }
+}
+
 impl KubeAuth {
     async fn decide(&self, token: &str) -> Result<(), Status> {
         let review = TokenReview { spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) }, ..Default::default() };
-        let review =
-            Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await.map_err(|e| Status::unavailable(format!("TokenReview failed: {e}")))?;
+        let review = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await.map_err(|e| review_failed("TokenReview", e))?;
         let status = review.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             let why = status.error.unwrap_or_else(|| "token not authenticated".into());
@@ -119,10 +133,7 @@ impl KubeAuth {
             },
             ..Default::default()
         };
-        let sar = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &sar)
-            .await
-            .map_err(|e| Status::unavailable(format!("SubjectAccessReview failed: {e}")))?;
+        let sar = Api::<SubjectAccessReview>::all(self.client.clone()).create(&PostParams::default(), &sar).await.map_err(|e| review_failed("SubjectAccessReview", e))?;
         if sar.status.as_ref().is_some_and(|s| s.allowed) {
             Ok(())
         } else {

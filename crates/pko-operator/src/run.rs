@@ -153,7 +153,17 @@ impl Operator {
 
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
-        let workspace_controller = WorkspaceController::new(ctx.clone(), agent_runtime).run(&mut informers);
+        // agents in pods check the operator's tokens: the Workspace controller presents them when it
+        // checks a new pod's agent, as the Update controller when it runs operations (each its own cache)
+        let workspace_tokens = match (&service_account, runtime.runtime) {
+            (Some(sa), RuntimeKind::Pod) => sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)),
+            _ => None,
+        };
+        let workspace_controller = match workspace_tokens {
+            Some(t) => WorkspaceController::with_agent_tokens(ctx.clone(), agent_runtime, t),
+            None => WorkspaceController::new(ctx.clone(), agent_runtime),
+        }
+        .run(&mut informers);
         let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations);
         let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
         let updates = match &pools {

@@ -6,7 +6,9 @@
 //!
 //! One test walks the lifecycle a user meets, in order (each step needs the one before):
 //! 1. `helm install` → the operator Deployment is available;
-//! 2. a Program Stack with secret config, and a git Stack, converge with their workspaces in pods;
+//! 2. a Program Stack with secret config, and a git Stack, converge with their workspaces in pods (tini as
+//!    PID 1 reaps orphans); a workspace service account without `system:auth-delegator` makes the
+//!    Workspace Ready False `Unauthenticated` (PKO's connection check) until the binding exists;
 //! 3. `kubectl delete pod` of a workspace pod during a slow `up`: the agent gets SIGTERM and sends CTRL-C to
 //!    Pulumi, its run ends Interrupted at once (not after the grace period), the same Update is handed to
 //!    the recreated pod and completes there, the Stack converges, no Pulumi lock is left;
@@ -96,7 +98,9 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = helm(&["uninstall", &self.release, "--namespace", &self.op_ns, "--ignore-not-found"]);
         let _ = testbed().kubectl().args(["delete", "namespace", &self.op_ns, "--wait=false", "--ignore-not-found"]).output();
-        let _ = testbed().kubectl().args(["delete", "clusterrolebinding", &format!("{}-ws-auth", self.release), "--ignore-not-found"]).output();
+        for binding in ["ws-auth", "deployer-auth"] {
+            let _ = testbed().kubectl().args(["delete", "clusterrolebinding", &format!("{}-{binding}", self.release), "--ignore-not-found"]).output();
+        }
     }
 }
 
@@ -136,6 +140,10 @@ async fn updates_of(api: &Api<Update>, stack: &str) -> Vec<Update> {
         .collect();
     v.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
     v
+}
+
+fn updates_api(ns: &pko_testbed::TestNamespace) -> Api<Update> {
+    ns.api::<Update>()
 }
 
 fn failed_update(u: &Update) -> bool {
@@ -251,6 +259,20 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     // the agent under tini: PID 1 in the container is tini, the agent its child
     let comm = kubectl(&["exec", "-n", ns.name(), "prog-stack-workspace-0", "-c", "pulumi", "--", "cat", "/proc/1/comm"]);
     assert_eq!(comm.trim(), "tini");
+    // an orphan is reparented to PID 1, which reaps it when it exits: no zombie stays behind
+    let zombies = kubectl(&[
+        "exec",
+        "-n",
+        ns.name(),
+        "prog-stack-workspace-0",
+        "-c",
+        "pulumi",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 0.3 &'; sleep 2; grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null || true",
+    ]);
+    assert!(zombies.trim().is_empty(), "zombie processes in the workspace container: {zombies}");
 
     // warm: a config change runs on the same pod
     let uid = pod.metadata.uid.clone();
@@ -287,8 +309,37 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let s = stacks.get("git-stack").await.unwrap();
     assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("out")).and_then(|v| v.as_str()), Some("from-git"));
 
+    // the workspace pods' agents answered the operator's check, which reports their CLI
+    let workspaces = ns.api::<pko_api::Workspace>();
+    let w = workspaces.get("git-stack").await.unwrap();
+    assert_eq!(w.status.as_ref().and_then(|s| s.pulumi_version.as_deref()), Some(pko_testbed::versions::pulumi().trim_start_matches('v')));
+
+    // PKO's usual setup mistake: a workspace service account without system:auth-delegator. The new
+    // pod's agent refuses the operator's check: Workspace Ready False Unauthenticated naming the fix,
+    // a ConnectionFailure event, the Stack waiting with that reason; the binding mends it.
+    kubectl(&["create", "serviceaccount", "-n", ns.name(), "deployer"]);
+    create(&stacks, stack_spec("unauth-stack", tag, &state_dir, json!({"programRef": {"name": "prog"}, "serviceAccountName": "deployer", "config": {"greeting": "hi"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}))).await;
+    wait_for("the Workspace Unauthenticated", 180, ns.name(), &op_ns, || async {
+        workspaces.get("unauth-stack").await.is_ok_and(|w| {
+            w.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Unauthenticated" && c.message.contains("system:auth-delegator")))
+        })
+    })
+    .await;
+    wait_for("the Stack waits with the Workspace's reason", 60, ns.name(), &op_ns, || async {
+        stacks.get("unauth-stack").await.is_ok_and(|s| stack_condition(&s, "Reconciling").is_some_and(|c| c.2.contains("Unauthenticated")))
+    })
+    .await;
+    let events = kubectl(&["get", "events", "-n", ns.name(), "--field-selector", "reason=ConnectionFailure,involvedObject.name=unauth-stack", "-o", "name"]);
+    assert!(!events.trim().is_empty(), "a ConnectionFailure event on the Workspace");
+    assert!(updates_of(&updates_api(&ns), "unauth-stack").await.is_empty(), "no Update runs on a Workspace that is not Ready");
+    kubectl(&["create", "clusterrolebinding", &format!("{release}-deployer-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:deployer", ns.name())]);
+    wait_for("the Stack Ready once the binding exists", 180, ns.name(), &op_ns, || async { stacks.get("unauth-stack").await.is_ok_and(|s| ready(&s)) }).await;
+
     // -- 3. a workspace pod deleted during a slow up: SIGTERM → CTRL-C, interrupted, converges after --
-    let updates = ns.api::<Update>();
+    let updates = updates_api(&ns);
     let before = updates_of(&updates, "prog-stack").await.len();
     stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "40", "greeting": "slow"}}}))).await.unwrap();
     // the `up` is running when its command is (the sleep in the pod)
@@ -357,7 +408,7 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "the new operator followed the running Update instead of starting another");
 
     // -- 5. Stacks deleted, helm uninstall: nothing left --
-    for name in ["prog-stack", "git-stack"] {
+    for name in ["prog-stack", "git-stack", "unauth-stack"] {
         stacks.delete(name, &DeleteParams::default()).await.unwrap();
     }
     wait_for("the Stacks gone (finalizers run by the operator in its pod)", 180, ns.name(), &op_ns, || async {

@@ -29,8 +29,10 @@ use pko_api::workspace::WorkspaceStatus;
 pub use super::local::{LocalRuntime, local_agent_env};
 use super::pod::{self, PodRuntimeConfig};
 use super::pool::LocalPools;
+use super::probe::{self, Probe};
 use crate::context::Context;
 use crate::informer::{Change, Informers};
+use crate::update::tokens::AgentTokens;
 
 /// The failing part: `api` or `local_runtime`.
 impl crate::k8s::ReconcileError for Error {
@@ -107,12 +109,20 @@ pub fn stateful_set_ready(sts: &StatefulSet) -> (&'static str, &'static str, &'s
 pub struct WorkspaceController {
     ctx: Arc<Context>,
     runtime: Runtime,
+    /// The operator's tokens for agents in pods (`--auth kube`), presented when their connection is
+    /// checked ([`super::probe`]); none: no credentials.
+    tokens: Option<AgentTokens>,
 }
 
 impl WorkspaceController {
     /// A controller using `runtime`.
     pub fn new(ctx: Arc<Context>, runtime: Runtime) -> Arc<Self> {
-        Arc::new(Self { ctx, runtime })
+        Arc::new(Self { ctx, runtime, tokens: None })
+    }
+
+    /// A controller using `runtime` that presents `tokens` to the agents of workspace pods.
+    pub fn with_agent_tokens(ctx: Arc<Context>, runtime: Runtime, tokens: AgentTokens) -> Arc<Self> {
+        Arc::new(Self { ctx, runtime, tokens: Some(tokens) })
     }
 
     /// The controller's run, watching through `informers` (Workspaces, and the agents' StatefulSets
@@ -215,7 +225,40 @@ impl WorkspaceController {
                 Api::<Service>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::service(&ws))).await?;
                 let sts = Api::<StatefulSet>::namespaced(self.ctx.client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::stateful_set(&ws, cfg))).await?;
                 match stateful_set_ready(&sts) {
-                    ready @ ("True", _, _) => (ready, Some(pod::address(&name, &ns)), Duration::from_secs(300)),
+                    ready @ ("True", _, _) if !probe::needed(&ws) => (ready, Some(pod::address(&name, &ns)), Duration::from_secs(300)),
+                    ("True", _, _) => {
+                        // PKO: a new pod's agent is reached, and answers, before the Workspace is Ready
+                        let address = pod::address(&name, &ns);
+                        let found = match &self.tokens {
+                            Some(tokens) => match tokens.token(&pko_proto::workspace_audience(&ns, &name)).await {
+                                Ok(t) => probe::probe(&address, Some(&t)).await,
+                                Err(e) => Probe::Unreachable(format!("requesting a token for the workspace agent: {e}")),
+                            },
+                            None => probe::probe(&address, None).await,
+                        };
+                        let ((status, reason, message), again) = probe::ready_of(&found);
+                        if let Probe::Answered(v) = &found {
+                            let v = crate::update::dispatch::pulumi_version(v);
+                            if !v.is_empty() {
+                                st.pulumi_version = Some(v);
+                            }
+                        }
+                        if let Some(again) = again {
+                            tracing::info!(workspace = %name, namespace = %ns, %reason, %message, "workspace agent not answering; looking again");
+                            crate::k8s::publish(
+                                &self.ctx.events.workspace,
+                                ws.as_ref(),
+                                crate::k8s::Severity::Warning,
+                                pko_api::constants::event_reason::CONNECTION_FAILURE,
+                                message.clone(),
+                            )
+                            .await;
+                            st.address = None;
+                            self.write(&api, &ws, st, (status, &reason, &message), &now).await?;
+                            return Ok(Action::requeue(again));
+                        }
+                        (("True", wc::SUCCEEDED, ""), Some(address), Duration::from_secs(300))
+                    }
                     not_ready => (not_ready, None, Duration::from_secs(10)),
                 }
             }

@@ -7,4 +7,5 @@ pub mod local;
 pub mod merge;
 pub mod pod;
 pub mod pool;
+pub mod probe;
 pub mod stalled;
