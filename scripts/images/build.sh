@@ -152,7 +152,7 @@ for name in "${IMAGES[@]}"; do
   if [ -S "$NODE_CONTAINERD_SOCK" ]; then
     ref="docker.io/library/$name:$VERSION"
     if [ "$(cat "$NODE_STATE/imported-$name" 2>/dev/null)" = "$key" ] \
-       && ctr -a "$NODE_CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qx "$ref"; then
+       && has_image "$ref"; then
       log "$ref: already in the node's containerd"
     else
       t=$SECONDS

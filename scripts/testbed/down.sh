@@ -11,7 +11,8 @@ if [ -f "$TB_RUN/pids" ]; then
   tac "$TB_RUN/pids" | while read -r name pid; do
     # Only a process that still runs the program we started (a recycled PID is left alone).
     bin="$name"; [ "$name" = redis ] && bin=redis-server
-    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$bin"; then
+    # captured, not piped into `grep -q` (under pipefail its early exit can fail the check)
+    if kill -0 "$pid" 2>/dev/null && [[ "$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" == *"$bin"* ]]; then
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true

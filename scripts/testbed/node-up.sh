@@ -49,7 +49,7 @@ done
 for b in containerd ctr runc umoci iptables; do
   command -v "$b" >/dev/null || { echo "missing $b: run scripts/testbed/packages.sh (make testbed)" >&2; exit 1; }
 done
-ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" || { echo "no $NODE_IP on $NODE_IFACE: up.sh adds it, which needs root (TESTBED_NODE=0 skips the node)" >&2; exit 1; }
+has_node_ip || { echo "no $NODE_IP on $NODE_IFACE: up.sh adds it, which needs root (TESTBED_NODE=0 skips the node)" >&2; exit 1; }
 
 T0=$SECONDS
 mkdir -p "$N" "$N/logs" "$NODE_STATE" "$NODE_IMAGES"

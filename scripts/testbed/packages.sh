@@ -5,7 +5,7 @@ PKGS=(etcd-server etcd-client redis-server prometheus openssl git jq iproute2 ut
   # the node (testbed.md §7) and the images built without a container engine (`make images`)
   containerd runc containernetworking-plugins iptables conntrack umoci mmdebstrap tini gcc libc6-dev)
 missing=()
-for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+for p in "${PKGS[@]}"; do [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "[testbed] installing ${missing[*]}" >&2

@@ -47,9 +47,9 @@ alive() { # every recorded pid alive?
 # The node's address, on lo, is where the API server listens: the host's processes and the node's pods
 # (through the Service `kubernetes`) reach it there, and nothing off this machine can. Without the
 # privilege to add it, the API server stays on 127.0.0.1 and the bed has no node.
-ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_IFACE" 2>/dev/null || true
+has_node_ip || ip addr add "$NODE_IP/32" dev "$NODE_IFACE" 2>/dev/null || true
 API_IP=127.0.0.1
-ip addr show dev "$NODE_IFACE" 2>/dev/null | grep -q "inet $NODE_IP/" && API_IP="$NODE_IP"
+has_node_ip && API_IP="$NODE_IP"
 # A bed started by another version of this script (or on another address) is restarted.
 CONFIG="$(cat "$0" "$HERE/node/env.sh" | sha256sum | cut -c1-12)-$API_IP"
 

@@ -12,3 +12,8 @@ NODE_CONTAINERD_SOCK="$NODE_RUNDIR/containerd.sock"
 NODE_KUBELET_ROOT=/var/lib/pko-testbed/kubelet
 NODE_IMAGES="$TB_CACHE_ROOT/images"        # OCI archives made by `make images` (scripts/images/build.sh)
 PAUSE_IMAGE=localhost/pause:local
+# Whether the node's address is on its interface. The output is captured, not piped into `grep -q`:
+# under `pipefail` grep's early exit SIGPIPEs `ip`, and the check failed at random.
+has_node_ip() { [[ "$(ip -4 -o addr show dev "$NODE_IFACE" 2>/dev/null)" == *"inet $NODE_IP/"* ]]; }
+# Whether the node's containerd holds image $1 (captured for the same reason).
+has_image() { [[ $'\n'"$(ctr -a "$NODE_CONTAINERD_SOCK" -n k8s.io images ls -q 2>/dev/null)"$'\n' == *$'\n'"$1"$'\n'* ]]; }

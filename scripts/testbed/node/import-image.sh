@@ -10,7 +10,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$HERE/node/env.sh"
 CTR=(ctr -a "$NODE_CONTAINERD_SOCK" -n k8s.io)
 if [ "$1" = pause ]; then
-  if "${CTR[@]}" images ls -q | grep -qx "$PAUSE_IMAGE"; then exit 0; fi
+  if has_image "$PAUSE_IMAGE"; then exit 0; fi
   D="$(mktemp -d)"; trap 'rm -rf "$D"' EXIT
   umoci init --layout "$D/img" && umoci new --image "$D/img:local"
   umoci unpack --image "$D/img:local" "$D/bundle" >/dev/null

@@ -8,6 +8,8 @@ use kube::api::PostParams;
 use pko_api::Update;
 use pko_testbed::testbed;
 
+pub mod cluster;
+
 pub struct AgentProc(pub std::process::Child, pub String);
 impl Drop for AgentProc {
     fn drop(&mut self) {

@@ -1,0 +1,105 @@
+//! The bed's node from a test: Helm, kubectl, Stacks whose workspaces run in pods of the workspace
+//! image, waits that show the cluster's state when they fail, and the cleanup of a Helm release.
+
+use std::process::Command;
+use std::time::Instant;
+
+use pko_testbed::testbed;
+use serde_json::json;
+
+/// `helm` of the bed with private cache/config dirs; (success, stdout, stderr).
+pub fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(testbed().bin_dir().join("helm"))
+        .args(args)
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("pko-helm-cache"))
+        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("pko-helm-config"))
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("pko-helm-data"))
+        .env("KUBECONFIG", testbed().kubeconfig())
+        .output()
+        .expect("the bed's helm (make testbed)");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+pub fn kubectl(args: &[&str]) -> String {
+    let out = testbed().kubectl().args(args).output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The operator's logs (for a failing assertion's message).
+pub fn operator_logs(ns: &str) -> String {
+    let out = testbed().kubectl().args(["logs", "-n", ns, "-l", "app.kubernetes.io/name=pko-operator", "--prefix", "--tail", "-1"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// What the cluster shows of `ns` and the operator in `op_ns` (for a failing wait's message).
+pub fn diagnostics(ns: &str, op_ns: &str) -> String {
+    let run = |args: &[&str]| {
+        let out = testbed().kubectl().args(args).output().unwrap();
+        format!("$ kubectl {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let mut s = String::new();
+    s += &run(&["get", "stacks,workspaces,updates,statefulsets,pods,services", "-n", ns, "-o", "wide"]);
+    s += &run(&["get", "updates", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status}{\"\\n\"}{end}"]);
+    s += &run(&["get", "stacks", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"]);
+    s += &run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+    s += &run(&["logs", "-n", ns, "-l", "auto.pulumi.com/component=workspace", "--all-containers", "--prefix", "--tail", "40"]);
+    s += &run(&["logs", "-n", op_ns, "-l", "app.kubernetes.io/name=pko-operator", "--prefix", "--tail", "60"]);
+    s
+}
+
+/// Polls `check` every 250 ms until it holds; panics after `secs` with `what` and the diagnostics.
+pub async fn wait_for<F, Fut>(what: &str, secs: u64, ns: &str, op_ns: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + std::time::Duration::from_secs(secs);
+    while !check().await {
+        if Instant::now() > end {
+            panic!("{what}: not within {secs} s\n{}", diagnostics(ns, op_ns));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// Removes what the test made outside its namespace, also when it fails: the Helm release, the
+/// operator's namespace, the ClusterRoleBinding.
+pub struct Cleanup {
+    pub release: String,
+    pub op_ns: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = helm(&["uninstall", &self.release, "--namespace", &self.op_ns, "--ignore-not-found"]);
+        let _ = testbed().kubectl().args(["delete", "namespace", &self.op_ns, "--wait=false", "--ignore-not-found"]).output();
+        for binding in ["ws-auth", "deployer-auth"] {
+            let _ = testbed().kubectl().args(["delete", "clusterrolebinding", &format!("{}-{binding}", self.release), "--ignore-not-found"]).output();
+        }
+    }
+}
+
+/// A Stack of Program `prog` whose workspace runs in a pod of the workspace image, with Pulumi's
+/// `file://` state on the node's `state_dir` (mounted at /state) and the passphrase from Secret `p`.
+pub fn stack_spec(name: &str, tag: &str, state_dir: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "stack": name,
+        "backend": "file:///state",
+        "envRefs": super::passphrase_env_refs(),
+        "workspaceTemplate": {"spec": {
+            "image": format!("pko-workspace:{tag}"),
+            "imagePullPolicy": "IfNotPresent",
+            // the bed is offline: the image's plugins only (PKO users' pods download them)
+            "env": [{"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "true"}, {"name": "PULUMI_DISABLE_REGISTRY_RESOLVE", "value": "true"}],
+            "podTemplate": {"spec": {
+                "volumes": [{"name": "state", "hostPath": {"path": state_dir, "type": "Directory"}}],
+                "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]
+            }}
+        }}
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
+}
