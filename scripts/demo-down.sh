@@ -21,6 +21,9 @@ if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
     kubectl delete ns pko-system --wait=false >/dev/null 2>&1
   fi
   kubectl delete clusterrolebinding pko-demo-workspaces --ignore-not-found >/dev/null 2>&1
+  # the local demo's copy of the manifest's pko-metrics-reader role (a Helm release `pko` owns its own)
+  [ "$(kubectl get clusterrole pko-metrics-reader -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}' 2>/dev/null)" = Helm ] \
+    || kubectl delete clusterrole pko-metrics-reader --ignore-not-found >/dev/null 2>&1
   kubectl get ns pko-demo >/dev/null 2>&1 && {
     # finalizers need the operator; it is gone, so release them
     for s in $(kubectl -n pko-demo get stacks,updates -o name 2>/dev/null); do kubectl -n pko-demo patch "$s" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
