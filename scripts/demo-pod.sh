@@ -26,6 +26,7 @@ step() { printf '\n== %s\n' "$*"; }
 now() { date +%s.%N; }
 since() { awk "BEGIN{printf \"%.1f\", $(now) - $1}"; }
 trap 'fail "a command failed (line $LINENO)"' ERR
+. "$ROOT/scripts/demo-git.sh"
 
 step "test bed and its node"
 eval "$("$ROOT/scripts/testbed/ensure.sh" | grep '^export')"
@@ -40,24 +41,7 @@ PKO_IMAGES_BIN_DIR="$ROOT/target/debug" "$ROOT/scripts/images/build.sh"
 VERSION="$(awk -F'"' '/^version = /{print $2; exit}' "$ROOT/Cargo.toml")"
 
 step "git repository on git://$PKO_TESTBED_NODE_IP:$GIT_PORT/demo.git (the node's address: pods reach it)"
-rm -rf "$DEMO/git" "$DEMO/work" && mkdir -p "$DEMO/git" "$DEMO/work/app"
-git init -q --bare "$DEMO/git/demo.git"
-cat > "$DEMO/work/app/Pulumi.yaml" <<'YAML'
-name: demo
-runtime: yaml
-resources:
-  release:
-    type: command:local:Command
-    properties:
-      create: echo "release 1"
-outputs:
-  release: ${release.stdout}
-YAML
-git -C "$DEMO/work" init -q -b main && git -C "$DEMO/work" add . && git -C "$DEMO/work" -c user.email=demo@pko -c user.name=demo commit -q -m "release 1"
-git -C "$DEMO/work" push -q "$DEMO/git/demo.git" main
-setsid git daemon --reuseaddr --base-path="$DEMO/git" --export-all --listen="$PKO_TESTBED_NODE_IP" --port=$GIT_PORT "$DEMO/git" > "$DEMO/git-daemon.log" 2>&1 < /dev/null &
-echo $! > "$DEMO/git-daemon.pid"
-for _ in $(seq 1 50); do git ls-remote "git://$PKO_TESTBED_NODE_IP:$GIT_PORT/demo.git" >/dev/null 2>&1 && break; sleep 0.1; done
+demo_git_serve "$PKO_TESTBED_NODE_IP"
 
 step "helm install pko deploy/helm/pko --namespace $OPNS (CRDs and the operator, in a pod)"
 T=$(now)
@@ -133,10 +117,7 @@ echo "  $RUNNING: $(kubectl -n $NS get "$RUNNING" -o jsonpath='{.status.conditio
 echo "  no Pulumi lock left in $DEMO/state"
 
 step "a new commit on the tracked branch"
-sed -i 's/release 1/release 2/' "$DEMO/work/app/Pulumi.yaml"
-git -C "$DEMO/work" -c user.email=demo@pko -c user.name=demo commit -q -am "release 2"
-git -C "$DEMO/work" push -q "$DEMO/git/demo.git" main
-NEW_SHA=$(git -C "$DEMO/work" rev-parse HEAD)
+NEW_SHA=$(demo_git_push_release_2)
 T=$(now)
 for _ in $(seq 1 300); do
   kubectl -n $NS get stack from-git -o jsonpath='{.status.lastUpdate.lastSuccessfulCommit}' | grep -q "$NEW_SHA" && break; sleep 0.5

@@ -19,6 +19,7 @@ REPLICAS=${REPLICAS:-1}
 fail() { echo "DEMO FAILED: $*" >&2; for l in "$DEMO"/operator*.log; do [ -f "$l" ] && { echo "-- $l" >&2; tail -20 "$l" >&2; }; done; exit 1; }
 step() { printf '\n== %s\n' "$*"; }
 trap 'fail "a command failed (line $LINENO)"' ERR
+. "$ROOT/scripts/demo-git.sh"
 
 step "test bed"
 # its progress (each component built on a cold machine, with a heartbeat) goes to the terminal
@@ -32,24 +33,7 @@ step "building pko-operator and pko-agent"
 BIN="$ROOT/target/debug"
 
 step "git repository on git://127.0.0.1:$GIT_PORT/demo.git"
-rm -rf "$DEMO/git" "$DEMO/work" && mkdir -p "$DEMO/git" "$DEMO/work/app"
-git init -q --bare "$DEMO/git/demo.git"
-cat > "$DEMO/work/app/Pulumi.yaml" <<'YAML'
-name: demo
-runtime: yaml
-resources:
-  release:
-    type: command:local:Command
-    properties:
-      create: echo "release 1"
-outputs:
-  release: ${release.stdout}
-YAML
-git -C "$DEMO/work" init -q -b main && git -C "$DEMO/work" add . && git -C "$DEMO/work" -c user.email=demo@pko -c user.name=demo commit -q -m "release 1"
-git -C "$DEMO/work" push -q "$DEMO/git/demo.git" main
-setsid git daemon --reuseaddr --base-path="$DEMO/git" --export-all --listen=127.0.0.1 --port=$GIT_PORT "$DEMO/git" > "$DEMO/git-daemon.log" 2>&1 < /dev/null &
-echo $! > "$DEMO/git-daemon.pid"
-for _ in $(seq 1 50); do git ls-remote "git://127.0.0.1:$GIT_PORT/demo.git" >/dev/null 2>&1 && break; sleep 0.1; done
+demo_git_serve 127.0.0.1
 
 step "CRDs and the operator (local runtime)"
 kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
@@ -128,10 +112,7 @@ if [ "$REPLICAS" -gt 1 ]; then
 fi
 
 step "a new commit on the tracked branch"
-sed -i 's/release 1/release 2/' "$DEMO/work/app/Pulumi.yaml"
-git -C "$DEMO/work" -c user.email=demo@pko -c user.name=demo commit -q -am "release 2"
-git -C "$DEMO/work" push -q "$DEMO/git/demo.git" main
-NEW_SHA=$(git -C "$DEMO/work" rev-parse HEAD)
+NEW_SHA=$(demo_git_push_release_2)
 T1=$(date +%s.%N)
 for _ in $(seq 1 300); do
   [ "$(kubectl -n $NS get stack from-git -o jsonpath='{.status.currentUpdate.commit}{.status.lastUpdate.lastAttemptedCommit}')" != "" ] \

@@ -54,19 +54,8 @@ has_node_ip || { echo "no $NODE_IP on $NODE_IFACE: up.sh adds it, which needs ro
 T0=$SECONDS
 mkdir -p "$N" "$N/logs" "$NODE_STATE" "$NODE_IMAGES"
 : > "$TB_RUN/node-pids"
-start() { # name cmd...
-  local name="$1"; shift
-  setsid "$@" > "$N/logs/$name.log" 2>&1 < /dev/null 8>&- &
-  echo "$name $!" >> "$TB_RUN/node-pids"
-}
-wait_for() { # what timeout-seconds command...
-  local what="$1" t="$2"; shift 2
-  local end=$((SECONDS + t))
-  until "$@" >/dev/null 2>&1; do
-    if [ $SECONDS -ge $end ]; then tb_log "node: $what not ready after $t s; see $N/logs"; exit 1; fi
-    sleep 0.5
-  done
-}
+start() { tb_start "$TB_RUN/node-pids" "$N/logs" "$@"; }              # name cmd...
+wait_for() { local w="$1" t="$2"; shift 2; tb_wait_for "node: $w" "$t" "$N/logs" "$@"; }   # what seconds cmd...
 
 # --- containerd ---
 t=$SECONDS

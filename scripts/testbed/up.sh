@@ -134,20 +134,8 @@ contexts:
 current-context: pko-testbed
 KC
 
-start() { # name cmd...
-  local name="$1"; shift
-  # 8>&-: the daemon must not inherit the lock of up.sh (it would hold it for its whole life)
-  setsid "$@" > "$TB_RUN/logs/$name.log" 2>&1 < /dev/null 8>&- &
-  echo "$name $!" >> "$TB_RUN/pids"
-}
-wait_for() { # what timeout-seconds command...
-  local what="$1" t="$2"; shift 2
-  local end=$((SECONDS + t))
-  until "$@" >/dev/null 2>&1; do
-    if [ $SECONDS -ge $end ]; then tb_log "$what not ready after $t s; see $TB_RUN/logs"; exit 1; fi
-    sleep 0.3
-  done
-}
+start() { tb_start "$TB_RUN/pids" "$TB_RUN/logs" "$@"; }              # name cmd...
+wait_for() { local w="$1" t="$2"; shift 2; tb_wait_for "$w" "$t" "$TB_RUN/logs" "$@"; }   # what seconds cmd...
 
 # etcd data on tmpfs when available: fsync-heavy etcd is the slowest part of an API server on a VM disk.
 ETCD_DATA="/dev/shm/pko-testbed-etcd-$AP"; [ -d /dev/shm ] || ETCD_DATA="$TB_RUN/etcd"

@@ -286,6 +286,7 @@ impl Agent for AgentService {
             cached_sources,
             capacity: self.inner.cfg.capacity as i32,
             running: running.len() as i32,
+            idle_seconds: self.idle_for().as_secs_f64(),
         }))
     }
 

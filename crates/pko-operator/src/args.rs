@@ -150,9 +150,10 @@ pub struct RuntimeArgs {
     pub local_ca_file: Option<PathBuf>,
     /// Run operations on pools of agents per workspace class (namespace, service account, image, pod
     /// template, log level) instead of an agent per Workspace: agents start on demand and stop when
-    /// idle, so an idle Stack costs no process. Default: on with `--runtime local`, off with
-    /// `--runtime pod` (pools of workspace pods are not built yet); `--agent-pools=false` gives every
-    /// Workspace its own agent.
+    /// idle, so an idle Stack costs no process or pod. Default: on with `--runtime local`; off with
+    /// `--runtime pod`, where every Workspace then has its own StatefulSet as in PKO (with pools, a
+    /// StatefulSet per class, scaled by the operator); `--agent-pools=false` gives every Workspace its
+    /// own agent.
     #[arg(long, env = "PKO_AGENT_POOLS", num_args = 0..=1, default_missing_value = "true")]
     pub agent_pools: Option<bool>,
     /// Agents each pool keeps running even when idle (`--agent-pools`).
@@ -166,7 +167,7 @@ pub struct RuntimeArgs {
     pub pool_idle_timeout_seconds: u64,
     /// HOLLOW AGENTS, for control-plane load tests only (kubemark-style): pool agents simulate every
     /// operation (success after this many seconds, `pko-agent --hollow-seconds`) instead of running
-    /// Pulumi. Never a default; never used by a functional test. Needs `--agent-pools`.
+    /// Pulumi. Never a default; never used by a functional test. Needs `--agent-pools` (either runtime).
     #[arg(long)]
     pub hollow_agents_seconds: Option<f64>,
     /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator

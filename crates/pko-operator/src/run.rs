@@ -17,7 +17,8 @@ use crate::update::controller::UpdateController;
 use crate::update::tokens::AgentTokens;
 use crate::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
 use crate::workspace::pod::PodRuntimeConfig;
-use crate::workspace::pool::{LocalPools, PoolConfig};
+use crate::workspace::pod_pool::PodPools;
+use crate::workspace::pool::{AgentPools, LocalPools, PoolConfig};
 
 /// Binds the address of `flag` (`0` turns it off; `:port` is every interface). Errors name the flag.
 async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<(tokio::net::TcpListener, SocketAddr)>> {
@@ -140,23 +141,29 @@ impl Operator {
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, shutdown.clone())));
         }
-        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, replica.as_deref(), local_agent_env)?;
         // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
         let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));
+        let tokens_of = |sa: &str| sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name");
         let agent_tokens = match (&service_account, runtime.runtime) {
-            (Some(sa), _) => Some(sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name")?),
+            (Some(sa), _) => Some(tokens_of(sa)?),
             (None, RuntimeKind::Pod) => {
                 anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
             }
             (None, RuntimeKind::Local) => None,
         };
+        // pools of pods present the operator's tokens too (each user its own cache)
+        let pool_tokens = match (&service_account, runtime.runtime) {
+            (Some(sa), RuntimeKind::Pod) => Some(tokens_of(sa)?),
+            _ => None,
+        };
+        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, replica.as_deref(), local_agent_env, pool_tokens, ctx.ownership.clone())?;
 
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
         // agents in pods check the operator's tokens: the Workspace controller presents them when it
         // checks a new pod's agent, as the Update controller when it runs operations (each its own cache)
         let workspace_tokens = match (&service_account, runtime.runtime) {
-            (Some(sa), RuntimeKind::Pod) => sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)),
+            (Some(sa), RuntimeKind::Pod) => Some(tokens_of(sa)?),
             _ => None,
         };
         let workspace_controller = match workspace_tokens {
@@ -202,27 +209,52 @@ impl Operator {
     }
 
     /// Where agents run (`--runtime`, `--agent-pools`), and the pools when they are pooled; `replica`:
-    /// this replica's fleet id, under which its pools keep their records ("operator" outside a fleet).
+    /// this replica's fleet id, under which local pools keep their records ("operator" outside a
+    /// fleet); `pool_tokens`: the operator's tokens for pools of pods; `ownership`: which pools of pods
+    /// this replica maintains (those whose shard it holds).
     ///
-    /// Errors: a flag the runtime needs is missing, or pools with the pod runtime.
+    /// Errors: a flag the runtime needs is missing; hollow agents without pools.
     fn agent_runtime(
         client: &kube::Client,
         runtime: &crate::args::RuntimeArgs,
         replica: Option<&str>,
         local_agent_env: Vec<(String, String)>,
-    ) -> anyhow::Result<(Runtime, Option<Arc<LocalPools>>)> {
-        Ok(match (runtime.runtime, runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local)) {
-            (RuntimeKind::Pod, true) => anyhow::bail!("--agent-pools needs --runtime local: pools of workspace pods are not built yet"),
-            (_, false) if runtime.hollow_agents_seconds.is_some() => anyhow::bail!("--hollow-agents-seconds needs agent pools (--runtime local --agent-pools)"),
-            (RuntimeKind::Pod, false) => (
-                Runtime::Pod(PodRuntimeConfig {
+        pool_tokens: Option<AgentTokens>,
+        ownership: Arc<dyn Ownership>,
+    ) -> anyhow::Result<(Runtime, Option<AgentPools>)> {
+        let pooled = runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local);
+        if !pooled && runtime.hollow_agents_seconds.is_some() {
+            anyhow::bail!("--hollow-agents-seconds needs agent pools (--agent-pools)");
+        }
+        let pool_cfg = || {
+            let mut agent_args = Vec::new();
+            if let Some(s) = runtime.hollow_agents_seconds {
+                tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
+                agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
+            }
+            PoolConfig {
+                min: runtime.pool_min_agents,
+                max: runtime.pool_max_agents.max(1),
+                idle_timeout: std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds),
+                agent_args,
+            }
+        };
+        Ok(match runtime.runtime {
+            RuntimeKind::Pod => {
+                let cfg = PodRuntimeConfig {
                     agent_image: runtime.agent_image.clone(),
                     agent_image_pull_policy: runtime.agent_image_pull_policy.clone(),
                     flux_max_untar_size_bytes: runtime.flux_max_untar_size_bytes,
-                }),
-                None,
-            ),
-            (RuntimeKind::Local, pooled) => {
+                };
+                if pooled {
+                    let tokens = pool_tokens.context("--runtime pod --agent-pools needs --service-account namespace/name")?;
+                    let pools = AgentPools::Pod(PodPools::new(client.clone(), pool_cfg(), cfg, tokens, ownership));
+                    (Runtime::Pooled(pools.clone()), Some(pools))
+                } else {
+                    (Runtime::Pod(cfg), None)
+                }
+            }
+            RuntimeKind::Local => {
                 let local = LocalRuntime::new(
                     runtime.agent_bin.clone(),
                     runtime.local_work_dir.clone(),
@@ -231,16 +263,9 @@ impl Operator {
                     local_agent_env,
                 );
                 if pooled {
-                    let idle_timeout = std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds);
-                    let mut agent_args = Vec::new();
-                    if let Some(s) = runtime.hollow_agents_seconds {
-                        tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
-                        agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
-                    }
-                    let cfg = PoolConfig { min: runtime.pool_min_agents, max: runtime.pool_max_agents.max(1), idle_timeout, agent_args };
                     let replica = replica.unwrap_or("operator").to_string();
-                    let pools = LocalPools::new(local, client.clone(), replica, cfg);
-                    (Runtime::LocalPool(pools.clone()), Some(pools))
+                    let pools = AgentPools::Local(LocalPools::new(local, client.clone(), replica, pool_cfg()));
+                    (Runtime::Pooled(pools.clone()), Some(pools))
                 } else {
                     (Runtime::Local(local), None)
                 }

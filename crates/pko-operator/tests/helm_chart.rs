@@ -4,23 +4,14 @@
 //! creates objects it accepts, whose aggregated ClusterRoles let a namespace user with the built-in
 //! `edit` role manage Stacks and one with `view` only read them; `helm uninstall` leaves none of them.
 
+mod common;
+
 use std::process::Command;
 
+use common::cluster::helm;
 use pko_testbed::{eventually, repo_root, testbed};
 use serde::Deserialize;
 use serde_yaml::Value;
-
-fn helm(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(testbed().bin_dir().join("helm"))
-        .args(args)
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("pko-helm-cache"))
-        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("pko-helm-config"))
-        .env("HELM_DATA_HOME", std::env::temp_dir().join("pko-helm-data"))
-        .env("KUBECONFIG", testbed().kubeconfig())
-        .output()
-        .expect("the bed's helm (make testbed)");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
-}
 
 fn chart() -> String {
     repo_root().join("deploy/helm/pko").display().to_string()
@@ -129,9 +120,12 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     assert!(find(&docs, "ClusterRole", "pko-operator").is_none());
     assert!(args(&docs).contains(&"--namespaces=team-a,team-b".to_string()));
 
-    // pools are not there for pods yet: refused, not silently ignored
-    let (ok, _, err) = try_render(&["pools.enabled=true"]);
-    assert!(!ok && err.contains("pools.enabled"), "{err}");
+    // pools of workspace pods: the operator's flags
+    assert!(!args(&render(&[])).iter().any(|a| a.starts_with("--agent-pools")), "off by default: a pod per Workspace, as PKO");
+    let pooled = args(&render(&["pools.enabled=true", "pools.minAgents=1", "pools.maxAgents=4", "pools.idleTimeoutSeconds=30"]));
+    for flag in ["--agent-pools", "--pool-min-agents=1", "--pool-max-agents=4", "--pool-idle-timeout-seconds=30"] {
+        assert!(pooled.contains(&flag.to_string()), "{flag} in {pooled:?}");
+    }
 }
 
 fn kubectl(args: &[&str]) -> (bool, String) {

@@ -19,12 +19,12 @@ mod common;
 
 use std::time::Instant;
 
-use common::cluster::{Cleanup, helm, kubectl, operator_logs, stack_spec, wait_for};
+use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, wait_for};
 use common::{create, ready, stack_condition};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use pko_api::{Stack, Update};
 use pko_testbed::{repo_root, testbed};
 use serde_json::json;
@@ -80,20 +80,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let tag = bed.images(&bin_dir);
     let client = bed.client().await.unwrap();
     pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("in-cluster").await.unwrap();
-    let op_ns = format!("{}-op", ns.name());
-    let release = format!("pko-{}", &ns.name()[ns.name().len() - 6..]);
-    let _cleanup = Cleanup { release: release.clone(), op_ns: op_ns.clone() };
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap()).await.unwrap();
-
-    // Pulumi's state on the node, writable by the workspace image's user (1000)
-    let env = bed.pulumi_env().unwrap();
-    let state = env.dir().join("node-state");
-    std::fs::create_dir_all(&state).unwrap();
-    for d in [env.dir(), state.as_path()] {
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    }
-    let state_dir = state.display().to_string();
+    let t = node_test(&client, "in-cluster", "pko").await;
+    let (ns, op_ns, release, env, state_dir) = (&t.ns, &t.op_ns, &t.release, &t.env, &t.state_dir);
 
     // -- 1. helm install --
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
@@ -103,19 +91,19 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let mut args = vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
     args.extend(base_sets);
     let (ok, _, err) = helm(&args);
-    assert!(ok, "helm install: {err}\n{}", operator_logs(&op_ns));
+    assert!(ok, "helm install: {err}\n{}", operator_logs(op_ns));
     eprintln!("helm install → operator available: {:.1} s", t.elapsed().as_secs_f64());
-    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &op_ns);
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), op_ns);
     let d = deploys.get("pko-operator").await.unwrap();
     assert_eq!(d.status.and_then(|s| s.available_replicas), Some(1), "the operator pod is available");
-    let op_pods: Api<Pod> = Api::namespaced(client.clone(), &op_ns);
+    let op_pods: Api<Pod> = Api::namespaced(client.clone(), op_ns);
     let op_pod = op_pods.list(&ListParams::default().labels("app.kubernetes.io/name=pko-operator")).await.unwrap().items.remove(0);
     assert_eq!(op_pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node.name.as_str()), "the operator runs on the bed's node");
     assert_eq!(op_pod.spec.as_ref().unwrap().containers[0].image.as_deref(), Some(format!("pko-operator:{tag}").as_str()));
 
     // the workspaces' service account may check the operator's token (PKO's documented requirement)
     kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
-    common::passphrase_secret(&ns).await;
+    common::passphrase_secret(ns).await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "api"}, "stringData": {"token": "t0ken-Secret-val"}}),
@@ -142,13 +130,13 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         stack_spec(
             "prog-stack",
             tag,
-            &state_dir,
+            state_dir,
             json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
         ),
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
-    wait_for("the Program Stack Ready (cold workspace pod)", 180, ns.name(), &op_ns, || async { stacks.get("prog-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    wait_for("the Program Stack Ready (cold workspace pod)", 180, ns.name(), op_ns, || async { stacks.get("prog-stack").await.is_ok_and(|s| ready(&s)) }).await;
     eprintln!("Program Stack apply → Ready, cold workspace pod: {:.1} s", t.elapsed().as_secs_f64());
     let s = stacks.get("prog-stack").await.unwrap();
     let outputs = s.status.as_ref().and_then(|s| s.outputs.clone()).unwrap_or_default();
@@ -179,7 +167,7 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let uid = pod.metadata.uid.clone();
     let t = Instant::now();
     stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "bonjour"}}}))).await.unwrap();
-    wait_for("the Program Stack Ready again (warm workspace pod)", 120, ns.name(), &op_ns, || async {
+    wait_for("the Program Stack Ready again (warm workspace pod)", 120, ns.name(), op_ns, || async {
         stacks.get("prog-stack").await.is_ok_and(|s| {
             ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("bonjour")))
         })
@@ -205,8 +193,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         )],
     );
     let server = pko_testbed::git::GitHttpServer::start(&git_root, &format!("{}:0", node.ip), None).await.unwrap();
-    create(&stacks, stack_spec("git-stack", tag, &state_dir, json!({"projectRepo": server.url("proj.git"), "repoDir": "app", "commit": repo}))).await;
-    wait_for("the git Stack Ready", 300, ns.name(), &op_ns, || async { stacks.get("git-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    create(&stacks, stack_spec("git-stack", tag, state_dir, json!({"projectRepo": server.url("proj.git"), "repoDir": "app", "commit": repo}))).await;
+    wait_for("the git Stack Ready", 300, ns.name(), op_ns, || async { stacks.get("git-stack").await.is_ok_and(|s| ready(&s)) }).await;
     let s = stacks.get("git-stack").await.unwrap();
     assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("out")).and_then(|v| v.as_str()), Some("from-git"));
 
@@ -219,8 +207,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     // pod's agent refuses the operator's check: Workspace Ready False Unauthenticated naming the fix,
     // a ConnectionFailure event, the Stack waiting with that reason; the binding mends it.
     kubectl(&["create", "serviceaccount", "-n", ns.name(), "deployer"]);
-    create(&stacks, stack_spec("unauth-stack", tag, &state_dir, json!({"programRef": {"name": "prog"}, "serviceAccountName": "deployer", "config": {"greeting": "hi"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}))).await;
-    wait_for("the Workspace Unauthenticated", 180, ns.name(), &op_ns, || async {
+    create(&stacks, stack_spec("unauth-stack", tag, state_dir, json!({"programRef": {"name": "prog"}, "serviceAccountName": "deployer", "config": {"greeting": "hi"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}))).await;
+    wait_for("the Workspace Unauthenticated", 180, ns.name(), op_ns, || async {
         workspaces.get("unauth-stack").await.is_ok_and(|w| {
             w.status
                 .as_ref()
@@ -229,22 +217,22 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         })
     })
     .await;
-    wait_for("the Stack waits with the Workspace's reason", 60, ns.name(), &op_ns, || async {
+    wait_for("the Stack waits with the Workspace's reason", 60, ns.name(), op_ns, || async {
         stacks.get("unauth-stack").await.is_ok_and(|s| stack_condition(&s, "Reconciling").is_some_and(|c| c.2.contains("Unauthenticated")))
     })
     .await;
     let events = kubectl(&["get", "events", "-n", ns.name(), "--field-selector", "reason=ConnectionFailure,involvedObject.name=unauth-stack", "-o", "name"]);
     assert!(!events.trim().is_empty(), "a ConnectionFailure event on the Workspace");
-    assert!(updates_of(&updates_api(&ns), "unauth-stack").await.is_empty(), "no Update runs on a Workspace that is not Ready");
+    assert!(updates_of(&updates_api(ns), "unauth-stack").await.is_empty(), "no Update runs on a Workspace that is not Ready");
     kubectl(&["create", "clusterrolebinding", &format!("{release}-deployer-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:deployer", ns.name())]);
-    wait_for("the Stack Ready once the binding exists", 180, ns.name(), &op_ns, || async { stacks.get("unauth-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    wait_for("the Stack Ready once the binding exists", 180, ns.name(), op_ns, || async { stacks.get("unauth-stack").await.is_ok_and(|s| ready(&s)) }).await;
 
     // -- 3. a workspace pod deleted during a slow up: SIGTERM → CTRL-C, interrupted, converges after --
-    let updates = updates_api(&ns);
+    let updates = updates_api(ns);
     let before = updates_of(&updates, "prog-stack").await.len();
     stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "40", "greeting": "slow"}}}))).await.unwrap();
     // the `up` is running when its command is (the sleep in the pod)
-    wait_for("the slow up running in the workspace pod", 120, ns.name(), &op_ns, || async {
+    wait_for("the slow up running in the workspace pod", 120, ns.name(), op_ns, || async {
         let out = testbed()
             .kubectl()
             .args(["exec", "-n", ns.name(), "prog-stack-workspace-0", "-c", "pulumi", "--", "sh", "-c", "ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
@@ -260,27 +248,27 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     eprintln!("workspace pod deleted mid-up: SIGTERM → CTRL-C → pod gone in {handoff:.1} s (grace period 600 s)");
     assert!(handoff < 30.0, "the agent stopped Pulumi on SIGTERM instead of running out the grace period ({handoff:.1} s)");
     // the interrupted operation is handed over: the same Update runs again on the new pod and completes
-    wait_for("the interrupted Update completed on the new workspace pod", 240, ns.name(), &op_ns, || async {
+    wait_for("the interrupted Update completed on the new workspace pod", 240, ns.name(), op_ns, || async {
         updates.get(&running).await.is_ok_and(|u| common::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))
     })
     .await;
     let u = updates.get(&running).await.unwrap();
     assert!(!failed_update(&u), "the interrupted Update completed without failing: {:?}", u.status);
     assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "no second Update: the interrupted one was handed over");
-    let logs = operator_logs(&op_ns);
+    let logs = operator_logs(op_ns);
     assert!(logs.contains("operation interrupted by agent shutdown") && logs.contains(running.as_str()), "the operator saw the agent's Interrupted result:\n{logs}");
-    wait_for("the Stack converges after the interruption", 120, ns.name(), &op_ns, || async {
+    wait_for("the Stack converges after the interruption", 120, ns.name(), op_ns, || async {
         stacks.get("prog-stack").await.is_ok_and(|s| {
             ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("slow")))
         })
     })
     .await;
-    assert!(locks(&state).is_empty(), "no Pulumi lock left: {:?}", locks(&state));
+    assert!(locks(std::path::Path::new(state_dir)).is_empty(), "no Pulumi lock left: {:?}", locks(std::path::Path::new(state_dir)));
 
     // -- 4. helm upgrade during a slow up: the operator rolls, the operation is not lost --
     let before = updates_of(&updates, "prog-stack").await.len();
     stacks.patch("prog-stack", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "15", "greeting": "upgraded"}}}))).await.unwrap();
-    wait_for("the next up started", 120, ns.name(), &op_ns, || async { updates_of(&updates, "prog-stack").await.len() > before }).await;
+    wait_for("the next up started", 120, ns.name(), op_ns, || async { updates_of(&updates, "prog-stack").await.len() > before }).await;
     let running = updates_of(&updates, "prog-stack").await.pop().unwrap().metadata.name.unwrap();
     let mut args = vec!["upgrade", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s", "--set", "controller.logLevel=debug"];
     args.extend(base_sets);
@@ -297,7 +285,7 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     assert!(pods_now.iter().all(|p| p.metadata.uid != op_pod.metadata.uid), "helm upgrade rolled the operator pod");
     let env = &pods_now[0].spec.as_ref().unwrap().containers[0].env.clone().unwrap();
     assert!(env.iter().any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")), "the new value reached the operator");
-    wait_for("the Stack converges on the upgraded operator", 300, ns.name(), &op_ns, || async {
+    wait_for("the Stack converges on the upgraded operator", 300, ns.name(), op_ns, || async {
         stacks.get("prog-stack").await.is_ok_and(|s| {
             ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("upgraded")))
         })
@@ -312,14 +300,14 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     for name in ["prog-stack", "git-stack", "unauth-stack"] {
         stacks.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    wait_for("the Stacks gone (finalizers run by the operator in its pod)", 180, ns.name(), &op_ns, || async {
+    wait_for("the Stacks gone (finalizers run by the operator in its pod)", 180, ns.name(), op_ns, || async {
         stacks.list(&ListParams::default()).await.unwrap().items.is_empty()
     })
     .await;
     let (ok, _, err) = helm(&["uninstall", release.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "120s"]);
     assert!(ok, "helm uninstall: {err}");
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns.name());
-    wait_for("no workload left", 120, ns.name(), &op_ns, || async {
+    wait_for("no workload left", 120, ns.name(), op_ns, || async {
         deploys.list(&ListParams::default()).await.unwrap().items.is_empty()
             && op_pods.list(&ListParams::default()).await.unwrap().items.is_empty()
             && sets.list(&ListParams::default()).await.unwrap().items.is_empty()

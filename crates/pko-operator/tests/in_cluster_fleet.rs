@@ -11,12 +11,12 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::cluster::{Cleanup, helm, kubectl, stack_spec, wait_for};
+use common::cluster::{helm, kubectl, node_test, stack_spec, wait_for};
 use common::{KillOnDrop, create, ready, shard_holders};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use pko_api::{Stack, Update};
 use pko_testbed::{repo_root, testbed};
 use serde_json::json;
@@ -32,15 +32,10 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let tag = bed.images(common::agent_bin().parent().unwrap());
     let client = bed.client().await.unwrap();
     pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let ns = bed.namespace("in-cluster-fleet").await.unwrap();
-    let op_ns = format!("{}-op", ns.name());
-    let release = format!("pkof-{}", &ns.name()[ns.name().len() - 6..]);
-    let _cleanup = Cleanup { release: release.clone(), op_ns: op_ns.clone() };
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap()).await.unwrap();
-
+    let t = node_test(&client, "in-cluster-fleet", "pkof").await;
+    let (ns, op_ns, release, env, state_dir) = (&t.ns, &t.op_ns, &t.release, &t.env, &t.state_dir);
     // the work queue: a redis-server of its own on the node's address
     let port = std::net::TcpListener::bind((node.ip.as_str(), 0)).unwrap().local_addr().unwrap().port();
-    let env = bed.pulumi_env().unwrap();
     let _redis = KillOnDrop(
         std::process::Command::new("redis-server")
             .args(["--bind", &node.ip, "--port", &port.to_string(), "--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -49,12 +44,6 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
             .spawn()
             .expect("redis-server (make testbed installs it)"),
     );
-    let state = env.dir().join("node-state");
-    std::fs::create_dir_all(&state).unwrap();
-    for d in [env.dir(), state.as_path()] {
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    }
-    let state_dir = state.display().to_string();
 
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
     let (watch, redis) = (format!("namespace.watch={{{}}}", ns.name()), format!("redis.url=redis://{}:{port}", node.ip));
@@ -82,7 +71,7 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     args.extend(sets);
     let (ok, _, err) = helm(&args);
     assert!(ok, "helm install: {err}");
-    let op_pods: Api<Pod> = Api::namespaced(client.clone(), &op_ns);
+    let op_pods: Api<Pod> = Api::namespaced(client.clone(), op_ns);
     let running = || async {
         op_pods
             .list(&ListParams::default().labels("app.kubernetes.io/name=pko-operator"))
@@ -96,15 +85,15 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     };
     assert_eq!(running().await.len(), 3);
     // the three replicas hold every shard between them
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &op_ns);
-    wait_for("the 64 shards held by the three pods", 120, ns.name(), &op_ns, || async {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), op_ns);
+    wait_for("the 64 shards held by the three pods", 120, ns.name(), op_ns, || async {
         let holders = shard_holders(&leases, "pko").await;
         holders.len() == 64 && holders.values().cloned().collect::<BTreeSet<_>>() == running().await
     })
     .await;
 
     kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
-    common::passphrase_secret(&ns).await;
+    common::passphrase_secret(ns).await;
     create(
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": {
@@ -116,10 +105,10 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     .await;
     let stacks = ns.api::<Stack>();
     for name in ["alpha", "beta", "gamma"] {
-        create(&stacks, stack_spec(name, tag, &state_dir, json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}")}}))).await;
+        create(&stacks, stack_spec(name, tag, state_dir, json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}")}}))).await;
     }
     for name in ["alpha", "beta", "gamma"] {
-        wait_for(&format!("Stack {name} Ready"), 240, ns.name(), &op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
+        wait_for(&format!("Stack {name} Ready"), 240, ns.name(), op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
     }
 
     // kill the pod holding alpha's shard, with no grace: its Leases lapse and another replica takes over
@@ -127,8 +116,8 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let shard: u32 = alpha.labels().get("pulumi.com/shard").expect("a Stack carries its shard").parse().unwrap();
     let victim = shard_holders(&leases, "pko").await.get(&shard).cloned().expect("alpha's shard is held");
     let t = std::time::Instant::now();
-    kubectl(&["delete", "pod", "-n", &op_ns, &victim, "--force", "--grace-period=0"]);
-    wait_for("alpha's shard held by another replica", 120, ns.name(), &op_ns, || async { shard_holders(&leases, "pko").await.get(&shard).is_some_and(|h| *h != victim) }).await;
+    kubectl(&["delete", "pod", "-n", op_ns, &victim, "--force", "--grace-period=0"]);
+    wait_for("alpha's shard held by another replica", 120, ns.name(), op_ns, || async { shard_holders(&leases, "pko").await.get(&shard).is_some_and(|h| *h != victim) }).await;
     eprintln!("operator pod {victim} killed: shard {shard} taken over after {:.1} s (membership Lease 6 s)", t.elapsed().as_secs_f64());
 
     let updates = ns.api::<Update>();
@@ -137,7 +126,7 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     };
     let before = of_alpha().await;
     stacks.patch("alpha", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "after the kill"}}}))).await.unwrap();
-    wait_for("alpha's change converges on the new holder", 180, ns.name(), &op_ns, || async {
+    wait_for("alpha's change converges on the new holder", 180, ns.name(), op_ns, || async {
         stacks.get("alpha").await.is_ok_and(|s| ready(&s) && said(&s).as_deref() == Some("after the kill"))
     })
     .await;
@@ -159,7 +148,7 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let out = std::process::Command::new("ctr").args(["-a", bed.var("PKO_TESTBED_CONTAINERD"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &cid]).output().unwrap();
     assert!(out.status.success(), "ctr tasks kill: {}", String::from_utf8_lossy(&out.stderr));
     let t = std::time::Instant::now();
-    wait_for("the killed operator container restarted by the kubelet", 120, ns.name(), &op_ns, || async {
+    wait_for("the killed operator container restarted by the kubelet", 120, ns.name(), op_ns, || async {
         op_pods.get(&holder).await.is_ok_and(|p| restarts(&p) > before_restarts)
     })
     .await;
@@ -168,7 +157,7 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     };
     let before = of_beta().await;
     stacks.patch("beta", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "after the crash"}}}))).await.unwrap();
-    wait_for("beta's change converges after the crash", 180, ns.name(), &op_ns, || async {
+    wait_for("beta's change converges after the crash", 180, ns.name(), op_ns, || async {
         stacks.get("beta").await.is_ok_and(|s| ready(&s) && said(&s).as_deref() == Some("after the crash"))
     })
     .await;
@@ -178,10 +167,10 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
         t.elapsed().as_secs_f64(),
         shard_holders(&leases, "pko").await.get(&shard)
     );
-    wait_for("every shard held again", 60, ns.name(), &op_ns, || async { shard_holders(&leases, "pko").await.len() == 64 }).await;
+    wait_for("every shard held again", 60, ns.name(), op_ns, || async { shard_holders(&leases, "pko").await.len() == 64 }).await;
 
     for name in ["alpha", "beta", "gamma"] {
         stacks.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    wait_for("the Stacks gone", 180, ns.name(), &op_ns, || async { stacks.list(&ListParams::default()).await.unwrap().items.is_empty() }).await;
+    wait_for("the Stacks gone", 180, ns.name(), op_ns, || async { stacks.list(&ListParams::default()).await.unwrap().items.is_empty() }).await;
 }

@@ -24,7 +24,7 @@ use super::status::{self, Phase};
 use super::tokens::AgentTokens;
 use crate::context::Context;
 use crate::queue::{InMemoryQueue, Job, WorkQueue};
-use crate::workspace::pool::{End, Lent, LocalPools};
+use crate::workspace::pool::{AgentPools, End, Lent};
 
 /// State of the Update controller.
 pub struct UpdateController {
@@ -37,7 +37,7 @@ pub struct UpdateController {
     tokens: Option<AgentTokens>,
     /// Agent pools per workspace class (`--agent-pools`); none: each Workspace's own agent
     /// (`status.address`).
-    pools: Option<Arc<LocalPools>>,
+    pools: Option<AgentPools>,
     /// Namespaces whose queue depth was last published (to set a drained one to 0).
     depth_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -94,7 +94,7 @@ impl UpdateController {
     }
 
     /// Runs operations on the agent pools of `pools` instead of each Workspace's own agent.
-    pub fn with_pools(mut self, pools: Arc<LocalPools>) -> Self {
+    pub fn with_pools(mut self, pools: AgentPools) -> Self {
         self.pools = Some(pools);
         self
     }
@@ -197,8 +197,10 @@ impl UpdateController {
             Err(drive) => return drive,
         };
         let agent = if address.starts_with("http") { address } else { format!("http://{address}") };
+        // a pool of pods names its own audience; else the Workspace's own agent's
+        let audience = lent.as_ref().and_then(|l| l.audience.clone()).unwrap_or_else(|| pko_proto::workspace_audience(&job.namespace, &ws_name));
         let token = match &self.tokens {
-            Some(tokens) => match tokens.token(&pko_proto::workspace_audience(&job.namespace, &ws_name)).await {
+            Some(tokens) => match tokens.token(&audience).await {
                 Ok(t) => Some(t),
                 Err(e) => {
                     let message = format!("requesting a token for the workspace agent: {e}");
@@ -254,6 +256,7 @@ impl UpdateController {
             lent.finish(match &outcome {
                 Ok(_) if interrupted => End::Interrupted,
                 Ok(_) => End::Result,
+                Err(super::dispatch::DispatchError::Busy(..)) => End::Busy,
                 Err(_) => End::Unknown,
             });
         }
@@ -266,6 +269,12 @@ impl UpdateController {
             }
             Ok(_) => {}
             Err(super::dispatch::DispatchError::Fenced) => tracing::info!(update = %job.name, epoch = job.epoch, "shard lost: stopped following; nothing written"),
+            Err(super::dispatch::DispatchError::Busy(agent, why)) if self.pools.is_some() => {
+                // another replica lent that pod first, or it is going away: another agent, later
+                tracing::debug!(update = %job.name, %agent, %why, "pool agent refused the operation; deferred");
+                metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+                return Drive::Deferred;
+            }
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "dispatch failed; retrying");
                 let _ = self.wait(&api, &update, Some(job.epoch), uc::TRANSIENT_FAILURE, e.to_string()).await;

@@ -27,6 +27,10 @@ pub enum DispatchError {
     /// The agent could not be reached or refused the call (retried later: `TransientFailure`).
     #[error("agent {0}: {1}")]
     Agent(String, String),
+    /// The agent refused to start the operation because it runs another one or is shutting down
+    /// (`UNAVAILABLE`): nothing ran; a pool lends another agent later.
+    #[error("agent {0}: {1}")]
+    Busy(String, String),
     /// The stream ended without a result (the agent went away): the Update is dispatched again.
     #[error("the operation stream ended without a result")]
     NoResult,
@@ -192,7 +196,14 @@ pub async fn run_on_agent(
     if let Some(t) = token {
         call.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| DispatchError::Agent(agent.into(), "token is not a valid header".into()))?);
     }
-    let mut stream = agent_client.run(call).await.map_err(|s| DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())))?.into_inner();
+    let mut stream = agent_client
+        .run(call)
+        .await
+        .map_err(|s| match s.code() {
+            tonic::Code::Unavailable => DispatchError::Busy(agent.into(), format!("{}: {}", s.code(), s.message())),
+            _ => DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())),
+        })?
+        .into_inner();
 
     let mut first = true;
     while let Some(ev) = stream.next().await {

@@ -28,7 +28,7 @@ use pko_api::workspace::WorkspaceStatus;
 
 pub use super::local::{LocalRuntime, local_agent_env};
 use super::pod::{self, PodRuntimeConfig};
-use super::pool::LocalPools;
+use super::pool::AgentPools;
 use super::probe::{self, Probe};
 use crate::context::Context;
 use crate::informer::{Change, Informers};
@@ -61,10 +61,10 @@ pub enum Runtime {
     Pod(PodRuntimeConfig),
     /// Agent processes on this machine, one per Workspace.
     Local(LocalRuntime),
-    /// Agent processes on this machine, pooled per workspace class ([`super::pool`]): the Workspace
-    /// is Ready at once and reports its pool; agents are started per operation by the Update
-    /// controller, which shares these pools.
-    LocalPool(Arc<LocalPools>),
+    /// Agents pooled per workspace class, processes ([`super::pool`]) or pods ([`super::pod_pool`]):
+    /// the Workspace is Ready once its class's identity exists and reports its pool; agents are
+    /// started per operation by the Update controller, which shares these pools.
+    Pooled(AgentPools),
 }
 
 /// How often the local runtime checks that a Workspace's agent process still runs (seconds).
@@ -133,7 +133,7 @@ impl WorkspaceController {
         let controller = Controller::for_stream(informers.workspaces().objects(), store.clone());
         let controller = match self.runtime {
             Runtime::Pod(_) => controller.owns_stream(informers.stateful_sets().objects()),
-            Runtime::Local(_) | Runtime::LocalPool(_) => controller,
+            Runtime::Local(_) | Runtime::Pooled(_) => controller,
         };
         // local agents whose Workspace is gone are stopped: once the cache has synced (agents adopted
         // from an earlier operator), then on each deletion the watch reports (the pod runtime needs no
@@ -208,9 +208,9 @@ impl WorkspaceController {
             }
             None => {}
         }
-        if let Runtime::LocalPool(pools) = &self.runtime {
+        if let Runtime::Pooled(pools) = &self.runtime {
             st.address = None;
-            st.pool = Some(LocalPools::class_of(&ws));
+            st.pool = Some(pools.class_of(&ws));
             if let Err(e) = pools.check_identity(&ws).await {
                 // as with an agent of its own: not Ready, and why (e.g. its service account is missing)
                 self.write(&api, &ws, st, ("False", wc::CONNECTION_FAILED, &e.to_string()), &now).await?;
@@ -273,7 +273,7 @@ impl WorkspaceController {
                     return Ok(Action::requeue(Duration::from_secs(5)));
                 }
             },
-            Runtime::LocalPool(_) => return Ok(Action::await_change()),
+            Runtime::Pooled(_) => return Ok(Action::await_change()),
         };
         st.address = address;
         self.write(&api, &ws, st, with_stall(&ws, ready), &now).await?;

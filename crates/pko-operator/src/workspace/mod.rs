@@ -6,6 +6,7 @@ pub mod controller;
 pub mod local;
 pub mod merge;
 pub mod pod;
+pub mod pod_pool;
 pub mod pool;
 pub mod probe;
 pub mod stalled;

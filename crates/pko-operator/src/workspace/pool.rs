@@ -145,15 +145,25 @@ struct Record {
     address: String,
 }
 
+/// Where a [`Lent`] agent goes back to when its operation ends (each kind of pool).
+pub trait GiveBack: Send + Sync {
+    /// Agent `n` of `class`, lent before, is given back after its operation ended as `end`.
+    fn give_back(&self, class: &str, n: usize, end: End);
+}
+
 /// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the
 /// operation ended, so the pool knows whether the agent is free.
 pub struct Lent {
-    /// The agent's gRPC address (`127.0.0.1:<port>`).
+    /// The agent's gRPC address (`127.0.0.1:<port>` for a process, `<pod>.<service>.<namespace>:50051`
+    /// for a pod).
     pub address: String,
+    /// The audience of the token the agent accepts (`<pool>.<namespace>` for a pool of pods); `None`:
+    /// the Workspace's own (`<workspace>.<namespace>`, or no token at all for processes).
+    pub audience: Option<String>,
     /// `(class, slot)` when the agent is one of this replica's; `None` for another replica's agent
     /// found running the operation (followed, not lent).
     slot: Option<(String, usize)>,
-    pools: Arc<LocalPools>,
+    pools: Arc<dyn GiveBack>,
     ended: End,
 }
 
@@ -164,11 +174,19 @@ pub enum End {
     Result,
     /// The agent is shutting down (`INTERRUPTED`): never lend it again.
     Interrupted,
+    /// The agent refused the operation: it runs another one (lent by another replica of the fleet) or
+    /// is shutting down. Nothing ran here.
+    Busy,
     /// The dispatcher stopped following (fenced, stream broken): the agent may still run it.
     Unknown,
 }
 
 impl Lent {
+    /// An agent at `address` lent as slot `slot` of a pool that takes it back through `pools`.
+    pub fn new(address: String, audience: Option<String>, slot: Option<(String, usize)>, pools: Arc<dyn GiveBack>) -> Self {
+        Self { address, audience, slot, pools, ended: End::Unknown }
+    }
+
     /// Records how the operation ended (default when dropped without it: [`End::Unknown`]).
     pub fn finish(mut self, end: End) {
         self.ended = end;
@@ -179,6 +197,68 @@ impl Drop for Lent {
     fn drop(&mut self) {
         if let Some((class, n)) = self.slot.take() {
             self.pools.give_back(&class, n, self.ended);
+        }
+    }
+}
+
+/// The agent pools of this replica, of either runtime: processes ([`LocalPools`]) or pods
+/// ([`super::pod_pool::PodPools`]).
+#[derive(Clone)]
+pub enum AgentPools {
+    /// Agent processes on this machine.
+    Local(Arc<LocalPools>),
+    /// A StatefulSet of workspace pods per class, scaled by the operator.
+    Pod(Arc<super::pod_pool::PodPools>),
+}
+
+/// Why a pool could not give an agent (or check a class's identity).
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// An agent process could not be started.
+    #[error("{0}")]
+    Local(#[from] LocalError),
+    /// A pool of pods could not be created, scaled or reached.
+    #[error("{0}")]
+    Pod(#[from] super::pod_pool::PodPoolError),
+}
+
+impl AgentPools {
+    /// The pool (class) of `ws`, as reported in its status: [`workspace_class`] for processes,
+    /// [`super::pod_pool::pool_class`] for pods.
+    pub fn class_of(&self, ws: &Workspace) -> String {
+        match self {
+            AgentPools::Local(_) => workspace_class(ws),
+            AgentPools::Pod(_) => super::pod_pool::pool_class(ws),
+        }
+    }
+
+    /// Whether agents of `ws`'s class can run with its identity (its service account exists).
+    ///
+    /// Errors: [`PoolError`] naming the service account's problem.
+    pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PoolError> {
+        match self {
+            AgentPools::Local(p) => Ok(p.check_identity(ws).await?),
+            AgentPools::Pod(p) => Ok(p.check_identity(ws).await?),
+        }
+    }
+
+    /// Lends an agent of `ws`'s class to operation `op` at fencing epoch `epoch` (`started`: the
+    /// operation may run somewhere already: follow it there). `None`: the pool is at its maximum and
+    /// every agent is busy.
+    ///
+    /// Errors: [`PoolError`] when no agent could be started or reached.
+    pub async fn acquire(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, PoolError> {
+        match self {
+            AgentPools::Local(p) => Ok(p.acquire(ws, op, epoch, started).await?),
+            AgentPools::Pod(p) => Ok(p.acquire(ws, op, epoch, started).await?),
+        }
+    }
+
+    /// Keeps the pools in shape until `shutdown` (idle agents stopped, the minimum started).
+    pub async fn run(self, shutdown: tokio_util::sync::CancellationToken) {
+        match self {
+            AgentPools::Local(p) => p.run(shutdown).await,
+            AgentPools::Pod(p) => p.run(shutdown).await,
         }
     }
 }
@@ -201,11 +281,6 @@ impl LocalPools {
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The pool (class) of `ws`, as reported in its status.
-    pub fn class_of(ws: &Workspace) -> String {
-        workspace_class(ws)
     }
 
     /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
@@ -261,27 +336,13 @@ impl LocalPools {
     }
 
     fn lent(self: &Arc<Self>, class: &str, n: usize, address: String) -> Lent {
-        Lent { address, slot: Some((class.to_string(), n)), pools: self.clone(), ended: End::Unknown }
+        Lent::new(address, None, Some((class.to_string(), n)), self.clone())
     }
 
     fn remove_slot(&self, class: &str, n: usize) {
         if let Some(pool) = self.pools().get_mut(class) {
             pool.slots.retain(|s| s.n != n);
         }
-    }
-
-    fn give_back(&self, class: &str, n: usize, end: End) {
-        let mut pools = self.pools();
-        let Some(pool) = pools.get_mut(class) else { return };
-        let Some(s) = pool.slots.iter_mut().find(|s| s.n == n) else { return };
-        s.lent = false;
-        match end {
-            End::Result => s.running = None,
-            End::Interrupted => s.draining = true,
-            // still running there perhaps: the reaper asks the agent before lending it again
-            End::Unknown => {}
-        }
-        s.idle_since = Instant::now();
     }
 
     /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it
@@ -351,7 +412,7 @@ impl LocalPools {
                         return Some(self.lent(class, n, record.address));
                     }
                 }
-                return Some(Lent { address: record.address, slot: None, pools: self.clone(), ended: End::Unknown });
+                return Some(Lent::new(record.address, None, None, self.clone()));
             }
         }
         None
@@ -507,7 +568,22 @@ impl LocalPools {
     }
 }
 
-/// The agent records under a replica's directory of a class: `(slot, record)`.
+impl GiveBack for LocalPools {
+    fn give_back(&self, class: &str, n: usize, end: End) {
+        let mut pools = self.pools();
+        let Some(pool) = pools.get_mut(class) else { return };
+        let Some(s) = pool.slots.iter_mut().find(|s| s.n == n) else { return };
+        s.lent = false;
+        match end {
+            End::Result | End::Busy => s.running = None,
+            End::Interrupted => s.draining = true,
+            // still running there perhaps: the reaper asks the agent before lending it again
+            End::Unknown => {}
+        }
+        s.idle_since = Instant::now();
+    }
+}
+
 /// Forgets the slots whose agent died (a lent slot stays until its lender gives it back), killing what
 /// a dead agent left of its process group ([`LocalAgent::reap_group`]).
 fn drop_dead(class: &str, slots: &mut Vec<Slot>) {
@@ -523,6 +599,7 @@ fn drop_dead(class: &str, slots: &mut Vec<Slot>) {
     });
 }
 
+/// The agent records under a replica's directory of a class: `(slot, record)`.
 fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
     let Ok(entries) = std::fs::read_dir(replica_dir) else { return Vec::new() };
     entries

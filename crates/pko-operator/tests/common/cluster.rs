@@ -4,8 +4,41 @@
 use std::process::Command;
 use std::time::Instant;
 
-use pko_testbed::testbed;
+use pko_testbed::{PulumiEnv, TestNamespace, testbed};
 use serde_json::json;
+
+/// What a test on the node starts from: its namespace `ns`; the operator's namespace `op_ns`
+/// (`<ns>-op`, created); the Helm release name `release` (`<release_prefix>-<ns suffix>`), removed with
+/// `op_ns` and its ClusterRoleBindings when this is dropped; a Pulumi environment `env` whose
+/// directory, like `state_dir` in it (Pulumi's `file://` state, mounted into workspace pods), the
+/// workspace image's user (1000) may write.
+pub struct NodeTest {
+    pub ns: TestNamespace,
+    pub op_ns: String,
+    pub release: String,
+    pub env: PulumiEnv,
+    pub state_dir: String,
+    _cleanup: Cleanup,
+}
+
+/// A [`NodeTest`] for namespace prefix `prefix` and release prefix `release_prefix`.
+pub async fn node_test(client: &kube::Client, prefix: &str, release_prefix: &str) -> NodeTest {
+    use kube::api::{Api, PostParams};
+    let ns = testbed().namespace(prefix).await.unwrap();
+    let op_ns = format!("{}-op", ns.name());
+    let release = format!("{release_prefix}-{}", &ns.name()[ns.name().len() - 6..]);
+    let cleanup = Cleanup { release: release.clone(), op_ns: op_ns.clone() };
+    let op: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap();
+    Api::all(client.clone()).create(&PostParams::default(), &op).await.unwrap();
+    let env = testbed().pulumi_env().unwrap();
+    let state = env.dir().join("node-state");
+    std::fs::create_dir_all(&state).unwrap();
+    for d in [env.dir(), state.as_path()] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    }
+    let state_dir = state.display().to_string();
+    NodeTest { ns, op_ns, release, env, state_dir, _cleanup: cleanup }
+}
 
 /// `helm` of the bed with private cache/config dirs; (success, stdout, stderr).
 pub fn helm(args: &[&str]) -> (bool, String, String) {

@@ -80,7 +80,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: [secrets]
   verbs: [get, list, watch, create]
 - apiGroups: [""]
-  resources: [configmaps, pods]
+  resources: [configmaps, pods, serviceaccounts]
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [namespaces]

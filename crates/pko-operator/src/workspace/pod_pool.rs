@@ -1,0 +1,627 @@
+//! Agent pools of the `pod` runtime (`--runtime pod --agent-pools`): the workspace pods of one class
+//! ([`pool_class`]: the namespace and everything that shapes the pod — image, env, resources, service
+//! account, security profile, pod template, log level) are interchangeable, so a class gets one StatefulSet
+//! `pko-pool-<class hash>-workspace` (and its headless Service), built from the class's pod exactly as a
+//! Workspace's own ([`super::pod::stateful_set`]), and scaled by the operator: from 0 (the default
+//! minimum: an idle class costs no pod — PKO keeps one pod per Stack, 24/7) up to `max` pods while
+//! operations wait, and down again once the highest pod has been idle for the idle timeout.
+//!
+//! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods
+//! themselves are the truth about who runs what — an agent refuses a second operation
+//! (`UNAVAILABLE: agent busy`), so two replicas that pick the same idle pod at once lose nothing (the
+//! one refused defers its operation: [`super::pool::End::Busy`]). Growing is done by any replica that
+//! finds no idle pod (a resourceVersion-guarded raise of `spec.replicas`, never a lowering); shrinking
+//! by one replica only, the holder of the pool's own shard (`<namespace>/<pool name>`, as any object's):
+//! it lowers `spec.replicas` by one when the highest pod answers idle for at least the idle timeout —
+//! by the agent's own clock ([`pko_proto::v1::StatusResponse::idle_seconds`]), whoever lent it. Lending
+//! prefers the lowest ordinal, so the highest pods are the ones that go idle (a StatefulSet removes its
+//! highest pod first).
+//!
+//! Agents authenticate the operator as with a Workspace's own pod (`--auth kube`), with the pool's name
+//! in the Workspace's place: tokens for the audience `<pool>.<namespace>`, and the SubjectAccessReview
+//! `use workspaces/rpc` named after the pool, which PKO's operator role already grants.
+//!
+//! Invariants: `spec.replicas` is only raised by lenders and only lowered by the pool's maintainer, each
+//! write guarded by the resourceVersion it read; a pod is lent by at most one dispatcher of this replica
+//! at a time (`lent`), and runs at most one operation at a time (its capacity); an operation found
+//! running on a pod (`started`) is followed there, never started on another.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use pko_api::Workspace;
+use pko_proto::v1::status_response::State;
+use pko_proto::v1::{AttachRequest, StatusRequest, StatusResponse};
+use sha2::{Digest, Sha256};
+
+use super::pod::{self, PodRuntimeConfig};
+use super::pool::{End, GiveBack, Lent, PoolConfig};
+use crate::ownership::Ownership;
+use crate::update::tokens::AgentTokens;
+
+/// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the
+/// namespace). Replicas find the pools they maintain by it after a restart.
+pub const POOL_LABEL: &str = "auto.pulumi.com/pool";
+/// Annotation of a pool's StatefulSet: hash of its generated pod template; a different one (a new
+/// operator version, a new agent image) replaces the template.
+pub const POOL_TEMPLATE_ANNOTATION: &str = "auto.pulumi.com/pool-template-hash";
+/// How long a lender waits for the pod it added to answer (seconds: scheduling, image pull, start).
+pub const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// How often the pools are looked after (seconds).
+pub const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
+/// How often the pools of the cluster are listed, to maintain those this replica did not create.
+pub const DISCOVER_EVERY: Duration = Duration::from_secs(60);
+
+/// Why a pool of pods could not give an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum PodPoolError {
+    /// Reading, creating or scaling the pool's objects failed.
+    #[error("pool {pool}: {source}")]
+    Api {
+        /// `namespace/name` of the pool.
+        pool: String,
+        /// The API server's answer.
+        source: kube::Error,
+    },
+    /// The operator could not get a token for the pool's agents (TokenRequest on its own service account).
+    #[error("requesting a token for the agents of pool {pool}: {source}")]
+    Token {
+        /// `namespace/name` of the pool.
+        pool: String,
+        /// The API server's answer.
+        source: kube::Error,
+    },
+    /// The class's service account does not exist: the pool's pods could not be created.
+    #[error("service account {0} not found: the workspace's pods cannot run")]
+    ServiceAccount(String),
+    /// The pod added for an operation did not answer in time.
+    #[error("pool {pool}: agent {address} did not answer within {seconds} s of being added: {last}")]
+    Start {
+        /// `namespace/name` of the pool.
+        pool: String,
+        /// The agent's address.
+        address: String,
+        /// [`START_TIMEOUT`] in seconds.
+        seconds: u64,
+        /// The last error of the attempts.
+        last: String,
+    },
+}
+
+/// The pool class of `ws`: its namespace and the hash of what shapes its pod
+/// ([`pod::revision_hash`]), e.g. `team-a/3f2a…` (16 hex characters). Workspaces that differ only in
+/// stacks, config or source share a pool (those travel with each operation). Pure.
+pub fn pool_class(ws: &Workspace) -> String {
+    format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pod::revision_hash(ws))
+}
+
+/// Name of the pool of `class` (`<namespace>/<hash>`): `pko-pool-<hash>`. Its StatefulSet and Service
+/// are `pko-pool-<hash>-workspace`, its pods `pko-pool-<hash>-workspace-<ordinal>`.
+pub fn pool_name(class: &str) -> String {
+    format!("pko-pool-{}", class.rsplit('/').next().unwrap_or(class))
+}
+
+/// gRPC address of pod `ordinal` of pool `pool` in `namespace`: its name under the headless Service.
+pub fn agent_address(pool: &str, namespace: &str, ordinal: usize) -> String {
+    let obj = pod::object_name(pool);
+    format!("{obj}-{ordinal}.{obj}.{namespace}:{}", pko_api::workspace::AGENT_PORT)
+}
+
+/// The Service and StatefulSet (at 0 replicas) of the pool of `ws`'s class: `ws`'s pod
+/// ([`pod::stateful_set`]) under the pool's name, with `agent_args` added to the agent's (hollow agents
+/// of a load test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
+pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String]) -> (Service, StatefulSet) {
+    let class = pool_class(ws);
+    let hash = class.rsplit('/').next().unwrap_or_default().to_string();
+    let mut as_pool = ws.clone();
+    as_pool.metadata = kube::api::ObjectMeta { name: Some(pool_name(&class)), namespace: ws.metadata.namespace.clone(), ..Default::default() };
+    let mut service = pod::service(&as_pool);
+    service.labels_mut().insert(POOL_LABEL.into(), hash.clone());
+    let mut sts = pod::stateful_set(&as_pool, cfg);
+    sts.labels_mut().insert(POOL_LABEL.into(), hash);
+    if let Some(spec) = sts.spec.as_mut() {
+        spec.replicas = Some(0);
+        if let Some(c) = spec.template.spec.as_mut().and_then(|p| p.containers.iter_mut().find(|c| c.name == "pulumi")) {
+            c.args.get_or_insert_with(Vec::new).extend(agent_args.iter().cloned());
+        }
+    }
+    let template = sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
+    let template_hash: String = Sha256::digest(template).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    sts.annotations_mut().insert(POOL_TEMPLATE_ANNOTATION.into(), template_hash);
+    (service, sts)
+}
+
+/// The pods to ask for an idle agent, lowest ordinal first, among `replicas`, leaving out those this
+/// replica has lent. Pure.
+pub fn candidates(replicas: usize, lent: &HashSet<usize>) -> Vec<usize> {
+    (0..replicas).filter(|i| !lent.contains(i)).collect()
+}
+
+/// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has
+/// not reserved already, below `max`; `None`: the pool is full. Pure.
+pub fn grow_slot(replicas: usize, max: usize, lent: &HashSet<usize>) -> Option<usize> {
+    (replicas..max.max(1)).find(|i| !lent.contains(i))
+}
+
+/// The maintainer's decision for a pool of `replicas` pods: raise to `min`; else lower by one when the
+/// highest pod is not lent here and answered idle (`top`: its state and idle seconds) for at least
+/// `idle_timeout`; else nothing. Pure.
+pub fn resize(replicas: usize, min: usize, top: Option<(State, f64)>, top_lent_here: bool, idle_timeout: Duration) -> Option<usize> {
+    if replicas < min {
+        return Some(min);
+    }
+    match top {
+        Some((State::Idle, idle)) if replicas > min && !top_lent_here && idle >= idle_timeout.as_secs_f64() => Some(replicas - 1),
+        _ => None,
+    }
+}
+
+/// What this replica knows of one pool.
+struct PodPool {
+    namespace: String,
+    name: String,
+    /// Pods lent by this replica now: ordinal → operation (also pods reserved while they start).
+    lent: HashMap<usize, String>,
+    /// Service and StatefulSet checked (created, template current) by this replica.
+    ensured: bool,
+}
+
+/// The pools of pods this replica lends from and maintains, by class.
+pub struct PodPools {
+    client: kube::Client,
+    cfg: PoolConfig,
+    pod: PodRuntimeConfig,
+    tokens: AgentTokens,
+    ownership: Arc<dyn Ownership>,
+    pools: Mutex<HashMap<String, PodPool>>,
+}
+
+impl PodPools {
+    /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and
+    /// maintained by this replica where `ownership` says it holds the pool's shard.
+    pub fn new(client: kube::Client, cfg: PoolConfig, pod: PodRuntimeConfig, tokens: AgentTokens, ownership: Arc<dyn Ownership>) -> Arc<Self> {
+        Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default() })
+    }
+
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodPool>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the pods of `ws`'s class can be created: its service account exists.
+    ///
+    /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
+    pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
+        let ns = ws.namespace().unwrap_or_default();
+        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+        match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(PodPoolError::ServiceAccount(format!("{ns}/{sa}"))),
+            Err(source) => Err(PodPoolError::Api { pool: format!("{ns}/{}", pool_name(&pool_class(ws))), source }),
+        }
+    }
+
+    /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod
+    /// that knows `op` already (followed); else the idle pod of lowest ordinal; else a pod added to the
+    /// pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`. `None`: every pod is
+    /// busy and the pool is at its maximum (the operation waits in the queue).
+    ///
+    /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had
+    /// for its agents, or the added pod does not answer.
+    pub async fn acquire(self: &Arc<Self>, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, PodPoolError> {
+        let class = pool_class(ws);
+        let ns = ws.namespace().unwrap_or_default();
+        let name = pool_name(&class);
+        let id = format!("{ns}/{name}");
+        self.ensure(&class, ws).await?;
+        let audience = pko_proto::workspace_audience(&ns, &name);
+        let token = self.tokens.token(&audience).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
+        let mut replicas = replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+        if started {
+            for i in 0..replicas {
+                let address = agent_address(&name, &ns, i);
+                if knows(&address, &token, op, epoch).await {
+                    tracing::info!(pool = %id, operation = op, %address, "found the pod running the operation; following it");
+                    self.mark(&class, i, op);
+                    return Ok(Some(self.lent(&class, i, address, audience)));
+                }
+            }
+        }
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            for i in candidates(replicas, &self.lent_of(&class)) {
+                let address = agent_address(&name, &ns, i);
+                let idle = matches!(status(&address, &token).await, Ok(s) if s.state == State::Idle as i32);
+                if idle && self.try_mark(&class, i, op) {
+                    return Ok(Some(self.lent(&class, i, address, audience)));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let Some(i) = self.reserve(&class, replicas, op) else { return Ok(None) };
+            if let Err(source) = self.scale_up(&api, &name, i + 1).await {
+                self.unmark(&class, i);
+                return Err(PodPoolError::Api { pool: id, source });
+            }
+            let address = agent_address(&name, &ns, i);
+            match wait_idle(&address, &token, deadline).await {
+                Ok(true) => return Ok(Some(self.lent(&class, i, address, audience))),
+                Ok(false) => {
+                    // another replica lent it first: look again
+                    self.unmark(&class, i);
+                    replicas = replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+                }
+                Err(last) => {
+                    self.unmark(&class, i);
+                    return Err(PodPoolError::Start { pool: id, address, seconds: START_TIMEOUT.as_secs(), last });
+                }
+            }
+        }
+    }
+
+    fn lent(self: &Arc<Self>, class: &str, n: usize, address: String, audience: String) -> Lent {
+        Lent::new(address, Some(audience), Some((class.to_string(), n)), self.clone())
+    }
+
+    fn lent_of(&self, class: &str) -> HashSet<usize> {
+        self.pools().get(class).map(|p| p.lent.keys().copied().collect()).unwrap_or_default()
+    }
+
+    fn mark(&self, class: &str, n: usize, op: &str) {
+        if let Some(p) = self.pools().get_mut(class) {
+            p.lent.insert(n, op.to_string());
+        }
+    }
+
+    /// Lends pod `n` unless this replica lent it meanwhile.
+    fn try_mark(&self, class: &str, n: usize, op: &str) -> bool {
+        let mut pools = self.pools();
+        let Some(p) = pools.get_mut(class) else { return false };
+        if p.lent.contains_key(&n) {
+            return false;
+        }
+        p.lent.insert(n, op.to_string());
+        true
+    }
+
+    fn unmark(&self, class: &str, n: usize) {
+        if let Some(p) = self.pools().get_mut(class) {
+            p.lent.remove(&n);
+        }
+    }
+
+    /// Reserves the ordinal to add for `op` ([`grow_slot`]).
+    fn reserve(&self, class: &str, replicas: usize, op: &str) -> Option<usize> {
+        let mut pools = self.pools();
+        let p = pools.get_mut(class)?;
+        let i = grow_slot(replicas, self.cfg.max, &p.lent.keys().copied().collect())?;
+        p.lent.insert(i, op.to_string());
+        Some(i)
+    }
+
+    /// Creates the pool's Service and StatefulSet (at 0 pods) if they are missing, and replaces the
+    /// StatefulSet's pod template if it was generated differently (another operator version).
+    async fn ensure(&self, class: &str, ws: &Workspace) -> Result<(), PodPoolError> {
+        let ns = ws.namespace().unwrap_or_default();
+        let name = pool_name(class);
+        {
+            let mut pools = self.pools();
+            let p = pools.entry(class.to_string()).or_insert_with(|| PodPool { namespace: ns.clone(), name: name.clone(), lent: HashMap::new(), ensured: false });
+            if p.ensured {
+                return Ok(());
+            }
+        }
+        let api_err = |source| PodPoolError::Api { pool: format!("{ns}/{name}"), source };
+        let (service, sts) = pool_objects(ws, &self.pod, &self.cfg.agent_args);
+        let object = pod::object_name(&name);
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
+        if services.get_opt(&object).await.map_err(api_err)?.is_none() {
+            create(&services, &service).await.map_err(api_err)?;
+        }
+        let sets: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
+        match sets.get_opt(&object).await.map_err(api_err)? {
+            None => {
+                create(&sets, &sts).await.map_err(api_err)?;
+                tracing::info!(pool = %format!("{ns}/{name}"), "agent pool created (0 pods)");
+            }
+            Some(found) if found.annotations().get(POOL_TEMPLATE_ANNOTATION) != sts.annotations().get(POOL_TEMPLATE_ANNOTATION) => {
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {POOL_TEMPLATE_ANNOTATION: sts.annotations().get(POOL_TEMPLATE_ANNOTATION)}},
+                    "spec": {"template": sts.spec.as_ref().map(|s| &s.template)},
+                });
+                sets.patch(&object, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(api_err)?;
+                tracing::info!(pool = %format!("{ns}/{name}"), "agent pool's pod template replaced (generated differently)");
+            }
+            Some(_) => {}
+        }
+        if let Some(p) = self.pools().get_mut(class) {
+            p.ensured = true;
+        }
+        Ok(())
+    }
+
+    /// Raises the pool's `spec.replicas` to at least `n` (at most `max`), guarded by the
+    /// resourceVersion read (a conflict is read again, five times at most).
+    async fn scale_up(&self, api: &Api<StatefulSet>, name: &str, n: usize) -> Result<(), kube::Error> {
+        let object = pod::object_name(name);
+        let n = n.min(self.cfg.max.max(1));
+        let mut last = None;
+        for _ in 0..5 {
+            let sts = api.get(&object).await?;
+            let current = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize;
+            if current >= n {
+                return Ok(());
+            }
+            match set_replicas(api, &object, sts.resource_version(), n).await {
+                Ok(()) => {
+                    tracing::info!(pool = %format!("{}/{name}", api_namespace(&sts)), from = current, to = n, "agent pool grows");
+                    metrics::counter!(crate::metrics::names::POOL_AGENTS_STARTED_TOTAL).increment((n - current) as u64);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => last = Some(kube::Error::Api(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| kube::Error::Service("scaling the pool: conflicts".into())))
+    }
+
+    /// Looks after the pools until `shutdown`: every [`MAINTAIN_EVERY`], those whose shard this replica
+    /// holds are resized ([`resize`]) and their gauges published; every [`DISCOVER_EVERY`], the pools of
+    /// the cluster are listed (pools created before a restart, or by another replica). At shutdown the
+    /// pods stay: the next maintainer scales them down.
+    pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(MAINTAIN_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_discovery: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if last_discovery.is_none_or(|t| t.elapsed() >= DISCOVER_EVERY) {
+                        last_discovery = Some(Instant::now());
+                        self.discover().await;
+                    }
+                    self.maintain().await;
+                }
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]).
+    async fn discover(&self) {
+        let lp = ListParams::default().labels(POOL_LABEL);
+        let found = match Api::<StatefulSet>::all(self.client.clone()).list_metadata(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::debug!(error = %e, "listing the agent pools");
+                return;
+            }
+        };
+        let mut pools = self.pools();
+        for m in found {
+            let (Some(ns), Some(hash)) = (m.metadata.namespace.clone(), m.labels().get(POOL_LABEL).cloned()) else { continue };
+            let class = format!("{ns}/{hash}");
+            let name = pool_name(&class);
+            pools.entry(class).or_insert(PodPool { namespace: ns, name, lent: HashMap::new(), ensured: false });
+        }
+    }
+
+    async fn maintain(&self) {
+        let owned: Vec<(String, String, String, HashSet<usize>)> = self
+            .pools()
+            .iter()
+            .filter(|(_, p)| self.ownership.owns(&p.namespace, &p.name))
+            .map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.keys().copied().collect()))
+            .collect();
+        for (class, ns, name, lent) in owned {
+            if let Err(e) = self.maintain_one(&class, &ns, &name, &lent).await {
+                tracing::warn!(pool = %format!("{ns}/{name}"), error = %e, "looking after the agent pool");
+            }
+        }
+    }
+
+    /// Resizes one pool and publishes its gauges (pods busy and idle, as they answer).
+    async fn maintain_one(&self, class: &str, ns: &str, name: &str, lent: &HashSet<usize>) -> Result<(), PodPoolError> {
+        let id = format!("{ns}/{name}");
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
+        let object = pod::object_name(name);
+        let Some(sts) = api.get_opt(&object).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })? else {
+            // deleted: created again at its next operation
+            self.pools().remove(class);
+            return Ok(());
+        };
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize;
+        let token = self.tokens.token(&pko_proto::workspace_audience(ns, name)).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
+        let mut answers = Vec::with_capacity(replicas);
+        for i in 0..replicas {
+            answers.push(status(&agent_address(name, ns, i), &token).await.ok());
+        }
+        let (busy, idle) = answers.iter().flatten().fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
+        metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
+        metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle").set(f64::from(idle));
+        let top = replicas.checked_sub(1).and_then(|t| answers.get(t).cloned().flatten()).map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.idle_seconds));
+        let top_lent_here = replicas.checked_sub(1).is_some_and(|t| lent.contains(&t));
+        let Some(n) = resize(replicas, self.cfg.min, top, top_lent_here, self.cfg.idle_timeout) else { return Ok(()) };
+        match set_replicas(&api, &object, sts.resource_version(), n).await {
+            Ok(()) if n < replicas => {
+                tracing::info!(pool = %id, from = replicas, to = n, "agent pool's highest pod idle: scaling down");
+                metrics::counter!(crate::metrics::names::POOL_AGENTS_STOPPED_TOTAL).increment((replicas - n) as u64);
+            }
+            Ok(()) => tracing::info!(pool = %id, from = replicas, to = n, "agent pool raised to its minimum"),
+            // a lender raised it meanwhile: looked at again at the next tick
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(source) => return Err(PodPoolError::Api { pool: id, source }),
+        }
+        Ok(())
+    }
+
+    /// Pods per pool this replica knows: `(class, spec.replicas, lent here)`, sorted by class (tests).
+    pub async fn sizes(&self) -> Vec<(String, usize, usize)> {
+        let known: Vec<(String, String, String, usize)> = self.pools().iter().map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.len())).collect();
+        let mut out = Vec::new();
+        for (class, ns, name, lent) in known {
+            let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
+            let replicas = replicas_of(&api, &name).await.unwrap_or(0);
+            out.push((class, replicas, lent));
+        }
+        out.sort();
+        out
+    }
+}
+
+impl GiveBack for PodPools {
+    /// The pod is free here whatever the end: its own Status says whether it is idle when it is next
+    /// asked (an interrupted pod answers draining, and is replaced by the StatefulSet).
+    fn give_back(&self, class: &str, n: usize, _end: End) {
+        self.unmark(class, n);
+    }
+}
+
+fn api_namespace(sts: &StatefulSet) -> String {
+    sts.namespace().unwrap_or_default()
+}
+
+async fn create<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() }, obj).await {
+        Ok(_) => Ok(()),
+        // another replica created it first
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `spec.replicas` of the pool `name` (0 when unset).
+async fn replicas_of(api: &Api<StatefulSet>, name: &str) -> Result<usize, kube::Error> {
+    let sts = api.get(&pod::object_name(name)).await?;
+    Ok(sts.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as usize)
+}
+
+/// Sets `spec.replicas` of StatefulSet `object` to `n` if its resourceVersion is still `rv` (409
+/// otherwise).
+async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, n: usize) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({"metadata": {"resourceVersion": rv}, "spec": {"replicas": n}});
+    api.patch(object, &PatchParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() }, &Patch::Merge(patch)).await.map(|_| ())
+}
+
+async fn client(address: &str) -> Result<pko_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, String> {
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{address}")).map_err(|e| e.to_string())?.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5));
+    endpoint.connect().await.map(crate::update::dispatch::agent_client).map_err(|e| format!("connecting: {e}"))
+}
+
+fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Ok(v) = format!("Bearer {token}").parse() {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
+}
+
+/// The agent's Status, or why it did not answer.
+async fn status(address: &str, token: &str) -> Result<StatusResponse, String> {
+    let mut c = client(address).await?;
+    c.status(authorized(StatusRequest {}, token)).await.map(tonic::Response::into_inner).map_err(|s| format!("{}: {}", s.code(), s.message()))
+}
+
+/// Whether the pod at `address` knows operation `op` and is the place to follow it (as
+/// [`super::pool`]'s agents: not once it is draining and runs something else).
+async fn knows(address: &str, token: &str, op: &str, epoch: i64) -> bool {
+    let Ok(mut c) = client(address).await else { return false };
+    match c.status(authorized(StatusRequest {}, token)).await.map(tonic::Response::into_inner) {
+        Ok(s) if s.state == State::Draining as i32 && s.current_operation_id != op => false,
+        Ok(_) => c.attach(authorized(AttachRequest { operation_id: op.to_string(), epoch }, token)).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Waits until the agent at `address` answers: `Ok(true)` idle, `Ok(false)` busy or draining (lent by
+/// another replica first), `Err` with the last error once `deadline` passes.
+async fn wait_idle(address: &str, token: &str, deadline: Instant) -> Result<bool, String> {
+    loop {
+        let last = match status(address, token).await {
+            Ok(s) => return Ok(s.state == State::Idle as i32),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ws(name: &str, spec: serde_json::Value) -> Workspace {
+        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": name, "namespace": "team-a", "uid": "u1", "labels": {"pulumi.com/shard": "7"}}, "spec": spec}))
+        .unwrap()
+    }
+
+    fn cfg() -> PodRuntimeConfig {
+        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: None, flux_max_untar_size_bytes: None }
+    }
+
+    #[test]
+    fn workspaces_of_one_class_share_one_pool_with_its_own_identity() {
+        let a = ws("alpha", json!({"image": "img", "stacks": [{"name": "dev"}], "local": {"dir": "/a"}}));
+        let b = ws("beta", json!({"image": "img", "git": {"url": "u", "ref": "main"}}));
+        let (sa, sta) = pool_objects(&a, &cfg(), &[]);
+        let (_, stb) = pool_objects(&b, &cfg(), &[]);
+        assert_eq!(serde_json::to_value(&sta).unwrap(), serde_json::to_value(&stb).unwrap(), "one pool for the class, whatever the stack or source");
+        let name = sta.name_any();
+        assert!(name.starts_with("pko-pool-") && name.ends_with("-workspace"), "{name}");
+        assert_eq!(sa.name_any(), name);
+        assert_eq!(sta.spec.as_ref().unwrap().replicas, Some(0), "created empty: idle costs no pod");
+        assert!(sta.metadata.owner_references.is_none(), "outlives any one Workspace");
+        assert!(!sta.labels().contains_key(pko_api::constants::SHARD_LABEL), "not one Workspace's shard");
+        let pool = name.trim_end_matches("-workspace");
+        let args = sta.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
+        assert!(args.contains(&format!("--kube-audience {pool}.team-a --kube-workspace-namespace team-a --kube-workspace-name {pool}")), "{args}");
+        let c = ws("gamma", json!({"image": "other"}));
+        assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
+        assert_eq!(agent_address(pool, "team-a", 2), format!("{name}-2.{name}.team-a:50051"));
+    }
+
+    #[test]
+    fn hollow_agent_arguments_reach_the_pool_pods() {
+        let (_, sts) = pool_objects(&ws("a", json!({})), &cfg(), &["--hollow-seconds".into(), "1".into()]);
+        let args = sts.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+        assert_eq!(args[args.len() - 2..], ["--hollow-seconds".to_string(), "1".into()]);
+    }
+
+    #[test]
+    fn lenders_take_the_lowest_free_pod_and_grow_below_the_maximum() {
+        let lent: HashSet<usize> = [0, 2].into();
+        assert_eq!(candidates(4, &lent), vec![1, 3]);
+        assert_eq!(grow_slot(4, 8, &lent), Some(4));
+        assert_eq!(grow_slot(2, 4, &[2, 3].into()), None, "the slots above are being started by this replica already");
+        assert_eq!(grow_slot(3, 4, &[3].into()), None);
+        assert_eq!(grow_slot(0, 0, &HashSet::new()), Some(0), "a maximum of 0 is taken as 1");
+        assert_eq!(grow_slot(1, 1, &HashSet::new()), None);
+    }
+
+    #[test]
+    fn the_maintainer_lowers_one_pod_idle_past_the_timeout_down_to_the_minimum() {
+        let t = Duration::from_secs(60);
+        assert_eq!(resize(3, 0, Some((State::Idle, 61.0)), false, t), Some(2));
+        assert_eq!(resize(3, 0, Some((State::Idle, 59.0)), false, t), None, "not idle long enough");
+        assert_eq!(resize(3, 0, Some((State::Busy, 0.0)), false, t), None, "the highest pod works: it stays");
+        assert_eq!(resize(3, 0, Some((State::Idle, 600.0)), true, t), None, "lent here, its Run may not have arrived yet");
+        assert_eq!(resize(3, 0, None, false, t), None, "not answering (starting): left alone");
+        assert_eq!(resize(2, 2, Some((State::Idle, 600.0)), false, t), None, "the minimum stays");
+        assert_eq!(resize(0, 2, None, false, t), Some(2), "raised to the minimum");
+        assert_eq!(resize(1, 0, Some((State::Draining, 600.0)), false, t), None);
+    }
+}
