@@ -5,7 +5,9 @@
 //! over, and the Stack's next change runs exactly once. Then the operator container holding another
 //! Stack's shard is SIGKILLed through containerd (a crash: nothing released, its Leases lapse; the
 //! kubelet restarts it), and that Stack's next change also runs exactly once. Redis is a real
-//! redis-server on the node's address (pods reach it there).
+//! redis-server on the node's address (pods reach it there). The workspaces run on one pool of pods
+//! (`pools.enabled`) that the three replicas share: each lends its pods, the holder of the pool's
+//! shard scales it.
 
 mod common;
 
@@ -66,6 +68,10 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
         "fleet.renewDeadlineSeconds=4",
         "--set",
         "terminationGracePeriodSeconds=30",
+        "--set",
+        "pools.enabled=true",
+        "--set",
+        "pools.maxAgents=2",
     ];
     let mut args = vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
     args.extend(sets);
@@ -110,6 +116,11 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     for name in ["alpha", "beta", "gamma"] {
         wait_for(&format!("Stack {name} Ready"), 240, ns.name(), op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
     }
+
+    // one pool of pods for the three Workspaces, lent by the three replicas
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns.name());
+    let names: Vec<String> = sets.list(&ListParams::default()).await.unwrap().items.iter().map(ResourceExt::name_any).collect();
+    assert!(names.len() == 1 && names[0].starts_with("pko-pool-"), "one pool StatefulSet, none per Workspace: {names:?}");
 
     // kill the pod holding alpha's shard, with no grace: its Leases lapse and another replica takes over
     let alpha = stacks.get("alpha").await.unwrap();
