@@ -20,6 +20,10 @@
 #   REPORT_DIR=DIR                  where the report (PNG plots from the run's Prometheus, report.md) goes
 #   HOLLOW=1                        HOLLOW AGENTS (kubemark-style, control-plane load only): operations
 #                                   are simulated for that many seconds, no Pulumi runs; the report says so
+#   BARE=1                          first, side by side in the same run: a bare `pulumi stack init` + `pulumi
+#                                   up` loop over the same N programs at the same concurrency (BARE_C,
+#                                   default REPLICAS × min(MAX_OPS, POOL_MAX)), timed; then prints
+#                                   fleet time / bare time
 #
 # Everything listens on 127.0.0.1; the run stops by itself and cleans up (namespace, operator, agents).
 set -euo pipefail
@@ -53,6 +57,38 @@ pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
 delete_namespace --wait=true --timeout=120s
 rm -rf "$RUN" && mkdir -p "$RUN/state"
 
+# BARE=1: the same N programs through a bare `pulumi` loop at the fleet's concurrency, before the fleet
+# runs (the operators are not started yet), after one untimed warm-up `up`
+if [ -n "${BARE:-}" ]; then
+  [ -n "$HOLLOW" ] && fail "BARE=1 compares real operations: not with HOLLOW"
+  PER=$(( MAX_OPS < POOL_MAX ? MAX_OPS : POOL_MAX ))
+  BARE_C=${BARE_C:-$((REPLICAS * PER))}
+  mkdir -p "$RUN/bare/state"
+  for i in warmup $(seq -f 's%04g' 1 "$N"); do
+    mkdir -p "$RUN/bare/$i"
+    printf 'name: load\nruntime: yaml\nresources:\n  r:\n    type: command:local:Command\n    properties: {create: "echo ${pulumi.stack}"}\noutputs:\n  out: ${r.stdout}\n' > "$RUN/bare/$i/Pulumi.yaml"
+  done
+  bare_one() {
+    cd "$RUN/bare/$1" && export PULUMI_BACKEND_URL="file://$RUN/bare/state" PULUMI_CONFIG_PASSPHRASE=load &&
+      pulumi stack init "$1" --non-interactive > up.log 2>&1 && pulumi up --yes --skip-preview --non-interactive --stack "$1" >> up.log 2>&1 && touch done ||
+      echo "bare loop: $1 failed (see $RUN/bare/$1/up.log)" >&2
+  }
+  export -f bare_one; export RUN
+  bare_one warmup
+  echo "bare loop: $N × (pulumi stack init + pulumi up), $BARE_C at once (progress every 10 s)"
+  B0=$(date +%s.%N)
+  seq -f 's%04g' 1 "$N" | xargs -P "$BARE_C" -I{} bash -c 'bare_one {}' &
+  BARE_PID=$!
+  while kill -0 $BARE_PID 2>/dev/null; do
+    sleep 10; echo "  bare t=$(printf '%.0f' "$(echo "$(date +%s.%N) - $B0" | bc)")s done=$(find "$RUN/bare" -name done | wc -l)/$N"
+  done
+  wait $BARE_PID || true
+  BARE_S=$(echo "$(date +%s.%N) - $B0" | bc)
+  BARE_DONE=$(find "$RUN/bare" -maxdepth 2 -name done | wc -l)
+  [ "$BARE_DONE" -eq $((N + 1)) ] || fail "bare loop: $((N + 1 - BARE_DONE)) of $N (+ warm-up) failed"
+  printf 'bare loop: %d ups in %.1f s at %d at once\n' "$N" "$BARE_S" "$BARE_C"
+fi
+
 kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
@@ -80,11 +116,14 @@ sleep 1
 for op in "${OPS[@]}"; do kill -0 "$op" || fail "an operator replica did not start"; done
 OP=${OPS[0]}
 rss() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done; echo $t; }
+# anonymous resident memory (KiB): RSS without the binary's file-backed pages, which replicas on one
+# machine share (the same executable) and the kernel may drop
+anon() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^RssAnon:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done; echo $t; }
 # CPU seconds (user + system) used so far by processes "$@", summed
 cpu_s() { local p; for p in "$@"; do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk -v hz="$(getconf CLK_TCK)" '{ s += $1 } END { printf "%.1f", s / hz }'; }
 IDLE_KIB=$(rss "${OPS[@]}")
-declare -A PEAK_OF
-for op in "${OPS[@]}"; do PEAK_OF[$op]=0; done
+declare -A PEAK_OF ANON_OF
+for op in "${OPS[@]}"; do PEAK_OF[$op]=0; ANON_OF[$op]=0; done
 
 {
   cat <<YAML
@@ -115,7 +154,7 @@ PEAK=0; LAST=$T0
 while :; do
   now=$(date +%s); [ $((now - T0)) -gt "$TIMEOUT_S" ] && fail "not all Stacks Ready after ${TIMEOUT_S} s"
   r=$(rss "${OPS[@]}"); [ "$r" -gt "$PEAK" ] && PEAK=$r
-  for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; done
+  for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; x=$(anon "$op"); [ "$x" -gt "${ANON_OF[$op]}" ] && ANON_OF[$op]=$x; done
   ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   [ "$ready" -ge "$N" ] && break
   # FAILOVER=1 (fleet): SIGKILL the last replica once half the Stacks are Ready; restart it once the
@@ -126,7 +165,7 @@ while :; do
     while [ "$(shards_held_by "load-$v")" -gt 0 ]; do sleep 0.5; done
     FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
     echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s; restarting it"
-    start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0
+    start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; ANON_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0
   fi
   if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
   sleep 2
@@ -138,7 +177,7 @@ API_CPU=$(echo "$(cpu_s ${APISERVER:-}) - $API_CPU0" | bc)
 sleep 10   # let the last status writes and requeues settle
 REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
-for op in "${OPS[@]}"; do PER_REPLICA="$PER_REPLICA peak=$((PEAK_OF[$op] / 1024))/rest=$(($(rss "$op") / 1024))"; done
+for op in "${OPS[@]}"; do PER_REPLICA="$PER_REPLICA peak=$((PEAK_OF[$op] / 1024))/rest=$(($(rss "$op") / 1024))/anon=$((ANON_OF[$op] / 1024))"; done
 AGENTS_KIB=0; AGENTS=0
 for p in $(pgrep -f -- "pko-agent serve .*$RUN/agents"); do AGENTS_KIB=$((AGENTS_KIB + $(rss "$p"))); AGENTS=$((AGENTS + 1)); done
 UPDATES=$(kubectl -n $NS get updates -o name | wc -l)
@@ -146,7 +185,7 @@ FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.condi
 echo "stacks=$N max_operations=$MAX_OPS all_ready_s=$READY_S updates=$UPDATES failed_updates_by_reason=[${FAILED:-none}]"
 if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pids ${OPS[*]} (logs $RUN/operator-*.log)"; fi
 echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
-echo "per replica (MiB):$PER_REPLICA"
+echo "per replica (MiB; anon: peak anonymous memory, RSS without the executable's shared file pages):$PER_REPLICA"
 echo "operator_cpu_s (apply → all Ready): total=$CPU_TOTAL per replica:$CPU_PER; kube-apiserver=$API_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 for i in $(seq 0 $((REPLICAS - 1))); do
@@ -157,7 +196,7 @@ done
 for i in $(seq 0 $((REPLICAS - 1))); do curl -s http://127.0.0.1:$((18384 + i))/metrics; done \
   | awk '/^pko_dispatch_latency_seconds_bucket/ { match($0, /le="[^"]+"/); le = substr($0, RSTART + 4, RLENGTH - 5); c[le] += $NF }
          END { n = 0; for (le in c) { les[++n] = le }
-               for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if ((les[i] == "+Inf" ? 1e99 : les[i]) > (les[j] == "+Inf" ? 1e99 : les[j])) { t = les[i]; les[i] = les[j]; les[j] = t }
+               for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if ((les[i] == "+Inf" ? 1e99 : les[i] + 0) > (les[j] == "+Inf" ? 1e99 : les[j] + 0)) { t = les[i]; les[i] = les[j]; les[j] = t }
                total = c["+Inf"]; if (total == 0) { print "dispatch_latency: no samples"; exit }
                split("0.5 0.99", qs, " ")
                for (k = 1; k <= 2; k++) { q = qs[k] * total; prev = 0; prevc = 0
@@ -173,6 +212,9 @@ fi
 echo "idle cost: waiting ${IDLE_WAIT_S} s (pool idle timeout ${IDLE_TIMEOUT_S} s)…"
 sleep "$IDLE_WAIT_S"
 echo "agents_left_after_idle=$(pgrep -fc -- "$RUN/agents/pools" || true) (${IDLE_WAIT_S} s after all Ready)"
+if [ -n "${BARE_S:-}" ]; then
+  printf 'fleet_vs_bare: fleet %d s (apply → all Ready, %d replica(s)) / bare loop %.1f s (%d at once) = %.3f\n' "$READY_S" "$REPLICAS" "$BARE_S" "$BARE_C" "$(echo "$READY_S / $BARE_S" | bc -l)"
+fi
 [ -n "${FAILOVER_S:-}" ] && echo "failover mid-run: the SIGKILLed replica's shards were held by the survivors after ${FAILOVER_S} s"
 TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
 EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
