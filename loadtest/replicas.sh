@@ -30,8 +30,8 @@ for k in $SIZES; do
   log="$OUT/$k.log"
   ready=$(sed -n 's/.*all_ready_s=\([0-9]*\).*/\1/p' "$log")
   cpu=$(sed -n 's/^operator_cpu_s (apply → all Ready): total=\([0-9.]*\).*/\1/p' "$log")
-  peaks=$(sed -n 's/^per replica (MiB[^:]*)://p' "$log" | grep -o ' peak=[0-9]*' | cut -d= -f2 | tr '\n' ' ')
-  anons=$(sed -n 's/^per replica (MiB[^:]*)://p' "$log" | grep -o 'anon=[0-9]*' | cut -d= -f2 | tr '\n' ' ')
+  peaks=$(sed -n 's/^per replica ([^)]*)://p' "$log" | grep -o ' peak=[0-9]*' | cut -d= -f2 | tr '\n' ' ')
+  anons=$(sed -n 's/^per replica ([^)]*)://p' "$log" | grep -o 'anon=[0-9]*' | cut -d= -f2 | tr '\n' ' ')
   max_peak=$(echo "$peaks" | tr ' ' '\n' | sort -n | tail -1)
   max_anon=$(echo "$anons" | tr ' ' '\n' | sort -n | tail -1)
   disp=$(sed -n 's/^dispatch_latency_p50_s=\([0-9.]*\) dispatch_latency_p99_s=\([0-9.]*\).*/\1\/\2/p' "$log")
