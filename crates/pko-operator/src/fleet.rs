@@ -238,39 +238,77 @@ pub fn join(
     Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
 }
 
+/// How long a replica that does not hold an unlabelled object's shard waits before labelling it
+/// itself: the holder labels at once; this covers a shard that had no holder at that moment (seconds).
+pub const LABEL_FALLBACK: Duration = Duration::from_secs(5);
+
+/// When this replica labels an unlabelled object: at once when it holds the object's shard (`owned`),
+/// else after [`LABEL_FALLBACK`] if the object is still unlabelled then. Every replica may label any
+/// object (the label is idempotent), but each new Stack labelled by every replica at once cost one
+/// write per replica. Pure.
+pub fn label_delay(owned: bool) -> Duration {
+    if owned { Duration::ZERO } else { LABEL_FALLBACK }
+}
+
 /// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label and
-/// labels each with its shard out of `shards`. Runs until `shutdown`.
-pub async fn label_unsharded(client: kube::Client, scope: WatchScope, shards: u32, shutdown: CancellationToken) {
+/// labels each with its shard out of `shards` ([`label_delay`]: at once where `ownership` says this
+/// replica holds it). Runs until `shutdown`.
+pub async fn label_unsharded(client: kube::Client, scope: WatchScope, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
     let unlabelled = || kube::runtime::watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
-    let stacks = label_kind::<Stack>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
-    let workspaces = label_kind::<Workspace>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
-    let updates = label_kind::<Update>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, shutdown.clone());
+    let stacks = label_kind::<Stack>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
+    let workspaces = label_kind::<Workspace>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
+    let updates = label_kind::<Update>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership, shutdown.clone());
     futures::future::join3(stacks, workspaces, updates).await;
 }
 
-async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, shutdown: CancellationToken) {
+async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
     use futures::StreamExt;
+    let store = informer.store();
     let mut changes = Box::pin(informer.subscribe());
     let watch = tokio::spawn(informer.run(shutdown.clone()));
     while let Some(change) = changes.next().await {
         let Change::Applied(object) = change else { continue };
         let ns = object.namespace().unwrap_or_default();
-        let shard = shard_of(&format!("{ns}/{}", object.shard_key()), shards);
-        let patch = serde_json::json!({
-            "apiVersion": K::api_version(&()), "kind": K::kind(&()),
-            "metadata": {"name": object.name_any(), "labels": {SHARD_LABEL: shard.to_string()}},
-        });
-        let api: Api<K> = Api::namespaced(client.clone(), &ns);
-        if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
-            tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard label not written");
+        let delay = label_delay(ownership.owns(&ns, &object.shard_key()));
+        if delay.is_zero() {
+            label(&client, &object, shards).await;
+            continue;
         }
+        let (client, store) = (client.clone(), store.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            // still in the store of unlabelled objects: its shard's holder did not label it
+            if store.get(&kube::runtime::reflector::ObjectRef::from_obj(&object)).is_some() {
+                label(&client, &object, shards).await;
+            }
+        });
     }
     watch.abort();
+}
+
+/// Writes `object`'s shard label (server-side apply, the labeller's own field manager).
+async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards: u32) {
+    let ns = object.namespace().unwrap_or_default();
+    let shard = shard_of(&format!("{ns}/{}", object.shard_key()), shards);
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()), "kind": K::kind(&()),
+        "metadata": {"name": object.name_any(), "labels": {SHARD_LABEL: shard.to_string()}},
+    });
+    let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
+        tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard label not written");
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_holder_labels_at_once_and_the_others_only_what_it_left() {
+        assert_eq!(label_delay(true), Duration::ZERO);
+        assert_eq!(label_delay(false), LABEL_FALLBACK);
+    }
 
     #[test]
     fn a_holding_that_lapsed_before_the_next_was_published_is_a_gap_and_others_are_not() {
