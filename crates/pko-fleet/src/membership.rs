@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -163,6 +164,15 @@ impl Liveness {
             }
         }
         live
+    }
+}
+
+/// Whether a watch event of the fleet's Leases is only about membership Leases (a renewal), so that
+/// no shard Lease changed (pure). Re-lists count as changes.
+fn member_event(event: &watcher::Event<Lease>) -> bool {
+    match event {
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => l.labels().get(KIND_LABEL).map(String::as_str) == Some("member"),
+        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => false,
     }
 }
 
@@ -376,9 +386,14 @@ impl Fleet {
     /// Publishes `shards` held after `lapses`, valid until `valid_until` (or later, when the renewer
     /// advanced the current holding meanwhile).
     fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>, lapses: u64) {
-        self.held.send_modify(|h| {
+        // only a change wakes the receivers (the queue's shard follower, the selector publisher)
+        self.held.send_if_modified(|h| {
             let valid_until = published_validity(h, lapses, valid_until).filter(|_| !shards.is_empty());
-            *h = Arc::new(Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until, lapses });
+            let same = h.valid_until == valid_until && h.lapses == lapses && h.shards == *shards && h.members.iter().eq(members.iter());
+            if !same {
+                *h = Arc::new(Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until, lapses });
+            }
+            !same
         });
     }
 
@@ -389,14 +404,28 @@ impl Fleet {
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
-        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector)).default_backoff().reflect(writer).for_each(move |event| {
-            match event {
-                // e.g. no RBAC for Leases in the fleet's namespace: say so rather than wait silently
-                Err(e) => tracing::warn!(error = %e, "watching the fleet's Leases failed; retrying"),
-                Ok(_) => notify.notify_one(),
-            }
-            async {}
-        });
+        // set by every event that may change a shard Lease (anything but a member's renewal): only
+        // then, or when the live members or the held shards changed, is the plan worked out again
+        let shards_changed = Arc::new(AtomicBool::new(true));
+        let shards_flag = shards_changed.clone();
+        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector))
+            .default_backoff()
+            // the cache keeps no managedFields (2,048 shard Leases); PUTs from it keep the server's
+            .modify(|l: &mut Lease| l.metadata.managed_fields = None)
+            .reflect(writer)
+            .for_each(move |event| {
+                match event {
+                    // e.g. no RBAC for Leases in the fleet's namespace: say so rather than wait silently
+                    Err(e) => tracing::warn!(error = %e, "watching the fleet's Leases failed; retrying"),
+                    Ok(e) => {
+                        if !member_event(&e) {
+                            shards_flag.store(true, Ordering::SeqCst);
+                        }
+                        notify.notify_one();
+                    }
+                }
+                async {}
+            });
         let watch = tokio::spawn(watch);
         if store.wait_until_ready().await.is_err() {
             return;
@@ -407,6 +436,9 @@ impl Fleet {
         // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
         let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx, self.held.clone()));
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
+        // the live members and held shards of the last plan that had no step, while no shard Lease
+        // changed since: planning again from them would find no step either
+        let mut settled: Option<(BTreeSet<String>, BTreeMap<u32, i64>)> = None;
         let mut live = BTreeSet::new();
         // the lapses the current holding was built after
         let mut accepted_lapses = 0;
@@ -433,25 +465,28 @@ impl Fleet {
                 }
                 self.publish(&shards, &live, None, accepted_lapses);
             } else {
+                // read before the store: a change after this read sets it again for the next turn
+                let shard_leases_changed = shards_changed.swap(false, Ordering::SeqCst);
                 let leases = store.state();
                 let members = leases.iter().filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("member")).map(|l| &**l);
                 live = liveness.live(members, Instant::now());
                 live.insert(self.cfg.replica.clone());
-                let desired = match &ring_cache {
-                    Some((set, d)) if *set == live => d.clone(),
-                    _ => {
-                        let d = self.ring.assign(self.cfg.shards, &live.iter().cloned().collect::<Vec<_>>());
-                        ring_cache = Some((live.clone(), d.clone()));
-                        d
-                    }
-                };
-                let by_shard: BTreeMap<u32, Arc<Lease>> = leases
-                    .iter()
-                    .filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("shard"))
-                    .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
-                    .collect();
-                let steps = plan(&self.cfg.replica, &desired, &by_shard, &live, &shards);
-                self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses)).await;
+                if ring_cache.as_ref().is_none_or(|(set, _)| *set != live) {
+                    ring_cache = Some((live.clone(), self.ring.assign(self.cfg.shards, &live.iter().cloned().collect::<Vec<_>>())));
+                }
+                // the same inputs as the last plan that had nothing to do: nothing to do again
+                let unchanged = settled.as_ref().is_some_and(|(l, s)| *l == live && *s == shards);
+                if shard_leases_changed || !unchanged {
+                    let by_shard: BTreeMap<u32, Arc<Lease>> = leases
+                        .iter()
+                        .filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("shard"))
+                        .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
+                        .collect();
+                    let desired = ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
+                    let steps = plan(&self.cfg.replica, desired, &by_shard, &live, &shards);
+                    settled = steps.is_empty().then(|| (live.clone(), shards.clone()));
+                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses)).await;
+                }
                 self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
             }
             tokio::select! {
@@ -629,6 +664,22 @@ mod tests {
         assert!(!lapsed(Some(t0), t0 + Duration::from_secs(5), deadline), "on time");
         assert!(!lapsed(Some(t0), t0 + deadline, deadline), "at the deadline exactly");
         assert!(lapsed(Some(t0), t0 + Duration::from_secs(15), deadline), "two renewals failed in between, or frozen");
+    }
+
+    #[test]
+    fn only_a_member_leases_own_event_leaves_the_plan_as_it_was() {
+        let kind = |k: &str| {
+            let mut l = lease(Some("a"), 1);
+            l.metadata.labels = Some([(KIND_LABEL.to_string(), k.to_string())].into());
+            l
+        };
+        assert!(member_event(&watcher::Event::Apply(kind("member"))), "a renewal");
+        assert!(member_event(&watcher::Event::Delete(kind("member"))));
+        assert!(!member_event(&watcher::Event::Apply(kind("shard"))), "a shard taken or released");
+        assert!(!member_event(&watcher::Event::Delete(kind("shard"))));
+        assert!(!member_event(&watcher::Event::Apply(lease(Some("a"), 1))), "unlabelled: counted as a change");
+        assert!(!member_event(&watcher::Event::InitApply(kind("member"))), "a re-list");
+        assert!(!member_event(&watcher::Event::InitDone));
     }
 
     fn lease(holder: Option<&str>, renewed_secs: i64) -> Lease {

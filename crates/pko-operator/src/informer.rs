@@ -173,7 +173,23 @@ impl<K: Watched> Informer<K> {
                 _ => selector,
             });
         }
-        apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().map(move |e| (i, e)).boxed()).collect()
+        apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().modify(prune).map(move |e| (i, e)).boxed()).collect()
+    }
+}
+
+/// The annotation client-side `kubectl apply` keeps a whole copy of the last applied object in.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no controller reads from a watched object before it is cached or handed on: its
+/// `managedFields` (every field manager's field set, often larger than the spec) and the
+/// [`LAST_APPLIED_ANNOTATION`] (a copy of the applied object). Kube-rs' documented memory pruning;
+/// safe because the operator writes these kinds only with patches and server-side apply, never with
+/// a whole-object `PUT` from the cache (an empty `managedFields` list would leave the server's as
+/// they are anyway).
+pub fn prune<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
     }
 }
 

@@ -19,7 +19,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, wait_for};
+use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, updates_of, wait_for};
 use common::{create, ready, stack_condition};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -28,20 +28,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use pko_api::{Stack, Update};
 use pko_testbed::{repo_root, testbed};
 use serde_json::json;
-
-/// Updates of `stack` (by the label the operator sets), oldest first.
-async fn updates_of(api: &Api<Update>, stack: &str) -> Vec<Update> {
-    let mut v: Vec<Update> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|u| u.spec.stack_name.as_deref().is_some_and(|s| s.ends_with(stack)) || u.metadata.owner_references.iter().flatten().any(|o| o.name == stack))
-        .collect();
-    v.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
-    v
-}
 
 fn updates_api(ns: &pko_testbed::TestNamespace) -> Api<Update> {
     ns.api::<Update>()
@@ -241,20 +227,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         String::from_utf8_lossy(&out.stdout).contains("sleep 40")
     })
     .await;
-    let running = updates_of(&updates, "prog-stack").await.pop().unwrap().metadata.name.unwrap();
-    let t = Instant::now();
-    kubectl(&["delete", "pod", "-n", ns.name(), "prog-stack-workspace-0", "--wait=true", "--timeout=90s"]);
-    let handoff = t.elapsed().as_secs_f64();
-    eprintln!("workspace pod deleted mid-up: SIGTERM → CTRL-C → pod gone in {handoff:.1} s (grace period 600 s)");
-    assert!(handoff < 30.0, "the agent stopped Pulumi on SIGTERM instead of running out the grace period ({handoff:.1} s)");
     // the interrupted operation is handed over: the same Update runs again on the new pod and completes
-    wait_for("the interrupted Update completed on the new workspace pod", 240, ns.name(), op_ns, || async {
-        updates.get(&running).await.is_ok_and(|u| common::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))
-    })
-    .await;
-    let u = updates.get(&running).await.unwrap();
-    assert!(!failed_update(&u), "the interrupted Update completed without failing: {:?}", u.status);
-    assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "no second Update: the interrupted one was handed over");
+    let (running, _) = common::cluster::delete_pod_mid_up(&updates, ns.name(), op_ns, "prog-stack-workspace-0", "prog-stack", before).await;
     let logs = operator_logs(op_ns);
     assert!(logs.contains("operation interrupted by agent shutdown") && logs.contains(running.as_str()), "the operator saw the agent's Interrupted result:\n{logs}");
     wait_for("the Stack converges after the interruption", 120, ns.name(), op_ns, || async {

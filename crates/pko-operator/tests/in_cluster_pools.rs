@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, wait_for};
+use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, updates_of, wait_for};
 use common::{create, ready};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -22,14 +22,6 @@ use serde_json::json;
 
 fn said(s: &Stack) -> Option<String> {
     s.status.as_ref()?.outputs.as_ref()?.get("said")?.as_str().map(str::to_string)
-}
-
-/// The Updates owned by Stack `stack`.
-async fn updates_of(updates: &Api<Update>, stack: &str) -> Vec<Update> {
-    let mut of: Vec<Update> =
-        updates.list(&ListParams::default()).await.unwrap().items.into_iter().filter(|u| u.metadata.owner_references.iter().flatten().any(|o| o.name == stack)).collect();
-    of.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
-    of
 }
 
 /// The pool StatefulSets of namespace `ns` (label `auto.pulumi.com/pool`).
@@ -164,19 +156,7 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
     })
     .await;
     let busy = busy.into_inner();
-    let running = updates_of(&updates, "beta").await.pop().unwrap().name_any();
-    let t = Instant::now();
-    kubectl(&["delete", "pod", "-n", ns.name(), &busy, "--wait=true", "--timeout=90s"]);
-    let handoff = t.elapsed().as_secs_f64();
-    eprintln!("pool pod {busy} deleted mid-up: gone in {handoff:.1} s (grace period 600 s)");
-    assert!(handoff < 30.0, "the agent stopped Pulumi on SIGTERM ({handoff:.1} s)");
-    wait_for("the interrupted Update completed on another pod of the pool", 240, ns.name(), op_ns, || async {
-        updates.get(&running).await.is_ok_and(|u| common::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))
-    })
-    .await;
-    let u = updates.get(&running).await.unwrap();
-    assert!(common::condition(&u, "Failed").is_none_or(|c| c.0 != "True"), "completed without failing: {:?}", u.status);
-    assert_eq!(updates_of(&updates, "beta").await.len(), before + 1, "no second Update: the interrupted one was handed over");
+    common::cluster::delete_pod_mid_up(&updates, ns.name(), op_ns, &busy, "beta", before).await;
     wait_for("beta converges after the interruption", 120, ns.name(), op_ns, || async {
         stacks.get("beta").await.is_ok_and(|s| ready(&s) && said(&s).is_some_and(|v| v.starts_with("slow from")))
     })

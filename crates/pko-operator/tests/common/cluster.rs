@@ -96,6 +96,45 @@ where
     }
 }
 
+/// The Updates of Stack `stack` (owned by it, or naming a Pulumi stack that ends with its name), oldest
+/// first.
+pub async fn updates_of(api: &kube::Api<pko_api::Update>, stack: &str) -> Vec<pko_api::Update> {
+    let mut v: Vec<pko_api::Update> = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|u| u.spec.stack_name.as_deref().is_some_and(|s| s.ends_with(stack)) || u.metadata.owner_references.iter().flatten().any(|o| o.name == stack))
+        .collect();
+    v.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
+    v
+}
+
+/// Deletes workspace pod `pod` of namespace `ns` while the newest Update of Stack `stack` runs in it,
+/// and shows the operation handed over (PKO's wound: an interrupted `up` lost): the pod is gone within
+/// 30 s (its agent sends CTRL-C to Pulumi on SIGTERM instead of running out the 600 s grace period),
+/// and that same Update completes on another pod without failing, with no second Update
+/// (`before`: the Stack's Updates before this one). Returns (the Update's name, seconds until the pod
+/// was gone).
+pub async fn delete_pod_mid_up(updates: &kube::Api<pko_api::Update>, ns: &str, op_ns: &str, pod: &str, stack: &str, before: usize) -> (String, f64) {
+    use kube::ResourceExt as _;
+    let running = updates_of(updates, stack).await.pop().expect("the running Update").name_any();
+    let t = Instant::now();
+    kubectl(&["delete", "pod", "-n", ns, pod, "--wait=true", "--timeout=90s"]);
+    let gone = t.elapsed().as_secs_f64();
+    eprintln!("workspace pod {pod} deleted mid-up: SIGTERM → CTRL-C → pod gone in {gone:.1} s (grace period 600 s)");
+    assert!(gone < 30.0, "the agent stopped Pulumi on SIGTERM instead of running out the grace period ({gone:.1} s)");
+    wait_for("the interrupted Update completed on another pod", 240, ns, op_ns, || async {
+        updates.get(&running).await.is_ok_and(|u| super::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))
+    })
+    .await;
+    let u = updates.get(&running).await.unwrap();
+    assert!(super::condition(&u, "Failed").is_none_or(|c| c.0 != "True"), "the interrupted Update completed without failing: {:?}", u.status);
+    assert_eq!(updates_of(updates, stack).await.len(), before + 1, "no second Update: the interrupted one was handed over");
+    (running, gone)
+}
+
 /// Removes what the test made outside its namespace, also when it fails: the Helm release, the
 /// operator's namespace, the ClusterRoleBinding.
 pub struct Cleanup {
