@@ -263,9 +263,11 @@ async fn a_dangling_current_update_heals() {
     let mut status = serde_json::to_value(stacks.get("heal").await.unwrap().status.unwrap()).unwrap();
     status["currentUpdate"] = json!({"name": "heal-gone", "generation": 1, "commit": "1"});
     let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "status": status});
-    stacks.patch_status("heal", &PatchParams::apply(pko_api::constants::field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await.unwrap();
-    assert!(stacks.get("heal").await.unwrap().status.unwrap().current_update.is_some());
-    // wake the controller (the status write alone is its own field manager's change)
+    // the write's own response: a read after it may already see the operator's repair (the status
+    // change is an event of its own, and the controller may clear it within milliseconds)
+    let written = stacks.patch_status("heal", &PatchParams::apply(pko_api::constants::field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await.unwrap();
+    assert!(written.status.unwrap().current_update.is_some());
+    // wake the controller in case that event did not
     let poke = json!({"metadata": {"annotations": {"test/poke": "1"}}});
     stacks.patch("heal", &PatchParams::default(), &Patch::Merge(&poke)).await.unwrap();
     eventually("the dangling currentUpdate is cleared and heal is Ready", 60, || async {
