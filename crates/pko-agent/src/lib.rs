@@ -7,7 +7,8 @@
 //! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache; [`archive`]: safe,
 //!   bounded extraction of hostile tarballs;
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
-//! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders.
+//! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders; [`sidecars`]: truncated `file://` attribute
+//!   sidecars a killed `pulumi` leaves.
 #![forbid(unsafe_code)]
 
 pub mod archive;
@@ -19,5 +20,6 @@ pub mod operation;
 pub mod pulumi;
 pub mod runner;
 pub mod service;
+pub mod sidecars;
 pub mod source;
 pub mod values;

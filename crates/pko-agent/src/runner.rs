@@ -227,6 +227,7 @@ async fn execute(
     if let Some(message) = structured_config_unsupported(version).filter(|_| uses_structured_config(&req.config)) {
         return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
     }
+    repair_sidecars(op, &env, &dir, &project, &stack.name);
     reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
     let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), dir.display(), stack.name);
     if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
@@ -452,6 +453,30 @@ async fn release_stale_locks(ctx: &RunnerContext, op: &Arc<Operation>, step: &St
         return Err(fail(ErrorReason::UpdateConflict, "", format!("releasing stale locks failed: {}", first_error_line(&text).unwrap_or_else(|| text.trim().to_string()))));
     }
     Ok(())
+}
+
+/// Removes the truncated attribute sidecars a `pulumi` killed mid-write left beside the stack's state in
+/// a `file://` backend ([`crate::sidecars`]), logged on the operation and the agent; a failure is logged
+/// and the operation goes on (Pulumi then reports what it cannot read).
+fn repair_sidecars(op: &Arc<Operation>, env: &BTreeMap<String, String>, dir: &Path, project: &str, stack: &str) {
+    let home = env.get("HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    // the operation's variables, else the agent's own environment that `pulumi` inherits
+    let url = env.get("PULUMI_BACKEND_URL").cloned().or_else(|| std::env::var("PULUMI_BACKEND_URL").ok());
+    let Some(root) = url.and_then(|url| crate::sidecars::backend_root(&url, home.as_deref(), dir)) else {
+        return;
+    };
+    match crate::sidecars::repair(&root, project, stack) {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => {
+            let names: Vec<String> = removed.iter().map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string()).collect();
+            tracing::warn!(operation = %op.id, files = ?names, "removed truncated backend attribute sidecars left by a killed pulumi");
+            op.log(format!("removed {} truncated attribute sidecar(s) a pulumi killed mid-write left in the backend: {}", names.len(), names.join(", ")));
+        }
+        Err(e) => {
+            tracing::warn!(operation = %op.id, error = %e, "checking the backend's attribute sidecars");
+            op.log(format!("checking the backend's attribute sidecars: {e}"));
+        }
+    }
 }
 
 /// Restores the stack's config file to what the source holds (or removes it), so config set by an

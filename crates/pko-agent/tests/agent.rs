@@ -181,6 +181,36 @@ async fn a_lock_left_by_an_agent_killed_mid_up_is_released_once_its_holder_is_de
 }
 
 #[tokio::test]
+async fn a_checkpoint_sidecar_truncated_by_a_killed_pulumi_is_removed_and_the_stack_works_again() {
+    let env = pulumi_env();
+    let a = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut ca = a.client().await;
+    let dir = slow(&env, "cut", 0);
+    let r = result(&run(&mut ca, request(&env, "cut-1", &dir, "dev", OperationType::Up)).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    // what a pulumi SIGKILLed between gocloud fileblob's `os.Create` and its JSON write of the
+    // checkpoint's attribute sidecar leaves: an empty file, and every pulumi command fails on it
+    let sidecar = env.dir().join("state/.pulumi/stacks/cut/dev.json.attrs");
+    assert!(sidecar.exists(), "the file backend keeps a sidecar beside the checkpoint");
+    std::fs::write(&sidecar, "").unwrap();
+    let mut plain = env.pulumi(&dir);
+    plain.args(["stack", "output", "--stack", "dev", "--non-interactive"]);
+    let out = plain.output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed to load checkpoint: EOF"), "the wound is real: {}", String::from_utf8_lossy(&out.stderr));
+
+    // a fresh agent (as after the pod's restart) repairs it before touching the stack
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut cb = b.client().await;
+    let events = run(&mut cb, request(&env, "cut-2", &dir, "dev", OperationType::Up)).await;
+    let r = result(&events);
+    let text = all_text(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
+    assert!(text.contains("removed 1 truncated attribute sidecar(s)") && text.contains(".pulumi/stacks/cut/dev.json.attrs"), "{text}");
+    assert_eq!(outputs(&r)["out"].0, serde_json::json!("done"), "the stack's state survived");
+    assert!(plain.output().unwrap().status.success(), "and plain pulumi reads the stack again");
+}
+
+#[tokio::test]
 async fn sigterm_interrupts_pulumi_releases_the_lock_and_another_agent_succeeds() {
     let env = pulumi_env();
     let mut a = Agent::start(&env, &["--auth", "none"], &[]);
