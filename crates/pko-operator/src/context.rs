@@ -31,6 +31,11 @@ pub struct Context {
     /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
     /// `https://api.github.com`, PKO's fixed URL).
     pub github_api_url: String,
+    /// The Update informer's cache, which the Stack controller reads Updates in flight from before it
+    /// creates one (an O(1)-per-Stack read instead of a LIST of the namespace's Updates, which made
+    /// creating N Updates cost O(N²) on the API server). Set by [`crate::stack::controller`]; `None`
+    /// elsewhere, where the API server is asked.
+    pub updates: Option<kube::runtime::reflector::Store<pko_api::Update>>,
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -55,6 +60,7 @@ impl Context {
             shutdown,
             drift_slots,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
+            updates: None,
         }
     }
 

@@ -69,10 +69,11 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
     if clauses.is_empty() { Verdict::Satisfied } else { Verdict::NotSatisfied { message: clauses.join("; "), resync } }
 }
 
-/// Stacks of `namespace` in `stacks` that name `prerequisite` among their prerequisites: the dependents
-/// to look at again when it changes.
-pub fn dependents<'a>(stacks: impl IntoIterator<Item = &'a Stack>, namespace: &str, prerequisite: &str) -> Vec<&'a Stack> {
-    stacks.into_iter().filter(|s| s.metadata.namespace.as_deref() == Some(namespace)).filter(|s| s.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)).collect()
+/// Whether `stack` is in `namespace` and names `prerequisite` among its prerequisites: a dependent to
+/// look at again when that Stack changes (tested on each Stack of the cache in place, never a copy of
+/// it: the watch runs for every Stack event).
+pub fn depends_on(stack: &Stack, namespace: &str, prerequisite: &str) -> bool {
+    stack.metadata.namespace.as_deref() == Some(namespace) && stack.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)
 }
 
 #[cfg(test)]
@@ -163,7 +164,7 @@ mod tests {
         other.metadata.namespace = Some("other".into());
         let lone = stack("lone", 1, None);
         let all = [app, other, lone];
-        let d = dependents(all.iter(), "ns", "db");
+        let d: Vec<&Stack> = all.iter().filter(|s| depends_on(s, "ns", "db")).collect();
         assert_eq!(d.iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>(), vec!["app"]);
     }
 }

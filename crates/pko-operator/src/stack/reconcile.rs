@@ -304,7 +304,7 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
     match work {
-        Work::Update(reason) => update(p, &ws, &source, reason).await.map(ControlFlow::Break),
+        Work::Update(reason) => update(ctx, p, &ws, &source, reason).await.map(ControlFlow::Break),
         Work::DriftCheck { tick, auto_remediate } => drift_check(ctx, p, &ws, &source, tick, auto_remediate).await.map(ControlFlow::Break),
     }
 }
@@ -552,7 +552,7 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
 /// `currentUpdate`, create the check's Update. The Stack stays Ready.
 async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool) -> Result<Exit, Error> {
     let (generation, request, revision) = (p.generation, p.request.clone(), source.revision());
-    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(Error::Update)? {
+    if let Some(running) = io::in_flight_update(ctx, &p.updates, &p.ns, &p.name).await.map_err(Error::Update)? {
         p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
@@ -588,10 +588,10 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
 
 /// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's
 /// before a shard moved), or write `currentUpdate` and create the Update.
-async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
+async fn update(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
     let revision = source.revision();
     let (generation, request) = (p.generation, p.request.clone());
-    if let Some(running) = io::in_flight_update(&p.updates, &p.name).await.map_err(Error::Update)? {
+    if let Some(running) = io::in_flight_update(ctx, &p.updates, &p.ns, &p.name).await.map_err(Error::Update)? {
         tracing::info!(update = %running.name_any(), "an update is already in flight; following it");
         p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
