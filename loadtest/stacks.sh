@@ -45,6 +45,7 @@ fail() { echo "LOADTEST FAILED: $*" >&2; for l in "$RUN"/operator*.log; do [ -f 
 
 . "$ROOT/loadtest/lib.sh"
 cleanup() {
+  [ -n "${APPLY_PID:-}" ] && { kill "$APPLY_PID" 2>/dev/null; pkill -f -- "kubectl -n $NS apply -f $RUN/" 2>/dev/null; } || true
   prom_stop
   for f in "$RUN"/operator*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
   sleep 2
@@ -150,8 +151,10 @@ API_CPU0=$(cpu_s ${APISERVER:-})
 T0=$(date +%s)
 # in chunks of 1,000 objects, four `kubectl apply` at once (one apply of 10,000 took minutes alone)
 awk -v out="$RUN/manifests.part" '/^---$/ { c++ } { print > sprintf("%s.%03d", out, int(c / 1000)) }' "$RUN/manifests.yaml"
-ls "$RUN"/manifests.part.* | xargs -P 4 -I{} kubectl -n $NS apply -f {} >/dev/null
-echo "applied $N Stacks in $(( $(date +%s) - T0 )) s; waiting for Ready (progress every 10 s)"
+# in the background: memory and Ready are sampled while it runs (a 10,000-Stack apply takes minutes)
+ls "$RUN"/manifests.part.* | xargs -P 4 -I{} kubectl -n $NS apply -f {} >/dev/null &
+APPLY_PID=$!; APPLIED_S=""
+echo "applying $N Stacks; waiting for Ready (progress every 10 s)"
 PEAK=0; LAST=$T0
 # memory every 2 s; Ready (a LIST of every Stack) every POLL_S: each second of LISTing 10,000 Stacks
 # is API-server time the run itself needs
@@ -159,13 +162,17 @@ POLL_S=${POLL_S:-$(( N > 2000 ? N / 1000 * 2 : 2 ))}
 LAST_POLL=0; ready=0
 while :; do
   now=$(date +%s); [ $((now - T0)) -gt "$TIMEOUT_S" ] && fail "not all Stacks Ready after ${TIMEOUT_S} s"
+  if [ -z "$APPLIED_S" ] && ! kill -0 $APPLY_PID 2>/dev/null; then
+    wait $APPLY_PID || fail "kubectl apply of the Stacks failed"
+    APPLIED_S=$((now - T0)); echo "  applied $N Stacks in ${APPLIED_S} s"
+  fi
   r=$(rss "${OPS[@]}"); [ "$r" -gt "$PEAK" ] && PEAK=$r
   for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; x=$(anon "$op"); [ "$x" -gt "${ANON_OF[$op]}" ] && ANON_OF[$op]=$x; done
   if [ $((now - LAST_POLL)) -ge "$POLL_S" ]; then
     LAST_POLL=$now
     ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   fi
-  [ "$ready" -ge "$N" ] && break
+  [ "$ready" -ge "$N" ] && [ -n "$APPLIED_S" ] && break
   # FAILOVER=1 (fleet): SIGKILL the last replica once half the Stacks are Ready; restart it once the
   # survivors hold its shards (as a Deployment restarts a killed pod)
   if [ -n "${FAILOVER:-}" ] && [ "$REPLICAS" -gt 1 ] && [ -z "${KILLED_AT:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
