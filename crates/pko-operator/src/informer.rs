@@ -125,23 +125,14 @@ impl<K: Watched> Informer<K> {
         let kind = K::kind(&());
         let reader = writer.as_reader();
         let mut merge = Merge::new(apis.len());
-        let (sources, mut selector) = Self::sources(&apis, &config, shards.as_mut());
-        let mut events = futures::stream::select_all(sources);
+        let mut events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 e = events.next() => e,
                 Ok(()) = async { match shards.as_mut() { Some(s) => s.changed().await, None => std::future::pending().await } } => {
-                    // held shards changed: watch again with the new selector (a re-list per source).
-                    // The same selector again asks for every object to be handed on once more (a
-                    // holding that lapsed and came back: its objects were skipped meanwhile); a new
-                    // one hands on only the objects new to the store or changed.
-                    let (sources, now) = Self::sources(&apis, &config, shards.as_mut());
-                    if now == selector {
-                        merge.replay_next_lists();
-                    }
-                    selector = now;
-                    events = futures::stream::select_all(sources);
+                    // held shards changed: watch again with the new selector (a re-list per source)
+                    events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
                     continue;
                 }
             };
@@ -153,7 +144,7 @@ impl<K: Watched> Informer<K> {
                     continue;
                 }
             };
-            for step in merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect()) {
+            for step in merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect()) {
                 match step {
                     Step::Store(e) => writer.apply_watcher_event(&e),
                     Step::Notify(change) => {
@@ -172,18 +163,17 @@ impl<K: Watched> Informer<K> {
 }
 
 impl<K: Watched> Informer<K> {
-    /// One watch per source, with `shards`' current selector joined to `config`'s; and that shard
-    /// selector (`None` when not sharded).
-    fn sources(apis: &[Api<K>], config: &watcher::Config, shards: Option<&mut watch::Receiver<String>>) -> (Vec<SourceEvents<K>>, Option<String>) {
+    /// One watch per source, with `shards`' current selector joined to `config`'s.
+    fn sources(apis: &[Api<K>], config: &watcher::Config, shards: Option<&mut watch::Receiver<String>>) -> Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> {
         let mut config = config.clone();
-        let selector = shards.map(|s| s.borrow_and_update().clone());
-        if let Some(selector) = &selector {
+        if let Some(s) = shards {
+            let selector = s.borrow_and_update().clone();
             config.label_selector = Some(match config.label_selector.take() {
                 Some(own) if !own.is_empty() => format!("{own},{selector}"),
-                _ => selector.clone(),
+                _ => selector,
             });
         }
-        (apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().modify(prune).map(move |e| (i, e)).boxed()).collect(), selector)
+        apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().modify(prune).map(move |e| (i, e)).boxed()).collect()
     }
 }
 
@@ -214,31 +204,20 @@ enum Step<K> {
 /// store. Each source's re-list replaces only that source's objects: what it no longer lists is
 /// deleted. Once every source has listed, the store is marked ready (kube's store is ready after its
 /// first `InitDone`, so the merge replays the store's contents as one init).
-///
-/// A re-list hands on only the objects new to the store or changed since (another `resourceVersion`):
-/// a replica that gains a few shards re-lists all it holds, and handing on the thousands it already
-/// had made each controller reconcile every one of them again (a 60 s halt of a 10,000-Stack fleet
-/// after a failover). [`Merge::replay_next_lists`] asks for everything once (client-go's resync).
 struct Merge<K: Watched> {
     known: Vec<HashSet<ObjectRef<K>>>,
     listing: Vec<Option<HashSet<ObjectRef<K>>>>,
     listed: Vec<bool>,
     ready: bool,
-    replay: Vec<bool>,
 }
 
 impl<K: Watched> Merge<K> {
     fn new(sources: usize) -> Self {
-        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false, replay: vec![false; sources] }
-    }
-
-    /// The next list of each source hands on every object it lists, changed or not.
-    fn replay_next_lists(&mut self) {
-        self.replay.fill(true);
+        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false }
     }
 
     /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
-    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
+    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<K>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
         match event {
             watcher::Event::Apply(o) => {
                 self.known[source].insert(ObjectRef::from_obj(&o));
@@ -254,22 +233,16 @@ impl<K: Watched> Merge<K> {
             }
             watcher::Event::InitApply(o) => {
                 let r = ObjectRef::from_obj(&o);
-                let unchanged = !self.replay[source] && self.known[source].contains(&r) && lookup(&r).is_some_and(|old| same_version(&*old, &o));
                 self.listing[source].get_or_insert_with(HashSet::new).insert(r.clone());
                 self.known[source].insert(r);
-                if unchanged {
-                    return vec![];
-                }
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
             }
             watcher::Event::InitDone => {
-                self.replay[source] = false;
                 let listed = self.listing[source].take().unwrap_or_default();
                 let gone: Vec<_> = self.known[source].difference(&listed).cloned().collect();
                 self.known[source] = listed;
                 let mut steps = Vec::new();
                 for o in gone.iter().filter_map(&lookup) {
-                    let o = (*o).clone();
                     steps.push(Step::Store(watcher::Event::Delete(o.clone())));
                     steps.push(Step::Notify(Change::Deleted(o)));
                 }
@@ -285,15 +258,6 @@ impl<K: Watched> Merge<K> {
         }
     }
 }
-
-/// Whether `a` and `b` are the same version of an object: both carry a `resourceVersion` and it is the
-/// same (an object without one, as in unit tests, is never judged unchanged).
-fn same_version<K: kube::Resource>(a: &K, b: &K) -> bool {
-    a.meta().resource_version.is_some() && a.meta().resource_version == b.meta().resource_version
-}
-
-/// One source's watch events, tagged with the source's index.
-type SourceEvents<K> = BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>;
 
 /// Boxed future of an informer's run.
 type InformerRun = futures::future::BoxFuture<'static, ()>;
@@ -496,7 +460,7 @@ mod tests {
 
         fn feed(&mut self, source: usize, event: watcher::Event<ConfigMap>) -> Vec<String> {
             let reader = self.writer.as_reader();
-            let steps = self.merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect());
+            let steps = self.merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect());
             let mut notified = Vec::new();
             for s in steps {
                 match s {
@@ -564,29 +528,6 @@ mod tests {
         h.feed(1, watcher::Event::InitApply(cm("b", "z")));
         assert_eq!(h.feed(1, watcher::Event::InitDone), ["-b/x"]);
         assert_eq!(h.names(), ["a/x", "b/z"]);
-    }
-
-    #[test]
-    fn a_relist_hands_on_only_new_and_changed_objects_unless_a_replay_is_asked() {
-        let at = |name: &str, rv: &str| {
-            let mut c = cm("a", name);
-            c.metadata.resource_version = Some(rv.into());
-            c
-        };
-        let mut h = Harness::new(1);
-        assert_eq!(h.list(0, &[at("x", "1"), at("y", "1")]), ["+a/x", "+a/y"]);
-        // a new selector (shards gained) re-lists: x unchanged, y changed, z new, w gone
-        h.feed(0, watcher::Event::Apply(at("w", "2")));
-        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/y", "+a/z", "-a/w"]);
-        assert_eq!(h.names(), ["a/x", "a/y", "a/z"], "the unchanged object stays in the store");
-        assert_eq!(h.writer.as_reader().get(&ObjectRef::new("y").within("a")).unwrap().metadata.resource_version.as_deref(), Some("3"));
-        // the same selector again (a lapsed holding that came back) asks for everything, once
-        h.merge.replay_next_lists();
-        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/x", "+a/y", "+a/z"]);
-        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), Vec::<String>::new());
-        // an object that left (another shard's) and came back is new again
-        h.list(0, &[at("x", "1")]);
-        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3")]), ["+a/y"]);
     }
 
     #[test]
