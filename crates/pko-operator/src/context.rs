@@ -19,8 +19,10 @@ pub struct Context {
     pub reconcile_concurrency: u16,
     /// One event recorder per controller, for the process's life (event aggregation).
     pub events: crate::k8s::Events,
-    /// Changes each time this replica gains shards (`--fleet`): controllers of kinds watched whole
-    /// (Programs) reconcile everything again then (kube's `reconcile_all_on`); sharded kinds re-list.
+    /// Changes each time this replica gains shards, takes one again at a new epoch, or its holding
+    /// comes back after lapsing (`--fleet`): controllers of kinds watched whole (Programs) reconcile
+    /// everything again then (kube's `reconcile_all_on`); sharded kinds re-list what they gain, and look
+    /// again by themselves at what they skipped while not owning it ([`crate::fleet::unowned`]).
     pub shards_gained: Option<tokio::sync::watch::Receiver<u64>>,
     /// Cancelled to shut the operator down: every controller stops taking work (kube's
     /// `graceful_shutdown_on`) and the servers end after them.
@@ -31,11 +33,6 @@ pub struct Context {
     /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
     /// `https://api.github.com`, PKO's fixed URL).
     pub github_api_url: String,
-    /// The Update informer's cache, which the Stack controller reads Updates in flight from before it
-    /// creates one (an O(1)-per-Stack read instead of a LIST of the namespace's Updates, which made
-    /// creating N Updates cost O(N²) on the API server). Set by [`crate::stack::controller`]; `None`
-    /// elsewhere, where the API server is asked.
-    pub updates: Option<kube::runtime::reflector::Store<pko_api::Update>>,
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -60,7 +57,6 @@ impl Context {
             shutdown,
             drift_slots,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
-            updates: None,
         }
     }
 

@@ -8,7 +8,7 @@
 //! [`ShardKey`]), so replicas agree and the write is idempotent. A Stack's Workspace and Updates are
 //! built with the Stack's label (`stack::build`); the labeller catches those made directly.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,27 @@ pub fn resumed_after_gap(previous: Option<Instant>, current: Option<Instant>, no
     let previous = previous?;
     let current = current.filter(|c| *c > now)?;
     (previous <= now && current > previous).then(|| now - previous)
+}
+
+/// How the held shards changed between two published holdings (counts of shards).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HoldingChange {
+    /// Held now, not before.
+    pub gained: usize,
+    /// Held before, not now.
+    pub lost: usize,
+    /// Held before and now at another epoch: lost and taken again in between, unseen (the holdings
+    /// between were not published to this observer).
+    pub regained: usize,
+}
+
+/// How `now` (shard → epoch) differs from `before`. Pure.
+pub fn holding_change(before: &BTreeMap<u32, i64>, now: &BTreeMap<u32, i64>) -> HoldingChange {
+    HoldingChange {
+        gained: now.keys().filter(|s| !before.contains_key(s)).count(),
+        lost: before.keys().filter(|s| !now.contains_key(s)).count(),
+        regained: now.iter().filter(|(s, e)| before.get(s).is_some_and(|b| b != *e)).count(),
+    }
 }
 
 /// Ownership by held shards, within some namespaces when the replica is scoped (`--namespaces`).
@@ -124,7 +145,8 @@ pub struct Member {
     pub ownership: Arc<FleetOwnership>,
     /// The label selector of the held shards, for [`crate::informer::Informers::with_shards`].
     pub selector: watch::Receiver<String>,
-    /// Counts the times this replica gained shards (for `reconcile_all_on` of unsharded kinds).
+    /// Counts the times this replica gained shards, took one again at a new epoch, or had its holding
+    /// back after a lapse (for `reconcile_all_on` of unsharded kinds).
     pub gained: watch::Receiver<u64>,
     /// The membership and the selector tasks (end at shutdown; the membership is released then).
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -194,38 +216,38 @@ pub fn join(
     let (tx, selector) = watch::channel(shard_selector(&BTreeSet::new(), total));
     let (gained_tx, gained) = watch::channel(0u64);
     let publish = tokio::spawn(async move {
-        let mut last: Option<BTreeSet<u32>> = None;
+        let mut last: Option<BTreeMap<u32, i64>> = None;
         let mut last_valid: Option<Instant> = None;
         loop {
-            let (held, members, valid_until): (BTreeSet<u32>, usize, Option<Instant>) = {
+            let (held, members, valid_until): (BTreeMap<u32, i64>, usize, Option<Instant>) = {
                 let h = changes.borrow_and_update();
-                (h.shards.keys().copied().collect(), h.members.len(), h.valid_until)
+                (h.shards.clone(), h.members.len(), h.valid_until)
             };
             metrics::gauge!(crate::metrics::names::FLEET_MEMBERS).set(members as f64);
             let gap = resumed_after_gap(last_valid, valid_until, Instant::now());
             last_valid = valid_until;
+            let before = last.clone().unwrap_or_default();
+            let change = holding_change(&before, &held);
             if let Some(gap) = gap
-                && last.as_ref() == Some(&held)
+                && change == HoldingChange::default()
             {
-                // Everything was fenced meanwhile: dispatches let their operations go, reconciles
-                // skipped their objects and scheduled nothing more. The shards did not change, so
-                // nothing would look at those objects again: re-list them (every object of a re-list
-                // is handed to the controllers) and reconcile the unsharded kinds, as on a gain.
-                tracing::warn!(held = held.len(), gap_s = gap.as_secs_f64(), "holding valid again after lapsing for a moment: reconciling every object of the held shards");
+                // Everything was fenced meanwhile: dispatches let their operations go, reconciles of
+                // sharded kinds skipped their objects and look again by themselves (`unowned`); the
+                // kinds watched whole (Programs) are reconciled again, as on a gain.
+                tracing::warn!(held = held.len(), gap_s = gap.as_secs_f64(), "holding valid again after lapsing for a moment: reconciling the Programs again");
                 metrics::counter!(crate::metrics::names::FLEET_HOLDING_GAPS_TOTAL).increment(1);
                 gained_tx.send_modify(|n| *n += 1);
-                tx.send_replace(shard_selector(&held, total));
             }
-            if last.as_ref() != Some(&held) {
-                let before = last.clone().unwrap_or_default();
-                let (gained, lost) = (held.difference(&before).count(), before.difference(&held).count());
-                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(gained as u64);
-                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(lost as u64);
-                if gained > 0 {
+            if last.is_none() || change != HoldingChange::default() {
+                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(change.gained as u64);
+                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(change.lost as u64);
+                if change.gained + change.regained > 0 {
                     gained_tx.send_modify(|n| *n += 1);
                 }
                 metrics::gauge!(crate::metrics::names::SHARDS_HELD).set(held.len() as f64);
-                tx.send_replace(shard_selector(&held, total));
+                if last.is_none() || change.gained + change.lost > 0 {
+                    tx.send_replace(shard_selector(&held.keys().copied().collect(), total));
+                }
                 last = Some(held);
             }
             if changes.changed().await.is_err() {
@@ -236,6 +258,21 @@ pub fn join(
     let membership = tokio::spawn(fleet.run(shutdown.clone()));
     let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
     Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
+}
+
+/// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it
+/// skipped because this replica did not own it at that instant (seconds).
+pub const UNOWNED_RECHECK: Duration = Duration::from_secs(5);
+
+/// What a reconcile of a sharded kind returns for an object this replica does not own now: look again
+/// in [`UNOWNED_RECHECK`]. An object of a shard held elsewhere leaves the informer's store with the
+/// re-list that follows the move, and kube's controller drops a scheduled reconcile of an object no
+/// longer stored; one whose shard was lost and regained between two published holdings (or whose
+/// holding lapsed for a moment) stays stored, and is reconciled again once held — nothing else would
+/// look at it (a re-list hands on only what changed). Cost: one in-memory check per object of a lost
+/// shard until the re-list drops it.
+pub fn unowned() -> kube::runtime::controller::Action {
+    kube::runtime::controller::Action::requeue(UNOWNED_RECHECK)
 }
 
 /// How long a replica that does not hold an unlabelled object's shard waits before labelling it
@@ -308,6 +345,16 @@ mod tests {
     fn the_holder_labels_at_once_and_the_others_only_what_it_left() {
         assert_eq!(label_delay(true), Duration::ZERO);
         assert_eq!(label_delay(false), LABEL_FALLBACK);
+    }
+
+    #[test]
+    fn a_shard_taken_again_at_a_new_epoch_is_regained_and_renewals_are_no_change() {
+        let m = |v: &[(u32, i64)]| v.iter().copied().collect::<BTreeMap<u32, i64>>();
+        assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(1, 3), (2, 4)])), HoldingChange::default(), "a renewal");
+        assert_eq!(holding_change(&m(&[(1, 3)]), &m(&[(1, 3), (2, 4)])), HoldingChange { gained: 1, ..Default::default() });
+        assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(2, 4)])), HoldingChange { lost: 1, ..Default::default() });
+        assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(1, 5), (3, 1)])), HoldingChange { gained: 1, lost: 1, regained: 1 });
+        assert_eq!(holding_change(&m(&[]), &m(&[])), HoldingChange::default());
     }
 
     #[test]

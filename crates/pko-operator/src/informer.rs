@@ -131,7 +131,9 @@ impl<K: Watched> Informer<K> {
                 _ = shutdown.cancelled() => return,
                 e = events.next() => e,
                 Ok(()) = async { match shards.as_mut() { Some(s) => s.changed().await, None => std::future::pending().await } } => {
-                    // held shards changed: watch again with the new selector (a re-list per source)
+                    // held shards changed: watch again with the new selector (a re-list per source),
+                    // handing on only the objects new to the store or changed
+                    merge.skip_unchanged_in_next_lists();
                     events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
                     continue;
                 }
@@ -144,7 +146,7 @@ impl<K: Watched> Informer<K> {
                     continue;
                 }
             };
-            for step in merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect()) {
+            for step in merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect()) {
                 match step {
                     Step::Store(e) => writer.apply_watcher_event(&e),
                     Step::Notify(change) => {
@@ -204,20 +206,34 @@ enum Step<K> {
 /// store. Each source's re-list replaces only that source's objects: what it no longer lists is
 /// deleted. Once every source has listed, the store is marked ready (kube's store is ready after its
 /// first `InitDone`, so the merge replays the store's contents as one init).
+///
+/// The re-list that follows a change of the held shards hands on only the objects new to the store or
+/// changed since (another `resourceVersion`): a replica that gains a few shards re-lists everything it
+/// holds, and handing on the thousands it already had made each controller reconcile every one of
+/// them again (a ~60-80 s halt of a 10,000-Stack fleet after a failover). Controllers of sharded kinds
+/// look again by themselves at what they skipped while not owning it ([`crate::fleet::unowned`]), so
+/// nothing relies on that re-list to be looked at again. A re-list after a failed watch (kube's
+/// watcher, e.g. `410 Gone`) hands on everything, as kube's own reflector does.
 struct Merge<K: Watched> {
     known: Vec<HashSet<ObjectRef<K>>>,
     listing: Vec<Option<HashSet<ObjectRef<K>>>>,
     listed: Vec<bool>,
     ready: bool,
+    skip_unchanged: Vec<bool>,
 }
 
 impl<K: Watched> Merge<K> {
     fn new(sources: usize) -> Self {
-        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false }
+        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false, skip_unchanged: vec![false; sources] }
+    }
+
+    /// The next list of each source hands on only the objects new to the store or changed.
+    fn skip_unchanged_in_next_lists(&mut self) {
+        self.skip_unchanged.fill(true);
     }
 
     /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
-    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<K>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
+    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
         match event {
             watcher::Event::Apply(o) => {
                 self.known[source].insert(ObjectRef::from_obj(&o));
@@ -233,16 +249,22 @@ impl<K: Watched> Merge<K> {
             }
             watcher::Event::InitApply(o) => {
                 let r = ObjectRef::from_obj(&o);
+                let unchanged = self.skip_unchanged[source] && self.known[source].contains(&r) && lookup(&r).is_some_and(|old| same_version(&*old, &o));
                 self.listing[source].get_or_insert_with(HashSet::new).insert(r.clone());
                 self.known[source].insert(r);
+                if unchanged {
+                    return vec![];
+                }
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
             }
             watcher::Event::InitDone => {
+                self.skip_unchanged[source] = false;
                 let listed = self.listing[source].take().unwrap_or_default();
                 let gone: Vec<_> = self.known[source].difference(&listed).cloned().collect();
                 self.known[source] = listed;
                 let mut steps = Vec::new();
                 for o in gone.iter().filter_map(&lookup) {
+                    let o = (*o).clone();
                     steps.push(Step::Store(watcher::Event::Delete(o.clone())));
                     steps.push(Step::Notify(Change::Deleted(o)));
                 }
@@ -257,6 +279,12 @@ impl<K: Watched> Merge<K> {
             }
         }
     }
+}
+
+/// Whether `a` and `b` are the same version of an object: both carry a `resourceVersion` and it is the
+/// same (an object without one, as in unit tests, is never judged unchanged).
+fn same_version<K: kube::Resource>(a: &K, b: &K) -> bool {
+    a.meta().resource_version.is_some() && a.meta().resource_version == b.meta().resource_version
 }
 
 /// Boxed future of an informer's run.
@@ -460,7 +488,7 @@ mod tests {
 
         fn feed(&mut self, source: usize, event: watcher::Event<ConfigMap>) -> Vec<String> {
             let reader = self.writer.as_reader();
-            let steps = self.merge.handle(source, event, |r| reader.get(r).map(|o| (*o).clone()), || reader.state().iter().map(|o| (**o).clone()).collect());
+            let steps = self.merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect());
             let mut notified = Vec::new();
             for s in steps {
                 match s {
@@ -528,6 +556,33 @@ mod tests {
         h.feed(1, watcher::Event::InitApply(cm("b", "z")));
         assert_eq!(h.feed(1, watcher::Event::InitDone), ["-b/x"]);
         assert_eq!(h.names(), ["a/x", "b/z"]);
+    }
+
+    #[test]
+    fn a_relist_for_new_shards_hands_on_only_new_and_changed_objects_and_a_failed_watch_everything() {
+        let at = |name: &str, rv: &str| {
+            let mut c = cm("a", name);
+            c.metadata.resource_version = Some(rv.into());
+            c
+        };
+        let mut h = Harness::new(1);
+        assert_eq!(h.list(0, &[at("x", "1"), at("y", "1")]), ["+a/x", "+a/y"]);
+        // a new selector (shards gained) re-lists: x unchanged, y changed, z new, w gone
+        h.feed(0, watcher::Event::Apply(at("w", "2")));
+        h.merge.skip_unchanged_in_next_lists();
+        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/y", "+a/z", "-a/w"]);
+        assert_eq!(h.names(), ["a/x", "a/y", "a/z"], "the unchanged object stays in the store");
+        assert_eq!(h.writer.as_reader().get(&ObjectRef::new("y").within("a")).unwrap().metadata.resource_version.as_deref(), Some("3"));
+        // a failed watch's re-list (no new selector) hands on everything, as kube's reflector does
+        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/x", "+a/y", "+a/z"]);
+        // an object that left (another shard's) and came back is new again
+        h.merge.skip_unchanged_in_next_lists();
+        h.list(0, &[at("x", "1")]);
+        h.merge.skip_unchanged_in_next_lists();
+        assert_eq!(h.list(0, &[at("x", "1"), at("y", "3")]), ["+a/y"]);
+        // objects without a resourceVersion are never judged unchanged
+        h.merge.skip_unchanged_in_next_lists();
+        assert_eq!(h.list(0, &[cm("a", "x")]), ["+a/x", "-a/y"]);
     }
 
     #[test]

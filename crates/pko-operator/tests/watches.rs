@@ -84,3 +84,47 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     assert!(lists.is_empty(), "collections listed at rest: {lists:?}");
     assert!(collections(&seen, mark, true).is_empty(), "watches reopened at rest");
 }
+
+/// Ownership that a test turns on and off: a replica's holding of a shard that is lost and taken again
+/// between two published holdings, which no re-list follows.
+#[derive(Debug, Default)]
+struct Toggle(std::sync::atomic::AtomicBool);
+
+impl pko_operator::ownership::Ownership for Toggle {
+    fn owns(&self, _namespace: &str, _name: &str) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn epoch(&self, _namespace: &str, _name: &str) -> i64 {
+        1
+    }
+}
+
+/// A Stack the controller skipped while its replica did not own it is reconciled once the replica
+/// owns it again, with nothing changed on the Stack and no re-list: the controller looks again by
+/// itself. Before, the skip waited for a change that never came (a fleet test left Stacks labelled
+/// and never reconciled when the held shards flapped). Shown by the finalizer, the first write a
+/// reconcile of a new Stack makes.
+#[tokio::test]
+async fn a_stack_skipped_while_not_owned_is_reconciled_once_owned_again_without_any_change() {
+    use pko_api::constants::STACK_FINALIZER;
+    let (client, ns, _env) = setup("flap").await;
+    let toggle = Arc::new(Toggle::default());
+    let ctx = Arc::new(pko_operator::context::Context::new(client.clone(), String::new(), toggle.clone()));
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
+    let (_, controller) = pko_operator::stack::controller::controller(ctx, &mut informers);
+    let run = tokio::spawn(informers.drive(controller));
+    create(
+        &ns.api::<Stack>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
+    )
+    .await;
+    let stacks = ns.api::<Stack>();
+    let has_finalizer = || async { stacks.get("s").await.unwrap().metadata.finalizers.unwrap_or_default().iter().any(|f| f == STACK_FINALIZER) };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!has_finalizer().await, "not owned: the reconcile skipped the Stack");
+    toggle.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    let since = std::time::Instant::now();
+    eventually("the Stack is reconciled once owned", 20, || async { has_finalizer().await }).await;
+    eprintln!("reconciled {:.1} s after ownership came back", since.elapsed().as_secs_f64());
+    run.abort();
+}

@@ -26,7 +26,7 @@ use crate::k8s::{self, Severity};
 /// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
 /// ([`super::flux`]). Run the future until shutdown.
 pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
-    let ctx = Arc::new(Context { updates: Some(informers.updates().store()), ..(*ctx).clone() });
+    let state = Arc::new(super::reconcile::StackController { ctx: ctx.clone(), updates: informers.updates().store() });
     let store = informers.stacks().store();
     let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
@@ -56,7 +56,7 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
     let run = async move {
         let own = ctx.clone();
         tokio::select! {
-            () = k8s::run_controller(controller, &own, "stack", super::reconcile::reconcile, ctx) => {}
+            () = k8s::run_controller(controller, &own, "stack", super::reconcile::reconcile, state) => {}
             () = async { flux.await; std::future::pending::<()>().await } => {}
         }
     };
@@ -302,21 +302,17 @@ pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<()
     Ok(())
 }
 
-/// An Update of Stack `ns/name` that is not complete yet: from the Update informer's cache ([`Context::updates`]) when there is one, else a LIST from
-/// the API server.
+/// The name of an Update of Stack `ns/name` that is not complete yet, read from the Update informer's
+/// cache `updates`; `None` when there is none.
 ///
 /// The Stack's `status.currentUpdate`, read fresh by each pass and written before its Update is created,
 /// is what keeps one Update per Stack; this is the second guard, for a race across a shard move (an
 /// Update created by the replica that held the shard, whose status write this pass could not see).
 /// The cache can lag the API server by a watch event, which only narrows that guard for the moment an
-/// Update is being created; the LIST it replaces made creating N Updates in one namespace cost O(N²)
-/// (it stalled the 10k-Stack load test at ~2,100 Stacks).
-pub(super) async fn in_flight_update(ctx: &Context, updates: &Api<Update>, ns: &str, name: &str) -> Result<Option<Update>, kube::Error> {
-    if let Some(store) = &ctx.updates {
-        return Ok(store.find(|u| in_flight_for(u, ns, name)).map(|u| (*u).clone()));
-    }
-    let lp = kube::api::ListParams::default().labels(&format!("{STACK_NAME_LABEL}={name}"));
-    Ok(updates.list(&lp).await?.items.into_iter().find(|u| in_flight_for(u, ns, name)))
+/// Update is being created; a LIST of the namespace's Updates here made creating N Updates in one
+/// namespace cost O(N²) (it stalled the 10k-Stack load test at ~2,100 Stacks).
+pub(super) fn in_flight_update(updates: &Store<Update>, ns: &str, name: &str) -> Option<String> {
+    updates.find(|u| in_flight_for(u, ns, name)).map(|u| u.name_any())
 }
 
 /// Whether `u` is an Update of Stack `ns/name` (its namespace and [`STACK_NAME_LABEL`]) that is neither

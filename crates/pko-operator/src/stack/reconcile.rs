@@ -134,6 +134,8 @@ struct Pass {
     stack: Arc<Stack>,
     api: Api<Stack>,
     updates: Api<Update>,
+    /// The Update informer's cache ([`io::in_flight_update`]).
+    cached_updates: kube::runtime::reflector::Store<Update>,
     ns: String,
     name: String,
     generation: Option<i64>,
@@ -147,7 +149,7 @@ struct Pass {
 }
 
 impl Pass {
-    fn new(ctx: &Context, api: Api<Stack>, stack: Arc<Stack>) -> Self {
+    fn new(ctx: &Context, cached_updates: kube::runtime::reflector::Store<Update>, api: Api<Stack>, stack: Arc<Stack>) -> Self {
         let (ns, name) = (stack.namespace().unwrap_or_default(), stack.name_any());
         let generation = stack.meta().generation;
         let request = stack.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
@@ -158,6 +160,7 @@ impl Pass {
         Pass {
             ownership: ctx.ownership.clone(),
             updates: Api::namespaced(ctx.client.clone(), &ns),
+            cached_updates,
             deleting: stack.meta().deletion_timestamp.is_some(),
             written: stack.status.clone(),
             api,
@@ -245,30 +248,44 @@ impl Pass {
     }
 }
 
+/// What the Stack controller's reconciles share: the operator's [`Context`] and the Update informer's
+/// cache, which a pass reads Updates in flight from before it creates one ([`io::in_flight_update`]).
+pub struct StackController {
+    /// The operator's context.
+    pub ctx: Arc<Context>,
+    /// The Update informer's cache (the Updates of the shards this replica holds).
+    pub updates: kube::runtime::reflector::Store<Update>,
+}
+
 /// One reconcile of a Stack: ownership, dereference, the steps, one status write, the effects.
-pub async fn reconcile(cached: Arc<Stack>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Result<Action, Error> {
+    let ctx = &state.ctx;
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
     if !ctx.ownership.owns(&ns, &name) {
-        return Ok(Action::await_change());
+        return Ok(crate::fleet::unowned());
     }
     let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(stack) = api.get_opt(&name).await.map_err(Error::Dereference)? else { return Ok(Action::await_change()) };
     let deleting = stack.meta().deletion_timestamp.is_some();
     let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
     if !has_finalizer {
-        // fenced: the read above may have crossed a freeze or a shard move
-        if !deleting && ctx.ownership.owns(&ns, &name) {
-            io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
+        if deleting {
+            return Ok(Action::await_change());
         }
+        // fenced: the read above may have crossed a freeze or a shard move
+        if !ctx.ownership.owns(&ns, &name) {
+            return Ok(crate::fleet::unowned());
+        }
+        io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
         return Ok(Action::await_change());
     }
-    let mut pass = Pass::new(&ctx, api, Arc::new(stack));
-    let exit = match steps(&ctx, &mut pass).await? {
+    let mut pass = Pass::new(ctx, state.updates.clone(), api, Arc::new(stack));
+    let exit = match steps(ctx, &mut pass).await? {
         ControlFlow::Break(exit) => exit,
         ControlFlow::Continue(()) => Exit::Done(Action::await_change()),
     };
     pass.write_status().await?;
-    let after = pass.apply_effects(&ctx).await?;
+    let after = pass.apply_effects(ctx).await?;
     match exit {
         Exit::Done(action) => Ok(after.unwrap_or(action)),
         Exit::Retry(e) => Err(e),
@@ -304,7 +321,7 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
     };
     match work {
-        Work::Update(reason) => update(ctx, p, &ws, &source, reason).await.map(ControlFlow::Break),
+        Work::Update(reason) => update(p, &ws, &source, reason).await.map(ControlFlow::Break),
         Work::DriftCheck { tick, auto_remediate } => drift_check(ctx, p, &ws, &source, tick, auto_remediate).await.map(ControlFlow::Break),
     }
 }
@@ -552,8 +569,8 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
 /// `currentUpdate`, create the check's Update. The Stack stays Ready.
 async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool) -> Result<Exit, Error> {
     let (generation, request, revision) = (p.generation, p.request.clone(), source.revision());
-    if let Some(running) = io::in_flight_update(ctx, &p.updates, &p.ns, &p.name).await.map_err(Error::Update)? {
-        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
+    if let Some(running) = io::in_flight_update(&p.cached_updates, &p.ns, &p.name) {
+        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(running), commit: Some(revision) });
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
     match ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
@@ -588,12 +605,12 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
 
 /// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's
 /// before a shard moved), or write `currentUpdate` and create the Update.
-async fn update(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
+async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: String) -> Result<Exit, Error> {
     let revision = source.revision();
     let (generation, request) = (p.generation, p.request.clone());
-    if let Some(running) = io::in_flight_update(ctx, &p.updates, &p.ns, &p.name).await.map_err(Error::Update)? {
-        tracing::info!(update = %running.name_any(), "an update is already in flight; following it");
-        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: running.metadata.name.clone(), commit: Some(revision) });
+    if let Some(running) = io::in_flight_update(&p.cached_updates, &p.ns, &p.name) {
+        tracing::info!(update = %running, "an update is already in flight; following it");
+        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(running), commit: Some(revision) });
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }

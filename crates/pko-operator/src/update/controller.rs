@@ -310,7 +310,10 @@ impl UpdateController {
         let ns = update.namespace().unwrap_or_default();
         let name = update.name_any();
         let shard_key = update.shard_key();
-        if !self.ctx.ownership.owns(&ns, &shard_key) || update.meta().deletion_timestamp.is_some() {
+        if !self.ctx.ownership.owns(&ns, &shard_key) {
+            return Ok(crate::fleet::unowned());
+        }
+        if update.meta().deletion_timestamp.is_some() {
             return Ok(Action::await_change());
         }
         let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &ns);
@@ -375,6 +378,10 @@ impl UpdateController {
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {
+            // fenced: the event and the delete are writes
+            if !self.ctx.ownership.owns(&update.namespace().unwrap_or_default(), &update.shard_key()) {
+                return Ok(crate::fleet::unowned());
+            }
             crate::k8s::publish(
                 &self.ctx.events.update,
                 update,
@@ -383,9 +390,6 @@ impl UpdateController {
                 format!("deleted {ttl:?} after completion (ttlAfterCompleted)"),
             )
             .await;
-            if !self.ctx.ownership.owns(&update.namespace().unwrap_or_default(), &update.shard_key()) {
-                return Ok(Action::await_change());
-            }
             api.delete(&update.name_any(), &DeleteParams::background()).await?;
             tracing::info!(update = %update.name_any(), "update expired (ttlAfterCompleted)");
             return Ok(Action::await_change());

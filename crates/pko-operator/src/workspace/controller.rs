@@ -182,7 +182,7 @@ impl WorkspaceController {
         let ns = ws.namespace().unwrap_or_default();
         let name = ws.name_any();
         if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
-            return Ok(Action::await_change());
+            return Ok(crate::fleet::unowned());
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let api: Api<Workspace> = Api::namespaced(self.ctx.client.clone(), &ns);
