@@ -17,6 +17,8 @@
 #                                   the agents left are counted
 #   FAILOVER=1                      (fleet) SIGKILL the last replica once half the Stacks are Ready, restart
 #                                   it once the survivors hold its shards
+#   SHARDS=2048                     (fleet) --shards; a fleet settles (every shard held, none moving)
+#                                   before the apply, its CPU reported apart (fleet_formation_cpu_s)
 #   REPORT_DIR=DIR                  where the report (PNG plots from the run's Prometheus, report.md) goes
 #   HOLLOW=1                        HOLLOW AGENTS (kubemark-style, control-plane load only): operations
 #                                   are simulated for that many seconds, no Pulumi runs; the report says so
@@ -36,6 +38,7 @@ IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
 IDLE_WAIT_S=${IDLE_WAIT_S:-$((IDLE_TIMEOUT_S + 15))}
 HOLLOW=${HOLLOW:-}
 POOL_MIN=${POOL_MIN:-0}
+SHARDS=${SHARDS:-2048}
 POOL=(--pool-min-agents "$POOL_MIN" --pool-max-agents "$POOL_MAX" --pool-idle-timeout-seconds "$IDLE_TIMEOUT_S")
 [ -n "$HOLLOW" ] && POOL+=(--hollow-agents-seconds "$HOLLOW") && echo "HOLLOW AGENTS: operations simulated for $HOLLOW s, no Pulumi runs (control-plane load test)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,7 +100,7 @@ KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.s
 FLEET=()
 if [ "$REPLICAS" -gt 1 ] || [ -n "${FLEET_ONE:-}" ]; then
   redis-cli -u "$REDIS_URL" --scan --pattern 'pko-load:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
-  FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load)
+  FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load --shards "$SHARDS")
 fi
 OPS=()
 start_replica() {
@@ -122,6 +125,24 @@ rss() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^VmRSS:/ {print $2}' "/p
 anon() { local t=0 p; for p in "$@"; do t=$((t + $(awk '/^RssAnon:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done; echo $t; }
 # CPU seconds (user + system) used so far by processes "$@", summed
 cpu_s() { local p; for p in "$@"; do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0; done | awk -v hz="$(getconf CLK_TCK)" '{ s += $1 } END { printf "%.1f", s / hz }'; }
+# A fleet settles before the Stacks come, as in an install whose replicas run long before Stacks are
+# applied: every shard held and nothing moving for two polls. Its CPU is reported apart from the
+# workload's (fleet_formation_cpu_s), which is counted from the apply on.
+if [ ${#FLEET[@]} -gt 0 ]; then
+  echo "waiting for the fleet to settle (every one of $SHARDS shards held, none moving)…"
+  T_SETTLE=$(date +%s); prev=""; stable=0
+  while :; do
+    held=$(for i in $(seq 0 $((REPLICAS - 1))); do curl -s "127.0.0.1:$((18384 + i))/metrics" | awk '$1 == "pko_fleet_shards_held" {print $2; f=1} END {if (!f) print 0}'; done | paste -sd' ')
+    sum=$(echo "$held" | tr ' ' '\n' | awk '{ s += $1 } END { print s + 0 }')
+    if [ "$sum" -ge "$SHARDS" ] && [ "$held" = "$prev" ]; then stable=$((stable + 1)); else stable=0; fi
+    [ "$stable" -ge 2 ] && break
+    [ $(( $(date +%s) - T_SETTLE )) -gt 300 ] && fail "the fleet did not settle within 300 s (shards held per replica: $held)"
+    echo "  shards held per replica: $held"
+    prev=$held; sleep 2
+  done
+  FORMATION_CPU=$(for op in "${OPS[@]}"; do cpu_s "$op"; done | paste -sd' ')
+  echo "fleet settled in $(( $(date +%s) - T_SETTLE )) s; fleet_formation_cpu_s per replica: $FORMATION_CPU"
+fi
 IDLE_KIB=$(rss "${OPS[@]}")
 declare -A PEAK_OF ANON_OF
 for op in "${OPS[@]}"; do PEAK_OF[$op]=0; ANON_OF[$op]=0; done
@@ -203,6 +224,7 @@ if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pid
 echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "per replica (MiB; anon: peak anonymous memory, RSS without the executable's shared file pages):$PER_REPLICA"
 echo "operator_cpu_s (apply → all Ready): total=$CPU_TOTAL per replica:$CPU_PER; kube-apiserver=$API_CPU"
+[ -n "${FORMATION_CPU:-}" ] && echo "fleet_formation_cpu_s (start → settled, before the apply): $FORMATION_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 for i in $(seq 0 $((REPLICAS - 1))); do
   echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total)' | sed 's/^/  /' || true

@@ -223,6 +223,8 @@ pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, li
 pub struct Fleet {
     cfg: FleetConfig,
     api: Api<Lease>,
+    /// The Leases' watch: through a client without a read timeout ([`Fleet::with_watch_client`]).
+    watch_api: Api<Lease>,
     ring: Arc<dyn Ring>,
     held: watch::Sender<Arc<Held>>,
     backlog: Option<Arc<dyn Backlog>>,
@@ -357,7 +359,16 @@ impl Fleet {
         let (held, rx) = watch::channel(Arc::new(Held::default()));
         let api = Api::namespaced(client, &cfg.namespace);
         let ownership = ShardOwnership { shards: cfg.shards, held: rx };
-        (Self { cfg, api, ring, held, backlog: None }, ownership)
+        (Self { cfg, watch_api: api.clone(), api, ring, held, backlog: None }, ownership)
+    }
+
+    /// Watches the Leases through `client` — one without a read timeout, where the writes' client has
+    /// one (`--kube-api-timeout`): a watch quiet for longer than that timeout would be cut and resumed,
+    /// or listed again once its resourceVersion has expired.
+    #[must_use]
+    pub fn with_watch_client(mut self, client: kube::Client) -> Self {
+        self.watch_api = Api::namespaced(client, &self.cfg.namespace);
+        self
     }
 
     /// Takes the shards `backlog` names first on every takeover.
@@ -408,7 +419,7 @@ impl Fleet {
         // then, or when the live members or the held shards changed, is the plan worked out again
         let shards_changed = Arc::new(AtomicBool::new(true));
         let shards_flag = shards_changed.clone();
-        let watch = watcher(self.api.clone(), watcher::Config::default().labels(&selector))
+        let watch = watcher(self.watch_api.clone(), watcher::Config::default().labels(&selector))
             .default_backoff()
             // the cache keeps no managedFields (2,048 shard Leases); PUTs from it keep the server's
             .modify(|l: &mut Lease| l.metadata.managed_fields = None)

@@ -186,12 +186,14 @@ impl Backlog for QueueBacklog {
 }
 
 /// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`)
-/// and publishes the selector of the held shards. With `backlog`, a takeover takes the shards with
-/// work first.
+/// and publishes the selector of the held shards. Leases are written through `client` and watched
+/// through `watch_client` (no read timeout). With `backlog`, a takeover takes the shards with work
+/// first.
 ///
 /// Errors: [`FleetError`] naming the missing flag.
 pub fn join(
     client: &kube::Client,
+    watch_client: &kube::Client,
     args: &FleetArgs,
     replica: &str,
     namespaces: &[String],
@@ -207,6 +209,7 @@ pub fn join(
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
     let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
+    let fleet = fleet.with_watch_client(watch_client.clone());
     let fleet = match backlog {
         Some(b) => fleet.with_backlog(b),
         None => fleet,
@@ -287,14 +290,19 @@ pub fn label_delay(owned: bool) -> Duration {
     if owned { Duration::ZERO } else { LABEL_FALLBACK }
 }
 
-/// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label and
-/// labels each with its shard out of `shards` ([`label_delay`]: at once where `ownership` says this
-/// replica holds it). Runs until `shutdown`.
-pub async fn label_unsharded(client: kube::Client, scope: WatchScope, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
-    let unlabelled = || kube::runtime::watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
-    let stacks = label_kind::<Stack>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
-    let workspaces = label_kind::<Workspace>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
-    let updates = label_kind::<Update>(Informer::new(&client, &scope, unlabelled()), client.clone(), shards, ownership, shutdown.clone());
+/// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label
+/// (through `watch_client`, which has no read timeout: these watches are quiet for minutes) and labels
+/// each with its shard out of `shards` through `client` ([`label_delay`]: at once where `ownership`
+/// says this replica holds it). Runs until `shutdown`.
+///
+/// Its lists are served from the API server's watch cache ([`crate::informer::list_config`]): a
+/// `!pulumi.com/shard` selector matches almost nothing, and a paged list from etcd scans every object
+/// of the kind to find it (at 10,000 Stacks such lists hit the API server's 60 s handler timeout).
+pub async fn label_unsharded(client: kube::Client, watch_client: kube::Client, scope: WatchScope, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
+    let unlabelled = || crate::informer::list_config().labels(&format!("!{SHARD_LABEL}"));
+    let stacks = label_kind::<Stack>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
+    let workspaces = label_kind::<Workspace>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
+    let updates = label_kind::<Update>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership, shutdown.clone());
     futures::future::join3(stacks, workspaces, updates).await;
 }
 

@@ -179,6 +179,16 @@ impl<K: Watched> Informer<K> {
     }
 }
 
+/// The watch configuration every informer starts from: its lists are served from the API server's
+/// watch cache (`resourceVersion=0`, client-go's reflector default; kube's `any_semantic`) instead of
+/// a quorum read from etcd in pages of 500. A list may then be a moment older than the store; the watch
+/// resumes from that list's `resourceVersion`, so the events between bring the store forward again.
+/// At 10,000 Stacks a re-list from etcd costs the API server seconds per kind, and a selector that
+/// matches few objects (the labeller's `!pulumi.com/shard`) scans them all.
+pub fn list_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
 /// The annotation client-side `kubectl apply` keeps a whole copy of the last applied object in.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -336,7 +346,7 @@ pub const WORKSPACE_COMPONENT_SELECTOR: &str = "auto.pulumi.com/component=worksp
 impl Informers {
     /// No informer yet; each is made when first asked for.
     pub fn new(client: kube::Client, scope: WatchScope) -> Self {
-        let all = watcher::Config::default;
+        let all = list_config;
         Self {
             client,
             scope,

@@ -114,8 +114,10 @@ impl Operator {
         };
         // a takeover takes the shards with queued or running operations first
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
+        // watches go through a client without the request read timeout (a quiet watch would be cut)
+        let watch_client = watch_client.unwrap_or_else(|| client.clone());
         let member = match &replica {
-            Some(r) => Some(crate::fleet::join(&client, &fleet, r, &operations.namespaces, &shutdown, backlog)?),
+            Some(r) => Some(crate::fleet::join(&client, &watch_client, &fleet, r, &operations.namespaces, &shutdown, backlog)?),
             None => None,
         };
         if let Some(m) = &member {
@@ -135,11 +137,11 @@ impl Operator {
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
-        let mut informers = Informers::new(watch_client.unwrap_or_else(|| client.clone()), scope.clone());
+        let mut informers = Informers::new(watch_client.clone(), scope.clone());
         if let Some(m) = member {
             informers = informers.with_shards(m.selector.clone());
             membership.extend(m.tasks);
-            servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), scope, fleet.shards, m.ownership.clone(), shutdown.clone())));
+            servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), watch_client.clone(), scope, fleet.shards, m.ownership.clone(), shutdown.clone())));
         }
         // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
         let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));

@@ -128,3 +128,44 @@ async fn a_stack_skipped_while_not_owned_is_reconciled_once_owned_again_without_
     eprintln!("reconciled {:.1} s after ownership came back", since.elapsed().as_secs_f64());
     run.abort();
 }
+
+/// A fleet replica watches only through its watch client, never through the request client, whose
+/// read timeout (`--kube-api-timeout`) cuts any watch quiet for longer: the labeller's watches of
+/// unlabelled objects and the Lease watch went through it, and at 10,000 Stacks were cut every 30 s,
+/// each cut resumed or listed again (a `!pulumi.com/shard` list from etcd scanned every object of the
+/// kind). Here the request client times out reads after 2 s; over 12 s at rest no watch is reopened.
+#[tokio::test]
+async fn a_fleet_replica_watches_only_through_its_watch_client_and_reopens_nothing_at_rest() {
+    let (_admin, ns, env) = setup("fleet-watch").await;
+    let record = |seen: Seen| {
+        tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+            seen.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+            req
+        })
+    };
+    let (requests, watches): (Seen, Seen) = (Arc::default(), Arc::default());
+    let mut config = testbed().config().await.unwrap();
+    let watch_client = kube::client::ClientBuilder::try_from(config.clone()).unwrap().with_layer(&record(watches.clone())).build();
+    config.read_timeout = Some(Duration::from_secs(2));
+    let client = kube::client::ClientBuilder::try_from(config).unwrap().with_layer(&record(requests.clone())).build();
+    let args = run_args_with(&env, ns.name(), &["--fleet", "--fleet-namespace", ns.name(), "--replica-id", "r0", "--shards", "16"]);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = pko_operator::run::Operator::new(client.clone(), args).watch_client(watch_client).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
+    let leases = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), ns.name());
+    eventually("the replica holds every shard", 60, || async { shard_holders(&leases, "pko").await.values().filter(|h| *h == "r0").count() == 16 }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mark = watches.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let through_requests = collections(&requests, 0, true);
+    assert!(through_requests.is_empty(), "watches through the client with a read timeout: {through_requests:?}");
+    let opened = collections(&watches, 0, true);
+    eprintln!("watches opened: {opened:?}");
+    for kind in ["leases", "stacks", "workspaces", "updates"] {
+        assert!(opened.contains_key(&format!("{}/{kind}", ns.name())), "no watch of {kind}: {opened:?}");
+    }
+    let reopened = collections(&watches, mark, true);
+    assert!(reopened.is_empty(), "watches reopened at rest: {reopened:?}");
+    shutdown.cancel();
+    running.wait().await;
+}

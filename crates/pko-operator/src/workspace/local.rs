@@ -175,7 +175,7 @@ impl LocalRuntime {
         }
         let spec = ws.spec.with_defaults();
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
-        let kubeconfig = self.prepare_identity(client, &dir, &ns, &sa).await?;
+        let kubeconfig = self.prepare_identity(client, &dir, &ns, &sa, false).await?;
         let (child, address) = self.spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[]).await?;
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
@@ -183,6 +183,13 @@ impl LocalRuntime {
         self.agents().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
         Ok(address)
     }
+}
+
+/// Whether the token file at `path` was written less than half [`LOCAL_TOKEN_SECONDS`] ago (by its
+/// modification time; a missing file is not fresh).
+fn token_fresh(path: &std::path::Path) -> bool {
+    let age = std::fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    age.is_some_and(|a| a.as_secs() as i64 <= LOCAL_TOKEN_SECONDS / 2)
 }
 
 /// A token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]): the identity of local agents.
@@ -258,13 +265,20 @@ impl LocalRuntime {
     /// Writes the identity of agents working in `dir` for service account `ns/sa`: a 0600 token file
     /// and a 0600 kubeconfig naming it (in `dir`, created 0700). Returns the kubeconfig's path.
     ///
+    /// `reuse`: a token already in `dir` that is less than half its lifetime old is kept (no
+    /// TokenRequest) — for a directory only ever used with one service account, as a pool class's
+    /// (the class includes the service account); a Workspace's own directory is not (its
+    /// `serviceAccountName` may change), so it gets a fresh token each time.
+    ///
     /// Errors: the TokenRequest ([`LocalError::Token`]) or a file ([`LocalError::Agent`]).
-    pub(crate) async fn prepare_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str) -> Result<PathBuf, LocalError> {
+    pub(crate) async fn prepare_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str, reuse: bool) -> Result<PathBuf, LocalError> {
         create_private_dir(dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
         // the agent's identity: a token of the service account, in a 0600 file its kubeconfig names
         // (`tokenFile`), renewed before it expires
         let token_path = dir.join("token");
-        self.write_token(client, ns, sa, &token_path).await?;
+        if !(reuse && token_fresh(&token_path)) {
+            self.write_token(client, ns, sa, &token_path).await?;
+        }
         let kubeconfig = dir.join("kubeconfig");
         let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, ns);
         let kc = serde_yaml::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
@@ -278,8 +292,7 @@ impl LocalRuntime {
     /// Errors: as [`Self::prepare_identity`].
     pub(crate) async fn refresh_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str) -> Result<bool, LocalError> {
         let path = dir.join("token");
-        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-        if age.is_some_and(|a| a.as_secs() as i64 <= LOCAL_TOKEN_SECONDS / 2) {
+        if token_fresh(&path) {
             return Ok(false);
         }
         self.write_token(client, ns, sa, &path).await?;
@@ -358,5 +371,24 @@ impl Drop for LocalRuntime {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_fresh_for_half_its_lifetime() {
+        let dir = std::env::temp_dir().join(format!("pko-token-fresh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        assert!(!token_fresh(&path), "no token yet");
+        std::fs::write(&path, b"t").unwrap();
+        assert!(token_fresh(&path), "just written");
+        let half = std::time::Duration::from_secs(LOCAL_TOKEN_SECONDS as u64 / 2 + 5);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(std::time::SystemTime::now() - half).unwrap();
+        assert!(!token_fresh(&path), "older than half its lifetime");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

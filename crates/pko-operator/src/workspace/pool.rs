@@ -426,7 +426,8 @@ impl LocalPools {
             (p.namespace.clone(), p.service_account.clone(), p.log_level, p.replica_dir(&self.replica))
         };
         let identity = replica_dir.join("identity");
-        let kubeconfig = self.runtime.prepare_identity(&self.client, &identity, &ns, &sa).await?;
+        // one identity per class and replica, shared by its agents: a fresh token is reused
+        let kubeconfig = self.runtime.prepare_identity(&self.client, &identity, &ns, &sa, true).await?;
         let slot_dir = replica_dir.join(n.to_string());
         // the backstop: an agent whose replica died stops itself a minute after the idle timeout
         let backstop = (self.cfg.idle_timeout + Duration::from_secs(60)).as_secs().to_string();
