@@ -140,7 +140,7 @@ if [ ${#FLEET[@]} -gt 0 ]; then
     echo "  shards held per replica: $held"
     prev=$held; sleep 2
   done
-  FORMATION_CPU=$(for op in "${OPS[@]}"; do cpu_s "$op"; done | paste -sd' ')
+  FORMATION_CPU=$(for op in "${OPS[@]}"; do cpu_s "$op"; echo; done | paste -sd' ')
   echo "fleet settled in $(( $(date +%s) - T_SETTLE )) s; fleet_formation_cpu_s per replica: $FORMATION_CPU"
 fi
 IDLE_KIB=$(rss "${OPS[@]}")
