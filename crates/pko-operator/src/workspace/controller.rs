@@ -195,13 +195,18 @@ impl WorkspaceController {
         // changes; a stall of an earlier generation, or of a spec since mended, is cleared
         match super::stalled::spec_error(&ws.spec) {
             Some(message) => {
-                if self.ctx.ownership.owns(&ns, &ws.shard_key()) {
-                    super::stalled::apply(&self.ctx.client, &ws, Some((wc::SPEC_INVALID, &message))).await?;
+                // fenced: the shard may have moved since the check above
+                if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
+                    return Ok(crate::fleet::unowned());
                 }
+                super::stalled::apply(&self.ctx.client, &ws, Some((wc::SPEC_INVALID, &message))).await?;
                 self.write(&api, &ws, st, ("False", wc::SPEC_INVALID, &message), &now).await?;
                 return Ok(Action::await_change());
             }
-            None if super::stalled::outdated(&ws) && self.ctx.ownership.owns(&ns, &ws.shard_key()) => {
+            None if super::stalled::outdated(&ws) => {
+                if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
+                    return Ok(crate::fleet::unowned());
+                }
                 // the write wakes this controller again, with the condition gone
                 super::stalled::apply(&self.ctx.client, &ws, None).await?;
                 return Ok(Action::await_change());
