@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 
 /// Label naming the fleet a Lease belongs to (value: the fleet's name).
 pub const FLEET_LABEL: &str = "pulumi.com/fleet";
@@ -35,6 +35,45 @@ pub fn member_name(fleet: &str, replica: &str) -> String {
 /// Name of the Lease of `shard` in `fleet`.
 pub fn shard_name(fleet: &str, shard: u32) -> String {
     format!("{fleet}-shard-{shard}")
+}
+
+/// Which of a fleet's Leases a Lease is, told by its name (pure): [`member_name`] or [`shard_name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// A replica's membership Lease.
+    Member,
+    /// The Lease of this shard.
+    Shard(u32),
+}
+
+impl LeaseKind {
+    /// The kind of the Lease named `name` in `fleet`; `None` for a name of neither form.
+    pub fn of(fleet: &str, name: &str) -> Option<Self> {
+        let rest = name.strip_prefix(fleet)?.strip_prefix('-')?;
+        if rest.strip_prefix("member-").is_some_and(|r| !r.is_empty()) {
+            return Some(Self::Member);
+        }
+        let shard = rest.strip_prefix("shard-")?;
+        // exactly as `shard_name` writes it: no sign, no leading zero
+        (shard == "0" || !shard.starts_with(['0', '+'])).then(|| shard.parse().ok().map(Self::Shard)).flatten()
+    }
+
+    /// The [`KIND_LABEL`] value of this kind (`member` or `shard`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Member => "member",
+            Self::Shard(_) => "shard",
+        }
+    }
+}
+
+/// Strips `lease` down to what the fleet decides and writes from: name, namespace, resourceVersion
+/// and spec. The membership caches every Lease of the fleet (2,048 shard Leases by default); labels,
+/// uid, timestamps and managedFields would triple that cache. Writes from a stripped Lease are
+/// guarded merge patches of the spec ([`replace`]), which leave the rest of the object as stored.
+pub fn slim(lease: &mut Lease) {
+    let meta = std::mem::take(&mut lease.metadata);
+    lease.metadata = ObjectMeta { name: meta.name, namespace: meta.namespace, resource_version: meta.resource_version, ..Default::default() };
 }
 
 /// The holder of `lease`, if any.
@@ -61,24 +100,39 @@ pub enum Written {
 /// first). The fleet's coordination cost at rest is its rate.
 pub const LEASE_WRITES_TOTAL: &str = "pko_fleet_lease_writes_total";
 
-fn count_write(labels: Option<&BTreeMap<String, String>>, result: &'static str) {
-    let kind = labels.and_then(|l| l.get(KIND_LABEL)).cloned().unwrap_or_else(|| "unknown".into());
+fn count_write(kind: &'static str, result: &'static str) {
     metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(1);
 }
 
-/// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted.
-fn written(answer: Result<Lease, kube::Error>, labels: Option<&BTreeMap<String, String>>) -> Result<Written, kube::Error> {
+/// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted under `kind`
+/// (the [`KIND_LABEL`] value).
+fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Written, kube::Error> {
     match answer {
         Ok(l) => {
-            count_write(labels, "done");
+            count_write(kind, "done");
             Ok(Written::Done(Box::new(l)))
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            count_write(labels, "conflict");
+            count_write(kind, "conflict");
             Ok(Written::Conflict)
         }
         Err(e) => Err(e),
     }
+}
+
+/// The JSON merge patch turning spec `from` into `to` (pure): every field of `to`, and `null` for each
+/// field `from` had and `to` has not (a merge patch leaves a field it does not name as it is), under
+/// `metadata.resourceVersion`, which makes the API server refuse it (409) if the Lease was written since.
+///
+/// Errors: a spec that does not serialize (none does).
+pub fn spec_patch(resource_version: &str, from: &LeaseSpec, to: &LeaseSpec) -> Result<serde_json::Value, serde_json::Error> {
+    type Fields = serde_json::Map<String, serde_json::Value>;
+    let mut spec: Fields = serde_json::from_value(serde_json::to_value(to)?)?;
+    let before: Fields = serde_json::from_value(serde_json::to_value(from)?)?;
+    for field in before.keys() {
+        spec.entry(field.clone()).or_insert(serde_json::Value::Null);
+    }
+    Ok(serde_json::json!({"metadata": {"resourceVersion": resource_version}, "spec": spec}))
 }
 
 fn now() -> MicroTime {
@@ -89,19 +143,32 @@ fn now() -> MicroTime {
 ///
 /// Errors: the API server's, except 409.
 pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, String>, spec: LeaseSpec) -> Result<Written, kube::Error> {
+    let kind = if labels.get(KIND_LABEL).map(String::as_str) == Some("member") { "member" } else { "shard" };
     let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..Default::default() }, spec: Some(spec) };
-    written(api.create(&PostParams::default(), &lease).await, lease.metadata.labels.as_ref())
+    written(api.create(&PostParams::default(), &lease).await, kind)
 }
 
-/// Replaces `read` (as read, with its resourceVersion) by `read` with `change` applied to its spec;
-/// [`Written::Conflict`] if it was written since it was read.
+/// Writes `change` applied to the spec of `read` (as read, possibly [`slim`]), guarded by its
+/// resourceVersion: a merge patch of the spec ([`spec_patch`]), so labels and the rest stay as stored;
+/// [`Written::Conflict`] if the Lease was written since it was read. `kind` labels the
+/// write in [`LEASE_WRITES_TOTAL`].
 ///
-/// Errors: the API server's, except 409.
-pub async fn replace(api: &Api<Lease>, read: &Lease, change: impl FnOnce(&mut LeaseSpec)) -> Result<Written, kube::Error> {
-    let mut lease = read.clone();
-    change(lease.spec.get_or_insert_with(Default::default));
-    let name = lease.metadata.name.clone().unwrap_or_default();
-    written(api.replace(&name, &PostParams::default(), &lease).await, lease.metadata.labels.as_ref())
+/// Errors: the API server's, except 409; a Lease read without a name or resourceVersion is refused
+/// as a 422 before anything is sent.
+pub async fn replace(api: &Api<Lease>, read: &Lease, kind: LeaseKind, change: impl FnOnce(&mut LeaseSpec)) -> Result<Written, kube::Error> {
+    let (Some(name), Some(rv)) = (read.metadata.name.as_deref(), read.metadata.resource_version.as_deref()) else {
+        return Err(unguarded());
+    };
+    let before = read.spec.clone().unwrap_or_default();
+    let mut after = before.clone();
+    change(&mut after);
+    let patch = spec_patch(rv, &before, &after).map_err(kube::Error::SerdeError)?;
+    written(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await, kind.label())
+}
+
+/// The error of a write from a Lease without name or resourceVersion: it could not be guarded.
+fn unguarded() -> kube::Error {
+    kube::Error::Api(kube::core::Status::failure("a Lease write needs the name and resourceVersion it was read with", "Invalid").with_code(422).boxed())
 }
 
 /// The spec of a membership Lease of `replica` renewed now, lasting `duration_seconds`.
@@ -127,4 +194,62 @@ pub fn renew(spec: &mut LeaseSpec, replica: &str, duration_seconds: i32) {
     spec.holder_identity = Some(replica.into());
     spec.lease_duration_seconds = Some(duration_seconds);
     spec.renew_time = Some(now());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_kind_is_read_from_the_names_the_fleet_writes_and_nothing_else() {
+        assert_eq!(LeaseKind::of("pko", &member_name("pko", "r-0")), Some(LeaseKind::Member));
+        assert_eq!(LeaseKind::of("pko", &member_name("pko", "load-shard-3")), Some(LeaseKind::Member), "a replica named like a shard");
+        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 0)), Some(LeaseKind::Shard(0)));
+        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 2047)), Some(LeaseKind::Shard(2047)));
+        assert_eq!(LeaseKind::of("pko-a", &shard_name("pko-a", 5)), Some(LeaseKind::Shard(5)), "a fleet name with a dash");
+        for other in ["pko-shard-", "pko-shard-x", "pko-shard-07", "pko-shard-+7", "pko-shard--7", "pko-member-", "pkoshard-1", "other-shard-1", "pko-lock-1", "pko"] {
+            assert_eq!(LeaseKind::of("pko", other), None, "{other}");
+        }
+        assert_eq!(LeaseKind::Member.label(), "member");
+        assert_eq!(LeaseKind::Shard(3).label(), "shard");
+    }
+
+    #[test]
+    fn a_slim_lease_keeps_name_namespace_resource_version_and_spec_only() {
+        let mut l = Lease {
+            metadata: ObjectMeta {
+                name: Some("pko-shard-1".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some("42".into()),
+                uid: Some("u".into()),
+                labels: Some([(KIND_LABEL.to_string(), "shard".to_string())].into()),
+                annotations: Some([("a".to_string(), "b".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec { holder_identity: Some("r-0".into()), lease_transitions: Some(3), ..Default::default() }),
+        };
+        let spec = l.spec.clone();
+        slim(&mut l);
+        assert_eq!(l.metadata, ObjectMeta { name: Some("pko-shard-1".into()), namespace: Some("ns".into()), resource_version: Some("42".into()), ..Default::default() });
+        assert_eq!(l.spec, spec);
+    }
+
+    #[test]
+    fn a_spec_patch_names_every_field_it_sets_nulls_every_field_it_clears_and_is_guarded() {
+        let mut held = LeaseSpec::default();
+        take(&mut held, "r-0");
+        let mut released = held.clone();
+        release(&mut released);
+        let patch = spec_patch("17", &held, &released).expect("a patch");
+        assert_eq!(patch["metadata"], serde_json::json!({"resourceVersion": "17"}));
+        assert_eq!(patch["spec"]["holderIdentity"], serde_json::Value::Null, "cleared: null, or the merge would keep it");
+        assert_eq!(patch["spec"]["leaseTransitions"], 1, "the epoch stays");
+        assert!(patch["spec"]["renewTime"].is_string());
+        assert!(patch["spec"].get("preferredHolder").is_none(), "a field neither had is not named");
+        let mut taken = released.clone();
+        take(&mut taken, "r-1");
+        let patch = spec_patch("18", &released, &taken).expect("a patch");
+        assert_eq!(patch["spec"]["holderIdentity"], "r-1");
+        assert_eq!(patch["spec"]["leaseTransitions"], 2, "the next epoch");
+    }
 }

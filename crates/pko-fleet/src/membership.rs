@@ -22,13 +22,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::{self, FLEET_LABEL, KIND_LABEL, SHARD_LABEL, Written};
+use crate::lease::{self, FLEET_LABEL, KIND_LABEL, LeaseKind, SHARD_LABEL, Written};
 use crate::ring::{Ring, shard_of};
 use crate::{Backlog, Ownership};
 
@@ -169,11 +168,46 @@ impl Liveness {
 
 /// Whether a watch event of the fleet's Leases is only about membership Leases (a renewal), so that
 /// no shard Lease changed (pure). Re-lists count as changes.
-fn member_event(event: &watcher::Event<Lease>) -> bool {
+fn member_event(fleet: &str, event: &watcher::Event<Lease>) -> bool {
     match event {
-        watcher::Event::Apply(l) | watcher::Event::Delete(l) => l.labels().get(KIND_LABEL).map(String::as_str) == Some("member"),
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => kind(fleet, l) == Some(LeaseKind::Member),
         watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => false,
     }
+}
+
+/// The kind of `lease` in `fleet`, by its name (the cache keeps no labels: [`lease::slim`]).
+fn kind(fleet: &str, lease: &Lease) -> Option<LeaseKind> {
+    LeaseKind::of(fleet, lease.metadata.name.as_deref()?)
+}
+
+/// A shard Lease this replica wrote that its cache may not show yet: the resourceVersion the write was
+/// guarded by (`None` for a create) and the Lease as written ([`lease::slim`]).
+#[derive(Debug, Clone)]
+pub struct OwnWrite {
+    /// The resourceVersion the cache showed when the write was made (`None`: no Lease, a create).
+    pub before: Option<String>,
+    /// The Lease as the API server returned it.
+    pub written: Arc<Lease>,
+}
+
+/// The shard Leases a plan reads (pure): `cached`, except where this replica wrote a Lease the cache
+/// still shows as it was before that write (`own`, whose entries the cache has caught up with are
+/// retired). Watch events arrive in order, so a cache showing any other version than the one a write
+/// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
+/// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
+/// at a new epoch (fencing their running operations), in every formation and takeover.
+pub fn with_own_writes(mut cached: BTreeMap<u32, Arc<Lease>>, own: &mut BTreeMap<u32, OwnWrite>) -> BTreeMap<u32, Arc<Lease>> {
+    own.retain(|k, w| cached.get(k).and_then(|l| l.metadata.resource_version.clone()) == w.before);
+    for (k, w) in own.iter() {
+        cached.insert(*k, w.written.clone());
+    }
+    cached
+}
+
+/// `written` (slimmed) as this replica's own write over the version `before`.
+fn own_write(before: Option<String>, mut written: Lease) -> OwnWrite {
+    lease::slim(&mut written);
+    OwnWrite { before, written: Arc::new(written) }
 }
 
 /// One step of a replica towards the desired assignment.
@@ -264,7 +298,7 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
     let secs = cfg.lease_duration.as_secs().max(1) as i32;
     let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
     let written = match current {
-        Some(l) => lease::replace(api, &l, |s| lease::renew(s, &cfg.replica, secs)).await,
+        Some(l) => lease::replace(api, &l, LeaseKind::Member, |s| lease::renew(s, &cfg.replica, secs)).await,
         None => lease::create(api, &name, labels, lease::member_spec(&cfg.replica, secs)).await,
     };
     match written {
@@ -272,7 +306,7 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
         Ok(Written::Conflict) => {
             // our cached copy is stale: read it and try once more
             match api.get_opt(&name).await {
-                Ok(Some(l)) => matches!(lease::replace(api, &l, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
+                Ok(Some(l)) => matches!(lease::replace(api, &l, LeaseKind::Member, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
                 _ => false,
             }
         }
@@ -419,17 +453,18 @@ impl Fleet {
         // then, or when the live members or the held shards changed, is the plan worked out again
         let shards_changed = Arc::new(AtomicBool::new(true));
         let shards_flag = shards_changed.clone();
+        let fleet = self.cfg.fleet.clone();
         let watch = watcher(self.watch_api.clone(), watcher::Config::default().labels(&selector))
             .default_backoff()
-            // the cache keeps no managedFields (2,048 shard Leases); PUTs from it keep the server's
-            .modify(|l: &mut Lease| l.metadata.managed_fields = None)
+            // the cache keeps what decisions and guarded writes need, nothing more (2,048 shard Leases)
+            .modify(lease::slim)
             .reflect(writer)
             .for_each(move |event| {
                 match event {
                     // e.g. no RBAC for Leases in the fleet's namespace: say so rather than wait silently
                     Err(e) => tracing::warn!(error = %e, "watching the fleet's Leases failed; retrying"),
                     Ok(e) => {
-                        if !member_event(&e) {
+                        if !member_event(&fleet, &e) {
                             shards_flag.store(true, Ordering::SeqCst);
                         }
                         notify.notify_one();
@@ -443,6 +478,8 @@ impl Fleet {
         }
         let mut liveness = Liveness::default();
         let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
+        // shard Leases written here that the cache may not show yet
+        let mut own: BTreeMap<u32, OwnWrite> = BTreeMap::new();
         let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
         // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
         let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx, self.held.clone()));
@@ -479,7 +516,8 @@ impl Fleet {
                 // read before the store: a change after this read sets it again for the next turn
                 let shard_leases_changed = shards_changed.swap(false, Ordering::SeqCst);
                 let leases = store.state();
-                let members = leases.iter().filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("member")).map(|l| &**l);
+                let fleet = self.cfg.fleet.as_str();
+                let members = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l);
                 live = liveness.live(members, Instant::now());
                 live.insert(self.cfg.replica.clone());
                 if ring_cache.as_ref().is_none_or(|(set, _)| *set != live) {
@@ -488,15 +526,18 @@ impl Fleet {
                 // the same inputs as the last plan that had nothing to do: nothing to do again
                 let unchanged = settled.as_ref().is_some_and(|(l, s)| *l == live && *s == shards);
                 if shard_leases_changed || !unchanged {
-                    let by_shard: BTreeMap<u32, Arc<Lease>> = leases
+                    let cached: BTreeMap<u32, Arc<Lease>> = leases
                         .iter()
-                        .filter(|l| l.labels().get(KIND_LABEL).map(String::as_str) == Some("shard"))
-                        .filter_map(|l| Some((l.labels().get(SHARD_LABEL)?.parse().ok()?, l.clone())))
+                        .filter_map(|l| match kind(fleet, l) {
+                            Some(LeaseKind::Shard(k)) => Some((k, l.clone())),
+                            _ => None,
+                        })
                         .collect();
+                    let by_shard = with_own_writes(cached, &mut own);
                     let desired = ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
                     let steps = plan(&self.cfg.replica, desired, &by_shard, &live, &shards);
                     settled = steps.is_empty().then(|| (live.clone(), shards.clone()));
-                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses)).await;
+                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses), &mut own).await;
                 }
                 self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
             }
@@ -512,7 +553,7 @@ impl Fleet {
         self.publish(&BTreeMap::new(), &BTreeSet::new(), None, accepted_lapses);
         let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
         if let Ok(Some(l)) = self.api.get_opt(&name).await {
-            let _ = lease::replace(&self.api, &l, lease::release).await;
+            let _ = lease::replace(&self.api, &l, LeaseKind::Member, lease::release).await;
         }
         watch.abort();
     }
@@ -532,6 +573,7 @@ impl Fleet {
         shards: &mut BTreeMap<u32, i64>,
         live: &BTreeSet<String>,
         (renewed, accepted_lapses): (&watch::Receiver<Option<Renewal>>, u64),
+        own: &mut BTreeMap<u32, OwnWrite>,
     ) {
         let mut releases = Vec::new();
         let mut takes = Vec::new();
@@ -550,11 +592,22 @@ impl Fleet {
         if !releases.is_empty() {
             // nobody acts on them any more before their Leases say so
             self.publish(shards, live, self.valid_until(renewed, accepted_lapses), accepted_lapses);
-            let writes = futures::stream::iter(releases.into_iter().filter_map(|k| leases.get(&k).cloned()))
-                .map(|l| async move { lease::replace(&self.api, &l, lease::release).await })
+            let writes = futures::stream::iter(releases.into_iter().filter_map(|k| Some((k, leases.get(&k).cloned()?))))
+                .map(|(k, l)| async move { (k, l.metadata.resource_version.clone(), lease::replace(&self.api, &l, LeaseKind::Shard(k), lease::release).await) })
                 .buffer_unordered(WRITE_CONCURRENCY);
-            let done = writes.filter(|r| std::future::ready(matches!(r, Ok(Written::Done(_))))).count().await;
-            tracing::info!(released = done, "shards released to their new holders");
+            let written: Vec<(u32, Option<String>, Box<Lease>)> = writes
+                .filter_map(|(k, before, w)| {
+                    std::future::ready(match w {
+                        Ok(Written::Done(l)) => Some((k, before, l)),
+                        _ => None,
+                    })
+                })
+                .collect()
+                .await;
+            tracing::info!(released = written.len(), "shards released to their new holders");
+            for (k, before, l) in written {
+                own.insert(k, own_write(before, *l));
+            }
         }
         if takes.is_empty() {
             return;
@@ -565,7 +618,12 @@ impl Fleet {
         // their operations resume while the rest are still being taken
         for chunk in take_order(&takes, &urgent, TAKE_CHUNK) {
             let started = Instant::now();
-            let taken = self.take(&chunk, leases).await;
+            let written = self.take(&chunk, leases).await;
+            let mut taken = Vec::with_capacity(written.len());
+            for (k, before, l) in written {
+                taken.push((k, lease::transitions(&l)));
+                own.insert(k, own_write(before, *l));
+            }
             if !taken.is_empty() {
                 tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), seconds = started.elapsed().as_secs_f64(), "shards taken");
                 shards.extend(taken);
@@ -575,16 +633,18 @@ impl Fleet {
     }
 
     /// Takes the shards of `chunk` (their Leases as read in `leases`, or new ones),
-    /// [`WRITE_CONCURRENCY`] writes at a time; returns those taken with their new epochs.
-    async fn take(&self, chunk: &[u32], leases: &BTreeMap<u32, Arc<Lease>>) -> Vec<(u32, i64)> {
+    /// [`WRITE_CONCURRENCY`] writes at a time; returns those taken, each with the resourceVersion its
+    /// write was guarded by (`None`: created) and its Lease as written (the epoch is its transitions).
+    async fn take(&self, chunk: &[u32], leases: &BTreeMap<u32, Arc<Lease>>) -> Vec<(u32, Option<String>, Box<Lease>)> {
         let me = self.cfg.replica.clone();
         let writes = futures::stream::iter(chunk.iter().copied())
             .map(|k| {
                 let me = me.clone();
                 let lease = leases.get(&k).cloned();
+                let before = lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
                 async move {
                     let written = match lease {
-                        Some(l) => lease::replace(&self.api, &l, |s| lease::take(s, &me)).await,
+                        Some(l) => lease::replace(&self.api, &l, LeaseKind::Shard(k), |s| lease::take(s, &me)).await,
                         None => {
                             let mut spec = Default::default();
                             lease::take(&mut spec, &me);
@@ -593,14 +653,14 @@ impl Fleet {
                             lease::create(&self.api, &lease::shard_name(&self.cfg.fleet, k), labels, spec).await
                         }
                     };
-                    (k, written)
+                    (k, before, written)
                 }
             })
             .buffer_unordered(WRITE_CONCURRENCY);
         writes
-            .filter_map(|(k, w)| {
+            .filter_map(|(k, before, w)| {
                 std::future::ready(match w {
-                    Ok(Written::Done(l)) => Some((k, lease::transitions(&l))),
+                    Ok(Written::Done(l)) => Some((k, before, l)),
                     Ok(Written::Conflict) => None,
                     Err(e) => {
                         tracing::warn!(shard = k, error = %e, "taking a shard failed");
@@ -678,19 +738,58 @@ mod tests {
     }
 
     #[test]
+    fn the_plan_reads_a_replicas_own_writes_until_the_cache_shows_them_or_a_later_version() {
+        let at = |holder: &str, rv: &str| {
+            let mut l = lease(Some(holder), 1);
+            l.metadata.resource_version = Some(rv.into());
+            Arc::new(l)
+        };
+        let holder = |m: &BTreeMap<u32, Arc<Lease>>, k: u32| m.get(&k).and_then(|l| lease::holder(l)).map(str::to_string);
+        let mut own: BTreeMap<u32, OwnWrite> = [
+            (1, OwnWrite { before: Some("10".into()), written: at("me", "11") }),
+            (2, OwnWrite { before: None, written: at("me", "12") }),
+            (3, OwnWrite { before: Some("13".into()), written: at("me", "14") }),
+        ]
+        .into();
+        // the cache: 1 as it was before the write (stale), 2 not there yet (a create), 3 moved on (another
+        // replica wrote after us: the cache is the truth again), 4 never written here
+        let cached: BTreeMap<u32, Arc<Lease>> = [(1, at("dead", "10")), (3, at("other", "20")), (4, at("other", "5"))].into();
+        let read = with_own_writes(cached.clone(), &mut own);
+        assert_eq!(holder(&read, 1).as_deref(), Some("me"), "the cache is behind our take");
+        assert_eq!(holder(&read, 2).as_deref(), Some("me"), "our create is not in the cache yet");
+        assert_eq!(holder(&read, 3).as_deref(), Some("other"), "a later write by another replica wins");
+        assert_eq!(holder(&read, 4).as_deref(), Some("other"));
+        assert_eq!(own.keys().copied().collect::<Vec<_>>(), [1, 2], "the write the cache moved past is retired");
+        // the cache catches up: every own write is retired
+        let caught_up: BTreeMap<u32, Arc<Lease>> = [(1, at("me", "11")), (2, at("me", "12"))].into();
+        assert_eq!(holder(&with_own_writes(caught_up, &mut own), 1).as_deref(), Some("me"));
+        assert!(own.is_empty());
+        // what planning from the stale cache alone did: drop the shard just taken
+        let held = BTreeMap::from([(1, 11)]);
+        let desired = vec!["x".to_string(), "me".to_string()];
+        let live: BTreeSet<String> = ["me".to_string(), "x".to_string()].into();
+        assert_eq!(plan("me", &desired, &cached, &live, &held), [Step::Drop(1)], "the stale cache");
+        let mut own: BTreeMap<u32, OwnWrite> = [(1, OwnWrite { before: Some("10".into()), written: at("me", "11") })].into();
+        assert_eq!(plan("me", &desired, &with_own_writes(cached, &mut own), &live, &held), [], "with its own write: nothing to do");
+    }
+
+    #[test]
     fn only_a_member_leases_own_event_leaves_the_plan_as_it_was() {
-        let kind = |k: &str| {
+        let named = |name: &str| {
             let mut l = lease(Some("a"), 1);
-            l.metadata.labels = Some([(KIND_LABEL.to_string(), k.to_string())].into());
+            l.metadata.name = Some(name.to_string());
             l
         };
-        assert!(member_event(&watcher::Event::Apply(kind("member"))), "a renewal");
-        assert!(member_event(&watcher::Event::Delete(kind("member"))));
-        assert!(!member_event(&watcher::Event::Apply(kind("shard"))), "a shard taken or released");
-        assert!(!member_event(&watcher::Event::Delete(kind("shard"))));
-        assert!(!member_event(&watcher::Event::Apply(lease(Some("a"), 1))), "unlabelled: counted as a change");
-        assert!(!member_event(&watcher::Event::InitApply(kind("member"))), "a re-list");
-        assert!(!member_event(&watcher::Event::InitDone));
+        let member = || named(&lease::member_name("pko", "r-1"));
+        let shard = || named(&lease::shard_name("pko", 7));
+        assert!(member_event("pko", &watcher::Event::Apply(member())), "a renewal");
+        assert!(member_event("pko", &watcher::Event::Delete(member())));
+        assert!(!member_event("pko", &watcher::Event::Apply(shard())), "a shard taken or released");
+        assert!(!member_event("pko", &watcher::Event::Delete(shard())));
+        assert!(!member_event("pko", &watcher::Event::Apply(lease(Some("a"), 1))), "unnamed: counted as a change");
+        assert!(!member_event("other", &watcher::Event::Apply(member())), "another fleet's name: counted as a change");
+        assert!(!member_event("pko", &watcher::Event::InitApply(member())), "a re-list");
+        assert!(!member_event("pko", &watcher::Event::InitDone));
     }
 
     fn lease(holder: Option<&str>, renewed_secs: i64) -> Lease {

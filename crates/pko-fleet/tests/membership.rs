@@ -193,3 +193,37 @@ async fn a_takeover_takes_the_shards_with_work_first() {
     a.stop.cancel();
     let _ = a.task.await;
 }
+
+/// Writes from a slim cached Lease are merge patches of the spec guarded by the resourceVersion read:
+/// a stale read changes nothing (409), a fresh one changes the spec and keeps the labels as stored.
+#[tokio::test]
+async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_the_labels() {
+    use pko_fleet::lease::{self, LeaseKind, Written};
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet-lease").await.unwrap();
+    let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
+    let name = lease::shard_name("pko", 3);
+    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "shard".into()), (lease::SHARD_LABEL.into(), "3".into())].into();
+    let mut spec = Default::default();
+    lease::take(&mut spec, "r-0");
+    let Written::Done(created) = lease::create(&api, &name, labels.clone(), spec).await.unwrap() else { panic!("created") };
+    let mut stale = *created;
+    lease::slim(&mut stale);
+
+    let Written::Done(released) = lease::replace(&api, &stale, LeaseKind::Shard(3), lease::release).await.unwrap() else { panic!("a fresh read is written") };
+    assert_eq!(lease::holder(&released), None, "released: the holder is gone, not merged back");
+    assert_eq!(lease::transitions(&released), 1, "the epoch stays");
+    assert_eq!(released.metadata.labels.as_ref(), Some(&labels), "the labels as stored");
+
+    // the same read again: someone (this write) changed the Lease since
+    let again = lease::replace(&api, &stale, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap();
+    assert_eq!(again, Written::Conflict);
+    let stored = api.get(&name).await.unwrap();
+    assert_eq!(lease::holder(&stored), None, "the stale write changed nothing");
+    assert_eq!(lease::transitions(&stored), 1);
+    let mut fresh = stored.clone();
+    lease::slim(&mut fresh);
+    let Written::Done(taken) = lease::replace(&api, &fresh, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap() else { panic!("taken") };
+    assert_eq!((lease::holder(&taken), lease::transitions(&taken)), (Some("r-1"), 2));
+}

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::FleetArgs;
-use crate::informer::{Change, Informer, WatchScope, Watched, shard_selector};
+use crate::informer::{Change, HeldShards, Informer, WatchScope, Watched};
 use crate::ownership::{Namespaces, Ownership};
 
 /// Field manager of the shard label.
@@ -143,8 +143,8 @@ pub async fn check_single_without_redis(client: &kube::Client, args: &FleetArgs,
 pub struct Member {
     /// What this replica owns.
     pub ownership: Arc<FleetOwnership>,
-    /// The label selector of the held shards, for [`crate::informer::Informers::with_shards`].
-    pub selector: watch::Receiver<String>,
+    /// The held shards, published on each gain or loss, for [`crate::informer::Informers::with_shards`].
+    pub held: watch::Receiver<HeldShards>,
     /// Counts the times this replica gained shards, took one again at a new epoch, or had its holding
     /// back after a lapse (for `reconcile_all_on` of unsharded kinds).
     pub gained: watch::Receiver<u64>,
@@ -216,7 +216,7 @@ pub fn join(
     };
     let mut changes = shards.changes();
     let total = args.shards;
-    let (tx, selector) = watch::channel(shard_selector(&BTreeSet::new(), total));
+    let (tx, selector) = watch::channel(HeldShards { shards: BTreeSet::new(), total });
     let (gained_tx, gained) = watch::channel(0u64);
     let publish = tokio::spawn(async move {
         let mut last: Option<BTreeMap<u32, i64>> = None;
@@ -249,7 +249,7 @@ pub fn join(
                 }
                 metrics::gauge!(crate::metrics::names::SHARDS_HELD).set(held.len() as f64);
                 if last.is_none() || change.gained + change.lost > 0 {
-                    tx.send_replace(shard_selector(&held.keys().copied().collect(), total));
+                    tx.send_replace(HeldShards { shards: held.keys().copied().collect(), total });
                 }
                 last = Some(held);
             }
@@ -260,7 +260,7 @@ pub fn join(
     });
     let membership = tokio::spawn(fleet.run(shutdown.clone()));
     let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
-    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), selector, gained, tasks: vec![membership, publish] })
+    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), held: selector, gained, tasks: vec![membership, publish] })
 }
 
 /// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it

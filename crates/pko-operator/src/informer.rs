@@ -11,7 +11,7 @@
 //! [`Informers`] holds one informer per kind, created when a controller first subscribes, so a
 //! process (or a test) that runs only some controllers watches only their kinds.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -25,6 +25,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use pko_api::{Program, Stack, Update, Workspace};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamMap;
 use tokio_util::sync::CancellationToken;
 
 /// Where a replica watches (the operator's `--namespaces`).
@@ -77,8 +78,19 @@ pub struct Informer<K: Watched> {
     apis: Vec<Api<K>>,
     config: watcher::Config,
     writer: Writer<K>,
-    subscribers: Vec<mpsc::Sender<Change<K>>>,
-    shards: Option<watch::Receiver<String>>,
+    /// Boxed: a channel allocates its slots in blocks of 32, and a `Stack` is kilobytes inline.
+    subscribers: Vec<mpsc::Sender<Box<Change<K>>>>,
+    shards: Option<watch::Receiver<HeldShards>>,
+}
+
+/// The shards a fleet replica holds out of `total`, as the fleet publishes them to the informers of
+/// sharded kinds ([`Informers::with_shards`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldShards {
+    /// The held shards.
+    pub shards: BTreeSet<u32>,
+    /// The fleet's shard count (`--shards`).
+    pub total: u32,
 }
 
 impl<K: Watched> Informer<K> {
@@ -92,11 +104,12 @@ impl<K: Watched> Informer<K> {
         Self { apis, config, writer: Writer::default(), subscribers: Vec::new(), shards: None }
     }
 
-    /// Watches only the objects `selector` picks besides the informer's own selector (the fleet: the
-    /// shards this replica holds); each change of it re-lists, and what no longer matches leaves the
-    /// store as deleted.
-    pub fn with_shard_selector(mut self, selector: watch::Receiver<String>) -> Self {
-        self.shards = Some(selector);
+    /// Watches and keeps only the objects of the shards `held` names (the fleet: the shards this
+    /// replica holds), labelled [`pko_api::constants::SHARD_LABEL`], in watch groups ([`Groups`]): a
+    /// gain watches only the gained shards, a loss drops their objects from the store without a list,
+    /// and the watches of shards still held never stop.
+    pub fn with_held_shards(mut self, held: watch::Receiver<HeldShards>) -> Self {
+        self.shards = Some(held);
         self
     }
 
@@ -110,7 +123,7 @@ impl<K: Watched> Informer<K> {
     pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.subscribers.push(tx);
-        tokio_stream::wrappers::ReceiverStream::new(rx)
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| *c)
     }
 
     /// The objects of every change, as kube's `Controller::for_stream` / `watches_stream` take them.
@@ -124,21 +137,57 @@ impl<K: Watched> Informer<K> {
         let Informer { apis, config, mut writer, mut subscribers, mut shards } = self;
         let kind = K::kind(&());
         let reader = writer.as_reader();
-        let mut merge = Merge::new(apis.len());
-        let mut events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
+        let lookup = |r: &ObjectRef<K>| reader.get(r);
+        let all = || reader.state().iter().map(|o| (**o).clone()).collect::<Vec<K>>();
+        let mut merge = Merge::default();
+        let mut streams: StreamMap<Src, SourceStream<K>> = StreamMap::new();
+        let mut groups = Groups::default();
+        // the held shards the watches follow (sharded kinds), and what an event must be of to count
+        let mut held: Option<HeldShards> = None;
+        let first = match shards.as_mut() {
+            None => vec![Regroup::Watch { group: 0, shards: BTreeSet::new() }],
+            Some(rx) => {
+                let now = rx.borrow_and_update().clone();
+                let steps = groups.follow(&now.shards);
+                held = Some(now);
+                steps
+            }
+        };
+        let mut pending: Vec<Step<K>> = Vec::new();
+        for r in first {
+            pending.extend(Self::regroup(r, &apis, &config, held.as_ref(), &mut merge, &mut streams, &lookup, &all));
+        }
+        if !deliver(pending, &mut writer, &mut subscribers, &shutdown).await {
+            return;
+        }
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                e = events.next() => e,
+                e = streams.next(), if !streams.is_empty() => e,
                 Ok(()) = async { match shards.as_mut() { Some(s) => s.changed().await, None => std::future::pending().await } } => {
-                    // held shards changed: watch again with the new selector (a re-list per source),
-                    // handing on only the objects new to the store or changed
-                    merge.skip_unchanged_in_next_lists();
-                    events = futures::stream::select_all(Self::sources(&apis, &config, shards.as_mut()));
+                    let Some(rx) = shards.as_mut() else { continue };
+                    let now = rx.borrow_and_update().clone();
+                    let regroups = groups.follow(&now.shards);
+                    for r in &regroups {
+                        match r {
+                            Regroup::Forget(lost) => tracing::info!(kind = %kind, shards = lost.len(), "shards lost: their objects leave the cache, nothing is listed"),
+                            Regroup::Unwatch(group) => tracing::info!(kind = %kind, group, "watch group closed: none of its shards is held"),
+                            Regroup::Watch { group, shards } => tracing::info!(kind = %kind, group, shards = shards.len(), "shards gained: listing and watching only them"),
+                            Regroup::Rebuild { group, shards, replaces } => tracing::info!(kind = %kind, group, shards = shards.len(), replaced = replaces.len(), "watch groups folded into one: listing every held shard again"),
+                        }
+                    }
+                    held = Some(now);
+                    let mut steps = Vec::new();
+                    for r in regroups {
+                        steps.extend(Self::regroup(r, &apis, &config, held.as_ref(), &mut merge, &mut streams, &lookup, &all));
+                    }
+                    if !deliver(steps, &mut writer, &mut subscribers, &shutdown).await {
+                        return;
+                    }
                     continue;
                 }
             };
-            let Some((source, event)) = next else { return };
+            let Some((source, event)) = next else { continue };
             let event = match event {
                 Ok(e) => e,
                 Err(e) => {
@@ -146,36 +195,215 @@ impl<K: Watched> Informer<K> {
                     continue;
                 }
             };
-            for step in merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect()) {
-                match step {
-                    Step::Store(e) => writer.apply_watcher_event(&e),
-                    Step::Notify(change) => {
-                        for tx in &subscribers {
-                            tokio::select! {
-                                _ = shutdown.cancelled() => return,
-                                _ = tx.send(change.clone()) => {}
-                            }
-                        }
-                        subscribers.retain(|tx| !tx.is_closed());
-                    }
+            // a watch whose selector covers shards no longer held (a group that lost some): not ours
+            if let Some(h) = &held
+                && event_object(&event).is_some_and(|o| shard_of(o).is_some_and(|k| !h.shards.contains(&k)))
+            {
+                continue;
+            }
+            let steps = merge.handle(source, event, &lookup, &all);
+            if !deliver(steps, &mut writer, &mut subscribers, &shutdown).await {
+                return;
+            }
+        }
+    }
+
+    /// Carries out one [`Regroup`]: opens or closes a group's watches (one per source), drops the
+    /// objects of lost shards; returns the store writes and changes to hand on.
+    #[allow(clippy::too_many_arguments)]
+    fn regroup(
+        step: Regroup,
+        apis: &[Api<K>],
+        config: &watcher::Config,
+        held: Option<&HeldShards>,
+        merge: &mut Merge<K>,
+        streams: &mut StreamMap<Src, SourceStream<K>>,
+        lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>,
+        all: &impl Fn() -> Vec<K>,
+    ) -> Vec<Step<K>> {
+        let open = |group: u64, shards: &BTreeSet<u32>, streams: &mut StreamMap<Src, SourceStream<K>>| {
+            let mut config = config.clone();
+            if let Some(h) = held {
+                let selector = shard_selector(shards, h.total);
+                config.label_selector = Some(match config.label_selector.take() {
+                    Some(own) if !own.is_empty() => format!("{own},{selector}"),
+                    _ => selector,
+                });
+            }
+            for (i, api) in apis.iter().enumerate() {
+                streams.insert((group, i), watcher(api.clone(), config.clone()).default_backoff().modify(prune).boxed());
+            }
+        };
+        match step {
+            Regroup::Watch { group, shards } => {
+                open(group, &shards, streams);
+                for i in 0..apis.len() {
+                    merge.add_source((group, i));
                 }
+                Vec::new()
+            }
+            Regroup::Unwatch(group) => {
+                let mut steps = Vec::new();
+                for i in 0..apis.len() {
+                    streams.remove(&(group, i));
+                    steps.extend(merge.remove_source((group, i), lookup, all));
+                }
+                steps
+            }
+            Regroup::Forget(lost) => merge.forget(|o| shard_of(o).is_some_and(|k| lost.contains(&k)), lookup),
+            Regroup::Rebuild { group, shards, replaces } => {
+                open(group, &shards, streams);
+                let mut steps = Vec::new();
+                for i in 0..apis.len() {
+                    for old in &replaces {
+                        streams.remove(&(*old, i));
+                    }
+                    steps.extend(merge.carry(replaces.iter().map(|old| (*old, i)).collect(), (group, i), all));
+                }
+                steps
             }
         }
     }
 }
 
-impl<K: Watched> Informer<K> {
-    /// One watch per source, with `shards`' current selector joined to `config`'s.
-    fn sources(apis: &[Api<K>], config: &watcher::Config, shards: Option<&mut watch::Receiver<String>>) -> Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> {
-        let mut config = config.clone();
-        if let Some(s) = shards {
-            let selector = s.borrow_and_update().clone();
-            config.label_selector = Some(match config.label_selector.take() {
-                Some(own) if !own.is_empty() => format!("{own},{selector}"),
-                _ => selector,
-            });
+/// A source of an informer: (watch group, index of the namespace's `Api`, or 0 for the cluster).
+type Src = (u64, usize);
+
+/// The events of one source's watch.
+type SourceStream<K> = BoxStream<'static, watcher::Result<watcher::Event<K>>>;
+
+/// The object an event is about (none for the markers of a list).
+fn event_object<K>(event: &watcher::Event<K>) -> Option<&K> {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => Some(o),
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
+}
+
+/// The shard an object is labelled with ([`pko_api::constants::SHARD_LABEL`]); `None` without a
+/// label, or with one that is no shard number.
+fn shard_of<K: kube::Resource>(object: &K) -> Option<u32> {
+    object.meta().labels.as_ref()?.get(pko_api::constants::SHARD_LABEL)?.parse().ok()
+}
+
+/// Writes `steps` into the store and hands their changes to `subscribers` (dropping the closed
+/// ones); `false` once `shutdown` is cancelled while a subscriber was full.
+async fn deliver<K: Watched>(steps: Vec<Step<K>>, writer: &mut Writer<K>, subscribers: &mut Vec<mpsc::Sender<Box<Change<K>>>>, shutdown: &CancellationToken) -> bool {
+    for step in steps {
+        match step {
+            Step::Store(e) => writer.apply_watcher_event(&e),
+            Step::Notify(change) => {
+                for tx in subscribers.iter() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return false,
+                        _ = tx.send(Box::new(change.clone())) => {}
+                    }
+                }
+                subscribers.retain(|tx| !tx.is_closed());
+            }
         }
-        apis.iter().enumerate().map(|(i, api)| watcher(api.clone(), config.clone()).default_backoff().modify(prune).map(move |e| (i, e)).boxed()).collect()
+    }
+    true
+}
+
+/// What a change of the held shards does to a sharded informer's watches ([`Groups::follow`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Regroup {
+    /// Drop from the store (as deleted) the objects of these shards, no longer held: no list.
+    Forget(BTreeSet<u32>),
+    /// Stop the watches of this group: none of its shards is held any more.
+    Unwatch(u64),
+    /// Watch these shards as a group of their own: one list of only their objects, then their changes.
+    Watch {
+        /// The group's id.
+        group: u64,
+        /// Its shards.
+        shards: BTreeSet<u32>,
+    },
+    /// Watch every held shard as one group in place of the groups `replaces`: one re-list of
+    /// everything held, whose objects already stored carry over and are handed on only when new or
+    /// changed.
+    Rebuild {
+        /// The new group's id.
+        group: u64,
+        /// Every held shard.
+        shards: BTreeSet<u32>,
+        /// The groups it replaces.
+        replaces: Vec<u64>,
+    },
+}
+
+/// Most watch groups a sharded informer keeps before it folds them into one ([`Regroup::Rebuild`]).
+pub const MAX_WATCH_GROUPS: usize = 4;
+
+/// The watch groups of a sharded informer (pure): each watches the shards it was opened for and
+/// keeps those still held. A gain opens a group for the gained shards; a group none of whose shards
+/// is held closes; the objects of lost shards leave the store at once. Groups fold into one when
+/// there are more than [`MAX_WATCH_GROUPS`], or when their selectors cover more than twice the held
+/// shards (events of shards not held are dropped on arrival, but still sent).
+#[derive(Debug, Default)]
+pub struct Groups {
+    next: u64,
+    /// Group id → (shards its selector watches, of those the ones still held).
+    groups: BTreeMap<u64, (BTreeSet<u32>, BTreeSet<u32>)>,
+    held: Option<BTreeSet<u32>>,
+}
+
+impl Groups {
+    /// What to do now that `held` are the held shards.
+    pub fn follow(&mut self, held: &BTreeSet<u32>) -> Vec<Regroup> {
+        let Some(before) = self.held.replace(held.clone()) else {
+            return vec![self.open(held.clone())];
+        };
+        let lost: BTreeSet<u32> = before.difference(held).copied().collect();
+        let gained: BTreeSet<u32> = held.difference(&before).copied().collect();
+        let mut steps = Vec::new();
+        if !lost.is_empty() {
+            steps.push(Regroup::Forget(lost));
+        }
+        // groups none of whose shards is held (lost, or opened for none)
+        let mut closed = Vec::new();
+        for (id, (_, kept)) in self.groups.iter_mut() {
+            kept.retain(|k| held.contains(k));
+            if kept.is_empty() {
+                closed.push(*id);
+            }
+        }
+        for id in closed {
+            self.groups.remove(&id);
+            steps.push(Regroup::Unwatch(id));
+        }
+        if gained.is_empty() && !self.too_wide(held) {
+            return steps;
+        }
+        let groups_after = self.groups.len() + usize::from(!gained.is_empty());
+        let watched_after: usize = self.groups.values().map(|(w, _)| w.len()).sum::<usize>() + gained.len();
+        if groups_after > MAX_WATCH_GROUPS || watched_after > 2 * held.len().max(1) {
+            let replaces: Vec<u64> = std::mem::take(&mut self.groups).into_keys().collect();
+            let group = self.next_id();
+            self.groups.insert(group, (held.clone(), held.clone()));
+            steps.push(Regroup::Rebuild { group, shards: held.clone(), replaces });
+        } else if !gained.is_empty() {
+            steps.push(self.open(gained));
+        }
+        steps
+    }
+
+    /// Whether the groups' selectors cover more than twice the held shards.
+    fn too_wide(&self, held: &BTreeSet<u32>) -> bool {
+        self.groups.values().map(|(w, _)| w.len()).sum::<usize>() > 2 * held.len().max(1)
+    }
+
+    fn open(&mut self, shards: BTreeSet<u32>) -> Regroup {
+        let group = self.next_id();
+        self.groups.insert(group, (shards.clone(), shards.clone()));
+        Regroup::Watch { group, shards }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        id
     }
 }
 
@@ -212,79 +440,174 @@ enum Step<K> {
     Notify(Change<K>),
 }
 
-/// Merges the watch events of several sources (disjoint: one namespace each, or the cluster) into one
-/// store. Each source's re-list replaces only that source's objects: what it no longer lists is
-/// deleted. Once every source has listed, the store is marked ready (kube's store is ready after its
-/// first `InitDone`, so the merge replays the store's contents as one init).
+/// Merges the watch events of several sources (disjoint: one namespace each, or the cluster, per watch
+/// group) into one store. Each source's re-list replaces only that source's objects: what it no
+/// longer lists is deleted. Once every source there was before the store was ready has listed, the
+/// store is marked ready (kube's store is ready after its first `InitDone`, so the merge replays the
+/// store's contents as one init).
 ///
-/// The re-list that follows a change of the held shards hands on only the objects new to the store or
-/// changed since (another `resourceVersion`): a replica that gains a few shards re-lists everything it
-/// holds, and handing on the thousands it already had made each controller reconcile every one of
-/// them again (a ~60-80 s halt of a 10,000-Stack fleet after a failover). Controllers of sharded kinds
-/// look again by themselves at what they skipped while not owning it ([`crate::fleet::unowned`]), so
-/// nothing relies on that re-list to be looked at again. A re-list after a failed watch (kube's
-/// watcher, e.g. `410 Gone`) hands on everything, as kube's own reflector does.
+/// A source opened in place of others ([`Merge::carry`], a watch group rebuilt) takes over their
+/// objects, and its first list hands on only the objects new to the store or changed since (another
+/// `resourceVersion`): handing on the thousands already there made each controller reconcile every
+/// one of them again (a ~60-80 s halt of a 10,000-Stack fleet after a failover). Controllers of
+/// sharded kinds look again by themselves at what they skipped while not owning it
+/// ([`crate::fleet::unowned`]), so nothing relies on a re-list to be looked at again. A re-list after a
+/// failed watch (kube's watcher, e.g. `410 Gone`) hands on everything, as kube's own reflector does.
 struct Merge<K: Watched> {
-    known: Vec<HashSet<ObjectRef<K>>>,
-    listing: Vec<Option<HashSet<ObjectRef<K>>>>,
-    listed: Vec<bool>,
+    sources: HashMap<Src, Source<K>>,
+    /// Sources that must list once before the store is ready.
+    unlisted: HashSet<Src>,
     ready: bool,
-    skip_unchanged: Vec<bool>,
+}
+
+/// What the merge knows of one source.
+struct Source<K: Watched> {
+    known: HashSet<ObjectRef<K>>,
+    listing: Option<HashSet<ObjectRef<K>>>,
+    skip_unchanged: bool,
+}
+
+impl<K: Watched> Default for Source<K> {
+    fn default() -> Self {
+        Self { known: HashSet::new(), listing: None, skip_unchanged: false }
+    }
+}
+
+impl<K: Watched> Default for Merge<K> {
+    fn default() -> Self {
+        Self { sources: HashMap::new(), unlisted: HashSet::new(), ready: false }
+    }
 }
 
 impl<K: Watched> Merge<K> {
+    /// A merge of sources `(0, 0)` … `(0, n - 1)`.
+    #[cfg(test)]
     fn new(sources: usize) -> Self {
-        Self { known: vec![HashSet::new(); sources], listing: vec![None; sources], listed: vec![false; sources], ready: false, skip_unchanged: vec![false; sources] }
+        let mut m = Self::default();
+        for i in 0..sources {
+            m.add_source((0, i));
+        }
+        m
     }
 
-    /// The next list of each source hands on only the objects new to the store or changed.
+    /// A new source; before the store is ready, the store waits for its list too.
+    fn add_source(&mut self, src: Src) {
+        self.sources.insert(src, Source::default());
+        if !self.ready {
+            self.unlisted.insert(src);
+        }
+    }
+
+    /// Removes `src`: its objects leave the store as deleted.
+    fn remove_source(&mut self, src: Src, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+        let mut steps = Vec::new();
+        if let Some(gone) = self.sources.remove(&src) {
+            for o in gone.known.iter().filter_map(lookup) {
+                let o = (*o).clone();
+                steps.push(Step::Store(watcher::Event::Delete(o.clone())));
+                steps.push(Step::Notify(Change::Deleted(o)));
+            }
+        }
+        self.unlisted.remove(&src);
+        steps.extend(self.ready_if_listed(all));
+        steps
+    }
+
+    /// Opens `to` in place of the sources `from`: their objects become `to`'s, and `to`'s first list
+    /// hands on only objects new to the store or changed.
+    fn carry(&mut self, from: Vec<Src>, to: Src, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+        let mut source = Source { skip_unchanged: true, ..Source::default() };
+        for f in from {
+            if let Some(old) = self.sources.remove(&f) {
+                source.known.extend(old.known);
+            }
+            self.unlisted.remove(&f);
+        }
+        self.sources.insert(to, source);
+        if !self.ready {
+            self.unlisted.insert(to);
+        }
+        self.ready_if_listed(all)
+    }
+
+    /// Drops from the store (as deleted) every object `gone` picks, whichever source has it.
+    fn forget(&mut self, gone: impl Fn(&K) -> bool, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>) -> Vec<Step<K>> {
+        let mut steps = Vec::new();
+        for source in self.sources.values_mut() {
+            source.known.retain(|r| {
+                let Some(o) = lookup(r) else { return true };
+                if !gone(&o) {
+                    return true;
+                }
+                let o = (*o).clone();
+                steps.push(Step::Store(watcher::Event::Delete(o.clone())));
+                steps.push(Step::Notify(Change::Deleted(o)));
+                false
+            });
+        }
+        steps
+    }
+
+    /// The next list of every source hands on only the objects new to the store or changed.
+    #[cfg(test)]
     fn skip_unchanged_in_next_lists(&mut self) {
-        self.skip_unchanged.fill(true);
+        for s in self.sources.values_mut() {
+            s.skip_unchanged = true;
+        }
+    }
+
+    /// Once every source there was before the store was ready has listed: the store's ready replay.
+    fn ready_if_listed(&mut self, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+        if self.ready || !self.unlisted.is_empty() {
+            return Vec::new();
+        }
+        self.ready = true;
+        let mut steps = vec![Step::Store(watcher::Event::Init)];
+        steps.extend(all().into_iter().map(|o| Step::Store(watcher::Event::InitApply(o))));
+        steps.push(Step::Store(watcher::Event::InitDone));
+        steps
     }
 
     /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
-    fn handle(&mut self, source: usize, event: watcher::Event<K>, lookup: impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: impl FnOnce() -> Vec<K>) -> Vec<Step<K>> {
+    /// An event of a source no longer there (closed meanwhile) changes nothing.
+    fn handle(&mut self, source: Src, event: watcher::Event<K>, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+        let Some(state) = self.sources.get_mut(&source) else { return Vec::new() };
         match event {
             watcher::Event::Apply(o) => {
-                self.known[source].insert(ObjectRef::from_obj(&o));
+                state.known.insert(ObjectRef::from_obj(&o));
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
             }
             watcher::Event::Delete(o) => {
-                self.known[source].remove(&ObjectRef::from_obj(&o));
+                state.known.remove(&ObjectRef::from_obj(&o));
                 vec![Step::Store(watcher::Event::Delete(o.clone())), Step::Notify(Change::Deleted(o))]
             }
             watcher::Event::Init => {
-                self.listing[source] = Some(HashSet::new());
+                state.listing = Some(HashSet::new());
                 vec![]
             }
             watcher::Event::InitApply(o) => {
                 let r = ObjectRef::from_obj(&o);
-                let unchanged = self.skip_unchanged[source] && self.known[source].contains(&r) && lookup(&r).is_some_and(|old| same_version(&*old, &o));
-                self.listing[source].get_or_insert_with(HashSet::new).insert(r.clone());
-                self.known[source].insert(r);
+                let unchanged = state.skip_unchanged && state.known.contains(&r) && lookup(&r).is_some_and(|old| same_version(&*old, &o));
+                state.listing.get_or_insert_with(HashSet::new).insert(r.clone());
+                state.known.insert(r);
                 if unchanged {
                     return vec![];
                 }
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
             }
             watcher::Event::InitDone => {
-                self.skip_unchanged[source] = false;
-                let listed = self.listing[source].take().unwrap_or_default();
-                let gone: Vec<_> = self.known[source].difference(&listed).cloned().collect();
-                self.known[source] = listed;
+                state.skip_unchanged = false;
+                let listed = state.listing.take().unwrap_or_default();
+                let gone: Vec<_> = state.known.difference(&listed).cloned().collect();
+                state.known = listed;
                 let mut steps = Vec::new();
-                for o in gone.iter().filter_map(&lookup) {
+                for o in gone.iter().filter_map(lookup) {
                     let o = (*o).clone();
                     steps.push(Step::Store(watcher::Event::Delete(o.clone())));
                     steps.push(Step::Notify(Change::Deleted(o)));
                 }
-                self.listed[source] = true;
-                if !self.ready && self.listed.iter().all(|l| *l) {
-                    self.ready = true;
-                    steps.push(Step::Store(watcher::Event::Init));
-                    steps.extend(all().into_iter().map(|o| Step::Store(watcher::Event::InitApply(o))));
-                    steps.push(Step::Store(watcher::Event::InitDone));
-                }
+                self.unlisted.remove(&source);
+                steps.extend(self.ready_if_listed(all));
                 steps
             }
         }
@@ -314,13 +637,13 @@ impl<K: Watched> Slot<K> {
         Self { config, sharded, informer: None }
     }
 
-    fn get(&mut self, client: &kube::Client, scope: &WatchScope, shards: Option<&watch::Receiver<String>>) -> &mut Informer<K> {
+    fn get(&mut self, client: &kube::Client, scope: &WatchScope, shards: Option<&watch::Receiver<HeldShards>>) -> &mut Informer<K> {
         let config = self.config.clone();
         let shards = shards.filter(|_| self.sharded).cloned();
         self.informer.get_or_insert_with(|| {
             let i = Informer::new(client, scope, config);
             match shards {
-                Some(s) => i.with_shard_selector(s),
+                Some(s) => i.with_held_shards(s),
                 None => i,
             }
         })
@@ -332,7 +655,7 @@ impl<K: Watched> Slot<K> {
 pub struct Informers {
     client: kube::Client,
     scope: WatchScope,
-    shards: Option<watch::Receiver<String>>,
+    shards: Option<watch::Receiver<HeldShards>>,
     stacks: Slot<Stack>,
     programs: Slot<Program>,
     workspaces: Slot<Workspace>,
@@ -359,11 +682,11 @@ impl Informers {
         }
     }
 
-    /// Watches Stacks, Workspaces, Updates and StatefulSets only in the shards `selector` picks (the
-    /// fleet's held shards, [`shard_selector`]); Programs stay whole (any Stack may reference one).
-    /// Call before the first informer is made.
-    pub fn with_shards(mut self, selector: watch::Receiver<String>) -> Self {
-        self.shards = Some(selector);
+    /// Watches Stacks, Workspaces, Updates and StatefulSets only in the shards `held` names (the
+    /// fleet's held shards, [`Informer::with_held_shards`]); Programs stay whole (any Stack may
+    /// reference one). Call before the first informer is made.
+    pub fn with_shards(mut self, held: watch::Receiver<HeldShards>) -> Self {
+        self.shards = Some(held);
         self
     }
 
@@ -497,8 +820,17 @@ mod tests {
         }
 
         fn feed(&mut self, source: usize, event: watcher::Event<ConfigMap>) -> Vec<String> {
+            self.feed_from((0, source), event)
+        }
+
+        fn feed_from(&mut self, source: Src, event: watcher::Event<ConfigMap>) -> Vec<String> {
             let reader = self.writer.as_reader();
-            let steps = self.merge.handle(source, event, |r| reader.get(r), || reader.state().iter().map(|o| (**o).clone()).collect());
+            let steps = self.merge.handle(source, event, &|r| reader.get(r), &|| reader.state().iter().map(|o| (**o).clone()).collect());
+            self.apply(steps)
+        }
+
+        /// Carries out `steps` as the informer does; returns the changes handed on.
+        fn apply(&mut self, steps: Vec<Step<ConfigMap>>) -> Vec<String> {
             let mut notified = Vec::new();
             for s in steps {
                 match s {
@@ -521,13 +853,112 @@ mod tests {
         }
 
         fn list(&mut self, source: usize, objects: &[ConfigMap]) -> Vec<String> {
-            let mut n = self.feed(source, watcher::Event::Init);
+            self.list_from((0, source), objects)
+        }
+
+        fn list_from(&mut self, source: Src, objects: &[ConfigMap]) -> Vec<String> {
+            let mut n = self.feed_from(source, watcher::Event::Init);
             for o in objects {
-                n.extend(self.feed(source, watcher::Event::InitApply(o.clone())));
+                n.extend(self.feed_from(source, watcher::Event::InitApply(o.clone())));
             }
-            n.extend(self.feed(source, watcher::Event::InitDone));
+            n.extend(self.feed_from(source, watcher::Event::InitDone));
             n
         }
+
+        /// What the informer does for `regroup` (one source per group: the cluster).
+        fn regroup(&mut self, regroup: Regroup) -> Vec<String> {
+            let reader = self.writer.as_reader();
+            let lookup = |r: &ObjectRef<ConfigMap>| reader.get(r);
+            let all = || reader.state().iter().map(|o| (**o).clone()).collect::<Vec<_>>();
+            let steps = match regroup {
+                Regroup::Watch { group, .. } => {
+                    self.merge.add_source((group, 0));
+                    Vec::new()
+                }
+                Regroup::Unwatch(group) => self.merge.remove_source((group, 0), &lookup, &all),
+                Regroup::Forget(lost) => self.merge.forget(|o| shard_of(o).is_some_and(|k| lost.contains(&k)), &lookup),
+                Regroup::Rebuild { group, replaces, .. } => self.merge.carry(replaces.iter().map(|g| (*g, 0)).collect(), (group, 0), &all),
+            };
+            self.apply(steps)
+        }
+    }
+
+    /// An object of shard `shard` at resourceVersion `rv`.
+    fn sharded(name: &str, shard: u32, rv: &str) -> ConfigMap {
+        let mut c = cm("a", name);
+        c.metadata.labels = Some([(pko_api::constants::SHARD_LABEL.to_string(), shard.to_string())].into());
+        c.metadata.resource_version = Some(rv.into());
+        c
+    }
+
+    fn set(v: &[u32]) -> BTreeSet<u32> {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_gain_watches_only_the_gained_shards_a_loss_lists_nothing_and_groups_fold_when_many_or_wide() {
+        let mut g = Groups::default();
+        assert_eq!(g.follow(&set(&[])), [Regroup::Watch { group: 0, shards: set(&[]) }], "the first watch, even of nothing");
+        assert_eq!(g.follow(&set(&[1, 2])), [Regroup::Unwatch(0), Regroup::Watch { group: 1, shards: set(&[1, 2]) }]);
+        assert_eq!(g.follow(&set(&[1, 2])), [], "no change");
+        // a takeover: only the gained shards are listed
+        assert_eq!(g.follow(&set(&[1, 2, 5])), [Regroup::Watch { group: 2, shards: set(&[5]) }]);
+        // the victim is back: its shards leave the store and their watch closes, nothing is listed
+        assert_eq!(g.follow(&set(&[1, 2])), [Regroup::Forget(set(&[5])), Regroup::Unwatch(2)]);
+        // a loss from a group that keeps others: its watch stays
+        assert_eq!(g.follow(&set(&[1, 2, 3, 4])), [Regroup::Watch { group: 3, shards: set(&[3, 4]) }]);
+        assert_eq!(g.follow(&set(&[1, 3, 4])), [Regroup::Forget(set(&[2]))]);
+        // more than MAX_WATCH_GROUPS: one re-list of everything held in their place
+        assert_eq!(g.follow(&set(&[1, 3, 4, 6])), [Regroup::Watch { group: 4, shards: set(&[6]) }]);
+        assert_eq!(g.follow(&set(&[1, 3, 4, 6, 7])), [Regroup::Watch { group: 5, shards: set(&[7]) }]);
+        assert_eq!(g.follow(&set(&[1, 3, 4, 6, 7, 8])), [Regroup::Rebuild { group: 6, shards: set(&[1, 3, 4, 6, 7, 8]), replaces: vec![1, 3, 4, 5] }]);
+        // selectors covering more than twice what is held (a replica that held everything, then
+        // handed most over as others joined): one re-list of what is held
+        let mut g = Groups::default();
+        g.follow(&set(&[0, 1, 2, 3, 4, 5, 6, 7]));
+        assert_eq!(g.follow(&set(&[0, 1, 2, 3])), [Regroup::Forget(set(&[4, 5, 6, 7]))], "twice: still one watch");
+        assert_eq!(g.follow(&set(&[0, 1, 2])), [Regroup::Forget(set(&[3])), Regroup::Rebuild { group: 1, shards: set(&[0, 1, 2]), replaces: vec![0] }]);
+        // everything lost: no watch at all, until a gain
+        assert_eq!(g.follow(&set(&[])), [Regroup::Forget(set(&[0, 1, 2])), Regroup::Unwatch(1)]);
+        assert_eq!(g.follow(&set(&[9])), [Regroup::Watch { group: 2, shards: set(&[9]) }]);
+    }
+
+    #[test]
+    fn a_gained_group_lists_only_its_objects_a_lost_shard_leaves_the_store_and_a_rebuild_hands_on_only_changes() {
+        let mut h = Harness { merge: Merge::default(), writer: Writer::default() };
+        let mut g = Groups::default();
+        for r in g.follow(&set(&[1])) {
+            h.regroup(r);
+        }
+        assert_eq!(h.list_from((0, 0), &[sharded("x", 1, "1")]), ["+a/x"]);
+        assert!(h.ready());
+        // gain shard 2: its own group lists only its objects; shard 1's watch goes on
+        let steps = g.follow(&set(&[1, 2]));
+        assert_eq!(steps, [Regroup::Watch { group: 1, shards: set(&[2]) }]);
+        for r in steps {
+            assert_eq!(h.regroup(r), Vec::<String>::new());
+        }
+        assert_eq!(h.list_from((1, 0), &[sharded("y", 2, "2")]), ["+a/y"]);
+        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(sharded("x", 1, "3"))), ["+a/x"], "shard 1's watch never stopped");
+        // lose shard 2: its objects leave the store as deleted, without a list
+        let mut notified = Vec::new();
+        for r in g.follow(&set(&[1])) {
+            notified.extend(h.regroup(r));
+        }
+        assert_eq!(notified, ["-a/y"]);
+        assert_eq!(h.names(), ["a/x"]);
+        // a rebuild carries the objects over: its list hands on only the new and the changed
+        let one = |k: u32| (set(&[k]), set(&[k]));
+        let mut g = Groups { groups: [(0, one(1)), (1, one(4)), (2, one(5)), (3, one(6))].into(), held: Some(set(&[1, 4, 5, 6])), next: 7 };
+        let steps = g.follow(&set(&[1, 3, 4, 5, 6]));
+        assert_eq!(steps, [Regroup::Rebuild { group: 7, shards: set(&[1, 3, 4, 5, 6]), replaces: vec![0, 1, 2, 3] }], "a fifth group");
+        for r in steps {
+            h.regroup(r);
+        }
+        assert_eq!(h.list_from((7, 0), &[sharded("x", 1, "3"), sharded("z", 3, "4")]), ["+a/z"]);
+        assert_eq!(h.names(), ["a/x", "a/z"]);
+        // an event of a closed source changes nothing
+        assert_eq!(h.feed_from((1, 0), watcher::Event::Apply(sharded("y", 2, "5"))), Vec::<String>::new());
     }
 
     #[test]

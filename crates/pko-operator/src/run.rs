@@ -139,7 +139,7 @@ impl Operator {
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
         let mut informers = Informers::new(watch_client.clone(), scope.clone());
         if let Some(m) = member {
-            informers = informers.with_shards(m.selector.clone());
+            informers = informers.with_shards(m.held.clone());
             membership.extend(m.tasks);
             servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), watch_client.clone(), scope, fleet.shards, m.ownership.clone(), shutdown.clone())));
         }

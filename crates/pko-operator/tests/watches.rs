@@ -129,6 +129,38 @@ async fn a_stack_skipped_while_not_owned_is_reconciled_once_owned_again_without_
     run.abort();
 }
 
+/// Programs are watched whole and reconciled by whoever owns them: one skipped while not owned is
+/// reconciled again when the replica's holding gains shards (or takes one again at a new epoch, or
+/// comes back after a gap) — the fleet's `gained` count, which the Program controller reconciles
+/// everything on — with nothing changed on the Program and no re-list. Without that bump it stays
+/// skipped. Shown by its artifact, the first status a reconcile writes.
+#[tokio::test]
+async fn a_program_skipped_while_not_owned_is_reconciled_again_when_shards_are_gained() {
+    let (client, ns, _env) = setup("program-gain").await;
+    let toggle = Arc::new(Toggle::default());
+    let (gained_tx, gained) = tokio::sync::watch::channel(0u64);
+    let mut ctx = pko_operator::context::Context::new(client.clone(), String::new(), toggle.clone());
+    ctx.shards_gained = Some(gained);
+    let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
+    let (_, controller) = pko_operator::program_controller(Arc::new(ctx), &mut informers);
+    let run = tokio::spawn(informers.drive(controller));
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": {"resources": {"r": {"type": "random:RandomPet"}}}}),
+    )
+    .await;
+    let programs = ns.api::<Program>();
+    let published = || async { programs.get("p").await.unwrap().status.and_then(|s| s.artifact).is_some() };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!published().await, "not owned: the reconcile skipped the Program");
+    toggle.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!published().await, "owned now, but nothing changed and nothing said shards were gained");
+    gained_tx.send_modify(|n| *n += 1);
+    eventually("the Program is reconciled once shards are gained", 20, || async { published().await }).await;
+    run.abort();
+}
+
 /// A fleet replica watches only through its watch client, never through the request client, whose
 /// read timeout (`--kube-api-timeout`) cuts any watch quiet for longer: the labeller's watches of
 /// unlabelled objects and the Lease watch went through it, and at 10,000 Stacks were cut every 30 s,
@@ -168,4 +200,67 @@ async fn a_fleet_replica_watches_only_through_its_watch_client_and_reopens_nothi
     assert!(reopened.is_empty(), "watches reopened at rest: {reopened:?}");
     shutdown.cancel();
     running.wait().await;
+}
+
+/// The selectors of the collection requests in `seen` from index `from`, decoded (`pulumi.com/shard in (2)`).
+fn selectors(seen: &Seen, from: usize) -> Vec<String> {
+    let decode = |q: &str| q.replace("%2F", "/").replace("%28", "(").replace("%29", ")").replace("%2C", ",").replace("%3D", "=").replace("%21", "!").replace('+', " ");
+    seen.lock().unwrap().iter().skip(from).filter(|(m, _, _)| m == "GET").filter_map(|(_, _, q)| q.split('&').find_map(|p| p.strip_prefix("labelSelector=")).map(decode)).collect()
+}
+
+/// A sharded informer follows the held shards without stopping the watch of the shards it keeps: a
+/// gain lists only the gained shards' objects (a takeover at 10,000 Stacks re-listed everything held,
+/// twice, and every operation of the survivors halted ~30 s meanwhile), changes of the kept shards go
+/// on arriving, and a loss drops the lost shards' objects from the store without any request.
+#[tokio::test]
+async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
+    use pko_api::constants::SHARD_LABEL;
+    use pko_operator::informer::{HeldShards, Informer, list_config};
+    let (_client, ns, _env) = setup("groups").await;
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let config = testbed().config().await.unwrap();
+    let watch_client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+            record.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+            req
+        }))
+        .build();
+    for (name, shard) in [("a", 1), ("b", 2)] {
+        create(
+            &ns.api::<Stack>(),
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": {SHARD_LABEL: shard.to_string()}}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
+        )
+        .await;
+    }
+    let held = |v: &[u32]| HeldShards { shards: v.iter().copied().collect(), total: 16 };
+    let (tx, rx) = tokio::sync::watch::channel(held(&[1]));
+    let informer = Informer::<Stack>::new(&watch_client, &scoped(ns.name()), list_config()).with_held_shards(rx);
+    let store = informer.store();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(informer.run(shutdown.clone()));
+    let names = || {
+        let mut v: Vec<String> = store.state().iter().map(|s| kube::ResourceExt::name_any(&**s)).collect();
+        v.sort();
+        v
+    };
+    eventually("shard 1's Stack is stored", 20, || async { names() == ["a"] }).await;
+    assert_eq!(selectors(&seen, 0), ["pulumi.com/shard in (1)"; 2], "one list and one watch of shard 1");
+
+    let mark = seen.lock().unwrap().len();
+    tx.send_replace(held(&[1, 2]));
+    eventually("shard 2's Stack is stored too", 20, || async { names() == ["a", "b"] }).await;
+    assert_eq!(selectors(&seen, mark), ["pulumi.com/shard in (2)"; 2], "only the gained shard is listed and watched");
+    let stacks = ns.api::<Stack>();
+    stacks.patch("a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"seen": "yes"}}}))).await.unwrap();
+    eventually("a change of shard 1 still arrives", 20, || async { store.state().iter().any(|s| kube::ResourceExt::annotations(&**s).contains_key("seen")) }).await;
+
+    let mark = seen.lock().unwrap().len();
+    tx.send_replace(held(&[1]));
+    eventually("shard 2's Stack leaves the store", 20, || async { names() == ["a"] }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(selectors(&seen, mark), Vec::<String>::new(), "a loss sends no list or watch");
+    shutdown.cancel();
+    let _ = run.await;
 }

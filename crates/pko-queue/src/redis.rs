@@ -297,7 +297,8 @@ impl WorkQueue for RedisQueue {
         Box::pin(async move {
             loop {
                 let (job, queued_at) = self.local.take().await;
-                match self.claim(&job).await {
+                // boxed: a pop waiting for a job keeps no room for the claim's Redis call
+                match Box::pin(self.claim(&job)).await {
                     Ok(Some(waited)) => return Claimed { job, waited },
                     Ok(None) => {
                         tracing::info!(job = %job.key, epoch = job.epoch, "job fenced: its shard has a newer holder");

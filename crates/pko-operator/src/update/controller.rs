@@ -129,7 +129,9 @@ impl UpdateController {
             let job = claimed.job;
             metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.record_queue();
-            match self.drive(&job, claimed.waited, popped).await {
+            // boxed: an idle worker waiting in `pop` keeps no room for an operation's state (tens of
+            // KiB each, times --max-operations workers)
+            match Box::pin(self.drive(&job, claimed.waited, popped)).await {
                 // its class is full: offer it again shortly (never hold a worker waiting for a slot)
                 Drive::Deferred => self.queue.retry_after(job, Duration::from_secs(1)),
                 // handed over: its agent stopped it cleanly (SIGTERM → Ctrl-C); another one runs it
