@@ -111,7 +111,8 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     assert!(at_rest <= 3 * 6, "{at_rest} writes in 10 s");
     assert!(split(&[&a, &b, &c]), "nothing moved at rest");
 
-    // graceful stop of c: a and b hold everything within 5 s, each moved shard at a higher epoch
+    // graceful stop of c: a and b hold everything within 5 s, each moved shard exactly one epoch
+    // later (taken once; a second write by the taker would bump it again)
     let epochs_before: BTreeMap<u32, i64> = holders(&[&c]).into_iter().map(|(k, v)| (k, v[0].1)).collect();
     let t = Instant::now();
     c.stop.cancel();
@@ -122,7 +123,7 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     assert!(handoff <= Duration::from_secs(5), "handoff took {handoff:?}");
     let now = holders(&[&a, &b]);
     for (k, e) in &epochs_before {
-        assert!(now[k][0].1 > *e, "shard {k}: epoch {} after {e}", now[k][0].1);
+        assert_eq!(now[k][0].1, e + 1, "shard {k}: epoch {} after {e}", now[k][0].1);
     }
 
     // crash of b (its task dies without releasing anything): a holds everything once b's lease expired
@@ -156,7 +157,8 @@ impl Backlog for Marked {
 
 /// A crashed replica's shards with work (as the backlog says) are taken, and their Leases written,
 /// before any of its other shards: the Leases' `acquireTime` (written by the taker) of the marked
-/// shards all precede those of the rest.
+/// shards all precede those of the rest. Each is taken once: its epoch is exactly one above the
+/// crashed holder's.
 #[tokio::test]
 async fn a_takeover_takes_the_shards_with_work_first() {
     let bed = testbed();
@@ -167,7 +169,8 @@ async fn a_takeover_takes_the_shards_with_work_first() {
     let a = start_with(&client, &ns, "a", Some(marked.clone())).await;
     let b = start(&client, &ns, "b").await;
     eventually("a and b split the shards", 60, || async { split(&[&a, &b]) }).await;
-    let of_b: Vec<u32> = holders(&[&b]).into_keys().collect();
+    let epochs_of_b: BTreeMap<u32, i64> = holders(&[&b]).into_iter().map(|(k, v)| (k, v[0].1)).collect();
+    let of_b: Vec<u32> = epochs_of_b.keys().copied().collect();
     assert!(of_b.len() >= 8, "b holds its share: {of_b:?}");
     // three of b's shards, not the lowest numbers (shard order alone would not put them first)
     let with_work: std::collections::BTreeSet<u32> = of_b.iter().rev().take(3).copied().collect();
@@ -183,6 +186,8 @@ async fn a_takeover_takes_the_shards_with_work_first() {
         if of_b.contains(&k) {
             let spec = l.spec.unwrap_or_default();
             assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+            // taken once: exactly one transition after b's
+            assert_eq!(i64::from(spec.lease_transitions.unwrap_or(0)), epochs_of_b[&k] + 1, "shard {k}'s epoch after the takeover");
             acquired.insert(k, spec.acquire_time.expect("acquireTime written by the taker").0);
         }
     }

@@ -373,12 +373,11 @@ impl Groups {
             self.groups.remove(&id);
             steps.push(Regroup::Unwatch(id));
         }
-        if gained.is_empty() && !self.too_wide(held) {
+        if gained.is_empty() && !self.too_wide(held, 0) {
             return steps;
         }
         let groups_after = self.groups.len() + usize::from(!gained.is_empty());
-        let watched_after: usize = self.groups.values().map(|(w, _)| w.len()).sum::<usize>() + gained.len();
-        if groups_after > MAX_WATCH_GROUPS || watched_after > 2 * held.len().max(1) {
+        if groups_after > MAX_WATCH_GROUPS || self.too_wide(held, gained.len()) {
             let replaces: Vec<u64> = std::mem::take(&mut self.groups).into_keys().collect();
             let group = self.next_id();
             self.groups.insert(group, (held.clone(), held.clone()));
@@ -389,9 +388,10 @@ impl Groups {
         steps
     }
 
-    /// Whether the groups' selectors cover more than twice the held shards.
-    fn too_wide(&self, held: &BTreeSet<u32>) -> bool {
-        self.groups.values().map(|(w, _)| w.len()).sum::<usize>() > 2 * held.len().max(1)
+    /// Whether the groups' selectors, and a group for `adding` more shards, cover more than twice
+    /// the held shards.
+    fn too_wide(&self, held: &BTreeSet<u32>, adding: usize) -> bool {
+        self.groups.values().map(|(w, _)| w.len()).sum::<usize>() + adding > 2 * held.len().max(1)
     }
 
     fn open(&mut self, shards: BTreeSet<u32>) -> Regroup {
@@ -438,6 +438,11 @@ pub fn prune<K: kube::Resource>(object: &mut K) {
 enum Step<K> {
     Store(watcher::Event<K>),
     Notify(Change<K>),
+}
+
+/// The two steps of an object leaving the store: its delete, then the `Deleted` change handed on.
+fn deleted<K: Clone>(o: K) -> [Step<K>; 2] {
+    [Step::Store(watcher::Event::Delete(o.clone())), Step::Notify(Change::Deleted(o))]
 }
 
 /// Merges the watch events of several sources (disjoint: one namespace each, or the cluster, per watch
@@ -503,9 +508,7 @@ impl<K: Watched> Merge<K> {
         let mut steps = Vec::new();
         if let Some(gone) = self.sources.remove(&src) {
             for o in gone.known.iter().filter_map(lookup) {
-                let o = (*o).clone();
-                steps.push(Step::Store(watcher::Event::Delete(o.clone())));
-                steps.push(Step::Notify(Change::Deleted(o)));
+                steps.extend(deleted((*o).clone()));
             }
         }
         self.unlisted.remove(&src);
@@ -539,9 +542,7 @@ impl<K: Watched> Merge<K> {
                 if !gone(&o) {
                     return true;
                 }
-                let o = (*o).clone();
-                steps.push(Step::Store(watcher::Event::Delete(o.clone())));
-                steps.push(Step::Notify(Change::Deleted(o)));
+                steps.extend(deleted((*o).clone()));
                 false
             });
         }
@@ -579,7 +580,7 @@ impl<K: Watched> Merge<K> {
             }
             watcher::Event::Delete(o) => {
                 state.known.remove(&ObjectRef::from_obj(&o));
-                vec![Step::Store(watcher::Event::Delete(o.clone())), Step::Notify(Change::Deleted(o))]
+                deleted(o).into()
             }
             watcher::Event::Init => {
                 state.listing = Some(HashSet::new());
@@ -602,9 +603,7 @@ impl<K: Watched> Merge<K> {
                 state.known = listed;
                 let mut steps = Vec::new();
                 for o in gone.iter().filter_map(lookup) {
-                    let o = (*o).clone();
-                    steps.push(Step::Store(watcher::Event::Delete(o.clone())));
-                    steps.push(Step::Notify(Change::Deleted(o)));
+                    steps.extend(deleted((*o).clone()));
                 }
                 self.unlisted.remove(&source);
                 steps.extend(self.ready_if_listed(all));

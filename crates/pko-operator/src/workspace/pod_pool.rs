@@ -179,27 +179,36 @@ pub struct PodPools {
     tokens: AgentTokens,
     ownership: Arc<dyn Ownership>,
     pools: Mutex<HashMap<String, PodPool>>,
+    identities: super::pool::IdentityChecks,
 }
 
 impl PodPools {
     /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and
     /// maintained by this replica where `ownership` says it holds the pool's shard.
     pub fn new(client: kube::Client, cfg: PoolConfig, pod: PodRuntimeConfig, tokens: AgentTokens, ownership: Arc<dyn Ownership>) -> Arc<Self> {
-        Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default() })
+        Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default(), identities: Default::default() })
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodPool>> {
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the pods of `ws`'s class can be created: its service account exists.
+    /// Whether the pods of `ws`'s class can be created: its service account exists. A pass stands for
+    /// [`super::pool::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
         let ns = ws.namespace().unwrap_or_default();
         let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
+        let account = format!("{ns}/{sa}");
+        if self.identities.fresh(&account, Instant::now()) {
+            return Ok(());
+        }
         match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
-            Ok(Some(_)) => Ok(()),
+            Ok(Some(_)) => {
+                self.identities.passed(&account, Instant::now());
+                Ok(())
+            }
             Ok(None) => Err(PodPoolError::ServiceAccount(format!("{ns}/{sa}"))),
             Err(source) => Err(PodPoolError::Api { pool: format!("{ns}/{}", pool_name(&pool_class(ws))), source }),
         }

@@ -30,6 +30,30 @@ use pko_proto::v1::{AttachRequest, StatusRequest, status_response::State};
 use super::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
 use crate::update::limits::workspace_class;
 
+/// How long a successful identity check of a service account stands for the Workspaces that use it
+/// (seconds): the check is a TokenRequest (local pools) or a read of the account (pods), and every
+/// Workspace reconcile asks it, so 1,000 Stacks of one namespace would otherwise cost 1,000 API calls
+/// a pass. A failed check is never kept: the next reconcile asks again.
+pub const IDENTITY_CHECK_TTL: Duration = Duration::from_secs(60);
+
+/// The service accounts (`namespace/name`) whose identity check passed lately, and when.
+#[derive(Debug, Default)]
+pub struct IdentityChecks(Mutex<HashMap<String, Instant>>);
+
+impl IdentityChecks {
+    /// Whether `account` passed a check less than [`IDENTITY_CHECK_TTL`] before `now`.
+    pub fn fresh(&self, account: &str, now: Instant) -> bool {
+        let mut passed = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        passed.retain(|_, at| now.duration_since(*at) < IDENTITY_CHECK_TTL);
+        passed.contains_key(account)
+    }
+
+    /// Records that `account` passed a check at `now`.
+    pub fn passed(&self, account: &str, now: Instant) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(account.to_string(), now);
+    }
+}
+
 /// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,
 /// `--pool-idle-timeout-seconds`).
 #[derive(Debug, Clone)]
@@ -270,13 +294,14 @@ pub struct LocalPools {
     replica: String,
     cfg: PoolConfig,
     pools: Mutex<HashMap<String, Pool>>,
+    identities: IdentityChecks,
 }
 
 impl LocalPools {
     /// Pools of agents started with `runtime` (binary, work root, environment), recorded under
     /// `<work root>/pools/…/<replica>/`.
     pub fn new(runtime: LocalRuntime, client: kube::Client, replica: String, cfg: PoolConfig) -> Arc<Self> {
-        Arc::new(Self { runtime, client, replica, cfg, pools: Mutex::default() })
+        Arc::new(Self { runtime, client, replica, cfg, pools: Mutex::default(), identities: IdentityChecks::default() })
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
@@ -284,12 +309,20 @@ impl LocalPools {
     }
 
     /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
-    /// Workspace is not Ready otherwise, and says why, as with an agent of its own).
+    /// Workspace is not Ready otherwise, and says why, as with an agent of its own). A pass stands for
+    /// [`IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`LocalError::Token`] naming the service account's problem.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), LocalError> {
+        let ns = ws.namespace().unwrap_or_default();
         let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
-        super::local::token_request(&self.client, &ws.namespace().unwrap_or_default(), &sa).await.map(|_| ())
+        let account = format!("{ns}/{sa}");
+        if self.identities.fresh(&account, Instant::now()) {
+            return Ok(());
+        }
+        super::local::token_request(&self.client, &ns, &sa).await?;
+        self.identities.passed(&account, Instant::now());
+        Ok(())
     }
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the
@@ -642,6 +675,19 @@ mod tests {
 
     fn view(running: Option<&str>, lent: bool, usable: bool, idle_secs_ago: u64, now: Instant) -> SlotView {
         SlotView { running: running.map(str::to_string), lent, starting: false, usable, idle_since: now - Duration::from_secs(idle_secs_ago) }
+    }
+
+    #[test]
+    fn an_identity_check_stands_for_its_ttl_and_only_for_its_account() {
+        let checks = IdentityChecks::default();
+        let t0 = Instant::now();
+        assert!(!checks.fresh("a/default", t0), "never checked");
+        checks.passed("a/default", t0);
+        assert!(checks.fresh("a/default", t0 + IDENTITY_CHECK_TTL - Duration::from_secs(1)));
+        assert!(!checks.fresh("b/default", t0), "another namespace's account");
+        assert!(!checks.fresh("a/deployer", t0), "another account of the namespace");
+        assert!(!checks.fresh("a/default", t0 + IDENTITY_CHECK_TTL), "expired");
+        assert!(!checks.fresh("a/default", t0), "an expired pass is forgotten, not revived");
     }
 
     #[test]
