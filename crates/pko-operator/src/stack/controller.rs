@@ -26,7 +26,7 @@ use crate::k8s::{self, Severity};
 /// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
 /// ([`super::flux`]). Run the future until shutdown.
 pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
-    let state = Arc::new(super::reconcile::StackController { ctx: ctx.clone(), updates: informers.updates().store() });
+    let state = Arc::new(super::reconcile::StackController { ctx: ctx.clone(), updates: informers.updates().store(), programs: informers.programs().store() });
     let store = informers.stacks().store();
     let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {
@@ -219,7 +219,13 @@ async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &
     })
 }
 
-pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Result<Resolved, kube::Error> {
+/// The source of `stack` at a revision (git resolved with `ls-remote`, a Flux artifact, a Program's
+/// artifact), or why it stalls. A Program is read from the Program informer's cache `programs` when
+/// it is there with an artifact (a newer artifact wakes the Stack again through the Program's watch);
+/// otherwise, as at a start before that cache has listed, from the API server.
+///
+/// Errors: an API read failed.
+pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &Stack, deleting: bool) -> Result<Resolved, kube::Error> {
     let ns = stack.namespace().unwrap_or_default();
     let spec = &stack.spec;
     let cached = stack.status.as_ref().and_then(|s| s.project_info.clone());
@@ -243,8 +249,12 @@ pub(super) async fn resolve(ctx: &Context, stack: &Stack, deleting: bool) -> Res
         return Ok(flux_artifact(artifact.as_ref(), &f.source_ref.kind, &f.source_ref.name, f.dir.clone()));
     }
     if let Some(p) = &spec.program_ref {
-        let program = Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?;
-        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
+        let cached = programs.get(&ObjectRef::new(&p.name).within(&ns)).and_then(|p| p.status.as_ref().and_then(|s| s.artifact.clone()));
+        let artifact = match cached {
+            Some(a) => Some(a),
+            None => Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?.and_then(|p| p.status).and_then(|s| s.artifact),
+        };
+        return Ok(match artifact {
             Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
         });

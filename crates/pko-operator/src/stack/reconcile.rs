@@ -134,8 +134,10 @@ struct Pass {
     stack: Arc<Stack>,
     api: Api<Stack>,
     updates: Api<Update>,
-    /// The Update informer's cache ([`io::in_flight_update`]).
+    /// The Update informer's cache ([`io::in_flight_update`], and an Update still running).
     cached_updates: kube::runtime::reflector::Store<Update>,
+    /// The Program informer's cache ([`io::resolve`]).
+    programs: kube::runtime::reflector::Store<pko_api::Program>,
     ns: String,
     name: String,
     generation: Option<i64>,
@@ -149,7 +151,7 @@ struct Pass {
 }
 
 impl Pass {
-    fn new(ctx: &Context, cached_updates: kube::runtime::reflector::Store<Update>, api: Api<Stack>, stack: Arc<Stack>) -> Self {
+    fn new(ctx: &Context, state: &StackController, api: Api<Stack>, stack: Arc<Stack>) -> Self {
         let (ns, name) = (stack.namespace().unwrap_or_default(), stack.name_any());
         let generation = stack.meta().generation;
         let request = stack.annotations().get(RECONCILE_REQUEST_ANNOTATION).cloned();
@@ -160,7 +162,8 @@ impl Pass {
         Pass {
             ownership: ctx.ownership.clone(),
             updates: Api::namespaced(ctx.client.clone(), &ns),
-            cached_updates,
+            cached_updates: state.updates.clone(),
+            programs: state.programs.clone(),
             deleting: stack.meta().deletion_timestamp.is_some(),
             written: stack.status.clone(),
             api,
@@ -255,6 +258,9 @@ pub struct StackController {
     pub ctx: Arc<Context>,
     /// The Update informer's cache (the Updates of the shards this replica holds).
     pub updates: kube::runtime::reflector::Store<Update>,
+    /// The Program informer's cache (every Program of the watched namespaces), which a pass reads a
+    /// `programRef`'s artifact from ([`io::resolve`]).
+    pub programs: kube::runtime::reflector::Store<pko_api::Program>,
 }
 
 /// One reconcile of a Stack: ownership, dereference, the steps, one status write, the effects.
@@ -279,7 +285,7 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
         io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
         return Ok(Action::await_change());
     }
-    let mut pass = Pass::new(ctx, state.updates.clone(), api, Arc::new(stack));
+    let mut pass = Pass::new(ctx, &state, api, Arc::new(stack));
     let exit = match steps(ctx, &mut pass).await? {
         ControlFlow::Break(exit) => exit,
         ControlFlow::Continue(()) => Exit::Done(Action::await_change()),
@@ -326,10 +332,26 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
     }
 }
 
+/// Whether a cached Update is an operation (not a drift check) still running: what a pass may wait on
+/// without reading it fresh. Pure.
+fn still_running(u: &Update) -> bool {
+    !u.is_complete() && !drift::is_check(u)
+}
+
 /// Step 2: the current Update — wait while it runs, absorb it once complete, forget it when gone.
 async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     let Some(cur) = p.status.current_update.clone() else { return Ok(ControlFlow::Continue(())) };
-    let Some(u) = p.updates.get_opt(cur.name.as_deref().unwrap_or_default()).await.map_err(Error::CurrentUpdate)? else {
+    let name = cur.name.as_deref().unwrap_or_default();
+    // an Update the cache shows still running: wait with no read (its completion wakes this Stack
+    // once the cache has it); one complete, not cached (just created, a shard just gained) or a drift
+    // check: read fresh, since absorbing it writes the Stack's status and the Update's finalizers
+    if let Some(u) = p.cached_updates.get(&kube::runtime::reflector::ObjectRef::new(name).within(&p.ns))
+        && still_running(&u)
+    {
+        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
+        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
+    }
+    let Some(u) = p.updates.get_opt(name).await.map_err(Error::CurrentUpdate)? else {
         p.status.current_update = None;
         return Ok(ControlFlow::Continue(()));
     };
@@ -419,7 +441,7 @@ async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
 
 /// Step 4: the source at a revision, and a valid spec.
 async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
-    let source = match io::resolve(ctx, &p.stack, p.deleting).await.map_err(Error::Source)? {
+    let source = match io::resolve(ctx, &p.programs, &p.stack, p.deleting).await.map_err(Error::Source)? {
         Resolved::Source(s) => s,
         Resolved::Stalled(reason, msg) => {
             p.stalled(reason, &msg);
@@ -647,5 +669,31 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
             p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, msg);
             Ok(Exit::Retry(Error::Update(e)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_api::constants::update_condition as uc;
+    use pko_api::update::UpdateStatus;
+
+    fn update(update_type: UpdateType, preview_only: bool, complete: bool) -> Update {
+        let mut u = Update::new("u", Default::default());
+        u.spec.update_type = Some(update_type);
+        u.spec.preview_only = Some(preview_only);
+        let mut conds = Vec::new();
+        let at = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap_or_default());
+        pko_api::conditions::set(&mut conds, uc::COMPLETE, if complete { "True" } else { "False" }, uc::UPDATED, "", None, &at);
+        u.status = Some(UpdateStatus { conditions: Some(conds), ..Default::default() });
+        u
+    }
+
+    #[test]
+    fn only_a_running_operation_is_waited_on_from_the_cache() {
+        assert!(still_running(&update(UpdateType::Up, false, false)), "an up in progress");
+        assert!(!still_running(&update(UpdateType::Up, false, true)), "complete: read fresh before it is absorbed");
+        assert!(!still_running(&update(UpdateType::Refresh, true, false)), "a drift check goes its own way");
+        assert!(still_running(&Update::new("u", Default::default())), "no status yet: not started, not complete");
     }
 }
