@@ -254,6 +254,12 @@ if [ -n "${BARE_S:-}" ]; then
   printf 'fleet_vs_bare: fleet %d s (apply → all Ready, %d replica(s)) / bare loop %.1f s (%d at once) = %.3f\n' "$READY_S" "$REPLICAS" "$BARE_S" "$BARE_C" "$(echo "$READY_S / $BARE_S" | bc -l)"
 fi
 [ -n "${FAILOVER_S:-}" ] && echo "failover mid-run: the SIGKILLed replica's shards were held by the survivors after ${FAILOVER_S} s"
+# the timeline from the objects (created, labelled, queued, Ready per 5 s): tells a stall of the apply
+# from one of the labeller or of the operators
+mkdir -p "${REPORT_DIR:-$RUN/report}"
+kubectl -n $NS get stacks -o json > "$RUN/stacks.json" && kubectl -n $NS get updates -o json > "$RUN/updates.json" \
+  && python3 "$ROOT/loadtest/timeline.py" "$RUN/stacks.json" "$RUN/updates.json" "$T0" 5 > "${REPORT_DIR:-$RUN/report}/timeline.tsv" || echo "timeline: not written"
+[ -n "${KILLED_AT:-}" ] && echo "timeline: SIGKILL at t=$(echo "$KILLED_AT - $T0" | bc | cut -d. -f1) s"
 TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
 EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
 [ -n "${KILLED_AT:-}" ] && EVENTS+=("$KILLED_AT:SIGKILL replica $((REPLICAS - 1))")
