@@ -40,6 +40,8 @@ pub struct UpdateController {
     pools: Option<AgentPools>,
     /// Namespaces whose queue depth was last published (to set a drained one to 0).
     depth_shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The Workspace informer's cache, set by [`Self::run`] ([`Self::workspace`]).
+    workspaces: Option<kube::runtime::reflector::Store<Workspace>>,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -57,6 +59,13 @@ enum Drive {
     Deferred,
     /// Its agent is shutting down (`INTERRUPTED`): to be run again at once, on another agent.
     Again,
+}
+
+/// Whether an operation can run on Workspace `w`: pooled (`pooled`), a Ready Workspace is enough (its
+/// agent is lent per operation) — or one Stalled by an earlier operation, which this one may mend;
+/// else its own agent's address must be known. Pure.
+fn workspace_usable(w: &Workspace, pooled: bool) -> bool {
+    if pooled { w.runnable() } else { w.status.as_ref().and_then(|s| s.address.as_ref()).is_some() }
 }
 
 /// An Update reconcile fails only on the API (step `api`).
@@ -83,7 +92,7 @@ impl UpdateController {
 
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
-        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None, pools: None, depth_shown: Default::default() }
+        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), tokens: None, pools: None, depth_shown: Default::default(), workspaces: None }
     }
 
     /// Authenticates to agents with tokens of a service account, one per Workspace audience
@@ -108,7 +117,8 @@ impl UpdateController {
 
     /// The controller and its workers, watching Updates through `informers`: run the future until
     /// shutdown.
-    pub fn run(self, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
+    pub fn run(mut self, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.workspaces = Some(informers.workspaces().store());
         let updates = informers.updates();
         let controller = Controller::for_stream(updates.objects(), updates.store());
         let this = Arc::new(self);
@@ -119,6 +129,20 @@ impl UpdateController {
                 w.abort();
             }
         }
+    }
+
+    /// The Workspace `ns/name` an operation runs on: from the Workspace cache when it is there and
+    /// ready for one ([`workspace_usable`]; its spec changes only with its Stack's, which makes a new
+    /// Update), else read from the API server (not cached yet, or not ready as cached: a newer version
+    /// may be). `None`: there is none.
+    ///
+    /// Errors: the read failed.
+    async fn workspace(&self, ns: &str, name: &str) -> Result<Option<Workspace>, kube::Error> {
+        let cached = self.workspaces.as_ref().and_then(|s| s.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)));
+        if let Some(w) = cached.filter(|w| workspace_usable(w, self.pools.is_some())) {
+            return Ok(Some((*w).clone()));
+        }
+        Api::<Workspace>::namespaced(self.ctx.client.clone(), ns).get_opt(name).await
     }
 
     /// Pops jobs and drives their operations, one at a time.
@@ -187,7 +211,7 @@ impl UpdateController {
             return Drive::Done;
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
-        let Ok(Some(workspace)) = Api::<Workspace>::namespaced(self.ctx.client.clone(), &job.namespace).get_opt(&ws_name).await else { return Drive::Done };
+        let Ok(Some(workspace)) = self.workspace(&job.namespace, &ws_name).await else { return Drive::Done };
         let class = workspace_class(&workspace);
         let Some(_permit) = self.class_limits.try_acquire(&class) else {
             tracing::debug!(update = %job.name, %class, "workspace class at its operation limit; deferred");
@@ -323,14 +347,8 @@ impl UpdateController {
             return self.expire(&api, &update).await;
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
-        let workspace = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns).get_opt(&ws_name).await?;
-        // pooled: a Ready Workspace is enough (its agent is lent per operation) — or one Stalled by an
-        // earlier operation, which this one may mend; else its own agent's address
-        let ready = match (&workspace, &self.pools) {
-            (Some(w), Some(_)) => w.runnable(),
-            (Some(w), None) => w.status.as_ref().and_then(|s| s.address.as_ref()).is_some(),
-            (None, _) => false,
-        };
+        let workspace = self.workspace(&ns, &ws_name).await?;
+        let ready = workspace.as_ref().is_some_and(|w| workspace_usable(w, self.pools.is_some()));
         if !ready {
             let (reason, message) = match workspace {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
@@ -397,5 +415,30 @@ impl UpdateController {
             return Ok(Action::await_change());
         }
         Ok(Action::requeue(ttl - age))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_api::constants::workspace_condition as wc;
+    use pko_api::workspace::WorkspaceStatus;
+
+    fn workspace(ready: &str, address: Option<&str>) -> Workspace {
+        let mut w = Workspace::new("w", Default::default());
+        let mut conds = Vec::new();
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap_or_default());
+        pko_api::conditions::set(&mut conds, wc::READY, ready, wc::SUCCEEDED, "", None, &at);
+        w.status = Some(WorkspaceStatus { conditions: Some(conds), address: address.map(str::to_string), ..Default::default() });
+        w
+    }
+
+    #[test]
+    fn a_pooled_operation_needs_a_ready_workspace_and_an_own_agent_its_address() {
+        assert!(workspace_usable(&workspace("True", None), true));
+        assert!(!workspace_usable(&workspace("False", None), true), "not Ready: read fresh, then wait");
+        assert!(!workspace_usable(&workspace("True", None), false), "its own agent has no address yet");
+        assert!(workspace_usable(&workspace("False", Some("10.0.0.1:50051")), false));
+        assert!(!workspace_usable(&Workspace::new("w", Default::default()), true), "no status yet");
     }
 }
