@@ -18,6 +18,24 @@ where
     Ok(())
 }
 
+/// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable`
+/// says the cached version will do; otherwise read from the API server (not cached yet — just
+/// created, a shard just gained, a cache not listed yet — or a newer version may matter). The
+/// object's later changes must wake the caller's reconcile, so a stale cached version is seen again
+/// once the cache has the newer one. `Ok(None)`: there is no such object.
+///
+/// Errors: the API read failed.
+pub async fn cached_or_get<K>(store: &kube::runtime::reflector::Store<K>, api: &Api<K>, name: &str, usable: impl Fn(&K) -> bool) -> Result<Option<K>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let key = kube::runtime::reflector::ObjectRef::new(name).within(api.namespace().unwrap_or_default());
+    if let Some(cached) = store.get(&key).filter(|o| usable(o)) {
+        return Ok(Some((*cached).clone()));
+    }
+    api.get_opt(name).await
+}
+
 /// Whether an event reports normal operation or a problem (Kubernetes `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {

@@ -249,12 +249,9 @@ pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &St
         return Ok(flux_artifact(artifact.as_ref(), &f.source_ref.kind, &f.source_ref.name, f.dir.clone()));
     }
     if let Some(p) = &spec.program_ref {
-        let cached = programs.get(&ObjectRef::new(&p.name).within(&ns)).and_then(|p| p.status.as_ref().and_then(|s| s.artifact.clone()));
-        let artifact = match cached {
-            Some(a) => Some(a),
-            None => Api::<Program>::namespaced(ctx.client.clone(), &ns).get_opt(&p.name).await?.and_then(|p| p.status).and_then(|s| s.artifact),
-        };
-        return Ok(match artifact {
+        let has_artifact = |p: &Program| p.status.as_ref().is_some_and(|s| s.artifact.is_some());
+        let program = k8s::cached_or_get(programs, &Api::namespaced(ctx.client.clone(), &ns), &p.name, has_artifact).await?;
+        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
             Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
         });

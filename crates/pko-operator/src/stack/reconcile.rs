@@ -341,17 +341,11 @@ fn still_running(u: &Update) -> bool {
 /// Step 2: the current Update — wait while it runs, absorb it once complete, forget it when gone.
 async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     let Some(cur) = p.status.current_update.clone() else { return Ok(ControlFlow::Continue(())) };
+    // an Update the cache shows still running is waited on as cached (its completion wakes this Stack
+    // once the cache has it); one complete or a drift check is read fresh, since absorbing it writes
+    // the Stack's status and the Update's finalizers
     let name = cur.name.as_deref().unwrap_or_default();
-    // an Update the cache shows still running: wait with no read (its completion wakes this Stack
-    // once the cache has it); one complete, not cached (just created, a shard just gained) or a drift
-    // check: read fresh, since absorbing it writes the Stack's status and the Update's finalizers
-    if let Some(u) = p.cached_updates.get(&kube::runtime::reflector::ObjectRef::new(name).within(&p.ns))
-        && still_running(&u)
-    {
-        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
-        return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
-    }
-    let Some(u) = p.updates.get_opt(name).await.map_err(Error::CurrentUpdate)? else {
+    let Some(u) = k8s::cached_or_get(&p.cached_updates, &p.updates, name, still_running).await.map_err(Error::CurrentUpdate)? else {
         p.status.current_update = None;
         return Ok(ControlFlow::Continue(()));
     };

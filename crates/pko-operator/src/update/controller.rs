@@ -138,11 +138,11 @@ impl UpdateController {
     ///
     /// Errors: the read failed.
     async fn workspace(&self, ns: &str, name: &str) -> Result<Option<Workspace>, kube::Error> {
-        let cached = self.workspaces.as_ref().and_then(|s| s.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)));
-        if let Some(w) = cached.filter(|w| workspace_usable(w, self.pools.is_some())) {
-            return Ok(Some((*w).clone()));
+        let api = Api::<Workspace>::namespaced(self.ctx.client.clone(), ns);
+        match &self.workspaces {
+            Some(store) => crate::k8s::cached_or_get(store, &api, name, |w| workspace_usable(w, self.pools.is_some())).await,
+            None => api.get_opt(name).await,
         }
-        Api::<Workspace>::namespaced(self.ctx.client.clone(), ns).get_opt(name).await
     }
 
     /// Pops jobs and drives their operations, one at a time.
