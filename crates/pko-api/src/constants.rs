@@ -37,6 +37,10 @@ pub const WORKSPACE_NAME_LABEL: &str = "auto.pulumi.com/workspace-name";
 /// Label carrying the virtual shard of a Stack and of everything made for it (our fleet's; see
 /// [`crate::shard`]).
 pub const SHARD_LABEL: &str = "pulumi.com/shard";
+/// Label carrying the number of virtual shards [`SHARD_LABEL`] was computed for (ours: the fleet's
+/// `--shards`, decimal). The labeller rewrites both labels of an object whose count is not the
+/// fleet's, so a change of `--shards` moves every object to its new shard.
+pub const SHARDS_LABEL: &str = "pulumi.com/shards";
 /// Label carrying the Update name on its outputs Secret.
 pub const UPDATE_NAME_LABEL: &str = "auto.pulumi.com/update-name";
 

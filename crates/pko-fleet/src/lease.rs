@@ -26,6 +26,11 @@ pub const FLEET_LABEL: &str = "pulumi.com/fleet";
 pub const KIND_LABEL: &str = "pulumi.com/lease";
 /// Label of a shard Lease naming its shard (the same label the sharded objects carry).
 pub const SHARD_LABEL: &str = "pulumi.com/shard";
+/// Annotation of a membership Lease: the number of virtual shards its replica runs with (`--shards`,
+/// decimal). Replicas of one fleet must agree on it; a member whose count differs from the one that
+/// prevails holds nothing ([`crate::membership::standing`]). A membership Lease without it (written by
+/// a replica older than the annotation) is taken to agree with everyone.
+pub const SHARDS_ANNOTATION: &str = "pulumi.com/shards";
 
 /// Name of the membership Lease of `replica` in `fleet`.
 pub fn member_name(fleet: &str, replica: &str) -> String {
@@ -67,13 +72,26 @@ impl LeaseKind {
     }
 }
 
-/// Strips `lease` down to what the fleet decides and writes from: name, namespace, resourceVersion
-/// and spec. The membership caches every Lease of the fleet (2,048 shard Leases by default); labels,
-/// uid, timestamps and managedFields would triple that cache. Writes from a stripped Lease are
-/// guarded merge patches of the spec ([`replace`]), which leave the rest of the object as stored.
+/// Strips `lease` down to what the fleet decides and writes from: name, namespace, resourceVersion,
+/// spec and the [`SHARDS_ANNOTATION`] a membership Lease announces. The membership caches every Lease
+/// of the fleet (2,048 shard Leases by default); labels, uid, timestamps and managedFields would triple
+/// that cache. Writes from a stripped Lease are guarded merge patches of the spec ([`replace`]), which
+/// leave the rest of the object as stored.
 pub fn slim(lease: &mut Lease) {
     let meta = std::mem::take(&mut lease.metadata);
-    lease.metadata = ObjectMeta { name: meta.name, namespace: meta.namespace, resource_version: meta.resource_version, ..Default::default() };
+    let annotations = meta.annotations.and_then(|mut a| a.remove_entry(SHARDS_ANNOTATION)).map(|(k, v)| BTreeMap::from([(k, v)]));
+    lease.metadata = ObjectMeta { name: meta.name, namespace: meta.namespace, resource_version: meta.resource_version, annotations, ..Default::default() };
+}
+
+/// The shard count a membership Lease announces ([`SHARDS_ANNOTATION`]); `None` when it announces none
+/// or one that is not a positive number.
+pub fn announced_shards(lease: &Lease) -> Option<u32> {
+    lease.metadata.annotations.as_ref()?.get(SHARDS_ANNOTATION)?.parse().ok().filter(|n: &u32| *n > 0)
+}
+
+/// The annotations of a membership Lease announcing `shards` ([`SHARDS_ANNOTATION`]).
+pub fn announcing(shards: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([(SHARDS_ANNOTATION.to_string(), shards.to_string())])
 }
 
 /// The holder of `lease`, if any.
@@ -126,13 +144,24 @@ fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Wri
 ///
 /// Errors: a spec that does not serialize (none does).
 pub fn spec_patch(resource_version: &str, from: &LeaseSpec, to: &LeaseSpec) -> Result<serde_json::Value, serde_json::Error> {
+    spec_patch_announcing(resource_version, from, to, &BTreeMap::new())
+}
+
+/// [`spec_patch`], also setting `annotations` (merged into those stored; empty: none named).
+///
+/// Errors: a spec that does not serialize (none does).
+pub fn spec_patch_announcing(resource_version: &str, from: &LeaseSpec, to: &LeaseSpec, annotations: &BTreeMap<String, String>) -> Result<serde_json::Value, serde_json::Error> {
     type Fields = serde_json::Map<String, serde_json::Value>;
     let mut spec: Fields = serde_json::from_value(serde_json::to_value(to)?)?;
     let before: Fields = serde_json::from_value(serde_json::to_value(from)?)?;
     for field in before.keys() {
         spec.entry(field.clone()).or_insert(serde_json::Value::Null);
     }
-    Ok(serde_json::json!({"metadata": {"resourceVersion": resource_version}, "spec": spec}))
+    let mut metadata = serde_json::json!({"resourceVersion": resource_version});
+    if !annotations.is_empty() {
+        metadata["annotations"] = serde_json::to_value(annotations)?;
+    }
+    Ok(serde_json::json!({"metadata": metadata, "spec": spec}))
 }
 
 fn now() -> MicroTime {
@@ -143,8 +172,22 @@ fn now() -> MicroTime {
 ///
 /// Errors: the API server's, except 409.
 pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, String>, spec: LeaseSpec) -> Result<Written, kube::Error> {
+    create_announcing(api, name, labels, BTreeMap::new(), spec).await
+}
+
+/// [`create`] with `annotations` (a membership Lease's [`announcing`]).
+///
+/// Errors: the API server's, except 409.
+pub async fn create_announcing(
+    api: &Api<Lease>,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    spec: LeaseSpec,
+) -> Result<Written, kube::Error> {
     let kind = if labels.get(KIND_LABEL).map(String::as_str) == Some("member") { "member" } else { "shard" };
-    let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), ..Default::default() }, spec: Some(spec) };
+    let annotations = (!annotations.is_empty()).then_some(annotations);
+    let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), annotations, ..Default::default() }, spec: Some(spec) };
     written(api.create(&PostParams::default(), &lease).await, kind)
 }
 
@@ -156,13 +199,29 @@ pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, Strin
 /// Errors: the API server's, except 409; a Lease read without a name or resourceVersion is refused
 /// as a 422 before anything is sent.
 pub async fn replace(api: &Api<Lease>, read: &Lease, kind: LeaseKind, change: impl FnOnce(&mut LeaseSpec)) -> Result<Written, kube::Error> {
+    replace_announcing(api, read, kind, &BTreeMap::new(), change).await
+}
+
+/// [`replace`], also setting `annotations` where `read` does not show them already (a membership
+/// renewal that announces its shard count: written once, then only when the count changed).
+///
+/// Errors: as [`replace`].
+pub async fn replace_announcing(
+    api: &Api<Lease>,
+    read: &Lease,
+    kind: LeaseKind,
+    annotations: &BTreeMap<String, String>,
+    change: impl FnOnce(&mut LeaseSpec),
+) -> Result<Written, kube::Error> {
     let (Some(name), Some(rv)) = (read.metadata.name.as_deref(), read.metadata.resource_version.as_deref()) else {
         return Err(unguarded());
     };
     let before = read.spec.clone().unwrap_or_default();
     let mut after = before.clone();
     change(&mut after);
-    let patch = spec_patch(rv, &before, &after).map_err(kube::Error::SerdeError)?;
+    let stored = read.metadata.annotations.clone().unwrap_or_default();
+    let missing: BTreeMap<String, String> = annotations.iter().filter(|(k, v)| stored.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let patch = spec_patch_announcing(rv, &before, &after, &missing).map_err(kube::Error::SerdeError)?;
     written(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await, kind.label())
 }
 
@@ -189,8 +248,13 @@ pub fn release(spec: &mut LeaseSpec) {
     spec.holder_identity = None;
 }
 
-/// Makes `spec` a renewal now.
+/// Makes `spec` a renewal now; a membership released or held by another before (a replica starting
+/// again under the same id after a graceful stop) is acquired anew: `acquireTime` is now, so it is
+/// the youngest member, not the eldest ([`crate::membership::standing`]).
 pub fn renew(spec: &mut LeaseSpec, replica: &str, duration_seconds: i32) {
+    if spec.holder_identity.as_deref() != Some(replica) {
+        spec.acquire_time = Some(now());
+    }
     spec.holder_identity = Some(replica.into());
     spec.lease_duration_seconds = Some(duration_seconds);
     spec.renew_time = Some(now());
@@ -232,6 +296,41 @@ mod tests {
         slim(&mut l);
         assert_eq!(l.metadata, ObjectMeta { name: Some("pko-shard-1".into()), namespace: Some("ns".into()), resource_version: Some("42".into()), ..Default::default() });
         assert_eq!(l.spec, spec);
+        // a membership Lease keeps the count it announces, and nothing else of its annotations
+        let mut m = Lease {
+            metadata: ObjectMeta {
+                name: Some("pko-member-a".into()),
+                annotations: Some([("a".to_string(), "b".to_string())].into_iter().chain(announcing(64)).collect()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        slim(&mut m);
+        assert_eq!(m.metadata.annotations, Some(announcing(64)));
+        assert_eq!(announced_shards(&m), Some(64));
+        for bad in ["0", "-1", "x", ""] {
+            m.metadata.annotations = Some([(SHARDS_ANNOTATION.to_string(), bad.to_string())].into());
+            assert_eq!(announced_shards(&m), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_renewal_of_a_membership_released_or_held_by_another_is_a_new_acquisition() {
+        let mut spec = member_spec("a", 15);
+        spec.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        renew(&mut spec, "a", 15);
+        assert_eq!(spec.acquire_time, Some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)), "a renewal keeps the time it was acquired");
+        release(&mut spec);
+        renew(&mut spec, "a", 15);
+        assert!(spec.acquire_time.as_ref().is_some_and(|t| t.0 > k8s_openapi::jiff::Timestamp::UNIX_EPOCH), "acquired anew after a release");
+    }
+
+    #[test]
+    fn a_patch_announcing_names_its_annotations_beside_the_guard() {
+        let spec = member_spec("a", 15);
+        let patch = spec_patch_announcing("7", &spec, &spec, &announcing(32)).expect("a patch");
+        assert_eq!(patch["metadata"], serde_json::json!({"resourceVersion": "7", "annotations": {SHARDS_ANNOTATION: "32"}}));
+        assert_eq!(spec_patch("7", &spec, &spec).expect("a patch")["metadata"], serde_json::json!({"resourceVersion": "7"}));
     }
 
     #[test]

@@ -111,12 +111,18 @@ impl Held {
 pub struct ShardOwnership {
     shards: u32,
     held: watch::Receiver<Arc<Held>>,
+    standing: watch::Receiver<Standing>,
 }
 
 impl ShardOwnership {
     /// Every change of what this replica holds.
     pub fn changes(&self) -> watch::Receiver<Arc<Held>> {
         self.held.clone()
+    }
+
+    /// Whether this replica's shard count prevails in its fleet ([`standing`]), on every change.
+    pub fn standing(&self) -> watch::Receiver<Standing> {
+        self.standing.clone()
     }
 }
 
@@ -165,6 +171,92 @@ impl Liveness {
         live
     }
 }
+
+/// A live member as its membership Lease shows it: the shard count it announces
+/// ([`lease::SHARDS_ANNOTATION`]; `None`: a replica older than the announcement) and since when it is a
+/// member (`acquireTime`; `None`: not known yet, counted as the youngest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveMember {
+    /// The replica's id (`holderIdentity`).
+    pub name: String,
+    /// The shard count it runs with.
+    pub shards: Option<u32>,
+    /// When it became a member.
+    pub since: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// What a replica may do, given the shard counts its fleet's live members announce.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Standing {
+    /// Its count prevails: it takes part in holding shards.
+    #[default]
+    Active,
+    /// Another count prevails: it holds nothing (and releases what it held), so that replicas of two
+    /// counts never hold shards at once; it takes part again once its count prevails.
+    StandingBy {
+        /// The prevailing count.
+        prevailing: u32,
+        /// The eldest live member, which announces it.
+        eldest: String,
+    },
+}
+
+/// Whether `mine` prevails among the live `members` (pure): the count of the eldest member announcing
+/// one prevails (earliest `since`, then the smaller name; an unknown `since` is the youngest). A fleet
+/// whose `--shards` changes by a rolling update keeps its old count until the last replica running it
+/// has gone, then the new one — never both: a replica of the new count starts taking only once no live
+/// member of another count holds a shard ([`holding_another_count`]). Members announcing no count are
+/// taken to agree with everyone.
+pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
+    let key = |m: &&LiveMember| (m.since.is_none(), m.since, m.name.clone());
+    match members.iter().filter(|m| m.shards.is_some()).min_by_key(key) {
+        Some(LiveMember { name, shards: Some(n), .. }) if *n != mine => Standing::StandingBy { prevailing: *n, eldest: name.clone() },
+        _ => Standing::Active,
+    }
+}
+
+/// A live member announcing a count other than `mine` that holds a shard Lease among `leases`, with its
+/// count (pure). While there is one, a replica takes no shard: an object's shard under one count and
+/// under another are different Leases, so holders of two counts could both own it.
+pub fn holding_another_count(mine: u32, members: &[LiveMember], leases: &BTreeMap<u32, Arc<Lease>>) -> Option<(String, u32)> {
+    let others: HashMap<&str, u32> = members.iter().filter_map(|m| m.shards.filter(|n| *n != mine).map(|n| (m.name.as_str(), n))).collect();
+    if others.is_empty() {
+        return None;
+    }
+    leases.values().filter_map(|l| lease::holder(l)).find_map(|h| others.get(h).map(|n| (h.to_string(), *n)))
+}
+
+/// The steps of replica `me` standing by (pure): let go of every shard it holds and release every
+/// Lease still naming it (drop, without a write, a held shard whose Lease names someone else).
+pub fn stand_down(me: &str, leases: &BTreeMap<u32, Arc<Lease>>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
+    let mut steps: Vec<Step> = held.keys().filter(|k| leases.get(k).and_then(|l| lease::holder(l)) != Some(me)).map(|k| Step::Drop(*k)).collect();
+    steps.extend(leases.iter().filter(|(_, l)| lease::holder(l) == Some(me)).map(|(k, _)| Step::Release(*k)));
+    steps
+}
+
+/// The live members among the fleet's membership Leases `members`, named in `live`, as
+/// [`LiveMember`]s; `me` announces `mine` whatever its Lease shows yet (pure).
+pub fn live_members<'a>(me: &str, mine: u32, members: impl IntoIterator<Item = &'a Lease>, live: &BTreeSet<String>) -> Vec<LiveMember> {
+    let mut out: Vec<LiveMember> = members
+        .into_iter()
+        .filter_map(|l| {
+            let name = lease::holder(l).filter(|h| live.contains(*h))?.to_string();
+            let since = l.spec.as_ref().and_then(|s| s.acquire_time.as_ref()).map(|t| t.0);
+            let shards = if name == me { Some(mine) } else { lease::announced_shards(l) };
+            Some(LiveMember { name, shards, since })
+        })
+        .collect();
+    if !out.iter().any(|m| m.name == me) {
+        out.push(LiveMember { name: me.to_string(), shards: Some(mine), since: None });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
+    out
+}
+
+/// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live
+/// member of the fleet runs with another `--shards` that prevails ([`standing`]).
+pub const STANDING_BY: &str = "pko_fleet_standing_by";
 
 /// Whether a watch event of the fleet's Leases is only about membership Leases (a renewal), so that
 /// no shard Lease changed (pure). Re-lists count as changes.
@@ -261,6 +353,7 @@ pub struct Fleet {
     watch_api: Api<Lease>,
     ring: Arc<dyn Ring>,
     held: watch::Sender<Arc<Held>>,
+    standing: watch::Sender<Standing>,
     backlog: Option<Arc<dyn Backlog>>,
 }
 
@@ -297,16 +390,17 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
     let name = lease::member_name(&cfg.fleet, &cfg.replica);
     let secs = cfg.lease_duration.as_secs().max(1) as i32;
     let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
+    let announce = lease::announcing(cfg.shards);
     let written = match current {
-        Some(l) => lease::replace(api, &l, LeaseKind::Member, |s| lease::renew(s, &cfg.replica, secs)).await,
-        None => lease::create(api, &name, labels, lease::member_spec(&cfg.replica, secs)).await,
+        Some(l) => lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs)).await,
+        None => lease::create_announcing(api, &name, labels, announce.clone(), lease::member_spec(&cfg.replica, secs)).await,
     };
     match written {
         Ok(Written::Done(_)) => true,
         Ok(Written::Conflict) => {
             // our cached copy is stale: read it and try once more
             match api.get_opt(&name).await {
-                Ok(Some(l)) => matches!(lease::replace(api, &l, LeaseKind::Member, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
+                Ok(Some(l)) => matches!(lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
                 _ => false,
             }
         }
@@ -391,9 +485,10 @@ impl Fleet {
     /// A member of `cfg.fleet` using `ring`, and the ownership it publishes.
     pub fn new(client: kube::Client, cfg: FleetConfig, ring: Arc<dyn Ring>) -> (Self, ShardOwnership) {
         let (held, rx) = watch::channel(Arc::new(Held::default()));
+        let (standing, standing_rx) = watch::channel(Standing::Active);
         let api = Api::namespaced(client, &cfg.namespace);
-        let ownership = ShardOwnership { shards: cfg.shards, held: rx };
-        (Self { cfg, watch_api: api.clone(), api, ring, held, backlog: None }, ownership)
+        let ownership = ShardOwnership { shards: cfg.shards, held: rx, standing: standing_rx };
+        (Self { cfg, watch_api: api.clone(), api, ring, held, standing, backlog: None }, ownership)
     }
 
     /// Watches the Leases through `client` — one without a read timeout, where the writes' client has
@@ -486,8 +581,10 @@ impl Fleet {
         let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
         // the live members and held shards of the last plan that had no step, while no shard Lease
         // changed since: planning again from them would find no step either
-        let mut settled: Option<(BTreeSet<String>, BTreeMap<u32, i64>)> = None;
+        let mut settled: Option<(Vec<LiveMember>, BTreeMap<u32, i64>)> = None;
         let mut live = BTreeSet::new();
+        // the live member of another shard count whose shards this replica waits for, as last logged
+        let mut waiting_for: Option<(String, u32)> = None;
         // the lapses the current holding was built after
         let mut accepted_lapses = 0;
         loop {
@@ -517,14 +614,20 @@ impl Fleet {
                 let shard_leases_changed = shards_changed.swap(false, Ordering::SeqCst);
                 let leases = store.state();
                 let fleet = self.cfg.fleet.as_str();
-                let members = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l);
-                live = liveness.live(members, Instant::now());
+                let members: Vec<&Lease> = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l).collect();
+                live = liveness.live(members.iter().copied(), Instant::now());
                 live.insert(self.cfg.replica.clone());
-                if ring_cache.as_ref().is_none_or(|(set, _)| *set != live) {
-                    ring_cache = Some((live.clone(), self.ring.assign(self.cfg.shards, &live.iter().cloned().collect::<Vec<_>>())));
+                let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
+                let infos = live_members(me, mine, members, &live);
+                let now_standing = standing(mine, &infos);
+                self.stand(&now_standing);
+                // the ring spans the live members of this replica's count (and those announcing none)
+                let peers: BTreeSet<String> = infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
+                if ring_cache.as_ref().is_none_or(|(set, _)| *set != peers) {
+                    ring_cache = Some((peers.clone(), self.ring.assign(mine, &peers.iter().cloned().collect::<Vec<_>>())));
                 }
                 // the same inputs as the last plan that had nothing to do: nothing to do again
-                let unchanged = settled.as_ref().is_some_and(|(l, s)| *l == live && *s == shards);
+                let unchanged = settled.as_ref().is_some_and(|(l, s)| *l == infos && *s == shards);
                 if shard_leases_changed || !unchanged {
                     let cached: BTreeMap<u32, Arc<Lease>> = leases
                         .iter()
@@ -535,8 +638,25 @@ impl Fleet {
                         .collect();
                     let by_shard = with_own_writes(cached, &mut own);
                     let desired = ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
-                    let steps = plan(&self.cfg.replica, desired, &by_shard, &live, &shards);
-                    settled = steps.is_empty().then(|| (live.clone(), shards.clone()));
+                    let steps = match now_standing {
+                        Standing::StandingBy { .. } => stand_down(me, &by_shard, &shards),
+                        Standing::Active => {
+                            let mut steps = plan(me, desired, &by_shard, &live, &shards);
+                            let blocker = holding_another_count(mine, &infos, &by_shard);
+                            if blocker.is_some() {
+                                // shards of another count are still held: take nothing until released
+                                steps.retain(|s| matches!(s, Step::Release(_) | Step::Drop(_)));
+                            }
+                            if blocker != waiting_for {
+                                if let Some((holder, n)) = &blocker {
+                                    tracing::info!(holder = %holder, holder_shards = n, shards = mine, "a live member of another shard count still holds shards: taking none until it has released them");
+                                }
+                                waiting_for = blocker;
+                            }
+                            steps
+                        }
+                    };
+                    settled = steps.is_empty().then(|| (infos.clone(), shards.clone()));
                     self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses), &mut own).await;
                 }
                 self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
@@ -556,6 +676,33 @@ impl Fleet {
             let _ = lease::replace(&self.api, &l, LeaseKind::Member, lease::release).await;
         }
         watch.abort();
+    }
+
+    /// Publishes `now` as this replica's standing when it changed, with a log line and
+    /// [`STANDING_BY`].
+    fn stand(&self, now: &Standing) {
+        // set on every plan, so that the series exists from the first one on
+        metrics::gauge!(STANDING_BY).set(if matches!(now, Standing::StandingBy { .. }) { 1.0 } else { 0.0 });
+        let changed = self.standing.send_if_modified(|s| {
+            let changed = s != now;
+            if changed {
+                s.clone_from(now);
+            }
+            changed
+        });
+        if !changed {
+            return;
+        }
+        match now {
+            Standing::StandingBy { prevailing, eldest } => tracing::warn!(
+                shards = self.cfg.shards,
+                prevailing,
+                eldest = %eldest,
+                "standing by: the fleet runs with --shards={prevailing} (its eldest live member {eldest}), this replica with --shards={}; holding no shard until every replica of the other count has gone",
+                self.cfg.shards
+            ),
+            Standing::Active => tracing::info!(shards = self.cfg.shards, "this replica's shard count prevails in the fleet: taking part"),
+        }
     }
 
     /// Carries out `steps`: drops and releases first (stop acting, publish, then write), then takes.
@@ -868,6 +1015,72 @@ mod tests {
         let mut spec = LeaseSpec { lease_transitions: Some(4), ..Default::default() };
         lease::take(&mut spec, "me");
         assert_eq!(spec.lease_transitions, Some(5));
+    }
+
+    fn member(name: &str, shards: Option<u32>, since: Option<i64>) -> LiveMember {
+        LiveMember { name: name.into(), shards, since: since.map(|s| k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default()) }
+    }
+
+    #[test]
+    fn the_eldest_live_members_shard_count_prevails() {
+        // one count everywhere
+        assert_eq!(standing(64, &[member("a", Some(64), Some(1)), member("b", Some(64), Some(2))]), Standing::Active);
+        // a rolling update to 128: the new replica is the youngest, the old count prevails
+        let rolling = [member("old-0", Some(64), Some(10)), member("old-1", Some(64), Some(11)), member("new-0", Some(128), Some(20))];
+        assert_eq!(standing(128, &rolling), Standing::StandingBy { prevailing: 64, eldest: "old-0".into() });
+        assert_eq!(standing(64, &rolling), Standing::Active);
+        // the last old replica gone: the new count prevails
+        let done = [member("new-0", Some(128), Some(20)), member("new-1", Some(128), Some(21))];
+        assert_eq!(standing(128, &done), Standing::Active);
+        assert_eq!(standing(64, &done), Standing::StandingBy { prevailing: 128, eldest: "new-0".into() }, "an old replica restarted late");
+        // equal times: the smaller name; an unknown time is the youngest
+        assert_eq!(standing(2, &[member("b", Some(1), Some(5)), member("a", Some(2), Some(5))]), Standing::Active);
+        assert_eq!(standing(2, &[member("a", Some(2), None), member("b", Some(1), Some(9))]), Standing::StandingBy { prevailing: 1, eldest: "b".into() });
+        // a member announcing nothing (an older replica) agrees with everyone
+        assert_eq!(standing(8, &[member("old", None, Some(1)), member("me", Some(8), Some(2))]), Standing::Active);
+        assert_eq!(standing(8, &[]), Standing::Active);
+    }
+
+    #[test]
+    fn no_shard_is_taken_while_a_live_member_of_another_count_holds_one() {
+        let members = [member("old", Some(64), Some(1)), member("me", Some(128), Some(2)), member("quiet", None, Some(3))];
+        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(None)), (2, shard_lease(Some("dead")))].into();
+        assert_eq!(holding_another_count(128, &members, &leases), None, "no Lease names a live member of another count");
+        let mut leases = leases;
+        leases.insert(70, shard_lease(Some("old")));
+        assert_eq!(holding_another_count(128, &members, &leases), Some(("old".into(), 64)), "a Lease beyond this count counts too");
+        assert_eq!(holding_another_count(64, &members, &leases), Some(("me".into(), 128)), "old's view: me holds shard 0");
+        assert_eq!(holding_another_count(128, &[member("quiet", None, Some(3))], &[(0, shard_lease(Some("quiet")))].into()), None, "no count announced");
+    }
+
+    #[test]
+    fn a_replica_standing_by_releases_every_lease_naming_it_and_drops_the_rest() {
+        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(Some("other"))), (2, shard_lease(Some("me"))), (3, shard_lease(None))].into();
+        let held: BTreeMap<u32, i64> = [(0, 4), (1, 2)].into();
+        assert_eq!(stand_down("me", &leases, &held), [Step::Drop(1), Step::Release(0), Step::Release(2)]);
+        assert!(stand_down("me", &[(3, shard_lease(None))].into(), &BTreeMap::new()).is_empty(), "nothing held: nothing to do");
+    }
+
+    #[test]
+    fn live_members_read_their_count_and_time_from_their_membership_leases() {
+        let lease_of = |holder: &str, shards: Option<&str>, acquired: i64| {
+            let mut l = lease(Some(holder), 1);
+            l.metadata.annotations = shards.map(|n| [(lease::SHARDS_ANNOTATION.to_string(), n.to_string())].into());
+            if let Some(s) = l.spec.as_mut() {
+                s.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(acquired).unwrap_or_default()));
+            }
+            l
+        };
+        let ls = [lease_of("a", Some("64"), 5), lease_of("b", Some("x"), 6), lease_of("dead", Some("8"), 1), lease_of("me", Some("64"), 7)];
+        let live: BTreeSet<String> = ["a", "b", "me"].iter().map(|s| s.to_string()).collect();
+        let got = live_members("me", 128, ls.iter(), &live);
+        assert_eq!(
+            got,
+            vec![member("a", Some(64), Some(5)), member("b", None, Some(6)), member("me", Some(128), Some(7))],
+            "me announces its own count; an unreadable one is none"
+        );
+        let got = live_members("me", 128, ls[..1].iter(), &live);
+        assert_eq!(got, vec![member("a", Some(64), Some(5)), member("me", Some(128), None)], "its own Lease not cached yet: the youngest");
     }
 
     #[test]

@@ -26,12 +26,17 @@ struct Replica {
 }
 
 fn config(ns: &str, replica: &str) -> FleetConfig {
+    counted(ns, replica, SHARDS)
+}
+
+/// A replica's config with `shards` virtual shards.
+fn counted(ns: &str, replica: &str, shards: u32) -> FleetConfig {
     // shorter than production (15 s / 5 s / 10 s) to keep the test short; same ratios
     FleetConfig {
         lease_duration: Duration::from_secs(6),
         renew_interval: Duration::from_secs(2),
         renew_deadline: Duration::from_secs(4),
-        ..FleetConfig::new(ns, "pko", replica, SHARDS)
+        ..FleetConfig::new(ns, "pko", replica, shards)
     }
 }
 
@@ -40,14 +45,19 @@ async fn start(client: &kube::Client, ns: &str, name: &str) -> Replica {
 }
 
 async fn start_with(client: &kube::Client, ns: &str, name: &str, backlog: Option<Arc<dyn Backlog>>) -> Replica {
-    let (fleet, ownership) = Fleet::new(client.clone(), config(ns, name), Arc::new(BoundedRing::default()));
+    start_config(client, config(ns, name), backlog)
+}
+
+fn start_config(client: &kube::Client, cfg: FleetConfig, backlog: Option<Arc<dyn Backlog>>) -> Replica {
+    let name = cfg.replica.clone();
+    let (fleet, ownership) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
     let fleet = match backlog {
         Some(b) => fleet.with_backlog(b),
         None => fleet,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(fleet.run(stop.clone()));
-    Replica { name: name.to_string(), ownership, stop, task }
+    Replica { name, ownership, stop, task }
 }
 
 /// Shard → (holders, epoch) over `replicas`, as each replica's ownership says now.
@@ -231,4 +241,77 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     lease::slim(&mut fresh);
     let Written::Done(taken) = lease::replace(&api, &fresh, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap() else { panic!("taken") };
     assert_eq!((lease::holder(&taken), lease::transitions(&taken)), (Some("r-1"), 2));
+}
+
+/// The shards `r` holds validly now.
+fn held(r: &Replica) -> usize {
+    let h = r.ownership.changes().borrow().clone();
+    h.shards.keys().filter(|k| h.epoch(**k).is_some()).count()
+}
+
+/// A replica started with another `--shards` than its fleet's stands by — holds nothing, writes no
+/// shard Lease — while the eldest live member runs the old count; once the last replica of the old
+/// count has gone it takes every shard of its own count, never while a replica of the old count
+/// still held one; and a replica of the old count started late stands by in turn. Sampled every
+/// 50 ms: never both counts holding shards at once.
+#[tokio::test]
+async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_gone() {
+    use pko_fleet::membership::Standing;
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet-count").await.unwrap();
+    let ns = ns.name().to_string();
+
+    let a = start_config(&client, counted(&ns, "a", 16), None);
+    eventually("a holds its 16 shards", 30, || async { held(&a) == 16 }).await;
+    let b = start_config(&client, counted(&ns, "b", 32), None);
+    eventually("b stands by for 16", 20, || async { matches!(&*b.ownership.standing().borrow(), Standing::StandingBy { prevailing: 16, eldest } if eldest == "a") }).await;
+    assert_eq!(*a.ownership.standing().borrow(), Standing::Active, "the eldest's count prevails");
+    // three renewals: b takes nothing, a keeps everything
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(6) {
+        assert_eq!((held(&a), held(&b)), (16, 0), "while a runs 16 shards");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
+    let by_b = leases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.starts_with("pko-shard-")) && pko_fleet::lease::holder(l) == Some("b"))
+        .count();
+    assert_eq!(by_b, 0, "no shard Lease names b");
+    let member_b = leases.get(&pko_fleet::lease::member_name("pko", "b")).await.unwrap();
+    assert_eq!(pko_fleet::lease::announced_shards(&member_b), Some(32), "b's membership announces its count");
+
+    // a stops gracefully: b takes its 32 shards, never while a holds one
+    let t = Instant::now();
+    a.stop.cancel();
+    loop {
+        let (ha, hb) = (held(&a), held(&b));
+        assert!(ha == 0 || hb == 0, "both counts hold shards: a {ha}, b {hb}");
+        if hb == 32 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "b holds {hb} of 32 shards 20 s after a stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("the new count took over {:.1} s after the last replica of the old one stopped", t.elapsed().as_secs_f64());
+    let _ = a.task.await;
+    assert_eq!(*b.ownership.standing().borrow(), Standing::Active);
+
+    // a replica of the old count started late: b is the eldest now, so it stands by
+    let late = start_config(&client, counted(&ns, "a-late", 16), None);
+    eventually("the late replica stands by for 32", 20, || async { matches!(&*late.ownership.standing().borrow(), Standing::StandingBy { prevailing: 32, .. }) }).await;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        assert_eq!((held(&b), held(&late)), (32, 0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for r in [b, late] {
+        r.stop.cancel();
+        let _ = r.task.await;
+    }
 }

@@ -75,7 +75,9 @@ pub struct FleetArgs {
     /// replica acts on everything (one replica).
     #[arg(long, env = "PKO_FLEET")]
     pub fleet: bool,
-    /// Virtual shards (every replica of a fleet must agree; changing it moves every Stack).
+    /// Virtual shards. Replicas of one fleet must agree: a replica whose count differs from the eldest
+    /// live member's stands by (holds nothing) until the other count has gone; changing it relabels
+    /// and moves every Stack once.
     #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub shards: u32,
     /// Name of the fleet: prefix of its Leases.

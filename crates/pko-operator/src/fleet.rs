@@ -1,7 +1,8 @@
 //! The operator's side of the sharded fleet (`--fleet`): the membership of `pko-fleet` turned into
 //! what the controllers use — an [`Ownership`] (held shards, within `--namespaces` when given), the
 //! label selector of the held shards that the informers watch with, and the labeller that writes
-//! `pulumi.com/shard` once on every Stack, Workspace and Update that lacks it.
+//! `pulumi.com/shard` and `pulumi.com/shards` once on every Stack, Workspace and Update that lacks
+//! them or was labelled for another shard count.
 //!
 //! Any replica labels an unlabelled object, by server-side apply with its own field manager: the
 //! value is a pure function of the object (`pko_fleet::ring::shard_of` of its namespace and
@@ -14,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use pko_api::constants::SHARD_LABEL;
+use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
 use pko_api::shard::ShardKey;
 use pko_api::{Stack, Update, Workspace};
 use pko_fleet::Backlog;
-use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
+use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership, Standing};
 use pko_fleet::ring::{BoundedRing, shard_of};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -91,6 +92,11 @@ impl FleetOwnership {
     /// Every change of the held shards.
     pub fn changes(&self) -> watch::Receiver<Arc<pko_fleet::membership::Held>> {
         self.shards.changes()
+    }
+
+    /// Every change of whether this replica's `--shards` prevails in its fleet.
+    pub fn standing(&self) -> watch::Receiver<Standing> {
+        self.shards.standing()
     }
 }
 
@@ -290,28 +296,78 @@ pub fn label_delay(owned: bool) -> Duration {
     if owned { Duration::ZERO } else { LABEL_FALLBACK }
 }
 
-/// The labeller: watches the Stacks, Workspaces and Updates of `scope` that have no shard label
-/// (through `watch_client`, which has no read timeout: these watches are quiet for minutes) and labels
-/// each with its shard out of `shards` through `client` ([`label_delay`]: at once where `ownership`
-/// says this replica holds it). Runs until `shutdown`.
-///
-/// Its lists are served from the API server's watch cache ([`crate::informer::list_config`]): a
-/// `!pulumi.com/shard` selector matches almost nothing, and a paged list from etcd scans every object
-/// of the kind to find it (at 10,000 Stacks such lists hit the API server's 60 s handler timeout).
-pub async fn label_unsharded(client: kube::Client, watch_client: kube::Client, scope: WatchScope, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
-    let unlabelled = || crate::informer::list_config().labels(&format!("!{SHARD_LABEL}"));
-    let stacks = label_kind::<Stack>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
-    let workspaces = label_kind::<Workspace>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), shutdown.clone());
-    let updates = label_kind::<Update>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership, shutdown.clone());
-    futures::future::join3(stacks, workspaces, updates).await;
+/// The shard labels of the object `namespace/key` in a fleet of `shards` virtual shards (pure):
+/// [`SHARD_LABEL`] its shard (`pko_fleet::ring::shard_of`) and [`SHARDS_LABEL`] the count.
+pub fn shard_labels(namespace: &str, key: &str, shards: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([(SHARD_LABEL.to_string(), shard_of(&format!("{namespace}/{key}"), shards).to_string()), (SHARDS_LABEL.to_string(), shards.to_string())])
 }
 
-async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, ownership: Arc<dyn Ownership>, shutdown: CancellationToken) {
+/// The label selector of the objects the labeller writes in a fleet of `shards` (pure): those whose
+/// [`SHARDS_LABEL`] is not `shards` — without one (new objects, and objects labelled before the
+/// count was recorded) or labelled for another count (after a change of `--shards`). Kubernetes'
+/// `!=` matches objects without the label too.
+pub fn unlabelled_selector(shards: u32) -> String {
+    format!("{SHARDS_LABEL}!={shards}")
+}
+
+/// The labeller: while this replica's shard count prevails in its fleet (`standing`; a replica
+/// standing by writes nothing, or replicas of two counts would relabel each other's objects back and
+/// forth), watches the Stacks, Workspaces and Updates of `scope` whose shard labels were not computed
+/// for `shards` ([`unlabelled_selector`], through `watch_client`, which has no read timeout: these
+/// watches are quiet for minutes) and writes their [`shard_labels`] through `client`
+/// ([`label_delay`]: at once where `ownership` says this replica holds the object's shard). Runs until
+/// `shutdown`. After a change of `--shards` every object is labelled again, once; so is every object
+/// labelled before [`SHARDS_LABEL`] existed.
+///
+/// Its lists are served from the API server's watch cache ([`crate::informer::list_config`]): the
+/// selector matches almost nothing at rest, and a paged list from etcd scans every object of the kind
+/// to find it (at 10,000 Stacks such lists hit the API server's 60 s handler timeout).
+pub async fn label_unsharded(
+    client: kube::Client,
+    watch_client: kube::Client,
+    scope: WatchScope,
+    shards: u32,
+    ownership: Arc<dyn Ownership>,
+    mut standing: watch::Receiver<Standing>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        // wait until this replica's count prevails
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = standing.wait_for(|s| *s == Standing::Active) => if r.is_err() { return },
+        }
+        let stop = shutdown.child_token();
+        let unlabelled = || crate::informer::list_config().labels(&unlabelled_selector(shards));
+        let stacks = label_kind::<Stack>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
+        let workspaces = label_kind::<Workspace>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
+        let updates = label_kind::<Update>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
+        let standing_by = async {
+            let _ = standing.wait_for(|s| *s != Standing::Active).await;
+            tracing::info!("standing by: the labeller stops");
+            stop.cancel();
+        };
+        tokio::select! {
+            _ = futures::future::join3(stacks, workspaces, updates) => {}
+            () = standing_by => {}
+        }
+        stop.cancel();
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, ownership: Arc<dyn Ownership>, stop: CancellationToken) {
     use futures::StreamExt;
     let store = informer.store();
     let mut changes = Box::pin(informer.subscribe());
-    let watch = tokio::spawn(informer.run(shutdown.clone()));
-    while let Some(change) = changes.next().await {
+    let watch = tokio::spawn(informer.run(stop.clone()));
+    loop {
+        let change = tokio::select! {
+            _ = stop.cancelled() => break,
+            c = changes.next() => match c { Some(c) => c, None => break },
+        };
         let Change::Applied(object) = change else { continue };
         let ns = object.namespace().unwrap_or_default();
         let delay = label_delay(ownership.owns(&ns, &object.shard_key()));
@@ -319,11 +375,11 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
             label(&client, &object, shards).await;
             continue;
         }
-        let (client, store) = (client.clone(), store.clone());
+        let (client, store, stop) = (client.clone(), store.clone(), stop.clone());
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             // still in the store of unlabelled objects: its shard's holder did not label it
-            if store.get(&kube::runtime::reflector::ObjectRef::from_obj(&object)).is_some() {
+            if !stop.is_cancelled() && store.get(&kube::runtime::reflector::ObjectRef::from_obj(&object)).is_some() {
                 label(&client, &object, shards).await;
             }
         });
@@ -331,23 +387,31 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
     watch.abort();
 }
 
-/// Writes `object`'s shard label (server-side apply, the labeller's own field manager).
+/// Writes `object`'s [`shard_labels`] (server-side apply, the labeller's own field manager).
 async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards: u32) {
     let ns = object.namespace().unwrap_or_default();
-    let shard = shard_of(&format!("{ns}/{}", object.shard_key()), shards);
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()), "kind": K::kind(&()),
-        "metadata": {"name": object.name_any(), "labels": {SHARD_LABEL: shard.to_string()}},
+        "metadata": {"name": object.name_any(), "labels": shard_labels(&ns, &object.shard_key(), shards)},
     });
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
     if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
-        tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard label not written");
+        tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard labels not written");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_labels_name_the_shard_and_the_count_it_was_computed_for() {
+        let labels = shard_labels("team", "web", 64);
+        assert_eq!(labels[SHARD_LABEL], shard_of("team/web", 64).to_string());
+        assert_eq!(labels[SHARDS_LABEL], "64");
+        assert_eq!(labels.len(), 2);
+        assert_eq!(unlabelled_selector(2048), "pulumi.com/shards!=2048");
+    }
 
     #[test]
     fn the_holder_labels_at_once_and_the_others_only_what_it_left() {

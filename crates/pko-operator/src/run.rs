@@ -141,7 +141,15 @@ impl Operator {
         if let Some(m) = member {
             informers = informers.with_shards(m.held.clone());
             membership.extend(m.tasks);
-            servers.push(tokio::spawn(crate::fleet::label_unsharded(client.clone(), watch_client.clone(), scope, fleet.shards, m.ownership.clone(), shutdown.clone())));
+            servers.push(tokio::spawn(crate::fleet::label_unsharded(
+                client.clone(),
+                watch_client.clone(),
+                scope,
+                fleet.shards,
+                m.ownership.clone(),
+                m.ownership.standing(),
+                shutdown.clone(),
+            )));
         }
         // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
         let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));

@@ -264,3 +264,51 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
     shutdown.cancel();
     let _ = run.await;
 }
+
+/// The labeller writes nothing while its replica stands by (another `--shards` prevails in the fleet),
+/// and once its count prevails it labels with `pulumi.com/shard` and `pulumi.com/shards` every Stack
+/// that lacks them, was labelled before the count was recorded, or was labelled for another count (a
+/// change of `--shards`: before, such a Stack sat in the wrong replica's store for good). Once
+/// labelled, a Stack is left alone.
+#[tokio::test]
+async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_count_prevails() {
+    use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
+    use pko_fleet::membership::Standing;
+    use pko_operator::fleet::{label_unsharded, shard_labels};
+    let (client, ns, _env) = setup("relabel").await;
+    let stack = |name: &str, labels: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": labels}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}});
+    let stacks = ns.api::<Stack>();
+    create(&stacks, stack("fresh", json!({}))).await;
+    create(&stacks, stack("legacy", json!({SHARD_LABEL: "5"}))).await;
+    create(&stacks, stack("moved", json!({SHARD_LABEL: "3", SHARDS_LABEL: "8"}))).await;
+    let labels_of = |name: &'static str| {
+        let stacks = stacks.clone();
+        async move { stacks.get(name).await.unwrap().metadata.labels.unwrap_or_default().into_iter().filter(|(k, _)| k == SHARD_LABEL || k == SHARDS_LABEL).collect::<BTreeMap<_, _>>() }
+    };
+    let want = |name: &str| shard_labels(ns.name(), name, 16);
+
+    let (standing, rx) = tokio::sync::watch::channel(Standing::StandingBy { prevailing: 8, eldest: "old".into() });
+    let owns_all = Arc::new(Toggle(std::sync::atomic::AtomicBool::new(true)));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let labeller = tokio::spawn(label_unsharded(client.clone(), client.clone(), scoped(ns.name()), 16, owns_all, rx, shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(labels_of("fresh").await.is_empty(), "standing by: nothing labelled");
+    assert_eq!(labels_of("moved").await[SHARDS_LABEL], "8", "standing by: nothing relabelled");
+
+    standing.send_replace(Standing::Active);
+    for name in ["fresh", "legacy", "moved"] {
+        eventually(&format!("{name} labelled for 16 shards"), 20, || async { labels_of(name).await == want(name) }).await;
+    }
+    let labelled_rv = stacks.get("moved").await.unwrap().metadata.resource_version;
+
+    standing.send_replace(Standing::StandingBy { prevailing: 32, eldest: "new".into() });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    create(&stacks, stack("late", json!({}))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(labels_of("late").await.is_empty(), "standing by again: the labeller stopped");
+    standing.send_replace(Standing::Active);
+    eventually("late labelled once its count prevails again", 20, || async { labels_of("late").await == want("late") }).await;
+    assert_eq!(stacks.get("moved").await.unwrap().metadata.resource_version, labelled_rv, "a labelled Stack is not written again");
+    shutdown.cancel();
+    let _ = labeller.await;
+}

@@ -371,14 +371,18 @@ pub fn drift_check(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name:
     Ok(u)
 }
 
-/// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard (ours,
-/// never overridden by a template: it decides which replica sees the object).
+/// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard and the
+/// shard count it was computed for (ours, never overridden by a template: they decide which replica
+/// sees the object).
 fn child_labels(stack: &pko_api::Stack, template: Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
     use kube::ResourceExt;
     let mut labels = stack_labels(&stack.name_any());
     labels.extend(template.unwrap_or_default());
-    if let Some(shard) = stack.labels().get(pko_api::constants::SHARD_LABEL) {
-        labels.insert(pko_api::constants::SHARD_LABEL.into(), shard.clone());
+    for key in [pko_api::constants::SHARD_LABEL, pko_api::constants::SHARDS_LABEL] {
+        labels.remove(key);
+        if let Some(value) = stack.labels().get(key) {
+            labels.insert(key.into(), value.clone());
+        }
     }
     labels
 }
@@ -448,8 +452,8 @@ mod tests {
     #[test]
     fn whole_objects_carry_labels_templates_and_owners() {
         let mut stack: pko_api::Stack = serde_json::from_value(json!({
-            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "web", "namespace": "team", "labels": {"pulumi.com/shard": "17"}},
-            "spec": {"stack": "dev", "workspaceTemplate": {"metadata": {"labels": {"tier": "a", "pulumi.com/shard": "3"}, "annotations": {"n": "1"}}},
+            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "web", "namespace": "team", "labels": {"pulumi.com/shard": "17", "pulumi.com/shards": "64"}},
+            "spec": {"stack": "dev", "workspaceTemplate": {"metadata": {"labels": {"tier": "a", "pulumi.com/shard": "3", "pulumi.com/shards": "8"}, "annotations": {"n": "1"}}},
                      "updateTemplate": {"metadata": {"labels": {"kind": "u"}}}}
         }))
         .unwrap();
@@ -460,6 +464,11 @@ mod tests {
         let labels = ws.metadata.labels.clone().unwrap();
         assert_eq!((labels["tier"].as_str(), labels[pko_api::constants::STACK_NAME_LABEL].as_str()), ("a", "web"));
         assert_eq!(labels[pko_api::constants::SHARD_LABEL], "17", "the Stack's shard, whatever the template says");
+        assert_eq!(labels[pko_api::constants::SHARDS_LABEL], "64", "and the count it was computed for");
+        let mut unlabelled = stack.clone();
+        unlabelled.metadata.labels = None;
+        let labels = workspace(&unlabelled, &src).unwrap().metadata.labels.unwrap();
+        assert!(!labels.contains_key(pko_api::constants::SHARD_LABEL) && !labels.contains_key(pko_api::constants::SHARDS_LABEL), "a template never shards an object: {labels:?}");
         assert_eq!(ws.metadata.annotations.clone().unwrap()["n"], "1");
         assert_eq!(ws.metadata.owner_references.clone().unwrap()[0].uid, "s-uid");
         assert!(update(&stack, &ws, "web-1", false, "m").is_err(), "the Workspace needs a uid too");
