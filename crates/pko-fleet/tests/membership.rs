@@ -315,3 +315,33 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
         let _ = r.task.await;
     }
 }
+
+/// A membership Lease written before the shard count was announced (a replica of an older version,
+/// restarted under the same id) gains the announcement through its next renewal — a guarded merge
+/// patch that keeps its labels — and keeps it through later renewals.
+#[tokio::test]
+async fn a_renewal_announces_the_shard_count_on_a_membership_lease_that_lacks_it() {
+    use pko_fleet::lease::{self, LeaseKind, Written};
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet-announce").await.unwrap();
+    let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
+    let name = lease::member_name("pko", "r-0");
+    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "member".into())].into();
+    let Written::Done(old) = lease::create(&api, &name, labels.clone(), lease::member_spec("r-0", 15)).await.unwrap() else { panic!("created") };
+    assert_eq!(lease::announced_shards(&old), None, "an older replica's Lease announces nothing");
+    let mut read = *old;
+    lease::slim(&mut read);
+    let Written::Done(renewed) = lease::replace_announcing(&api, &read, LeaseKind::Member, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+        panic!("renewed")
+    };
+    assert_eq!(lease::announced_shards(&renewed), Some(64), "the renewal announced the count");
+    assert_eq!(renewed.metadata.labels.as_ref(), Some(&labels), "the labels as stored");
+    assert_eq!(renewed.spec.as_ref().and_then(|s| s.acquire_time.clone()), read.spec.as_ref().and_then(|s| s.acquire_time.clone()), "held all along: not acquired anew");
+    let mut read = *renewed;
+    lease::slim(&mut read);
+    let Written::Done(again) = lease::replace_announcing(&api, &read, LeaseKind::Member, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+        panic!("renewed again")
+    };
+    assert_eq!(lease::announced_shards(&again), Some(64));
+}
