@@ -7,6 +7,8 @@
 //! - [`source`]: git, artifact, local and project-info sources in a size-bounded cache; [`archive`]: safe,
 //!   bounded extraction of hostile tarballs;
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
+//! - [`sandbox`]: per-operation directories, so nothing of one operation reaches the next on a pooled
+//!   agent; [`supervise`]: every process of an operation ends with it and with its agent;
 //! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders; [`sidecars`]: truncated `file://` attribute
 //!   sidecars a killed `pulumi` leaves.
 #![forbid(unsafe_code)]
@@ -19,7 +21,9 @@ pub mod mask;
 pub mod operation;
 pub mod pulumi;
 pub mod runner;
+pub mod sandbox;
 pub mod service;
 pub mod sidecars;
 pub mod source;
+pub mod supervise;
 pub mod values;

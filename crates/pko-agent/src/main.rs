@@ -11,7 +11,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pko_agent::auth::{Auth, KubeAuth};
 use pko_agent::runner::RunnerContext;
 use pko_agent::service::{AgentConfig, AgentService};
+use pko_agent::sandbox::Sandboxes;
 use pko_agent::source::{CacheConfig, DownloadConfig, SourceCache};
+use pko_agent::supervise::Supervisor;
 use pko_agent::values::ValueResolver;
 use pko_proto::v1::agent_server::AgentServer;
 use tokio::signal::unix::{SignalKind, signal};
@@ -31,6 +33,21 @@ enum Cmd {
     /// environment file (`$PULUMI_ENV`) and the work directory. Sources are fetched per operation by
     /// `serve`, so there is nothing to clone here.
     Init(Init),
+    /// Internal: runs one command of an operation so that every process it starts ends with it and
+    /// with the agent (`pko_agent::supervise`).
+    #[command(hide = true)]
+    Supervise(Supervise),
+}
+
+/// `pko-agent supervise`.
+#[derive(Parser, Debug)]
+struct Supervise {
+    /// The agent's pid: the supervisor starts nothing once its parent is no longer this process.
+    #[arg(long)]
+    parent: i32,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    command: Vec<std::ffi::OsString>,
 }
 
 /// `pko-agent init`.
@@ -115,6 +132,13 @@ struct Serve {
     /// `/share/workspace`, for sidecars that read the program); with operations at once, the latest's.
     #[arg(long)]
     workspace_link: Option<PathBuf>,
+    /// Each operation in directories of its own (a copy of the source, `HOME`, `PULUMI_HOME`,
+    /// `TMPDIR`), removed when it ends, so nothing of one Stack's operation reaches the next on a
+    /// pooled agent (`pko_agent::sandbox`). `false`: operations run in the cached source with the
+    /// agent's `HOME` (a Workspace's own agent, as PKO's pod, which keeps language caches across its
+    /// operations).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    isolate_operations: bool,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -149,8 +173,16 @@ struct Serve {
     tls_key: Option<PathBuf>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // the supervisor blocks signals and waits for them: it must run before any runtime thread exists
+    if let Cmd::Supervise(s) = &cli.command {
+        std::process::exit(pko_agent::supervise::run(s.parent, &s.command));
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -158,10 +190,23 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Cmd::Serve(args) => serve(*args).await,
         Cmd::Init(args) => init(&args),
+        Cmd::Supervise(_) => unreachable!("handled before the runtime starts"),
     }
+}
+
+/// The agent's own `PULUMI_HOME` (else `$HOME/.pulumi`, Pulumi's default), whose plugin cache isolated
+/// operations share.
+///
+/// Errors: neither `PULUMI_HOME` nor `HOME` is set.
+fn shared_pulumi_home() -> anyhow::Result<PathBuf> {
+    if let Some(h) = std::env::var_os("PULUMI_HOME").filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h));
+    }
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).context("isolated operations need PULUMI_HOME or HOME for the shared plugin cache")?;
+    Ok(PathBuf::from(home).join(".pulumi"))
 }
 
 /// The agent's Kubernetes client: from `kubeconfig` when given, in-cluster in a pod, else inferred.
@@ -206,16 +251,25 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
         retries: a.artifact_retries,
     };
+    let pulumi = pko_agent::pulumi::Cli { bin: a.pulumi.clone(), supervisor: Some(Supervisor::current().context("the agent's own executable (the supervisor)")?) };
     let cache = CacheConfig {
         root: a.work_dir.join("sources"),
         max_bytes: a.cache_max_bytes,
         max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX),
         download,
-        pulumi: a.pulumi.clone(),
+        pulumi: pulumi.clone(),
     };
     let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
+    let sandboxes = if a.isolate_operations {
+        let root = a.work_dir.join("ops");
+        let sb = Sandboxes::new(root.clone(), &shared_pulumi_home()?).with_context(|| format!("preparing {}", root.display()))?;
+        Some(sb)
+    } else {
+        None
+    };
     let ctx = RunnerContext {
-        pulumi: a.pulumi.clone(),
+        pulumi,
+        sandboxes,
         env: Default::default(),
         sources: Arc::new(sources),
         values: ValueResolver::new(kube, namespace),

@@ -23,6 +23,8 @@ pub struct Operation {
     log: Mutex<EventLog>,
     count: watch::Sender<usize>,
     pid: AtomicU32,
+    /// The signal that stops the running process at once with all it started (`Cli::hard_stop`).
+    hard_stop: std::sync::atomic::AtomicI32,
     /// Cancel was requested.
     pub cancelled: AtomicBool,
     /// The agent is shutting down: the operation ends Interrupted.
@@ -47,6 +49,7 @@ impl Operation {
             log: Mutex::new(EventLog { events: Vec::new(), next_seq: 0, dropped: 0, max: max_events.max(2) }),
             count,
             pid: AtomicU32::new(0),
+            hard_stop: std::sync::atomic::AtomicI32::new(Signal::SIGKILL as i32),
             cancelled: AtomicBool::new(false),
             interrupted: AtomicBool::new(false),
             finished_at: Mutex::new(None),
@@ -140,13 +143,26 @@ impl Operation {
         self.pid.store(pid, Ordering::SeqCst);
     }
 
+    /// Records the running Pulumi process and the signal that stops it at once with everything it
+    /// started ([`crate::pulumi::Cli::hard_stop`]: SIGTERM to its supervisor).
+    pub fn set_process(&self, pid: u32, hard_stop: Signal) {
+        self.hard_stop.store(hard_stop as i32, Ordering::SeqCst);
+        self.set_pid(pid);
+    }
+
+    /// Stops the running process now, with everything it started. Returns whether one was signalled.
+    pub fn stop_now(&self) -> bool {
+        let sig = Signal::try_from(self.hard_stop.load(Ordering::SeqCst)).unwrap_or(Signal::SIGKILL);
+        self.signal(sig)
+    }
+
     /// Sends `sig` to the running Pulumi process, if any. Returns whether one was signalled.
     pub fn signal(&self, sig: Signal) -> bool {
         let pid = self.pid.load(Ordering::SeqCst);
         pid != 0 && kill(Pid::from_raw(pid as i32), sig).is_ok()
     }
 
-    /// Ctrl-C now, SIGKILL after `grace` if the process is still the same.
+    /// Ctrl-C now; after `grace`, if the process is still the same, [`Operation::stop_now`].
     pub fn interrupt_with_grace(self: &Arc<Self>, grace: Duration) {
         let pid = self.pid.load(Ordering::SeqCst);
         self.signal(Signal::SIGINT);
@@ -155,7 +171,7 @@ impl Operation {
             tokio::time::sleep(grace).await;
             if pid != 0 && op.pid.load(Ordering::SeqCst) == pid {
                 tracing::warn!(operation = %op.id, "grace period over: killing pulumi");
-                op.signal(Signal::SIGKILL);
+                op.stop_now();
             }
         });
     }

@@ -2,11 +2,15 @@
 //! small helpers that run it.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+
+use nix::sys::signal::Signal;
 
 use pko_proto::v1::{ErrorReason, OperationOptions, OperationType};
 use tokio::process::Command;
+
+use crate::supervise::Supervisor;
 
 /// Whether the operation only previews: `preview`, and a preview-only `refresh` (a drift check).
 /// Pulumi refuses `--yes` and `--skip-preview` next to `--preview-only`.
@@ -162,27 +166,94 @@ pub struct Output {
     pub stderr: String,
 }
 
+/// The Pulumi CLI as the agent runs it: the binary, under the agent's [`Supervisor`] when one is set
+/// (always in `pko-agent serve`; a library user may run it directly).
+#[derive(Debug, Clone)]
+pub struct Cli {
+    /// The `pulumi` binary.
+    pub bin: PathBuf,
+    /// The supervisor every command runs under ([`crate::supervise`]).
+    pub supervisor: Option<Supervisor>,
+}
+
+impl Cli {
+    /// A `pulumi <args>` command in `dir` with `env` added to the agent's own environment, standard
+    /// input closed, output piped. Supervised when the CLI has a supervisor; the process is not killed
+    /// when its handle is dropped: hold a [`StopOnDrop`] for that.
+    pub fn command(&self, dir: &Path, env: &BTreeMap<String, String>, args: &[impl AsRef<std::ffi::OsStr>]) -> Command {
+        let mut c = match &self.supervisor {
+            Some(s) => s.command(&self.bin),
+            None => Command::new(&self.bin),
+        };
+        c.args(args).current_dir(dir).envs(env).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+
+    /// The signal that stops a process of [`Cli::command`] at once with everything it started: SIGTERM
+    /// to a supervisor (which kills the tree), SIGKILL to an unsupervised `pulumi`.
+    pub fn hard_stop(&self) -> Signal {
+        if self.supervisor.is_some() { Signal::SIGTERM } else { Signal::SIGKILL }
+    }
+
+    /// A guard that stops the started `child` with [`Cli::hard_stop`] unless disarmed.
+    pub fn stop_on_drop(&self, child: &tokio::process::Child) -> StopOnDrop {
+        StopOnDrop { pid: child.id(), signal: self.hard_stop() }
+    }
+}
+
+/// Stops a started process when dropped before [`StopOnDrop::disarm`] (an operation's future dropped
+/// mid-command): the supervised tree goes with it.
+#[derive(Debug)]
+pub struct StopOnDrop {
+    pid: Option<u32>,
+    signal: Signal,
+}
+
+impl StopOnDrop {
+    /// The process was waited for: nothing to stop.
+    pub fn disarm(&mut self) {
+        self.pid = None;
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), self.signal);
+        }
+    }
+}
+
 /// Runs `pulumi <args>` in `dir` with `env` (added to the agent's own environment) and waits for it.
-pub async fn run(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args: &[&str]) -> std::io::Result<Output> {
-    let out = Command::new(pulumi).args(args).current_dir(dir).envs(env).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).output().await?;
-    Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
+pub async fn run(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[&str]) -> std::io::Result<Output> {
+    run_inner(cli, dir, env, args, None).await
 }
 
 /// Runs `pulumi <args>` like [`run`], writing `input` to its standard input (values too large for the
 /// command line).
-pub async fn run_with_input(pulumi: &Path, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: &str) -> std::io::Result<Output> {
+pub async fn run_with_input(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: &str) -> std::io::Result<Output> {
+    run_inner(cli, dir, env, args, Some(input)).await
+}
+
+async fn run_inner(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: Option<&str>) -> std::io::Result<Output> {
     use tokio::io::AsyncWriteExt;
-    let mut child = Command::new(pulumi).args(args).current_dir(dir).envs(env).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn()?;
-    if let Some(mut stdin) = child.stdin.take() {
+    let mut cmd = cli.command(dir, env, args);
+    if input.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    let mut guard = cli.stop_on_drop(&child);
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
         stdin.write_all(input.as_bytes()).await?;
     }
     let out = child.wait_with_output().await?;
+    guard.disarm();
     Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
 }
 
-/// `pulumi version` of the binary at `pulumi` (e.g. `v3.259.0`).
-pub async fn version(pulumi: &Path) -> std::io::Result<String> {
-    let out = run(pulumi, Path::new("/"), &base_env(), &["version"]).await?;
+/// `pulumi version` (e.g. `v3.259.0`).
+pub async fn version(cli: &Cli) -> std::io::Result<String> {
+    let out = run(cli, Path::new("/"), &base_env(), &["version"]).await?;
     if !out.success {
         return Err(std::io::Error::other(out.stderr));
     }

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -14,7 +13,6 @@ use pko_proto::v1::{
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
 use crate::mask::Masker;
 use crate::operation::Operation;
@@ -25,8 +23,11 @@ use crate::values::ValueResolver;
 /// What the runner needs from the agent.
 #[derive(Debug, Clone)]
 pub struct RunnerContext {
-    /// The `pulumi` binary.
-    pub pulumi: PathBuf,
+    /// The Pulumi CLI (under the agent's supervisor).
+    pub pulumi: pulumi::Cli,
+    /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with
+    /// the agent's own `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
+    pub sandboxes: Option<crate::sandbox::Sandboxes>,
     /// Environment added to every Pulumi process (e.g. PULUMI_HOME), below the operation's own.
     pub env: BTreeMap<String, String>,
     /// Source cache.
@@ -74,9 +75,19 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
     let mut masker = Masker::default();
     let mut result = OperationResult { start_time: Some(start), ..Default::default() };
     let mut pinned = None;
-    let outcome = execute(&ctx, &op, &req, &mut masker, &mut result, &mut pinned).await;
+    let mut sandbox = None;
+    let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
+        Ok(sb) => {
+            sandbox = sb;
+            execute(&ctx, &op, &req, sandbox.as_mut(), &mut masker, &mut result, &mut pinned).await
+        }
+        Err(e) => Err(fail(ErrorReason::Internal, "", format!("an earlier operation's files could not be removed: {e}"))),
+    };
     if let Some(key) = pinned {
         ctx.sources.release(&key);
+    }
+    if let Some(sb) = sandbox {
+        finish_sandbox(&op, sb);
     }
     result.end_time = Some(crate::convert::now());
     match outcome {
@@ -106,6 +117,23 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
     }
     tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), "operation finished");
     op.publish(Event::Result(result));
+}
+
+/// Removes the operation's directories and the plugins it added to or changed in the shared cache,
+/// logging what was removed; a failure is logged (the next operation sweeps again, and refuses to
+/// start while it cannot).
+fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
+    match sb.finish() {
+        Ok(f) if f.plugins_removed.is_empty() => {}
+        Ok(f) => {
+            tracing::warn!(operation = %op.id, plugins = ?f.plugins_removed, "the operation added or changed plugins in the shared cache: removed");
+            op.log(format!("removed plugins this operation added to or changed in the agent's shared cache (never run by another operation): {}", f.plugins_removed.join(", ")));
+        }
+        Err(e) => {
+            tracing::warn!(operation = %op.id, error = %e, "removing the operation's directories");
+            op.log(format!("removing the operation's directories: {e}"));
+        }
+    }
 }
 
 /// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown
@@ -162,6 +190,7 @@ async fn execute(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
     req: &OperationRequest,
+    mut sandbox: Option<&mut crate::sandbox::Sandbox>,
     masker: &mut Masker,
     result: &mut OperationResult,
     pinned: &mut Option<String>,
@@ -175,9 +204,13 @@ async fn execute(
         return Err(fail(ErrorReason::InvalidRequest, "stack.name", "stack name is required"));
     }
 
-    // 1. environment of the Pulumi process
+    // 1. environment of the Pulumi process: the agent's (the workspace class's), the operation's own
+    // directories, the request's
     let mut env = pulumi::base_env();
     env.extend(ctx.env.clone());
+    if let Some(sb) = &sandbox {
+        env.extend(sb.env());
+    }
     for (i, e) in req.env.iter().enumerate() {
         let Some(r) = &e.value else { return Err(fail(ErrorReason::InvalidRequest, &format!("env[{i}].value"), format!("env {} has no value", e.name))) };
         let v = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
@@ -198,6 +231,9 @@ async fn execute(
         let msg = format!("env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable", v.len());
         return Err(fail(ErrorReason::InvalidConfig, "env", msg));
     }
+    if sandbox.is_some() {
+        pin_home_backend(&mut env, std::env::var("PULUMI_BACKEND_URL").ok(), std::env::var("HOME").ok());
+    }
     check_stop(op)?;
 
     // 2. source
@@ -209,7 +245,13 @@ async fn execute(
     })?;
     *pinned = Some(prepared.key.clone());
     result.revision = prepared.revision.clone();
-    let dir = prepared.project_dir.clone();
+    let dir = match sandbox.as_deref_mut() {
+        Some(sb) => {
+            sb.watch_plugins();
+            sb.copy_source(&prepared.root, &prepared.project_dir).map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
+        }
+        None => prepared.project_dir.clone(),
+    };
     if let Some(link) = &ctx.workspace_link {
         // for sidecars only: a failure is logged, never fails the operation
         if let Err(e) = point_link(link, &dir) {
@@ -228,8 +270,12 @@ async fn execute(
         return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
     }
     repair_sidecars(op, &env, &dir, &project, &stack.name);
-    reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
-    let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), dir.display(), stack.name);
+    if sandbox.is_none() {
+        reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
+    }
+    // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
+    // `stack select` in whichever directory the operation runs
+    let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
     if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
         select_stack(ctx, &dir, &env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap().insert(known_key.clone());
@@ -260,6 +306,17 @@ async fn execute(
             operate(ctx, op, &step, masker, result).await
         }
         other => other,
+    }
+}
+
+/// A `file://~` backend (Pulumi expands `~` with `HOME`) names the agent's home, not the operation's
+/// fresh one: the URL of the operation's environment, else the agent's (`inherited`), is rewritten with
+/// the agent's `home`. Otherwise every operation would find an empty backend in its own home.
+fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String>, home: Option<String>) {
+    let Some(url) = env.get("PULUMI_BACKEND_URL").cloned().or(inherited) else { return };
+    let (Some(rest), Some(home)) = (url.strip_prefix("file://~"), home) else { return };
+    if rest.is_empty() || rest.starts_with('/') {
+        env.insert("PULUMI_BACKEND_URL".into(), format!("file://{}{rest}", home.trim_end_matches('/')));
     }
 }
 
@@ -323,18 +380,14 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
         args.extend(["-v".into(), ctx.log_level.to_string(), "--logtostderr".into(), "--logflow".into()]);
     }
     op.log(format!("running pulumi {}", args.join(" ")));
-    let mut child = Command::new(&ctx.pulumi)
-        .args(&args)
-        .current_dir(dir)
-        .envs(env)
+    let mut child = ctx
+        .pulumi
+        .command(dir, env, &args)
         .envs(pulumi::operation_env(kind, step.options))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| fail(ErrorReason::Internal, "", format!("starting pulumi: {e}")))?;
-    op.set_pid(child.id().unwrap_or(0));
+    let mut guard = ctx.pulumi.stop_on_drop(&child);
+    op.set_process(child.id().unwrap_or(0), ctx.pulumi.hard_stop());
     // A stop requested while the process was starting still reaches it.
     if op.interrupted.load(Ordering::SeqCst) || op.cancelled.load(Ordering::SeqCst) {
         op.signal(nix::sys::signal::Signal::SIGINT);
@@ -398,6 +451,7 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
         }
     }
     let status = child.wait().await.map_err(|e| fail(ErrorReason::Internal, "", format!("waiting for pulumi: {e}")))?;
+    guard.disarm();
     op.set_pid(0);
     let stderr_text = stderr_task.await.unwrap_or_default();
     if digest {
@@ -786,6 +840,22 @@ fn first_error_line(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_in_the_home_stays_in_the_agents_home() {
+        let pin = |url: Option<&str>, inherited: Option<&str>| {
+            let mut env: BTreeMap<String, String> = url.map(|u| ("PULUMI_BACKEND_URL".to_string(), u.to_string())).into_iter().collect();
+            pin_home_backend(&mut env, inherited.map(str::to_string), Some("/home/agent/".into()));
+            env.get("PULUMI_BACKEND_URL").cloned()
+        };
+        assert_eq!(pin(Some("file://~"), None).as_deref(), Some("file:///home/agent"));
+        assert_eq!(pin(Some("file://~/state"), None).as_deref(), Some("file:///home/agent/state"));
+        assert_eq!(pin(None, Some("file://~/s")).as_deref(), Some("file:///home/agent/s"), "the agent's own URL, made explicit");
+        assert_eq!(pin(Some("file:///abs"), Some("file://~")).as_deref(), Some("file:///abs"), "the request's wins");
+        assert_eq!(pin(Some("file://~bob/x"), None).as_deref(), Some("file://~bob/x"), "another user's home is not ours");
+        assert_eq!(pin(Some("s3://b"), None).as_deref(), Some("s3://b"));
+        assert_eq!(pin(None, None), None);
+    }
 
     #[test]
     fn stack_config_is_reset_to_the_source() {

@@ -141,7 +141,7 @@ impl AgentService {
     pub fn kill_all(&self) {
         for op in self.inner.ops.running() {
             op.interrupted.store(true, Ordering::SeqCst);
-            op.signal(nix::sys::signal::Signal::SIGKILL);
+            op.stop_now();
         }
     }
 

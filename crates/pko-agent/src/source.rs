@@ -36,7 +36,9 @@ fn install_err(msg: impl Into<String>) -> SourceError {
 /// A prepared program.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    /// Directory holding `Pulumi.yaml`.
+    /// The whole prepared source (a checkout, an extracted artifact, a local directory).
+    pub root: PathBuf,
+    /// Directory holding `Pulumi.yaml`, inside [`Prepared::root`].
     pub project_dir: PathBuf,
     /// What ran: the commit SHA, the artifact digest, the local path or `project:<name>`.
     pub revision: String,
@@ -55,8 +57,8 @@ pub struct CacheConfig {
     pub max_artifact_bytes: u64,
     /// Artifact downloads: timeouts and retries.
     pub download: DownloadConfig,
-    /// `pulumi` binary for `pulumi install`.
-    pub pulumi: PathBuf,
+    /// The Pulumi CLI for `pulumi install`.
+    pub pulumi: crate::pulumi::Cli,
 }
 
 /// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times); the agent's
@@ -120,7 +122,7 @@ impl SourceCache {
                 if !p.is_dir() {
                     return Err(err(format!("local source directory {} does not exist", l.dir)));
                 }
-                return self.finish(format!("local:{}", l.dir), p, l.dir.clone(), None);
+                return self.finish(format!("local:{}", l.dir), p.clone(), p, l.dir.clone(), None);
             }
             Kind::ProjectInfo(pi) => {
                 if pi.name.is_empty() || pi.runtime.is_empty() {
@@ -133,7 +135,7 @@ impl SourceCache {
                     std::fs::write(path.join("Pulumi.yaml"), format!("name: {}\nruntime: {}\n", pi.name, pi.runtime)).map_err(|e| err(e.to_string()))?;
                     std::fs::write(path.join(READY), "").map_err(|e| err(e.to_string()))?;
                 }
-                return self.finish(key, path, format!("project:{}", pi.name), None);
+                return self.finish(key, path.clone(), path, format!("project:{}", pi.name), None);
             }
             Kind::Git(g) => {
                 let auth = GitAuthArgs::resolve(g, values).await?;
@@ -186,10 +188,10 @@ impl SourceCache {
         }
         touch(&path.join(READY));
         let project = safe_join(&path, &dir)?;
-        self.finish(key, project, revision, Some(()))
+        self.finish(key, path, project, revision, Some(()))
     }
 
-    fn finish(&self, key: String, project_dir: PathBuf, revision: String, cached: Option<()>) -> Result<Prepared, SourceError> {
+    fn finish(&self, key: String, root: PathBuf, project_dir: PathBuf, revision: String, cached: Option<()>) -> Result<Prepared, SourceError> {
         if project_file(&project_dir).is_none() {
             return Err(err(format!("no Pulumi.yaml in {}", project_dir.display())));
         }
@@ -197,7 +199,7 @@ impl SourceCache {
         if cached.is_some() {
             self.evict();
         }
-        Ok(Prepared { project_dir, revision, key })
+        Ok(Prepared { root, project_dir, revision, key })
     }
 
     /// Unpins a prepared source.

@@ -1,0 +1,318 @@
+//! Per-operation isolation: nothing one operation leaves on an agent reaches the next.
+//!
+//! A pooled agent runs the operations of many Stacks of one workspace class one after the other. With
+//! isolation on (`pko-agent serve --isolate-operations`, what the operator's pools pass), each operation
+//! gets a fresh directory `<work>/ops/<n>` (0700) holding:
+//!
+//! - `work/`: a copy of the prepared source (the cached revision stays pristine: `std::fs::copy` uses
+//!   `copy_file_range`, which shares blocks on file systems that can), where Pulumi runs;
+//! - `home/`: the operation's `HOME` (credentials files such as `~/.aws/credentials`, `~/.kube/config`,
+//!   language caches), empty at the start;
+//! - `pulumi-home/`: its `PULUMI_HOME` (Pulumi's workspace settings, logins, stack selections), whose
+//!   `plugins` names the agent's shared plugin cache (filled by `pulumi install` when a source revision
+//!   is prepared, and by Pulumi itself);
+//! - `tmp/`: its `TMPDIR`.
+//!
+//! The directory is removed before the operation's result is published, and any left by an agent that
+//! died is removed before the next operation starts (an operation refuses to start while one cannot
+//! be removed). The shared plugin cache is fingerprinted (path, size, mode, modification time) before
+//! the operation and compared after: a plugin the operation added, changed or planted is removed, and
+//! named on the operation's log, so the next operation never runs it. The agent's own environment (the
+//! workspace class's) and the request's are all an operation's process sees; processes do not outlive
+//! it ([`crate::supervise`]).
+//!
+//! Not covered: files written to absolute paths outside these directories (e.g. `/tmp/x` by name)
+//! reach whatever else the agent's OS user can read; in a pod that is the pool pod's file system.
+//!
+//! Without isolation (a Workspace's own agent, as PKO's pod), operations run in the cached source
+//! directory with the agent's `HOME` and `PULUMI_HOME`, as they always did.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Where operations' directories are made, and the plugin cache they share.
+#[derive(Debug, Clone)]
+pub struct Sandboxes {
+    /// `<work>/ops`: one directory per running operation.
+    root: PathBuf,
+    /// The shared plugin cache (`<agent's PULUMI_HOME>/plugins`).
+    plugins: PathBuf,
+}
+
+/// One operation's directories (see the module documentation).
+#[derive(Debug)]
+pub struct Sandbox {
+    dir: PathBuf,
+    plugins: PathBuf,
+    /// The plugin cache as the operation's own commands found it ([`Sandbox::watch_plugins`]).
+    before: Option<Fingerprint>,
+}
+
+/// What [`Sandbox::finish`] found and did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Entries of the shared plugin cache the operation added or changed, removed (names under
+    /// `plugins/`).
+    pub plugins_removed: Vec<String>,
+}
+
+/// Path (relative to the plugin cache) → size in bytes, mode, modification time, symlink target.
+pub type Fingerprint = BTreeMap<PathBuf, (u64, u32, Option<SystemTime>, Option<PathBuf>)>;
+
+impl Sandboxes {
+    /// Operations' directories under `root`, sharing the plugin cache of `shared_pulumi_home` (created
+    /// when missing). Removes every directory an earlier agent left in `root`.
+    ///
+    /// Errors: `root` or the plugin cache cannot be created, or a leftover cannot be removed.
+    pub fn new(root: PathBuf, shared_pulumi_home: &Path) -> std::io::Result<Self> {
+        create_private_dir(&root)?;
+        let plugins = shared_pulumi_home.join("plugins");
+        std::fs::create_dir_all(&plugins)?;
+        let s = Self { root, plugins };
+        s.sweep()?;
+        Ok(s)
+    }
+
+    /// The shared plugin cache.
+    pub fn plugins(&self) -> &Path {
+        &self.plugins
+    }
+
+    /// Removes every operation directory in the root (left by an operation whose agent died). Returns
+    /// how many there were.
+    ///
+    /// Errors: one could not be removed (the message names it).
+    pub fn sweep(&self) -> std::io::Result<usize> {
+        let mut n = 0;
+        for e in std::fs::read_dir(&self.root)?.flatten() {
+            remove_tree(&e.path()).map_err(|err| std::io::Error::new(err.kind(), format!("removing {}: {err}", e.path().display())))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A fresh directory for the next operation, after removing what earlier ones left.
+    ///
+    /// Errors: a leftover could not be removed, or the directories could not be made.
+    pub fn create(&self) -> std::io::Result<Sandbox> {
+        self.sweep()?;
+        let dir = tempfile::Builder::new().prefix("op-").tempdir_in(&self.root)?.keep();
+        for sub in ["work", "home", "pulumi-home", "tmp"] {
+            create_private_dir(&dir.join(sub))?;
+        }
+        std::os::unix::fs::symlink(&self.plugins, dir.join("pulumi-home/plugins"))?;
+        // a login of the class (an image's `pulumi login`) is the class's, not an operation's: a copy
+        let login = self.plugins.with_file_name("credentials.json");
+        if login.is_file() {
+            std::fs::copy(&login, dir.join("pulumi-home/credentials.json"))?;
+        }
+        Ok(Sandbox { dir, plugins: self.plugins.clone(), before: None })
+    }
+}
+
+impl Sandbox {
+    /// The variables that point the operation at its own directories: `HOME`, `PULUMI_HOME`,
+    /// `TMPDIR`. The request's environment may set them otherwise (its own choice).
+    pub fn env(&self) -> [(String, String); 3] {
+        let p = |s: &str| self.dir.join(s).display().to_string();
+        [("HOME".into(), p("home")), ("PULUMI_HOME".into(), p("pulumi-home")), ("TMPDIR".into(), p("tmp"))]
+    }
+
+    /// Copies the prepared source `root` into the operation's `work/` and returns where `project`
+    /// (inside `root`) is in the copy. Symbolic links are copied as links.
+    ///
+    /// Errors: `project` is not inside `root`, or a copy failed.
+    pub fn copy_source(&self, root: &Path, project: &Path) -> std::io::Result<PathBuf> {
+        let rel = project.strip_prefix(root).map_err(|_| std::io::Error::other(format!("{} is not inside {}", project.display(), root.display())))?;
+        let work = self.dir.join("work");
+        copy_tree(root, &work)?;
+        Ok(work.join(rel))
+    }
+
+    /// Takes the plugin cache's fingerprint: after the agent's own preparation of the source (whose
+    /// `pulumi install` fills the cache), right before the operation's commands run.
+    pub fn watch_plugins(&mut self) {
+        self.before = Some(fingerprint(&self.plugins));
+    }
+
+    /// Compares the shared plugin cache with what it held at [`Sandbox::watch_plugins`], removes every
+    /// entry the operation added or changed since, then removes the operation's directory.
+    ///
+    /// Errors: the directory or a changed plugin could not be removed.
+    pub fn finish(self) -> std::io::Result<Finished> {
+        let plugins_removed = match &self.before {
+            Some(before) => changed_entries(before, &fingerprint(&self.plugins)),
+            None => Vec::new(),
+        };
+        for name in &plugins_removed {
+            remove_tree(&self.plugins.join(name))?;
+        }
+        remove_tree(&self.dir)?;
+        Ok(Finished { plugins_removed })
+    }
+}
+
+/// The top-level entries of the plugin cache (plugin directories, lock files) under which `after`
+/// differs from `before` by an added or changed path. Entries only deleted are not listed (nothing is
+/// left to remove). Pure.
+pub fn changed_entries(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
+    let mut names: Vec<String> = after
+        .iter()
+        .filter(|(path, meta)| before.get(*path) != Some(*meta))
+        .filter_map(|(path, _)| path.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned()))
+        .collect();
+    names.dedup();
+    names
+}
+
+/// Every path under `root` (not following links) with its size, mode, modification time and link
+/// target; empty when `root` cannot be read.
+pub fn fingerprint(root: &Path) -> Fingerprint {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Fingerprint::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+            let rel = e.path().strip_prefix(root).map(Path::to_path_buf).unwrap_or_default();
+            let target = m.file_type().is_symlink().then(|| std::fs::read_link(e.path()).ok()).flatten();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.insert(rel, (if m.is_dir() { 0 } else { m.len() }, m.permissions().mode(), m.modified().ok(), target));
+        }
+    }
+    out
+}
+
+/// Copies the tree `from` into the existing directory `to`: directories, regular files (with their
+/// modes) and symbolic links (as links).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let t = e.file_type()?;
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if t.is_dir() {
+            std::fs::create_dir(&dst)?;
+            std::fs::set_permissions(&dst, std::fs::metadata(&src)?.permissions())?;
+            copy_tree(&src, &dst)?;
+        } else if t.is_file() {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes `path` (a tree, a file or a link; nothing when missing). A directory a program made
+/// unwritable is made writable first.
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    let Ok(m) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    if !m.is_dir() {
+        return std::fs::remove_file(path);
+    }
+    if std::fs::remove_dir_all(path).is_ok() {
+        return Ok(());
+    }
+    make_writable(path);
+    std::fs::remove_dir_all(path)
+}
+
+/// Gives the owner full access to every directory under `dir` (not following links), so its entries
+/// can be removed.
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            make_writable(&e.path());
+        }
+    }
+}
+
+/// Creates `dir` (and its parents) readable only by this user (0700).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operation_gets_fresh_directories_a_copy_of_its_source_and_leaves_nothing() {
+        let base = tempfile::tempdir().unwrap();
+        let home = base.path().join("shared-home");
+        let src = base.path().join("src");
+        std::fs::create_dir_all(src.join("app/lib")).unwrap();
+        std::fs::write(src.join("app/Pulumi.yaml"), "name: p\nruntime: yaml\n").unwrap();
+        std::fs::write(src.join("app/lib/x"), "x").unwrap();
+        std::os::unix::fs::symlink("lib/x", src.join("app/link")).unwrap();
+        let boxes = Sandboxes::new(base.path().join("ops"), &home).unwrap();
+        let mut sb = boxes.create().unwrap();
+        sb.watch_plugins();
+        let project = sb.copy_source(&src, &src.join("app")).unwrap();
+        assert!(project.starts_with(&sb.dir) && project.join("Pulumi.yaml").is_file());
+        assert_eq!(std::fs::read_link(project.join("link")).unwrap(), PathBuf::from("lib/x"), "links stay links");
+        std::fs::write(project.join("Pulumi.dev.yaml"), "secret").unwrap();
+        assert!(!src.join("app/Pulumi.dev.yaml").exists(), "the source stays pristine");
+        let env: BTreeMap<String, String> = sb.env().into_iter().collect();
+        assert!(Path::new(&env["HOME"]).is_dir() && Path::new(&env["TMPDIR"]).is_dir());
+        assert_eq!(std::fs::canonicalize(Path::new(&env["PULUMI_HOME"]).join("plugins")).unwrap(), std::fs::canonicalize(home.join("plugins")).unwrap());
+        // a program that makes its directory unremovable for its owner
+        let locked = Path::new(&env["HOME"]).join("locked");
+        std::fs::create_dir_all(locked.join("inner")).unwrap();
+        std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o500)).unwrap();
+        let dir = sb.dir.clone();
+        assert_eq!(sb.finish().unwrap(), Finished::default());
+        assert!(!dir.exists(), "nothing of the operation is left");
+    }
+
+    #[test]
+    fn a_plugin_the_operation_added_or_changed_is_removed_and_others_are_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let home = base.path().join("shared-home");
+        let boxes = Sandboxes::new(base.path().join("ops"), &home).unwrap();
+        let plugins = boxes.plugins().to_path_buf();
+        for p in ["resource-a-v1.0.0", "resource-b-v1.0.0"] {
+            std::fs::create_dir_all(plugins.join(p)).unwrap();
+            std::fs::write(plugins.join(p).join("pulumi-resource"), "bin").unwrap();
+        }
+        let mut sb = boxes.create().unwrap();
+        std::fs::create_dir_all(plugins.join("resource-installed-v1.0.0")).unwrap();
+        sb.watch_plugins();
+        std::fs::write(plugins.join("resource-a-v1.0.0/pulumi-resource"), "evil!").unwrap();
+        std::fs::create_dir_all(plugins.join("resource-planted-v9.0.0")).unwrap();
+        let done = sb.finish().unwrap();
+        assert_eq!(done.plugins_removed, vec!["resource-a-v1.0.0".to_string(), "resource-planted-v9.0.0".to_string()]);
+        assert!(plugins.join("resource-b-v1.0.0/pulumi-resource").is_file(), "an untouched plugin stays");
+        assert!(plugins.join("resource-installed-v1.0.0").is_dir(), "what the agent's preparation installed stays");
+        assert!(!plugins.join("resource-a-v1.0.0").exists() && !plugins.join("resource-planted-v9.0.0").exists());
+    }
+
+    #[test]
+    fn leftovers_of_a_dead_agent_are_swept_before_the_next_operation() {
+        let base = tempfile::tempdir().unwrap();
+        let boxes = Sandboxes::new(base.path().join("ops"), &base.path().join("h")).unwrap();
+        let left = boxes.create().unwrap();
+        std::fs::write(left.dir.join("home/secret"), "s").unwrap();
+        let left_dir = left.dir.clone();
+        std::mem::forget(left);
+        let next = boxes.create().unwrap();
+        assert!(!left_dir.exists(), "the dead operation's directory is gone");
+        assert_eq!(std::fs::read_dir(base.path().join("ops")).unwrap().count(), 1);
+        next.finish().unwrap();
+    }
+
+    #[test]
+    fn changed_entries_name_top_level_plugins_once() {
+        let fp = |items: &[(&str, u64)]| -> Fingerprint { items.iter().map(|(p, n)| (PathBuf::from(p), (*n, 0o644, None, None))).collect() };
+        let before = fp(&[("a", 0), ("a/bin", 1), ("b", 0), ("b/bin", 1)]);
+        let after = fp(&[("a", 0), ("a/bin", 2), ("a/new", 1), ("c.lock", 0)]);
+        assert_eq!(changed_entries(&before, &after), vec!["a".to_string(), "c.lock".to_string()], "b only deleted: not listed");
+    }
+}
