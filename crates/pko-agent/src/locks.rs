@@ -83,14 +83,39 @@ pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<
 /// The holders of a conflict to release: all of them when every one is known dead on this host,
 /// otherwise none (a live or remote holder keeps its lock).
 pub fn stale(text: &str, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Vec<(Holder, &'static str)> {
-    let mut out = Vec::new();
-    for h in holders(text) {
+    match judge(text, hostname, process) {
+        Judgement::Release(dead) => dead,
+        Judgement::WaitFor(_) | Judgement::Keep => Vec::new(),
+    }
+}
+
+/// What a conflict calls for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judgement {
+    /// Every holder is known dead: release their locks (the holders, and why each is dead).
+    Release(Vec<(Holder, &'static str)>),
+    /// Some holders still run on this host and none is elsewhere: wait for these to end, then judge
+    /// again (an agent's `pulumi` that its supervisor is stopping, or another operation finishing).
+    WaitFor(Vec<Holder>),
+    /// A holder on another host, or none named (the Pulumi Cloud's conflict): nothing to do here.
+    Keep,
+}
+
+/// Judges every holder of the conflict in `text` from this host (see [`verdict`]).
+pub fn judge(text: &str, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Judgement {
+    let (mut dead, mut alive) = (Vec::new(), Vec::new());
+    let all = holders(text);
+    if all.is_empty() {
+        return Judgement::Keep;
+    }
+    for h in all {
         match verdict(&h, hostname, &process) {
-            Verdict::Dead(why) => out.push((h, why)),
-            Verdict::Alive | Verdict::Elsewhere => return Vec::new(),
+            Verdict::Dead(why) => dead.push((h, why)),
+            Verdict::Alive => alive.push(h),
+            Verdict::Elsewhere => return Judgement::Keep,
         }
     }
-    out
+    if alive.is_empty() { Judgement::Release(dead) } else { Judgement::WaitFor(alive) }
 }
 
 /// Start time and state of process `pid` from `proc` (normally `/proc`): `/proc/<pid>/stat` fields 3
@@ -159,6 +184,18 @@ mod tests {
         assert!(stale(CONFLICT, "node-a", one_alive).is_empty());
         assert!(stale(CONFLICT, "node-b", |_| None).is_empty());
         assert!(stale("error: [409] Conflict: Another update is currently in progress.", "node-a", |_| None).is_empty(), "the Pulumi Cloud's conflict names no holder");
+    }
+
+    #[test]
+    fn live_holders_on_this_host_are_waited_for_and_remote_ones_are_left_alone() {
+        let one_alive = |pid| (pid == 77).then_some(ProcessInfo { started: ts("2026-11-23T10:00:00Z"), zombie: false });
+        match judge(CONFLICT, "node-a", one_alive) {
+            Judgement::WaitFor(h) => assert_eq!(h.iter().map(|h| h.pid).collect::<Vec<_>>(), vec![77]),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(judge(CONFLICT, "node-a", |_| None), Judgement::Release(d) if d.len() == 2));
+        assert_eq!(judge(CONFLICT, "node-b", one_alive), Judgement::Keep);
+        assert_eq!(judge("error: [409] Conflict", "node-a", |_| None), Judgement::Keep);
     }
 
     #[test]

@@ -10,8 +10,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use pko_agent::auth::{Auth, KubeAuth};
 use pko_agent::runner::RunnerContext;
-use pko_agent::service::{AgentConfig, AgentService};
 use pko_agent::sandbox::Sandboxes;
+use pko_agent::service::{AgentConfig, AgentService};
 use pko_agent::source::{CacheConfig, DownloadConfig, SourceCache};
 use pko_agent::supervise::Supervisor;
 use pko_agent::values::ValueResolver;
@@ -139,6 +139,11 @@ struct Serve {
     /// operations).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     isolate_operations: bool,
+    /// Seconds an operation waits for the holders of its stack's backend lock that still run on this
+    /// host (a killed agent's `pulumi` being stopped, another operation ending) before it reports
+    /// `UPDATE_CONFLICT`. Holders on other hosts are never waited for.
+    #[arg(long, default_value_t = 30)]
+    lock_wait_seconds: u64,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -270,6 +275,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     let ctx = RunnerContext {
         pulumi,
         sandboxes,
+        lock_wait: Duration::from_secs(a.lock_wait_seconds),
         env: Default::default(),
         sources: Arc::new(sources),
         values: ValueResolver::new(kube, namespace),

@@ -25,6 +25,9 @@ use crate::values::ValueResolver;
 pub struct RunnerContext {
     /// The Pulumi CLI (under the agent's supervisor).
     pub pulumi: pulumi::Cli,
+    /// Longest wait for a backend lock's holders still running on this host to end before an operation
+    /// reports the conflict (`--lock-wait-seconds`).
+    pub lock_wait: std::time::Duration,
     /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with
     /// the agent's own `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
     pub sandboxes: Option<crate::sandbox::Sandboxes>,
@@ -60,10 +63,12 @@ struct Failure {
     field: String,
     /// An `UpdateConflict` whose every lock holder is known dead: those holders, and why.
     stale: Vec<(crate::locks::Holder, &'static str)>,
+    /// An `UpdateConflict` whose holders still run on this host (none elsewhere): worth waiting for.
+    live: Vec<crate::locks::Holder>,
 }
 
 fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure {
-    Failure { reason, message: message.into(), field: field.to_string(), stale: Vec::new() }
+    Failure { reason, message: message.into(), field: field.to_string(), stale: Vec::new(), live: Vec::new() }
 }
 
 /// Runs `req` to completion and publishes its events and its result on `op`.
@@ -294,11 +299,20 @@ async fn execute(
     add_environments(ctx, &dir, &env, &stack, masker).await?;
     check_stop(op)?;
 
-    // 5. the operation; a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`)
-    // releases those locks and runs once more
+    // 5. the operation; a conflict with holders still running on this host waits for them (the
+    // `pulumi` of a killed agent, stopped by its supervisor; another operation ending) and tries again;
+    // a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`) releases those
+    // locks and runs once more
     let options = req.options.clone().unwrap_or_default();
     let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
-    match operate(ctx, op, &step, masker, result).await {
+    let mut outcome = operate(ctx, op, &step, masker, result).await;
+    if let Err(f) = &outcome
+        && !f.live.is_empty()
+        && wait_for_holders(op, &f.live, ctx.lock_wait).await
+    {
+        outcome = operate(ctx, op, &step, masker, result).await;
+    }
+    match outcome {
         Err(f) if !f.stale.is_empty() => {
             check_stop(op)?;
             release_stale_locks(ctx, op, &step, &f.stale, masker).await?;
@@ -480,8 +494,11 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
         let msg = first_error_line(&text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
         let mut failure = fail(reason, "", msg);
         if reason == ErrorReason::UpdateConflict {
-            let host = crate::locks::hostname();
-            failure.stale = crate::locks::stale(&text, &host, |pid| crate::locks::process_info(Path::new("/proc"), pid));
+            match crate::locks::judge(&text, &crate::locks::hostname(), |pid| crate::locks::process_info(Path::new("/proc"), pid)) {
+                crate::locks::Judgement::Release(dead) => failure.stale = dead,
+                crate::locks::Judgement::WaitFor(alive) => failure.live = alive,
+                crate::locks::Judgement::Keep => {}
+            }
         }
         return Err(failure);
     }
@@ -491,6 +508,27 @@ async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, mask
         result.outputs = outputs(ctx, dir, env, step.stack, stack_outputs, masker).await?;
     }
     Ok(())
+}
+
+/// Waits up to `limit` for every holder in `live` (running on this host) to end, logging whom it waits
+/// for. Returns whether they all ended (false: time is up, or the operation is being stopped).
+async fn wait_for_holders(op: &Arc<Operation>, live: &[crate::locks::Holder], limit: std::time::Duration) -> bool {
+    let names: Vec<String> = live.iter().map(|h| format!("{} pid {}", h.who, h.pid)).collect();
+    tracing::info!(operation = %op.id, holders = ?names, limit_s = limit.as_secs(), "stack locked by a process on this host: waiting for it to end");
+    op.log(format!("the stack is locked by {} process(es) still running on this host; waiting up to {} s for them to end: {}", live.len(), limit.as_secs(), names.join("; ")));
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let host = crate::locks::hostname();
+        let running = live.iter().any(|h| crate::locks::verdict(h, &host, |pid| crate::locks::process_info(Path::new("/proc"), pid)) == crate::locks::Verdict::Alive);
+        if !running {
+            op.log("the lock holders ended; trying again");
+            return true;
+        }
+        if check_stop(op).is_err() || tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// Releases the locks of `stale` holders (all known dead: [`crate::locks`]) with `pulumi cancel`, which

@@ -131,8 +131,9 @@ async fn until_resource_started(stream: &mut tonic::Streaming<pko_proto::v1::Ope
 #[tokio::test]
 async fn two_agents_on_one_stack_give_exactly_one_update_conflict() {
     let env = pulumi_env();
-    let a = Agent::start(&env, &["--auth", "none"], &[]);
-    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    // no wait for a holder on this host: the conflict is reported at once
+    let a = Agent::start(&env, &["--auth", "none", "--lock-wait-seconds", "0"], &[]);
+    let b = Agent::start(&env, &["--auth", "none", "--lock-wait-seconds", "0"], &[]);
     let (mut ca, mut cb) = (a.client().await, b.client().await);
     // the stack exists before the race (creating it is not what is raced)
     let r = result(&run(&mut ca, request(&env, "create", &slow(&env, "race", 0), "dev", OperationType::Preview)).await);
@@ -669,7 +670,8 @@ async fn the_env_file_reaches_each_operation() {
     let env = pulumi_env();
     let file = env.dir().join("dynamic.env");
     let link = env.dir().join("workspace");
-    let agent = Agent::start(&env, &["--auth", "none", "--env-file", file.to_str().unwrap(), "--workspace-link", link.to_str().unwrap()], &[]);
+    // a Workspace's own pod, as PKO's: operations share the fetched source, which /share/workspace shows
+    let agent = Agent::start(&env, &["--auth", "none", "--isolate-operations=false", "--env-file", file.to_str().unwrap(), "--workspace-link", link.to_str().unwrap()], &[]);
     let mut c = agent.client().await;
     let dir = project(
         &env,

@@ -26,9 +26,12 @@ pub struct Absorbed {
 
 /// The finished `update` that `current` pointed at, against the previous `lastUpdate` `prev`, at `now`.
 /// The failure count grows only while the same generation and reconcile request keep failing (PKO);
-/// a success resets it and moves `lastSuccessfulCommit`.
+/// a success resets it and moves `lastSuccessfulCommit`. A conflict on the backend lock (another
+/// update holds it) is not the program's failure: it backs off like one but never reaches the stall
+/// count, so the Stack keeps retrying until the holder is gone.
 pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time) -> Absorbed {
     let ok = update.succeeded();
+    let conflict = update.failed_reason() == Some(uc::UPDATE_CONFLICT);
     let prev = prev.cloned().unwrap_or_default();
     let same_request = prev.generation == current.generation && prev.reconcile_request == current.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
     let us = update.status.clone().unwrap_or_default();
@@ -39,6 +42,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
     } else {
         0
     };
+    let failures = if conflict { failures.min(pko_api::constants::stack_condition::MAX_UPDATE_FAILURES - 1) } else { failures };
     Absorbed {
         last_update: StackUpdateState {
             generation: current.generation,
@@ -55,7 +59,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             failures: Some(failures),
         },
         succeeded: ok,
-        conflict: update.failed_reason() == Some(uc::UPDATE_CONFLICT),
+        conflict,
         project_info: if ok { us.project_info.clone() } else { None },
         outputs_secret: if ok { us.outputs.clone() } else { None },
         message: us.message.unwrap_or_default(),
@@ -112,5 +116,18 @@ mod tests {
         assert_eq!(second.last_update.last_successful_commit.as_deref(), Some("old"), "a failure keeps the last success");
         let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3));
         assert_eq!(new_generation.last_update.failures, Some(0), "a new generation starts counting again");
+    }
+
+    #[test]
+    fn conflicts_back_off_but_never_reach_the_stall_count() {
+        use pko_api::constants::stack_condition::MAX_UPDATE_FAILURES;
+        let mut last = absorb(None, &current(2, "abc"), &finished("u0", false, uc::UPDATE_CONFLICT), &t(0)).last_update;
+        for i in 1..10 {
+            last = absorb(Some(&last), &current(2, "abc"), &finished(&format!("u{i}"), false, uc::UPDATE_CONFLICT), &t(i)).last_update;
+            assert!(last.failures.unwrap() < MAX_UPDATE_FAILURES, "conflict {i}: {:?}", last.failures);
+        }
+        assert_eq!(last.failures, Some(MAX_UPDATE_FAILURES - 1), "the longest back-off short of stalling");
+        let failed = absorb(Some(&last), &current(2, "abc"), &finished("u", false, uc::UPDATE_FAILED), &t(20)).last_update;
+        assert_eq!(failed.failures, Some(MAX_UPDATE_FAILURES), "a real failure after them stalls");
     }
 }

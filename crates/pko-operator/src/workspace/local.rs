@@ -176,7 +176,8 @@ impl LocalRuntime {
         let spec = ws.spec.with_defaults();
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
         let kubeconfig = self.prepare_identity(client, &dir, &ns, &sa, false).await?;
-        let (child, address) = self.spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[]).await?;
+        // a Workspace's own agent runs one Stack: its operations share the cached source and HOME (PKO)
+        let (child, address) = self.spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[super::pod::SHARED_OPERATIONS.to_string()]).await?;
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
         std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| LocalError::Agent(e.to_string()))?;

@@ -114,6 +114,11 @@ pub fn revision_hash(ws: &Workspace) -> String {
     Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// The agent argument of a Workspace's own pod: its operations run in the fetched source with the
+/// pod's `HOME`, as in PKO's pod (one Stack's operations only; language caches stay between them). A
+/// pool's pods leave it out: their agents isolate each operation (`pko_agent::sandbox`).
+pub const SHARED_OPERATIONS: &str = "--isolate-operations=false";
+
 /// The StatefulSet of the workspace (`spec` defaults applied).
 pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     let name = ws.metadata.name.clone().unwrap_or_default();
@@ -150,6 +155,7 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         ENV_FILE.into(),
         "--workspace-link".into(),
         WORKSPACE_LINK.into(),
+        SHARED_OPERATIONS.into(),
     ];
     if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
         args.extend(["--pulumi-log-level".into(), level.to_string()]);

@@ -113,8 +113,8 @@ pub fn agent_address(pool: &str, namespace: &str, ordinal: usize) -> String {
 }
 
 /// The Service and StatefulSet (at 0 replicas) of the pool of `ws`'s class: `ws`'s pod
-/// ([`pod::stateful_set`]) under the pool's name, with `agent_args` added to the agent's (hollow agents
-/// of a load test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
+/// ([`pod::stateful_set`]) under the pool's name, its agent isolating each operation, with `agent_args`
+/// added to the agent's (hollow agents of a load test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
 pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String]) -> (Service, StatefulSet) {
     let class = pool_class(ws);
     let hash = class.rsplit('/').next().unwrap_or_default().to_string();
@@ -127,7 +127,10 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     if let Some(spec) = sts.spec.as_mut() {
         spec.replicas = Some(0);
         if let Some(c) = spec.template.spec.as_mut().and_then(|p| p.containers.iter_mut().find(|c| c.name == "pulumi")) {
-            c.args.get_or_insert_with(Vec::new).extend(agent_args.iter().cloned());
+            let args = c.args.get_or_insert_with(Vec::new);
+            // a pool's agents run many Stacks: each operation isolated (the agent's default)
+            args.retain(|a| a != pod::SHARED_OPERATIONS);
+            args.extend(agent_args.iter().cloned());
         }
     }
     let template = sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
@@ -598,6 +601,9 @@ mod tests {
         let pool = name.trim_end_matches("-workspace");
         let args = sta.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
         assert!(args.contains(&format!("--kube-audience {pool}.team-a --kube-workspace-namespace team-a --kube-workspace-name {pool}")), "{args}");
+        assert!(!args.contains("--isolate-operations"), "a pool's agents isolate each operation (the agent's default): {args}");
+        let own = pod::stateful_set(&a, &cfg()).spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+        assert!(own.contains(&pod::SHARED_OPERATIONS.to_string()), "a Workspace's own pod runs its Stack's operations as PKO's: {own:?}");
         let c = ws("gamma", json!({"image": "other"}));
         assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
         assert_eq!(agent_address(pool, "team-a", 2), format!("{name}-2.{name}.team-a:50051"));

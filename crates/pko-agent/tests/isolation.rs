@@ -1,0 +1,173 @@
+//! Isolation between operations on one agent, and an agent's processes ending with it: the real agent
+//! binary and the real Pulumi CLI of the bed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use pko_proto::v1::{EnvVar, OperationType, ResultStatus};
+
+/// One program for every Stack: it reports what it finds of any other operation (files in its working
+/// directory, `HOME`, `PULUMI_HOME` and `TMPDIR`, another stack's settings file, another request's
+/// environment, a process left running, a changed or planted plugin), then leaves all of that behind
+/// for the next one. The name of the daemon it starts is computed, so the script's own text never
+/// matches it.
+const PROBE: &str = r#"config:
+  pw:
+    type: string
+    secret: true
+resources:
+  probe:
+    type: command:local:Command
+    properties:
+      dir: ${pulumi.cwd}
+      environment:
+        STACK: ${pulumi.stack}
+      create: |
+        found=""
+        for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$TMPDIR/leak.txt"; do [ -e "$p" ] && found="$found file:$p"; done
+        for f in Pulumi.*.yaml; do [ -e "$f" ] && [ "$f" != "Pulumi.$STACK.yaml" ] && found="$found stack-settings:$f"; done
+        env | grep '^ONLY_' | grep -qv "^ONLY_$STACK=" && found="$found env"
+        n=$((3000+1))
+        pgrep -f "sleep $n" >/dev/null && found="$found process"
+        grep -qs evil "$PULUMI_HOME/plugins/resource-fake-v1.0.0/marker" && found="$found plugin-changed"
+        ls -d "$PULUMI_HOME"/plugins/resource-planted-* >/dev/null 2>&1 && found="$found plugin-planted"
+        for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$TMPDIR/leak.txt"; do echo "$OP_SECRET" > "$p"; done
+        echo evil >> "$PULUMI_HOME/plugins/resource-fake-v1.0.0/marker" 2>/dev/null
+        mkdir -p "$PULUMI_HOME/plugins/resource-planted-v9.9.9"
+        setsid sleep $n </dev/null >/dev/null 2>&1 &
+        echo "found:$found"
+outputs:
+  report: ${probe.stdout}
+"#;
+
+/// A request for `stack` of the probe with its own secret env var, `ONLY_<stack>`, and a secret config
+/// value (so the stack has a settings file with a secure value).
+fn probe_request(env: &pko_testbed::PulumiEnv, id: &str, dir: &Path, stack: &str) -> pko_proto::v1::OperationRequest {
+    let mut r = request(env, id, dir, stack, OperationType::Up);
+    r.env.push(EnvVar { name: "OP_SECRET".into(), value: Some(literal(&format!("secret-of-{stack}"))), secret: true });
+    r.env.push(EnvVar { name: format!("ONLY_{stack}"), value: Some(literal("1")), secret: false });
+    r.config.push(config("pw", serde_json::json!(format!("pw-of-{stack}")), true));
+    r
+}
+
+/// Processes whose working directory is under `dir` (what an agent working there left running).
+fn processes_under(dir: &Path) -> Vec<(i32, String)> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(&dir)) {
+            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim().to_string();
+            out.push((pid, name));
+        }
+    }
+    out
+}
+
+fn daemons() -> Vec<String> {
+    let out = std::process::Command::new("pgrep").args(["-fa", "sleep 3001"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn nothing_of_one_stacks_operation_reaches_the_next_on_one_agent() {
+    let env = pulumi_env();
+    // the agent's shared plugin cache holds a plugin an operation will try to change
+    let plugins: PathBuf = env.dir().join("home/plugins");
+    std::fs::create_dir_all(plugins.join("resource-fake-v1.0.0")).unwrap();
+    std::fs::write(plugins.join("resource-fake-v1.0.0/marker"), "original\n").unwrap();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut client = agent.client().await;
+    // one source for both Stacks (one Program, or one git revision): the most they could share
+    let dir = project(&env, "iso", PROBE);
+
+    // A, then B, then A again: each sees nothing of the one before
+    for (i, stack) in ["a", "b", "a"].iter().enumerate() {
+        let events = run(&mut client, probe_request(&env, &format!("op-{i}"), &dir, stack)).await;
+        let r = result(&events);
+        let text = all_text(&events);
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{stack}: {}: {text}", r.message);
+        assert_eq!(outputs(&r)["report"].0, serde_json::json!("found:"), "operation {i} ({stack}) found what an earlier one left: {text}");
+        assert!(!text.contains("secret-of-"), "secret values stay masked: {text}");
+        assert!(text.contains("stopped 1 process(es) the operation left running") && text.contains("sleep"), "the daemon was stopped and named: {text}");
+        assert!(text.contains("removed plugins this operation added to or changed") && text.contains("resource-planted-v9.9.9"), "{text}");
+        assert!(daemons().is_empty(), "nothing of operation {i} still runs: {:?}", daemons());
+        let ops: Vec<_> = std::fs::read_dir(agent.work.path().join("ops")).unwrap().collect();
+        assert!(ops.is_empty(), "the operation's directories are gone: {ops:?}");
+        assert!(!dir.join("leak.txt").exists() && !dir.join("Pulumi.a.yaml").exists(), "the source stays pristine");
+    }
+    assert!(!plugins.join("resource-fake-v1.0.0").exists(), "the plugin the first operation changed was removed, not run by the next");
+    assert!(!plugins.join("resource-planted-v9.9.9").exists());
+    assert!(!env.dir().join("home/leak.txt").exists(), "the agent's own PULUMI_HOME was not written");
+}
+
+#[tokio::test]
+async fn an_agent_killed_alone_mid_up_leaves_no_process_and_the_next_agent_completes_the_operation() {
+    let env = pulumi_env();
+    let mut a = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut ca = a.client().await;
+    let dir = project(
+        &env,
+        "killed-alone",
+        "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 37; echo done\noutputs:\n  out: ${slow.stdout}\n",
+    );
+    let mut stream = ca.run(request(&env, "alone-1", &dir, "dev", OperationType::Up)).await.unwrap().into_inner();
+    // until the command runs: pulumi, its language host, the provider and the command's shell all live
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    while processes_under(a.work.path()).iter().all(|(_, n)| n != "sleep") {
+        assert!(std::time::Instant::now() < end, "the command never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = processes_under(a.work.path());
+    assert!(before.iter().any(|(_, n)| n.starts_with("pulumi")), "{before:?}");
+    // SIGKILL of the agent process alone: not its process group (a plugin's group is its own anyway)
+    let killed_at = std::time::Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    while !processes_under(a.work.path()).is_empty() {
+        assert!(killed_at.elapsed() < Duration::from_secs(5), "the killed agent's processes outlived it: {:?}", processes_under(a.work.path()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gone_after = killed_at.elapsed();
+    drop(stream.message().await);
+    assert_eq!(lock_files(&env).len(), 1, "the killed pulumi left its lock");
+
+    // the operation again on another agent at a newer epoch (the operator's retry): it completes
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut cb = b.client().await;
+    let mut again = request(&env, "alone-1", &dir, "dev", OperationType::Up);
+    again.epoch = 2;
+    std::fs::write(dir.join("Pulumi.yaml"), "name: killed-alone\nruntime: yaml\nresources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 1; echo done\noutputs:\n  out: ${slow.stdout}\n").unwrap();
+    let events = run(&mut cb, again).await;
+    let r = result(&events);
+    let text = all_text(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
+    assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead"), "{text}");
+    assert!(lock_files(&env).is_empty(), "no lock left: {:?}", lock_files(&env));
+    println!("every process of the killed agent gone {:.3} s after its SIGKILL ({} before)", gone_after.as_secs_f64(), before.len());
+}
+
+#[tokio::test]
+async fn an_operation_waits_for_a_lock_holder_still_running_on_this_host_then_runs() {
+    let env = pulumi_env();
+    let a = Agent::start(&env, &["--auth", "none"], &[]);
+    let b = Agent::start(&env, &["--auth", "none"], &[]);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let body = "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 4; echo done\noutputs:\n  out: ${slow.stdout}\n";
+    let dir = project(&env, "wait", body);
+    let r = result(&run(&mut ca, request(&env, "create", &dir, "dev", OperationType::Preview)).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    let (ea, eb) = tokio::join!(run(&mut ca, request(&env, "first", &dir, "dev", OperationType::Up)), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        run(&mut cb, request(&env, "second", &dir, "dev", OperationType::Up)).await
+    });
+    let (ra, rb) = (result(&ea), result(&eb));
+    assert_eq!((ra.status, rb.status), (ResultStatus::Succeeded as i32, ResultStatus::Succeeded as i32), "{ra:?}\n{rb:?}");
+    let text = all_text(&eb);
+    assert!(text.contains("still running on this host; waiting up to 30 s") && text.contains("the lock holders ended; trying again"), "{text}");
+    assert!(!text.contains("stale lock"), "a live holder's lock is never released: {text}");
+    assert!(lock_files(&env).is_empty());
+}
