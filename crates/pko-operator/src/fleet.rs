@@ -8,11 +8,19 @@
 //! value is a pure function of the object (`pko_fleet::ring::shard_of` of its namespace and
 //! [`ShardKey`]), so replicas agree and the write is idempotent. A Stack's Workspace and Updates are
 //! built with the Stack's label (`stack::build`); the labeller catches those made directly.
+//!
+//! The labels are an index for watches, never the truth of ownership (that is the hash): a user can
+//! copy them (`kubectl get -o yaml` of another Stack) or write anything. An object filed under a shard
+//! that is not its own sits in the caches of the replica holding that shard, which does not own it:
+//! that replica relabels it ([`relabel_misfiled`]). An object whose shard label is no shard of the
+//! fleet at all (`garbage`, `99999`) sits in no cache: the labeller watches for those too
+//! ([`misnumbered_selector`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
@@ -310,13 +318,72 @@ pub fn unlabelled_selector(shards: u32) -> String {
     format!("{SHARDS_LABEL}!={shards}")
 }
 
+/// The label selector of objects labelled for the fleet's count `shards` whose shard label names no
+/// shard of it (no label, a value that is not a number below `shards`): `pulumi.com/shards=S,
+/// pulumi.com/shard notin (0,…,S−1)` (`notin` also matches a missing label). Pure.
+pub fn misnumbered_selector(shards: u32) -> String {
+    let all: Vec<String> = (0..shards).map(|s| s.to_string()).collect();
+    format!("{SHARDS_LABEL}={shards},{SHARD_LABEL} notin ({})", all.join(","))
+}
+
+/// Whether `labels` file the object `namespace/key` of a fleet of `shards` under another shard than
+/// its own: labelled for this count, but not with the object's shard (copied from another object,
+/// or written by hand). Pure.
+pub fn misfiled(labels: &BTreeMap<String, String>, namespace: &str, key: &str, shards: u32) -> bool {
+    labels.get(SHARDS_LABEL).is_some_and(|s| *s == shards.to_string()) && labels.get(SHARD_LABEL) != Some(&shard_of(&format!("{namespace}/{key}"), shards).to_string())
+}
+
+/// Relabels every object of kind `K` this replica's sharded cache holds under a shard that is not its
+/// own ([`misfiled`]; `changes` is the cache's subscription): its real shard's holder, which never
+/// sees it otherwise, then does. Only while this replica's count prevails (`standing`). One write per
+/// misfiled object, by the holder of the shard it claims. Runs until `changes` ends or `shutdown`.
+pub async fn relabel_misfiled<K: Watched + ShardKey>(
+    changes: impl futures::Stream<Item = Change<K>> + Send + 'static,
+    client: kube::Client,
+    shards: u32,
+    standing: watch::Receiver<Standing>,
+    shutdown: CancellationToken,
+) {
+    use futures::StreamExt;
+    let mut changes = Box::pin(changes);
+    loop {
+        let change = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            c = changes.next() => match c { Some(c) => c, None => return },
+        };
+        let Change::Applied(object) = change else { continue };
+        let ns = object.namespace().unwrap_or_default();
+        if *standing.borrow() == Standing::Active && misfiled(object.labels(), &ns, &object.shard_key(), shards) {
+            tracing::info!(kind = %K::kind(&()), namespace = %ns, name = %object.name_any(), shard = ?object.labels().get(SHARD_LABEL), "relabelling an object filed under another shard than its own");
+            label(&client, &object, shards).await;
+        }
+    }
+}
+
+/// [`relabel_misfiled`] for the Stacks, Workspaces and Updates of `informers` (subscribed now, before
+/// they run), each on a task of its own.
+pub fn relabel_misfiled_kinds(
+    informers: &mut crate::informer::Informers,
+    client: &kube::Client,
+    shards: u32,
+    standing: &watch::Receiver<Standing>,
+    shutdown: &CancellationToken,
+) -> [tokio::task::JoinHandle<()>; 3] {
+    [
+        tokio::spawn(relabel_misfiled(informers.stacks().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
+        tokio::spawn(relabel_misfiled(informers.workspaces().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
+        tokio::spawn(relabel_misfiled(informers.updates().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
+    ]
+}
+
 /// The labeller: while this replica's shard count prevails in its fleet (`standing`; a replica
 /// standing by writes nothing, or replicas of two counts would relabel each other's objects back and
 /// forth), watches the Stacks, Workspaces and Updates of `scope` whose shard labels were not computed
 /// for `shards` ([`unlabelled_selector`], through `watch_client`, which has no read timeout: these
 /// watches are quiet for minutes) and writes their [`shard_labels`] through `client`
-/// ([`label_delay`]: at once where `ownership` says this replica holds the object's shard). Runs until
-/// `shutdown`. After a change of `--shards` every object is labelled again, once; so is every object
+/// ([`label_delay`]: at once where `ownership` says this replica holds the object's shard); and the
+/// objects labelled for `shards` whose shard label names no shard ([`misnumbered_selector`]). Runs
+/// until `shutdown`. After a change of `--shards` every object is labelled again, once; so is every object
 /// labelled before [`SHARDS_LABEL`] existed.
 ///
 /// Its lists are served from the API server's watch cache ([`crate::informer::list_config`]): the
@@ -338,17 +405,21 @@ pub async fn label_unsharded(
             r = standing.wait_for(|s| *s == Standing::Active) => if r.is_err() { return },
         }
         let stop = shutdown.child_token();
-        let unlabelled = || crate::informer::list_config().labels(&unlabelled_selector(shards));
-        let stacks = label_kind::<Stack>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
-        let workspaces = label_kind::<Workspace>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
-        let updates = label_kind::<Update>(Informer::new(&watch_client, &scope, unlabelled()), client.clone(), shards, ownership.clone(), stop.clone());
+        let mut watches = Vec::new();
+        for selector in [unlabelled_selector(shards), misnumbered_selector(shards)] {
+            let config = || crate::informer::list_config().labels(&selector);
+            let (c, o, t) = (&client, &ownership, &stop);
+            watches.push(label_kind::<Stack>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
+            watches.push(label_kind::<Workspace>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
+            watches.push(label_kind::<Update>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
+        }
         let standing_by = async {
             let _ = standing.wait_for(|s| *s != Standing::Active).await;
             tracing::info!("standing by: the labeller stops");
             stop.cancel();
         };
         tokio::select! {
-            _ = futures::future::join3(stacks, workspaces, updates) => {}
+            _ = futures::future::join_all(watches) => {}
             () = standing_by => {}
         }
         stop.cancel();
@@ -411,6 +482,21 @@ mod tests {
         assert_eq!(labels[SHARDS_LABEL], "64");
         assert_eq!(labels.len(), 2);
         assert_eq!(unlabelled_selector(2048), "pulumi.com/shards!=2048");
+        assert_eq!(misnumbered_selector(3), "pulumi.com/shards=3,pulumi.com/shard notin (0,1,2)");
+        let selector = misnumbered_selector(2048);
+        assert!(selector.len() < 10_000 && selector.ends_with(",2047)"), "{} bytes", selector.len());
+    }
+
+    #[test]
+    fn an_object_is_misfiled_when_labelled_for_this_count_with_another_shard() {
+        let own = shard_labels("team", "web", 64);
+        let labels = |shard: &str, count: &str| BTreeMap::from([(SHARD_LABEL.to_string(), shard.to_string()), (SHARDS_LABEL.to_string(), count.to_string())]);
+        assert!(!misfiled(&own, "team", "web", 64), "its own labels");
+        let other = (shard_of("team/web", 64) + 1) % 64;
+        assert!(misfiled(&labels(&other.to_string(), "64"), "team", "web", 64), "copied from another Stack");
+        assert!(misfiled(&labels("garbage", "64"), "team", "web", 64), "not a shard");
+        assert!(!misfiled(&labels(&other.to_string(), "32"), "team", "web", 64), "another count: the labeller's business");
+        assert!(!misfiled(&BTreeMap::new(), "team", "web", 64), "unlabelled: the labeller's business");
     }
 
     #[test]

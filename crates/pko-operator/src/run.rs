@@ -150,6 +150,7 @@ impl Operator {
                 m.ownership.standing(),
                 shutdown.clone(),
             )));
+            servers.extend(crate::fleet::relabel_misfiled_kinds(&mut informers, &client, fleet.shards, &m.ownership.standing(), &shutdown));
         }
         // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
         let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));

@@ -113,6 +113,62 @@ async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
     assert_eq!(updates.len(), 2 * STACKS, "one more Update per Stack, none doubled");
 }
 
+/// Labels are an index, never the truth of ownership: a Stack applied with another Stack's shard labels
+/// (`kubectl get -o yaml`, renamed), with a shard label that is no shard, or with one out of range, is
+/// relabelled and reconciled once, on three replicas.
+#[tokio::test]
+async fn stacks_with_copied_forged_or_garbage_shard_labels_are_relabelled_and_reconciled_once() {
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+    let (client, ns, env) = setup("fleet-labels").await;
+    let prefix = pko_testbed::testbed().redis_prefix("fleet-labels");
+    let redis = ["--redis-url", pko_testbed::testbed().redis_url(), "--redis-prefix", &prefix];
+    let mut replicas = Vec::new();
+    for r in ["r0", "r1", "r2"] {
+        replicas.push(InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), r, &redis))).await);
+    }
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}, "outputs": {"out": "${r.stdout}"}}}),
+    )
+    .await;
+    let shard = |name: &str| pko_fleet::ring::shard_of(&format!("{}/{name}", ns.name()), 64);
+    // the labels of another Stack: a shard that is not the copy's own (and held by some replica)
+    let original = "original";
+    let copied = (0..).map(|i| format!("copy-{i}")).find(|n| shard(n) != shard(original)).unwrap();
+    let cases = [(copied.as_str(), shard(original).to_string()), ("garbage", "not-a-shard".to_string()), ("out-of-range", "9999".to_string())];
+    for (name, label) in &cases {
+        create(
+            &ns.api::<Stack>(),
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+                   "metadata": {"name": name, "labels": {"pulumi.com/shard": label, "pulumi.com/shards": "64"}},
+                   "spec": {"stack": name, "programRef": {"name": "p"}, "backend": env.backend_url(),
+                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
+        )
+        .await;
+    }
+    let stacks = ns.api::<Stack>();
+    let t = std::time::Instant::now();
+    eventually("every mislabelled Stack is relabelled and Ready", 120, || async { ready_count(&stacks).await == cases.len() }).await;
+    eprintln!("all {} mislabelled Stacks Ready {:.1} s after they were applied", cases.len(), t.elapsed().as_secs_f64());
+    for (name, _) in &cases {
+        let s = stacks.get(name).await.unwrap();
+        assert_eq!(s.labels().get("pulumi.com/shard"), Some(&shard(name).to_string()), "{name} carries its own shard now");
+        let updates: Vec<_> = ns
+            .api::<Update>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| u.labels().get("pulumi.com/stack-name").map(String::as_str) == Some(name))
+            .collect();
+        assert_eq!(updates.len(), 1, "{name}: one Update, none doubled");
+        let owners = replicas.iter().filter(|r| r.running.as_ref().is_some_and(|x| x.ctx.ownership.owns(ns.name(), name))).count();
+        assert_eq!(owners, 1, "{name} owned by one replica");
+    }
+}
+
 #[tokio::test]
 async fn a_second_replica_without_redis_is_refused() {
     let (client, ns, env) = setup("fleet-noredis").await;
