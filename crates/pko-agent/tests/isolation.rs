@@ -9,39 +9,14 @@ use std::time::Duration;
 use common::*;
 use pko_proto::v1::{EnvVar, OperationType, ResultStatus};
 
-/// One program for every Stack: it reports what it finds of any other operation (files in its working
-/// directory, `HOME`, `PULUMI_HOME` and `TMPDIR`, another stack's settings file, another request's
-/// environment, a process left running, a changed or planted plugin), then leaves all of that behind
-/// for the next one. The name of the daemon it starts is computed, so the script's own text never
-/// matches it.
-const PROBE: &str = r#"config:
-  pw:
-    type: string
-    secret: true
-resources:
-  probe:
-    type: command:local:Command
-    properties:
-      dir: ${pulumi.cwd}
-      environment:
-        STACK: ${pulumi.stack}
-      create: |
-        found=""
-        for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$TMPDIR/leak.txt"; do [ -e "$p" ] && found="$found file:$p"; done
-        for f in Pulumi.*.yaml; do [ -e "$f" ] && [ "$f" != "Pulumi.$STACK.yaml" ] && found="$found stack-settings:$f"; done
-        env | grep '^ONLY_' | grep -qv "^ONLY_$STACK=" && found="$found env"
-        n=$((3000+1))
-        pgrep -f "sleep $n" >/dev/null && found="$found process"
-        grep -qs evil "$PULUMI_HOME/plugins/resource-fake-v1.0.0/marker" && found="$found plugin-changed"
-        ls -d "$PULUMI_HOME"/plugins/resource-planted-* >/dev/null 2>&1 && found="$found plugin-planted"
-        for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$TMPDIR/leak.txt"; do echo "$OP_SECRET" > "$p"; done
-        echo evil >> "$PULUMI_HOME/plugins/resource-fake-v1.0.0/marker" 2>/dev/null
-        mkdir -p "$PULUMI_HOME/plugins/resource-planted-v9.9.9"
-        setsid sleep $n </dev/null >/dev/null 2>&1 &
-        echo "found:$found"
-outputs:
-  report: ${probe.stdout}
-"#;
+/// One program for every Stack ([`pko_testbed::probe::ISOLATION_PROBE`]), with a secret config value so
+/// each stack has a settings file holding a secure value.
+fn probe_program() -> String {
+    let script: String = pko_testbed::probe::ISOLATION_PROBE.lines().map(|l| format!("        {l}\n")).collect();
+    format!(
+        "config:\n  pw:\n    type: string\n    secret: true\nresources:\n  probe:\n    type: command:local:Command\n    properties:\n      dir: ${{pulumi.cwd}}\n      environment:\n        STACK: ${{pulumi.stack}}\n      create: |\n{script}outputs:\n  report: ${{probe.stdout}}\n"
+    )
+}
 
 /// A request for `stack` of the probe with its own secret env var, `ONLY_<stack>`, and a secret config
 /// value (so the stack has a settings file with a secure value).
@@ -67,11 +42,6 @@ fn processes_under(dir: &Path) -> Vec<(i32, String)> {
     out
 }
 
-fn daemons() -> Vec<String> {
-    let out = std::process::Command::new("pgrep").args(["-fa", "sleep 3001"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-}
-
 #[tokio::test]
 async fn nothing_of_one_stacks_operation_reaches_the_next_on_one_agent() {
     let env = pulumi_env();
@@ -82,7 +52,7 @@ async fn nothing_of_one_stacks_operation_reaches_the_next_on_one_agent() {
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut client = agent.client().await;
     // one source for both Stacks (one Program, or one git revision): the most they could share
-    let dir = project(&env, "iso", PROBE);
+    let dir = project(&env, "iso", &probe_program());
 
     // A, then B, then A again: each sees nothing of the one before
     for (i, stack) in ["a", "b", "a"].iter().enumerate() {
@@ -94,7 +64,7 @@ async fn nothing_of_one_stacks_operation_reaches_the_next_on_one_agent() {
         assert!(!text.contains("secret-of-"), "secret values stay masked: {text}");
         assert!(text.contains("stopped 1 process(es) the operation left running") && text.contains("sleep"), "the daemon was stopped and named: {text}");
         assert!(text.contains("removed plugins this operation added to or changed") && text.contains("resource-planted-v9.9.9"), "{text}");
-        assert!(daemons().is_empty(), "nothing of operation {i} still runs: {:?}", daemons());
+        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of operation {i} still runs: {:?}", pko_testbed::probe::probe_daemons());
         let ops: Vec<_> = std::fs::read_dir(agent.work.path().join("ops")).unwrap().collect();
         assert!(ops.is_empty(), "the operation's directories are gone: {ops:?}");
         assert!(!dir.join("leak.txt").exists() && !dir.join("Pulumi.a.yaml").exists(), "the source stays pristine");

@@ -30,6 +30,19 @@ fn agents_under(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Processes whose working directory is under `dir`, with their command names.
+fn processes_under(dir: &Path) -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            std::fs::read_link(e.path().join("cwd")).ok()?.starts_with(dir).then(|| (pid, std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim().to_string()))
+        })
+        .collect()
+}
+
 /// The slot directories of this replica's pools: `<agents>/pools/<ns>/<class>/operator/<n>`.
 fn slots(pools: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -127,6 +140,59 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     operator.stop().await;
 }
 
+/// Two Stacks of one class take turns on one pooled agent (A, B, then A again): each operation's probe
+/// ([`pko_testbed::probe::ISOLATION_PROBE`]) finds nothing the one before left — files, stack settings,
+/// env, a daemon, plugins — although all three ran on the same agent process.
+#[tokio::test]
+async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
+    let (client, ns, env) = setup("pool-iso").await;
+    passphrase_secret(&ns).await;
+    create(
+        &ns.api::<pko_api::Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "probe"},
+               "configuration": {"n": {"type": "String", "default": "0"}},
+               "program": {"resources": {"probe": {"type": "command:local:Command", "properties": {
+                   "dir": "${pulumi.cwd}", "environment": {"STACK": "${pulumi.stack}", "N": "${n}"}, "create": pko_testbed::probe::ISOLATION_PROBE}}},
+                 "outputs": {"report": "${probe.stdout}"}}}),
+    )
+    .await;
+    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "1", "--pool-idle-timeout-seconds", "60"]);
+    let operator = InProcessOperator::start_with(&client, &env, args).await;
+    let stacks = ns.api::<Stack>();
+    let pools_dir = env.dir().join("agents").join("pools");
+    let agent_pids = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for (turn, name) in ["isoa", "isob", "isoa"].iter().enumerate() {
+        let mut refs = passphrase_env_refs();
+        refs[format!("ONLY_{name}")] = json!({"type": "Literal", "literal": {"value": "1"}});
+        refs["OP_SECRET"] = json!({"type": "Literal", "literal": {"value": format!("secret-of-{name}")}});
+        let spec = json!({"stack": name, "programRef": {"name": "probe"}, "backend": env.backend_url(), "config": {"n": turn.to_string()}, "envRefs": refs});
+        if turn < 2 {
+            create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})).await;
+        } else {
+            stacks.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": spec}))).await.unwrap();
+        }
+        let generation = if turn < 2 { 1 } else { 2 };
+        eventually(&format!("turn {turn}: {name} Ready with its report"), 120, || async {
+            let s = stacks.get(name).await.unwrap();
+            agent_pids.lock().unwrap().extend(agents_under(&pools_dir));
+            let status = s.status.as_ref();
+            ready(&s)
+                && status.and_then(|st| st.last_update.as_ref()).is_some_and(|l| l.generation == Some(generation))
+                && status.and_then(|st| st.outputs.as_ref()).is_some_and(|o| o.get("report").is_some())
+        })
+        .await;
+        let s = stacks.get(name).await.unwrap();
+        let report = s.status.and_then(|st| st.outputs).map(|o| o["report"].clone());
+        assert_eq!(report, Some(json!("found:")), "turn {turn} ({name}) found what an earlier operation left");
+        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of turn {turn} still runs: {:?}", pko_testbed::probe::probe_daemons());
+    }
+    assert_eq!(slots(&pools_dir).len(), 1, "all three turns on the one slot of the pool");
+    let pids = agent_pids.into_inner().unwrap();
+    assert_eq!(pids.len(), 1, "all three turns on one agent process: {pids:?}");
+    operator.stop().await;
+    let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
+}
+
 /// A two-resource `up` in flight on a pool of at most two agents: `a` (sleeps 6 s, then appends `a` to
 /// the returned trace) is being created, `b` waits for it. Returns the operator, the trace file, the
 /// pools directory and the PID of the agent running the operation.
@@ -190,8 +256,9 @@ async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
 #[tokio::test]
 async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holder_is_dead() {
     let (client, ns, env) = setup("killed").await;
-    // `a` is in flight when its agent is SIGKILLed (its pulumi orphaned, then reaped by the pool): the
-    // lock stays, with a dead holder; the retry on the next agent releases it and completes the update
+    // `a` is in flight when its agent alone is SIGKILLed: its supervisor stops the pulumi and plugins at
+    // once; the lock stays, with a dead holder; the retry on the next agent releases it and completes
+    // the update
     let (operator, runs, pools_dir, pid) = two_step_up_in_flight(&client, &ns, &env, "killed").await;
     let updates = ns.api::<Update>();
     let locks = env.dir().join("state").join(".pulumi").join("locks");
@@ -212,12 +279,18 @@ async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holde
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
+    // what the operation runs: pulumi, its language host, the provider, the command's shell and sleep
+    let ops = slots(&pools_dir).into_iter().next().expect("the agent's slot").join("work").join("ops");
+    let before: Vec<u32> = processes_under(&ops).into_iter().map(|(pid, _)| pid).collect();
+    assert!(before.len() >= 3, "pulumi and its plugins run under the operation's directory: {:?}", processes_under(&ops));
     let t0 = std::time::Instant::now();
-    // the agent alone: its pulumi lives on, orphaned, until the pool sees the agent dead
+    // the agent alone (not its process group)
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     // (exited: gone, or a zombie not yet reaped)
     let running = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, f)| !f.trim_start().starts_with('Z')));
-    eventually("the pool kills the dead agent's orphaned pulumi", 30, || async { !running(holder) }).await;
+    // the agent's supervisor stops its pulumi, the language host, the provider and the command at once
+    eventually("nothing of the dead agent's operation still runs", 5, || async { !running(holder) && before.iter().all(|p| !running(*p as i32)) }).await;
+    eprintln!("SIGKILLed agent: its pulumi and every plugin gone {:?} after the kill", t0.elapsed());
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready after the retry", 120, || async { ready(&stacks.get("killed").await.unwrap()) }).await;
