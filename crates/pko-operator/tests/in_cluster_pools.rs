@@ -36,6 +36,34 @@ async fn pool_pods(pods: &Api<Pod>, sts: &str) -> Vec<Pod> {
     pods.list(&lp).await.unwrap().items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
 }
 
+/// Stacks `isoa` then `isob` of the pool's class run [`pko_testbed::probe::ISOLATION_PROBE`] one after
+/// the other on one pool pod (the lowest idle one): neither finds anything of the other's operation,
+/// and nothing of either still runs afterwards.
+async fn isolation_turns(ns: &pko_testbed::TestNamespace, op_ns: &str, tag: &str, state_dir: &str) {
+    create(
+        &ns.api::<pko_api::Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "probe"}, "program": {
+            "resources": {
+                "probe": {"type": "command:local:Command", "properties": {"dir": "${pulumi.cwd}", "environment": {"STACK": "${pulumi.stack}"}, "create": pko_testbed::probe::ISOLATION_PROBE}},
+                "host": {"type": "command:local:Command", "properties": {"create": "hostname"}}},
+            "outputs": {"report": "${probe.stdout}", "host": "${host.stdout}"}
+        }}),
+    )
+    .await;
+    let stacks = ns.api::<Stack>();
+    let mut hosts = BTreeSet::new();
+    for name in ["isoa", "isob"] {
+        // (the same env for both: a pod pool's class includes the Workspace's env, which shapes the pod)
+        create(&stacks, stack_spec(name, tag, state_dir, json!({"programRef": {"name": "probe"}}))).await;
+        wait_for(&format!("{name} Ready on the pool"), 180, ns.name(), op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
+        let outputs = stacks.get(name).await.unwrap().status.and_then(|s| s.outputs).unwrap_or_default();
+        assert_eq!(outputs.get("report"), Some(&json!("found:")), "{name} found what the operation before it left on the pod");
+        hosts.insert(outputs.get("host").map(|h| h.to_string()));
+        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of {name}'s operation still runs: {:?}", pko_testbed::probe::probe_daemons());
+    }
+    assert_eq!(hosts.len(), 1, "both turns ran on one pool pod: {hosts:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_back() {
     let bed = testbed();
@@ -132,6 +160,9 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
     .await;
     eprintln!("change → Ready from 0 pods (a pod started): {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(updates_of(&updates, "alpha").await.len(), before + 1, "the change ran exactly once");
+
+    // -- two Stacks of the class taking turns on one pool pod see nothing of each other --
+    isolation_turns(ns, op_ns, tag, state_dir).await;
 
     // -- a pool pod deleted during a slow up: the same Update completes on its replacement --
     let before = updates_of(&updates, "beta").await.len();
