@@ -201,7 +201,7 @@ impl Operator {
         servers.push(tokio::spawn(watches));
         let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
         let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
-        let state = crate::artifacts::ArtifactState { programs };
+        let state = crate::artifacts::ArtifactState::new(programs);
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, state).await;
         }));

@@ -309,7 +309,8 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let controller = tokio::spawn(run);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(pko_operator::artifacts::serve(listener, pko_operator::artifacts::ArtifactState { programs }));
+    let artifacts = pko_operator::artifacts::ArtifactState::new(programs);
+    let server = tokio::spawn(pko_operator::artifacts::serve(listener, artifacts.clone()));
     let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().unwrap();
     let before = program_gets(&client).await;
     for i in 0..200 {
@@ -319,6 +320,34 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let after = program_gets(&client).await;
     eprintln!("200 requests for missing Programs: {} API reads of programs", after - before);
     assert!(after - before < 5.0, "{} API reads for 200 unknown artifact paths", after - before);
+
+    // a real 1 MiB Program: a wrong digest is refused before anything is rendered; the published one is
+    // rendered once and then served from the cache
+    let big = "x".repeat(1 << 20);
+    create(
+        &ns.api::<pko_api::Program>(),
+        serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "big"},
+                           "program": {"variables": {"blob": big}, "outputs": {"n": "${blob}"}}}),
+    )
+    .await;
+    let programs_api = ns.api::<pko_api::Program>();
+    pko_testbed::eventually("the big Program's artifact is published", 60, || async { programs_api.get("big").await.ok().and_then(|p| p.status?.artifact).is_some() }).await;
+    let art = programs_api.get("big").await.unwrap().status.unwrap().artifact.unwrap();
+    let path = |digest: &str| format!("{base}/programs/{}/big/1/{digest}.tar.gz", ns.name());
+    let t = std::time::Instant::now();
+    for i in 0..100 {
+        let wrong = format!("{i:064x}");
+        assert_eq!(http.get(path(&wrong)).send().await.unwrap().status(), 404);
+    }
+    eprintln!("100 wrong-digest requests for a 1 MiB Program: {:.3} s, {} renders", t.elapsed().as_secs_f64(), artifacts.renders());
+    assert_eq!(artifacts.renders(), 0, "a wrong digest costs no rendering");
+    let hex = art.digest.as_deref().unwrap().trim_start_matches("sha256:").to_string();
+    for _ in 0..3 {
+        let r = http.get(path(&hex)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(pko_operator::program::digest(&r.bytes().await.unwrap()), art.digest.clone().unwrap());
+    }
+    assert_eq!(artifacts.renders(), 1, "rendered once, then served from the cache");
 
     // /metrics: HTTPS; no token 401, an account without the role 403, one with it 200
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -66,7 +66,7 @@ async fn program_is_published_served_and_deployable() {
     let mut informers = pko_operator::informer::Informers::new(client.clone(), pko_operator::informer::WatchScope::Namespaces(vec![ns.name().to_string()]));
     let (programs, run) = pko_operator::program_controller(ctx.clone(), &mut informers);
     let run = informers.drive(run);
-    let state = pko_operator::artifacts::ArtifactState { programs };
+    let state = pko_operator::artifacts::ArtifactState::new(programs);
     let server = tokio::spawn(pko_operator::artifacts::serve(listener, state));
     let controller = tokio::spawn(run);
 
