@@ -113,7 +113,7 @@ struct Serve {
     /// Seconds an artifact server may stay silent (waiting for the response or its next bytes).
     #[arg(long, default_value_t = 30)]
     artifact_read_timeout_seconds: u64,
-    /// Seconds one artifact download attempt may take in all.
+    /// Seconds an artifact download may take in all: every attempt, and the waits between them.
     #[arg(long, default_value_t = 300)]
     artifact_timeout_seconds: u64,
     /// Retries of a failed artifact download (connection errors, timeouts, HTTP 429/5xx; PKO: 3).

@@ -69,7 +69,8 @@ pub struct DownloadConfig {
     pub connect_timeout: Duration,
     /// Longest silence while waiting for the response or its next bytes.
     pub read_timeout: Duration,
-    /// Time one attempt may take in all, the body included (a server that drips bytes ends here).
+    /// Time the whole download may take: every attempt, its body and the waits between attempts (a
+    /// server that drips a byte now and then ends here, once, not once per attempt).
     pub total_timeout: Duration,
     /// Attempts after the first, on connection errors, timeouts, HTTP 429 and 5xx; 1 s, 2 s, 4 s … apart.
     pub retries: u32,
@@ -242,13 +243,25 @@ impl SourceCache {
         }
     }
 
-    /// Downloads the artifact (retrying as [`DownloadConfig`] says), checks its digest and extracts it
-    /// into `into` ([`crate::archive::extract_tar_gz`] within the artifact limit).
+    /// Downloads the artifact (retrying as [`DownloadConfig`] says, all within its total timeout),
+    /// checks its digest and extracts it into `into` ([`crate::archive::extract_tar_gz`] within the
+    /// artifact limit).
     async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
+        let total = self.cfg.download.total_timeout;
+        let file = tokio::time::timeout(total, self.fetch_with_retries(a)).await.map_err(|_| err(deadline_message(&a.url, total)))??;
+        let into = into.to_path_buf();
+        let limits = crate::archive::Limits::new(self.cfg.max_artifact_bytes);
+        let extracted = tokio::task::spawn_blocking(move || crate::archive::extract_tar_gz(file, &into, &limits)).await.map_err(|e| err(e.to_string()))?;
+        extracted.map(|_| ()).map_err(|e| err(e.to_string()))
+    }
+
+    /// [`SourceCache::fetch_once`], again after 1 s, 2 s, 4 s … on errors a retry may help, at most
+    /// [`DownloadConfig::retries`] times.
+    async fn fetch_with_retries(&self, a: &ArtifactSource) -> Result<std::fs::File, SourceError> {
         let mut attempt = 0u32;
-        let file = loop {
+        loop {
             match self.fetch_once(a).await {
-                Ok(f) => break f,
+                Ok(f) => return Ok(f),
                 Err((e, retry)) if retry && attempt < self.cfg.download.retries => {
                     let wait = Duration::from_secs(1 << attempt.min(5));
                     tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(), "artifact download failed; retrying");
@@ -257,11 +270,7 @@ impl SourceCache {
                 }
                 Err((e, _)) => return Err(e),
             }
-        };
-        let into = into.to_path_buf();
-        let limits = crate::archive::Limits::new(self.cfg.max_artifact_bytes);
-        let extracted = tokio::task::spawn_blocking(move || crate::archive::extract_tar_gz(file, &into, &limits)).await.map_err(|e| err(e.to_string()))?;
-        extracted.map(|_| ()).map_err(|e| err(e.to_string()))
+        }
     }
 
     /// One download attempt into a temporary file, checked against the digest. Errors carry whether a
@@ -297,6 +306,17 @@ impl SourceCache {
         file.rewind().map_err(|e| (err(e.to_string()), false))?;
         Ok(file)
     }
+}
+
+/// Why a download ran out of time: the URL's host (never its path or query, which may carry a token)
+/// and the limit. Pure.
+pub fn deadline_message(url: &str, total: Duration) -> String {
+    let host = reqwest::Url::parse(url).ok().and_then(|u| Some(format!("{}{}", u.host_str()?, u.port().map(|p| format!(":{p}")).unwrap_or_default())));
+    format!(
+        "downloading the artifact from {}: not complete within {} s, all attempts included (agent flag --artifact-timeout-seconds)",
+        host.unwrap_or_else(|| "an unparsable URL".into()),
+        total.as_secs()
+    )
 }
 
 /// A reqwest error with its causes (reqwest's own text is only "error sending request").
@@ -493,6 +513,12 @@ mod tests {
         }
         assert!(install_needed("yaml", false), "YAML gets its plugins installed, as in PKO");
         assert!(!install_needed("yaml", true), "with downloads off there is nothing to install");
+    }
+
+    #[test]
+    fn a_download_deadline_names_the_host_and_the_limit_not_the_path() {
+        let m = deadline_message("http://art.example:8080/programs/ns/p/1/abc.tar.gz?token=s3cr3t", Duration::from_secs(300));
+        assert!(m.contains("art.example:8080") && m.contains("300 s") && !m.contains("s3cr3t") && !m.contains("abc.tar.gz"), "{m}");
     }
 
     #[test]

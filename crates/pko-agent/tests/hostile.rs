@@ -220,12 +220,15 @@ async fn dripping_server() -> (String, tokio::task::JoinHandle<()>) {
     (base, task)
 }
 
+/// A silent server ends each attempt at the read timeout and is retried; a server that drips a byte
+/// every 500 ms defeats the read timeout, and the one deadline of the whole download (every attempt
+/// and wait) ends it, named by its host and the limit — not once per attempt.
 #[tokio::test]
 async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
     let env = pulumi_env();
     let agent = Agent::start(
         &env,
-        &["--auth", "none", "--artifact-connect-timeout-seconds", "2", "--artifact-read-timeout-seconds", "2", "--artifact-timeout-seconds", "5", "--artifact-retries", "1"],
+        &["--auth", "none", "--artifact-connect-timeout-seconds", "2", "--artifact-read-timeout-seconds", "2", "--artifact-timeout-seconds", "6", "--artifact-retries", "3"],
         &[],
     );
     let mut c = agent.client().await;
@@ -233,19 +236,23 @@ async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
     let (drip, _d) = dripping_server().await;
     for (what, base) in [("hanging server", hang), ("dripping server", drip)] {
         let mut req = request(&env, &format!("slow-{what}"), env.dir(), "dev", OperationType::Preview);
-        req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{base}/a.tar.gz"), digest: sha256(b"x"), dir: String::new() })) });
+        req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{base}/a.tar.gz?token=t0ken"), digest: sha256(b"x"), dir: String::new() })) });
         let t = Instant::now();
         let r = result(&run(&mut c, req).await);
         let took = t.elapsed();
         eprintln!("{what}: failed after {took:?}: {}", r.message);
         assert_eq!(reason(&r), ErrorReason::InvalidSource, "{what}: {}", r.message);
-        assert!(r.message.contains("timed out"), "{what}: {}", r.message);
-        // two attempts (one retry after 1 s) of at most 5 s each
-        assert!(took < Duration::from_secs(20), "{what} took {took:?}");
-        assert!(took >= Duration::from_secs(3), "{what}: the retry did not happen ({took:?})");
+        let host = base.trim_start_matches("http://");
+        let deadline = r.message.contains(&format!("from {host}: not complete within 6 s"));
+        assert!(deadline || (what == "hanging server" && r.message.contains("timed out")), "{what}: {}", r.message);
+        assert!(what == "hanging server" || deadline, "the dripping server ends at the download's deadline: {}", r.message);
+        assert!(!r.message.contains("t0ken"), "the URL's query never reaches the message: {}", r.message);
+        // one deadline for all attempts (before: up to 4 attempts of 6 s each, plus 7 s of waits)
+        assert!(took < Duration::from_secs(10), "{what} took {took:?}");
+        assert!(took >= Duration::from_secs(4), "{what}: ended before its timeouts ({took:?})");
     }
     let log = std::fs::read_to_string(&agent.log).unwrap();
-    assert!(log.contains("artifact download failed; retrying"), "{log}");
+    assert!(log.contains("artifact download failed; retrying"), "the silent server was retried: {log}");
 }
 
 #[tokio::test]

@@ -138,7 +138,10 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
                 let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
                 Conditions::Stalled(stall, format!("{reason}: {message}"))
             } else if failures >= MAX_UPDATE_FAILURES && !deleting {
-                Conditions::Stalled(sc::UPDATE_FAILED, format!("{kind} failed {failures} times; not retrying until the spec or source changes"))
+                Conditions::Stalled(
+                    sc::UPDATE_FAILED,
+                    with_last_error(format!("{kind} failed {failures} times; not retrying until the spec or source changes"), last.message.as_deref()),
+                )
             } else {
                 let wait = cooldown(failures, stack.spec.retry_max_backoff_duration_seconds);
                 if since_resync >= wait {
@@ -146,14 +149,29 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
                 }
                 requeue.push(wait - since_resync);
                 if last.update_type == Some(UpdateType::Preview) {
-                    Conditions::Reconciling(sc::PREVIEW_FAILED, format!("preview failed ({failures} attempt(s))"))
+                    Conditions::Reconciling(sc::PREVIEW_FAILED, with_last_error(format!("preview failed ({failures} attempt(s))"), last.message.as_deref()))
                 } else {
-                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, format!("{failures} update failure(s)"))
+                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, with_last_error(format!("{failures} update failure(s)"), last.message.as_deref()))
                 }
             }
         }
     };
     Sync::Synced { conditions, requeue_after: requeue.into_iter().min().map(|d| d.max(Duration::from_secs(1))) }
+}
+
+/// Longest part of the last failure's message a Stack condition repeats, in bytes.
+pub const LAST_ERROR_BYTES: usize = 300;
+
+/// PKO's condition `text`, then the first line of the last failure's `message` (at most
+/// [`LAST_ERROR_BYTES`]): what failed is on the Stack itself, not only in `status.lastUpdate`. Pure.
+pub fn with_last_error(text: String, message: Option<&str>) -> String {
+    let Some(line) = message.and_then(|m| m.lines().map(str::trim).find(|l| !l.is_empty())) else { return text };
+    let mut end = line.len().min(LAST_ERROR_BYTES);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    let more = if end < line.len() { "…" } else { "" };
+    format!("{text}: {}{more}", &line[..end])
 }
 
 #[cfg(test)]
@@ -252,6 +270,21 @@ mod tests {
     }
 
     #[test]
+    fn the_last_error_follows_pkos_text() {
+        assert_eq!(with_last_error("0 update failure(s)".into(), None), "0 update failure(s)");
+        assert_eq!(
+            with_last_error("0 update failure(s)".into(), Some("\n  downloading http://a:1/x: timed out\nmore")),
+            "0 update failure(s): downloading http://a:1/x: timed out"
+        );
+        let long = "é".repeat(400);
+        let m = with_last_error("t".into(), Some(&long));
+        assert!(m.len() <= 3 + LAST_ERROR_BYTES + "…".len() && m.ends_with('…'), "{m}");
+        let mut s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
+        s.status.as_mut().unwrap().last_update.as_mut().unwrap().message = Some("boom".into());
+        assert!(matches!(decide(&s, "c1", at(4), false, false), Sync::Synced { conditions: Conditions::Reconciling(_, m), .. } if m == "0 update failure(s): boom"));
+    }
+
+    #[test]
     fn failures_back_off_then_stall() {
         let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
         match decide(&s, "c1", at(4), false, false) {
@@ -305,7 +338,10 @@ mod tests {
         let s = stack(1, Some(last));
         assert_eq!(
             decide(&s, "c1", at(1), false, false),
-            Sync::Synced { conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, "preview failed (0 attempt(s))".into()), requeue_after: Some(Duration::from_secs(9)) }
+            Sync::Synced {
+                conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, "preview failed (0 attempt(s)): preview failed: x".into()),
+                requeue_after: Some(Duration::from_secs(9))
+            }
         );
     }
 
