@@ -70,6 +70,11 @@ pub fn validate_stack_spec(spec: &StackSpec, namespace: &str) -> Result<(), Spec
             check_ref("spec.gitAuth.githubApp.privateKey", &app.private_key, namespace, &mut errors);
         }
     }
+    if let Some(sa) = spec.workspace_template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.service_account_name.as_deref())
+        && let Some(message) = service_account_name_error(sa)
+    {
+        errors.push(FieldError { field: "spec.workspaceTemplate.spec.serviceAccountName".into(), message });
+    }
     let templates = [
         ("spec.workspaceTemplate.metadata", spec.workspace_template.as_ref().and_then(|t| t.metadata.as_ref())),
         ("spec.updateTemplate.metadata", spec.update_template.as_ref().and_then(|t| t.metadata.as_ref())),
@@ -107,6 +112,12 @@ fn is_dns_subdomain(s: &str) -> bool {
                 && b[b.len() - 1].is_ascii_alphanumeric()
                 && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         })
+}
+
+/// Why `name` cannot name a ServiceAccount (Kubernetes `ValidateServiceAccountName`: a lower-case DNS
+/// subdomain of at most 253 characters), checked before any request names it; `None` when it can.
+pub fn service_account_name_error(name: &str) -> Option<String> {
+    (!is_dns_subdomain(name)).then(|| format!("{name:?} is not a valid service account name: a lower-case DNS subdomain (a-z, 0-9, '-', '.') of at most 253 characters"))
 }
 
 /// A label or annotation key (`[prefix/]name`, Kubernetes `IsQualifiedName`): why it is invalid.
@@ -208,6 +219,20 @@ mod tests {
         same.secret.as_mut().unwrap().namespace = Some("team-a".into());
         s.secrets_ref = Some(BTreeMap::from([("pw".to_string(), same)]));
         assert_eq!(validate_stack_spec(&s, "team-a"), Ok(()));
+    }
+
+    #[test]
+    fn a_service_account_name_that_cannot_exist_is_refused_naming_the_field() {
+        for bad in ["../x", "a/b", "Deployer", "", "x_y", &"a".repeat(254)] {
+            let mut s = spec();
+            s.workspace_template = Some(crate::stack::WorkspaceTemplate {
+                metadata: None,
+                spec: Some(crate::workspace::WorkspaceSpec { service_account_name: Some(bad.to_string()), ..Default::default() }),
+            });
+            let e = validate_stack_spec(&s, "ns").unwrap_err();
+            assert_eq!(e.0[0].field, "spec.workspaceTemplate.spec.serviceAccountName", "{bad:?}");
+        }
+        assert_eq!(service_account_name_error("pulumi.deployer-1"), None);
     }
 
     #[test]

@@ -142,6 +142,16 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     )
     .await;
     create(&stacks, stack("git-wins", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main", "programRef": {"name": "missing"}}))).await;
+    // a service account name that cannot exist: judged before any request names it
+    create(
+        &stacks,
+        stack(
+            "bad-sa",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
+                               "workspaceTemplate": {"spec": {"serviceAccountName": "../x"}}}),
+        ),
+    )
+    .await;
     let want = [
         ("no-program", "SourceUnavailable", "program missing has no artifact"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
@@ -150,11 +160,13 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         ("no-ref", "SpecInvalid", r#"missing "commit" or "branch""#),
         ("both-refs", "SpecInvalid", r#"only one of "commit" or "branch" should be specified"#),
         ("git-wins", "SourceUnavailable", "resolving branch main"),
+        ("bad-sa", "SpecInvalid", r#"spec.workspaceTemplate.spec.serviceAccountName: "../x" is not a valid service account name"#),
     ];
     for (name, reason, text) in want {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
         assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
     }
+    assert!(ns.api::<pko_api::Workspace>().get_opt("bad-sa").await.unwrap().is_none(), "no Workspace for a spec that cannot run");
     // a Stack that never ran has nothing to destroy: deleting it does not wait for its (missing) source
     create(&stacks, stack("never-ran", json!({"stack": "dev", "programRef": {"name": "missing"}, "destroyOnFinalize": true}))).await;
     eventually("never-ran stalls", 60, || async { stalled(&stacks.get("never-ran").await.unwrap()).is_some() }).await;

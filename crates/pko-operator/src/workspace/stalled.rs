@@ -65,6 +65,9 @@ pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
     if let Some(p) = spec.image_pull_policy.as_ref().filter(|p| !p.is_known()) {
         errors.push(format!("spec.imagePullPolicy: unsupported value {:?}; one of {}", p.as_str(), PullPolicy::expected()));
     }
+    if let Some(m) = spec.service_account_name.as_deref().and_then(pko_api::validation::service_account_name_error) {
+        errors.push(format!("spec.serviceAccountName: {m}"));
+    }
     (!errors.is_empty()).then(|| errors.join("; "))
 }
 
@@ -184,6 +187,10 @@ mod tests {
         );
         let ok = WorkspaceSpec { security_profile: Some(SecurityProfile::Baseline), image_pull_policy: Some(PullPolicy::Never), ..Default::default() };
         assert_eq!(spec_error(&ok), None);
+        let sa = WorkspaceSpec { service_account_name: Some("../x".into()), ..Default::default() };
+        assert!(spec_error(&sa).is_some_and(|e| e.starts_with("spec.serviceAccountName: \"../x\" is not a valid service account name")), "{:?}", spec_error(&sa));
+        let sa = WorkspaceSpec { service_account_name: Some("deployer.team-a".into()), ..Default::default() };
+        assert_eq!(spec_error(&sa), None, "a DNS subdomain is a valid name");
     }
 
     fn ws(generation: i64, stalled: Option<(&str, &str, i64)>) -> Workspace {
