@@ -204,6 +204,10 @@ pub struct OperationArgs {
     /// `--redis-url`); a due check waits for a free slot. 0: no limit.
     #[arg(long, default_value_t = crate::context::DEFAULT_MAX_DRIFT_CHECKS, env = "MAX_CONCURRENT_DRIFT_CHECKS")]
     pub max_concurrent_drift_checks: usize,
+    /// The shortest time between two drift checks of one Stack, in seconds: a schedule that ticks more
+    /// often is checked at this pace, and its `DriftDetected` condition says so (PKO's resync floor).
+    #[arg(long, default_value_t = crate::stack::drift::MIN_CHECK_INTERVAL.as_secs(), env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
+    pub min_drift_check_interval_seconds: u64,
     /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged
     /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
     #[arg(long, default_value = pko_git::github_app::DEFAULT_API_URL, env = "GITHUB_API_URL")]

@@ -30,6 +30,9 @@ pub struct Context {
     /// The fleet-wide cap on concurrent drift checks (`--max-concurrent-drift-checks`): in Redis with
     /// `--redis-url`, else this replica's.
     pub drift_slots: Arc<dyn pko_queue::slots::Slots>,
+    /// The shortest time between two drift checks of one Stack (`--min-drift-check-interval-seconds`,
+    /// default [`crate::stack::drift::MIN_CHECK_INTERVAL`]).
+    pub drift_min_interval: std::time::Duration,
     /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
     /// `https://api.github.com`, PKO's fixed URL).
     pub github_api_url: String,
@@ -56,6 +59,7 @@ impl Context {
             shards_gained: None,
             shutdown,
             drift_slots,
+            drift_min_interval: crate::stack::drift::MIN_CHECK_INTERVAL,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
         }
     }

@@ -133,6 +133,7 @@ impl Operator {
             shutdown: shutdown.clone(),
             shards_gained: member.as_ref().map(|m| m.gained.clone()),
             drift_slots,
+            drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
             github_api_url: operations.github_api_url.clone(),
             ..Context::new(client.clone(), advertised, ownership)
         });

@@ -153,3 +153,48 @@ async fn an_invalid_schedule_is_reported_and_the_stack_still_deploys() {
     let (_, _, message) = drift(&stacks.get("bad-cron").await.unwrap()).unwrap();
     assert!(message.starts_with("spec.driftDetection.schedules[1].cron: invalid cron expression \"61 * * * *\""), "{message}");
 }
+
+/// A schedule that ticks every second (`* * * * * *`) is checked at the floor's pace
+/// (`--min-drift-check-interval-seconds`, 5 s here; 60 s by default, PKO's resync floor), the
+/// `DriftDetected` condition says so, and only the last check's Update is kept (not one per check until
+/// its TTL).
+#[tokio::test]
+async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_check_update() {
+    let (client, ns, env) = setup("drift-floor").await;
+    let args = run_args_with(&env, ns.name(), &["--min-drift-check-interval-seconds", "5"]);
+    let _op = InProcessOperator::start_with(&client, &env, args).await;
+    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    let stacks = ns.api::<Stack>();
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "busy"},
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+                        "driftDetection": {"schedules": [{"cron": "* * * * * *"}]}}}),
+    )
+    .await;
+    eventually("the Stack is Ready and checked once", 120, || async { drift(&stacks.get("busy").await.unwrap()).is_some() }).await;
+    let (_, _, message) = drift(&stacks.get("busy").await.unwrap()).unwrap();
+    assert!(message.contains("spec.driftDetection.schedules[0].cron tick(s) more often than every 5 s: checks run at most once every 5 s"), "{message}");
+    // watch for 21 s: the checks (each names its Update) and the check Updates that exist at once
+    let updates = ns.api::<pko_api::Update>();
+    let (mut checks, mut most, mut times) = (std::collections::BTreeSet::new(), 0, Vec::new());
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(21) {
+        let s = stacks.get("busy").await.unwrap();
+        let last = s.status.and_then(|st| st.drift_detection).and_then(|d| d.last_check.zip(d.last_check_update));
+        if let Some((at, name)) = last
+            && checks.insert(name)
+        {
+            times.push(at.0);
+        }
+        let kept = updates.list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.preview_only == Some(true)).count();
+        most = most.max(kept);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64()).collect();
+    eprintln!("{} checks in 21 s, gaps {gaps:?} s, at most {most} check Updates at once", checks.len());
+    assert!(checks.len() >= 3, "the schedule keeps being checked: {checks:?}");
+    assert!(checks.len() <= 6, "at most one check every 5 s, not one a second: {} checks", checks.len());
+    assert!(gaps.iter().all(|g| *g >= 4.9), "checks at least 5 s apart: {gaps:?}");
+    assert!(most <= 2, "the last check's Update and the running one, no more: {most}");
+}

@@ -83,10 +83,15 @@ pub enum Due {
     At(Timestamp),
 }
 
-/// When the next check of `stack` (with status `status`) is due, at `now`. Ticks count from the last
-/// check, else from the last update, else from the Stack's creation: ticks missed while the operator
-/// was down give one check, not one per tick.
-pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp) -> Due {
+/// The shortest time between two drift checks of one Stack by default (`--min-drift-check-interval-
+/// seconds`; PKO's resync floor): a schedule that ticks more often (`* * * * * *`) is checked at this
+/// pace, so it cannot hold an agent and the fleet's drift slot back to back.
+pub const MIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When the next check of `stack` (with status `status`) is due, at `now`, at least `min_interval`
+/// after the last check. Ticks count from the last check, else from the last update, else from the
+/// Stack's creation: ticks missed while the operator was down give one check, not one per tick.
+pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: std::time::Duration) -> Due {
     let schedules = match schedules(stack) {
         Ok(s) if s.is_empty() => return Due::Off,
         Ok(s) => s,
@@ -95,12 +100,35 @@ pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp) -> Due {
     let last_check = status.drift_detection.as_ref().and_then(|d| d.last_check.as_ref()).map(|t| t.0);
     let last_update = status.last_update.as_ref().and_then(|l| l.last_resync_time.as_ref()).map(|t| t.0);
     let created = stack.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let anchor = last_check.or(last_update).or(created).unwrap_or(now);
+    let mut anchor = last_check.or(last_update).or(created).unwrap_or(now);
+    // the first tick at or after `last check + min_interval` (ticks are whole seconds)
+    if let Some(floor) = last_check.and_then(|c| c.checked_add(min_interval).ok()).and_then(|f| f.checked_sub(std::time::Duration::from_secs(1)).ok()) {
+        anchor = anchor.max(floor);
+    }
     match next_tick(&schedules, anchor) {
         None => Due::Off,
         Some((tick, auto_remediate)) if tick <= now => Due::Check { tick, auto_remediate },
         Some((tick, _)) => Due::At(tick),
     }
+}
+
+/// Names every schedule that ticks more often than every `min_interval` (two consecutive ticks after
+/// `now` closer than that): checks of such a schedule are spaced by `min_interval`. `None`: none does.
+pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duration) -> Option<String> {
+    let list = stack.spec.drift_detection.as_ref().and_then(|d| d.schedules.clone()).unwrap_or_default();
+    let fast: Vec<String> = list
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| {
+            let Ok(parsed) = s.cron.parse::<Schedule>() else { return false };
+            let first = next_tick(std::slice::from_ref(&parsed), now).map(|(t, _)| t);
+            let second = first.and_then(|f| next_tick(std::slice::from_ref(&parsed), f)).map(|(t, _)| t);
+            matches!((first, second), (Some(a), Some(b)) if b.duration_since(a).unsigned_abs() < min_interval)
+        })
+        .map(|(i, _)| format!("spec.driftDetection.schedules[{i}].cron"))
+        .collect();
+    (!fast.is_empty())
+        .then(|| format!("{} tick(s) more often than every {} s: checks run at most once every {} s", fast.join(", "), min_interval.as_secs(), min_interval.as_secs()))
 }
 
 /// Name of the check's Update for `tick`: `<stack>-drift-<8 hex>` (deterministic: a pass that ends
@@ -253,23 +281,36 @@ mod tests {
         }
         let e = schedules(&stack(&[("@hourly", false), ("61 * * * *", false)])).unwrap_err();
         assert!(e.starts_with("spec.driftDetection.schedules[1].cron: invalid cron expression \"61 * * * *\""), "{e}");
-        assert_eq!(due(&stack(&[]), &StackStatus::default(), t("2026-11-24T10:00:00Z")), Due::Off);
-        assert!(matches!(due(&stack(&[("nope", false)]), &StackStatus::default(), t("2026-11-24T10:00:00Z")), Due::Invalid(_)));
+        assert_eq!(due(&stack(&[]), &StackStatus::default(), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), Due::Off);
+        assert!(matches!(due(&stack(&[("nope", false)]), &StackStatus::default(), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), Due::Invalid(_)));
     }
 
     #[test]
     fn ticks_count_from_the_last_check_then_the_last_update_then_creation() {
         let s = stack(&[("*/15 * * * *", false)]);
         // never ran: from creation (10:00) the first tick is 10:15
-        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:14:00Z")), Due::At(t("2026-11-24T10:15:00Z")));
-        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:15:00Z")), Due::Check { tick: t("2026-11-24T10:15:00Z"), auto_remediate: false });
+        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:14:00Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:15:00Z")));
+        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:15:00Z"), MIN_CHECK_INTERVAL), Due::Check { tick: t("2026-11-24T10:15:00Z"), auto_remediate: false });
         // the last update at 10:20: the next tick is 10:30
-        assert_eq!(due(&s, &status(None, Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:29:59Z")), Due::At(t("2026-11-24T10:30:00Z")));
+        assert_eq!(due(&s, &status(None, Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:29:59Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:30:00Z")));
         // checked at 10:30:05: 10:45 next
-        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:31:00Z")), Due::At(t("2026-11-24T10:45:00Z")));
+        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:31:00Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:45:00Z")));
         // a day down: one check (for the first missed tick), not 96
-        let d = due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-25T10:31:00Z"));
+        let d = due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-25T10:31:00Z"), MIN_CHECK_INTERVAL);
         assert_eq!(d, Due::Check { tick: t("2026-11-24T10:45:00Z"), auto_remediate: false });
+    }
+
+    #[test]
+    fn a_schedule_faster_than_the_floor_is_checked_at_the_floors_pace_and_named() {
+        let s = stack(&[("@hourly", false), ("* * * * * *", false)]);
+        // checked at 10:30:05: every second ticks, but the next check is 60 s later
+        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:30Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:31:05Z")));
+        assert!(matches!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:31:05Z"), MIN_CHECK_INTERVAL), Due::Check { .. }));
+        let short = std::time::Duration::from_secs(5);
+        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:06Z"), short), Due::At(t("2026-11-24T10:30:10Z")), "the floor is a setting");
+        let note = tightened(&s, t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL).unwrap();
+        assert_eq!(note, "spec.driftDetection.schedules[1].cron tick(s) more often than every 60 s: checks run at most once every 60 s");
+        assert_eq!(tightened(&stack(&[("* * * * *", false)]), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), None, "once a minute is not tightened");
     }
 
     #[test]

@@ -114,6 +114,8 @@ enum Effect {
     ReclaimWorkspace,
     /// Give the Stack's drift-check slot back (its check ended).
     ReleaseDriftSlot,
+    /// Delete the Update of an earlier drift check (a newer one's result is in the status).
+    DeleteUpdate(String),
 }
 
 /// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
@@ -148,6 +150,8 @@ struct Pass {
     conditions: Vec<Condition>,
     written: Option<StackStatus>,
     effects: Vec<Effect>,
+    /// The shortest time between two drift checks ([`Context::drift_min_interval`]).
+    drift_min_interval: Duration,
 }
 
 impl Pass {
@@ -176,6 +180,7 @@ impl Pass {
             status,
             conditions,
             effects: Vec::new(),
+            drift_min_interval: ctx.drift_min_interval,
         }
     }
 
@@ -243,6 +248,14 @@ impl Pass {
                     if let Err(e) = ctx.drift_slots.release(&self.slot_key()).await {
                         // the slot's lease runs out by itself
                         tracing::warn!(error = %e, "releasing the drift-check slot");
+                    }
+                }
+                Effect::DeleteUpdate(name) => {
+                    // its TTL deletes it later anyway: a failure only delays that
+                    match self.updates.delete(&name, &Default::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => tracing::warn!(update = %name, error = %e, "deleting an earlier drift check's Update"),
                     }
                 }
             }
@@ -392,8 +405,16 @@ async fn drift_checked(ctx: &Context, p: &mut Pass, u: Update) -> Step {
     }
     let o = drift::outcome(&u);
     let auto_remediate = u.annotations().get(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION).is_some_and(|v| v == "true");
+    // one check's Update is kept (the last), not one per check until its TTL
+    let previous = p.status.drift_detection.as_ref().and_then(|d| d.last_check_update.clone()).filter(|n| Some(n) != u.metadata.name.as_ref());
     p.status.drift_detection = Some(drift::checked(p.status.drift_detection.as_ref(), &u, &o, p.now.0, auto_remediate));
-    p.set_drift(o.status, o.reason, &o.message);
+    match drift::tightened(&p.stack, p.now.0, ctx.drift_min_interval) {
+        Some(note) => p.set_drift(o.status, o.reason, &format!("{} ({note})", o.message)),
+        None => p.set_drift(o.status, o.reason, &o.message),
+    }
+    if let Some(name) = previous {
+        p.effects.push(Effect::DeleteUpdate(name));
+    }
     let result = match o.reason {
         sc::DRIFT_CHANGES => {
             p.event(Severity::Warning, ev::STACK_DRIFT_DETECTED, o.message.clone());
@@ -506,7 +527,7 @@ fn drift_due(p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
         drift::Remediation::Done(message) => p.set_drift("False", sc::DRIFT_NO_CHANGES, &message),
         drift::Remediation::None => {}
     }
-    match drift::due(&p.stack, &p.view(), p.now.0) {
+    match drift::due(&p.stack, &p.view(), p.now.0, p.drift_min_interval) {
         drift::Due::Off => {
             // drift detection was turned off: nothing of it is left to read
             conditions::remove(&mut p.conditions, sc::DRIFT_DETECTED);
