@@ -106,7 +106,7 @@ OPS=()
 start_replica() {
   local i=$1
   PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
-    --program-fs-addr 127.0.0.1:$((19091 + i)) --max-operations "$MAX_OPS" --metrics-bind-address 127.0.0.1:$((18384 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
+    --program-fs-addr 127.0.0.1:$((19091 + i)) --max-operations "$MAX_OPS" --namespace-share-percent 100 --metrics-bind-address 127.0.0.1:$((18384 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
     --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
     ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id load-$i} "${POOL[@]}" \
     >> "$RUN/operator-$i.log" 2>&1 < /dev/null &

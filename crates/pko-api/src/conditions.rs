@@ -49,6 +49,12 @@ impl Update {
         self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default()
     }
 
+    /// Why it waits to be started: the message of `Progressing=False` with reason `Queued` (its
+    /// namespace holds its share of the workers), if so.
+    pub fn queued_message(&self) -> Option<&str> {
+        find(self.conditions(), uc::PROGRESSING).filter(|c| c.status == "False" && c.reason == uc::QUEUED).map(|c| c.message.as_str())
+    }
+
     /// `Complete=True`: the operation ended (successfully or not).
     pub fn is_complete(&self) -> bool {
         is_true(self.conditions(), uc::COMPLETE)

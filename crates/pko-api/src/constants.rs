@@ -191,6 +191,9 @@ pub mod update_condition {
     pub const WORKSPACE_NOT_READY: &str = "WorkspaceNotReady";
     /// Progressing=False: a transient error (e.g. the agent was unreachable); retried.
     pub const TRANSIENT_FAILURE: &str = "TransientFailure";
+    /// Progressing=False: queued, not started, and why (its namespace runs all the operations its
+    /// share of the workers allows). Ours; PKO starts every Update at once.
+    pub const QUEUED: &str = "Queued";
     /// Complete=True reason.
     pub const UPDATED: &str = "Updated";
     /// Failed=False reason on success.

@@ -200,6 +200,12 @@ pub struct OperationArgs {
     /// either way, so one with 1,000 Stacks cannot starve one with 3.
     #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
     pub max_operations_per_namespace: usize,
+    /// The share of `--max-operations` one namespace may hold at once, in percent (rounded up, at
+    /// least one operation; 100: no share). With the default 50 no namespace can hold every worker, so
+    /// another namespace's operation starts at once even while long ones run; a Stack held back says
+    /// so in its `Reconciling` condition.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100), env = "NAMESPACE_SHARE_PERCENT")]
+    pub namespace_share_percent: u8,
     /// Drift checks (`spec.driftDetection`) running at once across the fleet (counted in Redis with
     /// `--redis-url`); a due check waits for a free slot. 0: no limit.
     #[arg(long, default_value_t = crate::context::DEFAULT_MAX_DRIFT_CHECKS, env = "MAX_CONCURRENT_DRIFT_CHECKS")]

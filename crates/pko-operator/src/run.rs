@@ -291,7 +291,7 @@ impl Operator {
         operations: &crate::args::OperationArgs,
         replica: Option<&str>,
     ) -> anyhow::Result<(Arc<dyn crate::queue::WorkQueue>, Option<Arc<crate::queue::redis::RedisQueue>>)> {
-        let per_namespace = operations.max_operations_per_namespace;
+        let per_namespace = pko_queue::namespace_limit(operations.max_operations, operations.namespace_share_percent, operations.max_operations_per_namespace);
         let Some(url) = operations.redis_url.as_deref().filter(|u| !u.is_empty()) else {
             return Ok((Arc::new(crate::queue::InMemoryQueue::new(per_namespace)), None));
         };

@@ -113,6 +113,16 @@ impl Fair {
         None
     }
 
+    /// Why the queued job `key` is not started: its namespace holds `(running, limit)` operations, all
+    /// it may (`per_namespace`). `None`: it is not queued (in flight, delayed, unknown) or its
+    /// namespace is under its limit (it waits only for its turn or a free worker).
+    pub fn held_by_limit(&self, key: &str) -> Option<(usize, usize)> {
+        let (job, _) = self.jobs.get(key)?;
+        let queued = self.ready.get(&job.namespace).is_some_and(|l| l.iter().any(|k| k == key));
+        let running = self.running.get(&job.namespace).copied().unwrap_or(0);
+        (queued && self.per_namespace > 0 && running >= self.per_namespace).then_some((running, self.per_namespace))
+    }
+
     /// When the next delayed job is due, if any.
     pub fn next_due(&self) -> Option<Instant> {
         self.delayed.peek().map(|Reverse((at, _))| *at)
@@ -234,6 +244,21 @@ mod tests {
         assert_eq!(keys(&mut f, 5), ["a/0", "b/0", "a/1"], "a at its limit of 2");
         f.done("a/0");
         assert_eq!(keys(&mut f, 5), ["a/2"]);
+    }
+
+    #[test]
+    fn a_job_held_by_its_namespaces_limit_says_so() {
+        let mut f = Fair::new(1);
+        f.push(job("a", "0"));
+        f.push(job("a", "1"));
+        f.push(job("b", "0"));
+        assert_eq!(f.held_by_limit("a/1"), None, "nothing runs yet: it waits for its turn");
+        assert_eq!(keys(&mut f, 3), ["a/0", "b/0"]);
+        assert_eq!(f.held_by_limit("a/1"), Some((1, 1)));
+        assert_eq!(f.held_by_limit("a/0"), None, "in flight");
+        assert_eq!(f.held_by_limit("nope"), None);
+        f.done("a/0");
+        assert_eq!(f.held_by_limit("a/1"), None);
     }
 
     #[test]

@@ -18,6 +18,20 @@ use tokio::sync::Notify;
 
 use crate::fair::Fair;
 
+/// How many operations one namespace may run at once on a replica of `workers` workers: `share_percent`
+/// of them (rounded up, at least one; 100 or more: no share), and at most `explicit` when that is not
+/// 0. 0 means no limit. With the default share of 50 a namespace can never hold every worker, so
+/// another namespace's operation starts at once even while long ones run (a fair turn alone cannot
+/// give it a worker that is busy for minutes). Pure.
+pub fn namespace_limit(workers: usize, share_percent: u8, explicit: usize) -> usize {
+    let share = if share_percent >= 100 || workers == 0 { 0 } else { (workers * usize::from(share_percent)).div_ceil(100).max(1) };
+    match (share, explicit) {
+        (0, e) => e,
+        (s, 0) => s,
+        (s, e) => s.min(e),
+    }
+}
+
 /// One Update to run.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Job {
@@ -48,6 +62,8 @@ pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The replica-local half of every queue: the order of starting ([`Fair`]) and the wake-ups of
 /// waiting workers.
+///
+/// A namespace's limit is its share of the workers: [`namespace_limit`].
 #[derive(Debug, Default)]
 pub struct Local {
     fair: Mutex<Fair>,
@@ -98,6 +114,12 @@ impl Local {
                 None => notified.await,
             }
         }
+    }
+
+    /// Why the queued job `key` is not started: its namespace holds all the operations it may
+    /// ([`Fair::held_by_limit`]: `(running, limit)`).
+    pub fn held_by_limit(&self, key: &str) -> Option<(usize, usize)> {
+        self.fair().held_by_limit(key)
     }
 
     /// The job `key` is finished: its key may be pushed again, its namespace's slot is free.
@@ -258,5 +280,22 @@ mod tests {
         let c = tokio::time::timeout(Duration::from_secs(2), q.pop()).await.expect("popped once due");
         assert_eq!(c.job.key, "later");
         assert!(t.elapsed() >= Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::namespace_limit;
+
+    #[test]
+    fn a_namespace_gets_its_share_of_the_workers() {
+        assert_eq!(namespace_limit(2, 50, 0), 1, "two workers: one per namespace");
+        assert_eq!(namespace_limit(256, 50, 0), 128);
+        assert_eq!(namespace_limit(3, 50, 0), 2, "rounded up");
+        assert_eq!(namespace_limit(1, 50, 0), 1, "at least one");
+        assert_eq!(namespace_limit(8, 100, 0), 0, "no share: no limit");
+        assert_eq!(namespace_limit(8, 100, 3), 3, "the explicit limit alone");
+        assert_eq!(namespace_limit(8, 50, 3), 3, "the smaller of the two");
+        assert_eq!(namespace_limit(8, 25, 5), 2);
     }
 }

@@ -366,7 +366,12 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         return drift_checked(ctx, p, u).await;
     }
     if !u.is_complete() {
-        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
+        // PKO's text, then why it has not started when it waits for its namespace's share
+        let message = match u.queued_message() {
+            Some(why) => format!("{}: {why}", sc::STACK_BEING_PROCESSED_MESSAGE),
+            None => sc::STACK_BEING_PROCESSED_MESSAGE.to_string(),
+        };
+        p.reconciling(sc::STACK_PROCESSING, &message);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
     let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now);

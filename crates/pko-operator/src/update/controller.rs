@@ -68,6 +68,12 @@ fn workspace_usable(w: &Workspace, pooled: bool) -> bool {
     if pooled { w.runnable() } else { w.status.as_ref().and_then(|s| s.address.as_ref()).is_some() }
 }
 
+/// Why a queued Update of namespace `ns` waits: the namespace runs `running` operations, its `limit`
+/// (`--namespace-share-percent` of `--max-operations`, or `--max-operations-per-namespace`). Pure.
+pub fn queued_message(ns: &str, running: usize, limit: usize) -> String {
+    format!("waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's workers is {limit}")
+}
+
 /// An Update reconcile fails only on the API (step `api`).
 impl crate::k8s::ReconcileError for Error {
     fn step(&self) -> &'static str {
@@ -361,7 +367,8 @@ impl UpdateController {
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         let key = update.operation_id();
-        let job = Job { key, namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key), shard: self.ctx.ownership.shard(&ns, &shard_key) };
+        let job =
+            Job { key: key.clone(), namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key), shard: self.ctx.ownership.shard(&ns, &shard_key) };
         match self.queue.push(job).await {
             Ok(true) => {
                 tracing::debug!(update = %name, "queued");
@@ -369,6 +376,12 @@ impl UpdateController {
             }
             Ok(false) => {}
             Err(e) => tracing::warn!(update = %name, error = %e, "not queued; retrying"),
+        }
+        // held back by its namespace's share: said once on the Update (its Stack shows it)
+        if let Some(message) = self.queue.local().held_by_limit(&key).map(|(running, limit)| queued_message(&ns, running, limit))
+            && update.queued_message() != Some(message.as_str())
+        {
+            self.wait(&api, &update, None, uc::QUEUED, message).await?;
         }
         // Look again later: a finished job lets the next reconcile see the result (or push it again).
         Ok(Action::requeue(Duration::from_secs(10)))
