@@ -148,12 +148,27 @@ impl Ownership for ShardOwnership {
 #[derive(Debug, Default)]
 pub struct Liveness {
     seen: HashMap<String, (Option<String>, Instant)>,
+    /// When [`Liveness::live`] last looked.
+    looked: Option<Instant>,
 }
+
+/// Longest time [`Liveness::live`] may go without looking before what it saw counts for nothing: a
+/// process frozen (SIGSTOP, a paused VM) or starved longer did not watch the members renew meanwhile,
+/// so it cannot tell who stopped renewing — it watches again for a full lease before judging anyone dead.
+pub const BLIND_AFTER: Duration = Duration::from_secs(3);
 
 impl Liveness {
     /// The live members among membership Leases `members` at `now`: a holder whose `renewTime`
-    /// changed less than its `leaseDurationSeconds` ago (as first seen here), not released.
+    /// changed less than its `leaseDurationSeconds` ago (as first seen here), not released. After a
+    /// gap of more than [`BLIND_AFTER`] since the last look, every member counts as just seen: a member
+    /// is dead only once this process has watched it go un-renewed for a full lease on its own clock.
     pub fn live<'a>(&mut self, members: impl IntoIterator<Item = &'a Lease>, now: Instant) -> BTreeSet<String> {
+        if self.looked.is_some_and(|t| now.saturating_duration_since(t) > BLIND_AFTER) {
+            for entry in self.seen.values_mut() {
+                entry.1 = now;
+            }
+        }
+        self.looked = Some(now);
         let mut live = BTreeSet::new();
         for l in members {
             let Some(holder) = lease::holder(l) else { continue };
@@ -657,7 +672,7 @@ impl Fleet {
                         }
                     };
                     settled = steps.is_empty().then(|| (infos.clone(), shards.clone()));
-                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses), &mut own).await;
+                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses, &shutdown), &mut own).await;
                 }
                 self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
             }
@@ -719,7 +734,7 @@ impl Fleet {
         leases: &BTreeMap<u32, Arc<Lease>>,
         shards: &mut BTreeMap<u32, i64>,
         live: &BTreeSet<String>,
-        (renewed, accepted_lapses): (&watch::Receiver<Option<Renewal>>, u64),
+        (renewed, accepted_lapses, shutdown): (&watch::Receiver<Option<Renewal>>, u64, &CancellationToken),
         own: &mut BTreeMap<u32, OwnWrite>,
     ) {
         let mut releases = Vec::new();
@@ -756,7 +771,8 @@ impl Fleet {
                 own.insert(k, own_write(before, *l));
             }
         }
-        if takes.is_empty() {
+        // a replica shutting down takes nothing: what it took would only be handed on again
+        if takes.is_empty() || shutdown.is_cancelled() {
             return;
         }
         let urgent = self.urgent(&takes).await;
@@ -764,6 +780,10 @@ impl Fleet {
         // in chunks, each published as soon as it is written: the shards with work first, so that
         // their operations resume while the rest are still being taken
         for chunk in take_order(&takes, &urgent, TAKE_CHUNK) {
+            if shutdown.is_cancelled() {
+                tracing::info!("shutting down: taking no more shards");
+                return;
+            }
             let started = Instant::now();
             let written = self.take(&chunk, leases).await;
             let mut taken = Vec::with_capacity(written.len());
@@ -952,18 +972,48 @@ mod tests {
     }
 
     #[test]
+    fn after_a_blind_gap_a_member_is_judged_only_on_what_is_watched_afterwards() {
+        let t0 = Instant::now();
+        let mut l = Liveness::default();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(l.live([&lease(Some("a"), 1)], t0), set(&["a"]));
+        for s in 1..=2 {
+            l.live([&lease(Some("a"), 1)], t0 + Duration::from_secs(s));
+        }
+        // frozen for 20 s: its cache still shows a's renewal of before the freeze
+        let woke = t0 + Duration::from_secs(22);
+        assert_eq!(l.live([&lease(Some("a"), 1)], woke), set(&["a"]), "not judged dead on what it did not watch");
+        assert_eq!(l.live([&lease(Some("a"), 1)], woke + Duration::from_secs(2)), set(&["a"]));
+        // watched without a renewal for a full lease (15 s) since waking, looking every second
+        let mut now = woke + Duration::from_secs(2);
+        while now < woke + Duration::from_secs(16) {
+            now += Duration::from_secs(1);
+            l.live([&lease(Some("a"), 1)], now);
+        }
+        assert_eq!(l.live([&lease(Some("a"), 1)], now), set(&[]), "dead once watched for a full lease");
+    }
+
+    #[test]
     fn a_member_is_live_while_its_renewals_are_seen_and_dead_after_a_duration_without() {
         let t0 = Instant::now();
         let mut l = Liveness::default();
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        assert_eq!(l.live([&lease(Some("a"), 1), &lease(Some("b"), 1)], t0), set(&["a", "b"]));
+        // the membership loop looks every second (and more often on events)
+        let look_until = |l: &mut Liveness, leases: &[Lease], from: u64, to: u64| {
+            let mut last = BTreeSet::new();
+            for s in from..=to {
+                last = l.live(leases.iter(), t0 + Duration::from_secs(s));
+            }
+            last
+        };
+        assert_eq!(look_until(&mut l, &[lease(Some("a"), 1), lease(Some("b"), 1)], 0, 0), set(&["a", "b"]));
         // a renews, b does not
-        assert_eq!(l.live([&lease(Some("a"), 2), &lease(Some("b"), 1)], t0 + Duration::from_secs(10)), set(&["a", "b"]));
-        assert_eq!(l.live([&lease(Some("a"), 3), &lease(Some("b"), 1)], t0 + Duration::from_secs(16)), set(&["a"]), "b: 16 s without a renewal");
+        assert_eq!(look_until(&mut l, &[lease(Some("a"), 2), lease(Some("b"), 1)], 1, 10), set(&["a", "b"]));
+        assert_eq!(look_until(&mut l, &[lease(Some("a"), 3), lease(Some("b"), 1)], 11, 16), set(&["a"]), "b: 16 s without a renewal");
         // a released membership is not live at once
-        assert_eq!(l.live([&lease(None, 3)], t0 + Duration::from_secs(17)), set(&[]));
+        assert_eq!(look_until(&mut l, &[lease(None, 3)], 17, 17), set(&[]));
         // the clock of the writer does not matter: only that renewTime changes
-        assert_eq!(l.live([&lease(Some("b"), -5000)], t0 + Duration::from_secs(18)), set(&["b"]));
+        assert_eq!(look_until(&mut l, &[lease(Some("b"), -5000)], 18, 18), set(&["b"]));
     }
 
     fn shard_lease(holder: Option<&str>) -> Arc<Lease> {

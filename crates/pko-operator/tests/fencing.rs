@@ -308,3 +308,142 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
         let _ = Api::<ServiceAccount>::namespaced(client.clone(), AUDIT_NS).delete(n, &Default::default()).await;
     }
 }
+
+/// One change of a shard Lease's holder as watched: when, which shard, from whom to whom.
+#[derive(Debug, Clone)]
+struct HolderChange {
+    at: std::time::Instant,
+    #[allow(dead_code)] // printed when an assertion fails
+    shard: u32,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// Records every change of a shard Lease's holder in `ns` (fleet [`FLEET`]) until aborted.
+fn record_holders(leases: Api<Lease>) -> (std::sync::Arc<std::sync::Mutex<Vec<HolderChange>>>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = log.clone();
+    let task = tokio::spawn(async move {
+        let cfg = kube::runtime::watcher::Config::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
+        let mut last: BTreeMap<u32, Option<String>> = BTreeMap::new();
+        let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(kube::runtime::watcher(leases, cfg)));
+        while let Some(e) = events.next().await {
+            let (kube::runtime::watcher::Event::Apply(l) | kube::runtime::watcher::Event::InitApply(l)) = (match e {
+                Ok(e) => e,
+                Err(_) => continue,
+            }) else {
+                continue;
+            };
+            let Some(shard) = l.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let holder = l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty());
+            let before = last.insert(shard, holder.clone());
+            if let Some(from) = before.filter(|f| *f != holder) {
+                out.lock().unwrap().push(HolderChange { at: std::time::Instant::now(), shard, from, to: holder });
+            }
+        }
+    });
+    (log, task)
+}
+
+/// A replica frozen past its lease while its agents run two operations, then resumed: the survivors
+/// take its shards and follow its operations on its agents (no second `up`), and once it runs again
+/// it takes no shard from a live replica — shards come back to it only through their holders' release
+/// (a replica judges a member dead only after watching it go un-renewed for a full lease on its own
+/// clock, which a process that was frozen has not done).
+#[tokio::test]
+async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and_no_operation_runs_twice() {
+    const N: usize = 10;
+    let (_client, ns, env) = setup("freeze").await;
+    let runs = env.dir().join("runs.txt");
+    let _logs = KeepLogsOnPanic(env.dir().to_path_buf(), ns.name().to_string());
+    passphrase_secret(&ns).await;
+    create(
+        &ns.api::<pko_api::Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"},
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 30; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
+    )
+    .await;
+    let suffix = ns.name().rsplit('-').next().unwrap().to_string();
+    let names: Vec<String> = (0..3).map(|i| format!("f{i}-{suffix}")).collect();
+    let prefix = testbed().redis_prefix("freeze");
+    let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
+    let base = 17900 + (std::process::id() % 90) as u16;
+    let admin = std::path::PathBuf::from(testbed().var("KUBECONFIG"));
+    let mut replicas = BTreeMap::new();
+    for (i, n) in names.iter().enumerate() {
+        replicas.insert(n.clone(), KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &admin, base + i as u16, &redis)));
+    }
+    let leases = ns.api::<Lease>();
+    eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;
+    let (changes, recorder) = record_holders(leases.clone());
+    for i in 0..N {
+        create(
+            &ns.api::<Stack>(),
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
+                   "spec": {"stack": format!("s{i}"), "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()}}),
+        )
+        .await;
+    }
+    // the victim: a replica running two operations that does not serve the Program's artifact
+    let updates = ns.api::<Update>();
+    let program_shard = pko_fleet::ring::shard_of(&format!("{}/prog", ns.name()), SHARDS);
+    let victim = std::sync::Mutex::new(None);
+    eventually("a replica not serving the Program runs two operations", 90, || async {
+        let held = holders(&leases).await;
+        let server = held.get(&program_shard).cloned();
+        let mut running: BTreeMap<String, usize> = BTreeMap::new();
+        for u in updates.list(&Default::default()).await.unwrap().items.into_iter().filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")) {
+            if let Some(h) = u.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok()).and_then(|s| held.get(&s)) {
+                *running.entry(h.clone()).or_default() += 1;
+            }
+        }
+        let found = running.into_iter().find(|(h, n)| *n >= 2 && Some(h) != server.as_ref()).map(|(h, _)| h);
+        let ok = found.is_some();
+        *victim.lock().unwrap() = found;
+        ok
+    })
+    .await;
+    let victim = victim.into_inner().unwrap().unwrap();
+    // frozen past its lease (6 s) while its agents run on (their operations take 30 s)
+    signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGSTOP);
+    let frozen_at = std::time::Instant::now();
+    eventually("every shard of the frozen replica has moved", 60, || async { !holders(&leases).await.values().any(|h| *h == victim) }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGCONT);
+    let resumed_at = std::time::Instant::now();
+    eprintln!("froze {victim} for {:.1} s", resumed_at.duration_since(frozen_at).as_secs_f64());
+
+    let stacks = ns.api::<Stack>();
+    eventually("every Stack is Ready", 240, || async {
+        let all = stacks.list(&Default::default()).await.unwrap().items;
+        all.len() == N && all.iter().all(|s| stack_condition(s, "Ready").is_some_and(|c| c.0 == "True"))
+    })
+    .await;
+    // the resumed replica gets its shards back from the ring, by the holders' release
+    eventually("the resumed replica holds shards again", 60, || async { holders(&leases).await.values().any(|h| *h == victim) }).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    recorder.abort();
+
+    // no shard of a live holder taken over its head: after the resume, a holder only ever releases
+    let taken_from_live: Vec<HolderChange> =
+        changes.lock().unwrap().iter().filter(|c| c.at >= resumed_at && c.from.as_ref().is_some_and(|f| *f != victim) && c.to.is_some()).cloned().collect();
+    let all_changes = changes.lock().unwrap().len();
+    eprintln!("{all_changes} holder changes recorded; taken from a live holder after the resume: {}", taken_from_live.len());
+    assert!(taken_from_live.is_empty(), "shards taken from a live replica without its release: {taken_from_live:#?}");
+    // each operation started on one agent, ran once, succeeded
+    let mut accepted: BTreeMap<String, usize> = BTreeMap::new();
+    for c in agent_calls(env.dir()).iter().filter(|c| c.accepted) {
+        *accepted.entry(c.operation.clone()).or_default() += 1;
+    }
+    assert!(accepted.values().all(|n| *n == 1), "an operation started on more than one agent: {accepted:?}");
+    let mut trace: Vec<String> = std::fs::read_to_string(&runs).unwrap().lines().map(str::to_string).collect();
+    trace.sort();
+    assert_eq!(trace, (0..N).map(|i| format!("s{i}")).collect::<Vec<_>>(), "each program ran exactly once");
+    let all = updates.list(&Default::default()).await.unwrap().items;
+    assert_eq!(all.len(), N, "one Update per Stack");
+    assert!(all.iter().all(|u| condition(u, "Failed") == Some(("False".into(), "UpdateSucceeded".into()))), "every Update succeeded");
+    assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
+    drop(replicas);
+    let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
+}
