@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Chaos rounds: a fleet of REPLICAS operator processes (default 3) over the bed's redis-server and the local
+# agent pools drives N Stacks (default 24). Each round changes every Stack (config gen=<round>) and, while
+# the updates run, applies one fault, rotating through:
+#   replica-kill   SIGKILL of one replica (restarted once its shards have moved)
+#   replica-term   SIGTERM of one replica (a graceful handoff; restarted once it has exited)
+#   replica-stop   SIGSTOP of one replica past its lease, SIGCONT once its shards have moved
+#   redis-flush    FLUSHALL of the work queue's Redis
+#   agent-kill     SIGKILL of one busy pool agent, alone (not its process group)
+#   agent-term     SIGTERM of one busy pool agent (its operation is handed to another agent)
+# then waits until every Stack is Ready at the new generation.
+#
+# Verified from the program's own trace, not from status: each `up` takes a per-Stack flock for its run
+# (released by the kernel when its process dies), writes `<stack> <gen> overlap` when another run of the
+# same Stack still holds it, and `<stack> <gen>` when it completes. Reported: operations lost (a (stack,
+# gen) never completed) and duplicated (completed more than once), runs that overlapped; Updates Failed
+# or left Progressing; backend locks left; processes of the operation left once everything stopped; and
+# per fault type the failover (every shard of the victim held by a survivor; for a SIGTERM, the handoff)
+# and the time from the change to all Ready.
+#
+#   loadtest/chaos.sh [N]        N Stacks (default 24)
+#   ROUNDS=30                    rounds (default 30; a multiple of 6 rotates evenly)
+#   FAULT_AFTER_S=3              seconds after the change before the fault
+#   SLEEP_S=8                    seconds each `up` sleeps, so updates are in flight at the fault
+#   LEASE_S=8                    --lease-duration-seconds (renewals every 2 s, deadline 6 s)
+#   TIMEOUT_S=7200               give up after this many seconds
+#
+# Everything listens on 127.0.0.1; the run cleans up (namespace, operators, agents).
+set -euo pipefail
+N=${1:-24}
+ROUNDS=${ROUNDS:-30}
+REPLICAS=${REPLICAS:-3}
+FAULT_AFTER_S=${FAULT_AFTER_S:-3}
+SLEEP_S=${SLEEP_S:-8}
+LEASE_S=${LEASE_S:-8}
+TIMEOUT_S=${TIMEOUT_S:-7200}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN=/tmp/pko-chaos
+NS=pko-chaos
+FAULTS=(replica-kill replica-term replica-stop redis-flush agent-kill agent-term)
+fail() { KEEP_NS=1; echo "CHAOS TEST FAILED: $* (namespace $NS kept for inspection; the operators are stopped)" >&2; for l in "$RUN"/operator*.log; do [ -f "$l" ] && { echo "== $l" >&2; tail -15 "$l" >&2; }; done; exit 1; }
+
+. "$ROOT/loadtest/lib.sh"
+stop_all() {
+  for f in "$RUN"/operator*.pid; do [ -f "$f" ] && { kill -CONT "$(cat "$f")" 2>/dev/null; kill -TERM "$(cat "$f")" 2>/dev/null; } || true; done
+  sleep 2
+  pkill -TERM -f -- "$RUN/agents" 2>/dev/null || true
+}
+cleanup() { stop_all; [ -n "${KEEP_NS:-}" ] || delete_namespace --wait=false; }
+trap cleanup EXIT
+stop_all
+delete_namespace --wait=true --timeout=120s
+rm -rf "$RUN" && mkdir -p "$RUN/state" "$RUN/flock"
+redis-cli -u "$REDIS_URL" --scan --pattern 'pko-chaos:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+# the queue's own Redis, so that FLUSHALL touches nothing else of the bed
+REDIS_PORT=$((16380 + RANDOM % 500))
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no > "$RUN/redis.log" 2>&1 &
+echo $! > "$RUN/redis.pid"
+CHAOS_REDIS="redis://127.0.0.1:$REDIS_PORT"
+for _ in $(seq 1 50); do redis-cli -u "$CHAOS_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
+trap 'cleanup; kill "$(cat "$RUN/redis.pid")" 2>/dev/null || true' EXIT
+
+kubectl apply --server-side -f "$ROOT/deploy/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl create namespace $NS >/dev/null
+KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+
+start_replica() {
+  local i=$1
+  PULUMI_CONFIG_PASSPHRASE=load setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" \
+    --program-fs-addr 127.0.0.1:$((19291 + i)) --metrics-bind-address 127.0.0.1:$((18584 + i)) --metrics-secure=false --health-probe-bind-address 0 --namespaces $NS \
+    --local-work-dir "$RUN/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
+    --fleet --fleet-namespace $NS --redis-url "$CHAOS_REDIS" --redis-prefix pko-chaos --replica-id "r$i" \
+    --lease-duration-seconds "$LEASE_S" --renew-interval-seconds 2 --renew-deadline-seconds $((LEASE_S - 2)) --pool-idle-timeout-seconds 60 \
+    >> "$RUN/operator-$i.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/operator-$i.pid"
+}
+for i in $(seq 0 $((REPLICAS - 1))); do start_replica "$i"; done
+sleep 1
+for i in $(seq 0 $((REPLICAS - 1))); do kill -0 "$(cat "$RUN/operator-$i.pid")" || fail "replica $i did not start"; done
+
+TRACE="$RUN/trace.txt"
+: > "$TRACE"
+{
+  cat <<YAML
+apiVersion: pulumi.com/v1
+kind: Program
+metadata: {name: traced}
+program:
+  configuration:
+    gen: {type: String, default: "0"}
+  resources:
+    r:
+      type: command:local:Command
+      properties:
+        create: "exec 9>>$RUN/flock/\${pulumi.stack}; flock -n 9 || echo \${pulumi.stack} \${gen} overlap >> $TRACE; flock 9; sleep $SLEEP_S; echo \${pulumi.stack} \${gen} >> $TRACE"
+        triggers: ["\${gen}"]
+YAML
+  for i in $(seq -f '%03g' 1 "$N"); do
+    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {gen: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
+  done
+} > "$RUN/manifests.yaml"
+
+T_START=$(date +%s)
+converged() {
+  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
+    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l || true
+}
+wait_converged() {
+  local n=$1 t0 last now c
+  t0=$(date +%s); last=$t0
+  while :; do
+    now=$(date +%s); [ $((now - T_START)) -gt "$TIMEOUT_S" ] && fail "not converged on gen=$n after ${TIMEOUT_S} s in all"
+    c=$(converged "$n"); [ "$c" -ge "$N" ] && break
+    if [ $((now - last)) -ge 15 ]; then last=$now; echo "    gen=$n: $c/$N Ready ($((now - t0)) s)" >&2; fi
+    sleep 1
+  done
+}
+kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
+echo "applied $N Stacks on $REPLICAS replicas (lease ${LEASE_S} s); waiting for the first convergence"
+wait_converged 0
+echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
+
+# a pool agent of the fleet running an operation (a `pulumi` among its descendants): its pid
+busy_agent() {
+  local a
+  for a in $(pgrep -f -- "pko-agent serve.*$RUN/agents" || true); do
+    if pgrep -f -- "pko-agent supervise --parent $a " >/dev/null; then echo "$a"; return 0; fi
+  done
+  return 1
+}
+# every Lease change from now on, stamped as it arrives, into $1
+watch_leases() {
+  ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
+      | python3 -u -c 'import sys, time
+for l in sys.stdin:
+    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) &
+  WATCHER=$!
+  sleep 1
+}
+# moved_after T LOG VICTIM SHARD...: seconds from T until the last of these shards was seen held by another
+moved_after() {
+  local t=$1 log=$2 victim=$3; shift 3
+  printf 'pko-shard-%s\n' "$@" | awk -v t="$t" -v v="$victim" '
+    NR == FNR { want[$1] = 1; n++; next }
+    $1 > t && ($2 in want) && $3 != v && $3 != "" && !($2 in seen) { seen[$2] = $1; if ($1 - t > max) max = $1 - t; got++ }
+    END { if (got < n) print "?"; else printf "%.1f", max }' - "$log"
+}
+wait_moved() { # VICTIM: until no shard Lease names it
+  local t0; t0=$(date +%s)
+  while [ "$(shards_held_by "$1")" -gt 0 ]; do [ $(( $(date +%s) - t0 )) -gt 120 ] && fail "round $round: $1's shards not taken within 120 s"; sleep 0.3; done
+}
+
+declare -A FAILOVER CONVERGE COUNT
+for round in $(seq 1 "$ROUNDS"); do
+  fault=${FAULTS[$(( (round - 1) % ${#FAULTS[@]} ))]}
+  t_change=$(date +%s)
+  patches=()
+  for i in $(seq -f '%03g' 1 "$N"); do kubectl -n $NS patch stack "s$i" --type=merge -p "{\"spec\":{\"config\":{\"gen\":\"$round\"}}}" >/dev/null & patches+=($!); done
+  wait "${patches[@]}"
+  sleep "$FAULT_AFTER_S"
+  victim=$(( (round - 1) / ${#FAULTS[@]} % REPLICAS ))
+  fo="-"
+  case $fault in
+    replica-*)
+      shards=$(shards_of "r$victim")
+      watch_leases "$RUN/leases-$round.log"
+      t_fault=$(date +%s.%N)
+      pid=$(cat "$RUN/operator-$victim.pid")
+      case $fault in
+        replica-kill) kill -KILL "$pid" ;;
+        replica-term) kill -TERM "$pid" ;;
+        replica-stop) kill -STOP "$pid" ;;
+      esac
+      wait_moved "r$victim"
+      # shellcheck disable=SC2086
+      for _ in $(seq 1 60); do [ "$(moved_after "$t_fault" "$RUN/leases-$round.log" "r$victim" $shards)" != "?" ] && break; sleep 0.5; done
+      # shellcheck disable=SC2086
+      fo=$(moved_after "$t_fault" "$RUN/leases-$round.log" "r$victim" $shards)
+      pkill -P "$WATCHER" 2>/dev/null || true
+      case $fault in
+        replica-kill) start_replica "$victim" ;;
+        replica-term) for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; start_replica "$victim" ;;
+        replica-stop) kill -CONT "$pid" ;;
+      esac
+      ;;
+    redis-flush) redis-cli -u "$CHAOS_REDIS" FLUSHALL >/dev/null ;;
+    agent-kill|agent-term)
+      a=$(busy_agent || true)
+      if [ -n "$a" ]; then
+        if [ "$fault" = agent-kill ]; then kill -KILL "$a"; else kill -TERM "$a"; fi
+      else
+        echo "    round $round: no busy agent to $fault" >&2
+      fi
+      ;;
+  esac
+  wait_converged "$round"
+  took=$(( $(date +%s) - t_change ))
+  FAILOVER[$fault]+="$fo "; CONVERGE[$fault]+="$took "; COUNT[$fault]=$(( ${COUNT[$fault]:-0} + 1 ))
+  printf 'round %d: %s%s -> failover %s s; all %d Ready at gen=%d %d s after the change\n' "$round" "$fault" "$( [[ $fault == replica-* ]] && echo " r$victim" )" "$fo" "$N" "$round" "$took"
+done
+
+sleep 5
+# from the trace: lost, duplicated, overlapping
+LOST=0; DUP=0
+for i in $(seq -f '%03g' 1 "$N"); do
+  for n in $(seq 0 "$ROUNDS"); do
+    c=$(grep -c "^s$i $n\$" "$TRACE" || true)
+    [ "$c" -eq 0 ] && LOST=$((LOST + 1))
+    [ "$c" -gt 1 ] && DUP=$((DUP + c - 1))
+  done
+done
+OVERLAP=$(grep -c ' overlap$' "$TRACE" || true)
+FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
+PROGRESSING=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
+LOCKS=$(find "$RUN/state/.pulumi/locks" -name '*.json' 2>/dev/null | wc -l)
+# everything stopped gracefully: nothing of any operation may be left running
+stop_all
+for _ in $(seq 1 30); do pgrep -f -- "pko-agent serve.*$RUN/agents" >/dev/null || break; sleep 1; done
+ORPHANS=$(for p in /proc/[0-9]*; do c=$(readlink "$p/cwd" 2>/dev/null || true); case $c in "$RUN"/*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)";; esac; done | grep -v ' pko-agent$' | wc -l)
+
+stats() { tr ' ' '\n' <<< "$1" | grep -v '^$' | grep -v '^[?-]$' | sort -n | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else printf "%s / %s / %s", v[1], v[int((NR+1)/2)], v[NR]}'; }
+echo "stacks=$N replicas=$REPLICAS rounds=$ROUNDS lease_duration_s=$LEASE_S fault_after_s=$FAULT_AFTER_S sleep_s=$SLEEP_S"
+echo "| fault | rounds | failover s (min / median / max) | change -> all Ready s (min / median / max) |"
+echo "|---|---|---|---|"
+for f in "${FAULTS[@]}"; do echo "| $f | ${COUNT[$f]:-0} | $(stats "${FAILOVER[$f]:-}") | $(stats "${CONVERGE[$f]:-}") |"; done
+echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP overlapping=$OVERLAP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS orphan_processes=$ORPHANS"
+echo "total $(( $(date +%s) - T_START )) s"
+[ "$LOST" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$OVERLAP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] && [ "$ORPHANS" -eq 0 ] || fail "operations lost, duplicated or overlapping, or leftovers"
