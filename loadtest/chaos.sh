@@ -74,6 +74,7 @@ start_replica() {
     --lease-duration-seconds "$LEASE_S" --renew-interval-seconds 2 --renew-deadline-seconds $((LEASE_S - 2)) --pool-idle-timeout-seconds 60 \
     >> "$RUN/operator-$i.log" 2>&1 < /dev/null &
   echo $! > "$RUN/operator-$i.pid"
+  disown $!   # killed on purpose: no job report
 }
 for i in $(seq 0 $((REPLICAS - 1))); do start_replica "$i"; done
 sleep 1
@@ -136,6 +137,7 @@ watch_leases() {
 for l in sys.stdin:
     print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) &
   WATCHER=$!
+  disown $WATCHER
   sleep 1
 }
 # moved_after T LOG VICTIM SHARD...: seconds from T until the last of these shards was seen held by another
@@ -217,7 +219,7 @@ LOCKS=$(find "$RUN/state/.pulumi/locks" -name '*.json' 2>/dev/null | wc -l)
 # everything stopped gracefully: nothing of any operation may be left running
 stop_all
 for _ in $(seq 1 30); do pgrep -f -- "pko-agent serve.*$RUN/agents" >/dev/null || break; sleep 1; done
-ORPHANS=$(for p in /proc/[0-9]*; do c=$(readlink "$p/cwd" 2>/dev/null || true); case $c in "$RUN"/*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)";; esac; done | grep -v ' pko-agent$' | wc -l)
+ORPHANS=$(for p in /proc/[0-9]*; do c=$(readlink "$p/cwd" 2>/dev/null || true); case $c in "$RUN"/*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)";; esac; done | { grep -v ' pko-agent$' || true; } | wc -l)
 
 stats() { tr ' ' '\n' <<< "$1" | grep -v '^$' | grep -v '^[?-]$' | sort -n | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else printf "%s / %s / %s", v[1], v[int((NR+1)/2)], v[NR]}'; }
 echo "stacks=$N replicas=$REPLICAS rounds=$ROUNDS lease_duration_s=$LEASE_S fault_after_s=$FAULT_AFTER_S sleep_s=$SLEEP_S"
