@@ -82,44 +82,12 @@ for i in $(seq 0 $((REPLICAS - 1))); do kill -0 "$(cat "$RUN/operator-$i.pid")" 
 
 TRACE="$RUN/trace.txt"
 : > "$TRACE"
-{
-  cat <<YAML
-apiVersion: pulumi.com/v1
-kind: Program
-metadata: {name: traced}
-program:
-  configuration:
-    gen: {type: String, default: "0"}
-  resources:
-    r:
-      type: command:local:Command
-      properties:
-        create: "exec 9>>$RUN/flock/\${pulumi.stack}; flock -n 9 || echo \${pulumi.stack} \${gen} overlap >> $TRACE; flock 9; sleep $SLEEP_S; echo \${pulumi.stack} \${gen} >> $TRACE"
-        triggers: ["\${gen}"]
-YAML
-  for i in $(seq -f '%03g' 1 "$N"); do
-    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {gen: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
-  done
-} > "$RUN/manifests.yaml"
+traced_manifests "exec 9>>$RUN/flock/\${pulumi.stack}; flock -n 9 || echo \${pulumi.stack} \${gen} overlap >> $TRACE; flock 9; sleep $SLEEP_S; echo \${pulumi.stack} \${gen} >> $TRACE" > "$RUN/manifests.yaml"
 
 T_START=$(date +%s)
-converged() {
-  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
-    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l || true
-}
-wait_converged() {
-  local n=$1 t0 last now c
-  t0=$(date +%s); last=$t0
-  while :; do
-    now=$(date +%s); [ $((now - T_START)) -gt "$TIMEOUT_S" ] && fail "not converged on gen=$n after ${TIMEOUT_S} s in all"
-    c=$(converged "$n"); [ "$c" -ge "$N" ] && break
-    if [ $((now - last)) -ge 15 ]; then last=$now; echo "    gen=$n: $c/$N Ready ($((now - t0)) s)" >&2; fi
-    sleep 1
-  done
-}
 kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
 echo "applied $N Stacks on $REPLICAS replicas (lease ${LEASE_S} s); waiting for the first convergence"
-wait_converged 0
+wait_converged 0 >/dev/null
 echo "round 0: all $N Ready in $(( $(date +%s) - T_START )) s"
 
 # a pool agent of the fleet running an operation (a `pulumi` among its descendants): its pid
@@ -129,24 +97,6 @@ busy_agent() {
     if pgrep -f -- "pko-agent supervise --parent $a " >/dev/null; then echo "$a"; return 0; fi
   done
   return 1
-}
-# every Lease change from now on, stamped as it arrives, into $1
-watch_leases() {
-  ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
-      | python3 -u -c 'import sys, time
-for l in sys.stdin:
-    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) &
-  WATCHER=$!
-  disown $WATCHER
-  sleep 1
-}
-# moved_after T LOG VICTIM SHARD...: seconds from T until the last of these shards was seen held by another
-moved_after() {
-  local t=$1 log=$2 victim=$3; shift 3
-  printf 'pko-shard-%s\n' "$@" | awk -v t="$t" -v v="$victim" '
-    NR == FNR { want[$1] = 1; n++; next }
-    $1 > t && ($2 in want) && $3 != v && $3 != "" && !($2 in seen) { seen[$2] = $1; if ($1 - t > max) max = $1 - t; got++ }
-    END { if (got < n) print "?"; else printf "%.1f", max }' - "$log"
 }
 wait_moved() { # VICTIM: until no shard Lease names it
   local t0; t0=$(date +%s)
@@ -196,7 +146,7 @@ for round in $(seq 1 "$ROUNDS"); do
       fi
       ;;
   esac
-  wait_converged "$round"
+  wait_converged "$round" >/dev/null
   took=$(( $(date +%s) - t_change ))
   FAILOVER[$fault]+="$fo "; CONVERGE[$fault]+="$took "; COUNT[$fault]=$(( ${COUNT[$fault]:-0} + 1 ))
   printf 'round %d: %s%s -> failover %s s; all %d Ready at gen=%d %d s after the change\n' "$round" "$fault" "$( [[ $fault == replica-* ]] && echo " r$victim" )" "$fo" "$N" "$round" "$took"

@@ -64,43 +64,9 @@ for i in $(seq 0 $((REPLICAS - 1))); do kill -0 "$(cat "$RUN/operator-$i.pid")" 
 
 TRACE="$RUN/trace.txt"
 : > "$TRACE"
-{
-  cat <<YAML
-apiVersion: pulumi.com/v1
-kind: Program
-metadata: {name: traced}
-program:
-  configuration:
-    gen: {type: String, default: "0"}
-  resources:
-    r:
-      type: command:local:Command
-      properties:
-        create: "sleep $SLEEP_S; echo \${pulumi.stack} \${gen} >> $TRACE"
-        triggers: ["\${gen}"]
-YAML
-  for i in $(seq -f '%03g' 1 "$N"); do
-    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {gen: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
-  done
-} > "$RUN/manifests.yaml"
+traced_manifests "sleep $SLEEP_S; echo \${pulumi.stack} \${gen} >> $TRACE" > "$RUN/manifests.yaml"
 
 T_START=$(date +%s)
-# every Stack Ready at its current generation with config gen=$1
-converged() {
-  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
-    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l || true
-}
-wait_converged() {
-  local n=$1 t0 last now c
-  t0=$(date +%s); last=$t0
-  while :; do
-    now=$(date +%s); [ $((now - T_START)) -gt "$TIMEOUT_S" ] && fail "not converged on n=$n after ${TIMEOUT_S} s in all"
-    c=$(converged "$n"); [ "$c" -ge "$N" ] && break
-    if [ $((now - last)) -ge 15 ]; then last=$now; echo "    n=$n: $c/$N Ready ($((now - t0)) s)" >&2; fi
-    sleep 1
-  done
-  echo $(( $(date +%s) - t0 ))
-}
 kubectl -n $NS apply -f "$RUN/manifests.yaml" >/dev/null
 echo "applied $N Stacks on $REPLICAS replicas; waiting for the first convergence"
 wait_converged 0 >/dev/null
@@ -125,13 +91,7 @@ for round in $(seq 1 "$ROUNDS"); do
   busy=$(with_jobs $victims)
   # every Lease change from here on, stamped as it arrives (the numbers come from this, not from the
   # polling below, which lags by seconds on a loaded machine)
-  # (stamped by one python3 process: a `date` per line fell seconds behind 700 events)
-  ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
-      | python3 -u -c 'import sys, time
-for l in sys.stdin:
-    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$RUN/leases-$round.log" ) &
-  watcher=$!
-  sleep 1   # the watch's initial list is in
+  watch_leases "$RUN/leases-$round.log"
   kill -KILL "$(cat "$RUN/operator-$victim.pid")"
   t_kill=$(date +%s.%N); kill_at=$(date -u +%T.%N | cut -c1-12)
   while [ "$(shards_held_by "r$victim")" -gt 0 ]; do
@@ -139,13 +99,10 @@ for l in sys.stdin:
     sleep 0.5
   done
   # taken_after SHARD...: seconds from the kill until the last of these shards was seen held by a survivor
-  taken_after() { printf 'pko-shard-%s\n' "$@" | awk -v t="$t_kill" -v v="r$victim" '
-      NR == FNR { want[$1] = 1; n++; next }
-      $1 > t && ($2 in want) && $3 != v && $3 != "" && !($2 in seen) { seen[$2] = $1; if ($1 - t > max) max = $1 - t; got++ }
-      END { if (got < n) print "?"; else printf "%.1f", max }' - "$RUN/leases-$round.log"; }
+  taken_after() { moved_after "$t_kill" "$RUN/leases-$round.log" "r$victim" "$@"; }
   # the watch may trail the polling: wait (at most 30 s) until it has seen every shard taken
   for _ in $(seq 1 60); do [ "$(taken_after $victims)" != "?" ] && break; sleep 0.5; done
-  pkill -P "$watcher" 2>/dev/null || true
+  pkill -P "$WATCHER" 2>/dev/null || true
   # shellcheck disable=SC2046,SC2086
   fo=$(taken_after $victims)
   # shellcheck disable=SC2086

@@ -50,3 +50,66 @@ plot_report() {
   sleep 3   # the last scrape
   "$venv/bin/python" "$ROOT/loadtest/plot.py" "$PROM_URL" "$@"
 }
+
+# --- rounds of changes over a fleet (failover.sh, chaos.sh; need NS, N, RUN, T_START, TIMEOUT_S, fail) ---
+
+# traced_manifests CREATE: the Program `traced` (config gen; one resource whose create runs CREATE, a
+# shell command of Pulumi YAML, on every change of gen) and N Stacks s001… of it on RUN's file backend
+traced_manifests() {
+  cat <<YAML
+apiVersion: pulumi.com/v1
+kind: Program
+metadata: {name: traced}
+program:
+  configuration:
+    gen: {type: String, default: "0"}
+  resources:
+    r:
+      type: command:local:Command
+      properties:
+        create: "$1"
+        triggers: ["\${gen}"]
+YAML
+  for i in $(seq -f '%03g' 1 "$N"); do
+    printf -- '---\napiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: s%s}\nspec: {stack: s%s, programRef: {name: traced}, backend: "file://%s/state", config: {gen: "0"}, envRefs: {PULUMI_CONFIG_PASSPHRASE: {type: Literal, literal: {value: load}}}}\n' "$i" "$i" "$RUN"
+  done
+}
+
+# converged GEN: how many Stacks are Ready at their current generation with config gen=GEN
+converged() {
+  kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.spec.config.gen} {.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
+    | awk -v n="$1" '$1 == n && $2 == $3 && $4 == "True"' | wc -l || true
+}
+# wait_converged GEN: until all N are (progress every 15 s on stderr); prints the seconds it took
+wait_converged() {
+  local n=$1 t0 last now c
+  t0=$(date +%s); last=$t0
+  while :; do
+    now=$(date +%s); [ $((now - T_START)) -gt "$TIMEOUT_S" ] && fail "not converged on gen=$n after ${TIMEOUT_S} s in all"
+    c=$(converged "$n"); [ "$c" -ge "$N" ] && break
+    if [ $((now - last)) -ge 15 ]; then last=$now; echo "    gen=$n: $c/$N Ready ($((now - t0)) s)" >&2; fi
+    sleep 1
+  done
+  echo $(( $(date +%s) - t0 ))
+}
+
+# watch_leases LOG: every Lease change of NS from now on, stamped as it arrives (one python3 process: a
+# `date` per line fell seconds behind 700 events), into LOG; its pid in WATCHER (stop: pkill -P $WATCHER)
+watch_leases() {
+  ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
+      | python3 -u -c 'import sys, time
+for l in sys.stdin:
+    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) &
+  WATCHER=$!
+  disown $WATCHER
+  sleep 1   # the watch's initial list is in
+}
+# moved_after T LOG VICTIM SHARD...: seconds from T until the last of these shards was seen (in LOG) held
+# by another replica than VICTIM; `?` while one was not
+moved_after() {
+  local t=$1 log=$2 victim=$3; shift 3
+  printf 'pko-shard-%s\n' "$@" | awk -v t="$t" -v v="$victim" '
+    NR == FNR { want[$1] = 1; n++; next }
+    $1 > t && ($2 in want) && $3 != v && $3 != "" && !($2 in seen) { seen[$2] = $1; if ($1 - t > max) max = $1 - t; got++ }
+    END { if (got < n) print "?"; else printf "%.1f", max }' - "$log"
+}

@@ -227,6 +227,49 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
     Ok(kube::Client::try_from(config)?)
 }
 
+/// What the runner needs, from the flags: the supervised Pulumi CLI, the source cache, the
+/// per-operation directories (`--isolate-operations`), the value resolver of `namespace`.
+///
+/// Errors: the agent's own executable, the work directory or the shared plugin cache cannot be had.
+fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> anyhow::Result<RunnerContext> {
+    let download = DownloadConfig {
+        connect_timeout: Duration::from_secs(a.artifact_connect_timeout_seconds),
+        read_timeout: Duration::from_secs(a.artifact_read_timeout_seconds),
+        total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
+        retries: a.artifact_retries,
+    };
+    let pulumi = pko_agent::pulumi::Cli { bin: a.pulumi.clone(), supervisor: Some(Supervisor::current().context("the agent's own executable (the supervisor)")?) };
+    let cache = CacheConfig {
+        root: a.work_dir.join("sources"),
+        max_bytes: a.cache_max_bytes,
+        max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX),
+        download,
+        pulumi: pulumi.clone(),
+    };
+    let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
+    let sandboxes = if a.isolate_operations {
+        let root = a.work_dir.join("ops");
+        let sb = Sandboxes::new(root.clone(), &shared_pulumi_home()?).with_context(|| format!("preparing {}", root.display()))?;
+        Some(sb)
+    } else {
+        None
+    };
+    Ok(RunnerContext {
+        pulumi,
+        sandboxes,
+        lock_wait: Duration::from_secs(a.lock_wait_seconds),
+        env: Default::default(),
+        sources: Arc::new(sources),
+        values: ValueResolver::new(kube, namespace),
+        known_stacks: Default::default(),
+        log_level: a.pulumi_log_level,
+        env_file: a.env_file.clone(),
+        workspace_link: a.workspace_link.clone(),
+        pulumi_version: Default::default(),
+        hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
+    })
+}
+
 async fn serve(a: Serve) -> anyhow::Result<()> {
     let kube = match kube_client(a.kubeconfig.as_deref()).await {
         Ok(c) => Some(c),
@@ -250,42 +293,7 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
             Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
         }
     };
-    let download = DownloadConfig {
-        connect_timeout: Duration::from_secs(a.artifact_connect_timeout_seconds),
-        read_timeout: Duration::from_secs(a.artifact_read_timeout_seconds),
-        total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
-        retries: a.artifact_retries,
-    };
-    let pulumi = pko_agent::pulumi::Cli { bin: a.pulumi.clone(), supervisor: Some(Supervisor::current().context("the agent's own executable (the supervisor)")?) };
-    let cache = CacheConfig {
-        root: a.work_dir.join("sources"),
-        max_bytes: a.cache_max_bytes,
-        max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX),
-        download,
-        pulumi: pulumi.clone(),
-    };
-    let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
-    let sandboxes = if a.isolate_operations {
-        let root = a.work_dir.join("ops");
-        let sb = Sandboxes::new(root.clone(), &shared_pulumi_home()?).with_context(|| format!("preparing {}", root.display()))?;
-        Some(sb)
-    } else {
-        None
-    };
-    let ctx = RunnerContext {
-        pulumi,
-        sandboxes,
-        lock_wait: Duration::from_secs(a.lock_wait_seconds),
-        env: Default::default(),
-        sources: Arc::new(sources),
-        values: ValueResolver::new(kube, namespace),
-        known_stacks: Default::default(),
-        log_level: a.pulumi_log_level,
-        env_file: a.env_file.clone(),
-        workspace_link: a.workspace_link.clone(),
-        pulumi_version: Default::default(),
-        hollow: a.hollow_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
-    };
+    let ctx = runner_context(&a, kube, namespace)?;
     if let Some(s) = a.hollow_seconds {
         tracing::warn!(seconds = s, "HOLLOW AGENT: operations are simulated, no Pulumi runs (load tests only)");
     }

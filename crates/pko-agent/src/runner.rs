@@ -191,6 +191,8 @@ fn check_stop(op: &Operation) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Runs the operation `req` step by step (each step is a function below): its environment, its
+/// source, its stack and config, then the Pulumi command.
 async fn execute(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -208,12 +210,24 @@ async fn execute(
     if stack.name.is_empty() {
         return Err(fail(ErrorReason::InvalidRequest, "stack.name", "stack name is required"));
     }
+    let env = environment(ctx, req, sandbox.as_deref(), masker).await?;
+    check_stop(op)?;
+    let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, pinned).await?;
+    check_stop(op)?;
+    check_cli(ctx, req, result).await?;
+    let known_key = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await?;
+    check_stop(op)?;
+    let options = req.options.clone().unwrap_or_default();
+    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
+    operate_through_locks(ctx, op, &step, masker, result).await
+}
 
-    // 1. environment of the Pulumi process: the agent's (the workspace class's), the operation's own
-    // directories, the request's
+/// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the
+/// operation's own directories, the request's (references resolved, secrets masked), the env file's.
+async fn environment(ctx: &RunnerContext, req: &OperationRequest, sandbox: Option<&crate::sandbox::Sandbox>, masker: &mut Masker) -> Result<BTreeMap<String, String>, Failure> {
     let mut env = pulumi::base_env();
     env.extend(ctx.env.clone());
-    if let Some(sb) = &sandbox {
+    if let Some(sb) = sandbox {
         env.extend(sb.env());
     }
     for (i, e) in req.env.iter().enumerate() {
@@ -239,18 +253,29 @@ async fn execute(
     if sandbox.is_some() {
         pin_home_backend(&mut env, std::env::var("PULUMI_BACKEND_URL").ok(), std::env::var("HOME").ok());
     }
-    check_stop(op)?;
+    Ok(env)
+}
 
-    // 2. source
+/// Step 2: the source, prepared (or cached) and pinned, copied into the operation's directory when it
+/// is isolated; returns the project directory and the project's name.
+async fn project(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    sandbox: Option<&mut crate::sandbox::Sandbox>,
+    env: &BTreeMap<String, String>,
+    result: &mut OperationResult,
+    pinned: &mut Option<String>,
+) -> Result<(PathBuf, String), Failure> {
     op.log("preparing source");
     let source = req.source.clone().unwrap_or_default();
-    let prepared = ctx.sources.prepare(&source, &ctx.values, &env).await.map_err(|e| {
+    let prepared = ctx.sources.prepare(&source, &ctx.values, env).await.map_err(|e| {
         let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
         fail(reason, "source", e.message)
     })?;
     *pinned = Some(prepared.key.clone());
     result.revision = prepared.revision.clone();
-    let dir = match sandbox.as_deref_mut() {
+    let dir = match sandbox {
         Some(sb) => {
             sb.watch_plugins();
             sb.copy_source(&prepared.root, &prepared.project_dir).map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
@@ -265,59 +290,76 @@ async fn execute(
     }
     let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
-    check_stop(op)?;
+    Ok((dir, project))
+}
 
-    // 3. stack: structured config needs a CLI that reads it (PKO's IncompatibleConfiguration); the
-    // version (read once per agent) is reported for the Workspace's `status.pulumiVersion`
+/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's
+/// `IncompatibleConfiguration`); its version (read once per agent) is reported for the Workspace's
+/// `status.pulumiVersion`.
+async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut OperationResult) -> Result<(), Failure> {
     let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
     result.pulumi_version = version.clone();
     if let Some(message) = structured_config_unsupported(version).filter(|_| uses_structured_config(&req.config)) {
         return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
     }
-    repair_sidecars(op, &env, &dir, &project, &stack.name);
-    if sandbox.is_none() {
-        reset_stack_config(&dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
+    Ok(())
+}
+
+/// Step 4: the stack selected (or created) once per backend, its config and environments set.
+/// Returns the stack's key in [`RunnerContext::known_stacks`].
+async fn prepare_stack(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    isolated: bool,
+    (dir, project): (&Path, &str),
+    env: &BTreeMap<String, String>,
+    masker: &mut Masker,
+) -> Result<String, Failure> {
+    let stack = req.stack.clone().unwrap_or_default();
+    repair_sidecars(op, env, dir, project, &stack.name);
+    if !isolated {
+        reset_stack_config(dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
     }
     // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
     // `stack select` in whichever directory the operation runs
     let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
     if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
-        select_stack(ctx, &dir, &env, &stack, masker).await?;
+        select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap().insert(known_key.clone());
     }
-
-    // 4. config (a stack removed elsewhere since we last saw it is selected/created again, once)
-    if let Err(f) = set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await {
+    // a stack removed elsewhere since we last saw it is selected/created again, once
+    if let Err(f) = set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await {
         if !f.message.contains("no stack named") {
             return Err(f);
         }
         ctx.known_stacks.lock().unwrap().remove(&known_key);
-        select_stack(ctx, &dir, &env, &stack, masker).await?;
+        select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap().insert(known_key.clone());
-        set_config(ctx, &dir, &env, &stack.name, &project, &req.config, masker).await?;
+        set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await?;
     }
-    add_environments(ctx, &dir, &env, &stack, masker).await?;
-    check_stop(op)?;
+    add_environments(ctx, dir, env, &stack, masker).await?;
+    Ok(known_key)
+}
 
-    // 5. the operation; a conflict with holders still running on this host waits for them (the
-    // `pulumi` of a killed agent, stopped by its supervisor; another operation ending) and tries again;
-    // a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`) releases those
-    // locks and runs once more
-    let options = req.options.clone().unwrap_or_default();
-    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
-    let mut outcome = operate(ctx, op, &step, masker, result).await;
+/// Step 5: the operation. A conflict with holders still running on this host waits for them (the
+/// `pulumi` of a killed agent, stopped by its supervisor; another operation ending) and tries again;
+/// a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`) releases those
+/// locks and runs once more.
+async fn operate_through_locks(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, masker: &mut Masker, result: &mut OperationResult) -> Result<(), Failure> {
+    let mut outcome = operate(ctx, op, step, masker, result).await;
     if let Err(f) = &outcome
         && !f.live.is_empty()
         && wait_for_holders(op, &f.live, ctx.lock_wait).await
     {
-        outcome = operate(ctx, op, &step, masker, result).await;
+        outcome = operate(ctx, op, step, masker, result).await;
     }
     match outcome {
         Err(f) if !f.stale.is_empty() => {
             check_stop(op)?;
-            release_stale_locks(ctx, op, &step, &f.stale, masker).await?;
+            release_stale_locks(ctx, op, step, &f.stale, masker).await?;
             check_stop(op)?;
-            operate(ctx, op, &step, masker, result).await
+            operate(ctx, op, step, masker, result).await
         }
         other => other,
     }
