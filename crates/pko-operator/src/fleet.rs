@@ -333,6 +333,12 @@ pub fn misfiled(labels: &BTreeMap<String, String>, namespace: &str, key: &str, s
     labels.get(SHARDS_LABEL).is_some_and(|s| *s == shards.to_string()) && labels.get(SHARD_LABEL) != Some(&shard_of(&format!("{namespace}/{key}"), shards).to_string())
 }
 
+/// Whether an object `namespace/key` with `labels` needs its shard labels written in a fleet of
+/// `shards`: labelled for another count (or none), or [`misfiled`]. Pure.
+pub fn needs_labels(labels: &BTreeMap<String, String>, namespace: &str, key: &str, shards: u32) -> bool {
+    labels.get(SHARDS_LABEL) != Some(&shards.to_string()) || misfiled(labels, namespace, key, shards)
+}
+
 /// Relabels every object of kind `K` this replica's sharded cache holds under a shard that is not its
 /// own ([`misfiled`]; `changes` is the cache's subscription): its real shard's holder, which never
 /// sees it otherwise, then does. Only while this replica's count prevails (`standing`). One write per
@@ -449,9 +455,17 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
         let (client, store, stop) = (client.clone(), store.clone(), stop.clone());
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            // still in the store of unlabelled objects: its shard's holder did not label it
-            if !stop.is_cancelled() && store.get(&kube::runtime::reflector::ObjectRef::from_obj(&object)).is_some() {
-                label(&client, &object, shards).await;
+            // still in the store of unlabelled objects: its shard's holder may not have labelled it —
+            // read it fresh before writing (the store can be stale: this process may have been frozen
+            // since, its watch not caught up; a replica writes nothing on what it only remembers)
+            if stop.is_cancelled() || store.get(&kube::runtime::reflector::ObjectRef::from_obj(&object)).is_none() {
+                return;
+            }
+            let ns = object.namespace().unwrap_or_default();
+            match Api::<K>::namespaced(client.clone(), &ns).get_opt(&object.name_any()).await {
+                Ok(Some(fresh)) if needs_labels(fresh.labels(), &ns, &fresh.shard_key(), shards) => label(&client, &fresh, shards).await,
+                Ok(_) => {}
+                Err(e) => tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "reading an unlabelled object before labelling it"),
             }
         });
     }
@@ -497,6 +511,8 @@ mod tests {
         assert!(misfiled(&labels("garbage", "64"), "team", "web", 64), "not a shard");
         assert!(!misfiled(&labels(&other.to_string(), "32"), "team", "web", 64), "another count: the labeller's business");
         assert!(!misfiled(&BTreeMap::new(), "team", "web", 64), "unlabelled: the labeller's business");
+        assert!(needs_labels(&BTreeMap::new(), "team", "web", 64) && needs_labels(&labels("1", "32"), "team", "web", 64));
+        assert!(needs_labels(&labels("garbage", "64"), "team", "web", 64) && !needs_labels(&own, "team", "web", 64));
     }
 
     #[test]
