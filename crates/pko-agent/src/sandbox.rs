@@ -13,9 +13,9 @@
 //!   is prepared, and by Pulumi itself);
 //! - `tmp/`: its `TMPDIR`.
 //!
-//! The directory is removed before the operation's result is published, and any left by an agent that
-//! died is removed before the next operation starts (an operation refuses to start while one cannot
-//! be removed). The shared plugin cache is fingerprinted (path, size, mode, modification time) before
+//! The directory is removed before the operation's result is published; any left by an agent that
+//! died is removed when the agent starts, and any not in use before each operation starts (an
+//! operation refuses to start while one cannot be removed). The shared plugin cache is fingerprinted (path, size, mode, modification time) before
 //! the operation and compared after: a plugin the operation added, changed or planted is removed, and
 //! named on the operation's log, so the next operation never runs it. The agent's own environment (the
 //! workspace class's) and the request's are all an operation's process sees; processes do not outlive
@@ -27,8 +27,9 @@
 //! Without isolation (a Workspace's own agent, as PKO's pod), operations run in the cached source
 //! directory with the agent's `HOME` and `PULUMI_HOME`, as they always did.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 /// Where operations' directories are made, and the plugin cache they share.
@@ -38,6 +39,8 @@ pub struct Sandboxes {
     root: PathBuf,
     /// The shared plugin cache (`<agent's PULUMI_HOME>/plugins`).
     plugins: PathBuf,
+    /// The directories of operations running now (an agent with `--capacity` above 1 runs several).
+    active: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 /// One operation's directories (see the module documentation).
@@ -45,6 +48,7 @@ pub struct Sandboxes {
 pub struct Sandbox {
     dir: PathBuf,
     plugins: PathBuf,
+    active: Arc<Mutex<HashSet<PathBuf>>>,
     /// The plugin cache as the operation's own commands found it ([`Sandbox::watch_plugins`]).
     before: Option<Fingerprint>,
 }
@@ -69,7 +73,7 @@ impl Sandboxes {
         create_private_dir(&root)?;
         let plugins = shared_pulumi_home.join("plugins");
         std::fs::create_dir_all(&plugins)?;
-        let s = Self { root, plugins };
+        let s = Self { root, plugins, active: Arc::default() };
         s.sweep()?;
         Ok(s)
     }
@@ -79,13 +83,14 @@ impl Sandboxes {
         &self.plugins
     }
 
-    /// Removes every operation directory in the root (left by an operation whose agent died). Returns
-    /// how many there were.
+    /// Removes every operation directory in the root that no running operation uses (left by an agent
+    /// that died, or by an operation whose removal failed). Returns how many there were.
     ///
     /// Errors: one could not be removed (the message names it).
     pub fn sweep(&self) -> std::io::Result<usize> {
         let mut n = 0;
-        for e in std::fs::read_dir(&self.root)?.flatten() {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for e in std::fs::read_dir(&self.root)?.flatten().filter(|e| !active.contains(&e.path())) {
             remove_tree(&e.path()).map_err(|err| std::io::Error::new(err.kind(), format!("removing {}: {err}", e.path().display())))?;
             n += 1;
         }
@@ -98,6 +103,7 @@ impl Sandboxes {
     pub fn create(&self) -> std::io::Result<Sandbox> {
         self.sweep()?;
         let dir = tempfile::Builder::new().prefix("op-").tempdir_in(&self.root)?.keep();
+        self.active.lock().unwrap_or_else(|e| e.into_inner()).insert(dir.clone());
         for sub in ["work", "home", "pulumi-home", "tmp"] {
             create_private_dir(&dir.join(sub))?;
         }
@@ -107,7 +113,7 @@ impl Sandboxes {
         if login.is_file() {
             std::fs::copy(&login, dir.join("pulumi-home/credentials.json"))?;
         }
-        Ok(Sandbox { dir, plugins: self.plugins.clone(), before: None })
+        Ok(Sandbox { dir, plugins: self.plugins.clone(), active: self.active.clone(), before: None })
     }
 }
 
@@ -148,6 +154,8 @@ impl Sandbox {
         for name in &plugins_removed {
             remove_tree(&self.plugins.join(name))?;
         }
+        // no longer in use: a directory this cannot remove is swept before the next operation
+        self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.dir);
         remove_tree(&self.dir)?;
         Ok(Finished { plugins_removed })
     }
@@ -295,17 +303,27 @@ mod tests {
     }
 
     #[test]
-    fn leftovers_of_a_dead_agent_are_swept_before_the_next_operation() {
+    fn leftovers_are_swept_and_running_operations_are_left_alone() {
         let base = tempfile::tempdir().unwrap();
-        let boxes = Sandboxes::new(base.path().join("ops"), &base.path().join("h")).unwrap();
-        let left = boxes.create().unwrap();
-        std::fs::write(left.dir.join("home/secret"), "s").unwrap();
-        let left_dir = left.dir.clone();
-        std::mem::forget(left);
-        let next = boxes.create().unwrap();
-        assert!(!left_dir.exists(), "the dead operation's directory is gone");
-        assert_eq!(std::fs::read_dir(base.path().join("ops")).unwrap().count(), 1);
-        next.finish().unwrap();
+        let ops = base.path().join("ops");
+        // what an agent that died left
+        std::fs::create_dir_all(ops.join("op-dead/home")).unwrap();
+        std::fs::write(ops.join("op-dead/home/secret"), "s").unwrap();
+        let boxes = Sandboxes::new(ops.clone(), &base.path().join("h")).unwrap();
+        assert!(!ops.join("op-dead").exists(), "swept when the agent starts");
+        // two operations at once (--capacity 2): the second does not sweep the first's directory
+        let first = boxes.create().unwrap();
+        std::fs::write(first.dir.join("home/mine"), "m").unwrap();
+        let second = boxes.create().unwrap();
+        assert!(first.dir.join("home/mine").exists(), "a running operation's directory stays");
+        // one that could not be removed at its end is swept before the next operation
+        std::fs::create_dir_all(ops.join("op-stuck")).unwrap();
+        let third = boxes.create().unwrap();
+        assert!(!ops.join("op-stuck").exists());
+        for sb in [first, second, third] {
+            sb.finish().unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&ops).unwrap().count(), 0);
     }
 
     #[test]

@@ -182,14 +182,19 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
 #[tokio::test]
 async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     let (client, ns, env) = setup("custom-source").await;
-    let dir = project(&env, "baked", "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\noutputs:\n  said: ${hi.stdout}\n");
+    let destroyed = env.dir().join("destroyed.txt");
+    let body = format!(
+        "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\n      delete: echo gone > {}\noutputs:\n  said: ${{hi.stdout}}\n",
+        destroyed.display()
+    );
+    let dir = project(&env, "baked", &body);
     passphrase_secret(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "custom"},
-               "spec": {"stack": "dev", "backend": env.backend_url(),
+               "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true,
                         "envRefs": passphrase_env_refs(),
                         "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
     )
@@ -201,6 +206,11 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     // synced: no second Update
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.len(), 1, "one Update");
+    // deleted with destroyOnFinalize: destroyed from its cached project info, the template's local
+    // source replacing it (one source; PKO #1300, fixed by #1327), and the finalizer goes
+    stacks.delete("custom", &DeleteParams::background()).await.unwrap();
+    eventually("the Stack is destroyed and gone", 120, || async { stacks.get_opt("custom").await.unwrap().is_none() }).await;
+    assert_eq!(std::fs::read_to_string(&destroyed).unwrap().trim(), "gone", "the destroy ran the resource's delete");
 }
 
 /// PKO's `spec.environment` (ESC) reaches Pulumi through the operator and the agent

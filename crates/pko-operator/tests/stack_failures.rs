@@ -109,10 +109,12 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
 async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone() {
     let (client, ns, env) = setup("lock").await;
 
-    // another `pulumi up` of the same project and stack holds the backend lock for ~12 s (retries come after 10 s)
+    // another `pulumi up` of the same project and stack holds the backend lock for ~45 s: longer than the
+    // agent waits for a holder on its own host (`--lock-wait-seconds`, 30), so the conflict is reported
+    // (retries come after 10 s)
     let dir = env.dir().join("outside");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 12\n")
+    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 45\n")
         .unwrap();
     let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
@@ -127,7 +129,7 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     let stacks = ns.api::<Stack>();
     let updates = ns.api::<Update>();
 
-    eventually("an Update fails with UpdateConflict", 60, || async {
+    eventually("an Update fails with UpdateConflict after the agent's wait", 90, || async {
         updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Failed") == Some(("True".into(), "UpdateConflict".into())))
     })
     .await;

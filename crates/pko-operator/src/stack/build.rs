@@ -214,8 +214,14 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
     ws
 }
 
-/// Fields set in `template` replace the generated ones; `env` merges by name, `stacks` by name.
+/// Fields set in `template` replace the generated ones; `env` merges by name, `stacks` by name. A
+/// source in the template (`git`, `flux`, `local`, `projectInfo`) replaces the generated source as a
+/// whole: an agent runs one source, and a Stack destroyed from its cached project info while its
+/// template names `local` was refused forever (two sources; PKO #1300, fixed in v2.9.1 by #1327).
 fn merge_workspace(ws: &mut WorkspaceSpec, t: WorkspaceSpec) {
+    if t.git.is_some() || t.flux.is_some() || t.local.is_some() || t.project_info.is_some() {
+        (ws.git, ws.flux, ws.local, ws.project_info) = (None, None, None, None);
+    }
     macro_rules! take {
         ($($f:ident),*) => { $( if t.$f.is_some() { ws.$f = t.$f; } )* };
     }
@@ -538,6 +544,10 @@ mod tests {
         assert_eq!(ws.local.and_then(|l| l.dir).as_deref(), Some("/share/program"));
         assert!(ws.git.is_none() && ws.flux.is_none() && ws.project_info.is_none());
         assert_eq!(ResolvedSource::Template.revision(), "", "PKO's commit of a Stack without a source");
+        // destroyed from its cached project info (the source may be gone): the template's local source
+        // still replaces it — one source, which the agent accepts (PKO #1300/#1327)
+        let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }));
+        assert!(ws.local.is_some() && ws.project_info.is_none(), "{ws:?}");
     }
 
     #[test]
