@@ -152,10 +152,14 @@ pub fn validate_url(url: &str) -> Result<(), String> {
         if !["https", "http", "ssh", "git", "file", "git+ssh", "ssh+git"].contains(&scheme.to_ascii_lowercase().as_str()) {
             return Err(format!("the repository URL scheme {scheme:?} is not supported (use https, http, ssh, git or file)"));
         }
-        let host = rest.split('/').next().unwrap_or_default();
-        let host = host.rsplit_once('@').map(|(_, h)| h).unwrap_or(host);
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let host = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
         if host.starts_with('-') {
             return Err(format!("the host of the repository URL {url:?} starts with '-'"));
+        }
+        // file:///path has an empty host; every network scheme needs a host and a repository path
+        if !scheme.eq_ignore_ascii_case("file") && (host.is_empty() || host.starts_with(':') || path.trim_matches('/').is_empty()) {
+            return Err(format!("the repository URL {url:?} has no host or no repository path"));
         }
         return Ok(());
     }
@@ -172,6 +176,13 @@ pub fn validate_url(url: &str) -> Result<(), String> {
             let host = userhost.rsplit_once('@').map(|(_, h)| h).unwrap_or(userhost);
             if host.is_empty() || host.starts_with('-') {
                 return Err(format!("the host of the repository URL {url:?} is empty or starts with '-'"));
+            }
+            // `https:/h/r` or `https:h/r` is a URL missing a slash, not scp-like host `https`
+            if ["https", "http", "ssh", "git", "file"].contains(&host.to_ascii_lowercase().as_str()) {
+                return Err(format!("the repository URL {url:?} is missing \"//\" after its scheme"));
+            }
+            if url[userhost.len() + 1..].trim_matches('/').is_empty() {
+                return Err(format!("the repository URL {url:?} has no repository path"));
             }
             Ok(())
         }
@@ -338,6 +349,13 @@ mod tests {
             "https://h/r\n--upload-pack=x",
             "javascript://x",
             "relative/path",
+            "https://",
+            "https:///o/r.git",
+            "https://github.com",
+            "https://github.com/",
+            "https:/github.com/o/r",
+            "https:github.com/o/r",
+            "git@github.com:",
         ] {
             assert!(validate_url(bad).is_err(), "{bad:?} must be refused");
         }

@@ -103,24 +103,26 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
             "configuration": {"greeting": {"type": "String"}, "token": {"type": "String"}, "pause": {"type": "String", "default": "0"}},
             "resources": {
                 "hello": {"type": "command:local:Command", "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}},
-                "tok": {"type": "command:local:Command", "properties": {"create": "echo ${token}"}}
+                "tok": {"type": "command:local:Command", "properties": {"create": "echo ${token}"}},
+                // envSecrets (envFrom) and the downward API reach the program in the pod
+                "envs": {"type": "command:local:Command", "properties": {"create": "printf '%s:%s:%s' \"$(printenv token | wc -c)\" \"$MY_NS\" \"$MY_IP\""}}
             },
-            "outputs": {"said": "${hello.stdout}", "tokenLength": "${tok.stdout}"}
+            "outputs": {"said": "${hello.stdout}", "tokenLength": "${tok.stdout}", "envs": "${envs.stdout}"}
         }}),
     )
     .await;
     let stacks = ns.api::<Stack>();
     let t = Instant::now();
-    create(
-        &stacks,
-        stack_spec(
-            "prog-stack",
-            tag,
-            state_dir,
-            json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
-        ),
-    )
-    .await;
+    let mut prog_stack = stack_spec(
+        "prog-stack",
+        tag,
+        state_dir,
+        json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "envSecrets": ["api"], "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
+    );
+    let ws_env = prog_stack["spec"]["workspaceTemplate"]["spec"]["env"].as_array_mut().unwrap();
+    ws_env.push(json!({"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}));
+    ws_env.push(json!({"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}));
+    create(&stacks, prog_stack).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
     wait_for("the Program Stack Ready (cold workspace pod)", 180, ns.name(), op_ns, || async { stacks.get("prog-stack").await.is_ok_and(|s| ready(&s)) }).await;
     eprintln!("Program Stack apply → Ready, cold workspace pod: {:.1} s", t.elapsed().as_secs_f64());
@@ -128,6 +130,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let outputs = s.status.as_ref().and_then(|s| s.outputs.clone()).unwrap_or_default();
     assert!(outputs.get("said").is_some_and(|v| v.as_str().is_some_and(|v| v.contains("hello from prog-stack-workspace-0"))), "the program ran in the workspace pod: {outputs:?}");
     let pod = workspace_pod(&pods, "prog-stack", 30).await;
+    let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+    assert_eq!(outputs.get("envs"), Some(&json!(format!("17:{}:{pod_ip}", ns.name()))), "envSecrets and the downward API reached the program");
     let ps = pod.spec.as_ref().unwrap();
     assert_eq!(ps.node_name.as_deref(), Some(node.name.as_str()));
     assert_eq!(ps.containers[0].command.clone().unwrap(), vec!["/share/tini", "--", "/share/pko-agent"], "tini is the workspace container's PID 1");

@@ -34,6 +34,11 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     create(&ns.api::<k8s_openapi::api::core::v1::ConfigMap>(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}))
         .await;
     create(
+        &ns.api::<k8s_openapi::api::core::v1::ConfigMap>(),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "zones"}, "data": {"zone": "z1", "region": "overridden", "1st": "skipped, as the kubelet does"}}),
+    )
+    .await;
+    create(
         &ns.api::<Secret>(),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
     )
@@ -46,7 +51,10 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
             "resources": {
                 "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
                 "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}},
-                "env": {"type": "command:local:Command", "properties": {"create": "test \"$FROM_SECRET\" = k3y-Secret-val && echo \"$FROM_CM\""}}
+                // Workspace env (key refs, the downward API) and Stack envs/envSecrets (envFrom) reach the program
+                "env": {"type": "command:local:Command", "properties": {"create": format!(
+                    "test \"$FROM_SECRET\" = k3y-Secret-val && test \"$apiKey\" = k3y-Secret-val && test \"$zone\" = z1 && test \"$MY_NS\" = {} && test \"$MY_SA\" = default && test \"$region\" = overridden && echo \"$FROM_CM\"",
+                    ns.name())}}
             },
             "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}", "fromEnv": "${env.stdout}"}
         }}),
@@ -58,10 +66,14 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
                "spec": {"stack": "dev", "programRef": {"name": "hello"}, "backend": env.backend_url(), "destroyOnFinalize": true,
                         "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}},
                         "config": {"greeting": "bonjour"},
+                        "envs": ["settings", "zones"],
+                        "envSecrets": ["pulumi"],
                         "secretsRef": {"apiKey": {"type": "Secret", "secret": {"name": "pulumi", "key": "apiKey"}}},
                         "workspaceTemplate": {"spec": {"env": [
                             {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
-                            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "pulumi", "key": "apiKey"}}}]}}}}),
+                            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "pulumi", "key": "apiKey"}}},
+                            {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                            {"name": "MY_SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}}}}),
     )
     .await;
     let stacks = ns.api::<Stack>();
@@ -152,7 +164,21 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         ),
     )
     .await;
+    // unusable git sources with a pinned commit (nothing to ls-remote): judged before any Workspace
+    let pinned = "0123456789abcdef0123456789abcdef01234567";
+    create(&stacks, stack("bad-url", json!({"stack": "dev", "projectRepo": "https:/github.com/o/r", "commit": pinned}))).await;
+    create(
+        &stacks,
+        stack(
+            "no-secret",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": pinned,
+                   "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "absent", "key": "token"}}}}),
+        ),
+    )
+    .await;
     let want = [
+        ("bad-url", "SpecInvalid", r#"parsing "https:/github.com/o/r": invalid Git URL"#),
+        ("no-secret", "SpecInvalid", &format!(r#"unable to get secret {}/absent"#, ns.name())),
         ("no-program", "SourceUnavailable", "program missing has no artifact"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
         ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
@@ -166,7 +192,20 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
         assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
     }
-    assert!(ns.api::<pko_api::Workspace>().get_opt("bad-sa").await.unwrap().is_none(), "no Workspace for a spec that cannot run");
+    for name in ["bad-sa", "bad-url", "no-secret", "no-ref", "both-refs"] {
+        assert!(ns.api::<pko_api::Workspace>().get_opt(name).await.unwrap().is_none(), "no Workspace for a spec that cannot run: {name}");
+    }
+    assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update for a spec that cannot run");
+    // PKO's Warning StackConfigInvalid, once per stall (the pass repeats every 30 s)
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    for name in ["bad-url", "no-secret", "no-ref", "both-refs"] {
+        eventually(&format!("a StackConfigInvalid event for {name}"), 30, || async {
+            events.list(&Default::default()).await.unwrap().items.iter().any(|e| {
+                e.reason.as_deref() == Some("StackConfigInvalid") && e.type_.as_deref() == Some("Warning") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        })
+        .await;
+    }
     // a Stack that never ran has nothing to destroy: deleting it does not wait for its (missing) source
     create(&stacks, stack("never-ran", json!({"stack": "dev", "programRef": {"name": "missing"}, "destroyOnFinalize": true}))).await;
     eventually("never-ran stalls", 60, || async { stalled(&stacks.get("never-ran").await.unwrap()).is_some() }).await;

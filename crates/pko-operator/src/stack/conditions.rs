@@ -28,9 +28,25 @@ pub fn mark_stalled(conditions: &mut Vec<Condition>, reason: &str, message: &str
     set(conditions, sc::STALLED, "True", reason, message, generation, now);
 }
 
+/// Whether `conditions` already say Stalled=True with `reason` and `message` (an event for the same
+/// stall was published when it began). Pure.
+pub fn is_stalled_with(conditions: &[Condition], reason: &str, message: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == sc::STALLED && c.status == "True" && c.reason == reason && c.message == message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stall_is_recognised_by_reason_and_message() {
+        let mut c = Vec::new();
+        assert!(!is_stalled_with(&c, "SpecInvalid", "m"));
+        mark_stalled(&mut c, "SpecInvalid", "m", Some(1), &t(1));
+        assert!(is_stalled_with(&c, "SpecInvalid", "m"));
+        assert!(!is_stalled_with(&c, "SpecInvalid", "other"), "a new message is a new stall");
+        assert!(!is_stalled_with(&c, "SourceUnavailable", "m"));
+    }
 
     fn t(s: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())

@@ -139,13 +139,17 @@ async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Re
 async fn secret_value(
     api: &Api<Secret>,
     secrets: &mut std::collections::BTreeMap<String, Option<Secret>>,
+    ns: &str,
     sel: &Option<k8s_openapi::api::core::v1::SecretKeySelector>,
 ) -> Result<Option<String>, CredentialError> {
     let Some(sel) = sel else { return Ok(None) };
     if !secrets.contains_key(&sel.name) {
         secrets.insert(sel.name.clone(), api.get_opt(&sel.name).await?);
     }
-    let secret = secrets[&sel.name].as_ref().ok_or_else(|| CredentialError::Invalid(format!("git credentials: Secret {} not found", sel.name)))?;
+    // PKO's text (`resolveGitAuth`), then ours
+    let secret = secrets[&sel.name]
+        .as_ref()
+        .ok_or_else(|| CredentialError::Invalid(format!("unable to get secret {ns}/{name}: secrets {name:?} not found (git credentials)", name = sel.name)))?;
     let bytes = secret
         .data
         .as_ref()
@@ -156,6 +160,23 @@ async fn secret_value(
     String::from_utf8(bytes).map(Some).map_err(|_| CredentialError::Invalid(format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)))
 }
 
+/// Every Secret key `auth` names exists (read with the operator's identity, each Secret once).
+///
+/// Errors: [`CredentialError::Invalid`] naming the first missing Secret or key.
+async fn check_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<(), CredentialError> {
+    let Some(auth) = auth else { return Ok(()) };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let mut secrets = std::collections::BTreeMap::new();
+    let app = auth.github_app.as_ref();
+    for sel in [&auth.token, &auth.ssh_private_key, &auth.username, &auth.password] {
+        secret_value(&api, &mut secrets, ns, sel).await?;
+    }
+    for sel in [app.map(|a| &a.app_id), app.map(|a| &a.installation_id), app.map(|a| &a.private_key)].into_iter().flatten() {
+        secret_value(&api, &mut secrets, ns, sel).await?;
+    }
+    Ok(())
+}
+
 /// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves
 /// git auth in the operator too).
 async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<pko_git::GitCredentials, CredentialError> {
@@ -163,11 +184,11 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let mut secrets = std::collections::BTreeMap::new();
     // a GitHub App's credentials buy an installation token, used as a personal access token (PKO)
-    let mut token = secret_value(&api, &mut secrets, &auth.token).await?;
+    let mut token = secret_value(&api, &mut secrets, ns, &auth.token).await?;
     if let Some(app) = &auth.github_app {
-        let app_id = secret_value(&api, &mut secrets, &app.app_id).await?.unwrap_or_default();
-        let installation = secret_value(&api, &mut secrets, &app.installation_id).await?.unwrap_or_default();
-        let key = secret_value(&api, &mut secrets, &app.private_key).await?.unwrap_or_default();
+        let app_id = secret_value(&api, &mut secrets, ns, &app.app_id).await?.unwrap_or_default();
+        let installation = secret_value(&api, &mut secrets, ns, &app.installation_id).await?.unwrap_or_default();
+        let key = secret_value(&api, &mut secrets, ns, &app.private_key).await?.unwrap_or_default();
         let exchanged = pko_git::github_app::installation_token(&ctx.github_api_url, &app_id, &installation, &key).await;
         token = Some(exchanged.map_err(|e| match e {
             pko_git::github_app::GitHubAppError::NotANumber(..) | pko_git::github_app::GitHubAppError::Key(_) => CredentialError::Invalid(format!("spec.gitAuth.githubApp: {e}")),
@@ -175,10 +196,10 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
         })?);
     }
     Ok(pko_git::GitCredentials {
-        ssh_private_key: secret_value(&api, &mut secrets, &auth.ssh_private_key).await?,
+        ssh_private_key: secret_value(&api, &mut secrets, ns, &auth.ssh_private_key).await?,
         token,
-        username: secret_value(&api, &mut secrets, &auth.username).await?,
-        password: secret_value(&api, &mut secrets, &auth.password).await?,
+        username: secret_value(&api, &mut secrets, ns, &auth.username).await?,
+        password: secret_value(&api, &mut secrets, ns, &auth.password).await?,
     })
 }
 
@@ -197,7 +218,8 @@ fn git_ref_error(spec: &pko_api::StackSpec) -> Option<&'static str> {
 /// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
 async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &str) -> Result<Resolved, CredentialError> {
     // tenant input never reaches git as an option (docs/security.md)
-    pko_git::validate_url(repo).map_err(|e| CredentialError::Invalid(format!("spec.projectRepo: {e}")))?;
+    // PKO's text (`NewGitSource`: `parsing "<url>": invalid Git URL`), then what is wrong
+    pko_git::validate_url(repo).map_err(|e| CredentialError::Invalid(format!("parsing {repo:?}: invalid Git URL: spec.projectRepo: {e}")))?;
     // PKO's `NewGitSource` checks and texts (admission accepts these specs, as PKO's CRD does)
     if let Some(e) = git_ref_error(spec) {
         return Err(CredentialError::Invalid(e.into()));
@@ -209,6 +231,9 @@ async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &
     }
     let auth = git_auth_refs(ctx, ns, spec).await?.map(Box::new);
     if let Some(c) = spec.commit.as_ref().filter(|c| !c.is_empty()) {
+        // PKO reads the credentials whatever the ref: a missing Secret or key stalls the Stack before
+        // any Workspace or Update exists (no exchange: a pinned commit needs no GitHub App token here)
+        check_credentials(ctx, ns, auth.as_deref()).await?;
         return Ok(Resolved::Source(ResolvedSource::Git { url: repo.to_string(), commit: c.clone(), auth }));
     }
     let creds = git_credentials(ctx, ns, auth.as_deref()).await?;

@@ -464,6 +464,11 @@ async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
     let source = match io::resolve(ctx, &p.programs, &p.stack, p.deleting).await.map_err(Error::Source)? {
         Resolved::Source(s) => s,
         Resolved::Stalled(reason, msg) => {
+            // PKO's Warning `StackConfigInvalid` for a git source or credentials it cannot use; once
+            // per transition (the pass is repeated every 30 s: a Secret created later is then found)
+            if reason == sc::SPEC_INVALID && !conditions::is_stalled_with(&p.conditions, reason, &msg) {
+                p.event(Severity::Warning, ev::STACK_CONFIG_INVALID, msg.clone());
+            }
             p.stalled(reason, &msg);
             return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
         }

@@ -119,6 +119,41 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
     k8s_openapi::jiff::Timestamp::new(t.seconds, t.nanos).ok().map(Time)
 }
 
+/// The agent request for `update` at `epoch`, with its Secret and ConfigMap references and the
+/// Workspace's `envFrom` resolved with the operator's identity in the Update's namespace `ns` (a
+/// workspace's service account needs no RBAC beyond PKO's) and GitHub App credentials exchanged.
+/// `Ok(Err(message))`: the user's to fix (the Update fails with it); `Err`: transient, try again.
+async fn request_for(
+    client: &kube::Client,
+    ns: &str,
+    epoch: i64,
+    update: &Update,
+    workspace: &Workspace,
+    hooks: &Hooks<'_>,
+) -> Result<Result<pko_proto::v1::OperationRequest, String>, DispatchError> {
+    let transient = |e: String| DispatchError::Values(e);
+    let mut r = match request::build(&update.operation_id(), epoch, ns, &workspace.spec, &update.spec) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    match values::resolve(client, ns, &mut r).await {
+        Err(e) if e.is_transient() => return Err(transient(e.to_string())),
+        Err(e) => return Ok(Err(e.to_string())),
+        Ok(_) => {}
+    }
+    match values::expand_env_from(client, ns, workspace.spec.env_from.as_deref().unwrap_or_default(), &mut r).await {
+        Err(e) if e.is_transient() => return Err(transient(e.to_string())),
+        Err(e) => return Ok(Err(e.to_string())),
+        Ok(skipped) if !skipped.is_empty() => tracing::info!(update = %update.name_any(), ?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)"),
+        Ok(_) => {}
+    }
+    match values::exchange_github_app(&mut r, hooks.github_api_url).await {
+        Err(e) if e.is_transient() => Err(transient(e.to_string())),
+        Err(e) => Ok(Err(e.to_string())),
+        Ok(()) => Ok(Ok(r)),
+    }
+}
+
 /// Runs `update` against `workspace` on the agent at `agent` (e.g. `http://127.0.0.1:50051`), with
 /// `token` as bearer token when set, and records progress and result on the Update. Returns the final
 /// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
@@ -146,20 +181,7 @@ pub async fn run_on_agent(
     st.observed_generation = generation;
     let old_conditions = st.conditions.clone().unwrap_or_default();
 
-    // the request, with its Secret and ConfigMap references resolved with the operator's identity in
-    // the Update's namespace: a workspace's service account needs no RBAC beyond PKO's
-    let built = match request::build(&update.operation_id(), epoch, &workspace.spec, &update.spec) {
-        Ok(mut r) => match values::resolve(client, &ns, &mut r).await {
-            Ok(_) => match values::exchange_github_app(&mut r, hooks.github_api_url).await {
-                Ok(()) => Ok(r),
-                Err(e) if e.is_transient() => return Err(DispatchError::Values(e.to_string())),
-                Err(e) => Err(e.to_string()),
-            },
-            Err(e) if e.is_transient() => return Err(DispatchError::Values(e.to_string())),
-            Err(e) => Err(e.to_string()),
-        },
-        Err(e) => Err(e.to_string()),
-    };
+    let built = request_for(client, &ns, epoch, update, workspace, hooks).await?;
     let req = match built {
         Ok(r) => r,
         Err(message) => {

@@ -103,18 +103,37 @@ fn to_pb_value(v: &serde_json::Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-/// Environment of the Pulumi process from the Workspace's `env` (literals and Secret/ConfigMap key
-/// references; other `valueFrom` kinds are refused).
-pub fn env(ws: &WorkspaceSpec) -> Result<Vec<pb::EnvVar>, RequestError> {
+/// The values of a Workspace `env[].valueFrom.fieldRef` the operator knows for every runtime (the
+/// Kubernetes downward API of the pod PKO would create): `metadata.namespace` (`namespace`, the
+/// Workspace's) and `spec.serviceAccountName` (the Workspace's, else `default`). Any other field path
+/// (`metadata.name`, `status.podIP`, labels, …) and every `resourceFieldRef` are what the kubelet put
+/// into the environment of the agent's pod, so they are read there ([`pb::value_ref::Kind::Env`] of the
+/// same name); an agent outside a pod (`--runtime local`) fails the Update naming the variable.
+fn downward(ws: &WorkspaceSpec, namespace: &str, var: &str, from: &k8s_openapi::api::core::v1::EnvVarSource) -> pb::value_ref::Kind {
+    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+        Some("metadata.namespace") => pb::value_ref::Kind::Literal(namespace.into()),
+        Some("spec.serviceAccountName") => pb::value_ref::Kind::Literal(ws.service_account_name.clone().unwrap_or_else(|| "default".into())),
+        _ => pb::value_ref::Kind::Env(var.into()),
+    }
+}
+
+/// Environment of the Pulumi process from the Workspace's `env` in `namespace`: literals, Secret and
+/// ConfigMap key references (resolved by the operator, [`super::values`]), and the downward API
+/// (`fieldRef`, `resourceFieldRef`, see [`downward`]). The Workspace's `envFrom` is expanded at
+/// dispatch ([`super::values::expand_env_from`]), under these.
+///
+/// Errors: a variable with both `value` and `valueFrom`, or a `valueFrom` naming not exactly one source.
+pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, RequestError> {
     let mut out = Vec::new();
     for e in ws.env.iter().flatten() {
         let field = format!("spec.env[{}]", e.name);
         let value = match (&e.value, &e.value_from) {
             (Some(v), None) => pb::value_ref::Kind::Literal(v.clone()),
-            (None, Some(from)) => match (&from.secret_key_ref, &from.config_map_key_ref) {
-                (Some(s), None) => pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() }),
-                (None, Some(c)) => pb::value_ref::Kind::ConfigMap(pb::KeyRef { name: c.name.clone(), key: c.key.clone() }),
-                _ => return Err(err(field, "only secretKeyRef and configMapKeyRef are supported in valueFrom")),
+            (None, Some(from)) => match (&from.secret_key_ref, &from.config_map_key_ref, &from.field_ref, &from.resource_field_ref) {
+                (Some(s), None, None, None) => pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() }),
+                (None, Some(c), None, None) => pb::value_ref::Kind::ConfigMap(pb::KeyRef { name: c.name.clone(), key: c.key.clone() }),
+                (None, None, Some(_), None) | (None, None, None, Some(_)) => downward(ws, namespace, &e.name, from),
+                _ => return Err(err(format!("{field}.valueFrom"), "exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef is required")),
             },
             (None, None) => pb::value_ref::Kind::Literal(String::new()),
             (Some(_), Some(_)) => return Err(err(field, "value and valueFrom are exclusive")),
@@ -125,8 +144,9 @@ pub fn env(ws: &WorkspaceSpec) -> Result<Vec<pb::EnvVar>, RequestError> {
     Ok(out)
 }
 
-/// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace`.
-pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
+/// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace` in
+/// `namespace` (the Update's and the Workspace's).
+pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
     let stack_name = update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
     let kind = match update.update_type.as_ref().ok_or_else(|| err("spec.type", "required"))? {
         UpdateType::Preview => pb::OperationType::Preview,
@@ -152,7 +172,7 @@ pub fn build(operation_id: &str, epoch: i64, workspace: &WorkspaceSpec, update: 
             environments: ws_stack.and_then(|s| s.environment.clone()).unwrap_or_default(),
         }),
         config,
-        env: env(workspace)?,
+        env: env(workspace, namespace)?,
         r#type: kind as i32,
         options: Some(pb::OperationOptions {
             parallel: update.parallel.unwrap_or(0),
@@ -195,7 +215,7 @@ mod tests {
             ]}]
         }));
         let u = upd(json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"], "refresh": true}));
-        let r = build("ns/u1/uid", 7, &w, &u).unwrap();
+        let r = build("ns/u1/uid", 7, "ns", &w, &u).unwrap();
         assert_eq!((r.operation_id.as_str(), r.epoch, r.r#type), ("ns/u1/uid", 7, pb::OperationType::Up as i32));
         let Some(pb::source::Kind::Git(g)) = r.source.unwrap().kind else { panic!() };
         assert_eq!((g.url.as_str(), g.revision.as_str(), g.dir.as_str(), g.shallow), ("https://g/r.git", "abc", "app", true));
@@ -221,17 +241,40 @@ mod tests {
     }
 
     #[test]
+    fn the_downward_api_is_what_the_workspace_pod_would_see() {
+        let w = ws(json!({"local": {"dir": "/p"}, "serviceAccountName": "deployer", "env": [
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}
+        ]}));
+        let kinds: Vec<_> = env(&w, "team-a").unwrap().into_iter().map(|e| (e.name, e.value.unwrap().kind.unwrap(), e.secret)).collect();
+        use pb::value_ref::Kind::{Env, Literal};
+        assert_eq!(
+            kinds,
+            [
+                ("NS".into(), Literal("team-a".into()), false),
+                ("SA".into(), Literal("deployer".into()), false),
+                ("POD_IP".into(), Env("POD_IP".into()), false),
+                ("MEM".into(), Env("MEM".into()), false),
+            ]
+        );
+        let default_sa = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}));
+        assert_eq!(env(&default_sa, "n").unwrap()[0].value.as_ref().unwrap().kind, Some(Literal("default".into())));
+    }
+
+    #[test]
     fn bad_specs_name_the_field() {
         assert_eq!(source(&ws(json!({}))).unwrap_err().field, "spec");
         assert_eq!(source(&ws(json!({"git": {"ref": "x"}}))).unwrap_err().field, "spec.git.url");
         let w = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a"}]}]}));
-        assert_eq!(build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.stacks[dev].config[0]");
-        assert_eq!(build("o", 1, &w, &upd(json!({"type": "up"}))).unwrap_err().field, "spec.stackName");
-        let w = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}));
-        assert_eq!(build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.env[X]");
+        assert_eq!(build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.stacks[dev].config[0]");
+        assert_eq!(build("o", 1, "ns", &w, &upd(json!({"type": "up"}))).unwrap_err().field, "spec.stackName");
+        let w = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "X", "valueFrom": {}}]}));
+        assert_eq!(build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.env[X].valueFrom");
         // PKO admits any type (a Go string); the Update fails naming it and the types there are
         let w = ws(json!({"local": {"dir": "/p"}}));
-        let e = build("o", 1, &w, &upd(json!({"stackName": "dev", "type": "deploy"}))).unwrap_err();
+        let e = build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "deploy"}))).unwrap_err();
         assert_eq!(e.to_string(), r#"spec.type: unsupported update type "deploy"; one of "preview", "up", "destroy" or "refresh""#);
     }
 }

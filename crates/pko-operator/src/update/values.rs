@@ -75,6 +75,9 @@ pub enum ValuesError {
     /// A value that is not UTF-8 (an environment variable or config value must be text).
     #[error("{0} key {key:?} is not UTF-8", key = .0.key)]
     NotUtf8(Box<Reference>),
+    /// A reference that names no object (an `envFrom` entry with neither or both refs): the field and why.
+    #[error("{0}")]
+    Malformed(String),
 }
 
 impl ValuesError {
@@ -200,6 +203,116 @@ pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::Opera
     Ok(resolved)
 }
 
+/// One `envFrom` entry of a Workspace (Stack `envs` → ConfigMap, `envSecrets` → Secret), as the
+/// kubelet reads it for a container (Kubernetes `EnvFromSource`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvSource {
+    /// The Workspace field, `spec.envFrom[i]`.
+    pub field: String,
+    /// Secret or ConfigMap.
+    pub kind: ObjectKind,
+    /// The object's name, in the Update's namespace.
+    pub name: String,
+    /// Prepended to every key (`prefix`).
+    pub prefix: String,
+    /// A missing object is no error (`optional`).
+    pub optional: bool,
+}
+
+/// The `envFrom` entries of a Workspace (pure). An entry naming neither or both of `configMapRef` and
+/// `secretRef` is refused, naming it.
+pub fn env_sources(env_from: &[k8s_openapi::api::core::v1::EnvFromSource]) -> Result<Vec<EnvSource>, String> {
+    env_from
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let field = format!("spec.envFrom[{i}]");
+            let (kind, name, optional) = match (&e.config_map_ref, &e.secret_ref) {
+                (Some(c), None) => (ObjectKind::ConfigMap, c.name.clone(), c.optional),
+                (None, Some(s)) => (ObjectKind::Secret, s.name.clone(), s.optional),
+                _ => return Err(format!("{field}: exactly one of configMapRef or secretRef is required")),
+            };
+            Ok(EnvSource { field, kind, name, prefix: e.prefix.clone().unwrap_or_default(), optional: optional.unwrap_or(false) })
+        })
+        .collect()
+}
+
+/// Kubernetes' rule for an environment variable name (`IsEnvVarName`): `[-._a-zA-Z][-._a-zA-Z0-9]*`.
+pub fn is_env_var_name(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    name.chars().next().is_some_and(|c| ok(c) && !c.is_ascii_digit()) && name.chars().all(ok)
+}
+
+/// The environment of an operation as the kubelet builds a container's (pure): the variables of
+/// `sources` in order (a later source's key wins; `None` data is a missing optional object), then
+/// `env` on top (an `env` entry wins over any `envFrom` key). Values of Secrets are marked `secret`.
+/// Returns the variables and the keys skipped because, prefixed, they are no variable name (the
+/// kubelet skips them too, with an event).
+///
+/// Errors: [`ValuesError::NotUtf8`] for a value that is not text.
+pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) -> Result<(Vec<pb::EnvVar>, Vec<String>), ValuesError> {
+    let mut vars: BTreeMap<String, pb::EnvVar> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (source, data) in sources {
+        for (key, bytes) in data.iter().flatten() {
+            let name = format!("{}{key}", source.prefix);
+            if !is_env_var_name(&name) {
+                skipped.push(format!("{} {}/{key}", source.kind, source.name));
+                continue;
+            }
+            let reference = || Box::new(Reference { field: source.field.clone(), kind: source.kind, namespace: String::new(), name: source.name.clone(), key: key.clone() });
+            let value = String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(reference()))?;
+            let secret = source.kind == ObjectKind::Secret;
+            vars.insert(name.clone(), pb::EnvVar { name, value: Some(pb::ValueRef { kind: Some(Kind::Literal(value)) }), secret });
+        }
+    }
+    for e in &env {
+        vars.remove(&e.name);
+    }
+    Ok((vars.into_values().chain(env).collect(), skipped))
+}
+
+async fn read_env_source(client: &kube::Client, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
+    Ok(match kind {
+        ObjectKind::Secret => read(client, namespace, kind, name).await?,
+        // the kubelet takes `data` only for envFrom (not binaryData)
+        ObjectKind::ConfigMap => {
+            Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
+        }
+    })
+}
+
+/// Puts the Workspace's `envFrom` (`env_from`) into `req.env` as the kubelet would into a pod (see
+/// [`merge_env`]), reading each Secret and ConfigMap with the operator's identity in `namespace` (the
+/// Update's), so that Stack `envs`/`envSecrets` reach the program on every runtime, not only in pods.
+/// Returns the keys skipped for their names.
+///
+/// Errors: a malformed entry or a missing object that is not `optional` ([`ValuesError::Read`]), a
+/// value that is not text.
+pub async fn expand_env_from(
+    client: &kube::Client,
+    namespace: &str,
+    env_from: &[k8s_openapi::api::core::v1::EnvFromSource],
+    req: &mut pb::OperationRequest,
+) -> Result<Vec<String>, ValuesError> {
+    let sources = env_sources(env_from).map_err(ValuesError::Malformed)?;
+    let mut read_sources = Vec::with_capacity(sources.len());
+    for source in sources {
+        let data = match read_env_source(client, namespace, source.kind, &source.name).await {
+            Ok(d) => Some(d),
+            Err(kube::Error::Api(s)) if s.code == 404 && source.optional => None,
+            Err(e) => {
+                let reference = Reference { field: source.field.clone(), kind: source.kind, namespace: namespace.into(), name: source.name.clone(), key: String::new() };
+                return Err(ValuesError::Read(Box::new(reference), short(&e), code(&e)));
+            }
+        };
+        read_sources.push((source, data));
+    }
+    let (env, skipped) = merge_env(&read_sources, std::mem::take(&mut req.env))?;
+    req.env = env;
+    Ok(skipped)
+}
+
 /// Why GitHub App credentials bought no token.
 #[derive(Debug, thiserror::Error)]
 #[error("source.git.auth.github_app: {0}")]
@@ -285,6 +398,43 @@ mod tests {
         let cm = value_in(&data, &reference("env[1] (B)", ObjectKind::ConfigMap, "c", "z")).unwrap_err();
         assert!(!cm.to_string().contains("v4lue") && cm.to_string().contains("ConfigMap ns/c"), "{cm}");
         assert!(!cm.is_transient(), "the user's to fix");
+    }
+
+    #[test]
+    fn env_from_is_merged_as_the_kubelet_does() {
+        use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource, SecretEnvSource};
+        let from = [
+            EnvFromSource { config_map_ref: Some(ConfigMapEnvSource { name: "cm".into(), optional: None }), ..Default::default() },
+            EnvFromSource { prefix: Some("S_".into()), secret_ref: Some(SecretEnvSource { name: "sec".into(), optional: Some(true) }), ..Default::default() },
+            EnvFromSource { secret_ref: Some(SecretEnvSource { name: "later".into(), optional: None }), ..Default::default() },
+        ];
+        let sources = env_sources(&from).unwrap();
+        assert_eq!((sources[1].prefix.as_str(), sources[1].optional, sources[1].kind), ("S_", true, ObjectKind::Secret));
+        let data = |kv: &[(&str, &str)]| Some(kv.iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect::<Data>());
+        let read = vec![
+            (sources[0].clone(), data(&[("A", "cm-a"), ("B", "cm-b"), ("1bad", "x"), ("OVER", "cm")])),
+            (sources[1].clone(), None),
+            (sources[2].clone(), data(&[("B", "later-b"), ("K", "s3cret")])),
+        ];
+        let env = vec![pb::EnvVar { name: "OVER".into(), value: r(Kind::Literal("env".into())), secret: false }];
+        let (vars, skipped) = merge_env(&read, env).unwrap();
+        let got: Vec<(String, String, bool)> = vars
+            .into_iter()
+            .map(|e| match e.value.and_then(|v| v.kind) {
+                Some(Kind::Literal(v)) => (e.name, v, e.secret),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want = [("A", "cm-a", false), ("B", "later-b", true), ("K", "s3cret", true), ("OVER", "env", false)];
+        assert_eq!(got, want.map(|(n, v, s)| (n.to_string(), v.to_string(), s)), "a later source wins, env wins over envFrom, Secret values stay masked");
+        assert_eq!(skipped, ["ConfigMap cm/1bad"]);
+        let both = [EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource { name: "a".into(), optional: None }),
+            secret_ref: Some(SecretEnvSource { name: "b".into(), optional: None }),
+            ..Default::default()
+        }];
+        assert_eq!(env_sources(&both).unwrap_err(), "spec.envFrom[0]: exactly one of configMapRef or secretRef is required");
+        assert!(is_env_var_name("_a.b-c1") && !is_env_var_name("") && !is_env_var_name("a b") && !is_env_var_name("9x"));
     }
 
     #[test]
