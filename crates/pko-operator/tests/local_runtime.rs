@@ -66,7 +66,11 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     for (u, w, stack) in [("ok", "allowed", "dev"), ("other", "denied", "other")] {
         create(
             &updates,
-            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u}, "spec": {"workspaceName": w, "stackName": stack, "type": "up"}}),
+            owned_update(
+                &ns.api::<pko_api::Workspace>(),
+                json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u}, "spec": {"workspaceName": w, "stackName": stack, "type": "up"}}),
+            )
+            .await,
         )
         .await;
     }
@@ -96,7 +100,7 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(env.dir().join("agents").join(ns.name()).join("allowed").join("agent.json")).unwrap()).unwrap();
     assert!(std::process::Command::new("kill").args(["-KILL", &record["pid"].to_string()]).status().unwrap().success());
     eventually("a new agent replaces the dead one", 60, || async { wss.get("allowed").await.unwrap().status.unwrap().address.is_some_and(|a| a != address) }).await;
-    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed", "stackName": "dev", "type": "up"}})).await;
+    create(&updates, owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed", "stackName": "dev", "type": "up"}})).await).await;
     eventually("the next update completes on the new agent", 90, || async {
         condition(&updates.get("after-restart").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
     })

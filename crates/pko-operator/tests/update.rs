@@ -55,7 +55,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let updates = ns.api::<Update>();
     let update: Update = create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+        )
+        .await,
     )
     .await;
 
@@ -103,7 +107,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     ws2.spec.local = Some(pko_api::workspace::LocalSource { dir: Some(bad.display().to_string()) });
     let u2: Update = create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
+        )
+        .await,
     )
     .await;
     let r = dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
@@ -118,7 +126,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // dispatcher killed right after the call leaves an Update its successor knows to look for
     let u4: Update = create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4", "type": "preview"}}),
+        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4", "type": "preview"}})).await,
     )
     .await;
     let at_run = std::sync::Mutex::new(None);
@@ -137,7 +145,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // check) is refused and starts nothing
     let u5: Update = create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u5"}, "spec": {"workspaceName": "ws", "stackName": "dev5", "type": "preview"}}),
+        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u5"}, "spec": {"workspaceName": "ws", "stackName": "dev5", "type": "preview"}})).await,
     )
     .await;
     let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
@@ -150,7 +158,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // runs, and nothing is written to the Update
     let u3: Update = create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}}),
+        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}})).await,
     )
     .await;
     let r = dispatch::run_on_agent(

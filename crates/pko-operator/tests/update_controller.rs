@@ -54,7 +54,7 @@ async fn updates_are_dispatched_completed_and_expired() {
     let updates = ns.api::<Update>();
 
     // no agent address yet: the Update waits
-    create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await;
+    create(&updates, owned_update(&ns.api::<Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await).await;
     eventually("u1 waits for the workspace", 20, || async { condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotReady".into())) })
         .await;
     // the workspace becomes ready (by hand: this test runs no Workspace controller)
@@ -64,12 +64,26 @@ async fn updates_are_dispatched_completed_and_expired() {
     // ttlAfterCompleted: 3s
     eventually("u1 expires", 30, || async { updates.get_opt("u1").await.unwrap().is_none() }).await;
 
-    // a missing workspace
-    create(
-        &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "nope", "stackName": "dev", "type": "preview"}}),
+    // a missing workspace (its owner a Workspace that exists)
+    let mut u2 = owned_update(
+        &ns.api::<Workspace>(),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "preview"}}),
     )
     .await;
+    u2["spec"]["workspaceName"] = json!("nope");
+    create(&updates, u2).await;
+    // PKO's `isOrphaned`: an Update created by hand with no controller owner is canceled, never run
+    create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "orphan"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+    )
+    .await;
+    eventually("the orphan is canceled", 20, || async {
+        let u = updates.get("orphan").await.unwrap();
+        condition(&u, "Failed") == Some(("True".into(), "Canceled".into())) && condition(&u, "Complete") == Some(("True".into(), "Failed".into()))
+    })
+    .await;
+    assert!(updates.get("orphan").await.unwrap().status.unwrap().start_time.is_none(), "never started");
     eventually("u2 waits", 20, || async { condition(&updates.get("u2").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotFound".into())) }).await;
     controller.abort();
 }
@@ -89,7 +103,8 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     }
     let updates = ns.api::<Update>();
     for ws in ["a", "b"] {
-        create(&updates, json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws}, "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}})).await;
+        let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws}, "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}});
+        create(&updates, owned_update(&ns.api::<Workspace>(), update).await).await;
     }
     eventually("both Updates complete", 120, || async {
         let mut done = 0;
@@ -144,7 +159,11 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     let stranger = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")));
     create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+        owned_update(
+            &ns.api::<Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+        )
+        .await,
     )
     .await;
     eventually("the stranger's call is refused", 60, || async {

@@ -64,6 +64,18 @@ enum Drive {
 /// Whether an operation can run on Workspace `w`: pooled (`pooled`), a Ready Workspace is enough (its
 /// agent is lent per operation) — or one Stalled by an earlier operation, which this one may mend;
 /// else its own agent's address must be known. Pure.
+/// The message of an Update canceled for having no controller owner.
+pub const ORPHANED_MESSAGE: &str =
+    "canceled: the Update has no controller owner; as in PKO, an Update runs only with an ownerReference (controller: true) to its Workspace or Stack";
+
+/// Whether `update` was never started and has no controller owner reference: PKO cancels such an
+/// Update (`isOrphaned`: an Update created by hand, or left behind by an owner deleted with
+/// `--cascade=orphan`). One that was started is followed to its result (its agent may be running
+/// it). Pure.
+pub fn orphaned(update: &Update) -> bool {
+    !update.was_started() && !update.owner_references().iter().any(|o| o.controller == Some(true))
+}
+
 fn workspace_usable(w: &Workspace, pooled: bool) -> bool {
     if pooled { w.runnable() } else { w.status.as_ref().and_then(|s| s.address.as_ref()).is_some() }
 }
@@ -352,6 +364,10 @@ impl UpdateController {
         if update.is_complete() {
             return self.expire(&api, &update).await;
         }
+        if orphaned(&update) {
+            self.cancel(&api, &update).await?;
+            return Ok(Action::await_change());
+        }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let workspace = self.workspace(&ns, &ws_name).await?;
         let ready = workspace.as_ref().is_some_and(|w| workspace_usable(w, self.pools.is_some()));
@@ -406,6 +422,22 @@ impl UpdateController {
         crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
     }
 
+    /// Marks an [`orphaned`] Update Failed `Canceled` (PKO's `isOrphaned`), once, unless fenced.
+    async fn cancel(&self, api: &Api<Update>, update: &Update) -> Result<(), kube::Error> {
+        if !self.ctx.ownership.owns(&update.namespace().unwrap_or_default(), &update.shard_key()) {
+            return Ok(());
+        }
+        let mut st = update.status.clone().unwrap_or_default();
+        let old = st.conditions.clone().unwrap_or_default();
+        let now = pko_api::conditions::now();
+        st.conditions = Some(status::conditions(&Phase::Failed { reason: uc::CANCELED.into(), message: ORPHANED_MESSAGE.into() }, update.meta().generation, &now, &old));
+        st.observed_generation = update.meta().generation;
+        st.message = Some(ORPHANED_MESSAGE.into());
+        st.end_time = Some(now);
+        tracing::info!(update = %update.name_any(), "no controller owner: canceled (as PKO)");
+        crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
+    }
+
     async fn expire(&self, api: &Api<Update>, update: &Update) -> Result<Action, Error> {
         let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(|d| pko_api::duration::parse_go_duration_or_zero(d).ok()) else { return Ok(Action::await_change()) };
         let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
@@ -444,6 +476,28 @@ mod tests {
         pko_api::conditions::set(&mut conds, wc::READY, ready, wc::SUCCEEDED, "", None, &at);
         w.status = Some(WorkspaceStatus { conditions: Some(conds), address: address.map(str::to_string), ..Default::default() });
         w
+    }
+
+    #[test]
+    fn an_update_without_a_controller_owner_is_orphaned_until_started() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |controller| OwnerReference {
+            api_version: "auto.pulumi.com/v1alpha1".into(),
+            kind: "Workspace".into(),
+            name: "w".into(),
+            uid: "u".into(),
+            controller,
+            ..Default::default()
+        };
+        let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {"workspaceName": "w"}})).unwrap();
+        assert!(orphaned(&u), "created by hand");
+        u.metadata.owner_references = Some(vec![owner(None)]);
+        assert!(orphaned(&u), "an owner that is not the controller");
+        u.metadata.owner_references = Some(vec![owner(Some(true))]);
+        assert!(!orphaned(&u));
+        u.metadata.owner_references = None;
+        u.status = Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
+        assert!(!orphaned(&u), "started: followed to its result");
     }
 
     #[test]

@@ -339,3 +339,14 @@ pub async fn shard_holders(leases: &kube::Api<k8s_openapi::api::coordination::v1
         .filter_map(|l| Some((l.labels().get("pulumi.com/shard")?.parse().ok()?, l.spec?.holder_identity.filter(|h| !h.is_empty())?)))
         .collect()
 }
+
+/// The Update manifest `update` with its Workspace (`spec.workspaceName`, read from `workspaces`) as
+/// controlling owner: as in PKO, an Update runs only with one (an Update created by hand without a
+/// controller owner is canceled).
+pub async fn owned_update(workspaces: &kube::Api<pko_api::Workspace>, mut update: serde_json::Value) -> serde_json::Value {
+    let name = update["spec"]["workspaceName"].as_str().unwrap_or_default().to_string();
+    let ws = workspaces.get(&name).await.unwrap_or_else(|e| panic!("the Workspace {name} of an Update: {e}"));
+    update["metadata"]["ownerReferences"] =
+        serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
+    update
+}
