@@ -32,7 +32,7 @@ pub const MAX_STACK_NAME_LENGTH: usize = 42;
     derive = "PartialEq",
     derive = "Default",
     doc = "A Stack is a Pulumi stack the operator keeps deployed from a program source.",
-    validation = Rule::new("size(self.metadata.name) <= 42").message("Stack name must be no more than 42 characters to accommodate workspace pod naming (name + '-workspace' + 10-char hash must fit within Kubernetes' 63-character label limit)"),
+    validation = Rule::new("size(self.metadata.name) <= 42").message("Stack name must be no more than 42 characters in length."),
     printcolumn(name = "Stack", type_ = "string", json_path = ".spec.stack", priority = 10),
     printcolumn(name = "Last Update", type_ = "string", json_path = ".status.lastUpdate.state"),
     printcolumn(name = "Age", type_ = "date", json_path = ".status.lastUpdate.lastResyncTime"),

@@ -166,7 +166,8 @@ fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<Fie
     let mut err = |message: String| errors.push(FieldError { field: field.to_string(), message });
     match &r.selector_type {
         ResourceSelectorType::Env | ResourceSelectorType::Fs => {
-            err(format!("resource reference type {} is deprecated and no longer supported; use Secret or Literal", r.selector_type))
+            // PKO's text (`errDeprecatedResourceRefEnv`/`FS`), then ours
+            err(format!("ref type \"{}\" is deprecated (no longer supported; use Secret or Literal)", r.selector_type))
         }
         ResourceSelectorType::Unknown(t) => err(format!("unsupported resource reference type {t:?}; use Secret or Literal")),
         ResourceSelectorType::Literal => {
@@ -243,7 +244,7 @@ mod tests {
         let err = validate_stack_spec(&s, "ns").unwrap_err();
         assert_eq!(err.0.len(), 1);
         assert_eq!(err.0[0].field, "spec.envRefs.TOKEN");
-        assert!(err.0[0].message.contains("Env"), "{err}");
+        assert!(err.0[0].message.starts_with(r#"ref type "Env" is deprecated"#), "PKO's text first: {err}");
         // a type PKO's schema admits (a Go string) but nobody knows: Stalled SpecInvalid naming it
         let mut s = spec();
         let odd = ResourceRef { selector_type: "ConfigMap".into(), env: None, filesystem: None, secret: None, literal: None };

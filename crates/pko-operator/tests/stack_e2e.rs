@@ -119,6 +119,12 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     for want in [("Stack", "StackUpdateDetected"), ("Stack", "StackCreated"), ("Update", "UpdateSucceeded")] {
         eventually(&format!("event {want:?}"), 30, || async { reasons().await.iter().any(|(k, r)| k == want.0 && r == want.1) }).await;
     }
+    // in PKO's words
+    let notes: Vec<(String, String)> =
+        events.list(&Default::default()).await.unwrap().items.into_iter().map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default())).collect();
+    for want in [("UpdateSucceeded", r#"Updated stack "dev""#), ("StackUpdateDetected", "Initial stack update")] {
+        assert!(notes.iter().any(|(r, n)| r == want.0 && n == want.1), "{want:?} not among {notes:?}");
+    }
 
     stacks.delete("hello", &DeleteParams::background()).await.unwrap();
     eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() }).await;
@@ -179,7 +185,7 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let want = [
         ("bad-url", "SpecInvalid", r#"parsing "https:/github.com/o/r": invalid Git URL"#),
         ("no-secret", "SpecInvalid", &format!(r#"unable to get secret {}/absent"#, ns.name())),
-        ("no-program", "SourceUnavailable", "program missing has no artifact"),
+        ("no-program", "SourceUnavailable", "unable to retrieve program for stack (program missing not found)"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
         ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
         ("no-source", "SpecInvalid", "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec"),
@@ -344,11 +350,13 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     by_tag["spec"]["branch"] = json!("v1");
     create(&stacks, by_tag).await;
     eventually("without its Secret, by-token stalls SpecInvalid", 60, || async {
-        stalled(&stacks.get("by-token").await.unwrap()).is_some_and(|(r, m)| r == "SpecInvalid" && m.contains("Secret git not found"))
+        stalled(&stacks.get("by-token").await.unwrap())
+            .is_some_and(|(r, m)| r == "SpecInvalid" && m.contains(r#"/git: secrets "git" not found (git credentials)"#) && m.starts_with("unable to get secret "))
     })
     .await;
     eventually("without its Secret, by-secret stalls SpecInvalid", 60, || async {
-        stalled(&stacks.get("by-secret").await.unwrap()).is_some_and(|(r, m)| r == "SpecInvalid" && m.contains("spec.gitAuthSecret: Secret git-legacy not found"))
+        stalled(&stacks.get("by-secret").await.unwrap())
+            .is_some_and(|(r, m)| r == "SpecInvalid" && m.contains(r#"/git-legacy: secrets "git-legacy" not found (spec.gitAuthSecret)"#))
     })
     .await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}})).await;

@@ -243,7 +243,8 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     .await;
     let ws = workspaces.get("local-only").await.unwrap();
     assert_eq!(ws.stalled().map(|c| c.reason.as_str()), Some("InitializationFailed"));
-    assert!(!events_of(&ns, "Workspace", "StackInitializationFailure").await.is_empty(), "PKO's StackInitializationFailure event");
+    let init = events_of(&ns, "Workspace", "StackInitializationFailure").await;
+    assert!(init.iter().any(|(note, _)| note.starts_with(r#"Failed to initialize stack "never-created": "#)), "PKO's StackInitializationFailure event: {init:?}");
     // a 4 s backoff cap: without the stall a retry would have come by now
     tokio::time::sleep(Duration::from_secs(10)).await;
     let tried = ns.api::<Update>().list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.stack_name.as_deref() == Some("never-created")).count();

@@ -39,7 +39,7 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     .await;
     eventually("app waits for its missing prerequisite", 60, || async {
         stack_condition(&stacks.get("app").await.unwrap(), "Reconciling")
-            .is_some_and(|(s, r, m)| s == "True" && r == "PrerequisiteNotSatisfied" && m.contains("prerequisite stack db not found"))
+            .is_some_and(|(s, r, m)| s == "True" && r == "PrerequisiteNotSatisfied" && m.contains(r#"unable to fetch prerequisite "db": stacks.pulumi.com "db" not found"#))
     })
     .await;
     assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no update runs before the prerequisite");

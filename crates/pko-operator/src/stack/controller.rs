@@ -127,7 +127,7 @@ async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Re
     let keys = match (&spec.git_auth, &spec.git_auth_secret) {
         (None, Some(name)) => match Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? {
             Some(s) => Some(s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect()),
-            None => return Err(CredentialError::Invalid(format!("spec.gitAuthSecret: Secret {name} not found"))),
+            None => return Err(CredentialError::Invalid(format!("unable to get secret {ns}/{name}: secrets {name:?} not found (spec.gitAuthSecret)"))),
         },
         _ => None,
     };
@@ -269,16 +269,22 @@ pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &St
     }
     if let Some(f) = &spec.flux_source {
         let ar = super::flux::SourceKind::of(&f.source_ref).api_resource();
-        let obj = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(&f.source_ref.name).await;
-        let artifact = obj.ok().flatten().and_then(|o| o.data.get("status").and_then(|s| s.get("artifact")).cloned());
-        return Ok(flux_artifact(artifact.as_ref(), &f.source_ref.kind, &f.source_ref.name, f.dir.clone()));
+        let (kind, name) = (&f.source_ref.kind, &f.source_ref.name);
+        return Ok(match Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(name).await {
+            // PKO's text, then the API server's answer
+            Ok(None) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("could not resolve sourceRef: {} {name:?} not found", ar.plural)),
+            Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("could not resolve sourceRef: {kind} {name}: {e}")),
+            Ok(Some(o)) => flux_artifact(o.data.get("status").and_then(|s| s.get("artifact")), kind, name, f.dir.clone()),
+        });
     }
     if let Some(p) = &spec.program_ref {
         let has_artifact = |p: &Program| p.status.as_ref().is_some_and(|s| s.artifact.is_some());
         let program = k8s::cached_or_get(programs, &Api::namespaced(ctx.client.clone(), &ns), &p.name, has_artifact).await?;
-        return Ok(match program.and_then(|p| p.status).and_then(|s| s.artifact) {
-            Some(a) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
-            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("program {} has no artifact yet", p.name)),
+        // PKO's texts (`errProgramNotFound`, "Program has no artifact"), then which Program
+        return Ok(match program.map(|p| p.status.and_then(|s| s.artifact)) {
+            Some(Some(a)) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
+            Some(None) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("Program has no artifact (program {} has no status.artifact yet)", p.name)),
+            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("unable to retrieve program for stack (program {} not found)", p.name)),
         });
     }
     Ok(match cached {
@@ -303,7 +309,7 @@ fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, d
             }
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
         },
-        None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has no status.artifact")),
+        None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("Flux source has no artifact ({kind} {name} has no status.artifact)")),
     }
 }
 
@@ -327,7 +333,7 @@ pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<()
     match workspaces.get_opt(&stack.name_any()).await? {
         Some(ws) if ws.metadata.deletion_timestamp.is_none() => {
             workspaces.delete(&stack.name_any(), &kube::api::DeleteParams::background()).await?;
-            k8s::publish(&ctx.events.stack, stack, Severity::Normal, ev::WORKSPACE_DELETED, "Deleted the workspace (workspaceReclaimPolicy: Delete)".into()).await;
+            k8s::publish(&ctx.events.stack, stack, Severity::Normal, ev::WORKSPACE_DELETED, "Workspace deleted per reclaim policy".into()).await;
         }
         _ => {}
     }
@@ -437,7 +443,10 @@ mod tests {
             }
             _ => panic!("expected the artifact"),
         }
-        assert_eq!(stalled(flux_artifact(None, "GitRepository", "infra", None)), (sc::SOURCE_UNAVAILABLE, "GitRepository infra has no status.artifact".to_string()));
+        assert_eq!(
+            stalled(flux_artifact(None, "GitRepository", "infra", None)),
+            (sc::SOURCE_UNAVAILABLE, "Flux source has no artifact (GitRepository infra has no status.artifact)".to_string())
+        );
         // as PKO: no digest, downloaded unverified
         match flux_artifact(Some(&json!({"url": "http://sc/a.tar.gz", "digest": "", "revision": "r1"})), "Bucket", "b", None) {
             Resolved::Source(ResolvedSource::Artifact { digest, revision, .. }) => assert_eq!((digest.as_str(), revision.as_str()), ("", "r1")),

@@ -13,6 +13,8 @@ use pko_api::Stack;
 use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
 use pko_api::stack::{PrerequisiteRef, StackUpdateStateMessage};
 
+use super::plan::go_quote;
+
 /// The outcome of checking a Stack's prerequisites.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -30,35 +32,37 @@ pub enum Verdict {
 /// Checks `prerequisites` against the Stacks found in the namespace (`found`, by name; a missing name
 /// is a missing Stack) at time `now`.
 pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>, now: Timestamp) -> Verdict {
-    let mut clauses = Vec::new();
+    let mut failed: Vec<(String, String)> = Vec::new();
     let mut resync = Vec::new();
+    // PKO's texts (`stack_controller.go`), with ours in parentheses where they add detail
+    let unsatisfied = |name: &str, why: &str| format!("prerequisite not satisfied for {}: {why}", go_quote(name));
     for p in prerequisites {
         let Some(s) = found.get(&p.name) else {
-            clauses.push(format!("prerequisite stack {} not found", p.name));
+            failed.push((p.name.clone(), format!("unable to fetch prerequisite {}: stacks.pulumi.com {} not found", go_quote(&p.name), go_quote(&p.name))));
             continue;
         };
         let Some(last) = s.status.as_ref().and_then(|st| st.last_update.as_ref()) else {
-            clauses.push(format!("prerequisite stack {} has not run an update yet", p.name));
+            failed.push((p.name.clone(), unsatisfied(&p.name, "prerequisite has not run to completion")));
             continue;
         };
         let request = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION)).cloned();
         if last.generation != s.metadata.generation || last.reconcile_request.clone().unwrap_or_default() != request.clone().unwrap_or_default() {
-            clauses.push(format!("prerequisite stack {} is not in sync with its spec yet", p.name));
+            failed.push((p.name.clone(), unsatisfied(&p.name, "prerequisite has not run to completion (not in sync with its spec yet)")));
             continue;
         }
         if last.state != Some(StackUpdateStateMessage::Succeeded) {
-            clauses.push(format!("prerequisite stack {} has not succeeded", p.name));
+            failed.push((p.name.clone(), unsatisfied(&p.name, "prerequisite failed")));
             continue;
         }
         let within = p.requirement.as_ref().and_then(|r| r.succeeded_within_duration.as_deref());
         if let Some(d) = within {
             let Ok(limit) = pko_api::duration::parse_go_duration_or_zero(d) else {
-                clauses.push(format!("prerequisite {}: succeededWithinDuration {d:?} is not a duration", p.name));
+                failed.push((p.name.clone(), unsatisfied(&p.name, &format!("succeededWithinDuration {d:?} is not a duration"))));
                 continue;
             };
             let age = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs());
             if age.is_none_or(|a| a > limit) {
-                clauses.push(format!("prerequisite stack {} did not succeed within {d}; requested its resync", p.name));
+                failed.push((p.name.clone(), unsatisfied(&p.name, &format!("prerequisite is out of date (did not succeed within {d}; requested its resync)"))));
                 let value = format!("after-{}", last.name.clone().unwrap_or_default());
                 if request.as_deref() != Some(value.as_str()) {
                     resync.push((p.name.clone(), value));
@@ -66,7 +70,16 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
             }
         }
     }
-    if clauses.is_empty() { Verdict::Satisfied } else { Verdict::NotSatisfied { message: clauses.join("; "), resync } }
+    let message = match failed.as_slice() {
+        [] => return Verdict::Satisfied,
+        [(_, one)] => one.clone(),
+        many => {
+            let names: Vec<&str> = many.iter().map(|(n, _)| n.as_str()).collect();
+            let details: Vec<&str> = many.iter().map(|(_, m)| m.as_str()).collect();
+            format!("multiple prerequisites were not satisfied {} ({})", names.join(", "), details.join("; "))
+        }
+    };
+    Verdict::NotSatisfied { message, resync }
 }
 
 /// Whether `stack` is in `namespace` and names `prerequisite` among its prerequisites: a dependent to
@@ -128,7 +141,13 @@ mod tests {
         ]);
         let v = check(&[prereq("gone", None), prereq("fresh", None), prereq("behind", None), prereq("broken", None)], &f, at(1));
         let Verdict::NotSatisfied { message, resync } = v else { panic!("satisfied") };
-        for want in ["gone not found", "fresh has not run", "behind is not in sync", "broken has not succeeded"] {
+        assert!(message.starts_with("multiple prerequisites were not satisfied gone, fresh, behind, broken ("), "PKO's text first: {message}");
+        for want in [
+            r#"unable to fetch prerequisite "gone": stacks.pulumi.com "gone" not found"#,
+            r#"prerequisite not satisfied for "fresh": prerequisite has not run to completion"#,
+            r#"prerequisite not satisfied for "behind": prerequisite has not run to completion (not in sync"#,
+            r#"prerequisite not satisfied for "broken": prerequisite failed"#,
+        ] {
             assert!(message.contains(want), "{want:?} missing from {message:?}");
         }
         assert!(resync.is_empty(), "only stale successes are asked to resync");
@@ -139,7 +158,7 @@ mod tests {
         let f = found(vec![stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)))]);
         assert_eq!(check(&[prereq("db", Some("1h"))], &f, at(3_000)), Verdict::Satisfied, "within the hour");
         let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &f, at(4_000)) else { panic!("satisfied") };
-        assert!(message.contains("did not succeed within 1h"), "{message}");
+        assert_eq!(message, r#"prerequisite not satisfied for "db": prerequisite is out of date (did not succeed within 1h; requested its resync)"#);
         assert_eq!(resync, vec![("db".to_string(), "after-db-u1".to_string())]);
         // already requested: no second annotation (its lastUpdate then no longer matches the request, so it waits)
         let mut requested = stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)));

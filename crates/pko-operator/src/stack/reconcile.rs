@@ -388,7 +388,7 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     if a.succeeded {
         p.event(Severity::Normal, ev::STACK_CREATED, "Successfully updated stack".into());
     } else {
-        p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update Stack: {}", a.message));
+        p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update stack: {}", a.message));
         if a.conflict {
             let msg = io::conflict_message(p.status.last_update.as_ref(), p.stack.spec.retry_max_backoff_duration_seconds);
             p.event(Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg);

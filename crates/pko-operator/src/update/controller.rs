@@ -452,7 +452,8 @@ impl UpdateController {
                 update,
                 crate::k8s::Severity::Normal,
                 pko_api::constants::event_reason::UPDATE_EXPIRED,
-                format!("deleted {ttl:?} after completion (ttlAfterCompleted)"),
+                // PKO's text, then the ttl
+                format!("ttl expired and was deleted (ttlAfterCompleted {ttl:?})"),
             )
             .await;
             api.delete(&update.name_any(), &DeleteParams::background()).await?;

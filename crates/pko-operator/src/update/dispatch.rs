@@ -284,11 +284,12 @@ pub async fn run_on_agent(
             (crate::k8s::Severity::Warning, pko_api::constants::event_reason::UPDATE_FAILED)
         };
         check()?;
-        crate::k8s::publish(&events.update, update, severity, reason, result.message.clone()).await;
+        let note = status::event_note(update.spec.update_type.as_ref(), update.spec.stack_name.as_deref().unwrap_or_default(), phase == Phase::Succeeded, &result.message);
+        crate::k8s::publish(&events.update, update, severity, reason, note).await;
         // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
         // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it
         check()?;
-        crate::workspace::stalled::record(client, events, workspace, &crate::workspace::stalled::verdict(&result)).await;
+        crate::workspace::stalled::record(client, events, workspace, &crate::workspace::stalled::verdict(&result), update.spec.stack_name.as_deref().unwrap_or_default()).await;
         // PKO's Workspace `status.pulumiVersion`: the CLI of the agent that ran this operation
         let version = pulumi_version(&result.pulumi_version);
         if !version.is_empty() && workspace.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) != Some(version.as_str()) {

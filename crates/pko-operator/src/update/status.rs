@@ -83,8 +83,41 @@ pub mod pko_proto_reason {
     }
 }
 
+/// The note of an Update's `UpdateSucceeded`/`UpdateFailed` event in PKO's words (`update_controller.go`):
+/// `Updated stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"`
+/// (`preview`, `refresh`, `destroy`), followed by `: <message>` when the failure has one. `update_type`
+/// is the Update's `spec.type` (`up` when unset). Pure.
+pub fn event_note(update_type: Option<&pko_api::UpdateType>, stack: &str, succeeded: bool, message: &str) -> String {
+    use pko_api::UpdateType as T;
+    let (done, verb) = match update_type {
+        Some(T::Preview) => ("Previewed", "preview"),
+        Some(T::Refresh) => ("Refreshed", "refresh"),
+        Some(T::Destroy) => ("Destroyed", "destroy"),
+        _ => ("Updated", "update"),
+    };
+    let stack = format!("\"{}\"", stack.replace('\\', "\\\\").replace('"', "\\\""));
+    match (succeeded, message.is_empty()) {
+        (true, _) => format!("{done} stack {stack}"),
+        (false, true) => format!("Failed to {verb} stack {stack}"),
+        (false, false) => format!("Failed to {verb} stack {stack}: {message}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn event_notes_are_pkos() {
+        use super::event_note;
+        use pko_api::UpdateType as T;
+        assert_eq!(event_note(Some(&T::Up), "dev", true, ""), r#"Updated stack "dev""#);
+        assert_eq!(event_note(None, "dev", true, "ignored"), r#"Updated stack "dev""#);
+        assert_eq!(event_note(Some(&T::Preview), "dev", true, ""), r#"Previewed stack "dev""#);
+        assert_eq!(event_note(Some(&T::Refresh), "dev", true, ""), r#"Refreshed stack "dev""#);
+        assert_eq!(event_note(Some(&T::Destroy), "dev", true, ""), r#"Destroyed stack "dev""#);
+        assert_eq!(event_note(Some(&T::Up), "dev", false, ""), r#"Failed to update stack "dev""#);
+        assert_eq!(event_note(Some(&T::Destroy), "org/p/dev", false, "error: boom"), r#"Failed to destroy stack "org/p/dev": error: boom"#);
+    }
+
     use super::*;
 
     fn t(s: i64) -> Time {

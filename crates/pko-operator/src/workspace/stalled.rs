@@ -79,11 +79,12 @@ pub fn outdated(ws: &Workspace) -> bool {
     current.is_some_and(|c| c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID))
 }
 
-/// The event PKO emits when a workspace stalls with `reason`, and its text. Pure.
-pub fn stall_event(reason: &str, message: &str) -> Option<(&'static str, String)> {
+/// The event PKO emits when a workspace stalls with `reason` preparing stack `stack`, and its text
+/// (PKO's `Failed to initialize stack "<name>": <error>` for a stack that could not be selected). Pure.
+pub fn stall_event(reason: &str, message: &str, stack: &str) -> Option<(&'static str, String)> {
     match reason {
         wc::INSTALLATION_FAILED => Some((ev::INSTALLATION_FAILURE, message.to_string())),
-        wc::INITIALIZATION_FAILED | wc::INCOMPATIBLE_CONFIGURATION => Some((ev::STACK_INITIALIZATION_FAILURE, message.to_string())),
+        wc::INITIALIZATION_FAILED | wc::INCOMPATIBLE_CONFIGURATION => Some((ev::STACK_INITIALIZATION_FAILURE, format!("Failed to initialize stack {stack:?}: {message}"))),
         _ => None,
     }
 }
@@ -124,10 +125,10 @@ pub async fn apply(client: &kube::Client, ws: &Workspace, stall: Option<(&str, &
 /// sets `Stalled` (`InstallationFailure` / `StackInitializationFailure` Warning); a workspace prepared
 /// again clears a stall (`Initialized`). Errors are logged: the operation's own result is written
 /// already.
-pub async fn record(client: &kube::Client, events: &crate::k8s::Events, ws: &Workspace, verdict: &Verdict) {
+pub async fn record(client: &kube::Client, events: &crate::k8s::Events, ws: &Workspace, verdict: &Verdict, stack: &str) {
     let outcome = match verdict {
         Verdict::Unknown => return,
-        Verdict::Stalled { reason, message } => apply(client, ws, Some((reason, message))).await.map(|w| (w, stall_event(reason, message))),
+        Verdict::Stalled { reason, message } => apply(client, ws, Some((reason, message))).await.map(|w| (w, stall_event(reason, message, stack))),
         Verdict::Initialized => {
             let was = ws.stalled().map(|c| c.reason.clone());
             apply(client, ws, None)
