@@ -125,10 +125,14 @@ for round in $(seq 1 "$ROUNDS"); do
         replica-stop) kill -STOP "$pid" ;;
       esac
       wait_moved "r$victim"
+      polled=$(awk -v a="$(date +%s.%N)" -v b="$t_fault" 'BEGIN { printf "%.1f", a - b }')
+      # the Lease watch's own timestamps are finer; a watch that missed events (kubectl's watch can end
+      # early) falls back, after 5 s, to the poll above, marked `~`
       # shellcheck disable=SC2086
-      for _ in $(seq 1 60); do [ "$(moved_after "$t_fault" "$RUN/leases-$round.log" "r$victim" $shards)" != "?" ] && break; sleep 0.5; done
+      for _ in $(seq 1 10); do [ "$(moved_after "$t_fault" "$RUN/leases-$round.log" "r$victim" $shards)" != "?" ] && break; sleep 0.5; done
       # shellcheck disable=SC2086
       fo=$(moved_after "$t_fault" "$RUN/leases-$round.log" "r$victim" $shards)
+      [ "$fo" = "?" ] && fo="~$polled"
       pkill -P "$WATCHER" 2>/dev/null || true
       case $fault in
         replica-kill) start_replica "$victim" ;;
@@ -164,6 +168,9 @@ for i in $(seq -f '%03g' 1 "$N"); do
 done
 OVERLAP=$(grep -c ' overlap$' "$TRACE" || true)
 FAILED=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}{"\n"}{end}' | { grep '^True/' || true; } | sort | uniq -c | tr '\n' ' ')
+# every failed Update with its message, for the report (the namespace goes at the end)
+kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.status.conditions[?(@.type=="Failed")].status}/{.status.conditions[?(@.type=="Failed")].reason}: {.status.message}{"\n"}{end}' \
+  | { grep ' True/' || true; } > "$RUN/failed-updates.txt"
 PROGRESSING=$(kubectl -n $NS get updates -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Progressing")].status}{"\n"}{end}' | grep -c '^True$' || true)
 LOCKS=$(find "$RUN/state/.pulumi/locks" -name '*.json' 2>/dev/null | wc -l)
 # everything stopped gracefully: nothing of any operation may be left running
@@ -171,11 +178,12 @@ stop_all
 for _ in $(seq 1 30); do pgrep -f -- "pko-agent serve.*$RUN/agents" >/dev/null || break; sleep 1; done
 ORPHANS=$(for p in /proc/[0-9]*; do c=$(readlink "$p/cwd" 2>/dev/null || true); case $c in "$RUN"/*) echo "${p#/proc/} $(cat "$p/comm" 2>/dev/null)";; esac; done | { grep -v ' pko-agent$' || true; } | wc -l)
 
-stats() { tr ' ' '\n' <<< "$1" | grep -v '^$' | grep -v '^[?-]$' | sort -n | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else printf "%s / %s / %s", v[1], v[int((NR+1)/2)], v[NR]}'; }
+stats() { tr ' ' '\n' <<< "$1" | grep -v '^$' | grep -v '^[?-]$' | sed 's/^~//' | sort -n | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else printf "%s / %s / %s", v[1], v[int((NR+1)/2)], v[NR]}'; }
 echo "stacks=$N replicas=$REPLICAS rounds=$ROUNDS lease_duration_s=$LEASE_S fault_after_s=$FAULT_AFTER_S sleep_s=$SLEEP_S"
 echo "| fault | rounds | failover s (min / median / max) | change -> all Ready s (min / median / max) |"
 echo "|---|---|---|---|"
 for f in "${FAULTS[@]}"; do echo "| $f | ${COUNT[$f]:-0} | $(stats "${FAILOVER[$f]:-}") | $(stats "${CONVERGE[$f]:-}") |"; done
 echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP overlapping=$OVERLAP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS orphan_processes=$ORPHANS"
 echo "total $(( $(date +%s) - T_START )) s"
+[ -s "$RUN/failed-updates.txt" ] && { echo "failed Updates (each retried by its Stack):"; sed 's/^/  /' "$RUN/failed-updates.txt"; }
 [ "$LOST" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$OVERLAP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] && [ "$ORPHANS" -eq 0 ] || fail "operations lost, duplicated or overlapping, or leftovers"

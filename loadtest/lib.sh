@@ -99,7 +99,7 @@ watch_leases() {
   ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
       | python3 -u -c 'import sys, time
 for l in sys.stdin:
-    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) &
+    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) 2>/dev/null &
   WATCHER=$!
   disown $WATCHER
   sleep 1   # the watch's initial list is in
