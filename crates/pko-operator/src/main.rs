@@ -139,11 +139,28 @@ async fn leader_election(client: &kube::Client, args: &pko_operator::args::RunAr
         renew_deadline: args.manager.leader_election_renew_deadline,
         retry_period: args.manager.leader_election_retry_period,
     };
+    // probes answer while this replica waits (a rolling update needs the new pod Ready before the old
+    // one stops and releases the Lease); the operator binds the address again once it leads
+    let standby = CancellationToken::new();
+    let probes = match args.metrics.health_probe_bind_address.as_str() {
+        "0" => None,
+        addr => {
+            let l = tokio::net::TcpListener::bind(pko_operator::args::listen_address(addr)).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
+            Some(tokio::spawn(pko_operator::metrics::serve_standby_probes(l, standby.clone())))
+        }
+    };
     let waiting = pko_operator::leader::acquire(client.clone(), &namespace, &identity, timing, shutdown);
-    tokio::select! {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let led = tokio::select! {
         r = waiting => r.context("leader election (--leader-elect): the Lease operator.pulumi.com"),
         _ = tokio::signal::ctrl_c() => { shutdown.cancel(); Ok(None) }
+        _ = term.recv() => { shutdown.cancel(); Ok(None) }
+    };
+    standby.cancel();
+    if let Some(p) = probes {
+        let _ = p.await;
     }
+    led
 }
 
 /// Logs to standard output (as PKO) in `format` at `level` (a `tracing` filter); ANSI colours only when

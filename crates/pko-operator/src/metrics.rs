@@ -323,6 +323,16 @@ pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::infor
     axum::serve(listener, router).await
 }
 
+/// Serves the probes of a replica waiting for the leader Lease (`--leader-elect`) on `listener` until
+/// `stop` is cancelled: `/healthz` and `/readyz` answer `ok` ("standby"), as controller-runtime's
+/// manager answers before it leads. A Deployment's rolling update then sees the new pod Ready and stops
+/// the old one, whose release of the Lease lets the new one lead (a readiness tied to leadership would
+/// keep both waiting for each other).
+pub async fn serve_standby_probes(listener: tokio::net::TcpListener, stop: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
+    let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok (standby: waiting for the leader Lease)" }));
+    axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,7 +103,7 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
         "extraEnv[0].name=X",
         "extraEnv[0].value=on",
     ]);
-    assert_eq!(env(&docs, "RUST_LOG").unwrap()["value"], "debug");
+    assert!(args(&docs).contains(&"--zap-log-level=debug".to_string()) && env(&docs, "RUST_LOG").is_none(), "PKO's level through PKO's flag");
     assert_eq!(env(&docs, "LOG_FORMAT").unwrap()["value"], "json");
     assert_eq!(env(&docs, "X").unwrap()["value"], "on");
     let pod = &find(&docs, "Deployment", "pko-operator").unwrap()["spec"]["template"]["spec"];
@@ -111,6 +111,30 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     assert_eq!(pod["nodeSelector"]["disk"], "ssd");
     assert_eq!(container(&docs)["image"], "registry.example/pko-operator:0.1.0");
     assert!(find(&docs, "ClusterRole", "pko-operator-edit").is_none());
+
+    // PKO's zap integers and levels mean what they mean in PKO (the binary maps them: `2` is trace,
+    // `panic` errors only); anything else is a RUST_LOG filter list
+    assert!(args(&render(&["controller.logLevel=2"])).contains(&"--zap-log-level=2".to_string()));
+    assert!(args(&render(&["controller.logLevel=panic"])).contains(&"--zap-log-level=panic".to_string()));
+    let filtered = render(&["controller.logLevel=info\\,pko_fleet=debug"]);
+    assert_eq!(env(&filtered, "RUST_LOG").unwrap()["value"], "info,pko_fleet=debug");
+    assert!(!args(&filtered).iter().any(|a| a.starts_with("--zap-log-level")));
+    // one replica: leader election with PKO's values, so a rollout never runs two operators at once
+    let docs = render(&[]);
+    assert!(args(&docs).contains(&"--leader-elect".to_string()), "{:?}", args(&docs));
+    for (var, value) in [("LEADER_ELECTION_LEASE_DURATION", "60s"), ("LEADER_ELECTION_RENEW_DEADLINE", "45s"), ("LEADER_ELECTION_RETRY_PERIOD", "10s"), ("KUBE_API_TIMEOUT", "30s")] {
+        assert_eq!(env(&docs, var).unwrap()["value"], value, "{var}");
+    }
+    assert!(env(&docs, "FLUX_MAX_UNTAR_SIZE_BYTES").is_none());
+    assert_eq!(env(&docs, "PROGRAM_FS_ADV_ADDR").unwrap()["value"], "pko-operator.$(POD_NAMESPACE):80");
+    let docs = render(&["leaderElection.leaseDuration=120s", "kubeAPI.timeout=1m", "flux.maxUntarSizeBytes=-1", "controller.advertisedAddress=pko.example"]);
+    assert_eq!(env(&docs, "LEADER_ELECTION_LEASE_DURATION").unwrap()["value"], "120s");
+    assert_eq!(env(&docs, "KUBE_API_TIMEOUT").unwrap()["value"], "1m");
+    assert_eq!(env(&docs, "FLUX_MAX_UNTAR_SIZE_BYTES").unwrap()["value"], "-1");
+    assert_eq!(env(&docs, "PROGRAM_FS_ADV_ADDR").unwrap()["value"], "pko.example:80");
+    let fleet = render(&["replicaCount=3", "redis.url=redis://r:6379"]);
+    assert!(!args(&fleet).contains(&"--leader-elect".to_string()) && env(&fleet, "LEADER_ELECTION_LEASE_DURATION").is_none(), "a fleet fences by shard Leases");
+    assert!(!args(&render(&["leaderElection.enabled=false"])).contains(&"--leader-elect".to_string()));
 
     // namespaced RBAC needs the namespaces
     let (ok, _, err) = try_render(&["rbac.createClusterRole=false"]);
