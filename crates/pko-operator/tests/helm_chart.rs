@@ -122,7 +122,8 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     // one replica: leader election with PKO's values, so a rollout never runs two operators at once
     let docs = render(&[]);
     assert!(args(&docs).contains(&"--leader-elect".to_string()), "{:?}", args(&docs));
-    for (var, value) in [("LEADER_ELECTION_LEASE_DURATION", "60s"), ("LEADER_ELECTION_RENEW_DEADLINE", "45s"), ("LEADER_ELECTION_RETRY_PERIOD", "10s"), ("KUBE_API_TIMEOUT", "30s")] {
+    for (var, value) in [("LEADER_ELECTION_LEASE_DURATION", "60s"), ("LEADER_ELECTION_RENEW_DEADLINE", "45s"), ("LEADER_ELECTION_RETRY_PERIOD", "10s"), ("KUBE_API_TIMEOUT", "30s")]
+    {
         assert_eq!(env(&docs, var).unwrap()["value"], value, "{var}");
     }
     assert!(env(&docs, "FLUX_MAX_UNTAR_SIZE_BYTES").is_none());
