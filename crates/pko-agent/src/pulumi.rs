@@ -273,9 +273,31 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
     Some((name, runtime))
 }
 
+/// Whether the project in `dir` runs a prebuilt program (`runtime: {name: go, options: {binary: …}}`,
+/// Pulumi's `runtime.options.binary`): `pulumi install` would only try to build or fetch what the
+/// binary already holds (PKO #1297, fixed in v2.9.1 by #1319).
+pub fn prebuilt_binary(dir: &Path) -> bool {
+    let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok()) else { return false };
+    let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(&text) else { return false };
+    v.get("runtime").and_then(|r| r.get("options")).and_then(|o| o.get("binary")).and_then(|b| b.as_str()).is_some_and(|b| !b.trim().is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prebuilt_binary_is_found_in_the_runtime_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |yaml: &str| {
+            std::fs::write(dir.path().join("Pulumi.yaml"), yaml).unwrap();
+            prebuilt_binary(dir.path())
+        };
+        assert!(with("name: p\nruntime:\n  name: go\n  options:\n    binary: ./bin/p\n"));
+        assert!(!with("name: p\nruntime: go\n"));
+        assert!(!with("name: p\nruntime:\n  name: go\n  options:\n    buildTarget: x\n"));
+        assert!(!with("name: p\nruntime:\n  name: go\n  options:\n    binary: \"\"\n"));
+    }
 
     #[test]
     fn plugin_acquisition_follows_the_operation_then_the_agent() {

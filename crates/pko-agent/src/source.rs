@@ -176,7 +176,7 @@ impl SourceCache {
             // language dependencies (npm, pip, go modules), provider plugins and `packages`.
             let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
             let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
-            if install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) {
+            if install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) && !crate::pulumi::prebuilt_binary(&project) {
                 let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| install_err(format!("pulumi install: {e}")))?;
                 if !out.success {
                     return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
@@ -360,7 +360,8 @@ fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
     Ok(root.join(d))
 }
 
-/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO, except YAML when
+/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO (but never for a
+/// prebuilt `runtime.options.binary`, [`crate::pulumi::prebuilt_binary`]), except YAML when
 /// plugin acquisition is disabled (the air-gapped setting): for YAML `pulumi install` only downloads
 /// plugins and packages, so with downloads off the plugins must already be on `PATH` or in the
 /// plugin cache, and `pulumi up` finds them there.
