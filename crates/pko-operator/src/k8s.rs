@@ -97,10 +97,17 @@ where
         generation = meta.generation.unwrap_or_default(),
         reconcile_id = id
     );
+    use crate::metrics::names as n;
     let start = std::time::Instant::now();
+    metrics::counter!(n::WORKQUEUE_ADDS_TOTAL, "name" => controller).increment(1);
     let result = reconcile.instrument(span).await;
-    metrics::counter!(crate::metrics::names::RECONCILES_TOTAL, "controller" => controller).increment(1);
-    metrics::histogram!(crate::metrics::names::RECONCILE_DURATION_SECONDS, "controller" => controller).record(start.elapsed().as_secs_f64());
+    let seconds = start.elapsed().as_secs_f64();
+    metrics::counter!(n::RECONCILES_TOTAL, "controller" => controller).increment(1);
+    metrics::histogram!(n::RECONCILE_DURATION_SECONDS, "controller" => controller).record(seconds);
+    // controller-runtime's and client-go's series, as PKO's manager exports them
+    metrics::counter!(n::CR_RECONCILE_TOTAL, "controller" => controller, "result" => if result.is_ok() { "success" } else { "error" }).increment(1);
+    metrics::histogram!(n::CR_RECONCILE_TIME_SECONDS, "controller" => controller).record(seconds);
+    metrics::histogram!(n::WORKQUEUE_WORK_DURATION_SECONDS, "name" => controller).record(seconds);
     result
 }
 
@@ -121,7 +128,10 @@ pub fn error_policy<K, E: ReconcileError, C>(controller: &'static str) -> impl F
     move |_object, error, _ctx| {
         reconcile_failed(controller, error.step(), error);
         match error.retry_after() {
-            Some(after) => kube::runtime::controller::Action::requeue(after),
+            Some(after) => {
+                metrics::counter!(crate::metrics::names::WORKQUEUE_RETRIES_TOTAL, "name" => controller).increment(1);
+                kube::runtime::controller::Action::requeue(after)
+            }
             None => kube::runtime::controller::Action::await_change(),
         }
     }
@@ -159,4 +169,5 @@ where
 pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {
     tracing::warn!(controller, step, %error, "reconcile failed");
     metrics::counter!(crate::metrics::names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
+    metrics::counter!(crate::metrics::names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
 }

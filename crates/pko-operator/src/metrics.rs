@@ -99,6 +99,24 @@ pub mod names {
     pub const RECONCILE_ERRORS_TOTAL: &str = "pko_reconcile_errors_total";
     /// Histogram in seconds, label `controller`: how long a reconcile took.
     pub const RECONCILE_DURATION_SECONDS: &str = "pko_reconcile_duration_seconds";
+    /// controller-runtime's series, beside ours so that PKO's alerts and dashboards keep working.
+    /// Counter, labels `controller` and `result` (`success`, `error`): reconciles run.
+    pub const CR_RECONCILE_TOTAL: &str = "controller_runtime_reconcile_total";
+    /// controller-runtime's counter, label `controller`: reconciles that failed.
+    pub const CR_RECONCILE_ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total";
+    /// controller-runtime's histogram in seconds, label `controller`: how long a reconcile took.
+    pub const CR_RECONCILE_TIME_SECONDS: &str = "controller_runtime_reconcile_time_seconds";
+    /// client-go's workqueue histogram in seconds, label `name` (the controller): how long processing
+    /// an item took (here: a reconcile).
+    pub const WORKQUEUE_WORK_DURATION_SECONDS: &str = "workqueue_work_duration_seconds";
+    /// client-go's workqueue counter, label `name`: items taken for processing (here: reconciles started).
+    pub const WORKQUEUE_ADDS_TOTAL: &str = "workqueue_adds_total";
+    /// client-go's workqueue counter, label `name`: items put back to be retried (here: failed reconciles
+    /// requeued by the error policy).
+    pub const WORKQUEUE_RETRIES_TOTAL: &str = "workqueue_retries_total";
+    /// client-go's workqueue gauge, label `name`: items waiting. Only `name="update"`, this replica's
+    /// operation queue (kube-runtime keeps its reconcile queues' depth to itself).
+    pub const WORKQUEUE_DEPTH: &str = "workqueue_depth";
 }
 
 /// The process-wide Prometheus recorder of the `metrics` facade: installed by the first call, the same

@@ -90,6 +90,16 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
         .unwrap_or(0.0);
     assert!(failed_ups >= 4.0, "{text}");
     assert!(text.contains("pko_update_operation_duration_seconds"), "{text}");
+    // controller-runtime's and client-go's series, so PKO's alerts keep working
+    for series in [
+        "controller_runtime_reconcile_total{controller=\"stack\",result=\"success\"}",
+        "controller_runtime_reconcile_time_seconds_count{controller=\"stack\"}",
+        "workqueue_work_duration_seconds_count{name=\"stack\"}",
+        "workqueue_adds_total{name=\"update\"}",
+        "workqueue_depth{name=\"update\"}",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
 
     // Stalled means no further attempts
     tokio::time::sleep(Duration::from_secs(8)).await;

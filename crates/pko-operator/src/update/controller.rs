@@ -212,6 +212,7 @@ impl UpdateController {
         }
         *shown = depth.into_keys().collect();
         metrics::gauge!(crate::metrics::names::OPERATIONS_QUEUED).set(self.queue.queued() as f64);
+        metrics::gauge!(crate::metrics::names::WORKQUEUE_DEPTH, "name" => "update").set(self.queue.queued() as f64);
         metrics::gauge!(crate::metrics::names::OPERATIONS_IN_FLIGHT).set(self.queue.in_flight() as f64);
     }
 
