@@ -41,6 +41,9 @@ pub struct Sandboxes {
     plugins: PathBuf,
     /// The directories of operations running now (an agent with `--capacity` above 1 runs several).
     active: Arc<Mutex<HashSet<PathBuf>>>,
+    /// `<root>.lock`, locked exclusively for the agent's life: a second agent on the same work
+    /// directory would remove this one's running operations' directories (and this one its).
+    _lock: Arc<std::fs::File>,
 }
 
 /// One operation's directories (see the module documentation).
@@ -66,14 +69,25 @@ pub type Fingerprint = BTreeMap<PathBuf, (u64, u32, Option<SystemTime>, Option<P
 
 impl Sandboxes {
     /// Operations' directories under `root`, sharing the plugin cache of `shared_pulumi_home` (created
-    /// when missing). Removes every directory an earlier agent left in `root`.
+    /// when missing), for this agent alone: `<root>.lock` is locked exclusively (released by the
+    /// kernel when the agent dies). Removes every directory an earlier agent left in `root`.
     ///
-    /// Errors: `root` or the plugin cache cannot be created, or a leftover cannot be removed.
+    /// Errors: another live agent holds `root` (the message says so), `root` or the plugin cache
+    /// cannot be created, or a leftover cannot be removed.
     pub fn new(root: PathBuf, shared_pulumi_home: &Path) -> std::io::Result<Self> {
         create_private_dir(&root)?;
+        let lock_path = root.with_extension("lock");
+        let lock = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path)?;
+        if let Err(e) = lock.try_lock() {
+            let why = match e {
+                std::fs::TryLockError::WouldBlock => "another agent uses this work directory".to_string(),
+                std::fs::TryLockError::Error(e) => e.to_string(),
+            };
+            return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, format!("{}: {why} (two agents must never share one)", lock_path.display())));
+        }
         let plugins = shared_pulumi_home.join("plugins");
         std::fs::create_dir_all(&plugins)?;
-        let s = Self { root, plugins, active: Arc::default() };
+        let s = Self { root, plugins, active: Arc::default(), _lock: Arc::new(lock) };
         s.sweep()?;
         Ok(s)
     }
@@ -324,6 +338,20 @@ mod tests {
             sb.finish().unwrap();
         }
         assert_eq!(std::fs::read_dir(&ops).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_second_agent_on_the_same_work_directory_is_refused_until_the_first_is_gone() {
+        let base = tempfile::tempdir().unwrap();
+        let ops = base.path().join("ops");
+        let first = Sandboxes::new(ops.clone(), &base.path().join("h")).unwrap();
+        let running = first.create().unwrap();
+        let e = Sandboxes::new(ops.clone(), &base.path().join("h")).unwrap_err();
+        assert!(e.to_string().contains("another agent uses this work directory"), "{e}");
+        assert!(running.dir.is_dir(), "the refused agent swept nothing");
+        running.finish().unwrap();
+        drop(first);
+        Sandboxes::new(ops, &base.path().join("h")).expect("the lock goes with its agent");
     }
 
     #[test]

@@ -149,7 +149,11 @@ struct Pool {
     /// `pools/<namespace>/<hash>` under the work root.
     dir: PathBuf,
     slots: Vec<Slot>,
-    loaded: bool,
+    /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none
+    /// picks a slot while adoption is still asking the recorded agents (it started a second agent in
+    /// a slot whose live agent was being adopted: two agents in one work directory, each removing the
+    /// other's operation directories — found by `loadtest/chaos.sh`, 2026-11-26).
+    loaded: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Pool {
@@ -351,9 +355,11 @@ impl LocalPools {
                 }
                 Pick::Full => return Ok(None),
                 Pick::Start => {
-                    // drop dead slots; reuse the lowest free slot number (its source cache stays)
+                    // drop dead slots; reuse the lowest free slot number (its source cache stays) whose
+                    // recorded agent is not alive: one live agent per work directory, ever
                     drop_dead(class.as_str(), &mut pool.slots);
-                    let n = (0..).find(|n| pool.slot_index(*n).is_none()).unwrap_or(0);
+                    let live = live_slots(&pool.replica_dir(&self.replica));
+                    let n = (0..).find(|n| pool.slot_index(*n).is_none() && !live.contains(n)).unwrap_or(0);
                     pool.slots.push(Slot { n, agent: None, running: Some(op.to_string()), lent: true, draining: false, idle_since: Instant::now() });
                     n
                 }
@@ -381,7 +387,7 @@ impl LocalPools {
     /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it
     /// (a restart), each with the operation it runs.
     async fn load(&self, class: &str, ws: &Workspace) {
-        let dir = {
+        let (loaded, dir) = {
             let mut pools = self.pools();
             let pool = pools.entry(class.to_string()).or_insert_with(|| {
                 let spec = ws.spec.with_defaults();
@@ -391,15 +397,16 @@ impl LocalPools {
                     log_level: spec.pulumi_log_level,
                     dir: self.runtime.work_root.join("pools").join(class),
                     slots: Vec::new(),
-                    loaded: false,
+                    loaded: Arc::default(),
                 }
             });
-            if pool.loaded {
-                return;
-            }
-            pool.loaded = true;
-            pool.replica_dir(&self.replica)
+            (pool.loaded.clone(), pool.replica_dir(&self.replica))
         };
+        loaded.get_or_init(|| self.adopt(class, dir)).await;
+    }
+
+    /// Adopts the live agents recorded in `dir` (this replica's directory of `class`).
+    async fn adopt(&self, class: &str, dir: PathBuf) {
         let mut adopted = Vec::new();
         for (n, record) in records(&dir) {
             if !agent_process_alive(record.pid) {
@@ -631,6 +638,12 @@ fn drop_dead(class: &str, slots: &mut Vec<Slot>) {
         }
         keep
     });
+}
+
+/// The slots under a replica's directory of a class whose recorded agent process is alive (adopted
+/// or not: one that did not answer when adopted still owns its work directory until it exits).
+fn live_slots(replica_dir: &Path) -> std::collections::HashSet<usize> {
+    records(replica_dir).into_iter().filter(|(_, r)| agent_process_alive(r.pid)).map(|(n, _)| n).collect()
 }
 
 /// The agent records under a replica's directory of a class: `(slot, record)`.
