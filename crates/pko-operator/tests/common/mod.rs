@@ -37,7 +37,9 @@ pub fn start_agent(env: &pko_testbed::PulumiEnv, namespace: &str) -> AgentProc {
 /// Starts the agent with `auth_args` (e.g. `--auth kube --kube-audience …`), as the bed's admin.
 pub fn start_agent_with(env: &pko_testbed::PulumiEnv, auth_args: &[&str]) -> AgentProc {
     let bin = agent_bin();
-    let work = env.dir().join("agent-work");
+    // a work directory per agent: an agent locks its own (two agents never share one)
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let work = env.dir().join(format!("agent-work-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
     let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(auth_args)
