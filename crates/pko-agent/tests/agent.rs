@@ -176,7 +176,9 @@ async fn a_lock_left_by_an_agent_killed_mid_up_is_released_once_its_holder_is_de
     let r = result(&events);
     let text = all_text(&events);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
-    assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead") && text.contains("no process has its pid"), "{text}");
+    // the killed pulumi is either gone or, while nobody has reaped it yet (a container's init may
+    // be slow to), a zombie: both are a dead holder
+    assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead") && (text.contains("no process has its pid") || text.contains("its process exited")), "{text}");
     assert!(lock_files(&env).is_empty(), "no lock left: {:?}", lock_files(&env));
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("done"));
 }
