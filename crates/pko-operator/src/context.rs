@@ -22,7 +22,7 @@ pub struct Context {
     /// Changes each time this replica gains shards, takes one again at a new epoch, or its holding
     /// comes back after lapsing (`--fleet`): controllers of kinds watched whole (Programs) reconcile
     /// everything again then (kube's `reconcile_all_on`); sharded kinds re-list what they gain, and look
-    /// again by themselves at what they skipped while not owning it ([`crate::fleet::unowned`]).
+    /// again by themselves at what they skipped while not owning it ([`crate::k8s::unowned`]).
     pub shards_gained: Option<tokio::sync::watch::Receiver<u64>>,
     /// Cancelled to shut the operator down: every controller stops taking work (kube's
     /// `graceful_shutdown_on`) and the servers end after them.
@@ -67,6 +67,11 @@ impl Context {
     /// The `kube` controller configuration of every controller: [`Self::reconcile_concurrency`].
     pub fn controller_config(&self) -> kube::runtime::controller::Config {
         kube::runtime::controller::Config::default().concurrency(self.reconcile_concurrency)
+    }
+
+    /// How each controller runs: [`Self::controller_config`] until [`Self::shutdown`].
+    pub fn running(&self) -> crate::k8s::Running {
+        crate::k8s::Running { config: self.controller_config(), shutdown: self.shutdown.clone() }
     }
 }
 

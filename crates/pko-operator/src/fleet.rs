@@ -277,21 +277,6 @@ pub fn join(
     Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), held: selector, gained, tasks: vec![membership, publish] })
 }
 
-/// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it
-/// skipped because this replica did not own it at that instant (seconds).
-pub const UNOWNED_RECHECK: Duration = Duration::from_secs(5);
-
-/// What a reconcile of a sharded kind returns for an object this replica does not own now: look again
-/// in [`UNOWNED_RECHECK`]. An object of a shard held elsewhere leaves the informer's store with the
-/// re-list that follows the move, and kube's controller drops a scheduled reconcile of an object no
-/// longer stored; one whose shard was lost and regained between two published holdings (or whose
-/// holding lapsed for a moment) stays stored, and is reconciled again once held — nothing else would
-/// look at it (a re-list hands on only what changed). Cost: one in-memory check per object of a lost
-/// shard until the re-list drops it.
-pub fn unowned() -> kube::runtime::controller::Action {
-    kube::runtime::controller::Action::requeue(UNOWNED_RECHECK)
-}
-
 /// How long a replica that does not hold an unlabelled object's shard waits before labelling it
 /// itself: the holder labels at once; this covers a shard that had no holder at that moment (seconds).
 pub const LABEL_FALLBACK: Duration = Duration::from_secs(5);

@@ -456,7 +456,7 @@ fn deleted<K: Clone>(o: K) -> [Step<K>; 2] {
 /// `resourceVersion`): handing on the thousands already there made each controller reconcile every
 /// one of them again (a ~60-80 s halt of a 10,000-Stack fleet after a failover). Controllers of
 /// sharded kinds look again by themselves at what they skipped while not owning it
-/// ([`crate::fleet::unowned`]), so nothing relies on a re-list to be looked at again. A re-list after a
+/// ([`crate::k8s::unowned`]), so nothing relies on a re-list to be looked at again. A re-list after a
 /// failed watch (kube's watcher, e.g. `410 Gone`) hands on everything, as kube's own reflector does.
 struct Merge<K: Watched> {
     sources: HashMap<Src, Source<K>>,

@@ -137,10 +137,20 @@ pub fn error_policy<K, E: ReconcileError, C>(controller: &'static str) -> impl F
     }
 }
 
-/// Runs `controller` (named `name` in spans, metrics and logs) until `ctx.shutdown`: with the context's
-/// concurrency, each reconcile observed ([`observe`]) and failures handled by [`error_policy`]. `state`
-/// is what `reconcile` gets besides the object.
-pub async fn run_controller<K, C, F, Fut, E>(controller: kube::runtime::Controller<K>, ctx: &crate::context::Context, name: &'static str, reconcile: F, state: std::sync::Arc<C>)
+/// How one controller runs: kube's controller configuration (the reconcile concurrency, PKO
+/// `MAX_CONCURRENT_RECONCILES`) and the shutdown token it stops taking work on.
+#[derive(Clone, Debug)]
+pub struct Running {
+    /// kube's controller configuration.
+    pub config: kube::runtime::controller::Config,
+    /// Cancelled to stop the controller (kube's `graceful_shutdown_on`).
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+/// Runs `controller` (named `name` in spans, metrics and logs) until `running.shutdown`: with its
+/// configuration, each reconcile observed ([`observe`]) and failures handled by [`error_policy`].
+/// `state` is what `reconcile` gets besides the object.
+pub async fn run_controller<K, C, F, Fut, E>(controller: kube::runtime::Controller<K>, running: Running, name: &'static str, reconcile: F, state: std::sync::Arc<C>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     C: Send + Sync + 'static,
@@ -150,8 +160,8 @@ where
 {
     use futures::StreamExt;
     controller
-        .with_config(ctx.controller_config())
-        .graceful_shutdown_on(ctx.shutdown.clone().cancelled_owned())
+        .with_config(running.config)
+        .graceful_shutdown_on(running.shutdown.cancelled_owned())
         .run(
             move |object, state| {
                 let work = reconcile(object.clone(), state);
@@ -170,4 +180,19 @@ pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dy
     tracing::warn!(controller, step, %error, "reconcile failed");
     metrics::counter!(crate::metrics::names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
     metrics::counter!(crate::metrics::names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
+}
+
+/// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it
+/// skipped because this replica did not own it at that instant (seconds).
+pub const UNOWNED_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a reconcile of a sharded kind returns for an object this replica does not own now: look again
+/// in [`UNOWNED_RECHECK`]. An object of a shard held elsewhere leaves the informer's store with the
+/// re-list that follows the move, and kube's controller drops a scheduled reconcile of an object no
+/// longer stored; one whose shard was lost and regained between two published holdings (or whose
+/// holding lapsed for a moment) stays stored, and is reconciled again once held — nothing else would
+/// look at it (a re-list hands on only what changed). Cost: one in-memory check per object of a lost
+/// shard until the re-list drops it.
+pub fn unowned() -> kube::runtime::controller::Action {
+    kube::runtime::controller::Action::requeue(UNOWNED_RECHECK)
 }

@@ -24,26 +24,4 @@ pub mod stack;
 pub mod update;
 pub mod workspace;
 
-use std::sync::Arc;
-
-use kube::runtime::Controller;
-
-/// The Program controller and its cache (which the artifact server reads), watching Programs through
-/// `informers`: run the future until shutdown.
-pub fn program_controller(
-    ctx: Arc<context::Context>,
-    informers: &mut informer::Informers,
-) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send + 'static) {
-    let programs = informers.programs();
-    let store = programs.store();
-    let mut controller = Controller::for_stream(programs.objects(), store.clone());
-    if let Some(gained) = ctx.shards_gained.clone() {
-        // Programs are watched whole: one that was not ours may be now
-        controller = controller.reconcile_all_on(futures::stream::unfold(gained, |mut rx| async move {
-            rx.changed().await.ok()?;
-            Some(((), rx))
-        }));
-    }
-    let run = async move { k8s::run_controller(controller, &ctx.clone(), "program", program::reconcile, ctx).await };
-    (store, run)
-}
+pub use program::program_controller;

@@ -129,6 +129,28 @@ impl crate::k8s::ReconcileError for Error {
     }
 }
 
+
+
+/// The Program controller and its cache (which the artifact server reads), watching Programs through
+/// `informers`: run the future until shutdown.
+pub fn program_controller(
+    ctx: std::sync::Arc<crate::context::Context>,
+    informers: &mut crate::informer::Informers,
+) -> (kube::runtime::reflector::Store<pko_api::Program>, impl std::future::Future<Output = ()> + Send + 'static) {
+    let programs = informers.programs();
+    let store = programs.store();
+    let mut controller = kube::runtime::Controller::for_stream(programs.objects(), store.clone());
+    if let Some(gained) = ctx.shards_gained.clone() {
+        // Programs are watched whole: one that was not ours may be now
+        controller = controller.reconcile_all_on(futures::stream::unfold(gained, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        }));
+    }
+    let run = async move { crate::k8s::run_controller(controller, ctx.running(), "program", reconcile, ctx).await };
+    (store, run)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

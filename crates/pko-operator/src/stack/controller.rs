@@ -56,7 +56,7 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
     let run = async move {
         let own = ctx.clone();
         tokio::select! {
-            () = k8s::run_controller(controller, &own, "stack", super::reconcile::reconcile, state) => {}
+            () = k8s::run_controller(controller, own.running(), "stack", super::reconcile::reconcile, state) => {}
             () = async { flux.await; std::future::pending::<()>().await } => {}
         }
     };

@@ -281,7 +281,7 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
     let ctx = &state.ctx;
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
     if !ctx.ownership.owns(&ns, &name) {
-        return Ok(crate::fleet::unowned());
+        return Ok(crate::k8s::unowned());
     }
     let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(stack) = api.get_opt(&name).await.map_err(Error::Dereference)? else { return Ok(Action::await_change()) };
@@ -293,7 +293,7 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
         }
         // fenced: the read above may have crossed a freeze or a shard move
         if !ctx.ownership.owns(&ns, &name) {
-            return Ok(crate::fleet::unowned());
+            return Ok(crate::k8s::unowned());
         }
         io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
         return Ok(Action::await_change());

@@ -142,7 +142,7 @@ impl UpdateController {
         let this = Arc::new(self);
         async move {
             let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
-            crate::k8s::run_controller(controller, &this.ctx, "update", |u, c: Arc<Self>| c.reconcile(u), this.clone()).await;
+            crate::k8s::run_controller(controller, this.ctx.running(), "update", |u, c: Arc<Self>| c.reconcile(u), this.clone()).await;
             for w in workers {
                 w.abort();
             }
@@ -356,7 +356,7 @@ impl UpdateController {
         let name = update.name_any();
         let shard_key = update.shard_key();
         if !self.ctx.ownership.owns(&ns, &shard_key) {
-            return Ok(crate::fleet::unowned());
+            return Ok(crate::k8s::unowned());
         }
         if update.meta().deletion_timestamp.is_some() {
             return Ok(Action::await_change());
@@ -446,7 +446,7 @@ impl UpdateController {
         if age >= ttl {
             // fenced: the event and the delete are writes
             if !self.ctx.ownership.owns(&update.namespace().unwrap_or_default(), &update.shard_key()) {
-                return Ok(crate::fleet::unowned());
+                return Ok(crate::k8s::unowned());
             }
             crate::k8s::publish(
                 &self.ctx.events.update,

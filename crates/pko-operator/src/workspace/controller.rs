@@ -142,7 +142,7 @@ impl WorkspaceController {
         let this = self.clone();
         async move {
             let sweeper = deletions.map(|d| tokio::spawn(this.clone().sweep(store, d)));
-            crate::k8s::run_controller(controller, &this.ctx, "workspace", |w, c: Arc<Self>| c.reconcile(w), this.clone()).await;
+            crate::k8s::run_controller(controller, this.ctx.running(), "workspace", |w, c: Arc<Self>| c.reconcile(w), this.clone()).await;
             if let Some(s) = sweeper {
                 s.abort();
             }
@@ -182,7 +182,7 @@ impl WorkspaceController {
         let ns = ws.namespace().unwrap_or_default();
         let name = ws.name_any();
         if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
-            return Ok(crate::fleet::unowned());
+            return Ok(crate::k8s::unowned());
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let api: Api<Workspace> = Api::namespaced(self.ctx.client.clone(), &ns);
@@ -197,7 +197,7 @@ impl WorkspaceController {
             Some(message) => {
                 // fenced: the shard may have moved since the check above
                 if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
-                    return Ok(crate::fleet::unowned());
+                    return Ok(crate::k8s::unowned());
                 }
                 super::stalled::apply(&self.ctx.client, &ws, Some((wc::SPEC_INVALID, &message))).await?;
                 self.write(&api, &ws, st, ("False", wc::SPEC_INVALID, &message), &now).await?;
@@ -205,7 +205,7 @@ impl WorkspaceController {
             }
             None if super::stalled::outdated(&ws) => {
                 if !self.ctx.ownership.owns(&ns, &ws.shard_key()) {
-                    return Ok(crate::fleet::unowned());
+                    return Ok(crate::k8s::unowned());
                 }
                 // the write wakes this controller again, with the condition gone
                 super::stalled::apply(&self.ctx.client, &ws, None).await?;
