@@ -129,8 +129,6 @@ impl crate::k8s::ReconcileError for Error {
     }
 }
 
-
-
 /// The Program controller and its cache (which the artifact server reads), watching Programs through
 /// `informers`: run the future until shutdown.
 pub fn program_controller(

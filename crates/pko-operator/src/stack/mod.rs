@@ -1,5 +1,7 @@
-//! The Stack controller: [`controller`] wires the watches and resolves sources; [`reconcile`] is the
-//! driver over named steps (dereference → absorb → plan → build → apply → one status write). The pure
+//! The Stack controller: [`controller`] wires the watches; [`reconcile`] is the driver over named steps
+//! (dereference → absorb → plan → build → apply → one status write), with its I/O in [`source`]
+//! (source resolution), [`finalizer`] and [`io`] (status write, reclaim, lookups) and its texts in
+//! [`messages`]. The pure
 //! parts: finished Updates into status ([`absorb`]), the sync decision ([`plan`]), prerequisites
 //! ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition bookkeeping
 //! ([`conditions`]), scheduled drift detection ([`drift`]); the Flux source watches are [`flux`].
@@ -9,7 +11,11 @@ pub mod build;
 pub mod conditions;
 pub mod controller;
 pub mod drift;
+pub mod finalizer;
 pub mod flux;
+pub mod io;
+pub mod messages;
 pub mod plan;
 pub mod prerequisites;
 pub mod reconcile;
+pub mod source;

@@ -34,8 +34,11 @@ use pko_api::{Stack, Update, UpdateType, Workspace};
 use serde_json::json;
 
 use super::build::{self, ResolvedSource};
-use super::controller::{self as io, Resolved};
+use super::finalizer;
+use super::io;
+use super::messages;
 use super::plan::{self, Sync};
+use super::source::{self, Resolved};
 use super::{absorb, conditions, drift, prerequisites};
 use crate::context::Context;
 use crate::k8s::{self, Severity};
@@ -138,7 +141,7 @@ struct Pass {
     updates: Api<Update>,
     /// The Update informer's cache ([`io::in_flight_update`], and an Update still running).
     cached_updates: kube::runtime::reflector::Store<Update>,
-    /// The Program informer's cache ([`io::resolve`]).
+    /// The Program informer's cache ([`source::resolve`]).
     programs: kube::runtime::reflector::Store<pko_api::Program>,
     ns: String,
     name: String,
@@ -240,7 +243,7 @@ impl Pass {
                     self.updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await.map_err(Error::CurrentUpdate)?;
                 }
                 Effect::RemoveFinalizer => {
-                    io::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
+                    finalizer::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
                     action = Some(Action::await_change());
                 }
                 Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(Error::Workspace)?,
@@ -272,7 +275,7 @@ pub struct StackController {
     /// The Update informer's cache (the Updates of the shards this replica holds).
     pub updates: kube::runtime::reflector::Store<Update>,
     /// The Program informer's cache (every Program of the watched namespaces), which a pass reads a
-    /// `programRef`'s artifact from ([`io::resolve`]).
+    /// `programRef`'s artifact from ([`source::resolve`]).
     pub programs: kube::runtime::reflector::Store<pko_api::Program>,
 }
 
@@ -295,7 +298,7 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
         if !ctx.ownership.owns(&ns, &name) {
             return Ok(crate::k8s::unowned());
         }
-        io::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
+        finalizer::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
         return Ok(Action::await_change());
     }
     let mut pass = Pass::new(ctx, &state, api, Arc::new(stack));
@@ -390,7 +393,7 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     } else {
         p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update stack: {}", a.message));
         if a.conflict {
-            let msg = io::conflict_message(p.status.last_update.as_ref(), p.stack.spec.retry_max_backoff_duration_seconds);
+            let msg = messages::conflict_message(p.status.last_update.as_ref(), p.stack.spec.retry_max_backoff_duration_seconds);
             p.event(Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg);
         }
     }
@@ -452,7 +455,7 @@ async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
     }
     // a destroy cannot run in a terminating namespace (no Workspace or Update can be created there)
     if io::namespace_terminating(ctx, &p.ns).await.map_err(Error::Deletion)? {
-        let msg = io::namespace_terminating_message(&p.ns, &p.name);
+        let msg = messages::namespace_terminating_message(&p.ns, &p.name);
         p.stalled(sc::NAMESPACE_TERMINATING, &msg);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
@@ -461,7 +464,7 @@ async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
 
 /// Step 4: the source at a revision, and a valid spec.
 async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
-    let source = match io::resolve(ctx, &p.programs, &p.stack, p.deleting).await.map_err(Error::Source)? {
+    let source = match source::resolve(ctx, &p.programs, &p.stack, p.deleting).await.map_err(Error::Source)? {
         Resolved::Source(s) => s,
         Resolved::Stalled(reason, msg) => {
             // PKO's Warning `StackConfigInvalid` for a git source or credentials it cannot use; once
@@ -479,7 +482,7 @@ async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
         return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
     }
     // a template the API server refused stays refused for this generation (a spec change tries again)
-    if io::refused_this_generation(&p.conditions, p.generation) {
+    if messages::refused_this_generation(&p.conditions, p.generation) {
         return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
     }
     Ok(ControlFlow::Continue(source))
@@ -589,7 +592,7 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
     let ws = match applied {
         Ok(ws) => ws,
         Err(e) => {
-            let (stall, msg) = io::refusal(io::REFUSED_WORKSPACE, &e);
+            let (stall, msg) = messages::refusal(messages::REFUSED_WORKSPACE, &e);
             if stall {
                 p.stalled(sc::SPEC_INVALID, &msg);
                 return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
@@ -606,7 +609,7 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
     // Stalled by an earlier operation: this one runs and may mend it (agents prepare the workspace
     // inside each operation)
     if !ws.runnable() {
-        p.reconciling(sc::STACK_PROCESSING, &io::workspace_wait_message(&ws));
+        p.reconciling(sc::STACK_PROCESSING, &messages::workspace_wait_message(&ws));
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(5)))));
     }
     Ok(ControlFlow::Continue(ws))
@@ -642,7 +645,7 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
         Err(e) => {
             p.status.current_update = None;
             p.effects.push(Effect::ReleaseDriftSlot);
-            let (_, msg) = io::refusal(io::REFUSED_UPDATE, &e);
+            let (_, msg) = messages::refusal(messages::REFUSED_UPDATE, &e);
             p.set_drift("Unknown", sc::DRIFT_CHECK_FAILED, &msg);
             return Ok(Exit::Retry(Error::Update(e)));
         }
@@ -682,7 +685,7 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
         // created by an earlier pass that ended before this point: follow it
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Exit::Done(Action::requeue(Duration::from_secs(30)))),
         Err(e) => {
-            let (stall, msg) = io::refusal(io::REFUSED_UPDATE, &e);
+            let (stall, msg) = messages::refusal(messages::REFUSED_UPDATE, &e);
             if stall {
                 // undone and said why; it stays so until the spec changes
                 p.status.current_update = None;
