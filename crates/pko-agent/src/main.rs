@@ -340,12 +340,12 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     let local = listener.local_addr()?;
     // The first line on stdout is the address (tests and the local runtime read it, as Pulumi plugins do).
-    println!("listening on {local}");
+    println!("{}{local}", pko_proto::LISTENING_ON);
     tracing::info!(%local, auth = ?a.auth, capacity = a.capacity, "agent serving");
     let drained = service.clone();
     let deadline = service.clone();
     let server = builder
-        .add_service(AgentServer::new(service).max_decoding_message_size(64 << 20).max_encoding_message_size(400 << 20))
+        .add_service(AgentServer::new(service).max_decoding_message_size(pko_proto::MAX_REQUEST_MESSAGE_BYTES).max_encoding_message_size(pko_proto::MAX_AGENT_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move { drained.drained().await });
     tokio::select! {
         r = server => r?,

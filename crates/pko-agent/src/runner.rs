@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use pko_api::validation::{MIN_PULUMI_FOR_STRUCTURED_CONFIG, parse_pulumi_version};
 use pko_proto::v1::{
     ConfigItem, ErrorInfo, ErrorReason, LogLine, OperationRequest, OperationResult, OperationType, OutputValue, ProjectInfo, ResultStatus, config_item, log_line,
     operation_event::Event,
 };
+use pko_proto::{MIN_PULUMI_FOR_STRUCTURED_CONFIG, parse_pulumi_version};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

@@ -33,10 +33,6 @@ impl fmt::Display for SpecInvalid {
     }
 }
 
-/// Minimum Pulumi CLI version for structured (non-string) config values (PKO: 3.202.0); the agent
-/// refuses such config on an older CLI (`INCOMPATIBLE_CONFIGURATION`, the Stack `PulumiVersionTooLow`).
-pub const MIN_PULUMI_FOR_STRUCTURED_CONFIG: (u64, u64, u64) = (3, 202, 0);
-
 /// Checks what CEL cannot: every [`ResourceRef`] (envRefs, secretsRef, gitAuth) is `Literal` or `Secret`
 /// with the matching selector, and no Secret reference leaves the Stack's `namespace`.
 ///
@@ -192,15 +188,6 @@ fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<Fie
     }
 }
 
-/// Parses a Pulumi version string such as `v3.259.0` or `3.202.0-alpha.1` into `(major, minor, patch)`.
-/// Returns `None` when it is not of that form.
-pub fn parse_pulumi_version(v: &str) -> Option<(u64, u64, u64)> {
-    let core = v.trim().trim_start_matches('v').split(['-', '+']).next()?;
-    let mut it = core.split('.').map(|p| p.parse::<u64>().ok());
-    let r = (it.next()??, it.next()??, it.next()??);
-    if it.next().is_some() { None } else { Some(r) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,14 +290,5 @@ mod tests {
         assert!(err.0.iter().any(|e| e.field == r#"spec.workspaceTemplate.metadata.annotations["Upper.Case/x"]"#), "{err}");
         assert!(err.0.iter().any(|e| e.field == "spec.workspaceTemplate.metadata.annotations" && e.message.contains("limit")), "{err}");
         assert!(qualified_name_error(&"a".repeat(64)).is_some());
-    }
-
-    #[test]
-    fn pulumi_versions_parse() {
-        assert_eq!(parse_pulumi_version("v3.259.0"), Some((3, 259, 0)));
-        assert_eq!(parse_pulumi_version("3.202.0-alpha.1+dirty"), Some((3, 202, 0)));
-        assert_eq!(parse_pulumi_version("3.2"), None);
-        assert_eq!(parse_pulumi_version("x"), None);
-        assert!(parse_pulumi_version("3.201.9").unwrap() < MIN_PULUMI_FOR_STRUCTURED_CONFIG);
     }
 }

@@ -5,6 +5,7 @@
 //! the module map.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod args;
 pub mod artifacts;
 pub mod context;
@@ -21,6 +22,7 @@ pub mod outputs;
 pub mod program;
 pub mod run;
 pub mod stack;
+pub mod stalled;
 pub mod update;
 pub mod workspace;
 

@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
             }
             let running = pko_operator::run::Operator::new(client, *args)
                 .watch_client(watch_client)
-                .local_agent_env(pko_operator::workspace::controller::local_agent_env(std::env::vars()))
+                .local_agent_env(pko_operator::agents::local::local_agent_env(std::env::vars()))
                 .start(shutdown.clone())
                 .await?;
             let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

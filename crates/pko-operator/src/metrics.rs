@@ -74,6 +74,9 @@ pub mod names {
     /// Histogram in seconds, label `namespace`: from an operation's first push to its first event on
     /// an agent (Pulumi started) — the dispatch latency.
     pub const DISPATCH_LATENCY_SECONDS: &str = "pko_dispatch_latency_seconds";
+    /// Counter, label `step` (`prepare`, `connect`, `busy`, `follow`, `record`, `fenced`): operations
+    /// whose run on an agent ended without a result, by the step that failed.
+    pub const DISPATCH_ERRORS_TOTAL: &str = "pko_dispatch_errors_total";
     /// Gauge, label `namespace`: operations waiting in this replica's queue.
     pub const QUEUE_DEPTH: &str = "pko_queue_depth";
     /// Gauge, label `class` (`<namespace>/<hash>`): operations of a workspace class this replica drives.

@@ -9,16 +9,18 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::agents::local::LocalRuntime;
+use crate::agents::local_pool::LocalPools;
+use crate::agents::pod::PodRuntimeConfig;
+use crate::agents::pod_pool::PodPools;
+use crate::agents::tokens::AgentTokens;
+use crate::agents::{Agents, PoolConfig};
 use crate::args::{RunArgs, RuntimeKind, listen_address};
 use crate::context::Context;
 use crate::informer::{Informers, Synced, WatchScope};
 use crate::ownership::{Namespaces, Ownership, SingleReplica};
 use crate::update::controller::UpdateController;
-use crate::update::tokens::AgentTokens;
-use crate::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
-use crate::workspace::pod::PodRuntimeConfig;
-use crate::workspace::pod_pool::PodPools;
-use crate::workspace::pool::{AgentPools, LocalPools, PoolConfig};
+use crate::workspace::controller::WorkspaceController;
 
 /// Binds the address of `flag` (`0` turns it off; `:port` is every interface). Errors name the flag.
 async fn bind(flag: &str, value: &str) -> anyhow::Result<Option<(tokio::net::TcpListener, SocketAddr)>> {
@@ -78,7 +80,7 @@ impl Operator {
         self
     }
 
-    /// The environment local agents start with ([`crate::workspace::controller::local_agent_env`] of
+    /// The environment local agents start with ([`crate::agents::local::local_agent_env`] of
     /// the operator's own, in `main`).
     pub fn local_agent_env(mut self, env: Vec<(String, String)>) -> Self {
         self.local_agent_env = env;
@@ -153,50 +155,13 @@ impl Operator {
             )));
             servers.extend(crate::fleet::relabel_misfiled_kinds(&mut informers, &client, fleet.shards, &m.ownership.standing(), &shutdown));
         }
-        // PKO's POD_NAMESPACE + POD_SA_NAME stand for --service-account
-        let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));
-        let tokens_of = |sa: &str| sa.split_once('/').map(|(n, s)| AgentTokens::new(client.clone(), n, s)).context("--service-account must be namespace/name");
-        let agent_tokens = match (&service_account, runtime.runtime) {
-            (Some(sa), _) => Some(tokens_of(sa)?),
-            (None, RuntimeKind::Pod) => {
-                anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
-            }
-            (None, RuntimeKind::Local) => None,
-        };
-        // pools of pods present the operator's tokens too (each user its own cache)
-        let pool_tokens = match (&service_account, runtime.runtime) {
-            (Some(sa), RuntimeKind::Pod) => Some(tokens_of(sa)?),
-            _ => None,
-        };
-        let (agent_runtime, pools) = Self::agent_runtime(&client, &runtime, replica.as_deref(), local_agent_env, pool_tokens, ctx.ownership.clone())?;
-
+        let agents = Arc::new(Self::agents(&client, &runtime, &fleet, replica.as_deref(), local_agent_env, ctx.ownership.clone())?);
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
-        // agents in pods check the operator's tokens: the Workspace controller presents them when it
-        // checks a new pod's agent, as the Update controller when it runs operations (each its own cache)
-        let workspace_tokens = match (&service_account, runtime.runtime) {
-            (Some(sa), RuntimeKind::Pod) => Some(tokens_of(sa)?),
-            _ => None,
-        };
-        let workspace_controller = match workspace_tokens {
-            Some(t) => WorkspaceController::with_agent_tokens(ctx.clone(), agent_runtime, t),
-            None => WorkspaceController::new(ctx.clone(), agent_runtime),
-        }
-        .run(&mut informers);
-        let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations);
+        let workspace_controller = WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers);
+        let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations).with_agents(agents);
         let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
-        let updates = match &pools {
-            Some(p) => {
-                membership.push(tokio::spawn(p.clone().run(shutdown.clone())));
-                updates.with_pools(p.clone())
-            }
-            None => updates,
-        };
-        let update_controller = match agent_tokens {
-            Some(t) => updates.with_agent_tokens(t),
-            None => updates,
-        }
-        .run(&mut informers);
+        let update_controller = updates.run(&mut informers);
         // every kind is watched once, by its informer; ready once every cache has synced
         let (ready, watches) = informers.run(shutdown.clone());
         servers.push(tokio::spawn(watches));
@@ -220,50 +185,42 @@ impl Operator {
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
     }
 
-    /// Where agents run (`--runtime`, `--agent-pools`), and the pools when they are pooled; `replica`:
-    /// this replica's fleet id, under which local pools keep their records ("operator" outside a
-    /// fleet); `pool_tokens`: the operator's tokens for pools of pods; `ownership`: which pools of pods
-    /// this replica maintains (those whose shard it holds).
+    /// Where agents run (`--runtime`, `--agent-pools`): `replica` is this replica's fleet id, under
+    /// which local pools keep their records ("operator" outside a fleet); `ownership` says which pools
+    /// of pods this replica maintains (those whose shard it holds). Agents in pods authenticate the
+    /// operator: they get its tokens (`--service-account`, or PKO's `POD_NAMESPACE` + `POD_SA_NAME`),
+    /// one cache for the Workspace controller's probes and the workers' calls.
     ///
     /// Errors: a flag the runtime needs is missing; hollow agents without pools.
-    fn agent_runtime(
+    fn agents(
         client: &kube::Client,
         runtime: &crate::args::RuntimeArgs,
+        fleet: &crate::args::FleetArgs,
         replica: Option<&str>,
         local_agent_env: Vec<(String, String)>,
-        pool_tokens: Option<AgentTokens>,
         ownership: Arc<dyn Ownership>,
-    ) -> anyhow::Result<(Runtime, Option<AgentPools>)> {
+    ) -> anyhow::Result<Agents> {
         let pooled = runtime.agent_pools.unwrap_or(runtime.runtime == RuntimeKind::Local);
         if !pooled && runtime.hollow_agents_seconds.is_some() {
             anyhow::bail!("--hollow-agents-seconds needs agent pools (--agent-pools)");
         }
-        let pool_cfg = || {
-            let mut agent_args = Vec::new();
-            if let Some(s) = runtime.hollow_agents_seconds {
-                tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
-                agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
-            }
-            PoolConfig {
-                min: runtime.pool_min_agents,
-                max: runtime.pool_max_agents.max(1),
-                idle_timeout: std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds),
-                agent_args,
-            }
-        };
+        let client = client.clone();
         Ok(match runtime.runtime {
             RuntimeKind::Pod => {
+                let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));
+                let Some((ns, sa)) = service_account.as_deref().and_then(|s| s.split_once('/')) else {
+                    anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
+                };
+                let tokens = Arc::new(AgentTokens::new(client.clone(), ns, sa));
                 let cfg = PodRuntimeConfig {
                     agent_image: runtime.agent_image.clone(),
                     agent_image_pull_policy: runtime.agent_image_pull_policy.clone(),
                     flux_max_untar_size_bytes: runtime.flux_max_untar_size_bytes,
                 };
                 if pooled {
-                    let tokens = pool_tokens.context("--runtime pod --agent-pools needs --service-account namespace/name")?;
-                    let pools = AgentPools::Pod(PodPools::new(client.clone(), pool_cfg(), cfg, tokens, ownership));
-                    (Runtime::Pooled(pools.clone()), Some(pools))
+                    Agents::pod_pools(client.clone(), PodPools::new(client, Self::pool_config(runtime), cfg, tokens.clone(), ownership), tokens)
                 } else {
-                    (Runtime::Pod(cfg), None)
+                    Agents::own_pods(client, cfg, Some(tokens))
                 }
             }
             RuntimeKind::Local => {
@@ -276,13 +233,27 @@ impl Operator {
                 );
                 if pooled {
                     let replica = replica.unwrap_or("operator").to_string();
-                    let pools = AgentPools::Local(LocalPools::new(local, client.clone(), replica, pool_cfg()));
-                    (Runtime::Pooled(pools.clone()), Some(pools))
+                    Agents::process_pools(client.clone(), LocalPools::new(local, client, replica, Self::pool_config(runtime)))
                 } else {
-                    (Runtime::Local(local), None)
+                    Agents::own_processes(client, local)
                 }
             }
         })
+    }
+
+    /// The pools' size and idleness (`--pool-*`), and the hollow agents' flag of a load test.
+    fn pool_config(runtime: &crate::args::RuntimeArgs) -> PoolConfig {
+        let mut agent_args = Vec::new();
+        if let Some(s) = runtime.hollow_agents_seconds {
+            tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
+            agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
+        }
+        PoolConfig {
+            min: runtime.pool_min_agents,
+            max: runtime.pool_max_agents.max(1),
+            idle_timeout: std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds),
+            agent_args,
+        }
     }
 
     /// The work queue: Redis with `--redis-url` (returned twice: also as itself, the fleet's

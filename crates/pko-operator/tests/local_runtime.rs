@@ -9,10 +9,12 @@ use std::sync::Arc;
 use common::*;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use pko_api::{Update, Workspace};
+use pko_operator::agents::Agents;
+use pko_operator::agents::local::LocalRuntime;
 use pko_operator::context::Context;
 use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
-use pko_operator::workspace::controller::{LocalRuntime, Runtime, WorkspaceController};
+use pko_operator::workspace::controller::WorkspaceController;
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
@@ -47,7 +49,9 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
-    let controllers = futures::future::join(WorkspaceController::new(ctx.clone(), Runtime::Local(local)).run(&mut informers), UpdateController::new(ctx, 4).run(&mut informers));
+    let agents = Arc::new(Agents::own_processes(client.clone(), local));
+    let controllers =
+        futures::future::join(WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers), UpdateController::new(ctx, 4).with_agents(agents).run(&mut informers));
     let controllers = tokio::spawn(informers.drive(async move {
         controllers.await;
     }));

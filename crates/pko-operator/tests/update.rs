@@ -63,11 +63,10 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
 
-    let events = pko_operator::k8s::Events::new(&client);
     // The dispatcher dies while the operation runs (the operator is killed) ...
     let task = {
         let (client, agent, update, workspace) = (client.clone(), agent.1.clone(), update.clone(), workspace.clone());
-        tokio::spawn(async move { dispatch::run_on_agent(&client, &pko_operator::k8s::Events::new(&client), &agent, None, 1, &update, &workspace, &dispatch::Hooks::none()).await })
+        tokio::spawn(async move { dispatch_on(&client, &agent, &update, &workspace, &held()).await })
     };
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -80,7 +79,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     task.abort();
     // ... and a new one re-attaches to the same operation.
     let current = updates.get("u1").await.unwrap();
-    let result = dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &current, &workspace, &dispatch::Hooks::none()).await.unwrap();
+    let result = dispatch_on(&client, &agent.1, &current, &workspace, &held()).await.unwrap();
     assert_eq!(result.status, ResultStatus::Succeeded as i32, "{}", result.message);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the program ran once");
 
@@ -114,7 +113,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         .await,
     )
     .await;
-    let r = dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u2, &ws2, &dispatch::Hooks::none()).await.unwrap();
+    let r = dispatch_on(&client, &agent.1, &u2, &ws2, &held()).await.unwrap();
     assert_eq!(r.status, ResultStatus::Failed as i32);
     let u2 = updates.get("u2").await.unwrap();
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "Unknown".into())), "PKO's reason for an engine failure");
@@ -129,17 +128,18 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4", "type": "preview"}})).await,
     )
     .await;
-    let at_run = std::sync::Mutex::new(None);
-    let probe = || {
-        let u = tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(updates.get("u4"))).unwrap();
-        *at_run.lock().unwrap() = Some((u.was_started(), condition(&u, "Progressing")));
-        None
+    let at_run = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let probe = {
+        let (at_run, updates) = (at_run.clone(), updates.clone());
+        move || {
+            let u = tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(updates.get("u4"))).unwrap();
+            *at_run.lock().unwrap() = Some((u.was_started(), condition(&u, "Progressing")));
+            None
+        }
     };
     // (its stack lacks the project's config: the preview fails, which does not matter here)
-    dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u4, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &probe, github_api_url: "" })
-        .await
-        .unwrap();
-    assert_eq!(at_run.into_inner().unwrap(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
+    dispatch_on(&client, &agent.1, &u4, &workspace, &TestHold { fenced: false, not_after: probe }).await.unwrap();
+    assert_eq!(at_run.lock().unwrap().clone(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
 
     // the deadline reaches the agent: a Run sent past it (its sender frozen right after its last
     // check) is refused and starts nothing
@@ -149,9 +149,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     )
     .await;
     let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
-    let r =
-        dispatch::run_on_agent(&client, &events, &agent.1, None, 1, &u5, &workspace, &dispatch::Hooks { fenced: &|| false, started: &|| {}, not_after: &past, github_api_url: "" })
-            .await;
+    let r = dispatch_on(&client, &agent.1, &u5, &workspace, &TestHold { fenced: false, not_after: past }).await;
     assert!(matches!(&r, Err(dispatch::DispatchError::Agent(_, m)) if m.contains("hold on the shard lapsed")), "{r:?}");
 
     // fenced from the start (the shard moved, or this replica was frozen past its deadline): nothing
@@ -161,17 +159,7 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}})).await,
     )
     .await;
-    let r = dispatch::run_on_agent(
-        &client,
-        &events,
-        &agent.1,
-        None,
-        1,
-        &u3,
-        &workspace,
-        &dispatch::Hooks { fenced: &|| true, started: &|| {}, not_after: &|| None, github_api_url: "" },
-    )
-    .await;
-    assert!(matches!(r, Err(dispatch::DispatchError::Fenced)), "{r:?}");
+    let r = dispatch_on(&client, &agent.1, &u3, &workspace, &TestHold { fenced: true, not_after: || None }).await;
+    assert!(matches!(r, Err(dispatch::DispatchError::Fenced(_))), "{r:?}");
     assert!(updates.get("u3").await.unwrap().status.is_none(), "a fenced dispatcher writes nothing");
 }

@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams};
 use pko_api::{Update, Workspace};
+use pko_operator::agents::tokens::AgentTokens;
 use pko_operator::context::Context;
 use pko_operator::informer::Informers;
 use pko_operator::ownership::Namespaces;
 use pko_operator::update::controller::UpdateController;
-use pko_operator::update::tokens::AgentTokens;
 use pko_testbed::{eventually, testbed};
 
 /// Runs `controller` alone, watching `namespace`.

@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use pko_api::Workspace;
-use pko_operator::workspace::pod::{self, PodRuntimeConfig};
+use pko_operator::agents::pod::{self, PodRuntimeConfig};
 use pko_testbed::{eventually, testbed};
 use serde_json::json;
 

@@ -61,7 +61,7 @@ impl Agent {
         reader.read_line(&mut line).unwrap();
         // keep draining stdout so the agent can never block on a full pipe
         std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("agent said {line:?}")).to_string();
+        let addr = pko_proto::listening_address(&line).unwrap_or_else(|| panic!("agent said {line:?}")).to_string();
         Agent { child, addr, work, log }
     }
 

@@ -1,97 +1,264 @@
-//! Runs one Update on an agent and writes its progress and result to the Update's status (and the
-//! outputs Secret). The operation id is derived from the Update (`<namespace>/<name>/<uid>`), so calling
-//! [`run_on_agent`] again after an operator restart re-attaches to the running operation instead of
-//! starting a second one (the agent follows a known id), and nothing is marked Aborted.
+//! One Update run on an agent lent to it, in named steps, each with its own error variant (a metric
+//! label, [`DispatchError::step`]):
+//!
+//! 1. **prepare** — the agent request, its Secret and ConfigMap references, `envFrom` and GitHub App
+//!    credentials resolved ([`request_for`]); a user's mistake fails the Update with it;
+//! 2. **connect** — the agent's gRPC client ([`crate::agents::client::streaming`]);
+//! 3. **mark started** — the Update `Progressing` with its start time, before any agent can have it;
+//! 4. **call** — `Run`, with the fence's deadline and the agent's token;
+//! 5. **follow** — the event stream, until the result;
+//! 6. **record** — the outputs Secret, then one status write from the pure
+//!    [`super::status::finished`]; then the effects: the event, the Workspace's Stalled verdict
+//!    ([`crate::stalled`], the shared contract) and `pulumiVersion`.
+//!
+//! The operation id is derived from the Update (`<namespace>/<name>/<uid>`), so running it again after
+//! an operator restart re-attaches to the running operation instead of starting a second one (the
+//! agent follows a known id), and nothing is marked Aborted. Every write stands behind the fence.
 
 use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
-use pko_api::constants::field_manager;
+use pko_api::constants::{event_reason, field_manager, update_condition as uc};
 use pko_api::update::UpdateStatus;
-use pko_api::workspace::ProjectInfo;
 use pko_api::{Update, Workspace};
-use pko_proto::v1::agent_client::AgentClient;
-use pko_proto::v1::{ErrorReason, OperationResult, ResultStatus, operation_event::Event};
+use pko_proto::v1::{OperationRequest, OperationResult, ResultStatus, operation_event::Event};
 
-use super::status::{self, Phase, pko_proto_reason::Reason};
+use super::fence::{Fence, Fenced};
+use super::status::{self, Phase};
 use super::{request, values};
+use crate::agents::Lent;
+use crate::agents::client::{self, Client};
 use crate::outputs;
 
-/// Why an Update could not be run to a result.
+/// Why an Update could not be run to a result, by step.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
-    /// The agent could not be reached or refused the call (retried later: `TransientFailure`).
-    #[error("agent {0}: {1}")]
-    Agent(String, String),
-    /// The agent refused to start the operation because it runs another one or is shutting down
-    /// (`UNAVAILABLE`): nothing ran; a pool lends another agent later.
-    #[error("agent {0}: {1}")]
-    Busy(String, String),
-    /// The stream ended without a result (the agent went away): the Update is dispatched again.
-    #[error("the operation stream ended without a result")]
-    NoResult,
-    /// Writing status or the outputs Secret failed.
-    #[error("writing update status: {0}")]
-    Kube(#[from] kube::Error),
-    /// The shard moved to another replica (or this one stopped holding anything): nothing more is
-    /// written; the shard's new holder follows the operation.
-    #[error("fenced: the shard is no longer held at this epoch")]
-    Fenced,
-    /// The API server did not answer a read of the operation's Secrets or ConfigMaps (retried later).
+    /// prepare: the API server did not answer a read of the operation's Secrets and ConfigMaps
+    /// (retried later).
     #[error("reading the operation's Secrets and ConfigMaps: {0}")]
     Values(String),
+    /// connect, call or follow: the agent could not be reached or refused the call (retried later:
+    /// `TransientFailure`).
+    #[error("agent {0}: {1}")]
+    Agent(String, String),
+    /// call: the agent refused to start the operation because it runs another one or is shutting
+    /// down (`UNAVAILABLE`): nothing ran; a pool lends another agent later.
+    #[error("agent {0}: {1}")]
+    Busy(String, String),
+    /// follow: the stream ended without a result (the agent went away): the Update is dispatched again.
+    #[error("the operation stream ended without a result")]
+    NoResult,
+    /// mark started or record: writing status or the outputs Secret failed.
+    #[error("writing update status: {0}")]
+    Kube(#[from] kube::Error),
+    /// any step: the shard moved to another replica (or this one stopped holding anything): nothing
+    /// more is written; the shard's new holder follows the operation.
+    #[error("{0}")]
+    Fenced(#[from] Fenced),
 }
 
-/// What [`run_on_agent`] asks and tells its caller while the operation runs.
-pub struct Hooks<'a> {
-    /// Asked right before every write and before `Run`: `true` once the shard is no longer held at the
-    /// operation's epoch.
-    pub fenced: &'a (dyn Fn() -> bool + Send + Sync),
-    /// Called once, at the first event of the operation on its agent (Pulumi started, or a re-attach).
-    pub started: &'a (dyn Fn() + Send + Sync),
-    /// Asked right before `Run`: until when (wall clock) the shard is held at the operation's epoch
-    /// ([`pko_fleet::Ownership::not_after`]), sent as `OperationRequest.not_after` so that the agent
-    /// refuses the call if it arrives later; `None`: no deadline.
-    pub not_after: &'a (dyn Fn() -> Option<std::time::SystemTime> + Send + Sync),
-    /// Where GitHub App git credentials are exchanged for an installation token (`--github-api-url`).
-    pub github_api_url: &'a str,
-}
-
-/// The Pulumi CLI's version as PKO reports it (the automation API's semver: `3.259.0` for `pulumi
-/// version`'s `v3.259.0`). Pure.
-pub fn pulumi_version(cli: &str) -> String {
-    cli.trim().trim_start_matches('v').to_string()
-}
-
-fn never() -> bool {
-    false
-}
-
-fn nothing() {}
-
-fn no_deadline() -> Option<std::time::SystemTime> {
-    None
-}
-
-impl Hooks<'static> {
-    /// Never fenced, no deadline, nothing told (tests, a single replica's tools).
-    pub fn none() -> Self {
-        Hooks { fenced: &never, started: &nothing, not_after: &no_deadline, github_api_url: pko_git::github_app::DEFAULT_API_URL }
+impl DispatchError {
+    /// The step that failed, as the `step` label of `pko_dispatch_errors_total`.
+    pub fn step(&self) -> &'static str {
+        match self {
+            DispatchError::Values(_) => "prepare",
+            DispatchError::Agent(..) => "connect",
+            DispatchError::Busy(..) => "busy",
+            DispatchError::NoResult => "follow",
+            DispatchError::Kube(_) => "record",
+            DispatchError::Fenced(_) => "fenced",
+        }
     }
 }
 
-/// Largest message the operator accepts from an agent: 400 MiB, PKO's limit since 2.6.0 (#1154) — a
-/// result with large outputs, or a large engine event, must not break the stream (tonic's default is
-/// 4 MiB).
-pub const MAX_AGENT_MESSAGE_BYTES: usize = 400 << 20;
+/// One operation: the Update, its Workspace, the agent lent to it and the fence it runs behind.
+pub struct Operation<'a> {
+    /// Client of the API server.
+    pub client: &'a kube::Client,
+    /// The Update controller's event recorders.
+    pub events: &'a crate::k8s::Events,
+    /// Where GitHub App git credentials are exchanged for an installation token (`--github-api-url`).
+    pub github_api_url: &'a str,
+    /// The Update, as read when its job was claimed.
+    pub update: &'a Update,
+    /// Its Workspace.
+    pub workspace: &'a Workspace,
+    /// The agent (address and token).
+    pub agent: &'a Lent,
+    /// The job's fence.
+    pub fence: &'a Fence<'a>,
+    /// Called once, at the first event of the operation on its agent (Pulumi started, or a re-attach).
+    pub started: &'a (dyn Fn() + Send + Sync),
+}
 
-/// A client of the agent at `channel` that accepts messages up to [`MAX_AGENT_MESSAGE_BYTES`].
-pub fn agent_client(channel: tonic::transport::Channel) -> AgentClient<tonic::transport::Channel> {
-    AgentClient::new(channel).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
+impl Operation<'_> {
+    fn api(&self) -> Api<Update> {
+        Api::namespaced(self.client.clone(), &self.update.namespace().unwrap_or_default())
+    }
+
+    fn agent_error(&self, e: impl std::fmt::Display) -> DispatchError {
+        DispatchError::Agent(self.agent.address.clone(), e.to_string())
+    }
+}
+
+/// Runs `op` to its result and records it on the Update. An `INTERRUPTED` result (the agent shuts
+/// down) is returned without marking the Update failed, so the caller runs it again; a request the
+/// user must fix ends the Update `Failed` with it and is returned as a failed result.
+///
+/// Errors: [`DispatchError`], by step; once fenced nothing more is written — a replica that was frozen
+/// and wakes up with a result in its buffers does not write it.
+pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
+    let mut st = op.update.status.clone().unwrap_or_default();
+    st.observed_generation = op.update.meta().generation;
+    let req = match request_for(op).await? {
+        Ok(r) => r,
+        Err(message) => return refuse(op, st, message).await,
+    };
+    let mut agent = client::streaming(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
+    mark_started(op, &mut st).await?;
+    let stream = call(op, &mut agent, req).await?;
+    let result = follow(op, stream).await?;
+    if result.status != ResultStatus::Interrupted as i32 {
+        record(op, st, &result).await?;
+    }
+    Ok(result)
+}
+
+/// Step **prepare**: the agent request for the Update at the job's epoch, with its Secret and
+/// ConfigMap references and the Workspace's `envFrom` resolved with the operator's identity in the
+/// Update's namespace (a workspace's service account needs no RBAC beyond PKO's) and GitHub App
+/// credentials exchanged. `Ok(Err(message))`: the user's to fix (the Update fails with it).
+///
+/// Errors: [`DispatchError::Values`], transient.
+async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, String>, DispatchError> {
+    let ns = op.update.namespace().unwrap_or_default();
+    let transient = |e: &dyn std::fmt::Display| DispatchError::Values(e.to_string());
+    let mut r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    match values::resolve(op.client, &ns, &mut r).await {
+        Err(e) if e.is_transient() => return Err(transient(&e)),
+        Err(e) => return Ok(Err(e.to_string())),
+        Ok(_) => {}
+    }
+    match values::expand_env_from(op.client, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), &mut r).await {
+        Err(e) if e.is_transient() => return Err(transient(&e)),
+        Err(e) => return Ok(Err(e.to_string())),
+        Ok(skipped) if !skipped.is_empty() => tracing::info!(?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)"),
+        Ok(_) => {}
+    }
+    match values::exchange_github_app(&mut r, op.github_api_url).await {
+        Err(e) if e.is_transient() => Err(transient(&e)),
+        Err(e) => Ok(Err(e.to_string())),
+        Ok(()) => Ok(Ok(r)),
+    }
+}
+
+/// A request the user must fix: the Update ends `Failed` (`Unknown`) with `message`, returned as a
+/// failed result.
+async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, message: String) -> Result<OperationResult, DispatchError> {
+    let now = pko_api::conditions::now();
+    let phase = Phase::Failed { reason: uc::UNKNOWN.into(), message: message.clone() };
+    st.conditions = Some(status::conditions(&phase, st.observed_generation, &now, st.conditions.as_deref().unwrap_or_default()));
+    st.message = Some(message.clone());
+    st.end_time = Some(now);
+    op.fence.check()?;
+    write_status(&op.api(), op.update, &st).await?;
+    Ok(OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() })
+}
+
+/// Step **mark started**: the Update `Progressing`, with its start time, before any agent can have it
+/// (PKO marks it before it connects): whoever dispatches this Update next — after a restart, a crash
+/// or a shard move — then knows an agent may run it ([`Update::was_started`]) and looks for that agent
+/// before starting it anywhere else. Written once.
+async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), DispatchError> {
+    let old = st.conditions.clone().unwrap_or_default();
+    if st.start_time.is_some() && old.iter().any(|c| c.type_ == uc::PROGRESSING && c.status == "True") {
+        return Ok(());
+    }
+    st.start_time.get_or_insert_with(pko_api::conditions::now);
+    st.conditions = Some(status::conditions(&Phase::Progressing, st.observed_generation, &pko_api::conditions::now(), &old));
+    op.fence.check()?;
+    write_status(&op.api(), op.update, st).await?;
+    Ok(())
+}
+
+/// Step **call**: `Run` on the agent, the last moment before the operation can start. This replica may
+/// still be frozen right after the fence's check; the agent then refuses the call by the deadline it
+/// carries (the shard's new holder may run the operation on another agent meanwhile).
+async fn call(op: &Operation<'_>, agent: &mut Client, mut req: OperationRequest) -> Result<tonic::Streaming<pko_proto::v1::OperationEvent>, DispatchError> {
+    op.fence.check()?;
+    req.not_after = op.fence.not_after().map(timestamp);
+    let call = client::authorized(req, op.agent.token.as_deref()).map_err(|e| op.agent_error(e))?;
+    let stream = agent.run(call).await.map_err(|s| match s.code() {
+        tonic::Code::Unavailable => DispatchError::Busy(op.agent.address.clone(), format!("{}: {}", s.code(), s.message())),
+        _ => op.agent_error(format!("{}: {}", s.code(), s.message())),
+    })?;
+    Ok(stream.into_inner())
+}
+
+/// Step **follow**: the operation's events until its result; [`Operation::started`] at the first.
+async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>) -> Result<OperationResult, DispatchError> {
+    let mut first = true;
+    while let Some(ev) = stream.next().await {
+        let ev = ev.map_err(|s| op.agent_error(s.message()))?;
+        if std::mem::take(&mut first) {
+            (op.started)();
+        }
+        if let Some(Event::Result(result)) = ev.event {
+            return Ok(result);
+        }
+    }
+    Err(DispatchError::NoResult)
+}
+
+/// Step **record**: the outputs Secret of a succeeded `up`, the Update's status in one write, then the
+/// effects (event, the Workspace's Stalled verdict and `pulumiVersion`).
+async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult) -> Result<(), DispatchError> {
+    let (phase, message) = status::phase_of(&op.update.spec, result);
+    let outputs = if phase == Phase::Succeeded && op.update.spec.update_type == Some(pko_api::UpdateType::Up) { write_outputs(op, result).await? } else { None };
+    let st = status::finished(st, (&phase, message), result, op.update.meta().generation, outputs, &pko_api::conditions::now());
+    op.fence.check()?;
+    write_status(&op.api(), op.update, &st).await?;
+    op.fence.check()?;
+    let succeeded = phase == Phase::Succeeded;
+    let (severity, reason) = if succeeded { (crate::k8s::Severity::Normal, event_reason::UPDATE_SUCCEEDED) } else { (crate::k8s::Severity::Warning, event_reason::UPDATE_FAILED) };
+    let stack = op.update.spec.stack_name.as_deref().unwrap_or_default();
+    let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, &result.message);
+    crate::k8s::publish(&op.events.update, op.update, severity, reason, note).await;
+    // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
+    // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it
+    op.fence.check()?;
+    crate::stalled::record(op.client, op.events, op.workspace, &crate::stalled::verdict(result), stack).await;
+    op.fence.check()?;
+    crate::stalled::record_pulumi_version(op.client, op.workspace, &result.pulumi_version).await;
+    Ok(())
+}
+
+/// The outputs Secret of the Update (immutable; one written before a restart is kept), owned by the
+/// Update's owner; its name, or `None` when the Update has no controller owner.
+async fn write_outputs(op: &Operation<'_>, result: &OperationResult) -> Result<Option<String>, DispatchError> {
+    let values: BTreeMap<String, (serde_json::Value, bool)> =
+        result.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret))).collect();
+    let Some(mut owner) = op.update.controller_owner_ref(&()) else { return Ok(None) };
+    owner.controller = Some(false);
+    let ns = op.update.namespace().unwrap_or_default();
+    let secret = outputs::secret(&op.update.name_any(), &ns, owner, &values);
+    op.fence.check()?;
+    match Api::<Secret>::namespaced(op.client.clone(), &ns).create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {} // written before a restart; immutable
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Some(outputs::secret_name(&op.update.name_any())))
+}
+
+async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
+    crate::k8s::apply_status(api, &update.name_any(), field_manager::UPDATE_STATUS, st).await
 }
 
 /// `t` as a protobuf timestamp (seconds and nanoseconds since the Unix epoch; times before it as 0).
@@ -100,207 +267,29 @@ fn timestamp(t: std::time::SystemTime) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nanos: d.subsec_nanos() as i32 }
 }
 
-async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
-    crate::k8s::apply_status(api, &update.name_any(), field_manager::UPDATE_STATUS, st).await
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn reason_of(r: &OperationResult) -> Reason {
-    match r.error.as_ref().map(|e| ErrorReason::try_from(e.reason).unwrap_or(ErrorReason::Unspecified)) {
-        Some(ErrorReason::UpdateConflict) => Reason::UpdateConflict,
-        Some(ErrorReason::InvalidAccessToken) => Reason::InvalidAccessToken,
-        Some(ErrorReason::UpdateFailed) => Reason::UpdateFailed,
-        Some(ErrorReason::Cancelled) => Reason::Cancelled,
-        _ => Reason::Other,
+    #[test]
+    fn each_dispatch_failure_names_its_step() {
+        let steps: Vec<_> = [
+            DispatchError::Values("x".into()),
+            DispatchError::Agent("a".into(), "x".into()),
+            DispatchError::Busy("a".into(), "x".into()),
+            DispatchError::NoResult,
+            DispatchError::Fenced(Fenced),
+        ]
+        .iter()
+        .map(DispatchError::step)
+        .collect();
+        assert_eq!(steps, ["prepare", "connect", "busy", "follow", "fenced"]);
     }
-}
 
-fn ts(t: &Option<prost_types::Timestamp>) -> Option<Time> {
-    let t = t.as_ref()?;
-    k8s_openapi::jiff::Timestamp::new(t.seconds, t.nanos).ok().map(Time)
-}
-
-/// The agent request for `update` at `epoch`, with its Secret and ConfigMap references and the
-/// Workspace's `envFrom` resolved with the operator's identity in the Update's namespace `ns` (a
-/// workspace's service account needs no RBAC beyond PKO's) and GitHub App credentials exchanged.
-/// `Ok(Err(message))`: the user's to fix (the Update fails with it); `Err`: transient, try again.
-async fn request_for(
-    client: &kube::Client,
-    ns: &str,
-    epoch: i64,
-    update: &Update,
-    workspace: &Workspace,
-    hooks: &Hooks<'_>,
-) -> Result<Result<pko_proto::v1::OperationRequest, String>, DispatchError> {
-    let transient = |e: String| DispatchError::Values(e);
-    let mut r = match request::build(&update.operation_id(), epoch, ns, &workspace.spec, &update.spec) {
-        Ok(r) => r,
-        Err(e) => return Ok(Err(e.to_string())),
-    };
-    match values::resolve(client, ns, &mut r).await {
-        Err(e) if e.is_transient() => return Err(transient(e.to_string())),
-        Err(e) => return Ok(Err(e.to_string())),
-        Ok(_) => {}
+    #[test]
+    fn timestamps_are_seconds_and_nanos_since_the_epoch() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::new(5, 7);
+        assert_eq!(timestamp(t), prost_types::Timestamp { seconds: 5, nanos: 7 });
+        assert_eq!(timestamp(std::time::UNIX_EPOCH - std::time::Duration::from_secs(1)).seconds, 0);
     }
-    match values::expand_env_from(client, ns, workspace.spec.env_from.as_deref().unwrap_or_default(), &mut r).await {
-        Err(e) if e.is_transient() => return Err(transient(e.to_string())),
-        Err(e) => return Ok(Err(e.to_string())),
-        Ok(skipped) if !skipped.is_empty() => tracing::info!(update = %update.name_any(), ?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)"),
-        Ok(_) => {}
-    }
-    match values::exchange_github_app(&mut r, hooks.github_api_url).await {
-        Err(e) if e.is_transient() => Err(transient(e.to_string())),
-        Err(e) => Ok(Err(e.to_string())),
-        Ok(()) => Ok(Ok(r)),
-    }
-}
-
-/// Runs `update` against `workspace` on the agent at `agent` (e.g. `http://127.0.0.1:50051`), with
-/// `token` as bearer token when set, and records progress and result on the Update. Returns the final
-/// result; an `INTERRUPTED` result (agent shutdown) is returned without marking the Update failed, so the
-/// caller dispatches it again.
-///
-/// `hooks.fenced` is asked right before every write (status, outputs Secret, event): once it says true
-/// (the shard's epoch is no longer held), nothing more is written and [`DispatchError::Fenced`] returned
-/// — a replica that was frozen and wakes up with a result in its buffers does not write it.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_on_agent(
-    client: &kube::Client,
-    events: &crate::k8s::Events,
-    agent: &str,
-    token: Option<&str>,
-    epoch: i64,
-    update: &Update,
-    workspace: &Workspace,
-    hooks: &Hooks<'_>,
-) -> Result<OperationResult, DispatchError> {
-    let check = || if (hooks.fenced)() { Err(DispatchError::Fenced) } else { Ok(()) };
-    let ns = update.namespace().unwrap_or_default();
-    let api: Api<Update> = Api::namespaced(client.clone(), &ns);
-    let generation = update.meta().generation;
-    let mut st = update.status.clone().unwrap_or_default();
-    st.observed_generation = generation;
-    let old_conditions = st.conditions.clone().unwrap_or_default();
-
-    let built = request_for(client, &ns, epoch, update, workspace, hooks).await?;
-    let req = match built {
-        Ok(r) => r,
-        Err(message) => {
-            let phase = Phase::Failed { reason: pko_api::constants::update_condition::UNKNOWN.into(), message: message.clone() };
-            st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &old_conditions));
-            st.message = Some(message.clone());
-            st.end_time = Some(pko_api::conditions::now());
-            check()?;
-            write_status(&api, update, &st).await?;
-            return Ok(OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() });
-        }
-    };
-    let channel = tonic::transport::Endpoint::from_shared(agent.to_string()).map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?;
-    let mut agent_client = agent_client(channel.connect().await.map_err(|e| DispatchError::Agent(agent.into(), e.to_string()))?);
-    // Marked Progressing, with its start time, before any agent can have it (PKO marks it before it
-    // connects): whoever dispatches this Update next — after a restart, a crash or a shard move — then
-    // knows an agent may run it ([`Update::was_started`]) and looks for that agent before starting it
-    // anywhere else. Marked after the first event instead, a dispatcher killed in between left an
-    // Update that looked never started while an agent ran it.
-    let marked = st.start_time.is_some() && old_conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True");
-    if !marked {
-        st.start_time.get_or_insert_with(pko_api::conditions::now);
-        st.conditions = Some(status::conditions(&Phase::Progressing, generation, &pko_api::conditions::now(), &old_conditions));
-        check()?;
-        write_status(&api, update, &st).await?;
-    }
-    // the last moment before the operation can start: connecting and marking may have taken a while.
-    // This replica may still be frozen right after this check; the agent then refuses the call by the
-    // deadline it carries (the shard's new holder may run the operation on another agent meanwhile).
-    check()?;
-    let mut req = req;
-    req.not_after = (hooks.not_after)().map(timestamp);
-    let mut call = tonic::Request::new(req);
-    if let Some(t) = token {
-        call.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| DispatchError::Agent(agent.into(), "token is not a valid header".into()))?);
-    }
-    let mut stream = agent_client
-        .run(call)
-        .await
-        .map_err(|s| match s.code() {
-            tonic::Code::Unavailable => DispatchError::Busy(agent.into(), format!("{}: {}", s.code(), s.message())),
-            _ => DispatchError::Agent(agent.into(), format!("{}: {}", s.code(), s.message())),
-        })?
-        .into_inner();
-
-    let mut first = true;
-    while let Some(ev) = stream.next().await {
-        let ev = ev.map_err(|s| DispatchError::Agent(agent.into(), s.message().to_string()))?;
-        if std::mem::take(&mut first) {
-            (hooks.started)();
-        }
-        let Some(Event::Result(result)) = ev.event else { continue };
-        if result.status == ResultStatus::Interrupted as i32 {
-            return Ok(result);
-        }
-        // PKO: a success's message is Pulumi's update summary message (the Update's own message); a
-        // failure's is the agent's error as PKO words it
-        let update_type = update.spec.update_type.as_ref().map(pko_api::UpdateType::as_str).unwrap_or("up");
-        let (phase, message) = if result.status == ResultStatus::Succeeded as i32 {
-            (Phase::Succeeded, update.spec.message.clone().unwrap_or_default())
-        } else {
-            let (reason, message) = status::failure(reason_of(&result), update_type, &result.message);
-            (Phase::Failed { reason: reason.into(), message: message.clone() }, message)
-        };
-        if phase == Phase::Succeeded && update.spec.update_type == Some(pko_api::UpdateType::Up) {
-            let values: BTreeMap<String, (serde_json::Value, bool)> =
-                result.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret))).collect();
-            let owner = update.controller_owner_ref(&()).map(|mut o| {
-                o.controller = Some(false);
-                o
-            });
-            if let Some(owner) = owner {
-                let secret = outputs::secret(&update.name_any(), &ns, owner, &values);
-                check()?;
-                match Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &secret).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {} // written before a restart; immutable
-                    Err(e) => return Err(e.into()),
-                }
-                st.outputs = Some(outputs::secret_name(&update.name_any()));
-            }
-        }
-        st.start_time = st.start_time.clone().or_else(|| ts(&result.start_time));
-        st.end_time = ts(&result.end_time).or_else(|| Some(pko_api::conditions::now()));
-        st.message = Some(message).filter(|m| !m.is_empty());
-        st.permalink = Some(result.permalink.clone()).filter(|p| !p.is_empty());
-        st.project_info = result.project_info.as_ref().map(|p| ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
-        st.change_summary = Some(result.change_summary.iter().map(|(k, v)| (k.clone(), *v)).collect()).filter(|m: &BTreeMap<String, i32>| !m.is_empty());
-        st.resource_changes = (!result.changes.is_empty()).then(|| {
-            let changes = result.changes.iter().take(pko_api::update::MAX_RESOURCE_CHANGES);
-            changes.map(|c| pko_api::update::ResourceChange { urn: c.urn.clone(), op: c.op.clone(), properties: Some(c.properties.clone()).filter(|p| !p.is_empty()) }).collect()
-        });
-        let current = st.conditions.clone().unwrap_or_default();
-        st.conditions = Some(status::conditions(&phase, generation, &pko_api::conditions::now(), &current));
-        check()?;
-        write_status(&api, update, &st).await?;
-        let (severity, reason) = if phase == Phase::Succeeded {
-            (crate::k8s::Severity::Normal, pko_api::constants::event_reason::UPDATE_SUCCEEDED)
-        } else {
-            (crate::k8s::Severity::Warning, pko_api::constants::event_reason::UPDATE_FAILED)
-        };
-        check()?;
-        let note = status::event_note(update.spec.update_type.as_ref(), update.spec.stack_name.as_deref().unwrap_or_default(), phase == Phase::Succeeded, &result.message);
-        crate::k8s::publish(&events.update, update, severity, reason, note).await;
-        // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
-        // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it
-        check()?;
-        crate::workspace::stalled::record(client, events, workspace, &crate::workspace::stalled::verdict(&result), update.spec.stack_name.as_deref().unwrap_or_default()).await;
-        // PKO's Workspace `status.pulumiVersion`: the CLI of the agent that ran this operation
-        let version = pulumi_version(&result.pulumi_version);
-        if !version.is_empty() && workspace.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) != Some(version.as_str()) {
-            check()?;
-            let api: Api<Workspace> = Api::namespaced(client.clone(), &ns);
-            let st = serde_json::json!({ "pulumiVersion": version });
-            if let Err(e) = crate::k8s::apply_status(&api, &workspace.name_any(), field_manager::WORKSPACE_PULUMI_VERSION, &st).await {
-                tracing::warn!(error = %e, "writing the workspace's pulumiVersion");
-            }
-        }
-        return Ok(result);
-    }
-    Err(DispatchError::NoResult)
 }

@@ -1,12 +1,12 @@
-//! The Update controller ([`controller`], asynchronous; [`dispatch`] runs one Update on an agent) and its
-//! pure pieces: Update status from an agent's operation result ([`status`]), the outputs Secret
-//! ([`outputs`]), the agent request ([`request`]), the per-workspace-class limits ([`limits`]) and the operator's
-//! tokens towards agents ([`tokens`]).
+//! The Update controller ([`controller`], asynchronous: a reconcile queues a job) and its workers
+//! ([`worker`]: one operation on an agent lent by [`crate::agents`], in named steps), with the pure
+//! pieces: the agent request ([`request`]), the values it carries resolved ([`values`]), and the
+//! Update's status from an agent's operation result ([`status`]).
 
 pub mod controller;
 pub mod dispatch;
-pub mod limits;
+pub mod fence;
 pub mod request;
 pub mod status;
-pub mod tokens;
 pub mod values;
+pub mod worker;

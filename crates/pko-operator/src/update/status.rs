@@ -83,6 +83,66 @@ pub mod pko_proto_reason {
     }
 }
 
+/// The agent's error reason of `r` as [`failure`] distinguishes it. Pure.
+pub fn reason_of(r: &pko_proto::v1::OperationResult) -> Reason {
+    use pko_proto::v1::ErrorReason;
+    match r.error.as_ref().map(|e| ErrorReason::try_from(e.reason).unwrap_or(ErrorReason::Unspecified)) {
+        Some(ErrorReason::UpdateConflict) => Reason::UpdateConflict,
+        Some(ErrorReason::InvalidAccessToken) => Reason::InvalidAccessToken,
+        Some(ErrorReason::UpdateFailed) => Reason::UpdateFailed,
+        Some(ErrorReason::Cancelled) => Reason::Cancelled,
+        _ => Reason::Other,
+    }
+}
+
+/// A protobuf timestamp as a Kubernetes `Time`; `None` when unset or out of range. Pure.
+pub fn time_of(t: Option<&prost_types::Timestamp>) -> Option<Time> {
+    let t = t?;
+    k8s_openapi::jiff::Timestamp::new(t.seconds, t.nanos).ok().map(Time)
+}
+
+/// The phase of a finished operation `r` of `spec` and the Update's `status.message`: PKO's — a
+/// success's is Pulumi's update summary message (the Update's own `spec.message`); a failure's is the
+/// agent's error as PKO words it ([`failure`]). Pure.
+pub fn phase_of(spec: &pko_api::update::UpdateSpec, r: &pko_proto::v1::OperationResult) -> (Phase, String) {
+    if r.status == pko_proto::v1::ResultStatus::Succeeded as i32 {
+        return (Phase::Succeeded, spec.message.clone().unwrap_or_default());
+    }
+    let update_type = spec.update_type.as_ref().map(pko_api::UpdateType::as_str).unwrap_or("up");
+    let (reason, message) = failure(reason_of(r), update_type, &r.message);
+    (Phase::Failed { reason: reason.into(), message: message.clone() }, message)
+}
+
+/// The Update's status `st` once operation `r` finished as `phase` with `message`, at `now`:
+/// conditions, times, message, permalink, project, change summary and resource changes (at most
+/// [`pko_api::update::MAX_RESOURCE_CHANGES`]); `outputs`: the outputs Secret's name when one was
+/// written. Pure.
+pub fn finished(
+    mut st: pko_api::update::UpdateStatus,
+    (phase, message): (&Phase, String),
+    r: &pko_proto::v1::OperationResult,
+    generation: Option<i64>,
+    outputs: Option<String>,
+    now: &Time,
+) -> pko_api::update::UpdateStatus {
+    use std::collections::BTreeMap;
+    st.observed_generation = generation;
+    st.outputs = outputs.or(st.outputs);
+    st.start_time = st.start_time.clone().or_else(|| time_of(r.start_time.as_ref()));
+    st.end_time = time_of(r.end_time.as_ref()).or_else(|| Some(now.clone()));
+    st.message = Some(message).filter(|m| !m.is_empty());
+    st.permalink = Some(r.permalink.clone()).filter(|p| !p.is_empty());
+    st.project_info = r.project_info.as_ref().map(|p| pko_api::workspace::ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
+    st.change_summary = Some(r.change_summary.iter().map(|(k, v)| (k.clone(), *v)).collect()).filter(|m: &BTreeMap<String, i32>| !m.is_empty());
+    st.resource_changes = (!r.changes.is_empty()).then(|| {
+        let changes = r.changes.iter().take(pko_api::update::MAX_RESOURCE_CHANGES);
+        changes.map(|c| pko_api::update::ResourceChange { urn: c.urn.clone(), op: c.op.clone(), properties: Some(c.properties.clone()).filter(|p| !p.is_empty()) }).collect()
+    });
+    let current = st.conditions.clone().unwrap_or_default();
+    st.conditions = Some(conditions(phase, generation, now, &current));
+    st
+}
+
 /// The note of an Update's `UpdateSucceeded`/`UpdateFailed` event in PKO's words (`update_controller.go`):
 /// `Updated stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"`
 /// (`preview`, `refresh`, `destroy`), followed by `: <message>` when the failure has one. `update_type`
@@ -152,6 +212,33 @@ mod tests {
         let failed = conditions(&Phase::Failed { reason: failure(Reason::UpdateConflict, "up", "locked").0.into(), message: "locked".into() }, Some(1), &t(0), &[]);
         assert_eq!(view(&failed), vec![s("Complete", "True", "Failed"), s("Failed", "True", "UpdateConflict"), s("Progressing", "False", "Failed")]);
         assert_eq!(failed[1].message, "locked");
+    }
+
+    #[test]
+    fn a_finished_operation_fills_the_status_as_pko() {
+        use pko_proto::v1::{ErrorInfo, OperationResult, ResultStatus};
+        let spec = pko_api::update::UpdateSpec { message: Some("deploy v2".into()), update_type: Some(pko_api::UpdateType::Up), ..Default::default() };
+        let ok =
+            OperationResult { status: ResultStatus::Succeeded as i32, permalink: "file:///p".into(), change_summary: [("create".to_string(), 2)].into(), ..Default::default() };
+        let (phase, message) = phase_of(&spec, &ok);
+        assert_eq!((&phase, message.as_str()), (&Phase::Succeeded, "deploy v2"));
+        let st = finished(Default::default(), (&phase, message), &ok, Some(3), Some("u-stack-outputs".into()), &t(7));
+        assert_eq!(
+            (st.message.as_deref(), st.permalink.as_deref(), st.outputs.as_deref(), st.observed_generation),
+            (Some("deploy v2"), Some("file:///p"), Some("u-stack-outputs"), Some(3))
+        );
+        assert_eq!((st.end_time, st.change_summary.unwrap()["create"]), (Some(t(7)), 2));
+        let failed = OperationResult {
+            status: ResultStatus::Failed as i32,
+            message: "exit status 1".into(),
+            error: Some(ErrorInfo { reason: pko_proto::v1::ErrorReason::UpdateFailed as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        let (phase, message) = phase_of(&spec, &failed);
+        assert_eq!(phase, Phase::Failed { reason: "Unknown".into(), message: "up failed: exit status 1".into() });
+        let st = finished(Default::default(), (&phase, message), &failed, Some(3), None, &t(7));
+        assert_eq!((st.message.as_deref(), st.permalink, st.outputs), (Some("up failed: exit status 1"), None, None));
+        assert!(st.conditions.unwrap().iter().any(|c| c.type_ == "Failed" && c.status == "True" && c.reason == "Unknown"));
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub fn start_agent_with(env: &pko_testbed::PulumiEnv, auth_args: &[&str]) -> Age
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
     std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-    let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    let addr = pko_proto::listening_address(&line).unwrap().to_string();
     AgentProc(child, format!("http://{addr}"))
 }
 
@@ -353,4 +353,65 @@ pub async fn owned_update(workspaces: &kube::Api<pko_api::Workspace>, mut update
     update["metadata"]["ownerReferences"] =
         serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
     update
+}
+
+/// What a test's dispatcher holds: every object at epoch 1 unless `fenced`, with `not_after` asked when
+/// `Run` is sent (the fence deadline the agent enforces).
+pub struct TestHold<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> {
+    /// The shard is not held (any more): nothing may be written.
+    pub fenced: bool,
+    /// The hold's deadline.
+    pub not_after: F,
+}
+
+impl<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> std::fmt::Debug for TestHold<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestHold").field("fenced", &self.fenced).finish()
+    }
+}
+
+impl<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> pko_operator::ownership::Ownership for TestHold<F> {
+    fn owns(&self, _namespace: &str, _name: &str) -> bool {
+        !self.fenced
+    }
+    fn epoch(&self, _namespace: &str, _name: &str) -> i64 {
+        if self.fenced { 2 } else { 1 }
+    }
+    fn not_after(&self, _namespace: &str, _name: &str) -> Option<std::time::SystemTime> {
+        (self.not_after)()
+    }
+}
+
+/// Held at epoch 1, no deadline.
+pub fn held() -> TestHold<fn() -> Option<std::time::SystemTime>> {
+    TestHold { fenced: false, not_after: || None }
+}
+
+/// Runs `update` on `workspace` on the agent at `address` as a worker at epoch 1 would, behind the fence
+/// of `hold` (the dispatch steps alone: no queue, no pool).
+pub async fn dispatch_on(
+    client: &kube::Client,
+    address: &str,
+    update: &Update,
+    workspace: &pko_api::Workspace,
+    hold: &dyn pko_operator::ownership::Ownership,
+) -> Result<pko_proto::v1::OperationResult, pko_operator::update::dispatch::DispatchError> {
+    use kube::ResourceExt;
+    let queue = pko_operator::queue::InMemoryQueue::default();
+    let ns = update.namespace().unwrap_or_default();
+    let job = pko_operator::queue::Job { key: update.operation_id(), namespace: ns, name: update.name_any(), epoch: 1, shard: 0 };
+    let fence = pko_operator::update::fence::Fence::new(hold, &queue, &job, pko_api::shard::ShardKey::shard_key(update));
+    let lent = pko_operator::agents::Lent::own(address.to_string());
+    let events = pko_operator::k8s::Events::new(client);
+    let op = pko_operator::update::dispatch::Operation {
+        client,
+        events: &events,
+        github_api_url: pko_git::github_app::DEFAULT_API_URL,
+        update,
+        workspace,
+        agent: &lent,
+        fence: &fence,
+        started: &|| {},
+    };
+    pko_operator::update::dispatch::run(&op).await
 }

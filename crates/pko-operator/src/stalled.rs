@@ -1,4 +1,9 @@
-//! The Workspace's `Stalled` condition (PKO's Workspace lifecycle, issue 13 item 6).
+//! The Workspace's `Stalled` condition and `pulumiVersion` from operations (PKO's Workspace lifecycle,
+//! issue 13 item 6) — a shared contract between two peers. **Writer:** the Update worker
+//! ([`crate::update::dispatch`], [`record`], [`record_pulumi_version`]), for the Workspace an operation
+//! ran on; the Workspace controller writes it only for a spec it cannot run ([`spec_error`]).
+//! **Reader:** the Workspace controller ([`crate::workspace::controller`]), which derives `Ready` from
+//! it.
 //!
 //! PKO initialises each workspace pod once (`pulumi install`, then select, configure and add the
 //! environments of each stack) and marks the Workspace Stalled — Ready False with the same reason —
@@ -143,6 +148,21 @@ pub async fn record(client: &kube::Client, events: &crate::k8s::Events, ws: &Wor
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(workspace = %ws.name_any(), error = %e, "recording the workspace's Stalled condition"),
+    }
+}
+
+/// Records the Pulumi CLI version `cli` reported by the agent that ran an operation on `ws` as its
+/// `status.pulumiVersion` (PKO's), with its own field manager, when it changed. Errors are logged: the
+/// operation's own result is written already.
+pub async fn record_pulumi_version(client: &kube::Client, ws: &Workspace, cli: &str) {
+    let version = pko_proto::pulumi_version(cli);
+    if version.is_empty() || ws.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) == Some(version.as_str()) {
+        return;
+    }
+    let api: Api<Workspace> = Api::namespaced(client.clone(), &ws.namespace().unwrap_or_default());
+    let st = serde_json::json!({ "pulumiVersion": version });
+    if let Err(e) = crate::k8s::apply_status(&api, &ws.name_any(), field_manager::WORKSPACE_PULUMI_VERSION, &st).await {
+        tracing::warn!(error = %e, "writing the workspace's pulumiVersion");
     }
 }
 

@@ -1,5 +1,5 @@
 //! Agent pools of the `pod` runtime (`--runtime pod --agent-pools`): the workspace pods of one class
-//! ([`pool_class`]: the namespace and everything that shapes the pod — image, env, resources, service
+//! ([`super::class`]: the namespace and everything that shapes the pod — image, env, resources, service
 //! account, security profile, pod template, log level) are interchangeable, so a class gets one StatefulSet
 //! `pko-pool-<class hash>-workspace` (and its headless Service), built from the class's pod exactly as a
 //! Workspace's own ([`super::pod::stateful_set`]), and scaled by the operator: from 0 (the default
@@ -9,7 +9,7 @@
 //! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods
 //! themselves are the truth about who runs what — an agent refuses a second operation
 //! (`UNAVAILABLE: agent busy`), so two replicas that pick the same idle pod at once lose nothing (the
-//! one refused defers its operation: [`super::pool::End::Busy`]). Growing is done by any replica that
+//! one refused defers its operation: [`super::local_pool::End::Busy`]). Growing is done by any replica that
 //! finds no idle pod (a resourceVersion-guarded raise of `spec.replicas`, never a lowering); shrinking
 //! by one replica only, the holder of the pool's own shard (`<namespace>/<pool name>`, as any object's):
 //! it lowers `spec.replicas` by one when the highest pod answers idle for at least the idle timeout —
@@ -36,13 +36,13 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
-use pko_proto::v1::{AttachRequest, StatusRequest, StatusResponse};
 use sha2::{Digest, Sha256};
 
+use super::class::workspace_class;
+use super::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
 use super::pod::{self, PodRuntimeConfig};
-use super::pool::{End, GiveBack, Lent, PoolConfig};
+use super::tokens::AgentTokens;
 use crate::ownership::Ownership;
-use crate::update::tokens::AgentTokens;
 
 /// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the
 /// namespace). Replicas find the pools they maintain by it after a restart.
@@ -93,13 +93,6 @@ pub enum PodPoolError {
     },
 }
 
-/// The pool class of `ws`: its namespace and the hash of what shapes its pod
-/// ([`pod::revision_hash`]), e.g. `team-a/3f2a…` (16 hex characters). Workspaces that differ only in
-/// stacks, config or source share a pool (those travel with each operation). Pure.
-pub fn pool_class(ws: &Workspace) -> String {
-    format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pod::revision_hash(ws))
-}
-
 /// Name of the pool of `class` (`<namespace>/<hash>`): `pko-pool-<hash>`. Its StatefulSet and Service
 /// are `pko-pool-<hash>-workspace`, its pods `pko-pool-<hash>-workspace-<ordinal>`.
 pub fn pool_name(class: &str) -> String {
@@ -116,7 +109,7 @@ pub fn agent_address(pool: &str, namespace: &str, ordinal: usize) -> String {
 /// ([`pod::stateful_set`]) under the pool's name, its agent isolating each operation, with `agent_args`
 /// added to the agent's (hollow agents of a load test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
 pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String]) -> (Service, StatefulSet) {
-    let class = pool_class(ws);
+    let class = workspace_class(ws);
     let hash = class.rsplit('/').next().unwrap_or_default().to_string();
     let mut as_pool = ws.clone();
     as_pool.metadata = kube::api::ObjectMeta { name: Some(pool_name(&class)), namespace: ws.metadata.namespace.clone(), ..Default::default() };
@@ -179,16 +172,16 @@ pub struct PodPools {
     client: kube::Client,
     cfg: PoolConfig,
     pod: PodRuntimeConfig,
-    tokens: AgentTokens,
+    tokens: Arc<AgentTokens>,
     ownership: Arc<dyn Ownership>,
     pools: Mutex<HashMap<String, PodPool>>,
-    identities: super::pool::IdentityChecks,
+    identities: IdentityChecks,
 }
 
 impl PodPools {
     /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and
     /// maintained by this replica where `ownership` says it holds the pool's shard.
-    pub fn new(client: kube::Client, cfg: PoolConfig, pod: PodRuntimeConfig, tokens: AgentTokens, ownership: Arc<dyn Ownership>) -> Arc<Self> {
+    pub fn new(client: kube::Client, cfg: PoolConfig, pod: PodRuntimeConfig, tokens: Arc<AgentTokens>, ownership: Arc<dyn Ownership>) -> Arc<Self> {
         Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default(), identities: Default::default() })
     }
 
@@ -197,7 +190,7 @@ impl PodPools {
     }
 
     /// Whether the pods of `ws`'s class can be created: its service account exists. A pass stands for
-    /// [`super::pool::IDENTITY_CHECK_TTL`].
+    /// [`super::local_pool::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
@@ -213,7 +206,7 @@ impl PodPools {
                 Ok(())
             }
             Ok(None) => Err(PodPoolError::ServiceAccount(format!("{ns}/{sa}"))),
-            Err(source) => Err(PodPoolError::Api { pool: format!("{ns}/{}", pool_name(&pool_class(ws))), source }),
+            Err(source) => Err(PodPoolError::Api { pool: format!("{ns}/{}", pool_name(&workspace_class(ws))), source }),
         }
     }
 
@@ -225,7 +218,7 @@ impl PodPools {
     /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had
     /// for its agents, or the added pod does not answer.
     pub async fn acquire(self: &Arc<Self>, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, PodPoolError> {
-        let class = pool_class(ws);
+        let class = workspace_class(ws);
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(&class);
         let id = format!("{ns}/{name}");
@@ -237,7 +230,7 @@ impl PodPools {
         if started {
             for i in 0..replicas {
                 let address = agent_address(&name, &ns, i);
-                if knows(&address, &token, op, epoch).await {
+                if super::client::knows(&address, Some(&token), op, epoch).await {
                     tracing::info!(pool = %id, operation = op, %address, "found the pod running the operation; following it");
                     self.mark(&class, i, op);
                     return Ok(Some(self.lent(&class, i, address, audience)));
@@ -248,7 +241,7 @@ impl PodPools {
         loop {
             for i in candidates(replicas, &self.lent_of(&class)) {
                 let address = agent_address(&name, &ns, i);
-                let idle = matches!(status(&address, &token).await, Ok(s) if s.state == State::Idle as i32);
+                let idle = matches!(super::client::status(&address, Some(&token)).await, Ok(s) if s.state == State::Idle as i32);
                 if idle && self.try_mark(&class, i, op) {
                     return Ok(Some(self.lent(&class, i, address, audience)));
                 }
@@ -452,7 +445,7 @@ impl PodPools {
         let token = self.tokens.token(&pko_proto::workspace_audience(ns, name)).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
         let mut answers = Vec::with_capacity(replicas);
         for i in 0..replicas {
-            answers.push(status(&agent_address(name, ns, i), &token).await.ok());
+            answers.push(super::client::status(&agent_address(name, ns, i), Some(&token)).await.ok());
         }
         let (busy, idle) = answers.iter().flatten().fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
         metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
@@ -524,42 +517,11 @@ async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, 
     api.patch(object, &PatchParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() }, &Patch::Merge(patch)).await.map(|_| ())
 }
 
-async fn client(address: &str) -> Result<pko_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, String> {
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(format!("http://{address}")).map_err(|e| e.to_string())?.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5));
-    endpoint.connect().await.map(crate::update::dispatch::agent_client).map_err(|e| format!("connecting: {e}"))
-}
-
-fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(message);
-    if let Ok(v) = format!("Bearer {token}").parse() {
-        r.metadata_mut().insert("authorization", v);
-    }
-    r
-}
-
-/// The agent's Status, or why it did not answer.
-async fn status(address: &str, token: &str) -> Result<StatusResponse, String> {
-    let mut c = client(address).await?;
-    c.status(authorized(StatusRequest {}, token)).await.map(tonic::Response::into_inner).map_err(|s| format!("{}: {}", s.code(), s.message()))
-}
-
-/// Whether the pod at `address` knows operation `op` and is the place to follow it (as
-/// [`super::pool`]'s agents: not once it is draining and runs something else).
-async fn knows(address: &str, token: &str, op: &str, epoch: i64) -> bool {
-    let Ok(mut c) = client(address).await else { return false };
-    match c.status(authorized(StatusRequest {}, token)).await.map(tonic::Response::into_inner) {
-        Ok(s) if s.state == State::Draining as i32 && s.current_operation_id != op => false,
-        Ok(_) => c.attach(authorized(AttachRequest { operation_id: op.to_string(), epoch }, token)).await.is_ok(),
-        Err(_) => false,
-    }
-}
-
 /// Waits until the agent at `address` answers: `Ok(true)` idle, `Ok(false)` busy or draining (lent by
 /// another replica first), `Err` with the last error once `deadline` passes.
 async fn wait_idle(address: &str, token: &str, deadline: Instant) -> Result<bool, String> {
     loop {
-        let last = match status(address, token).await {
+        let last = match super::client::status(address, Some(token)).await {
             Ok(s) => return Ok(s.state == State::Idle as i32),
             Err(e) => e,
         };

@@ -17,6 +17,37 @@ use kube::api::{Api, PostParams};
 use pko_api::Workspace;
 use tokio::io::AsyncBufReadExt;
 
+/// How often a Workspace's own agent process is checked to still run (seconds); a dead one is
+/// restarted then.
+pub const AGENT_CHECK: Duration = Duration::from_secs(15);
+
+/// Stops the agents of `local` whose Workspace is gone from `store`: after the first sync (agents
+/// adopted from an earlier operator), then at every deletion in `changes`; returns when `changes` ends
+/// or the cache cannot sync.
+pub async fn sweep(local: &LocalRuntime, store: kube::runtime::reflector::Store<Workspace>, changes: impl futures::Stream<Item = crate::informer::Change<Workspace>>) {
+    use futures::StreamExt;
+    let retain = || local.retain(&store.state().iter().filter_map(|w| w.uid()).collect());
+    // read the changes while waiting for the sync: an unread subscription holds the informer back
+    let mut changes = std::pin::pin!(changes);
+    let mut synced = false;
+    loop {
+        tokio::select! {
+            ready = store.wait_until_ready(), if !synced => {
+                if ready.is_err() {
+                    return;
+                }
+                synced = true;
+                retain();
+            }
+            change = changes.next() => match change {
+                None => return,
+                Some(crate::informer::Change::Deleted(_)) if synced => retain(),
+                Some(_) => {}
+            },
+        }
+    }
+}
+
 /// Why a local agent could not be run.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
@@ -340,7 +371,7 @@ impl LocalRuntime {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
         let address =
-            first.ok().flatten().and_then(|l| l.strip_prefix("listening on ").map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
+            first.ok().flatten().and_then(|l| pko_proto::listening_address(&l).map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok((child, address))
     }

@@ -1,24 +1,10 @@
-//! Concurrency limits per workspace class: operations whose Workspaces share a namespace, service
-//! account, image and pod template compete for the same agents, so at most `limit` of them run at once.
+//! Concurrency limits per workspace class ([`super::class`]): operations whose Workspaces share a class
+//! compete for the same agents, so at most `limit` of them run at once.
 //! A worker that finds its class full does not wait (that would hold a worker, as PKO's blocked
-//! reconciles do): it defers the job, and the Update's next reconcile queues it again.
+//! reconciles do): it defers the job, and the worker offers it again a second later.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-use pko_api::Workspace;
-use sha2::{Digest, Sha256};
-
-/// The class of a Workspace: namespace, service account (default `default`), image (default: the
-/// operator's), pod template and Pulumi log level (an agent's flag), hashed (16 hex characters after
-/// the namespace, e.g. `team-a/3f2a…`). Agents of one class are interchangeable
-/// ([`crate::workspace::pool`]).
-pub fn workspace_class(ws: &Workspace) -> String {
-    let s = &ws.spec;
-    let key = serde_json::json!([s.service_account_name.as_deref().unwrap_or("default"), s.image, s.pod_template, s.pulumi_log_level.filter(|l| *l > 0)]);
-    let hash: String = Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("{}/{hash}", ws.metadata.namespace.as_deref().unwrap_or_default())
-}
 
 /// Running operations per class, at most `limit` each.
 #[derive(Debug)]
@@ -74,23 +60,6 @@ impl ClassLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pko_api::WorkspaceSpec;
-
-    fn ws(ns: &str, name: &str, sa: Option<&str>, image: Option<&str>) -> Workspace {
-        let mut w = Workspace::new(name, WorkspaceSpec { service_account_name: sa.map(Into::into), image: image.map(Into::into), ..Default::default() });
-        w.metadata.namespace = Some(ns.into());
-        w
-    }
-
-    #[test]
-    fn workspaces_of_one_class_share_it() {
-        let a = workspace_class(&ws("team", "a", None, None));
-        assert_eq!(a, workspace_class(&ws("team", "b", Some("default"), None)), "the name does not matter; default SA");
-        assert!(a.starts_with("team/"));
-        assert_ne!(a, workspace_class(&ws("other", "a", None, None)), "namespace");
-        assert_ne!(a, workspace_class(&ws("team", "a", Some("deployer"), None)), "service account");
-        assert_ne!(a, workspace_class(&ws("team", "a", None, Some("pulumi/pulumi:3"))), "image");
-    }
 
     #[test]
     fn a_full_class_refuses_until_a_permit_is_dropped() {

@@ -1,5 +1,5 @@
 //! Agent pools of the local runtime (`--agent-pools`): the agents of one workspace class (namespace,
-//! service account, image, pod template, log level — [`crate::update::limits::workspace_class`]) are
+//! service account, image, pod template, log level — [`crate::agents::limits::workspace_class`]) are
 //! interchangeable, because every operation request carries its whole source, settings and environment.
 //! So an operation goes to any idle agent of its class, not to an agent per Workspace: a pool per class
 //! grows with demand up to `max` agents, and agents idle for `idle_timeout` are stopped down to `min`
@@ -24,50 +24,11 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use pko_api::Workspace;
-use pko_proto::v1::agent_client::AgentClient;
-use pko_proto::v1::{AttachRequest, StatusRequest, status_response::State};
+use pko_proto::v1::status_response::State;
 
+use super::class::workspace_class;
+use super::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
 use super::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
-use crate::update::limits::workspace_class;
-
-/// How long a successful identity check of a service account stands for the Workspaces that use it
-/// (seconds): the check is a TokenRequest (local pools) or a read of the account (pods), and every
-/// Workspace reconcile asks it, so 1,000 Stacks of one namespace would otherwise cost 1,000 API calls
-/// a pass. A failed check is never kept: the next reconcile asks again.
-pub const IDENTITY_CHECK_TTL: Duration = Duration::from_secs(60);
-
-/// The service accounts (`namespace/name`) whose identity check passed lately, and when.
-#[derive(Debug, Default)]
-pub struct IdentityChecks(Mutex<HashMap<String, Instant>>);
-
-impl IdentityChecks {
-    /// Whether `account` passed a check less than [`IDENTITY_CHECK_TTL`] before `now`.
-    pub fn fresh(&self, account: &str, now: Instant) -> bool {
-        let mut passed = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        passed.retain(|_, at| now.duration_since(*at) < IDENTITY_CHECK_TTL);
-        passed.contains_key(account)
-    }
-
-    /// Records that `account` passed a check at `now`.
-    pub fn passed(&self, account: &str, now: Instant) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(account.to_string(), now);
-    }
-}
-
-/// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,
-/// `--pool-idle-timeout-seconds`).
-#[derive(Debug, Clone)]
-pub struct PoolConfig {
-    /// Agents kept running per class even when idle (default 0).
-    pub min: usize,
-    /// Most agents per class (at least 1); an operation finding every agent busy waits in the queue.
-    pub max: usize,
-    /// How long an agent may stay idle before it is stopped (while the pool has more than `min`).
-    pub idle_timeout: Duration,
-    /// More arguments of every pool agent (`--hollow-seconds 1` for a load test's hollow agents). Pool
-    /// agents run one operation at a time (the pool lends an agent to one operation).
-    pub agent_args: Vec<String>,
-}
 
 /// What an agent slot looks like to the pure decisions ([`pick`], [`idle_out`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,124 +132,6 @@ impl Pool {
 struct Record {
     pid: u32,
     address: String,
-}
-
-/// Where a [`Lent`] agent goes back to when its operation ends (each kind of pool).
-pub trait GiveBack: Send + Sync {
-    /// Agent `n` of `class`, lent before, is given back after its operation ended as `end`.
-    fn give_back(&self, class: &str, n: usize, end: End);
-}
-
-/// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the
-/// operation ended, so the pool knows whether the agent is free.
-pub struct Lent {
-    /// The agent's gRPC address (`127.0.0.1:<port>` for a process, `<pod>.<service>.<namespace>:50051`
-    /// for a pod).
-    pub address: String,
-    /// The audience of the token the agent accepts (`<pool>.<namespace>` for a pool of pods); `None`:
-    /// the Workspace's own (`<workspace>.<namespace>`, or no token at all for processes).
-    pub audience: Option<String>,
-    /// `(class, slot)` when the agent is one of this replica's; `None` for another replica's agent
-    /// found running the operation (followed, not lent).
-    slot: Option<(String, usize)>,
-    pools: Arc<dyn GiveBack>,
-    ended: End,
-}
-
-/// How a lent agent's operation ended, as its dispatcher saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// A result arrived: the agent is free.
-    Result,
-    /// The agent is shutting down (`INTERRUPTED`): never lend it again.
-    Interrupted,
-    /// The agent refused the operation: it runs another one (lent by another replica of the fleet) or
-    /// is shutting down. Nothing ran here.
-    Busy,
-    /// The dispatcher stopped following (fenced, stream broken): the agent may still run it.
-    Unknown,
-}
-
-impl Lent {
-    /// An agent at `address` lent as slot `slot` of a pool that takes it back through `pools`.
-    pub fn new(address: String, audience: Option<String>, slot: Option<(String, usize)>, pools: Arc<dyn GiveBack>) -> Self {
-        Self { address, audience, slot, pools, ended: End::Unknown }
-    }
-
-    /// Records how the operation ended (default when dropped without it: [`End::Unknown`]).
-    pub fn finish(mut self, end: End) {
-        self.ended = end;
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some((class, n)) = self.slot.take() {
-            self.pools.give_back(&class, n, self.ended);
-        }
-    }
-}
-
-/// The agent pools of this replica, of either runtime: processes ([`LocalPools`]) or pods
-/// ([`super::pod_pool::PodPools`]).
-#[derive(Clone)]
-pub enum AgentPools {
-    /// Agent processes on this machine.
-    Local(Arc<LocalPools>),
-    /// A StatefulSet of workspace pods per class, scaled by the operator.
-    Pod(Arc<super::pod_pool::PodPools>),
-}
-
-/// Why a pool could not give an agent (or check a class's identity).
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    /// An agent process could not be started.
-    #[error("{0}")]
-    Local(#[from] LocalError),
-    /// A pool of pods could not be created, scaled or reached.
-    #[error("{0}")]
-    Pod(#[from] super::pod_pool::PodPoolError),
-}
-
-impl AgentPools {
-    /// The pool (class) of `ws`, as reported in its status: [`workspace_class`] for processes,
-    /// [`super::pod_pool::pool_class`] for pods.
-    pub fn class_of(&self, ws: &Workspace) -> String {
-        match self {
-            AgentPools::Local(_) => workspace_class(ws),
-            AgentPools::Pod(_) => super::pod_pool::pool_class(ws),
-        }
-    }
-
-    /// Whether agents of `ws`'s class can run with its identity (its service account exists).
-    ///
-    /// Errors: [`PoolError`] naming the service account's problem.
-    pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PoolError> {
-        match self {
-            AgentPools::Local(p) => Ok(p.check_identity(ws).await?),
-            AgentPools::Pod(p) => Ok(p.check_identity(ws).await?),
-        }
-    }
-
-    /// Lends an agent of `ws`'s class to operation `op` at fencing epoch `epoch` (`started`: the
-    /// operation may run somewhere already: follow it there). `None`: the pool is at its maximum and
-    /// every agent is busy.
-    ///
-    /// Errors: [`PoolError`] when no agent could be started or reached.
-    pub async fn acquire(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, PoolError> {
-        match self {
-            AgentPools::Local(p) => Ok(p.acquire(ws, op, epoch, started).await?),
-            AgentPools::Pod(p) => Ok(p.acquire(ws, op, epoch, started).await?),
-        }
-    }
-
-    /// Keeps the pools in shape until `shutdown` (idle agents stopped, the minimum started).
-    pub async fn run(self, shutdown: tokio_util::sync::CancellationToken) {
-        match self {
-            AgentPools::Local(p) => p.run(shutdown).await,
-            AgentPools::Pod(p) => p.run(shutdown).await,
-        }
-    }
 }
 
 /// The pools of this replica, by class.
@@ -412,7 +255,8 @@ impl LocalPools {
             if !agent_process_alive(record.pid) {
                 continue;
             }
-            let running = match status(&record.address).await {
+            let answer = super::client::status(&record.address, None).await.ok().map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.current_operation_id));
+            let running = match answer {
                 Some((State::Busy, op)) if !op.is_empty() => Some(op),
                 Some((State::Idle | State::Busy, _)) => None,
                 _ => continue,
@@ -439,7 +283,7 @@ impl LocalPools {
         for replica in replicas.flatten() {
             let replica_name = replica.file_name().to_string_lossy().to_string();
             for (n, record) in records(&replica.path()) {
-                if !agent_process_alive(record.pid) || !knows(&record.address, op, epoch).await {
+                if !agent_process_alive(record.pid) || !super::client::knows(&record.address, None, op, epoch).await {
                     continue;
                 }
                 tracing::info!(class, operation = op, address = %record.address, replica = %replica_name, "found the agent running the operation; following it");
@@ -526,7 +370,7 @@ impl LocalPools {
             }
         }
         for (class, n, address) in ask {
-            let idle = matches!(status(&address).await, Some((State::Idle, _)));
+            let idle = matches!(super::client::status(&address, None).await, Ok(s) if s.state == State::Idle as i32);
             if idle && let Some(s) = self.pools().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent)) {
                 s.running = None;
                 s.idle_since = Instant::now();
@@ -659,48 +503,12 @@ fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
         .collect()
 }
 
-async fn connect(address: &str) -> Option<AgentClient<tonic::transport::Channel>> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).ok()?.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(5));
-    endpoint.connect().await.ok().map(crate::update::dispatch::agent_client)
-}
-
-/// The agent's state and current operation, or `None` when it does not answer.
-async fn status(address: &str) -> Option<(State, String)> {
-    let r = connect(address).await?.status(StatusRequest {}).await.ok()?.into_inner();
-    Some((State::try_from(r.state).unwrap_or(State::Unspecified), r.current_operation_id))
-}
-
-/// Whether the agent at `address` knows operation `op` (running, or finished and retained) and is the
-/// place to follow it: an agent shutting down is, only while `op` still runs there (once it ended
-/// `INTERRUPTED`, the operation is to run on another agent).
-async fn knows(address: &str, op: &str, epoch: i64) -> bool {
-    let Some(mut c) = connect(address).await else { return false };
-    match c.status(StatusRequest {}).await.map(|r| r.into_inner()) {
-        Ok(s) if s.state == State::Draining as i32 && s.current_operation_id != op => false,
-        Ok(_) => c.attach(AttachRequest { operation_id: op.to_string(), epoch }).await.is_ok(),
-        Err(_) => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn view(running: Option<&str>, lent: bool, usable: bool, idle_secs_ago: u64, now: Instant) -> SlotView {
         SlotView { running: running.map(str::to_string), lent, starting: false, usable, idle_since: now - Duration::from_secs(idle_secs_ago) }
-    }
-
-    #[test]
-    fn an_identity_check_stands_for_its_ttl_and_only_for_its_account() {
-        let checks = IdentityChecks::default();
-        let t0 = Instant::now();
-        assert!(!checks.fresh("a/default", t0), "never checked");
-        checks.passed("a/default", t0);
-        assert!(checks.fresh("a/default", t0 + IDENTITY_CHECK_TTL - Duration::from_secs(1)));
-        assert!(!checks.fresh("b/default", t0), "another namespace's account");
-        assert!(!checks.fresh("a/deployer", t0), "another account of the namespace");
-        assert!(!checks.fresh("a/default", t0 + IDENTITY_CHECK_TTL), "expired");
-        assert!(!checks.fresh("a/default", t0), "an expired pass is forgotten, not revived");
     }
 
     #[test]

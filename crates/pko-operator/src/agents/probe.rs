@@ -90,7 +90,7 @@ pub async fn probe(address: &str, token: Option<&str>) -> Probe {
             Err(_) => return Probe::Unreachable("the operator's token is not a valid header".into()),
         }
     }
-    match crate::update::dispatch::agent_client(channel).pulumi_version(request).await {
+    match pko_proto::agent_client(channel).pulumi_version(request).await {
         Ok(r) => Probe::Answered(r.into_inner().version),
         Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::DeadlineExceeded => Probe::Unreachable(format!("the agent at {address}: {}", s.message())),
         Err(s) => Probe::Refused(format!("{:?}", s.code()), s.message().to_string()),
