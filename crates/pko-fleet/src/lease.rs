@@ -28,7 +28,7 @@ pub const KIND_LABEL: &str = "pulumi.com/lease";
 pub const SHARD_LABEL: &str = "pulumi.com/shard";
 /// Annotation of a membership Lease: the number of virtual shards its replica runs with (`--shards`,
 /// decimal). Replicas of one fleet must agree on it; a member whose count differs from the one that
-/// prevails holds nothing ([`crate::membership::standing`]). A membership Lease without it (written by
+/// prevails holds nothing ([`crate::planning::standing`]). A membership Lease without it (written by
 /// a replica older than the annotation) is taken to agree with everyone.
 pub const SHARDS_ANNOTATION: &str = "pulumi.com/shards";
 
@@ -250,7 +250,7 @@ pub fn release(spec: &mut LeaseSpec) {
 
 /// Makes `spec` a renewal now; a membership released or held by another before (a replica starting
 /// again under the same id after a graceful stop) is acquired anew: `acquireTime` is now, so it is
-/// the youngest member, not the eldest ([`crate::membership::standing`]).
+/// the youngest member, not the eldest ([`crate::planning::standing`]).
 pub fn renew(spec: &mut LeaseSpec, replica: &str, duration_seconds: i32) {
     if spec.holder_identity.as_deref() != Some(replica) {
         spec.acquire_time = Some(now());

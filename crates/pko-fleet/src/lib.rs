@@ -5,6 +5,7 @@
 
 pub mod lease;
 pub mod membership;
+pub mod planning;
 pub mod ring;
 
 /// Virtual shards of a fleet by default (`--shards`): the smallest power of two at which the default

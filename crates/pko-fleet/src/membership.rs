@@ -15,7 +15,7 @@
 //! On shutdown a replica releases its membership (one write): its shards are free for the others at
 //! once. At rest the fleet writes one membership renewal per replica per interval and nothing else.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{self, FLEET_LABEL, KIND_LABEL, LeaseKind, SHARD_LABEL, Written};
+use crate::planning::*;
 use crate::ring::{Ring, shard_of};
 use crate::{Backlog, Ownership};
 
@@ -144,131 +145,6 @@ impl Ownership for ShardOwnership {
     }
 }
 
-/// Who is live, by watching membership Leases change (pure: the caller passes the clock).
-#[derive(Debug, Default)]
-pub struct Liveness {
-    seen: HashMap<String, (Option<String>, Instant)>,
-    /// When [`Liveness::live`] last looked.
-    looked: Option<Instant>,
-}
-
-/// Longest time [`Liveness::live`] may go without looking before what it saw counts for nothing: a
-/// process frozen (SIGSTOP, a paused VM) or starved longer did not watch the members renew meanwhile,
-/// so it cannot tell who stopped renewing — it watches again for a full lease before judging anyone dead.
-pub const BLIND_AFTER: Duration = Duration::from_secs(3);
-
-impl Liveness {
-    /// The live members among membership Leases `members` at `now`: a holder whose `renewTime`
-    /// changed less than its `leaseDurationSeconds` ago (as first seen here), not released. After a
-    /// gap of more than [`BLIND_AFTER`] since the last look, every member counts as just seen: a member
-    /// is dead only once this process has watched it go un-renewed for a full lease on its own clock.
-    pub fn live<'a>(&mut self, members: impl IntoIterator<Item = &'a Lease>, now: Instant) -> BTreeSet<String> {
-        if self.looked.is_some_and(|t| now.saturating_duration_since(t) > BLIND_AFTER) {
-            for entry in self.seen.values_mut() {
-                entry.1 = now;
-            }
-        }
-        self.looked = Some(now);
-        let mut live = BTreeSet::new();
-        for l in members {
-            let Some(holder) = lease::holder(l) else { continue };
-            let spec = l.spec.as_ref();
-            let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string());
-            let duration = Duration::from_secs(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(15).max(1) as u64);
-            let entry = self.seen.entry(holder.to_string()).or_insert_with(|| (renewed.clone(), now));
-            if entry.0 != renewed {
-                *entry = (renewed, now);
-            }
-            if now.saturating_duration_since(entry.1) < duration {
-                live.insert(holder.to_string());
-            }
-        }
-        live
-    }
-}
-
-/// A live member as its membership Lease shows it: the shard count it announces
-/// ([`lease::SHARDS_ANNOTATION`]; `None`: a replica older than the announcement) and since when it is a
-/// member (`acquireTime`; `None`: not known yet, counted as the youngest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveMember {
-    /// The replica's id (`holderIdentity`).
-    pub name: String,
-    /// The shard count it runs with.
-    pub shards: Option<u32>,
-    /// When it became a member.
-    pub since: Option<k8s_openapi::jiff::Timestamp>,
-}
-
-/// What a replica may do, given the shard counts its fleet's live members announce.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Standing {
-    /// Its count prevails: it takes part in holding shards.
-    #[default]
-    Active,
-    /// Another count prevails: it holds nothing (and releases what it held), so that replicas of two
-    /// counts never hold shards at once; it takes part again once its count prevails.
-    StandingBy {
-        /// The prevailing count.
-        prevailing: u32,
-        /// The eldest live member, which announces it.
-        eldest: String,
-    },
-}
-
-/// Whether `mine` prevails among the live `members` (pure): the count of the eldest member announcing
-/// one prevails (earliest `since`, then the smaller name; an unknown `since` is the youngest). A fleet
-/// whose `--shards` changes by a rolling update keeps its old count until the last replica running it
-/// has gone, then the new one — never both: a replica of the new count starts taking only once no live
-/// member of another count holds a shard ([`holding_another_count`]). Members announcing no count are
-/// taken to agree with everyone.
-pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
-    let key = |m: &&LiveMember| (m.since.is_none(), m.since, m.name.clone());
-    match members.iter().filter(|m| m.shards.is_some()).min_by_key(key) {
-        Some(LiveMember { name, shards: Some(n), .. }) if *n != mine => Standing::StandingBy { prevailing: *n, eldest: name.clone() },
-        _ => Standing::Active,
-    }
-}
-
-/// A live member announcing a count other than `mine` that holds a shard Lease among `leases`, with its
-/// count (pure). While there is one, a replica takes no shard: an object's shard under one count and
-/// under another are different Leases, so holders of two counts could both own it.
-pub fn holding_another_count(mine: u32, members: &[LiveMember], leases: &BTreeMap<u32, Arc<Lease>>) -> Option<(String, u32)> {
-    let others: HashMap<&str, u32> = members.iter().filter_map(|m| m.shards.filter(|n| *n != mine).map(|n| (m.name.as_str(), n))).collect();
-    if others.is_empty() {
-        return None;
-    }
-    leases.values().filter_map(|l| lease::holder(l)).find_map(|h| others.get(h).map(|n| (h.to_string(), *n)))
-}
-
-/// The steps of replica `me` standing by (pure): let go of every shard it holds and release every
-/// Lease still naming it (drop, without a write, a held shard whose Lease names someone else).
-pub fn stand_down(me: &str, leases: &BTreeMap<u32, Arc<Lease>>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
-    let mut steps: Vec<Step> = held.keys().filter(|k| leases.get(k).and_then(|l| lease::holder(l)) != Some(me)).map(|k| Step::Drop(*k)).collect();
-    steps.extend(leases.iter().filter(|(_, l)| lease::holder(l) == Some(me)).map(|(k, _)| Step::Release(*k)));
-    steps
-}
-
-/// The live members among the fleet's membership Leases `members`, named in `live`, as
-/// [`LiveMember`]s; `me` announces `mine` whatever its Lease shows yet (pure).
-pub fn live_members<'a>(me: &str, mine: u32, members: impl IntoIterator<Item = &'a Lease>, live: &BTreeSet<String>) -> Vec<LiveMember> {
-    let mut out: Vec<LiveMember> = members
-        .into_iter()
-        .filter_map(|l| {
-            let name = lease::holder(l).filter(|h| live.contains(*h))?.to_string();
-            let since = l.spec.as_ref().and_then(|s| s.acquire_time.as_ref()).map(|t| t.0);
-            let shards = if name == me { Some(mine) } else { lease::announced_shards(l) };
-            Some(LiveMember { name, shards, since })
-        })
-        .collect();
-    if !out.iter().any(|m| m.name == me) {
-        out.push(LiveMember { name: me.to_string(), shards: Some(mine), since: None });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out.dedup_by(|a, b| a.name == b.name);
-    out
-}
-
 /// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live
 /// member of the fleet runs with another `--shards` that prevails ([`standing`]).
 pub const STANDING_BY: &str = "pko_fleet_standing_by";
@@ -285,78 +161,6 @@ fn member_event(fleet: &str, event: &watcher::Event<Lease>) -> bool {
 /// The kind of `lease` in `fleet`, by its name (the cache keeps no labels: [`lease::slim`]).
 fn kind(fleet: &str, lease: &Lease) -> Option<LeaseKind> {
     LeaseKind::of(fleet, lease.metadata.name.as_deref()?)
-}
-
-/// A shard Lease this replica wrote that its cache may not show yet: the resourceVersion the write was
-/// guarded by (`None` for a create) and the Lease as written ([`lease::slim`]).
-#[derive(Debug, Clone)]
-pub struct OwnWrite {
-    /// The resourceVersion the cache showed when the write was made (`None`: no Lease, a create).
-    pub before: Option<String>,
-    /// The Lease as the API server returned it.
-    pub written: Arc<Lease>,
-}
-
-/// The shard Leases a plan reads (pure): `cached`, except where this replica wrote a Lease the cache
-/// still shows as it was before that write (`own`, whose entries the cache has caught up with are
-/// retired). Watch events arrive in order, so a cache showing any other version than the one a write
-/// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
-/// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
-/// at a new epoch (fencing their running operations), in every formation and takeover.
-pub fn with_own_writes(mut cached: BTreeMap<u32, Arc<Lease>>, own: &mut BTreeMap<u32, OwnWrite>) -> BTreeMap<u32, Arc<Lease>> {
-    own.retain(|k, w| cached.get(k).and_then(|l| l.metadata.resource_version.clone()) == w.before);
-    for (k, w) in own.iter() {
-        cached.insert(*k, w.written.clone());
-    }
-    cached
-}
-
-/// `written` (slimmed) as this replica's own write over the version `before`.
-fn own_write(before: Option<String>, mut written: Lease) -> OwnWrite {
-    lease::slim(&mut written);
-    OwnWrite { before, written: Arc::new(written) }
-}
-
-/// One step of a replica towards the desired assignment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Create the missing Lease of the shard, held by this replica.
-    Create(u32),
-    /// Take the shard's Lease (free, or its holder is not live).
-    Take(u32),
-    /// Stop acting on the shard, then release its Lease to the live member that should hold it.
-    Release(u32),
-    /// Stop acting on the shard at once: its Lease names someone else.
-    Drop(u32),
-}
-
-/// The steps of replica `me` (pure): `desired` holder per shard, shard Leases by shard, `live`
-/// members, and what `me` holds.
-pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, live: &BTreeSet<String>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
-    let mut steps = Vec::new();
-    for (shard, want) in desired.iter().enumerate() {
-        let shard = shard as u32;
-        let lease = leases.get(&shard);
-        let holder = lease.and_then(|l| lease::holder(l));
-        if held.contains_key(&shard) {
-            if holder != Some(me) {
-                steps.push(Step::Drop(shard));
-            } else if want != me && live.contains(want) {
-                steps.push(Step::Release(shard));
-            }
-        } else if holder == Some(me) && want != me {
-            // the Lease still names us (a release that failed, or an earlier life): let it go
-            steps.push(Step::Release(shard));
-        } else if want == me {
-            match (lease, holder) {
-                (None, _) => steps.push(Step::Create(shard)),
-                (Some(_), None) => steps.push(Step::Take(shard)),
-                (Some(_), Some(h)) if h == me || !live.contains(h) => steps.push(Step::Take(shard)),
-                (Some(_), Some(_)) => {} // a live member holds it: it releases when it sees us
-            }
-        }
-    }
-    steps
 }
 
 /// A replica's membership: run [`Fleet::run`] until shutdown; [`ShardOwnership`] tells the
@@ -424,6 +228,36 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
             false
         }
     }
+}
+
+/// The fleet's Leases as [`Fleet::run`] watches them.
+struct Leases {
+    store: reflector::Store<Lease>,
+    /// Notified at every watch event.
+    changed: Arc<Notify>,
+    /// Set by every event that may change a shard Lease.
+    shards_changed: Arc<AtomicBool>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+/// What [`Fleet::run`] carries from one turn to the next.
+#[derive(Default)]
+struct Turn {
+    liveness: Liveness,
+    /// The shards held, with their epochs.
+    shards: BTreeMap<u32, i64>,
+    /// Shard Leases written here that the cache may not show yet.
+    own: BTreeMap<u32, OwnWrite>,
+    /// The ring's members and its desired holders, kept while the members stay.
+    ring_cache: Option<(BTreeSet<String>, Vec<String>)>,
+    /// The live members and held shards of the last plan that had no step, while no shard Lease
+    /// changed since: planning again from them would find no step either.
+    settled: Option<(Vec<LiveMember>, BTreeMap<u32, i64>)>,
+    live: BTreeSet<String>,
+    /// The live member of another shard count whose shards this replica waits for, as last logged.
+    waiting_for: Option<(String, u32)>,
+    /// The lapses the current holding was built after.
+    accepted_lapses: u64,
 }
 
 /// Aborts its task when dropped.
@@ -555,15 +389,39 @@ impl Fleet {
     /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
     /// On shutdown it holds nothing and releases its membership, so the others take its shards at once.
     pub async fn run(self, shutdown: CancellationToken) {
+        let leases = self.watch_leases();
+        if leases.store.wait_until_ready().await.is_err() {
+            return;
+        }
+        let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
+        // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
+        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), leases.store.clone(), renewed_tx, self.held.clone()));
+        let mut turn = Turn::default();
+        loop {
+            // marked seen here: `renewed.changed()` below wakes only for a newer renewal
+            let current = *renewed.borrow_and_update();
+            self.turn(&mut turn, current, &leases, &renewed, &shutdown).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = leases.changed.notified() => {}
+                Ok(()) = renewed.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        drop(renewer);
+        self.leave(turn.accepted_lapses).await;
+        leases.watch.abort();
+    }
+
+    /// The fleet's Leases, watched into a store: `changed` is notified at every event, `shards_changed`
+    /// set by every event that may change a shard Lease (anything but a member's renewal) — only then,
+    /// or when the live members or the held shards changed, is the plan worked out again.
+    fn watch_leases(&self) -> Leases {
         let selector = format!("{FLEET_LABEL}={}", self.cfg.fleet);
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
-        let notify = changed.clone();
-        // set by every event that may change a shard Lease (anything but a member's renewal): only
-        // then, or when the live members or the held shards changed, is the plan worked out again
         let shards_changed = Arc::new(AtomicBool::new(true));
-        let shards_flag = shards_changed.clone();
-        let fleet = self.cfg.fleet.clone();
+        let (notify, shards_flag, fleet) = (changed.clone(), shards_changed.clone(), self.cfg.fleet.clone());
         let watch = watcher(self.watch_api.clone(), watcher::Config::default().labels(&selector))
             .default_backoff()
             // the cache keeps what decisions and guarded writes need, nothing more (2,048 shard Leases)
@@ -582,115 +440,107 @@ impl Fleet {
                 }
                 async {}
             });
-        let watch = tokio::spawn(watch);
-        if store.wait_until_ready().await.is_err() {
+        Leases { store, changed, shards_changed, watch: tokio::spawn(watch) }
+    }
+
+    /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the
+    /// membership is valid — plan and apply the steps, then publish what is held.
+    async fn turn(&self, t: &mut Turn, current: Option<Renewal>, leases: &Leases, renewed: &watch::Receiver<Option<Renewal>>, shutdown: &CancellationToken) {
+        // a renewal after a lapse (this process was frozen, or the API server unreachable, for longer
+        // than the deadline): hold nothing; shards come back only through resourceVersion-guarded
+        // takes, which fail for a Lease another replica wrote meanwhile.
+        if let Some(r) = current
+            && r.lapses != t.accepted_lapses
+        {
+            if !t.shards.is_empty() {
+                tracing::warn!(held = t.shards.len(), "membership lapsed between renewals: holding nothing");
+                t.shards.clear();
+            }
+            t.accepted_lapses = r.lapses;
+            self.publish(&t.shards, &t.live, None, t.accepted_lapses);
+        }
+        if self.valid_until(renewed, t.accepted_lapses).is_none() {
+            if !t.shards.is_empty() {
+                tracing::warn!(held = t.shards.len(), "membership not renewed within its deadline: holding nothing");
+                t.shards.clear();
+            }
+            self.publish(&t.shards, &t.live, None, t.accepted_lapses);
             return;
         }
-        let mut liveness = Liveness::default();
-        let mut shards: BTreeMap<u32, i64> = BTreeMap::new();
-        // shard Leases written here that the cache may not show yet
-        let mut own: BTreeMap<u32, OwnWrite> = BTreeMap::new();
-        let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
-        // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
-        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), store.clone(), renewed_tx, self.held.clone()));
-        let mut ring_cache: Option<(BTreeSet<String>, Vec<String>)> = None;
-        // the live members and held shards of the last plan that had no step, while no shard Lease
-        // changed since: planning again from them would find no step either
-        let mut settled: Option<(Vec<LiveMember>, BTreeMap<u32, i64>)> = None;
-        let mut live = BTreeSet::new();
-        // the live member of another shard count whose shards this replica waits for, as last logged
-        let mut waiting_for: Option<(String, u32)> = None;
-        // the lapses the current holding was built after
-        let mut accepted_lapses = 0;
-        loop {
-            let current = *renewed.borrow_and_update();
-            // a renewal after a lapse (this process was frozen, or the API server unreachable, for
-            // longer than the deadline): hold nothing; shards come back only through
-            // resourceVersion-guarded takes, which fail for a Lease another replica wrote meanwhile.
-            if let Some(r) = current
-                && r.lapses != accepted_lapses
-            {
-                if !shards.is_empty() {
-                    tracing::warn!(held = shards.len(), "membership lapsed between renewals: holding nothing");
-                    shards.clear();
-                }
-                accepted_lapses = r.lapses;
-                self.publish(&shards, &live, None, accepted_lapses);
-            }
-            let valid_until = self.valid_until(&renewed, accepted_lapses);
-            if valid_until.is_none() {
-                if !shards.is_empty() {
-                    tracing::warn!(held = shards.len(), "membership not renewed within its deadline: holding nothing");
-                    shards.clear();
-                }
-                self.publish(&shards, &live, None, accepted_lapses);
-            } else {
-                // read before the store: a change after this read sets it again for the next turn
-                let shard_leases_changed = shards_changed.swap(false, Ordering::SeqCst);
-                let leases = store.state();
-                let fleet = self.cfg.fleet.as_str();
-                let members: Vec<&Lease> = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l).collect();
-                live = liveness.live(members.iter().copied(), Instant::now());
-                live.insert(self.cfg.replica.clone());
-                let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
-                let infos = live_members(me, mine, members, &live);
-                let now_standing = standing(mine, &infos);
-                self.stand(&now_standing);
-                // the ring spans the live members of this replica's count (and those announcing none)
-                let peers: BTreeSet<String> = infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
-                if ring_cache.as_ref().is_none_or(|(set, _)| *set != peers) {
-                    ring_cache = Some((peers.clone(), self.ring.assign(mine, &peers.iter().cloned().collect::<Vec<_>>())));
-                }
-                // the same inputs as the last plan that had nothing to do: nothing to do again
-                let unchanged = settled.as_ref().is_some_and(|(l, s)| *l == infos && *s == shards);
-                if shard_leases_changed || !unchanged {
-                    let cached: BTreeMap<u32, Arc<Lease>> = leases
-                        .iter()
-                        .filter_map(|l| match kind(fleet, l) {
-                            Some(LeaseKind::Shard(k)) => Some((k, l.clone())),
-                            _ => None,
-                        })
-                        .collect();
-                    let by_shard = with_own_writes(cached, &mut own);
-                    let desired = ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
-                    let steps = match now_standing {
-                        Standing::StandingBy { .. } => stand_down(me, &by_shard, &shards),
-                        Standing::Active => {
-                            let mut steps = plan(me, desired, &by_shard, &live, &shards);
-                            let blocker = holding_another_count(mine, &infos, &by_shard);
-                            if blocker.is_some() {
-                                // shards of another count are still held: take nothing until released
-                                steps.retain(|s| matches!(s, Step::Release(_) | Step::Drop(_)));
-                            }
-                            if blocker != waiting_for {
-                                if let Some((holder, n)) = &blocker {
-                                    tracing::info!(holder = %holder, holder_shards = n, shards = mine, "a live member of another shard count still holds shards: taking none until it has released them");
-                                }
-                                waiting_for = blocker;
-                            }
-                            steps
-                        }
-                    };
-                    settled = steps.is_empty().then(|| (infos.clone(), shards.clone()));
-                    self.apply(steps, &by_shard, &mut shards, &live, (&renewed, accepted_lapses, &shutdown), &mut own).await;
-                }
-                self.publish(&shards, &live, self.valid_until(&renewed, accepted_lapses), accepted_lapses);
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = changed.notified() => {}
-                Ok(()) = renewed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
+        // read before the store: a change after this read sets it again for the next turn
+        let shard_leases_changed = leases.shards_changed.swap(false, Ordering::SeqCst);
+        let state = leases.store.state();
+        if let Some((steps, by_shard)) = self.plan_turn(t, &state, shard_leases_changed) {
+            let live = t.live.clone();
+            self.apply(steps, &by_shard, &mut t.shards, &live, (renewed, t.accepted_lapses, shutdown), &mut t.own).await;
         }
-        drop(renewer);
-        // hold nothing, then release the membership: successors need not wait for it to expire
+        self.publish(&t.shards, &t.live, self.valid_until(renewed, t.accepted_lapses), t.accepted_lapses);
+    }
+
+    /// The steps of this turn and the shard Leases they act on, from the cached `leases`; `None` when
+    /// the inputs are those of the last plan that had nothing to do and no shard Lease changed since.
+    fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], shard_leases_changed: bool) -> Option<(Vec<Step>, BTreeMap<u32, Arc<Lease>>)> {
+        let fleet = self.cfg.fleet.as_str();
+        let members: Vec<&Lease> = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l).collect();
+        t.live = t.liveness.live(members.iter().copied(), Instant::now());
+        t.live.insert(self.cfg.replica.clone());
+        let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
+        let infos = live_members(me, mine, members, &t.live);
+        let now_standing = standing(mine, &infos);
+        self.stand(&now_standing);
+        // the ring spans the live members of this replica's count (and those announcing none)
+        let peers: BTreeSet<String> = infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
+        if t.ring_cache.as_ref().is_none_or(|(set, _)| *set != peers) {
+            t.ring_cache = Some((peers.clone(), self.ring.assign(mine, &peers.iter().cloned().collect::<Vec<_>>())));
+        }
+        // the same inputs as the last plan that had nothing to do: nothing to do again
+        if !shard_leases_changed && t.settled.as_ref().is_some_and(|(l, s)| *l == infos && *s == t.shards) {
+            return None;
+        }
+        let cached: BTreeMap<u32, Arc<Lease>> = leases
+            .iter()
+            .filter_map(|l| match kind(fleet, l) {
+                Some(LeaseKind::Shard(k)) => Some((k, l.clone())),
+                _ => None,
+            })
+            .collect();
+        let by_shard = with_own_writes(cached, &mut t.own);
+        let steps = match now_standing {
+            Standing::StandingBy { .. } => stand_down(me, &by_shard, &t.shards),
+            Standing::Active => self.active_steps(t, &infos, &by_shard),
+        };
+        t.settled = steps.is_empty().then(|| (infos.clone(), t.shards.clone()));
+        Some((steps, by_shard))
+    }
+
+    /// The steps of an active replica: the plan, with takes held back while a live member of another
+    /// shard count still holds shards (logged once per holder).
+    fn active_steps(&self, t: &mut Turn, infos: &[LiveMember], by_shard: &BTreeMap<u32, Arc<Lease>>) -> Vec<Step> {
+        let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
+        let desired = t.ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
+        let mut steps = plan(me, desired, by_shard, &t.live, &t.shards);
+        let blocker = holding_another_count(mine, infos, by_shard);
+        if blocker.is_some() {
+            // shards of another count are still held: take nothing until released
+            steps.retain(|s| matches!(s, Step::Release(_) | Step::Drop(_)));
+        }
+        if blocker != t.waiting_for {
+            if let Some((holder, n)) = &blocker {
+                tracing::info!(holder = %holder, holder_shards = n, shards = mine, "a live member of another shard count still holds shards: taking none until it has released them");
+            }
+            t.waiting_for = blocker;
+        }
+        steps
+    }
+
+    /// Leaves the fleet: holds nothing, then releases the membership (successors need not wait for it
+    /// to expire).
+    async fn leave(&self, accepted_lapses: u64) {
         self.publish(&BTreeMap::new(), &BTreeSet::new(), None, accepted_lapses);
         let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
         if let Ok(Some(l)) = self.api.get_opt(&name).await {
             let _ = lease::replace(&self.api, &l, LeaseKind::Member, lease::release).await;
         }
-        watch.abort();
     }
 
     /// Publishes `now` as this replica's standing when it changed, with a log line and
@@ -843,8 +693,7 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use crate::planning::tests::lease;
 
     #[test]
     fn a_held_shard_is_valid_until_the_renew_deadline_in_wall_clock_and_anything_else_is_already_past() {
@@ -905,42 +754,6 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_reads_a_replicas_own_writes_until_the_cache_shows_them_or_a_later_version() {
-        let at = |holder: &str, rv: &str| {
-            let mut l = lease(Some(holder), 1);
-            l.metadata.resource_version = Some(rv.into());
-            Arc::new(l)
-        };
-        let holder = |m: &BTreeMap<u32, Arc<Lease>>, k: u32| m.get(&k).and_then(|l| lease::holder(l)).map(str::to_string);
-        let mut own: BTreeMap<u32, OwnWrite> = [
-            (1, OwnWrite { before: Some("10".into()), written: at("me", "11") }),
-            (2, OwnWrite { before: None, written: at("me", "12") }),
-            (3, OwnWrite { before: Some("13".into()), written: at("me", "14") }),
-        ]
-        .into();
-        // the cache: 1 as it was before the write (stale), 2 not there yet (a create), 3 moved on (another
-        // replica wrote after us: the cache is the truth again), 4 never written here
-        let cached: BTreeMap<u32, Arc<Lease>> = [(1, at("dead", "10")), (3, at("other", "20")), (4, at("other", "5"))].into();
-        let read = with_own_writes(cached.clone(), &mut own);
-        assert_eq!(holder(&read, 1).as_deref(), Some("me"), "the cache is behind our take");
-        assert_eq!(holder(&read, 2).as_deref(), Some("me"), "our create is not in the cache yet");
-        assert_eq!(holder(&read, 3).as_deref(), Some("other"), "a later write by another replica wins");
-        assert_eq!(holder(&read, 4).as_deref(), Some("other"));
-        assert_eq!(own.keys().copied().collect::<Vec<_>>(), [1, 2], "the write the cache moved past is retired");
-        // the cache catches up: every own write is retired
-        let caught_up: BTreeMap<u32, Arc<Lease>> = [(1, at("me", "11")), (2, at("me", "12"))].into();
-        assert_eq!(holder(&with_own_writes(caught_up, &mut own), 1).as_deref(), Some("me"));
-        assert!(own.is_empty());
-        // what planning from the stale cache alone did: drop the shard just taken
-        let held = BTreeMap::from([(1, 11)]);
-        let desired = vec!["x".to_string(), "me".to_string()];
-        let live: BTreeSet<String> = ["me".to_string(), "x".to_string()].into();
-        assert_eq!(plan("me", &desired, &cached, &live, &held), [Step::Drop(1)], "the stale cache");
-        let mut own: BTreeMap<u32, OwnWrite> = [(1, OwnWrite { before: Some("10".into()), written: at("me", "11") })].into();
-        assert_eq!(plan("me", &desired, &with_own_writes(cached, &mut own), &live, &held), [], "with its own write: nothing to do");
-    }
-
-    #[test]
     fn only_a_member_leases_own_event_leaves_the_plan_as_it_was() {
         let named = |name: &str| {
             let mut l = lease(Some("a"), 1);
@@ -957,180 +770,6 @@ mod tests {
         assert!(!member_event("other", &watcher::Event::Apply(member())), "another fleet's name: counted as a change");
         assert!(!member_event("pko", &watcher::Event::InitApply(member())), "a re-list");
         assert!(!member_event("pko", &watcher::Event::InitDone));
-    }
-
-    fn lease(holder: Option<&str>, renewed_secs: i64) -> Lease {
-        Lease {
-            metadata: Default::default(),
-            spec: Some(LeaseSpec {
-                holder_identity: holder.map(str::to_string),
-                lease_duration_seconds: Some(15),
-                renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(renewed_secs).unwrap_or_default())),
-                ..Default::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn after_a_blind_gap_a_member_is_judged_only_on_what_is_watched_afterwards() {
-        let t0 = Instant::now();
-        let mut l = Liveness::default();
-        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        assert_eq!(l.live([&lease(Some("a"), 1)], t0), set(&["a"]));
-        for s in 1..=2 {
-            l.live([&lease(Some("a"), 1)], t0 + Duration::from_secs(s));
-        }
-        // frozen for 20 s: its cache still shows a's renewal of before the freeze
-        let woke = t0 + Duration::from_secs(22);
-        assert_eq!(l.live([&lease(Some("a"), 1)], woke), set(&["a"]), "not judged dead on what it did not watch");
-        assert_eq!(l.live([&lease(Some("a"), 1)], woke + Duration::from_secs(2)), set(&["a"]));
-        // watched without a renewal for a full lease (15 s) since waking, looking every second
-        let mut now = woke + Duration::from_secs(2);
-        while now < woke + Duration::from_secs(16) {
-            now += Duration::from_secs(1);
-            l.live([&lease(Some("a"), 1)], now);
-        }
-        assert_eq!(l.live([&lease(Some("a"), 1)], now), set(&[]), "dead once watched for a full lease");
-    }
-
-    #[test]
-    fn a_member_is_live_while_its_renewals_are_seen_and_dead_after_a_duration_without() {
-        let t0 = Instant::now();
-        let mut l = Liveness::default();
-        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        // the membership loop looks every second (and more often on events)
-        let look_until = |l: &mut Liveness, leases: &[Lease], from: u64, to: u64| {
-            let mut last = BTreeSet::new();
-            for s in from..=to {
-                last = l.live(leases.iter(), t0 + Duration::from_secs(s));
-            }
-            last
-        };
-        assert_eq!(look_until(&mut l, &[lease(Some("a"), 1), lease(Some("b"), 1)], 0, 0), set(&["a", "b"]));
-        // a renews, b does not
-        assert_eq!(look_until(&mut l, &[lease(Some("a"), 2), lease(Some("b"), 1)], 1, 10), set(&["a", "b"]));
-        assert_eq!(look_until(&mut l, &[lease(Some("a"), 3), lease(Some("b"), 1)], 11, 16), set(&["a"]), "b: 16 s without a renewal");
-        // a released membership is not live at once
-        assert_eq!(look_until(&mut l, &[lease(None, 3)], 17, 17), set(&[]));
-        // the clock of the writer does not matter: only that renewTime changes
-        assert_eq!(look_until(&mut l, &[lease(Some("b"), -5000)], 18, 18), set(&["b"]));
-    }
-
-    fn shard_lease(holder: Option<&str>) -> Arc<Lease> {
-        Arc::new(lease(holder, 0))
-    }
-
-    #[test]
-    fn plan_takes_what_it_should_hold_once_free_and_releases_to_live_members() {
-        let desired: Vec<String> = ["me", "me", "me", "other", "other", "me"].iter().map(|s| s.to_string()).collect();
-        let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [
-            // 0 missing
-            (1, shard_lease(None)),
-            (2, shard_lease(Some("dead"))),
-            (3, shard_lease(Some("me"))),
-            (4, shard_lease(Some("other"))),
-            (5, shard_lease(Some("other"))),
-        ]
-        .into();
-        let held: BTreeMap<u32, i64> = [(3, 7), (4, 2)].into();
-        let steps = plan("me", &desired, &leases, &live, &held);
-        assert_eq!(
-            steps,
-            [
-                Step::Create(0),
-                Step::Take(1),
-                Step::Take(2),    // its holder is not live
-                Step::Release(3), // other should hold it and is live
-                Step::Drop(4),    // the Lease names other: never act on it
-                                  // 5: other holds it and is live — wait for its release
-            ]
-        );
-    }
-
-    #[test]
-    fn a_lease_still_naming_us_is_released_when_another_should_hold_it() {
-        let desired = vec!["other".to_string()];
-        let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
-        assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Release(0)], "a release that failed is tried again");
-    }
-
-    #[test]
-    fn a_shard_held_in_a_previous_life_is_taken_again_with_a_new_epoch() {
-        let desired = vec!["me".to_string()];
-        let live: BTreeSet<String> = ["me".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
-        assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Take(0)]);
-        let mut spec = LeaseSpec { lease_transitions: Some(4), ..Default::default() };
-        lease::take(&mut spec, "me");
-        assert_eq!(spec.lease_transitions, Some(5));
-    }
-
-    fn member(name: &str, shards: Option<u32>, since: Option<i64>) -> LiveMember {
-        LiveMember { name: name.into(), shards, since: since.map(|s| k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default()) }
-    }
-
-    #[test]
-    fn the_eldest_live_members_shard_count_prevails() {
-        // one count everywhere
-        assert_eq!(standing(64, &[member("a", Some(64), Some(1)), member("b", Some(64), Some(2))]), Standing::Active);
-        // a rolling update to 128: the new replica is the youngest, the old count prevails
-        let rolling = [member("old-0", Some(64), Some(10)), member("old-1", Some(64), Some(11)), member("new-0", Some(128), Some(20))];
-        assert_eq!(standing(128, &rolling), Standing::StandingBy { prevailing: 64, eldest: "old-0".into() });
-        assert_eq!(standing(64, &rolling), Standing::Active);
-        // the last old replica gone: the new count prevails
-        let done = [member("new-0", Some(128), Some(20)), member("new-1", Some(128), Some(21))];
-        assert_eq!(standing(128, &done), Standing::Active);
-        assert_eq!(standing(64, &done), Standing::StandingBy { prevailing: 128, eldest: "new-0".into() }, "an old replica restarted late");
-        // equal times: the smaller name; an unknown time is the youngest
-        assert_eq!(standing(2, &[member("b", Some(1), Some(5)), member("a", Some(2), Some(5))]), Standing::Active);
-        assert_eq!(standing(2, &[member("a", Some(2), None), member("b", Some(1), Some(9))]), Standing::StandingBy { prevailing: 1, eldest: "b".into() });
-        // a member announcing nothing (an older replica) agrees with everyone
-        assert_eq!(standing(8, &[member("old", None, Some(1)), member("me", Some(8), Some(2))]), Standing::Active);
-        assert_eq!(standing(8, &[]), Standing::Active);
-    }
-
-    #[test]
-    fn no_shard_is_taken_while_a_live_member_of_another_count_holds_one() {
-        let members = [member("old", Some(64), Some(1)), member("me", Some(128), Some(2)), member("quiet", None, Some(3))];
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(None)), (2, shard_lease(Some("dead")))].into();
-        assert_eq!(holding_another_count(128, &members, &leases), None, "no Lease names a live member of another count");
-        let mut leases = leases;
-        leases.insert(70, shard_lease(Some("old")));
-        assert_eq!(holding_another_count(128, &members, &leases), Some(("old".into(), 64)), "a Lease beyond this count counts too");
-        assert_eq!(holding_another_count(64, &members, &leases), Some(("me".into(), 128)), "old's view: me holds shard 0");
-        assert_eq!(holding_another_count(128, &[member("quiet", None, Some(3))], &[(0, shard_lease(Some("quiet")))].into()), None, "no count announced");
-    }
-
-    #[test]
-    fn a_replica_standing_by_releases_every_lease_naming_it_and_drops_the_rest() {
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(Some("other"))), (2, shard_lease(Some("me"))), (3, shard_lease(None))].into();
-        let held: BTreeMap<u32, i64> = [(0, 4), (1, 2)].into();
-        assert_eq!(stand_down("me", &leases, &held), [Step::Drop(1), Step::Release(0), Step::Release(2)]);
-        assert!(stand_down("me", &[(3, shard_lease(None))].into(), &BTreeMap::new()).is_empty(), "nothing held: nothing to do");
-    }
-
-    #[test]
-    fn live_members_read_their_count_and_time_from_their_membership_leases() {
-        let lease_of = |holder: &str, shards: Option<&str>, acquired: i64| {
-            let mut l = lease(Some(holder), 1);
-            l.metadata.annotations = shards.map(|n| [(lease::SHARDS_ANNOTATION.to_string(), n.to_string())].into());
-            if let Some(s) = l.spec.as_mut() {
-                s.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(acquired).unwrap_or_default()));
-            }
-            l
-        };
-        let ls = [lease_of("a", Some("64"), 5), lease_of("b", Some("x"), 6), lease_of("dead", Some("8"), 1), lease_of("me", Some("64"), 7)];
-        let live: BTreeSet<String> = ["a", "b", "me"].iter().map(|s| s.to_string()).collect();
-        let got = live_members("me", 128, ls.iter(), &live);
-        assert_eq!(
-            got,
-            vec![member("a", Some(64), Some(5)), member("b", None, Some(6)), member("me", Some(128), Some(7))],
-            "me announces its own count; an unreadable one is none"
-        );
-        let got = live_members("me", 128, ls[..1].iter(), &live);
-        assert_eq!(got, vec![member("a", Some(64), Some(5)), member("me", Some(128), None)], "its own Lease not cached yet: the youngest");
     }
 
     #[test]

@@ -256,7 +256,7 @@ fn held(r: &Replica) -> usize {
 /// 50 ms: never both counts holding shards at once.
 #[tokio::test]
 async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_gone() {
-    use pko_fleet::membership::Standing;
+    use pko_fleet::planning::Standing;
     let bed = testbed();
     let client = bed.client().await.unwrap();
     let ns = bed.namespace("fleet-count").await.unwrap();

@@ -273,7 +273,7 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
 #[tokio::test]
 async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_count_prevails() {
     use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
-    use pko_fleet::membership::Standing;
+    use pko_fleet::planning::Standing;
     use pko_operator::fleet::{label_unsharded, shard_labels};
     let (client, ns, _env) = setup("relabel").await;
     let stack = |name: &str, labels: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": labels}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}});
