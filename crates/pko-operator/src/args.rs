@@ -212,7 +212,7 @@ pub struct OperationArgs {
     pub max_concurrent_drift_checks: usize,
     /// The shortest time between two drift checks of one Stack, in seconds: a schedule that ticks more
     /// often is checked at this pace, and its `DriftDetected` condition says so (PKO's resync floor).
-    #[arg(long, default_value_t = crate::stack::drift::MIN_CHECK_INTERVAL.as_secs(), env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
+    #[arg(long, default_value_t = crate::context::DEFAULT_DRIFT_MIN_INTERVAL.as_secs(), env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
     pub min_drift_check_interval_seconds: u64,
     /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged
     /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).

@@ -31,7 +31,7 @@ pub struct Context {
     /// `--redis-url`, else this replica's.
     pub drift_slots: Arc<dyn pko_queue::slots::Slots>,
     /// The shortest time between two drift checks of one Stack (`--min-drift-check-interval-seconds`,
-    /// default [`crate::stack::drift::MIN_CHECK_INTERVAL`]).
+    /// default [`DEFAULT_DRIFT_MIN_INTERVAL`]).
     pub drift_min_interval: std::time::Duration,
     /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
     /// `https://api.github.com`, PKO's fixed URL).
@@ -40,6 +40,10 @@ pub struct Context {
 
 /// Default of `--max-concurrent-drift-checks`.
 pub const DEFAULT_MAX_DRIFT_CHECKS: usize = 10;
+
+/// The shortest time between two drift checks of one Stack by default
+/// (`--min-drift-check-interval-seconds`): 60 s.
+pub const DEFAULT_DRIFT_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// PKO's default number of concurrent reconciles per controller.
 pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 25;
@@ -59,7 +63,7 @@ impl Context {
             shards_gained: None,
             shutdown,
             drift_slots,
-            drift_min_interval: crate::stack::drift::MIN_CHECK_INTERVAL,
+            drift_min_interval: DEFAULT_DRIFT_MIN_INTERVAL,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
         }
     }

@@ -1,5 +1,7 @@
 //! The immutable outputs Secret of an `up` Update (PKO: `<update>-stack-outputs`) and the Stack's
-//! `status.outputs` read back from it with secret values masked.
+//! `status.outputs` read back from it with secret values masked — a shared contract between two peers.
+//! **Writer:** the Update worker ([`crate::update::dispatch`], [`secret`]). **Reader:** the Stack
+//! controller ([`crate::stack::reconcile`], [`stack_outputs`]).
 
 use std::collections::BTreeMap;
 

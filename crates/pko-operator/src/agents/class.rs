@@ -1,18 +1,23 @@
 //! The one definition of a workspace class, used by the pools and the operation limits alike: agents
 //! of one class are interchangeable, because every operation request carries its whole source,
-//! settings and environment, and everything else that shapes an agent — the namespace, image and pull
-//! policy, environment, resources, service account, security profile, pod template and Pulumi log
-//! level ([`super::pod::revision_hash`]) — is the same for every Workspace of the class.
+//! settings and environment (`env` and `envFrom` resolved by the operator), and everything else that
+//! shapes an agent — the namespace, image and pull policy, resources, service account, security
+//! profile, pod template and Pulumi log level — is the same for every Workspace of the class. A pool's
+//! pods carry no Workspace's `env` or `envFrom` ([`super::pod_pool::pool_objects`]): one Stack's
+//! environment never reaches another's operation through them.
 
 use pko_api::Workspace;
+use sha2::{Digest, Sha256};
 
 /// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g.
 /// `team-a/3f2a…`, PKO's defaults applied. Workspaces that differ only in name, stacks, config or source share a class. Pure.
 pub fn workspace_class(ws: &Workspace) -> String {
     // with PKO's defaults applied: a Workspace that names the `default` service account or the default
     // image gets the same agent as one that leaves them unset
-    let shaped = Workspace { metadata: Default::default(), spec: ws.spec.with_defaults(), status: None };
-    format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), super::pod::revision_hash(&shaped))
+    let s = ws.spec.with_defaults();
+    let key = serde_json::json!([s.image, s.image_pull_policy, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level.filter(|l| *l > 0)]);
+    let hash: String = Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{}/{hash}", ws.metadata.namespace.as_deref().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -32,7 +37,7 @@ mod tests {
         assert_ne!(a, workspace_class(&ws("other", "a", serde_json::json!({}))), "namespace");
         assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"serviceAccountName": "deployer"}))), "service account");
         assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"image": "pulumi/pulumi:3"}))), "image");
-        assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"env": [{"name": "A", "value": "1"}]}))), "environment");
+        assert_eq!(a, workspace_class(&ws("team", "a", serde_json::json!({"env": [{"name": "A", "value": "1"}]}))), "the environment travels with each request");
         assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"resources": {"limits": {"memory": "1Gi"}}}))), "resources");
     }
 }

@@ -113,6 +113,9 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     let hash = class.rsplit('/').next().unwrap_or_default().to_string();
     let mut as_pool = ws.clone();
     as_pool.metadata = kube::api::ObjectMeta { name: Some(pool_name(&class)), namespace: ws.metadata.namespace.clone(), ..Default::default() };
+    // the environment travels with each operation's request: a pool pod carries no Workspace's
+    as_pool.spec.env = None;
+    as_pool.spec.env_from = None;
     let mut service = pod::service(&as_pool);
     service.labels_mut().insert(POOL_LABEL.into(), hash.clone());
     let mut sts = pod::stateful_set(&as_pool, cfg);
@@ -568,6 +571,11 @@ mod tests {
         assert!(own.contains(&pod::SHARED_OPERATIONS.to_string()), "a Workspace's own pod runs its Stack's operations as PKO's: {own:?}");
         let c = ws("gamma", json!({"image": "other"}));
         assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
+        // one Stack's environment never rides in the pool's pods (it travels with each request)
+        let d = ws("delta", json!({"image": "img", "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "delta-secret", "key": "t"}}}], "envFrom": [{"secretRef": {"name": "delta-all"}}]}));
+        let (_, std_) = pool_objects(&d, &cfg(), &[]);
+        assert_eq!(std_.name_any(), name, "the same class");
+        assert!(!serde_json::to_string(&std_).unwrap().contains("delta-"), "no Workspace's env or envFrom in the pool's pods");
         assert_eq!(agent_address(pool, "team-a", 2), format!("{name}-2.{name}.team-a:50051"));
     }
 

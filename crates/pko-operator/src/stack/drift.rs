@@ -86,7 +86,7 @@ pub enum Due {
 /// The shortest time between two drift checks of one Stack by default (`--min-drift-check-interval-
 /// seconds`; PKO's resync floor): a schedule that ticks more often (`* * * * * *`) is checked at this
 /// pace, so it cannot hold an agent and the fleet's drift slot back to back.
-pub const MIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+pub const MIN_CHECK_INTERVAL: std::time::Duration = crate::context::DEFAULT_DRIFT_MIN_INTERVAL;
 
 /// When the next check of `stack` (with status `status`) is due, at `now`, at least `min_interval`
 /// after the last check. Ticks count from the last check, else from the last update, else from the
