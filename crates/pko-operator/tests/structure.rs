@@ -216,8 +216,7 @@ fn no_circle_of_imports_between_the_operators_files() {
         }
         false
     };
-    let circles: Vec<String> =
-        graph.iter().flat_map(|(a, edges)| edges.iter().filter(|b| reaches(b, a)).map(move |b| format!("{} ↔ {}", a.join("::"), b.join("::")))).collect();
+    let circles: Vec<String> = graph.iter().flat_map(|(a, edges)| edges.iter().filter(|b| reaches(b, a)).map(move |b| format!("{} ↔ {}", a.join("::"), b.join("::")))).collect();
     assert!(circles.is_empty(), "import circles:\n{}", circles.join("\n"));
 }
 

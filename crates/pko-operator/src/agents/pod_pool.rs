@@ -572,7 +572,10 @@ mod tests {
         let c = ws("gamma", json!({"image": "other"}));
         assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
         // one Stack's environment never rides in the pool's pods (it travels with each request)
-        let d = ws("delta", json!({"image": "img", "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "delta-secret", "key": "t"}}}], "envFrom": [{"secretRef": {"name": "delta-all"}}]}));
+        let d = ws(
+            "delta",
+            json!({"image": "img", "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "delta-secret", "key": "t"}}}], "envFrom": [{"secretRef": {"name": "delta-all"}}]}),
+        );
         let (_, std_) = pool_objects(&d, &cfg(), &[]);
         assert_eq!(std_.name_any(), name, "the same class");
         assert!(!serde_json::to_string(&std_).unwrap().contains("delta-"), "no Workspace's env or envFrom in the pool's pods");

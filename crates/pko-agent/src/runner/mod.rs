@@ -1,0 +1,441 @@
+//! Runs one operation: resolve values, prepare the source, select (or create) the stack, set its config,
+//! run the Pulumi command streaming its engine events, then read outputs and build the result.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use pko_proto::v1::{ErrorInfo, ErrorReason, OperationRequest, OperationResult, OperationType, ProjectInfo, ResultStatus, operation_event::Event};
+
+use crate::mask::Masker;
+use crate::operation::Operation;
+use crate::pulumi;
+use crate::source::SourceCache;
+use crate::values::ValueResolver;
+
+mod engine;
+mod stack_config;
+
+use engine::{Step, operate_through_locks, repair_sidecars};
+use stack_config::*;
+pub use stack_config::{ConfigCommand, MAX_CONFIG_ARG_BYTES, MAX_CONFIG_BATCH_BYTES, MAX_ENV_VAR_BYTES, PlannedConfig, config_commands, structured_config_unsupported};
+
+/// What the runner needs from the agent.
+#[derive(Debug, Clone)]
+pub struct RunnerContext {
+    /// The Pulumi CLI (under the agent's supervisor).
+    pub pulumi: pulumi::Cli,
+    /// Longest wait for a backend lock's holders still running on this host to end before an operation
+    /// reports the conflict (`--lock-wait-seconds`).
+    pub lock_wait: std::time::Duration,
+    /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with
+    /// the agent's own `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
+    pub sandboxes: Option<crate::sandbox::Sandboxes>,
+    /// Environment added to every Pulumi process (e.g. PULUMI_HOME), below the operation's own.
+    pub env: BTreeMap<String, String>,
+    /// Source cache.
+    pub sources: Arc<SourceCache>,
+    /// Value resolver (Secrets/ConfigMaps of the agent's namespace).
+    pub values: ValueResolver,
+    /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which
+    /// saves one Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
+    pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
+    pub log_level: u32,
+    /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win
+    /// over the agent's and the request's.
+    pub env_file: Option<PathBuf>,
+    /// A symbolic link pointed at each operation's project directory (`--workspace-link`, PKO's
+    /// `/share/workspace`).
+    pub workspace_link: Option<PathBuf>,
+    /// The Pulumi CLI's version (`pulumi version`), read once on first use.
+    pub pulumi_version: Arc<tokio::sync::OnceCell<String>>,
+    /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
+    /// functional test): every operation succeeds after this delay without running Pulumi or reading
+    /// its source. `None`: a real agent.
+    pub hollow: Option<std::time::Duration>,
+}
+
+/// A failure before or around the Pulumi command.
+struct Failure {
+    reason: ErrorReason,
+    message: String,
+    field: String,
+    /// An `UpdateConflict` whose every lock holder is known dead: those holders, and why.
+    stale: Vec<(crate::locks::Holder, &'static str)>,
+    /// An `UpdateConflict` whose holders still run on this host (none elsewhere): worth waiting for.
+    live: Vec<crate::locks::Holder>,
+}
+
+fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure {
+    Failure { reason, message: message.into(), field: field.to_string(), stale: Vec::new(), live: Vec::new() }
+}
+
+/// Runs `req` to completion and publishes its events and its result on `op`.
+pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) {
+    if let Some(delay) = ctx.hollow {
+        return hollow(&op, &req, delay).await;
+    }
+    let start = crate::convert::now();
+    let mut masker = Masker::default();
+    let mut result = OperationResult { start_time: Some(start), ..Default::default() };
+    let mut pinned = None;
+    let mut sandbox = None;
+    let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
+        Ok(sb) => {
+            sandbox = sb;
+            execute(&ctx, &op, &req, sandbox.as_mut(), &mut masker, &mut result, &mut pinned).await
+        }
+        Err(e) => Err(fail(ErrorReason::Internal, "", format!("an earlier operation's files could not be removed: {e}"))),
+    };
+    if let Some(key) = pinned {
+        ctx.sources.release(&key);
+    }
+    if let Some(sb) = sandbox {
+        finish_sandbox(&op, sb);
+    }
+    result.end_time = Some(crate::convert::now());
+    match outcome {
+        Ok(()) => {
+            result.status = ResultStatus::Succeeded as i32;
+            if result.message.is_empty() {
+                result.message = format!("{} succeeded", verb(&req));
+            }
+        }
+        Err(f) => {
+            let (status, reason) = if op.interrupted.load(Ordering::SeqCst) {
+                (ResultStatus::Interrupted, ErrorReason::Interrupted)
+            } else if op.cancelled.load(Ordering::SeqCst) {
+                (ResultStatus::Cancelled, ErrorReason::Cancelled)
+            } else {
+                (ResultStatus::Failed, f.reason)
+            };
+            let message = masker.mask(&match status {
+                ResultStatus::Interrupted => format!("interrupted by agent shutdown: {}", f.message),
+                ResultStatus::Cancelled => format!("cancelled: {}", f.message),
+                _ => f.message,
+            });
+            result.status = status as i32;
+            result.message = message.clone();
+            result.error = Some(ErrorInfo { reason: reason as i32, message, field: f.field });
+        }
+    }
+    tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), "operation finished");
+    op.publish(Event::Result(result));
+}
+
+/// Removes the operation's directories and the plugins it added to or changed in the shared cache,
+/// logging what was removed; a failure is logged (the next operation sweeps again, and refuses to
+/// start while it cannot).
+fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
+    match sb.finish() {
+        Ok(f) if f.plugins_removed.is_empty() => {}
+        Ok(f) => {
+            tracing::warn!(operation = %op.id, plugins = ?f.plugins_removed, "the operation added or changed plugins in the shared cache: removed");
+            op.log(format!("removed plugins this operation added to or changed in the agent's shared cache (never run by another operation): {}", f.plugins_removed.join(", ")));
+        }
+        Err(e) => {
+            tracing::warn!(operation = %op.id, error = %e, "removing the operation's directories");
+            op.log(format!("removing the operation's directories: {e}"));
+        }
+    }
+}
+
+/// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown
+/// or Cancel), then succeeds with no outputs. Its log line and result message say it was simulated.
+async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::Duration) {
+    let start = crate::convert::now();
+    op.log("hollow agent: simulated operation, no Pulumi runs (load tests only)");
+    let end = tokio::time::Instant::now() + delay;
+    let status = loop {
+        if op.interrupted.load(Ordering::SeqCst) {
+            break ResultStatus::Interrupted;
+        }
+        if op.cancelled.load(Ordering::SeqCst) {
+            break ResultStatus::Cancelled;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            break ResultStatus::Succeeded;
+        }
+        tokio::time::sleep((end - now).min(std::time::Duration::from_millis(100))).await;
+    };
+    let message = match status {
+        ResultStatus::Succeeded => format!("hollow agent: {} simulated", verb(req)),
+        _ => "hollow agent: simulated operation stopped".to_string(),
+    };
+    let error = (status != ResultStatus::Succeeded).then(|| ErrorInfo {
+        reason: if status == ResultStatus::Interrupted { ErrorReason::Interrupted } else { ErrorReason::Cancelled } as i32,
+        message: message.clone(),
+        field: String::new(),
+    });
+    let result = OperationResult { status: status as i32, message, error, start_time: Some(start), end_time: Some(crate::convert::now()), ..Default::default() };
+    tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
+    op.publish(Event::Result(result));
+}
+
+fn verb(req: &OperationRequest) -> &'static str {
+    match OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified) {
+        OperationType::Preview => "preview",
+        OperationType::Up => "update",
+        OperationType::Refresh => "refresh",
+        OperationType::Destroy => "destroy",
+        OperationType::Unspecified => "operation",
+    }
+}
+
+fn check_stop(op: &Operation) -> Result<(), Failure> {
+    if op.interrupted.load(Ordering::SeqCst) || op.cancelled.load(Ordering::SeqCst) {
+        return Err(fail(ErrorReason::Cancelled, "", "stopped before Pulumi ran"));
+    }
+    Ok(())
+}
+
+/// Runs the operation `req` step by step (each step is a function below): its environment, its
+/// source, its stack and config, then the Pulumi command.
+async fn execute(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    mut sandbox: Option<&mut crate::sandbox::Sandbox>,
+    masker: &mut Masker,
+    result: &mut OperationResult,
+    pinned: &mut Option<String>,
+) -> Result<(), Failure> {
+    let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
+    if kind == OperationType::Unspecified {
+        return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh or destroy)"));
+    }
+    let stack = req.stack.clone().unwrap_or_default();
+    if stack.name.is_empty() {
+        return Err(fail(ErrorReason::InvalidRequest, "stack.name", "stack name is required"));
+    }
+    let env = environment(ctx, req, sandbox.as_deref(), masker).await?;
+    check_stop(op)?;
+    let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, pinned).await?;
+    check_stop(op)?;
+    check_cli(ctx, req, result).await?;
+    let known_key = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await?;
+    check_stop(op)?;
+    let options = req.options.clone().unwrap_or_default();
+    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
+    operate_through_locks(ctx, op, &step, masker, result).await
+}
+
+/// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the
+/// operation's own directories, the request's (references resolved, secrets masked), the env file's.
+async fn environment(ctx: &RunnerContext, req: &OperationRequest, sandbox: Option<&crate::sandbox::Sandbox>, masker: &mut Masker) -> Result<BTreeMap<String, String>, Failure> {
+    let mut env = pulumi::base_env();
+    env.extend(ctx.env.clone());
+    if let Some(sb) = sandbox {
+        env.extend(sb.env());
+    }
+    for (i, e) in req.env.iter().enumerate() {
+        let Some(r) = &e.value else { return Err(fail(ErrorReason::InvalidRequest, &format!("env[{i}].value"), format!("env {} has no value", e.name))) };
+        let v = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
+        if e.secret || is_secret_name(&e.name) {
+            masker.add(&v);
+        }
+        env.insert(e.name.clone(), v);
+    }
+    if let Some(path) = &ctx.env_file {
+        for (name, v) in read_env_file(path).map_err(|m| fail(ErrorReason::InvalidConfig, "env", m))? {
+            if is_secret_name(&name) {
+                masker.add(&v);
+            }
+            env.insert(name, v);
+        }
+    }
+    if let Some((name, v)) = env.iter().find(|(k, v)| k.len() + v.len() + 2 > MAX_ENV_VAR_BYTES) {
+        let msg = format!("env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable", v.len());
+        return Err(fail(ErrorReason::InvalidConfig, "env", msg));
+    }
+    if sandbox.is_some() {
+        pin_home_backend(&mut env, std::env::var("PULUMI_BACKEND_URL").ok(), std::env::var("HOME").ok());
+    }
+    Ok(env)
+}
+
+/// Step 2: the source, prepared (or cached) and pinned, copied into the operation's directory when it
+/// is isolated; returns the project directory and the project's name.
+async fn project(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    sandbox: Option<&mut crate::sandbox::Sandbox>,
+    env: &BTreeMap<String, String>,
+    result: &mut OperationResult,
+    pinned: &mut Option<String>,
+) -> Result<(PathBuf, String), Failure> {
+    op.log("preparing source");
+    let source = req.source.clone().unwrap_or_default();
+    let prepared = ctx.sources.prepare(&source, &ctx.values, env).await.map_err(|e| {
+        let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
+        fail(reason, "source", e.message)
+    })?;
+    *pinned = Some(prepared.key.clone());
+    result.revision = prepared.revision.clone();
+    let dir = match sandbox {
+        Some(sb) => {
+            sb.watch_plugins();
+            sb.copy_source(&prepared.root, &prepared.project_dir).map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
+        }
+        None => prepared.project_dir.clone(),
+    };
+    if let Some(link) = &ctx.workspace_link {
+        // for sidecars only: a failure is logged, never fails the operation
+        if let Err(e) = point_link(link, &dir) {
+            op.log(format!("pointing {} at the project: {e}", link.display()));
+        }
+    }
+    let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
+    result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
+    Ok((dir, project))
+}
+
+/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's
+/// `IncompatibleConfiguration`); its version (read once per agent) is reported for the Workspace's
+/// `status.pulumiVersion`.
+async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut OperationResult) -> Result<(), Failure> {
+    let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
+    result.pulumi_version = version.clone();
+    if let Some(message) = structured_config_unsupported(version).filter(|_| uses_structured_config(&req.config)) {
+        return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
+    }
+    Ok(())
+}
+
+/// Step 4: the stack selected (or created) once per backend, its config and environments set.
+/// Returns the stack's key in [`RunnerContext::known_stacks`].
+async fn prepare_stack(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    req: &OperationRequest,
+    isolated: bool,
+    (dir, project): (&Path, &str),
+    env: &BTreeMap<String, String>,
+    masker: &mut Masker,
+) -> Result<String, Failure> {
+    let stack = req.stack.clone().unwrap_or_default();
+    repair_sidecars(op, env, dir, project, &stack.name);
+    if !isolated {
+        reset_stack_config(dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
+    }
+    // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
+    // `stack select` in whichever directory the operation runs
+    let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
+    if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
+        select_stack(ctx, dir, env, &stack, masker).await?;
+        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
+    }
+    // a stack removed elsewhere since we last saw it is selected/created again, once
+    if let Err(f) = set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await {
+        if !f.message.contains("no stack named") {
+            return Err(f);
+        }
+        ctx.known_stacks.lock().unwrap().remove(&known_key);
+        select_stack(ctx, dir, env, &stack, masker).await?;
+        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
+        set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await?;
+    }
+    add_environments(ctx, dir, env, &stack, masker).await?;
+    Ok(known_key)
+}
+
+/// A `file://~` backend (Pulumi expands `~` with `HOME`) names the agent's home, not the operation's
+/// fresh one: the URL of the operation's environment, else the agent's (`inherited`), is rewritten with
+/// the agent's `home`. Otherwise every operation would find an empty backend in its own home.
+fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String>, home: Option<String>) {
+    let Some(url) = env.get("PULUMI_BACKEND_URL").cloned().or(inherited) else { return };
+    let (Some(rest), Some(home)) = (url.strip_prefix("file://~"), home) else { return };
+    if rest.is_empty() || rest.starts_with('/') {
+        env.insert("PULUMI_BACKEND_URL".into(), format!("file://{}{rest}", home.trim_end_matches('/')));
+    }
+}
+
+/// Points the symbolic link `link` at `target`, atomically (a new link renamed over the old one).
+fn point_link(link: &Path, target: &Path) -> std::io::Result<()> {
+    let tmp = link.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    std::fs::rename(&tmp, link).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Whether an environment variable's name says it holds a secret (masked in every log line).
+fn is_secret_name(name: &str) -> bool {
+    ["PASSPHRASE", "TOKEN", "SECRET", "PASSWORD"].iter().any(|s| name.contains(s))
+}
+
+/// The variables of the dotenv file `path` (dotenv syntax: `NAME=value`, quotes, `export`, comments),
+/// none when it does not exist. Errors: the file named with what is wrong in it.
+fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let iter = match dotenvy::from_path_iter(path) {
+        Ok(i) => i,
+        Err(dotenvy::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("env file {}: {e}", path.display())),
+    };
+    let mut vars = Vec::new();
+    for r in iter {
+        match r {
+            Ok(v) => vars.push(v),
+            // the line itself may hold a secret: it is not repeated
+            Err(dotenvy::Error::LineParse(_, at)) => {
+                return Err(format!("env file {}: entry {} is not NAME=value (a parse error at character {at} of it)", path.display(), vars.len() + 1));
+            }
+            Err(e) => return Err(format!("env file {}: {e}", path.display())),
+        }
+    }
+    Ok(vars)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_in_the_home_stays_in_the_agents_home() {
+        let pin = |url: Option<&str>, inherited: Option<&str>| {
+            let mut env: BTreeMap<String, String> = url.map(|u| ("PULUMI_BACKEND_URL".to_string(), u.to_string())).into_iter().collect();
+            pin_home_backend(&mut env, inherited.map(str::to_string), Some("/home/agent/".into()));
+            env.get("PULUMI_BACKEND_URL").cloned()
+        };
+        assert_eq!(pin(Some("file://~"), None).as_deref(), Some("file:///home/agent"));
+        assert_eq!(pin(Some("file://~/state"), None).as_deref(), Some("file:///home/agent/state"));
+        assert_eq!(pin(None, Some("file://~/s")).as_deref(), Some("file:///home/agent/s"), "the agent's own URL, made explicit");
+        assert_eq!(pin(Some("file:///abs"), Some("file://~")).as_deref(), Some("file:///abs"), "the request's wins");
+        assert_eq!(pin(Some("file://~bob/x"), None).as_deref(), Some("file://~bob/x"), "another user's home is not ours");
+        assert_eq!(pin(Some("s3://b"), None).as_deref(), Some("s3://b"));
+        assert_eq!(pin(None, None), None);
+    }
+
+    #[test]
+    fn the_workspace_link_follows_the_latest_project() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, link) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("workspace"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        point_link(&link, &a).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), a);
+        point_link(&link, &b).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), b, "replaced in place");
+        let real_dir = dir.path().join("real");
+        std::fs::create_dir_all(real_dir.join("x")).unwrap();
+        assert!(point_link(&real_dir, &a).is_err(), "a directory in the way is not replaced");
+        assert!(real_dir.join("x").is_dir());
+    }
+
+    #[test]
+    fn env_files_are_read_as_dotenv_without_repeating_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".env");
+        assert_eq!(read_env_file(&path), Ok(vec![]), "no file yet: nothing");
+        std::fs::write(&path, "# written by an init container\nA=1\nexport B=\"two words\"\n").unwrap();
+        assert_eq!(read_env_file(&path), Ok(vec![("A".into(), "1".into()), ("B".into(), "two words".into())]));
+        std::fs::write(&path, "A=1\nPULUMI_CONFIG_PASSPHRASE=\"hunter2\n").unwrap();
+        let e = read_env_file(&path).unwrap_err();
+        assert!(e.contains("entry 2 is not NAME=value") && !e.contains("hunter2"), "{e}");
+    }
+}
