@@ -110,10 +110,7 @@ impl Operator {
             crate::fleet::check_single_without_redis(&client, &fleet, r).await?;
         }
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
-        let drift_slots: Arc<dyn pko_queue::slots::Slots> = match &redis {
-            Some(q) => Arc::new(q.slots("drift-checks", operations.max_concurrent_drift_checks)),
-            None => Arc::new(pko_queue::slots::MemorySlots::new(operations.max_concurrent_drift_checks)),
-        };
+        let drift_slots = Self::drift_slots(redis.as_deref(), operations.max_concurrent_drift_checks);
         // a takeover takes the shards with queued or running operations first
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
@@ -127,8 +124,7 @@ impl Operator {
         }
         let ownership: Arc<dyn Ownership> = match &member {
             Some(m) => m.ownership.clone(),
-            None if operations.namespaces.is_empty() => Arc::new(SingleReplica),
-            None => Arc::new(Namespaces(operations.namespaces.iter().cloned().collect())),
+            None => Self::single_ownership(&operations.namespaces),
         };
         let ctx = Arc::new(Context {
             reconcile_concurrency: operations.max_concurrent_reconciles,
@@ -144,16 +140,7 @@ impl Operator {
         if let Some(m) = member {
             informers = informers.with_shards(m.held.clone());
             membership.extend(m.tasks);
-            servers.push(tokio::spawn(crate::fleet::label_unsharded(
-                client.clone(),
-                watch_client.clone(),
-                scope,
-                fleet.shards,
-                m.ownership.clone(),
-                m.ownership.standing(),
-                shutdown.clone(),
-            )));
-            servers.extend(crate::fleet::relabel_misfiled_kinds(&mut informers, &client, fleet.shards, &m.ownership.standing(), &shutdown));
+            servers.extend(Self::labellers(&client, &watch_client, scope, fleet.shards, &m.ownership, &mut informers, &shutdown));
         }
         let agents = Arc::new(Self::agents(&client, &runtime, &fleet, replica.as_deref(), local_agent_env, ctx.ownership.clone())?);
         let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
@@ -172,17 +159,44 @@ impl Operator {
             let _ = crate::artifacts::serve(listener, state).await;
         }));
         tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime, "operator starting");
-        let controllers = (program_controller, stack_controller, workspace_controller, update_controller);
         let task = tokio::spawn(async move {
-            tokio::join!(controllers.0, controllers.1, controllers.2, controllers.3);
+            tokio::join!(program_controller, stack_controller, workspace_controller, update_controller);
             // the membership ends by releasing its Lease (successors take the shards at once)
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
-            for s in servers {
-                s.abort();
-            }
+            servers.iter().for_each(tokio::task::JoinHandle::abort);
             tracing::info!("operator stopped");
         });
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// The fleet-wide cap on concurrent drift checks: in Redis with `--redis-url`, else this replica's.
+    fn drift_slots(redis: Option<&crate::queue::redis::RedisQueue>, max: usize) -> Arc<dyn pko_queue::slots::Slots> {
+        match redis {
+            Some(q) => Arc::new(q.slots("drift-checks", max)),
+            None => Arc::new(pko_queue::slots::MemorySlots::new(max)),
+        }
+    }
+
+    /// What a replica outside a fleet owns: everything, or the objects of `--namespaces`.
+    fn single_ownership(namespaces: &[String]) -> Arc<dyn Ownership> {
+        if namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(namespaces.iter().cloned().collect())) }
+    }
+
+    /// The fleet's labellers: unsharded objects get their shard labels, and objects filed under another
+    /// shard count are relabelled.
+    fn labellers(
+        client: &kube::Client,
+        watch_client: &kube::Client,
+        scope: WatchScope,
+        shards: u32,
+        ownership: &Arc<crate::fleet::FleetOwnership>,
+        informers: &mut Informers,
+        shutdown: &CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks =
+            vec![tokio::spawn(crate::fleet::label_unsharded(client.clone(), watch_client.clone(), scope, shards, ownership.clone(), ownership.standing(), shutdown.clone()))];
+        tasks.extend(crate::fleet::relabel_misfiled_kinds(informers, client, shards, &ownership.standing(), shutdown));
+        tasks
     }
 
     /// Where agents run (`--runtime`, `--agent-pools`): `replica` is this replica's fleet id, under

@@ -119,11 +119,43 @@ pub fn revision_hash(ws: &Workspace) -> String {
 /// pool's pods leave it out: their agents isolate each operation (`pko_agent::sandbox`).
 pub const SHARED_OPERATIONS: &str = "--isolate-operations=false";
 
-/// The StatefulSet of the workspace (`spec` defaults applied).
-pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
-    let name = ws.metadata.name.clone().unwrap_or_default();
-    let ns = ws.metadata.namespace.clone().unwrap_or_default();
-    let spec = ws.spec.with_defaults();
+/// The arguments of the agent of Workspace `ns/name` in its pod (`--auth kube` for its audience, the
+/// grace period, PKO's env file and workspace link, its operations shared as PKO's), with the Pulumi
+/// log level when set. Pure.
+fn agent_args(ns: &str, name: &str, log_level: Option<u32>) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["serve", "--listen", &format!("0.0.0.0:{AGENT_PORT}"), "--work-dir", "/share/work", "--auth", "kube", "--kube-audience"].iter().map(|s| s.to_string()).collect();
+    args.push(pko_proto::workspace_audience(ns, name));
+    args.extend(["--kube-workspace-namespace".into(), ns.to_string(), "--kube-workspace-name".into(), name.to_string()]);
+    args.extend(["--grace-seconds".into(), (TERMINATION_GRACE_SECONDS - 10).to_string()]);
+    args.extend(["--env-file".into(), ENV_FILE.into(), "--workspace-link".into(), WORKSPACE_LINK.into(), SHARED_OPERATIONS.into()]);
+    if let Some(level) = log_level.filter(|l| *l > 0) {
+        args.extend(["--pulumi-log-level".into(), level.to_string()]);
+    }
+    args
+}
+
+/// The environment of the `pulumi` container: the pod's namespace and service account (downward API),
+/// the Flux untar limit when set, then the Workspace's `env`. Pure.
+fn agent_env(spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> Vec<EnvVar> {
+    let field = |path: &str| Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() });
+    let mut env = vec![
+        EnvVar { name: "POD_NAMESPACE".into(), value_from: field("metadata.namespace"), ..Default::default() },
+        EnvVar { name: "POD_SA_NAME".into(), value_from: field("spec.serviceAccountName"), ..Default::default() },
+    ];
+    if let Some(max) = cfg.flux_max_untar_size_bytes {
+        env.push(EnvVar { name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(), value: Some(max.to_string()), ..Default::default() });
+    }
+    env.extend(spec.env.clone().unwrap_or_default());
+    env
+}
+
+/// The three containers of a workspace pod: the init containers `bootstrap` (copies the agent and tini
+/// into `/share`) and `fetch` (PKO's name, so podTemplate patches written for PKO's merge into a whole
+/// container: here it prepares the shared volume — sources are fetched per operation), and `pulumi`
+/// (tini, then the agent). Pure.
+fn containers(ws: &Workspace, spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> (Container, Container, Container) {
+    let (name, ns) = (ws.metadata.name.clone().unwrap_or_default(), ws.metadata.namespace.clone().unwrap_or_default());
     let restricted = spec.security_profile == Some(SecurityProfile::Restricted);
     let share = VolumeMount { name: "share".into(), mount_path: "/share".into(), ..Default::default() };
     let bootstrap = Container {
@@ -135,42 +167,6 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         security_context: restricted.then(restricted_container),
         ..Default::default()
     };
-    let mut args = vec![
-        "serve".to_string(),
-        "--listen".into(),
-        format!("0.0.0.0:{AGENT_PORT}"),
-        "--work-dir".into(),
-        "/share/work".into(),
-        "--auth".into(),
-        "kube".into(),
-        "--kube-audience".into(),
-        pko_proto::workspace_audience(&ns, &name),
-        "--kube-workspace-namespace".into(),
-        ns.clone(),
-        "--kube-workspace-name".into(),
-        name.clone(),
-        "--grace-seconds".into(),
-        (TERMINATION_GRACE_SECONDS - 10).to_string(),
-        "--env-file".into(),
-        ENV_FILE.into(),
-        "--workspace-link".into(),
-        WORKSPACE_LINK.into(),
-        SHARED_OPERATIONS.into(),
-    ];
-    if let Some(level) = spec.pulumi_log_level.filter(|l| *l > 0) {
-        args.extend(["--pulumi-log-level".into(), level.to_string()]);
-    }
-    let field = |path: &str| Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() });
-    let mut env = vec![
-        EnvVar { name: "POD_NAMESPACE".into(), value_from: field("metadata.namespace"), ..Default::default() },
-        EnvVar { name: "POD_SA_NAME".into(), value_from: field("spec.serviceAccountName"), ..Default::default() },
-    ];
-    if let Some(max) = cfg.flux_max_untar_size_bytes {
-        env.push(EnvVar { name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(), value: Some(max.to_string()), ..Default::default() });
-    }
-    env.extend(spec.env.clone().unwrap_or_default());
-    // PKO's second init container, so podTemplate patches written for PKO's `fetch` merge into a
-    // whole container: here it prepares the shared volume (sources are fetched per operation)
     let fetch = Container {
         name: "fetch".into(),
         image: spec.image.clone(),
@@ -185,8 +181,8 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         image: spec.image.clone(),
         image_pull_policy: spec.image_pull_policy.as_ref().map(ToString::to_string),
         command: Some(vec![TINI_PATH.into(), "--".into(), AGENT_PATH.into()]),
-        args: Some(args),
-        env: Some(env),
+        args: Some(agent_args(&ns, &name, spec.pulumi_log_level)),
+        env: Some(agent_env(spec, cfg)),
         env_from: spec.env_from.clone(),
         resources: spec.resources.clone(),
         ports: Some(vec![ContainerPort { name: Some("grpc".into()), container_port: AGENT_PORT, ..Default::default() }]),
@@ -195,6 +191,13 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         security_context: restricted.then(restricted_container),
         ..Default::default()
     };
+    (bootstrap, fetch, pulumi)
+}
+
+/// The pod of the workspace (`spec` defaults applied), with the user's `podTemplate` merged in. Pure.
+fn pod_spec(ws: &Workspace, spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> PodSpec {
+    let restricted = spec.security_profile == Some(SecurityProfile::Restricted);
+    let (bootstrap, fetch, pulumi) = containers(ws, spec, cfg);
     let mut pod = PodSpec {
         service_account_name: spec.service_account_name.clone(),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
@@ -210,13 +213,21 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
         }),
         ..Default::default()
     };
-    let tmpl = spec.pod_template.clone().unwrap_or_default();
-    if let Some(user) = &tmpl.spec {
+    if let Some(user) = spec.pod_template.as_ref().and_then(|t| t.spec.as_ref()) {
         merge_pod_spec(&mut pod, user);
     }
     add_pulumi_env(&mut pod);
+    pod
+}
+
+/// The StatefulSet of the workspace (`spec` defaults applied). Pure.
+pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
+    let name = ws.metadata.name.clone().unwrap_or_default();
+    let ns = ws.metadata.namespace.clone().unwrap_or_default();
+    let spec = ws.spec.with_defaults();
+    let pod = pod_spec(ws, &spec, cfg);
     let mut pod_labels = labels(&name);
-    let tmeta = tmpl.metadata.unwrap_or_default();
+    let tmeta = spec.pod_template.clone().unwrap_or_default().metadata.unwrap_or_default();
     pod_labels.extend(tmeta.labels.unwrap_or_default());
     let mut annotations = tmeta.annotations.unwrap_or_default();
     annotations.insert(REVISION_HASH_ANNOTATION.into(), revision_hash(ws));
