@@ -210,6 +210,54 @@ fn clear_final(path: &Path, rel: &Path) -> Result<(), ArchiveError> {
     }
 }
 
+/// Reads a metadata entry (GNU long name or link, local PAX extensions) of `size` bytes into `pending`,
+/// for the entry that follows; global PAX headers carry nothing this extractor honours.
+fn read_metadata(entry: &mut impl Read, kind: tar::EntryType, size: u64, pending: &mut Pending) -> Result<(), ArchiveError> {
+    let mut data = Vec::with_capacity(size as usize);
+    entry.take(size).read_to_end(&mut data).map_err(ArchiveError::Read)?;
+    if kind.is_gnu_longname() {
+        pending.path = Some(trim_nul(data));
+    } else if kind.is_gnu_longlink() {
+        pending.link = Some(trim_nul(data));
+    } else if kind.is_pax_local_extensions() {
+        pending.pax(&data)?;
+    }
+    Ok(())
+}
+
+/// Writes the regular file `rel` (under `into`) from `entry` of `size` bytes, created new (a file or
+/// link of that name before it is removed, never followed), executable when the archive says so.
+/// Returns the bytes written.
+fn write_file<R: Read>(entry: &mut tar::Entry<'_, R>, into: &Path, rel: &Path, size: u64) -> Result<u64, ArchiveError> {
+    let dest = into.join(rel);
+    ensure_dirs(into, rel, false)?;
+    clear_final(&dest, rel)?;
+    let mode = if entry.header().mode().unwrap_or(0o644) & 0o111 != 0 { 0o755 } else { 0o644 };
+    let write_err = |source| ArchiveError::Write { path: rel.display().to_string(), source };
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
+    copy_entry(entry, size, &mut file).map_err(|e| match e {
+        Copy::Read(e) => ArchiveError::Read(e),
+        Copy::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
+    })
+}
+
+/// Makes the symbolic link `rel` (under `into`) to `target`: relative, and — looked at lexically from
+/// the link's own directory — inside `into` (the full check follows once every entry is written).
+fn write_symlink(into: &Path, rel: &Path, target: &[u8]) -> Result<(), ArchiveError> {
+    let unsafe_link = || ArchiveError::UnsafeLink { path: rel.display().to_string(), target: shown(target) };
+    let t = Path::new(OsStr::from_bytes(target));
+    if target.is_empty() || t.is_absolute() {
+        return Err(unsafe_link());
+    }
+    ensure_dirs(into, rel, false)?;
+    if resolve_inside(into, &rel.parent().unwrap_or(Path::new("")).join(t), 0).is_err() {
+        return Err(unsafe_link());
+    }
+    let dest = into.join(rel);
+    clear_final(&dest, rel)?;
+    std::os::unix::fs::symlink(t, &dest).map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source })
+}
+
 /// Extracts the gzipped tarball `reader` into the existing directory `into` within `limits`.
 ///
 /// Errors: [`ArchiveError`]; on error `into` may hold part of the archive (but nothing outside it was
@@ -238,16 +286,7 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
             return Err(ArchiveError::TooLarge(limits.max_bytes));
         }
         if metadata {
-            let mut data = Vec::with_capacity(size as usize);
-            (&mut entry).take(size).read_to_end(&mut data).map_err(ArchiveError::Read)?;
-            if kind.is_gnu_longname() {
-                pending.path = Some(trim_nul(data));
-            } else if kind.is_gnu_longlink() {
-                pending.link = Some(trim_nul(data));
-            } else if kind.is_pax_local_extensions() {
-                pending.pax(&data)?;
-            }
-            // global PAX headers carry nothing this extractor honours
+            read_metadata(&mut entry, kind, size, &mut pending)?;
             continue;
         }
         let meta = std::mem::take(&mut pending);
@@ -264,33 +303,13 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
             continue;
         }
         let rel = entry_path(&raw_path)?;
-        let dest = into.join(&rel);
         if kind.is_dir() {
             ensure_dirs(into, &rel, true)?;
         } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            ensure_dirs(into, &rel, false)?;
-            clear_final(&dest, &rel)?;
-            let mode = if entry.header().mode().unwrap_or(0o644) & 0o111 != 0 { 0o755 } else { 0o644 };
-            let write_err = |source| ArchiveError::Write { path: rel.display().to_string(), source };
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
-            out.bytes += copy_entry(&mut entry, size, &mut file).map_err(|e| match e {
-                Copy::Read(e) => ArchiveError::Read(e),
-                Copy::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
-            })?;
+            out.bytes += write_file(&mut entry, into, &rel, size)?;
         } else if kind.is_symlink() {
             let target = meta.link.or_else(|| entry.link_name_bytes().map(|c| c.into_owned())).unwrap_or_default();
-            let unsafe_link = || ArchiveError::UnsafeLink { path: rel.display().to_string(), target: shown(&target) };
-            let t = Path::new(OsStr::from_bytes(&target));
-            if target.is_empty() || t.is_absolute() {
-                return Err(unsafe_link());
-            }
-            ensure_dirs(into, &rel, false)?;
-            // a first, lexical look from the link's own directory; the full check follows at the end
-            if resolve_inside(into, &rel.parent().unwrap_or(Path::new("")).join(t), 0).is_err() {
-                return Err(unsafe_link());
-            }
-            clear_final(&dest, &rel)?;
-            std::os::unix::fs::symlink(t, &dest).map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source })?;
+            write_symlink(into, &rel, &target)?;
             links.push(rel);
         } else if kind.is_hard_link() {
             return Err(unsupported("a hard link"));

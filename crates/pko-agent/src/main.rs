@@ -270,7 +270,10 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
     })
 }
 
-async fn serve(a: Serve) -> anyhow::Result<()> {
+/// How the agent authenticates its callers (`--auth`), with the Kubernetes client when it has one.
+///
+/// Errors: `--auth kube` without Kubernetes access or `--kube-workspace-name`; `--auth none` off loopback.
+async fn authentication(a: &Serve, namespace: &str) -> anyhow::Result<(Auth, Option<kube::Client>)> {
     let kube = match kube_client(a.kubeconfig.as_deref()).await {
         Ok(c) => Some(c),
         Err(e) if a.auth == AuthMode::None => {
@@ -279,20 +282,51 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e).context("--auth kube needs Kubernetes access"),
     };
-    let namespace = a.kube_workspace_namespace.clone().unwrap_or_else(|| "default".into());
-    let auth = match a.auth {
-        AuthMode::None => {
-            if !a.listen.ip().is_loopback() {
-                bail!("--auth none is only allowed on a loopback address, not {}", a.listen);
-            }
-            Auth::None
-        }
-        AuthMode::Kube => {
+    let auth = match (a.auth, &kube) {
+        (AuthMode::None, _) if !a.listen.ip().is_loopback() => bail!("--auth none is only allowed on a loopback address, not {}", a.listen),
+        (AuthMode::None, _) => Auth::None,
+        (AuthMode::Kube, Some(client)) => {
             let ws = a.kube_workspace_name.clone().context("--auth kube needs --kube-workspace-name")?;
-            let audience = a.kube_audience.clone().unwrap_or_else(|| pko_proto::workspace_audience(&namespace, &ws));
-            Auth::Kube(Arc::new(KubeAuth::new(kube.clone().expect("kube client"), audience, namespace.clone(), ws)))
+            let audience = a.kube_audience.clone().unwrap_or_else(|| pko_proto::workspace_audience(namespace, &ws));
+            Auth::Kube(Arc::new(KubeAuth::new(client.clone(), audience, namespace.to_string(), ws)))
         }
+        (AuthMode::Kube, None) => bail!("--auth kube needs Kubernetes access"),
     };
+    Ok((auth, kube))
+}
+
+/// On SIGTERM or SIGINT: drain (a running Pulumi gets Ctrl-C); on a second: kill Pulumi.
+fn on_signals(service: AgentService) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("signal received: draining (a second signal kills pulumi)");
+        service.begin_shutdown();
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::warn!("second signal: killing pulumi");
+        service.kill_all();
+    });
+    Ok(())
+}
+
+/// Drains the agent once it has been idle for `limit` (`--exit-when-idle-seconds`).
+fn exit_when_idle(service: AgentService, limit: Duration) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if service.idle_for() >= limit {
+                tracing::info!(seconds = limit.as_secs(), "idle: shutting down (--exit-when-idle-seconds)");
+                service.begin_shutdown();
+                return;
+            }
+        }
+    });
+}
+
+async fn serve(a: Serve) -> anyhow::Result<()> {
+    let namespace = a.kube_workspace_namespace.clone().unwrap_or_else(|| "default".into());
+    let (auth, kube) = authentication(&a, &namespace).await?;
     let ctx = runner_context(&a, kube, namespace)?;
     if let Some(s) = a.hollow_seconds {
         tracing::warn!(seconds = s, "HOLLOW AGENT: operations are simulated, no Pulumi runs (load tests only)");
@@ -305,31 +339,9 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         a.max_events,
     );
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let signals = service.clone();
-    tokio::spawn(async move {
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("signal received: draining (a second signal kills pulumi)");
-        signals.begin_shutdown();
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::warn!("second signal: killing pulumi");
-        signals.kill_all();
-    });
-
+    on_signals(service.clone())?;
     if a.exit_when_idle_seconds > 0 {
-        let idle = service.clone();
-        let limit = Duration::from_secs(a.exit_when_idle_seconds);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if idle.idle_for() >= limit {
-                    tracing::info!(seconds = limit.as_secs(), "idle: shutting down (--exit-when-idle-seconds)");
-                    idle.begin_shutdown();
-                    return;
-                }
-            }
-        });
+        exit_when_idle(service.clone(), Duration::from_secs(a.exit_when_idle_seconds));
     }
 
     let mut builder = tonic::transport::Server::builder();
