@@ -1,6 +1,7 @@
 //! A git server on loopback for tests and the demo: git's own smart-HTTP backend (`git http-backend`,
 //! a CGI program shipped with git) behind a minimal HTTP/1.1 front, with optional basic auth.
 
+use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -48,8 +49,23 @@ impl GitHttpServer {
     }
 }
 
-async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) -> anyhow::Result<()> {
-    let mut reader = BufReader::new(sock);
+/// An HTTP/1.1 request as the git smart-HTTP client sends it.
+struct Request {
+    method: String,
+    target: String,
+    /// Lower-cased names.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+}
+
+/// Reads the request line and headers from `reader`.
+async fn read_head(reader: &mut BufReader<TcpStream>) -> anyhow::Result<Request> {
     let mut request_line = String::new();
     reader.read_line(&mut request_line).await?;
     let mut parts = request_line.split_whitespace();
@@ -64,25 +80,15 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
             headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
-    let header = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    if let Some(exp) = expected_auth
-        && header("authorization").as_deref() != Some(exp)
-    {
-        let msg = b"authentication required";
-        let head = format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", msg.len());
-        let mut sock = reader.into_inner();
-        sock.write_all(head.as_bytes()).await?;
-        sock.write_all(msg).await?;
-        return Ok(());
-    }
-    if header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
-        reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
-    }
-    let mut body = Vec::new();
-    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
-        body.resize(len, 0);
-        reader.read_exact(&mut body).await?;
-    } else if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+    Ok(Request { method, target, headers, body: Vec::new() })
+}
+
+/// Reads the body of `req` (by `Content-Length`, or chunked).
+async fn read_body(reader: &mut BufReader<TcpStream>, req: &mut Request) -> anyhow::Result<()> {
+    if let Some(len) = req.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        req.body.resize(len, 0);
+        reader.read_exact(&mut req.body).await?;
+    } else if req.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
         loop {
             let mut size = String::new();
             reader.read_line(&mut size).await?;
@@ -92,38 +98,49 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
             if n == 0 {
                 break;
             }
-            body.extend_from_slice(&chunk[..n]);
+            req.body.extend_from_slice(&chunk[..n]);
         }
     }
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    Ok(())
+}
+
+/// Runs `git http-backend` (CGI) for `req` on the repositories under `root`; its raw output.
+async fn backend(root: &PathBuf, req: Request) -> anyhow::Result<Vec<u8>> {
+    let (path, query) = req.target.split_once('?').unwrap_or((&req.target, ""));
     let mut cgi = tokio::process::Command::new("git");
     cgi.arg("http-backend")
         .env("GIT_PROJECT_ROOT", root)
         .env("GIT_HTTP_EXPORT_ALL", "1")
-        .env("REQUEST_METHOD", &method)
+        .env("REQUEST_METHOD", &req.method)
         .env("PATH_INFO", path)
         .env("QUERY_STRING", query)
-        .env("CONTENT_TYPE", header("content-type").unwrap_or_default())
-        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("CONTENT_TYPE", req.header("content-type").unwrap_or_default())
+        .env("CONTENT_LENGTH", req.body.len().to_string())
         .env("REMOTE_ADDR", "127.0.0.1")
         .env("REMOTE_USER", "git")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    if let Some(p) = header("git-protocol") {
+    if let Some(p) = req.header("git-protocol") {
         cgi.env("GIT_PROTOCOL", p);
     }
     let mut child = cgi.spawn()?;
-    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdin = child.stdin.take().context("git http-backend's stdin is not piped")?;
+    let body = req.body;
     let writer = tokio::spawn(async move {
         let _ = stdin.write_all(&body).await;
     });
     let out = child.wait_with_output().await?;
     let _ = writer.await;
-    let split = out.stdout.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4)).or_else(|| out.stdout.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
+    Ok(out.stdout)
+}
+
+/// The HTTP response head and body for a CGI `output` (its `Status:` header as the status line).
+fn http_response(output: &[u8]) -> (String, Vec<u8>) {
+    let split = output.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4)).or_else(|| output.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
     let (head, body) = match split {
-        Some((i, n)) => (String::from_utf8_lossy(&out.stdout[..i]).into_owned(), out.stdout[i + n..].to_vec()),
-        None => (String::new(), out.stdout.clone()),
+        Some((i, n)) => (String::from_utf8_lossy(&output[..i]).into_owned(), output[i + n..].to_vec()),
+        None => (String::new(), output.to_vec()),
     };
     let mut status = "200 OK".to_string();
     let mut response = String::new();
@@ -137,7 +154,27 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
             None => {}
         }
     }
-    let head = format!("HTTP/1.1 {status}\r\n{response}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    (format!("HTTP/1.1 {status}\r\n{response}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()), body)
+}
+
+async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) -> anyhow::Result<()> {
+    let mut reader = BufReader::new(sock);
+    let mut req = read_head(&mut reader).await?;
+    if let Some(exp) = expected_auth
+        && req.header("authorization").as_deref() != Some(exp)
+    {
+        let msg = b"authentication required";
+        let head = format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", msg.len());
+        let mut sock = reader.into_inner();
+        sock.write_all(head.as_bytes()).await?;
+        sock.write_all(msg).await?;
+        return Ok(());
+    }
+    if req.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+        reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    }
+    read_body(&mut reader, &mut req).await?;
+    let (head, body) = http_response(&backend(root, req).await?);
     let mut sock = reader.into_inner();
     sock.write_all(head.as_bytes()).await?;
     sock.write_all(&body).await?;
