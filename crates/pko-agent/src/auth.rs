@@ -70,7 +70,7 @@ impl Auth {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| Status::unauthenticated("a bearer token is required (authorization: Bearer <token>)"))?
             .to_string();
-        if let Some((decision, until)) = k.cache.lock().unwrap().get(&token).cloned()
+        if let Some((decision, until)) = k.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&token).cloned()
             && Instant::now() < until
         {
             return decision;
@@ -82,7 +82,7 @@ impl Auth {
             return decision; // never cache an outage
         }
         let ttl = if decision.is_ok() { ALLOW_TTL } else { DENY_TTL };
-        let mut cache = k.cache.lock().unwrap();
+        let mut cache = k.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         cache.retain(|_, (_, until)| Instant::now() < *until);
         cache.insert(token, (decision.clone(), Instant::now() + ttl));
         decision

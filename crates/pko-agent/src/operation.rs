@@ -74,7 +74,7 @@ impl Operation {
     pub fn publish(&self, event: Event) {
         let is_result = matches!(event, Event::Result(_));
         let len = {
-            let mut log = self.log.lock().unwrap();
+            let mut log = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if !is_result && log.events.len() + 1 >= log.max {
                 log.dropped += 1;
                 return;
@@ -91,7 +91,7 @@ impl Operation {
             log.events.len()
         };
         if is_result {
-            *self.finished_at.lock().unwrap() = Some(Instant::now());
+            *self.finished_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         }
         self.count.send_replace(len);
     }
@@ -107,7 +107,7 @@ impl Operation {
 
     /// The final result, if the operation finished.
     pub fn result(&self) -> Option<OperationResult> {
-        self.log.lock().unwrap().events.iter().rev().find_map(|e| match &e.event {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().rev().find_map(|e| match &e.event {
             Some(Event::Result(r)) => Some(r.clone()),
             _ => None,
         })
@@ -115,7 +115,7 @@ impl Operation {
 
     /// Whether the operation finished.
     pub fn finished(&self) -> bool {
-        self.finished_at.lock().unwrap().is_some()
+        self.finished_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some()
     }
 
     /// Every event from the first, then the new ones as they come, ending after the result.
@@ -126,7 +126,7 @@ impl Operation {
                 return None;
             }
             loop {
-                let next = op.log.lock().unwrap().events.get(idx).cloned();
+                let next = op.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.get(idx).cloned();
                 if let Some(e) = next {
                     let last = matches!(e.event, Some(Event::Result(_)));
                     return Some((e, (op, rx, idx + 1, last)));
@@ -194,7 +194,7 @@ impl Registry {
 
     /// Registers a new operation; `None` when the id is already known.
     pub fn insert(&self, id: &str, epoch: i64) -> Option<Arc<Operation>> {
-        let mut m = self.inner.lock().unwrap();
+        let mut m = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.prune(&mut m);
         if m.contains_key(id) {
             return None;
@@ -206,19 +206,19 @@ impl Registry {
 
     /// The operation with `id`, if known and not expired.
     pub fn get(&self, id: &str) -> Option<Arc<Operation>> {
-        let mut m = self.inner.lock().unwrap();
+        let mut m = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.prune(&mut m);
         m.get(id).cloned()
     }
 
     /// Operations that have not finished.
     pub fn running(&self) -> Vec<Arc<Operation>> {
-        self.inner.lock().unwrap().values().filter(|o| !o.finished()).cloned().collect()
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().filter(|o| !o.finished()).cloned().collect()
     }
 
     fn prune(&self, m: &mut HashMap<String, Arc<Operation>>) {
         let retention = self.retention;
-        m.retain(|_, o| o.finished_at.lock().unwrap().is_none_or(|t| t.elapsed() < retention));
+        m.retain(|_, o| o.finished_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_none_or(|t| t.elapsed() < retention));
     }
 }
 

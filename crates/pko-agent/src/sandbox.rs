@@ -103,7 +103,7 @@ impl Sandboxes {
     /// Errors: one could not be removed (the message names it).
     pub fn sweep(&self) -> std::io::Result<usize> {
         let mut n = 0;
-        let active = self.active.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for e in std::fs::read_dir(&self.root)?.flatten().filter(|e| !active.contains(&e.path())) {
             remove_tree(&e.path()).map_err(|err| std::io::Error::new(err.kind(), format!("removing {}: {err}", e.path().display())))?;
             n += 1;
@@ -117,7 +117,7 @@ impl Sandboxes {
     pub fn create(&self) -> std::io::Result<Sandbox> {
         self.sweep()?;
         let dir = tempfile::Builder::new().prefix("op-").tempdir_in(&self.root)?.keep();
-        self.active.lock().unwrap_or_else(|e| e.into_inner()).insert(dir.clone());
+        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(dir.clone());
         for sub in ["work", "home", "pulumi-home", "tmp"] {
             create_private_dir(&dir.join(sub))?;
         }
@@ -169,7 +169,7 @@ impl Sandbox {
             remove_tree(&self.plugins.join(name))?;
         }
         // no longer in use: a directory this cannot remove is swept before the next operation
-        self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.dir);
+        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.dir);
         remove_tree(&self.dir)?;
         Ok(Finished { plugins_removed })
     }

@@ -147,7 +147,7 @@ impl AgentService {
 
     /// Marks the agent active now (a call arrived).
     fn touch(&self) {
-        *self.inner.last_active.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+        *self.inner.last_active.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
     }
 
     /// How long the agent has been idle: no operation running and no call since, at the resolution
@@ -157,7 +157,7 @@ impl AgentService {
             self.touch();
             return Duration::ZERO;
         }
-        self.inner.last_active.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+        self.inner.last_active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed()
     }
 
     /// Resolves once the shutdown began and no operation runs any more.

@@ -155,7 +155,7 @@ impl SourceCache {
                 (format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone())
             }
         };
-        let lock = self.locks.lock().unwrap().entry(key.clone()).or_default().clone();
+        let lock = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.clone()).or_default().clone();
         let _guard = lock.lock().await;
         let path = self.cfg.root.join(&key);
         if !path.join(READY).exists() {
@@ -166,7 +166,7 @@ impl SourceCache {
                     clone(g, &revision, &auth, tmp.path()).await?;
                 }
                 Kind::Artifact(a) => self.download(a, tmp.path()).await?,
-                _ => unreachable!("handled above"),
+                Kind::Local(_) | Kind::ProjectInfo(_) => return Err(err("a local or projectInfo source is never fetched")),
             }
             let project = safe_join(tmp.path(), &dir)?;
             if project_file(&project).is_none() {
@@ -196,7 +196,7 @@ impl SourceCache {
         if project_file(&project_dir).is_none() {
             return Err(err(format!("no Pulumi.yaml in {}", project_dir.display())));
         }
-        self.in_use.lock().unwrap().insert(key.clone());
+        self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.clone());
         if cached.is_some() {
             self.evict();
         }
@@ -205,7 +205,7 @@ impl SourceCache {
 
     /// Unpins a prepared source.
     pub fn release(&self, key: &str) {
-        self.in_use.lock().unwrap().remove(key);
+        self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
     }
 
     /// The cached entries, most recently used first.
@@ -228,7 +228,7 @@ impl SourceCache {
     fn evict(&self) {
         let entries = self.entries();
         let mut total: u64 = entries.iter().map(|e| e.size_bytes).sum();
-        let in_use = self.in_use.lock().unwrap().clone();
+        let in_use = self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for e in entries.iter().rev() {
             if total <= self.cfg.max_bytes {
                 break;

@@ -230,6 +230,9 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
     }
 }
 
+/// The shard Leases by shard.
+type ShardLeases = BTreeMap<u32, Arc<Lease>>;
+
 /// The fleet's Leases as [`Fleet::run`] watches them.
 struct Leases {
     store: reflector::Store<Lease>,
@@ -479,7 +482,7 @@ impl Fleet {
 
     /// The steps of this turn and the shard Leases they act on, from the cached `leases`; `None` when
     /// the inputs are those of the last plan that had nothing to do and no shard Lease changed since.
-    fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], shard_leases_changed: bool) -> Option<(Vec<Step>, BTreeMap<u32, Arc<Lease>>)> {
+    fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], shard_leases_changed: bool) -> Option<(Vec<Step>, ShardLeases)> {
         let fleet = self.cfg.fleet.as_str();
         let members: Vec<&Lease> = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l).collect();
         t.live = t.liveness.live(members.iter().copied(), Instant::now());

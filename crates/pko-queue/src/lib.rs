@@ -77,7 +77,7 @@ impl Local {
     }
 
     fn fair(&self) -> std::sync::MutexGuard<'_, Fair> {
-        self.fair.lock().unwrap_or_else(|e| e.into_inner())
+        self.fair.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Queues `job` now (or at `at`); `false` when its key is queued or in flight.

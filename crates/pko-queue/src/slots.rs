@@ -46,7 +46,7 @@ impl MemorySlots {
     /// Holders whose lease has not run out.
     pub fn held(&self) -> usize {
         let now = Instant::now();
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).values().filter(|d| **d > now).count()
+        self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().filter(|d| **d > now).count()
     }
 }
 
@@ -57,7 +57,7 @@ impl Slots for MemorySlots {
                 return Ok(true);
             }
             let now = Instant::now();
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             held.retain(|_, deadline| *deadline > now);
             if held.contains_key(key) || held.len() < self.cap {
                 held.insert(key.to_string(), now + lease);
@@ -69,7 +69,7 @@ impl Slots for MemorySlots {
 
     fn release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), QueueError>> {
         Box::pin(async move {
-            self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+            self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
             Ok(())
         })
     }

@@ -176,7 +176,7 @@ pub(super) async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Ste
 /// for); a stack the backend no longer has is forgotten.
 fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, exited: &str) -> Failure {
     if text.contains("no stack named") {
-        ctx.known_stacks.lock().unwrap_or_else(|e| e.into_inner()).remove(step.known_key);
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(step.known_key);
     }
     let reason = pulumi::classify_failure(text);
     let mut failure = fail(reason, "", first_error_line(text).unwrap_or_else(|| exited.to_string()));

@@ -325,18 +325,18 @@ async fn prepare_stack(
     // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
     // `stack select` in whichever directory the operation runs
     let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
-    if !ctx.known_stacks.lock().unwrap().contains(&known_key) {
+    if !ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&known_key) {
         select_stack(ctx, dir, env, &stack, masker).await?;
-        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
     }
     // a stack removed elsewhere since we last saw it is selected/created again, once
     if let Err(f) = set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await {
         if !f.message.contains("no stack named") {
             return Err(f);
         }
-        ctx.known_stacks.lock().unwrap().remove(&known_key);
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&known_key);
         select_stack(ctx, dir, env, &stack, masker).await?;
-        ctx.known_stacks.lock().unwrap().insert(known_key.clone());
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
         set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await?;
     }
     add_environments(ctx, dir, env, &stack, masker).await?;

@@ -19,14 +19,14 @@ pub struct IdentityChecks(Mutex<HashMap<String, Instant>>);
 impl IdentityChecks {
     /// Whether `account` passed a check less than [`IDENTITY_CHECK_TTL`] before `now`.
     pub fn fresh(&self, account: &str, now: Instant) -> bool {
-        let mut passed = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut passed = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         passed.retain(|_, at| now.duration_since(*at) < IDENTITY_CHECK_TTL);
         passed.contains_key(account)
     }
 
     /// Records that `account` passed a check at `now`.
     pub fn passed(&self, account: &str, now: Instant) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(account.to_string(), now);
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(account.to_string(), now);
     }
 }
 

@@ -22,7 +22,7 @@ pub struct ClassPermit {
 
 impl Drop for ClassPermit {
     fn drop(&mut self) {
-        let mut running = self.limits.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut running = self.limits.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = running.get_mut(&self.class) {
             *n -= 1;
             metrics::gauge!(crate::metrics::names::OPERATIONS_RUNNING, "class" => self.class.clone()).set(*n as f64);
@@ -41,7 +41,7 @@ impl ClassLimits {
 
     /// A slot of `class`, or `None` when `limit` operations of it run already.
     pub fn try_acquire(self: &Arc<Self>, class: &str) -> Option<ClassPermit> {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut running = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = running.entry(class.to_string()).or_default();
         if *n >= self.limit {
             return None;
@@ -53,7 +53,7 @@ impl ClassLimits {
 
     /// Operations of `class` running now.
     pub fn running(&self, class: &str) -> usize {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).get(class).copied().unwrap_or(0)
+        self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(class).copied().unwrap_or(0)
     }
 }
 

@@ -147,7 +147,7 @@ impl LocalRuntime {
     /// The agents by Workspace uid. A panic while the lock was held cannot leave the map torn (every
     /// change is one insert or remove), so a poisoned lock is taken as it is.
     fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalAgent>> {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+        self.procs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Stops every agent (operator shutdown).

@@ -152,7 +152,7 @@ impl LocalPools {
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether agents of `ws`'s class can get their identity: a token of its service account (the

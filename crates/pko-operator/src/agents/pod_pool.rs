@@ -189,7 +189,7 @@ impl PodPools {
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodPool>> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether the pods of `ws`'s class can be created: its service account exists. A pass stands for

@@ -41,7 +41,7 @@ impl AgentTokens {
     /// A token for `audience`, from the cache while it has more than [`RENEW_BEFORE`] left. Errors: the
     /// TokenRequest failed (e.g. 403 without `serviceaccounts/token create`, 404 for a missing account).
     pub async fn token(&self, audience: &str) -> Result<String, kube::Error> {
-        if let Some((t, expires)) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(audience)
+        if let Some((t, expires)) = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(audience)
             && *expires > Instant::now() + RENEW_BEFORE
         {
             return Ok(t.clone());
@@ -53,7 +53,7 @@ impl AgentTokens {
         let issued = Api::<ServiceAccount>::namespaced(self.client.clone(), &self.namespace).create_token_request(&self.service_account, &PostParams::default(), &req).await?;
         let token = issued.status.map(|s| s.token).unwrap_or_default();
         let expires = Instant::now() + Duration::from_secs(TOKEN_LIFETIME_SECONDS as u64);
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(audience.to_string(), (token.clone(), expires));
+        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(audience.to_string(), (token.clone(), expires));
         Ok(token)
     }
 }

@@ -56,7 +56,7 @@ impl QueueGauges {
     /// Publishes `queue`'s depth.
     pub fn record(&self, queue: &dyn WorkQueue) {
         let depth = queue.queued_by_namespace();
-        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shown = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for gone in shown.iter().filter(|n| !depth.contains_key(*n)) {
             metrics::gauge!(crate::metrics::names::QUEUE_DEPTH, "namespace" => gone.clone()).set(0.0);
         }
