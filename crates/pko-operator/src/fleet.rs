@@ -241,7 +241,7 @@ pub fn join(
                 let h = changes.borrow_and_update();
                 (h.shards.clone(), h.members.len(), h.valid_until)
             };
-            metrics::gauge!(crate::metrics::names::FLEET_MEMBERS).set(members as f64);
+            metrics::gauge!(crate::metric_names::FLEET_MEMBERS).set(members as f64);
             let gap = resumed_after_gap(last_valid, valid_until, Instant::now());
             last_valid = valid_until;
             let before = last.clone().unwrap_or_default();
@@ -253,16 +253,16 @@ pub fn join(
                 // sharded kinds skipped their objects and look again by themselves (`unowned`); the
                 // kinds watched whole (Programs) are reconciled again, as on a gain.
                 tracing::warn!(held = held.len(), gap_s = gap.as_secs_f64(), "holding valid again after lapsing for a moment: reconciling the Programs again");
-                metrics::counter!(crate::metrics::names::FLEET_HOLDING_GAPS_TOTAL).increment(1);
+                metrics::counter!(crate::metric_names::FLEET_HOLDING_GAPS_TOTAL).increment(1);
                 gained_tx.send_modify(|n| *n += 1);
             }
             if last.is_none() || change != HoldingChange::default() {
-                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(change.gained as u64);
-                metrics::counter!(crate::metrics::names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(change.lost as u64);
+                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(change.gained as u64);
+                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(change.lost as u64);
                 if change.gained + change.regained > 0 {
                     gained_tx.send_modify(|n| *n += 1);
                 }
-                metrics::gauge!(crate::metrics::names::SHARDS_HELD).set(held.len() as f64);
+                metrics::gauge!(crate::metric_names::SHARDS_HELD).set(held.len() as f64);
                 if last.is_none() || change.gained + change.lost > 0 {
                     tx.send_replace(HeldShards { shards: held.keys().copied().collect(), total });
                 }

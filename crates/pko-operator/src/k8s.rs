@@ -97,7 +97,7 @@ where
         generation = meta.generation.unwrap_or_default(),
         reconcile_id = id
     );
-    use crate::metrics::names as n;
+    use crate::metric_names as n;
     let start = std::time::Instant::now();
     metrics::counter!(n::WORKQUEUE_ADDS_TOTAL, "name" => controller).increment(1);
     let result = reconcile.instrument(span).await;
@@ -129,7 +129,7 @@ pub fn error_policy<K, E: ReconcileError, C>(controller: &'static str) -> impl F
         reconcile_failed(controller, error.step(), error);
         match error.retry_after() {
             Some(after) => {
-                metrics::counter!(crate::metrics::names::WORKQUEUE_RETRIES_TOTAL, "name" => controller).increment(1);
+                metrics::counter!(crate::metric_names::WORKQUEUE_RETRIES_TOTAL, "name" => controller).increment(1);
                 kube::runtime::controller::Action::requeue(after)
             }
             None => kube::runtime::controller::Action::await_change(),
@@ -178,8 +178,8 @@ where
 /// and logs it; the error policy of every controller calls this.
 pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {
     tracing::warn!(controller, step, %error, "reconcile failed");
-    metrics::counter!(crate::metrics::names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
-    metrics::counter!(crate::metrics::names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
+    metrics::counter!(crate::metric_names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
+    metrics::counter!(crate::metric_names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
 }
 
 /// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it

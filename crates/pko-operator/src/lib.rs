@@ -17,6 +17,7 @@ pub mod leader;
 pub use pko_fleet as ownership;
 /// The work queue between the Update controller and its workers: the `pko-queue` crate.
 pub use pko_queue as queue;
+pub mod metric_names;
 pub mod metrics;
 pub mod outputs;
 pub mod program;
@@ -25,5 +26,3 @@ pub mod stack;
 pub mod stalled;
 pub mod update;
 pub mod workspace;
-
-pub use program::program_controller;

@@ -143,7 +143,7 @@ impl Operator {
             servers.extend(Self::labellers(&client, &watch_client, scope, fleet.shards, &m.ownership, &mut informers, &shutdown));
         }
         let agents = Arc::new(Self::agents(&client, &runtime, &fleet, replica.as_deref(), local_agent_env, ctx.ownership.clone())?);
-        let (programs, program_controller) = crate::program_controller(ctx.clone(), &mut informers);
+        let (programs, program_controller) = crate::program::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
         let workspace_controller = WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers);
         let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations).with_agents(agents);

@@ -303,7 +303,7 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let (client, ns, _env) = setup("hostile-http").await;
     let ctx = Arc::new(Context::new(client.clone(), "127.0.0.1:1".to_string(), Arc::new(Namespaces::one(ns.name()))));
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
-    let (programs, run) = pko_operator::program_controller(ctx.clone(), &mut informers);
+    let (programs, run) = pko_operator::program::program_controller(ctx.clone(), &mut informers);
     let run = informers.drive(run);
     let programs_for_metrics = programs.clone();
     let controller = tokio::spawn(run);

@@ -64,7 +64,7 @@ async fn program_is_published_served_and_deployable() {
     let addr = listener.local_addr().unwrap().to_string();
     let ctx = Arc::new(Context::new(client.clone(), addr.clone(), Arc::new(Namespaces::one(ns.name()))));
     let mut informers = pko_operator::informer::Informers::new(client.clone(), pko_operator::informer::WatchScope::Namespaces(vec![ns.name().to_string()]));
-    let (programs, run) = pko_operator::program_controller(ctx.clone(), &mut informers);
+    let (programs, run) = pko_operator::program::program_controller(ctx.clone(), &mut informers);
     let run = informers.drive(run);
     let state = pko_operator::artifacts::ArtifactState::new(programs);
     let server = tokio::spawn(pko_operator::artifacts::serve(listener, state));

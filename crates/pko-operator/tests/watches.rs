@@ -142,7 +142,7 @@ async fn a_program_skipped_while_not_owned_is_reconciled_again_when_shards_are_g
     let mut ctx = pko_operator::context::Context::new(client.clone(), String::new(), toggle.clone());
     ctx.shards_gained = Some(gained);
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
-    let (_, controller) = pko_operator::program_controller(Arc::new(ctx), &mut informers);
+    let (_, controller) = pko_operator::program::program_controller(Arc::new(ctx), &mut informers);
     let run = tokio::spawn(informers.drive(controller));
     create(
         &ns.api::<Program>(),

@@ -25,7 +25,7 @@ impl Drop for ClassPermit {
         let mut running = self.limits.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = running.get_mut(&self.class) {
             *n -= 1;
-            metrics::gauge!(crate::metrics::names::OPERATIONS_RUNNING, "class" => self.class.clone()).set(*n as f64);
+            metrics::gauge!(crate::metric_names::OPERATIONS_RUNNING, "class" => self.class.clone()).set(*n as f64);
             if *n == 0 {
                 running.remove(&self.class);
             }
@@ -47,7 +47,7 @@ impl ClassLimits {
             return None;
         }
         *n += 1;
-        metrics::gauge!(crate::metrics::names::OPERATIONS_RUNNING, "class" => class.to_string()).set(*n as f64);
+        metrics::gauge!(crate::metric_names::OPERATIONS_RUNNING, "class" => class.to_string()).set(*n as f64);
         Some(ClassPermit { limits: self.clone(), class: class.to_string() })
     }
 

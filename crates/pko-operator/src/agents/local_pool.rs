@@ -322,7 +322,7 @@ impl LocalPools {
         let record = serde_json::to_vec(&Record { pid, address: address.clone() }).unwrap_or_default();
         std::fs::write(slot_dir.join("agent.json"), record).map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
         tracing::info!(class, slot = n, pid, %address, "pool agent started");
-        metrics::counter!(crate::metrics::names::POOL_AGENTS_STARTED_TOTAL).increment(1);
+        metrics::counter!(crate::metric_names::POOL_AGENTS_STARTED_TOTAL).increment(1);
         let mut pools = self.pools();
         match pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
             Some(s) => s.agent = Some(LocalAgent { child: Some(child), pid, address: address.clone(), revision: String::new() }),
@@ -389,7 +389,7 @@ impl LocalPools {
                 if let Some(a) = &s.agent {
                     tracing::info!(class = %class, slot = s.n, "pool agent idle: stopping it");
                     a.terminate();
-                    metrics::counter!(crate::metrics::names::POOL_AGENTS_STOPPED_TOTAL).increment(1);
+                    metrics::counter!(crate::metric_names::POOL_AGENTS_STOPPED_TOTAL).increment(1);
                 }
                 s.draining = true;
             }
@@ -401,8 +401,8 @@ impl LocalPools {
                 to_start.push((class.clone(), n));
             }
             let busy = pool.slots.iter().filter(|s| s.running.is_some() || s.lent).count();
-            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
-            metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set((pool.slots.len() - busy) as f64);
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set((pool.slots.len() - busy) as f64);
         }
         for (class, n) in to_start {
             if let Err(e) = self.start(&class, n).await {

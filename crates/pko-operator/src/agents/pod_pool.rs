@@ -369,7 +369,7 @@ impl PodPools {
             match set_replicas(api, &object, sts.resource_version(), n).await {
                 Ok(()) => {
                     tracing::info!(pool = %format!("{}/{name}", api_namespace(&sts)), from = current, to = n, "agent pool grows");
-                    metrics::counter!(crate::metrics::names::POOL_AGENTS_STARTED_TOTAL).increment((n - current) as u64);
+                    metrics::counter!(crate::metric_names::POOL_AGENTS_STARTED_TOTAL).increment((n - current) as u64);
                     return Ok(());
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => last = Some(kube::Error::Api(e)),
@@ -451,15 +451,15 @@ impl PodPools {
             answers.push(super::client::status(&agent_address(name, ns, i), Some(&token)).await.ok());
         }
         let (busy, idle) = answers.iter().flatten().fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
-        metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
-        metrics::gauge!(crate::metrics::names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle").set(f64::from(idle));
+        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
+        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle").set(f64::from(idle));
         let top = replicas.checked_sub(1).and_then(|t| answers.get(t).cloned().flatten()).map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.idle_seconds));
         let top_lent_here = replicas.checked_sub(1).is_some_and(|t| lent.contains(&t));
         let Some(n) = resize(replicas, self.cfg.min, top, top_lent_here, self.cfg.idle_timeout) else { return Ok(()) };
         match set_replicas(&api, &object, sts.resource_version(), n).await {
             Ok(()) if n < replicas => {
                 tracing::info!(pool = %id, from = replicas, to = n, "agent pool's highest pod idle: scaling down");
-                metrics::counter!(crate::metrics::names::POOL_AGENTS_STOPPED_TOTAL).increment((replicas - n) as u64);
+                metrics::counter!(crate::metric_names::POOL_AGENTS_STOPPED_TOTAL).increment((replicas - n) as u64);
             }
             Ok(()) => tracing::info!(pool = %id, from = replicas, to = n, "agent pool raised to its minimum"),
             // a lender raised it meanwhile: looked at again at the next tick

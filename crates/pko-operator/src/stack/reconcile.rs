@@ -434,7 +434,7 @@ async fn drift_checked(ctx: &Context, p: &mut Pass, u: Update) -> Step {
         }
         _ => "no_changes",
     };
-    metrics::counter!(crate::metrics::names::DRIFT_CHECKS_TOTAL, "result" => result).increment(1);
+    metrics::counter!(crate::metric_names::DRIFT_CHECKS_TOTAL, "result" => result).increment(1);
     tracing::info!(update = %u.name_any(), result, "drift check ended");
     p.status.current_update = None;
     p.effects.push(Effect::ReleaseUpdate(Box::new(u)));
@@ -534,7 +534,7 @@ fn sync(p: &mut Pass, source: &ResolvedSource, workspace_stall: Option<(&str, &s
 fn drift_due(p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
     match drift::remediation(&p.view()) {
         drift::Remediation::Run(reason) => {
-            metrics::counter!(crate::metrics::names::DRIFT_REMEDIATIONS_TOTAL).increment(1);
+            metrics::counter!(crate::metric_names::DRIFT_REMEDIATIONS_TOTAL).increment(1);
             return ControlFlow::Break(Work::Update(reason));
         }
         drift::Remediation::Done(message) => p.set_drift("False", sc::DRIFT_NO_CHANGES, &message),
@@ -626,7 +626,7 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
     match ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
         Ok(true) => {}
         Ok(false) => {
-            metrics::counter!(crate::metrics::names::DRIFT_CHECKS_DEFERRED_TOTAL).increment(1);
+            metrics::counter!(crate::metric_names::DRIFT_CHECKS_DEFERRED_TOTAL).increment(1);
             return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
         }
         Err(e) => {

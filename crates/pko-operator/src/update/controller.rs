@@ -58,15 +58,15 @@ impl QueueGauges {
         let depth = queue.queued_by_namespace();
         let mut shown = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for gone in shown.iter().filter(|n| !depth.contains_key(*n)) {
-            metrics::gauge!(crate::metrics::names::QUEUE_DEPTH, "namespace" => gone.clone()).set(0.0);
+            metrics::gauge!(crate::metric_names::QUEUE_DEPTH, "namespace" => gone.clone()).set(0.0);
         }
         for (ns, n) in &depth {
-            metrics::gauge!(crate::metrics::names::QUEUE_DEPTH, "namespace" => ns.clone()).set(*n as f64);
+            metrics::gauge!(crate::metric_names::QUEUE_DEPTH, "namespace" => ns.clone()).set(*n as f64);
         }
         *shown = depth.into_keys().collect();
-        metrics::gauge!(crate::metrics::names::OPERATIONS_QUEUED).set(queue.queued() as f64);
-        metrics::gauge!(crate::metrics::names::WORKQUEUE_DEPTH, "name" => "update").set(queue.queued() as f64);
-        metrics::gauge!(crate::metrics::names::OPERATIONS_IN_FLIGHT).set(queue.in_flight() as f64);
+        metrics::gauge!(crate::metric_names::OPERATIONS_QUEUED).set(queue.queued() as f64);
+        metrics::gauge!(crate::metric_names::WORKQUEUE_DEPTH, "name" => "update").set(queue.queued() as f64);
+        metrics::gauge!(crate::metric_names::OPERATIONS_IN_FLIGHT).set(queue.in_flight() as f64);
     }
 }
 

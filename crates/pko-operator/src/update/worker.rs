@@ -89,7 +89,7 @@ impl UpdateController {
             let claimed = self.queue.pop().await;
             let popped = Instant::now();
             let job = claimed.job;
-            metrics::histogram!(crate::metrics::names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
+            metrics::histogram!(crate::metric_names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
             self.gauges.record(&*self.queue);
             // boxed: an idle worker waiting in `pop` keeps no room for an operation's state (tens of
             // KiB each, times --max-operations workers)
@@ -111,7 +111,7 @@ impl UpdateController {
         let class = self.agents.class(&workspace);
         let Some(_permit) = self.class_limits.try_acquire(&class) else {
             tracing::debug!(update = %job.name, %class, "workspace class at its operation limit; deferred");
-            metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+            metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(1);
             return Drive::Deferred;
         };
         let lent = match self.lend(&fence, &update, &workspace).await {
@@ -165,7 +165,7 @@ impl UpdateController {
             Ok(Lending::NoAgent) => Err(Drive::Done),
             Ok(Lending::Busy) => {
                 tracing::debug!(update = %job.name, "every agent of the pool is busy; deferred");
-                metrics::counter!(crate::metrics::names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+                metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(1);
                 Err(Drive::Deferred)
             }
             Err(e) => {
@@ -184,7 +184,7 @@ impl UpdateController {
         let job = fence.job();
         let began = Instant::now();
         let started = || {
-            metrics::histogram!(crate::metrics::names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone()).record((queued + began.elapsed()).as_secs_f64());
+            metrics::histogram!(crate::metric_names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone()).record((queued + began.elapsed()).as_secs_f64());
         };
         let op = dispatch::Operation {
             client: &self.ctx.client,
@@ -200,21 +200,21 @@ impl UpdateController {
             outcome = dispatch::run(&op) => outcome,
             () = fence.lost() => {
                 tracing::info!("shard lost while the operation runs: handed to its new holder");
-                metrics::counter!(crate::metrics::names::DISPATCH_ERRORS_TOTAL, "step" => "fenced").increment(1);
+                metrics::counter!(crate::metric_names::DISPATCH_ERRORS_TOTAL, "step" => "fenced").increment(1);
                 return None;
             }
         };
         let kind = update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
         match &outcome {
             Ok(r) => {
-                metrics::counter!(crate::metrics::names::OPERATIONS_TOTAL, "type" => kind, "result" => result_label(r)).increment(1);
-                metrics::histogram!(crate::metrics::names::OPERATION_DURATION_SECONDS, "type" => kind).record(began.elapsed().as_secs_f64());
+                metrics::counter!(crate::metric_names::OPERATIONS_TOTAL, "type" => kind, "result" => result_label(r)).increment(1);
+                metrics::histogram!(crate::metric_names::OPERATION_DURATION_SECONDS, "type" => kind).record(began.elapsed().as_secs_f64());
                 if r.status == ResultStatus::Interrupted as i32 {
                     tracing::info!("operation interrupted by agent shutdown; will run again");
                 }
             }
             Err(e) => {
-                metrics::counter!(crate::metrics::names::DISPATCH_ERRORS_TOTAL, "step" => e.step()).increment(1);
+                metrics::counter!(crate::metric_names::DISPATCH_ERRORS_TOTAL, "step" => e.step()).increment(1);
                 match e {
                     DispatchError::Fenced(_) => tracing::info!("shard lost: stopped following; nothing written"),
                     DispatchError::Busy(agent, why) => tracing::debug!(%agent, %why, "agent refused the operation"),
