@@ -28,6 +28,27 @@ impl IdentityChecks {
     pub fn passed(&self, account: &str, now: Instant) {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(account.to_string(), now);
     }
+
+    /// Whether the agents of `ws` can have its identity — its service account `(namespace, name)`, PKO's
+    /// default applied — as `probe` says, asked at most once per [`IDENTITY_CHECK_TTL`] for an account
+    /// that passed.
+    ///
+    /// Errors: `probe`'s (never kept: the next call asks again).
+    pub async fn check<E, F, Fut>(&self, ws: &pko_api::Workspace, probe: F) -> Result<(), E>
+    where
+        F: FnOnce(String, String) -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+    {
+        let ns = ws.metadata.namespace.clone().unwrap_or_default();
+        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| pko_api::workspace::DEFAULT_SERVICE_ACCOUNT.into());
+        let account = format!("{ns}/{sa}");
+        if self.fresh(&account, Instant::now()) {
+            return Ok(());
+        }
+        probe(ns, sa).await?;
+        self.passed(&account, Instant::now());
+        Ok(())
+    }
 }
 
 /// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,

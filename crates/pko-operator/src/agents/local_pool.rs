@@ -157,19 +157,11 @@ impl LocalPools {
 
     /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
     /// Workspace is not Ready otherwise, and says why, as with an agent of its own). A pass stands for
-    /// [`IDENTITY_CHECK_TTL`].
+    /// [`super::lend::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`LocalError::Token`] naming the service account's problem.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), LocalError> {
-        let ns = ws.namespace().unwrap_or_default();
-        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
-        let account = format!("{ns}/{sa}");
-        if self.identities.fresh(&account, Instant::now()) {
-            return Ok(());
-        }
-        super::local::token_request(&self.client, &ns, &sa).await?;
-        self.identities.passed(&account, Instant::now());
-        Ok(())
+        self.identities.check(ws, |ns, sa| async move { super::local::token_request(&self.client, &ns, &sa).await.map(|_| ()) }).await
     }
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the

@@ -193,24 +193,20 @@ impl PodPools {
     }
 
     /// Whether the pods of `ws`'s class can be created: its service account exists. A pass stands for
-    /// [`super::local_pool::IDENTITY_CHECK_TTL`].
+    /// [`super::lend::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
-        let ns = ws.namespace().unwrap_or_default();
-        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| "default".into());
-        let account = format!("{ns}/{sa}");
-        if self.identities.fresh(&account, Instant::now()) {
-            return Ok(());
-        }
-        match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
-            Ok(Some(_)) => {
-                self.identities.passed(&account, Instant::now());
-                Ok(())
-            }
-            Ok(None) => Err(PodPoolError::ServiceAccount(format!("{ns}/{sa}"))),
-            Err(source) => Err(PodPoolError::Api { pool: format!("{ns}/{}", pool_name(&workspace_class(ws))), source }),
-        }
+        let pool = format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pool_name(&workspace_class(ws)));
+        self.identities
+            .check(ws, |ns, sa| async move {
+                match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err(PodPoolError::ServiceAccount(format!("{ns}/{sa}"))),
+                    Err(source) => Err(PodPoolError::Api { pool, source }),
+                }
+            })
+            .await
     }
 
     /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod
