@@ -17,6 +17,7 @@
 pub mod conditions;
 pub mod constants;
 pub mod duration;
+pub mod hash;
 pub mod open_enum;
 pub mod program;
 pub mod reference;

@@ -15,7 +15,6 @@ use kube::{Resource, ResourceExt};
 use pko_api::program::{Artifact, ProgramStatus};
 use pko_api::{Program, ProgramSpec};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::context::Context;
 
@@ -62,7 +61,7 @@ pub fn pack(yaml: &str) -> Vec<u8> {
 
 /// `sha256:<hex>` of `bytes`.
 pub fn digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect::<String>())
+    format!("sha256:{}", pko_api::hash::sha256_hex(bytes, 32))
 }
 
 /// The tarball of `program` at its current generation.

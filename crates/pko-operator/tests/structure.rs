@@ -311,3 +311,9 @@ fn the_checks_see_what_they_check() {
     assert!(graph[&vec!["update".to_string(), "worker".to_string()]].contains(&vec!["agents".to_string()]), "the worker imports the runtime");
     assert!(!functions(&operator_src().join("update/worker.rs")).is_empty());
 }
+
+#[test]
+fn the_shard_label_of_leases_is_the_one_on_sharded_objects() {
+    // written twice on purpose: `pko-fleet` has no PKO dependency; this is the contract between them
+    assert_eq!(pko_fleet::lease::SHARD_LABEL, pko_api::constants::SHARD_LABEL);
+}

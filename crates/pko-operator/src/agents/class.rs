@@ -7,7 +7,6 @@
 //! environment never reaches another's operation through them.
 
 use pko_api::Workspace;
-use sha2::{Digest, Sha256};
 
 /// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g.
 /// `team-a/3f2a…`, PKO's defaults applied. Workspaces that differ only in name, stacks, config or source share a class. Pure.
@@ -16,7 +15,7 @@ pub fn workspace_class(ws: &Workspace) -> String {
     // image gets the same agent as one that leaves them unset
     let s = ws.spec.with_defaults();
     let key = serde_json::json!([s.image, s.image_pull_policy, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level.filter(|l| *l > 0)]);
-    let hash: String = Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hash = pko_api::hash::sha256_hex(key.to_string(), 8);
     format!("{}/{hash}", ws.metadata.namespace.as_deref().unwrap_or_default())
 }
 

@@ -18,7 +18,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use pko_api::Workspace;
 use pko_api::constants::{AUTO_COMPONENT_LABEL, REVISION_HASH_ANNOTATION, SHARD_LABEL, WORKSPACE_NAME_LABEL};
 use pko_api::workspace::{AGENT_PORT, SecurityProfile};
-use sha2::{Digest, Sha256};
 
 /// Termination grace of workspace pods (seconds): Pulumi's wind-down after Ctrl-C.
 pub const TERMINATION_GRACE_SECONDS: i64 = 600;
@@ -111,7 +110,7 @@ fn restricted_container() -> SecurityContext {
 pub fn revision_hash(ws: &Workspace) -> String {
     let s = &ws.spec;
     let key = serde_json::json!([s.image, s.image_pull_policy, s.env, s.env_from, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level]);
-    Sha256::digest(key.to_string()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+    pko_api::hash::sha256_hex(key.to_string(), 8)
 }
 
 /// The agent argument of a Workspace's own pod: its operations run in the fetched source with the

@@ -36,7 +36,6 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
-use sha2::{Digest, Sha256};
 
 use super::class::workspace_class;
 use super::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
@@ -130,7 +129,7 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
         }
     }
     let template = sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
-    let template_hash: String = Sha256::digest(template).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let template_hash = pko_api::hash::sha256_hex(template, 8);
     sts.annotations_mut().insert(POOL_TEMPLATE_ANNOTATION.into(), template_hash);
     (service, sts)
 }

@@ -286,7 +286,6 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
 /// it to `currentUpdate` again changes nothing (and wakes no watch); every new sync differs from the
 /// last Update, so it never collides with one that still exists.
 pub fn update_name(stack: &str, generation: Option<i64>, request: Option<&str>, revision: &str, deleting: bool, last: Option<&pko_api::stack::StackUpdateState>) -> String {
-    use sha2::{Digest, Sha256};
     let key = format!(
         "{}\n{}\n{revision}\n{deleting}\n{}\n{}",
         generation.unwrap_or(0),
@@ -294,8 +293,7 @@ pub fn update_name(stack: &str, generation: Option<i64>, request: Option<&str>, 
         last.and_then(|l| l.name.as_deref()).unwrap_or(""),
         last.and_then(|l| l.failures).unwrap_or(0)
     );
-    let h = Sha256::digest(key.as_bytes());
-    format!("{stack}-{:02x}{:02x}{:02x}{:02x}", h[0], h[1], h[2], h[3])
+    format!("{stack}-{}", pko_api::hash::sha256_hex(key, 4))
 }
 
 /// An object that cannot be built yet.

@@ -134,9 +134,7 @@ pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duratio
 /// Name of the check's Update for `tick`: `<stack>-drift-<8 hex>` (deterministic: a pass that ends
 /// after creating it follows the same Update next time).
 pub fn check_name(stack: &str, tick: Timestamp) -> String {
-    use sha2::{Digest, Sha256};
-    let h = Sha256::digest(format!("{stack}\n{}", tick.as_second()).as_bytes());
-    format!("{stack}-drift-{:02x}{:02x}{:02x}{:02x}", h[0], h[1], h[2], h[3])
+    format!("{stack}-drift-{}", pko_api::hash::sha256_hex(format!("{stack}\n{}", tick.as_second()), 4))
 }
 
 /// Whether `update` is a drift check: a preview-only refresh (as PKO's proposal marks them).
