@@ -261,8 +261,9 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
     assert!(pods_now.iter().all(|p| p.metadata.uid != op_pod.metadata.uid), "helm upgrade rolled the operator pod");
-    let env = &pods_now[0].spec.as_ref().unwrap().containers[0].env.clone().unwrap();
-    assert!(env.iter().any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")), "the new value reached the operator");
+    // PKO's level names reach the operator as PKO's flag (`--zap-log-level`), as the chart renders them
+    let args = pods_now[0].spec.as_ref().unwrap().containers[0].args.clone().unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--zap-log-level=debug"), "the new value reached the operator: {args:?}");
     wait_for("the Stack converges on the upgraded operator", 300, ns.name(), op_ns, || async {
         stacks.get("prog-stack").await.is_ok_and(|s| {
             ready(&s) && s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("said")).is_some_and(|v| v.as_str().is_some_and(|v| v.contains("upgraded")))
