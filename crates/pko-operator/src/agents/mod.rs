@@ -207,6 +207,7 @@ impl Agents {
     /// cannot be had is a [`Ready::Failed`] readiness, not an error.
     pub async fn prepare(&self, ws: &Workspace) -> Result<Readiness, kube::Error> {
         let failed = |e: &dyn std::fmt::Display| Readiness { again: Some(Duration::from_secs(5)), ..Readiness::new(Ready::Failed(wc::CONNECTION_FAILED.into(), e.to_string())) };
+        let pooled = |checked: Result<(), AgentsError>| Readiness { pool: Some(self.class(ws)), ..checked.map_or_else(|e| failed(&e), |()| Readiness::new(Ready::Up)) };
         Ok(match &self.runtime {
             Runtime::OwnPod(cfg) => own_pod::prepare(&self.client, cfg, self.tokens.as_deref(), ws).await?,
             // looked at again soon: an agent process that died is restarted here (a pod's restart is
@@ -215,14 +216,9 @@ impl Agents {
                 Ok(address) => Readiness { address: Some(address), again: Some(local::AGENT_CHECK), ..Readiness::new(Ready::Up) },
                 Err(e) => failed(&e),
             },
-            Runtime::ProcessPool(p) => match p.check_identity(ws).await {
-                Ok(()) => Readiness { pool: Some(self.class(ws)), ..Readiness::new(Ready::Up) },
-                Err(e) => Readiness { pool: Some(self.class(ws)), ..failed(&e) },
-            },
-            Runtime::PodPool(p) => match p.check_identity(ws).await {
-                Ok(()) => Readiness { pool: Some(self.class(ws)), ..Readiness::new(Ready::Up) },
-                Err(e) => Readiness { pool: Some(self.class(ws)), ..failed(&e) },
-            },
+            // pooled: Ready once the class's agents can have the Workspace's identity
+            Runtime::ProcessPool(p) => pooled(p.check_identity(ws).await.map_err(AgentsError::from)),
+            Runtime::PodPool(p) => pooled(p.check_identity(ws).await.map_err(AgentsError::from)),
             Runtime::Addressed => Readiness { address: ws.status.as_ref().and_then(|s| s.address.clone()), ..Readiness::new(Ready::Up) },
         })
     }

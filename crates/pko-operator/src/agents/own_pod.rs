@@ -49,7 +49,10 @@ pub async fn prepare(client: &kube::Client, cfg: &PodRuntimeConfig, tokens: Opti
     let address = pod::address(&name, &ns);
     Ok(match stateful_set_ready(&sts) {
         Ready::Up if !probe::needed(ws) => Readiness { address: Some(address), again: Some(READY_RECHECK), ..Readiness::new(Ready::Up) },
-        Ready::Up => probed(address, ask(&pod::address(&name, &ns), tokens, &pko_proto::workspace_audience(&ns, &name)).await),
+        Ready::Up => {
+            let found = ask(&address, tokens, &pko_proto::workspace_audience(&ns, &name)).await;
+            probed(address, found)
+        }
         waiting => Readiness { again: Some(WAITING_RECHECK), ..Readiness::new(waiting) },
     })
 }
