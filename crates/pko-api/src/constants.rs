@@ -164,6 +164,9 @@ pub mod workspace_condition {
     pub const SPEC_INVALID: &str = "SpecInvalid";
     /// Ready=True.
     pub const SUCCEEDED: &str = "Succeeded";
+    /// Ready=False: the Workspace has no source and the operator's runtime runs no workspace pod whose
+    /// init container could bring the program (`--runtime local`). Ours; PKO always runs pods.
+    pub const NO_SOURCE: &str = "NoSource";
 
     /// Stalled reasons an operation's result sets (the workspace could not be prepared for it); an
     /// Update may still run on such a Workspace — that is how it recovers.

@@ -319,6 +319,13 @@ pub struct WorkspaceStatus {
 }
 
 impl WorkspaceSpec {
+    /// Whether the spec names a program source (`git`, `flux`, `local` or `projectInfo`). A Workspace
+    /// without one is PKO's source-less Workspace: an init container of its pod (`podTemplate`) puts
+    /// the program in `/share/workspace`, which only a workspace pod has.
+    pub fn has_source(&self) -> bool {
+        self.git.is_some() || self.flux.is_some() || self.local.is_some() || self.project_info.is_some()
+    }
+
     /// The spec with PKO's defaults filled in where unset: service account `default`, profile
     /// `restricted`, the profile's image, requests memory 64Mi / cpu 100m — each only where the user set
     /// neither that request (or set it to zero, as PKO's `IsZero`) nor a limit for it.

@@ -188,6 +188,23 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let s = stacks.get("git-stack").await.unwrap();
     assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("out")).and_then(|v| v.as_str()), Some("from-git"));
 
+    // PKO's "fetch the source yourself": a Stack with no source gets a source-less Workspace, whose
+    // pod's own init container puts the program in /share/workspace; the agent runs it there
+    let mut bare = stack_spec("bare-stack", tag, state_dir, json!({}));
+    let program =
+        "name: bare\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo from-init-container\noutputs:\n  out: ${c.stdout}\n";
+    bare["spec"]["workspaceTemplate"]["spec"]["podTemplate"]["spec"]["initContainers"] = json!([{
+        "name": "fetch-source", "image": format!("pko-workspace:{tag}"), "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", format!("mkdir -p /share/workspace && printf '{program}' > /share/workspace/Pulumi.yaml")],
+        "volumeMounts": [{"name": "share", "mountPath": "/share"}]
+    }]);
+    create(&stacks, bare).await;
+    wait_for("the source-less Stack Ready", 180, ns.name(), op_ns, || async { stacks.get("bare-stack").await.is_ok_and(|s| ready(&s)) }).await;
+    let s = stacks.get("bare-stack").await.unwrap();
+    assert_eq!(s.status.as_ref().and_then(|s| s.outputs.as_ref()).and_then(|o| o.get("out")).and_then(|v| v.as_str()), Some("from-init-container"));
+    assert_eq!(s.status.as_ref().and_then(|s| s.last_update.as_ref()).and_then(|l| l.last_successful_commit.as_deref()), Some(""), "PKO's empty commit");
+    assert!(!ns.api::<pko_api::Workspace>().get("bare-stack").await.unwrap().spec.has_source(), "the Workspace has no source");
+
     // the workspace pods' agents answered the operator's check, which reports their CLI
     let workspaces = ns.api::<pko_api::Workspace>();
     let w = workspaces.get("git-stack").await.unwrap();

@@ -188,7 +188,6 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         ("no-program", "SourceUnavailable", "unable to retrieve program for stack (program missing not found)"),
         ("bad-repo", "SourceUnavailable", "resolving branch main"),
         ("env-ref", "SpecInvalid", "spec.envRefs.TOKEN"),
-        ("no-source", "SpecInvalid", "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec"),
         ("no-ref", "SpecInvalid", r#"missing "commit" or "branch""#),
         ("both-refs", "SpecInvalid", r#"only one of "commit" or "branch" should be specified"#),
         ("git-wins", "SourceUnavailable", "resolving branch main"),
@@ -198,6 +197,13 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
         assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
     }
+    // PKO's "fetch the source yourself" Stack: a source-less Workspace is made and waited for, never
+    // a stall (its pod's init container brings the program; no Workspace controller runs here)
+    eventually("no-source waits for its Workspace", 60, || async {
+        reconciling(&stacks.get("no-source").await.unwrap()).is_some_and(|(r, m)| r == "StackProcessing" && m.starts_with("waiting for workspace readiness"))
+    })
+    .await;
+    assert!(!ns.api::<pko_api::Workspace>().get("no-source").await.unwrap().spec.has_source(), "a Workspace without a source");
     for name in ["bad-sa", "bad-url", "no-secret", "no-ref", "both-refs"] {
         assert!(ns.api::<pko_api::Workspace>().get_opt(name).await.unwrap().is_none(), "no Workspace for a spec that cannot run: {name}");
     }
@@ -256,6 +262,18 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     stacks.delete("custom", &DeleteParams::background()).await.unwrap();
     eventually("the Stack is destroyed and gone", 120, || async { stacks.get_opt("custom").await.unwrap().is_none() }).await;
     assert_eq!(std::fs::read_to_string(&destroyed).unwrap().trim(), "gone", "the destroy ran the resource's delete");
+    // no source at all (PKO's "fetch the source yourself"): only a workspace pod's init container can
+    // bring the program, so on the local runtime the Workspace says why it is not Ready and the Stack
+    // waits with that, never an Update
+    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bare"}, "spec": {"stack": "dev", "backend": env.backend_url()}})).await;
+    eventually("the source-less Stack waits, saying why", 60, || async {
+        reconciling(&stacks.get("bare").await.unwrap())
+            .is_some_and(|(r, m)| r == "StackProcessing" && m.starts_with("waiting for workspace readiness: NoSource: the Workspace has no source"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update while the Workspace is not Ready");
+    assert!(stalled(&stacks.get("bare").await.unwrap()).is_none(), "never Stalled (PKO)");
 }
 
 /// PKO's `spec.environment` (ESC) reaches Pulumi through the operator and the agent

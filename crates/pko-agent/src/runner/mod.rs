@@ -269,7 +269,11 @@ async fn project(
     pinned: &mut Option<String>,
 ) -> Result<(PathBuf, String), Failure> {
     op.log("preparing source");
-    let source = req.source.clone().unwrap_or_default();
+    let given = req.source.clone().filter(|s| s.kind.is_some());
+    let source = match &given {
+        Some(s) => s.clone(),
+        None => workspace_source(ctx.workspace_link.as_deref()).map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
+    };
     let prepared = ctx.sources.prepare(&source, &ctx.values, env).await.map_err(|e| {
         let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
         fail(reason, "source", e.message)
@@ -283,7 +287,7 @@ async fn project(
         }
         None => prepared.project_dir.clone(),
     };
-    if let Some(link) = &ctx.workspace_link {
+    if let Some(link) = ctx.workspace_link.as_ref().filter(|_| given.is_some()) {
         // for sidecars only: a failure is logged, never fails the operation
         if let Err(e) = point_link(link, &dir) {
             op.log(format!("pointing {} at the project: {e}", link.display()));
@@ -355,6 +359,22 @@ fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String
 }
 
 /// Points the symbolic link `link` at `target`, atomically (a new link renamed over the old one).
+/// The source of a request that names none (a Workspace without git, flux, local or projectInfo —
+/// PKO's "fetch the source yourself" Stack): the program an init container of the workspace pod put
+/// in the workspace directory `link` (PKO's `/share/workspace`), when that is a directory of its own
+/// rather than the link this agent points at each operation's project.
+///
+/// Errors: no `--workspace-link`, or nothing but the agent's link (or nothing at all) there — the
+/// message says where the program was looked for and how to put it there.
+fn workspace_source(link: Option<&Path>) -> Result<pko_proto::v1::Source, String> {
+    let hint = "a Workspace without a source (git, flux, local) runs the program that an init container of its pod (spec.podTemplate) puts in /share/workspace";
+    let Some(link) = link else { return Err(format!("the request has no source and this agent has no workspace directory: {hint}")) };
+    match std::fs::symlink_metadata(link) {
+        Ok(m) if m.is_dir() => Ok(pko_proto::v1::Source { kind: Some(pko_proto::v1::source::Kind::Local(pko_proto::v1::LocalSource { dir: link.display().to_string() })) }),
+        _ => Err(format!("the request has no source and {} holds no program: {hint}", link.display())),
+    }
+}
+
 fn point_link(link: &Path, target: &Path) -> std::io::Result<()> {
     let tmp = link.with_extension(format!("tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
@@ -425,6 +445,22 @@ mod tests {
         std::fs::create_dir_all(real_dir.join("x")).unwrap();
         assert!(point_link(&real_dir, &a).is_err(), "a directory in the way is not replaced");
         assert!(real_dir.join("x").is_dir());
+    }
+
+    #[test]
+    fn a_request_without_a_source_runs_what_an_init_container_put_in_the_workspace_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let filled = dir.path().join("workspace");
+        std::fs::create_dir_all(&filled).unwrap();
+        match workspace_source(Some(&filled)).unwrap().kind {
+            Some(pko_proto::v1::source::Kind::Local(l)) => assert_eq!(l.dir, filled.display().to_string()),
+            other => panic!("expected the workspace directory as a local source: {other:?}"),
+        }
+        let link = dir.path().join("link");
+        point_link(&link, &filled).unwrap();
+        assert!(workspace_source(Some(&link)).unwrap_err().contains("holds no program"), "the agent's own link is not a program put there");
+        assert!(workspace_source(Some(&dir.path().join("missing"))).unwrap_err().contains("init container"));
+        assert!(workspace_source(None).unwrap_err().contains("no workspace directory"));
     }
 
     #[test]

@@ -78,6 +78,10 @@ impl Readiness {
     }
 }
 
+/// Why a Workspace without a source cannot run on agents that are processes of the operator's host.
+pub const NO_SOURCE_LOCALLY: &str = "the Workspace has no source (git, flux, local): its program is put in /share/workspace by an init container of its pod (spec.podTemplate), \
+     and the operator's local runtime runs no workspace pod; set a source, or run the operator with --runtime pod";
+
 /// What [`Agents::lend`] found for an operation.
 pub enum Lending {
     /// An agent, to run the operation on (or follow it where it runs).
@@ -208,6 +212,9 @@ impl Agents {
     pub async fn prepare(&self, ws: &Workspace) -> Result<Readiness, kube::Error> {
         let failed = |e: &dyn std::fmt::Display| Readiness { again: Some(Duration::from_secs(5)), ..Readiness::new(Ready::Failed(wc::CONNECTION_FAILED.into(), e.to_string())) };
         let pooled = |checked: Result<(), AgentsError>| Readiness { pool: Some(self.class(ws)), ..checked.map_or_else(|e| failed(&e), |()| Readiness::new(Ready::Up)) };
+        if !ws.spec.has_source() && matches!(self.runtime, Runtime::OwnProcess(_) | Runtime::ProcessPool(_)) {
+            return Ok(Readiness::new(Ready::Failed(wc::NO_SOURCE.into(), NO_SOURCE_LOCALLY.into())));
+        }
         Ok(match &self.runtime {
             Runtime::OwnPod(cfg) => own_pod::prepare(&self.client, cfg, self.tokens.as_deref(), ws).await?,
             // looked at again soon: an agent process that died is restarted here (a pod's restart is

@@ -36,18 +36,13 @@ pub enum ResolvedSource {
     /// No source: destroy from state with a synthesised project.
     ProjectInfo(ProjectInfo),
     /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a
-    /// program baked into the image — PKO's `examples/custom-source`); its revision is empty, as PKO's
-    /// commit is for a Stack without a source.
+    /// program baked into the image — PKO's `examples/custom-source`), or none at all (PKO's
+    /// source-less Workspace, whose pod's init container puts the program in `/share/workspace`); its
+    /// revision is empty, as PKO's commit is for a Stack without a source.
     Template,
 }
 
 impl ResolvedSource {
-    /// Whether `spec`'s Workspace template brings a source of its own (`git`, `flux` or `local`), so a
-    /// Stack without a source can run on it (PKO proceeds without a source). Pure.
-    pub fn template_has_source(spec: &pko_api::StackSpec) -> bool {
-        spec.workspace_template.as_ref().and_then(|t| t.spec.as_ref()).is_some_and(|t| t.git.is_some() || t.flux.is_some() || t.local.is_some())
-    }
-
     /// The revision recorded as `lastAttemptedCommit`/`lastSuccessfulCommit`.
     pub fn revision(&self) -> String {
         match self {
@@ -534,10 +529,9 @@ mod tests {
 
     #[test]
     fn a_stack_without_a_source_runs_on_its_templates_own() {
-        assert!(!ResolvedSource::template_has_source(&spec(json!({"stack": "dev"}))));
-        assert!(!ResolvedSource::template_has_source(&spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"image": "mine"}}}))));
+        let none = workspace_spec(&spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"image": "mine"}}})), &ResolvedSource::Template);
+        assert!(!none.has_source(), "PKO's source-less Workspace: its pod's init container brings the program");
         let s = spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "/share/program"}}}}));
-        assert!(ResolvedSource::template_has_source(&s));
         let ws = workspace_spec(&s, &ResolvedSource::Template);
         assert_eq!(ws.local.and_then(|l| l.dir).as_deref(), Some("/share/program"));
         assert!(ws.git.is_none() && ws.flux.is_none() && ws.project_info.is_none());

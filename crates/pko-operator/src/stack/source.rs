@@ -204,8 +204,9 @@ pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &St
     }
     Ok(match cached {
         Some(p) if deleting => Resolved::Source(ResolvedSource::ProjectInfo(p)),
-        _ if ResolvedSource::template_has_source(spec) => Resolved::Source(ResolvedSource::Template),
-        _ => Resolved::Stalled(sc::SPEC_INVALID, NO_SOURCE.into()),
+        // the template's own source, or none at all: PKO's "fetch the source yourself" Stack, whose
+        // Workspace pod gets its program from an init container (the Stack waits for its readiness)
+        _ => Resolved::Source(ResolvedSource::Template),
     })
 }
 
@@ -227,11 +228,6 @@ fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, d
         None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("Flux source has no artifact ({kind} {name} has no status.artifact)")),
     }
 }
-
-/// The `SpecInvalid` message of a Stack with no source at all (PKO would create a Workspace that
-/// cannot run; ours says what to set instead).
-pub(super) const NO_SOURCE: &str =
-    "no source: set spec.projectRepo, spec.fluxSource or spec.programRef, or a source in spec.workspaceTemplate.spec (local.dir for a program in the image)";
 
 #[cfg(test)]
 mod tests {

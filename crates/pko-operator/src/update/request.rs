@@ -23,12 +23,18 @@ fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef
     pb::ValueRef { kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })) }
 }
 
-/// The program source of a Workspace: exactly one of git, flux, local, projectInfo.
-pub fn source(ws: &WorkspaceSpec) -> Result<pb::Source, RequestError> {
+/// The program source of a Workspace: at most one of git, flux, local, projectInfo; `None` for a
+/// Workspace without one (PKO's source-less Workspace: the agent runs what an init container of its
+/// pod put in `/share/workspace`).
+///
+/// Errors: two sources or more (field `spec`), a source missing its required field.
+pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
     use pb::source::Kind;
     let kinds = [ws.git.is_some(), ws.flux.is_some(), ws.local.is_some(), ws.project_info.is_some()].iter().filter(|b| **b).count();
-    if kinds != 1 {
-        return Err(err("spec", format!("exactly one source (git, flux, local, projectInfo) is required, found {kinds}")));
+    match kinds {
+        0 => return Ok(None),
+        1 => {}
+        _ => return Err(err("spec", format!("at most one source (git, flux, local, projectInfo) may be set, found {kinds}"))),
     }
     let kind = if let Some(g) = &ws.git {
         let auth = g.auth.as_ref().map(|a| pb::GitAuth {
@@ -64,7 +70,7 @@ pub fn source(ws: &WorkspaceSpec) -> Result<pb::Source, RequestError> {
             runtime: p.runtime.ok_or_else(|| err("spec.projectInfo.runtime", "required"))?,
         })
     };
-    Ok(pb::Source { kind: Some(kind) })
+    Ok(Some(pb::Source { kind: Some(kind) }))
 }
 
 fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem, RequestError> {
@@ -163,7 +169,7 @@ pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &Worksp
     Ok(pb::OperationRequest {
         operation_id: operation_id.into(),
         epoch,
-        source: Some(source(workspace)?),
+        source: source(workspace)?,
         stack: Some(pb::StackSettings {
             name: stack_name,
             // PKO's Update controller selects with create=true; a Workspace stack may say otherwise.
@@ -232,12 +238,12 @@ mod tests {
 
     #[test]
     fn flux_local_and_project_info_sources() {
-        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}}))).unwrap();
+        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}}))).unwrap().unwrap();
         assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.dir == "d"));
-        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz"}}))).unwrap();
+        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz"}}))).unwrap().unwrap();
         assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.digest.is_empty()), "a digest is optional (PKO)");
-        assert!(matches!(source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().kind, Some(pb::source::Kind::Local(_))));
-        assert!(matches!(source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().kind, Some(pb::source::Kind::ProjectInfo(_))));
+        assert!(matches!(source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().unwrap().kind, Some(pb::source::Kind::Local(_))));
+        assert!(matches!(source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().unwrap().kind, Some(pb::source::Kind::ProjectInfo(_))));
     }
 
     #[test]
@@ -265,7 +271,8 @@ mod tests {
 
     #[test]
     fn bad_specs_name_the_field() {
-        assert_eq!(source(&ws(json!({}))).unwrap_err().field, "spec");
+        assert_eq!(source(&ws(json!({}))).unwrap(), None, "PKO's source-less Workspace: the pod's init container brings the program");
+        assert_eq!(source(&ws(json!({"local": {"dir": "/p"}, "projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap_err().field, "spec");
         assert_eq!(source(&ws(json!({"git": {"ref": "x"}}))).unwrap_err().field, "spec.git.url");
         let w = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a"}]}]}));
         assert_eq!(build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.stacks[dev].config[0]");

@@ -188,6 +188,11 @@ pub fn stalled(s: &pko_api::Stack) -> Option<(String, String)> {
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
 }
 
+/// `(reason, message)` of the Stack's `Reconciling` condition when it is True.
+pub fn reconciling(s: &pko_api::Stack) -> Option<(String, String)> {
+    stack_condition(s, "Reconciling").filter(|(status, ..)| status == "True").map(|(_, reason, message)| (reason, message))
+}
+
 /// Runs only the Stack controller, owning `namespace` (tests of what it decides before any Workspace).
 pub fn start_stack_controller(client: &kube::Client, namespace: &str) -> tokio::task::JoinHandle<()> {
     use pko_operator::context::Context;
