@@ -37,7 +37,7 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
         OperationType::Up => "up",
         OperationType::Refresh => "refresh",
         OperationType::Destroy => "destroy",
-        OperationType::Unspecified => "preview",
+        OperationType::Unspecified | OperationType::Initialize => "preview",
     };
     a.push(verb.into());
     if !previews(kind, o) {

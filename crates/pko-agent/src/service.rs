@@ -77,10 +77,8 @@ pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
     if req.operation_id.is_empty() {
         return Err(invalid("operation_id", "an operation id is required"));
     }
-    let Some(kind) = req.source.as_ref().and_then(|s| s.kind.as_ref()) else {
-        return Err(invalid("source", "a source is required (git, artifact, local or project_info)"));
-    };
-    if let Kind::Git(g) = kind {
+    // no source: the program in the agent's workspace directory (PKO's source-less Workspace)
+    if let Some(Kind::Git(g)) = req.source.as_ref().and_then(|s| s.kind.as_ref()) {
         pko_git::validate_url(&g.url).map_err(|e| invalid("source.git.url", e))?;
         if !g.revision.is_empty() {
             pko_git::validate_ref("revision", &g.revision).map_err(|e| invalid("source.git.revision", e))?;
@@ -90,7 +88,7 @@ pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
         return Err(invalid("stack.name", "a stack name is required"));
     }
     if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default() == pko_proto::v1::OperationType::Unspecified {
-        return Err(invalid("type", "operation type is required: preview, up, refresh or destroy"));
+        return Err(invalid("type", "operation type is required: preview, up, refresh, destroy or initialize"));
     }
     for (i, e) in req.env.iter().enumerate() {
         if e.name.is_empty() || e.name.contains(['=', '\0']) {

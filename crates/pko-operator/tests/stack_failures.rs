@@ -214,8 +214,8 @@ async fn a_stack_waiting_for_its_workspace_says_why() {
 /// - a spec this version cannot run (PKO's schema admits any `securityProfile`): Stalled `SpecInvalid`
 ///   before any Update; mending the spec deploys;
 /// - `useLocalStackOnly` on a stack that does not exist: PKO's `SelectStack` fails, the Workspace is
-///   Stalled `InitializationFailed` (with PKO's `StackInitializationFailure` event) — one Update, not
-///   four.
+///   Stalled `InitializationFailed` (with PKO's `StackInitializationFailure` event) by the Workspace
+///   controller's initialization, before any Update — none at all, as in PKO; deleting it lets go.
 #[tokio::test]
 async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     let (client, ns, env) = setup("wsstall").await;
@@ -255,10 +255,15 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     assert_eq!(ws.stalled().map(|c| c.reason.as_str()), Some("InitializationFailed"));
     let init = events_of(&ns, "Workspace", "StackInitializationFailure").await;
     assert!(init.iter().any(|(note, _)| note.starts_with(r#"Failed to initialize stack "never-created": "#)), "PKO's StackInitializationFailure event: {init:?}");
+    assert_eq!(ws.not_ready_reason().map(|c| c.reason.as_str()), Some("InitializationFailed"), "Ready False with the stall's reason");
     // a 4 s backoff cap: without the stall a retry would have come by now
     tokio::time::sleep(Duration::from_secs(10)).await;
     let tried = ns.api::<Update>().list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.stack_name.as_deref() == Some("never-created")).count();
-    assert_eq!(tried, 1, "one Update, not four");
+    assert_eq!(tried, 0, "no Update against a Workspace that cannot select its stack (PKO)");
+    // nothing ever ran: deleting it does not wait for a destroy
+    stacks.patch("local-only", &PatchParams::default(), &Patch::Merge(json!({"spec": {"destroyOnFinalize": true}}))).await.unwrap();
+    stacks.delete("local-only", &Default::default()).await.unwrap();
+    eventually("the Stack is gone", 60, || async { stacks.get_opt("local-only").await.unwrap().is_none() }).await;
 }
 
 /// PKO #1292: a `status.currentUpdate` naming an Update that no longer exists must not wedge the Stack.

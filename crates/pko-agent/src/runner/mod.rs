@@ -181,6 +181,7 @@ fn verb(req: &OperationRequest) -> &'static str {
         OperationType::Up => "update",
         OperationType::Refresh => "refresh",
         OperationType::Destroy => "destroy",
+        OperationType::Initialize => "initialization",
         OperationType::Unspecified => "operation",
     }
 }
@@ -205,7 +206,7 @@ async fn execute(
 ) -> Result<(), Failure> {
     let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
     if kind == OperationType::Unspecified {
-        return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh or destroy)"));
+        return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh, destroy or initialize)"));
     }
     let stack = req.stack.clone().unwrap_or_default();
     if stack.name.is_empty() {
@@ -217,6 +218,11 @@ async fn execute(
     check_stop(op)?;
     check_cli(ctx, req, result).await?;
     let known_key = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await?;
+    if kind == OperationType::Initialize {
+        // PKO's workspace initialization ends here: the stack is selected and configured
+        result.message = format!("stack {} initialized", stack.name);
+        return Ok(());
+    }
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
     let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };

@@ -8,11 +8,13 @@
 //! (the hollow agents of the load tests are either pool, with the agent's simulate flag). Shared
 //! pieces: the one definition of a workspace class ([`class`]) and its operation limits ([`limits`]),
 //! what lending an agent means ([`lend`]), the operator's tokens towards agents ([`tokens`]), the gRPC
-//! client ([`client`]), the readiness probe of a new pod's agent ([`probe`]) and the strategic merge of
-//! `podTemplate` ([`merge`]).
+//! client ([`client`]), PKO's workspace initialization on an agent ([`initialize`]), the agent request of an operation or an initialization with its values
+//! resolved ([`request`], [`values`]), the readiness probe of a new pod's agent ([`probe`]) and the
+//! strategic merge of `podTemplate` ([`merge`]).
 
 pub mod class;
 pub mod client;
+pub mod initialize;
 pub mod lend;
 pub mod limits;
 pub mod local;
@@ -22,7 +24,9 @@ pub mod own_pod;
 pub mod pod;
 pub mod pod_pool;
 pub mod probe;
+pub mod request;
 pub mod tokens;
+pub mod values;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -26,6 +26,17 @@ pub(super) fn workspace_wait_message(ws: &Workspace) -> String {
     }
 }
 
+/// The Stack's `Stalled` reason and PKO's message (`<reason>: <message>`) while `ws` is Stalled at its
+/// current generation: `PulumiVersionTooLow` for a CLI too old for the spec, else `WorkspaceFailed`
+/// (PKO's). A stall of an earlier generation is the Workspace controller's to clear: none
+/// ([`Workspace::stalled`]). Pure.
+pub(super) fn workspace_stall(ws: &Workspace) -> Option<(&'static str, String)> {
+    use pko_api::constants::workspace_condition as wc;
+    let c = ws.stalled()?;
+    let reason = if c.reason == wc::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
+    Some((reason, format!("{}: {}", c.reason, c.message)))
+}
+
 /// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
 /// (a retry after the cooldown, or the stall once the retry limit is reached).
 pub(super) fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option<i64>) -> String {
@@ -87,6 +98,32 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(workspace_wait_message(&ws), "waiting for workspace readiness: ConnectionFailed: serviceaccounts \"deployer\" not found");
+    }
+
+    #[test]
+    fn a_workspace_stalled_at_its_generation_stalls_the_stack() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let stalled = |reason: &str, generation: i64| {
+            let mut ws = Workspace::new("w", Default::default());
+            ws.metadata.generation = Some(2);
+            ws.status = Some(pko_api::workspace::WorkspaceStatus {
+                conditions: Some(vec![Condition {
+                    type_: "Stalled".into(),
+                    status: "True".into(),
+                    reason: reason.into(),
+                    message: "stack dev not found".into(),
+                    observed_generation: Some(generation),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                }]),
+                ..Default::default()
+            });
+            ws
+        };
+        assert_eq!(workspace_stall(&stalled("InitializationFailed", 2)), Some((sc::WORKSPACE_FAILED, "InitializationFailed: stack dev not found".into())));
+        assert_eq!(workspace_stall(&stalled("IncompatibleConfiguration", 2)).map(|s| s.0), Some(sc::PULUMI_VERSION_TOO_LOW));
+        assert_eq!(workspace_stall(&stalled("InitializationFailed", 1)), None, "of an earlier generation: being cleared");
+        assert!(workspace_stall(&stalled("SpecInvalid", 2)).is_some(), "a spec it cannot run");
+        assert_eq!(workspace_stall(&Workspace::new("w", Default::default())), None);
     }
 
     #[test]

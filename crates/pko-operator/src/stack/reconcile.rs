@@ -601,13 +601,13 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
             return Ok(ControlFlow::Break(Exit::Retry(Error::Workspace(e))));
         }
     };
-    // a spec the Workspace cannot run: Stalled until it changes (woken by the Workspace's watch)
-    if let Some(c) = ws.stalled().filter(|c| c.reason == pko_api::constants::workspace_condition::SPEC_INVALID) {
-        p.stalled(sc::WORKSPACE_FAILED, &format!("{}: {}", c.reason, c.message));
+    // a Workspace stalled at its current generation (a spec it cannot run, or a stack it could not
+    // initialize): no Update against it (PKO), Stalled until the Workspace mends (its controller tries
+    // the initialization again) or changes — woken by the Workspace's watch
+    if let Some((reason, message)) = messages::workspace_stall(&ws) {
+        p.stalled(reason, &message);
         return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
     }
-    // Stalled by an earlier operation: this one runs and may mend it (agents prepare the workspace
-    // inside each operation)
     if !ws.runnable() {
         p.reconciling(sc::STACK_PROCESSING, &messages::workspace_wait_message(&ws));
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(5)))));

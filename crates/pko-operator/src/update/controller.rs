@@ -203,6 +203,11 @@ impl UpdateController {
             self.wait(&api, &update, self.owns(&update), reason, message).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
+        // its last attempt failed a moment ago: not at once again (that attempt's own status writes
+        // woke this reconcile)
+        if let Some(wait) = transient_retry_in(&update, k8s_openapi::jiff::Timestamp::now()) {
+            return Ok(Action::requeue(wait));
+        }
         let key = update.operation_id();
         let job =
             Job { key: key.clone(), namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key), shard: self.ctx.ownership.shard(&ns, &shard_key) };
@@ -280,6 +285,18 @@ impl UpdateController {
     }
 }
 
+/// How long after an attempt that left its Update `TransientFailure` the job is pushed again.
+pub const TRANSIENT_RETRY: Duration = Duration::from_secs(5);
+
+/// The time left before `update`'s job may be pushed again at `now`: some while its `Progressing`
+/// condition has said `TransientFailure` for less than [`TRANSIENT_RETRY`] (an agent refusing or
+/// unreachable is not called in a tight loop), else none. Pure.
+pub fn transient_retry_in(update: &Update, now: k8s_openapi::jiff::Timestamp) -> Option<Duration> {
+    let c = update.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == uc::PROGRESSING && c.reason == uc::TRANSIENT_FAILURE)?;
+    let since = now.duration_since(c.last_transition_time.0).unsigned_abs();
+    TRANSIENT_RETRY.checked_sub(since).filter(|d| !d.is_zero())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,5 +321,20 @@ mod tests {
         u.metadata.owner_references = None;
         u.status = Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
         assert!(!orphaned(&u), "started: followed to its result");
+    }
+
+    #[test]
+    fn a_transient_failure_is_retried_after_a_pause_not_at_once() {
+        let at = |s: i64| k8s_openapi::jiff::Timestamp::from_second(s).unwrap();
+        let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {}})).unwrap();
+        assert_eq!(transient_retry_in(&u, at(100)), None, "never attempted");
+        let conditions = |reason: &'static str| {
+            status::conditions(&Phase::Waiting { reason, message: "refused".into() }, Some(1), &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(100)), &[])
+        };
+        u.status = Some(pko_api::update::UpdateStatus { conditions: Some(conditions(uc::TRANSIENT_FAILURE)), ..Default::default() });
+        assert_eq!(transient_retry_in(&u, at(101)), Some(Duration::from_secs(4)));
+        assert_eq!(transient_retry_in(&u, at(105)), None, "the pause is over");
+        u.status = Some(pko_api::update::UpdateStatus { conditions: Some(conditions(uc::WORKSPACE_NOT_READY)), ..Default::default() });
+        assert_eq!(transient_retry_in(&u, at(101)), None, "only after a failed attempt");
     }
 }

@@ -28,9 +28,9 @@ use pko_proto::v1::{OperationRequest, OperationResult, ResultStatus, operation_e
 
 use super::fence::{Fence, Fenced};
 use super::status::{self, Phase};
-use super::{request, values};
 use crate::agents::Lent;
 use crate::agents::client::{self, Client};
+use crate::agents::request::{self, Incomplete};
 use crate::outputs;
 
 /// Why an Update could not be run to a result, by step.
@@ -48,6 +48,10 @@ pub enum DispatchError {
     /// down (`UNAVAILABLE`): nothing ran; a pool lends another agent later.
     #[error("agent {0}: {1}")]
     Busy(String, String),
+    /// call: the agent refused the request as invalid (`INVALID_ARGUMENT`, its details naming the
+    /// field): nothing ran, and the same request would be refused again — the Update fails with it.
+    #[error("agent {0} refused the request: {1}")]
+    Refused(String, String),
     /// follow: the stream ended without a result (the agent went away): the Update is dispatched again.
     #[error("the operation stream ended without a result")]
     NoResult,
@@ -67,6 +71,7 @@ impl DispatchError {
             DispatchError::Values(_) => "prepare",
             DispatchError::Agent(..) => "connect",
             DispatchError::Busy(..) => "busy",
+            DispatchError::Refused(..) => "refused",
             DispatchError::NoResult => "follow",
             DispatchError::Kube(_) => "record",
             DispatchError::Fenced(_) => "fenced",
@@ -119,7 +124,10 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
     };
     let mut agent = client::streaming(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
     mark_started(op, &mut st).await?;
-    let stream = call(op, &mut agent, req).await?;
+    let stream = match call(op, &mut agent, req).await {
+        Err(e @ DispatchError::Refused(..)) => return refuse(op, st, e.to_string()).await,
+        called => called?,
+    };
     let result = follow(op, stream).await?;
     if result.status != ResultStatus::Interrupted as i32 {
         record(op, st, &result).await?;
@@ -135,26 +143,14 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
 /// Errors: [`DispatchError::Values`], transient.
 async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, String>, DispatchError> {
     let ns = op.update.namespace().unwrap_or_default();
-    let transient = |e: &dyn std::fmt::Display| DispatchError::Values(e.to_string());
-    let mut r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
+    let r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
         Ok(r) => r,
         Err(e) => return Ok(Err(e.to_string())),
     };
-    match values::resolve(op.client, &ns, &mut r).await {
-        Err(e) if e.is_transient() => return Err(transient(&e)),
-        Err(e) => return Ok(Err(e.to_string())),
-        Ok(_) => {}
-    }
-    match values::expand_env_from(op.client, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), &mut r).await {
-        Err(e) if e.is_transient() => return Err(transient(&e)),
-        Err(e) => return Ok(Err(e.to_string())),
-        Ok(skipped) if !skipped.is_empty() => tracing::info!(?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)"),
-        Ok(_) => {}
-    }
-    match values::exchange_github_app(&mut r, op.github_api_url).await {
-        Err(e) if e.is_transient() => Err(transient(&e)),
-        Err(e) => Ok(Err(e.to_string())),
-        Ok(()) => Ok(Ok(r)),
+    match request::complete(op.client, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
+        Ok(r) => Ok(Ok(r)),
+        Err(Incomplete::User(message)) => Ok(Err(message)),
+        Err(Incomplete::Transient(message)) => Err(DispatchError::Values(message)),
     }
 }
 
@@ -196,6 +192,7 @@ async fn call(op: &Operation<'_>, agent: &mut Client, mut req: OperationRequest)
     let call = client::authorized(req, op.agent.token.as_deref()).map_err(|e| op.agent_error(e))?;
     let stream = agent.run(call).await.map_err(|s| match s.code() {
         tonic::Code::Unavailable => DispatchError::Busy(op.agent.address.clone(), format!("{}: {}", s.code(), s.message())),
+        tonic::Code::InvalidArgument => DispatchError::Refused(op.agent.address.clone(), s.message().to_string()),
         _ => op.agent_error(format!("{}: {}", s.code(), s.message())),
     })?;
     Ok(stream.into_inner())

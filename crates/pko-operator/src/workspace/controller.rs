@@ -19,9 +19,11 @@ use pko_api::constants::{field_manager, workspace_condition as wc};
 use pko_api::shard::ShardKey;
 use pko_api::workspace::WorkspaceStatus;
 
+use crate::agents::initialize::Initialization;
 use crate::agents::{Agents, Readiness, Ready};
 use crate::context::Context;
 use crate::informer::Informers;
+use crate::stalled::Verdict;
 
 /// The failing step: `api` (an API read or write).
 impl crate::k8s::ReconcileError for Error {
@@ -86,16 +88,54 @@ fn next(r: &Readiness) -> Action {
     r.again.map(Action::requeue).unwrap_or_else(Action::await_change)
 }
 
+/// The last initialization of a Workspace (by uid) on this replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// Initialized at this generation.
+    Done(Option<i64>),
+    /// Stalled at this generation, at this instant (tried again after [`INITIALIZE_AGAIN`]).
+    Stalled(Option<i64>, std::time::Instant),
+}
+
+/// How long a Workspace whose initialization stalled waits before it is tried again (PKO tries only
+/// with a new pod; here a stack created since, or a Secret mended, is found within this).
+pub const INITIALIZE_AGAIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long a Workspace whose initialization could not run now (no agent free, unreachable) waits.
+const INITIALIZE_LATER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// PKO's Ready message while a Workspace is initialized.
+pub const INITIALIZING_MESSAGE: &str = "Initializing and selecting a Pulumi stack";
+
+/// Whether `ws`, whose agents are up, is to be initialized now (PKO's workspace initialization, before
+/// any Update runs on it), given this replica's last attempt `last` at `now`: its own agent, once per
+/// generation; pooled agents only for a stack that must exist already (`create: false`), since every
+/// operation selects its stack anyway — and, on any runtime, again every [`INITIALIZE_AGAIN`] while it
+/// is Stalled at this generation by an initialization or an operation. Pure.
+fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now: std::time::Instant) -> bool {
+    let generation = ws.meta().generation;
+    let stacks = ws.spec.stacks.as_deref().unwrap_or_default();
+    let stalled = ws.stalled().is_some_and(|c| c.observed_generation == generation && wc::OPERATION_STALLS.contains(&c.reason.as_str()));
+    match last {
+        Some(Attempt::Stalled(g, at)) if g == generation && now.duration_since(at) < INITIALIZE_AGAIN => false,
+        _ if stacks.is_empty() || ws.meta().deletion_timestamp.is_some() => false,
+        _ if stalled => true,
+        Some(Attempt::Done(g)) if g == generation => false,
+        _ => !pooled || stacks.iter().any(|s| s.create == Some(false)),
+    }
+}
+
 /// The Workspace controller.
 pub struct WorkspaceController {
     ctx: Arc<Context>,
     agents: Arc<Agents>,
+    attempts: std::sync::Mutex<std::collections::HashMap<String, Attempt>>,
 }
 
 impl WorkspaceController {
     /// A controller bringing agents up with `agents`.
     pub fn new(ctx: Arc<Context>, agents: Arc<Agents>) -> Arc<Self> {
-        Arc::new(Self { ctx, agents })
+        Arc::new(Self { ctx, agents, attempts: Default::default() })
     }
 
     /// The controller's run, watching through `informers` (Workspaces, and the StatefulSets of their
@@ -126,6 +166,7 @@ impl WorkspaceController {
         let api: Api<Workspace> = Api::namespaced(self.ctx.client.clone(), &ws.namespace().unwrap_or_default());
         let stored = ws.status.clone().unwrap_or_default();
         if ws.meta().deletion_timestamp.is_some() {
+            self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&ws.uid().unwrap_or_default());
             let deleting = Readiness::new(Ready::Failed(wc::DELETING.into(), "workspace is being deleted".into()));
             let st = WorkspaceStatus { observed_generation: ws.meta().generation, ..stored };
             self.write(&api, &ws, st, &with_stall(&ws, &deleting.ready)).await?;
@@ -135,6 +176,7 @@ impl WorkspaceController {
             return Ok(action);
         }
         let readiness = self.agents.prepare(&ws).await?;
+        let readiness = if readiness.ready == Ready::Up { self.initialize(&ws, readiness).await } else { readiness };
         if let Some(message) = &readiness.warning {
             tracing::info!(workspace = %ws.name_any(), namespace = ?ws.namespace(), %message, "workspace agent not answering; looking again");
             let reason = pko_api::constants::event_reason::CONNECTION_FAILURE;
@@ -143,6 +185,39 @@ impl WorkspaceController {
         let st = reported(&stored, &readiness, ws.meta().generation);
         self.write(&api, &ws, st, &with_stall(&ws, &readiness.ready)).await?;
         Ok(next(&readiness))
+    }
+
+    /// Step **initialize** of a Workspace whose agents are up (`readiness`), when
+    /// [`wants_initialization`]: its stacks selected and configured on an agent. A stall (the agent's
+    /// verdict, or a request the user must fix) is recorded as an operation's is, with PKO's event, and
+    /// makes the Workspace Ready False at once; a success clears an earlier stall; an agent not to be
+    /// had now leaves it `Initializing`, looked at again soon.
+    async fn initialize(&self, ws: &Workspace, readiness: Readiness) -> Readiness {
+        let uid = ws.uid().unwrap_or_default();
+        let last = self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&uid).copied();
+        if !wants_initialization(ws, self.agents.pooled(), last, std::time::Instant::now()) {
+            return readiness;
+        }
+        let verdict = match self.agents.initialize(ws, &readiness, &self.ctx.github_api_url).await {
+            Initialization::Ran(r) => crate::stalled::verdict(&r),
+            Initialization::Invalid(message) => Verdict::Stalled { reason: wc::INITIALIZATION_FAILED, message },
+            Initialization::Later(m) => {
+                let waiting = Ready::Waiting(wc::INITIALIZING, format!("{INITIALIZING_MESSAGE}: {m}"));
+                return Readiness { again: Some(INITIALIZE_LATER), ..Readiness { ready: waiting, ..readiness } };
+            }
+        };
+        let stack = ws.spec.stacks.as_deref().unwrap_or_default().first().map(|s| s.name.clone()).unwrap_or_default();
+        crate::stalled::record(&self.ctx.client, &self.ctx.events, ws, &verdict, &stack).await;
+        let generation = ws.meta().generation;
+        let (attempt, readiness) = match verdict {
+            Verdict::Stalled { reason, message } => (
+                Attempt::Stalled(generation, std::time::Instant::now()),
+                Readiness { again: Some(INITIALIZE_AGAIN), ..Readiness { ready: Ready::Failed(reason.into(), message), ..readiness } },
+            ),
+            Verdict::Initialized | Verdict::Unknown => (Attempt::Done(generation), readiness),
+        };
+        self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid, attempt);
+        readiness
     }
 
     /// A spec this version cannot run (PKO's schema admits any string for these): Stalled
@@ -223,6 +298,35 @@ mod tests {
         assert_eq!(with_stall(&ws, &Ready::Failed(wc::CONNECTION_FAILED.into(), "down".into())), own("False", wc::CONNECTION_FAILED, "down"), "a failed agent says so");
         ws.metadata.generation = Some(4);
         assert_eq!(with_stall(&ws, &Ready::Up), own("True", wc::SUCCEEDED, ""), "a new generation is tried again");
+    }
+
+    #[test]
+    fn workspaces_are_initialized_once_per_generation_and_stalled_ones_again_after_a_while() {
+        let now = std::time::Instant::now();
+        let ws = |create: Option<bool>, stall: Option<(&str, i64)>| {
+            let mut w: Workspace =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": 2}, "spec": {"stacks": [{"name": "dev", "create": create}]}})).unwrap();
+            if let Some((reason, generation)) = stall {
+                let mut st = stored(None, generation, "True", reason);
+                st.conditions.as_mut().unwrap()[0].type_ = wc::STALLED.into();
+                w.status = Some(st);
+            }
+            w
+        };
+        let (own, pooled) = (false, true);
+        assert!(wants_initialization(&ws(None, None), own, None, now), "its own agent: as PKO's pod");
+        assert!(!wants_initialization(&ws(None, None), own, Some(Attempt::Done(Some(2))), now), "once per generation");
+        assert!(wants_initialization(&ws(None, None), own, Some(Attempt::Done(Some(1))), now), "a new generation");
+        assert!(!wants_initialization(&ws(None, None), pooled, None, now), "pooled: every operation selects its stack");
+        assert!(wants_initialization(&ws(Some(false), None), pooled, None, now), "pooled, a stack that must exist already");
+        let stalled = ws(None, Some((wc::INITIALIZATION_FAILED, 2)));
+        assert!(wants_initialization(&stalled, pooled, Some(Attempt::Done(Some(2))), now), "stalled by an operation: mended by an initialization");
+        let just_now = Some(Attempt::Stalled(Some(2), now));
+        assert!(!wants_initialization(&stalled, own, just_now, now + std::time::Duration::from_secs(59)));
+        assert!(wants_initialization(&stalled, own, just_now, now + INITIALIZE_AGAIN), "tried again after a while");
+        assert!(!wants_initialization(&ws(None, Some((wc::SPEC_INVALID, 2))), pooled, None, now), "a spec it cannot run is not initialized");
+        let none: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w"}, "spec": {}})).unwrap();
+        assert!(!wants_initialization(&none, own, None, now), "no stacks");
     }
 
     #[test]

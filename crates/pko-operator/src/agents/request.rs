@@ -152,6 +152,9 @@ pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, Reque
 
 /// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace` in
 /// `namespace` (the Update's and the Workspace's).
+///
+/// Errors: a missing or unknown `spec.type`/`spec.stackName`, a Workspace field the request cannot
+/// carry ([`RequestError`] names it).
 pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
     let stack_name = update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
     let kind = match update.update_type.as_ref().ok_or_else(|| err("spec.type", "required"))? {
@@ -161,6 +164,42 @@ pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &Worksp
         UpdateType::Destroy => pb::OperationType::Destroy,
         UpdateType::Unknown(t) => return Err(err("spec.type", format!("unsupported update type {t:?}; one of {}", UpdateType::expected()))),
     };
+    let mut r = on_workspace(operation_id, epoch, namespace, workspace, stack_name, kind)?;
+    r.options = Some(pb::OperationOptions {
+        parallel: update.parallel.unwrap_or(0),
+        message: update.message.clone().unwrap_or_default(),
+        expect_no_changes: update.expect_no_changes.unwrap_or(false),
+        replace: update.replace.clone().unwrap_or_default(),
+        target: update.target.clone().unwrap_or_default(),
+        target_dependents: update.target_dependents.unwrap_or(false),
+        refresh: update.refresh.unwrap_or(false),
+        continue_on_error: update.continue_on_error.unwrap_or(false),
+        remove: update.remove.unwrap_or(false),
+        run_program: update.run_program.unwrap_or(false),
+        preview_only: update.preview_only.unwrap_or(false),
+    });
+    Ok(r)
+}
+
+/// The request initializing stack `stack_name` of `workspace` in `namespace` (PKO's workspace
+/// initialization: source, `pulumi install`, select or create, config and environments; no Pulumi
+/// operation), with id `operation_id` at epoch 0 (it changes nothing a fence guards).
+///
+/// Errors: as [`build`]'s for the Workspace's fields.
+pub fn initialization(operation_id: &str, namespace: &str, workspace: &WorkspaceSpec, stack_name: &str) -> Result<pb::OperationRequest, RequestError> {
+    on_workspace(operation_id, 0, namespace, workspace, stack_name.to_string(), pb::OperationType::Initialize)
+}
+
+/// What every request for stack `stack_name` of `workspace` carries: its source, the stack's
+/// settings and config, the environment. Pure.
+fn on_workspace(
+    operation_id: &str,
+    epoch: i64,
+    namespace: &str,
+    workspace: &WorkspaceSpec,
+    stack_name: String,
+    kind: pb::OperationType,
+) -> Result<pb::OperationRequest, RequestError> {
     let ws_stack = workspace.stacks.iter().flatten().find(|s| s.name == stack_name);
     let config = match ws_stack {
         Some(s) => s.config.iter().flatten().enumerate().map(|(i, c)| config_item(&s.name, i, c)).collect::<Result<Vec<_>, _>>()?,
@@ -180,22 +219,43 @@ pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &Worksp
         config,
         env: env(workspace, namespace)?,
         r#type: kind as i32,
-        options: Some(pb::OperationOptions {
-            parallel: update.parallel.unwrap_or(0),
-            message: update.message.clone().unwrap_or_default(),
-            expect_no_changes: update.expect_no_changes.unwrap_or(false),
-            replace: update.replace.clone().unwrap_or_default(),
-            target: update.target.clone().unwrap_or_default(),
-            target_dependents: update.target_dependents.unwrap_or(false),
-            refresh: update.refresh.unwrap_or(false),
-            continue_on_error: update.continue_on_error.unwrap_or(false),
-            remove: update.remove.unwrap_or(false),
-            run_program: update.run_program.unwrap_or(false),
-            preview_only: update.preview_only.unwrap_or(false),
-        }),
+        options: None,
         // set by the dispatcher right before `Run` (`dispatch::Hooks::not_after`)
         not_after: None,
     })
+}
+
+/// Why a request could not be completed with its values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Incomplete {
+    /// The user's to fix (a missing Secret or key, a refused GitHub App): the operation fails with it.
+    #[error("{0}")]
+    User(String),
+    /// The API server or GitHub did not answer: tried again later.
+    #[error("{0}")]
+    Transient(String),
+}
+
+/// `r` with its Secret and ConfigMap references and the Workspace's `envFrom` (`env_from`) resolved
+/// with the operator's identity in `namespace` (a workspace's service account needs no RBAC beyond
+/// PKO's), and GitHub App credentials exchanged at `github_api_url`.
+///
+/// Errors: [`Incomplete`], the user's to fix or transient.
+pub async fn complete(
+    client: &kube::Client,
+    namespace: &str,
+    env_from: &[k8s_openapi::api::core::v1::EnvFromSource],
+    github_api_url: &str,
+    mut r: pb::OperationRequest,
+) -> Result<pb::OperationRequest, Incomplete> {
+    let sort = |transient: bool, e: &dyn std::fmt::Display| if transient { Incomplete::Transient(e.to_string()) } else { Incomplete::User(e.to_string()) };
+    super::values::resolve(client, namespace, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
+    let skipped = super::values::expand_env_from(client, namespace, env_from, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
+    if !skipped.is_empty() {
+        tracing::info!(?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)");
+    }
+    super::values::exchange_github_app(&mut r, github_api_url).await.map_err(|e| sort(e.is_transient(), &e))?;
+    Ok(r)
 }
 
 #[cfg(test)]
