@@ -19,7 +19,7 @@ use super::{Agents, End, Lending, Lent, Readiness};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Initialization {
     /// The agent ran it: its result, per stack the first that did not succeed (else the last).
-    Ran(OperationResult),
+    Ran(Box<OperationResult>),
     /// The request could not be made (a Secret or key missing, a config item it cannot carry): the
     /// user's to fix, with the message naming the field.
     Invalid(String),
@@ -103,7 +103,7 @@ async fn run(lent: &Lent, req: pko_proto::v1::OperationRequest) -> Initializatio
         match stream.message().await {
             Ok(Some(e)) => {
                 if let Some(Event::Result(r)) = e.event {
-                    return Initialization::Ran(r);
+                    return Initialization::Ran(Box::new(r));
                 }
             }
             Ok(None) => return later(&"the stream ended without a result"),
