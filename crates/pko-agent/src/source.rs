@@ -113,9 +113,11 @@ impl SourceCache {
         Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default() })
     }
 
-    /// Prepares `source` (or reuses its cached working directory) and returns the project directory.
-    /// The entry stays pinned (never evicted) until [`SourceCache::release`].
-    pub async fn prepare(&self, source: &Source, values: &ValueResolver, env: &BTreeMap<String, String>) -> Result<Prepared, SourceError> {
+    /// Prepares `source` (or reuses its cached working directory) and returns the project directory;
+    /// `pulumi install` runs once per fetched revision unless `install` is false (the Workspace's
+    /// `skipInstall`; such an entry is cached apart from an installed one). The entry stays pinned
+    /// (never evicted) until [`SourceCache::release`].
+    pub async fn prepare(&self, source: &Source, values: &ValueResolver, env: &BTreeMap<String, String>, install: bool) -> Result<Prepared, SourceError> {
         let kind = source.kind.as_ref().ok_or_else(|| err("the request has no source"))?;
         let (key, dir, revision) = match kind {
             Kind::Local(l) => {
@@ -155,6 +157,7 @@ impl SourceCache {
                 (format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone())
             }
         };
+        let key = if install { key } else { format!("{key}-noinstall") };
         let lock = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.clone()).or_default().clone();
         let _guard = lock.lock().await;
         let path = self.cfg.root.join(&key);
@@ -176,7 +179,7 @@ impl SourceCache {
             // language dependencies (npm, pip, go modules), provider plugins and `packages`.
             let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
             let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
-            if install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) && !crate::pulumi::prebuilt_binary(&project) {
+            if install && install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) && !crate::pulumi::prebuilt_binary(&project) {
                 let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| install_err(format!("pulumi install: {e}")))?;
                 if !out.success {
                     return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));

@@ -97,6 +97,36 @@ async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
     assert_eq!(r.change_summary.get("delete"), Some(&3), "{:?}", r.change_summary);
 }
 
+/// PKO's workspace initialization (`INITIALIZE`): the stack is selected (or created) and configured,
+/// and no Pulumi operation runs; a stack that must exist already and does not is `STACK_NOT_FOUND`
+/// (the operator stalls the Workspace with it before any Update).
+#[tokio::test]
+async fn an_initialization_selects_the_stack_and_runs_no_operation() {
+    let env = pulumi_env();
+    let marker = env.dir().join("marker");
+    let dir = project(&env, "init", &LIFECYCLE.replace("MARKER_PATH", &marker.display().to_string()));
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let mut init = request(&env, "init-1", &dir, "dev", OperationType::Initialize);
+    init.config = vec![config("greeting", serde_json::json!("hi"), false), config("pw", serde_json::json!("pw"), true)];
+    let events = run(&mut c, init.clone()).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    assert_eq!(r.message, "stack dev initialized");
+    assert!(r.change_summary.is_empty() && r.outputs.is_empty(), "no operation ran: {r:?}");
+    assert_eq!(r.project_info.as_ref().unwrap().name, "init");
+    assert!(!marker.exists(), "the program did not run");
+    // the stack now exists: a create:false initialization selects it
+    init.operation_id = "init-2".into();
+    init.stack.as_mut().unwrap().create = false;
+    assert_eq!(result(&run(&mut c, init.clone()).await).status, ResultStatus::Succeeded as i32);
+    let mut missing = init.clone();
+    missing.operation_id = "init-3".into();
+    missing.stack.as_mut().unwrap().name = "never-created".into();
+    let r = result(&run(&mut c, missing).await);
+    assert_eq!((r.status, r.error.as_ref().map(|e| e.reason)), (ResultStatus::Failed as i32, Some(ErrorReason::StackNotFound as i32)), "{}", r.message);
+}
+
 const SLOW: &str = r#"resources:
   slow:
     type: command:local:Command

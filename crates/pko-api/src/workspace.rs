@@ -90,6 +90,12 @@ pub struct WorkspaceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::uint32")]
     pub pulumi_log_level: Option<u32>,
+    /// Skips the `pulumi install` that resolves the program's dependencies and plugins before an
+    /// operation: the image already has everything the program needs (vendored dependencies, a
+    /// prebuilt binary). PKO's proposed `skipInstall` (PR #1298); a project declaring
+    /// `runtime.options.binary` skips it without this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_install: Option<bool>,
     /// Stacks this workspace selects (and creates) and configures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

@@ -11,8 +11,8 @@
 //! when that fails: `InstallationFailed`, `InitializationFailed`, or `IncompatibleConfiguration` (the CLI
 //! is too old for structured config). Here every operation prepares its workspace too, and its result
 //! says how that went ([`verdict`]): the Update dispatcher records it on the Workspace ([`record`]).
-//! The Workspace controller initializes a Workspace as PKO does before it is Ready (its own agent once
-//! per generation; pooled agents for a `create: false` stack, and any Workspace Stalled again every
+//! The Workspace controller initializes a Workspace as PKO does before it is first Ready (on its own
+//! agent; on pooled agents for a `create: false` stack; and any Workspace Stalled again every
 //! minute) and records that the same way; it derives `Ready` from the condition, and stalls a spec it
 //! cannot run ([`spec_error`], reason `SpecInvalid`).
 //!

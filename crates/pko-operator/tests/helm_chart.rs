@@ -144,6 +144,21 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     assert!(["team-a", "team-b"].iter().all(|ns| docs.iter().any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == *ns)));
     assert!(find(&docs, "ClusterRole", "pko-operator").is_none());
     assert!(args(&docs).contains(&"--namespaces=team-a,team-b".to_string()));
+    // PKO's rbac.createRole: a Role and its binding in the release namespace, beside the ClusterRole
+    let docs = render(&["rbac.createRole=true"]);
+    let role = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager").expect("the namespaced Role");
+    assert_eq!(role["metadata"]["namespace"], "pko-system");
+    assert!(
+        role["rules"].as_sequence().is_some_and(|r| r.iter().any(|r| r["resources"].as_sequence().is_some_and(|res| res.iter().any(|x| x == "stacks")))),
+        "the controllers' rules: {role:?}"
+    );
+    assert!(
+        docs.iter().any(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == "pko-operator-controller-manager" && d["roleRef"]["name"] == "pko-operator-controller-manager")
+    );
+    assert!(find(&docs, "ClusterRole", "pko-operator").is_some(), "rbac.createClusterRole stays as it is");
+    let docs = render(&["rbac.createRole=true", "rbac.createClusterRole=false", "namespace.watch={team-a}"]);
+    assert_eq!(docs.iter().filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager").count(), 1, "one per watched namespace");
+    assert!(!docs.iter().any(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager" && d["metadata"]["namespace"] == "pko-system"));
 
     // pools of workspace pods: the operator's flags
     assert!(!args(&render(&[])).iter().any(|a| a.starts_with("--agent-pools")), "off by default: a pod per Workspace, as PKO");

@@ -293,7 +293,7 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     assert_eq!(updates_of(&updates, "prog-stack").await.len(), before + 1, "the new operator followed the running Update instead of starting another");
 
     // -- 5. Stacks deleted, helm uninstall: nothing left --
-    for name in ["prog-stack", "git-stack", "unauth-stack"] {
+    for name in ["prog-stack", "git-stack", "unauth-stack", "bare-stack"] {
         stacks.delete(name, &DeleteParams::default()).await.unwrap();
     }
     wait_for("the Stacks gone (finalizers run by the operator in its pod)", 180, ns.name(), op_ns, || async {

@@ -105,6 +105,10 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     let stacks = ns.api::<Stack>();
     create(&stacks, stack(&env, "served", "served", &server.url)).await;
     create(&stacks, stack(&env, "unserved", "unserved", &server.url)).await;
+    // PKO's proposed skipInstall (PR #1298): no `pulumi install`; the operation itself meets the plugin
+    let mut skipped = stack(&env, "skipped", "unserved", &server.url);
+    skipped["spec"]["workspaceTemplate"]["spec"]["skipInstall"] = json!(true);
+    create(&stacks, skipped).await;
 
     eventually("the Stack with a served plugin is Ready", 180, || async { ready(&stacks.get("served").await.unwrap()) }).await;
     let st = stacks.get("served").await.unwrap().status.unwrap();
@@ -131,6 +135,15 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     assert!(state.is_empty(), "the failed install touched no stack: {state:?}");
     assert!(message.starts_with("up failed: pulumi install failed"), "the failure names the step: {message}");
 
+    eventually("the skipInstall Stack has a failed Update", 180, || async {
+        let s = stacks.get("skipped").await.unwrap();
+        s.status.and_then(|st| st.last_update).is_some_and(|l| l.state == Some(pko_api::stack::StackUpdateStateMessage::Failed))
+    })
+    .await;
+    let skipped = stacks.get("skipped").await.unwrap().status.unwrap().last_update.unwrap().message.unwrap_or_default();
+    assert!(!skipped.contains("pulumi install") && skipped.contains("command-9.9.9"), "install skipped, the operation met the missing plugin: {skipped}");
+    assert_eq!(ns.api::<pko_api::Workspace>().get("skipped").await.unwrap().spec.skip_install, Some(true), "through the Stack's workspaceTemplate");
+
     // PKO's Workspace lifecycle: the Workspace is Stalled InstallationFailed (Ready False with that
     // reason), the Stack Stalled WorkspaceFailed "<reason>: <message>", and nothing is retried
     let workspaces = ns.api::<pko_api::Workspace>();
@@ -156,7 +169,8 @@ async fn a_yaml_program_downloads_its_plugin_and_a_missing_one_is_named() {
     let tried = |updates: &[Update]| updates.iter().filter(|u| u.spec.stack_name.as_deref() == Some("unserved")).count();
     assert_eq!(tried(&ns.api::<Update>().list(&Default::default()).await.unwrap().items), 1, "a stalled workspace is not retried");
 
-    // the plugin is served now; a sync request tries again, deploys, and clears the stall
+    // the plugin is served now: the Workspace controller's initialization, tried again every minute
+    // while stalled, mends the Workspace (PKO would need a new pod); the Stack deploys
     command_plugin_archive(&env, &served, "9.9.9");
     let request = json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "plugin-published"}}});
     stacks.patch("unserved", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&request)).await.unwrap();

@@ -280,7 +280,7 @@ async fn project(
         Some(s) => s.clone(),
         None => workspace_source(ctx.workspace_link.as_deref()).map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
     };
-    let prepared = ctx.sources.prepare(&source, &ctx.values, env).await.map_err(|e| {
+    let prepared = ctx.sources.prepare(&source, &ctx.values, env, !req.skip_install).await.map_err(|e| {
         let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
         fail(reason, "source", e.message)
     })?;

@@ -159,7 +159,7 @@ pub fn request(env: &PulumiEnv, id: &str, dir: &Path, stack: &str, kind: Operati
         ],
         r#type: kind as i32,
         options: Some(Default::default()),
-        not_after: None,
+        ..Default::default()
     }
 }
 

@@ -220,6 +220,7 @@ fn on_workspace(
         env: env(workspace, namespace)?,
         r#type: kind as i32,
         options: None,
+        skip_install: workspace.skip_install.unwrap_or(false),
         // set by the dispatcher right before `Run` (`dispatch::Hooks::not_after`)
         not_after: None,
     })

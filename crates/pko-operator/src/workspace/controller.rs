@@ -91,8 +91,8 @@ fn next(r: &Readiness) -> Action {
 /// The last initialization of a Workspace (by uid) on this replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Attempt {
-    /// Initialized at this generation.
-    Done(Option<i64>),
+    /// Initialized (later generations are prepared by their operations).
+    Done,
     /// Stalled at this generation, at this instant (tried again after [`INITIALIZE_AGAIN`]).
     Stalled(Option<i64>, std::time::Instant),
 }
@@ -108,10 +108,12 @@ const INITIALIZE_LATER: std::time::Duration = std::time::Duration::from_secs(5);
 pub const INITIALIZING_MESSAGE: &str = "Initializing and selecting a Pulumi stack";
 
 /// Whether `ws`, whose agents are up, is to be initialized now (PKO's workspace initialization, before
-/// any Update runs on it), given this replica's last attempt `last` at `now`: its own agent, once per
-/// generation; pooled agents only for a stack that must exist already (`create: false`), since every
-/// operation selects its stack anyway — and, on any runtime, again every [`INITIALIZE_AGAIN`] while it
-/// is Stalled at this generation by an initialization or an operation. Pure.
+/// any Update runs on it), given this replica's last attempt `last` at `now`: before it is first Ready —
+/// on its own agent, and on pooled agents only for a stack that must exist already (`create: false`),
+/// since every operation selects its stack anyway; later generations are prepared by their operations
+/// (an initialization per spec change would hold the agent from the Update that follows) — and, on any
+/// runtime, again every [`INITIALIZE_AGAIN`] while it is Stalled at this generation by an
+/// initialization or an operation. Pure.
 fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now: std::time::Instant) -> bool {
     let generation = ws.meta().generation;
     let stacks = ws.spec.stacks.as_deref().unwrap_or_default();
@@ -120,7 +122,8 @@ fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now
         Some(Attempt::Stalled(g, at)) if g == generation && now.duration_since(at) < INITIALIZE_AGAIN => false,
         _ if stacks.is_empty() || ws.meta().deletion_timestamp.is_some() => false,
         _ if stalled => true,
-        Some(Attempt::Done(g)) if g == generation => false,
+        Some(Attempt::Done) => false,
+        _ if ws.is_ready() => false,
         _ => !pooled || stacks.iter().any(|s| s.create == Some(false)),
     }
 }
@@ -214,7 +217,7 @@ impl WorkspaceController {
                 Attempt::Stalled(generation, std::time::Instant::now()),
                 Readiness { again: Some(INITIALIZE_AGAIN), ..Readiness { ready: Ready::Failed(reason.into(), message), ..readiness } },
             ),
-            Verdict::Initialized | Verdict::Unknown => (Attempt::Done(generation), readiness),
+            Verdict::Initialized | Verdict::Unknown => (Attempt::Done, readiness),
         };
         self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid, attempt);
         readiness
@@ -315,12 +318,14 @@ mod tests {
         };
         let (own, pooled) = (false, true);
         assert!(wants_initialization(&ws(None, None), own, None, now), "its own agent: as PKO's pod");
-        assert!(!wants_initialization(&ws(None, None), own, Some(Attempt::Done(Some(2))), now), "once per generation");
-        assert!(wants_initialization(&ws(None, None), own, Some(Attempt::Done(Some(1))), now), "a new generation");
+        assert!(!wants_initialization(&ws(None, None), own, Some(Attempt::Done), now), "once: a new generation is prepared by its operations");
+        let mut ready = ws(None, None);
+        ready.status = Some(stored(None, 1, "True", wc::SUCCEEDED));
+        assert!(!wants_initialization(&ready, own, None, now), "Ready before (another replica, an earlier run): not again");
         assert!(!wants_initialization(&ws(None, None), pooled, None, now), "pooled: every operation selects its stack");
         assert!(wants_initialization(&ws(Some(false), None), pooled, None, now), "pooled, a stack that must exist already");
         let stalled = ws(None, Some((wc::INITIALIZATION_FAILED, 2)));
-        assert!(wants_initialization(&stalled, pooled, Some(Attempt::Done(Some(2))), now), "stalled by an operation: mended by an initialization");
+        assert!(wants_initialization(&stalled, pooled, Some(Attempt::Done), now), "stalled by an operation: mended by an initialization");
         let just_now = Some(Attempt::Stalled(Some(2), now));
         assert!(!wants_initialization(&stalled, own, just_now, now + std::time::Duration::from_secs(59)));
         assert!(wants_initialization(&stalled, own, just_now, now + INITIALIZE_AGAIN), "tried again after a while");
