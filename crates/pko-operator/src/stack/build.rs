@@ -220,7 +220,22 @@ fn merge_workspace(ws: &mut WorkspaceSpec, t: WorkspaceSpec) {
     macro_rules! take {
         ($($f:ident),*) => { $( if t.$f.is_some() { ws.$f = t.$f; } )* };
     }
-    take!(service_account_name, security_profile, image, image_pull_policy, git, flux, local, project_info, env_from, resources, pod_template, service_template, pulumi_log_level);
+    take!(
+        service_account_name,
+        security_profile,
+        image,
+        image_pull_policy,
+        git,
+        flux,
+        local,
+        project_info,
+        env_from,
+        resources,
+        pod_template,
+        service_template,
+        pulumi_log_level,
+        skip_install
+    );
     if let Some(extra) = t.env {
         let env = ws.env.get_or_insert_with(Vec::new);
         for e in extra {
@@ -427,7 +442,7 @@ mod tests {
             "secrets": {"legacy": "x"}, "secretsRef": {"pw": {"type": "Secret", "secret": {"name": "db", "key": "pw"}}, "lit": {"type": "Literal", "literal": {"value": "v"}}},
             "secretsProvider": "passphrase", "useLocalStackOnly": true, "repoDir": "app", "shallow": true, "serviceAccountName": "runner",
             "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
-            "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}]}}
+            "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}], "skipInstall": true, "pulumiLogLevel": 3}}
         }));
         let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None).map(Box::new) });
         let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
@@ -435,6 +450,7 @@ mod tests {
         assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");
         assert_eq!(ws.env_from.as_ref().unwrap().len(), 2);
         assert_eq!(ws.image.as_deref(), Some("custom"));
+        assert_eq!((ws.skip_install, ws.pulumi_log_level), (Some(true), Some(3)), "every template field reaches the Workspace");
         assert_eq!(ws.service_account_name.as_deref(), Some("runner"));
         let st = &ws.stacks.as_ref().unwrap()[0];
         assert_eq!((st.name.as_str(), st.create, st.secrets_provider.as_deref()), ("dev", Some(false), Some("passphrase")));

@@ -128,6 +128,18 @@ fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now
     }
 }
 
+/// When the initialization of `ws`, Stalled at its generation after this replica's attempt `last`, is
+/// due again at `now`; `None` when it is not stalled or not waiting on an attempt. Pure.
+fn retry_due(ws: &Workspace, last: Option<Attempt>, now: std::time::Instant) -> Option<std::time::Duration> {
+    let stalled = ws.stalled().is_some_and(|c| wc::OPERATION_STALLS.contains(&c.reason.as_str()));
+    match last {
+        Some(Attempt::Stalled(g, at)) if stalled && g == ws.meta().generation => {
+            Some(INITIALIZE_AGAIN.saturating_sub(now.duration_since(at)).max(std::time::Duration::from_secs(1)))
+        }
+        _ => None,
+    }
+}
+
 /// The Workspace controller.
 pub struct WorkspaceController {
     ctx: Arc<Context>,
@@ -198,8 +210,11 @@ impl WorkspaceController {
     async fn initialize(&self, ws: &Workspace, readiness: Readiness) -> Readiness {
         let uid = ws.uid().unwrap_or_default();
         let last = self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&uid).copied();
-        if !wants_initialization(ws, self.agents.pooled(), last, std::time::Instant::now()) {
-            return readiness;
+        let now = std::time::Instant::now();
+        if !wants_initialization(ws, self.agents.pooled(), last, now) {
+            // a stalled one is looked at again when its next initialization is due, whatever woke it
+            let due = retry_due(ws, last, now);
+            return Readiness { again: readiness.again.into_iter().chain(due).min(), ..readiness };
         }
         let verdict = match self.agents.initialize(ws, &readiness, &self.ctx.github_api_url).await {
             Initialization::Ran(r) => crate::stalled::verdict(&r),
@@ -329,6 +344,9 @@ mod tests {
         let just_now = Some(Attempt::Stalled(Some(2), now));
         assert!(!wants_initialization(&stalled, own, just_now, now + std::time::Duration::from_secs(59)));
         assert!(wants_initialization(&stalled, own, just_now, now + INITIALIZE_AGAIN), "tried again after a while");
+        assert_eq!(retry_due(&stalled, just_now, now + std::time::Duration::from_secs(20)), Some(std::time::Duration::from_secs(40)), "whatever woke it, looked at again when due");
+        assert_eq!(retry_due(&ws(None, None), just_now, now), None, "no longer stalled");
+        assert_eq!(retry_due(&stalled, Some(Attempt::Done), now), None);
         assert!(!wants_initialization(&ws(None, Some((wc::SPEC_INVALID, 2))), pooled, None, now), "a spec it cannot run is not initialized");
         let none: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w"}, "spec": {}})).unwrap();
         assert!(!wants_initialization(&none, own, None, now), "no stacks");
