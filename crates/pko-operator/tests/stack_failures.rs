@@ -266,6 +266,50 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     eventually("the Stack is gone", 60, || async { stacks.get_opt("local-only").await.unwrap().is_none() }).await;
 }
 
+/// A program with three failing resources: every error reaches the Update's message (not just the
+/// first), the event keeps the first; once mended, the Update's and the Stack's `lastUpdate` change
+/// counts say what was created (the `command` stand-in provider).
+#[tokio::test]
+async fn every_error_of_a_failing_program_reaches_the_update_and_counts_reach_the_stack() {
+    let (client, ns, env) = setup("errors").await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    let failing = |i: u32| json!({"type": "command:local:Command", "properties": {"create": format!("echo failure-{i} >&2; exit {i}")}});
+    let programs = ns.api::<Program>();
+    create(
+        &programs,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "three"},
+        "program": {"resources": {"a": failing(3), "b": failing(4), "c": failing(5), "ok": {"type": "command:local:Command", "properties": {"create": "echo fine"}}}}}),
+    )
+    .await;
+    let stacks = ns.api::<Stack>();
+    create(&stacks, stack("three", &env.backend_url(), 4)).await;
+    eventually("the first Update fails", 120, || async {
+        stacks.get("three").await.unwrap().status.and_then(|s| s.last_update).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed))
+    })
+    .await;
+    let last = stacks.get("three").await.unwrap().status.unwrap().last_update.unwrap();
+    let update = ns.api::<Update>().get(last.name.as_deref().unwrap()).await.unwrap();
+    let message = update.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
+    for i in 3..=5 {
+        assert!(message.contains(&format!("failure-{i}")) && message.contains(&format!("exited with {i}")), "error {i} in the Update's message: {message}");
+    }
+    assert!(message.starts_with("up failed: command:local:Command ("), "each error names its resource: {message}");
+    assert!(message.len() <= 4096 + 20, "bounded");
+    assert_eq!(last.message.as_deref(), Some(message.as_str()), "the Stack's lastUpdate has the same");
+    let note = events_of(&ns, "Update", "UpdateFailed").await.into_iter().map(|(n, _)| n).next().unwrap_or_default();
+    assert!(note.starts_with(r#"Failed to update stack "dev": command:local:Command ("#) && !note.contains('\n'), "the event keeps the first error: {note}");
+
+    // a merge patch: b and c removed, a mended
+    let mended = json!({"program": {"resources": {"a": {"properties": {"create": "echo a"}}, "b": null, "c": null}}});
+    programs.patch("three", &PatchParams::default(), &Patch::Merge(&mended)).await.unwrap();
+    eventually("the mended Stack is Ready", 120, || async { ready(&stacks.get("three").await.unwrap()) }).await;
+    let last = stacks.get("three").await.unwrap().status.unwrap().last_update.unwrap();
+    let counts = last.change_summary.clone().unwrap_or_default();
+    assert!(counts.get("create").is_some_and(|n| *n >= 1) && counts.get("same").is_some_and(|n| *n >= 1), "a created, ok kept, as Pulumi counts them: {counts:?}");
+    let update = ns.api::<Update>().get(last.name.as_deref().unwrap()).await.unwrap();
+    assert_eq!(update.status.and_then(|s| s.change_summary), Some(counts), "as its Update's status.changeSummary");
+}
+
 /// PKO #1292: a `status.currentUpdate` naming an Update that no longer exists must not wedge the Stack.
 /// It is cleared, the Stack is Ready again, and no update runs for it.
 #[tokio::test]

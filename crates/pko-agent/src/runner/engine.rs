@@ -36,6 +36,8 @@ pub(super) const MAX_CHANGES: usize = 100;
 struct Reading {
     /// Error diagnostics.
     errors: String,
+    /// Error diagnostics of resources, `(urn, message)`, in the engine's order.
+    resource_errors: Vec<(String, String)>,
     /// Program errors language hosts (Pulumi YAML among them) report as `info#err`.
     stderr_diagnostics: String,
     /// The engine's summary event.
@@ -63,7 +65,7 @@ impl Reading {
         if let Some(d) = ev.get("diagnosticEvent") {
             let text = d["message"].as_str().unwrap_or_default();
             match d["severity"].as_str() {
-                Some("error") => self.errors.push_str(text),
+                Some("error") => self.error(d["urn"].as_str().unwrap_or_default(), text),
                 Some("info#err") => self.stderr_diagnostics.push_str(text),
                 _ => {}
             }
@@ -84,13 +86,21 @@ impl Reading {
         op.publish(Event::EngineEvent(crate::convert::to_struct(&ev)));
     }
 
+    /// Records an error diagnostic `text`, of the resource `urn` when not empty.
+    fn error(&mut self, urn: &str, text: &str) {
+        self.errors.push_str(text);
+        if !urn.is_empty() {
+            self.resource_errors.push((urn.to_string(), text.to_string()));
+        }
+    }
+
     /// A preview's document, read once the command ended: its error diagnostics and change summary,
     /// published as one engine event (or as a log line when it is not JSON).
     fn preview_done(&mut self, op: &Operation) {
         if let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&self.preview_doc) {
             for d in doc.get("diagnostics").and_then(Value::as_array).into_iter().flatten() {
                 if d["severity"] == "error" {
-                    self.errors.push_str(d["message"].as_str().unwrap_or_default());
+                    self.error(d["urn"].as_str().unwrap_or_default(), d["message"].as_str().unwrap_or_default());
                 }
             }
             self.summary = doc.get("changeSummary").map(|c| json!({ "resourceChanges": c }));
@@ -163,7 +173,8 @@ pub(super) async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Ste
     result.permalink = find_permalink(&format!("{stderr_text}\n{}", reading.preview_doc)).unwrap_or_default();
     if !status.success() {
         let text = format!("{}\n{}\n{stderr_text}", reading.errors, reading.stderr_diagnostics);
-        return Err(failed(ctx, step, &text, &format!("pulumi {} exited with {status}", args[0])));
+        let message = failure_message(&reading.resource_errors, &text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
+        return Err(failed(ctx, step, &text, message));
     }
     if step.kind == OperationType::Up {
         result.outputs = outputs(ctx, step.dir, step.env, step.stack, reading.stack_outputs, masker).await?;
@@ -171,15 +182,15 @@ pub(super) async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Ste
     Ok(())
 }
 
-/// The failure of a Pulumi command that printed `text` (`exited`: what to say without an error line):
-/// classified, a lock conflict's holders judged (dead ones to release, live ones on this host to wait
-/// for); a stack the backend no longer has is forgotten.
-fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, exited: &str) -> Failure {
+/// The failure of a Pulumi command that printed `text`, said as `message`: classified, a lock
+/// conflict's holders judged (dead ones to release, live ones on this host to wait for); a stack the
+/// backend no longer has is forgotten.
+fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> Failure {
     if text.contains("no stack named") {
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(step.known_key);
     }
     let reason = pulumi::classify_failure(text);
-    let mut failure = fail(reason, "", first_error_line(text).unwrap_or_else(|| exited.to_string()));
+    let mut failure = fail(reason, "", message);
     if reason == ErrorReason::UpdateConflict {
         match crate::locks::judge(text, &crate::locks::hostname(), |pid| crate::locks::process_info(Path::new("/proc"), pid)) {
             crate::locks::Judgement::Release(dead) => failure.stale = dead,
@@ -337,17 +348,81 @@ pub(super) fn find_permalink(text: &str) -> Option<String> {
     re.find(text).map(|m| m.as_str().to_string())
 }
 
-/// The first `error:`/`Error:` line of Pulumi's output without its prefix, followed by the location
-/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`); else the first five lines.
-pub(super) fn first_error_line(text: &str) -> Option<String> {
+/// Most bytes of an operation's failure message (the Update's `status.message`): every error is
+/// listed up to this, then how much was left out.
+pub(super) const MAX_FAILURE_MESSAGE_BYTES: usize = 4096;
+
+/// The failure message of an operation whose engine reported `resource_errors` (`(urn, message)`) and
+/// printed `text`: every error, one after the other, the first on the first line — each resource's as
+/// `<type> (<name>): <message>` (its further lines indented), then every other `error:` line of `text`
+/// (Pulumi's closing `update failed` left out when an error before it said more) — bounded to
+/// [`MAX_FAILURE_MESSAGE_BYTES`]; else the first five lines of `text`; `None` when it is empty. Pure.
+pub(super) fn failure_message(resource_errors: &[(String, String)], text: &str) -> Option<String> {
+    let mut errors: Vec<String> = resource_errors
+        .iter()
+        .map(|(urn, message)| {
+            let lines: Vec<&str> = message.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+            format!("{} ({}): {}", urn_type(urn), urn.rsplit("::").next().unwrap_or(urn), lines.join("\n  "))
+        })
+        .collect();
+    let closing = ["update failed", "preview failed", "refresh failed", "destroy failed"];
+    for line in error_lines(text) {
+        let said = errors.iter().any(|e| e.contains(&line)) || (!errors.is_empty() && closing.contains(&line.as_str()));
+        if !said {
+            errors.push(line);
+        }
+    }
+    let all = if errors.is_empty() { first_error_line(text)? } else { errors.join("\n") };
+    Some(bounded(all, MAX_FAILURE_MESSAGE_BYTES))
+}
+
+/// The type of the resource `urn` (`urn:pulumi:dev::proj::parent$command:local:Command::name` →
+/// `command:local:Command`). Pure.
+fn urn_type(urn: &str) -> &str {
+    let parts: Vec<&str> = urn.split("::").collect();
+    let ty = if parts.len() >= 2 { parts[parts.len() - 2] } else { urn };
+    ty.rsplit('$').next().unwrap_or(ty)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, saying how many bytes were left out. Pure.
+fn bounded(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub(40);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n… ({} more bytes)", &text[..end], text.len() - end)
+}
+
+/// Every `error:`/`Error:` line of Pulumi's output without its prefix, each followed by the location
+/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`), in order, without repeats. Pure.
+fn error_lines(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    if let Some(i) = lines.iter().position(|l| l.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("error:"))) {
-        let mut msg = lines[i][6..].trim().to_string();
+    let mut found: Vec<String> = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if !l.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("error:")) {
+            continue;
+        }
+        let mut msg = l[6..].trim().to_string();
         if let Some(loc) = lines.get(i + 1).filter(|l| l.starts_with("on ")) {
             msg.push_str(&format!(" ({})", loc.trim_end_matches(':')));
         }
-        return Some(msg);
+        if !found.contains(&msg) {
+            found.push(msg);
+        }
     }
+    found
+}
+
+/// The first `error:`/`Error:` line of Pulumi's output without its prefix, followed by the location
+/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`); else the first five lines.
+pub(super) fn first_error_line(text: &str) -> Option<String> {
+    if let Some(first) = error_lines(text).into_iter().next() {
+        return Some(first);
+    }
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     (!lines.is_empty()).then(|| lines.iter().take(5).copied().collect::<Vec<_>>().join("\n"))
 }
 
@@ -363,5 +438,31 @@ mod tests {
         // Pulumi YAML's info#err diagnostics
         let yaml = "\nError: resource, variable, or config value \"missing\" not found\n\n  on Pulumi.yaml line 7:\n\n   7:       create: ${missing.value}\n";
         assert_eq!(first_error_line(yaml).as_deref(), Some("resource, variable, or config value \"missing\" not found (on Pulumi.yaml line 7)"));
+    }
+
+    #[test]
+    fn a_failure_message_lists_every_error_bounded() {
+        let urn = |name: &str| format!("urn:pulumi:dev::three::command:local:Command::{name}");
+        let resources = vec![
+            (urn("b"), "command exited with 4: 'exit 4'\nstdout: \nstderr: second failure\n\n".to_string()),
+            (urn("a"), "command exited with 3\n".to_string()),
+            (urn("c"), "command exited with 5\n".to_string()),
+        ];
+        let text = "command exited with 4\nupdate failed\nerror: update failed\nerror: another thing\n";
+        let m = failure_message(&resources, text).unwrap();
+        assert_eq!(
+            m,
+            "command:local:Command (b): command exited with 4: 'exit 4'\n  stdout:\n  stderr: second failure\ncommand:local:Command (a): command exited with 3\ncommand:local:Command (c): command exited with 5\nanother thing"
+        );
+        assert_eq!(urn_type("urn:pulumi:dev::p::my:comp:Parent$random:index/randomPet:RandomPet::pet"), "random:index/randomPet:RandomPet");
+        // no resource errors: every error line, Pulumi YAML's locations kept
+        let yaml = "Error: a not found\n  on Pulumi.yaml line 7:\nError: b not found\nerror: update failed\n";
+        assert_eq!(failure_message(&[], yaml).unwrap(), "a not found (on Pulumi.yaml line 7)\nb not found", "the closing `update failed` adds nothing");
+        assert_eq!(failure_message(&[], "error: update failed\n").unwrap(), "update failed", "unless it is all there is");
+        assert_eq!(failure_message(&[], "").as_deref(), None);
+        // bounded, at a character boundary, saying how much is left out
+        let many: Vec<(String, String)> = (0..200).map(|i| (urn(&format!("r{i}")), format!("failé {i} {}", "x".repeat(40)))).collect();
+        let m = failure_message(&many, "").unwrap();
+        assert!(m.len() <= MAX_FAILURE_MESSAGE_BYTES && m.ends_with("more bytes)") && m.starts_with("command:local:Command (r0)"), "{} bytes", m.len());
     }
 }

@@ -57,6 +57,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             permalink: us.permalink.clone(),
             last_resync_time: Some(now.clone()),
             failures: Some(failures),
+            change_summary: us.change_summary.clone(),
         },
         succeeded: ok,
         conflict,
@@ -85,6 +86,7 @@ mod tests {
             message: Some(if ok { "update succeeded" } else { "boom" }.into()),
             outputs: ok.then(|| format!("{name}-stack-outputs")),
             project_info: Some(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }),
+            change_summary: Some([("create".to_string(), 2), ("same".to_string(), 1)].into()),
             ..Default::default()
         });
         u
@@ -103,6 +105,7 @@ mod tests {
         assert_eq!(a.outputs_secret.as_deref(), Some("u-stack-outputs"));
         assert_eq!(a.project_info.and_then(|p| p.name).as_deref(), Some("p"));
         assert_eq!(a.last_update.last_resync_time, Some(t(9)));
+        assert_eq!(a.last_update.change_summary, Some([("create".to_string(), 2), ("same".to_string(), 1)].into()), "the resource change counts");
     }
 
     #[test]

@@ -225,7 +225,9 @@ async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult) 
     let succeeded = phase == Phase::Succeeded;
     let (severity, reason) = if succeeded { (crate::k8s::Severity::Normal, event_reason::UPDATE_SUCCEEDED) } else { (crate::k8s::Severity::Warning, event_reason::UPDATE_FAILED) };
     let stack = op.update.spec.stack_name.as_deref().unwrap_or_default();
-    let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, &result.message);
+    // the first error, as today: the Update's message carries all of them
+    let first = result.message.lines().next().unwrap_or_default();
+    let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, first);
     crate::k8s::publish(&op.events.update, op.update, severity, reason, note).await;
     // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
     // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it
