@@ -19,6 +19,7 @@ pub mod convert;
 pub mod locks;
 pub mod mask;
 pub mod operation;
+pub mod output;
 pub mod pulumi;
 pub mod runner;
 pub mod sandbox;

@@ -144,6 +144,11 @@ struct Serve {
     /// `UPDATE_CONFLICT`. Holders on other hosts are never waited for.
     #[arg(long, default_value_t = 30)]
     lock_wait_seconds: u64,
+    /// How each operation's lines (Pulumi's output, its engine events as Pulumi prints them, the
+    /// agent's own) are written to standard output, each with the operation's namespace, stack, update
+    /// and type: `text` or `json` (one object per line). PKO's `AGENT_JSON_LOG=true` means `json`.
+    #[arg(long, value_enum, default_value_t = pko_agent::output::Format::Text)]
+    log_format: pko_agent::output::Format,
     /// Caller authentication.
     #[arg(long, value_enum, default_value_t = AuthMode::Kube)]
     auth: AuthMode,
@@ -332,7 +337,11 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         tracing::warn!(seconds = s, "HOLLOW AGENT: operations are simulated, no Pulumi runs (load tests only)");
     }
     let service = AgentService::new(
-        AgentConfig { capacity: a.capacity.max(1), grace: Duration::from_secs(a.grace_seconds) },
+        AgentConfig {
+            capacity: a.capacity.max(1),
+            grace: Duration::from_secs(a.grace_seconds),
+            log_format: pko_agent::output::Format::chosen(a.log_format, std::env::var("AGENT_JSON_LOG").ok().as_deref()),
+        },
         ctx,
         auth,
         Duration::from_secs(a.retention_seconds),

@@ -30,6 +30,8 @@ pub struct Operation {
     /// The agent is shutting down: the operation ends Interrupted.
     pub interrupted: AtomicBool,
     finished_at: Mutex<Option<Instant>>,
+    /// Whose operation it is, for its lines on the agent's standard output (unset: not printed).
+    output: std::sync::OnceLock<crate::output::Context>,
 }
 
 #[derive(Debug)]
@@ -53,6 +55,7 @@ impl Operation {
             cancelled: AtomicBool::new(false),
             interrupted: AtomicBool::new(false),
             finished_at: Mutex::new(None),
+            output: std::sync::OnceLock::new(),
         }
     }
 
@@ -69,9 +72,29 @@ impl Operation {
         if epoch < newest { Err(newest) } else { Ok(()) }
     }
 
+    /// Prints the operation's lines to the agent's standard output from now on, as `ctx` says
+    /// ([`crate::output`]); set once.
+    pub fn print_to(&self, ctx: crate::output::Context) {
+        let _ = self.output.set(ctx);
+    }
+
+    /// Prints engine event `event` as Pulumi would (when it prints anything for it).
+    pub fn print_engine(&self, event: &serde_json::Map<String, serde_json::Value>) {
+        if let (Some(out), Some(line)) = (self.output.get(), crate::output::render(event)) {
+            out.print("engine", &line);
+        }
+    }
+
     /// Appends an event. Past the buffer bound, engine events and logs are dropped (counted); the result
     /// is always kept.
     pub fn publish(&self, event: Event) {
+        if let Some(out) = self.output.get() {
+            match &event {
+                Event::Log(l) => out.print(stream_name(l.stream), &l.text),
+                Event::Result(r) => out.print("result", &r.message),
+                Event::EngineEvent(_) => {}
+            }
+        }
         let is_result = matches!(event, Event::Result(_));
         let len = {
             let mut log = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -174,6 +197,15 @@ impl Operation {
                 op.stop_now();
             }
         });
+    }
+}
+
+/// The `stream` field of a log line on the agent's output.
+fn stream_name(stream: i32) -> &'static str {
+    match log_line::Stream::try_from(stream).unwrap_or(log_line::Stream::Unspecified) {
+        log_line::Stream::Stdout => "stdout",
+        log_line::Stream::Stderr => "stderr",
+        log_line::Stream::Agent | log_line::Stream::Unspecified => "agent",
     }
 }
 

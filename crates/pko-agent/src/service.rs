@@ -26,6 +26,8 @@ pub struct AgentConfig {
     pub capacity: usize,
     /// Grace between Ctrl-C and SIGKILL, for Cancel and for shutdown.
     pub grace: Duration,
+    /// How each operation's lines are written to standard output ([`crate::output`]).
+    pub log_format: crate::output::Format,
 }
 
 /// The agent service.
@@ -226,7 +228,9 @@ impl Agent for AgentService {
             return Err(Status::unavailable(format!("agent busy: {} operation(s) running, capacity {}", self.inner.ops.running().len(), self.inner.cfg.capacity)));
         }
         let op = self.inner.ops.insert(&req.operation_id, req.epoch).ok_or_else(|| Status::already_exists("operation id in use"))?;
-        tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or(""), "agent call: operation accepted");
+        let stack = req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or("");
+        tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %stack, "agent call: operation accepted");
+        op.print_to(crate::output::Context::of(&op.id, stack, runner::kind_name(&req), self.inner.cfg.log_format));
         op.log("operation accepted");
         tokio::spawn(runner::run(self.inner.ctx.clone(), op.clone(), req));
         Ok(Response::new(Self::stream_of(&op)))

@@ -97,6 +97,47 @@ async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
     assert_eq!(r.change_summary.get("delete"), Some(&3), "{:?}", r.change_summary);
 }
 
+/// Every operation's lines reach the agent's standard output with whose they are (issue "See what
+/// Pulumi did"): Pulumi's steps as it prints them, the summary, the result; secrets masked; PKO's
+/// `AGENT_JSON_LOG` makes them JSON objects.
+#[tokio::test]
+async fn an_operation_s_lines_are_on_the_agent_s_output_with_whose_they_are() {
+    let env = pulumi_env();
+    let marker = env.dir().join("marker");
+    let dir = project(&env, "said", &LIFECYCLE.replace("MARKER_PATH", &marker.display().to_string()));
+    let secret = "0utput-S3cret-77";
+    let mut up = request(&env, "team-a/web-1a2b/uid-1", &dir, "dev", OperationType::Up);
+    up.config = vec![
+        config("greeting", serde_json::json!("bonjour"), false),
+        config("pw", serde_json::json!(secret), true),
+        config("settings", serde_json::json!({"zones": ["a"]}), false),
+    ];
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let r = result(&run(&mut agent.client().await, up.clone()).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let out = agent.output();
+    let ours: Vec<&str> = out.lines().filter(|l| l.contains(" namespace=team-a stack=dev update=web-1a2b operation=up | ")).collect();
+    assert!(!ours.is_empty() && ours.len() == out.lines().count(), "every line says whose it is:\n{out}");
+    for want in ["engine namespace=team-a", "| + command:local:Command hello creating", "| + command:local:Command hello created", "| Resources: ", "result namespace=team-a"] {
+        assert!(out.contains(want), "{want:?} in:\n{out}");
+    }
+    assert!(!out.contains(secret), "the secret is masked on the output");
+
+    let agent = Agent::start(&env, &["--auth", "none"], &[("AGENT_JSON_LOG", "true")]);
+    let mut failing = request(&env, "team-a/web-2c3d/uid-2", &project(&env, "fails", BROKEN), "dev", OperationType::Up);
+    failing.config = vec![];
+    let r = result(&run(&mut agent.client().await, failing).await);
+    assert_eq!(r.status, ResultStatus::Failed as i32);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let lines: Vec<serde_json::Value> = agent.output().lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    assert!(lines.iter().all(|l| l["namespace"] == "team-a" && l["update"] == "web-2c3d" && l["stack"] == "dev" && l["operation"] == "up" && l["time"].is_string()));
+    assert!(lines.iter().any(|l| l["stream"] == "engine" && l["msg"].as_str().is_some_and(|m| m.starts_with("error: "))), "the error as Pulumi prints it: {lines:?}");
+    assert!(lines.iter().any(|l| l["stream"] == "result"));
+}
+
+const BROKEN: &str = "resources:\n  boom:\n    type: command:local:Command\n    properties:\n      create: echo broken >&2; exit 7\n";
+
 /// PKO's workspace initialization (`INITIALIZE`): the stack is selected (or created) and configured,
 /// and no Pulumi operation runs; a stack that must exist already and does not is `STACK_NOT_FOUND`
 /// (the operator stalls the Workspace with it before any Update).

@@ -70,6 +70,7 @@ impl Reading {
                 _ => {}
             }
         }
+        op.print_engine(&ev);
         let drift_check = step.kind == OperationType::Refresh && step.options.preview_only;
         if drift_check
             && result.changes.len() < MAX_CHANGES
@@ -104,6 +105,9 @@ impl Reading {
                 }
             }
             self.summary = doc.get("changeSummary").map(|c| json!({ "resourceChanges": c }));
+            if let Some(Value::Object(s)) = self.summary.as_ref().map(|s| json!({ "summaryEvent": s })) {
+                op.print_engine(&s);
+            }
             op.publish(Event::EngineEvent(crate::convert::to_struct(&doc)));
         } else if !self.preview_doc.trim().is_empty() {
             op.publish(Event::Log(LogLine { stream: log_line::Stream::Stdout as i32, text: self.preview_doc.clone() }));

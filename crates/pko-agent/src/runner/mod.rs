@@ -175,6 +175,16 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
     op.publish(Event::Result(result));
 }
 
+/// The operation's type as its output lines name it: `preview`, `up`, `refresh`, `destroy`,
+/// `initialize`.
+pub fn kind_name(req: &OperationRequest) -> &'static str {
+    match OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified) {
+        OperationType::Up => "up",
+        OperationType::Initialize => "initialize",
+        _ => verb(req),
+    }
+}
+
 fn verb(req: &OperationRequest) -> &'static str {
     match OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified) {
         OperationType::Preview => "preview",

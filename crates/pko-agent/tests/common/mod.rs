@@ -24,6 +24,8 @@ pub struct Agent {
     pub child: Child,
     /// The agent's own log (stderr).
     pub log: PathBuf,
+    /// Its standard output after the handshake: the operations' lines.
+    pub out: PathBuf,
     pub addr: String,
     pub work: tempfile::TempDir,
 }
@@ -59,10 +61,20 @@ impl Agent {
         let mut line = String::new();
         let mut reader = std::io::BufReader::new(stdout);
         reader.read_line(&mut line).unwrap();
-        // keep draining stdout so the agent can never block on a full pipe
-        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+        // keep draining stdout (into a file) so the agent can never block on a full pipe
+        let out = work.path().join("agent.out");
+        let out_path = out.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&out_path).unwrap();
+            std::io::copy(&mut reader, &mut f)
+        });
         let addr = pko_proto::listening_address(&line).unwrap_or_else(|| panic!("agent said {line:?}")).to_string();
-        Agent { child, addr, work, log }
+        Agent { child, addr, work, log, out }
+    }
+
+    /// What the agent wrote to its standard output so far (after the handshake).
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
     }
 
     pub async fn client(&self) -> AgentClient<Channel> {
