@@ -45,7 +45,7 @@ async fn main() {
     }
     let (client, ns, env) = setup("bench").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    let program: serde_json::Value = serde_yaml::from_str(PROGRAM).unwrap();
+    let program: serde_json::Value = serde_yaml_ng::from_str(PROGRAM).unwrap();
     create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "bench"}, "program": program})).await;
     let stacks = ns.api::<Stack>();
     let t = Instant::now();

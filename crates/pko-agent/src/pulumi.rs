@@ -264,10 +264,10 @@ pub async fn version(cli: &Cli) -> std::io::Result<String> {
 /// or `{name: ...}`.
 pub fn project_info(dir: &Path) -> Option<(String, String)> {
     let text = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())?;
-    let v: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
     let runtime = match v.get("runtime")? {
-        serde_yaml::Value::String(s) => s.clone(),
+        serde_yaml_ng::Value::String(s) => s.clone(),
         other => other.get("name")?.as_str()?.to_string(),
     };
     Some((name, runtime))
@@ -278,7 +278,7 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
 /// binary already holds (PKO #1297, fixed in v2.9.1 by #1319).
 pub fn prebuilt_binary(dir: &Path) -> bool {
     let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok()) else { return false };
-    let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(&text) else { return false };
+    let Ok(v) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text) else { return false };
     v.get("runtime").and_then(|r| r.get("options")).and_then(|o| o.get("binary")).and_then(|b| b.as_str()).is_some_and(|b| !b.trim().is_empty())
 }
 

@@ -40,7 +40,7 @@ pub fn render_yaml(name: &str, spec: &ProgramSpec) -> Result<String, Error> {
     if let Value::Object(body) = serde_json::to_value(spec).map_err(|e| Error::Render(name.into(), e.to_string()))? {
         doc.extend(body);
     }
-    serde_yaml::to_string(&Value::Object(doc)).map_err(|e| Error::Render(name.into(), e.to_string()))
+    serde_yaml_ng::to_string(&Value::Object(doc)).map_err(|e| Error::Render(name.into(), e.to_string()))
 }
 
 /// A gzipped tarball holding one file, `Pulumi.yaml` (mode 0775, mtime 0, uid/gid 0): byte-for-byte
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn renders_name_runtime_and_body() {
         let yaml = render_yaml("demo", &program(1).spec.program.unwrap()).unwrap();
-        let v: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
         assert_eq!(v["name"], "demo");
         assert_eq!(v["runtime"], "yaml");
         assert_eq!(v["resources"]["hello"]["type"], "command:local:Command");

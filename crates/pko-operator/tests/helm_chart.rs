@@ -11,7 +11,7 @@ use std::process::Command;
 use common::cluster::helm;
 use pko_testbed::{eventually, repo_root, testbed};
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 fn chart() -> String {
     repo_root().join("deploy/helm/pko").display().to_string()
@@ -31,7 +31,7 @@ fn try_render(sets: &[&str]) -> (bool, Vec<Value>, String) {
         args.extend(["--set", s]);
     }
     let (ok, out, err) = helm(&args);
-    let docs = if ok { serde_yaml::Deserializer::from_str(&out).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect() } else { Vec::new() };
+    let docs = if ok { serde_yaml_ng::Deserializer::from_str(&out).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect() } else { Vec::new() };
     (ok, docs, err)
 }
 

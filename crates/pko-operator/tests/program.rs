@@ -25,6 +25,19 @@ async fn wait_artifact(api: &kube::Api<Program>, name: &str, generation: i64) ->
     }
 }
 
+/// The bytes served at `url` once it is served (within 10 s).
+async fn served(http: &reqwest::Client, url: &str) -> Vec<u8> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http.get(url).send().await.unwrap();
+        if r.status().is_success() {
+            return r.bytes().await.unwrap().to_vec();
+        }
+        assert!(tokio::time::Instant::now() < end, "{url} not served within 10 s: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn untar(bytes: &[u8]) -> String {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
     let mut entries = archive.entries().unwrap();
@@ -78,11 +91,11 @@ async fn program_is_published_served_and_deployable() {
     assert_eq!(a1.path, format!("programs/{}/hello/1/{hex}.tar.gz", ns.name()));
 
     let http = reqwest::Client::new();
-    let bytes = http.get(&a1.url).send().await.unwrap().error_for_status().unwrap().bytes().await.unwrap();
+    let bytes = served(&http, &a1.url).await;
     assert_eq!(Some(pko_operator::program::digest(&bytes)), a1.digest, "the served bytes match the published digest");
     assert_eq!(Some(bytes.len() as i64), a1.size);
     let yaml = untar(&bytes);
-    let doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
     assert_eq!((doc["name"].as_str(), doc["runtime"].as_str()), (Some("hello"), Some("yaml")));
 
     // the rendered project deploys with the real CLI
@@ -102,7 +115,8 @@ async fn program_is_published_served_and_deployable() {
     let a2 = wait_artifact(&api, "hello", 2).await;
     assert_ne!(a2.digest, a1.digest);
     assert_eq!(http.get(&a1.url).send().await.unwrap().status(), 404);
-    let bytes = http.get(&a2.url).send().await.unwrap().bytes().await.unwrap();
+    // the server answers from its Program cache, which may see the new status a moment after the API
+    let bytes = served(&http, &a2.url).await;
     assert_eq!(Some(pko_operator::program::digest(&bytes)), a2.digest);
     assert_eq!(http.get(format!("http://{addr}/programs/{}/missing/1/{hex}.tar.gz", ns.name())).send().await.unwrap().status(), 404);
     // the name and generation alone do not fetch it: the digest is part of the URL

@@ -30,7 +30,7 @@ fn load(dir: &Path) -> Vec<Doc> {
     for file in yaml_files(dir) {
         let text = std::fs::read_to_string(&file).unwrap();
         let expect = text.lines().find_map(|l| l.strip_prefix("# expect: ")).map(str::to_string);
-        for de in serde_yaml::Deserializer::from_str(&text) {
+        for de in serde_yaml_ng::Deserializer::from_str(&text) {
             let value = Value::deserialize(de).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             if !value.is_null() {
                 docs.push(Doc { file: file.clone(), value, expect: expect.clone() });

@@ -313,7 +313,7 @@ impl LocalRuntime {
         }
         let kubeconfig = dir.join("kubeconfig");
         let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, ns);
-        let kc = serde_yaml::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
+        let kc = serde_yaml_ng::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
         write_private(&kubeconfig, kc.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
         Ok(kubeconfig)
     }

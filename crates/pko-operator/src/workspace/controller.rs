@@ -224,6 +224,10 @@ impl WorkspaceController {
                 return Readiness { again: Some(INITIALIZE_LATER), ..Readiness { ready: waiting, ..readiness } };
             }
         };
+        // fenced: the shard may have moved while the agent ran it
+        if !self.owned(ws) {
+            return readiness;
+        }
         let stack = ws.spec.stacks.as_deref().unwrap_or_default().first().map(|s| s.name.clone()).unwrap_or_default();
         crate::stalled::record(&self.ctx.client, &self.ctx.events, ws, &verdict, &stack).await;
         let generation = ws.meta().generation;
