@@ -104,9 +104,10 @@ impl Workspace {
         (c.status == "True" && c.observed_generation == self.metadata.generation).then_some(c)
     }
 
-    /// Whether an Update may run on this Workspace: it is Ready, or Stalled only by an earlier
-    /// operation's result ([`wc::OPERATION_STALLS`]) — running again is how such a Workspace recovers
-    /// (with agents lent per operation there is no pod to re-initialise, as PKO does).
+    /// Whether an Update already made may run on this Workspace: it is Ready, or Stalled only by an
+    /// earlier operation's or initialization's result ([`wc::OPERATION_STALLS`]; its success clears the
+    /// stall). No new Update is made against a Workspace Stalled at its generation: the operator's
+    /// Workspace controller initializes it again until it recovers.
     pub fn runnable(&self) -> bool {
         self.is_ready() || self.stalled().is_some_and(|c| wc::OPERATION_STALLS.contains(&c.reason.as_str()))
     }

@@ -233,7 +233,13 @@ pub(super) async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap
             args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
         }
     }
-    let out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    let mut out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    if !out.success && stack.create && out.stderr.contains("already exists") {
+        // another operation created it between our select and create (two Workspaces of one stack
+        // initialized at once): select what it created
+        let select = ["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
+        out = pulumi::run(&ctx.pulumi, dir, env, &select).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    }
     if !out.success {
         let text = masker.mask(out.stderr.trim());
         let reason = match pulumi::classify_failure(&text) {
