@@ -67,15 +67,64 @@ impl Context {
         }
     }
 
-    /// Writes `text` of `stream` to standard output, one line per line of `text`. A closed output
-    /// (an adopted local agent whose operator is gone) is ignored.
+    /// Queues `text` of `stream` for standard output, one line per line of `text`; never blocks the
+    /// operation (see [`Queue`]). A closed output (an adopted local agent whose operator is gone) is
+    /// ignored.
     pub fn print(&self, stream: &str, text: &str) {
         let time = crate::convert::now().to_string();
-        let mut out = std::io::stdout().lock();
+        let queue = stdout_queue();
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
-            let _ = writeln!(out, "{}", self.line(&time, stream, l));
+            queue.push(self.line(&time, stream, l));
         }
     }
+}
+
+/// Lines waiting for standard output at most (about 2,000 bytes each at worst: a few MiB).
+pub const QUEUE_LINES: usize = 8_192;
+
+/// Operation lines on their way to a writer thread: a reader of the agent's standard output that stops
+/// reading (a frozen operator draining a local agent's pipe, a stalled log pipeline) must never stall a
+/// Pulumi operation, so when [`QUEUE_LINES`] are waiting, further lines are dropped and counted, and the
+/// next line that fits is preceded by `… <n> output lines dropped: standard output was not read`.
+pub struct Queue {
+    tx: std::sync::mpsc::SyncSender<String>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl Queue {
+    /// A queue feeding `tx`'s receiver, as many lines as its channel holds.
+    fn new(tx: std::sync::mpsc::SyncSender<String>) -> Queue {
+        Queue { tx, dropped: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Queues `line` without waiting; a full (or closed) queue drops it and counts it.
+    pub fn push(&self, line: String) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dropped = self.dropped.swap(0, Relaxed);
+        if dropped > 0 && self.tx.try_send(format!("… {dropped} output lines dropped: standard output was not read")).is_err() {
+            self.dropped.fetch_add(dropped + 1, Relaxed);
+            return;
+        }
+        if self.tx.try_send(line).is_err() {
+            self.dropped.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The process's queue to standard output, with its writer thread started on first use.
+fn stdout_queue() -> &'static Queue {
+    static QUEUE: std::sync::OnceLock<Queue> = std::sync::OnceLock::new();
+    QUEUE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(QUEUE_LINES);
+        // without the thread every line is dropped and counted: output is best effort, the operation is not
+        let _ = std::thread::Builder::new().name("pko-output".into()).spawn(move || {
+            for line in rx {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}");
+            }
+        });
+        Queue::new(tx)
+    })
 }
 
 /// An engine event as Pulumi prints it: a resource step (`+ command:local:Command hello creating`,
@@ -155,6 +204,22 @@ mod tests {
         assert_eq!(Format::chosen(Format::Text, Some("true")), Format::Json, "PKO's AGENT_JSON_LOG");
         assert_eq!(Format::chosen(Format::Text, Some("false")), Format::Text);
         assert_eq!(Format::chosen(Format::Json, None), Format::Json);
+    }
+
+    #[test]
+    fn a_reader_that_stops_reading_costs_lines_never_the_operation() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(3);
+        let q = Queue::new(tx);
+        for i in 0..8 {
+            q.push(format!("l{i}"));
+        }
+        let first: Vec<String> = rx.try_iter().collect();
+        assert_eq!(first, ["l0", "l1", "l2"], "pushing never waited, the queue kept what fitted");
+        q.push("l8".into());
+        let next: Vec<String> = rx.try_iter().collect();
+        assert_eq!(next, ["… 5 output lines dropped: standard output was not read", "l8"]);
+        drop(rx);
+        q.push("gone".into());
     }
 
     #[test]

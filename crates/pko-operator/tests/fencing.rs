@@ -146,6 +146,23 @@ fn agent_calls(dir: &Path) -> Vec<Call> {
     calls
 }
 
+/// Prints, for each Update still Progressing, its shard's holder, its status and the last lines of
+/// every replica's and agent's log that name it: a failure in CI explains itself.
+fn explain_stuck(dir: &Path, stuck: &[Update], held: &BTreeMap<u32, String>) {
+    for u in stuck {
+        let name = u.name_any();
+        let shard = u.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok());
+        eprintln!("--- Update {name} (shard {shard:?}, held by {:?}) status: {}", shard.and_then(|s| held.get(&s)), serde_json::to_string(&u.status).unwrap_or_default());
+        for f in std::fs::read_dir(dir).into_iter().flatten().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".log")) {
+            let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains(&name)).collect();
+            for l in &lines[lines.len().saturating_sub(25)..] {
+                eprintln!("{}: {}", f.file_name().to_string_lossy(), l.chars().take(400).collect::<String>());
+            }
+        }
+    }
+}
+
 /// Keeps the replicas' logs (and their agents') when the test fails: copied to `<tmp>/<namespace>-logs`.
 struct KeepLogsOnPanic(PathBuf, String);
 
@@ -227,10 +244,20 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let moved = t_stop.elapsed();
     // the new holders follow the operations to their end while it sleeps: when it wakes, its own
     // streams hold the results, which it must not write
-    eventually("the operations the frozen replica drove are complete", 90, || async {
-        updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True"))
-    })
-    .await;
+    let progressing =
+        || async { updates.list(&Default::default()).await.unwrap().items.into_iter().filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")).collect::<Vec<_>>() };
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = progressing().await;
+        if left.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            explain_stuck(env.dir(), &left, &holders(&leases).await);
+            panic!("the operations the frozen replica drove are complete: not within 90 s ({} Progressing)", left.len());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let t_cont = Timestamp::now();
     signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGCONT);
     eprintln!("froze {victim} holding {} shards; they moved in {moved:?}; it runs again at {t_cont}", held.len());

@@ -372,7 +372,14 @@ impl LocalRuntime {
         let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
         let address =
             first.ok().flatten().and_then(|l| pko_proto::listening_address(&l).map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // the operations' lines (masked, each naming its namespace, stack and update) join the
+        // operator's own log, as a pool pod's reach its container log; a frozen operator stops reading
+        // them and the agent drops lines rather than stall (pko_agent::output::Queue)
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(target: "pko_agent", "{line}");
+            }
+        });
         Ok((child, address))
     }
 
