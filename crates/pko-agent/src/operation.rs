@@ -80,7 +80,7 @@ impl Operation {
 
     /// Prints engine event `event` as Pulumi would (when it prints anything for it).
     pub fn print_engine(&self, event: &serde_json::Map<String, serde_json::Value>) {
-        if let (Some(out), Some(line)) = (self.output.get(), crate::output::render(event)) {
+        if let (Some(out), Some(line)) = (self.output.get(), pko_proto::lines::render(event)) {
             out.print("engine", &line);
         }
     }
@@ -90,7 +90,7 @@ impl Operation {
     pub fn publish(&self, event: Event) {
         if let Some(out) = self.output.get() {
             match &event {
-                Event::Log(l) => out.print(stream_name(l.stream), &l.text),
+                Event::Log(l) => out.print(pko_proto::lines::stream_name(l.stream), &l.text),
                 Event::Result(r) => out.print("result", &r.message),
                 Event::EngineEvent(_) => {}
             }
@@ -201,14 +201,6 @@ impl Operation {
 }
 
 /// The `stream` field of a log line on the agent's output.
-fn stream_name(stream: i32) -> &'static str {
-    match log_line::Stream::try_from(stream).unwrap_or(log_line::Stream::Unspecified) {
-        log_line::Stream::Stdout => "stdout",
-        log_line::Stream::Stderr => "stderr",
-        log_line::Stream::Agent | log_line::Stream::Unspecified => "agent",
-    }
-}
-
 /// All operations of this agent.
 #[derive(Debug, Clone)]
 pub struct Registry {

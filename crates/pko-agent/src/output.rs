@@ -7,7 +7,7 @@
 
 use std::io::Write;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// How operation lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -127,71 +127,10 @@ fn stdout_queue() -> &'static Queue {
     })
 }
 
-/// An engine event as Pulumi prints it: a resource step (`+ command:local:Command hello creating`,
-/// then `created`), a diagnostic of severity info, warning or error (`error: …`; debug ones are left
-/// out), the summary (`Resources: 2 created, 1 unchanged; duration 3 s`); `None` for the rest. Pure.
-pub fn render(event: &serde_json::Map<String, Value>) -> Option<String> {
-    if let Some(m) = event.get("resourcePreEvent").map(|e| &e["metadata"]) {
-        return step(m, false);
-    }
-    if let Some(m) = event.get("resOutputsEvent").map(|e| &e["metadata"]) {
-        return step(m, true);
-    }
-    if let Some(d) = event.get("diagnosticEvent") {
-        let severity = d["severity"].as_str().unwrap_or_default();
-        let message = d["message"].as_str().unwrap_or_default().trim_end();
-        return match severity {
-            "error" | "warning" => Some(format!("{severity}: {message}")),
-            "info" | "info#err" if !message.is_empty() => Some(message.to_string()),
-            _ => None,
-        };
-    }
-    event.get("summaryEvent").map(summary)
-}
-
-/// The line of a resource step `m` (an engine event's `metadata`), `done` once its outputs came. Pure.
-fn step(m: &Value, done: bool) -> Option<String> {
-    let op = m["op"].as_str()?;
-    let urn = m["urn"].as_str().unwrap_or_default();
-    let ty = m["type"].as_str().unwrap_or_default();
-    if op == "same" || ty == "pulumi:pulumi:Stack" {
-        return None;
-    }
-    let name = urn.rsplit("::").next().unwrap_or(urn);
-    let (symbol, doing, did) = match op {
-        "create" => ("+", "creating", "created"),
-        "update" => ("~", "updating", "updated"),
-        "delete" => ("-", "deleting", "deleted"),
-        "replace" | "create-replacement" | "delete-replaced" => ("+-", "replacing", "replaced"),
-        "refresh" => ("~", "refreshing", "refreshed"),
-        "read" => (">", "reading", "read"),
-        other => ("*", other, other),
-    };
-    Some(format!("{symbol} {ty} {name} {}", if done { did } else { doing }))
-}
-
-/// Pulumi's word for resources that went through step `op` (`created`, `unchanged`, …). Pure.
-fn done_word(op: &str) -> &str {
-    match op {
-        "create" => "created",
-        "update" => "updated",
-        "delete" => "deleted",
-        "replace" => "replaced",
-        "same" => "unchanged",
-        other => other,
-    }
-}
-
-/// The summary line of a `summaryEvent`. Pure.
-fn summary(s: &Value) -> String {
-    let changes = s["resourceChanges"].as_object().map(|m| m.iter().map(|(op, n)| format!("{} {}", n.as_i64().unwrap_or(0), done_word(op))).collect::<Vec<_>>().join(", "));
-    let seconds = s["durationSeconds"].as_i64().map(|d| format!("; duration {d} s")).unwrap_or_default();
-    format!("Resources: {}{seconds}", changes.filter(|c| !c.is_empty()).unwrap_or_else(|| "no changes".into()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn lines_carry_whose_operation_they_are() {
@@ -222,19 +161,4 @@ mod tests {
         q.push("gone".into());
     }
 
-    #[test]
-    fn engine_events_read_as_pulumi_prints_them() {
-        let pre = json!({"resourcePreEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
-        assert_eq!(render(pre.as_object().unwrap()).as_deref(), Some("+ command:local:Command hello creating"));
-        let out = json!({"resOutputsEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
-        assert_eq!(render(out.as_object().unwrap()).as_deref(), Some("+ command:local:Command hello created"));
-        let same = json!({"resourcePreEvent": {"metadata": {"op": "same", "urn": "u", "type": "t"}}});
-        assert_eq!(render(same.as_object().unwrap()), None, "unchanged resources are not listed, as Pulumi's default view");
-        let err = json!({"diagnosticEvent": {"severity": "error", "message": "command exited with 3\n"}});
-        assert_eq!(render(err.as_object().unwrap()).as_deref(), Some("error: command exited with 3"));
-        assert_eq!(render(json!({"diagnosticEvent": {"severity": "debug", "message": "Registering"}}).as_object().unwrap()), None);
-        let sum = json!({"summaryEvent": {"resourceChanges": {"create": 2, "same": 1}, "durationSeconds": 3}});
-        assert_eq!(render(sum.as_object().unwrap()).as_deref(), Some("Resources: 2 created, 1 unchanged; duration 3 s"));
-        assert_eq!(render(json!({"prelude": {}}).as_object().unwrap()), None);
-    }
 }

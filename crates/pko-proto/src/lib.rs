@@ -2,6 +2,9 @@
 //! (`proto/pko/agent/v1/agent.proto`). See that file for the contract of each RPC and message.
 #![allow(missing_docs, clippy::all)]
 
+pub mod json;
+pub mod lines;
+
 /// `pko.agent.v1`.
 pub mod v1 {
     tonic::include_proto!("pko.agent.v1");

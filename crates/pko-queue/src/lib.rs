@@ -7,6 +7,7 @@
 
 pub mod connect;
 pub mod fair;
+pub mod output;
 pub mod redis;
 pub mod slots;
 

@@ -163,6 +163,11 @@ impl RedisQueue {
         crate::slots::RedisSlots::new(self.pool.clone(), format!("{}:slots:{name}", self.prefix), cap)
     }
 
+    /// The fleet's store of what operations printed ([`crate::output`]), under this queue's prefix.
+    pub fn output(&self, limits: crate::output::Limits) -> crate::output::RedisOutput {
+        crate::output::RedisOutput::new(self.pool.clone(), self.prefix.clone(), limits)
+    }
+
     /// Checks that Redis answers.
     ///
     /// Errors: the connection's.

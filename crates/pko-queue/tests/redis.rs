@@ -294,3 +294,32 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     assert!(old.cli(&["KEYS", "sentinel-test:job:*"]).contains("u5"), "u5 is on the promoted server");
     eprintln!("after a forced failover the queue wrote to the new master {:.1} s later", t.elapsed().as_secs_f64());
 }
+
+/// What operations printed, in the fleet's Redis: any replica reads what another stored; a line
+/// replayed by a new holder attaching is kept once; the last lines of the newest operations are kept.
+#[tokio::test]
+async fn operation_output_is_shared_by_the_fleet_bounded_and_kept_once() {
+    use pko_queue::output::{Limits, Line, OperationInfo, OutputStore};
+    let bed = testbed();
+    let prefix = bed.redis_prefix("output");
+    let limits = Limits { lines: 3, operations: 2, ..Limits::default() };
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap().output(limits);
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap().output(limits);
+    let lines = |r: std::ops::Range<u64>| r.map(|s| Line { seq: s, time: "t".into(), stream: "engine".into(), text: format!("l{s}") }).collect::<Vec<_>>();
+    let info = |u: &str, ms| OperationInfo { update: u.into(), operation: "up".into(), started_ms: ms };
+    a.append("ns/s", &info("u1", 1), &lines(0..2)).await.unwrap();
+    let read = b.read("ns/s", "u1", None).await.unwrap().unwrap();
+    assert_eq!(read.lines, lines(0..2), "another replica reads what one stored");
+    assert!(!read.truncated);
+    b.append("ns/s", &info("u1", 1), &lines(0..4)).await.unwrap();
+    let read = a.read("ns/s", "u1", None).await.unwrap().unwrap();
+    assert_eq!(read.lines, lines(1..4), "replayed lines kept once, the last 3");
+    assert!(read.truncated);
+    assert_eq!(a.read("ns/s", "u1", Some(2)).await.unwrap().unwrap().lines, lines(3..4), "after a sequence");
+    a.append("ns/s", &info("u2", 2), &lines(0..1)).await.unwrap();
+    a.append("ns/s", &info("u3", 3), &lines(0..1)).await.unwrap();
+    let names: Vec<String> = b.operations("ns/s").await.unwrap().into_iter().map(|i| i.update).collect();
+    assert_eq!(names, ["u3", "u2"], "the newest 2, newest first");
+    assert_eq!(b.read("ns/s", "u1", None).await.unwrap(), None, "the oldest is gone, stream and all");
+    assert_eq!(b.operations("ns/other").await.unwrap(), vec![]);
+}

@@ -76,7 +76,7 @@ pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
 fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem, RequestError> {
     let field = format!("spec.stacks[{stack}].config[{i}]");
     let value = match (&c.value, &c.value_from) {
-        (Some(v), None) => pb::config_item::Value::Literal(to_pb_value(v)),
+        (Some(v), None) => pb::config_item::Value::Literal(pko_proto::json::to_value(v)),
         (None, Some(from)) => {
             let kind = match (&from.env, &from.path) {
                 (Some(e), None) => pb::value_ref::Kind::Env(e.clone()),
@@ -94,19 +94,6 @@ fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem
         secret: c.secret.unwrap_or(false),
         json: c.value_from.as_ref().and_then(|f| f.json).unwrap_or(false),
     })
-}
-
-fn to_pb_value(v: &serde_json::Value) -> prost_types::Value {
-    use prost_types::value::Kind;
-    let kind = match v {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-        serde_json::Value::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(to_pb_value).collect() }),
-        serde_json::Value::Object(m) => Kind::StructValue(prost_types::Struct { fields: m.iter().map(|(k, v)| (k.clone(), to_pb_value(v))).collect() }),
-    };
-    prost_types::Value { kind: Some(kind) }
 }
 
 /// The values of a Workspace `env[].valueFrom.fieldRef` the operator knows for every runtime (the
