@@ -8,4 +8,3 @@ pub fn now() -> Timestamp {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
-

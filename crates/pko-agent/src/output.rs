@@ -160,5 +160,4 @@ mod tests {
         drop(rx);
         q.push("gone".into());
     }
-
 }

@@ -230,6 +230,12 @@ pub struct OperationArgs {
     /// Prefix of the queue's Redis keys (several fleets may share one Redis).
     #[arg(long, default_value = "pko", env = "PKO_REDIS_PREFIX")]
     pub redis_prefix: String,
+    /// Lines of each operation's output kept for `kubectl pko logs` (the last ones).
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub output_lines: u32,
+    /// Operations of each Stack whose output is kept (the newest).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub output_operations: u32,
     /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
     /// of ours: several operators can share a cluster by namespace.
     #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]

@@ -36,6 +36,9 @@ pub struct Context {
     /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
     /// `https://api.github.com`, PKO's fixed URL).
     pub github_api_url: String,
+    /// Where operations' output is kept (`pko_queue::output`): the fleet's Redis with `--redis-url`,
+    /// else this replica's memory.
+    pub output: Arc<dyn pko_queue::output::OutputStore>,
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -65,6 +68,7 @@ impl Context {
             drift_slots,
             drift_min_interval: DEFAULT_DRIFT_MIN_INTERVAL,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
+            output: Arc::new(pko_queue::output::MemoryOutput::new(pko_queue::output::Limits::default())),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod informer;
 pub mod k8s;
 pub mod leader;
+pub mod logs;
 /// Ownership of objects by this replica: the `pko-fleet` crate (the fleet implements it there).
 pub use pko_fleet as ownership;
 /// The work queue between the Update controller and its workers: the `pko-queue` crate.

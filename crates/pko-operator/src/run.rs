@@ -111,6 +111,7 @@ impl Operator {
         }
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
         let drift_slots = Self::drift_slots(redis.as_deref(), operations.max_concurrent_drift_checks);
+        let output = Self::output(redis.as_deref(), &operations);
         // a takeover takes the shards with queued or running operations first
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
@@ -133,6 +134,7 @@ impl Operator {
             drift_slots,
             drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
             github_api_url: operations.github_api_url.clone(),
+            output,
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
@@ -167,6 +169,15 @@ impl Operator {
             tracing::info!("operator stopped");
         });
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// Where operations' output is kept: the fleet's Redis with `--redis-url`, else this replica's memory.
+    fn output(redis: Option<&crate::queue::redis::RedisQueue>, operations: &crate::args::OperationArgs) -> Arc<dyn pko_queue::output::OutputStore> {
+        let limits = pko_queue::output::Limits { lines: operations.output_lines as usize, operations: operations.output_operations as usize, ..Default::default() };
+        match redis {
+            Some(q) => Arc::new(q.output(limits)),
+            None => Arc::new(pko_queue::output::MemoryOutput::new(limits)),
+        }
     }
 
     /// The fleet-wide cap on concurrent drift checks: in Redis with `--redis-url`, else this replica's.
@@ -312,9 +323,9 @@ impl Operator {
             crate::metrics::Security::Insecure
         };
         tracing::info!(metrics = %bound, secure = m.metrics_secure, "metrics serving");
-        let client = ctx.client.clone();
+        let (client, output) = (ctx.client.clone(), ctx.output.clone());
         servers.push(tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(l, client, sources, security).await {
+            if let Err(e) = crate::metrics::serve(l, client, sources, security, output).await {
                 tracing::error!(error = %e, "metrics server stopped");
             }
         }));

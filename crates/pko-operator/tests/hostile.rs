@@ -357,7 +357,7 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let (stacks, stack_controller) = pko_operator::stack::controller::controller(ctx.clone(), &mut informers);
     let stack_controller = tokio::spawn(informers.drive(stack_controller));
     let sources = pko_operator::metrics::Sources { stacks, programs: programs_for_metrics, ownership: ctx.ownership.clone(), handle: pko_operator::metrics::install_recorder() };
-    let metrics = tokio::spawn(pko_operator::metrics::serve(listener, client.clone(), sources, pko_operator::metrics::Security::Secure { tls }));
+    let metrics = tokio::spawn(pko_operator::metrics::serve(listener, client.clone(), sources, pko_operator::metrics::Security::Secure { tls }, ctx.output.clone()));
     let get = |token: Option<String>| {
         let mut r = http.get(&url);
         if let Some(t) = token {

@@ -310,7 +310,8 @@ impl OutputStore for RedisOutput {
             let len: usize = redis::cmd("XLEN").arg(&key).query_async(&mut c).await?;
             let lines: Vec<Line> = entries.into_iter().flat_map(|(_, fields)| fields).filter_map(|(_, v)| serde_json::from_str(&v).ok()).collect();
             // full to MAXLEN and the oldest kept is not the operation's first event: lines were dropped
-            let first: Option<(String, Vec<(String, String)>)> = redis::cmd("XRANGE").arg(&key).arg("-").arg("+").arg("COUNT").arg(1).query_async::<Vec<_>>(&mut c).await?.into_iter().next();
+            let first: Option<(String, Vec<(String, String)>)> =
+                redis::cmd("XRANGE").arg(&key).arg("-").arg("+").arg("COUNT").arg(1).query_async::<Vec<_>>(&mut c).await?.into_iter().next();
             let truncated = len >= self.limits.lines.max(1) && first.is_some_and(|(id, _)| id != "0-1");
             Ok(Some(Output { info, lines, truncated }))
         })

@@ -26,6 +26,7 @@ use pko_api::update::UpdateStatus;
 use pko_api::{Update, Workspace};
 use pko_proto::v1::{OperationRequest, OperationResult, ResultStatus, operation_event::Event};
 
+use super::capture::Capture;
 use super::fence::{Fence, Fenced};
 use super::status::{self, Phase};
 use crate::agents::Lent;
@@ -97,6 +98,8 @@ pub struct Operation<'a> {
     pub fence: &'a Fence<'a>,
     /// Called once, at the first event of the operation on its agent (Pulumi started, or a re-attach).
     pub started: &'a (dyn Fn() + Send + Sync),
+    /// Where the lines the operation prints are kept ([`super::capture`]).
+    pub output: &'a dyn pko_queue::output::OutputStore,
 }
 
 impl Operation<'_> {
@@ -198,18 +201,33 @@ async fn call(op: &Operation<'_>, agent: &mut Client, mut req: OperationRequest)
     Ok(stream.into_inner())
 }
 
-/// Step **follow**: the operation's events until its result; [`Operation::started`] at the first.
+/// Step **follow**: the operation's events until its result; [`Operation::started`] at the first;
+/// the lines they read as kept in the output store as they come ([`Capture`]).
 async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>) -> Result<OperationResult, DispatchError> {
+    let ns = op.update.namespace().unwrap_or_default();
+    let kind = op.update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
+    let mut capture = Capture::new(op.output, &ns, op.workspace.name_any().as_str(), &op.update.name_any(), kind);
     let mut first = true;
-    while let Some(ev) = stream.next().await {
+    loop {
+        let next = match capture.deadline() {
+            Some(at) => tokio::time::timeout_at(at, stream.next()).await,
+            None => Ok(stream.next().await),
+        };
+        let Ok(next) = next else {
+            capture.flush().await;
+            continue;
+        };
+        let Some(ev) = next else { break };
         let ev = ev.map_err(|s| op.agent_error(s.message()))?;
         if std::mem::take(&mut first) {
             (op.started)();
         }
+        capture.take(&ev).await;
         if let Some(Event::Result(result)) = ev.event {
             return Ok(result);
         }
     }
+    capture.flush().await;
     Err(DispatchError::NoResult)
 }
 

@@ -195,6 +195,7 @@ impl UpdateController {
             agent: lent,
             fence,
             started: &started,
+            output: self.ctx.output.as_ref(),
         };
         let outcome = tokio::select! {
             outcome = dispatch::run(&op) => outcome,

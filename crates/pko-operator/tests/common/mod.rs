@@ -417,6 +417,7 @@ pub async fn dispatch_on(
         agent: &lent,
         fence: &fence,
         started: &|| {},
+        output: &pko_operator::queue::output::MemoryOutput::default(),
     };
     pko_operator::update::dispatch::run(&op).await
 }
