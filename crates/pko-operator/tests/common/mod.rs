@@ -302,7 +302,7 @@ pub fn fleet_args<'a>(ns: &'a str, replica: &'a str, redis: &'a [&'a str]) -> Ve
 pub fn operator_command(env: &pko_testbed::PulumiEnv, ns: &str, port: u16) -> Command {
     let bed = testbed();
     let mut c = Command::new(env!("CARGO_BIN_EXE_pko-operator"));
-    c.args(["run", "--runtime", "local", "--metrics-bind-address", "0", "--namespaces", ns, "--agent-bin"])
+    c.args(["run", "--runtime", "local", "--namespaces", ns, "--agent-bin"])
         .arg(agent_bin())
         .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
         .arg(bed.ca_file())
@@ -311,7 +311,8 @@ pub fn operator_command(env: &pko_testbed::PulumiEnv, ns: &str, port: u16) -> Co
         .env_clear()
         .envs(env.vars())
         .env("HOME", env.dir())
-        // probes off unless a test sets this variable again
+        // metrics and probes off unless a test sets these variables again
+        .env("METRICS_BIND_ADDRESS", "0")
         .env("HEALTH_PROBE_BIND_ADDRESS", "0");
     c
 }
