@@ -29,7 +29,7 @@ kubectl wait --for=delete namespace/$NS --timeout=120s >/dev/null 2>&1 || true
 mkdir -p "$DEMO/state"   # the examples use the file:// backend file:///tmp/pko-demo/state
 
 step "building pko-operator and pko-agent"
-(cd "$ROOT" && cargo build -q -p pko-operator -p pko-agent)
+(cd "$ROOT" && cargo build -q -p pko-operator -p pko-agent -p pko-cli)
 BIN="$ROOT/target/debug"
 
 step "git repository on git://127.0.0.1:$GIT_PORT/demo.git"
@@ -126,6 +126,24 @@ for _ in $(seq 1 120); do
 done
 kubectl -n $NS get updates -l pulumi.com/stack-name=from-git
 echo "  from-git outputs: $(kubectl -n $NS get stack from-git -o jsonpath='{.status.outputs}')"
+
+step "what Pulumi printed: kubectl pko logs stack/from-git (kept by the operator, outside etcd)"
+# the output of a Stack is served only to callers allowed `get` on it: a reader bound in this namespace
+kubectl -n $NS create role stack-reader --verb=get --resource=stacks.pulumi.com >/dev/null
+kubectl -n $NS create serviceaccount stack-reader >/dev/null
+kubectl -n $NS create rolebinding stack-reader --role=stack-reader --serviceaccount=$NS:stack-reader >/dev/null
+READ_TOKEN="$(kubectl -n $NS create token stack-reader)"
+for i in $(seq 0 $((REPLICAS - 1))); do [ -f "$DEMO/operator-$i.pid" ] && { LOGS_PORT=$((18383 + i)); break; }; done
+pko_logs() { PATH="$BIN:$PATH" kubectl pko logs "$@" -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify --token "$READ_TOKEN"; }
+pko_logs stack/from-git | sed 's/^/  /'
+[ "$(PATH="$BIN:$PATH" kubectl pko logs stack/from-git -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify 2>&1 | grep -c 'not authenticated')" = 1 ] \
+  || fail "the logs endpoint answers without a token"
+# bytes of Pulumi output stored per operation, over every kept operation of the demo's Stacks
+for s in hello configured from-git; do
+  for u in $(curl -sk -H "Authorization: Bearer $READ_TOKEN" "https://127.0.0.1:$LOGS_PORT/logs/$NS/$s" | jq -r '.operations[].update'); do
+    curl -sk -H "Authorization: Bearer $READ_TOKEN" "https://127.0.0.1:$LOGS_PORT/logs/$NS/$s/$u" | jq '[.lines[] | (.text | length) + (.time | length) + (.stream | length) + 8] | add'
+  done
+done | awk '{n++; t+=$1; if ($1>m) m=$1} END {printf "  stored per operation: %d operations, mean %.0f bytes, max %d bytes (line text, time, stream)\n", n, t/n, m}'
 
 step "deleting stack hello (destroyOnFinalize)"
 rm -f "$DEMO/destroyed-dev.txt"

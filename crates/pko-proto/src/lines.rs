@@ -67,7 +67,9 @@ fn step(m: &Value, done: bool) -> Option<String> {
         "create" => ("+", "creating", "created"),
         "update" => ("~", "updating", "updated"),
         "delete" => ("-", "deleting", "deleted"),
-        "replace" | "create-replacement" | "delete-replaced" => ("+-", "replacing", "replaced"),
+        "replace" => ("+-", "replacing", "replaced"),
+        "create-replacement" => ("++", "creating replacement", "created replacement"),
+        "delete-replaced" => ("--", "deleting original", "deleted original"),
         "refresh" => ("~", "refreshing", "refreshed"),
         "read" => (">", "reading", "read"),
         other => ("*", other, other),
@@ -113,6 +115,17 @@ mod tests {
         let sum = json!({"summaryEvent": {"resourceChanges": {"create": 2, "same": 1}, "durationSeconds": 3}});
         assert_eq!(render(sum.as_object().unwrap()).as_deref(), Some("Resources: 2 created, 1 unchanged; duration 3 s"));
         assert_eq!(render(json!({"prelude": {}}).as_object().unwrap()), None);
+    }
+
+    #[test]
+    fn a_replacement_reads_as_its_three_steps() {
+        let step = |op: &str, done: bool| {
+            let m = json!({"op": op, "urn": "urn:pulumi:dev::p::t::r", "type": "t"});
+            super::step(&m, done)
+        };
+        assert_eq!(step("create-replacement", false).as_deref(), Some("++ t r creating replacement"));
+        assert_eq!(step("replace", true).as_deref(), Some("+- t r replaced"));
+        assert_eq!(step("delete-replaced", true).as_deref(), Some("-- t r deleted original"));
     }
 
     #[test]
