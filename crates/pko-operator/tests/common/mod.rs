@@ -402,6 +402,19 @@ pub async fn dispatch_on(
     workspace: &pko_api::Workspace,
     hold: &dyn pko_operator::ownership::Ownership,
 ) -> Result<pko_proto::v1::OperationResult, pko_operator::update::dispatch::DispatchError> {
+    dispatch_into(client, address, update, workspace, hold, &pko_operator::queue::output::MemoryOutput::default()).await
+}
+
+/// [`dispatch_on`], keeping the operation's output in `output`.
+#[allow(dead_code)]
+pub async fn dispatch_into(
+    client: &kube::Client,
+    address: &str,
+    update: &Update,
+    workspace: &pko_api::Workspace,
+    hold: &dyn pko_operator::ownership::Ownership,
+    output: &dyn pko_operator::queue::output::OutputStore,
+) -> Result<pko_proto::v1::OperationResult, pko_operator::update::dispatch::DispatchError> {
     use kube::ResourceExt;
     let queue = pko_operator::queue::InMemoryQueue::default();
     let ns = update.namespace().unwrap_or_default();
@@ -418,7 +431,7 @@ pub async fn dispatch_on(
         agent: &lent,
         fence: &fence,
         started: &|| {},
-        output: &pko_operator::queue::output::MemoryOutput::default(),
+        output,
     };
     pko_operator::update::dispatch::run(&op).await
 }
