@@ -95,7 +95,8 @@ async fn main() {
     let ns = bed.namespace("bench-output").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}})).await;
+    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
+        .await;
     let dir = project(
         &env,
         "out",
@@ -149,12 +150,22 @@ async fn main() {
         }
     }
     let (mw, mo) = (median(with), median(without));
-    println!("added latency per operation (median of {RUNS} `up`s each, interleaved): kept in Redis {:.3} s, dropped {:.3} s, difference {:+.1} ms", mw.as_secs_f64(), mo.as_secs_f64(), (mw.as_secs_f64() - mo.as_secs_f64()) * 1000.0);
+    println!(
+        "added latency per operation (median of {RUNS} `up`s each, interleaved): kept in Redis {:.3} s, dropped {:.3} s, difference {:+.1} ms",
+        mw.as_secs_f64(),
+        mo.as_secs_f64(),
+        (mw.as_secs_f64() - mo.as_secs_f64()) * 1000.0
+    );
     let mean = bytes.iter().sum::<usize>() as f64 / bytes.len() as f64;
     println!("bytes stored per operation (line JSON): mean {mean:.0}, max {}", bytes.iter().max().unwrap());
     let mut d = delays.lock().unwrap().clone();
     d.sort();
-    println!("line on the agent -> readable in the store: median {:.0} ms, max {:.0} ms over {} lines (kubectl pko logs -f polls every 1 s on top)", d[d.len() / 2].as_secs_f64() * 1000.0, d[d.len() - 1].as_secs_f64() * 1000.0, d.len());
+    println!(
+        "line on the agent -> readable in the store: median {:.0} ms, max {:.0} ms over {} lines (kubectl pko logs -f polls every 1 s on top)",
+        d[d.len() / 2].as_secs_f64() * 1000.0,
+        d[d.len() - 1].as_secs_f64() * 1000.0,
+        d.len()
+    );
 
     // 1,000 Stacks × 5 operations of the lines of a real operation
     let template = kept.read(&format!("{}/w1", ns.name()), "u1", None).await.unwrap().unwrap().lines;

@@ -290,3 +290,36 @@ async fn a_pulumi_yaml_program_error_is_the_failure_message() {
     assert_eq!(r.status, ResultStatus::Failed as i32);
     assert!(r.message.contains("\"missing\" not found") && r.message.contains("Pulumi.yaml line"), "{}", r.message);
 }
+
+/// Secret values never reach what an operation prints — the agent's standard output, the events it
+/// streams to the operator (which keeps them for `kubectl pko logs`), the result — in any form a
+/// program prints them: plain, inside a URL, with quotes and backslashes (and JSON-escaped in engine
+/// events), and a multi-line value (a PEM key) printed whole and one line of it alone.
+#[tokio::test]
+async fn secret_values_never_reach_the_output_in_any_form() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let pem = "-----BEGIN TEST KEY-----\nAAAA-first-key-line-x9\nBBBB-second-key-line-y8\n-----END TEST KEY-----";
+    let quoted = "qu\"o\\te-S3c";
+    let dir = project(
+        &env,
+        "leaks",
+        "config:\n  pw:\n    type: string\n  pem:\n    type: string\n  quoted:\n    type: string\nresources:\n  boom:\n    type: command:local:Command\n    properties:\n      environment:\n        PW: ${pw}\n        PEM: ${pem}\n        Q: ${quoted}\n      create: |\n        echo \"plain $PW\"; echo \"$PEM\" >&2; echo \"$PEM\" | sed -n 3p >&2; printf 'q=%s\\n' \"$Q\" >&2; echo \"url=https://user:$PW@example.invalid/x\" >&2; exit 4\n",
+    );
+    let mut req = request(&env, "team-a/leaks-1/uid-1", &dir, "dev", OperationType::Up);
+    req.config = vec![config("pw", serde_json::json!("Pl41n-S3cret-v"), true), config("pem", serde_json::json!(pem), true), config("quoted", serde_json::json!(quoted), true)];
+    let events = run(&mut c, req).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Failed as i32, "{}", r.message);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let streamed: String = events.iter().filter_map(pko_proto::lines::line_of).map(|(s, t)| format!("{s}: {t}\n")).collect();
+    let raw: String = events.iter().map(|e| format!("{e:?}\n")).collect();
+    assert!(streamed.contains("exit") || streamed.contains("error:"), "the failure is printed:\n{streamed}");
+    let escaped = serde_json::to_string(quoted).unwrap();
+    for (what, text) in [("the agent's output", agent.output()), ("the streamed lines", streamed), ("the raw events", raw), ("the result", format!("{r:?}"))] {
+        for secret in ["Pl41n-S3cret-v", "AAAA-first-key-line-x9", "BBBB-second-key-line-y8", quoted, escaped.trim_matches('"')] {
+            assert!(!text.contains(secret), "{secret:?} in {what}:\n{text}");
+        }
+    }
+}
