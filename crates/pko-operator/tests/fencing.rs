@@ -328,6 +328,21 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True")), "no Update is left Progressing");
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
 
+    // what each operation printed, in the fleet's output store: the lines of the operations the frozen
+    // replica drove, stored by it before the freeze and by their new holders after, each line once and
+    // ending with the result — readable from any replica
+    use pko_operator::queue::output::OutputStore;
+    let output = pko_operator::queue::redis::RedisQueue::new(testbed().redis_url(), &prefix, "reader", 0).unwrap().output(Default::default());
+    for u in updates.list(&Default::default()).await.unwrap() {
+        let stack = format!("{}/{}", ns.name(), u.spec.workspace_name.clone().unwrap_or_default());
+        let kept = output.read(&stack, &u.name_any(), None).await.unwrap().unwrap_or_else(|| panic!("no output kept for {stack} {}", u.name_any()));
+        let seqs: Vec<u64> = kept.lines.iter().map(|l| l.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "each line once, in order: {seqs:?}");
+        assert_eq!(kept.lines.iter().filter(|l| l.stream == "result").count(), 1, "one result, last: {:?}", kept.lines);
+        assert_eq!(kept.lines.last().map(|l| l.stream.as_str()), Some("result"));
+        assert!(kept.lines.iter().any(|l| l.text.contains("command:local:Command r created")), "{:?}", kept.lines);
+    }
+
     drop(replicas);
     let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
     for n in &names {
