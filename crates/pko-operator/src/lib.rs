@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod args;
 pub mod artifacts;
+pub mod authz;
 pub mod context;
 pub mod fleet;
 pub mod informer;

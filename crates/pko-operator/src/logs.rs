@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use pko_queue::output::OutputStore;
 
-use crate::metrics::{Access, Authz};
+use crate::authz::{Access, Authz};
 
 #[derive(Clone)]
 struct Logs {
@@ -42,7 +42,7 @@ pub fn router(output: Arc<dyn OutputStore>, authz: Arc<Authz>) -> Router {
 /// `Err(response)` unless the caller's token may `get` Stack `namespace/name`.
 async fn allowed(logs: &Logs, headers: &HeaderMap, namespace: &str, name: &str) -> Result<(), Response> {
     let access = Access::Stack { namespace: namespace.to_string(), name: name.to_string() };
-    match logs.authz.decide(crate::metrics::bearer(headers), &access).await {
+    match logs.authz.decide(crate::authz::bearer(headers), &access).await {
         StatusCode::OK => Ok(()),
         code => Err((code, format!("{}: get stacks.pulumi.com {namespace}/{name}\n", code.canonical_reason().unwrap_or("refused"))).into_response()),
     }
