@@ -1,9 +1,10 @@
 //! What Pulumi printed, read with `kubectl pko logs` (the `kubectl-pko` binary) from a real operator
 //! process (local runtime, the bed's redis-server as output store) against the bed's API server:
-//! - a running `up` is tailed live (`-f`): its first step is printed while the Update is still
+//! - a running 20 s `up` is tailed live (`-f`): its first step is printed while the Update is still
 //!   Progressing, and the tail ends with the operation's result;
-//! - afterwards the output is still readable, also from a replica that did not run it (another
-//!   operator process on the same Redis, after the first one is gone);
+//! - afterwards the output is still readable: after the pool agent that ran it is gone, and from a
+//!   replica that did not run it (another operator process on the same Redis, after the first one is
+//!   gone);
 //! - only callers allowed to `get` the Stack read it: no token → not authenticated; a service account
 //!   allowed `get stacks` in another namespace only → forbidden;
 //! - a secret the program prints never reaches the output (`[secret]`).
@@ -62,6 +63,13 @@ async fn account(client: &kube::Client, ns: &str, name: &str, allowed_in: &str) 
     sas.create_token_request(name, &PostParams::default(), &tr).await.unwrap().status.unwrap().token
 }
 
+/// How many `pko-agent serve` processes of the operator's pools (under `<env>/agents`) run.
+async fn pool_agents(env: &pko_testbed::PulumiEnv) -> usize {
+    let pattern = format!("pko-agent serve .*{}", env.dir().join("agents").display());
+    let out = tokio::process::Command::new("pgrep").args(["-f", &pattern]).output().await.unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
 fn start_operator(env: &pko_testbed::PulumiEnv, ns: &str, metrics: &str, redis: &[&str], log: &str) -> KillOnDrop {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(env.dir().join(log)).unwrap();
     KillOnDrop(
@@ -87,7 +95,7 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
                "program": {"resources": {"first": {"type": "command:local:Command", "properties": {"create": "echo first"}},
-                                         "slow": {"type": "command:local:Command", "properties": {"create": "sleep 12; echo done"},
+                                         "slow": {"type": "command:local:Command", "properties": {"create": "sleep 20; echo done"},
                                                   "options": {"dependsOn": ["${first}"]}}}}}),
     )
     .await;
@@ -105,7 +113,8 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
 
     let metrics = format!("127.0.0.1:{}", free_port());
     let endpoint = format!("https://{metrics}");
-    let first = start_operator(&env, ns.name(), &metrics, &redis, "operator-1.log");
+    let pools = ["--pool-idle-timeout-seconds", "3"];
+    let first = start_operator(&env, ns.name(), &metrics, &[&redis[..], &pools[..]].concat(), "operator-1.log");
     for name in ["slow", "leaky"] {
         create(
             &ns.api::<Stack>(),
@@ -136,6 +145,7 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     })
     .await
     .expect("the slow step is printed within 120 s");
+    assert!(pool_agents(&env).await > 0, "a pool agent runs it");
     let all = updates.list(&Default::default()).await.unwrap().items;
     let running = all.iter().find(|u| u.spec.workspace_name.as_deref() == Some("slow"));
     assert!(running.and_then(|u| condition(u, "Progressing")).is_some_and(|c| c.0 == "True"), "printed while the Update runs: {seen}");
@@ -172,6 +182,11 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     assert!(!ok && err.contains("forbidden") && out.is_empty(), "{err}");
     let (ok, _, err) = logs(&endpoint, &elsewhere, "slow", Some(&outsider), &[]).await;
     assert!(!ok && err.contains("no output of stack"), "allowed there, nothing kept there: {err}");
+
+    // the pool agents that ran them are gone (idle for 3 s): the output stays
+    eventually("the pool's agents stopped", 60, || async { pool_agents(&env).await == 0 }).await;
+    let (ok, out, err) = logs(&endpoint, ns.name(), "slow", Some(&reader), &[]).await;
+    assert!(ok && out.contains("+ command:local:Command slow created"), "readable with no agent left: {out}{err}");
 
     // kept outside the replica that ran it: another replica on the same Redis serves it
     drop(first);
