@@ -200,7 +200,6 @@ impl Operation {
     }
 }
 
-/// The `stream` field of a log line on the agent's output.
 /// All operations of this agent.
 #[derive(Debug, Clone)]
 pub struct Registry {

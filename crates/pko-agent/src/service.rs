@@ -56,6 +56,12 @@ pub fn invalid(field: &str, message: impl Into<String>) -> Status {
     Status::with_details(tonic::Code::InvalidArgument, format!("{field}: {message}"), info.encode_to_vec().into())
 }
 
+/// The grace Pulumi gets after a `Cancel` asking for `asked` seconds (0: none asked) from an agent
+/// whose own is `own`: the shorter. Pure.
+pub fn cancel_grace(asked: u32, own: std::time::Duration) -> std::time::Duration {
+    if asked == 0 { own } else { own.min(std::time::Duration::from_secs(asked.into())) }
+}
+
 /// How late a request arrived at `now` past its sender's `not_after` (the renew deadline of the
 /// sender's hold on the shard, `OperationRequest.not_after`); `None`: in time, or no deadline given.
 /// A malformed timestamp counts as already past (it cannot prove the sender still holds its shard).
@@ -248,7 +254,7 @@ impl Agent for AgentService {
     async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
         self.touch();
         self.inner.auth.check(request.metadata()).await?;
-        let CancelRequest { operation_id: id, epoch } = request.into_inner();
+        let CancelRequest { operation_id: id, epoch, grace_seconds } = request.into_inner();
         let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
         admit(&op, epoch, "cancel")?;
         if op.finished() {
@@ -256,7 +262,7 @@ impl Agent for AgentService {
         }
         op.cancelled.store(true, Ordering::SeqCst);
         op.log("cancel requested: interrupting pulumi");
-        op.interrupt_with_grace(self.inner.cfg.grace);
+        op.interrupt_with_grace(cancel_grace(grace_seconds, self.inner.cfg.grace));
         Ok(Response::new(CancelResponse { cancelled: true }))
     }
 
@@ -335,7 +341,7 @@ impl AgentService {
 
 #[cfg(test)]
 mod tests {
-    use super::late_by;
+    use super::{cancel_grace, late_by};
     use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
@@ -343,6 +349,9 @@ mod tests {
         let now = UNIX_EPOCH + Duration::from_secs(1_000);
         let at = |seconds, nanos| prost_types::Timestamp { seconds, nanos };
         assert_eq!(late_by(None, now), None);
+        assert_eq!(cancel_grace(0, Duration::from_secs(600)), Duration::from_secs(600));
+        assert_eq!(cancel_grace(30, Duration::from_secs(600)), Duration::from_secs(30));
+        assert_eq!(cancel_grace(900, Duration::from_secs(600)), Duration::from_secs(600), "never longer than the agent's own");
         assert_eq!(late_by(Some(&at(1_001, 0)), now), None, "in time");
         assert_eq!(late_by(Some(&at(999, 500_000_000)), now), Some(Duration::from_millis(500)));
         assert_eq!(late_by(Some(&at(1_000, 0)), now), Some(Duration::ZERO), "at the deadline is too late");

@@ -367,7 +367,7 @@ async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     assert!(stale.message().contains("epoch 1 is older than 2"), "{}", stale.message());
     let stale = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.expect_err("a stale Run is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
-    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1 }).await.expect_err("a stale Cancel is refused");
+    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1, grace_seconds: 0 }).await.expect_err("a stale Cancel is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
 }
 
@@ -401,14 +401,14 @@ async fn cancel_interrupts_the_operation_and_leaves_nothing_locked() {
     let status = c.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(status.state, status_response::State::Busy as i32);
     assert_eq!(status.current_operation_id, "cancel-1");
-    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1 }).await.unwrap().into_inner().cancelled);
+    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 }).await.unwrap().into_inner().cancelled);
     while let Some(e) = stream.next().await {
         events.push(e.unwrap());
     }
     let r = result(&events);
     assert_eq!(r.status, ResultStatus::Cancelled as i32, "{}", all_text(&events));
     assert_eq!(reason(&r), ErrorReason::Cancelled);
-    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1 }).await.unwrap().into_inner().cancelled, "already finished");
+    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 }).await.unwrap().into_inner().cancelled, "already finished");
     let r = result(&run(&mut c, request(&env, "cancel-2", &slow(&env, "cancel", 0), "dev", OperationType::Up)).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32);

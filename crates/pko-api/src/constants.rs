@@ -16,6 +16,12 @@ pub const STACK_FINALIZER: &str = "finalizer.stack.pulumi.com";
 /// Annotation whose every new value requests a sync of the Stack (Flux-style protocol); its last seen value is
 /// echoed to `status.observedReconcileRequest`.
 pub const RECONCILE_REQUEST_ANNOTATION: &str = "pulumi.com/reconciliation-request";
+/// Annotation whose every new value on a Stack cancels its running operation (ours, in the style of
+/// the reconciliation request; `kubectl pko cancel`): Ctrl-C on its agent, a hard stop after a grace
+/// period, the Update `Failed` `Canceled`; the Stack then waits (Stalled `UpdateCanceled`) until its
+/// spec, its source or a reconciliation request changes. The Stack copies the value onto the Update it
+/// cancels; its last seen value is echoed to `status.observedCancelRequest`.
+pub const CANCEL_REQUEST_ANNOTATION: &str = "pulumi.com/cancel-request";
 /// Annotation on an outputs Secret: JSON list of the output names that are secret.
 pub const SECRET_OUTPUTS_ANNOTATION: &str = "pulumi.com/secrets";
 /// Annotation on a workspace pod: hash of the Workspace generation and source (PKO `auto.pulumi.com/revision-hash`).
@@ -114,6 +120,8 @@ pub mod stack_condition {
     pub const WORKSPACE_FAILED: &str = "WorkspaceFailed";
     /// Stalled reason: the update failed [`MAX_UPDATE_FAILURES`] times.
     pub const UPDATE_FAILED: &str = "UpdateFailed";
+    /// Stalled reason: its update was canceled on request (`pulumi.com/cancel-request`; ours).
+    pub const UPDATE_CANCELED: &str = "UpdateCanceled";
     /// Stalled reason: the namespace is terminating while the Stack still needs its finalizer.
     pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
     /// Stalled reason: a conflicting update holds the stack lock (defined by PKO; ours sets it).
@@ -209,6 +217,10 @@ pub mod update_condition {
     pub const ABORTED: &str = "Aborted";
     /// Failed=True: the update was deleted or orphaned before it ran.
     pub const CANCELED: &str = "Canceled";
+    /// Failed=True: the operation sent no event for its idle timeout and was stopped (PKO PR #1296).
+    pub const IDLE_TIMEOUT: &str = "IdleTimeout";
+    /// Failed=True: the operation ran past its timeout and was stopped (ours).
+    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     /// Failed=True: another update holds the stack lock (agent `PulumiErrorInfo.reason`).
     pub const UPDATE_CONFLICT: &str = "UpdateConflict";
     /// Failed=True: the backend refused the access token.

@@ -159,6 +159,28 @@ pub struct StackSpec {
     /// (PKO); 0 or negative retry at once (after 1 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_max_backoff_duration_seconds: Option<i64>,
+    /// Consecutive failed updates retried before the Stack is `Stalled` `UpdateFailed` (PKO PR #1322:
+    /// default 3, minimum 1 — the Stack stalls when the update after that many retries fails too). A
+    /// preview may fail once more before it stalls (PKO #1294).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_update_failures: Option<i64>,
+    /// First wait after a failed update, in seconds (default 10, PKO's); each further failure waits
+    /// `retryBackoffFactor` times longer, up to `retryMaxBackoffDurationSeconds`. Ours (additive; PKO
+    /// #1294, #827).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub retry_backoff_base_seconds: Option<i64>,
+    /// Growth of the wait per failed update (default 3, PKO's; 1: a constant wait). Ours (additive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1.0))]
+    pub retry_backoff_factor: Option<f64>,
+    /// Longest an operation of this Stack may run, in seconds, before it is stopped and its Update
+    /// fails `DeadlineExceeded` (ours, additive: the Updates' `spec.timeout`); unset or 0: the
+    /// operator's `--operation-timeout`. PKO has none (PKO #1318).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub operation_timeout_seconds: Option<i64>,
     /// Only ever run `preview`; deletion never destroys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview: Option<bool>,
@@ -425,6 +447,10 @@ pub struct StackUpdateState {
     /// `create: 2`, `same: 5`), as its `status.changeSummary`; absent when it reported none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_summary: Option<BTreeMap<String, i32>>,
+    /// Ours: the `pulumi.com/cancel-request` value that canceled that Update; the Stack waits until its
+    /// spec, source or reconciliation request changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_request: Option<String>,
 }
 
 /// The update a Stack waits on (PKO `CurrentStackUpdate`); set before the Update is created.
@@ -465,6 +491,10 @@ pub struct StackStatus {
     /// Last seen value of the `pulumi.com/reconciliation-request` annotation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_reconcile_request: Option<String>,
+    /// Ours: last seen value of the `pulumi.com/cancel-request` annotation (a value seen once cancels
+    /// at most the operation running then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_cancel_request: Option<String>,
     /// Conditions `Ready`, `Reconciling`, `Stalled` (kstatus ready protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::conditions")]

@@ -45,6 +45,20 @@ pub struct UpdateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::duration")]
     pub ttl_after_completed: Option<String>,
+    /// How long the operation may send no event at all (Go duration, e.g. `30m`) before it is stopped
+    /// (CTRL-C on its agent) and the Update fails `IdleTimeout` (PKO PR #1296: there, abandoned).
+    /// Measures silence, not duration: a slow but talkative operation is never stopped. `0s` disables
+    /// it; unset: the operator's `--update-idle-timeout` (30 min).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::duration")]
+    pub idle_timeout: Option<String>,
+    /// How long the operation may run in all (Go duration, e.g. `2h`) before it is stopped (CTRL-C on
+    /// its agent) and the Update fails `DeadlineExceeded`; counted from its start, across a handoff to
+    /// another replica. Ours (additive). `0s` disables it; unset: the operator's `--operation-timeout`
+    /// (none). A Stack sets it from `spec.operationTimeoutSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::duration")]
+    pub timeout: Option<String>,
     /// Resource operations run in parallel (1 for none). Unbounded when unset, 0 or negative (no
     /// minimum in the schema, as PKO).
     #[serde(default, skip_serializing_if = "Option::is_none")]

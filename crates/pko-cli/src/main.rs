@@ -15,6 +15,20 @@ struct Cli {
 enum Command {
     /// Print what Pulumi printed for a Stack's operations (the newest unless --update or --all).
     Logs(LogsArgs),
+    /// Request a sync of a Stack now (PKO's pulumi.com/reconciliation-request annotation).
+    Sync(AnnotateArgs),
+    /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop
+    /// after 30 s; the Stack then waits until its spec or source changes or `kubectl pko sync`.
+    Cancel(AnnotateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AnnotateArgs {
+    /// The Stack: stack/<name> (or <name>).
+    target: String,
+    /// The Stack's namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -57,6 +71,8 @@ fn main() -> std::process::ExitCode {
     let run = async {
         match cli.command {
             Command::Logs(a) => logs_command(a).await,
+            Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
+            Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
         }
     };
     let result = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(run));
@@ -134,4 +150,16 @@ fn print(lines: &[pko_queue::output::Line], timestamps: bool) {
     for l in lines {
         let _ = writeln!(out, "{}", logs::render(l, timestamps));
     }
+}
+
+/// Sets `annotation` of the Stack to the current time, with the kubeconfig's identity.
+async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyhow::Result<()> {
+    let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = a.namespace.unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    let value = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos().to_string()).unwrap_or_default();
+    pko_cli::annotate::annotate(client, &ns, &stack, annotation, &value).await?;
+    println!("stack.pulumi.com/{stack} {done} ({annotation}={value})");
+    Ok(())
 }

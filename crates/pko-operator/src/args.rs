@@ -218,6 +218,14 @@ pub struct OperationArgs {
     /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
     #[arg(long, default_value = pko_git::github_app::DEFAULT_API_URL, env = "GITHUB_API_URL")]
     pub github_api_url: String,
+    /// Default of `Update.spec.idleTimeout` (PKO PR #1296): an operation that sends no event for this
+    /// long (Go duration) is stopped and its Update fails `IdleTimeout`; `0s` disables it.
+    #[arg(long, default_value = "30m", env = "UPDATE_IDLE_TIMEOUT", value_parser = go_duration)]
+    pub update_idle_timeout: std::time::Duration,
+    /// Default of `Update.spec.timeout` (ours): an operation running longer (Go duration) is stopped and
+    /// its Update fails `DeadlineExceeded`; `0s` (the default) disables it.
+    #[arg(long, default_value = "0s", env = "OPERATION_TIMEOUT", value_parser = go_duration)]
+    pub operation_timeout: std::time::Duration,
     /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
     /// replica that queued them and move with their shard. Required for more than one replica. With
     /// `--redis-sentinel-master`: the Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).

@@ -39,6 +39,11 @@ pub struct Context {
     /// Where operations' output is kept (`pko_queue::output`): the fleet's Redis with `--redis-url`,
     /// else this replica's memory.
     pub output: Arc<dyn pko_queue::output::OutputStore>,
+    /// The idle timeout of an operation whose Update sets none (`--update-idle-timeout`, PKO's 30 min
+    /// default); `None`: none.
+    pub update_idle_timeout: Option<std::time::Duration>,
+    /// The overall timeout of an operation whose Update sets none (`--operation-timeout`); `None`: none.
+    pub operation_timeout: Option<std::time::Duration>,
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -47,6 +52,9 @@ pub const DEFAULT_MAX_DRIFT_CHECKS: usize = 10;
 /// The shortest time between two drift checks of one Stack by default
 /// (`--min-drift-check-interval-seconds`): 60 s.
 pub const DEFAULT_DRIFT_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// PKO's default idle timeout of an operation (`DefaultUpdateIdleTimeout`, PR #1296): 30 minutes.
+pub const DEFAULT_UPDATE_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// PKO's default number of concurrent reconciles per controller.
 pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 25;
@@ -69,6 +77,8 @@ impl Context {
             drift_min_interval: DEFAULT_DRIFT_MIN_INTERVAL,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
             output: Arc::new(pko_queue::output::MemoryOutput::new(pko_queue::output::Limits::default())),
+            update_idle_timeout: Some(DEFAULT_UPDATE_IDLE_TIMEOUT),
+            operation_timeout: None,
         }
     }
 

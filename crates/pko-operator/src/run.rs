@@ -135,6 +135,8 @@ impl Operator {
             drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
             github_api_url: operations.github_api_url.clone(),
             output,
+            update_idle_timeout: Some(operations.update_idle_timeout).filter(|d| !d.is_zero()),
+            operation_timeout: Some(operations.operation_timeout).filter(|d| !d.is_zero()),
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC

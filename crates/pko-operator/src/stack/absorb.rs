@@ -2,6 +2,7 @@
 //! branch): the new `lastUpdate` (state, commits, failure count) and what follows from it. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use pko_api::Update;
 use pko_api::constants::update_condition as uc;
 use pko_api::stack::{CurrentStackUpdate, StackUpdateState, StackUpdateStateMessage};
@@ -28,8 +29,9 @@ pub struct Absorbed {
 /// The failure count grows only while the same generation and reconcile request keep failing (PKO);
 /// a success resets it and moves `lastSuccessfulCommit`. A conflict on the backend lock (another
 /// update holds it) is not the program's failure: it backs off like one but never reaches the stall
-/// count, so the Stack keeps retrying until the holder is gone.
-pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time) -> Absorbed {
+/// count (`max_failures`, the Stack's `maxUpdateFailures`), so the Stack keeps retrying until the
+/// holder is gone.
+pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time, max_failures: i64) -> Absorbed {
     let ok = update.succeeded();
     let conflict = update.failed_reason() == Some(uc::UPDATE_CONFLICT);
     let prev = prev.cloned().unwrap_or_default();
@@ -42,7 +44,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
     } else {
         0
     };
-    let failures = if conflict { failures.min(pko_api::constants::stack_condition::MAX_UPDATE_FAILURES - 1) } else { failures };
+    let failures = if conflict { failures.min(max_failures - 1) } else { failures };
     Absorbed {
         last_update: StackUpdateState {
             generation: current.generation,
@@ -58,6 +60,8 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             last_resync_time: Some(now.clone()),
             failures: Some(failures),
             change_summary: us.change_summary.clone(),
+            // canceled on request: the Stack waits for a change instead of retrying
+            cancel_request: (update.failed_reason() == Some(uc::CANCELED)).then(|| update.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned()).flatten(),
         },
         succeeded: ok,
         conflict,
@@ -70,6 +74,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pko_api::constants::stack_condition::MAX_UPDATE_FAILURES;
     use pko_api::update::UpdateStatus;
 
     fn t(s: i64) -> Time {
@@ -98,7 +103,7 @@ mod tests {
 
     #[test]
     fn a_success_records_the_commit_outputs_and_project() {
-        let a = absorb(None, &current(2, "abc"), &finished("u", true, uc::UPDATE_SUCCEEDED), &t(9));
+        let a = absorb(None, &current(2, "abc"), &finished("u", true, uc::UPDATE_SUCCEEDED), &t(9), MAX_UPDATE_FAILURES);
         assert!(a.succeeded && !a.conflict);
         assert_eq!(a.last_update.state, Some(StackUpdateStateMessage::Succeeded));
         assert_eq!((a.last_update.last_successful_commit.as_deref(), a.last_update.failures), (Some("abc"), Some(0)));
@@ -110,27 +115,26 @@ mod tests {
 
     #[test]
     fn failures_count_only_for_the_same_request() {
-        let first = absorb(None, &current(2, "abc"), &finished("u1", false, uc::UPDATE_FAILED), &t(1));
+        let first = absorb(None, &current(2, "abc"), &finished("u1", false, uc::UPDATE_FAILED), &t(1), MAX_UPDATE_FAILURES);
         assert_eq!((first.last_update.failures, first.outputs_secret.clone()), (Some(0), None));
         let prev = StackUpdateState { last_successful_commit: Some("old".into()), ..first.last_update.clone() };
-        let second = absorb(Some(&prev), &current(2, "abc"), &finished("u2", false, uc::UPDATE_CONFLICT), &t(2));
+        let second = absorb(Some(&prev), &current(2, "abc"), &finished("u2", false, uc::UPDATE_CONFLICT), &t(2), MAX_UPDATE_FAILURES);
         assert_eq!(second.last_update.failures, Some(1));
         assert!(second.conflict);
         assert_eq!(second.last_update.last_successful_commit.as_deref(), Some("old"), "a failure keeps the last success");
-        let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3));
+        let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3), MAX_UPDATE_FAILURES);
         assert_eq!(new_generation.last_update.failures, Some(0), "a new generation starts counting again");
     }
 
     #[test]
     fn conflicts_back_off_but_never_reach_the_stall_count() {
-        use pko_api::constants::stack_condition::MAX_UPDATE_FAILURES;
-        let mut last = absorb(None, &current(2, "abc"), &finished("u0", false, uc::UPDATE_CONFLICT), &t(0)).last_update;
+        let mut last = absorb(None, &current(2, "abc"), &finished("u0", false, uc::UPDATE_CONFLICT), &t(0), MAX_UPDATE_FAILURES).last_update;
         for i in 1..10 {
-            last = absorb(Some(&last), &current(2, "abc"), &finished(&format!("u{i}"), false, uc::UPDATE_CONFLICT), &t(i)).last_update;
+            last = absorb(Some(&last), &current(2, "abc"), &finished(&format!("u{i}"), false, uc::UPDATE_CONFLICT), &t(i), MAX_UPDATE_FAILURES).last_update;
             assert!(last.failures.unwrap() < MAX_UPDATE_FAILURES, "conflict {i}: {:?}", last.failures);
         }
         assert_eq!(last.failures, Some(MAX_UPDATE_FAILURES - 1), "the longest back-off short of stalling");
-        let failed = absorb(Some(&last), &current(2, "abc"), &finished("u", false, uc::UPDATE_FAILED), &t(20)).last_update;
+        let failed = absorb(Some(&last), &current(2, "abc"), &finished("u", false, uc::UPDATE_FAILED), &t(20), MAX_UPDATE_FAILURES).last_update;
         assert_eq!(failed.failures, Some(MAX_UPDATE_FAILURES), "a real failure after them stalls");
     }
 }

@@ -268,6 +268,7 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
         update_type: Some(kind.clone()),
         ttl_after_completed: Some("24h".into()),
         message: Some(message.into()),
+        timeout: spec.operation_timeout_seconds.filter(|s| *s > 0).map(|s| format!("{s}s")),
         ..Default::default()
     };
     if kind != UpdateType::Destroy {
@@ -567,7 +568,11 @@ mod tests {
         let d = update_spec(&s, "ws", true, "Stack marked for deletion");
         assert_eq!((d.update_type, d.run_program, d.target.clone()), (Some(UpdateType::Destroy), Some(true), None));
         let p = update_spec(&spec(json!({"stack": "dev", "preview": true})), "ws", false, "m");
-        assert_eq!((p.update_type, p.ttl_after_completed.as_deref()), (Some(UpdateType::Preview), Some("24h")));
+        assert_eq!((p.update_type, p.ttl_after_completed.as_deref(), p.timeout), (Some(UpdateType::Preview), Some("24h"), None));
+        let t = update_spec(&spec(json!({"stack": "dev", "operationTimeoutSeconds": 90})), "ws", false, "m");
+        assert_eq!(t.timeout.as_deref(), Some("90s"), "the Stack's deadline reaches its Updates");
+        let t = update_spec(&spec(json!({"stack": "dev", "operationTimeoutSeconds": 90, "updateTemplate": {"spec": {"timeout": "1h", "idleTimeout": "5m"}}})), "ws", false, "m");
+        assert_eq!((t.timeout.as_deref(), t.idle_timeout.as_deref()), (Some("1h"), Some("5m")), "the update template wins");
     }
 
     #[test]

@@ -39,15 +39,21 @@ pub(super) fn workspace_stall(ws: &Workspace) -> Option<(&'static str, String)> 
 
 /// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
 /// (a retry after the cooldown, or the stall once the retry limit is reached).
-pub(super) fn conflict_message(last: Option<&StackUpdateState>, max_backoff_seconds: Option<i64>) -> String {
+pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::RetryPolicy) -> String {
     let failures = last.and_then(|l| l.failures).unwrap_or(0);
     let cause = last.and_then(|l| l.message.clone()).unwrap_or_default();
-    let next = if failures >= sc::MAX_UPDATE_FAILURES {
+    let next = if failures >= policy.max_failures {
         "retry limit reached: the Stack is Stalled until the lock is gone and a sync is requested".to_string()
     } else {
-        format!("retrying in {} s", plan::cooldown(failures, max_backoff_seconds).as_secs())
+        format!("retrying in {} s", policy.cooldown(failures).as_secs())
     };
     format!("Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`.")
+}
+
+/// The cancel request `asked` (the Stack's `pulumi.com/cancel-request`) when it is new: set, not empty
+/// and not the value last seen (`observed`). A value is acted on once. Pure.
+pub(super) fn new_cancel_request<'a>(asked: Option<&'a str>, observed: Option<&str>) -> Option<&'a str> {
+    asked.filter(|a| !a.is_empty() && Some(*a) != observed)
 }
 
 /// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
@@ -155,12 +161,23 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_request_is_acted_on_once() {
+        assert_eq!(new_cancel_request(Some("t1"), None), Some("t1"));
+        assert_eq!(new_cancel_request(Some("t1"), Some("t1")), None, "seen");
+        assert_eq!(new_cancel_request(Some("t2"), Some("t1")), Some("t2"));
+        assert_eq!(new_cancel_request(Some(""), None), None);
+        assert_eq!(new_cancel_request(None, Some("t1")), None);
+    }
+
+    #[test]
     fn conflict_message_names_the_lock_and_the_next_step() {
-        let first = conflict_message(Some(&failed(0)), None);
+        let pko = plan::RetryPolicy::of(&Default::default());
+        let first = conflict_message(Some(&failed(0)), &pko);
         assert!(first.contains("currently locked by 1 lock(s)"), "{first}");
         assert!(first.contains("retrying in 10 s"), "{first}");
-        assert!(conflict_message(Some(&failed(1)), Some(5)).contains("retrying in 5 s"));
-        let last = conflict_message(Some(&failed(3)), None);
+        let capped = plan::RetryPolicy { cap: std::time::Duration::from_secs(5), ..pko };
+        assert!(conflict_message(Some(&failed(1)), &capped).contains("retrying in 5 s"));
+        let last = conflict_message(Some(&failed(3)), &pko);
         assert!(last.contains("retry limit reached"), "{last}");
     }
 

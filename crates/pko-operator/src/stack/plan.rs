@@ -11,15 +11,57 @@ use pko_api::constants::stack_condition::{self as sc, MAX_UPDATE_FAILURES};
 use pko_api::stack::{DEFAULT_RETRY_MAX_BACKOFF_SECONDS, MIN_RESYNC_FREQUENCY_SECONDS, StackUpdateStateMessage};
 use pko_api::update::UpdateType;
 
-/// First retry delay after a failed update.
+/// First retry delay after a failed update (PKO's).
 pub const BASE_COOLDOWN: Duration = Duration::from_secs(10);
 
-/// Cooldown after `failures` failed attempts (0 on the first failure): 10 s × 3^failures, capped by
-/// `retryMaxBackoffDurationSeconds` (default 24 h).
-pub fn cooldown(failures: i64, max_backoff_seconds: Option<i64>) -> Duration {
-    let cap = Duration::from_secs(max_backoff_seconds.unwrap_or(DEFAULT_RETRY_MAX_BACKOFF_SECONDS).max(0) as u64);
-    let factor = 3u64.checked_pow(failures.clamp(0, 40) as u32).unwrap_or(u64::MAX);
-    BASE_COOLDOWN.checked_mul(factor.min(u32::MAX as u64) as u32).unwrap_or(cap).min(cap)
+/// PKO's growth of the retry delay per failure.
+pub const COOLDOWN_FACTOR: f64 = 3.0;
+
+/// A Stack's retry budget and backoff (PKO's fixed numbers, made configurable as PKO PR #1322 and
+/// #1294 ask): `maxUpdateFailures`, `retryBackoffBaseSeconds`, `retryBackoffFactor`,
+/// `retryMaxBackoffDurationSeconds`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries before the Stack stalls (the failure count that stalls it).
+    pub max_failures: i64,
+    /// The first wait.
+    pub base: Duration,
+    /// The growth per failure (≥ 1).
+    pub factor: f64,
+    /// The longest wait.
+    pub cap: Duration,
+}
+
+impl RetryPolicy {
+    /// The policy of `spec`, PKO's defaults where unset (3 retries, 10 s × 3^failures, 24 h cap). Pure.
+    pub fn of(spec: &pko_api::stack::StackSpec) -> RetryPolicy {
+        RetryPolicy {
+            max_failures: spec.max_update_failures.unwrap_or(MAX_UPDATE_FAILURES).max(1),
+            base: spec.retry_backoff_base_seconds.filter(|b| *b >= 1).map(|b| Duration::from_secs(b as u64)).unwrap_or(BASE_COOLDOWN),
+            factor: spec.retry_backoff_factor.filter(|f| f.is_finite() && *f >= 1.0).unwrap_or(COOLDOWN_FACTOR),
+            cap: Duration::from_secs(spec.retry_max_backoff_duration_seconds.unwrap_or(DEFAULT_RETRY_MAX_BACKOFF_SECONDS).max(0) as u64),
+        }
+    }
+
+    /// The wait after `failures` failed attempts (0 on the first failure): base × factor^failures,
+    /// capped. Pure.
+    pub fn cooldown(&self, failures: i64) -> Duration {
+        let secs = self.base.as_secs_f64() * self.factor.powi(failures.clamp(0, 1_000) as i32);
+        if !secs.is_finite() || secs >= self.cap.as_secs_f64() { self.cap } else { Duration::from_secs_f64(secs) }
+    }
+
+    /// Whether `failures` failed attempts of an update of `kind` stall the Stack: at [`Self::max_failures`],
+    /// one more for a preview (PKO #1294: a preview may fail once without stalling). Pure.
+    pub fn stalls(&self, failures: i64, kind: Option<&UpdateType>) -> bool {
+        let extra = i64::from(kind == Some(&UpdateType::Preview));
+        failures >= self.max_failures + extra
+    }
+}
+
+/// The condition message of a Stack whose update was canceled on `request` (`Stalled`
+/// `UpdateCanceled`). Pure.
+pub fn canceled_message(request: &str) -> String {
+    format!("update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source changes or a sync is requested")
 }
 
 /// Resync and branch-poll period: `resyncFrequencySeconds`, at least 60 s (unset or 0 mean 60 s).
@@ -134,16 +176,18 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
                 return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
             }
             let failures = last.failures.unwrap_or(0);
-            if let Some((reason, message)) = workspace_stall {
+            if let Some(request) = last.cancel_request.as_deref().filter(|_| !deleting) {
+                Conditions::Stalled(sc::UPDATE_CANCELED, canceled_message(request))
+            } else if let Some((reason, message)) = workspace_stall {
                 let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
                 Conditions::Stalled(stall, format!("{reason}: {message}"))
-            } else if failures >= MAX_UPDATE_FAILURES && !deleting {
+            } else if RetryPolicy::of(&stack.spec).stalls(failures, last.update_type.as_ref()) && !deleting {
                 Conditions::Stalled(
                     sc::UPDATE_FAILED,
                     with_last_error(format!("{kind} failed {failures} times; not retrying until the spec or source changes"), last.message.as_deref()),
                 )
             } else {
-                let wait = cooldown(failures, stack.spec.retry_max_backoff_duration_seconds);
+                let wait = RetryPolicy::of(&stack.spec).cooldown(failures);
                 if since_resync >= wait {
                     return Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}", go_duration(wait)) };
                 }
@@ -225,11 +269,32 @@ mod tests {
 
     #[test]
     fn cooldown_grows_tenfold_by_three_and_is_capped() {
-        assert_eq!(cooldown(0, None), Duration::from_secs(10));
-        assert_eq!(cooldown(1, None), Duration::from_secs(30));
-        assert_eq!(cooldown(2, None), Duration::from_secs(90));
-        assert_eq!(cooldown(30, None), Duration::from_secs(86_400));
-        assert_eq!(cooldown(5, Some(600)), Duration::from_secs(600));
+        let pko = RetryPolicy::of(&stack(1, None).spec);
+        assert_eq!((pko.cooldown(0), pko.cooldown(1), pko.cooldown(2)), (Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(90)));
+        assert_eq!(pko.cooldown(30), Duration::from_secs(86_400));
+        assert_eq!(pko.cooldown(5_000), Duration::from_secs(86_400), "no overflow");
+        let mut s = stack(1, None).spec;
+        s.retry_max_backoff_duration_seconds = Some(600);
+        assert_eq!(RetryPolicy::of(&s).cooldown(5), Duration::from_secs(600));
+        s.retry_backoff_base_seconds = Some(2);
+        s.retry_backoff_factor = Some(1.5);
+        let p = RetryPolicy::of(&s);
+        assert_eq!((p.cooldown(0), p.cooldown(2)), (Duration::from_secs(2), Duration::from_secs_f64(4.5)));
+        s.retry_backoff_factor = Some(0.5);
+        assert_eq!(RetryPolicy::of(&s).factor, 3.0, "below 1 (the schema refuses it): PKO's");
+    }
+
+    #[test]
+    fn the_retry_budget_stalls_at_max_update_failures_a_preview_one_later() {
+        let mut s = stack(1, None).spec;
+        let pko = RetryPolicy::of(&s);
+        assert!(!pko.stalls(2, Some(&UpdateType::Up)) && pko.stalls(3, Some(&UpdateType::Up)), "PKO: the 4th failed attempt stalls");
+        assert!(!pko.stalls(3, Some(&UpdateType::Preview)) && pko.stalls(4, Some(&UpdateType::Preview)));
+        s.max_update_failures = Some(1);
+        let one = RetryPolicy::of(&s);
+        assert!(!one.stalls(0, Some(&UpdateType::Up)) && one.stalls(1, Some(&UpdateType::Up)), "one retry, then stalled");
+        s.max_update_failures = Some(0);
+        assert_eq!(RetryPolicy::of(&s).max_failures, 1, "minimum 1, as PR #1322");
     }
 
     #[test]

@@ -119,6 +119,8 @@ enum Effect {
     ReleaseDriftSlot,
     /// Delete the Update of an earlier drift check (a newer one's result is in the status).
     DeleteUpdate(String),
+    /// Annotate the running Update with the Stack's new cancel request (its controller stops it).
+    ForwardCancel(String, String),
 }
 
 /// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
@@ -147,6 +149,8 @@ struct Pass {
     name: String,
     generation: Option<i64>,
     request: Option<String>,
+    /// A `pulumi.com/cancel-request` value not seen before ([`messages::new_cancel_request`]).
+    cancel: Option<String>,
     deleting: bool,
     now: Time,
     status: StackStatus,
@@ -165,6 +169,9 @@ impl Pass {
         let mut status = stack.status.clone().unwrap_or_default();
         status.observed_generation = generation;
         status.observed_reconcile_request = request.clone();
+        let asked = stack.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned();
+        let cancel = messages::new_cancel_request(asked.as_deref(), status.observed_cancel_request.as_deref()).map(str::to_string);
+        status.observed_cancel_request = asked;
         let conditions = status.conditions.clone().unwrap_or_default();
         Pass {
             ownership: ctx.ownership.clone(),
@@ -179,6 +186,7 @@ impl Pass {
             name,
             generation,
             request,
+            cancel,
             now: pko_api::conditions::now(),
             status,
             conditions,
@@ -252,6 +260,10 @@ impl Pass {
                         // the slot's lease runs out by itself
                         tracing::warn!(error = %e, "releasing the drift-check slot");
                     }
+                }
+                Effect::ForwardCancel(name, request) => {
+                    let patch = json!({"metadata": {"annotations": {pko_api::constants::CANCEL_REQUEST_ANNOTATION: request}}});
+                    self.updates.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(Error::CurrentUpdate)?;
                 }
                 Effect::DeleteUpdate(name) => {
                     // its TTL deletes it later anyway: a failure only delays that
@@ -369,6 +381,12 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         return drift_checked(ctx, p, u).await;
     }
     if !u.is_complete() {
+        // a new cancel request goes to the Update it cancels (its controller stops the operation)
+        if let Some(v) = p.cancel.clone()
+            && u.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION) != Some(&v)
+        {
+            p.effects.push(Effect::ForwardCancel(u.name_any(), v));
+        }
         // PKO's text, then why it has not started when it waits for its namespace's share
         let message = match u.queued_message() {
             Some(why) => format!("{}: {why}", sc::STACK_BEING_PROCESSED_MESSAGE),
@@ -377,7 +395,7 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         p.reconciling(sc::STACK_PROCESSING, &message);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
-    let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now);
+    let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now, super::plan::RetryPolicy::of(&p.stack.spec).max_failures);
     if let Some(pi) = a.project_info.clone() {
         p.status.project_info = Some(pi);
     }
@@ -393,7 +411,7 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     } else {
         p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update stack: {}", a.message));
         if a.conflict {
-            let msg = messages::conflict_message(p.status.last_update.as_ref(), p.stack.spec.retry_max_backoff_duration_seconds);
+            let msg = messages::conflict_message(p.status.last_update.as_ref(), &super::plan::RetryPolicy::of(&p.stack.spec));
             p.event(Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg);
         }
     }

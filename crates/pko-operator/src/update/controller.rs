@@ -37,6 +37,8 @@ pub struct UpdateController {
     pub(super) gauges: QueueGauges,
     /// The Workspace informer's cache, set by [`Self::run`] ([`Self::workspace`]).
     workspaces: Option<kube::runtime::reflector::Store<Workspace>>,
+    /// Cancel requests of running operations, for their workers ([`super::cancel`]).
+    pub(super) cancels: super::cancel::CancelRequests,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -113,7 +115,7 @@ impl UpdateController {
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
         let agents = Arc::new(Agents::addressed(ctx.client.clone(), None));
-        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), agents, gauges: QueueGauges::default(), workspaces: None }
+        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), agents, gauges: QueueGauges::default(), workspaces: None, cancels: Default::default() }
     }
 
     /// Runs operations on the agents of `agents` (the runtime the Workspace controller shares).
@@ -186,8 +188,16 @@ impl UpdateController {
             return self.expire(&api, &update).await;
         }
         if orphaned(&update) {
-            self.cancel(&api, &update).await?;
+            self.cancel(&api, &update, ORPHANED_MESSAGE.into()).await?;
             return Ok(Action::await_change());
+        }
+        // canceled on request: before it started, failed here; while it runs, its worker stops it
+        if let Some(request) = super::cancel::requested(&update) {
+            if !update.was_started() {
+                self.cancel(&api, &update, super::cancel::message(request)).await?;
+                return Ok(Action::await_change());
+            }
+            self.cancels.request(&update.operation_id(), request);
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
         let workspace = self.workspace(&ns, &ws_name).await?;
@@ -243,19 +253,20 @@ impl UpdateController {
         crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
     }
 
-    /// Marks an [`orphaned`] Update Failed `Canceled` (PKO's `isOrphaned`), once, unless fenced.
-    async fn cancel(&self, api: &Api<Update>, update: &Update) -> Result<(), kube::Error> {
+    /// Marks an Update that never started Failed `Canceled` with `message` — [`orphaned`] (PKO's
+    /// `isOrphaned`) or canceled on request — once, unless fenced.
+    async fn cancel(&self, api: &Api<Update>, update: &Update, message: String) -> Result<(), kube::Error> {
         if !self.owns(update) {
             return Ok(());
         }
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
         let now = pko_api::conditions::now();
-        st.conditions = Some(status::conditions(&Phase::Failed { reason: uc::CANCELED.into(), message: ORPHANED_MESSAGE.into() }, update.meta().generation, &now, &old));
+        st.conditions = Some(status::conditions(&Phase::Failed { reason: uc::CANCELED.into(), message: message.clone() }, update.meta().generation, &now, &old));
         st.observed_generation = update.meta().generation;
-        st.message = Some(ORPHANED_MESSAGE.into());
+        tracing::info!(update = %update.name_any(), %message, "canceled before it started");
+        st.message = Some(message);
         st.end_time = Some(now);
-        tracing::info!(update = %update.name_any(), "no controller owner: canceled (as PKO)");
         crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
     }
 

@@ -24,10 +24,12 @@ use kube::{Resource, ResourceExt};
 use pko_api::constants::{event_reason, field_manager, update_condition as uc};
 use pko_api::update::UpdateStatus;
 use pko_api::{Update, Workspace};
-use pko_proto::v1::{OperationRequest, OperationResult, ResultStatus, operation_event::Event};
+use pko_proto::v1::{CancelRequest, OperationRequest, OperationResult, ResultStatus, operation_event::Event};
+use tokio::time::Instant;
 
 use super::capture::Capture;
 use super::fence::{Fence, Fenced};
+use super::limits::{self, Limit, Limits};
 use super::status::{self, Phase};
 use crate::agents::Lent;
 use crate::agents::client::{self, Client};
@@ -100,6 +102,10 @@ pub struct Operation<'a> {
     pub started: &'a (dyn Fn() + Send + Sync),
     /// Where the lines the operation prints are kept ([`super::capture`]).
     pub output: &'a dyn pko_queue::output::OutputStore,
+    /// The operator's default limits ([`super::limits`]), for an Update that sets none.
+    pub limits: Limits,
+    /// The cancel request of this operation, if one came ([`super::cancel`]).
+    pub cancel: &'a (dyn Fn() -> Option<String> + Send + Sync),
 }
 
 impl Operation<'_> {
@@ -121,21 +127,37 @@ impl Operation<'_> {
 pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
     let mut st = op.update.status.clone().unwrap_or_default();
     st.observed_generation = op.update.meta().generation;
+    let limits = match limits::of(&op.update.spec, op.limits.idle, op.limits.overall) {
+        Ok(l) => l,
+        Err(message) => return refuse(op, st, uc::UNKNOWN, message).await,
+    };
     let req = match request_for(op).await? {
         Ok(r) => r,
-        Err(message) => return refuse(op, st, message).await,
+        Err(message) => return refuse(op, st, uc::UNKNOWN, message).await,
     };
+    if let Some(request) = (op.cancel)().filter(|_| !op.update.was_started()) {
+        return refuse(op, st, uc::CANCELED, super::cancel::message(&request)).await;
+    }
     let mut agent = client::streaming(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
     mark_started(op, &mut st).await?;
     let stream = match call(op, &mut agent, req).await {
-        Err(e @ DispatchError::Refused(..)) => return refuse(op, st, e.to_string()).await,
+        Err(e @ DispatchError::Refused(..)) => return refuse(op, st, uc::UNKNOWN, e.to_string()).await,
         called => called?,
     };
-    let result = follow(op, stream).await?;
-    if result.status != ResultStatus::Interrupted as i32 {
-        record(op, st, &result).await?;
+    let started = instant_of(st.start_time.as_ref());
+    let followed = follow(op, stream, &limits, started).await?;
+    if followed.result.status != ResultStatus::Interrupted as i32 {
+        record(op, st, &followed.result, followed.limit).await?;
     }
-    Ok(result)
+    Ok(followed.result)
+}
+
+/// The instant of `start` (the Update's `status.startTime`, written before the operation could
+/// start), so an overall deadline counts from the operation's start across a handoff; now when unset.
+fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Instant {
+    let now = Instant::now();
+    let age = start.and_then(|t| std::time::Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0)).ok());
+    age.and_then(|a| now.checked_sub(a)).unwrap_or(now)
 }
 
 /// Step **prepare**: the agent request for the Update at the job's epoch, with its Secret and
@@ -157,11 +179,12 @@ async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, Stri
     }
 }
 
-/// A request the user must fix: the Update ends `Failed` (`Unknown`) with `message`, returned as a
-/// failed result.
-async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, message: String) -> Result<OperationResult, DispatchError> {
+/// An operation that does not run — a request the user must fix (`Unknown`), a cancel request that
+/// came first (`Canceled`): the Update ends `Failed` with `reason` and `message`, returned as a failed
+/// result.
+async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, reason: &str, message: String) -> Result<OperationResult, DispatchError> {
     let now = pko_api::conditions::now();
-    let phase = Phase::Failed { reason: uc::UNKNOWN.into(), message: message.clone() };
+    let phase = Phase::Failed { reason: reason.into(), message: message.clone() };
     st.conditions = Some(status::conditions(&phase, st.observed_generation, &now, st.conditions.as_deref().unwrap_or_default()));
     st.message = Some(message.clone());
     st.end_time = Some(now);
@@ -201,40 +224,97 @@ async fn call(op: &Operation<'_>, agent: &mut Client, mut req: OperationRequest)
     Ok(stream.into_inner())
 }
 
+/// What following an operation gave: its result, and the limit that stopped it, if one did.
+struct Followed {
+    result: OperationResult,
+    limit: Option<Limit>,
+}
+
 /// Step **follow**: the operation's events until its result; [`Operation::started`] at the first;
-/// the lines they read as kept in the output store as they come ([`Capture`]).
-async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>) -> Result<OperationResult, DispatchError> {
+/// the lines they read as kept in the output store as they come ([`Capture`]); a limit reached stops
+/// it ([`limit`]).
+async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>, limits: &Limits, started: Instant) -> Result<Followed, DispatchError> {
     let ns = op.update.namespace().unwrap_or_default();
     let kind = op.update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
     let mut capture = Capture::new(op.output, &ns, op.workspace.name_any().as_str(), &op.update.name_any(), kind);
-    let mut first = true;
+    let (mut first, mut last_event, mut stopping) = (true, Instant::now(), None);
     loop {
-        let next = match capture.deadline() {
+        let limit_at = match stopping {
+            Some((_, give_up)) => Some(give_up),
+            None => limits.next(started, last_event).map(|(at, _)| at),
+        };
+        let poll = Some(Instant::now() + limits::CANCEL_POLL).filter(|_| stopping.is_none());
+        let next = match [capture.deadline(), limit_at, poll].into_iter().flatten().min() {
             Some(at) => tokio::time::timeout_at(at, stream.next()).await,
             None => Ok(stream.next().await),
         };
         let Ok(next) = next else {
             capture.flush().await;
+            if let Some(given_up) = limit(op, limits, started, last_event, &mut stopping).await? {
+                return Ok(given_up);
+            }
             continue;
         };
         let Some(ev) = next else { break };
         let ev = ev.map_err(|s| op.agent_error(s.message()))?;
+        last_event = Instant::now();
         if std::mem::take(&mut first) {
             (op.started)();
         }
         capture.take(&ev).await;
         if let Some(Event::Result(result)) = ev.event {
-            return Ok(result);
+            return Ok(Followed { result, limit: stopping.map(|(l, _)| l) });
         }
     }
     capture.flush().await;
     Err(DispatchError::NoResult)
 }
 
+/// Step **limit** (on a timer while following): a limit reached stops the operation on its agent
+/// ([`stop`]); one asked to stop that has not ended after [`limits::STOP_WAIT`] is given up — the
+/// Update is recorded failed by the limit without the agent's result.
+async fn limit(op: &Operation<'_>, limits: &Limits, started: Instant, last_event: Instant, stopping: &mut Option<(Limit, Instant)>) -> Result<Option<Followed>, DispatchError> {
+    let now = Instant::now();
+    if let Some((limit, give_up)) = stopping.as_ref() {
+        if now < *give_up {
+            return Ok(None);
+        }
+        let message = format!("the agent did not end the operation within {} s of being asked to stop", limits::STOP_WAIT.as_secs());
+        return Ok(Some(Followed { result: OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() }, limit: Some(limit.clone()) }));
+    }
+    let reached = match (op.cancel)() {
+        Some(request) => Some(Limit::Requested(request)),
+        None => limits.next(started, last_event).filter(|(at, _)| now >= *at).map(|(_, l)| l),
+    };
+    if let Some(limit) = reached {
+        tracing::info!(update = %op.update.name_any(), reason = limit.reason(), "{}", limit.message());
+        stop(op).await?;
+        *stopping = Some((limit, now + limits::STOP_WAIT));
+    }
+    Ok(None)
+}
+
+/// Step **stop**: `Cancel` on the agent at the job's epoch, fenced like every agent call — CTRL-C to
+/// Pulumi, a hard stop after the agent's grace period.
+///
+/// Errors: [`DispatchError::Fenced`]; [`DispatchError::Agent`] when the agent did not take it (the
+/// dispatch is retried, and the limit fires again on the re-attached operation).
+async fn stop(op: &Operation<'_>) -> Result<(), DispatchError> {
+    op.fence.check()?;
+    let mut agent = client::control(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
+    let req = CancelRequest { operation_id: op.update.operation_id(), epoch: op.fence.job().epoch, grace_seconds: limits::STOP_GRACE_SECONDS };
+    let call = client::authorized(req, op.agent.token.as_deref()).map_err(|e| op.agent_error(e))?;
+    agent.cancel(call).await.map_err(|s| op.agent_error(format!("cancel: {}: {}", s.code(), s.message())))?;
+    Ok(())
+}
+
 /// Step **record**: the outputs Secret of a succeeded `up`, the Update's status in one write, then the
 /// effects (event, the Workspace's Stalled verdict and `pulumiVersion`).
-async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult) -> Result<(), DispatchError> {
-    let (phase, message) = status::phase_of(&op.update.spec, result);
+async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult, limit: Option<Limit>) -> Result<(), DispatchError> {
+    let (phase, message) = match &limit {
+        Some(l) => (Phase::Failed { reason: l.reason().into(), message: l.message() }, l.message()),
+        None => status::phase_of(&op.update.spec, result),
+    };
     let outputs = if phase == Phase::Succeeded && op.update.spec.update_type == Some(pko_api::UpdateType::Up) { write_outputs(op, result).await? } else { None };
     let st = status::finished(st, (&phase, message), result, op.update.meta().generation, outputs, &pko_api::conditions::now());
     op.fence.check()?;
@@ -244,8 +324,8 @@ async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult) 
     let (severity, reason) = if succeeded { (crate::k8s::Severity::Normal, event_reason::UPDATE_SUCCEEDED) } else { (crate::k8s::Severity::Warning, event_reason::UPDATE_FAILED) };
     let stack = op.update.spec.stack_name.as_deref().unwrap_or_default();
     // the first error, as today: the Update's message carries all of them
-    let first = result.message.lines().next().unwrap_or_default();
-    let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, first);
+    let first = limit.as_ref().map(Limit::message).unwrap_or_else(|| result.message.lines().next().unwrap_or_default().to_string());
+    let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, &first);
     crate::k8s::publish(&op.events.update, op.update, severity, reason, note).await;
     // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
     // False with the stall's reason, the Stack Stalled WorkspaceFailed), one that could clears it

@@ -4,9 +4,11 @@
 //! status from an agent's operation result ([`status`]); the lines an operation prints, kept as they
 //! stream in ([`capture`]).
 
+pub mod cancel;
 pub mod capture;
 pub mod controller;
 pub mod dispatch;
 pub mod fence;
+pub mod limits;
 pub mod status;
 pub mod worker;

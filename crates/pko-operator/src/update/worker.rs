@@ -183,6 +183,7 @@ impl UpdateController {
     async fn run_operation(&self, fence: &Fence<'_>, update: &Update, workspace: &Workspace, lent: &Lent, queued: Duration) -> Option<Result<OperationResult, DispatchError>> {
         let job = fence.job();
         let began = Instant::now();
+        let operation_id = update.operation_id();
         let started = || {
             metrics::histogram!(crate::metric_names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone()).record((queued + began.elapsed()).as_secs_f64());
         };
@@ -196,15 +197,20 @@ impl UpdateController {
             fence,
             started: &started,
             output: self.ctx.output.as_ref(),
+            limits: super::limits::Limits { idle: self.ctx.update_idle_timeout, overall: self.ctx.operation_timeout },
+            cancel: &|| self.cancels.get(&operation_id),
         };
         let outcome = tokio::select! {
             outcome = dispatch::run(&op) => outcome,
             () = fence.lost() => {
+                self.cancels.forget(&operation_id);
                 tracing::info!("shard lost while the operation runs: handed to its new holder");
                 metrics::counter!(crate::metric_names::DISPATCH_ERRORS_TOTAL, "step" => "fenced").increment(1);
                 return None;
             }
         };
+        // a later dispatch gets the request again from the Update's reconcile, which pushes it
+        self.cancels.forget(&operation_id);
         let kind = update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
         match &outcome {
             Ok(r) => {

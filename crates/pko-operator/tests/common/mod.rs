@@ -432,6 +432,8 @@ pub async fn dispatch_into(
         fence: &fence,
         started: &|| {},
         output,
+        limits: pko_operator::update::limits::Limits::default(),
+        cancel: &|| None,
     };
     pko_operator::update::dispatch::run(&op).await
 }
