@@ -136,6 +136,8 @@ READ_TOKEN="$(kubectl -n $NS create token stack-reader)"
 for i in $(seq 0 $((REPLICAS - 1))); do [ -f "$DEMO/operator-$i.pid" ] && { LOGS_PORT=$((18383 + i)); break; }; done
 pko_logs() { PATH="$BIN:$PATH" kubectl pko logs "$@" -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify --token "$READ_TOKEN"; }
 pko_logs stack/from-git | sed 's/^/  /'
+echo; echo "kubectl pko status (why each Stack is or is not Ready, its shard and owner):"
+PATH="$BIN:$PATH" kubectl pko status -n $NS --fleet-namespace $NS | sed 's/^/  /'
 [ "$(PATH="$BIN:$PATH" kubectl pko logs stack/from-git -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify 2>&1 | grep -c 'not authenticated')" = 1 ] \
   || fail "the logs endpoint answers without a token"
 # bytes of Pulumi output stored per operation, over every kept operation of the demo's Stacks

@@ -5,3 +5,4 @@
 
 pub mod annotate;
 pub mod logs;
+pub mod status;

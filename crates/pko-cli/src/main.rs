@@ -15,11 +15,34 @@ struct Cli {
 enum Command {
     /// Print what Pulumi printed for a Stack's operations (the newest unless --update or --all).
     Logs(LogsArgs),
+    /// Per Stack: Ready or why not, revision, last and current operation, shard, owning replica, pool.
+    Status(StatusArgs),
     /// Request a sync of a Stack now (PKO's pulumi.com/reconciliation-request annotation).
     Sync(AnnotateArgs),
     /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop
     /// after 30 s; the Stack then waits until its spec or source changes or `kubectl pko sync`.
     Cancel(AnnotateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// One Stack: stack/<name> (or <name>); all of the namespace without it.
+    target: Option<String>,
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    all_namespaces: bool,
+    /// Output: a table (default), `wide` (with the message), `json` or `yaml`.
+    #[arg(short = 'o', long, value_parser = ["wide", "json", "yaml"])]
+    output: Option<String>,
+    /// Namespace of the fleet's shard Leases (the operator's `--fleet-namespace`).
+    #[arg(long, env = "PKO_FLEET_NAMESPACE", default_value = "pko-system")]
+    fleet_namespace: String,
+    /// The fleet's name (the operator's `--fleet-name`).
+    #[arg(long, env = "PKO_FLEET_NAME", default_value = "pko")]
+    fleet_name: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,6 +94,7 @@ fn main() -> std::process::ExitCode {
     let run = async {
         match cli.command {
             Command::Logs(a) => logs_command(a).await,
+            Command::Status(a) => status_command(a).await,
             Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
             Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
         }
@@ -161,5 +185,58 @@ async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyh
     let value = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos().to_string()).unwrap_or_default();
     pko_cli::annotate::annotate(client, &ns, &stack, annotation, &value).await?;
     println!("stack.pulumi.com/{stack} {done} ({annotation}={value})");
+    Ok(())
+}
+
+/// Objects of `kind` (`group`, `version`, `plural`) in `ns` (every namespace when `None`), as JSON.
+async fn list(client: &kube::Client, ns: Option<&str>, ar: &kube::api::ApiResource, labels: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    use kube::api::{Api, DynamicObject, ListParams};
+    let api: Api<DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
+    };
+    let items = api.list(&ListParams::default().labels(labels)).await?.items;
+    Ok(items.into_iter().filter_map(|o| serde_json::to_value(o).ok()).collect())
+}
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> kube::api::ApiResource {
+    let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    kube::api::ApiResource { group: group.into(), version: version.into(), api_version, kind: kind.into(), plural: plural.into() }
+}
+
+async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = (!a.all_namespaces).then(|| a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone()));
+    let client = kube::Client::try_from(config)?;
+    let only = a.target.as_deref().map(logs::target).transpose().map_err(anyhow::Error::msg)?;
+    let mut stacks = list(&client, ns.as_deref(), &pko_cli::annotate::stacks(), "").await?;
+    stacks.retain(|s| only.as_deref().is_none_or(|n| s["metadata"]["name"] == n));
+    if let Some(n) = &only
+        && stacks.is_empty()
+    {
+        anyhow::bail!("stack {n} not found");
+    }
+    let updates = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Update", "updates"), "").await?;
+    let workspaces = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Workspace", "workspaces"), "").await.unwrap_or_default();
+    // who holds which shard: the fleet's shard Leases (none outside a fleet, or not readable: no owner shown)
+    let selector = format!("pulumi.com/fleet={},pulumi.com/lease=shard", a.fleet_name);
+    let leases = list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector).await.unwrap_or_default();
+    let holder = |shard: &serde_json::Value| {
+        leases.iter().find(|l| !shard.is_null() && l["metadata"]["labels"]["pulumi.com/shard"] == *shard).and_then(|l| l["spec"]["holderIdentity"].as_str())
+    };
+    let same = |o: &serde_json::Value, s: &serde_json::Value, name: &serde_json::Value| o["metadata"]["namespace"] == s["metadata"]["namespace"] && o["metadata"]["name"] == *name;
+    let rows: Vec<pko_cli::status::Row> = stacks
+        .iter()
+        .map(|s| {
+            let current = updates.iter().find(|u| same(u, s, &s["status"]["currentUpdate"]["name"]));
+            let pool = workspaces.iter().find(|w| same(w, s, &s["metadata"]["name"])).and_then(|w| w["status"]["pool"].as_str());
+            pko_cli::status::row(s, current, holder(&s["metadata"]["labels"]["pulumi.com/shard"]), pool)
+        })
+        .collect();
+    match a.output.as_deref() {
+        Some("json") => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Some("yaml") => print!("{}", serde_yaml_ng::to_string(&rows)?),
+        other => print!("{}", pko_cli::status::table(&rows, a.all_namespaces, other == Some("wide"))),
+    }
     Ok(())
 }

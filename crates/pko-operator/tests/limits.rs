@@ -168,6 +168,13 @@ async fn kubectl_pko_cancel_stops_a_running_up_and_sync_runs_it_again() {
         .await;
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(updates.list(&Default::default()).await.unwrap().items.len(), 1, "no retry after a cancel (the first backoff is 10 s)");
+    // kubectl pko status says why, as a table and as JSON
+    let table = String::from_utf8_lossy(&kubectl_pko(&["status", "-n", ns.name()]).stdout).into_owned();
+    let line = table.lines().find(|l| l.starts_with("long ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(table.starts_with("NAME ") && line.contains(" False ") && line.contains("UpdateCanceled") && line.contains("(failed)"), "{table}");
+    let rows: serde_json::Value = serde_json::from_slice(&kubectl_pko(&["status", "stack/long", "-n", ns.name(), "-o", "json"]).stdout).unwrap();
+    assert_eq!((rows[0]["name"].as_str(), rows[0]["reason"].as_str(), rows[0]["current"].as_str()), (Some("long"), Some("UpdateCanceled"), Some("")), "{rows}");
+    assert!(rows[0]["message"].as_str().unwrap().starts_with("update canceled by request"), "{rows}");
 
     let out = kubectl_pko(&["sync", "long", "-n", ns.name()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
