@@ -32,6 +32,9 @@ pub const DISPATCH_LATENCY_SECONDS: &str = "pko_dispatch_latency_seconds";
 /// Counter, label `step` (`prepare`, `connect`, `busy`, `follow`, `record`, `fenced`): operations
 /// whose run on an agent ended without a result, by the step that failed.
 pub const DISPATCH_ERRORS_TOTAL: &str = "pko_dispatch_errors_total";
+/// Counter, label `reason` (`IdleTimeout`, `DeadlineExceeded`, `Canceled`): operations a limit or a
+/// cancel request stopped on their agent (`update::limits`).
+pub const OPERATIONS_STOPPED_TOTAL: &str = "pko_operations_stopped_total";
 /// Counter: operation output lines the output store did not take (`update::capture`).
 pub const OUTPUT_LINES_LOST_TOTAL: &str = "pko_output_lines_lost_total";
 /// Gauge, label `namespace`: operations waiting in this replica's queue.

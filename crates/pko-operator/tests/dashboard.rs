@@ -1,7 +1,9 @@
 //! The fleet dashboard (`deploy/dashboards/pko-fleet.json`) against a real Prometheus (Debian's
 //! `prometheus` package, installed by the test bed): two replicas over the bed's redis-server run Stacks
 //! on a pool small enough to defer jobs and idle out agents; Prometheus scrapes both every second; every
-//! PromQL expression of the dashboard must evaluate without error and return at least one series.
+//! PromQL expression of the dashboard must evaluate without error and return at least one series; every
+//! alert of the chart's PrometheusRule (`prometheusRule.enabled`, rendered by the bed's `helm` for a
+//! fleet) must evaluate without error, and the dashboard ConfigMap must carry the dashboard.
 
 mod common;
 
@@ -13,6 +15,26 @@ use serde_json::json;
 
 /// Expressions allowed to return no series in a healthy run, and why.
 const MAY_BE_EMPTY: &[(&str, &str)] = &[("pko_reconcile_errors_total", "a reconcile error is counted when one happens; a healthy run has none")];
+
+/// The chart rendered for a fleet of three with its PrometheusRule and dashboard ConfigMap: the
+/// alerts' `(name, expr)` and the ConfigMap's dashboard JSON.
+fn chart_alerts() -> (Vec<(String, String)>, serde_json::Value) {
+    use serde::Deserialize;
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/helm/pko");
+    let sets = ["prometheusRule.enabled=true", "grafanaDashboard.enabled=true", "replicaCount=3", "redis.url=redis://redis:6379"];
+    let mut args = vec!["template", "pko", chart, "--namespace", "pko-system", "--api-versions", "monitoring.coreos.com/v1"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let (ok, out, err) = common::cluster::helm(&args);
+    assert!(ok, "helm template: {err}");
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&out).filter_map(|d| serde_json::Value::deserialize(d).ok()).filter(|v| !v.is_null()).collect();
+    let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").expect("the PrometheusRule");
+    let alerts = rule["spec"]["groups"].as_array().into_iter().flatten().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default());
+    let alerts = alerts.map(|r| (r["alert"].as_str().unwrap_or_default().to_string(), r["expr"].as_str().unwrap_or_default().to_string())).collect();
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["labels"]["grafana_dashboard"] == "1").expect("the dashboard ConfigMap");
+    (alerts, serde_json::from_str(cm["data"]["pko-fleet.json"].as_str().unwrap()).expect("the dashboard JSON"))
+}
 
 fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
@@ -41,6 +63,9 @@ async fn every_dashboard_expression_evaluates_to_series_on_a_real_prometheus() {
         serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/dashboards/pko-fleet.json")).unwrap()).unwrap();
     let exprs = exprs(&dashboard);
     assert!(exprs.len() >= 20, "the dashboard has its panels: {}", exprs.len());
+    let (alerts, shipped) = chart_alerts();
+    assert_eq!(shipped, dashboard, "the chart ships the dashboard");
+    assert!(alerts.len() >= 6 && alerts.iter().any(|(a, _)| a == "PkoShardsUnheld"), "{alerts:?}");
 
     let (client, ns, env) = setup("dashboard").await;
     passphrase_and_program(&ns, json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": "sleep 1; echo ${pulumi.stack}"}}}})).await;
@@ -104,9 +129,15 @@ async fn every_dashboard_expression_evaluates_to_series_on_a_real_prometheus() {
             empty.push(q);
         }
     }
+    // alerts: each expression evaluates (a healthy run fires none but the fleet's shard count, which
+    // the rendered chart sets to its default of 2,048 while this fleet has fewer)
+    for (alert, e) in &alerts {
+        let v = query(e.clone()).await.unwrap_or_else(|err| panic!("{alert}: {e}: {err}"));
+        assert_eq!(v["status"], "success", "{alert}: {e}: {v}");
+    }
     let unexpected: Vec<_> = empty.iter().filter(|q| !MAY_BE_EMPTY.iter().any(|(m, _)| q.contains(m))).collect();
     assert!(unexpected.is_empty(), "expressions with no series (a metric renamed, dropped or never recorded?): {unexpected:#?}");
-    eprintln!("{} dashboard expressions evaluated on Prometheus in {:.1} s; empty (allowed): {}", exprs.len(), t.elapsed().as_secs_f64(), empty.len());
+    eprintln!("{} dashboard expressions and {} alerts evaluated on Prometheus in {:.1} s; empty (allowed): {}", exprs.len(), alerts.len(), t.elapsed().as_secs_f64(), empty.len());
     for r in replicas {
         r.stop().await;
     }

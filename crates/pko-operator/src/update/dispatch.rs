@@ -289,6 +289,7 @@ async fn limit(op: &Operation<'_>, limits: &Limits, started: Instant, last_event
     if let Some(limit) = reached {
         tracing::info!(update = %op.update.name_any(), reason = limit.reason(), "{}", limit.message());
         stop(op).await?;
+        metrics::counter!(crate::metric_names::OPERATIONS_STOPPED_TOTAL, "reason" => limit.reason()).increment(1);
         *stopping = Some((limit, now + limits::STOP_WAIT));
     }
     Ok(None)
