@@ -4,5 +4,6 @@
 //! `kubectl pko cancel STACK` annotate the Stack with the caller's own rights.
 
 pub mod annotate;
+pub mod fleet;
 pub mod logs;
 pub mod status;

@@ -17,6 +17,8 @@ enum Command {
     Logs(LogsArgs),
     /// Per Stack: Ready or why not, revision, last and current operation, shard, owning replica, pool.
     Status(StatusArgs),
+    /// The fleet's replicas: live or not, shards held and their epochs, from the fleet's Leases.
+    Fleet(FleetArgs),
     /// Request a sync of a Stack now (PKO's pulumi.com/reconciliation-request annotation).
     Sync(AnnotateArgs),
     /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop
@@ -43,6 +45,19 @@ struct StatusArgs {
     /// The fleet's name (the operator's `--fleet-name`).
     #[arg(long, env = "PKO_FLEET_NAME", default_value = "pko")]
     fleet_name: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct FleetArgs {
+    /// Namespace of the fleet's Leases (the operator's `--fleet-namespace`).
+    #[arg(long, env = "PKO_FLEET_NAMESPACE", default_value = "pko-system")]
+    fleet_namespace: String,
+    /// The fleet's name (the operator's `--fleet-name`).
+    #[arg(long, env = "PKO_FLEET_NAME", default_value = "pko")]
+    fleet_name: String,
+    /// Output: a table (default), `json` or `yaml`.
+    #[arg(short = 'o', long, value_parser = ["json", "yaml"])]
+    output: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +110,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Logs(a) => logs_command(a).await,
             Command::Status(a) => status_command(a).await,
+            Command::Fleet(a) => fleet_command(a).await,
             Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
             Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
         }
@@ -237,6 +253,21 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
         Some("json") => println!("{}", serde_json::to_string_pretty(&rows)?),
         Some("yaml") => print!("{}", serde_yaml_ng::to_string(&rows)?),
         other => print!("{}", pko_cli::status::table(&rows, a.all_namespaces, other == Some("wide"))),
+    }
+    Ok(())
+}
+
+async fn fleet_command(a: FleetArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let leases = list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &format!("pulumi.com/fleet={}", a.fleet_name)).await?;
+    if leases.is_empty() {
+        anyhow::bail!("no Lease of fleet {:?} in namespace {} (--fleet-name, --fleet-namespace)", a.fleet_name, a.fleet_namespace);
+    }
+    let f = pko_cli::fleet::fleet(&leases, k8s_openapi::jiff::Timestamp::now());
+    match a.output.as_deref() {
+        Some("json") => println!("{}", serde_json::to_string_pretty(&f)?),
+        Some("yaml") => print!("{}", serde_yaml_ng::to_string(&f)?),
+        _ => print!("{}", pko_cli::fleet::table(&f)),
     }
     Ok(())
 }

@@ -121,11 +121,6 @@ async fn max_update_failures_one_stalls_after_one_retry() {
     op.stop().await;
 }
 
-fn kubectl_pko(args: &[&str]) -> std::process::Output {
-    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kubectl-pko");
-    std::process::Command::new(bin).args(args).env("KUBECONFIG", pko_testbed::testbed().kubeconfig()).output().unwrap()
-}
-
 /// `kubectl pko cancel` of a running 120 s `up`: Ctrl-C on its agent, the Update `Failed` `Canceled`
 /// within the grace period, no lock left, the Stack `Stalled` `UpdateCanceled` and no retry; `kubectl
 /// pko sync` runs it again.

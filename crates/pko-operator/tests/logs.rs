@@ -22,19 +22,13 @@ use pko_testbed::{eventually, testbed};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-fn kubectl_pko() -> std::path::PathBuf {
-    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kubectl-pko");
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-cli`", bin.display());
-    bin
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `kubectl pko logs stack/<stack> -n <ns>` against `endpoint` with `token`, plus `extra`.
 fn logs_command(endpoint: &str, ns: &str, stack: &str, token: Option<&str>, extra: &[&str]) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(kubectl_pko());
+    let mut c = tokio::process::Command::new(kubectl_pko_bin());
     c.args(["logs", &format!("stack/{stack}"), "-n", ns, "--endpoint", endpoint, "--insecure-skip-tls-verify"]).args(extra);
     c.env_clear().env("KUBECONFIG", "/nonexistent");
     if let Some(t) = token {

@@ -77,6 +77,18 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     })
     .await;
 
+    // kubectl pko fleet: both replicas live, every shard held
+    let fleet = |ns: String| async move {
+        let out = kubectl_pko(&["fleet", "--fleet-namespace", &ns, "--fleet-name", FLEET, "-o", "json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let held = |r: &str| f["replicas"].as_array().unwrap().iter().find(|x| x["replica"] == r).map(|x| (x["live"].as_bool().unwrap(), x["shards_held"].as_u64().unwrap()));
+        (held("r0"), held("r1"), f["unheld"].as_u64().unwrap())
+    };
+    let (r0, r1, unheld) = fleet(ns.name().to_string()).await;
+    assert!(r0.is_some_and(|(live, n)| live && n > 0) && r1.is_some_and(|(live, n)| live && n > 0) && unheld == 0, "{r0:?} {r1:?} {unheld}");
+    assert_eq!(r0.unwrap().1 + r1.unwrap().1, SHARDS as u64);
+
     prog_stack(&ns, &env, "s", json!({})).await;
     let shard = pko_fleet::ring::shard_of(&format!("{}/s", ns.name()), SHARDS);
     let owner = desired[shard as usize].clone();
@@ -112,6 +124,13 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready on the survivor", 120, || async { ready(&stacks.get("s").await.unwrap()) }).await;
+    // kubectl pko fleet shows the killed replica's shards moved to the survivor
+    eventually("kubectl pko fleet shows every shard on the survivor", 60, || async {
+        let (r0, r1, unheld) = fleet(ns.name().to_string()).await;
+        let (dead, alive) = if survivor == "r0" { (r1, r0) } else { (r0, r1) };
+        unheld == 0 && alive == Some((true, SHARDS as u64)) && dead.is_none_or(|(_, n)| n == 0)
+    })
+    .await;
     eprintln!("Stack Ready {:.1} s after the kill", killed.elapsed().as_secs_f64());
     let all = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(all.len(), 1, "no second Update: {:?}", all.iter().map(|u| (u.name_any(), u.status.clone())).collect::<Vec<_>>());

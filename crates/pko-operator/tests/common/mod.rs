@@ -69,6 +69,20 @@ pub fn agent_bin() -> std::path::PathBuf {
     bin
 }
 
+/// The `kubectl-pko` binary of this workspace (built by `cargo build --workspace --bins`).
+#[allow(dead_code)]
+pub fn kubectl_pko_bin() -> std::path::PathBuf {
+    let bin = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kubectl-pko");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p pko-cli`", bin.display());
+    bin
+}
+
+/// `kubectl pko <args>` as the bed's admin.
+#[allow(dead_code)]
+pub fn kubectl_pko(args: &[&str]) -> std::process::Output {
+    Command::new(kubectl_pko_bin()).args(args).env("KUBECONFIG", testbed().kubeconfig()).output().unwrap()
+}
+
 pub fn project(env: &pko_testbed::PulumiEnv, name: &str, body: &str) -> std::path::PathBuf {
     let dir = env.dir().join(name);
     std::fs::create_dir_all(&dir).unwrap();
