@@ -226,7 +226,8 @@ pub(super) async fn add_environments(
 }
 
 pub(super) async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
-    let mut args = vec!["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
+    let select = ["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
+    let mut args = select.to_vec();
     if stack.create {
         args.push("--create");
         if !stack.secrets_provider.is_empty() {
@@ -237,7 +238,6 @@ pub(super) async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap
     if !out.success && stack.create && out.stderr.contains("already exists") {
         // another operation created it between our select and create (two Workspaces of one stack
         // initialized at once): select what it created
-        let select = ["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
         out = pulumi::run(&ctx.pulumi, dir, env, &select).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
     }
     if !out.success {

@@ -64,21 +64,14 @@ impl Agents {
     ///
     /// Errors: no agent free or known, or no token had (the message says which).
     async fn agent_for_initialization(&self, ws: &Workspace, readiness: &Readiness, id: &str) -> Result<Lent, String> {
-        if self.pooled() {
-            return match self.lend(ws, id, 0, false).await {
-                Ok(Lending::Lent(lent)) => Ok(lent),
-                Ok(Lending::Busy) => Err("every agent of the workspace class is busy".into()),
-                Ok(Lending::NoAgent) => Err("no agent of the workspace class yet".into()),
-                Err(e) => Err(e.to_string()),
-            };
+        let own = (!self.pooled()).then(|| readiness.address.clone()).flatten();
+        match self.lend_at(ws, id, 0, false, own).await {
+            Ok(Lending::Lent(lent)) => Ok(lent),
+            Ok(Lending::Busy) => Err("every agent of the workspace class is busy".into()),
+            Ok(Lending::NoAgent) if self.pooled() => Err("no agent of the workspace class yet".into()),
+            Ok(Lending::NoAgent) => Err("the workspace's agent has no address yet".into()),
+            Err(e) => Err(e.to_string()),
         }
-        let address = readiness.address.clone().ok_or_else(|| "the workspace's agent has no address yet".to_string())?;
-        let mut lent = Lent::own(address);
-        if let Some(tokens) = &self.tokens {
-            let audience = pko_proto::workspace_audience(&ws.namespace().unwrap_or_default(), &ws.name_any());
-            lent.token = Some(tokens.token(&audience).await.map_err(|e| format!("requesting a token for the workspace agent: {e}"))?);
-        }
-        Ok(lent)
     }
 }
 

@@ -239,10 +239,18 @@ impl Agents {
     ///
     /// Errors: [`AgentsError`] when no agent could be started or reached, or no token had.
     pub async fn lend(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Lending, AgentsError> {
+        self.lend_at(ws, op, epoch, started, None).await
+    }
+
+    /// [`Self::lend`], the Workspace's own agent at `address` when given (its address known before
+    /// the Workspace's status says it: PKO's initialization of a Workspace not yet Ready).
+    ///
+    /// Errors: as [`Self::lend`].
+    pub async fn lend_at(&self, ws: &Workspace, op: &str, epoch: i64, started: bool, address: Option<String>) -> Result<Lending, AgentsError> {
         let found = match &self.runtime {
             Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started).await?,
             Runtime::PodPool(p) => p.acquire(ws, op, epoch, started).await?,
-            Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => match ws.status.as_ref().and_then(|s| s.address.clone()) {
+            Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
                 Some(address) => Some(Lent::own(address)),
                 None => return Ok(Lending::NoAgent),
             },
