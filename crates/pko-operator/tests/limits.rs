@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pko_api::{Program, Stack, Update};
+use pko_api::{Stack, Update};
 use pko_testbed::eventually;
 use serde_json::json;
 
@@ -27,6 +27,13 @@ async fn failed_update(updates: &kube::Api<Update>, stack: &str) -> Update {
     found.lock().unwrap().take().unwrap()
 }
 
+/// Stack `name` (also its stack name) of Program `prog` ([`passphrase_and_program`]) with `extra` spec fields.
+async fn stack_of(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str, extra: serde_json::Value) {
+    let mut spec = json!({"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()});
+    spec.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    create(&ns.api::<Stack>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})).await;
+}
+
 fn ran_for(u: &Update) -> Duration {
     let st = u.status.as_ref().unwrap();
     let (start, end) = (st.start_time.as_ref().unwrap().0, st.end_time.as_ref().unwrap().0);
@@ -36,24 +43,13 @@ fn ran_for(u: &Update) -> Duration {
 #[tokio::test]
 async fn a_silent_operation_past_its_idle_timeout_and_a_long_one_past_its_deadline_are_stopped() {
     let (client, ns, env) = setup("limits").await;
-    passphrase_secret(&ns).await;
     // a program that prints nothing for 120 s
-    create(
-        &ns.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "silent"},
-               "program": {"resources": {"wait": {"type": "command:local:Command", "properties": {"create": "sleep 120"}}}}}),
-    )
-    .await;
-    let stack = |name: &str, extra: serde_json::Value| {
-        let mut spec = json!({"stack": name, "programRef": {"name": "silent"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()});
-        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
-    };
+    passphrase_and_program(&ns, json!({"resources": {"wait": {"type": "command:local:Command", "properties": {"create": "sleep 120"}}}})).await;
     let op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--update-idle-timeout", "6s"])).await;
     let t0 = Instant::now();
     // the operator's idle timeout (6 s); the second one's deadline (8 s) with its idle timeout off
-    create(&ns.api::<Stack>(), stack("idle", json!({}))).await;
-    create(&ns.api::<Stack>(), stack("deadline", json!({"operationTimeoutSeconds": 8, "updateTemplate": {"spec": {"idleTimeout": "0s"}}}))).await;
+    stack_of(&ns, &env, "idle", json!({})).await;
+    stack_of(&ns, &env, "deadline", json!({"operationTimeoutSeconds": 8, "updateTemplate": {"spec": {"idleTimeout": "0s"}}})).await;
 
     let updates = ns.api::<Update>();
     let idle = failed_update(&updates, "idle").await;
@@ -91,21 +87,9 @@ async fn a_silent_operation_past_its_idle_timeout_and_a_long_one_past_its_deadli
 #[tokio::test]
 async fn max_update_failures_one_stalls_after_one_retry() {
     let (client, ns, env) = setup("retry-budget").await;
-    passphrase_secret(&ns).await;
-    create(
-        &ns.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "broken"},
-               "program": {"resources": {"boom": {"type": "command:local:Command", "properties": {"create": "exit 3"}}}}}),
-    )
-    .await;
+    passphrase_and_program(&ns, json!({"resources": {"boom": {"type": "command:local:Command", "properties": {"create": "exit 3"}}}})).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
-    create(
-        &ns.api::<Stack>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "broken"},
-               "spec": {"stack": "dev", "programRef": {"name": "broken"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
-                        "maxUpdateFailures": 1, "retryBackoffBaseSeconds": 1, "retryBackoffFactor": 1.0}}),
-    )
-    .await;
+    stack_of(&ns, &env, "broken", json!({"maxUpdateFailures": 1, "retryBackoffBaseSeconds": 1, "retryBackoffFactor": 1.0})).await;
     let stacks = ns.api::<Stack>();
     let t0 = Instant::now();
     eventually("the Stack is Stalled UpdateFailed", 120, || async {
@@ -127,20 +111,9 @@ async fn max_update_failures_one_stalls_after_one_retry() {
 #[tokio::test]
 async fn kubectl_pko_cancel_stops_a_running_up_and_sync_runs_it_again() {
     let (client, ns, env) = setup("cancel").await;
-    passphrase_secret(&ns).await;
-    create(
-        &ns.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "long"},
-               "program": {"resources": {"wait": {"type": "command:local:Command", "properties": {"create": "sleep 120"}}}}}),
-    )
-    .await;
+    passphrase_and_program(&ns, json!({"resources": {"wait": {"type": "command:local:Command", "properties": {"create": "sleep 120"}}}})).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
-    create(
-        &ns.api::<Stack>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "long"},
-               "spec": {"stack": "dev", "programRef": {"name": "long"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()}}),
-    )
-    .await;
+    stack_of(&ns, &env, "long", json!({})).await;
     let updates = ns.api::<Update>();
     eventually("the up runs", 120, || async { updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")) })
         .await;
