@@ -385,6 +385,8 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         if let Some(v) = p.cancel.clone()
             && u.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION) != Some(&v)
         {
+            // seen only once the Update carries it: a patch that fails is sent again by the next pass
+            p.status.observed_cancel_request = p.stack.status.as_ref().and_then(|s| s.observed_cancel_request.clone());
             p.effects.push(Effect::ForwardCancel(u.name_any(), v));
         }
         // PKO's text, then why it has not started when it waits for its namespace's share
