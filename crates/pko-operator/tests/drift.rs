@@ -99,11 +99,13 @@ async fn a_drift_check_reports_a_change_made_behind_pulumis_back_and_auto_remedi
     assert!(message.starts_with("1 resource(s) drifted: urn:pulumi:dev::drifty::pulumi-python:dynamic:Resource::managed (update: content)"), "{message}");
     let drifted = st.status.clone().unwrap().drift_detection.unwrap().drifted_resources.unwrap();
     assert_eq!((drifted.len(), drifted[0].op.as_str()), (1, "update"));
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items;
-    assert!(
-        events.iter().any(|e| e.reason.as_deref() == Some("StackDriftDetected") && e.note.as_deref().is_some_and(|n| n.contains("::managed (update: content)"))),
-        "a StackDriftDetected event names the resource"
-    );
+    // the event is published after the status write that sets the condition (effects follow the write)
+    let events_api = ns.api::<k8s_openapi::api::events::v1::Event>();
+    eventually("a StackDriftDetected event names the resource", 30, || async {
+        let events = events_api.list(&Default::default()).await.unwrap().items;
+        events.iter().any(|e| e.reason.as_deref() == Some("StackDriftDetected") && e.note.as_deref().is_some_and(|n| n.contains("::managed (update: content)")))
+    })
+    .await;
     // report only: nothing was written, no update ran
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(std::fs::read_to_string(&managed).unwrap(), "changed\n", "a drift check never changes anything");
