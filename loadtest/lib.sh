@@ -2,10 +2,19 @@
 # binaries in BIN (progress shown line by line), delete_namespace, shards_of / shards_held_by, and a per-run Prometheus
 # with its plotted report (prom_start, prom_stop, plot_report).
 eval "$("$ROOT/scripts/testbed/ensure.sh" 2>/dev/null | grep '^export')"
-echo "building pko-operator and pko-agent (release)…"
-(cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent 2>&1 | grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true)
-[ -x "$ROOT/target/release/pko-operator" ] || fail "build failed"
-BIN="$ROOT/target/release"
+# PKO_BIN=DIR: binaries built elsewhere (another commit, for a side-by-side run), used as they are
+if [ -n "${PKO_BIN:-}" ]; then
+  [ -x "$PKO_BIN/pko-operator" ] && [ -x "$PKO_BIN/pko-agent" ] || fail "PKO_BIN=$PKO_BIN has no pko-operator and pko-agent"
+  echo "binaries: $PKO_BIN (not built)"
+  BIN="$PKO_BIN"
+else
+  echo "building pko-operator, pko-agent and kubectl-pko (release)…"
+  # a failed build fails the run (never a run of binaries left from an earlier build)
+  (cd "$ROOT" && cargo build --release -p pko-operator -p pko-agent -p pko-cli 2>&1; echo "cargo-exit=$?") | tee "${TMPDIR:-/tmp}/pko-load-build.log" \
+    | { grep --line-buffered -E '^(error|warning: unused)|Compiling |Finished' || true; }
+  grep -q '^cargo-exit=0$' "${TMPDIR:-/tmp}/pko-load-build.log" || fail "the release build failed (${TMPDIR:-/tmp}/pko-load-build.log)"
+  BIN="$ROOT/target/release"
+fi
 
 # the namespace without an operator: release the finalizers only the operator would remove (unfinalize.py:
 # merge patches over kept connections; one `kubectl patch` per object went at ~4 objects/s), then delete it

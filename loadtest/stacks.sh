@@ -26,6 +26,11 @@
 #                                   up` loop over the same N programs at the same concurrency (BARE_C,
 #                                   default REPLICAS × min(MAX_OPS, POOL_MAX)), timed; then prints
 #                                   fleet time / bare time
+#   CLI=1                           the kubectl plugin: `kubectl pko fleet` printed mid-run (half Ready),
+#                                   then wall time, peak RSS and LISTs per call of `fleet` and `status`
+#   REQ_BG_S=30                     API requests per operation (always): the API server's own counter
+#                                   over the run, less the script's requests and the bed's background
+#                                   counted over REQ_BG_S at rest before the apply (loadtest/requests.py)
 #
 # Everything listens on 127.0.0.1; the run stops by itself and cleans up (namespace, operator, agents).
 set -euo pipefail
@@ -102,6 +107,25 @@ if [ "$REPLICAS" -gt 1 ] || [ -n "${FLEET_ONE:-}" ]; then
   redis-cli -u "$REDIS_URL" --scan --pattern 'pko-load:*' | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
   FLEET=(--fleet --fleet-namespace $NS --redis-url "$REDIS_URL" --redis-prefix pko-load --shards "$SHARDS")
 fi
+# CLI=1: the kubectl plugin's cost once every Stack is Ready — wall time and peak RSS of 5 calls each of
+# `kubectl pko fleet` and `kubectl pko status -n NS`, and the LISTs they sent, from the API server's own
+# apiserver_request_total (the operators only watch at rest: no LIST of their own in between; the bed's
+# background over as long a window after the calls subtracted)
+lists() { kubectl get --raw /metrics | awk '/^apiserver_request_total\{/ && /verb="LIST"/ && /resource="(leases|stacks|updates|workspaces)"/ { s += $NF } END { print s + 0 }'; }
+cli_cost() {
+  local what l0 l1 times
+  for what in "fleet --fleet-namespace $NS" "status -n $NS"; do
+    l0=$(lists); times=""; local t0; t0=$(date +%s.%N)
+    for _ in 1 2 3 4 5; do times="$times $( { /usr/bin/time -f '%e %M' "$BIN/kubectl-pko" $what > /dev/null; } 2>&1 | tail -1 )"; done
+    l1=$(lists)
+    # the bed's background LISTs (its namespace controller lists every kind while it deletes test
+    # namespaces), over an idle window as long as the calls took, are subtracted
+    local took; took=$(echo "$(date +%s.%N) - $t0" | bc); local b0; b0=$(lists); sleep "$took"; l1=$(( l1 - ($(lists) - b0) ))
+    # pairs "wall_s rss_kib" → median and max wall, peak RSS (mawk: no asort; sort does it)
+    local sorted; sorted=$(echo "$times" | xargs -n 2 | sort -n)
+    echo "$sorted" | awk -v w="kubectl pko ${what%% *}" -v n=$(( l1 - l0 )) '{ t[NR] = $1; if ($2 > m) m = $2 } END { printf "cli: %s: median %.2f s, max %.2f s, peak RSS %.1f MiB, %.1f LISTs per call (%d calls)\n", w, t[int((NR + 1) / 2)], t[NR], m / 1024, n / NR, NR }'
+  done
+}
 OPS=()
 start_replica() {
   local i=$1
@@ -144,6 +168,12 @@ if [ ${#FLEET[@]} -gt 0 ]; then
   echo "fleet settled in $(( $(date +%s) - T_SETTLE )) s; fleet_formation_cpu_s per replica: $FORMATION_CPU"
 fi
 IDLE_KIB=$(rss "${OPS[@]}")
+# API requests per operation (loadtest/requests.py): the API server's own apiserver_request_total, the
+# bed's background counted first over REQ_BG_S at rest (operators running, nothing to do)
+api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" snap > "$1"; }
+REQ_BG_S=${REQ_BG_S:-30}
+echo "counting the API server's background requests at rest for ${REQ_BG_S} s…"
+api_snap "$RUN/req-bg0.json"; sleep "$REQ_BG_S"; api_snap "$RUN/req-bg1.json"
 declare -A PEAK_OF ANON_OF
 for op in "${OPS[@]}"; do PEAK_OF[$op]=0; ANON_OF[$op]=0; done
 
@@ -169,6 +199,7 @@ APISERVER=$(pgrep -f "kube-apiserver.*--secure-port=${KCFG_SERVER##*:}( |$)" | h
 declare -A CPU0
 for op in "${OPS[@]}"; do CPU0[$op]=$(cpu_s "$op"); done
 API_CPU0=$(cpu_s ${APISERVER:-})
+api_snap "$RUN/req-run0.json"
 T0=$(date +%s)
 # in chunks of 1,000 objects, four `kubectl apply` at once (one apply of 10,000 took minutes alone)
 awk -v out="$RUN/manifests.part" '/^---$/ { c++ } { print > sprintf("%s.%03d", out, int(c / 1000)) }' "$RUN/manifests.yaml"
@@ -191,6 +222,7 @@ while :; do
   for op in "${OPS[@]}"; do x=$(rss "$op"); [ "$x" -gt "${PEAK_OF[$op]}" ] && PEAK_OF[$op]=$x; x=$(anon "$op"); [ "$x" -gt "${ANON_OF[$op]}" ] && ANON_OF[$op]=$x; done
   if [ $((now - LAST_POLL)) -ge "$POLL_S" ]; then
     LAST_POLL=$now
+    POLLS=$((${POLLS:-0} + 1))
     ready=$(kubectl -n $NS get stacks -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$' || true)
   fi
   [ "$ready" -ge "$N" ] && [ -n "$APPLIED_S" ] && break
@@ -204,6 +236,10 @@ while :; do
     echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s; restarting it"
     start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; ANON_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0
   fi
+  # CLI=1: what `kubectl pko fleet` shows mid-run (queues and pools busy)
+  if [ -n "${CLI:-}" ] && [ -z "${CLI_MID:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
+    CLI_MID=1; echo "  kubectl pko fleet at ready=$ready/$N:"; "$BIN/kubectl-pko" fleet --fleet-namespace $NS | sed 's/^/    /' | tee "$RUN/fleet-mid.txt"
+  fi
   if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
   sleep 2
 done
@@ -211,6 +247,7 @@ READY_S=$(( $(date +%s) - T0 ))
 CPU_PER=""; CPU_TOTAL=0
 for op in "${OPS[@]}"; do c=$(echo "$(cpu_s "$op") - ${CPU0[$op]}" | bc); CPU_PER="$CPU_PER $c"; CPU_TOTAL=$(echo "$CPU_TOTAL + $c" | bc); done
 API_CPU=$(echo "$(cpu_s ${APISERVER:-}) - $API_CPU0" | bc)
+api_snap "$RUN/req-run1.json"
 sleep 10   # let the last status writes and requeues settle
 REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
@@ -224,8 +261,15 @@ if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "kept: namespace $NS, operator pid
 echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) peak=$((PEAK / 1024)) at_rest=$((REST_KIB / 1024))"
 echo "per replica (MiB; anon: peak anonymous memory, RSS without the executable's shared file pages):$PER_REPLICA"
 echo "operator_cpu_s (apply → all Ready): total=$CPU_TOTAL per replica:$CPU_PER; kube-apiserver=$API_CPU"
+echo "kube-apiserver_cpu_s_per_operation=$(echo "scale=4; $API_CPU / $UPDATES" | bc) ($UPDATES operations)"
+# the script's own requests: client-side `kubectl apply` reads then creates each Stack (and the
+# Program once per chunk of 1,000), each Ready poll lists every Stack
+CHUNKS=$(ls "$RUN"/manifests.part.* | wc -l)
+python3 "$ROOT/loadtest/requests.py" table "$RUN/req-run0.json" "$RUN/req-run1.json" "$RUN/req-bg0.json" "$RUN/req-bg1.json" "$REQ_BG_S" "$READY_S" "$UPDATES" \
+  "GET stacks=$N;POST stacks=$N;GET programs=$CHUNKS;POST programs=1;LIST stacks=${POLLS:-0}" | tee "$RUN/requests.txt"
 [ -n "${FORMATION_CPU:-}" ] && echo "fleet_formation_cpu_s (start → settled, before the apply): $FORMATION_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
+[ -n "${CLI:-}" ] && cli_cost
 for i in $(seq 0 $((REPLICAS - 1))); do
   echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total)' | sed 's/^/  /' || true
 done

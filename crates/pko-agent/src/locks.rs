@@ -17,18 +17,7 @@ use std::path::Path;
 
 use k8s_openapi::jiff::Timestamp;
 
-/// One lock's holder as Pulumi's conflict message names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// `user@host` as printed (for logs; no secret).
-    pub who: String,
-    /// The host part of [`Holder::who`] (`os.Hostname()` of the holding `pulumi`).
-    pub hostname: String,
-    /// Process id of the holding `pulumi`.
-    pub pid: i32,
-    /// When the lock was taken (second precision); `None` when the time did not parse.
-    pub since: Option<Timestamp>,
-}
+pub use pko_proto::locks::{Holder, describe, holders};
 
 /// What is known of a process on this host: its start time and whether it is a zombie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,21 +39,6 @@ pub enum Verdict {
     Elsewhere,
 }
 
-/// The holders named in a `pulumi` conflict message (`text` is its whole output); empty when the text
-/// names none.
-pub fn holders(text: &str) -> Vec<Holder> {
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.split_once(": created by ")?.1;
-            let (who, rest) = rest.split_once(" (pid ")?;
-            let (pid, rest) = rest.split_once(')')?;
-            let since = rest.trim().strip_prefix("at ").and_then(|t| t.trim().parse::<Timestamp>().ok());
-            let hostname = who.rsplit_once('@').map_or(who, |(_, h)| h).to_string();
-            Some(Holder { who: who.to_string(), hostname, pid: pid.trim().parse().ok()?, since })
-        })
-        .collect()
-}
-
 /// Judges `holder` from this host (`hostname`), with `process` telling what runs under a pid here
 /// (`None`: no such process).
 pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Verdict {
@@ -75,7 +49,9 @@ pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<
         None => Verdict::Dead("no process has its pid"),
         Some(p) if p.zombie => Verdict::Dead("its process exited"),
         // the message's time is truncated to the second; allow for it and for clock steps
-        Some(p) if holder.since.is_some_and(|s| p.started > s + std::time::Duration::from_secs(2)) => Verdict::Dead("its pid now belongs to a process started after the lock"),
+        Some(p) if holder.since.as_deref().and_then(|t| t.parse::<Timestamp>().ok()).is_some_and(|s| p.started > s + std::time::Duration::from_secs(2)) => {
+            Verdict::Dead("its pid now belongs to a process started after the lock")
+        }
         Some(_) => Verdict::Alive,
     }
 }
@@ -83,7 +59,7 @@ pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<
 /// The holders of a conflict to release: all of them when every one is known dead on this host,
 /// otherwise none (a live or remote holder keeps its lock).
 pub fn stale(text: &str, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Vec<(Holder, &'static str)> {
-    match judge(text, hostname, process) {
+    match judge(text, hostname, &[], process) {
         Judgement::Release(dead) => dead,
         Judgement::WaitFor(_) | Judgement::Keep => Vec::new(),
     }
@@ -101,8 +77,13 @@ pub enum Judgement {
     Keep,
 }
 
-/// Judges every holder of the conflict in `text` from this host (see [`verdict`]).
-pub fn judge(text: &str, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Judgement {
+/// Why a holder on another host is released: the operator judged it dead.
+pub const RELEASED_BY_OPERATOR: &str = "its host is gone: judged by the operator on an unlock request";
+
+/// Judges every holder of the conflict in `text` from this host (see [`verdict`]); a holder on another
+/// host is dead when `released` (`(who, pid)` pairs the operator judged dead on an unlock request)
+/// names it.
+pub fn judge(text: &str, hostname: &str, released: &[(String, i32)], process: impl Fn(i32) -> Option<ProcessInfo>) -> Judgement {
     let (mut dead, mut alive) = (Vec::new(), Vec::new());
     let all = holders(text);
     if all.is_empty() {
@@ -112,6 +93,7 @@ pub fn judge(text: &str, hostname: &str, process: impl Fn(i32) -> Option<Process
         match verdict(&h, hostname, &process) {
             Verdict::Dead(why) => dead.push((h, why)),
             Verdict::Alive => alive.push(h),
+            Verdict::Elsewhere if released.iter().any(|(who, pid)| *who == h.who && *pid == h.pid) => dead.push((h, RELEASED_BY_OPERATOR)),
             Verdict::Elsewhere => return Judgement::Keep,
         }
     }
@@ -154,15 +136,6 @@ mod tests {
     }
 
     #[test]
-    fn holders_are_read_from_pulumis_conflict_message() {
-        let h = holders(CONFLICT);
-        assert_eq!(h.len(), 2);
-        assert_eq!((h[0].who.as_str(), h[0].hostname.as_str(), h[0].pid, h[0].since), ("root@node-a", "node-a", 4242, Some(ts("2026-11-23T11:00:00Z"))));
-        assert_eq!((h[1].hostname.as_str(), h[1].pid, h[1].since), ("node-a", 77, Some(ts("2026-11-23T11:00:00Z"))));
-        assert!(holders("error: something else failed").is_empty());
-    }
-
-    #[test]
     fn a_holder_is_dead_only_on_this_host_with_its_pid_gone_exited_or_reused() {
         let h = &holders(CONFLICT)[0];
         let at = |t: &str, zombie| {
@@ -189,13 +162,27 @@ mod tests {
     #[test]
     fn live_holders_on_this_host_are_waited_for_and_remote_ones_are_left_alone() {
         let one_alive = |pid| (pid == 77).then_some(ProcessInfo { started: ts("2026-11-23T10:00:00Z"), zombie: false });
-        match judge(CONFLICT, "node-a", one_alive) {
+        match judge(CONFLICT, "node-a", &[], one_alive) {
             Judgement::WaitFor(h) => assert_eq!(h.iter().map(|h| h.pid).collect::<Vec<_>>(), vec![77]),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(judge(CONFLICT, "node-a", |_| None), Judgement::Release(d) if d.len() == 2));
-        assert_eq!(judge(CONFLICT, "node-b", one_alive), Judgement::Keep);
-        assert_eq!(judge("error: [409] Conflict", "node-a", |_| None), Judgement::Keep);
+        assert!(matches!(judge(CONFLICT, "node-a", &[], |_| None), Judgement::Release(d) if d.len() == 2));
+        assert_eq!(judge(CONFLICT, "node-b", &[], one_alive), Judgement::Keep);
+        assert_eq!(judge("error: [409] Conflict", "node-a", &[], |_| None), Judgement::Keep);
+    }
+
+    #[test]
+    fn remote_holders_the_operator_judged_dead_are_released_and_no_others() {
+        let all = holders(CONFLICT);
+        let named: Vec<(String, i32)> = all.iter().map(|h| (h.who.clone(), h.pid)).collect();
+        match judge(CONFLICT, "node-b", &named, |_| None) {
+            Judgement::Release(d) => assert!(d.iter().all(|(_, why)| *why == RELEASED_BY_OPERATOR) && d.len() == 2),
+            other => panic!("{other:?}"),
+        }
+        // one holder not named (another pid under the same user@host): kept
+        assert_eq!(judge(CONFLICT, "node-b", &named[..1], |_| None), Judgement::Keep);
+        let wrong_pid: Vec<(String, i32)> = named.iter().map(|(w, p)| (w.clone(), p + 1)).collect();
+        assert_eq!(judge(CONFLICT, "node-b", &wrong_pid, |_| None), Judgement::Keep);
     }
 
     #[test]

@@ -22,6 +22,18 @@ pub const RECONCILE_REQUEST_ANNOTATION: &str = "pulumi.com/reconciliation-reques
 /// spec, its source or a reconciliation request changes. The Stack copies the value onto the Update it
 /// cancels; its last seen value is echoed to `status.observedCancelRequest`.
 pub const CANCEL_REQUEST_ANNOTATION: &str = "pulumi.com/cancel-request";
+/// Annotation whose every new value on a Stack asks to release the Pulumi backend locks its last
+/// Update failed on (ours; `kubectl pko unlock`). The Stack's replica judges each holder named in that
+/// Update's message: released only when every one is known dead (its host is this replica's with no
+/// such process, or one of the operator's replicas or agent pods that is gone); otherwise refused with
+/// a `StackUnlockRefused` event naming the holder. Accepted, the next Update carries the holders in
+/// [`RELEASE_LOCKS_ANNOTATION`] and its agent releases them with `pulumi cancel`. Judged once no
+/// Update of the Stack runs; its last judged value is echoed to `status.observedUnlockRequest`.
+pub const UNLOCK_REQUEST_ANNOTATION: &str = "pulumi.com/unlock-request";
+/// Annotation on an Update (ours, written by the Stack controller on an accepted unlock request): the
+/// backend lock holders its agent may release, one per line as `lock: created by <user@host> (pid
+/// <pid>) at <time>` (`pko_proto::locks::describe`); passed to the agent as `release_locks`.
+pub const RELEASE_LOCKS_ANNOTATION: &str = "pulumi.com/release-locks";
 /// Annotation on an outputs Secret: JSON list of the output names that are secret.
 pub const SECRET_OUTPUTS_ANNOTATION: &str = "pulumi.com/secrets";
 /// Annotation on a workspace pod: hash of the Workspace generation and source (PKO `auto.pulumi.com/revision-hash`).
@@ -138,6 +150,10 @@ pub mod stack_condition {
     pub const DRIFT_CHECK_FAILED: &str = "CheckFailed";
     /// `DriftDetected` reason (ours): a schedule's cron does not parse; no checks run.
     pub const DRIFT_INVALID_SCHEDULE: &str = "InvalidSchedule";
+    /// `DriftDetected` reason (ours), Unknown: the first check is due and waits for a fleet-wide slot
+    /// (`--max-concurrent-drift-checks`); a later deferral keeps the last check's reason and says so in
+    /// the message.
+    pub const DRIFT_CHECK_DEFERRED: &str = "CheckDeferred";
 
     /// Number of failed attempts after which a Stack is Stalled `UpdateFailed` (PKO 2.8 `maxUpdateFailures`).
     pub const MAX_UPDATE_FAILURES: i64 = 3;
@@ -240,6 +256,12 @@ pub mod event_reason {
     /// Stack: an update failed because another update holds the stack's backend lock (Warning). PKO declares
     /// it but never emits it (PKO #736); ours does, naming the lock and how the Stack proceeds.
     pub const STACK_UPDATE_CONFLICT_DETECTED: &str = "StackUpdateConflictDetected";
+    /// Stack (ours): an unlock request was accepted — every lock holder is known dead; the next Update
+    /// releases the locks (Normal, naming each holder and why it is dead).
+    pub const STACK_UNLOCK_ACCEPTED: &str = "StackUnlockAccepted";
+    /// Stack (ours): an unlock request was refused — a holder may still be alive, or no holder is known
+    /// (Warning, naming the holder).
+    pub const STACK_UNLOCK_REFUSED: &str = "StackUnlockRefused";
     /// Stack: a drift check found drifted resources (Warning here; PKO's proposal: Normal); the note
     /// names them.
     pub const STACK_DRIFT_DETECTED: &str = "StackDriftDetected";

@@ -495,6 +495,10 @@ pub struct StackStatus {
     /// at most the operation running then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_cancel_request: Option<String>,
+    /// Ours: last judged value of the `pulumi.com/unlock-request` annotation (accepted or refused: see
+    /// the Stack's events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_unlock_request: Option<String>,
     /// Conditions `Ready`, `Reconciling`, `Stalled` (kstatus ready protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::conditions")]

@@ -2,7 +2,10 @@
 //! (`coordination.k8s.io/v1` in the operator's namespace; `pko_fleet::lease`): a membership Lease per
 //! replica (renewed while it lives; annotation `pulumi.com/shards`) and a shard Lease per shard (its
 //! holder, and its `leaseTransitions` as the shard's epoch). Read with the caller's own rights
-//! (`list` Leases in that namespace): no new privileged path.
+//! (`list` Leases in that namespace): no new privileged path. Each replica also announces its load on
+//! its membership Lease at every renewal (annotation `pulumi.com/load`, the contract `pko_fleet::load`):
+//! operations queued per namespace, in flight, running per workspace class, pool agents busy and idle
+//! per class and the pools' bounds — shown per replica and summed over the live ones.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +27,14 @@ pub struct Replica {
     pub shards_held: usize,
     /// The lowest and highest epoch of those shards.
     pub epochs: Option<(i64, i64)>,
+    /// Live, holding nothing, and announcing a shard count other than the one shards are held under:
+    /// it waits for the prevailing count's replicas to go (a rolling change of `--shards`).
+    pub standing_by: bool,
+    /// Its load as announced (`pulumi.com/load`); `None` from a replica that announces none.
+    pub load: Option<Load>,
 }
+
+pub use pko_fleet::load::{Agents, Load};
 
 /// The fleet as its Leases tell it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,6 +45,8 @@ pub struct Fleet {
     pub shards: usize,
     /// Shards whose Lease names no holder, or a holder that is not live.
     pub unheld: usize,
+    /// The load of the live replicas, summed.
+    pub total: Load,
 }
 
 fn seconds_ago(t: &Value, now: k8s_openapi::jiff::Timestamp) -> Option<f64> {
@@ -52,7 +64,9 @@ pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
         let duration = m["spec"]["leaseDurationSeconds"].as_f64().unwrap_or(15.0);
         let shards_setting = m["metadata"]["annotations"]["pulumi.com/shards"].as_str().unwrap_or_default().to_string();
         let live = ago.is_some_and(|a| a <= duration);
-        replicas.insert(id.to_string(), Replica { replica: id.to_string(), live, renewed_seconds_ago: ago, shards_setting, shards_held: 0, epochs: None });
+        let load = m["metadata"]["annotations"][pko_fleet::load::LOAD_ANNOTATION].as_str().and_then(Load::parse);
+        replicas
+            .insert(id.to_string(), Replica { replica: id.to_string(), live, renewed_seconds_ago: ago, shards_setting, shards_held: 0, epochs: None, standing_by: false, load });
     }
     let shards: Vec<&Value> = leases.iter().filter(|l| kind(l) == "shard").collect();
     let mut unheld = 0;
@@ -70,17 +84,53 @@ pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
             None => unheld += 1,
         }
     }
-    Fleet { replicas: replicas.into_values().collect(), shards: shards.len(), unheld }
+    // the count shards are held under: that of the replicas holding some
+    let prevailing: std::collections::BTreeSet<String> = replicas.values().filter(|r| r.shards_held > 0).map(|r| r.shards_setting.clone()).collect();
+    let mut total = Load::default();
+    for r in replicas.values_mut() {
+        r.standing_by = r.live && r.shards_held == 0 && !prevailing.is_empty() && !prevailing.contains(&r.shards_setting);
+        if let Some(l) = r.load.as_ref().filter(|_| r.live) {
+            total.add(l);
+        }
+    }
+    Fleet { replicas: replicas.into_values().collect(), shards: shards.len(), unheld, total }
+}
+
+fn pairs(m: &BTreeMap<String, u32>) -> String {
+    if m.is_empty() { "none".into() } else { m.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(", ") }
+}
+
+/// The summary lines under the table: shards, then the live replicas' queue, running operations and
+/// pool agents. Pure.
+fn summary(f: &Fleet) -> String {
+    let t = &f.total;
+    let mut out = format!("shards: {} held of {} ({} not held by a live replica)\n", f.shards - f.unheld, f.shards, f.unheld);
+    out.push_str(&format!("queued by namespace: {}\n", pairs(&t.queued)));
+    out.push_str(&format!("running by class: {} ({} in flight)\n", pairs(&t.running), t.in_flight));
+    if !t.agents.is_empty() || t.pool_bounds.is_some() {
+        let agents: Vec<String> = t.agents.iter().map(|(k, a)| format!("{k}: {} busy, {} idle", a.busy, a.idle)).collect();
+        let bounds = t.pool_bounds.map(|(lo, hi)| format!(" (per replica and class: min {lo}, max {hi})")).unwrap_or_default();
+        out.push_str(&format!("pool agents by class: {}{bounds}\n", if agents.is_empty() { "none running".into() } else { agents.join("; ") }));
+    }
+    out
 }
 
 /// The fleet as kubectl prints a table, then a summary line. Pure.
 pub fn table(f: &Fleet) -> String {
-    let mut rows = vec![["REPLICA", "LIVE", "RENEWED", "SHARDS", "EPOCHS", "--SHARDS"].map(String::from).to_vec()];
+    let mut rows = vec![["REPLICA", "LIVE", "RENEWED", "SHARDS", "EPOCHS", "--SHARDS", "QUEUED", "IN-FLIGHT", "AGENTS"].map(String::from).to_vec()];
     for r in &f.replicas {
         let renewed = r.renewed_seconds_ago.map(|a| format!("{a:.0}s ago")).unwrap_or_else(|| "<none>".into());
         let epochs = r.epochs.map(|(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }).unwrap_or_else(|| "<none>".into());
         let setting = if r.shards_setting.is_empty() { "<none>".into() } else { r.shards_setting.clone() };
-        rows.push(vec![r.replica.clone(), r.live.to_string(), renewed, r.shards_held.to_string(), epochs, setting]);
+        let live = if r.standing_by { "standing-by".to_string() } else { r.live.to_string() };
+        let (queued, in_flight, agents) = match &r.load {
+            Some(l) => {
+                let (busy, idle) = l.agents.values().fold((0, 0), |(b, i), a| (b + a.busy, i + a.idle));
+                (l.queued.values().sum::<u32>().to_string(), l.in_flight.to_string(), if l.pool_bounds.is_some() { format!("{busy}/{}", busy + idle) } else { "<none>".into() })
+            }
+            None => ("<none>".into(), "<none>".into(), "<none>".into()),
+        };
+        rows.push(vec![r.replica.clone(), live, renewed, r.shards_held.to_string(), epochs, setting, queued, in_flight, agents]);
     }
     let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
@@ -89,7 +139,7 @@ pub fn table(f: &Fleet) -> String {
         out.push_str(cols.join("   ").trim_end());
         out.push('\n');
     }
-    out.push_str(&format!("shards: {} held of {} ({} not held by a live replica)\n", f.shards - f.unheld, f.shards, f.unheld));
+    out.push_str(&summary(f));
     out
 }
 
@@ -99,7 +149,8 @@ mod tests {
     use serde_json::json;
 
     fn member(id: &str, renewed: &str) -> Value {
-        json!({"metadata": {"labels": {"pulumi.com/lease": "member"}, "annotations": {"pulumi.com/shards": "64"}},
+        let load = r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#;
+        json!({"metadata": {"labels": {"pulumi.com/lease": "member"}, "annotations": {"pulumi.com/shards": "64", "pulumi.com/load": load}},
                "spec": {"holderIdentity": id, "renewTime": renewed, "leaseDurationSeconds": 15}})
     }
 
@@ -120,8 +171,24 @@ mod tests {
         assert!(
             t.starts_with("REPLICA   LIVE    RENEWED")
                 && t.contains("a         true    2s ago    2        3-7")
-                && t.ends_with("shards: 2 held of 4 (2 not held by a live replica)\n"),
+                && t.contains("shards: 2 held of 4 (2 not held by a live replica)\n"),
             "{t}"
         );
+        // the live replica's load only (b is gone)
+        assert!(t.contains("queued by namespace: team-a=3\n") && t.contains("running by class: c1=2 (2 in flight)\n"), "{t}");
+        assert!(t.contains("pool agents by class: c1: 2 busy, 1 idle (per replica and class: min 0, max 4)"), "{t}");
+        assert!(t.lines().nth(1).is_some_and(|l| l.ends_with("3        2           2/3")), "{t}");
+    }
+
+    #[test]
+    fn a_live_replica_of_another_count_holding_nothing_stands_by() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:30Z".parse().unwrap();
+        let mut c = member("c", "2026-11-26T10:00:29Z");
+        c["metadata"]["annotations"]["pulumi.com/shards"] = json!("128");
+        c["metadata"]["annotations"]["pulumi.com/load"] = json!("not json");
+        let f = fleet(&[member("a", "2026-11-26T10:00:28Z"), c, shard(0, "a", 1)], now);
+        assert!(!f.replicas[0].standing_by && f.replicas[1].standing_by);
+        assert_eq!(f.replicas[1].load, None, "a load that does not parse is not shown");
+        assert!(table(&f).contains("standing-by"));
     }
 }

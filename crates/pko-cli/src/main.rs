@@ -24,6 +24,18 @@ enum Command {
     /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop
     /// after 30 s; the Stack then waits until its spec or source changes or `kubectl pko sync`.
     Cancel(AnnotateArgs),
+    /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request),
+    /// when the operator finds every holder dead; prints its verdict, exits 1 when refused.
+    Unlock(UnlockArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct UnlockArgs {
+    #[command(flatten)]
+    stack: AnnotateArgs,
+    /// How long to wait for the operator's verdict (seconds).
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -113,6 +125,7 @@ fn main() -> std::process::ExitCode {
             Command::Fleet(a) => fleet_command(a).await,
             Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
             Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
+            Command::Unlock(a) => unlock_command(a).await,
         }
     };
     let result = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(run));
@@ -204,6 +217,36 @@ async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyh
     Ok(())
 }
 
+/// Sets the Stack's unlock request, then waits for the operator's verdict (its event) and prints it.
+async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
+    let stack = logs::target(&a.stack.target).map_err(anyhow::Error::msg)?;
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = a.stack.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let value = now.as_nanosecond().to_string();
+    pko_cli::annotate::annotate(client.clone(), &ns, &stack, pko_cli::annotate::UNLOCK, &value).await?;
+    println!("stack.pulumi.com/{stack} unlock requested ({}={value}); waiting for the operator's verdict", pko_cli::annotate::UNLOCK);
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(client, &ns);
+    let selector = format!("involvedObject.name={stack},involvedObject.kind=Stack");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
+    loop {
+        let list = events.list(&kube::api::ListParams::default().fields(&selector)).await?;
+        let json: Vec<serde_json::Value> = list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
+        match pko_cli::annotate::unlock_verdict(&json, &now.to_string()) {
+            Some((true, note)) => {
+                println!("accepted: {note}");
+                return Ok(());
+            }
+            Some((false, note)) => anyhow::bail!("refused: {note}"),
+            None if std::time::Instant::now() >= deadline => {
+                anyhow::bail!("no verdict within {} s: is the operator running and does it own stack {ns}/{stack}? (`kubectl pko status {stack}`)", a.timeout)
+            }
+            None => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+}
+
 /// Objects of `kind` (`group`, `version`, `plural`) in `ns` (every namespace when `None`), as JSON.
 async fn list(client: &kube::Client, ns: Option<&str>, ar: &kube::api::ApiResource, labels: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     use kube::api::{Api, DynamicObject, ListParams};
@@ -246,7 +289,8 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
         .map(|s| {
             let current = updates.iter().find(|u| same(u, s, &s["status"]["currentUpdate"]["name"]));
             let pool = workspaces.iter().find(|w| same(w, s, &s["metadata"]["name"])).and_then(|w| w["status"]["pool"].as_str());
-            pko_cli::status::row(s, current, holder(&s["metadata"]["labels"]["pulumi.com/shard"]), pool)
+            let position = current.and_then(|u| pko_cli::status::queue_position(&updates, u));
+            pko_cli::status::row(s, current, position, holder(&s["metadata"]["labels"]["pulumi.com/shard"]), pool)
         })
         .collect();
     match a.output.as_deref() {

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod lease;
+pub mod load;
 pub mod membership;
 pub mod planning;
 pub mod ring;

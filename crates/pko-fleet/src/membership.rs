@@ -49,6 +49,19 @@ pub struct FleetConfig {
     pub renew_interval: Duration,
     /// A replica that could not renew within this long holds nothing (shorter than the duration).
     pub renew_deadline: Duration,
+    /// More annotations of the membership Lease, asked anew at each renewal (the operator's load:
+    /// what the replica says about itself, at no write beyond the renewal's).
+    pub announce: Option<Announce>,
+}
+
+/// Annotations a replica announces on its membership Lease, computed at each renewal.
+#[derive(Clone)]
+pub struct Announce(pub Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync>);
+
+impl std::fmt::Debug for Announce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Announce")
+    }
 }
 
 impl FleetConfig {
@@ -63,6 +76,7 @@ impl FleetConfig {
             lease_duration: Duration::from_secs(15),
             renew_interval: Duration::from_secs(5),
             renew_deadline: Duration::from_secs(10),
+            announce: None,
         }
     }
 }
@@ -209,7 +223,10 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
     let name = lease::member_name(&cfg.fleet, &cfg.replica);
     let secs = cfg.lease_duration.as_secs().max(1) as i32;
     let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
-    let announce = lease::announcing(cfg.shards);
+    let mut announce = lease::announcing(cfg.shards);
+    if let Some(more) = &cfg.announce {
+        announce.extend((more.0)());
+    }
     let written = match current {
         Some(l) => lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs)).await,
         None => lease::create_announcing(api, &name, labels, announce.clone(), lease::member_spec(&cfg.replica, secs)).await,

@@ -100,6 +100,14 @@ pub struct FleetArgs {
     pub renew_deadline_seconds: u64,
 }
 
+impl FleetArgs {
+    /// Where this replica runs, as an unlock request judges lock holders' hosts against it: this host,
+    /// `--fleet-namespace`, and `--fleet-name` with `--fleet`.
+    pub fn placement(&self) -> crate::context::Placement {
+        crate::context::Placement::here(self.fleet_namespace.clone(), self.fleet.then(|| self.fleet_name.clone()))
+    }
+}
+
 /// The artifact server (PKO's program file server).
 #[derive(Args, Debug, Clone)]
 pub struct ArtifactArgs {

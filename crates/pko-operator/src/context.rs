@@ -44,6 +44,34 @@ pub struct Context {
     pub update_idle_timeout: Option<std::time::Duration>,
     /// The overall timeout of an operation whose Update sets none (`--operation-timeout`); `None`: none.
     pub operation_timeout: Option<std::time::Duration>,
+    /// Where this replica runs, which an unlock request judges lock holders' hosts against.
+    pub placement: Placement,
+    /// The outputs this replica's dispatcher wrote lately, for its Stack controller
+    /// ([`crate::outputs::Written`]).
+    pub outputs: crate::outputs::Written,
+    /// The Secrets operation requests name, read only when changed ([`crate::secret_cache`]);
+    /// by default without a watch (every use reads).
+    pub secrets: crate::secret_cache::SecretCache,
+}
+
+/// Where this replica runs: its host, and where the fleet's membership Leases are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// This replica's host name (`gethostname`; its pod's name in a cluster).
+    pub hostname: String,
+    /// The operator's namespace (`--fleet-namespace`, `POD_NAMESPACE`): its replicas' and membership
+    /// Leases'; `None` outside a cluster.
+    pub namespace: Option<String>,
+    /// The fleet's name (`--fleet-name`) when it runs as a fleet (`--fleet`).
+    pub fleet: Option<String>,
+}
+
+impl Placement {
+    /// This host, with `namespace` and `fleet`.
+    pub fn here(namespace: Option<String>, fleet: Option<String>) -> Self {
+        let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+        Placement { hostname, namespace: namespace.filter(|n| !n.is_empty()), fleet }
+    }
 }
 
 /// Default of `--max-concurrent-drift-checks`.
@@ -79,6 +107,9 @@ impl Context {
             output: Arc::new(pko_queue::output::MemoryOutput::new(pko_queue::output::Limits::default())),
             update_idle_timeout: Some(DEFAULT_UPDATE_IDLE_TIMEOUT),
             operation_timeout: None,
+            placement: Placement::here(None, None),
+            outputs: crate::outputs::Written::default(),
+            secrets: crate::secret_cache::SecretCache::default(),
         }
     }
 

@@ -220,6 +220,8 @@ pub fn join(
         lease_duration: Duration::from_secs(args.lease_duration_seconds.max(1)),
         renew_interval: Duration::from_secs(args.renew_interval_seconds.max(1)),
         renew_deadline: Duration::from_secs(args.renew_deadline_seconds.max(1)),
+        // the replica's load rides on each renewal (`kubectl pko fleet`)
+        announce: Some(pko_fleet::membership::Announce(Arc::new(|| [(crate::load::LOAD_ANNOTATION.to_string(), crate::load::announcement())].into()))),
         ..FleetConfig::new(namespace, args.fleet_name.clone(), replica, args.shards)
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");

@@ -1,21 +1,50 @@
 //! Kubernetes plumbing every controller shares, written once: the server-side-apply status write, the
 //! event recorders, and the observation of each reconcile (span, counter, duration).
 
+use crate::events::Recorder;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::Serialize;
 
-/// Writes `status` of object `name` through `api` by server-side apply with `field_manager` (forced:
-/// each status field has one owner, the controller). `K` gives the apiVersion and kind of the patch.
+/// Applies `status` to object `name` (server-side apply of the status subresource, forced, as
+/// `field_manager`).
 ///
-/// Errors: the API server's.
+/// Errors: the API refused the write.
 pub async fn apply_status<K>(api: &Api<K>, name: &str, field_manager: &str, status: &impl Serialize) -> Result<(), kube::Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let patch = serde_json::json!({ "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status });
-    api.patch_status(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    apply_status_versioned(api, name, field_manager, status, None).await.map(|_| ())
+}
+
+/// Whether `e` is the API server's 409 Conflict (a precondition or an optimistic-concurrency check
+/// failed). Pure.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(r) if r.code == 409)
+}
+
+/// [`apply_status`] while the object is still at `resource_version`, when one is given: the apply
+/// carries it as a precondition (Kubernetes optimistic concurrency), so a write decided on a cached
+/// read that has gone stale is refused with 409 Conflict instead of overwriting what changed since.
+/// Returns the `resourceVersion` the write gave the object (`None`: the API server returned none),
+/// for a controller that reads its own writes through its cache.
+///
+/// Errors: the API refused the write (409: the object is no longer at `resource_version`).
+pub async fn apply_status_versioned<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+    resource_version: Option<&str>,
+) -> Result<Option<String>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut patch = serde_json::json!({ "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    let written = api.patch_status(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&patch)).await?;
+    Ok(written.meta().resource_version.clone())
 }
 
 /// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable`
@@ -36,18 +65,11 @@ where
     api.get_opt(name).await
 }
 
-/// Whether an event reports normal operation or a problem (Kubernetes `type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// `Normal`.
-    Normal,
-    /// `Warning`.
-    Warning,
-}
+pub use crate::events::Severity;
 
-/// One event recorder per controller, kept for the process's life, so that kube's recorder aggregates
-/// a repeated event (same object, reason and note) into one series instead of new objects (PKO's
-/// controller names: `stack-controller`, `update-controller`, `workspace-controller`).
+/// One event recorder per controller, kept for the process's life, so that a repeated event (same
+/// object, reason and note) is one series, written as client-go writes series ([`crate::events`])
+/// (PKO's controller names: `stack-controller`, `update-controller`, `workspace-controller`).
 #[derive(Clone)]
 pub struct Events {
     /// The Stack controller's recorder.
@@ -61,7 +83,7 @@ pub struct Events {
 impl Events {
     /// Recorders for `client`, reporting as this pod (`POD_NAME`) when set.
     pub fn new(client: &kube::Client) -> Self {
-        let recorder = |controller: &str| Recorder::new(client.clone(), Reporter { controller: controller.into(), instance: std::env::var("POD_NAME").ok() });
+        let recorder = |controller: &str| Recorder::new(client.clone(), controller, std::env::var("POD_NAME").ok());
         Self { stack: recorder("stack-controller"), update: recorder("update-controller"), workspace: recorder("workspace-controller") }
     }
 }
@@ -69,9 +91,7 @@ impl Events {
 /// Publishes an event about `object` with `recorder`. Failures are logged, never returned: an event is
 /// not worth failing a reconcile.
 pub async fn publish<K: kube::Resource<DynamicType = ()>>(recorder: &Recorder, object: &K, severity: Severity, reason: &str, note: String) {
-    let type_ = if severity == Severity::Warning { EventType::Warning } else { EventType::Normal };
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
-    if let Err(e) = recorder.publish(&ev, &object.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&object.object_ref(&()), severity, reason, note).await {
         tracing::debug!(error = %e, reason, "event not published");
     }
 }

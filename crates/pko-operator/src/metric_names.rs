@@ -16,6 +16,14 @@ pub const OPERATION_DURATION_SECONDS: &str = "pko_update_operation_duration_seco
 pub const DRIFT_CHECKS_TOTAL: &str = "pko_drift_checks_total";
 /// Counter: drift checks put off because `--max-concurrent-drift-checks` were running fleet-wide.
 pub const DRIFT_CHECKS_DEFERRED_TOTAL: &str = "pko_drift_checks_deferred_total";
+/// Counter, label `controller`: passes that ran on a cached object the API server had already moved
+/// past (their pinned write got 409, or the read before their effects showed a newer version);
+/// nothing was written, the newer version is reconciled.
+pub const STALE_PASSES_TOTAL: &str = "pko_stale_passes_total";
+/// Counter, label `source` (`cache`, `api`): Secrets read for operation requests, from the
+/// contents this replica holds at their current version or from the API server
+/// ([`crate::secret_cache`]).
+pub const SECRET_READS_TOTAL: &str = "pko_secret_reads_total";
 /// Counter: drift remediations started (`autoRemediate`).
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).

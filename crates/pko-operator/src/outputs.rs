@@ -1,9 +1,12 @@
 //! The immutable outputs Secret of an `up` Update (PKO: `<update>-stack-outputs`) and the Stack's
 //! `status.outputs` read back from it with secret values masked — a shared contract between two peers.
 //! **Writer:** the Update worker ([`crate::update::dispatch`], [`secret`]). **Reader:** the Stack
-//! controller ([`crate::stack::reconcile`], [`stack_outputs`]).
+//! controller ([`crate::stack::reconcile`], [`stack_outputs`]). Within one replica the writer also
+//! hands the reader what it wrote ([`Written`]), so the usual absorb — by the replica that ran the
+//! operation — reads no Secret back.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -54,10 +57,63 @@ pub fn stack_outputs(secret: &Secret) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// The masked outputs ([`stack_outputs`]) of the outputs Secrets this replica wrote lately, by the
+/// Update's `uid`: the Stack controller absorbing that Update takes them from here instead of reading
+/// the Secret back (one GET per operation less). Holds no secret value (they are masked). Bounded:
+/// [`WRITTEN_CAPACITY`] Updates, each kept [`WRITTEN_FOR`]; a miss (another replica ran it, a restart,
+/// evicted) reads the Secret as before.
+#[derive(Clone)]
+pub struct Written(moka::future::Cache<String, Arc<BTreeMap<String, Value>>>);
+
+/// How many Updates' outputs [`Written`] keeps at most.
+pub const WRITTEN_CAPACITY: u64 = 4096;
+
+/// How long [`Written`] keeps an Update's outputs: 15 minutes (an Update is absorbed within seconds
+/// of its result unless its Stack's replica is busy or down).
+pub const WRITTEN_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+impl Default for Written {
+    fn default() -> Self {
+        Self(moka::future::Cache::builder().max_capacity(WRITTEN_CAPACITY).time_to_live(WRITTEN_FOR).build())
+    }
+}
+
+impl std::fmt::Debug for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Written").field("entries", &self.0.entry_count()).finish()
+    }
+}
+
+impl Written {
+    /// Records the outputs Secret written for the Update `update_uid`, masked.
+    pub async fn wrote(&self, update_uid: &str, secret: &Secret) {
+        self.0.insert(update_uid.to_string(), Arc::new(stack_outputs(secret))).await;
+    }
+
+    /// The masked outputs written for the Update `update_uid` by this replica, once: `None` when it
+    /// did not write them (or they were evicted).
+    pub async fn take(&self, update_uid: &str) -> Option<Arc<BTreeMap<String, Value>>> {
+        self.0.remove(update_uid).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn what_was_written_is_taken_once_masked() {
+        let owner = OwnerReference { name: "u1".into(), uid: "uid-1".into(), ..Default::default() };
+        let s = secret("u1", "ns", owner, &BTreeMap::from([("url".to_string(), (json!("https://x"), false)), ("pw".to_string(), (json!("hunter2"), true))]));
+        let written = Written::default();
+        assert!(written.take("uid-1").await.is_none(), "nothing written yet");
+        written.wrote("uid-1", &s).await;
+        let taken = written.take("uid-1").await.expect("written here");
+        assert_eq!(taken.get("url"), Some(&json!("https://x")));
+        assert_eq!(taken.get("pw"), Some(&json!(SECRET_MASK)), "no secret value is kept");
+        assert!(written.take("uid-1").await.is_none(), "taken once");
+    }
 
     #[test]
     fn secret_round_trip_masks_secret_outputs() {

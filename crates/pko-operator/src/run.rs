@@ -102,13 +102,7 @@ impl Operator {
         let mut servers = Vec::new();
         let mut membership = Vec::new();
         // the fleet: held shards decide what this replica owns and which objects its informers watch
-        // this replica's fleet id, once (the host name when not given)
-        let replica = if fleet.fleet { Some(crate::fleet::replica_id(&fleet)?) } else { None };
-        if let Some(r) = &replica
-            && operations.redis_url.as_deref().is_none_or(str::is_empty)
-        {
-            crate::fleet::check_single_without_redis(&client, &fleet, r).await?;
-        }
+        let replica = Self::replica(&client, &fleet, &operations).await?;
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
         let drift_slots = Self::drift_slots(redis.as_deref(), operations.max_concurrent_drift_checks);
         let output = Self::output(redis.as_deref(), &operations);
@@ -116,6 +110,8 @@ impl Operator {
         let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
         let watch_client = watch_client.unwrap_or_else(|| client.clone());
+        let (secrets, secret_watch) = crate::secret_cache::SecretCache::watched(&watch_client, &scope, shutdown.clone());
+        servers.push(tokio::spawn(secret_watch));
         let member = match &replica {
             Some(r) => Some(crate::fleet::join(&client, &watch_client, &fleet, r, &operations.namespaces, &shutdown, backlog)?),
             None => None,
@@ -137,6 +133,8 @@ impl Operator {
             output,
             update_idle_timeout: Some(operations.update_idle_timeout).filter(|d| !d.is_zero()),
             operation_timeout: Some(operations.operation_timeout).filter(|d| !d.is_zero()),
+            placement: fleet.placement(),
+            secrets,
             ..Context::new(client.clone(), advertised, ownership)
         });
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
@@ -158,9 +156,8 @@ impl Operator {
         servers.push(tokio::spawn(watches));
         let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
         let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
-        let state = crate::artifacts::ArtifactState::new(programs);
         servers.push(tokio::spawn(async move {
-            let _ = crate::artifacts::serve(listener, state).await;
+            let _ = crate::artifacts::serve(listener, crate::artifacts::ArtifactState::new(programs)).await;
         }));
         tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime, "operator starting");
         let task = tokio::spawn(async move {
@@ -171,6 +168,20 @@ impl Operator {
             tracing::info!("operator stopped");
         });
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// This replica's fleet id, once (the host name when not given); `None` outside a fleet. A fleet
+    /// without Redis must be a single replica.
+    ///
+    /// Errors: no id to be had, or another replica of the fleet is found without Redis.
+    async fn replica(client: &kube::Client, fleet: &crate::args::FleetArgs, operations: &crate::args::OperationArgs) -> anyhow::Result<Option<String>> {
+        let replica = if fleet.fleet { Some(crate::fleet::replica_id(fleet)?) } else { None };
+        if let Some(r) = &replica
+            && operations.redis_url.as_deref().is_none_or(str::is_empty)
+        {
+            crate::fleet::check_single_without_redis(client, fleet, r).await?;
+        }
+        Ok(replica)
     }
 
     /// Where operations' output is kept: the fleet's Redis with `--redis-url`, else this replica's memory.
@@ -275,6 +286,7 @@ impl Operator {
             tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
             agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
         }
+        crate::load::set_pool_bounds(runtime.pool_min_agents, runtime.pool_max_agents.max(1));
         PoolConfig {
             min: runtime.pool_min_agents,
             max: runtime.pool_max_agents.max(1),

@@ -200,3 +200,34 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
     assert!(gaps.iter().all(|g| *g >= 4.9), "checks at least 5 s apart: {gaps:?}");
     assert!(most <= 2, "the last check's Update and the running one, no more: {most}");
 }
+
+/// `--max-concurrent-drift-checks 1` and two Stacks due every second: while one checks, the other's
+/// due check waits for the fleet-wide slot and its `DriftDetected` message says so (what `kubectl pko
+/// status -o wide` shows); both keep being checked.
+#[tokio::test]
+async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
+    let (client, ns, env) = setup("drift-cap").await;
+    let args = run_args_with(&env, ns.name(), &["--min-drift-check-interval-seconds", "5", "--max-concurrent-drift-checks", "1"]);
+    let _op = InProcessOperator::start_with(&client, &env, args).await;
+    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    let stacks = ns.api::<Stack>();
+    for name in ["one", "two"] {
+        create(
+            &stacks,
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
+                   "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+                            "driftDetection": {"schedules": [{"cron": "* * * * * *"}]}}}),
+        )
+        .await;
+    }
+    eventually("a due check says it waits for the drift-check slot", 120, || async {
+        let all = stacks.list(&Default::default()).await.unwrap().items;
+        all.iter().any(|s| drift(s).is_some_and(|(_, _, m)| m.contains("waits for a drift-check slot")))
+    })
+    .await;
+    eventually("both Stacks are checked", 120, || async {
+        let all = stacks.list(&Default::default()).await.unwrap().items;
+        all.iter().filter(|s| s.status.as_ref().and_then(|st| st.drift_detection.as_ref()).and_then(|d| d.last_check.as_ref()).is_some()).count() == 2
+    })
+    .await;
+}

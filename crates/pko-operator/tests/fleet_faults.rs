@@ -212,8 +212,8 @@ async fn scaling_one_to_three_to_one_replicas_keeps_one_owner_and_one_update_per
 
 /// Long operations of a noisy namespace never hold every worker: with two workers, the namespace's
 /// share (`--namespace-share-percent`, 50 by default) is one, so a quiet namespace's Stack starts at
-/// once and is Ready before the noisy namespace's first 20 s operation has ended; the noisy Stacks
-/// held back say why in their `Reconciling` condition.
+/// once — its Update starts before the noisy namespace's first 20 s operation has ended; the noisy Stacks
+/// held back say why in their Updates' `Progressing` condition (`Queued`).
 #[tokio::test]
 async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     const NOISY: usize = 4;
@@ -238,16 +238,14 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     })
     .await;
     let share = format!("waiting for an operation slot: namespace {} runs 1 operation(s), its share of this replica's workers is 1", noisy.name());
-    eventually("a held-back Stack says why", 60, || async {
-        noisy_stacks
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|s| stack_condition(s, "Reconciling").is_some_and(|(_, _, m)| m == format!("stack is being processed: {share}")))
+    eventually("a held-back Update says why (its Stack stays PKO's 'being processed': no status write of its own for it)", 60, || async {
+        noisy_updates.list(&Default::default()).await.unwrap().items.iter().any(|u| u.queued_message() == Some(share.as_str()))
     })
     .await;
+    assert!(
+        noisy_stacks.list(&Default::default()).await.unwrap().items.iter().all(|s| stack_condition(s, "Reconciling").is_none_or(|(_, _, m)| !m.contains("operation slot"))),
+        "the wait is not mirrored onto the Stack"
+    );
     prog_stack(&quiet, &env, "q", json!({"n": "1"})).await;
     let t = Instant::now();
     let quiet_stacks = quiet.api::<Stack>();
@@ -255,8 +253,14 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     let waited = t.elapsed();
     let noisy_done = ready_at(&noisy_stacks, "1").await;
     eprintln!("quiet Stack Ready {:.1} s after it was created, while {noisy_done}/{NOISY} noisy Stacks were Ready", waited.as_secs_f64());
-    // with every worker given to the noisy namespace it would have waited for a 20 s operation to end
-    assert_eq!(noisy_done, 0, "the quiet Stack started while the first noisy operation still ran");
+    // with every worker given to the noisy namespace it would have waited for a 20 s operation to end:
+    // compared by the Updates' own times, so a slow bed (the quiet `up` itself taking long) cannot fail it
+    let started = |u: &Update| u.status.as_ref().and_then(|s| s.start_time.clone()).map(|t| t.0);
+    let ended = |u: &Update| u.status.as_ref().and_then(|s| s.end_time.clone()).map(|t| t.0);
+    let quiet_start = quiet.api::<Update>().list(&Default::default()).await.unwrap().items.iter().find_map(started).expect("the quiet Update started");
+    let first_noisy_end = noisy_updates.list(&Default::default()).await.unwrap().items.iter().filter_map(ended).min();
+    eprintln!("quiet Update started {quiet_start:?}; the first noisy Update ended {first_noisy_end:?}");
+    assert!(first_noisy_end.is_none_or(|end| quiet_start < end), "the quiet Stack started while the first noisy operation still ran");
     converge(&noisy_stacks, "1", NOISY, 240).await;
     no_lock_left(&env);
     operator.stop().await;

@@ -118,6 +118,9 @@ async fn kubectl_pko_cancel_stops_a_running_up_and_sync_runs_it_again() {
     eventually("the up runs", 120, || async { updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")) })
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // kubectl pko status names the agent running it
+    let rows: serde_json::Value = serde_json::from_slice(&kubectl_pko(&["status", "stack/long", "-n", ns.name(), "-o", "json"]).stdout).unwrap();
+    assert!(rows[0]["agent"].as_str().is_some_and(|a| a.starts_with("127.0.0.1:")) && rows[0]["current"].as_str().unwrap().ends_with("(Progressing)"), "{rows}");
     let asked = Instant::now();
     let out = kubectl_pko(&["cancel", "stack/long", "-n", ns.name()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

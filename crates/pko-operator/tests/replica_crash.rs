@@ -88,6 +88,13 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     let (r0, r1, unheld) = fleet(ns.name().to_string()).await;
     assert!(r0.is_some_and(|(live, n)| live && n > 0) && r1.is_some_and(|(live, n)| live && n > 0) && unheld == 0, "{r0:?} {r1:?} {unheld}");
     assert_eq!(r0.unwrap().1 + r1.unwrap().1, SHARDS as u64);
+    // each replica announces its load on its membership Lease: here, its pools' bounds
+    eventually("kubectl pko fleet shows each replica's pools", 30, || async {
+        let out = kubectl_pko(&["fleet", "--fleet-namespace", ns.name(), "--fleet-name", FLEET, "-o", "json"]);
+        let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        f["replicas"].as_array().unwrap().iter().all(|r| r["load"]["poolBounds"] == json!([0, 2])) && f["total"]["inFlight"] == 0
+    })
+    .await;
 
     prog_stack(&ns, &env, "s", json!({})).await;
     let shard = pko_fleet::ring::shard_of(&format!("{}/s", ns.name()), SHARDS);

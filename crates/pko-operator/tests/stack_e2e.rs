@@ -402,3 +402,67 @@ async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
     eventually("the Stack with a 5 MB engine event is Ready", 180, || async { ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into())) })
         .await;
 }
+
+/// `pko_secret_reads_total{source}` on `op`'s metrics endpoint (0 before the first read).
+async fn secret_reads(op: &InProcessOperator, source: &str) -> f64 {
+    let want = format!("pko_secret_reads_total{{source=\"{source}\"}} ");
+    op.metrics().await.lines().find_map(|l| l.strip_prefix(want.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// The Secrets an operation names are read from the API server once, then only when they change
+/// (`secret_cache`: a metadata watch says which version is current): a Secret changed between two
+/// operations reaches the second at its new value, and an operation after that, with every Secret
+/// unchanged, is served from the cache.
+#[tokio::test]
+async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not_read_again() {
+    let (client, ns, env) = setup("secret-reads").await;
+    let op = InProcessOperator::start(&client, &env, ns.name()).await;
+    passphrase_and_program(
+        &ns,
+        json!({"configuration": {"want": {"type": "String"}, "n": {"type": "String", "default": "0"}},
+               "resources": {"r": {"type": "command:local:Command",
+                                   "properties": {"create": "test \"$TOKEN\" = \"${want}\" && echo ok ${n}", "triggers": ["${want}", "${n}"]}}},
+               "outputs": {"out": "${r.stdout}"}}),
+    )
+    .await;
+    let secrets = ns.api::<Secret>();
+    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tok"}, "stringData": {"value": "one"}})).await;
+    let stacks = ns.api::<Stack>();
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"},
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+                        "config": {"want": "one"},
+                        "workspaceTemplate": {"spec": {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "value"}}}]}}}}),
+    )
+    .await;
+    let converged = |out: &'static str| {
+        let stacks = stacks.clone();
+        async move {
+            eventually(&format!("the Stack is Ready at its generation with output {out:?}"), 120, || async {
+                let s = stacks.get("s").await.unwrap();
+                let st = s.status.clone().unwrap_or_default();
+                ready(&s) == Some(("True".into(), "ProcessingCompleted".into()))
+                    && st.observed_generation == s.metadata.generation
+                    && st.outputs.as_ref().and_then(|o| o.get("out")) == Some(&json!(out))
+            })
+            .await;
+        }
+    };
+    converged("ok 0").await;
+    let merge = |v: serde_json::Value| kube::api::Patch::Merge(v);
+    secrets.patch("tok", &Default::default(), &merge(json!({"stringData": {"value": "two"}}))).await.unwrap();
+    // the watch's lag is an informer's (milliseconds); give it that, so the test asserts the cache's rule
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stacks.patch("s", &Default::default(), &merge(json!({"spec": {"config": {"want": "two"}}}))).await.unwrap();
+    converged("ok 0").await;
+    let updates = ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items;
+    let failed: Vec<_> = updates.iter().filter(|u| condition(u, "Failed").is_some_and(|c| c.0 == "True")).map(|u| u.name_any()).collect();
+    assert!(failed.is_empty(), "the changed Secret was read at its new value on the first try; failed: {failed:?}");
+    let cached_before = secret_reads(&op, "cache").await;
+    stacks.patch("s", &Default::default(), &merge(json!({"spec": {"config": {"n": "1"}}}))).await.unwrap();
+    converged("ok 1").await;
+    let cached = secret_reads(&op, "cache").await - cached_before;
+    assert!(cached >= 2.0, "the passphrase and the token, unchanged, came from the cache ({cached} reads)");
+    drop(op);
+}

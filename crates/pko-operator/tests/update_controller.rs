@@ -102,6 +102,21 @@ async fn a_workspace_class_limit_serialises_its_operations() {
         set_agent_address(&ns, ws, &agent.1).await;
     }
     let updates = ns.api::<Update>();
+    // the one waiting says why, on its own status (what `kubectl pko status` shows)
+    let said = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (updates, said) = (updates.clone(), said.clone());
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                for u in updates.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+                    if u.queued_message().is_some_and(|m| m.contains("workspace class") && m.contains("its limit is 1")) {
+                        said.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        })
+    };
     for ws in ["a", "b"] {
         let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws}, "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}});
         create(&updates, owned_update(&ns.api::<Workspace>(), update).await).await;
@@ -122,6 +137,8 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     };
     let (a, b) = (span(updates.get("a").await.unwrap()), span(updates.get("b").await.unwrap()));
     assert!(b.0 >= a.1 || a.0 >= b.1, "the two operations overlapped: a {a:?}, b {b:?}");
+    watcher.abort();
+    assert!(said.load(std::sync::atomic::Ordering::SeqCst), "the Update waiting for its class said so (Progressing=False Queued)");
     controller.abort();
 }
 
@@ -181,4 +198,39 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     })
     .await;
     operator.abort();
+}
+
+/// The guard every write decided on a cached read relies on (`k8s::apply_status_versioned` with a
+/// `resourceVersion`, used by the Stack controller's pinned status write and the worker's first write
+/// of a claimed Update): against the real API server, a status apply pinned to a version the object has
+/// moved past is refused with 409 and writes nothing; pinned to the current version it is written and
+/// returns the new version; unpinned it always writes.
+#[tokio::test]
+async fn a_status_write_pinned_to_a_stale_version_is_refused_and_writes_nothing() {
+    let (_client, ns, _env) = setup("pinned").await;
+    let updates = ns.api::<Update>();
+    create(
+        &updates,
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "w", "stackName": "dev", "type": "up"}}),
+    )
+    .await;
+    let cached = updates.get("u").await.unwrap();
+    let seen = cached.metadata.resource_version.clone();
+    let manager = pko_api::constants::field_manager::UPDATE_STATUS;
+    let status = |message: &str| pko_api::update::UpdateStatus { message: Some(message.into()), ..Default::default() };
+    // someone else's write after our read moves the object on
+    let moved = pko_operator::k8s::apply_status_versioned(&updates, "u", "someone-else", &status("theirs"), None).await.unwrap();
+    assert!(moved.is_some() && moved != seen, "an unpinned write always lands, with a new version");
+    let stale = pko_operator::k8s::apply_status_versioned(&updates, "u", manager, &status("ours, decided on the cached read"), seen.as_deref()).await;
+    assert!(stale.as_ref().is_err_and(pko_operator::k8s::is_conflict), "a write pinned to a stale version is refused with 409: {stale:?}");
+    let stored = updates.get("u").await.unwrap();
+    assert_eq!(stored.status.as_ref().and_then(|s| s.message.as_deref()), Some("theirs"), "nothing of the refused write was stored");
+    assert_eq!(stored.metadata.resource_version, moved, "the refused write did not move the object");
+    let current = pko_operator::k8s::apply_status_versioned(&updates, "u", manager, &status("ours, on the stored version"), moved.as_deref()).await.unwrap();
+    let stored = updates.get("u").await.unwrap();
+    assert_eq!(
+        (stored.status.and_then(|s| s.message), stored.metadata.resource_version),
+        (Some("ours, on the stored version".to_string()), current),
+        "a write pinned to the current version lands"
+    );
 }

@@ -71,7 +71,8 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     eprintln!("watches opened: {watches:?}");
     let mut expected = BTreeMap::new();
     for n in [ns.name(), other.name()] {
-        for r in ["stacks", "programs", "workspaces", "updates"] {
+        // Secrets: the metadata-only watch of the Secret cache (`secret_cache`: versions, no data)
+        for r in ["stacks", "programs", "workspaces", "updates", "secrets"] {
             expected.insert(format!("{n}/{r}"), 1);
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod json;
 pub mod lines;
+pub mod locks;
 
 /// `pko.agent.v1`.
 pub mod v1 {

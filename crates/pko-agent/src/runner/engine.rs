@@ -26,6 +26,8 @@ pub(super) struct Step<'a> {
     pub(super) options: &'a pko_proto::v1::OperationOptions,
     /// The stack's key in [`RunnerContext::known_stacks`].
     pub(super) known_key: &'a str,
+    /// Lock holders the operator judged dead on an unlock request (`OperationRequest.release_locks`).
+    pub(super) released: &'a [pko_proto::v1::LockHolder],
 }
 
 /// Most resources a drift check's result names (the change summary counts them all).
@@ -194,9 +196,12 @@ fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> 
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(step.known_key);
     }
     let reason = pulumi::classify_failure(text);
+    let holders = crate::locks::holders(text);
+    let message = if reason == ErrorReason::UpdateConflict && !holders.is_empty() { format!("{message}\n{}", crate::locks::describe(&holders)) } else { message };
     let mut failure = fail(reason, "", message);
     if reason == ErrorReason::UpdateConflict {
-        match crate::locks::judge(text, &crate::locks::hostname(), |pid| crate::locks::process_info(Path::new("/proc"), pid)) {
+        let released: Vec<(String, i32)> = step.released.iter().map(|h| (h.who.clone(), h.pid)).collect();
+        match crate::locks::judge(text, &crate::locks::hostname(), &released, |pid| crate::locks::process_info(Path::new("/proc"), pid)) {
             crate::locks::Judgement::Release(dead) => failure.stale = dead,
             crate::locks::Judgement::WaitFor(alive) => failure.live = alive,
             crate::locks::Judgement::Keep => {}

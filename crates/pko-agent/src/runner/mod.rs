@@ -235,7 +235,7 @@ async fn execute(
     }
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
-    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key };
+    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key, released: &req.release_locks };
     operate_through_locks(ctx, op, &step, masker, result).await
 }
 

@@ -29,8 +29,8 @@ pub enum Initialization {
 
 impl Agents {
     /// Initializes every stack of `ws`, whose readiness is `readiness` (the address of its own agent),
-    /// exchanging GitHub App credentials at `github_api_url`.
-    pub async fn initialize(&self, ws: &Workspace, readiness: &Readiness, github_api_url: &str) -> Initialization {
+    /// exchanging GitHub App credentials at `github_api_url`, reading Secrets through `secrets`.
+    pub async fn initialize(&self, ws: &Workspace, readiness: &Readiness, github_api_url: &str, secrets: &crate::secret_cache::SecretCache) -> Initialization {
         let ns = ws.namespace().unwrap_or_default();
         let mut last = Initialization::Later("the Workspace has no stacks".into());
         for stack in ws.spec.stacks.iter().flatten() {
@@ -41,7 +41,7 @@ impl Agents {
                 Ok(r) => r,
                 Err(e) => return Initialization::Invalid(e.to_string()),
             };
-            let req = match request::complete(&self.client, &ns, ws.spec.env_from.as_deref().unwrap_or_default(), github_api_url, built).await {
+            let req = match request::complete(&self.client, secrets, &ns, ws.spec.env_from.as_deref().unwrap_or_default(), github_api_url, built).await {
                 Ok(r) => r,
                 Err(Incomplete::User(m)) => return Initialization::Invalid(m),
                 Err(Incomplete::Transient(m)) => return Initialization::Later(m),

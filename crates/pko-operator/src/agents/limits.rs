@@ -26,6 +26,7 @@ impl Drop for ClassPermit {
         if let Some(n) = running.get_mut(&self.class) {
             *n -= 1;
             metrics::gauge!(crate::metric_names::OPERATIONS_RUNNING, "class" => self.class.clone()).set(*n as f64);
+            crate::load::set_running(&self.class, *n);
             if *n == 0 {
                 running.remove(&self.class);
             }
@@ -48,7 +49,13 @@ impl ClassLimits {
         }
         *n += 1;
         metrics::gauge!(crate::metric_names::OPERATIONS_RUNNING, "class" => class.to_string()).set(*n as f64);
+        crate::load::set_running(class, *n);
         Some(ClassPermit { limits: self.clone(), class: class.to_string() })
+    }
+
+    /// Most operations of one class at once.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Operations of `class` running now.

@@ -395,6 +395,7 @@ impl LocalPools {
             let busy = pool.slots.iter().filter(|s| s.running.is_some() || s.lent).count();
             metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
             metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set((pool.slots.len() - busy) as f64);
+            crate::load::set_agents(class, busy, pool.slots.len() - busy);
         }
         for (class, n) in to_start {
             if let Err(e) = self.start(&class, n).await {

@@ -448,6 +448,7 @@ impl PodPools {
         let (busy, idle) = answers.iter().flatten().fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
         metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
         metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle").set(f64::from(idle));
+        crate::load::set_agents(class, busy as usize, idle as usize);
         let top = replicas.checked_sub(1).and_then(|t| answers.get(t).cloned().flatten()).map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.idle_seconds));
         let top_lent_here = replicas.checked_sub(1).is_some_and(|t| lent.contains(&t));
         let Some(n) = resize(replicas, self.cfg.min, top, top_lent_here, self.cfg.idle_timeout) else { return Ok(()) };

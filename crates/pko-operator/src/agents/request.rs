@@ -168,6 +168,13 @@ pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &Worksp
     Ok(r)
 }
 
+/// The backend lock holders an Update's `pulumi.com/release-locks` annotation (`annotation`, written
+/// by the Stack controller on an accepted unlock request) lets its agent release
+/// (`OperationRequest.release_locks`); none without it. Pure.
+pub fn release_locks(annotation: Option<&str>) -> Vec<pb::LockHolder> {
+    pko_proto::locks::holders(annotation.unwrap_or_default()).into_iter().map(|h| pb::LockHolder { who: h.who, pid: h.pid }).collect()
+}
+
 /// The request initializing stack `stack_name` of `workspace` in `namespace` (PKO's workspace
 /// initialization: source, `pulumi install`, select or create, config and environments; no Pulumi
 /// operation), with id `operation_id` at epoch 0 (it changes nothing a fence guards).
@@ -208,6 +215,7 @@ fn on_workspace(
         r#type: kind as i32,
         options: None,
         skip_install: workspace.skip_install.unwrap_or(false),
+        release_locks: Vec::new(),
         // set by the dispatcher right before `Run` (`dispatch::Hooks::not_after`)
         not_after: None,
     })
@@ -226,19 +234,21 @@ pub enum Incomplete {
 
 /// `r` with its Secret and ConfigMap references and the Workspace's `envFrom` (`env_from`) resolved
 /// with the operator's identity in `namespace` (a workspace's service account needs no RBAC beyond
-/// PKO's), and GitHub App credentials exchanged at `github_api_url`.
+/// PKO's; Secrets through `secrets`, read only when changed), and GitHub App credentials exchanged at
+/// `github_api_url`.
 ///
 /// Errors: [`Incomplete`], the user's to fix or transient.
 pub async fn complete(
     client: &kube::Client,
+    secrets: &crate::secret_cache::SecretCache,
     namespace: &str,
     env_from: &[k8s_openapi::api::core::v1::EnvFromSource],
     github_api_url: &str,
     mut r: pb::OperationRequest,
 ) -> Result<pb::OperationRequest, Incomplete> {
     let sort = |transient: bool, e: &dyn std::fmt::Display| if transient { Incomplete::Transient(e.to_string()) } else { Incomplete::User(e.to_string()) };
-    super::values::resolve(client, namespace, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
-    let skipped = super::values::expand_env_from(client, namespace, env_from, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
+    super::values::resolve(client, secrets, namespace, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
+    let skipped = super::values::expand_env_from(client, secrets, namespace, env_from, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
     if !skipped.is_empty() {
         tracing::info!(?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)");
     }
@@ -257,6 +267,14 @@ mod tests {
 
     fn upd(v: serde_json::Value) -> UpdateSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn release_locks_come_only_from_the_annotation() {
+        assert!(release_locks(None).is_empty());
+        assert!(release_locks(Some("not a holder")).is_empty());
+        let two = "lock: created by root@pko-pool-a-3 (pid 17) at 2026-11-26T09:00:00Z\nlock: created by ci@x@h (pid 4)";
+        assert_eq!(release_locks(Some(two)), vec![pb::LockHolder { who: "root@pko-pool-a-3".into(), pid: 17 }, pb::LockHolder { who: "ci@x@h".into(), pid: 4 }]);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use pb::value_ref::Kind;
 use pko_proto::v1 as pb;
@@ -136,7 +136,7 @@ fn object_of(r: &pb::ValueRef) -> Option<(ObjectKind, &pb::KeyRef)> {
 }
 
 /// The data of a Secret or ConfigMap as read: key → bytes.
-type Data = BTreeMap<String, Vec<u8>>;
+use crate::secret_cache::{Data, SecretCache};
 
 /// The value `reference` names in `data`, its object's data as read (pure).
 ///
@@ -146,14 +146,15 @@ pub fn value_in(data: &Data, reference: &Reference) -> Result<String, ValuesErro
     String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(Box::new(reference.clone())))
 }
 
-async fn read(client: &kube::Client, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
+/// The data of a Secret (through `secrets`, [`SecretCache`]) or a ConfigMap (read).
+async fn read(client: &kube::Client, secrets: &SecretCache, namespace: &str, kind: ObjectKind, name: &str) -> Result<std::sync::Arc<Data>, kube::Error> {
     Ok(match kind {
-        ObjectKind::Secret => Api::<Secret>::namespaced(client.clone(), namespace).get(name).await?.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect(),
+        ObjectKind::Secret => secrets.read(client, namespace, name).await?,
         ObjectKind::ConfigMap => {
             let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?;
             let text = cm.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes()));
             // binaryData as PKO's kubelet would mount it (a key is in one of the two maps)
-            text.chain(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0))).collect()
+            std::sync::Arc::new(text.chain(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0))).collect())
         }
     })
 }
@@ -173,18 +174,19 @@ fn short(e: &kube::Error) -> String {
 }
 
 /// Replaces every Secret and ConfigMap reference of `req` by its value, read with the operator's
-/// identity in `namespace` (the Update's), each object once. Returns how many references it resolved.
+/// identity in `namespace` (the Update's), each object once, Secrets through `secrets`. Returns how
+/// many references it resolved.
 /// Environment variables read from a Secret stay marked `secret` (masked by the agent).
 ///
 /// Errors: the first reference that cannot be resolved ([`ValuesError`]); `req` is then partly
 /// resolved and must not be sent.
-pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::OperationRequest) -> Result<usize, ValuesError> {
+pub async fn resolve(client: &kube::Client, secrets: &SecretCache, namespace: &str, req: &mut pb::OperationRequest) -> Result<usize, ValuesError> {
     for e in &mut req.env {
         if e.value.as_ref().and_then(object_of).is_some_and(|(k, _)| k == ObjectKind::Secret) {
             e.secret = true;
         }
     }
-    let mut read_objects: BTreeMap<(ObjectKind, String), Data> = BTreeMap::new();
+    let mut read_objects: BTreeMap<(ObjectKind, String), std::sync::Arc<Data>> = BTreeMap::new();
     let mut resolved = 0;
     for (field, r) in references(req) {
         let Some((kind, key)) = object_of(r) else { continue };
@@ -193,7 +195,7 @@ pub async fn resolve(client: &kube::Client, namespace: &str, req: &mut pb::Opera
         let data = match read_objects.entry((kind, reference.name.clone())) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(read(client, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?)
+                v.insert(read(client, secrets, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?)
             }
         };
         let value = value_in(data, &reference)?;
@@ -272,9 +274,9 @@ pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) ->
     Ok((vars.into_values().chain(env).collect(), skipped))
 }
 
-async fn read_env_source(client: &kube::Client, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
+async fn read_env_source(client: &kube::Client, secrets: &SecretCache, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
     Ok(match kind {
-        ObjectKind::Secret => read(client, namespace, kind, name).await?,
+        ObjectKind::Secret => Data::clone(&*secrets.read(client, namespace, name).await?),
         // the kubelet takes `data` only for envFrom (not binaryData)
         ObjectKind::ConfigMap => {
             Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
@@ -291,6 +293,7 @@ async fn read_env_source(client: &kube::Client, namespace: &str, kind: ObjectKin
 /// value that is not text.
 pub async fn expand_env_from(
     client: &kube::Client,
+    secrets: &SecretCache,
     namespace: &str,
     env_from: &[k8s_openapi::api::core::v1::EnvFromSource],
     req: &mut pb::OperationRequest,
@@ -298,7 +301,7 @@ pub async fn expand_env_from(
     let sources = env_sources(env_from).map_err(ValuesError::Malformed)?;
     let mut read_sources = Vec::with_capacity(sources.len());
     for source in sources {
-        let data = match read_env_source(client, namespace, source.kind, &source.name).await {
+        let data = match read_env_source(client, secrets, namespace, source.kind, &source.name).await {
             Ok(d) => Some(d),
             Err(kube::Error::Api(s)) if s.code == 404 && source.optional => None,
             Err(e) => {

@@ -20,7 +20,14 @@ use crate::k8s;
 /// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
 /// ([`super::flux`]). Run the future until shutdown.
 pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
-    let state = Arc::new(super::reconcile::StackController { ctx: ctx.clone(), updates: informers.updates().store(), programs: informers.programs().store() });
+    let state = Arc::new(super::reconcile::StackController {
+        ctx: ctx.clone(),
+        updates: informers.updates().store(),
+        programs: informers.programs().store(),
+        own_writes: Default::default(),
+        workspaces: informers.workspaces().store(),
+        applied_workspaces: Default::default(),
+    });
     let store = informers.stacks().store();
     let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
     let by_label = |labels: Option<&std::collections::BTreeMap<String, String>>, ns: Option<String>| {

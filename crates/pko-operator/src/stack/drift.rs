@@ -112,6 +112,22 @@ pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: st
     }
 }
 
+/// What a Stack's `DriftDetected` message says while a due check waits for a fleet-wide slot
+/// (`--max-concurrent-drift-checks`).
+pub const DEFERRED_NOTE: &str = "a check is due and waits for a drift-check slot: the fleet runs its maximum at once (--max-concurrent-drift-checks)";
+
+/// The `DriftDetected` condition `(status, reason, message)` while a due check waits for a slot, given
+/// the current one (`None`: no check ran yet): its status and reason kept, [`DEFERRED_NOTE`] added to
+/// its message once; `None` when it says so already. Pure.
+pub fn deferred(current: Option<(&str, &str, &str)>) -> Option<(String, String, String)> {
+    match current {
+        Some((_, _, message)) if message.contains(DEFERRED_NOTE) => None,
+        Some((status, reason, "")) => Some((status.into(), reason.into(), DEFERRED_NOTE.into())),
+        Some((status, reason, message)) => Some((status.into(), reason.into(), format!("{message} ({DEFERRED_NOTE})"))),
+        None => Some(("Unknown".into(), sc::DRIFT_CHECK_DEFERRED.into(), DEFERRED_NOTE.into())),
+    }
+}
+
 /// Names every schedule that ticks more often than every `min_interval` (two consecutive ticks after
 /// `now` closer than that): checks of such a schedule are spaced by `min_interval`. `None`: none does.
 pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duration) -> Option<String> {
@@ -414,5 +430,15 @@ mod tests {
         let failed = Some(("2026-11-24T10:16:00Z", UpdateType::Up, Failed));
         assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", failed.clone())), Remediation::None, "the failure's backoff retries");
         assert!(remediating(&drifted(true, "2026-11-24T10:15:00Z", failed)), "and the retry refreshes first");
+    }
+
+    #[test]
+    fn a_deferred_check_is_said_once_keeping_the_last_result() {
+        let (status, reason, message) = deferred(Some(("False", sc::DRIFT_NO_CHANGES, "no drift"))).unwrap();
+        assert_eq!((status.as_str(), reason.as_str()), ("False", sc::DRIFT_NO_CHANGES));
+        assert_eq!(message, format!("no drift ({DEFERRED_NOTE})"));
+        assert_eq!(deferred(Some(("False", sc::DRIFT_NO_CHANGES, &message))), None, "said once");
+        assert_eq!(deferred(None).map(|d| d.1), Some(sc::DRIFT_CHECK_DEFERRED.to_string()));
+        assert_eq!(deferred(Some(("True", sc::DRIFT_CHANGES, ""))).map(|d| d.2), Some(DEFERRED_NOTE.to_string()));
     }
 }

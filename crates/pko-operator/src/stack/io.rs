@@ -12,8 +12,10 @@ use pko_api::{Stack, Update, Workspace};
 use crate::context::Context;
 use crate::k8s::{self, Severity};
 
-pub(super) async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus) -> Result<(), kube::Error> {
-    k8s::apply_status(api, name, field_manager::STACK_STATUS, st).await
+/// Writes the Stack's status, pinned to `resource_version` when given (409 when the Stack is no
+/// longer at it); returns the `resourceVersion` it gave the Stack.
+pub(super) async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus, resource_version: Option<&str>) -> Result<Option<String>, kube::Error> {
+    k8s::apply_status_versioned(api, name, field_manager::STACK_STATUS, st, resource_version).await
 }
 
 /// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
@@ -111,5 +113,63 @@ mod tests {
         assert!(!ready_and_reclaimable(&stack, &failed), "a failed Stack keeps its Workspace for debugging");
         let running = StackStatus { current_update: Some(Default::default()), ..ok };
         assert!(!ready_and_reclaimable(&stack, &running));
+    }
+}
+
+/// What the API server says about the hosts of `holders` for an unlock request of a Stack in `ns`
+/// whose Workspace is `workspace` ([`super::unlock::Facts`]): per distinct host other than this one, a
+/// Pod GET in the Stack's namespace and in the operator's, and the fleet's membership Lease of a
+/// replica of that id. A handful of reads, only when a user asks for an unlock.
+pub(super) async fn unlock_facts(ctx: &Context, ns: &str, workspace: &str, holders: &[pko_proto::locks::Holder]) -> Result<super::unlock::Facts, kube::Error> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    let place = &ctx.placement;
+    let mut facts = super::unlock::Facts { this_host: place.hostname.clone(), agent_sets: vec![format!("{workspace}-workspace"), "pko-pool-".into()], ..Default::default() };
+    let hosts: std::collections::BTreeSet<&str> = holders.iter().map(|h| h.hostname.as_str()).filter(|h| *h != place.hostname && !h.is_empty()).collect();
+    let namespaces: std::collections::BTreeSet<&str> = [Some(ns), place.namespace.as_deref()].into_iter().flatten().collect();
+    for host in hosts {
+        for n in &namespaces {
+            if Api::<Pod>::namespaced(ctx.client.clone(), n).get_opt(host).await?.is_some() {
+                facts.pods.insert(host.to_string());
+            }
+        }
+        if let (Some(n), Some(fleet)) = (place.namespace.as_deref(), place.fleet.as_deref())
+            && let Some(lease) = Api::<Lease>::namespaced(ctx.client.clone(), n).get_opt(&pko_fleet::lease::member_name(fleet, host)).await?
+        {
+            facts.replicas.insert(host.to_string(), membership_live(&lease, k8s_openapi::jiff::Timestamp::now()));
+        }
+    }
+    Ok(facts)
+}
+
+/// Whether a membership Lease was renewed within its duration at `now` (and names a holder). Pure.
+fn membership_live(lease: &k8s_openapi::api::coordination::v1::Lease, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let Some(spec) = lease.spec.as_ref().filter(|s| s.holder_identity.as_deref().is_some_and(|h| !h.is_empty())) else { return false };
+    let duration = std::time::Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(0) as u64);
+    spec.renew_time.as_ref().is_some_and(|t| t.0 + duration >= now)
+}
+
+#[cfg(test)]
+mod unlock_tests {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn a_membership_is_live_while_renewed_within_its_duration_with_a_holder() {
+        let now: Timestamp = "2026-11-26T12:00:00Z".parse().unwrap();
+        let lease = |holder: &str, ago: u64| Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(now - std::time::Duration::from_secs(ago))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(super::membership_live(&lease("r1", 5), now));
+        assert!(!super::membership_live(&lease("r1", 16), now), "expired");
+        assert!(!super::membership_live(&lease("", 1), now), "released");
+        assert!(!super::membership_live(&Lease::default(), now));
     }
 }

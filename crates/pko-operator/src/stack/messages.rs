@@ -50,13 +50,16 @@ pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::R
     format!("Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`.")
 }
 
-/// The cancel request `asked` (the Stack's `pulumi.com/cancel-request`) when it is new: set, not empty
+/// A request annotation `asked` (the Stack's `pulumi.com/cancel-request` or `pulumi.com/unlock-request`) when it is new: set, not empty
 /// and not the value last seen (`observed`). A value is acted on once. Pure.
-pub(super) fn new_cancel_request<'a>(asked: Option<&'a str>, observed: Option<&str>) -> Option<&'a str> {
+pub(super) fn new_request<'a>(asked: Option<&'a str>, observed: Option<&str>) -> Option<&'a str> {
     asked.filter(|a| !a.is_empty() && Some(*a) != observed)
 }
 
 /// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
+/// Why an Update runs after an accepted unlock request (its `message`).
+pub(super) const UNLOCK_REASON: &str = "unlock requested (pulumi.com/unlock-request): releasing backend locks whose holders are known dead";
+
 pub(super) const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API server refused the Workspace";
 
 /// Start of the `SpecInvalid` message when the API server refused the generated Update.
@@ -162,11 +165,11 @@ mod tests {
 
     #[test]
     fn a_cancel_request_is_acted_on_once() {
-        assert_eq!(new_cancel_request(Some("t1"), None), Some("t1"));
-        assert_eq!(new_cancel_request(Some("t1"), Some("t1")), None, "seen");
-        assert_eq!(new_cancel_request(Some("t2"), Some("t1")), Some("t2"));
-        assert_eq!(new_cancel_request(Some(""), None), None);
-        assert_eq!(new_cancel_request(None, Some("t1")), None);
+        assert_eq!(new_request(Some("t1"), None), Some("t1"));
+        assert_eq!(new_request(Some("t1"), Some("t1")), None, "seen");
+        assert_eq!(new_request(Some("t2"), Some("t1")), Some("t2"));
+        assert_eq!(new_request(Some(""), None), None);
+        assert_eq!(new_request(None, Some("t1")), None);
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! The Stack controller: [`controller`] wires the watches; [`reconcile`] is the driver over named steps
 //! (dereference → absorb → plan → build → apply → one status write), with its I/O in [`source`]
 //! (source resolution), [`finalizer`] and [`io`] (status write, reclaim, lookups) and its texts in
-//! [`messages`]. The pure
+//! [`messages`], and what it last applied as each Workspace in [`applied`]. The pure
 //! parts: finished Updates into status ([`absorb`]), the sync decision ([`plan`]), prerequisites
 //! ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition bookkeeping
 //! ([`conditions`]), scheduled drift detection ([`drift`]); the Flux source watches are [`flux`].
 
 pub mod absorb;
+pub mod applied;
 pub mod build;
 pub mod conditions;
 pub mod controller;
@@ -19,3 +20,4 @@ pub mod plan;
 pub mod prerequisites;
 pub mod reconcile;
 pub mod source;
+pub mod unlock;

@@ -19,6 +19,7 @@
 //! `currentUpdate` intent before an Update is created, so that a crash never leaves an Update the Stack
 //! does not know. Each step fails with its own [`Error`] variant.
 
+use super::applied::AppliedWorkspaces;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,9 @@ pub enum Error {
     /// Checking the namespace of a Stack being deleted.
     #[error("checking the namespace: {0}")]
     Deletion(#[source] kube::Error),
+    /// Reading what an unlock request judges lock holders by (Pods, membership Leases).
+    #[error("judging an unlock request: {0}")]
+    Unlock(#[source] kube::Error),
     /// Resolving the source (Program, git credentials, Flux source).
     #[error("resolving the source: {0}")]
     Source(#[source] kube::Error),
@@ -80,6 +84,11 @@ pub enum Error {
     /// renew deadline, e.g. frozen): nothing more is written; its new holder reconciles it.
     #[error("fenced: the stack's shard is no longer held here")]
     Fenced,
+    /// The pass ran on a cached Stack that was not the stored one (its pinned write got 409, or the
+    /// read before its effects showed a newer version): nothing more is written; the cache's newer
+    /// version is reconciled (not counted as a failure).
+    #[error("the cached stack was not the stored one")]
+    Stale,
 }
 
 impl crate::k8s::ReconcileError for Error {
@@ -89,6 +98,7 @@ impl crate::k8s::ReconcileError for Error {
             Error::Finalizer(_) => "finalizer",
             Error::CurrentUpdate(_) => "current_update",
             Error::Deletion(_) => "deletion",
+            Error::Unlock(_) => "unlock",
             Error::Source(_) => "source",
             Error::Prerequisites(_) => "prerequisites",
             Error::Build(_) => "build",
@@ -96,6 +106,7 @@ impl crate::k8s::ReconcileError for Error {
             Error::Update(_) => "update",
             Error::Status(_) => "status",
             Error::Fenced => "fenced",
+            Error::Stale => "stale",
         }
     }
 }
@@ -123,6 +134,9 @@ enum Effect {
     ForwardCancel(String, String),
 }
 
+/// How soon a due drift check that found no free fleet-wide slot looks again: 5 seconds.
+pub const DRIFT_SLOT_RETRY: Duration = Duration::from_secs(5);
+
 /// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
 /// 30 s) renews it, so only a check whose replica died holds a slot that long.
 pub const DRIFT_SLOT_LEASE: Duration = Duration::from_secs(600);
@@ -145,12 +159,27 @@ struct Pass {
     cached_updates: kube::runtime::reflector::Store<Update>,
     /// The Program informer's cache ([`source::resolve`]).
     programs: kube::runtime::reflector::Store<pko_api::Program>,
+    /// The Workspace informer's cache and what this replica last applied ([`workspace`]).
+    cached_workspaces: kube::runtime::reflector::Store<Workspace>,
+    applied_workspaces: Arc<AppliedWorkspaces>,
     ns: String,
     name: String,
     generation: Option<i64>,
     request: Option<String>,
-    /// A `pulumi.com/cancel-request` value not seen before ([`messages::new_cancel_request`]).
+    /// A `pulumi.com/cancel-request` value not seen before ([`messages::new_request`]).
     cancel: Option<String>,
+    /// A `pulumi.com/unlock-request` value not judged before ([`messages::new_request`]).
+    unlock: Option<String>,
+    /// The lock holders an accepted unlock request releases with the next Update ([`unlock`]).
+    release: Option<Vec<pko_proto::locks::Holder>>,
+    /// The Stack's `resourceVersion` after this pass's last write of it (status or finalizer).
+    version: Option<String>,
+    /// The cached Stack's `resourceVersion` while the pass has not shown that it is the stored one
+    /// ([`OwnWrites`] did not know it): its status write is pinned to it, and its effects wait for
+    /// [`Pass::ensure_current`]. `None`: known current.
+    unverified: Option<String>,
+    /// This pass removed the Stack's finalizer (it is going away).
+    removed_finalizer: bool,
     deleting: bool,
     now: Time,
     status: StackStatus,
@@ -170,14 +199,18 @@ impl Pass {
         status.observed_generation = generation;
         status.observed_reconcile_request = request.clone();
         let asked = stack.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned();
-        let cancel = messages::new_cancel_request(asked.as_deref(), status.observed_cancel_request.as_deref()).map(str::to_string);
+        let cancel = messages::new_request(asked.as_deref(), status.observed_cancel_request.as_deref()).map(str::to_string);
         status.observed_cancel_request = asked;
+        let unlock_asked = stack.annotations().get(pko_api::constants::UNLOCK_REQUEST_ANNOTATION);
+        let unlock = messages::new_request(unlock_asked.map(String::as_str), status.observed_unlock_request.as_deref()).map(str::to_string);
         let conditions = status.conditions.clone().unwrap_or_default();
         Pass {
             ownership: ctx.ownership.clone(),
             updates: Api::namespaced(ctx.client.clone(), &ns),
             cached_updates: state.updates.clone(),
             programs: state.programs.clone(),
+            cached_workspaces: state.workspaces.clone(),
+            applied_workspaces: state.applied_workspaces.clone(),
             deleting: stack.meta().deletion_timestamp.is_some(),
             written: stack.status.clone(),
             api,
@@ -187,6 +220,11 @@ impl Pass {
             generation,
             request,
             cancel,
+            unlock,
+            release: None,
+            version: None,
+            unverified: None,
+            removed_finalizer: false,
             now: pko_api::conditions::now(),
             status,
             conditions,
@@ -227,15 +265,40 @@ impl Pass {
         if self.ownership.owns(&self.ns, &self.name) { Ok(()) } else { Err(Error::Fenced) }
     }
 
-    /// Writes the status built so far, unless it is what is stored (or was last written).
+    /// Whether this pass wrote the Stack (its status or its finalizer): its version is then
+    /// [`Pass::version`].
+    fn written_here(&self) -> bool {
+        self.version.is_some() || self.removed_finalizer
+    }
+
+    /// Writes the status built so far, unless it is what is stored (or was last written). On an
+    /// unverified pass the write is pinned to the cached `resourceVersion`: 409 → [`Error::Stale`].
     async fn write_status(&mut self) -> Result<(), Error> {
         self.status.conditions = Some(self.conditions.clone());
         if self.written.as_ref() == Some(&self.status) {
             return Ok(());
         }
         self.fence()?;
-        io::write_status(&self.api, &self.name, &self.status).await.map_err(Error::Status)?;
+        let pinned = self.unverified.take();
+        self.version = match io::write_status(&self.api, &self.name, &self.status, pinned.as_deref()).await {
+            Ok(v) => v,
+            Err(e) if pinned.is_some() && (k8s::is_conflict(&e) || matches!(&e, kube::Error::Api(r) if r.code == 404)) => return Err(Error::Stale),
+            Err(e) => return Err(Error::Status(e)),
+        };
         self.written = Some(self.status.clone());
+        Ok(())
+    }
+
+    /// Before a write that is not the pinned status write (an Update created, the effects): an
+    /// unverified pass reads the Stack once and goes on only when the cache showed the stored
+    /// version; otherwise [`Error::Stale`].
+    async fn ensure_current(&mut self) -> Result<(), Error> {
+        let Some(cached) = self.unverified.clone() else { return Ok(()) };
+        let stored = self.api.get_opt(&self.name).await.map_err(Error::Dereference)?;
+        if stored.as_ref().and_then(|s| s.metadata.resource_version.as_deref()) != Some(cached.as_str()) {
+            return Err(Error::Stale);
+        }
+        self.unverified = None;
         Ok(())
     }
 
@@ -246,12 +309,12 @@ impl Pass {
             self.fence()?;
             match effect {
                 Effect::Event(severity, reason, note) => k8s::publish(&ctx.events.stack, &*self.stack, severity, reason, note).await,
-                Effect::ReleaseUpdate(u) => {
-                    let f: Vec<String> = u.finalizers().iter().filter(|f| *f != STACK_FINALIZER).cloned().collect();
-                    self.updates.patch(&u.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": f}}))).await.map_err(Error::CurrentUpdate)?;
-                }
+                Effect::ReleaseUpdate(u) => finalizer::release_update(&self.updates, &u).await.map_err(Error::CurrentUpdate)?,
                 Effect::RemoveFinalizer => {
                     finalizer::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
+                    // going away: nothing more of it to read
+                    self.version = None;
+                    self.removed_finalizer = true;
                     action = Some(Action::await_change());
                 }
                 Effect::ReclaimWorkspace => io::reclaim_workspace(ctx, &self.stack).await.map_err(Error::Workspace)?,
@@ -289,6 +352,69 @@ pub struct StackController {
     /// The Program informer's cache (every Program of the watched namespaces), which a pass reads a
     /// `programRef`'s artifact from ([`source::resolve`]).
     pub programs: kube::runtime::reflector::Store<pko_api::Program>,
+    /// The `resourceVersion` of each Stack after this replica's last write of it ([`OwnWrites`]).
+    pub own_writes: OwnWrites,
+    /// The Workspace informer's cache (the Workspaces of the shards this replica holds).
+    pub workspaces: kube::runtime::reflector::Store<Workspace>,
+    /// What each Stack last applied as its Workspace from this replica ([`AppliedWorkspaces`]).
+    pub applied_workspaces: Arc<AppliedWorkspaces>,
+}
+
+/// The `resourceVersion` each Stack had after this replica's last write of it (its status, its
+/// finalizer), and when: a pass on a cached copy at exactly that version is known current — nobody
+/// wrote it since, and the cache has caught up with our own write. A cached copy at another version
+/// within [`CACHE_CATCH_UP`] of our write is most likely the cache not having caught up yet: the pass
+/// waits for it (the watch event of our write reconciles again; nothing is sent). Any other cached
+/// copy (a change by someone else, a Stack never written here) is used too, unverified: its status
+/// write is pinned to its `resourceVersion` and its other writes wait for one read that shows it is
+/// the stored version ([`Pass::ensure_current`]); a stale one ends the pass with nothing written
+/// ([`Error::Stale`]). No pass reads the Stack before deciding.
+#[derive(Debug, Default)]
+pub struct OwnWrites(std::sync::Mutex<std::collections::HashMap<(String, String), (String, std::time::Instant)>>);
+
+/// How long after this replica's own write of a Stack a cached copy at another version is taken as
+/// the cache catching up rather than someone else's newer write: 1 second (the watch delivers a write
+/// in milliseconds at rest; a pinned write on the older copy would only be refused with 409).
+pub const CACHE_CATCH_UP: Duration = Duration::from_secs(1);
+
+/// What a pass may take a cached Stack for ([`OwnWrites::judge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cached {
+    /// The version this replica wrote last: current.
+    Current,
+    /// Another version shortly after our write: wait this long for the cache to catch up.
+    CatchingUp(Duration),
+    /// Another version: used unverified at this `resourceVersion` (`None`: the copy has none).
+    Unverified(Option<String>),
+}
+
+impl OwnWrites {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), (String, std::time::Instant)>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What `cached` (the informer's copy) may be taken for at `now`. Pure on the map.
+    pub fn judge(&self, cached: &Stack, now: std::time::Instant) -> Cached {
+        let key = (cached.namespace().unwrap_or_default(), cached.name_any());
+        let rv = cached.metadata.resource_version.clone();
+        match (self.map().get(&key), rv) {
+            (Some((own, _)), Some(rv)) if *own == rv => Cached::Current,
+            (Some((_, at)), rv) => match CACHE_CATCH_UP.checked_sub(now.saturating_duration_since(*at)).filter(|d| !d.is_zero()) {
+                Some(wait) => Cached::CatchingUp(wait),
+                None => Cached::Unverified(rv),
+            },
+            (None, rv) => Cached::Unverified(rv),
+        }
+    }
+
+    /// Records the version a write gave Stack `ns/name` now (`None`: forget it).
+    pub fn record(&self, ns: &str, name: &str, version: Option<String>) {
+        let key = (ns.to_string(), name.to_string());
+        match version {
+            Some(v) => self.map().insert(key, (v, std::time::Instant::now())),
+            None => self.map().remove(&key),
+        };
+    }
 }
 
 /// One reconcile of a Stack: ownership, dereference, the steps, one status write, the effects.
@@ -299,7 +425,34 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
         return Ok(crate::k8s::unowned());
     }
     let api: Api<Stack> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(stack) = api.get_opt(&name).await.map_err(Error::Dereference)? else { return Ok(Action::await_change()) };
+    // the cached Stack, always: known current when it is the version this replica wrote last; just
+    // after our own write, awaited; else unverified — its writes pinned to its resourceVersion, its
+    // effects behind one read
+    let unverified = match state.own_writes.judge(&cached, std::time::Instant::now()) {
+        Cached::Current => None,
+        Cached::CatchingUp(wait) => return Ok(Action::requeue(wait)),
+        Cached::Unverified(rv) => rv,
+    };
+    match pass(&state, api, cached, unverified).await {
+        Err(Error::Stale) => {
+            tracing::debug!("the cached stack was behind the stored one; reconciled again from the newer version");
+            metrics::counter!(crate::metric_names::STALE_PASSES_TOTAL, "controller" => "stack").increment(1);
+            Ok(Action::requeue(STALE_RETRY))
+        }
+        done => done,
+    }
+}
+
+/// How soon a pass that found the cache behind runs again (the newer version's watch event usually
+/// comes first): 2 seconds.
+pub const STALE_RETRY: Duration = Duration::from_secs(2);
+
+/// The pass over `cached` (unverified at its `resourceVersion` when given): the finalizer, then the
+/// steps, one status write, the effects.
+async fn pass(state: &StackController, api: Api<Stack>, cached: Arc<Stack>, unverified: Option<String>) -> Result<Action, Error> {
+    let ctx = &state.ctx;
+    let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
+    let stack = (*cached).clone();
     let deleting = stack.meta().deletion_timestamp.is_some();
     let has_finalizer = stack.finalizers().iter().any(|f| f == STACK_FINALIZER);
     if !has_finalizer {
@@ -310,16 +463,29 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
         if !ctx.ownership.owns(&ns, &name) {
             return Ok(crate::k8s::unowned());
         }
-        finalizer::set_finalizers(&api, &stack, true).await.map_err(Error::Finalizer)?;
+        // the patch's test pins the finalizer list as cached: 422 when the cache was behind
+        let version = match finalizer::set_finalizers(&api, &stack, true).await {
+            Err(kube::Error::Api(e)) if unverified.is_some() && e.code == 422 => return Err(Error::Stale),
+            written => written.map_err(Error::Finalizer)?,
+        };
+        state.own_writes.record(&ns, &name, version);
         return Ok(Action::await_change());
     }
-    let mut pass = Pass::new(ctx, &state, api, Arc::new(stack));
+    let mut pass = Pass::new(ctx, state, api, Arc::new(stack));
+    pass.unverified = unverified;
     let exit = match steps(ctx, &mut pass).await? {
         ControlFlow::Break(exit) => exit,
         ControlFlow::Continue(()) => Exit::Done(Action::await_change()),
     };
     pass.write_status().await?;
-    let after = pass.apply_effects(ctx).await?;
+    if !pass.effects.is_empty() {
+        pass.ensure_current().await?;
+    }
+    let after = pass.apply_effects(ctx).await;
+    if pass.written_here() {
+        state.own_writes.record(&ns, &name, pass.version.clone());
+    }
+    let after = after?;
     match exit {
         Exit::Done(action) => Ok(after.unwrap_or(action)),
         Exit::Retry(e) => Err(e),
@@ -335,6 +501,7 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
     if let ControlFlow::Break(e) = deletion(ctx, p).await? {
         return Ok(ControlFlow::Break(e));
     }
+    unlock(ctx, p).await?;
     let source = match source(ctx, p).await? {
         ControlFlow::Continue(s) => s,
         ControlFlow::Break(e) => return Ok(ControlFlow::Break(e)),
@@ -360,20 +527,20 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
     }
 }
 
-/// Whether a cached Update is an operation (not a drift check) still running: what a pass may wait on
-/// without reading it fresh. Pure.
-fn still_running(u: &Update) -> bool {
-    !u.is_complete() && !drift::is_check(u)
+/// Whether a pass may take the cached Update as it is, without reading it fresh. Pure. Yes when the
+/// cache shows it complete: a complete Update's status is final (nothing writes it again) and the one
+/// write absorbing it makes to it, the finalizer release, is fenced by the cached `resourceVersion`.
+/// Yes when it shows an operation (not a drift check) still running: the pass only waits, and the
+/// completion wakes the Stack once the cache has it. A running drift check is read fresh.
+fn cache_will_do(u: &Update) -> bool {
+    u.is_complete() || !drift::is_check(u)
 }
 
 /// Step 2: the current Update — wait while it runs, absorb it once complete, forget it when gone.
 async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     let Some(cur) = p.status.current_update.clone() else { return Ok(ControlFlow::Continue(())) };
-    // an Update the cache shows still running is waited on as cached (its completion wakes this Stack
-    // once the cache has it); one complete or a drift check is read fresh, since absorbing it writes
-    // the Stack's status and the Update's finalizers
     let name = cur.name.as_deref().unwrap_or_default();
-    let Some(u) = k8s::cached_or_get(&p.cached_updates, &p.updates, name, still_running).await.map_err(Error::CurrentUpdate)? else {
+    let Some(u) = k8s::cached_or_get(&p.cached_updates, &p.updates, name, cache_will_do).await.map_err(Error::CurrentUpdate)? else {
         p.status.current_update = None;
         return Ok(ControlFlow::Continue(()));
     };
@@ -389,22 +556,23 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
             p.status.observed_cancel_request = p.stack.status.as_ref().and_then(|s| s.observed_cancel_request.clone());
             p.effects.push(Effect::ForwardCancel(u.name_any(), v));
         }
-        // PKO's text, then why it has not started when it waits for its namespace's share
-        let message = match u.queued_message() {
-            Some(why) => format!("{}: {why}", sc::STACK_BEING_PROCESSED_MESSAGE),
-            None => sc::STACK_BEING_PROCESSED_MESSAGE.to_string(),
-        };
-        p.reconciling(sc::STACK_PROCESSING, &message);
+        // PKO's text. Why a queued Update waits is on the Update (Progressing=False Queued, and
+        // `kubectl pko status`), not mirrored here: the mirror cost two Stack status writes per
+        // queued operation (into the queue and out of it), the most of any status in a busy fleet
+        p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
     let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now, super::plan::RetryPolicy::of(&p.stack.spec).max_failures);
     if let Some(pi) = a.project_info.clone() {
         p.status.project_info = Some(pi);
     }
-    if let Some(secret) = a.outputs_secret.as_deref()
-        && let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)?
-    {
-        p.status.outputs = Some(crate::outputs::stack_outputs(&s));
+    if let Some(secret) = a.outputs_secret.as_deref() {
+        // handed over by this replica's dispatcher when it ran the operation, else read back
+        if let Some(outputs) = ctx.outputs.take(u.metadata.uid.as_deref().unwrap_or_default()).await {
+            p.status.outputs = Some((*outputs).clone());
+        } else if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)? {
+            p.status.outputs = Some(crate::outputs::stack_outputs(&s));
+        }
     }
     p.status.last_update = Some(a.last_update.clone());
     p.status.current_update = None;
@@ -482,6 +650,29 @@ async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
     Ok(ControlFlow::Continue(()))
 }
 
+/// Step 3b: a new unlock request, judged once no Update of the Stack runs ([`super::unlock`]):
+/// accepted, the next Update releases the holders; refused, an event names the holder kept.
+async fn unlock(ctx: &Context, p: &mut Pass) -> Result<(), Error> {
+    let Some(request) = p.unlock.clone() else { return Ok(()) };
+    let message = p.status.last_update.as_ref().and_then(|l| l.message.clone());
+    let holders = pko_proto::locks::holders(message.as_deref().unwrap_or_default());
+    tracing::debug!(request = %request, holders = holders.len(), "judging an unlock request");
+    let facts = io::unlock_facts(ctx, &p.ns, &p.name, &holders).await.map_err(Error::Unlock)?;
+    match super::unlock::decide(message.as_deref(), &facts, super::unlock::process_alive) {
+        super::unlock::Decision::Release(holders, note) => {
+            tracing::warn!(request = %request, holders = %note, "unlock request accepted");
+            p.event(Severity::Normal, ev::STACK_UNLOCK_ACCEPTED, note);
+            p.release = Some(holders);
+        }
+        super::unlock::Decision::Refuse(note) => {
+            tracing::info!(request = %request, reason = %note, "unlock request refused");
+            p.event(Severity::Warning, ev::STACK_UNLOCK_REFUSED, note);
+        }
+    }
+    p.status.observed_unlock_request = Some(request);
+    Ok(())
+}
+
 /// Step 4: the source at a revision, and a valid spec.
 async fn source(ctx: &Context, p: &mut Pass) -> Step<ResolvedSource> {
     let source = match source::resolve(ctx, &p.programs, &p.stack, p.deleting).await.map_err(Error::Source)? {
@@ -521,6 +712,10 @@ async fn workspace_stall(ctx: &Context, p: &Pass) -> Result<Option<(String, Stri
 /// Step 5: in sync (conditions, maybe the finalizer or the Workspace go, maybe a drift check is due)
 /// or the reason for an Update.
 fn sync(p: &mut Pass, source: &ResolvedSource, workspace_stall: Option<(&str, &str)>) -> ControlFlow<Exit, Work> {
+    // an accepted unlock runs the operation again now (past a backoff, a retry budget spent)
+    if p.release.is_some() {
+        return ControlFlow::Continue(Work::Update(messages::UNLOCK_REASON.into()));
+    }
     let checked = Stack { status: Some(p.status.clone()), ..(*p.stack).clone() };
     let (c, mut requeue_after) = match plan::decide_with_workspace(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting, workspace_stall) {
         Sync::NeedsUpdate { reason } => return ControlFlow::Continue(Work::Update(reason)),
@@ -607,8 +802,15 @@ async fn prerequisites(p: &mut Pass) -> Step {
 
 /// Step 7: the Workspace, applied; the pass waits until it is Ready.
 async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step<Workspace> {
-    let ws = build::workspace(&p.stack, source)?;
-    let applied = Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).patch(&p.name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&ws)).await;
+    let desired = build::workspace(&p.stack, source)?;
+    let cached = p.cached_workspaces.get(&kube::runtime::reflector::ObjectRef::new(&p.name).within(&p.ns));
+    let applied = match p.applied_workspaces.unchanged(&p.ns, &p.name, &desired, cached.as_deref()) {
+        Some(ws) => Ok(ws),
+        None => Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns)
+            .patch(&p.name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&desired))
+            .await
+            .inspect(|ws| p.applied_workspaces.record(&p.ns, &p.name, &desired, ws)),
+    };
     let ws = match applied {
         Ok(ws) => ws,
         Err(e) => {
@@ -635,7 +837,7 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
     Ok(ControlFlow::Continue(ws))
 }
 
-/// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in 30 s), write
+/// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in [`DRIFT_SLOT_RETRY`]), write
 /// `currentUpdate`, create the check's Update. The Stack stays Ready.
 async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool) -> Result<Exit, Error> {
     let (generation, request, revision) = (p.generation, p.request.clone(), source.revision());
@@ -647,7 +849,15 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
         Ok(true) => {}
         Ok(false) => {
             metrics::counter!(crate::metric_names::DRIFT_CHECKS_DEFERRED_TOTAL).increment(1);
-            return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
+            // said once on DriftDetected (`kubectl pko status -o wide`); the check's result replaces it
+            let current = pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+            if let Some((status, reason, message)) = drift::deferred(current.as_ref().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))) {
+                p.set_drift(&status, &reason, &message);
+            }
+            // looked at again soon (a pass that changes nothing writes nothing): with every 30 s, a
+            // Stack whose checks tick faster than that took the slot again before a waiting one
+            // looked (tests/drift.rs, a waiting Stack starved for minutes on a loaded bed)
+            return Ok(Exit::Done(Action::requeue(DRIFT_SLOT_RETRY)));
         }
         Err(e) => {
             tracing::warn!(error = %e, "taking a drift-check slot; trying again in 30 s");
@@ -658,6 +868,7 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
     let check = build::drift_check(&p.stack, ws, &name, auto_remediate)?;
     p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(name.clone()), commit: Some(revision) });
     p.write_status().await?;
+    p.ensure_current().await?;
     p.fence()?;
     match p.updates.create(&PostParams::default(), &check).await {
         Ok(_) => tracing::info!(update = %name, auto_remediate, "drift check started"),
@@ -686,6 +897,9 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
     }
     let update_name = build::update_name(&p.name, generation, request.as_deref(), &revision, p.deleting, p.status.last_update.as_ref());
     let mut update = build::update(&p.stack, ws, &update_name, p.deleting, &reason)?;
+    if let Some(holders) = &p.release {
+        update.annotations_mut().insert(pko_api::constants::RELEASE_LOCKS_ANNOTATION.into(), pko_proto::locks::describe(holders));
+    }
     // drift found by an autoRemediate schedule: the up (and its retries) refresh first
     if !p.deleting && update.spec.update_type == Some(UpdateType::Up) && drift::remediating(&p.view()) {
         update.spec.refresh = Some(true);
@@ -695,6 +909,7 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an
     // Update the Stack does not know
     p.write_status().await?;
+    p.ensure_current().await?;
     p.fence()?;
     match p.updates.create(&PostParams::default(), &update).await {
         Ok(_) => {
@@ -738,10 +953,34 @@ mod tests {
     }
 
     #[test]
-    fn only_a_running_operation_is_waited_on_from_the_cache() {
-        assert!(still_running(&update(UpdateType::Up, false, false)), "an up in progress");
-        assert!(!still_running(&update(UpdateType::Up, false, true)), "complete: read fresh before it is absorbed");
-        assert!(!still_running(&update(UpdateType::Refresh, true, false)), "a drift check goes its own way");
-        assert!(still_running(&Update::new("u", Default::default())), "no status yet: not started, not complete");
+    fn a_running_operation_and_a_complete_update_are_taken_from_the_cache() {
+        assert!(cache_will_do(&update(UpdateType::Up, false, false)), "an up in progress: waited on");
+        assert!(cache_will_do(&update(UpdateType::Up, false, true)), "complete: its status is final");
+        assert!(cache_will_do(&update(UpdateType::Refresh, true, true)), "a complete drift check too");
+        assert!(!cache_will_do(&update(UpdateType::Refresh, true, false)), "a running drift check is read fresh");
+        assert!(cache_will_do(&Update::new("u", Default::default())), "no status yet: not started, not complete");
+    }
+
+    #[test]
+    fn the_cache_is_read_only_at_the_version_this_replica_wrote_last() {
+        let stack = |rv: Option<&str>| {
+            let mut s = Stack::new("web", Default::default());
+            s.metadata.namespace = Some("team-a".into());
+            s.metadata.resource_version = rv.map(str::to_string);
+            s
+        };
+        let own = OwnWrites::default();
+        let now = std::time::Instant::now();
+        assert_eq!(own.judge(&stack(Some("5")), now), Cached::Unverified(Some("5".into())), "never written here: pinned to its version");
+        own.record("team-a", "web", Some("5".into()));
+        assert_eq!(own.judge(&stack(Some("5")), now), Cached::Current, "the cache shows our own write");
+        let soon = std::time::Instant::now();
+        assert!(matches!(own.judge(&stack(Some("4")), soon), Cached::CatchingUp(d) if d <= CACHE_CATCH_UP), "just after our write: the cache catching up, awaited");
+        let later = soon + CACHE_CATCH_UP;
+        assert_eq!(own.judge(&stack(Some("4")), later), Cached::Unverified(Some("4".into())), "still behind after a second: pinned (409 if stale)");
+        assert_eq!(own.judge(&stack(Some("6")), later), Cached::Unverified(Some("6".into())), "someone else wrote since");
+        assert_eq!(own.judge(&stack(None), later), Cached::Unverified(None));
+        own.record("team-a", "web", None);
+        assert_eq!(own.judge(&stack(Some("5")), soon), Cached::Unverified(Some("5".into())), "forgotten once gone");
     }
 }

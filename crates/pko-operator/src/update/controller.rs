@@ -37,6 +37,8 @@ pub struct UpdateController {
     pub(super) gauges: QueueGauges,
     /// The Workspace informer's cache, set by [`Self::run`] ([`Self::workspace`]).
     workspaces: Option<kube::runtime::reflector::Store<Workspace>>,
+    /// The Update informer's cache, set by [`Self::run`] ([`Self::update`]).
+    updates: Option<kube::runtime::reflector::Store<Update>>,
     /// Cancel requests of running operations, for their workers ([`super::cancel`]).
     pub(super) cancels: super::cancel::CancelRequests,
 }
@@ -58,6 +60,7 @@ impl QueueGauges {
     /// Publishes `queue`'s depth.
     pub fn record(&self, queue: &dyn WorkQueue) {
         let depth = queue.queued_by_namespace();
+        crate::load::set_queue(&depth, queue.in_flight());
         let mut shown = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for gone in shown.iter().filter(|n| !depth.contains_key(*n)) {
             metrics::gauge!(crate::metric_names::QUEUE_DEPTH, "namespace" => gone.clone()).set(0.0);
@@ -76,6 +79,12 @@ impl QueueGauges {
 pub const ORPHANED_MESSAGE: &str =
     "canceled: the Update has no controller owner; as in PKO, an Update runs only with an ownerReference (controller: true) to its Workspace or Stack";
 
+/// Whether a job's claim may take the cached Update as it is: one neither started (whose agent must
+/// be looked for with what is stored) nor complete nor being deleted. Pure.
+pub fn claimable_as_cached(update: &Update) -> bool {
+    !update.was_started() && !update.is_complete() && update.meta().deletion_timestamp.is_none()
+}
+
 /// Whether `update` was never started and has no controller owner reference: PKO cancels such an
 /// Update (`isOrphaned`: an Update created by hand, or left behind by an owner deleted with
 /// `--cascade=orphan`). One that was started is followed to its result (its agent may be running
@@ -88,6 +97,12 @@ pub fn orphaned(update: &Update) -> bool {
 /// (`--namespace-share-percent` of `--max-operations`, or `--max-operations-per-namespace`). Pure.
 pub fn queued_message(ns: &str, running: usize, limit: usize) -> String {
     format!("waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's workers is {limit}")
+}
+
+/// Why a queued Update of workspace class `class` waits: the class runs `running` operations, its
+/// `limit` (`--max-operations-per-class`). Pure.
+pub fn class_queued_message(class: &str, running: usize, limit: usize) -> String {
+    format!("waiting for an operation slot: workspace class {class} runs {running} operation(s), its limit is {limit}")
 }
 
 /// An Update reconcile fails only on the API (step `api`).
@@ -115,7 +130,17 @@ impl UpdateController {
     /// A controller on `queue` with `workers` operation workers.
     pub fn with_queue(ctx: Arc<Context>, queue: Arc<dyn WorkQueue>, workers: usize) -> Self {
         let agents = Arc::new(Agents::addressed(ctx.client.clone(), None));
-        Self { ctx, queue, workers: workers.max(1), class_limits: ClassLimits::new(workers), agents, gauges: QueueGauges::default(), workspaces: None, cancels: Default::default() }
+        Self {
+            ctx,
+            queue,
+            workers: workers.max(1),
+            class_limits: ClassLimits::new(workers),
+            agents,
+            gauges: QueueGauges::default(),
+            workspaces: None,
+            updates: None,
+            cancels: Default::default(),
+        }
     }
 
     /// Runs operations on the agents of `agents` (the runtime the Workspace controller shares).
@@ -144,6 +169,7 @@ impl UpdateController {
     pub fn run(mut self, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.workspaces = Some(informers.workspaces().store());
         let updates = informers.updates();
+        self.updates = Some(updates.store());
         let controller = Controller::for_stream(updates.objects(), updates.store());
         let this = Arc::new(self);
         async move {
@@ -165,6 +191,20 @@ impl UpdateController {
         let api = Api::<Workspace>::namespaced(self.ctx.client.clone(), ns);
         match &self.workspaces {
             Some(store) => crate::k8s::cached_or_get(store, &api, name, |w| self.agents.usable(w)).await,
+            None => api.get_opt(name).await,
+        }
+    }
+
+    /// The Update `ns/name` a job names: from the Update cache when it shows it neither started nor
+    /// complete nor deleted (what a claim needs to know; a write decided on it is pinned to its
+    /// `resourceVersion`), else read from the API server (not cached yet, or one that may run on an
+    /// agent already: whose it is must be read as stored). `None`: there is none.
+    ///
+    /// Errors: the read failed.
+    pub(super) async fn update(&self, ns: &str, name: &str) -> Result<Option<Update>, kube::Error> {
+        let api = Api::<Update>::namespaced(self.ctx.client.clone(), ns);
+        match &self.updates {
+            Some(store) => crate::k8s::cached_or_get(store, &api, name, claimable_as_cached).await,
             None => api.get_opt(name).await,
         }
     }
@@ -243,6 +283,22 @@ impl UpdateController {
     /// shard is not held any more or, for a job's dispatch, not at the job's epoch), e.g. because this
     /// replica was frozen while it read the API; then nothing is written.
     pub(super) async fn wait(&self, api: &Api<Update>, update: &Update, holds: bool, reason: &'static str, message: String) -> Result<(), kube::Error> {
+        self.wait_at(api, update, holds, reason, message, None).await
+    }
+
+    /// [`Self::wait`] only while the Update is still at `resource_version` when one is given (a wait
+    /// decided on a cached read: 409 Conflict when the Update changed since, nothing written).
+    ///
+    /// Errors: the write failed.
+    pub(super) async fn wait_at(
+        &self,
+        api: &Api<Update>,
+        update: &Update,
+        holds: bool,
+        reason: &'static str,
+        message: String,
+        resource_version: Option<&str>,
+    ) -> Result<(), kube::Error> {
         if !holds {
             tracing::info!(update = %update.name_any(), %reason, "shard not held (at this epoch): waiting status not written");
             return Ok(());
@@ -250,7 +306,7 @@ impl UpdateController {
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
         st.conditions = Some(status::conditions(&Phase::Waiting { reason, message }, update.meta().generation, &pko_api::conditions::now(), &old));
-        crate::k8s::apply_status(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st).await
+        crate::k8s::apply_status_versioned(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st, resource_version).await.map(|_| ())
     }
 
     /// Marks an Update that never started Failed `Canceled` with `message` — [`orphaned`] (PKO's

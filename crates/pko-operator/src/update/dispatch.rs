@@ -61,6 +61,11 @@ pub enum DispatchError {
     /// mark started or record: writing status or the outputs Secret failed.
     #[error("writing update status: {0}")]
     Kube(#[from] kube::Error),
+    /// mark started, or a refusal before it: the Update claimed from the cache had changed since
+    /// (409 on the write pinned to its `resourceVersion`) and, read fresh, is no longer one to start
+    /// here (started or complete elsewhere, or being deleted): nothing ran, nothing was written.
+    #[error("the Update changed since it was claimed; not started here")]
+    Stale,
     /// any step: the shard moved to another replica (or this one stopped holding anything): nothing
     /// more is written; the shard's new holder follows the operation.
     #[error("{0}")]
@@ -77,6 +82,7 @@ impl DispatchError {
             DispatchError::Refused(..) => "refused",
             DispatchError::NoResult => "follow",
             DispatchError::Kube(_) => "record",
+            DispatchError::Stale => "claim",
             DispatchError::Fenced(_) => "fenced",
         }
     }
@@ -102,6 +108,10 @@ pub struct Operation<'a> {
     pub started: &'a (dyn Fn() + Send + Sync),
     /// Where the lines the operation prints are kept ([`super::capture`]).
     pub output: &'a dyn pko_queue::output::OutputStore,
+    /// Where the outputs it writes are handed to this replica's Stack controller.
+    pub outputs: &'a crate::outputs::Written,
+    /// The Secrets its request names, read only when changed.
+    pub secrets: &'a crate::secret_cache::SecretCache,
     /// The operator's default limits ([`super::limits`]), for an Update that sets none.
     pub limits: Limits,
     /// The cancel request of this operation, if one came ([`super::cancel`]).
@@ -129,19 +139,19 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
     st.observed_generation = op.update.meta().generation;
     let limits = match limits::of(&op.update.spec, op.limits.idle, op.limits.overall) {
         Ok(l) => l,
-        Err(message) => return refuse(op, st, uc::UNKNOWN, message).await,
+        Err(message) => return refuse(op, st, uc::UNKNOWN, message, Pin::AsClaimed).await,
     };
     let req = match request_for(op).await? {
         Ok(r) => r,
-        Err(message) => return refuse(op, st, uc::UNKNOWN, message).await,
+        Err(message) => return refuse(op, st, uc::UNKNOWN, message, Pin::AsClaimed).await,
     };
     if let Some(request) = (op.cancel)().filter(|_| !op.update.was_started()) {
-        return refuse(op, st, uc::CANCELED, super::cancel::message(&request)).await;
+        return refuse(op, st, uc::CANCELED, super::cancel::message(&request), Pin::AsClaimed).await;
     }
     let mut agent = client::streaming(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
     mark_started(op, &mut st).await?;
     let stream = match call(op, &mut agent, req).await {
-        Err(e @ DispatchError::Refused(..)) => return refuse(op, st, uc::UNKNOWN, e.to_string()).await,
+        Err(e @ DispatchError::Refused(..)) => return refuse(op, st, uc::UNKNOWN, e.to_string(), Pin::No).await,
         called => called?,
     };
     let started = instant_of(st.start_time.as_ref());
@@ -168,44 +178,73 @@ fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Tim
 /// Errors: [`DispatchError::Values`], transient.
 async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, String>, DispatchError> {
     let ns = op.update.namespace().unwrap_or_default();
-    let r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
+    let mut r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
         Ok(r) => r,
         Err(e) => return Ok(Err(e.to_string())),
     };
-    match request::complete(op.client, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
+    r.release_locks = request::release_locks(op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str));
+    match request::complete(op.client, op.secrets, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
         Ok(r) => Ok(Ok(r)),
         Err(Incomplete::User(message)) => Ok(Err(message)),
         Err(Incomplete::Transient(message)) => Err(DispatchError::Values(message)),
     }
 }
 
+/// Whether a status write is pinned to the `resourceVersion` the Update was claimed at: the first
+/// write of a dispatch is (the claim may come from the cache), later ones follow this dispatch's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pin {
+    /// Pinned: refused with 409 when the Update changed since the claim.
+    AsClaimed,
+    /// Not pinned.
+    No,
+}
+
 /// An operation that does not run — a request the user must fix (`Unknown`), a cancel request that
 /// came first (`Canceled`): the Update ends `Failed` with `reason` and `message`, returned as a failed
-/// result.
-async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, reason: &str, message: String) -> Result<OperationResult, DispatchError> {
+/// result. Before *mark started* the write is pinned ([`Pin`]): on a conflict nothing is written
+/// ([`DispatchError::Stale`]) and the Update's next reconcile decides again on what is stored.
+async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, reason: &str, message: String, pin: Pin) -> Result<OperationResult, DispatchError> {
     let now = pko_api::conditions::now();
     let phase = Phase::Failed { reason: reason.into(), message: message.clone() };
     st.conditions = Some(status::conditions(&phase, st.observed_generation, &now, st.conditions.as_deref().unwrap_or_default()));
     st.message = Some(message.clone());
     st.end_time = Some(now);
     op.fence.check()?;
-    write_status(&op.api(), op.update, &st).await?;
+    match write_status_at(&op.api(), op.update, &st, pin).await {
+        Err(e) if crate::k8s::is_conflict(&e) && pin == Pin::AsClaimed => return Err(DispatchError::Stale),
+        written => written?,
+    }
     Ok(OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() })
 }
 
 /// Step **mark started**: the Update `Progressing`, with its start time, before any agent can have it
 /// (PKO marks it before it connects): whoever dispatches this Update next — after a restart, a crash
 /// or a shard move — then knows an agent may run it ([`Update::was_started`]) and looks for that agent
-/// before starting it anywhere else. Written once.
+/// before starting it anywhere else. Written once, pinned to the claimed `resourceVersion` ([`Pin`]):
+/// when the Update changed since, it is read fresh and started only if it still may be
+/// ([`super::controller::claimable_as_cached`]), else [`DispatchError::Stale`].
 async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), DispatchError> {
     let old = st.conditions.clone().unwrap_or_default();
     if st.start_time.is_some() && old.iter().any(|c| c.type_ == uc::PROGRESSING && c.status == "True") {
         return Ok(());
     }
     st.start_time.get_or_insert_with(pko_api::conditions::now);
-    st.conditions = Some(status::conditions(&Phase::Progressing, st.observed_generation, &pko_api::conditions::now(), &old));
+    let mut conditions = status::conditions(&Phase::Progressing, st.observed_generation, &pko_api::conditions::now(), &old);
+    status::name_agent(&mut conditions, &op.agent.address);
+    st.conditions = Some(conditions);
     op.fence.check()?;
-    write_status(&op.api(), op.update, st).await?;
+    match write_status_at(&op.api(), op.update, st, Pin::AsClaimed).await {
+        Err(e) if crate::k8s::is_conflict(&e) => {
+            let fresh = op.api().get_opt(&op.update.name_any()).await?;
+            if !fresh.as_ref().is_some_and(super::controller::claimable_as_cached) {
+                return Err(DispatchError::Stale);
+            }
+            op.fence.check()?;
+            write_status(&op.api(), op.update, st).await?;
+        }
+        written => written?,
+    }
     Ok(())
 }
 
@@ -348,7 +387,7 @@ async fn write_outputs(op: &Operation<'_>, result: &OperationResult) -> Result<O
     let secret = outputs::secret(&op.update.name_any(), &ns, owner, &values);
     op.fence.check()?;
     match Api::<Secret>::namespaced(op.client.clone(), &ns).create(&PostParams::default(), &secret).await {
-        Ok(_) => {}
+        Ok(_) => op.outputs.wrote(op.update.metadata.uid.as_deref().unwrap_or_default(), &secret).await,
         Err(kube::Error::Api(e)) if e.code == 409 => {} // written before a restart; immutable
         Err(e) => return Err(e.into()),
     }
@@ -356,7 +395,12 @@ async fn write_outputs(op: &Operation<'_>, result: &OperationResult) -> Result<O
 }
 
 async fn write_status(api: &Api<Update>, update: &Update, st: &UpdateStatus) -> Result<(), kube::Error> {
-    crate::k8s::apply_status(api, &update.name_any(), field_manager::UPDATE_STATUS, st).await
+    write_status_at(api, update, st, Pin::No).await
+}
+
+async fn write_status_at(api: &Api<Update>, update: &Update, st: &UpdateStatus, pin: Pin) -> Result<(), kube::Error> {
+    let at = if pin == Pin::AsClaimed { update.metadata.resource_version.as_deref() } else { None };
+    crate::k8s::apply_status_versioned(api, &update.name_any(), field_manager::UPDATE_STATUS, st, at).await.map(|_| ())
 }
 
 /// `t` as a protobuf timestamp (seconds and nanoseconds since the Unix epoch; times before it as 0).

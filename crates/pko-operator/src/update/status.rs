@@ -46,6 +46,15 @@ pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Con
     v
 }
 
+/// Names the agent running the operation (`address`: its gRPC address, a pod's under its Service) in
+/// the `Progressing=True` condition's message of `conditions` (PKO leaves it empty): `running on agent
+/// <address>`, what `kubectl pko status` shows. Pure.
+pub fn name_agent(conditions: &mut [Condition], address: &str) {
+    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == uc::PROGRESSING && c.status == "True") {
+        c.message = format!("running on agent {address}");
+    }
+}
+
 /// PKO's `Failed` reason and Update `status.message` for a failed operation of type `update_type`
 /// (`up`, `preview`, `refresh`, `destroy`) with the agent's `message` (PKO `update_controller.go`
 /// `setStatusBlockFromGRPCErr` over its agent's `server.go`): a lock conflict and a refused token keep
@@ -212,6 +221,13 @@ mod tests {
         let failed = conditions(&Phase::Failed { reason: failure(Reason::UpdateConflict, "up", "locked").0.into(), message: "locked".into() }, Some(1), &t(0), &[]);
         assert_eq!(view(&failed), vec![s("Complete", "True", "Failed"), s("Failed", "True", "UpdateConflict"), s("Progressing", "False", "Failed")]);
         assert_eq!(failed[1].message, "locked");
+        let mut running = conditions(&Phase::Progressing, Some(1), &t(0), &[]);
+        name_agent(&mut running, "127.0.0.1:4000");
+        assert_eq!(running.iter().find(|c| c.type_ == "Progressing").map(|c| c.message.as_str()), Some("running on agent 127.0.0.1:4000"));
+        assert!(running.iter().filter(|c| c.type_ != "Progressing").all(|c| c.message.is_empty()), "only Progressing=True names it");
+        let mut done = failed.clone();
+        name_agent(&mut done, "127.0.0.1:4000");
+        assert_eq!(done, failed, "a finished Update's conditions are left alone");
     }
 
     #[test]

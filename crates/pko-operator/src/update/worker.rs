@@ -54,6 +54,8 @@ pub fn end_of(outcome: &Result<OperationResult, DispatchError>) -> End {
     match outcome {
         Ok(r) if r.status == ResultStatus::Interrupted as i32 => End::Interrupted,
         Ok(_) => End::Result,
+        // nothing was asked of the agent: it is free
+        Err(DispatchError::Stale) => End::Result,
         Err(DispatchError::Busy(..)) => End::Busy,
         Err(_) => End::Unknown,
     }
@@ -67,7 +69,7 @@ pub fn settle(outcome: &Result<OperationResult, DispatchError>, pooled: bool) ->
     let done = |wait: Option<String>| Settled { drive: Drive::Done, wait };
     match outcome {
         Ok(r) if r.status == ResultStatus::Interrupted as i32 && pooled => Settled { drive: Drive::Again, wait: None },
-        Ok(_) | Err(DispatchError::Fenced(_)) => done(None),
+        Ok(_) | Err(DispatchError::Fenced(_) | DispatchError::Stale) => done(None),
         Err(DispatchError::Busy(..)) if pooled => Settled { drive: Drive::Deferred, wait: None },
         Err(e) => done(Some(e.to_string())),
     }
@@ -112,6 +114,7 @@ impl UpdateController {
         let Some(_permit) = self.class_limits.try_acquire(&class) else {
             tracing::debug!(update = %job.name, %class, "workspace class at its operation limit; deferred");
             metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(1);
+            self.said_class_full(&update, &fence, &class).await;
             return Drive::Deferred;
         };
         let lent = match self.lend(&fence, &update, &workspace).await {
@@ -137,10 +140,12 @@ impl UpdateController {
         settled.drive
     }
 
-    /// Step **claim**: the Update and its Workspace, when the job is still to be driven here.
+    /// Step **claim**: the Update and its Workspace, when the job is still to be driven here. An Update
+    /// the cache shows not started is taken from it ([`super::controller::UpdateController::update`]):
+    /// the first write about it — the wait, the refusal or *mark started*, all before any agent can
+    /// run it — carries its `resourceVersion` as a precondition, so a stale one is refused there.
     async fn claim(&self, job: &Job) -> Option<(Update, Workspace)> {
-        let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), &job.namespace);
-        let update = api.get_opt(&job.name).await.ok()??;
+        let update = self.update(&job.namespace, &job.name).await.ok()??;
         if update.is_complete() || update.meta().deletion_timestamp.is_some() {
             return None;
         }
@@ -171,7 +176,7 @@ impl UpdateController {
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "no agent; retrying");
                 let api = Api::namespaced(self.ctx.client.clone(), &job.namespace);
-                let _ = self.wait(&api, update, fence.holds(), uc::TRANSIENT_FAILURE, e.to_string()).await;
+                let _ = self.wait_at(&api, update, fence.holds(), uc::TRANSIENT_FAILURE, e.to_string(), update.metadata.resource_version.as_deref()).await;
                 Err(Drive::Done)
             }
         }
@@ -197,6 +202,8 @@ impl UpdateController {
             fence,
             started: &started,
             output: self.ctx.output.as_ref(),
+            outputs: &self.ctx.outputs,
+            secrets: &self.ctx.secrets,
             limits: super::limits::Limits { idle: self.ctx.update_idle_timeout, overall: self.ctx.operation_timeout },
             cancel: &|| self.cancels.get(&operation_id),
         };
@@ -224,12 +231,33 @@ impl UpdateController {
                 metrics::counter!(crate::metric_names::DISPATCH_ERRORS_TOTAL, "step" => e.step()).increment(1);
                 match e {
                     DispatchError::Fenced(_) => tracing::info!("shard lost: stopped following; nothing written"),
+                    DispatchError::Stale => tracing::info!("the Update changed since its claim and is not to start here; nothing written"),
                     DispatchError::Busy(agent, why) => tracing::debug!(%agent, %why, "agent refused the operation"),
                     e => tracing::warn!(error = %e, step = e.step(), "dispatch failed; retrying"),
                 }
             }
         }
         Some(outcome)
+    }
+}
+
+impl UpdateController {
+    /// Says once on an Update not started yet that it waits for a slot of its workspace class
+    /// (`Queued`, [`super::controller::class_queued_message`]); nothing when it says so already, when it
+    /// was started (a re-attach keeps `Progressing`) or when fenced. A failed write is logged: the job is
+    /// deferred either way.
+    async fn said_class_full(&self, update: &Update, fence: &Fence<'_>, class: &str) {
+        if update.was_started() {
+            return;
+        }
+        let message = super::controller::class_queued_message(class, self.class_limits.running(class), self.class_limits.limit());
+        if update.queued_message() == Some(message.as_str()) {
+            return;
+        }
+        let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), update.meta().namespace.as_deref().unwrap_or_default());
+        if let Err(e) = self.wait_at(&api, update, fence.holds(), uc::QUEUED, message, update.metadata.resource_version.as_deref()).await {
+            tracing::warn!(update = ?update.meta().name, error = %e, "writing the class wait");
+        }
     }
 }
 
@@ -260,6 +288,8 @@ mod tests {
         assert_eq!(settle(&Err(DispatchError::Busy("a".into(), "busy".into())), true), s(Drive::Deferred, None));
         assert_eq!(settle(&Err(DispatchError::Busy("a".into(), "busy".into())), false), s(Drive::Done, Some("agent a: busy")));
         assert_eq!(settle(&Err(DispatchError::Fenced(Fenced)), true), s(Drive::Done, None), "nothing written once fenced");
+        assert_eq!(settle(&Err(DispatchError::Stale), true), s(Drive::Done, None), "a stale claim: nothing written, its reconcile decides");
+        assert_eq!(end_of(&Err(DispatchError::Stale)), End::Result, "nothing was asked of the agent");
         assert_eq!(settle(&Err(DispatchError::NoResult), true), s(Drive::Done, Some("the operation stream ended without a result")));
     }
 }

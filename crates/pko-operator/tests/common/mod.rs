@@ -446,6 +446,8 @@ pub async fn dispatch_into(
         fence: &fence,
         started: &|| {},
         output,
+        outputs: &pko_operator::outputs::Written::default(),
+        secrets: &pko_operator::secret_cache::SecretCache::default(),
         limits: pko_operator::update::limits::Limits::default(),
         cancel: &|| None,
     };
