@@ -78,12 +78,22 @@ impl SecretCache {
         let mut versions = Versions::new();
         let mut watches = Vec::new();
         for (key, api) in sources {
+            let namespace = key.clone().unwrap_or_else(|| "(cluster)".into());
             let (reader, writer) = reflector::store();
             versions.insert(key, reader);
             let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff().modify(keep_version_only));
-            watches.push(stream.for_each(|event| async move {
-                if let Err(e) = event {
-                    tracing::debug!(error = %e, "secret versions: watch error (retried)");
+            // the first error of a source is a warning (RBAC refusing the watch leaves every read of
+            // its Secrets uncached), the retries after it are debug lines
+            let warned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            watches.push(stream.for_each(move |event| {
+                let (warned, namespace) = (warned.clone(), namespace.clone());
+                async move {
+                    let Err(e) = event else { return };
+                    if warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::debug!(error = %e, %namespace, "secret versions: watch error (retried)");
+                    } else {
+                        tracing::warn!(error = %e, %namespace, "secret versions: watch failed (retried; until it lists, every use of a Secret here reads it)");
+                    }
                 }
             }));
         }

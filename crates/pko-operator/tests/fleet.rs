@@ -91,18 +91,27 @@ async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
     for i in 0..STACKS {
         stacks.patch(&format!("s{i}"), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"config": {"n": "1"}}}))).await.unwrap();
     }
-    eventually("every Stack converges on the second generation", 180, || async {
-        stacks
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter(|s| s.status.as_ref().and_then(|st| st.outputs.as_ref()).is_some_and(|o| o["out"] == json!("1")) && stack_condition(s, "Ready").is_some_and(|c| c.0 == "True"))
-            .count()
-            == STACKS
+    let converged = tokio::time::timeout(Duration::from_secs(180), async {
+        loop {
+            let items = stacks.list(&Default::default()).await.unwrap().items;
+            let done = items.iter().filter(|s| {
+                s.status.as_ref().and_then(|st| st.outputs.as_ref()).is_some_and(|o| o["out"] == json!("1")) && stack_condition(s, "Ready").is_some_and(|c| c.0 == "True")
+            });
+            if done.count() == STACKS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     })
     .await;
+    if converged.is_err() {
+        dump_stacks_and_updates(&ns).await;
+        for (i, r) in replicas.iter().enumerate() {
+            let held = r.as_ref().and_then(|r| r.running.as_ref()).map(|x| (0..64u32).filter(|s| x.ctx.ownership.owns(ns.name(), &format!("probe-{s}"))).count());
+            eprintln!("replica r{i}: {held:?} of 64 probe names owned");
+        }
+        panic!("every Stack converges on the second generation: not within 180 s");
+    }
     eprintln!("all Stacks converged {:.1} s after the stop", t.elapsed().as_secs_f64());
     for s in stacks.list(&Default::default()).await.unwrap() {
         let o = owners(&replicas, &s);

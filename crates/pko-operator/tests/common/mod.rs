@@ -197,6 +197,31 @@ pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, Strin
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Prints every Stack (generation, observed, conditions, outputs, current and last Update) and every
+/// Update (phase conditions, shard) of `ns`, for a test that is about to fail on a wait.
+#[allow(dead_code)]
+pub async fn dump_stacks_and_updates(ns: &pko_testbed::TestNamespace) {
+    use kube::ResourceExt;
+    for s in ns.api::<pko_api::Stack>().list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        let st = s.status.as_ref();
+        eprintln!(
+            "stack {} gen={:?} labels={:?} observed={:?} outputs={:?} current={:?} last={:?} conditions={:?}",
+            s.name_any(),
+            s.metadata.generation,
+            s.labels(),
+            st.and_then(|x| x.observed_generation),
+            st.and_then(|x| x.outputs.as_ref()),
+            st.and_then(|x| x.current_update.as_ref()).map(|u| &u.name),
+            st.and_then(|x| x.last_update.as_ref()).map(|u| (&u.name, &u.state, &u.generation)),
+            st.and_then(|x| x.conditions.as_ref()).map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason, &c.message)).collect::<Vec<_>>()),
+        );
+    }
+    for u in ns.api::<Update>().list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        let conditions = u.status.as_ref().and_then(|x| x.conditions.as_ref()).map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason)).collect::<Vec<_>>());
+        eprintln!("update {} labels={:?} finalizers={:?} conditions={conditions:?}", u.name_any(), u.labels(), u.finalizers());
+    }
+}
+
 /// `(reason, message)` of the Stack's `Stalled` condition when it is True.
 pub fn stalled(s: &pko_api::Stack) -> Option<(String, String)> {
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
