@@ -156,6 +156,22 @@ build_flux_source_controller() {
   rm -rf "$D"; mkdir -p "$D/crds"; cp config/crd/bases/*.yaml "$D/crds/"
 }
 
+build_pulumi_kubernetes() {
+  # The real Kubernetes provider, an ambient plugin on PATH (no program downloads it). Its module carries
+  # schema.json and terraform-mapping.json but not the *-embed.json files main.go embeds: the module's own
+  # generate.go writes them (it needs VERSION). Its go.mod replaces sdk/v4 with ../sdk, which a module zip
+  # leaves out: the writable copy drops the replacement and builds against the sdk/v4 it requires (served).
+  local W="$TB_SRC/pulumi-kubernetes-$PULUMI_KUBERNETES_MODULE_VERSION" M
+  M="$(go mod download -json "github.com/pulumi/pulumi-kubernetes/provider/v4@$PULUMI_KUBERNETES_MODULE_VERSION" | jq -r .Dir)"
+  rm -rf "$W"; cp -r "$M" "$W"; chmod -R u+w "$W"; cd "$W"
+  go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4
+  cd cmd/pulumi-resource-kubernetes
+  VERSION="$PULUMI_KUBERNETES_VERSION" go run -mod=mod ./generate.go
+  go build -mod=mod -trimpath \
+    -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$PULUMI_KUBERNETES_VERSION" \
+    -o "$TB_BIN/" .
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -196,4 +212,6 @@ step k8s-node build_k8s_node
 step coredns build_coredns "$COREDNS_VERSION"
 step pause build_pause "$(sha256sum "$HERE/node/pause.c" | cut -c1-12)"
 step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLER_VERSION"
+# the real Kubernetes provider (cold: 17 min on two shared cores, of which 2 min generate.go)
+step pulumi-kubernetes build_pulumi_kubernetes "$PULUMI_KUBERNETES_MODULE_VERSION"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

@@ -9,3 +9,8 @@ HELM_VERSION=v3.21.4         # helm (chart lint/template/install tests); not par
 FLUX_SOURCE_CONTROLLER_VERSION=v1.8.0 # Flux source-controller (Flux source tests); not part of the cache stamp. The module proxy
                                       # refuses several newer tags ("This module version is not available") and their deps
 COREDNS_VERSION=v1.14.7     # CoreDNS on the node (Service names in pods); not part of the cache stamp: built as its own step
+# pulumi-resource-kubernetes, the real Kubernetes provider (issue 36): the module proxy serves the provider
+# module only at this pseudo-version (commit f47bc2d6f199 of 2026-01-15, between the v4.24 and v4.25
+# releases); not part of the cache stamp: built as its own step. The plugin reports PULUMI_KUBERNETES_VERSION.
+PULUMI_KUBERNETES_MODULE_VERSION=v4.0.0-20260115033456-f47bc2d6f199
+PULUMI_KUBERNETES_VERSION=4.25.0-alpha.1768447496+f47bc2d6f199
