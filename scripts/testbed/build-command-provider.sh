@@ -9,6 +9,9 @@ VENV="$TB_HOME/venv-command"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check "pulumi==${PULUMI_VERSION#v}"
+# the Kubernetes provider's Python SDK for real Python programs (issue 36): the newest release not newer
+# than the bed's provider build (4.25.0-alpha), so Pulumi does not warn of an older plugin on PATH
+"$VENV/bin/pip" install -q --disable-pip-version-check "pulumi-kubernetes==${PULUMI_KUBERNETES_PYTHON_VERSION}" "pulumi==${PULUMI_VERSION#v}"
 mkdir -p "$TB_HOME/lib"
 cp "$HERE/command-provider/pulumi_resource_command.py" "$TB_HOME/lib/"
 cat > "$TB_BIN/pulumi-resource-command" <<WRAP

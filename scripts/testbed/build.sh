@@ -202,8 +202,9 @@ step k8s build_k8s
 step pulumi build_pulumi
 step pulumi-yaml build_pulumi_yaml
 step pulumi-nodejs build_pulumi_nodejs
-# The command provider is our own file: its hash is part of the stamp so an edit reinstalls it.
-step pulumi-command build_pulumi_command "$(sha256sum "$HERE/command-provider/pulumi_resource_command.py" | cut -c1-12)"
+# The command provider is our own file: its hash (and its install script's: the venv also holds the
+# Kubernetes provider's Python SDK) is part of the stamp so an edit reinstalls it.
+step pulumi-command build_pulumi_command "$(cat "$HERE/command-provider/pulumi_resource_command.py" "$HERE/build-command-provider.sh" | sha256sum | cut -c1-12)"
 # suffix: the stamp of a bed built before the dynamic-provider launcher was added
 step pulumi-python build_pulumi_python dynamic
 step helm build_helm "$HELM_VERSION"

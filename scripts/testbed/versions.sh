@@ -14,3 +14,4 @@ COREDNS_VERSION=v1.14.7     # CoreDNS on the node (Service names in pods); not p
 # releases); not part of the cache stamp: built as its own step. The plugin reports PULUMI_KUBERNETES_VERSION.
 PULUMI_KUBERNETES_MODULE_VERSION=v4.0.0-20260115033456-f47bc2d6f199
 PULUMI_KUBERNETES_VERSION=4.25.0-alpha.1768447496+f47bc2d6f199
+PULUMI_KUBERNETES_PYTHON_VERSION=4.24.0 # the PyPI pulumi-kubernetes SDK in the bed's virtualenv (not newer than the provider above)

@@ -5,6 +5,8 @@
 //! own API server, the Stack's outputs name them, a config change reaches the ConfigMap, a change made
 //! with `kubectl` behind Pulumi's back is reported by a scheduled drift check naming the ConfigMap's
 //! URN and put back by `autoRemediate`, and deleting the Stack with `destroyOnFinalize` deletes them.
+//! The same three objects from a Python program (`pulumi_kubernetes` from PyPI, in the bed's virtualenv)
+//! in a local workspace directory.
 
 mod common;
 
@@ -22,23 +24,23 @@ use serde_json::json;
 fn program() -> serde_json::Value {
     let skip_await = json!({"pulumi.com/skipAwait": "true"});
     json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "app"},
-        "program": {
-            "configuration": {"ns": {"type": "String"}, "greeting": {"type": "String"}},
-            "resources": {
-                "config": {"type": "kubernetes:core/v1:ConfigMap",
-                           "properties": {"metadata": {"name": "app-config", "namespace": "${ns}"}, "data": {"greeting": "${greeting}"}}},
-                "app": {"type": "kubernetes:apps/v1:Deployment",
-                        "properties": {"metadata": {"name": "app", "namespace": "${ns}", "annotations": skip_await},
-                                       "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "app"}},
-                                                "template": {"metadata": {"labels": {"app": "app"}},
-                                                             "spec": {"containers": [{"name": "app", "image": "pko.local/app:1",
-                                                                                      "envFrom": [{"configMapRef": {"name": "${config.metadata.name}"}}]}]}}}}},
-                "web": {"type": "kubernetes:core/v1:Service",
-                        "properties": {"metadata": {"name": "web", "namespace": "${ns}", "annotations": skip_await},
-                                       "spec": {"selector": {"app": "app"}, "ports": [{"port": 80, "targetPort": 8080}]}}}
-            },
-            "outputs": {"configMap": "${config.metadata.name}", "deployment": "${app.metadata.name}", "clusterIP": "${web.spec.clusterIP}"}
-        }})
+    "program": {
+        "configuration": {"ns": {"type": "String"}, "greeting": {"type": "String"}},
+        "resources": {
+            "config": {"type": "kubernetes:core/v1:ConfigMap",
+                       "properties": {"metadata": {"name": "app-config", "namespace": "${ns}"}, "data": {"greeting": "${greeting}"}}},
+            "app": {"type": "kubernetes:apps/v1:Deployment",
+                    "properties": {"metadata": {"name": "app", "namespace": "${ns}", "annotations": skip_await},
+                                   "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "app"}},
+                                            "template": {"metadata": {"labels": {"app": "app"}},
+                                                         "spec": {"containers": [{"name": "app", "image": "pko.local/app:1",
+                                                                                  "envFrom": [{"configMapRef": {"name": "${config.metadata.name}"}}]}]}}}}},
+            "web": {"type": "kubernetes:core/v1:Service",
+                    "properties": {"metadata": {"name": "web", "namespace": "${ns}", "annotations": skip_await},
+                                   "spec": {"selector": {"app": "app"}, "ports": [{"port": 80, "targetPort": 8080}]}}}
+        },
+        "outputs": {"configMap": "${config.metadata.name}", "deployment": "${app.metadata.name}", "clusterIP": "${web.spec.clusterIP}"}
+    }})
 }
 
 fn drift(s: &Stack) -> Option<(String, String, String)> {
@@ -109,5 +111,72 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     assert!(config_maps.get_opt("app-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
     assert!(ns.api::<Deployment>().get_opt("app").await.unwrap().is_none(), "the Deployment was destroyed");
     assert!(ns.api::<Service>().get_opt("web").await.unwrap().is_none(), "the Service was destroyed");
+    drop(op);
+}
+
+/// The Python program: the same ConfigMap, Deployment and Service with `pulumi_kubernetes`.
+const PYTHON_PROGRAM: &str = r#"import pulumi
+import pulumi_kubernetes as k8s
+
+cfg = pulumi.Config()
+ns = cfg.require("ns")
+skip_await = {"pulumi.com/skipAwait": "true"}
+config = k8s.core.v1.ConfigMap("config", metadata={"name": "py-config", "namespace": ns}, data={"greeting": cfg.require("greeting")})
+app = k8s.apps.v1.Deployment(
+    "app",
+    metadata={"name": "py-app", "namespace": ns, "annotations": skip_await},
+    spec={
+        "replicas": 0,
+        "selector": {"match_labels": {"app": "py-app"}},
+        "template": {
+            "metadata": {"labels": {"app": "py-app"}},
+            "spec": {"containers": [{"name": "app", "image": "pko.local/app:1", "env_from": [{"config_map_ref": {"name": config.metadata.name}}]}]},
+        },
+    },
+)
+web = k8s.core.v1.Service(
+    "web",
+    metadata={"name": "py-web", "namespace": ns, "annotations": skip_await},
+    spec={"selector": {"app": "py-app"}, "ports": [{"port": 80, "target_port": 8080}]},
+)
+pulumi.export("configMap", config.metadata.name)
+pulumi.export("deployment", app.metadata.name)
+pulumi.export("clusterIP", web.spec.cluster_ip)
+"#;
+
+#[tokio::test]
+async fn a_python_program_of_kubernetes_resources_deploys_and_is_destroyed_with_the_real_provider() {
+    let (client, ns, env) = setup("k8s-provider-py").await;
+    let dir = env.dir().join("pyapp");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), "name: pyapp\nruntime: python\n").unwrap();
+    std::fs::write(dir.join("__main__.py"), PYTHON_PROGRAM).unwrap();
+    passphrase_secret(&ns).await;
+    let op = InProcessOperator::start(&client, &env, ns.name()).await;
+    let stacks = ns.api::<Stack>();
+    let mut env_refs = passphrase_env_refs();
+    env_refs["KUBECONFIG"] = json!({"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}});
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "pyapp"},
+               "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs,
+                        "config": {"ns": ns.name(), "greeting": "hallo"},
+                        "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
+    )
+    .await;
+    eventually("the Stack is Ready", 240, || async { ready(&stacks.get("pyapp").await.unwrap()) }).await;
+    let config_maps = ns.api::<ConfigMap>();
+    let data = config_maps.get("py-config").await.unwrap().data.unwrap();
+    assert_eq!(data.get("greeting").map(String::as_str), Some("hallo"));
+    let cluster_ip = ns.api::<Service>().get("py-web").await.unwrap().spec.and_then(|s| s.cluster_ip).unwrap();
+    assert_eq!(ns.api::<Deployment>().get("py-app").await.unwrap().spec.and_then(|s| s.replicas), Some(0));
+    let outputs = stacks.get("pyapp").await.unwrap().status.unwrap().outputs.unwrap();
+    assert_eq!((&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]), (&json!("py-config"), &json!("py-app"), &json!(cluster_ip)));
+
+    stacks.delete("pyapp", &DeleteParams::background()).await.unwrap();
+    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt("pyapp").await.unwrap().is_none() }).await;
+    assert!(config_maps.get_opt("py-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
+    assert!(ns.api::<Deployment>().get_opt("py-app").await.unwrap().is_none(), "the Deployment was destroyed");
+    assert!(ns.api::<Service>().get_opt("py-web").await.unwrap().is_none(), "the Service was destroyed");
     drop(op);
 }
