@@ -7,6 +7,7 @@
 //!   outside the timing);
 //! - the peak resident memory seen of the `pulumi` CLI and of the provider plugin over all runs
 //!   (sampled every 50 ms from `/proc`).
+//!
 //! Real provider, real API server; no hollow agent.
 
 #[path = "../crates/pko-agent/tests/common/mod.rs"]

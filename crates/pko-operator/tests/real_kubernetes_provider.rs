@@ -51,6 +51,25 @@ async fn greeting(config_maps: &kube::Api<ConfigMap>) -> Option<String> {
     config_maps.get_opt("app-config").await.unwrap().and_then(|c| c.data).and_then(|d| d.get("greeting").cloned())
 }
 
+/// The passphrase and the provider's cluster — the bed's API server (in a pod: the workspace's service
+/// account) — as a Stack's `envRefs`.
+fn env_refs() -> serde_json::Value {
+    let mut refs = passphrase_env_refs();
+    refs["KUBECONFIG"] = json!({"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}});
+    refs
+}
+
+/// Deletes Stack `name` (`destroyOnFinalize`) and checks that the ConfigMap, Deployment and Service
+/// of its program are gone from the bed's API server.
+async fn delete_and_check_destroyed(ns: &pko_testbed::TestNamespace, name: &str, objects: [&str; 3]) {
+    let stacks = ns.api::<Stack>();
+    stacks.delete(name, &DeleteParams::background()).await.unwrap();
+    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt(name).await.unwrap().is_none() }).await;
+    assert!(ns.api::<ConfigMap>().get_opt(objects[0]).await.unwrap().is_none(), "the ConfigMap was destroyed");
+    assert!(ns.api::<Deployment>().get_opt(objects[1]).await.unwrap().is_none(), "the Deployment was destroyed");
+    assert!(ns.api::<Service>().get_opt(objects[2]).await.unwrap().is_none(), "the Service was destroyed");
+}
+
 #[tokio::test]
 async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_destroyed_with_the_real_provider() {
     let (client, ns, env) = setup("k8s-provider").await;
@@ -58,14 +77,11 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     create(&ns.api::<Program>(), program()).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
-    let mut env_refs = passphrase_env_refs();
-    // the provider's cluster: the bed's API server (in a pod, the workspace's service account)
-    env_refs["KUBECONFIG"] = json!({"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}});
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
                "spec": {"stack": "dev", "programRef": {"name": "app"}, "backend": env.backend_url(), "destroyOnFinalize": true,
-                        "envRefs": env_refs, "config": {"ns": ns.name(), "greeting": "hello"}}}),
+                        "envRefs": env_refs(), "config": {"ns": ns.name(), "greeting": "hello"}}}),
     )
     .await;
     eventually("the Stack is Ready", 240, || async { ready(&stacks.get("app").await.unwrap()) }).await;
@@ -106,11 +122,7 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     .await;
 
     // destroyOnFinalize: the provider deletes what it created
-    stacks.delete("app", &DeleteParams::background()).await.unwrap();
-    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt("app").await.unwrap().is_none() }).await;
-    assert!(config_maps.get_opt("app-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
-    assert!(ns.api::<Deployment>().get_opt("app").await.unwrap().is_none(), "the Deployment was destroyed");
-    assert!(ns.api::<Service>().get_opt("web").await.unwrap().is_none(), "the Service was destroyed");
+    delete_and_check_destroyed(&ns, "app", ["app-config", "app", "web"]).await;
     drop(op);
 }
 
@@ -154,12 +166,10 @@ async fn a_python_program_of_kubernetes_resources_deploys_and_is_destroyed_with_
     passphrase_secret(&ns).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
-    let mut env_refs = passphrase_env_refs();
-    env_refs["KUBECONFIG"] = json!({"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}});
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "pyapp"},
-               "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs,
+               "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs(),
                         "config": {"ns": ns.name(), "greeting": "hallo"},
                         "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
     )
@@ -173,10 +183,6 @@ async fn a_python_program_of_kubernetes_resources_deploys_and_is_destroyed_with_
     let outputs = stacks.get("pyapp").await.unwrap().status.unwrap().outputs.unwrap();
     assert_eq!((&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]), (&json!("py-config"), &json!("py-app"), &json!(cluster_ip)));
 
-    stacks.delete("pyapp", &DeleteParams::background()).await.unwrap();
-    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt("pyapp").await.unwrap().is_none() }).await;
-    assert!(config_maps.get_opt("py-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
-    assert!(ns.api::<Deployment>().get_opt("py-app").await.unwrap().is_none(), "the Deployment was destroyed");
-    assert!(ns.api::<Service>().get_opt("py-web").await.unwrap().is_none(), "the Service was destroyed");
+    delete_and_check_destroyed(&ns, "pyapp", ["py-config", "py-app", "py-web"]).await;
     drop(op);
 }
