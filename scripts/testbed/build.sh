@@ -172,6 +172,23 @@ build_pulumi_kubernetes() {
     -o "$TB_BIN/" .
 }
 
+build_pulumi_go() {
+  # The Go language host, like the nodejs and python hosts, from the last sdk release that holds it inside
+  # the tagged sdk module (v3.66; later releases moved it to an untagged module the proxy does not serve).
+  # Go programs build with the bed's own Go toolchain. The step also builds the tests' Go program
+  # (programs/go-kubernetes: pulumi sdk/v3, pulumi-kubernetes sdk/v4) once, so that the Go module and
+  # build caches hold what its `go build` needs and a test's build reads only the caches.
+  local W="$TB_SRC/pulumi-go-$PULUMI_GO_HOST_SDK" P="$TB_SRC/go-kubernetes"
+  rm -rf "$W"; mkdir -p "$W"; cd "$W"
+  go mod init pko.testbed/pulumi-go >/dev/null 2>&1
+  go get "github.com/pulumi/pulumi/sdk/v3@$PULUMI_GO_HOST_SDK"
+  go build -mod=mod -trimpath -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_GO_HOST_SDK" \
+    -o "$TB_BIN/" github.com/pulumi/pulumi/sdk/v3/go/pulumi-language-go
+  rm -rf "$P"; cp -r "$HERE/programs/go-kubernetes" "$P"; cd "$P"
+  go mod download
+  env -u CGO_ENABLED go build -o /dev/null .   # the cgo setting a program build gets by default
+}
+
 build_pulumi_command() {
   "$HERE/build-command-provider.sh"
 }
@@ -215,4 +232,7 @@ step pause build_pause "$(sha256sum "$HERE/node/pause.c" | cut -c1-12)"
 step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLER_VERSION"
 # the real Kubernetes provider (cold: 17 min on two shared cores, of which 2 min generate.go)
 step pulumi-kubernetes build_pulumi_kubernetes "$PULUMI_KUBERNETES_MODULE_VERSION"
+# the Go language host and the Go SDKs of the tests' Go programs (cold: module downloads and the
+# kubernetes SDK's core and apps packages)
+step pulumi-go build_pulumi_go "$PULUMI_GO_HOST_SDK-$(cat "$HERE"/programs/go-kubernetes/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"

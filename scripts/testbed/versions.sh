@@ -5,6 +5,7 @@ PULUMI_VERSION=v3.259.0      # pulumi CLI + nodejs/python language hosts
 PULUMI_YAML_VERSION=v1.38.1  # pulumi-language-yaml
 PULUMI_COMMAND_VERSION=v1.2.1 # pulumi-resource-command
 PULUMI_NODEJS_HOST_SDK=v3.68.0 # pulumi-language-nodejs: last SDK release that holds the host inside the sdk module
+PULUMI_GO_HOST_SDK=v3.66.0  # pulumi-language-go: last SDK release that holds the Go host inside the sdk module; not part of the cache stamp
 HELM_VERSION=v3.21.4         # helm (chart lint/template/install tests); not part of the cache stamp: built as its own step
 FLUX_SOURCE_CONTROLLER_VERSION=v1.8.0 # Flux source-controller (Flux source tests); not part of the cache stamp. The module proxy
                                       # refuses several newer tags ("This module version is not available") and their deps

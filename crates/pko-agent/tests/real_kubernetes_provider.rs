@@ -5,7 +5,9 @@
 //! provider. `pulumi install` installs the plugin the SDK names (`kubernetes` v4.24.1) as PKO's
 //! workspaces do; without the internet it downloads it from a loopback plugin server (Pulumi's
 //! `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES`) that serves the bed's build under that name — the operation
-//! itself runs the bed's build on `PATH` (an ambient plugin), whichever is installed.
+//! itself runs the bed's build on `PATH` (an ambient plugin), whichever is installed. The same three
+//! objects from a Go program (the Go language host and the Go SDKs from the Go module proxy), built
+//! offline from the bed's Go caches.
 
 mod common;
 
@@ -39,70 +41,98 @@ export const deployment = app.metadata.name;
 export const clusterIP = web.spec.clusterIP;
 "#;
 
-/// The bed's `pulumi-resource-kubernetes` as a plugin archive named for `version`, as Pulumi's download
-/// URLs name them (`pulumi-resource-kubernetes-v<version>-linux-amd64.tar.gz`).
-fn provider_archive(env: &pko_testbed::PulumiEnv, version: &str) -> (String, Vec<u8>) {
-    let path_var = env.vars().into_iter().find(|(k, _)| k == "PATH").unwrap().1;
-    let binary = std::env::split_paths(&path_var).map(|d| d.join("pulumi-resource-kubernetes")).find(|p| p.is_file()).expect("the bed's pulumi-resource-kubernetes");
-    let body = std::fs::read(binary).unwrap();
-    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
-    let mut header = tar::Header::new_gnu();
-    header.set_size(body.len() as u64);
-    header.set_mode(0o755);
-    header.set_cksum();
-    tar.append_data(&mut header, "pulumi-resource-kubernetes", body.as_slice()).unwrap();
-    (format!("/plugins/pulumi-resource-kubernetes-v{version}-linux-amd64.tar.gz"), tar.into_inner().unwrap().finish().unwrap())
+/// A program of the ConfigMap (greeting of config `greeting`), Deployment and Service named
+/// `<prefix>-config`, `<prefix>-app`, `<prefix>-web`, as the agent receives it: a Flux-style artifact.
+struct Program<'a> {
+    /// Names the objects and the operations.
+    prefix: &'a str,
+    files: &'a [(&'a str, &'a [u8])],
+    /// The plugin version its SDK names (`pulumi install` installs it).
+    plugin_version: &'a str,
+    /// The agent's environment besides the bed's (language caches, offline switches).
+    agent_env: Vec<(&'a str, String)>,
+}
+
+/// Installs and deploys `p` with the agent into a fresh namespace of the bed's API server, deploys a
+/// changed greeting, destroys it, and checks each step on the objects. Returns the first and the warm
+/// operation's time.
+async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::time::Duration) {
+    let env = pulumi_env();
+    let bed = testbed();
+    let ns = format!("agent-k8s-{}-{}", p.prefix, rand_suffix());
+    let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let tar = tarball(p.files);
+    let server = pko_testbed::plugins::PluginServer::kubernetes(&[p.plugin_version], HashMap::from([("/app.tar.gz".to_string(), tar.clone())])).await;
+    let kubeconfig = bed.kubeconfig().display().to_string();
+    let overrides = server.overrides();
+    let mut agent_env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
+    agent_env.extend(p.agent_env.iter().map(|(k, v)| (*k, v.as_str())));
+    let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
+    let mut c = agent.client().await;
+    let mut req = request(&env, &format!("{}-k8s-up", p.prefix), env.dir(), "dev", OperationType::Up);
+    req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
+    req.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!("hej"), false)];
+    let t = std::time::Instant::now();
+    let events = run(&mut c, req.clone()).await;
+    let first = t.elapsed();
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    let (cm, app, web) = (format!("{}-config", p.prefix), format!("{}-app", p.prefix), format!("{}-web", p.prefix));
+    let out = outputs(&r);
+    assert_eq!((out["configMap"].0.clone(), out["deployment"].0.clone()), (serde_json::json!(cm), serde_json::json!(app)));
+    let greeting = || bed.kubectl().args(["-n", &ns, "get", "configmap", &cm, "-o", "jsonpath={.data.greeting}"]).output().unwrap().stdout;
+    assert_eq!(String::from_utf8_lossy(&greeting()), "hej", "the ConfigMap is in the bed's API server");
+    let ip = bed.kubectl().args(["-n", &ns, "get", "service", &web, "-o", "jsonpath={.spec.clusterIP}"]).output().unwrap();
+    assert_eq!(out["clusterIP"].0, serde_json::json!(String::from_utf8_lossy(&ip.stdout)));
+
+    // warm: the installed revision is reused
+    req.operation_id = format!("{}-k8s-up-2", p.prefix);
+    req.config[1] = config("greeting", serde_json::json!("hej igen"), false);
+    let t = std::time::Instant::now();
+    let r = result(&run(&mut c, req.clone()).await);
+    let warm = t.elapsed();
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    assert_eq!(String::from_utf8_lossy(&greeting()), "hej igen");
+
+    req.operation_id = format!("{}-k8s-destroy", p.prefix);
+    req.r#type = OperationType::Destroy as i32;
+    let r = result(&run(&mut c, req).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    for kind in [format!("configmap/{cm}"), format!("deployment/{app}"), format!("service/{web}")] {
+        let got = bed.kubectl().args(["-n", &ns, "get", &kind, "--ignore-not-found", "-o", "name"]).output().unwrap();
+        assert!(got.stdout.is_empty(), "{kind} destroyed: {}", String::from_utf8_lossy(&got.stdout));
+    }
+    let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
+    (first, warm)
 }
 
 #[tokio::test]
 async fn a_typescript_program_of_kubernetes_resources_installs_deploys_and_destroys_with_the_real_provider() {
-    let env = pulumi_env();
-    let bed = testbed();
-    let ns = format!("agent-k8s-ts-{}", rand_suffix());
-    let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     // @pulumi/kubernetes 4.24.1: the newest npm release not newer than the bed's provider build
     let package = r#"{"name": "tsk8s", "main": "index.ts", "dependencies": {"@pulumi/pulumi": "3.259.0", "@pulumi/kubernetes": "4.24.1"}, "devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"}}"#;
     let files: [(&str, &[u8]); 3] = [("Pulumi.yaml", b"name: tsk8s\nruntime: nodejs\n"), ("package.json", package.as_bytes()), ("index.ts", INDEX_TS.as_bytes())];
-    let tar = tarball(&files);
-    let server = serve_files(HashMap::from([("/app.tar.gz".to_string(), tar.clone()), provider_archive(&env, "4.24.1")])).await;
-    let overrides = format!("^github://api.github.com/pulumi={}/plugins", server.base);
     let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
-    let kubeconfig = bed.kubeconfig().display().to_string();
-    let agent = Agent::start(&env, &["--auth", "none"], &[("npm_config_cache", &npm_cache), ("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)]);
-    let mut c = agent.client().await;
-    let mut req = request(&env, "ts-k8s-up", env.dir(), "dev", OperationType::Up);
-    req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.base), digest: sha256(&tar), dir: String::new() })) });
-    req.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!("hej"), false)];
-    let t = std::time::Instant::now();
-    let events = run(&mut c, req.clone()).await;
-    let r = result(&events);
-    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
-    eprintln!("first up of the TypeScript program (npm install included): {:?}", t.elapsed());
-    let out = outputs(&r);
-    assert_eq!((out["configMap"].0.clone(), out["deployment"].0.clone()), (serde_json::json!("ts-config"), serde_json::json!("ts-app")));
-    let got = bed.kubectl().args(["-n", &ns, "get", "configmap", "ts-config", "-o", "jsonpath={.data.greeting}"]).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&got.stdout), "hej", "the ConfigMap is in the bed's API server");
-    let ip = bed.kubectl().args(["-n", &ns, "get", "service", "ts-web", "-o", "jsonpath={.spec.clusterIP}"]).output().unwrap();
-    assert_eq!(out["clusterIP"].0, serde_json::json!(String::from_utf8_lossy(&ip.stdout)));
+    let (first, warm) = deploy_change_destroy(Program { prefix: "ts", files: &files, plugin_version: "4.24.1", agent_env: vec![("npm_config_cache", npm_cache)] }).await;
+    eprintln!("TypeScript program: first up (npm install included) {first:?}, warm up {warm:?}");
+}
 
-    // warm: the installed revision is reused
-    req.operation_id = "ts-k8s-up-2".into();
-    req.config[1] = config("greeting", serde_json::json!("hej igen"), false);
-    let t = std::time::Instant::now();
-    let r = result(&run(&mut c, req.clone()).await);
-    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
-    eprintln!("warm up of the TypeScript program: {:?}", t.elapsed());
-    let got = bed.kubectl().args(["-n", &ns, "get", "configmap", "ts-config", "-o", "jsonpath={.data.greeting}"]).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&got.stdout), "hej igen");
-
-    req.operation_id = "ts-k8s-destroy".into();
-    req.r#type = OperationType::Destroy as i32;
-    let r = result(&run(&mut c, req).await);
-    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
-    for kind in ["configmap/ts-config", "deployment/ts-app", "service/ts-web"] {
-        let got = bed.kubectl().args(["-n", &ns, "get", kind, "--ignore-not-found", "-o", "name"]).output().unwrap();
-        assert!(got.stdout.is_empty(), "{kind} destroyed: {}", String::from_utf8_lossy(&got.stdout));
-    }
-    let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
+/// The Go program of the bed (`scripts/testbed/programs/go-kubernetes`: `pulumi-kubernetes` sdk/v4
+/// v4.24.0 from the Go module proxy), built by the Go language host with the bed's Go toolchain. The
+/// module proxy is switched off (`GOPROXY=off`): `go mod download` and `go build` read only the Go
+/// caches the bed filled, which the agent's isolated operations (a `HOME` of their own) are pointed at
+/// with `GOMODCACHE` and `GOCACHE`, as the TypeScript test points npm at its cache.
+#[tokio::test]
+async fn a_go_program_of_kubernetes_resources_builds_offline_deploys_and_destroys_with_the_real_provider() {
+    let files: [(&str, &[u8]); 4] = [
+        ("Pulumi.yaml", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/Pulumi.yaml")),
+        ("go.mod", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/go.mod")),
+        ("go.sum", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/go.sum")),
+        ("main.go", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/main.go")),
+    ];
+    let go_env = std::process::Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().expect("go env");
+    let go_env = String::from_utf8_lossy(&go_env.stdout).lines().map(str::to_string).collect::<Vec<_>>();
+    let agent_env = vec![("GOPROXY", "off".to_string()), ("GOMODCACHE", go_env[0].clone()), ("GOCACHE", go_env[1].clone())];
+    let (first, warm) = deploy_change_destroy(Program { prefix: "go", files: &files, plugin_version: "4.24.0", agent_env }).await;
+    eprintln!("Go program: first up (go mod download and go build included) {first:?}, warm up {warm:?}");
 }

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod git;
+pub mod plugins;
 pub mod probe;
 pub mod ssh;
 

@@ -211,44 +211,8 @@ pub fn outputs(r: &OperationResult) -> HashMap<String, (serde_json::Value, bool)
     r.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap(), v.secret))).collect()
 }
 
-/// Serves `files` (path -> body) over HTTP on 127.0.0.1 until dropped; returns the base URL.
-pub struct HttpServer {
-    pub base: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-pub async fn serve_files(files: HashMap<String, Vec<u8>>) -> HttpServer {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
-            let files = files.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                let n = sock.read(&mut buf).await.unwrap_or(0);
-                let req = String::from_utf8_lossy(&buf[..n]);
-                let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let (status, body) = match files.get(&path) {
-                    Some(b) => ("200 OK", b.clone()),
-                    None => ("404 Not Found", b"not found".to_vec()),
-                };
-                let head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n", body.len());
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(&body).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    HttpServer { base, task }
-}
+#[allow(unused_imports)] // not every test binary serves files
+pub use pko_testbed::plugins::{HttpServer, serve_files};
 
 /// A gzipped tarball of `files` (names written raw, so unsafe names can be tested).
 pub fn tarball(files: &[(&str, &[u8])]) -> Vec<u8> {
