@@ -207,6 +207,20 @@ pub struct Node {
     pub ip: String,
 }
 
+impl Node {
+    /// Gives the image `source` already in the node's containerd (e.g. `localhost/pause:local`, the
+    /// sandbox image the bed builds) a second name `target` (e.g. `docker.io/library/nginx:1.27-alpine`),
+    /// so that pods of an unchanged manifest naming `target` start without a registry. The containers
+    /// then run `source`'s program.
+    ///
+    /// Panics when `ctr` fails (test support).
+    pub fn tag_image(&self, source: &str, target: &str) {
+        let sock = testbed().var("PKO_TESTBED_CONTAINERD").to_string();
+        let out = Command::new("ctr").args(["-a", &sock, "-n", "k8s.io", "images", "tag", "--force", source, target]).output().expect("run ctr");
+        assert!(out.status.success(), "ctr images tag {source} {target}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// Polls `check` every 250 ms until it returns true; panics with `what` after `secs` seconds.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut check: F)
 where
