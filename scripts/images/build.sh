@@ -118,13 +118,16 @@ for name in "${IMAGES[@]}"; do
       ;;
     pko-workspace)
       # the role of pulumi/pulumi:latest-nonroot in PKO: the CLI, language hosts, runtimes, a provider
-      for b in pulumi pulumi-language-yaml pulumi-language-nodejs; do
+      for b in pulumi pulumi-language-yaml pulumi-language-nodejs pulumi-resource-kubernetes; do
         [ -x "$TB_BIN/$b" ] || { echo "missing $TB_BIN/$b: make testbed builds it" >&2; exit 1; }
       done
       B="$(base workspace ca-certificates git openssh-client tini nodejs npm python3 python3-venv)"; etc_of "$B"
       passwd 1000 pulumi /home/pulumi
       P="$STAGE/opt/pulumi"; mkdir -p "$P/bin" "$P/lib"
       install -m 0755 "$TB_BIN/pulumi" "$TB_BIN/pulumi-language-yaml" "$TB_BIN/pulumi-language-nodejs" "$P/bin/"
+      # the real Kubernetes provider, an ambient plugin on PATH (PKO's image downloads it on first use;
+      # the bed is offline); the virtualenv below holds its Python SDK
+      install -m 0755 "$TB_BIN/pulumi-resource-kubernetes" "$P/bin/"
       install -m 0755 "$TB_HOME/lib/python-host/pulumi-language-python" "$TB_HOME/lib/python-host/pulumi-language-python-exec" "$P/bin/"
       # the Python SDK (the CLI's version) in a virtualenv first on PATH: the python host, the command
       # provider and dynamic providers run from it (the Dockerfile: pip install pulumi==<version>)
