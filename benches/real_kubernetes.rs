@@ -1,52 +1,210 @@
-//! A real program with the real Kubernetes provider (`pulumi-resource-kubernetes` built in the bed), the
-//! agent against a bare `pulumi up` of the same program side by side (`cargo bench -p pko-agent --bench
-//! real_kubernetes`). A Pulumi YAML program of one ConfigMap in a fresh namespace of the bed's API
-//! server, its data set from config that changes every run (so each `up` replaces it). Prints:
-//! - the first `Run(up)` of a fresh agent (the provider plugin started cold) and the median of the next
-//!   [`RUNS`], interleaved with as many bare `pulumi up`s of the same program (config set beforehand,
-//!   outside the timing);
-//! - the peak resident memory seen of the `pulumi` CLI and of the provider plugin over all runs
-//!   (sampled every 50 ms from `/proc`).
+//! Real programs with the real Kubernetes provider (`pulumi-resource-kubernetes` built in the bed), in
+//! each language a PKO user writes (`scripts/testbed/programs/<language>-kubernetes`: a ConfigMap, a
+//! Deployment reading it and a Service, in a fresh namespace of the bed's API server, the ConfigMap's
+//! data from config that changes every run), the agent against a bare `pulumi up` of the same program
+//! side by side (`cargo bench -p pko-agent --bench real_kubernetes`; `LANGUAGES=go,yaml` for a subset).
+//! Per language it prints:
+//! - the first `Run(up)` of a fresh agent, from a Flux-style artifact: `pulumi install` included (npm
+//!   install, `go mod download`; provider plugin cold);
+//! - the median of the next [`RUNS`] `Run(up)`s (the installed revision reused) of that agent, each
+//!   operation in its own directories (the agent's default, a pool's: the source copied per
+//!   operation), and of an agent with `--isolate-operations=false` (a Workspace's own agent, PKO's pod:
+//!   operations in the cached source), interleaved with as many bare `pulumi up`s of a copy of the
+//!   program whose `pulumi install` ran beforehand (timed on its own);
+//! - the peak resident memory of the agent's process tree during its operations (agent, `pulumi`,
+//!   language host and program, provider plugin: what a workspace pod holds) and of the bare `pulumi`'s
+//!   tree, sampled every 50 ms from `/proc`.
 //!
-//! Real provider, real API server; no hollow agent.
+//! Offline: npm from its cache, Go with the module proxy switched off (the bed's Go caches), Python from
+//! the bed's virtualenv, the plugin versions the SDKs name from a loopback plugin server. Real provider,
+//! real API server; no hollow agent.
 
 #[path = "../crates/pko-agent/tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pko_proto::v1::{OperationType, ResultStatus};
+use pko_proto::v1::{ArtifactSource, OperationType, ResultStatus, Source, source};
 
-const PROGRAM: &str = "config:\n  ns: {type: string}\n  greeting: {type: string}\nresources:\n  cm:\n    type: kubernetes:core/v1:ConfigMap\n    properties:\n      metadata:\n        name: cm-${pulumi.stack}\n        namespace: ${ns}\n      data:\n        greeting: ${greeting}\noutputs:\n  name: ${cm.metadata.name}\n";
-const RUNS: usize = 10;
+const RUNS: usize = 5;
+
+/// A program of `scripts/testbed/programs/<dir>`, the plugin version its SDK names, and the environment
+/// its language needs offline.
+struct Language {
+    name: &'static str,
+    dir: &'static str,
+    files: &'static [&'static str],
+    plugin_version: &'static str,
+    env: Vec<(&'static str, String)>,
+}
+
+fn languages() -> Vec<Language> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let go_env = std::process::Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().expect("go env");
+    let go_env: Vec<String> = String::from_utf8_lossy(&go_env.stdout).lines().map(str::to_string).collect();
+    vec![
+        Language { name: "yaml", dir: "yaml-kubernetes", files: &["Pulumi.yaml"], plugin_version: "4.24.0", env: vec![] },
+        Language { name: "python", dir: "python-kubernetes", files: &["Pulumi.yaml", "__main__.py", "requirements.txt"], plugin_version: "4.24.0", env: vec![] },
+        Language {
+            name: "typescript",
+            dir: "typescript-kubernetes",
+            files: &["Pulumi.yaml", "package.json", "index.ts"],
+            plugin_version: "4.24.1",
+            env: vec![("npm_config_cache", format!("{home}/.npm"))],
+        },
+        Language {
+            name: "go",
+            dir: "go-kubernetes",
+            files: &["Pulumi.yaml", "go.mod", "go.sum", "main.go"],
+            plugin_version: "4.24.0",
+            env: vec![("GOPROXY", "off".into()), ("GOMODCACHE", go_env[0].clone()), ("GOCACHE", go_env[1].clone())],
+        },
+    ]
+}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-/// The largest `VmRSS` (KiB) seen per process name (`comm`, 15 characters) until `stop`.
-fn sample_peaks(stop: Arc<AtomicBool>, peaks: Arc<Mutex<HashMap<String, u64>>>) -> std::thread::JoinHandle<()> {
+/// Resident memory (KiB) of the process tree rooted at `root`, from `/proc`.
+fn tree_rss(root: u32) -> u64 {
+    let mut parent = HashMap::new();
+    let mut rss = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok());
+        parent.insert(pid, field("PPid:").unwrap_or(0) as u32);
+        rss.insert(pid, field("VmRSS:").unwrap_or(0));
+    }
+    let in_tree = |mut p: u32| loop {
+        if p == root {
+            return true;
+        }
+        match parent.get(&p) {
+            Some(&pp) if pp != 0 && pp != p => p = pp,
+            _ => return false,
+        }
+    };
+    rss.iter().filter(|(p, _)| in_tree(**p)).map(|(_, k)| k).sum()
+}
+
+/// Samples [`tree_rss`] of the pid in `root` (0: none) every 50 ms into `peak` until `stop`.
+fn sample(root: Arc<AtomicU32>, peak: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
-            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-                let name = status.lines().find_map(|l| l.strip_prefix("Name:")).map(|n| n.trim().to_string()).unwrap_or_default();
-                if name != "pulumi" && !name.starts_with("pulumi-resource") {
-                    continue;
-                }
-                let rss: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0);
-                let mut p = peaks.lock().unwrap();
-                let e = p.entry(name).or_default();
-                *e = (*e).max(rss);
+            let pid = root.load(Ordering::Relaxed);
+            if pid != 0 {
+                peak.fetch_max(tree_rss(pid), Ordering::Relaxed);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     })
+}
+
+/// What one language measured.
+struct Measured {
+    first: Duration,
+    agent: Duration,
+    shared: Duration,
+    bare: Duration,
+    bare_install: Duration,
+    agent_peak_kib: u64,
+    bare_peak_kib: u64,
+}
+
+async fn measure(lang: &Language) -> Measured {
+    let env = pulumi_env();
+    let bed = pko_testbed::testbed();
+    let kubeconfig = bed.kubeconfig().display().to_string();
+    let ns = format!("bench-k8s-{}-{}", lang.name, rand_suffix());
+    let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let src = pko_testbed::repo_root().join("scripts/testbed/programs").join(lang.dir);
+    let contents: Vec<(&str, Vec<u8>)> = lang.files.iter().map(|f| (*f, std::fs::read(src.join(f)).unwrap())).collect();
+    let files: Vec<(&str, &[u8])> = contents.iter().map(|(f, c)| (*f, c.as_slice())).collect();
+    let tar = tarball(&files);
+    let server = pko_testbed::plugins::PluginServer::kubernetes(&[lang.plugin_version], HashMap::from([("/app.tar.gz".to_string(), tar.clone())])).await;
+    let overrides = server.overrides();
+    let mut agent_env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
+    agent_env.extend(lang.env.iter().map(|(k, v)| (*k, v.as_str())));
+    let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
+    let mut c = agent.client().await;
+    // a Workspace's own agent (PKO's pod): operations in the cached source, the agent's HOME
+    let shared_agent = Agent::start(&env, &["--auth", "none", "--isolate-operations=false"], &agent_env);
+    let mut shared = shared_agent.client().await;
+    let (root, peak, stop) = (Arc::new(AtomicU32::new(agent.child.id())), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let sampler = sample(root.clone(), peak.clone(), stop.clone());
+    let up = |i: usize, stack: &str| {
+        let mut r = request(&env, &format!("{}-{stack}-up-{i}", lang.name), env.dir(), stack, OperationType::Up);
+        r.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
+        r.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!(format!("v{i}")), false)];
+        r
+    };
+    let t = Instant::now();
+    let first_result = result(&run(&mut c, up(0, "agent")).await);
+    let first = t.elapsed();
+    assert_eq!(first_result.status, ResultStatus::Succeeded as i32, "{}: {}", lang.name, first_result.message);
+    let r = result(&run(&mut shared, up(0, "shared")).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {}", lang.name, r.message);
+
+    let dir = env.dir().join(format!("bare-{}", lang.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (f, c) in &files {
+        std::fs::write(dir.join(f), c).unwrap();
+    }
+    let bare = |args: &[&str]| bare_pulumi(&env, &dir, &agent_env, args, None);
+    // a YAML program names no SDK: nothing to install (the agent skips it too, plugin acquisition off)
+    let t = Instant::now();
+    if lang.name != "yaml" {
+        bare(&["install"]);
+    }
+    let bare_install = t.elapsed();
+    bare(&["stack", "init", "bare", "--non-interactive"]);
+    bare(&["config", "set", "ns", &ns, "--stack", "bare"]);
+    let (mut agent_times, mut shared_times, mut bare_times, bare_peak) = (Vec::new(), Vec::new(), Vec::new(), Arc::new(AtomicU64::new(0)));
+    for i in 1..=RUNS {
+        root.store(agent.child.id(), Ordering::Relaxed);
+        let t = Instant::now();
+        let r = result(&run(&mut c, up(i, "agent")).await);
+        agent_times.push(t.elapsed());
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {}", lang.name, r.message);
+        root.store(0, Ordering::Relaxed);
+        let t = Instant::now();
+        let r = result(&run(&mut shared, up(i, "shared")).await);
+        shared_times.push(t.elapsed());
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {}", lang.name, r.message);
+        bare(&["config", "set", "greeting", &format!("v{i}"), "--stack", "bare"]);
+        let t = Instant::now();
+        bare_pulumi(&env, &dir, &agent_env, &["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"], Some(&bare_peak));
+        bare_times.push(t.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
+    Measured { first, agent: median(agent_times), shared: median(shared_times), bare: median(bare_times), bare_install, agent_peak_kib: peak.load(Ordering::Relaxed), bare_peak_kib: bare_peak.load(Ordering::Relaxed) }
+}
+
+/// Runs `pulumi args` in `dir` with the env's Pulumi settings and `vars`; with `peak`, samples its
+/// process tree's resident memory into it. Panics when it fails.
+fn bare_pulumi(env: &pko_testbed::PulumiEnv, dir: &Path, vars: &[(&str, &str)], args: &[&str], peak: Option<&Arc<AtomicU64>>) {
+    let mut cmd = env.pulumi(dir);
+    cmd.envs(vars.iter().copied()).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let (root, stop) = (Arc::new(AtomicU32::new(child.id())), Arc::new(AtomicBool::new(false)));
+    let sampler = peak.map(|p| sample(root, p.clone(), stop.clone()));
+    let out = child.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(s) = sampler {
+        let _ = s.join();
+    }
+    assert!(out.status.success(), "pulumi {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::main]
@@ -55,54 +213,24 @@ async fn main() {
         eprintln!("real_kubernetes: run with `cargo bench` (it times real Pulumi operations against the bed's API server)");
         return;
     }
-    let env = pulumi_env();
-    let bed = pko_testbed::testbed();
-    let kubeconfig = bed.kubeconfig().display().to_string();
-    let ns = format!("bench-k8s-{}", rand_suffix());
-    let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let dir = project(&env, "realk8s", PROGRAM);
-    let agent = Agent::start(&env, &["--auth", "none"], &[("KUBECONFIG", kubeconfig.as_str())]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut c = agent.client().await;
-    let (stop, peaks) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(HashMap::new())));
-    let sampler = sample_peaks(stop.clone(), peaks.clone());
-    let up = |i: usize| {
-        let mut r = request(&env, &format!("up-{i}"), &dir, "agent", OperationType::Up);
-        r.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!(format!("v{i}")), false)];
-        r
-    };
-    let t = Instant::now();
-    let first = result(&run(&mut c, up(0)).await);
-    let cold = t.elapsed();
-    assert_eq!(first.status, ResultStatus::Succeeded as i32, "{}", first.message);
-
-    let bare = |args: &[&str]| {
-        let out = env.pulumi(&dir).env("KUBECONFIG", &kubeconfig).args(args).output().unwrap();
-        assert!(out.status.success(), "pulumi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    bare(&["stack", "init", "bare", "--non-interactive"]);
-    bare(&["config", "set", "ns", &ns, "--stack", "bare"]);
-    let (mut agent_times, mut bare_times) = (Vec::new(), Vec::new());
-    for i in 1..=RUNS {
-        let t = Instant::now();
-        let r = result(&run(&mut c, up(i)).await);
-        agent_times.push(t.elapsed());
-        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
-        bare(&["config", "set", "greeting", &format!("v{i}"), "--stack", "bare"]);
-        let t = Instant::now();
-        bare(&["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"]);
-        bare_times.push(t.elapsed());
+    let only = std::env::var("LANGUAGES").ok();
+    println!("real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs each:");
+    println!("| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare pulumi tree |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for lang in languages().into_iter().filter(|l| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == l.name))) {
+        let m = measure(&lang).await;
+        println!(
+            "| {} | {:.2?} | {:.2?} | {:.2} | {:.2?} | {:.2} | {:.2?} | {:.2?} | {} MiB | {} MiB |",
+            lang.name,
+            m.first,
+            m.agent,
+            m.agent.as_secs_f64() / m.bare.as_secs_f64(),
+            m.shared,
+            m.shared.as_secs_f64() / m.bare.as_secs_f64(),
+            m.bare,
+            m.bare_install,
+            m.agent_peak_kib >> 10,
+            m.bare_peak_kib >> 10
+        );
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    let (a, b) = (median(agent_times), median(bare_times));
-    println!("real Kubernetes provider, one ConfigMap replaced per up, {RUNS} interleaved runs each:");
-    println!("  first Run(up) of a fresh agent (plugin cold): {cold:.2?}");
-    println!("  Run(up) median {a:.2?}, bare pulumi up median {b:.2?}, ratio {:.2}", a.as_secs_f64() / b.as_secs_f64());
-    let peaks = peaks.lock().unwrap();
-    for (name, kib) in peaks.iter() {
-        println!("  peak RSS {name}: {:.0} MiB", *kib as f64 / 1024.0);
-    }
-    let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
 }

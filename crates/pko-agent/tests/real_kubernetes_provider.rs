@@ -17,29 +17,6 @@ use common::*;
 use pko_proto::v1::{ArtifactSource, OperationType, ResultStatus, Source, source};
 use pko_testbed::testbed;
 
-const INDEX_TS: &str = r#"import * as pulumi from "@pulumi/pulumi";
-import * as k8s from "@pulumi/kubernetes";
-
-const config = new pulumi.Config();
-const ns = config.require("ns");
-const skipAwait = { "pulumi.com/skipAwait": "true" };
-const cm = new k8s.core.v1.ConfigMap("config", { metadata: { name: "ts-config", namespace: ns }, data: { greeting: config.require("greeting") } });
-const app = new k8s.apps.v1.Deployment("app", {
-    metadata: { name: "ts-app", namespace: ns, annotations: skipAwait },
-    spec: {
-        replicas: 0,
-        selector: { matchLabels: { app: "ts-app" } },
-        template: { metadata: { labels: { app: "ts-app" } }, spec: { containers: [{ name: "app", image: "pko.local/app:1", envFrom: [{ configMapRef: { name: cm.metadata.name } }] }] } },
-    },
-});
-const web = new k8s.core.v1.Service("web", {
-    metadata: { name: "ts-web", namespace: ns, annotations: skipAwait },
-    spec: { selector: { app: "ts-app" }, ports: [{ port: 80, targetPort: 8080 }] },
-});
-export const configMap = cm.metadata.name;
-export const deployment = app.metadata.name;
-export const clusterIP = web.spec.clusterIP;
-"#;
 
 /// A program of the ConfigMap (greeting of config `greeting`), Deployment and Service named
 /// `<prefix>-config`, `<prefix>-app`, `<prefix>-web`, as the agent receives it: a Flux-style artifact.
@@ -110,8 +87,11 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
 #[tokio::test]
 async fn a_typescript_program_of_kubernetes_resources_installs_deploys_and_destroys_with_the_real_provider() {
     // @pulumi/kubernetes 4.24.1: the newest npm release not newer than the bed's provider build
-    let package = r#"{"name": "tsk8s", "main": "index.ts", "dependencies": {"@pulumi/pulumi": "3.259.0", "@pulumi/kubernetes": "4.24.1"}, "devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"}}"#;
-    let files: [(&str, &[u8]); 3] = [("Pulumi.yaml", b"name: tsk8s\nruntime: nodejs\n"), ("package.json", package.as_bytes()), ("index.ts", INDEX_TS.as_bytes())];
+    let files: [(&str, &[u8]); 3] = [
+        ("Pulumi.yaml", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/Pulumi.yaml")),
+        ("package.json", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/package.json")),
+        ("index.ts", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/index.ts")),
+    ];
     let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
     let (first, warm) = deploy_change_destroy(Program { prefix: "ts", files: &files, plugin_version: "4.24.1", agent_env: vec![("npm_config_cache", npm_cache)] }).await;
     eprintln!("TypeScript program: first up (npm install included) {first:?}, warm up {warm:?}");

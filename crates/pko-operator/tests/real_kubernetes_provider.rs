@@ -148,35 +148,6 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     drop(op);
 }
 
-/// The Python program: the same ConfigMap, Deployment and Service with `pulumi_kubernetes`.
-const PYTHON_PROGRAM: &str = r#"import pulumi
-import pulumi_kubernetes as k8s
-
-cfg = pulumi.Config()
-ns = cfg.require("ns")
-skip_await = {"pulumi.com/skipAwait": "true"}
-config = k8s.core.v1.ConfigMap("config", metadata={"name": "py-config", "namespace": ns}, data={"greeting": cfg.require("greeting")})
-app = k8s.apps.v1.Deployment(
-    "app",
-    metadata={"name": "py-app", "namespace": ns, "annotations": skip_await},
-    spec={
-        "replicas": 0,
-        "selector": {"match_labels": {"app": "py-app"}},
-        "template": {
-            "metadata": {"labels": {"app": "py-app"}},
-            "spec": {"containers": [{"name": "app", "image": "pko.local/app:1", "env_from": [{"config_map_ref": {"name": config.metadata.name}}]}]},
-        },
-    },
-)
-web = k8s.core.v1.Service(
-    "web",
-    metadata={"name": "py-web", "namespace": ns, "annotations": skip_await},
-    spec={"selector": {"app": "py-app"}, "ports": [{"port": 80, "target_port": 8080}]},
-)
-pulumi.export("configMap", config.metadata.name)
-pulumi.export("deployment", app.metadata.name)
-pulumi.export("clusterIP", web.spec.cluster_ip)
-"#;
 
 /// Creates Stack `name` of `spec` (merged over the backend, `destroyOnFinalize`, [`env_refs`] and the
 /// config `ns`/`greeting`) on an in-process operator, waits for it to be Ready, checks the
@@ -213,10 +184,12 @@ async fn deploy_check_destroy(setup: (kube::Client, pko_testbed::TestNamespace, 
 #[tokio::test]
 async fn a_python_program_of_kubernetes_resources_deploys_and_is_destroyed_with_the_real_provider() {
     let setup = setup("k8s-provider-py").await;
+    // the bed's Python program (scripts/testbed/programs/python-kubernetes), its SDKs in the bed's virtualenv
     let dir = setup.2.dir().join("pyapp");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), "name: pyapp\nruntime: python\n").unwrap();
-    std::fs::write(dir.join("__main__.py"), PYTHON_PROGRAM).unwrap();
+    for f in ["Pulumi.yaml", "__main__.py", "requirements.txt"] {
+        std::fs::copy(pko_testbed::repo_root().join("scripts/testbed/programs/python-kubernetes").join(f), dir.join(f)).unwrap();
+    }
     let spec = json!({"workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}});
     deploy_check_destroy(setup, "pyapp", "py", spec).await;
 }
