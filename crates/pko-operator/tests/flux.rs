@@ -129,3 +129,62 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
     let ups = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
     assert_eq!(ups.iter().filter(|u| u.spec.stack_name.as_deref() == Some("dev")).count(), 2, "one Update per artifact revision");
 }
+
+/// A real program from a Flux source on a pool (issue "Real programs, as PKO users write them"): the
+/// bed's TypeScript program (`scripts/testbed/programs/typescript-kubernetes`, `@pulumi/kubernetes` from
+/// npm) in a GitRepository, fetched by the real source-controller, installed (`npm install`) and
+/// deployed by a pooled agent — each operation in its own directories — with the real Kubernetes
+/// provider into the bed's API server; deleting the Stack (`destroyOnFinalize`) destroys it.
+#[tokio::test]
+async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real_kubernetes_provider() {
+    let (client, ns, env) = setup("flux-ts").await;
+    let repos = env.dir().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let program = pko_testbed::repo_root().join("scripts/testbed/programs/typescript-kubernetes");
+    let files = ["Pulumi.yaml", "package.json", "index.ts"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
+    let files: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
+    pko_testbed::git::bare_repo_with(&repos, "app.git", &files);
+    let server = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
+    let _sc = start_source_controller(ns.name(), env.dir());
+    let git_repos = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        ns.name(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository")),
+    );
+    let repo: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": "app"},
+        "spec": {"url": server.url("app.git"), "interval": "1m", "ref": {"branch": "main"}}}))
+    .unwrap();
+    git_repos.create(&Default::default(), &repo).await.unwrap();
+    let plugins = pko_testbed::plugins::PluginServer::kubernetes(&["4.24.1"], Default::default()).await;
+    passphrase_secret(&ns).await;
+    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--agent-pools"])).await;
+    let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
+    let mut env_refs = passphrase_env_refs();
+    // the pool's agents are the class's, not the Workspace's: the provider's cluster is given
+    env_refs["KUBECONFIG"] = literal(&testbed().kubeconfig().display().to_string());
+    env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
+    env_refs["npm_config_cache"] = literal(&format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into())));
+    let stacks = ns.api::<Stack>();
+    let t = std::time::Instant::now();
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "tsapp"},
+               "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs,
+                        "config": {"ns": ns.name(), "greeting": "hej"},
+                        "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "app"}, "dir": "."}}}),
+    )
+    .await;
+    eventually("the Stack is Ready", 300, || async { ready(&stacks.get("tsapp").await.unwrap()) }).await;
+    eprintln!("TypeScript from Flux on a pool: Ready {:?} after the Stack was created (npm install included)", t.elapsed());
+    let outputs = stacks.get("tsapp").await.unwrap().status.unwrap().outputs.unwrap();
+    assert_eq!((&outputs["configMap"], &outputs["deployment"]), (&json!("ts-config"), &json!("ts-app")));
+    let cm = ns.api::<k8s_openapi::api::core::v1::ConfigMap>().get("ts-config").await.unwrap();
+    assert_eq!(cm.data.unwrap().get("greeting").map(String::as_str), Some("hej"));
+    let workspace = ns.api::<pko_api::Workspace>().get("tsapp").await.unwrap();
+    assert!(workspace.status.and_then(|s| s.pool).is_some(), "the Workspace ran on a pool");
+
+    stacks.delete("tsapp", &Default::default()).await.unwrap();
+    eventually("the Stack is finalized", 180, || async { stacks.get_opt("tsapp").await.unwrap().is_none() }).await;
+    assert!(ns.api::<k8s_openapi::api::core::v1::ConfigMap>().get_opt("ts-config").await.unwrap().is_none(), "destroyed on finalize");
+}
