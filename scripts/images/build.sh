@@ -94,7 +94,7 @@ fi
 inputs() { # the hash of what image $1 is made of
   case "$1" in
     pko-operator|pko-agent) sha256sum "$BIN_DIR/$1" "$0" ;;
-    pko-workspace) sha256sum "$TB_BIN"/pulumi* "$TB/command-provider/pulumi_resource_command.py" "$0" ;;
+    pko-workspace) sha256sum "$TB_BIN"/pulumi* "$TB/command-provider/pulumi_resource_command.py" "$0" "$(go env GOROOT)/VERSION" ;;
   esac | awk '{print $1}' | sha256sum | cut -c1-16
 }
 for name in "${IMAGES[@]}"; do
@@ -118,7 +118,7 @@ for name in "${IMAGES[@]}"; do
       ;;
     pko-workspace)
       # the role of pulumi/pulumi:latest-nonroot in PKO: the CLI, language hosts, runtimes, a provider
-      for b in pulumi pulumi-language-yaml pulumi-language-nodejs pulumi-resource-kubernetes; do
+      for b in pulumi pulumi-language-yaml pulumi-language-nodejs pulumi-language-go pulumi-resource-kubernetes; do
         [ -x "$TB_BIN/$b" ] || { echo "missing $TB_BIN/$b: make testbed builds it" >&2; exit 1; }
       done
       B="$(base workspace ca-certificates git openssh-client tini nodejs npm python3 python3-venv)"; etc_of "$B"
@@ -128,6 +128,10 @@ for name in "${IMAGES[@]}"; do
       # the real Kubernetes provider, an ambient plugin on PATH (PKO's image downloads it on first use;
       # the bed is offline); the virtualenv below holds its Python SDK
       install -m 0755 "$TB_BIN/pulumi-resource-kubernetes" "$P/bin/"
+      # Go, as PKO's image carries it: the language host and the bed's own Go toolchain (no C compiler:
+      # cgo off); a Go program's modules come from the module proxy or, offline, a mounted module cache
+      install -m 0755 "$TB_BIN/pulumi-language-go" "$P/bin/"
+      mkdir -p "$STAGE/usr/local"; cp -a "$(go env GOROOT)" "$STAGE/usr/local/go"
       install -m 0755 "$TB_HOME/lib/python-host/pulumi-language-python" "$TB_HOME/lib/python-host/pulumi-language-python-exec" "$P/bin/"
       # the Python SDK (the CLI's version) in a virtualenv first on PATH: the python host, the command
       # provider and dynamic providers run from it (the Dockerfile: pip install pulumi==<version>)
@@ -143,7 +147,7 @@ for name in "${IMAGES[@]}"; do
       chmod 0755 "$P/bin/pulumi-resource-command" "$P/bin/pulumi-resource-pulumi-python"
       image "$name" "$B" 1000:1000 --config.entrypoint /usr/bin/tini --config.entrypoint -- --config.cmd pulumi \
         --config.workingdir /home/pulumi --config.env HOME=/home/pulumi \
-        --config.env PATH=/opt/pulumi/venv/bin:/opt/pulumi/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        --config.env PATH=/opt/pulumi/venv/bin:/opt/pulumi/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         --config.env PULUMI_SKIP_UPDATE_CHECK=true
       ;;
     *) echo "unknown image $name (pko-operator, pko-agent, pko-workspace)" >&2; exit 2 ;;

@@ -4,8 +4,9 @@
 //! the in-cluster config a PKO user gets from the workspace's service account — no kubeconfig, no
 //! token of ours. The provider waits for the Deployment's pod (no `skipAwait`), which starts on the node
 //! from a locally built image (the bed's sandbox image, tagged `nginx:1.27-alpine`; it runs the pause
-//! program). Prints the workspace container's peak memory during the operations (cgroup v1
-//! `memory.max_usage_in_bytes`: agent, `pulumi`, language host and provider together).
+//! program). Prints the workspace container's peak memory usage during the operations (cgroup v1
+//! `memory.max_usage_in_bytes`: agent, `pulumi`, language host and provider together, with the page
+//! cache of what they wrote). A Go program from git builds and deploys in a workspace pod too.
 
 mod common;
 
@@ -15,7 +16,7 @@ use common::cluster::{helm, kubectl, node_test, operator_logs, stack_spec, wait_
 use common::{create, ready};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams};
 use pko_api::{Program, Stack};
 use pko_testbed::{repo_root, testbed};
 use serde_json::json;
@@ -39,25 +40,39 @@ fn program() -> serde_json::Value {
     }})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account() {
+/// The operator installed with Helm on the node, watching a fresh namespace whose `default` service
+/// account (the workspaces') passes PKO's connection check and may `edit` the namespace, and the
+/// passphrase Secret. Returns the test's setup and the images' tag.
+async fn operator_on_the_node(prefix: &str) -> (common::cluster::NodeTest, &'static str) {
     let bed = testbed();
-    let node = bed.node();
-    node.tag_image("localhost/pause:local", IMAGE);
+    bed.node().tag_image("localhost/pause:local", IMAGE);
     let bin_dir = common::agent_bin().parent().unwrap().to_path_buf();
     let tag = bed.images(&bin_dir);
     let client = bed.client().await.unwrap();
     pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
-    let t = node_test(&client, "real-pod", "pko").await;
-    let (ns, op_ns, release, state_dir) = (&t.ns, &t.op_ns, &t.release, &t.state_dir);
+    let t = node_test(&client, prefix, "pko").await;
+    let (ns, op_ns, release) = (&t.ns, &t.op_ns, &t.release);
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
     let watch = format!("namespace.watch={{{}}}", ns.name());
     let (ok, _, err) = helm(&["install", release, &chart, "--namespace", op_ns, "--wait", "--timeout", "180s", "--set", &watch, "--set", "fullnameOverride=pko-operator"]);
     assert!(ok, "helm install: {err}\n{}", operator_logs(op_ns));
-    // the workspace's service account: PKO's connection check, and `edit` in its namespace for the program
     kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
     kubectl(&["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())]);
     common::passphrase_secret(ns).await;
+    (t, tag)
+}
+
+/// The peak memory usage of the `pulumi` container of workspace pod `pod` (cgroup v1
+/// `memory.max_usage_in_bytes`: the page cache of the files it wrote included), in bytes.
+fn workspace_peak_memory(ns: &str, pod: &str) -> u64 {
+    kubectl(&["exec", "-n", ns, pod, "-c", "pulumi", "--", "cat", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"]).trim().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account() {
+    let node = testbed().node();
+    let (t, tag) = operator_on_the_node("real-pod").await;
+    let (ns, op_ns, state_dir) = (&t.ns, &t.op_ns, &t.state_dir);
     create(&ns.api::<Program>(), program()).await;
 
     let stacks = ns.api::<Stack>();
@@ -84,9 +99,8 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
     let managers: Vec<String> = cm.metadata.managed_fields.unwrap_or_default().into_iter().filter_map(|m| m.manager).collect();
     assert!(managers.iter().any(|m| m.starts_with("pulumi-kubernetes")), "applied by the provider: {managers:?}");
 
-    let peak = kubectl(&["exec", "-n", ns.name(), "web-workspace-0", "-c", "pulumi", "--", "cat", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"]);
-    let peak: u64 = peak.trim().parse().unwrap();
-    eprintln!("workspace container peak memory during up (agent, pulumi, YAML host, kubernetes provider): {} MiB", peak >> 20);
+    let peak = workspace_peak_memory(ns.name(), "web-workspace-0");
+    eprintln!("workspace container peak memory usage during up (agent, pulumi, YAML host, kubernetes provider; page cache included): {} MiB", peak >> 20);
     assert!(peak < 2 << 30, "within the 2 GiB limit");
 
     // destroyOnFinalize from the pod
@@ -94,4 +108,53 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
     wait_for("the Stack finalized (destroy in the workspace pod)", 180, ns.name(), op_ns, || async { stacks.get_opt("web").await.unwrap().is_none() }).await;
     assert!(ns.api::<Deployment>().get_opt("web").await.unwrap().is_none(), "the Deployment was destroyed");
     assert!(ns.api::<ConfigMap>().get_opt("web-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
+}
+
+/// The bed's Go program (`scripts/testbed/programs/go-kubernetes`) from a git repository, built in a
+/// workspace pod by the image's Go language host and Go toolchain, deployed with the real provider. The
+/// pod reaches nothing outside the machine: its modules come from the bed's Go module cache, mounted
+/// read-only (`GOPROXY=off`), the plugin version its SDK names from a plugin server on the node's
+/// address. Prints the workspace container's peak memory (the Go build of the kubernetes SDK's packages
+/// in a cold build cache: PKO's anchor, #1308, is 1.3–2.4 GiB per workspace pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_program_builds_and_deploys_in_a_workspace_pod() {
+    let node = testbed().node();
+    let (t, tag) = operator_on_the_node("real-pod-go").await;
+    let (ns, op_ns, state_dir) = (&t.ns, &t.op_ns, &t.state_dir);
+    let root = t.env.dir().join("git-root");
+    std::fs::create_dir_all(&root).unwrap();
+    let program = repo_root().join("scripts/testbed/programs/go-kubernetes");
+    let files = ["Pulumi.yaml", "go.mod", "go.sum", "main.go"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
+    let files: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
+    pko_testbed::git::bare_repo_with(&root, "goapp.git", &files);
+    let git = pko_testbed::git::GitHttpServer::start(&root, &format!("{}:0", node.ip), None).await.unwrap();
+    let plugins = pko_testbed::plugins::PluginServer::kubernetes_on(&node.ip, &["4.24.0"], Default::default()).await;
+    let mod_cache = std::process::Command::new("go").args(["env", "GOMODCACHE"]).output().unwrap();
+    let mod_cache = String::from_utf8_lossy(&mod_cache.stdout).trim().to_string();
+
+    let stacks = ns.api::<Stack>();
+    let mut stack = stack_spec("goapp", tag, state_dir, json!({"projectRepo": git.url("goapp.git"), "branch": "main", "config": {"ns": ns.name(), "greeting": "hej"}, "destroyOnFinalize": true}));
+    let ws = &mut stack["spec"]["workspaceTemplate"]["spec"];
+    ws["resources"] = json!({"limits": {"memory": "3Gi"}});
+    let env = ws["env"].as_array_mut().unwrap();
+    env.extend([json!({"name": "GOPROXY", "value": "off"}), json!({"name": "GOMODCACHE", "value": "/go-mod"}), json!({"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", "value": plugins.overrides()})]);
+    let pod = &mut ws["podTemplate"]["spec"];
+    pod["volumes"].as_array_mut().unwrap().push(json!({"name": "go-mod", "hostPath": {"path": mod_cache, "type": "Directory"}}));
+    pod["containers"][0]["volumeMounts"].as_array_mut().unwrap().push(json!({"name": "go-mod", "mountPath": "/go-mod", "readOnly": true}));
+    let started = Instant::now();
+    create(&stacks, stack).await;
+    wait_for("the Go Stack Ready (cold workspace pod, cold Go build cache)", 900, ns.name(), op_ns, || async { stacks.get("goapp").await.is_ok_and(|s| ready(&s)) }).await;
+    eprintln!("Go program in a workspace pod: apply → Ready {:.1} s (cold pod, cold Go build cache)", started.elapsed().as_secs_f64());
+    let outputs = stacks.get("goapp").await.unwrap().status.and_then(|s| s.outputs).unwrap();
+    assert_eq!((outputs.get("configMap"), outputs.get("deployment")), (Some(&json!("go-config")), Some(&json!("go-app"))));
+    let cm = ns.api::<ConfigMap>().get("go-config").await.unwrap();
+    assert_eq!(cm.data.unwrap().get("greeting").map(String::as_str), Some("hej"));
+    let peak = workspace_peak_memory(ns.name(), "goapp-workspace-0");
+    // the Go build cache it writes fills the page cache up to the limit: usage, not the build's RSS
+    // (1.3 GiB for the agent's tree on the host, benches/real_kubernetes.rs)
+    eprintln!("workspace container peak memory usage, Go program (go build of the SDK, page cache included; limit 3 GiB): {} MiB", peak >> 20);
+
+    stacks.delete("goapp", &DeleteParams::background()).await.unwrap();
+    wait_for("the Go Stack finalized", 300, ns.name(), op_ns, || async { stacks.get_opt("goapp").await.unwrap().is_none() }).await;
+    assert!(ns.api::<ConfigMap>().get_opt("go-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
 }

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Serves a fixed set of files (`path` → body, e.g. `/app.tar.gz`) over HTTP/1.1 on 127.0.0.1 until
 /// dropped; any other path gets 404.
 pub struct HttpServer {
-    /// `http://127.0.0.1:<port>`.
+    /// `http://<address>:<port>`.
     pub base: String,
     task: tokio::task::JoinHandle<()>,
 }
@@ -29,7 +29,12 @@ impl Drop for HttpServer {
 /// Starts an [`HttpServer`] of `files` on an ephemeral loopback port. Panics when no port can be bound
 /// (test support).
 pub async fn serve_files(files: HashMap<String, Vec<u8>>) -> HttpServer {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+    serve_files_on("127.0.0.1", files).await
+}
+
+/// [`serve_files`] on an ephemeral port of address `ip` (e.g. the node's address, which pods reach).
+pub async fn serve_files_on(ip: &str, files: HashMap<String, Vec<u8>>) -> HttpServer {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind a port");
     let base = format!("http://{}", listener.local_addr().expect("the bound address"));
     let task = tokio::spawn(async move {
         loop {
@@ -80,9 +85,14 @@ pub struct PluginServer {
 impl PluginServer {
     /// Serves the bed's `pulumi-resource-kubernetes` as each of `versions` (e.g. `["4.24.0"]`) and
     /// `files` beside them.
-    pub async fn kubernetes(versions: &[&str], mut files: HashMap<String, Vec<u8>>) -> Self {
+    pub async fn kubernetes(versions: &[&str], files: HashMap<String, Vec<u8>>) -> Self {
+        Self::kubernetes_on("127.0.0.1", versions, files).await
+    }
+
+    /// [`PluginServer::kubernetes`] on address `ip` (the node's address: for workspace pods).
+    pub async fn kubernetes_on(ip: &str, versions: &[&str], mut files: HashMap<String, Vec<u8>>) -> Self {
         files.extend(versions.iter().map(|v| kubernetes_plugin_archive(v)));
-        PluginServer { http: serve_files(files).await }
+        PluginServer { http: serve_files_on(ip, files).await }
     }
 
     /// `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES`: Pulumi's `github://api.github.com/pulumi` plugin
