@@ -134,7 +134,8 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
 /// bed's TypeScript program (`scripts/testbed/programs/typescript-kubernetes`, `@pulumi/kubernetes` from
 /// npm) in a GitRepository, fetched by the real source-controller, installed (`npm install`) and
 /// deployed by a pooled agent — each operation in its own directories — with the real Kubernetes
-/// provider into the bed's API server; deleting the Stack (`destroyOnFinalize`) destroys it.
+/// provider into the bed's API server as the Workspace's service account (the pool's class); deleting
+/// the Stack (`destroyOnFinalize`) destroys it.
 #[tokio::test]
 async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real_kubernetes_provider() {
     let (client, ns, env) = setup("flux-ts").await;
@@ -161,8 +162,10 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--agent-pools"])).await;
     let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
     let mut env_refs = passphrase_env_refs();
-    // the pool's agents are the class's, not the Workspace's: the provider's cluster is given
-    env_refs["KUBECONFIG"] = literal(&testbed().kubeconfig().display().to_string());
+    // no kubeconfig: a pool's class is its namespace and service account, whose kubeconfig its agents
+    // give Pulumi; the provider deploys with that account's RBAC (`edit` in the namespace)
+    let bound = testbed().kubectl().args(["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())]).output().unwrap();
+    assert!(bound.status.success(), "{}", String::from_utf8_lossy(&bound.stderr));
     env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
     env_refs["npm_config_cache"] = literal(&format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into())));
     let stacks = ns.api::<Stack>();
