@@ -24,8 +24,8 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -143,7 +143,8 @@ async fn measure(lang: &Language) -> Measured {
     let sampler = sample(root.clone(), peak.clone(), stop.clone());
     let up = |i: usize, stack: &str| {
         let mut r = request(&env, &format!("{}-{stack}-up-{i}", lang.name), env.dir(), stack, OperationType::Up);
-        r.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
+        r.source =
+            Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
         r.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!(format!("v{i}")), false)];
         r
     };
@@ -188,7 +189,15 @@ async fn measure(lang: &Language) -> Measured {
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
-    Measured { first, agent: median(agent_times), shared: median(shared_times), bare: median(bare_times), bare_install, agent_peak_kib: peak.load(Ordering::Relaxed), bare_peak_kib: bare_peak.load(Ordering::Relaxed) }
+    Measured {
+        first,
+        agent: median(agent_times),
+        shared: median(shared_times),
+        bare: median(bare_times),
+        bare_install,
+        agent_peak_kib: peak.load(Ordering::Relaxed),
+        bare_peak_kib: bare_peak.load(Ordering::Relaxed),
+    }
 }
 
 /// Runs `pulumi args` in `dir` with the env's Pulumi settings and `vars`; with `peak`, samples its
@@ -215,7 +224,9 @@ async fn main() {
     }
     let only = std::env::var("LANGUAGES").ok();
     println!("real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs each:");
-    println!("| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare pulumi tree |");
+    println!(
+        "| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare pulumi tree |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for lang in languages().into_iter().filter(|l| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == l.name))) {
         let m = measure(&lang).await;

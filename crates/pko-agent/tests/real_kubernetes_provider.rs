@@ -17,7 +17,6 @@ use common::*;
 use pko_proto::v1::{ArtifactSource, OperationType, ResultStatus, Source, source};
 use pko_testbed::testbed;
 
-
 /// A program of the ConfigMap (greeting of config `greeting`), Deployment and Service named
 /// `<prefix>-config`, `<prefix>-app`, `<prefix>-web`, as the agent receives it: a Flux-style artifact.
 struct Program<'a> {

@@ -164,7 +164,11 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     let mut env_refs = passphrase_env_refs();
     // no kubeconfig: a pool's class is its namespace and service account, whose kubeconfig its agents
     // give Pulumi; the provider deploys with that account's RBAC (`edit` in the namespace)
-    let bound = testbed().kubectl().args(["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())]).output().unwrap();
+    let bound = testbed()
+        .kubectl()
+        .args(["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())])
+        .output()
+        .unwrap();
     assert!(bound.status.success(), "{}", String::from_utf8_lossy(&bound.stderr));
     env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
     env_refs["npm_config_cache"] = literal(&format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into())));

@@ -80,7 +80,8 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
     let mut stack = stack_spec("web", tag, state_dir, json!({"programRef": {"name": "web"}, "config": {"ns": ns.name(), "greeting": "hello"}, "destroyOnFinalize": true}));
     stack["spec"]["workspaceTemplate"]["spec"]["resources"] = json!({"limits": {"memory": "2Gi"}});
     create(&stacks, stack).await;
-    wait_for("the Stack Ready (cold workspace pod, the provider waits for the Deployment)", 300, ns.name(), op_ns, || async { stacks.get("web").await.is_ok_and(|s| ready(&s)) }).await;
+    wait_for("the Stack Ready (cold workspace pod, the provider waits for the Deployment)", 300, ns.name(), op_ns, || async { stacks.get("web").await.is_ok_and(|s| ready(&s)) })
+        .await;
     eprintln!("real program in a workspace pod: apply → Ready {:.1} s (cold pod)", started.elapsed().as_secs_f64());
 
     let d = ns.api::<Deployment>().get("web").await.unwrap();
@@ -133,11 +134,20 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod() {
     let mod_cache = String::from_utf8_lossy(&mod_cache.stdout).trim().to_string();
 
     let stacks = ns.api::<Stack>();
-    let mut stack = stack_spec("goapp", tag, state_dir, json!({"projectRepo": git.url("goapp.git"), "branch": "main", "config": {"ns": ns.name(), "greeting": "hej"}, "destroyOnFinalize": true}));
+    let mut stack = stack_spec(
+        "goapp",
+        tag,
+        state_dir,
+        json!({"projectRepo": git.url("goapp.git"), "branch": "main", "config": {"ns": ns.name(), "greeting": "hej"}, "destroyOnFinalize": true}),
+    );
     let ws = &mut stack["spec"]["workspaceTemplate"]["spec"];
     ws["resources"] = json!({"limits": {"memory": "3Gi"}});
     let env = ws["env"].as_array_mut().unwrap();
-    env.extend([json!({"name": "GOPROXY", "value": "off"}), json!({"name": "GOMODCACHE", "value": "/go-mod"}), json!({"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", "value": plugins.overrides()})]);
+    env.extend([
+        json!({"name": "GOPROXY", "value": "off"}),
+        json!({"name": "GOMODCACHE", "value": "/go-mod"}),
+        json!({"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", "value": plugins.overrides()}),
+    ]);
     let pod = &mut ws["podTemplate"]["spec"];
     pod["volumes"].as_array_mut().unwrap().push(json!({"name": "go-mod", "hostPath": {"path": mod_cache, "type": "Directory"}}));
     pod["containers"][0]["volumeMounts"].as_array_mut().unwrap().push(json!({"name": "go-mod", "mountPath": "/go-mod", "readOnly": true}));

@@ -59,7 +59,14 @@ fn pko_manifests_without(file: &str, ns: &str, backend: &str, left_out: &[&str])
 /// `kubectl apply -f -` of `manifests`, as PKO's e2e suite applies its testdata.
 fn kubectl_apply(manifests: &str) {
     use std::io::Write as _;
-    let mut child = testbed().kubectl().args(["apply", "-f", "-"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = testbed()
+        .kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     child.stdin.take().unwrap().write_all(manifests.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "kubectl apply: {}\n{manifests}", String::from_utf8_lossy(&out.stderr));
@@ -101,7 +108,11 @@ async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_
     testbed().node().tag_image("localhost/pause:local", "docker.io/library/nginx:1.27-alpine");
     passphrase_secret(&ns).await;
     // the examples read a Pulumi Cloud token from this Secret; a file backend does not use it
-    create(&ns.api::<k8s_openapi::api::core::v1::Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}})).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
+    )
+    .await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let t = std::time::Instant::now();
     kubectl_apply(&pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
@@ -126,7 +137,11 @@ async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_
 async fn pko_example_preview_demo_without_its_rolebinding_is_refused_to_the_workspace_service_account() {
     let (client, ns, env) = setup("pko-preview-rbac").await;
     passphrase_secret(&ns).await;
-    create(&ns.api::<k8s_openapi::api::core::v1::Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}})).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
+    )
+    .await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     kubectl_apply(&pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]));
     let stacks = ns.api::<Stack>();

@@ -148,7 +148,6 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     drop(op);
 }
 
-
 /// Creates Stack `name` of `spec` (merged over the backend, `destroyOnFinalize`, [`env_refs`] and the
 /// config `ns`/`greeting`) on an in-process operator, waits for it to be Ready, checks the
 /// `<prefix>-config`, `<prefix>-app` and `<prefix>-web` objects and the outputs naming them, and deletes
