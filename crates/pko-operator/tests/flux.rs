@@ -54,6 +54,20 @@ fn start_source_controller(ns: &str, dir: &std::path::Path) -> SourceController 
     SourceController(child)
 }
 
+/// Creates the Flux GitRepository `name` in `ns` of branch `main` of `url`, fetched every `interval`.
+async fn create_git_repository(client: &kube::Client, ns: &str, name: &str, url: &str, interval: &str) {
+    let git_repos = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository")),
+    );
+    let repo: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": name},
+        "spec": {"url": url, "interval": interval, "ref": {"branch": "main"}}}))
+    .unwrap();
+    git_repos.create(&Default::default(), &repo).await.unwrap();
+}
+
 fn git(args: &[&str], cwd: &std::path::Path) {
     let out = std::process::Command::new("git").args(args).current_dir(cwd).output().unwrap();
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -90,16 +104,7 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
     )
     .await;
     eventually("the Stack waits for an artifact", 60, || async { stalled(&stacks.get("fluxed").await.unwrap()).is_some_and(|(r, _)| r == "SourceUnavailable") }).await;
-    let git_repos = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        client.clone(),
-        ns.name(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository")),
-    );
-    let repo: kube::api::DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": "infra"},
-        "spec": {"url": server.url("infra.git"), "interval": "2s", "ref": {"branch": "main"}}}))
-    .unwrap();
-    git_repos.create(&Default::default(), &repo).await.unwrap();
+    create_git_repository(&client, ns.name(), "infra", &server.url("infra.git"), "2s").await;
 
     let end = tokio::time::Instant::now() + Duration::from_secs(180);
     while output(&stacks.get("fluxed").await.unwrap()).as_deref() != Some("one") {
@@ -147,16 +152,7 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     pko_testbed::git::bare_repo_with(&repos, "app.git", &files);
     let server = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
     let _sc = start_source_controller(ns.name(), env.dir());
-    let git_repos = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        client.clone(),
-        ns.name(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository")),
-    );
-    let repo: kube::api::DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": "app"},
-        "spec": {"url": server.url("app.git"), "interval": "1m", "ref": {"branch": "main"}}}))
-    .unwrap();
-    git_repos.create(&Default::default(), &repo).await.unwrap();
+    create_git_repository(&client, ns.name(), "app", &server.url("app.git"), "1m").await;
     let plugins = pko_testbed::plugins::PluginServer::kubernetes(&["4.24.1"], Default::default()).await;
     passphrase_secret(&ns).await;
     let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--agent-pools"])).await;

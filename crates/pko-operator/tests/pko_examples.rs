@@ -72,6 +72,17 @@ fn kubectl_apply(manifests: &str) {
     assert!(out.status.success(), "kubectl apply: {}\n{manifests}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The passphrase Secret, and the `pulumi-api-secret` PKO's examples read a Pulumi Cloud token from
+/// (a file backend does not use it).
+async fn example_secrets(ns: &pko_testbed::TestNamespace) {
+    passphrase_secret(ns).await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
+    )
+    .await;
+}
+
 /// PKO's e2e `structured-config` (objects, arrays, numbers and booleans inline and from a ConfigMap as
 /// JSON): the Stack is Ready with exactly the outputs PKO's e2e test asserts.
 #[tokio::test]
@@ -106,13 +117,7 @@ async fn pko_e2e_structured_config_converges_with_the_outputs_pko_asserts() {
 async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_applying_it() {
     let (client, ns, env) = setup("pko-preview").await;
     testbed().node().tag_image("localhost/pause:local", "docker.io/library/nginx:1.27-alpine");
-    passphrase_secret(&ns).await;
-    // the examples read a Pulumi Cloud token from this Secret; a file backend does not use it
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
-    )
-    .await;
+    example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let t = std::time::Instant::now();
     kubectl_apply(&pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
@@ -136,12 +141,7 @@ async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_
 #[tokio::test]
 async fn pko_example_preview_demo_without_its_rolebinding_is_refused_to_the_workspace_service_account() {
     let (client, ns, env) = setup("pko-preview-rbac").await;
-    passphrase_secret(&ns).await;
-    create(
-        &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
-    )
-    .await;
+    example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     kubectl_apply(&pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]));
     let stacks = ns.api::<Stack>();
