@@ -68,10 +68,17 @@ fn workspace_peak_memory(ns: &str, pod: &str) -> u64 {
     kubectl(&["exec", "-n", ns, pod, "-c", "pulumi", "--", "cat", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"]).trim().parse().unwrap()
 }
 
+/// One operator release for both programs: the chart's ClusterRoles are named by its
+/// `fullnameOverride`, so two releases of this binary at once would collide.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account() {
-    let node = testbed().node();
+async fn real_programs_deploy_from_workspace_pods() {
     let (t, tag) = operator_on_the_node("real-pod").await;
+    a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account(&t, tag).await;
+    a_go_program_builds_and_deploys_in_a_workspace_pod(&t, tag).await;
+}
+
+async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account(t: &common::cluster::NodeTest, tag: &str) {
+    let node = testbed().node();
     let (ns, op_ns, state_dir) = (&t.ns, &t.op_ns, &t.state_dir);
     create(&ns.api::<Program>(), program()).await;
 
@@ -117,10 +124,8 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
 /// read-only (`GOPROXY=off`), the plugin version its SDK names from a plugin server on the node's
 /// address. Prints the workspace container's peak memory (the Go build of the kubernetes SDK's packages
 /// in a cold build cache: PKO's anchor, #1308, is 1.3–2.4 GiB per workspace pod).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_go_program_builds_and_deploys_in_a_workspace_pod() {
+async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster::NodeTest, tag: &str) {
     let node = testbed().node();
-    let (t, tag) = operator_on_the_node("real-pod-go").await;
     let (ns, op_ns, state_dir) = (&t.ns, &t.op_ns, &t.state_dir);
     let root = t.env.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();

@@ -2,7 +2,8 @@
 //! `kubectl apply` as PKO's e2e suite does, from copies of PKO's files (`fixtures/pko-examples/`, PKO
 //! v2.9.1 at commit 475dbc6c, Apache-2.0). What this bed changes, and nothing else:
 //! - the **namespace**: every object in the test's own namespace (PKO's `Namespace` documents left out)
-//!   and the cluster-scoped ClusterRoleBindings named with it, since tests share one cluster;
+//!   and the cluster-scoped ClusterRoleBindings named and labelled with it (deleted after the test),
+//!   since tests share one cluster;
 //! - the **backend**: each Stack's `spec.backend` is the test's `file://` backend (PKO's examples use
 //!   Pulumi Cloud, its e2e a volume at `file:///state/`: that `PULUMI_BACKEND_URL` env ref is dropped),
 //!   with a `PULUMI_CONFIG_PASSPHRASE` env ref where the Stack has none.
@@ -41,6 +42,7 @@ fn pko_manifests_without(file: &str, ns: &str, backend: &str, left_out: &[&str])
         }
         if v["kind"] == "ClusterRoleBinding" {
             v["metadata"]["name"] = json!(format!("{ns}-{}", v["metadata"]["name"].as_str().unwrap()));
+            v["metadata"]["labels"] = json!({TEST_NAMESPACE_LABEL: ns});
         }
         for subject in v.get_mut("subjects").and_then(|s| s.as_array_mut()).into_iter().flatten() {
             subject["namespace"] = json!(ns);
@@ -54,6 +56,26 @@ fn pko_manifests_without(file: &str, ns: &str, backend: &str, left_out: &[&str])
         docs.push(serde_yaml_ng::to_string(&v).unwrap());
     }
     docs.join("---\n")
+}
+
+/// Labels the cluster-scoped objects of a test's namespace, which its namespace's deletion leaves.
+const TEST_NAMESPACE_LABEL: &str = "pko-test-namespace";
+
+/// Deletes the ClusterRoleBindings of namespace `.0` (labelled [`TEST_NAMESPACE_LABEL`]) when dropped.
+struct ClusterBindings(String);
+
+impl Drop for ClusterBindings {
+    fn drop(&mut self) {
+        let _ = testbed().kubectl().args(["delete", "clusterrolebinding", "-l", &format!("{TEST_NAMESPACE_LABEL}={}", self.0)]).output();
+    }
+}
+
+/// `kubectl apply -f -` of `manifests`, as PKO's e2e suite applies its testdata; the cluster-scoped
+/// objects it makes are deleted when the returned guard is dropped.
+#[must_use]
+fn kubectl_apply_in(ns: &str, manifests: &str) -> ClusterBindings {
+    kubectl_apply(manifests);
+    ClusterBindings(ns.to_string())
 }
 
 /// `kubectl apply -f -` of `manifests`, as PKO's e2e suite applies its testdata.
@@ -90,7 +112,7 @@ async fn pko_e2e_structured_config_converges_with_the_outputs_pko_asserts() {
     let (client, ns, env) = setup("pko-structured").await;
     passphrase_secret(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    kubectl_apply(&pko_manifests("structured-config.yaml", ns.name(), &env.backend_url()));
+    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests("structured-config.yaml", ns.name(), &env.backend_url()));
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready", 300, || async { ready(&stacks.get("structured-config").await.unwrap()) }).await;
     let out = stacks.get("structured-config").await.unwrap().status.unwrap().outputs.unwrap();
@@ -120,7 +142,7 @@ async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_
     example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let t = std::time::Instant::now();
-    kubectl_apply(&pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
+    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
     let (stacks, deployments) = (ns.api::<Stack>(), ns.api::<Deployment>());
     eventually("nginx-current is Ready with two nginx pods", 420, || async {
         let ready_pods = deployments.get_opt("nginx").await.unwrap().and_then(|d| d.status).and_then(|s| s.ready_replicas);
@@ -143,7 +165,7 @@ async fn pko_example_preview_demo_without_its_rolebinding_is_refused_to_the_work
     let (client, ns, env) = setup("pko-preview-rbac").await;
     example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    kubectl_apply(&pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]));
+    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]));
     let stacks = ns.api::<Stack>();
     let account = format!("system:serviceaccount:{}:nginx-preview-demo", ns.name());
     eventually("nginx-current fails, refused to the service account", 300, || async {

@@ -213,10 +213,21 @@ impl Node {
     /// so that pods of an unchanged manifest naming `target` start without a registry. The containers
     /// then run `source`'s program.
     ///
+    /// Tests of one process may call it at once: they are serialised, and a name already given is kept
+    /// (`ctr images tag --force` deletes the name before it writes it again, which a pod starting at
+    /// that moment would not find).
+    ///
     /// Panics when `ctr` fails (test support).
     pub fn tag_image(&self, source: &str, target: &str) {
+        static TAGGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = TAGGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let sock = testbed().var("PKO_TESTBED_CONTAINERD").to_string();
-        let out = Command::new("ctr").args(["-a", &sock, "-n", "k8s.io", "images", "tag", "--force", source, target]).output().expect("run ctr");
+        let ctr = |args: &[&str]| Command::new("ctr").args(["-a", &sock, "-n", "k8s.io", "images"]).args(args).output().expect("run ctr");
+        let listed = ctr(&["ls", "-q"]);
+        if String::from_utf8_lossy(&listed.stdout).lines().any(|l| l == target) {
+            return;
+        }
+        let out = ctr(&["tag", source, target]);
         assert!(out.status.success(), "ctr images tag {source} {target}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
