@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Serves a fixed set of files (`path` → body, e.g. `/app.tar.gz`) over HTTP/1.1 on 127.0.0.1 until
+/// Serves a fixed set of files (`path` → body, e.g. `/app.tar.gz`) over HTTP/1.1 on one address until
 /// dropped; any other path gets 404.
 pub struct HttpServer {
     /// `http://<address>:<port>`.
