@@ -5,9 +5,9 @@
 //! own API server, the Stack's outputs name them, a config change reaches the ConfigMap, a change made
 //! with `kubectl` behind Pulumi's back (a ConfigMap patched, the Deployment scaled) is reported by a
 //! scheduled drift check naming both URNs and put back by `autoRemediate`, and deleting the Stack with
-//! `destroyOnFinalize` deletes them. The same three objects from a Python program (`pulumi_kubernetes` from PyPI, in the bed's virtualenv)
-//! in a local workspace directory, and from a Go program (the Go SDKs from the Go module proxy) in a git
-//! repository.
+//! `destroyOnFinalize` deletes them. The same three objects from a Python program (`pulumi_kubernetes`
+//! from PyPI, in the bed's virtualenv) in a local workspace directory, and from a Go program (the Go
+//! SDKs from the Go module proxy) in a git repository.
 
 mod common;
 
