@@ -45,8 +45,6 @@ struct Language {
 
 fn languages() -> Vec<Language> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let go_env = std::process::Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().expect("go env");
-    let go_env: Vec<String> = String::from_utf8_lossy(&go_env.stdout).lines().map(str::to_string).collect();
     vec![
         Language { name: "yaml", dir: "yaml-kubernetes", files: &["Pulumi.yaml"], plugin_version: "4.24.0", env: vec![] },
         Language { name: "python", dir: "python-kubernetes", files: &["Pulumi.yaml", "__main__.py", "requirements.txt"], plugin_version: "4.24.0", env: vec![] },
@@ -62,7 +60,7 @@ fn languages() -> Vec<Language> {
             dir: "go-kubernetes",
             files: &["Pulumi.yaml", "go.mod", "go.sum", "main.go"],
             plugin_version: "4.24.0",
-            env: vec![("GOPROXY", "off".into()), ("GOMODCACHE", go_env[0].clone()), ("GOCACHE", go_env[1].clone())],
+            env: pko_testbed::offline_go_env().to_vec(),
         },
     ]
 }

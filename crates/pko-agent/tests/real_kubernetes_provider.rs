@@ -109,9 +109,7 @@ async fn a_go_program_of_kubernetes_resources_builds_offline_deploys_and_destroy
         ("go.sum", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/go.sum")),
         ("main.go", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/main.go")),
     ];
-    let go_env = std::process::Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().expect("go env");
-    let go_env = String::from_utf8_lossy(&go_env.stdout).lines().map(str::to_string).collect::<Vec<_>>();
-    let agent_env = vec![("GOPROXY", "off".to_string()), ("GOMODCACHE", go_env[0].clone()), ("GOCACHE", go_env[1].clone())];
+    let agent_env = pko_testbed::offline_go_env().to_vec();
     let (first, warm) = deploy_change_destroy(Program { prefix: "go", files: &files, plugin_version: "4.24.0", agent_env }).await;
     eprintln!("Go program: first up (go mod download and go build included) {first:?}, warm up {warm:?}");
 }

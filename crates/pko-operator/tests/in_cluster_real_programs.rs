@@ -135,8 +135,7 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster:
     pko_testbed::git::bare_repo_with(&root, "goapp.git", &files);
     let git = pko_testbed::git::GitHttpServer::start(&root, &format!("{}:0", node.ip), None).await.unwrap();
     let plugins = pko_testbed::plugins::PluginServer::kubernetes_on(&node.ip, &["4.24.0"], Default::default()).await;
-    let mod_cache = std::process::Command::new("go").args(["env", "GOMODCACHE"]).output().unwrap();
-    let mod_cache = String::from_utf8_lossy(&mod_cache.stdout).trim().to_string();
+    let [_, (_, mod_cache), _] = pko_testbed::offline_go_env();
 
     let stacks = ns.api::<Stack>();
     let mut stack = stack_spec(

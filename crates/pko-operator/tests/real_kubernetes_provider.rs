@@ -208,11 +208,9 @@ async fn a_go_program_of_kubernetes_resources_from_git_deploys_and_is_destroyed_
     pko_testbed::git::bare_repo_with(&root, "goapp.git", &files);
     let git = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", None).await.unwrap();
     let plugins = pko_testbed::plugins::PluginServer::kubernetes(&["4.24.0"], Default::default()).await;
-    let go_env = std::process::Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().unwrap();
-    let go_env = String::from_utf8_lossy(&go_env.stdout).lines().map(str::to_string).collect::<Vec<_>>();
     let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
-    let spec = json!({"projectRepo": git.url("goapp.git"), "branch": "main",
-        "envRefs": {"PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES": literal(&plugins.overrides()), "GOPROXY": literal("off"),
-                    "GOMODCACHE": literal(&go_env[0]), "GOCACHE": literal(&go_env[1])}});
+    let mut refs = serde_json::Map::from_iter([("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES".to_string(), literal(&plugins.overrides()))]);
+    refs.extend(pko_testbed::offline_go_env().map(|(k, v)| (k.to_string(), literal(&v))));
+    let spec = json!({"projectRepo": git.url("goapp.git"), "branch": "main", "envRefs": refs});
     deploy_check_destroy(setup, "goapp", "go", spec).await;
 }

@@ -232,6 +232,19 @@ impl Node {
     }
 }
 
+/// The environment that builds the bed's Go programs offline: `GOPROXY=off`, and `GOMODCACHE` and
+/// `GOCACHE` naming the Go caches the bed's `pulumi-go` step filled (what `go env` reports here), for
+/// operations whose `HOME` is not this process's (an isolating agent's). In that order.
+///
+/// Panics when `go env` fails (test support).
+pub fn offline_go_env() -> [(&'static str, String); 3] {
+    let out = Command::new("go").args(["env", "GOMODCACHE", "GOCACHE"]).output().expect("go env");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().map(str::to_string);
+    let (mods, cache) = (lines.next().expect("GOMODCACHE"), lines.next().expect("GOCACHE"));
+    [("GOPROXY", "off".to_string()), ("GOMODCACHE", mods), ("GOCACHE", cache)]
+}
+
 /// Polls `check` every 250 ms until it returns true; panics with `what` after `secs` seconds.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut check: F)
 where
