@@ -3,16 +3,23 @@
 //! if anyone wrote it since it was read. So two replicas can never both believe a write of theirs
 //! made them the holder.
 //!
-//! Two kinds, told apart by the label [`KIND_LABEL`]:
-//! - a **membership** Lease per replica (`<fleet>-member-<replica>`), renewed every few seconds: the
-//!   replica is live while others see its `renewTime` change; released (`holderIdentity` cleared) on
-//!   graceful shutdown;
-//! - a **shard** Lease per shard (`<fleet>-shard-<k>`), written only when the shard changes hands: its
-//!   `holderIdentity` is the holder and its `leaseTransitions` the shard's epoch (the fencing token).
+//! Two kinds, told apart by their names ([`LeaseKind`]) and the label [`KIND_LABEL`]:
+//! - a **membership** Lease per replica (`<fleet>-replica-<replica>`, label `member`), renewed every
+//!   few seconds: the replica is live while others see its `renewTime` change; released
+//!   (`holderIdentity` cleared) on graceful shutdown;
+//! - the **shard table** of each shard count (`<fleet>-shards-<S>`, label `table`, [`crate::table`]),
+//!   written only when shards change hands: holder and epoch (the fencing token) of every shard.
+//!
+//! Versions before the table held shards through one Lease per shard (`<fleet>-shard-<k>`, its
+//! `leaseTransitions` the epoch) beside a membership named `<fleet>-member-<replica>`: their kinds
+//! are still read ([`LeaseKind::Member`], [`LeaseKind::Shard`]) so that a rolling upgrade from them
+//! never has two replicas act on one shard (`planning::Standing::Earlier`), and so that epochs keep
+//! rising across it. A replica of this version is invisible to them: they know neither name.
 //!
 //! `kube-lease-manager` (which supports kube 5) renews every Lease it holds: S shard Leases would cost
 //! S writes per renewal period at rest. Holding shards without renewing them, with liveness carried by
-//! one membership Lease per replica, keeps coordination flat in S and in Stacks.
+//! one membership Lease per replica, keeps coordination flat in S and in Stacks; one table per count
+//! makes a handoff one write per replica.
 
 use std::collections::BTreeMap;
 
@@ -33,53 +40,78 @@ pub const SHARD_LABEL: &str = "pulumi.com/shard";
 pub const SHARDS_ANNOTATION: &str = "pulumi.com/shards";
 
 /// Name of the membership Lease of `replica` in `fleet`.
+pub fn replica_name(fleet: &str, replica: &str) -> String {
+    format!("{fleet}-replica-{replica}")
+}
+
+/// Name of the shard table Lease of `fleet` at `shards` virtual shards.
+pub fn table_name(fleet: &str, shards: u32) -> String {
+    format!("{fleet}-shards-{shards}")
+}
+
+/// Name of the membership Lease of `replica` written by versions before the shard table.
 pub fn member_name(fleet: &str, replica: &str) -> String {
     format!("{fleet}-member-{replica}")
 }
 
-/// Name of the Lease of `shard` in `fleet`.
+/// Name of the Lease of `shard` written by versions before the shard table.
 pub fn shard_name(fleet: &str, shard: u32) -> String {
     format!("{fleet}-shard-{shard}")
 }
 
-/// Which of a fleet's Leases a Lease is, told by its name (pure): [`member_name`] or [`shard_name`].
+/// Which of a fleet's Leases a Lease is, told by its name (pure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseKind {
-    /// A replica's membership Lease.
+    /// A replica's membership Lease ([`replica_name`]).
+    Replica,
+    /// The shard table of this shard count ([`table_name`]).
+    Table(u32),
+    /// The membership Lease of a replica of an earlier version ([`member_name`]).
     Member,
-    /// The Lease of this shard.
+    /// The Lease of this shard, written by an earlier version ([`shard_name`]).
     Shard(u32),
 }
 
+/// `s` as a number exactly as `format!` writes one: no sign, no leading zero.
+fn number(s: &str) -> Option<u32> {
+    (s == "0" || !s.starts_with(['0', '+'])).then(|| s.parse().ok()).flatten()
+}
+
 impl LeaseKind {
-    /// The kind of the Lease named `name` in `fleet`; `None` for a name of neither form.
+    /// The kind of the Lease named `name` in `fleet`; `None` for a name of no such form.
     pub fn of(fleet: &str, name: &str) -> Option<Self> {
         let rest = name.strip_prefix(fleet)?.strip_prefix('-')?;
+        if rest.strip_prefix("replica-").is_some_and(|r| !r.is_empty()) {
+            return Some(Self::Replica);
+        }
         if rest.strip_prefix("member-").is_some_and(|r| !r.is_empty()) {
             return Some(Self::Member);
         }
-        let shard = rest.strip_prefix("shard-")?;
-        // exactly as `shard_name` writes it: no sign, no leading zero
-        (shard == "0" || !shard.starts_with(['0', '+'])).then(|| shard.parse().ok().map(Self::Shard)).flatten()
+        if let Some(count) = rest.strip_prefix("shards-") {
+            return number(count).filter(|n| *n > 0).map(Self::Table);
+        }
+        number(rest.strip_prefix("shard-")?).map(Self::Shard)
     }
 
-    /// The [`KIND_LABEL`] value of this kind (`member` or `shard`).
+    /// The [`KIND_LABEL`] value of this kind (`member`, `table` or `shard`).
     pub fn label(self) -> &'static str {
         match self {
-            Self::Member => "member",
+            Self::Replica | Self::Member => "member",
+            Self::Table(_) => "table",
             Self::Shard(_) => "shard",
         }
     }
 }
 
 /// Strips `lease` down to what the fleet decides and writes from: name, namespace, resourceVersion,
-/// spec and the [`SHARDS_ANNOTATION`] a membership Lease announces. The membership caches every Lease
-/// of the fleet (2,048 shard Leases by default); labels, uid, timestamps and managedFields would triple
-/// that cache. Writes from a stripped Lease are guarded merge patches of the spec ([`replace`]), which
-/// leave the rest of the object as stored.
+/// spec, the [`SHARDS_ANNOTATION`] a membership Lease announces and a table's
+/// [`crate::table::TABLE_ANNOTATION`]. Labels, uid, timestamps and managedFields are not kept (an
+/// earlier version's 2,048 shard Leases are cached too, while they exist). Writes from a stripped Lease
+/// are guarded merge patches ([`replace`]), which leave the rest of the object as stored.
 pub fn slim(lease: &mut Lease) {
     let meta = std::mem::take(&mut lease.metadata);
-    let annotations = meta.annotations.and_then(|mut a| a.remove_entry(SHARDS_ANNOTATION)).map(|(k, v)| BTreeMap::from([(k, v)]));
+    let kept = [SHARDS_ANNOTATION, crate::table::TABLE_ANNOTATION];
+    let annotations = meta.annotations.map(|a| a.into_iter().filter(|(k, _)| kept.contains(&k.as_str())).collect::<BTreeMap<_, _>>()).filter(|a| !a.is_empty());
     lease.metadata = ObjectMeta { name: meta.name, namespace: meta.namespace, resource_version: meta.resource_version, annotations, ..Default::default() };
 }
 
@@ -114,7 +146,7 @@ pub enum Written {
 }
 
 /// Counter of Lease writes sent by this process: `pko_fleet_lease_writes_total{lease, result}`, `lease`
-/// the [`KIND_LABEL`] value (`member` or `shard`), `result` `done` or `conflict` (a 409: someone wrote
+/// the [`KIND_LABEL`] value (`member` or `table`), `result` `done` or `conflict` (a 409: someone wrote
 /// first). The fleet's coordination cost at rest is its rate.
 pub const LEASE_WRITES_TOTAL: &str = "pko_fleet_lease_writes_total";
 
@@ -185,7 +217,11 @@ pub async fn create_announcing(
     annotations: BTreeMap<String, String>,
     spec: LeaseSpec,
 ) -> Result<Written, kube::Error> {
-    let kind = if labels.get(KIND_LABEL).map(String::as_str) == Some("member") { "member" } else { "shard" };
+    let kind = match labels.get(KIND_LABEL).map(String::as_str) {
+        Some("member") => "member",
+        Some("table") => "table",
+        _ => "shard",
+    };
     let annotations = (!annotations.is_empty()).then_some(annotations);
     let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), annotations, ..Default::default() }, spec: Some(spec) };
     written(api.create(&PostParams::default(), &lease).await, kind)
@@ -266,6 +302,14 @@ mod tests {
 
     #[test]
     fn a_lease_kind_is_read_from_the_names_the_fleet_writes_and_nothing_else() {
+        assert_eq!(LeaseKind::of("pko", &replica_name("pko", "r-0")), Some(LeaseKind::Replica));
+        assert_eq!(LeaseKind::of("pko", &replica_name("pko", "member-1")), Some(LeaseKind::Replica));
+        assert_eq!(LeaseKind::of("pko", &table_name("pko", 2048)), Some(LeaseKind::Table(2048)));
+        for other in ["pko-shards-", "pko-shards-0", "pko-shards-02", "pko-shards-x", "pko-replica-"] {
+            assert_eq!(LeaseKind::of("pko", other), None, "{other}");
+        }
+        assert_eq!(LeaseKind::Replica.label(), "member");
+        assert_eq!(LeaseKind::Table(8).label(), "table");
         assert_eq!(LeaseKind::of("pko", &member_name("pko", "r-0")), Some(LeaseKind::Member));
         assert_eq!(LeaseKind::of("pko", &member_name("pko", "load-shard-3")), Some(LeaseKind::Member), "a replica named like a shard");
         assert_eq!(LeaseKind::of("pko", &shard_name("pko", 0)), Some(LeaseKind::Shard(0)));
@@ -308,6 +352,12 @@ mod tests {
         slim(&mut m);
         assert_eq!(m.metadata.annotations, Some(announcing(64)));
         assert_eq!(announced_shards(&m), Some(64));
+        // a table keeps its table
+        let table = BTreeMap::from([(crate::table::TABLE_ANNOTATION.to_string(), "{}".to_string())]);
+        let mut t =
+            Lease { metadata: ObjectMeta { annotations: Some(table.clone().into_iter().chain([("a".to_string(), "b".to_string())]).collect()), ..Default::default() }, spec: None };
+        slim(&mut t);
+        assert_eq!(t.metadata.annotations, Some(table));
         for bad in ["0", "-1", "x", ""] {
             m.metadata.annotations = Some([(SHARDS_ANNOTATION.to_string(), bad.to_string())].into());
             assert_eq!(announced_shards(&m), None, "{bad:?}");

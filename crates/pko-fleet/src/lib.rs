@@ -1,6 +1,7 @@
 //! Shard ownership: whether this replica may act on an object, and with which fencing epoch. One
 //! replica owns everything ([`SingleReplica`], or [`Namespaces`]); a fleet splits objects over virtual
-//! shards ([`ring`]) held through Leases ([`lease`], [`membership`]). No PKO types here.
+//! shards ([`ring`]) held through Leases ([`lease`], [`membership`]): one membership Lease per replica
+//! and one shard table per shard count ([`table`]). No PKO types here.
 #![forbid(unsafe_code)]
 
 pub mod lease;
@@ -8,21 +9,13 @@ pub mod load;
 pub mod membership;
 pub mod planning;
 pub mod ring;
+pub mod table;
 
 /// Virtual shards of a fleet by default (`--shards`): the smallest power of two at which the default
 /// [`ring::BoundedRing`] keeps max/mean shards per replica ≤ 1.15 and moves ≤ 1.2·S/(N+1) shards
-/// from N to N+1 replicas, for 1–20 replicas (measured in `ring`'s tests). A shard's Lease is written
-/// only when it changes hands, so S costs nothing at rest.
+/// from N to N+1 replicas, for 1–20 replicas (measured in `ring`'s tests). The shard table is written
+/// only when shards change hands, once per replica whatever S, so S costs nothing at rest.
 pub const DEFAULT_SHARDS: u32 = 2048;
-
-/// Which shards have operations queued or running (ours): a replica taking over shards takes those
-/// first, so that the operations of a crashed replica resume before its idle shards are written
-/// (hundreds of Lease writes on a busy API server). The work queue answers (`RedisQueue`).
-pub trait Backlog: Send + Sync + std::fmt::Debug {
-    /// The subset of `shards` with work recorded; empty when unknown (the fleet then takes in shard
-    /// order). The fleet waits for the answer at most [`membership::BACKLOG_TIMEOUT`].
-    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, std::collections::BTreeSet<u32>>;
-}
 
 /// Decides which objects this replica reconciles and with which fencing epoch.
 pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {

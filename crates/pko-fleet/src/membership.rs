@@ -3,11 +3,15 @@
 //! Each replica renews its membership Lease every [`FleetConfig::renew_interval`]; the others count it
 //! live while they see its `renewTime` change within its `leaseDurationSeconds`, measured on their own
 //! clock from when they saw the change (client-go's rule, immune to clock offsets). From the live
-//! members, every replica computes the same desired holder of each shard ([`crate::ring`]) and:
-//! - takes a shard it should hold when its Lease is free, released, held by a member no longer live,
-//!   or missing (resourceVersion-guarded, one transition later: the new epoch);
-//! - releases a shard another live member should hold, after it has stopped acting on it;
-//! - drops at once a shard whose Lease names someone else.
+//! members, every replica computes the same desired holder of each shard ([`crate::ring`]) and, in
+//! **one** resourceVersion-guarded write of the shard table ([`crate::table`]) per turn:
+//! - takes the shards it should hold that are free, released, held by a member no longer live, or
+//!   never taken (each one epoch later: the new fencing token);
+//! - releases the shards another live member should hold, after it has stopped acting on them;
+//! - drops at once a shard the table gives someone else.
+//!
+//! A write refused because another replica wrote the table since (409) is read fresh and planned
+//! again; a handoff or a takeover costs each replica one or two writes, whatever the shard count.
 //!
 //! A replica that has not renewed its membership within [`FleetConfig::renew_deadline`] holds nothing
 //! (checked on every [`Ownership::owns`], so a process that was frozen acts on nothing once it runs
@@ -27,10 +31,11 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::{self, FLEET_LABEL, KIND_LABEL, LeaseKind, SHARD_LABEL, Written};
+use crate::Ownership;
+use crate::lease::{self, FLEET_LABEL, KIND_LABEL, LeaseKind, Written};
 use crate::planning::*;
 use crate::ring::{Ring, shard_of};
-use crate::{Backlog, Ownership};
+use crate::table::{Entry, ShardTable, TABLE_ANNOTATION};
 
 /// How a replica takes part in the fleet.
 #[derive(Debug, Clone)]
@@ -167,7 +172,7 @@ pub const STANDING_BY: &str = "pko_fleet_standing_by";
 /// no shard Lease changed (pure). Re-lists count as changes.
 fn member_event(fleet: &str, event: &watcher::Event<Lease>) -> bool {
     match event {
-        watcher::Event::Apply(l) | watcher::Event::Delete(l) => kind(fleet, l) == Some(LeaseKind::Member),
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => matches!(kind(fleet, l), Some(LeaseKind::Replica | LeaseKind::Member)),
         watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => false,
     }
 }
@@ -187,18 +192,6 @@ pub struct Fleet {
     ring: Arc<dyn Ring>,
     held: watch::Sender<Arc<Held>>,
     standing: watch::Sender<Standing>,
-    backlog: Option<Arc<dyn Backlog>>,
-}
-
-/// How long a takeover waits for the [`Backlog`] before taking in shard order.
-pub const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// `takes` in the order they are taken, chunked (pure): the shards with work (`urgent`) first, in
-/// chunks of their own, then the others, at most `chunk` shards per chunk. Each chunk is published
-/// once written.
-pub fn take_order(takes: &[u32], urgent: &BTreeSet<u32>, chunk: usize) -> Vec<Vec<u32>> {
-    let (first, rest): (Vec<u32>, Vec<u32>) = takes.iter().partition(|k| urgent.contains(k));
-    first.chunks(chunk.max(1)).chain(rest.chunks(chunk.max(1))).map(<[u32]>::to_vec).collect()
 }
 
 /// The validity a publish gives (pure): `proposed` (from the last renewal the main loop read), or the
@@ -211,16 +204,9 @@ fn published_validity(current: &Held, lapses: u64, proposed: Option<Instant>) ->
     })
 }
 
-/// Shard Leases written at once while taking or releasing many (a fleet's first start takes S).
-const WRITE_CONCURRENCY: usize = 32;
-
-/// Shards taken per published step: ownership of the first ones is published while the rest are
-/// still being written.
-const TAKE_CHUNK: usize = 128;
-
 /// Renews (or creates) `cfg.replica`'s membership Lease; `true` when it was written.
 async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, String>, store: &reflector::Store<Lease>) -> bool {
-    let name = lease::member_name(&cfg.fleet, &cfg.replica);
+    let name = lease::replica_name(&cfg.fleet, &cfg.replica);
     let secs = cfg.lease_duration.as_secs().max(1) as i32;
     let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
     let mut announce = lease::announcing(cfg.shards);
@@ -247,8 +233,57 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
     }
 }
 
-/// The shard Leases by shard.
-type ShardLeases = BTreeMap<u32, Arc<Lease>>;
+/// What a turn's steps act on: the shard table of this replica's count as planned from (the cached
+/// Lease with this replica's own write overlaid; `None`: never written), decoded, and the epochs of
+/// the shard Leases of an earlier version (a take goes above them).
+struct Planned {
+    lease: Option<Arc<Lease>>,
+    table: ShardTable,
+    earlier_epochs: BTreeMap<u32, i64>,
+}
+
+/// The fleet's cached Leases by kind (pure).
+#[derive(Default)]
+struct ByKind<'a> {
+    /// Membership Leases of this version.
+    replicas: Vec<&'a Lease>,
+    /// Membership Leases of an earlier version.
+    members: Vec<&'a Lease>,
+    /// Shard tables by shard count.
+    tables: BTreeMap<u32, Arc<Lease>>,
+    /// An earlier version's shard Leases: their epochs.
+    earlier_epochs: BTreeMap<u32, i64>,
+}
+
+impl<'a> ByKind<'a> {
+    fn of(fleet: &str, leases: &'a [Arc<Lease>]) -> Self {
+        let mut by = Self::default();
+        for l in leases {
+            match kind(fleet, l) {
+                Some(LeaseKind::Replica) => by.replicas.push(l),
+                Some(LeaseKind::Member) => by.members.push(l),
+                Some(LeaseKind::Table(n)) => {
+                    by.tables.insert(n, l.clone());
+                }
+                Some(LeaseKind::Shard(k)) => {
+                    by.earlier_epochs.insert(k, lease::transitions(l));
+                }
+                None => {}
+            }
+        }
+        by
+    }
+}
+
+/// The decoded table of `lease` (none: empty).
+///
+/// Errors: [`crate::table::TableError`] for an annotation that does not decode.
+fn table_of(lease: Option<&Arc<Lease>>) -> Result<ShardTable, crate::table::TableError> {
+    match lease.and_then(|l| l.metadata.annotations.as_ref()?.get(TABLE_ANNOTATION)) {
+        Some(value) => ShardTable::decode(value),
+        None => Ok(ShardTable::default()),
+    }
+}
 
 /// The fleet's Leases as [`Fleet::run`] watches them.
 struct Leases {
@@ -266,13 +301,14 @@ struct Turn {
     liveness: Liveness,
     /// The shards held, with their epochs.
     shards: BTreeMap<u32, i64>,
-    /// Shard Leases written here that the cache may not show yet.
+    /// Shard tables (by count) written here, or read fresh after a refused write, that the cache may
+    /// not show yet.
     own: BTreeMap<u32, OwnWrite>,
     /// The ring's members and its desired holders, kept while the members stay.
     ring_cache: Option<(BTreeSet<String>, Vec<String>)>,
-    /// The live members and held shards of the last plan that had no step, while no shard Lease
-    /// changed since: planning again from them would find no step either.
-    settled: Option<(Vec<LiveMember>, BTreeMap<u32, i64>)>,
+    /// The live members, standing and held shards of the last plan that had no step, while no shard
+    /// table changed since: planning again from them would find no step either.
+    settled: Option<(Vec<LiveMember>, Standing, BTreeMap<u32, i64>)>,
     live: BTreeSet<String>,
     /// The live member of another shard count whose shards this replica waits for, as last logged.
     waiting_for: Option<(String, u32)>,
@@ -357,7 +393,7 @@ impl Fleet {
         let (standing, standing_rx) = watch::channel(Standing::Active);
         let api = Api::namespaced(client, &cfg.namespace);
         let ownership = ShardOwnership { shards: cfg.shards, held: rx, standing: standing_rx };
-        (Self { cfg, watch_api: api.clone(), api, ring, held, standing, backlog: None }, ownership)
+        (Self { cfg, watch_api: api.clone(), api, ring, held, standing }, ownership)
     }
 
     /// Watches the Leases through `client` — one without a read timeout, where the writes' client has
@@ -367,25 +403,6 @@ impl Fleet {
     pub fn with_watch_client(mut self, client: kube::Client) -> Self {
         self.watch_api = Api::namespaced(client, &self.cfg.namespace);
         self
-    }
-
-    /// Takes the shards `backlog` names first on every takeover.
-    #[must_use]
-    pub fn with_backlog(mut self, backlog: Arc<dyn Backlog>) -> Self {
-        self.backlog = Some(backlog);
-        self
-    }
-
-    /// The shards among `takes` with work, by the backlog, within [`BACKLOG_TIMEOUT`] (empty otherwise).
-    async fn urgent(&self, takes: &[u32]) -> BTreeSet<u32> {
-        let Some(backlog) = &self.backlog else { return BTreeSet::new() };
-        match tokio::time::timeout(BACKLOG_TIMEOUT, backlog.with_work(takes)).await {
-            Ok(urgent) => urgent,
-            Err(_) => {
-                tracing::warn!(seconds = BACKLOG_TIMEOUT.as_secs(), "the work queue did not say which shards have work in time: taking in shard order");
-                BTreeSet::new()
-            }
-        }
     }
 
     fn labels(&self, kind: &str) -> BTreeMap<String, String> {
@@ -490,23 +507,27 @@ impl Fleet {
         // read before the store: a change after this read sets it again for the next turn
         let shard_leases_changed = leases.shards_changed.swap(false, Ordering::SeqCst);
         let state = leases.store.state();
-        if let Some((steps, by_shard)) = self.plan_turn(t, &state, shard_leases_changed) {
+        if let Some((steps, planned)) = self.plan_turn(t, &state, shard_leases_changed) {
             let live = t.live.clone();
-            self.apply(steps, &by_shard, &mut t.shards, &live, (renewed, t.accepted_lapses, shutdown), &mut t.own).await;
+            self.apply(steps, &planned, &mut t.shards, &live, (renewed, t.accepted_lapses, shutdown), &mut t.own).await;
         }
         self.publish(&t.shards, &t.live, self.valid_until(renewed, t.accepted_lapses), t.accepted_lapses);
     }
 
-    /// The steps of this turn and the shard Leases they act on, from the cached `leases`; `None` when
-    /// the inputs are those of the last plan that had nothing to do and no shard Lease changed since.
-    fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], shard_leases_changed: bool) -> Option<(Vec<Step>, ShardLeases)> {
-        let fleet = self.cfg.fleet.as_str();
-        let members: Vec<&Lease> = leases.iter().filter(|l| kind(fleet, l) == Some(LeaseKind::Member)).map(|l| &**l).collect();
-        t.live = t.liveness.live(members.iter().copied(), Instant::now());
+    /// The steps of this turn and the table they act on, from the cached `leases`; `None` when the
+    /// inputs are those of the last plan that had nothing to do and no table changed since, or when
+    /// this count's table does not decode (logged: nothing is taken or released from it).
+    fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], tables_changed: bool) -> Option<(Vec<Step>, Planned)> {
+        let by = ByKind::of(&self.cfg.fleet, leases);
+        t.live = t.liveness.live(by.replicas.iter().chain(by.members.iter()).copied(), Instant::now());
         t.live.insert(self.cfg.replica.clone());
         let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
-        let infos = live_members(me, mine, members, &t.live);
-        let now_standing = standing(mine, &infos);
+        let infos = live_members(me, mine, by.replicas.iter().copied(), &t.live);
+        let earlier = by.members.iter().filter_map(|l| lease::holder(l)).find(|h| t.live.contains(*h));
+        let now_standing = match earlier {
+            Some(member) => Standing::Earlier { member: member.to_string() },
+            None => standing(mine, &infos),
+        };
         self.stand(&now_standing);
         // the ring spans the live members of this replica's count (and those announcing none)
         let peers: BTreeSet<String> = infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
@@ -514,32 +535,34 @@ impl Fleet {
             t.ring_cache = Some((peers.clone(), self.ring.assign(mine, &peers.iter().cloned().collect::<Vec<_>>())));
         }
         // the same inputs as the last plan that had nothing to do: nothing to do again
-        if !shard_leases_changed && t.settled.as_ref().is_some_and(|(l, s)| *l == infos && *s == t.shards) {
+        if !tables_changed && t.settled.as_ref().is_some_and(|(l, st, s)| *l == infos && *st == now_standing && *s == t.shards) {
             return None;
         }
-        let cached: BTreeMap<u32, Arc<Lease>> = leases
-            .iter()
-            .filter_map(|l| match kind(fleet, l) {
-                Some(LeaseKind::Shard(k)) => Some((k, l.clone())),
-                _ => None,
-            })
-            .collect();
-        let by_shard = with_own_writes(cached, &mut t.own);
-        let steps = match now_standing {
-            Standing::StandingBy { .. } => stand_down(me, &by_shard, &t.shards),
-            Standing::Active => self.active_steps(t, &infos, &by_shard),
+        let tables = with_own_writes(by.tables, &mut t.own);
+        let table = match table_of(tables.get(&mine)) {
+            Ok(table) => table,
+            Err(e) => {
+                tracing::error!(error = %e, table = %lease::table_name(&self.cfg.fleet, mine), "taking and releasing nothing until the shard table is readable");
+                return None;
+            }
         };
-        t.settled = steps.is_empty().then(|| (infos.clone(), t.shards.clone()));
-        Some((steps, by_shard))
+        let steps = match now_standing {
+            Standing::Active => self.active_steps(t, &infos, &table, &tables),
+            _ => stand_down(me, &table.0, &t.shards),
+        };
+        t.settled = steps.is_empty().then(|| (infos.clone(), now_standing, t.shards.clone()));
+        Some((steps, Planned { lease: tables.get(&mine).cloned(), table, earlier_epochs: by.earlier_epochs }))
     }
 
     /// The steps of an active replica: the plan, with takes held back while a live member of another
-    /// shard count still holds shards (logged once per holder).
-    fn active_steps(&self, t: &mut Turn, infos: &[LiveMember], by_shard: &BTreeMap<u32, Arc<Lease>>) -> Vec<Step> {
+    /// shard count still holds shards in its count's table (logged once per holder).
+    fn active_steps(&self, t: &mut Turn, infos: &[LiveMember], table: &ShardTable, tables: &BTreeMap<u32, Arc<Lease>>) -> Vec<Step> {
         let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
         let desired = t.ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
-        let mut steps = plan(me, desired, by_shard, &t.live, &t.shards);
-        let blocker = holding_another_count(mine, infos, by_shard);
+        let mut steps = plan(me, desired, &table.0, &t.live, &t.shards);
+        let others: Vec<Entry> =
+            tables.iter().filter(|(n, _)| **n != mine).flat_map(|(_, l)| table_of(Some(l)).map(|t| t.0.into_values().collect::<Vec<_>>()).unwrap_or_default()).collect();
+        let blocker = holding_another_count(mine, infos, &others);
         if blocker.is_some() {
             // shards of another count are still held: take nothing until released
             steps.retain(|s| matches!(s, Step::Release(_) | Step::Drop(_)));
@@ -554,12 +577,12 @@ impl Fleet {
     }
 
     /// Leaves the fleet: holds nothing, then releases the membership (successors need not wait for it
-    /// to expire).
+    /// to expire; they take its shards from the table at once).
     async fn leave(&self, accepted_lapses: u64) {
         self.publish(&BTreeMap::new(), &BTreeSet::new(), None, accepted_lapses);
-        let name = lease::member_name(&self.cfg.fleet, &self.cfg.replica);
+        let name = lease::replica_name(&self.cfg.fleet, &self.cfg.replica);
         if let Ok(Some(l)) = self.api.get_opt(&name).await {
-            let _ = lease::replace(&self.api, &l, LeaseKind::Member, lease::release).await;
+            let _ = lease::replace(&self.api, &l, LeaseKind::Replica, lease::release).await;
         }
     }
 
@@ -567,7 +590,7 @@ impl Fleet {
     /// [`STANDING_BY`].
     fn stand(&self, now: &Standing) {
         // set on every plan, so that the series exists from the first one on
-        metrics::gauge!(STANDING_BY).set(if matches!(now, Standing::StandingBy { .. }) { 1.0 } else { 0.0 });
+        metrics::gauge!(STANDING_BY).set(if *now == Standing::Active { 0.0 } else { 1.0 });
         let changed = self.standing.send_if_modified(|s| {
             let changed = s != now;
             if changed {
@@ -586,11 +609,14 @@ impl Fleet {
                 "standing by: the fleet runs with --shards={prevailing} (its eldest live member {eldest}), this replica with --shards={}; holding no shard until every replica of the other count has gone",
                 self.cfg.shards
             ),
+            Standing::Earlier { member } => tracing::warn!(
+                member = %member,
+                "standing by: {member} runs an earlier version of the operator, which holds shards through one Lease per shard; holding no shard until every replica of that version has gone (a rolling upgrade hands every shard over when its last replica stops)"
+            ),
             Standing::Active => tracing::info!(shards = self.cfg.shards, "this replica's shard count prevails in the fleet: taking part"),
         }
     }
 
-    /// Carries out `steps`: drops and releases first (stop acting, publish, then write), then takes.
     /// Until when what this replica holds is valid: the renew deadline after the start of its last
     /// successful renewal (`renewed`), if still ahead and no lapse happened since the holding was built
     /// (`accepted_lapses`): a holding from before a lapse is never published as valid again.
@@ -598,17 +624,20 @@ impl Fleet {
         renewed.borrow().filter(|r| r.lapses == accepted_lapses).map(|r| r.started + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
     }
 
+    /// Carries out `steps` in one write of the table: drops and releases stop at once (published
+    /// before the write), takes count once the write is done. A replica shutting down takes nothing.
+    /// A write refused (409: the table was written since it was read) or failed changes nothing held
+    /// but the drops and releases; the table is read fresh and the next turn plans again.
     async fn apply(
         &self,
         steps: Vec<Step>,
-        leases: &BTreeMap<u32, Arc<Lease>>,
+        planned: &Planned,
         shards: &mut BTreeMap<u32, i64>,
         live: &BTreeSet<String>,
         (renewed, accepted_lapses, shutdown): (&watch::Receiver<Option<Renewal>>, u64, &CancellationToken),
         own: &mut BTreeMap<u32, OwnWrite>,
     ) {
-        let mut releases = Vec::new();
-        let mut takes = Vec::new();
+        let (mut releases, mut takes) = (Vec::new(), Vec::new());
         for step in steps {
             match step {
                 Step::Drop(k) => {
@@ -618,95 +647,55 @@ impl Fleet {
                     shards.remove(&k);
                     releases.push(k);
                 }
-                Step::Create(k) | Step::Take(k) => takes.push(k),
+                Step::Take(k) => takes.push(k),
             }
         }
         if !releases.is_empty() {
-            // nobody acts on them any more before their Leases say so
+            // nobody acts on them any more before the table says so
             self.publish(shards, live, self.valid_until(renewed, accepted_lapses), accepted_lapses);
-            let writes = futures::stream::iter(releases.into_iter().filter_map(|k| Some((k, leases.get(&k).cloned()?))))
-                .map(|(k, l)| async move { (k, l.metadata.resource_version.clone(), lease::replace(&self.api, &l, LeaseKind::Shard(k), lease::release).await) })
-                .buffer_unordered(WRITE_CONCURRENCY);
-            let written: Vec<(u32, Option<String>, Box<Lease>)> = writes
-                .filter_map(|(k, before, w)| {
-                    std::future::ready(match w {
-                        Ok(Written::Done(l)) => Some((k, before, l)),
-                        _ => None,
-                    })
-                })
-                .collect()
-                .await;
-            tracing::info!(released = written.len(), "shards released to their new holders");
-            for (k, before, l) in written {
-                own.insert(k, own_write(before, *l));
-            }
         }
         // a replica shutting down takes nothing: what it took would only be handed on again
-        if takes.is_empty() || shutdown.is_cancelled() {
+        if shutdown.is_cancelled() {
+            takes.clear();
+        }
+        if releases.is_empty() && takes.is_empty() {
             return;
         }
-        let urgent = self.urgent(&takes).await;
-        tracing::info!(taking = takes.len(), with_work = urgent.len(), "taking shards");
-        // in chunks, each published as soon as it is written: the shards with work first, so that
-        // their operations resume while the rest are still being taken
-        for chunk in take_order(&takes, &urgent, TAKE_CHUNK) {
-            if shutdown.is_cancelled() {
-                tracing::info!("shutting down: taking no more shards");
-                return;
+        let me = self.cfg.replica.as_str();
+        let next = planned.table.changed(me, &takes, &releases, &planned.earlier_epochs);
+        let started = Instant::now();
+        let before = planned.lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
+        match self.write_table(planned.lease.as_deref(), &next).await {
+            Ok(Written::Done(l)) => {
+                own.insert(self.cfg.shards, own_write(before, *l));
+                shards.extend(takes.iter().filter_map(|k| Some((*k, next.0.get(k)?.epoch))));
+                let seconds = started.elapsed().as_secs_f64();
+                tracing::info!(taken = takes.len(), released = releases.len(), held = shards.len(), seconds, "shard table written");
             }
-            let started = Instant::now();
-            let written = self.take(&chunk, leases).await;
-            let mut taken = Vec::with_capacity(written.len());
-            for (k, before, l) in written {
-                taken.push((k, lease::transitions(&l)));
-                own.insert(k, own_write(before, *l));
+            Ok(Written::Conflict) => {
+                tracing::info!(taking = takes.len(), releasing = releases.len(), "the shard table was written by another replica since it was read: reading it again");
+                let name = lease::table_name(&self.cfg.fleet, self.cfg.shards);
+                if let Ok(Some(fresh)) = self.api.get_opt(&name).await {
+                    own.insert(self.cfg.shards, own_write(before, fresh));
+                }
             }
-            if !taken.is_empty() {
-                tracing::info!(taken = taken.len(), held = shards.len() + taken.len(), seconds = started.elapsed().as_secs_f64(), "shards taken");
-                shards.extend(taken);
-                self.publish(shards, live, self.valid_until(renewed, accepted_lapses), accepted_lapses);
-            }
+            Err(e) => tracing::warn!(error = %e, "writing the shard table failed"),
         }
     }
 
-    /// Takes the shards of `chunk` (their Leases as read in `leases`, or new ones),
-    /// [`WRITE_CONCURRENCY`] writes at a time; returns those taken, each with the resourceVersion its
-    /// write was guarded by (`None`: created) and its Lease as written (the epoch is its transitions).
-    async fn take(&self, chunk: &[u32], leases: &BTreeMap<u32, Arc<Lease>>) -> Vec<(u32, Option<String>, Box<Lease>)> {
-        let me = self.cfg.replica.clone();
-        let writes = futures::stream::iter(chunk.iter().copied())
-            .map(|k| {
-                let me = me.clone();
-                let lease = leases.get(&k).cloned();
-                let before = lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
-                async move {
-                    let written = match lease {
-                        Some(l) => lease::replace(&self.api, &l, LeaseKind::Shard(k), |s| lease::take(s, &me)).await,
-                        None => {
-                            let mut spec = Default::default();
-                            lease::take(&mut spec, &me);
-                            let mut labels = self.labels("shard");
-                            labels.insert(SHARD_LABEL.into(), k.to_string());
-                            lease::create(&self.api, &lease::shard_name(&self.cfg.fleet, k), labels, spec).await
-                        }
-                    };
-                    (k, before, written)
-                }
-            })
-            .buffer_unordered(WRITE_CONCURRENCY);
-        writes
-            .filter_map(|(k, before, w)| {
-                std::future::ready(match w {
-                    Ok(Written::Done(l)) => Some((k, before, l)),
-                    Ok(Written::Conflict) => None,
-                    Err(e) => {
-                        tracing::warn!(shard = k, error = %e, "taking a shard failed");
-                        None
-                    }
-                })
-            })
-            .collect()
-            .await
+    /// Writes `next` as this replica's count's shard table: a guarded merge patch of its annotation
+    /// over `read`, or a create when there is none ([`Written::Conflict`] if it exists by then).
+    ///
+    /// Errors: the API server's, except 409.
+    async fn write_table(&self, read: Option<&Lease>, next: &ShardTable) -> Result<Written, kube::Error> {
+        let annotations = BTreeMap::from([(TABLE_ANNOTATION.to_string(), next.encode())]);
+        match read {
+            Some(l) => lease::replace_announcing(&self.api, l, LeaseKind::Table(self.cfg.shards), &annotations, |_| {}).await,
+            None => {
+                let name = lease::table_name(&self.cfg.fleet, self.cfg.shards);
+                lease::create_announcing(&self.api, &name, self.labels("table"), annotations, Default::default()).await
+            }
+        }
     }
 }
 
@@ -744,15 +733,6 @@ mod tests {
     }
 
     #[test]
-    fn shards_with_work_are_taken_first_in_chunks_of_their_own() {
-        let takes: Vec<u32> = (0..10).collect();
-        assert_eq!(take_order(&takes, &BTreeSet::from([7, 2, 42]), 4), vec![vec![2, 7], vec![0, 1, 3, 4], vec![5, 6, 8, 9]], "42 is not taken");
-        assert_eq!(take_order(&takes, &BTreeSet::new(), 4), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
-        assert_eq!(take_order(&[3, 1], &BTreeSet::from([1, 3]), 1), vec![vec![3], vec![1]], "order of the plan kept");
-        assert!(take_order(&[], &BTreeSet::from([1]), 4).is_empty());
-    }
-
-    #[test]
     fn a_publish_never_moves_validity_back_past_what_a_renewal_gave() {
         let now = Instant::now();
         let secs = Duration::from_secs;
@@ -780,11 +760,13 @@ mod tests {
             l.metadata.name = Some(name.to_string());
             l
         };
-        let member = || named(&lease::member_name("pko", "r-1"));
-        let shard = || named(&lease::shard_name("pko", 7));
+        let member = || named(&lease::replica_name("pko", "r-1"));
+        let shard = || named(&lease::table_name("pko", 64));
         assert!(member_event("pko", &watcher::Event::Apply(member())), "a renewal");
+        assert!(member_event("pko", &watcher::Event::Apply(named(&lease::member_name("pko", "old")))), "an earlier version's renewal");
+        assert!(!member_event("pko", &watcher::Event::Apply(named(&lease::shard_name("pko", 7)))), "an earlier version's shard Lease");
         assert!(member_event("pko", &watcher::Event::Delete(member())));
-        assert!(!member_event("pko", &watcher::Event::Apply(shard())), "a shard taken or released");
+        assert!(!member_event("pko", &watcher::Event::Apply(shard())), "shards taken or released");
         assert!(!member_event("pko", &watcher::Event::Delete(shard())));
         assert!(!member_event("pko", &watcher::Event::Apply(lease(Some("a"), 1))), "unnamed: counted as a change");
         assert!(!member_event("other", &watcher::Event::Apply(member())), "another fleet's name: counted as a change");

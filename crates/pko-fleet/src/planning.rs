@@ -1,8 +1,9 @@
 //! The pure planning of a replica's membership ([`crate::membership`]): which members are live
 //! ([`Liveness`], client-go's rule on the watcher's own clock), which shard count prevails
-//! ([`standing`]), and what to do with each shard Lease ([`plan`], [`stand_down`]) given the desired
-//! holders of the ring, the cached Leases (with this replica's own writes the cache may not show yet,
-//! [`with_own_writes`]) and the shards held. No I/O: every function here is unit-tested.
+//! ([`standing`]), and what to do with each shard ([`plan`], [`stand_down`]) given the desired
+//! holders of the ring, the shard table ([`crate::table`]; the cached table Lease with this replica's
+//! own write the cache may not show yet, [`with_own_writes`]) and the shards held. No I/O: every
+//! function here is unit-tested.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 
 use crate::lease;
+use crate::table::Entry;
 
 /// Who is live, by watching membership Leases change (pure: the caller passes the clock).
 #[derive(Debug, Default)]
@@ -82,6 +84,14 @@ pub enum Standing {
         /// The eldest live member, which announces it.
         eldest: String,
     },
+    /// A replica of an earlier version, which holds shards through one Lease per shard and knows
+    /// nothing of the shard table, is live: this replica holds nothing (and releases what it held)
+    /// until every such replica has gone — they would take shards the table gives to others. A
+    /// rolling upgrade from such a version hands every shard over once, when its last replica stops.
+    Earlier {
+        /// The live replica of the earlier version (its `<fleet>-member-<replica>` Lease).
+        member: String,
+    },
 }
 
 /// Whether `mine` prevails among the live `members` (pure): the count of the eldest member announcing
@@ -98,22 +108,24 @@ pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
     }
 }
 
-/// A live member announcing a count other than `mine` that holds a shard Lease among `leases`, with its
-/// count (pure). While there is one, a replica takes no shard: an object's shard under one count and
-/// under another are different Leases, so holders of two counts could both own it.
-pub fn holding_another_count(mine: u32, members: &[LiveMember], leases: &BTreeMap<u32, Arc<Lease>>) -> Option<(String, u32)> {
+/// A live member announcing a count other than `mine` that holds a shard among `entries` (those of
+/// every shard table, each count's), with its count (pure). While there is one, a replica takes no
+/// shard: an object's shard under one count and under another are different tables' shards, so
+/// holders of two counts could both own it.
+pub fn holding_another_count<'a>(mine: u32, members: &[LiveMember], entries: impl IntoIterator<Item = &'a Entry>) -> Option<(String, u32)> {
     let others: HashMap<&str, u32> = members.iter().filter_map(|m| m.shards.filter(|n| *n != mine).map(|n| (m.name.as_str(), n))).collect();
     if others.is_empty() {
         return None;
     }
-    leases.values().filter_map(|l| lease::holder(l)).find_map(|h| others.get(h).map(|n| (h.to_string(), *n)))
+    entries.into_iter().filter_map(|e| e.holder.as_deref()).find_map(|h| others.get(h).map(|n| (h.to_string(), *n)))
 }
 
 /// The steps of replica `me` standing by (pure): let go of every shard it holds and release every
-/// Lease still naming it (drop, without a write, a held shard whose Lease names someone else).
-pub fn stand_down(me: &str, leases: &BTreeMap<u32, Arc<Lease>>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
-    let mut steps: Vec<Step> = held.keys().filter(|k| leases.get(k).and_then(|l| lease::holder(l)) != Some(me)).map(|k| Step::Drop(*k)).collect();
-    steps.extend(leases.iter().filter(|(_, l)| lease::holder(l) == Some(me)).map(|(k, _)| Step::Release(*k)));
+/// shard the table still gives it (drop, without a write, a held shard the table gives someone else).
+pub fn stand_down(me: &str, table: &BTreeMap<u32, Entry>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
+    let holder = |k: &u32| table.get(k).and_then(|e| e.holder.as_deref());
+    let mut steps: Vec<Step> = held.keys().filter(|k| holder(k) != Some(me)).map(|k| Step::Drop(*k)).collect();
+    steps.extend(table.keys().filter(|k| holder(k) == Some(me)).map(|k| Step::Release(*k)));
     steps
 }
 
@@ -137,8 +149,9 @@ pub fn live_members<'a>(me: &str, mine: u32, members: impl IntoIterator<Item = &
     out
 }
 
-/// A shard Lease this replica wrote that its cache may not show yet: the resourceVersion the write was
-/// guarded by (`None` for a create) and the Lease as written ([`lease::slim`]).
+/// A Lease this replica wrote (a shard table) that its cache may not show yet, or read fresh after a
+/// write of it was refused: the resourceVersion the cache showed (`None`: none, a create) and the
+/// Lease as written or read ([`lease::slim`]).
 #[derive(Debug, Clone)]
 pub struct OwnWrite {
     /// The resourceVersion the cache showed when the write was made (`None`: no Lease, a create).
@@ -147,9 +160,9 @@ pub struct OwnWrite {
     pub written: Arc<Lease>,
 }
 
-/// The shard Leases a plan reads (pure): `cached`, except where this replica wrote a Lease the cache
-/// still shows as it was before that write (`own`, whose entries the cache has caught up with are
-/// retired). Watch events arrive in order, so a cache showing any other version than the one a write
+/// The Leases a plan reads, by key (the shard tables, by shard count) (pure): `cached`, except where
+/// this replica wrote a Lease the cache still shows as it was before that write (`own`, whose entries
+/// the cache has caught up with are retired). Watch events arrive in order, so a cache showing any other version than the one a write
 /// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
 /// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
 /// at a new epoch (fencing their running operations), in every formation and takeover.
@@ -170,24 +183,21 @@ pub(crate) fn own_write(before: Option<String>, mut written: Lease) -> OwnWrite 
 /// One step of a replica towards the desired assignment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Create the missing Lease of the shard, held by this replica.
-    Create(u32),
-    /// Take the shard's Lease (free, or its holder is not live).
+    /// Take the shard (never taken, released, or its holder is not live) at its next epoch.
     Take(u32),
-    /// Stop acting on the shard, then release its Lease to the live member that should hold it.
+    /// Stop acting on the shard, then release it to the live member that should hold it.
     Release(u32),
-    /// Stop acting on the shard at once: its Lease names someone else.
+    /// Stop acting on the shard at once: the table gives it to someone else.
     Drop(u32),
 }
 
-/// The steps of replica `me` (pure): `desired` holder per shard, shard Leases by shard, `live`
-/// members, and what `me` holds.
-pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, live: &BTreeSet<String>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
+/// The steps of replica `me` (pure): `desired` holder per shard, the shard table, `live` members,
+/// and what `me` holds.
+pub fn plan(me: &str, desired: &[String], table: &BTreeMap<u32, Entry>, live: &BTreeSet<String>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
     let mut steps = Vec::new();
     for (shard, want) in desired.iter().enumerate() {
         let shard = shard as u32;
-        let lease = leases.get(&shard);
-        let holder = lease.and_then(|l| lease::holder(l));
+        let holder = table.get(&shard).and_then(|e| e.holder.as_deref());
         if held.contains_key(&shard) {
             if holder != Some(me) {
                 steps.push(Step::Drop(shard));
@@ -195,14 +205,13 @@ pub fn plan(me: &str, desired: &[String], leases: &BTreeMap<u32, Arc<Lease>>, li
                 steps.push(Step::Release(shard));
             }
         } else if holder == Some(me) && want != me {
-            // the Lease still names us (a release that failed, or an earlier life): let it go
+            // the table still names us (a release that failed, or an earlier life): let it go
             steps.push(Step::Release(shard));
         } else if want == me {
-            match (lease, holder) {
-                (None, _) => steps.push(Step::Create(shard)),
-                (Some(_), None) => steps.push(Step::Take(shard)),
-                (Some(_), Some(h)) if h == me || !live.contains(h) => steps.push(Step::Take(shard)),
-                (Some(_), Some(_)) => {} // a live member holds it: it releases when it sees us
+            match holder {
+                None => steps.push(Step::Take(shard)),
+                Some(h) if h == me || !live.contains(h) => steps.push(Step::Take(shard)),
+                Some(_) => {} // a live member holds it: it releases when it sees us
             }
         }
     }
@@ -243,12 +252,13 @@ pub(crate) mod tests {
         assert_eq!(holder(&with_own_writes(caught_up, &mut own), 1).as_deref(), Some("me"));
         assert!(own.is_empty());
         // what planning from the stale cache alone did: drop the shard just taken
+        let entries = |m: &BTreeMap<u32, Arc<Lease>>| m.iter().map(|(k, l)| (*k, Entry { holder: lease::holder(l).map(str::to_string), epoch: 1 })).collect::<BTreeMap<_, _>>();
         let held = BTreeMap::from([(1, 11)]);
         let desired = vec!["x".to_string(), "me".to_string()];
         let live: BTreeSet<String> = ["me".to_string(), "x".to_string()].into();
-        assert_eq!(plan("me", &desired, &cached, &live, &held), [Step::Drop(1)], "the stale cache");
+        assert_eq!(plan("me", &desired, &entries(&cached), &live, &held), [Step::Drop(1)], "the stale cache");
         let mut own: BTreeMap<u32, OwnWrite> = [(1, OwnWrite { before: Some("10".into()), written: at("me", "11") })].into();
-        assert_eq!(plan("me", &desired, &with_own_writes(cached, &mut own), &live, &held), [], "with its own write: nothing to do");
+        assert_eq!(plan("me", &desired, &entries(&with_own_writes(cached, &mut own)), &live, &held), [], "with its own write: nothing to do");
     }
 
     /// A Lease held by `holder`, renewed at `renewed_secs` (Unix seconds), for 15 s.
@@ -309,15 +319,15 @@ pub(crate) mod tests {
         assert_eq!(look_until(&mut l, &[lease(Some("b"), -5000)], 18, 18), set(&["b"]));
     }
 
-    fn shard_lease(holder: Option<&str>) -> Arc<Lease> {
-        Arc::new(lease(holder, 0))
+    fn shard_lease(holder: Option<&str>) -> Entry {
+        Entry { holder: holder.map(str::to_string), epoch: 1 }
     }
 
     #[test]
     fn plan_takes_what_it_should_hold_once_free_and_releases_to_live_members() {
         let desired: Vec<String> = ["me", "me", "me", "other", "other", "me"].iter().map(|s| s.to_string()).collect();
         let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [
+        let leases: BTreeMap<u32, Entry> = [
             // 0 missing
             (1, shard_lease(None)),
             (2, shard_lease(Some("dead"))),
@@ -331,7 +341,7 @@ pub(crate) mod tests {
         assert_eq!(
             steps,
             [
-                Step::Create(0),
+                Step::Take(0), // never taken
                 Step::Take(1),
                 Step::Take(2),    // its holder is not live
                 Step::Release(3), // other should hold it and is live
@@ -345,7 +355,7 @@ pub(crate) mod tests {
     fn a_lease_still_naming_us_is_released_when_another_should_hold_it() {
         let desired = vec!["other".to_string()];
         let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
+        let leases: BTreeMap<u32, Entry> = [(0, shard_lease(Some("me")))].into();
         assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Release(0)], "a release that failed is tried again");
     }
 
@@ -353,11 +363,8 @@ pub(crate) mod tests {
     fn a_shard_held_in_a_previous_life_is_taken_again_with_a_new_epoch() {
         let desired = vec!["me".to_string()];
         let live: BTreeSet<String> = ["me".to_string()].into();
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me")))].into();
+        let leases: BTreeMap<u32, Entry> = [(0, shard_lease(Some("me")))].into();
         assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Take(0)]);
-        let mut spec = LeaseSpec { lease_transitions: Some(4), ..Default::default() };
-        lease::take(&mut spec, "me");
-        assert_eq!(spec.lease_transitions, Some(5));
     }
 
     fn member(name: &str, shards: Option<u32>, since: Option<i64>) -> LiveMember {
@@ -387,18 +394,18 @@ pub(crate) mod tests {
     #[test]
     fn no_shard_is_taken_while_a_live_member_of_another_count_holds_one() {
         let members = [member("old", Some(64), Some(1)), member("me", Some(128), Some(2)), member("quiet", None, Some(3))];
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(None)), (2, shard_lease(Some("dead")))].into();
-        assert_eq!(holding_another_count(128, &members, &leases), None, "no Lease names a live member of another count");
-        let mut leases = leases;
-        leases.insert(70, shard_lease(Some("old")));
-        assert_eq!(holding_another_count(128, &members, &leases), Some(("old".into(), 64)), "a Lease beyond this count counts too");
-        assert_eq!(holding_another_count(64, &members, &leases), Some(("me".into(), 128)), "old's view: me holds shard 0");
-        assert_eq!(holding_another_count(128, &[member("quiet", None, Some(3))], &[(0, shard_lease(Some("quiet")))].into()), None, "no count announced");
+        let entries = vec![shard_lease(Some("me")), shard_lease(None), shard_lease(Some("dead"))];
+        assert_eq!(holding_another_count(128, &members, &entries), None, "no table names a live member of another count");
+        let mut entries = entries;
+        entries.push(shard_lease(Some("old")));
+        assert_eq!(holding_another_count(128, &members, &entries), Some(("old".into(), 64)), "the other count's table");
+        assert_eq!(holding_another_count(64, &members, &entries), Some(("me".into(), 128)), "old's view: me holds shard 0");
+        assert_eq!(holding_another_count(128, &[member("quiet", None, Some(3))], &[shard_lease(Some("quiet"))]), None, "no count announced");
     }
 
     #[test]
     fn a_replica_standing_by_releases_every_lease_naming_it_and_drops_the_rest() {
-        let leases: BTreeMap<u32, Arc<Lease>> = [(0, shard_lease(Some("me"))), (1, shard_lease(Some("other"))), (2, shard_lease(Some("me"))), (3, shard_lease(None))].into();
+        let leases: BTreeMap<u32, Entry> = [(0, shard_lease(Some("me"))), (1, shard_lease(Some("other"))), (2, shard_lease(Some("me"))), (3, shard_lease(None))].into();
         let held: BTreeMap<u32, i64> = [(0, 4), (1, 2)].into();
         assert_eq!(stand_down("me", &leases, &held), [Step::Drop(1), Step::Release(0), Step::Release(2)]);
         assert!(stand_down("me", &[(3, shard_lease(None))].into(), &BTreeMap::new()).is_empty(), "nothing held: nothing to do");

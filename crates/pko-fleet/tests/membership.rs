@@ -1,7 +1,8 @@
 //! The fleet's membership against the real API server: replicas split the shards with no shard held
-//! twice, write nothing but their renewals at rest, hand shards over within seconds on a graceful
-//! stop, take a crashed replica's shards after its lease expires (those with work first), and rebalance
-//! when one joins.
+//! twice, write nothing but their renewals at rest, hand shards over within a second on a graceful
+//! stop in a few writes of the shard table (not one per shard), take a crashed replica's shards after
+//! its lease expires, rebalance when one joins, and wait for a replica of an earlier version (one
+//! Lease per shard) to be gone before taking anything, above its epochs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,9 +11,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::watcher;
+use pko_fleet::Ownership;
 use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
 use pko_fleet::ring::BoundedRing;
-use pko_fleet::{Backlog, Ownership};
 use pko_testbed::{eventually, testbed};
 use tokio_util::sync::CancellationToken;
 
@@ -41,20 +42,12 @@ fn counted(ns: &str, replica: &str, shards: u32) -> FleetConfig {
 }
 
 async fn start(client: &kube::Client, ns: &str, name: &str) -> Replica {
-    start_with(client, ns, name, None).await
+    start_config(client, config(ns, name))
 }
 
-async fn start_with(client: &kube::Client, ns: &str, name: &str, backlog: Option<Arc<dyn Backlog>>) -> Replica {
-    start_config(client, config(ns, name), backlog)
-}
-
-fn start_config(client: &kube::Client, cfg: FleetConfig, backlog: Option<Arc<dyn Backlog>>) -> Replica {
+fn start_config(client: &kube::Client, cfg: FleetConfig) -> Replica {
     let name = cfg.replica.clone();
     let (fleet, ownership) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
-    let fleet = match backlog {
-        Some(b) => fleet.with_backlog(b),
-        None => fleet,
-    };
     let stop = CancellationToken::new();
     let task = tokio::spawn(fleet.run(stop.clone()));
     Replica { name, ownership, stop, task }
@@ -122,15 +115,20 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     assert!(split(&[&a, &b, &c]), "nothing moved at rest");
 
     // graceful stop of c: a and b hold everything within 5 s, each moved shard exactly one epoch
-    // later (taken once; a second write by the taker would bump it again)
+    // later (taken once; a second write by the taker would bump it again), in a few writes: c's
+    // membership released, one table write per survivor (two after a 409), renewals meanwhile
     let epochs_before: BTreeMap<u32, i64> = holders(&[&c]).into_iter().map(|(k, v)| (k, v[0].1)).collect();
+    let w = writes.load(std::sync::atomic::Ordering::Relaxed);
     let t = Instant::now();
     c.stop.cancel();
     let _ = c.task.await;
     eventually("a and b hold c's shards", 10, || async { split(&[&a, &b]) }).await;
     let handoff = t.elapsed();
-    eprintln!("handoff after a graceful stop: {:.1} s ({} shards)", handoff.as_secs_f64(), epochs_before.len());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let handoff_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - w;
+    eprintln!("handoff after a graceful stop: {:.1} s ({} shards, {handoff_writes} Lease writes)", handoff.as_secs_f64(), epochs_before.len());
     assert!(handoff <= Duration::from_secs(5), "handoff took {handoff:?}");
+    assert!(handoff_writes <= 8 && handoff_writes < epochs_before.len(), "{handoff_writes} Lease writes to hand over {} shards", epochs_before.len());
     let now = holders(&[&a, &b]);
     for (k, e) in &epochs_before {
         assert_eq!(now[k][0].1, e + 1, "shard {k}: epoch {} after {e}", now[k][0].1);
@@ -154,57 +152,53 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     watch.abort();
 }
 
-/// A backlog naming the shards a test marked as having work.
-#[derive(Debug, Default)]
-struct Marked(std::sync::Mutex<std::collections::BTreeSet<u32>>);
-
-impl Backlog for Marked {
-    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, std::collections::BTreeSet<u32>> {
-        let marked = self.0.lock().unwrap().clone();
-        Box::pin(async move { shards.iter().copied().filter(|k| marked.contains(k)).collect() })
-    }
-}
-
-/// A crashed replica's shards with work (as the backlog says) are taken, and their Leases written,
-/// before any of its other shards: the Leases' `acquireTime` (written by the taker) of the marked
-/// shards all precede those of the rest. Each is taken once: its epoch is exactly one above the
-/// crashed holder's.
+/// A replica of an earlier version (a `<fleet>-member-<id>` membership and one `<fleet>-shard-<k>` Lease
+/// per shard, written here by hand as it wrote them) is live: a replica of this version stands by —
+/// holds nothing, writes no table — for as long as it renews; once it has left (its membership
+/// released, as its graceful stop does) every shard is taken through the table, each one epoch above
+/// the earlier version's Lease of that shard, so fencing tokens keep rising across the upgrade.
 #[tokio::test]
-async fn a_takeover_takes_the_shards_with_work_first() {
+async fn a_replica_of_an_earlier_version_is_waited_for_and_its_epochs_are_exceeded() {
+    use pko_fleet::lease::{self, LeaseKind, Written};
+    use pko_fleet::planning::Standing;
     let bed = testbed();
     let client = bed.client().await.unwrap();
-    let ns = bed.namespace("fleet-backlog").await.unwrap();
-    let ns = ns.name().to_string();
-    let marked = Arc::new(Marked::default());
-    let a = start_with(&client, &ns, "a", Some(marked.clone())).await;
-    let b = start(&client, &ns, "b").await;
-    eventually("a and b split the shards", 60, || async { split(&[&a, &b]) }).await;
-    let epochs_of_b: BTreeMap<u32, i64> = holders(&[&b]).into_iter().map(|(k, v)| (k, v[0].1)).collect();
-    let of_b: Vec<u32> = epochs_of_b.keys().copied().collect();
-    assert!(of_b.len() >= 8, "b holds its share: {of_b:?}");
-    // three of b's shards, not the lowest numbers (shard order alone would not put them first)
-    let with_work: std::collections::BTreeSet<u32> = of_b.iter().rev().take(3).copied().collect();
-    *marked.0.lock().unwrap() = with_work.clone();
-
-    b.task.abort();
-    let _ = b.task.await;
-    eventually("a holds every shard", 30, || async { split(&[&a]) }).await;
-    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
-    let mut acquired = BTreeMap::new();
-    for l in leases.list(&Default::default()).await.unwrap().items {
-        let Some(k) = l.metadata.labels.as_ref().and_then(|m| m.get("pulumi.com/shard")).and_then(|v| v.parse::<u32>().ok()) else { continue };
-        if of_b.contains(&k) {
-            let spec = l.spec.unwrap_or_default();
-            assert_eq!(spec.holder_identity.as_deref(), Some("a"));
-            // taken once: exactly one transition after b's
-            assert_eq!(i64::from(spec.lease_transitions.unwrap_or(0)), epochs_of_b[&k] + 1, "shard {k}'s epoch after the takeover");
-            acquired.insert(k, spec.acquire_time.expect("acquireTime written by the taker").0);
+    let ns = bed.namespace("fleet-upgrade").await.unwrap();
+    let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
+    let labels = |kind: &str| -> BTreeMap<String, String> { [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), kind.into())].into() };
+    let Written::Done(old) = lease::create(&api, &lease::member_name("pko", "old"), labels("member"), lease::member_spec("old", 6)).await.unwrap() else { panic!("created") };
+    for k in 0..SHARDS {
+        let mut spec = k8s_openapi::api::coordination::v1::LeaseSpec { lease_transitions: Some(4 + (k % 3) as i32), ..Default::default() };
+        lease::take(&mut spec, "old");
+        let mut l = labels("shard");
+        l.insert(lease::SHARD_LABEL.into(), k.to_string());
+        assert!(matches!(lease::create(&api, &lease::shard_name("pko", k), l, spec).await.unwrap(), Written::Done(_)));
+    }
+    let a = start(&client, ns.name(), "a").await;
+    eventually("a stands by for the earlier version", 20, || async { matches!(&*a.ownership.standing().borrow(), Standing::Earlier { member } if member == "old") }).await;
+    // the earlier replica renews (every 2 s) for 8 s: a holds nothing and writes no table
+    let mut old = *old;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(8) {
+        lease::slim(&mut old);
+        let Written::Done(renewed) = lease::replace(&api, &old, LeaseKind::Member, |s| lease::renew(s, "old", 6)).await.unwrap() else { panic!("renewed") };
+        old = *renewed;
+        for _ in 0..40 {
+            assert_eq!(held(&a), 0, "a holds shards while a replica of the earlier version is live");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let last_with_work = with_work.iter().map(|k| acquired[k]).max().unwrap();
-    let first_other = acquired.iter().filter(|(k, _)| !with_work.contains(k)).map(|(_, t)| *t).min().unwrap();
-    eprintln!("b's {} shards taken: the {} with work by {last_with_work}, the others from {first_other}", of_b.len(), with_work.len());
-    assert!(last_with_work < first_other, "a shard without work was taken before one with work ({first_other} <= {last_with_work})");
+    assert!(api.get_opt(&lease::table_name("pko", SHARDS)).await.unwrap().is_none(), "no table written while standing by");
+    // the earlier replica stops gracefully: its membership released
+    lease::slim(&mut old);
+    assert!(matches!(lease::replace(&api, &old, LeaseKind::Member, lease::release).await.unwrap(), Written::Done(_)));
+    eventually("a holds every shard", 20, || async { held(&a) == SHARDS as usize }).await;
+    assert_eq!(*a.ownership.standing().borrow(), Standing::Active);
+    let h = holders(&[&a]);
+    for k in 0..SHARDS {
+        // the earlier Lease's epoch: 4 + k % 3, taken once by `old` (one transition more)
+        assert_eq!(h[&k][0].1, 4 + i64::from(k % 3) + 2, "shard {k}: one epoch above the earlier version's Lease");
+    }
     a.stop.cancel();
     let _ = a.task.await;
 }
@@ -262,9 +256,9 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
     let ns = bed.namespace("fleet-count").await.unwrap();
     let ns = ns.name().to_string();
 
-    let a = start_config(&client, counted(&ns, "a", 16), None);
+    let a = start_config(&client, counted(&ns, "a", 16));
     eventually("a holds its 16 shards", 30, || async { held(&a) == 16 }).await;
-    let b = start_config(&client, counted(&ns, "b", 32), None);
+    let b = start_config(&client, counted(&ns, "b", 32));
     eventually("b stands by for 16", 20, || async { matches!(&*b.ownership.standing().borrow(), Standing::StandingBy { prevailing: 16, eldest } if eldest == "a") }).await;
     assert_eq!(*a.ownership.standing().borrow(), Standing::Active, "the eldest's count prevails");
     // three renewals: b takes nothing, a keeps everything
@@ -274,16 +268,12 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
-    let by_b = leases
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.starts_with("pko-shard-")) && pko_fleet::lease::holder(l) == Some("b"))
-        .count();
-    assert_eq!(by_b, 0, "no shard Lease names b");
-    let member_b = leases.get(&pko_fleet::lease::member_name("pko", "b")).await.unwrap();
+    assert!(leases.get_opt(&pko_fleet::lease::table_name("pko", 32)).await.unwrap().is_none(), "b wrote no table of its count");
+    let table_16 = leases.get(&pko_fleet::lease::table_name("pko", 16)).await.unwrap();
+    let annotation = table_16.metadata.annotations.unwrap_or_default().remove(pko_fleet::table::TABLE_ANNOTATION).unwrap_or_default();
+    let table_16 = pko_fleet::table::ShardTable::decode(&annotation).unwrap();
+    assert!(table_16.0.values().all(|e| e.holder.as_deref() == Some("a")), "a holds all 16 in its count's table");
+    let member_b = leases.get(&pko_fleet::lease::replica_name("pko", "b")).await.unwrap();
     assert_eq!(pko_fleet::lease::announced_shards(&member_b), Some(32), "b's membership announces its count");
 
     // a stops gracefully: b takes its 32 shards, never while a holds one
@@ -303,7 +293,7 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
     assert_eq!(*b.ownership.standing().borrow(), Standing::Active);
 
     // a replica of the old count started late: b is the eldest now, so it stands by
-    let late = start_config(&client, counted(&ns, "a-late", 16), None);
+    let late = start_config(&client, counted(&ns, "a-late", 16));
     eventually("the late replica stands by for 32", 20, || async { matches!(&*late.ownership.standing().borrow(), Standing::StandingBy { prevailing: 32, .. }) }).await;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(4) {
@@ -316,9 +306,9 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
     }
 }
 
-/// A membership Lease written before the shard count was announced (a replica of an older version,
-/// restarted under the same id) gains the announcement through its next renewal — a guarded merge
-/// patch that keeps its labels — and keeps it through later renewals.
+/// A membership Lease that does not announce the shard count (written by hand, or by a tool) gains the
+/// announcement through its next renewal — a guarded merge patch that keeps its labels — and keeps it
+/// through later renewals.
 #[tokio::test]
 async fn a_renewal_announces_the_shard_count_on_a_membership_lease_that_lacks_it() {
     use pko_fleet::lease::{self, LeaseKind, Written};
@@ -326,13 +316,13 @@ async fn a_renewal_announces_the_shard_count_on_a_membership_lease_that_lacks_it
     let client = bed.client().await.unwrap();
     let ns = bed.namespace("fleet-announce").await.unwrap();
     let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
-    let name = lease::member_name("pko", "r-0");
+    let name = lease::replica_name("pko", "r-0");
     let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "member".into())].into();
     let Written::Done(old) = lease::create(&api, &name, labels.clone(), lease::member_spec("r-0", 15)).await.unwrap() else { panic!("created") };
-    assert_eq!(lease::announced_shards(&old), None, "an older replica's Lease announces nothing");
+    assert_eq!(lease::announced_shards(&old), None, "a Lease written without the announcement");
     let mut read = *old;
     lease::slim(&mut read);
-    let Written::Done(renewed) = lease::replace_announcing(&api, &read, LeaseKind::Member, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+    let Written::Done(renewed) = lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
         panic!("renewed")
     };
     assert_eq!(lease::announced_shards(&renewed), Some(64), "the renewal announced the count");
@@ -340,7 +330,7 @@ async fn a_renewal_announces_the_shard_count_on_a_membership_lease_that_lacks_it
     assert_eq!(renewed.spec.as_ref().and_then(|s| s.acquire_time.clone()), read.spec.as_ref().and_then(|s| s.acquire_time.clone()), "held all along: not acquired anew");
     let mut read = *renewed;
     lease::slim(&mut read);
-    let Written::Done(again) = lease::replace_announcing(&api, &read, LeaseKind::Member, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+    let Written::Done(again) = lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
         panic!("renewed again")
     };
     assert_eq!(lease::announced_shards(&again), Some(64));

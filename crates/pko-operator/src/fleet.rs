@@ -26,7 +26,6 @@ use kube::api::{Api, Patch, PatchParams};
 use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
 use pko_api::shard::ShardKey;
 use pko_api::{Stack, Update, Workspace};
-use pko_fleet::Backlog;
 use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
 use pko_fleet::planning::Standing;
 use pko_fleet::ring::{BoundedRing, shard_of};
@@ -185,25 +184,9 @@ pub fn replica_id(args: &FleetArgs) -> Result<String, FleetError> {
     args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)
 }
 
-/// The Redis work queue as the fleet's [`Backlog`]: the shards with jobs recorded are taken first.
-#[derive(Debug)]
-pub struct QueueBacklog(pub Arc<crate::queue::redis::RedisQueue>);
-
-impl Backlog for QueueBacklog {
-    fn with_work<'a>(&'a self, shards: &'a [u32]) -> futures::future::BoxFuture<'a, BTreeSet<u32>> {
-        Box::pin(async move {
-            self.0.shards_with_jobs(shards).await.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading which shards have jobs failed: taking in shard order");
-                BTreeSet::new()
-            })
-        })
-    }
-}
-
 /// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`)
 /// and publishes the selector of the held shards. Leases are written through `client` and watched
-/// through `watch_client` (no read timeout). With `backlog`, a takeover takes the shards with work
-/// first.
+/// through `watch_client` (no read timeout).
 ///
 /// Errors: [`FleetError`] naming the missing flag.
 pub fn join(
@@ -213,7 +196,6 @@ pub fn join(
     replica: &str,
     namespaces: &[String],
     shutdown: &CancellationToken,
-    backlog: Option<Arc<dyn Backlog>>,
 ) -> Result<Member, FleetError> {
     let namespace = args.fleet_namespace.clone().filter(|n| !n.is_empty()).ok_or(FleetError::NoNamespace)?;
     let cfg = FleetConfig {
@@ -227,10 +209,6 @@ pub fn join(
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
     let (fleet, shards) = Fleet::new(client.clone(), cfg, Arc::new(BoundedRing::default()));
     let fleet = fleet.with_watch_client(watch_client.clone());
-    let fleet = match backlog {
-        Some(b) => fleet.with_backlog(b),
-        None => fleet,
-    };
     let mut changes = shards.changes();
     let total = args.shards;
     let (tx, selector) = watch::channel(HeldShards { shards: BTreeSet::new(), total });

@@ -106,14 +106,12 @@ impl Operator {
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
         let drift_slots = Self::drift_slots(redis.as_deref(), operations.max_concurrent_drift_checks);
         let output = Self::output(redis.as_deref(), &operations);
-        // a takeover takes the shards with queued or running operations first
-        let backlog = redis.map(|q| Arc::new(crate::fleet::QueueBacklog(q)) as Arc<dyn crate::ownership::Backlog>);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
         let watch_client = watch_client.unwrap_or_else(|| client.clone());
         let (secrets, secret_watch) = crate::secret_cache::SecretCache::watched(&watch_client, &scope, shutdown.clone());
         servers.push(tokio::spawn(secret_watch));
         let member = match &replica {
-            Some(r) => Some(crate::fleet::join(&client, &watch_client, &fleet, r, &operations.namespaces, &shutdown, backlog)?),
+            Some(r) => Some(crate::fleet::join(&client, &watch_client, &fleet, r, &operations.namespaces, &shutdown)?),
             None => None,
         };
         if let Some(m) = &member {

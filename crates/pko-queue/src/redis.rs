@@ -252,24 +252,6 @@ impl RedisQueue {
 }
 
 impl RedisQueue {
-    /// Which of `shards` have jobs recorded (queued, or running under some dispatcher): one pipelined
-    /// `SCARD` per shard set, in one round trip. What a replica taking over a dead one's shards takes
-    /// first, so that operations resume before every idle shard is written.
-    ///
-    /// Errors: Redis.
-    pub async fn shards_with_jobs(&self, shards: &[u32]) -> Result<std::collections::BTreeSet<u32>, RedisQueueError> {
-        if shards.is_empty() {
-            return Ok(Default::default());
-        }
-        let mut pipe = redis::pipe();
-        for k in shards {
-            pipe.cmd("SCARD").arg(self.shard_key(*k));
-        }
-        let mut c = self.pool.get().await?;
-        let counts: Vec<u64> = pipe.query_async(&mut c).await?;
-        Ok(shards.iter().zip(counts).filter(|(_, n)| *n > 0).map(|(k, _)| *k).collect())
-    }
-
     async fn ack(&self, job: &Job) -> Result<(), RedisQueueError> {
         let mut c = self.pool.get().await?;
         let _: i64 =

@@ -89,8 +89,6 @@ async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() 
     assert!(a.push(job("x", 1, 1)).await.unwrap());
     assert!(a.push(job("y", 2, 1)).await.unwrap());
     let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
-    // what a replica taking over shards 0–3 takes first: the two with a job
-    assert_eq!(b.shards_with_jobs(&[0, 1, 2, 3]).await.unwrap(), [1, 2].into());
     assert_eq!(b.adopt(2, 2).await.unwrap(), 1, "only shard 2's job");
     let y = pop(&b).await;
     assert_eq!(y.name, "y");
@@ -100,10 +98,8 @@ async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() 
     // put back for a retry (its class was full), it stays recorded: a later holder still adopts it
     a.retry_after(x, Duration::from_secs(60));
     let c = RedisQueue::new(bed.redis_url(), &prefix, "c", 0).unwrap();
-    assert_eq!(c.shards_with_jobs(&[1, 3]).await.unwrap(), [1].into(), "a job waiting for its retry is work");
     assert_eq!(c.adopt(1, 2).await.unwrap(), 1, "a job waiting for its retry moves with its shard");
     b.done(&y).await;
-    assert_eq!(c.shards_with_jobs(&[2]).await.unwrap(), Default::default(), "acknowledged: no work left in shard 2");
 }
 
 #[tokio::test]

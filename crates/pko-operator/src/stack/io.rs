@@ -133,10 +133,16 @@ pub(super) async fn unlock_facts(ctx: &Context, ns: &str, workspace: &str, holde
                 facts.pods.insert(host.to_string());
             }
         }
-        if let (Some(n), Some(fleet)) = (place.namespace.as_deref(), place.fleet.as_deref())
-            && let Some(lease) = Api::<Lease>::namespaced(ctx.client.clone(), n).get_opt(&pko_fleet::lease::member_name(fleet, host)).await?
-        {
-            facts.replicas.insert(host.to_string(), membership_live(&lease, k8s_openapi::jiff::Timestamp::now()));
+        if let (Some(n), Some(fleet)) = (place.namespace.as_deref(), place.fleet.as_deref()) {
+            // this version's membership, else an earlier version's (a lock taken before an upgrade)
+            let leases = Api::<Lease>::namespaced(ctx.client.clone(), n);
+            let lease = match leases.get_opt(&pko_fleet::lease::replica_name(fleet, host)).await? {
+                Some(l) => Some(l),
+                None => leases.get_opt(&pko_fleet::lease::member_name(fleet, host)).await?,
+            };
+            if let Some(lease) = lease {
+                facts.replicas.insert(host.to_string(), membership_live(&lease, k8s_openapi::jiff::Timestamp::now()));
+            }
         }
     }
     Ok(facts)
