@@ -41,9 +41,9 @@ pub use pko_fleet::load::{Agents, Load};
 pub struct Fleet {
     /// Its replicas, by id.
     pub replicas: Vec<Replica>,
-    /// Shard Leases found.
+    /// Shards recorded in the fleet's shard tables.
     pub shards: usize,
-    /// Shards whose Lease names no holder, or a holder that is not live.
+    /// Shards the table gives no holder, or a holder that is not live.
     pub unheld: usize,
     /// The load of the live replicas, summed.
     pub total: Load,
@@ -54,9 +54,26 @@ fn seconds_ago(t: &Value, now: k8s_openapi::jiff::Timestamp) -> Option<f64> {
     Some(now.duration_since(t).as_secs_f64())
 }
 
+fn kind(l: &Value) -> &str {
+    l["metadata"]["labels"]["pulumi.com/lease"].as_str().unwrap_or_default()
+}
+
+/// Every shard of the shard tables among `leases` (`pulumi.com/lease=table`, one per shard count:
+/// `<fleet>-shards-<S>`), as `(S, shard)` → its entry; a table that does not decode adds nothing. Pure.
+pub fn table_entries(leases: &[Value]) -> BTreeMap<(u32, u32), pko_fleet::table::Entry> {
+    let mut out = BTreeMap::new();
+    for l in leases.iter().filter(|l| kind(l) == "table") {
+        let count = l["metadata"]["name"].as_str().and_then(|n| n.rsplit('-').next()?.parse().ok()).unwrap_or(0);
+        let value = l["metadata"]["annotations"][pko_fleet::table::TABLE_ANNOTATION].as_str().unwrap_or("{}");
+        if let Ok(table) = pko_fleet::table::ShardTable::decode(value) {
+            out.extend(table.0.into_iter().map(|(k, e)| ((count, k), e)));
+        }
+    }
+    out
+}
+
 /// The fleet of `leases` (the JSON of every Lease labelled with the fleet's name) at `now`. Pure.
 pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
-    let kind = |l: &Value| l["metadata"]["labels"]["pulumi.com/lease"].as_str().unwrap_or_default().to_string();
     let mut replicas: BTreeMap<String, Replica> = BTreeMap::new();
     for m in leases.iter().filter(|l| kind(l) == "member") {
         let Some(id) = m["spec"]["holderIdentity"].as_str().filter(|h| !h.is_empty()) else { continue };
@@ -68,12 +85,11 @@ pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
         replicas
             .insert(id.to_string(), Replica { replica: id.to_string(), live, renewed_seconds_ago: ago, shards_setting, shards_held: 0, epochs: None, standing_by: false, load });
     }
-    let shards: Vec<&Value> = leases.iter().filter(|l| kind(l) == "shard").collect();
+    let shards = table_entries(leases);
     let mut unheld = 0;
-    for s in &shards {
-        let holder = s["spec"]["holderIdentity"].as_str().unwrap_or_default();
-        let epoch = s["spec"]["leaseTransitions"].as_i64().unwrap_or(0);
-        match replicas.get_mut(holder) {
+    for e in shards.values() {
+        let epoch = e.epoch;
+        match replicas.get_mut(e.holder.as_deref().unwrap_or_default()) {
             Some(r) => {
                 r.shards_held += 1;
                 r.epochs = Some(r.epochs.map_or((epoch, epoch), |(lo, hi)| (lo.min(epoch), hi.max(epoch))));
@@ -154,19 +170,23 @@ mod tests {
                "spec": {"holderIdentity": id, "renewTime": renewed, "leaseDurationSeconds": 15}})
     }
 
-    fn shard(k: u32, holder: &str, epoch: i64) -> Value {
-        json!({"metadata": {"labels": {"pulumi.com/lease": "shard", "pulumi.com/shard": k.to_string()}}, "spec": {"holderIdentity": holder, "leaseTransitions": epoch}})
+    /// The shard table Lease of 64 shards recording `entries` (shard, holder, epoch; holder "": free).
+    fn table_of(entries: &[(u32, &str, i64)]) -> Value {
+        let table =
+            pko_fleet::table::ShardTable(entries.iter().map(|(k, h, e)| (*k, pko_fleet::table::Entry { holder: (!h.is_empty()).then(|| h.to_string()), epoch: *e })).collect());
+        json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table"}, "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
     }
 
     #[test]
     fn replicas_hold_shards_at_epochs_and_a_dead_ones_count_as_unheld() {
         let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:30Z".parse().unwrap();
-        let leases = [member("a", "2026-11-26T10:00:28Z"), member("b", "2026-11-26T09:59:00Z"), shard(0, "a", 3), shard(1, "a", 7), shard(2, "b", 2), shard(3, "", 1)];
+        let leases = [member("a", "2026-11-26T10:00:28Z"), member("b", "2026-11-26T09:59:00Z"), table_of(&[(0, "a", 3), (1, "a", 7), (2, "b", 2), (3, "", 1)])];
         let f = fleet(&leases, now);
         assert_eq!((f.shards, f.unheld), (4, 2), "b is not live; shard 3 has no holder");
         let a = &f.replicas[0];
         assert_eq!((a.replica.as_str(), a.live, a.shards_held, a.epochs, a.shards_setting.as_str()), ("a", true, 2, Some((3, 7)), "64"));
         assert!(!f.replicas[1].live);
+        assert_eq!(table_entries(&leases).keys().next(), Some(&(64, 0)), "keyed by the table's count");
         let t = table(&f);
         assert!(
             t.starts_with("REPLICA   LIVE    RENEWED")
@@ -186,7 +206,7 @@ mod tests {
         let mut c = member("c", "2026-11-26T10:00:29Z");
         c["metadata"]["annotations"]["pulumi.com/shards"] = json!("128");
         c["metadata"]["annotations"]["pulumi.com/load"] = json!("not json");
-        let f = fleet(&[member("a", "2026-11-26T10:00:28Z"), c, shard(0, "a", 1)], now);
+        let f = fleet(&[member("a", "2026-11-26T10:00:28Z"), c, table_of(&[(0, "a", 1)])], now);
         assert!(!f.replicas[0].standing_by && f.replicas[1].standing_by);
         assert_eq!(f.replicas[1].load, None, "a load that does not parse is not shown");
         assert!(table(&f).contains("standing-by"));

@@ -277,11 +277,14 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
     }
     let updates = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Update", "updates"), "").await?;
     let workspaces = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Workspace", "workspaces"), "").await.unwrap_or_default();
-    // who holds which shard: the fleet's shard Leases (none outside a fleet, or not readable: no owner shown)
-    let selector = format!("pulumi.com/fleet={},pulumi.com/lease=shard", a.fleet_name);
+    // who holds which shard: the fleet's shard table of the Stack's shard count (none outside a
+    // fleet, or not readable: no owner shown)
+    let selector = format!("pulumi.com/fleet={},pulumi.com/lease=table", a.fleet_name);
     let leases = list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector).await.unwrap_or_default();
-    let holder = |shard: &serde_json::Value| {
-        leases.iter().find(|l| !shard.is_null() && l["metadata"]["labels"]["pulumi.com/shard"] == *shard).and_then(|l| l["spec"]["holderIdentity"].as_str())
+    let entries = pko_cli::fleet::table_entries(&leases);
+    let holder = |labels: &serde_json::Value| {
+        let number = |key: &str| labels[key].as_str().and_then(|v| v.parse::<u32>().ok());
+        entries.get(&(number("pulumi.com/shards")?, number("pulumi.com/shard")?)).and_then(|e| e.holder.as_deref())
     };
     let same = |o: &serde_json::Value, s: &serde_json::Value, name: &serde_json::Value| o["metadata"]["namespace"] == s["metadata"]["namespace"] && o["metadata"]["name"] == *name;
     let rows: Vec<pko_cli::status::Row> = stacks
@@ -290,7 +293,7 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
             let current = updates.iter().find(|u| same(u, s, &s["status"]["currentUpdate"]["name"]));
             let pool = workspaces.iter().find(|w| same(w, s, &s["metadata"]["name"])).and_then(|w| w["status"]["pool"].as_str());
             let position = current.and_then(|u| pko_cli::status::queue_position(&updates, u));
-            pko_cli::status::row(s, current, position, holder(&s["metadata"]["labels"]["pulumi.com/shard"]), pool)
+            pko_cli::status::row(s, current, position, holder(&s["metadata"]["labels"]), pool)
         })
         .collect();
     match a.output.as_deref() {

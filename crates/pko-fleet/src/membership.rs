@@ -279,10 +279,7 @@ impl<'a> ByKind<'a> {
 ///
 /// Errors: [`crate::table::TableError`] for an annotation that does not decode.
 fn table_of(lease: Option<&Arc<Lease>>) -> Result<ShardTable, crate::table::TableError> {
-    match lease.and_then(|l| l.metadata.annotations.as_ref()?.get(TABLE_ANNOTATION)) {
-        Some(value) => ShardTable::decode(value),
-        None => Ok(ShardTable::default()),
-    }
+    lease.map_or(Ok(ShardTable::default()), |l| ShardTable::of(l))
 }
 
 /// The fleet's Leases as [`Fleet::run`] watches them.

@@ -90,6 +90,21 @@ impl ShardTable {
         Ok(Self(table))
     }
 
+    /// The table a shard table Lease carries (none: empty, as before the first write).
+    ///
+    /// Errors: [`TableError`] for an annotation that does not decode.
+    pub fn of(lease: &k8s_openapi::api::coordination::v1::Lease) -> Result<Self, TableError> {
+        match lease.metadata.annotations.as_ref().and_then(|a| a.get(TABLE_ANNOTATION)) {
+            Some(value) => Self::decode(value),
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// Shard → holder, for the shards held (pure).
+    pub fn holders(&self) -> BTreeMap<u32, String> {
+        self.0.iter().filter_map(|(k, e)| Some((*k, e.holder.clone()?))).collect()
+    }
+
     /// The table after `me` takes `takes` (each one epoch above its last, at least `floor`'s epoch for
     /// it: a shard Lease of a replica older than the table) and releases `releases` (pure).
     pub fn changed(&self, me: &str, takes: &[u32], releases: &[u32], floor: &BTreeMap<u32, i64>) -> Self {

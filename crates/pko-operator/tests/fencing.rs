@@ -258,6 +258,8 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let (changes, recorder) = record_holders(leases.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await; // the recorder's first list is in
     let t_cont = Timestamp::now();
     signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGCONT);
     eprintln!("froze {victim} holding {} shards; they moved in {moved:?}; it runs again at {t_cont}", held.len());
@@ -284,10 +286,17 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
 
     let user = format!("system:serviceaccount:{AUDIT_NS}:{victim}");
     let writes: Vec<Write> = audit_writes(t_cont).into_iter().filter(|w| w.user == user).collect();
-    let retaken: BTreeMap<u32, Timestamp> = writes
+    recorder.abort();
+    // a shard taken again: the victim's table write that the watch saw give it the shard (the last
+    // of its table writes before the watch saw the change)
+    let table_writes: Vec<Timestamp> =
+        writes.iter().filter(|w| w.resource == "leases" && (200..300).contains(&w.code) && w.name.starts_with(&format!("{FLEET}-shards-"))).map(|w| w.at).collect();
+    let retaken: BTreeMap<u32, Timestamp> = changes
+        .lock()
+        .unwrap()
         .iter()
-        .filter(|w| w.resource == "leases" && (200..300).contains(&w.code))
-        .filter_map(|w| Some((w.name.strip_prefix(&format!("{FLEET}-shard-"))?.parse::<u32>().ok()?, w.at)))
+        .filter(|c| c.wall >= t_cont && c.to.as_deref() == Some(victim.as_str()))
+        .map(|c| (c.shard, table_writes.iter().copied().filter(|t| *t <= c.wall).max().unwrap_or(c.wall)))
         .fold(BTreeMap::new(), |mut m, (s, at)| {
             m.entry(s).or_insert(at);
             m
@@ -351,23 +360,24 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     }
 }
 
-/// One change of a shard Lease's holder as watched: when, which shard, from whom to whom.
+/// One change of a shard's holder in the shard table as watched: when, which shard, from whom to whom.
 #[derive(Debug, Clone)]
 struct HolderChange {
     at: std::time::Instant,
-    #[allow(dead_code)] // printed when an assertion fails
+    /// When the watch saw it, by the wall clock (the audit log's).
+    wall: Timestamp,
     shard: u32,
     from: Option<String>,
     to: Option<String>,
 }
 
-/// Records every change of a shard Lease's holder in `ns` (fleet [`FLEET`]) until aborted.
+/// Records every change of a shard's holder in the shard table of `ns` (fleet [`FLEET`]) until aborted.
 fn record_holders(leases: Api<Lease>) -> (std::sync::Arc<std::sync::Mutex<Vec<HolderChange>>>, tokio::task::JoinHandle<()>) {
     use futures::StreamExt;
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let out = log.clone();
     let task = tokio::spawn(async move {
-        let cfg = kube::runtime::watcher::Config::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=shard"));
+        let cfg = kube::runtime::watcher::Config::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=table"));
         let mut last: BTreeMap<u32, Option<String>> = BTreeMap::new();
         let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(kube::runtime::watcher(leases, cfg)));
         while let Some(e) = events.next().await {
@@ -377,11 +387,13 @@ fn record_holders(leases: Api<Lease>) -> (std::sync::Arc<std::sync::Mutex<Vec<Ho
             }) else {
                 continue;
             };
-            let Some(shard) = l.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok()) else { continue };
-            let holder = l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty());
-            let before = last.insert(shard, holder.clone());
-            if let Some(from) = before.filter(|f| *f != holder) {
-                out.lock().unwrap().push(HolderChange { at: std::time::Instant::now(), shard, from, to: holder });
+            let Ok(table) = pko_fleet::table::ShardTable::of(&l) else { continue };
+            let (at, wall) = (std::time::Instant::now(), Timestamp::now());
+            for (shard, entry) in table.0 {
+                let before = last.insert(shard, entry.holder.clone());
+                if let Some(from) = before.filter(|f| *f != entry.holder) {
+                    out.lock().unwrap().push(HolderChange { at, wall, shard, from, to: entry.holder });
+                }
             }
         }
     });

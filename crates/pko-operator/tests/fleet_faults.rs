@@ -56,10 +56,9 @@ async fn set_n(stacks: &kube::Api<Stack>, count: usize, n: &str) {
     }
 }
 
-/// How many shard Leases (`pko-shard-<n>`) of the fleet in `ns` name `replica` their holder.
+/// How many shards the table of fleet `pko` in `ns` gives `replica`.
 async fn held_by(ns: &pko_testbed::TestNamespace, replica: &str) -> usize {
-    let leases = ns.api::<k8s_openapi::api::coordination::v1::Lease>().list(&Default::default()).await.unwrap().items;
-    leases.iter().filter(|l| l.name_any().starts_with("pko-shard-") && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(replica)).count()
+    shard_holders(&ns.api(), "pko").await.values().filter(|h| *h == replica).count()
 }
 
 fn no_lock_left(env: &pko_testbed::PulumiEnv) {

@@ -374,19 +374,12 @@ pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str
         .unwrap()
 }
 
-/// Shard number → holder, from the shard Leases of fleet `fleet` that name one.
+/// Shard number → holder, from the shard table of fleet `fleet` (`<fleet>-shards-<S>`; the tables of
+/// every count, should there be several).
 #[allow(dead_code)]
 pub async fn shard_holders(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>, fleet: &str) -> std::collections::BTreeMap<u32, String> {
-    use kube::ResourceExt;
-    let lp = kube::api::ListParams::default().labels(&format!("pulumi.com/fleet={fleet},pulumi.com/lease=shard"));
-    leases
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|l| Some((l.labels().get("pulumi.com/shard")?.parse().ok()?, l.spec?.holder_identity.filter(|h| !h.is_empty())?)))
-        .collect()
+    let lp = kube::api::ListParams::default().labels(&format!("pulumi.com/fleet={fleet},pulumi.com/lease=table"));
+    leases.list(&lp).await.unwrap().items.iter().flat_map(|l| pko_fleet::table::ShardTable::of(l).expect("a readable shard table").holders()).collect()
 }
 
 /// The Update manifest `update` with its Workspace (`spec.workspaceName`, read from `workspaces`) as
