@@ -24,8 +24,8 @@ delete_namespace() {
   kubectl delete ns $NS "$@" >/dev/null 2>&1 || true
 }
 
-# shards_of REPLICA: the numbers of the shards whose Leases (fleet in $NS) name REPLICA as holder, sorted
-shards_of() { kubectl -n $NS get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}' | awk -v r="$1" '$1 ~ /-shard-/ && $2 == r {sub(/.*-shard-/, "", $1); print $1}' | sort; }
+# shards_of REPLICA: the numbers of the shards the shard table (fleet `pko` in $NS) gives REPLICA, sorted
+shards_of() { python3 "$ROOT/scripts/shard_table.py" holders $NS | awk -v r="$1" '$2 == r {print $1}' | sort; }
 # shards_held_by REPLICA: how many
 shards_held_by() { shards_of "$1" | wc -l; }
 
@@ -102,13 +102,11 @@ wait_converged() {
   echo $(( $(date +%s) - t0 ))
 }
 
-# watch_leases LOG: every Lease change of NS from now on, stamped as it arrives (one python3 process: a
-# `date` per line fell seconds behind 700 events), into LOG; its pid in WATCHER (stop: pkill -P $WATCHER)
+# watch_leases LOG: every change of a shard's holder in the shard table of NS from now on, stamped as it
+# arrives, as `<time> pko-shard-<k> <holder>` lines into LOG; its pid in WATCHER (stop: pkill -P $WATCHER)
 watch_leases() {
-  ( kubectl -n $NS get leases -w -o jsonpath='{.metadata.name} {.spec.holderIdentity}{"\n"}' 2>/dev/null \
-      | python3 -u -c 'import sys, time
-for l in sys.stdin:
-    print("%.3f %s" % (time.time(), l.rstrip("\n")), flush=True)' > "$1" ) 2>/dev/null &
+  ( kubectl -n $NS get leases -l pulumi.com/lease=table -w -o jsonpath='{.metadata.annotations.pulumi\.com/shard-table}{"\n"}' 2>/dev/null \
+      | python3 -u "$ROOT/scripts/shard_table.py" stamp > "$1" ) 2>/dev/null &
   WATCHER=$!
   disown $WATCHER
   sleep 1   # the watch's initial list is in

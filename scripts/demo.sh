@@ -91,14 +91,14 @@ done
 [ "$ACTIVE" = 3 ] || fail "the replicas report $ACTIVE active stacks, not 3"
 [ "$(curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1:18383/metrics)" = 401 ] || fail "the metrics endpoint answers without a token"
 
-shard_holder() { # the replica holding the shard of stack $1
+shard_holder() { # the replica holding the shard of stack $1 (from the shard table, Lease pko-shards-<S>)
   local shard; shard=$(kubectl -n $NS get stack "$1" -o jsonpath='{.metadata.labels.pulumi\.com/shard}')
-  kubectl -n $NS get lease "pko-shard-$shard" -o jsonpath='{.spec.holderIdentity}'
+  python3 "$ROOT/scripts/shard_table.py" holders $NS | awk -v k="$shard" '$1 == k && $2 != "-" {print $2}'
 }
 if [ "$REPLICAS" -gt 1 ]; then
   step "the fleet: who holds what"
-  echo "  shards held per replica (Leases pko-shard-*):"
-  kubectl -n $NS get leases -l pulumi.com/lease=shard -o jsonpath='{range .items[*]}{.spec.holderIdentity}{"\n"}{end}' | sort | uniq -c | sed 's/^/   /'
+  echo "  shards held per replica (the shard table, Lease pko-shards-<S>):"
+  python3 "$ROOT/scripts/shard_table.py" holders $NS | awk '{print $2}' | sort | uniq -c | sed 's/^/   /'
   for s in hello configured from-git; do echo "  stack $s: shard $(kubectl -n $NS get stack $s -o jsonpath='{.metadata.labels.pulumi\.com/shard}'), held by $(shard_holder $s)"; done
   echo "  the queue in redis ($REDIS_URL, prefix pko-demo): $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:job:*' | wc -l) job(s) recorded, fences: $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:fence:*' | wc -l) shard(s)"
   VICTIM=$(shard_holder from-git); VICTIM_I=${VICTIM#demo-}
