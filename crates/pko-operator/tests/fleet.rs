@@ -182,7 +182,10 @@ async fn stacks_with_copied_forged_or_garbage_shard_labels_are_relabelled_and_re
 async fn a_second_replica_without_redis_is_refused() {
     let (client, ns, env) = setup("fleet-noredis").await;
     let _first = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r0", &[]))).await;
-    eventually("r0's membership is written", 30, || async { ns.api::<k8s_openapi::api::coordination::v1::Lease>().get_opt("pko-member-r0").await.unwrap().is_some() }).await;
+    eventually("r0's membership is written", 30, || async {
+        ns.api::<k8s_openapi::api::coordination::v1::Lease>().get_opt(&pko_fleet::lease::replica_name("pko", "r0")).await.unwrap().is_some()
+    })
+    .await;
     let second =
         pko_operator::run::Operator::new(client.clone(), run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r1", &[]))).start(tokio_util::sync::CancellationToken::new()).await;
     let err = second.err().expect("a second replica without Redis is refused").to_string();
