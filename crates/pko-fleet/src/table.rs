@@ -15,6 +15,11 @@ use std::collections::BTreeMap;
 /// Annotation of the shard table Lease carrying the table ([`ShardTable::encode`]).
 pub const TABLE_ANNOTATION: &str = "pulumi.com/shard-table";
 
+/// The most shards a fleet may have (`--shards`): the table of that many shards, each in a range of
+/// its own at a six-digit epoch (the worst case), stays under Kubernetes' 256 KiB limit on an
+/// object's annotations (tested below).
+pub const MAX_SHARDS: u32 = 8192;
+
 /// One shard's record: its holder (`None`: released, or never taken) and its epoch — the fencing
 /// token, raised by one at each take (as a shard Lease's `leaseTransitions` was).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -155,6 +160,15 @@ mod tests {
         let s = t.encode();
         assert!(s.len() < 40_000, "{} bytes", s.len());
         assert_eq!(ShardTable::decode(&s).expect("decodes"), t);
+    }
+
+    #[test]
+    fn the_worst_table_of_the_most_shards_fits_in_an_objects_annotations() {
+        // every shard a range of its own (holders alternate), epochs of six digits, 63-character holders
+        let holders = ["a".repeat(63), "b".repeat(63), "c".repeat(63)];
+        let t = ShardTable((0..MAX_SHARDS).map(|k| (k, Entry::held(&holders[k as usize % 3], 100_000 + i64::from(k)))).collect());
+        let size = TABLE_ANNOTATION.len() + t.encode().len();
+        assert!(size < 256 * 1024, "{size} bytes");
     }
 
     #[test]

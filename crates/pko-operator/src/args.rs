@@ -77,8 +77,9 @@ pub struct FleetArgs {
     pub fleet: bool,
     /// Virtual shards. Replicas of one fleet must agree: a replica whose count differs from the eldest
     /// live member's stands by (holds nothing) until the other count has gone; changing it relabels
-    /// and moves every Stack once.
-    #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    /// and moves every Stack once. At most 8,192 (`pko_fleet::table::MAX_SHARDS`: the shard table must
+    /// fit in one object's annotations).
+    #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS", value_parser = clap::value_parser!(u32).range(1..=pko_fleet::table::MAX_SHARDS as i64))]
     pub shards: u32,
     /// Name of the fleet: prefix of its Leases.
     #[arg(long, default_value = "pko", env = "PKO_FLEET_NAME")]

@@ -281,16 +281,19 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
-/// Writes `bytes` to `path` readable only by this user (0600), atomically (a temporary file renamed).
+/// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name
+/// of its own in the same directory (`tempfile`, created 0600), renamed. Writers of one path at once
+/// (a pool starting several agents of one class share its identity) each rename a whole file; with
+/// one fixed temporary name, one writer removed the other's file before its rename (ENOENT: seen in
+/// the 10k load test of 2026-11-27 as `no agent; retrying … writing …/identity/kubeconfig`).
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut f = tempfile::Builder::new().prefix(".write-").tempfile_in(dir)?;
     f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    f.as_file().sync_all()?;
+    f.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 impl LocalRuntime {
@@ -416,6 +419,25 @@ impl Drop for LocalRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writers_of_one_private_file_at_once_all_succeed_and_leave_a_whole_0600_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || (0..200).map(|_| write_private(&path, format!("writer {i}\n").repeat(64).as_bytes())).filter(Result::is_err).count())
+            })
+            .collect();
+        let failed: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(failed, 0, "writes failed");
+        let content = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(content.lines().collect::<std::collections::BTreeSet<_>>().len(), 1, "one writer's whole file");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
 
     #[test]
     fn a_token_is_fresh_for_half_its_lifetime() {
