@@ -154,6 +154,17 @@ fn count_write(kind: &'static str, result: &'static str) {
     metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(1);
 }
 
+/// Creates every series of [`LEASE_WRITES_TOTAL`] a member writes (`member` and `table`, `done` and
+/// `conflict`) at zero, so that a rate of conflicts reads 0, not "no data", before the first one
+/// (a fleet whose table writes never met a 409 had no conflict series at all).
+pub fn init_write_counters() {
+    for kind in ["member", "table"] {
+        for result in ["done", "conflict"] {
+            metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(0);
+        }
+    }
+}
+
 /// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted under `kind`
 /// (the [`KIND_LABEL`] value).
 fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Written, kube::Error> {

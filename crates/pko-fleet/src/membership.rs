@@ -423,6 +423,7 @@ impl Fleet {
     /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
     /// On shutdown it holds nothing and releases its membership, so the others take its shards at once.
     pub async fn run(self, shutdown: CancellationToken) {
+        lease::init_write_counters();
         let leases = self.watch_leases();
         if leases.store.wait_until_ready().await.is_err() {
             return;
