@@ -101,6 +101,10 @@ impl Operator {
         let scope = WatchScope::from_namespaces(&operations.namespaces);
         let mut servers = Vec::new();
         let mut membership = Vec::new();
+        // the recorder first: the fleet publishes its first holding (and sets `pko_fleet_shards_held`)
+        // within milliseconds of joining, before the metrics endpoint starts; a metric recorded before
+        // the recorder exists is lost (a lone replica's gauge stayed absent for good)
+        let recorder = crate::metrics::install_recorder();
         // the fleet: held shards decide what this replica owns and which objects its informers watch
         let replica = Self::replica(&client, &fleet, &operations).await?;
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
@@ -152,7 +156,7 @@ impl Operator {
         // every kind is watched once, by its informer; ready once every cache has synced
         let (ready, watches) = informers.run(shutdown.clone());
         servers.push(tokio::spawn(watches));
-        let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: crate::metrics::install_recorder() };
+        let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: recorder };
         let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, crate::artifacts::ArtifactState::new(programs)).await;
