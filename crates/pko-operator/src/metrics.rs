@@ -19,8 +19,8 @@
 //!   `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
 //! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
 //!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}`, `pko_fleet_holding_gaps_total` (counters),
-//!   `pko_fleet_lease_writes_total{lease="member"|"shard",result="done"|"conflict"}` (counter: the
-//!   coordination cost);
+//!   `pko_fleet_lease_writes_total{lease="member"|"table",result="done"|"conflict"}` (counter: the
+//!   coordination cost, every series from zero); `pko_update_operations_deferred_total` also starts at zero;
 //! - the process's (`metrics-process`): `process_cpu_seconds_total`, `process_resident_memory_bytes`, …
 //!
 //! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint

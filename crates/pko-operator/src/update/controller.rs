@@ -173,6 +173,8 @@ impl UpdateController {
         let controller = Controller::for_stream(updates.objects(), updates.store());
         let this = Arc::new(self);
         async move {
+            // at zero from the start: a rate of deferrals reads 0, not "no data", before the first one
+            metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(0);
             let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
             crate::k8s::run_controller(controller, this.ctx.running(), "update", |u, c: Arc<Self>| c.reconcile(u), this.clone()).await;
             for w in workers {
