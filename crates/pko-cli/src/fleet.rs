@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use pko_fleet::lease::LeaseKind;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -55,15 +56,17 @@ fn seconds_ago(t: &Value, now: k8s_openapi::jiff::Timestamp) -> Option<f64> {
 }
 
 fn kind(l: &Value) -> &str {
-    l["metadata"]["labels"]["pulumi.com/lease"].as_str().unwrap_or_default()
+    l["metadata"]["labels"][pko_fleet::lease::KIND_LABEL].as_str().unwrap_or_default()
 }
 
 /// Every shard of the shard tables among `leases` (`pulumi.com/lease=table`, one per shard count:
-/// `<fleet>-shards-<S>`), as `(S, shard)` → its entry; a table that does not decode adds nothing. Pure.
+/// `<fleet>-shards-<S>`, the fleet named by its `pulumi.com/fleet` label), as `(S, shard)` → its entry;
+/// a table whose name is not of that form or whose annotation does not decode adds nothing. Pure.
 pub fn table_entries(leases: &[Value]) -> BTreeMap<(u32, u32), pko_fleet::table::Entry> {
     let mut out = BTreeMap::new();
     for l in leases.iter().filter(|l| kind(l) == "table") {
-        let count = l["metadata"]["name"].as_str().and_then(|n| n.rsplit('-').next()?.parse().ok()).unwrap_or(0);
+        let (fleet, name) = (l["metadata"]["labels"][pko_fleet::lease::FLEET_LABEL].as_str(), l["metadata"]["name"].as_str());
+        let Some(LeaseKind::Table(count)) = fleet.zip(name).and_then(|(f, n)| LeaseKind::of(f, n)) else { continue };
         let value = l["metadata"]["annotations"][pko_fleet::table::TABLE_ANNOTATION].as_str().unwrap_or("{}");
         if let Ok(table) = pko_fleet::table::ShardTable::decode(value) {
             out.extend(table.0.into_iter().map(|(k, e)| ((count, k), e)));
@@ -174,7 +177,7 @@ mod tests {
     fn table_of(entries: &[(u32, &str, i64)]) -> Value {
         let table =
             pko_fleet::table::ShardTable(entries.iter().map(|(k, h, e)| (*k, pko_fleet::table::Entry { holder: (!h.is_empty()).then(|| h.to_string()), epoch: *e })).collect());
-        json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table"}, "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
+        json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table", "pulumi.com/fleet": "pko"}, "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
     }
 
     #[test]
@@ -187,6 +190,9 @@ mod tests {
         assert_eq!((a.replica.as_str(), a.live, a.shards_held, a.epochs, a.shards_setting.as_str()), ("a", true, 2, Some((3, 7)), "64"));
         assert!(!f.replicas[1].live);
         assert_eq!(table_entries(&leases).keys().next(), Some(&(64, 0)), "keyed by the table's count");
+        let mut misnamed = leases[2].clone();
+        misnamed["metadata"]["name"] = json!("pko-shards-064");
+        assert!(table_entries(&[misnamed]).is_empty(), "a table Lease's name is read as the fleet writes it");
         let t = table(&f);
         assert!(
             t.starts_with("REPLICA   LIVE    RENEWED")

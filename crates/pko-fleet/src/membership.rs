@@ -311,6 +311,9 @@ struct Turn {
     waiting_for: Option<(String, u32)>,
     /// The lapses the current holding was built after.
     accepted_lapses: u64,
+    /// The resourceVersion of this count's table last logged as undecodable (logged once per version,
+    /// not once a turn).
+    undecodable: Option<String>,
 }
 
 /// Aborts its task when dropped.
@@ -540,7 +543,11 @@ impl Fleet {
         let table = match table_of(tables.get(&mine)) {
             Ok(table) => table,
             Err(e) => {
-                tracing::error!(error = %e, table = %lease::table_name(&self.cfg.fleet, mine), "taking and releasing nothing until the shard table is readable");
+                let version = tables.get(&mine).and_then(|l| l.metadata.resource_version.clone());
+                if t.undecodable != version {
+                    tracing::error!(error = %e, table = %lease::table_name(&self.cfg.fleet, mine), "taking and releasing nothing until the shard table is readable");
+                    t.undecodable = version;
+                }
                 return None;
             }
         };

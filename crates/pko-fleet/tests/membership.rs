@@ -203,6 +203,36 @@ async fn a_replica_of_an_earlier_version_is_waited_for_and_its_epochs_are_exceed
     let _ = a.task.await;
 }
 
+/// A shard table whose annotation does not decode (only a hand edit makes one) is never overwritten:
+/// the replica takes and releases nothing from it, and takes its shards once the table reads again.
+#[tokio::test]
+async fn a_shard_table_that_does_not_decode_is_left_as_it_is_until_it_reads_again() {
+    use pko_fleet::lease::{self, Written};
+    use pko_fleet::table::{ShardTable, TABLE_ANNOTATION};
+    let bed = testbed();
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace("fleet-badtable").await.unwrap();
+    let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
+    let name = lease::table_name("pko", SHARDS);
+    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "table".into())].into();
+    let Written::Done(_) = lease::create(&api, &name, labels, Default::default()).await.unwrap() else { panic!("created") };
+    let garbled = serde_json::json!({"metadata": {"annotations": {TABLE_ANNOTATION: "{\"r-0\": [[0, 1]]"}}});
+    api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&garbled)).await.unwrap();
+    let a = start(&client, ns.name(), "a").await;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        assert_eq!(held(&a), 0, "a holds shards of a table it cannot read");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored = api.get(&name).await.unwrap();
+    assert_eq!(stored.metadata.annotations.as_ref().and_then(|m| m.get(TABLE_ANNOTATION)).map(String::as_str), Some("{\"r-0\": [[0, 1]]"), "the table is not overwritten");
+    let mended = serde_json::json!({"metadata": {"annotations": {TABLE_ANNOTATION: ShardTable::default().encode()}}});
+    api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&mended)).await.unwrap();
+    eventually("a holds every shard once the table reads", 20, || async { held(&a) == SHARDS as usize }).await;
+    a.stop.cancel();
+    let _ = a.task.await;
+}
+
 /// Writes from a slim cached Lease are merge patches of the spec guarded by the resourceVersion read:
 /// a stale read changes nothing (409), a fresh one changes the spec and keeps the labels as stored.
 #[tokio::test]
