@@ -12,7 +12,8 @@ set -euo pipefail
 N=${1:-1000}
 SIZES=${2:-"1 2 4"}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REPORT_ROOT=${REPORT_ROOT:-/tmp/pko-load/replicas}
+# not under /tmp/pko-load: each size's run starts by clearing that directory
+REPORT_ROOT=${REPORT_ROOT:-/tmp/pko-load-reports/replicas}
 OUT=/tmp/pko-load-replicas
 mkdir -p "$OUT" "$REPORT_ROOT"
 for k in $SIZES; do

@@ -10,6 +10,12 @@ the API server"), standard library only.
       (`VERB resource=count;…`: its `kubectl apply` and Ready polls), per operation, by verb and
       resource; WATCH and CONNECT (long-running) left out. Prints the table and a
       `requests_per_operation=` line.
+  requests.py timeline MARK SNAP...
+      requests per second by verb and resource between consecutive snapshots named
+      `req-t<SECONDS>-r<READY>.json` (taken every 10 s of a run: seconds since the apply began, Stacks
+      Ready then), the busiest kinds as columns, with Stacks Ready per second; the window holding MARK
+      seconds (a SIGKILL) is starred. WATCH and CONNECT left out. What the API server was asked to do
+      around a failover, window by window.
 
 The counter has no client label: everything that talked to the API server during the run is in it
 (the operators, the load script's own `kubectl apply` and Ready polls, the bed's controllers), and the
@@ -73,10 +79,35 @@ def table(run0, run1, bg0, bg1, bg_s, run_s, ops, script=""):
     print(f"requests_per_operation={total:.2f}")
 
 
+def timeline(mark, paths, columns=8):
+    name = re.compile(r'req-t(\d+)-r(\d+)\.json$')
+    snaps = sorted((int(m.group(1)), int(m.group(2)), p) for p in paths if (m := name.search(p)))
+    if len(snaps) < 2:
+        sys.exit("timeline: fewer than two snapshots")
+    windows = []
+    for (t0, r0, p0), (t1, r1, p1) in zip(snaps, snaps[1:]):
+        d = {k: v for k, v in delta(load(p0), load(p1)).items() if k.split(" ", 1)[0] not in ("WATCH", "CONNECT")}
+        windows.append((t0, t1, (r1 - r0) / max(t1 - t0, 1), {k: v / max(t1 - t0, 1) for k, v in d.items()}))
+    totals = {}
+    for _, _, _, d in windows:
+        for k, v in d.items():
+            totals[k] = totals.get(k, 0.0) + v
+    top = [k for k, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:columns]]
+    mark = float(mark)
+    print("API requests per second by window (WATCH left out; * the window of the SIGKILL):")
+    print(f"  {'window_s':<12} {'ready/s':>8} {'all/s':>7} " + " ".join(f"{k:>{max(len(k), 7)}}" for k in top))
+    for t0, t1, ready, d in windows:
+        star = "*" if t0 <= mark < t1 else " "
+        cells = " ".join(f"{d.get(k, 0.0):>{max(len(k), 7)}.1f}" for k in top)
+        print(f" {star}{f'{t0}-{t1}':<12} {ready:>8.1f} {sum(d.values()):>7.1f} {cells}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "snap":
         json.dump(snap(sys.stdin.read()), sys.stdout, sort_keys=True)
     elif len(sys.argv) in (9, 10) and sys.argv[1] == "table":
         table(*sys.argv[2:])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "timeline":
+        timeline(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(__doc__)

@@ -16,7 +16,8 @@
 #   IDLE_TIMEOUT_S=60               --pool-idle-timeout-seconds; IDLE_WAIT_S (default: it + 15) is when
 #                                   the agents left are counted
 #   FAILOVER=1                      (fleet) SIGKILL the last replica once half the Stacks are Ready, restart
-#                                   it once the survivors hold its shards
+#                                   it once the survivors hold its shards; the API server's requests per
+#                                   10 s around it go to REPORT_DIR/failover-requests.txt
 #   SHARDS=2048                     (fleet) --shards; a fleet settles (every shard held, none moving)
 #                                   before the apply, its CPU reported apart (fleet_formation_cpu_s)
 #   REPORT_DIR=DIR                  where the report (PNG plots from the run's Prometheus, report.md) goes
@@ -229,7 +230,7 @@ while :; do
   # FAILOVER=1 (fleet): SIGKILL the last replica once half the Stacks are Ready; restart it once the
   # survivors hold its shards (as a Deployment restarts a killed pod)
   if [ -n "${FAILOVER:-}" ] && [ "$REPLICAS" -gt 1 ] && [ -z "${KILLED_AT:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
-    v=$((REPLICAS - 1)); kill -KILL "${OPS[$v]}"; KILLED_AT=$(date +%s.%N)
+    v=$((REPLICAS - 1)); kill -KILL "${OPS[$v]}"; KILLED_AT=$(date +%s.%N); KILL_T=$(( $(date +%s) - T0 ))
     echo "  FAILOVER: SIGKILL replica $v at ready=$ready/$N"
     while [ "$(shards_held_by "load-$v")" -gt 0 ]; do sleep 0.5; done
     FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
@@ -240,7 +241,11 @@ while :; do
   if [ -n "${CLI:-}" ] && [ -z "${CLI_MID:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
     CLI_MID=1; echo "  kubectl pko fleet at ready=$ready/$N:"; "$BIN/kubectl-pko" fleet --fleet-namespace $NS | sed 's/^/    /' | tee "$RUN/fleet-mid.txt"
   fi
-  if [ $((now - LAST)) -ge 10 ]; then LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"; fi
+  if [ $((now - LAST)) -ge 10 ]; then
+    LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"
+    # FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL
+    [ -n "${FAILOVER:-}" ] && api_snap "$RUN/req-t$((now - T0))-r$ready.json"
+  fi
   sleep 2
 done
 READY_S=$(( $(date +%s) - T0 ))
@@ -304,6 +309,9 @@ mkdir -p "${REPORT_DIR:-$RUN/report}"
 kubectl -n $NS get stacks -o json > "$RUN/stacks.json" && kubectl -n $NS get updates -o json > "$RUN/updates.json" \
   && python3 "$ROOT/loadtest/timeline.py" "$RUN/stacks.json" "$RUN/updates.json" "$T0" 5 > "${REPORT_DIR:-$RUN/report}/timeline.tsv" || echo "timeline: not written"
 [ -n "${KILLED_AT:-}" ] && echo "timeline: SIGKILL at t=$(echo "$KILLED_AT - $T0" | bc | cut -d. -f1) s"
+# which requests the API server served around the SIGKILL, per 10 s (loadtest/requests.py timeline)
+[ -n "${KILL_T:-}" ] && python3 "$ROOT/loadtest/requests.py" timeline "$KILL_T" "$RUN"/req-t*-r*.json > "${REPORT_DIR:-$RUN/report}/failover-requests.txt" \
+  && awk -v k="$KILL_T" 'NR <= 2 { print; next } { split(substr($1, 1 + ($1 ~ /^\*/)), w, "-"); if (w[1] + 0 >= k - 30 && w[1] + 0 <= k + 120) print }' "${REPORT_DIR:-$RUN/report}/failover-requests.txt"
 TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
 EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
 [ -n "${KILLED_AT:-}" ] && EVENTS+=("$KILLED_AT:SIGKILL replica $((REPLICAS - 1))")
