@@ -17,7 +17,8 @@
 #                                   the agents left are counted
 #   FAILOVER=1                      (fleet) SIGKILL the last replica once half the Stacks are Ready, restart
 #                                   it once the survivors hold its shards; the API server's requests per
-#                                   10 s around it go to REPORT_DIR/failover-requests.txt
+#                                   10 s around it go to REPORT_DIR/failover-requests.txt;
+#                                   RESTART_DELAY_S=N restarts it N s after the takeover instead
 #   SHARDS=2048                     (fleet) --shards; a fleet settles (every shard held, none moving)
 #                                   before the apply, its CPU reported apart (fleet_formation_cpu_s)
 #   REPORT_DIR=DIR                  where the report (PNG plots from the run's Prometheus, report.md) goes
@@ -234,7 +235,13 @@ while :; do
     echo "  FAILOVER: SIGKILL replica $v at ready=$ready/$N"
     while [ "$(shards_held_by "load-$v")" -gt 0 ]; do sleep 0.5; done
     FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
-    echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s; restarting it"
+    echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s"
+    # RESTART_DELAY_S: later, as a Deployment replacing a killed pod takes a while (scheduling, start)
+    RESTART_AT=$(( $(date +%s) + ${RESTART_DELAY_S:-0} ))
+  fi
+  if [ -n "${RESTART_AT:-}" ] && [ "$(date +%s)" -ge "$RESTART_AT" ]; then
+    RESTART_AT=""; v=$((REPLICAS - 1)); RESTARTED_AT=$(date +%s)
+    echo "  FAILOVER: restarting replica $v at t=$((RESTARTED_AT - T0)) s"
     start_replica "$v"; PEAK_OF[${OPS[$v]}]=0; ANON_OF[${OPS[$v]}]=0; CPU0[${OPS[$v]}]=0
   fi
   # CLI=1: what `kubectl pko fleet` shows mid-run (queues and pools busy)
@@ -243,8 +250,9 @@ while :; do
   fi
   if [ $((now - LAST)) -ge 10 ]; then
     LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"
-    # FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL
-    [ -n "${FAILOVER:-}" ] && api_snap "$RUN/req-t$((now - T0))-r$ready.json"
+    # FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL,
+    # named by when the answer came (a busy API server takes seconds to answer)
+    [ -n "${FAILOVER:-}" ] && api_snap "$RUN/req.json" && mv "$RUN/req.json" "$RUN/req-t$(( $(date +%s) - T0 ))-r$ready.json"
   fi
   sleep 2
 done
@@ -315,5 +323,6 @@ kubectl -n $NS get stacks -o json > "$RUN/stacks.json" && kubectl -n $NS get upd
 TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
 EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
 [ -n "${KILLED_AT:-}" ] && EVENTS+=("$KILLED_AT:SIGKILL replica $((REPLICAS - 1))")
+[ -n "${RESTARTED_AT:-}" ] && EVENTS+=("$RESTARTED_AT:restart replica $((REPLICAS - 1))")
 plot_report "$T0" "$(date +%s)" "${REPORT_DIR:-$RUN/report}" "$TITLE" "${EVENTS[@]}"
 if [ -n "$HOLLOW" ]; then echo "NOTE: HOLLOW AGENTS — operations were simulated (${HOLLOW} s each); no Pulumi ran"; fi
