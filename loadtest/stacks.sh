@@ -176,6 +176,9 @@ api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" s
 REQ_BG_S=${REQ_BG_S:-30}
 echo "counting the API server's background requests at rest for ${REQ_BG_S} s…"
 api_snap "$RUN/req-bg0.json"; sleep "$REQ_BG_S"; api_snap "$RUN/req-bg1.json"
+# FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL, named
+# by when the answer came (a busy API server takes seconds to answer) and the Stacks Ready last polled
+req_snap() { [ -z "${FAILOVER:-}" ] || { api_snap "$RUN/req.json" && mv "$RUN/req.json" "$RUN/req-t$(( $(date +%s) - T0 ))-r$ready.json"; }; }
 declare -A PEAK_OF ANON_OF
 for op in "${OPS[@]}"; do PEAK_OF[$op]=0; ANON_OF[$op]=0; done
 
@@ -233,7 +236,10 @@ while :; do
   if [ -n "${FAILOVER:-}" ] && [ "$REPLICAS" -gt 1 ] && [ -z "${KILLED_AT:-}" ] && [ "$ready" -ge $((N / 2)) ]; then
     v=$((REPLICAS - 1)); kill -KILL "${OPS[$v]}"; KILLED_AT=$(date +%s.%N); KILL_T=$(( $(date +%s) - T0 ))
     echo "  FAILOVER: SIGKILL replica $v at ready=$ready/$N"
-    while [ "$(shards_held_by "load-$v")" -gt 0 ]; do sleep 0.5; done
+    while [ "$(shards_held_by "load-$v")" -gt 0 ]; do
+      sleep 0.5
+      [ $(( $(date +%s) - LAST )) -ge 10 ] && LAST=$(date +%s) && req_snap
+    done
     FAILOVER_S=$(echo "$(date +%s.%N) - $KILLED_AT" | bc)
     echo "  FAILOVER: its shards held by the survivors after ${FAILOVER_S} s"
     # RESTART_DELAY_S: later, as a Deployment replacing a killed pod takes a while (scheduling, start)
@@ -250,9 +256,7 @@ while :; do
   fi
   if [ $((now - LAST)) -ge 10 ]; then
     LAST=$now; echo "  t=$((now - T0))s ready=$ready/$N operator_rss_mib=$((r / 1024))"
-    # FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL,
-    # named by when the answer came (a busy API server takes seconds to answer)
-    [ -n "${FAILOVER:-}" ] && api_snap "$RUN/req.json" && mv "$RUN/req.json" "$RUN/req-t$(( $(date +%s) - T0 ))-r$ready.json"
+    req_snap
   fi
   sleep 2
 done
