@@ -13,14 +13,18 @@ use pko_api::{Stack, Update, Workspace};
 use pko_testbed::eventually;
 use serde_json::json;
 
-/// The pids of running `pko-agent` processes whose command line names `dir`.
+/// The pids of the `pko-agent` agents this test process started whose command line names `dir`. Only
+/// children of this process count: a child the agent has forked but not yet replaced by its program
+/// (a supervisor of a `pulumi` command) still shows the agent's command line for a moment.
 fn agents_under(dir: &Path) -> Vec<u32> {
     let needle = dir.display().to_string();
+    let me = std::process::id();
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| parent_of(*pid) == Some(me))
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 let c = String::from_utf8_lossy(&c);
@@ -28,6 +32,12 @@ fn agents_under(dir: &Path) -> Vec<u32> {
             })
         })
         .collect()
+}
+
+/// The parent pid of `pid` (`/proc/<pid>/stat`, the field after the command name), if it still runs.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Processes whose working directory is under `dir`, with their command names.
