@@ -176,9 +176,23 @@ api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" s
 REQ_BG_S=${REQ_BG_S:-30}
 echo "counting the API server's background requests at rest for ${REQ_BG_S} s…"
 api_snap "$RUN/req-bg0.json"; sleep "$REQ_BG_S"; api_snap "$RUN/req-bg1.json"
-# FAILOVER=1: the API server's request counters every 10 s, for the requests around the SIGKILL, named
-# by when the answer came (a busy API server takes seconds to answer) and the Stacks Ready last polled
-req_snap() { [ -z "${FAILOVER:-}" ] || { api_snap "$RUN/req.json" && mv "$RUN/req.json" "$RUN/req-t$(( $(date +%s) - T0 ))-r$ready.json"; }; }
+# FAILOVER=1: every 10 s, the API server's request counters and its own view (loadtest/window.py
+# apiserver: latencies, etcd, watch cache, in flight), and the CPU of the machine and of each process
+# tree (window.py cpu), for what happened around the SIGKILL; named by when the API server answered (a
+# busy one takes seconds) and the Stacks Ready last polled
+ETCD=$(pgrep -f "^etcd --name pko-testbed" | head -1 || true)
+KCM=$(pgrep -f "kube-controller-manager --kubeconfig" | head -1 || true)
+req_snap() {
+  [ -n "${FAILOVER:-}" ] || return 0
+  local groups=(apiserver=${APISERVER:-} etcd=${ETCD:-} controller-manager=${KCM:-} prometheus=${PROM_PID:-} kubectl-apply=${APPLY_PID:-}) i
+  for i in "${!OPS[@]}"; do groups+=("replica-$i=${OPS[$i]}"); done
+  python3 "$ROOT/loadtest/window.py" cpu "${groups[@]}" > "$RUN/cpu.json"
+  kubectl get --raw /metrics > "$RUN/metrics.txt" || return 0
+  local name="t$(( $(date +%s) - T0 ))-r$ready"
+  python3 "$ROOT/loadtest/requests.py" snap < "$RUN/metrics.txt" > "$RUN/req-$name.json"
+  python3 "$ROOT/loadtest/window.py" apiserver < "$RUN/metrics.txt" > "$RUN/api-$name.json"
+  mv "$RUN/cpu.json" "$RUN/cpu-$name.json"
+}
 declare -A PEAK_OF ANON_OF
 for op in "${OPS[@]}"; do PEAK_OF[$op]=0; ANON_OF[$op]=0; done
 
@@ -324,6 +338,9 @@ kubectl -n $NS get stacks -o json > "$RUN/stacks.json" && kubectl -n $NS get upd
 # which requests the API server served around the SIGKILL, per 10 s (loadtest/requests.py timeline)
 [ -n "${KILL_T:-}" ] && python3 "$ROOT/loadtest/requests.py" timeline "$KILL_T" "$RUN"/req-t*-r*.json > "${REPORT_DIR:-$RUN/report}/failover-requests.txt" \
   && awk -v k="$KILL_T" 'NR <= 2 { print; next } { split(substr($1, 1 + ($1 ~ /^\*/)), w, "-"); if (w[1] + 0 >= k - 30 && w[1] + 0 <= k + 120) print }' "${REPORT_DIR:-$RUN/report}/failover-requests.txt"
+# and what the machine's CPU went to, and how the API server fared, over the same windows
+[ -n "${KILL_T:-}" ] && python3 "$ROOT/loadtest/window.py" timeline "$KILL_T" cpu "$RUN"/cpu-t*-r*.json | tee "${REPORT_DIR:-$RUN/report}/failover-cpu.txt" || true
+[ -n "${KILL_T:-}" ] && python3 "$ROOT/loadtest/window.py" timeline "$KILL_T" api "$RUN"/api-t*-r*.json | tee "${REPORT_DIR:-$RUN/report}/failover-apiserver.txt" || true
 TITLE="stacks.sh: $N Stacks, $REPLICAS replica(s), MAX_OPS=$MAX_OPS, POOL_MAX=$POOL_MAX${HOLLOW:+ — HOLLOW AGENTS (operations simulated for $HOLLOW s, no Pulumi ran)}"
 EVENTS=("$T0:apply" "$((T0 + READY_S)):all Ready")
 [ -n "${KILLED_AT:-}" ] && EVENTS+=("$KILLED_AT:SIGKILL replica $((REPLICAS - 1))")
