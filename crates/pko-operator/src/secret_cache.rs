@@ -81,7 +81,7 @@ impl SecretCache {
             let namespace = key.clone().unwrap_or_else(|| "(cluster)".into());
             let (reader, writer) = reflector::store();
             versions.insert(key, reader);
-            let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff().modify(keep_version_only));
+            let stream = reflector::reflector(writer, watcher(api, crate::informer::list_config()).default_backoff().modify(keep_version_only));
             // the first error of a source is a warning (RBAC refusing the watch leaves every read of
             // its Secrets uncached), the retries after it are debug lines
             let warned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
