@@ -396,9 +396,12 @@ impl PodPools {
         }
     }
 
-    /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]).
+    /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]). The list is
+    /// served from the API server's watch cache (`resourceVersion=0`, unpaged): a consistent list of
+    /// every StatefulSet of the cluster from etcd each minute and replica would scan them all for a
+    /// label; a pool a moment too new to be seen is found a minute later.
     async fn discover(&self) {
-        let lp = ListParams::default().labels(POOL_LABEL);
+        let lp = ListParams::default().labels(POOL_LABEL).match_any();
         let found = match Api::<StatefulSet>::all(self.client.clone()).list_metadata(&lp).await {
             Ok(l) => l.items,
             Err(e) => {
