@@ -293,11 +293,12 @@ echo "operator_rss_mib (all $REPLICAS replica(s)): idle=$((IDLE_KIB / 1024)) pea
 echo "per replica (MiB; anon: peak anonymous memory, RSS without the executable's shared file pages):$PER_REPLICA"
 echo "operator_cpu_s (apply → all Ready): total=$CPU_TOTAL per replica:$CPU_PER; kube-apiserver=$API_CPU"
 echo "kube-apiserver_cpu_s_per_operation=$(echo "scale=4; $API_CPU / $UPDATES" | bc) ($UPDATES operations)"
-# the script's own requests: client-side `kubectl apply` reads then creates each Stack (and the
-# Program once per chunk of 1,000), each Ready poll lists every Stack
+# the script's own requests: client-side `kubectl apply` reads the namespace and reads then creates
+# each Stack (one namespace GET per object applied, measured), and the Program once per chunk of
+# 1,000; each Ready poll lists every Stack
 CHUNKS=$(ls "$RUN"/manifests.part.* | wc -l)
 python3 "$ROOT/loadtest/requests.py" table "$RUN/req-run0.json" "$RUN/req-run1.json" "$RUN/req-bg0.json" "$RUN/req-bg1.json" "$REQ_BG_S" "$READY_S" "$UPDATES" \
-  "GET stacks=$N;POST stacks=$N;GET programs=$CHUNKS;POST programs=1;LIST stacks=${POLLS:-0}" | tee "$RUN/requests.txt"
+  "GET stacks=$N;POST stacks=$N;GET namespaces=$N;GET programs=$CHUNKS;POST programs=1;LIST stacks=${POLLS:-0}" | tee "$RUN/requests.txt"
 [ -n "${FORMATION_CPU:-}" ] && echo "fleet_formation_cpu_s (start → settled, before the apply): $FORMATION_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 [ -n "${CLI:-}" ] && cli_cost
