@@ -9,8 +9,9 @@ labeller or of the operators.
     loadtest/timeline.py stacks.json updates.json T0 [STEP] > timeline.tsv
 
 T0: the apply's start (Unix seconds). Writes a TSV (t_s, created, labelled, updates, ready) to stdout
-and, to stderr, the longest stretch without any Stack created, labelled, queued or Ready while the
-apply was still going.
+and, to stderr, when the last Stack was created and the last made Ready (to the second, which the
+load script's Ready poll is not), and the longest stretch without any Stack created, labelled,
+queued or Ready while the apply was still going.
 """
 import datetime
 import json
@@ -59,6 +60,11 @@ def main():
                 quiet = (i - run + 1, run)
         else:
             run = 0
+    if series["ready"]:
+        # to the second, from the objects: the script's Ready poll (every 20 s at 10,000 Stacks) is coarser
+        last_ready = max(series["ready"])
+        print(f"timeline: last Stack created at t={last_created - t0:.0f} s, last Stack Ready at t={last_ready - t0:.0f} s "
+              f"({last_ready - last_created:.0f} s after the last creation)", file=sys.stderr)
     print(f"timeline: {len(stacks)} Stacks, {len(updates)} Updates, {bins} steps of {step} s; longest stretch with nothing "
           f"created, labelled, queued or Ready during the apply: {quiet[1] * step} s from t={quiet[0] * step} s", file=sys.stderr)
     for k in ("created", "labelled", "updates", "ready"):
