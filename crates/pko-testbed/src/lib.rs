@@ -337,15 +337,19 @@ impl TestNamespace {
 }
 
 /// The shell script a dropped [`TestNamespace`] leaves running (`$0` kubectl, `$1` the namespace): the
-/// namespace is deleted, then the finalizers of the project's objects are removed until it is gone (at
-/// most ~60 s). The operator that would remove them has stopped with its test, and a namespace left
-/// `Terminating` is retried by the namespace controller for the bed's life (a list of every resource
-/// kind per retry: ~100 requests/s for nine such namespaces, background for every later test).
+/// namespace is deleted, then the finalizers of the project's objects and of the Flux sources a test
+/// made are removed until it is gone (at most ~60 s). The controllers that would remove them stopped
+/// with the test, and a namespace left `Terminating` is retried by the namespace controller for the
+/// bed's life (a list of every resource kind per retry: ~100 requests/s for nine such namespaces,
+/// background for every later test). Each kind is listed on its own: a kind the bed lacks fails alone.
 const RELEASE_NAMESPACE: &str = r#"
 "$0" delete namespace "$1" --wait=false --ignore-not-found >/dev/null 2>&1
 for _ in $(seq 1 30); do
   "$0" get namespace "$1" >/dev/null 2>&1 || exit 0
-  "$0" -n "$1" get stacks.pulumi.com,programs.pulumi.com,workspaces.auto.pulumi.com,updates.auto.pulumi.com -o name 2>/dev/null     | while read -r o; do "$0" -n "$1" patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+  for kind in stacks.pulumi.com programs.pulumi.com workspaces.auto.pulumi.com updates.auto.pulumi.com \
+      gitrepositories.source.toolkit.fluxcd.io ocirepositories.source.toolkit.fluxcd.io buckets.source.toolkit.fluxcd.io; do
+    "$0" -n "$1" get "$kind" -o name 2>/dev/null
+  done | while read -r o; do "$0" -n "$1" patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
   sleep 2
 done
 "#;
