@@ -314,7 +314,7 @@ async fn deliver<K: Watched>(steps: Vec<Step<K>>, writer: &mut Writer<K>, subscr
 /// At 10,000 Stacks a re-list from etcd costs the API server seconds per kind, and a selector that
 /// matches few objects (a watch group's shards, the labeller's `!pulumi.com/shard`) scans them all.
 ///
-/// Unpaged (`page_size` none): kube (since 0.9x, kube-core `ListParams`) leaves `resourceVersion=0` out
+/// Unpaged (`page_size` none): kube-core 5.0 (`ListParams::populate_qp`) leaves `resourceVersion=0` out
 /// of a list that has a `limit`, which makes it a consistent read — from etcd unless the API server
 /// serves consistent lists from its cache (Kubernetes 1.31+ with etcd 3.4.31+ / 3.5.13+). The watch
 /// cache ignores `limit` anyway and answers a `resourceVersion=0` list in one response. Measured
