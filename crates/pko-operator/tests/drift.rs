@@ -203,7 +203,7 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
 
 /// `--max-concurrent-drift-checks 1` and two Stacks due every second: while one checks, the other's
 /// due check waits for the fleet-wide slot and its `DriftDetected` message says so (what `kubectl pko
-/// status -o wide` shows); both keep being checked.
+/// status -o wide` shows); both keep being checked, taking turns (the slots' line).
 #[tokio::test]
 async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
     let (client, ns, env) = setup("drift-cap").await;
@@ -225,9 +225,12 @@ async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
         all.iter().any(|s| drift(s).is_some_and(|(_, _, m)| m.contains("waits for a drift-check slot")))
     })
     .await;
-    eventually("both Stacks are checked", 120, || async {
+    let last_checks = || async {
         let all = stacks.list(&Default::default()).await.unwrap().items;
-        all.iter().filter(|s| s.status.as_ref().and_then(|st| st.drift_detection.as_ref()).and_then(|d| d.last_check.as_ref()).is_some()).count() == 2
-    })
-    .await;
+        all.iter().filter_map(|s| s.status.as_ref()?.drift_detection.as_ref()?.last_check.as_ref().map(|t| format!("{:?}={t:?}", s.metadata.name))).collect::<Vec<_>>()
+    };
+    eventually("both Stacks are checked", 120, || async { last_checks().await.len() == 2 }).await;
+    // the line: neither Stack, asking again the moment it released, keeps the one slot to itself
+    let first = last_checks().await;
+    eventually("both Stacks are checked again, taking turns", 120, || async { last_checks().await.iter().all(|c| !first.contains(c)) }).await;
 }

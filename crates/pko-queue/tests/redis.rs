@@ -147,6 +147,33 @@ async fn slots_cap_holders_across_replicas_and_expire() {
     assert!(a.slots("unlimited", 0).acquire("x", lease).await.unwrap());
 }
 
+/// Slots are fair across replicas: a key refused waits in line, and a holder that releases and asks
+/// again at once (a schedule as fast as the retry) is refused while a key that waited longer asks.
+#[tokio::test]
+async fn a_free_slot_goes_to_the_key_that_waited_whichever_replica_asks() {
+    use pko_queue::slots::Slots;
+    let bed = testbed();
+    let prefix = bed.redis_prefix("fair-slots");
+    let (a, b) = (RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(), RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap());
+    let (sa, sb) = (a.slots("drift", 1), b.slots("drift", 1));
+    let lease = Duration::from_secs(60);
+    assert!(sa.acquire("ns/one", lease).await.unwrap());
+    assert!(!sb.acquire("ns/two", lease).await.unwrap(), "taken");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(!sa.acquire("ns/three", lease).await.unwrap(), "taken");
+    sa.release("ns/one").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for _ in 0..3 {
+        assert!(!sa.acquire("ns/one", lease).await.unwrap(), "two and three waited: the freed slot is theirs");
+    }
+    assert!(!sb.acquire("ns/three", lease).await.unwrap(), "two waited longer");
+    assert!(sb.acquire("ns/two", lease).await.unwrap(), "the first refused is served first");
+    sb.release("ns/two").await.unwrap();
+    assert!(sa.acquire("ns/three", lease).await.unwrap(), "next in line, asked on the other replica");
+    sa.release("ns/three").await.unwrap();
+    assert!(sa.acquire("ns/one", lease).await.unwrap(), "its turn");
+}
+
 /// A redis-server process (no persistence) on a free loopback port, with `extra` arguments.
 struct Server {
     child: std::process::Child,

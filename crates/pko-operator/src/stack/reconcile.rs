@@ -134,7 +134,8 @@ enum Effect {
     ForwardCancel(String, String),
 }
 
-/// How soon a due drift check that found no free fleet-wide slot looks again: 5 seconds.
+/// How soon a due drift check that found no free fleet-wide slot looks again: 5 seconds (within
+/// [`pko_queue::slots::WAITER_TTL`], so it keeps its place in line).
 pub const DRIFT_SLOT_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
@@ -854,9 +855,10 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
             if let Some((status, reason, message)) = drift::deferred(current.as_ref().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))) {
                 p.set_drift(&status, &reason, &message);
             }
-            // looked at again soon (a pass that changes nothing writes nothing): with every 30 s, a
-            // Stack whose checks tick faster than that took the slot again before a waiting one
-            // looked (tests/drift.rs, a waiting Stack starved for minutes on a loaded bed)
+            // looked at again soon (a pass that changes nothing writes nothing), keeping its place in
+            // the slots' line: a Stack whose checks tick as fast as this retry asks again the moment
+            // it released and, without the line, took the slot round after round (tests/drift.rs, a
+            // waiting Stack starved in CI)
             return Ok(Exit::Done(Action::requeue(DRIFT_SLOT_RETRY)));
         }
         Err(e) => {
