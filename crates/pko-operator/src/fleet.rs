@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL};
+use pko_api::constants::{SHARD_LABEL, SHARDS_LABEL, STACK_FINALIZER};
 use pko_api::shard::ShardKey;
 use pko_api::{Stack, Update, Workspace};
 use pko_fleet::membership::{Fleet, FleetConfig, ShardOwnership};
@@ -327,7 +328,7 @@ pub async fn relabel_misfiled<K: Watched + ShardKey>(
         let ns = object.namespace().unwrap_or_default();
         if *standing.borrow() == Standing::Active && misfiled(object.labels(), &ns, &object.shard_key(), shards) {
             tracing::info!(kind = %K::kind(&()), namespace = %ns, name = %object.name_any(), shard = ?object.labels().get(SHARD_LABEL), "relabelling an object filed under another shard than its own");
-            label(&client, &object, shards).await;
+            label(&client, &object, shards, None).await;
         }
     }
 }
@@ -381,9 +382,9 @@ pub async fn label_unsharded(
         for selector in [unlabelled_selector(shards), misnumbered_selector(shards)] {
             let config = || crate::informer::list_config().labels(&selector);
             let (c, o, t) = (&client, &ownership, &stop);
-            watches.push(label_kind::<Stack>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
-            watches.push(label_kind::<Workspace>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
-            watches.push(label_kind::<Update>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), t.clone()).boxed());
+            watches.push(label_kind::<Stack>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), Some(STACK_FINALIZER), t.clone()).boxed());
+            watches.push(label_kind::<Workspace>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), None, t.clone()).boxed());
+            watches.push(label_kind::<Update>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), None, t.clone()).boxed());
         }
         let standing_by = async {
             let _ = standing.wait_for(|s| *s != Standing::Active).await;
@@ -401,7 +402,18 @@ pub async fn label_unsharded(
     }
 }
 
-async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: kube::Client, shards: u32, ownership: Arc<dyn Ownership>, stop: CancellationToken) {
+/// Labels the objects `informer` sees (see [`label_unsharded`]); `finalizer` is added with the labels
+/// where this replica holds the object's shard, as its controller would add it next (the Stack
+/// finalizer; a replica that does not hold the shard adds none: the object may be no replica's, as
+/// outside `--namespaces`).
+async fn label_kind<K: Watched + ShardKey>(
+    mut informer: Informer<K>,
+    client: kube::Client,
+    shards: u32,
+    ownership: Arc<dyn Ownership>,
+    finalizer: Option<&'static str>,
+    stop: CancellationToken,
+) {
     use futures::StreamExt;
     let store = informer.store();
     let mut changes = Box::pin(informer.subscribe());
@@ -415,7 +427,7 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
         let ns = object.namespace().unwrap_or_default();
         let delay = label_delay(ownership.owns(&ns, &object.shard_key()));
         if delay.is_zero() {
-            label(&client, &object, shards).await;
+            label(&client, &object, shards, finalizer).await;
             continue;
         }
         let (client, store, stop) = (client.clone(), store.clone(), stop.clone());
@@ -429,7 +441,7 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
             }
             let ns = object.namespace().unwrap_or_default();
             match Api::<K>::namespaced(client.clone(), &ns).get_opt(&object.name_any()).await {
-                Ok(Some(fresh)) if needs_labels(fresh.labels(), &ns, &fresh.shard_key(), shards) => label(&client, &fresh, shards).await,
+                Ok(Some(fresh)) if needs_labels(fresh.labels(), &ns, &fresh.shard_key(), shards) => label(&client, &fresh, shards, None).await,
                 Ok(_) => {}
                 Err(e) => tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "reading an unlabelled object before labelling it"),
             }
@@ -438,22 +450,83 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, client: ku
     watch.abort();
 }
 
-/// Writes `object`'s [`shard_labels`] (server-side apply, the labeller's own field manager).
-async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards: u32) {
+/// Writes `object`'s [`shard_labels`], with `finalizer` when [`label_patch`] can carry it in the same
+/// JSON patch (the labeller's own field manager); otherwise, or when that patch is refused (422: the
+/// object changed since it was read), the labels alone by server-side apply. Failures are logged: the
+/// object stays in the labeller's watch and its holder's fallback labels it.
+async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards: u32, finalizer: Option<&str>) {
     let ns = object.namespace().unwrap_or_default();
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()), "kind": K::kind(&()),
-        "metadata": {"name": object.name_any(), "labels": shard_labels(&ns, &object.shard_key(), shards)},
-    });
+    let labels = shard_labels(&ns, &object.shard_key(), shards);
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    if let Some(ops) = label_patch(object.meta(), &labels, finalizer) {
+        let params = PatchParams { field_manager: Some(SHARD_FIELD_MANAGER.into()), ..Default::default() };
+        let written = match serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(ops)) {
+            Ok(patch) => api.patch(&object.name_any(), &params, &Patch::<()>::Json(patch)).await.map(|_| ()),
+            Err(e) => Err(kube::Error::SerdeError(e)),
+        };
+        match written {
+            Ok(()) => return,
+            Err(e) => tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "labels and finalizer not written in one patch; the labels alone"),
+        }
+    }
+    let patch = serde_json::json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": {"name": object.name_any(), "labels": labels}});
     if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
         tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard labels not written");
     }
 }
 
+/// The JSON patch that labels a new object with `labels` and adds `finalizer` in one write (pure):
+/// the Stack finalizer, which the Stack controller would otherwise add with a write of its own right
+/// after the label's (one request per new Stack). Each change is pinned by a `test` of what was read:
+/// the finalizer list ([`crate::k8s::finalizer_patch`]) and, when the object has no labels, their
+/// absence (a map added whole would replace labels written since). `None` — the labels go alone — when
+/// there is no finalizer to add: none given, the object is being deleted (the API refuses new
+/// finalizers then), or it holds it already.
+pub fn label_patch(meta: &ObjectMeta, labels: &BTreeMap<String, String>, finalizer: Option<&str>) -> Option<Vec<serde_json::Value>> {
+    let finalizer = finalizer.filter(|_| meta.deletion_timestamp.is_none())?;
+    let mut ops = crate::k8s::finalizer_patch(meta.finalizers.as_deref().unwrap_or_default(), finalizer, true);
+    if ops.is_empty() {
+        return None;
+    }
+    match meta.labels.as_ref().filter(|l| !l.is_empty()) {
+        None => {
+            ops.push(serde_json::json!({"op": "test", "path": "/metadata/labels", "value": meta.labels}));
+            ops.push(serde_json::json!({"op": "add", "path": "/metadata/labels", "value": labels}));
+        }
+        Some(_) => {
+            ops.extend(labels.iter().map(|(k, v)| serde_json::json!({"op": "add", "path": format!("/metadata/labels/{}", k.replace('~', "~0").replace('/', "~1")), "value": v})))
+        }
+    }
+    Some(ops)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new Stack's labels and finalizer go in one patch, each pinned by a test of what was read; no
+    /// finalizer to add (none asked, held already, the object being deleted): no patch.
+    #[test]
+    fn a_label_patch_carries_the_finalizer_and_pins_what_it_read() {
+        let labels = shard_labels("team", "web", 64);
+        let fresh = ObjectMeta { name: Some("web".into()), ..Default::default() };
+        let ops = label_patch(&fresh, &labels, Some(STACK_FINALIZER)).expect("a patch");
+        assert_eq!(ops[0], serde_json::json!({"op": "test", "path": "/metadata/finalizers", "value": null}));
+        assert_eq!(ops[1], serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [STACK_FINALIZER]}));
+        assert_eq!(ops[2], serde_json::json!({"op": "test", "path": "/metadata/labels", "value": null}));
+        assert_eq!(ops[3], serde_json::json!({"op": "add", "path": "/metadata/labels", "value": labels}));
+        let labelled = ObjectMeta { labels: Some([("app".to_string(), "web".to_string())].into()), finalizers: Some(vec!["other".into()]), ..fresh.clone() };
+        let ops = label_patch(&labelled, &labels, Some(STACK_FINALIZER)).expect("a patch");
+        assert_eq!(ops[0], serde_json::json!({"op": "test", "path": "/metadata/finalizers", "value": ["other"]}));
+        assert_eq!(ops[2], serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shard", "value": labels[SHARD_LABEL]}));
+        assert_eq!(ops[3], serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shards", "value": "64"}));
+        assert_eq!(ops.len(), 4, "the user's labels are left as they are");
+        assert!(label_patch(&fresh, &labels, None).is_none(), "no finalizer asked (Workspaces, Updates)");
+        let held = ObjectMeta { finalizers: Some(vec![STACK_FINALIZER.into()]), ..fresh.clone() };
+        assert!(label_patch(&held, &labels, Some(STACK_FINALIZER)).is_none());
+        let deleting = ObjectMeta { deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)), ..fresh };
+        assert!(label_patch(&deleting, &labels, Some(STACK_FINALIZER)).is_none(), "the API refuses new finalizers on a deleting object");
+    }
 
     #[test]
     fn shard_labels_name_the_shard_and_the_count_it_was_computed_for() {

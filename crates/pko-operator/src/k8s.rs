@@ -47,6 +47,27 @@ where
     Ok(written.meta().resource_version.clone())
 }
 
+/// The JSON patch operations that add (`add`) or remove `finalizer` given the object's current list
+/// (empty: nothing to do), each change behind a `test` that pins the list as read (kube-runtime's
+/// `finalizer` pattern: another controller's finalizer is never clobbered; a list changed since is
+/// refused with 422). Pure.
+pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let at = current.iter().position(|f| f == finalizer);
+    match (add, at) {
+        (true, Some(_)) | (false, None) => Vec::new(),
+        (true, None) if current.is_empty() => {
+            vec![json!({"op": "test", "path": "/metadata/finalizers", "value": null}), json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})]
+        }
+        (true, None) => {
+            vec![json!({"op": "test", "path": "/metadata/finalizers", "value": current}), json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})]
+        }
+        (false, Some(i)) => {
+            vec![json!({"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": finalizer}), json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")})]
+        }
+    }
+}
+
 /// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable`
 /// says the cached version will do; otherwise read from the API server (not cached yet — just
 /// created, a shard just gained, a cache not listed yet — or a newer version may matter). The
@@ -215,4 +236,27 @@ pub const UNOWNED_RECHECK: std::time::Duration = std::time::Duration::from_secs(
 /// shard until the re-list drops it.
 pub fn unowned() -> kube::runtime::controller::Action {
     kube::runtime::controller::Action::requeue(UNOWNED_RECHECK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn finalizer_patches_test_the_list_they_change() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mine = "finalizer.stack.pulumi.com";
+        assert!(finalizer_patch(&f(&[mine]), mine, true).is_empty());
+        assert!(finalizer_patch(&f(&["other"]), mine, false).is_empty());
+        let add_first = finalizer_patch(&[], mine, true);
+        assert_eq!(add_first[0], json!({"op": "test", "path": "/metadata/finalizers", "value": null}));
+        assert_eq!(add_first[1], json!({"op": "add", "path": "/metadata/finalizers", "value": [mine]}));
+        let add = finalizer_patch(&f(&["other"]), mine, true);
+        assert_eq!(add[0]["value"], json!(["other"]));
+        assert_eq!(add[1], json!({"op": "add", "path": "/metadata/finalizers/-", "value": mine}));
+        let remove = finalizer_patch(&f(&["other", mine]), mine, false);
+        assert_eq!(remove[0], json!({"op": "test", "path": "/metadata/finalizers/1", "value": mine}));
+        assert_eq!(remove[1], json!({"op": "remove", "path": "/metadata/finalizers/1"}));
+    }
 }

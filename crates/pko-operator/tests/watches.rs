@@ -318,3 +318,54 @@ async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_coun
     shutdown.cancel();
     let _ = labeller.await;
 }
+
+/// The holder of a new Stack's shard writes its shard labels and the Stack finalizer in one request
+/// (the Stack controller's own finalizer write, right after the label's, was one request per new
+/// Stack); a Stack being deleted gets its labels and no finalizer (the API refuses new ones); a Stack
+/// whose shard this replica does not hold is labelled by its fallback without one (it may be no
+/// replica's).
+#[tokio::test]
+async fn a_new_stack_gets_its_labels_and_finalizer_in_one_write_from_its_holder_only() {
+    use futures::StreamExt;
+    use kube::api::{DeleteParams, WatchEvent, WatchParams};
+    use pko_api::constants::{SHARDS_LABEL, STACK_FINALIZER};
+    use pko_fleet::planning::Standing;
+    use pko_operator::fleet::label_unsharded;
+    let (client, ns, _env) = setup("label-final").await;
+    let stack = |name: &str, finalizers: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "finalizers": finalizers}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}});
+    let stacks = ns.api::<Stack>();
+    create(&stacks, stack("leaving", json!(["example.com/hold"]))).await;
+    stacks.delete("leaving", &DeleteParams::default()).await.unwrap();
+    let created = stacks.create(&Default::default(), &serde_json::from_value(stack("fresh", json!([]))).unwrap()).await.unwrap();
+    let mut events = stacks.watch(&WatchParams::default().fields("metadata.name=fresh"), &created.metadata.resource_version.clone().unwrap()).await.unwrap().boxed();
+
+    let (_standing, rx) = tokio::sync::watch::channel(Standing::Active);
+    let owns = Arc::new(Toggle(std::sync::atomic::AtomicBool::new(true)));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let labeller = tokio::spawn(label_unsharded(client.clone(), client.clone(), scoped(ns.name()), 16, owns.clone(), rx, shutdown.clone()));
+    let labelled = |s: &Stack| s.metadata.labels.as_ref().is_some_and(|l| l.get(SHARDS_LABEL).is_some_and(|v| v == "16"));
+    let mut writes = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(WatchEvent::Modified(s))) = events.next().await {
+            let done = labelled(&s);
+            writes.push(s);
+            if done {
+                break;
+            }
+        }
+    })
+    .await;
+    let last = writes.last().expect("fresh written");
+    assert!(labelled(last), "fresh labelled within 20 s");
+    assert_eq!(writes.len(), 1, "one write: {writes:?}");
+    assert_eq!(last.metadata.finalizers, Some(vec![STACK_FINALIZER.to_string()]), "the finalizer came with the labels");
+    eventually("leaving labelled", 20, || async { labelled(&stacks.get("leaving").await.unwrap()) }).await;
+    assert_eq!(stacks.get("leaving").await.unwrap().metadata.finalizers, Some(vec!["example.com/hold".to_string()]), "no finalizer added to a deleting Stack");
+
+    owns.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    create(&stacks, stack("elsewhere", json!([]))).await;
+    eventually("elsewhere labelled by the fallback", 30, || async { labelled(&stacks.get("elsewhere").await.unwrap()) }).await;
+    assert_eq!(stacks.get("elsewhere").await.unwrap().metadata.finalizers, None, "not this replica's: no finalizer");
+    shutdown.cancel();
+    let _ = labeller.await;
+}
