@@ -1,5 +1,6 @@
 //! Kubernetes plumbing every controller shares, written once: the server-side-apply status write, the
-//! event recorders, and the observation of each reconcile (span, counter, duration).
+//! event recorders, the test-pinned finalizer patch, and the observation of each reconcile (span,
+//! counter, duration).
 
 use crate::events::Recorder;
 use kube::api::{Api, Patch, PatchParams};
