@@ -2,8 +2,8 @@
 //! API server": the passphrase Secret a Stack's `envRefs` name was the last read on the hot path).
 //!
 //! A metadata-only watch of Secrets (a watch of `PartialObjectMeta`: names and `resourceVersion`s, no
-//! data, one watch per source of the operator's [`WatchScope`]) says which version of each Secret is
-//! current; the contents read last are kept in memory by `(namespace, name)` with the
+//! data, one watch per source of the operator's [`WatchScope`], the operator's own outputs Secrets
+//! left out: [`versions_selector`]) says which version of each Secret is current; the contents read last are kept in memory by `(namespace, name)` with the
 //! `resourceVersion` they were read at, and are used only while that version is still the current
 //! one. A changed Secret is read again at its next use; until its watch has listed once, or without a
 //! watch at all ([`SecretCache::default`]), every use reads it. The watch lags the API server as any
@@ -24,6 +24,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
+
+use pko_api::constants::AUTO_COMPONENT_LABEL;
 
 use crate::informer::WatchScope;
 
@@ -81,7 +83,7 @@ impl SecretCache {
             let namespace = key.clone().unwrap_or_else(|| "(cluster)".into());
             let (reader, writer) = reflector::store();
             versions.insert(key, reader);
-            let stream = reflector::reflector(writer, watcher(api, crate::informer::list_config()).default_backoff().modify(keep_version_only));
+            let stream = reflector::reflector(writer, watcher(api, versions_config()).default_backoff().modify(keep_version_only));
             // the first error of a source is a warning (RBAC refusing the watch leaves every read of
             // its Secrets uncached), the retries after it are debug lines
             let warned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -133,6 +135,21 @@ impl SecretCache {
     }
 }
 
+/// The label selector of the Secrets whose versions are watched: every Secret but the operator's
+/// own outputs Secrets (`auto.pulumi.com/component=update`, PKO's label), which are immutable, read
+/// directly by the Stack that absorbs their Update and never through this cache — one per Update,
+/// they were most of what every replica held and were sent, whatever its share. An outputs Secret a
+/// user names in `envRefs` is read at each use (no version known: [`usable`] says read). Pure.
+pub fn versions_selector() -> String {
+    format!("{AUTO_COMPONENT_LABEL}!=update")
+}
+
+/// The metadata watch's configuration: [`versions_selector`], listed from the API server's watch
+/// cache ([`crate::informer::list_config`]). Pure.
+fn versions_config() -> watcher::Config {
+    crate::informer::list_config().labels(&versions_selector())
+}
+
 /// Step **usable** (pure): the cached contents `cached` (version read at, data) when they were read
 /// at `current`, the version the watch says is current; `None` (read again) otherwise.
 fn usable(current: Option<&str>, cached: Option<&(String, Arc<Data>)>) -> Option<Arc<Data>> {
@@ -178,6 +195,14 @@ mod tests {
         keep_version_only(&mut meta);
         assert_eq!((meta.metadata.name.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.resource_version.as_deref()), (Some("p"), Some("n"), Some("9")));
         assert!(meta.metadata.labels.is_none() && meta.metadata.annotations.is_none() && meta.metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn the_operators_outputs_secrets_are_not_watched() {
+        assert_eq!(versions_selector(), "auto.pulumi.com/component!=update");
+        assert_eq!(versions_config().label_selector.as_deref(), Some("auto.pulumi.com/component!=update"));
+        let outputs = crate::outputs::secret("u", "n", Default::default(), &BTreeMap::new());
+        assert_eq!(outputs.metadata.labels.unwrap_or_default().get(AUTO_COMPONENT_LABEL).map(String::as_str), Some("update"), "the label the selector leaves out");
     }
 
     #[tokio::test]
