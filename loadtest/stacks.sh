@@ -303,7 +303,7 @@ python3 "$ROOT/loadtest/requests.py" table "$RUN/req-run0.json" "$RUN/req-run1.j
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 [ -n "${CLI:-}" ] && cli_cost
 for i in $(seq 0 $((REPLICAS - 1))); do
-  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total)' | sed 's/^/  /' || true
+  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total|pko_secret_reads_total|pko_stale_passes_total)' | sed 's/^/  /' || true
 done
 # dispatch latency (first push → the operation's first event on its agent), from the histograms of all
 # replicas: p50 and p99 by linear interpolation within the Prometheus buckets
