@@ -109,8 +109,9 @@ impl SecretCache {
     }
 
     /// The current `resourceVersion` of Secret `name` in `namespace` as the watch last saw it;
-    /// `None` when no watch covers it, its watch has not listed yet, or it does not exist.
-    fn current_version(&self, namespace: &str, name: &str) -> Option<String> {
+    /// `None` when no watch covers it (an outputs Secret: [`versions_selector`]), its watch has not
+    /// listed yet, or it does not exist.
+    pub fn current_version(&self, namespace: &str, name: &str) -> Option<String> {
         let store = self.versions.get(&Some(namespace.to_string())).or_else(|| self.versions.get(&None))?;
         store.get(&ObjectRef::new(name).within(namespace))?.metadata.resource_version.clone()
     }

@@ -369,3 +369,24 @@ async fn a_new_stack_gets_its_labels_and_finalizer_in_one_write_from_its_holder_
     shutdown.cancel();
     let _ = labeller.await;
 }
+
+/// The Secret-versions watch, on the real API server, knows a user's Secret and not an outputs Secret
+/// (`auto.pulumi.com/component=update`): the operator's own outputs Secrets, one per Update, are
+/// neither held nor sent to every replica.
+#[tokio::test]
+async fn the_secret_versions_watch_leaves_out_outputs_secrets() {
+    use k8s_openapi::api::core::v1::Secret;
+    use pko_operator::secret_cache::SecretCache;
+    let (client, ns, _env) = setup("secret-watch").await;
+    let secrets = ns.api::<Secret>();
+    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "outputs", "labels": {"auto.pulumi.com/component": "update"}}, "stringData": {"o": "1"}}))
+        .await;
+    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"p": "x"}})).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (cache, run) = SecretCache::watched(&client, &scoped(ns.name()), shutdown.clone());
+    let watch = tokio::spawn(run);
+    eventually("the user's Secret is watched", 20, || async { cache.current_version(ns.name(), "passphrase").is_some() }).await;
+    assert_eq!(cache.current_version(ns.name(), "outputs"), None, "listed in the same answer: left out by the selector");
+    shutdown.cancel();
+    let _ = watch.await;
+}
