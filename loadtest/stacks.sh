@@ -173,6 +173,20 @@ IDLE_KIB=$(rss "${OPS[@]}")
 # API requests per operation (loadtest/requests.py): the API server's own apiserver_request_total, the
 # bed's background counted first over REQ_BG_S at rest (operators running, nothing to do)
 api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" snap > "$1"; }
+# the bed's kube-controller-manager (its garbage collector above all: a namespace deleted by the run
+# before goes on being collected — GETs answered 404 — into the next run) counts with everyone else in
+# apiserver_request_total: its own client's requests by method and code, and the collector's queue
+KCM_PORT=${TESTBED_KCM_PORT:-20257}
+kcm_snap() {
+  curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null \
+    | awk '/^rest_client_requests_total\{/ { match($0, /code="[^"]*"/); c = substr($0, RSTART + 6, RLENGTH - 7); match($0, /method="[^"]*"/); m = substr($0, RSTART + 8, RLENGTH - 9); n[m " " c] += $NF }
+           /^workqueue_adds_total\{name="garbage_collector_attempt_to_delete"\}/ { n["gc-attempt-to-delete"] += $NF }
+           END { for (k in n) print k, n[k] }' | sort > "$1"
+}
+kcm_delta() {
+  join -a 2 -e 0 -o 0,1.2,2.2 <(sed 's/ \([^ ]*\)$/|\1/; s/ /_/g; s/|/ /' "$1") <(sed 's/ \([^ ]*\)$/|\1/; s/ /_/g; s/|/ /' "$2") \
+    | awk '{ d = $3 - $2; if (d > 0) printf " %s=%d", $1, d }'
+}
 REQ_BG_S=${REQ_BG_S:-30}
 echo "counting the API server's background requests at rest for ${REQ_BG_S} s…"
 api_snap "$RUN/req-bg0.json"; sleep "$REQ_BG_S"; api_snap "$RUN/req-bg1.json"
@@ -218,7 +232,7 @@ APISERVER=$(pgrep -f "kube-apiserver.*--secure-port=${KCFG_SERVER##*:}( |$)" | h
 declare -A CPU0
 for op in "${OPS[@]}"; do CPU0[$op]=$(cpu_s "$op"); done
 API_CPU0=$(cpu_s ${APISERVER:-})
-api_snap "$RUN/req-run0.json"
+api_snap "$RUN/req-run0.json"; kcm_snap "$RUN/kcm-run0.txt"
 T0=$(date +%s)
 # in chunks of 1,000 objects, four `kubectl apply` at once (one apply of 10,000 took minutes alone)
 awk -v out="$RUN/manifests.part" '/^---$/ { c++ } { print > sprintf("%s.%03d", out, int(c / 1000)) }' "$RUN/manifests.yaml"
@@ -278,7 +292,7 @@ READY_S=$(( $(date +%s) - T0 ))
 CPU_PER=""; CPU_TOTAL=0
 for op in "${OPS[@]}"; do c=$(echo "$(cpu_s "$op") - ${CPU0[$op]}" | bc); CPU_PER="$CPU_PER $c"; CPU_TOTAL=$(echo "$CPU_TOTAL + $c" | bc); done
 API_CPU=$(echo "$(cpu_s ${APISERVER:-}) - $API_CPU0" | bc)
-api_snap "$RUN/req-run1.json"
+api_snap "$RUN/req-run1.json"; kcm_snap "$RUN/kcm-run1.txt"
 sleep 10   # let the last status writes and requeues settle
 REST_KIB=$(rss "${OPS[@]}")
 PER_REPLICA=""
@@ -299,11 +313,12 @@ echo "kube-apiserver_cpu_s_per_operation=$(echo "scale=4; $API_CPU / $UPDATES" |
 CHUNKS=$(ls "$RUN"/manifests.part.* | wc -l)
 python3 "$ROOT/loadtest/requests.py" table "$RUN/req-run0.json" "$RUN/req-run1.json" "$RUN/req-bg0.json" "$RUN/req-bg1.json" "$REQ_BG_S" "$READY_S" "$UPDATES" \
   "GET stacks=$N;POST stacks=$N;GET namespaces=$N;GET programs=$CHUNKS;POST programs=1;LIST stacks=${POLLS:-0}" | tee "$RUN/requests.txt"
+echo "kube-controller-manager over the run (counted in the table above; method_code=requests):$(kcm_delta "$RUN/kcm-run0.txt" "$RUN/kcm-run1.txt")"
 [ -n "${FORMATION_CPU:-}" ] && echo "fleet_formation_cpu_s (start → settled, before the apply): $FORMATION_CPU"
 echo "agents=$AGENTS agents_rss_mib_total=$((AGENTS_KIB / 1024))"
 [ -n "${CLI:-}" ] && cli_cost
 for i in $(seq 0 $((REPLICAS - 1))); do
-  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total|pko_secret_reads_total|pko_stale_passes_total)' | sed 's/^/  /' || true
+  echo "replica $i:"; curl -s http://127.0.0.1:$((18384 + i))/metrics | grep -E '^(stacks_active|programs_active|pko_update_operations_total|pko_update_operation_duration_seconds_(sum|count)|pko_fleet_shards_held|pko_pool_agents_started_total|pko_secret_reads_total|pko_stale_passes_total|pko_outputs_reads_total)' | sed 's/^/  /' || true
 done
 # dispatch latency (first push → the operation's first event on its agent), from the histograms of all
 # replicas: p50 and p99 by linear interpolation within the Prometheus buckets

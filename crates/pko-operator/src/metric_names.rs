@@ -24,6 +24,10 @@ pub const STALE_PASSES_TOTAL: &str = "pko_stale_passes_total";
 /// contents this replica holds at their current version or from the API server
 /// ([`crate::secret_cache`]).
 pub const SECRET_READS_TOTAL: &str = "pko_secret_reads_total";
+/// Counter, label `source` (`handed_over`, `api`): outputs of finished `up` Updates absorbed into
+/// their Stacks' `status.outputs`, handed over in memory by this replica's dispatcher
+/// ([`crate::outputs::Written`]) or read back from the outputs Secret.
+pub const OUTPUTS_READS_TOTAL: &str = "pko_outputs_reads_total";
 /// Counter: drift remediations started (`autoRemediate`).
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).

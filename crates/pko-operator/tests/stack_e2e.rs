@@ -403,9 +403,9 @@ async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
         .await;
 }
 
-/// `pko_secret_reads_total{source}` on `op`'s metrics endpoint (0 before the first read).
-async fn secret_reads(op: &InProcessOperator, source: &str) -> f64 {
-    let want = format!("pko_secret_reads_total{{source=\"{source}\"}} ");
+/// Counter `metric{source}` on `op`'s metrics endpoint (0 before the first count).
+async fn reads(op: &InProcessOperator, metric: &str, source: &str) -> f64 {
+    let want = format!("{metric}{{source=\"{source}\"}} ");
     op.metrics().await.lines().find_map(|l| l.strip_prefix(want.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
 }
 
@@ -425,6 +425,7 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
                "outputs": {"out": "${r.stdout}"}}),
     )
     .await;
+    let handed_before = reads(&op, "pko_outputs_reads_total", "handed_over").await;
     let secrets = ns.api::<Secret>();
     create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tok"}, "stringData": {"value": "one"}})).await;
     let stacks = ns.api::<Stack>();
@@ -459,10 +460,14 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
     let updates = ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items;
     let failed: Vec<_> = updates.iter().filter(|u| condition(u, "Failed").is_some_and(|c| c.0 == "True")).map(|u| u.name_any()).collect();
     assert!(failed.is_empty(), "the changed Secret was read at its new value on the first try; failed: {failed:?}");
-    let cached_before = secret_reads(&op, "cache").await;
+    let cached_before = reads(&op, "pko_secret_reads_total", "cache").await;
     stacks.patch("s", &Default::default(), &merge(json!({"spec": {"config": {"n": "1"}}}))).await.unwrap();
     converged("ok 1").await;
-    let cached = secret_reads(&op, "cache").await - cached_before;
+    let cached = reads(&op, "pko_secret_reads_total", "cache").await - cached_before;
     assert!(cached >= 2.0, "the passphrase and the token, unchanged, came from the cache ({cached} reads)");
+    // the outputs of each of its three `up`s were handed to the Stack by the dispatcher that wrote
+    // them (the recorder is the test process's: other tests count there too, never less)
+    let handed = reads(&op, "pko_outputs_reads_total", "handed_over").await - handed_before;
+    assert!(handed >= 3.0, "outputs handed over in memory: {handed}");
     drop(op);
 }

@@ -570,9 +570,14 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     if let Some(secret) = a.outputs_secret.as_deref() {
         // handed over by this replica's dispatcher when it ran the operation, else read back
         if let Some(outputs) = ctx.outputs.take(u.metadata.uid.as_deref().unwrap_or_default()).await {
+            metrics::counter!(crate::metric_names::OUTPUTS_READS_TOTAL, "source" => "handed_over").increment(1);
             p.status.outputs = Some((*outputs).clone());
-        } else if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)? {
-            p.status.outputs = Some(crate::outputs::stack_outputs(&s));
+        } else {
+            metrics::counter!(crate::metric_names::OUTPUTS_READS_TOTAL, "source" => "api").increment(1);
+            tracing::debug!(update = %u.name_any(), uid = ?u.metadata.uid, "outputs not handed over: reading the outputs Secret");
+            if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)? {
+                p.status.outputs = Some(crate::outputs::stack_outputs(&s));
+            }
         }
     }
     p.status.last_update = Some(a.last_update.clone());
