@@ -3,12 +3,15 @@
 the API server"), standard library only.
 
   kubectl get --raw /metrics | requests.py snap > FILE
-      the counter summed by (verb, resource[/subresource]) over codes, scopes and components, as JSON
+      the counter summed by (verb, resource[/subresource]) over codes, scopes and components, as JSON,
+      and again as `404 <verb> <resource>` for the requests answered 404 (a GET of an object gone:
+      the bed's garbage collector still deleting a run's namespace, rather than an operator's read)
   requests.py table RUN0 RUN1 BG0 BG1 BG_SECONDS RUN_SECONDS OPERATIONS [SCRIPT]
       the run's requests (RUN1 - RUN0) less the bed's background (BG1 - BG0, counted over BG_SECONDS
       before the run, scaled to RUN_SECONDS) and less the load script's own requests SCRIPT
       (`VERB resource=count;…`: its `kubectl apply` and Ready polls), per operation, by verb and
-      resource; WATCH and CONNECT (long-running) left out. Prints the table and a
+      resource; WATCH and CONNECT (long-running) left out; column `404`: of the run's count, how
+      many per operation were answered 404 (not background-subtracted). Prints the table and a
       `requests_per_operation=` line.
   requests.py timeline MARK SNAP...
       requests per second by verb and resource between consecutive snapshots named
@@ -42,7 +45,18 @@ def snap(text):
             resource += "/" + labels["subresource"]
         key = f'{labels.get("verb", "?")} {resource or "-"}'
         counts[key] = counts.get(key, 0.0) + float(m.group("value"))
+        if labels.get("code") == "404":
+            counts[NOT_FOUND + key] = counts.get(NOT_FOUND + key, 0.0) + float(m.group("value"))
     return counts
+
+
+# prefix of the keys that count only the requests answered 404
+NOT_FOUND = "404 "
+
+
+def counted(key):
+    """Whether `key` is a request kind of the table (not long-running, not a 404 sub-count)."""
+    return not key.startswith(NOT_FOUND) and key.split(" ", 1)[0] not in ("WATCH", "CONNECT")
 
 
 def load(path):
@@ -63,17 +77,16 @@ def table(run0, run1, bg0, bg1, bg_s, run_s, ops, script=""):
     ops = float(ops)
     rows = []
     for key, n in run.items():
-        verb = key.split(" ", 1)[0]
-        if verb in ("WATCH", "CONNECT"):
+        if not counted(key):
             continue
         net = n - bg.get(key, 0.0) * scale
         if net / ops >= 0.005:
-            rows.append((net / ops, key, n / ops, bg.get(key, 0.0) * scale / ops))
+            rows.append((net / ops, key, n / ops, bg.get(key, 0.0) * scale / ops, run.get(NOT_FOUND + key, 0.0) / ops))
     rows.sort(reverse=True)
     print(f"API requests per operation ({ops:.0f} operations, {float(run_s):.0f} s; the load script's own and a background of {float(bg_s):.0f} s scaled ×{scale:.1f} subtracted; WATCH left out):")
-    print(f"  {'verb resource':<40} {'net':>8} {'counted':>8} {'background':>10}")
-    for net, key, counted, back in rows:
-        print(f"  {key:<40} {net:>8.2f} {counted:>8.2f} {back:>10.2f}")
+    print(f"  {'verb resource':<40} {'net':>8} {'counted':>8} {'background':>10} {'404':>6}")
+    for net, key, n, back, gone in rows:
+        print(f"  {key:<40} {net:>8.2f} {n:>8.2f} {back:>10.2f} {gone:>6.2f}")
     total = sum(r[0] for r in rows)
     print(f"  {'total':<40} {total:>8.2f}")
     print(f"requests_per_operation={total:.2f}")
@@ -86,7 +99,7 @@ def timeline(mark, paths, columns=8):
         sys.exit("timeline: fewer than two snapshots")
     windows = []
     for (t0, r0, p0), (t1, r1, p1) in zip(snaps, snaps[1:]):
-        d = {k: v for k, v in delta(load(p0), load(p1)).items() if k.split(" ", 1)[0] not in ("WATCH", "CONNECT")}
+        d = {k: v for k, v in delta(load(p0), load(p1)).items() if counted(k)}
         windows.append((t0, t1, (r1 - r0) / max(t1 - t0, 1), {k: v / max(t1 - t0, 1) for k, v in d.items()}))
     totals = {}
     for _, _, _, d in windows:
