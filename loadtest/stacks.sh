@@ -188,6 +188,17 @@ kcm_delta() {
     | awk '{ d = $3 - $2; if (d > 0) printf " %s=%d", $1, d }'
 }
 REQ_BG_S=${REQ_BG_S:-30}
+# the collector's queue of the namespace deleted before (names repeat from run to run: its GETs of
+# `<update>-stack-outputs` then find this run's Secrets) drained first, for at most GC_WAIT_S (180)
+gc_depth() {
+  curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null \
+    | awk '/^workqueue_depth\{name="garbage_collector_(attempt_to_delete|graph_changes)"\}/ { n += $NF } END { print n + 0 }'
+}
+T_GC=$(date +%s)
+while [ "$(gc_depth)" -gt 0 ] && [ $(( $(date +%s) - T_GC )) -lt "${GC_WAIT_S:-180}" ]; do
+  echo "  waiting for the bed's garbage collector: $(gc_depth) objects of earlier runs queued"; sleep 10
+done
+echo "garbage collector queue: $(gc_depth) after $(( $(date +%s) - T_GC )) s"
 echo "counting the API server's background requests at rest for ${REQ_BG_S} s…"
 api_snap "$RUN/req-bg0.json"; sleep "$REQ_BG_S"; api_snap "$RUN/req-bg1.json"
 # FAILOVER=1: every 10 s, the API server's request counters and its own view (loadtest/window.py
