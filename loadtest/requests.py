@@ -4,8 +4,9 @@ the API server"), standard library only.
 
   kubectl get --raw /metrics | requests.py snap > FILE
       the counter summed by (verb, resource[/subresource]) over codes, scopes and components, as JSON,
-      and again as `404 <verb> <resource>` for the requests answered 404 (a GET of an object gone:
-      the bed's garbage collector still deleting a run's namespace, rather than an operator's read)
+      and again as `404 <verb> <resource>` for the requests answered 404 (GETs of objects gone: most
+      often the bed's garbage collector still deleting an earlier run's namespace; when a new run
+      reuses the names, its GETs find the new objects and are answered 200)
   requests.py table RUN0 RUN1 BG0 BG1 BG_SECONDS RUN_SECONDS OPERATIONS [SCRIPT]
       the run's requests (RUN1 - RUN0) less the bed's background (BG1 - BG0, counted over BG_SECONDS
       before the run, scaled to RUN_SECONDS) and less the load script's own requests SCRIPT

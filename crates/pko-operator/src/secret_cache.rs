@@ -5,10 +5,11 @@
 //! data, one watch per source of the operator's [`WatchScope`], the operator's own outputs Secrets
 //! left out: [`versions_selector`]) says which version of each Secret is current; the contents read
 //! last are kept in memory by `(namespace, name)` with the `resourceVersion` they were read at, and
-//! are used only while that version is still the current one. A changed Secret is read again at its next use; until its watch has listed once, or without a
-//! watch at all ([`SecretCache::default`]), every use reads it. The watch lags the API server as any
-//! informer does (controller-runtime's cached client reads Secrets the same way; PKO's workspace pod
-//! reads its `secretKeyRef`s once, when it starts).
+//! are used only while that version is still the current one. A changed Secret is read again at its
+//! next use; until its watch has listed once, or without a watch at all ([`SecretCache::default`]),
+//! every use reads it. The watch lags the API server as any informer does (controller-runtime's
+//! cached client reads Secrets the same way; PKO's workspace pod reads its `secretKeyRef`s once, when
+//! it starts).
 //!
 //! Contents stay in this process's memory only (never in Redis, logs or metrics), for at most
 //! [`CONTENT_TTL`] after their last read, at most [`CONTENT_CAPACITY`] Secrets.
