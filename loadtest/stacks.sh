@@ -177,8 +177,9 @@ api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" s
 # before goes on being collected — GETs answered 404 — into the next run) counts with everyone else in
 # apiserver_request_total: its own client's requests by method and code, and the collector's queue
 KCM_PORT=${TESTBED_KCM_PORT:-20257}
+kcm_metrics() { curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null; }
 kcm_snap() {
-  curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null \
+  kcm_metrics \
     | awk '/^rest_client_requests_total\{/ { match($0, /code="[^"]*"/); c = substr($0, RSTART + 6, RLENGTH - 7); match($0, /method="[^"]*"/); m = substr($0, RSTART + 8, RLENGTH - 9); n[m " " c] += $NF }
            /^workqueue_adds_total\{name="garbage_collector_attempt_to_delete"\}/ { n["gc-attempt-to-delete"] += $NF }
            END { for (k in n) print k, n[k] }' | sort > "$1"
@@ -191,7 +192,7 @@ REQ_BG_S=${REQ_BG_S:-30}
 # the collector's queue of the namespace deleted before (names repeat from run to run: its GETs of
 # `<update>-stack-outputs` then find this run's Secrets) drained first, for at most GC_WAIT_S (180)
 gc_depth() {
-  curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null \
+  kcm_metrics \
     | awk '/^workqueue_depth\{name="garbage_collector_(attempt_to_delete|graph_changes)"\}/ { n += $NF } END { print n + 0 }'
 }
 T_GC=$(date +%s)
