@@ -174,8 +174,9 @@ IDLE_KIB=$(rss "${OPS[@]}")
 # bed's background counted first over REQ_BG_S at rest (operators running, nothing to do)
 api_snap() { kubectl get --raw /metrics | python3 "$ROOT/loadtest/requests.py" snap > "$1"; }
 # the bed's kube-controller-manager (its garbage collector above all: a namespace deleted by the run
-# before goes on being collected — GETs answered 404 — into the next run) counts with everyone else in
-# apiserver_request_total: its own client's requests by method and code, and the collector's queue
+# before goes on being collected into the next run — GETs answered 404, or 200 where this run reused a
+# name) counts with everyone else in apiserver_request_total: its own client's requests by method and
+# code, and the collector's queue
 KCM_PORT=${TESTBED_KCM_PORT:-20257}
 kcm_metrics() { curl -sk --max-time 5 --cert "$PKO_TESTBED_RUN/certs/admin.crt" --key "$PKO_TESTBED_RUN/certs/admin.key" "https://127.0.0.1:$KCM_PORT/metrics" 2>/dev/null; }
 kcm_snap() {
