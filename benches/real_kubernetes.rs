@@ -141,8 +141,9 @@ async fn measure(lang: &Language) -> Measured {
     let sampler = sample(root.clone(), peak.clone(), stop.clone());
     let up = |i: usize, stack: &str| {
         let mut r = request(&env, &format!("{}-{stack}-up-{i}", lang.name), env.dir(), stack, OperationType::Up);
-        r.source =
-            Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+        });
         r.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!(format!("v{i}")), false)];
         r
     };

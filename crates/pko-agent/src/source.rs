@@ -258,33 +258,47 @@ impl SourceCache {
         extracted.map(|_| ()).map_err(|e| err(e.to_string()))
     }
 
-    /// [`SourceCache::fetch_once`], again after 1 s, 2 s, 4 s … on errors a retry may help, at most
-    /// [`DownloadConfig::retries`] times.
+    /// [`SourceCache::fetch_once`] from each of [`addresses`] in turn until one answers; the whole round
+    /// again after 1 s, 2 s, 4 s … while an error says a retry may help, at most
+    /// [`DownloadConfig::retries`] times. The error returned is the artifact URL's own (the one the
+    /// user wrote or the Program published); a mirror's is logged.
     async fn fetch_with_retries(&self, a: &ArtifactSource) -> Result<std::fs::File, SourceError> {
         let mut attempt = 0u32;
         loop {
-            match self.fetch_once(a).await {
-                Ok(f) => return Ok(f),
-                Err((e, retry)) if retry && attempt < self.cfg.download.retries => {
-                    let wait = Duration::from_secs(1 << attempt.min(5));
-                    tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(), "artifact download failed; retrying");
-                    attempt += 1;
-                    tokio::time::sleep(wait).await;
+            let mut first: Option<SourceError> = None;
+            let mut retry = false;
+            for url in addresses(a) {
+                match self.fetch_once(a, url).await {
+                    Ok(f) => return Ok(f),
+                    Err((e, again)) => {
+                        if first.is_some() {
+                            tracing::info!(mirror = %url, error = %e, "artifact download from a mirror failed");
+                        }
+                        retry |= again;
+                        first.get_or_insert(e);
+                    }
                 }
-                Err((e, _)) => return Err(e),
             }
+            let e = first.unwrap_or_else(|| err("the artifact has no URL"));
+            if !retry || attempt >= self.cfg.download.retries {
+                return Err(e);
+            }
+            let wait = Duration::from_secs(1 << attempt.min(5));
+            tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(), "artifact download failed; retrying");
+            attempt += 1;
+            tokio::time::sleep(wait).await;
         }
     }
 
-    /// One download attempt into a temporary file, checked against the digest. Errors carry whether a
-    /// retry may help (connection errors, timeouts, HTTP 429 and 5xx).
-    async fn fetch_once(&self, a: &ArtifactSource) -> Result<std::fs::File, (SourceError, bool)> {
+    /// One download attempt of `a` from `url` into a temporary file, checked against `a`'s digest.
+    /// Errors carry whether a retry may help (connection errors, timeouts, HTTP 429 and 5xx).
+    async fn fetch_once(&self, a: &ArtifactSource, url: &str) -> Result<std::fs::File, (SourceError, bool)> {
         let transient = |e: &reqwest::Error| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body();
-        let resp = self.http.get(&a.url).send().await.map_err(|e| (err(format!("downloading {}: {}", a.url, describe(&e))), transient(&e)))?;
+        let resp = self.http.get(url).send().await.map_err(|e| (err(format!("downloading {url}: {}", describe(&e))), transient(&e)))?;
         let status = resp.status();
         if !status.is_success() {
             let retry = status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
-            return Err((err(format!("downloading {}: HTTP {status}", a.url)), retry));
+            return Err((err(format!("downloading {url}: HTTP {status}")), retry));
         }
         // the compressed size is bounded by the uncompressed limit too
         let cap = self.cfg.max_artifact_bytes;
@@ -293,7 +307,7 @@ impl SourceCache {
         let mut size = 0u64;
         let mut body = resp.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| (err(format!("downloading {}: {}", a.url, describe(&e))), transient(&e)))?;
+            let chunk = chunk.map_err(|e| (err(format!("downloading {url}: {}", describe(&e))), transient(&e)))?;
             size += chunk.len() as u64;
             if size > cap {
                 return Err((err(format!("artifact is larger than the {cap}-byte limit")), false));
@@ -309,6 +323,14 @@ impl SourceCache {
         file.rewind().map_err(|e| (err(e.to_string()), false))?;
         Ok(file)
     }
+}
+
+/// The addresses an artifact is downloaded from, in order: its URL, then its mirrors — only when it
+/// has a digest (bytes from another address are verified against it; without one, only the URL the
+/// Workspace names is trusted). Pure.
+pub fn addresses(a: &ArtifactSource) -> impl Iterator<Item = &str> {
+    let mirrors = if a.digest.is_empty() { &a.mirrors[..0] } else { &a.mirrors[..] };
+    std::iter::once(a.url.as_str()).chain(mirrors.iter().map(String::as_str).filter(move |m| *m != a.url))
 }
 
 /// Why a download ran out of time: the URL's host (never its path or query, which may carry a token)
@@ -517,6 +539,20 @@ mod tests {
         }
         assert!(install_needed("yaml", false), "YAML gets its plugins installed, as in PKO");
         assert!(!install_needed("yaml", true), "with downloads off there is nothing to install");
+    }
+
+    #[test]
+    fn mirrors_are_tried_after_the_url_and_only_for_a_verified_artifact() {
+        let a = |digest: &str, mirrors: &[&str]| ArtifactSource {
+            url: "http://r2/p.tgz".into(),
+            digest: digest.into(),
+            dir: String::new(),
+            mirrors: mirrors.iter().map(|m| m.to_string()).collect(),
+        };
+        let got = |a: &ArtifactSource| addresses(a).map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(got(&a("sha256:00", &["http://r0/p.tgz", "http://r2/p.tgz"])), ["http://r2/p.tgz", "http://r0/p.tgz"], "the URL first, itself never twice");
+        assert_eq!(got(&a("", &["http://r0/p.tgz"])), ["http://r2/p.tgz"], "no digest: only the URL the Workspace names");
+        assert_eq!(got(&a("sha256:00", &[])), ["http://r2/p.tgz"]);
     }
 
     #[test]

@@ -427,7 +427,9 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let server =
         serve_files(HashMap::from([("/ok.tar.gz".to_string(), ok_tar.clone()), ("/big.tar.gz".to_string(), big_tar.clone()), ("/evil.tar.gz".to_string(), evil_tar.clone())]))
             .await;
-    let artifact = |path: &str, digest: String| Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}{path}", server.base), digest, dir: String::new() })) };
+    let artifact = |path: &str, digest: String| Source {
+        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}{path}", server.base), digest, dir: String::new(), mirrors: vec![] })),
+    };
 
     let mut cases = Vec::new();
     let empty = env.dir().join("empty");
@@ -485,6 +487,34 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     r.source = Some(artifact("/big.tar.gz", String::new()));
     let r = result(&run(&mut c, r).await);
     assert!(r.status == ResultStatus::Failed as i32 && r.message.contains("limit"), "the size limit holds without a digest: {}", r.message);
+}
+
+/// A Program artifact whose URL names an operator replica that is gone (connection refused) comes
+/// from its mirror — the dispatching replica's artifact server — in the same attempt, no retry
+/// needed; without a digest the mirror is not trusted and the URL's own error is reported.
+#[tokio::test]
+async fn an_artifact_whose_url_is_gone_comes_from_its_mirror_only_when_verified() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none", "--artifact-retries", "0"], &[]);
+    let mut c = agent.client().await;
+    let program = std::fs::read(slow(&env, "mirrored", 0).join("Pulumi.yaml")).unwrap();
+    let tar = tarball(&[("Pulumi.yaml", &program)]);
+    let server = serve_files(HashMap::from([("/programs/ns/p/1/x.tar.gz".to_string(), tar.clone())])).await;
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/programs/ns/p/1/x.tar.gz", l.local_addr().unwrap())
+    };
+    let with = |id: &str, digest: String| {
+        let mut r = request(&env, id, env.dir(), "dev", OperationType::Preview);
+        let mirrors = vec![format!("{}/programs/ns/p/1/x.tar.gz", server.base)];
+        r.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: gone.clone(), digest, dir: String::new(), mirrors })) });
+        r
+    };
+    let r = result(&run(&mut c, with("mirror-1", sha256(&tar))).await);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    let r = result(&run(&mut c, with("mirror-2", String::new())).await);
+    assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::InvalidSource), "{}", r.message);
+    assert!(r.message.contains(&gone), "the URL's own error: {}", r.message);
 }
 
 #[tokio::test]
@@ -560,7 +590,9 @@ async fn typescript_program_from_an_artifact() {
     let mut c = agent.client().await;
     let dir = env.dir().to_path_buf();
     let mut req = request(&env, "ts-up", &dir, "dev", OperationType::Up);
-    req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/ts.tar.gz", server.base), digest: sha256(&tar), dir: String::new() })) });
+    req.source = Some(Source {
+        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/ts.tar.gz", server.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+    });
     req.config = vec![config("name", serde_json::json!("pko"), false)];
     let events = run(&mut c, req.clone()).await;
     let r = result(&events);

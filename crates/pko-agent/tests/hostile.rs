@@ -165,7 +165,9 @@ async fn hostile_archives_are_refused_with_bounded_memory_and_disk() {
     let server = serve_files(files).await;
     for (i, (what, bytes, text)) in corpus.iter().enumerate() {
         let mut req = request(&env, &format!("art-{i}"), env.dir(), "dev", OperationType::Preview);
-        req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/{i}.tar.gz", server.base), digest: sha256(bytes), dir: String::new() })) });
+        req.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/{i}.tar.gz", server.base), digest: sha256(bytes), dir: String::new(), mirrors: vec![] })),
+        });
         let t = Instant::now();
         let r = result(&run(&mut c, req).await);
         eprintln!("{what}: {} bytes on the wire, refused in {:?}: {}", bytes.len(), t.elapsed(), r.message);
@@ -236,7 +238,9 @@ async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
     let (drip, _d) = dripping_server().await;
     for (what, base) in [("hanging server", hang), ("dripping server", drip)] {
         let mut req = request(&env, &format!("slow-{what}"), env.dir(), "dev", OperationType::Preview);
-        req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{base}/a.tar.gz?token=t0ken"), digest: sha256(b"x"), dir: String::new() })) });
+        req.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{base}/a.tar.gz?token=t0ken"), digest: sha256(b"x"), dir: String::new(), mirrors: vec![] })),
+        });
         let t = Instant::now();
         let r = result(&run(&mut c, req).await);
         let took = t.elapsed();

@@ -47,7 +47,9 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
     let mut c = agent.client().await;
     let mut req = request(&env, &format!("{}-k8s-up", p.prefix), env.dir(), "dev", OperationType::Up);
-    req.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new() })) });
+    req.source = Some(Source {
+        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+    });
     req.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!("hej"), false)];
     let t = std::time::Instant::now();
     let events = run(&mut c, req.clone()).await;

@@ -29,8 +29,10 @@ pub enum Initialization {
 
 impl Agents {
     /// Initializes every stack of `ws`, whose readiness is `readiness` (the address of its own agent),
-    /// exchanging GitHub App credentials at `github_api_url`, reading Secrets through `secrets`.
-    pub async fn initialize(&self, ws: &Workspace, readiness: &Readiness, github_api_url: &str, secrets: &crate::secret_cache::SecretCache) -> Initialization {
+    /// exchanging GitHub App credentials at `github_api_url`, reading Secrets through `secrets`, with
+    /// this replica's artifact server `artifact_addr` as a Program artifact's mirror
+    /// ([`request::mirror_artifact`]).
+    pub async fn initialize(&self, ws: &Workspace, readiness: &Readiness, github_api_url: &str, artifact_addr: &str, secrets: &crate::secret_cache::SecretCache) -> Initialization {
         let ns = ws.namespace().unwrap_or_default();
         let mut last = Initialization::Later("the Workspace has no stacks".into());
         for stack in ws.spec.stacks.iter().flatten() {
@@ -38,7 +40,10 @@ impl Agents {
             let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
             let id = format!("{ns}/{}/initialize-{}-{at}", ws.name_any(), ws.metadata.generation.unwrap_or_default());
             let built = match request::initialization(&id, &ns, &ws.spec, &stack.name) {
-                Ok(r) => r,
+                Ok(mut r) => {
+                    request::mirror_artifact(&mut r, &ns, artifact_addr);
+                    r
+                }
                 Err(e) => return Initialization::Invalid(e.to_string()),
             };
             let req = match request::complete(&self.client, secrets, &ns, ws.spec.env_from.as_deref().unwrap_or_default(), github_api_url, built).await {

@@ -60,6 +60,7 @@ pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
             // optional, as in PKO: without one the agent downloads unverified
             digest: f.digest.clone().unwrap_or_default(),
             dir: f.dir.clone().unwrap_or_default(),
+            mirrors: Vec::new(),
         })
     } else if let Some(l) = &ws.local {
         Kind::Local(pb::LocalSource { dir: l.dir.clone().ok_or_else(|| err("spec.local.dir", "required"))? })
@@ -71,6 +72,23 @@ pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
         })
     };
     Ok(Some(pb::Source { kind: Some(kind) }))
+}
+
+/// `r`'s Program artifact with this replica's artifact server (`artifact_addr`, host:port, as
+/// `--program-fs-adv-addr` gives it) as a mirror, when the URL names another address: every replica
+/// of a fleet serves every Program of its scope, so an Update dispatched here still gets its program
+/// while the replica that published the URL is gone and the Program's new holder has not yet
+/// republished it (PKO has one replica, so its URL never names a dead one). Only for a URL of the
+/// operator's artifact path in the request's `namespace` and with a digest, which the agent verifies.
+/// Pure.
+pub fn mirror_artifact(r: &mut pb::OperationRequest, namespace: &str, artifact_addr: &str) {
+    let Some(pb::Source { kind: Some(pb::source::Kind::Artifact(a)) }) = r.source.as_mut() else { return };
+    let Ok(uri) = a.url.parse::<http::Uri>() else { return };
+    let ours = uri.scheme_str() == Some("http") && uri.path().starts_with(&format!("/programs/{namespace}/")) && uri.query().is_none();
+    let elsewhere = uri.authority().is_some_and(|h| h.as_str() != artifact_addr);
+    if ours && elsewhere && !a.digest.is_empty() && !artifact_addr.is_empty() {
+        a.mirrors.push(format!("http://{artifact_addr}{}", uri.path()));
+    }
 }
 
 fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem, RequestError> {
@@ -267,6 +285,30 @@ mod tests {
 
     fn upd(v: serde_json::Value) -> UpdateSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_program_artifact_of_another_replica_gets_this_replica_as_mirror() {
+        let with = |url: &str, digest: Option<&str>, ns: &str, addr: &str| {
+            let mut flux = json!({"url": url});
+            if let Some(d) = digest {
+                flux["digest"] = json!(d);
+            }
+            let mut r = initialization("id", ns, &ws(json!({"flux": flux})), "dev").unwrap();
+            mirror_artifact(&mut r, ns, addr);
+            let Some(pb::source::Kind::Artifact(a)) = r.source.unwrap().kind else { panic!() };
+            a.mirrors
+        };
+        let url = "http://10.0.0.2:9090/programs/ns/p/3/ab12.tar.gz";
+        assert_eq!(with(url, Some("sha256:ab12"), "ns", "10.0.0.1:9090"), ["http://10.0.0.1:9090/programs/ns/p/3/ab12.tar.gz"]);
+        assert!(with(url, Some("sha256:ab12"), "ns", "10.0.0.2:9090").is_empty(), "its own URL (or the Service every replica advertises)");
+        assert!(with(url, None, "ns", "10.0.0.1:9090").is_empty(), "no digest: nothing would verify the mirror's bytes");
+        assert!(with(url, Some("sha256:ab12"), "other", "10.0.0.1:9090").is_empty(), "another namespace's Program");
+        assert!(with("https://flux/artifacts/x.tgz", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(), "a Flux source's artifact");
+        assert!(with("http://h/programs/ns/p/3/ab12.tar.gz?t=1", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(), "not the operator's URL");
+        let mut git = initialization("id", "ns", &ws(json!({"git": {"url": "https://g/r.git"}})), "dev").unwrap();
+        mirror_artifact(&mut git, "ns", "10.0.0.1:9090");
+        assert!(matches!(git.source.unwrap().kind, Some(pb::source::Kind::Git(_))));
     }
 
     #[test]

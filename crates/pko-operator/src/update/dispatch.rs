@@ -96,6 +96,9 @@ pub struct Operation<'a> {
     pub events: &'a crate::k8s::Events,
     /// Where GitHub App git credentials are exchanged for an installation token (`--github-api-url`).
     pub github_api_url: &'a str,
+    /// This replica's artifact server as agents reach it (host:port, `--program-fs-adv-addr`): a mirror
+    /// of a Program artifact another replica published ([`request::mirror_artifact`]).
+    pub artifact_addr: &'a str,
     /// The Update, as read when its job was claimed.
     pub update: &'a Update,
     /// Its Workspace.
@@ -182,6 +185,7 @@ async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, Stri
         Ok(r) => r,
         Err(e) => return Ok(Err(e.to_string())),
     };
+    request::mirror_artifact(&mut r, &ns, op.artifact_addr);
     r.release_locks = request::release_locks(op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str));
     match request::complete(op.client, op.secrets, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
         Ok(r) => Ok(Ok(r)),

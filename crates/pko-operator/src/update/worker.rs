@@ -196,6 +196,7 @@ impl UpdateController {
             client: &self.ctx.client,
             events: &self.ctx.events,
             github_api_url: &self.ctx.github_api_url,
+            artifact_addr: &self.ctx.advertised_addr,
             update,
             workspace,
             agent: lent,

@@ -216,7 +216,7 @@ impl WorkspaceController {
             let due = retry_due(ws, last, now);
             return Readiness { again: readiness.again.into_iter().chain(due).min(), ..readiness };
         }
-        let verdict = match self.agents.initialize(ws, &readiness, &self.ctx.github_api_url, &self.ctx.secrets).await {
+        let verdict = match self.agents.initialize(ws, &readiness, &self.ctx.github_api_url, &self.ctx.advertised_addr, &self.ctx.secrets).await {
             Initialization::Ran(r) => crate::stalled::verdict(&r),
             Initialization::Invalid(message) => Verdict::Stalled { reason: wc::INITIALIZATION_FAILED, message },
             Initialization::Later(m) => {

@@ -198,7 +198,7 @@ pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, Strin
 }
 
 /// Prints every Stack (generation, observed, conditions, outputs, current and last Update) and every
-/// Update (phase conditions, shard) of `ns`, for a test that is about to fail on a wait.
+/// Update (phase conditions, shard, message) of `ns`, for a test that is about to fail.
 #[allow(dead_code)]
 pub async fn dump_stacks_and_updates(ns: &pko_testbed::TestNamespace) {
     use kube::ResourceExt;
@@ -218,7 +218,8 @@ pub async fn dump_stacks_and_updates(ns: &pko_testbed::TestNamespace) {
     }
     for u in ns.api::<Update>().list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
         let conditions = u.status.as_ref().and_then(|x| x.conditions.as_ref()).map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason)).collect::<Vec<_>>());
-        eprintln!("update {} labels={:?} finalizers={:?} conditions={conditions:?}", u.name_any(), u.labels(), u.finalizers());
+        let message = u.status.as_ref().and_then(|x| x.message.as_deref()).unwrap_or_default();
+        eprintln!("update {} labels={:?} finalizers={:?} conditions={conditions:?} message={message:?}", u.name_any(), u.labels(), u.finalizers());
     }
 }
 
@@ -458,6 +459,7 @@ pub async fn dispatch_into(
         client,
         events: &events,
         github_api_url: pko_git::github_app::DEFAULT_API_URL,
+        artifact_addr: "",
         update,
         workspace,
         agent: &lent,
