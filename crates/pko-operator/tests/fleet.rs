@@ -194,7 +194,7 @@ async fn stacks_with_copied_forged_or_garbage_shard_labels_are_relabelled_and_re
 #[tokio::test]
 async fn a_program_url_naming_a_gone_replica_is_served_by_the_dispatching_one() {
     let (client, ns, env) = setup("fleet-mirror").await;
-    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &[])).await;
+    let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
