@@ -9,6 +9,7 @@ use pko_api::Update;
 use pko_testbed::testbed;
 
 pub mod cluster;
+pub mod lag;
 
 pub struct AgentProc(pub std::process::Child, pub String);
 impl Drop for AgentProc {
