@@ -10,6 +10,11 @@
 #   agent-term     SIGTERM of one busy pool agent (its operation is handed to another agent)
 # then waits until every Stack is Ready at the new generation.
 #
+# Each round also reports its Updates that completed `Updated` with every resource unchanged (Pulumi's
+# change summary only `same`) although the round changed every Stack's config: an Update that reported
+# success with the previous config (issue 47), which must be 0; and those that failed `RunMismatch`
+# (refused before anything ran, because what would have run was not what the Update names).
+#
 # Verified from the program's own trace, not from status: each `up` takes a per-Stack flock for its run
 # (released by the kernel when its process dies), writes `<stack> <gen> overlap` when another run of the
 # same Stack still holds it, and `<stack> <gen>` when it completes. Reported: operations lost (a (stack,
@@ -103,10 +108,24 @@ wait_moved() { # VICTIM: until no shard Lease names it
   while [ "$(shards_held_by "$1")" -gt 0 ]; do [ $(( $(date +%s) - t0 )) -gt 120 ] && fail "round $round: $1's shards not taken within 120 s"; sleep 0.3; done
 }
 
+# round_updates SINCE: `<unchanged> <mismatch>` — of the Updates created at or after SINCE (an ISO time),
+# those that completed successfully with only unchanged resources, and those that failed RunMismatch
+round_updates() {
+  kubectl -n $NS get updates -o json | jq -r --arg since "$1" '
+    [.items[] | select(.metadata.creationTimestamp >= $since)] as $u
+    | ($u | map(select(any(.status.conditions[]?; .type == "Failed" and .status == "False"))
+                 | select((.status.changeSummary // {}) | keys | all(. == "same")))) as $same
+    | ($u | map(select(any(.status.conditions[]?; .type == "Failed" and .reason == "RunMismatch")))) as $mm
+    | "\($same | length) \($mm | length) \($same | map(.metadata.name) | join(","))"'
+}
+
 declare -A FAILOVER CONVERGE COUNT
+UNCHANGED_ALL=0
+MISMATCH_ALL=0
 for round in $(seq 1 "$ROUNDS"); do
   fault=${FAULTS[$(( (round - 1) % ${#FAULTS[@]} ))]}
   t_change=$(date +%s)
+  since=$(date -u -d "@$t_change" +%Y-%m-%dT%H:%M:%SZ)
   patches=()
   for i in $(seq -f '%03g' 1 "$N"); do kubectl -n $NS patch stack "s$i" --type=merge -p "{\"spec\":{\"config\":{\"gen\":\"$round\"}}}" >/dev/null & patches+=($!); done
   wait "${patches[@]}"
@@ -153,7 +172,11 @@ for round in $(seq 1 "$ROUNDS"); do
   wait_converged "$round" >/dev/null
   took=$(( $(date +%s) - t_change ))
   FAILOVER[$fault]+="$fo "; CONVERGE[$fault]+="$took "; COUNT[$fault]=$(( ${COUNT[$fault]:-0} + 1 ))
-  printf 'round %d: %s%s -> failover %s s; all %d Ready at gen=%d %d s after the change\n' "$round" "$fault" "$( [[ $fault == replica-* ]] && echo " r$victim" )" "$fo" "$N" "$round" "$took"
+  read -r unchanged mismatched unchanged_names <<< "$(round_updates "$since")"
+  UNCHANGED_ALL=$((UNCHANGED_ALL + unchanged)); MISMATCH_ALL=$((MISMATCH_ALL + mismatched))
+  printf 'round %d: %s%s -> failover %s s; all %d Ready at gen=%d %d s after the change; unchanged-after-change=%d run-mismatch=%d%s\n' \
+    "$round" "$fault" "$( [[ $fault == replica-* ]] && echo " r$victim" )" "$fo" "$N" "$round" "$took" "$unchanged" "$mismatched" \
+    "$( [ "$unchanged" -gt 0 ] && echo " ($unchanged_names)" )"
 done
 
 sleep 5
@@ -184,6 +207,7 @@ echo "| fault | rounds | failover s (min / median / max) | change -> all Ready s
 echo "|---|---|---|---|"
 for f in "${FAULTS[@]}"; do echo "| $f | ${COUNT[$f]:-0} | $(stats "${FAILOVER[$f]:-}") | $(stats "${CONVERGE[$f]:-}") |"; done
 echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP overlapping=$OVERLAP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS orphan_processes=$ORPHANS"
+echo "updates that succeeded unchanged after a config change: $UNCHANGED_ALL; refused RunMismatch: $MISMATCH_ALL"
 echo "total $(( $(date +%s) - T_START )) s"
 [ -s "$RUN/failed-updates.txt" ] && { echo "failed Updates (each retried by its Stack):"; sed 's/^/  /' "$RUN/failed-updates.txt"; }
-[ "$LOST" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$OVERLAP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] && [ "$ORPHANS" -eq 0 ] || fail "operations lost, duplicated or overlapping, or leftovers"
+[ "$LOST" -eq 0 ] && [ "$UNCHANGED_ALL" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$OVERLAP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] && [ "$ORPHANS" -eq 0 ] || fail "operations lost, duplicated or overlapping, or leftovers"

@@ -97,6 +97,37 @@ async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
     assert_eq!(r.change_summary.get("delete"), Some(&3), "{:?}", r.change_summary);
 }
 
+/// What an Update names is what runs: a request whose run digest is not the one it carries is refused
+/// before anything runs (no stack, no state); one that matches runs, and every result reports the digest
+/// the agent computed over the request it received.
+#[tokio::test]
+async fn a_request_runs_only_when_it_is_what_its_update_names() {
+    let env = pulumi_env();
+    let marker = env.dir().join("ran");
+    let body = format!("resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: echo ${{n}} >> {}\n", marker.display());
+    let dir = project(&env, "digest", &body);
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    let mut up = request(&env, "digest-up", &dir, "dev", OperationType::Up);
+    up.config = vec![config("n", serde_json::json!("1"), false)];
+    let expected = pko_proto::digest::run_digest(&up);
+    // made for n=1, built with n=0: what a dispatcher reading a stale Workspace would send
+    let mut stale = up.clone();
+    stale.operation_id = "digest-stale".into();
+    stale.config = vec![config("n", serde_json::json!("0"), false)];
+    stale.run_digest = expected.clone();
+    let r = result(&run(&mut c, stale.clone()).await);
+    assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::RunMismatch), "{}", r.message);
+    assert!(r.message.contains(&expected) && r.message.contains(&pko_proto::digest::run_digest(&stale)), "{}", r.message);
+    assert!(!marker.exists(), "nothing ran");
+    up.run_digest = expected.clone();
+    let events = run(&mut c, up).await;
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
+    assert_eq!(r.run_digest, expected, "the digest it ran is reported");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "1");
+}
+
 /// Every operation's lines reach the agent's standard output with whose they are (issue "See what
 /// Pulumi did"): Pulumi's steps as it prints them, the summary, the result; secrets masked; PKO's
 /// `AGENT_JSON_LOG` makes them JSON objects.

@@ -241,6 +241,10 @@ pub mod update_condition {
     pub const UPDATE_CONFLICT: &str = "UpdateConflict";
     /// Failed=True: the backend refused the access token.
     pub const INVALID_ACCESS_TOKEN: &str = "InvalidAccessToken";
+    /// Failed=True (ours): what would run is not what the Update names in `spec.runDigest` — its
+    /// Workspace changed since the Update was made, or the agent found the request or the stack config
+    /// it wrote to differ. Nothing ran; the Stack makes a new Update for what it asks now.
+    pub const RUN_MISMATCH: &str = "RunMismatch";
 }
 
 /// Kubernetes event reasons PKO emits, by object kind.

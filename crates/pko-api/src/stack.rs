@@ -451,6 +451,11 @@ pub struct StackUpdateState {
     /// spec, source or reconciliation request changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_request: Option<String>,
+    /// Ours: the run digest of that Update (its `status.runDigest`: what ran — source, stack settings,
+    /// config and environment, secrets by reference). A Stack is in sync only while it equals the
+    /// digest of what its current generation asks for; absent for an Update that recorded none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_digest: Option<String>,
 }
 
 /// The update a Stack waits on (PKO `CurrentStackUpdate`); set before the Update is created.

@@ -94,6 +94,25 @@ pub struct UpdateSpec {
     /// proposed drift-detection API (#1037, branch `eron/drift-detection`) has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview_only: Option<bool>,
+    /// Ours (additive): the Stack generation this Update runs, written by the Stack controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub stack_generation: Option<i64>,
+    /// Ours (additive): the Workspace `metadata.generation` the Stack controller applied for this
+    /// Update; the operation is built from the Workspace at that generation, read fresh when the
+    /// operator's cache shows another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub workspace_generation: Option<i64>,
+    /// Ours (additive): the source revision this Update runs (a commit, a Program generation, a Flux
+    /// artifact revision), as the Stack resolved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Ours (additive): what this Update must run, `sha256:<hex>` over its Workspace's source, stack
+    /// settings, config and environment, secrets by reference (`pko_proto::digest`). The operator and
+    /// the agent refuse to run anything else (Failed `RunMismatch`); unset: not checked (made by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_digest: Option<String>,
 }
 
 crate::open_enum! {
@@ -148,6 +167,10 @@ pub struct UpdateStatus {
     /// [`MAX_RESOURCE_CHANGES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_changes: Option<Vec<ResourceChange>>,
+    /// Ours: the run digest of what the agent ran (`sha256:<hex>`, see `spec.runDigest`), as the agent
+    /// computed it from the request it received and ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_digest: Option<String>,
 }
 
 /// Most entries of `status.resourceChanges` (the rest are counted in `changeSummary`).

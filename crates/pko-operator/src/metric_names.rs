@@ -44,6 +44,11 @@ pub const DISPATCH_LATENCY_SECONDS: &str = "pko_dispatch_latency_seconds";
 /// Counter, label `step` (`prepare`, `connect`, `busy`, `follow`, `record`, `fenced`): operations
 /// whose run on an agent ended without a result, by the step that failed.
 pub const DISPATCH_ERRORS_TOTAL: &str = "pko_dispatch_errors_total";
+/// Counter, label `check` (`dispatch`: the Workspace read for an Update would run another digest than
+/// its `spec.runDigest`; `agent`: an agent refused a request or the stack config it wrote; `absorb`: a
+/// Stack found a successful Update without the digest it was made for): runs refused because they were
+/// not what their Update names (`RunMismatch`). Any count is worth a look.
+pub const RUN_MISMATCHES_TOTAL: &str = "pko_run_mismatches_total";
 /// Counter, label `reason` (`IdleTimeout`, `DeadlineExceeded`, `Canceled`): operations a limit or a
 /// cancel request stopped on their agent (`update::limits`).
 pub const OPERATIONS_STOPPED_TOTAL: &str = "pko_operations_stopped_total";

@@ -97,5 +97,21 @@ async fn a_moved_stack_changed_right_after_deploys_its_new_config_on_a_lagging_c
         dump_stacks_and_updates(&ns).await;
     }
     assert!(wrong.is_empty(), "Ready at the new generation with the previous configuration deployed: {wrong:?}");
+    // read at the generation each Update names, not refused after the fact: none failed
+    let failed: Vec<String> = ns
+        .api::<pko_api::Update>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|u| condition(u, "Failed").is_none_or(|c| c.0 != "False"))
+        .map(|u| format!("{}: {:?} {:?}", u.name_any(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone())))
+        .collect();
+    assert!(failed.is_empty(), "every Update succeeded the first time: {failed:?}");
+    let ran = |u: &pko_api::Update| u.status.as_ref().and_then(|s| s.run_digest.clone());
+    for u in ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap() {
+        assert!(u.spec.run_digest.is_some() && ran(&u) == u.spec.run_digest, "{} ran what it names: {:?} {:?}", u.name_any(), u.spec.run_digest, ran(&u));
+    }
     drop(r1);
 }

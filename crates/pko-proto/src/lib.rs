@@ -2,6 +2,7 @@
 //! (`proto/pko/agent/v1/agent.proto`). See that file for the contract of each RPC and message.
 #![allow(missing_docs, clippy::all)]
 
+pub mod digest;
 pub mod json;
 pub mod lines;
 pub mod locks;

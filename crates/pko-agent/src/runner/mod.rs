@@ -79,7 +79,7 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
     }
     let start = crate::convert::now();
     let mut masker = Masker::default();
-    let mut result = OperationResult { start_time: Some(start), ..Default::default() };
+    let mut result = OperationResult { start_time: Some(start), run_digest: pko_proto::digest::run_digest(&req), ..Default::default() };
     let mut pinned = None;
     let mut sandbox = None;
     let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
@@ -146,6 +146,13 @@ fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
 /// or Cancel), then succeeds with no outputs. Its log line and result message say it was simulated.
 async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::Duration) {
     let start = crate::convert::now();
+    let run_digest = pko_proto::digest::run_digest(req);
+    if let Err(f) = check_digest(req, &run_digest) {
+        let error = Some(ErrorInfo { reason: f.reason as i32, message: f.message.clone(), field: f.field });
+        let result = OperationResult { status: ResultStatus::Failed as i32, message: f.message, error, run_digest, ..Default::default() };
+        op.publish(Event::Result(result));
+        return;
+    }
     op.log("hollow agent: simulated operation, no Pulumi runs (load tests only)");
     let end = tokio::time::Instant::now() + delay;
     let status = loop {
@@ -170,7 +177,8 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
         message: message.clone(),
         field: String::new(),
     });
-    let result = OperationResult { status: status as i32, message, error, start_time: Some(start), end_time: Some(crate::convert::now()), ..Default::default() };
+    let end_time = Some(crate::convert::now());
+    let result = OperationResult { status: status as i32, message, error, start_time: Some(start), end_time, run_digest, ..Default::default() };
     tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
     op.publish(Event::Result(result));
 }
@@ -214,6 +222,7 @@ async fn execute(
     result: &mut OperationResult,
     pinned: &mut Option<String>,
 ) -> Result<(), Failure> {
+    check_digest(req, &result.run_digest)?;
     let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
     if kind == OperationType::Unspecified {
         return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh, destroy or initialize)"));
@@ -237,6 +246,16 @@ async fn execute(
     let options = req.options.clone().unwrap_or_default();
     let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key, released: &req.release_locks };
     operate_through_locks(ctx, op, &step, masker, result).await
+}
+
+/// Step 0: the request is what its Update names: its run digest (`computed`, over the request as
+/// received) is the one the operator sent (`run_digest`; none: not checked). Nothing runs otherwise.
+fn check_digest(req: &OperationRequest, computed: &str) -> Result<(), Failure> {
+    if req.run_digest.is_empty() || req.run_digest == computed {
+        return Ok(());
+    }
+    let message = format!("the request is not what its Update names: its run digest is {computed}, the Update's {}", req.run_digest);
+    Err(fail(ErrorReason::RunMismatch, "run_digest", message))
 }
 
 /// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the

@@ -97,7 +97,38 @@ pub(super) async fn set_config(
             return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
         }
     }
+    // what Pulumi will read is what the request asked for (a config file reused, or written by a
+    // plugin or an earlier command, never stands in for it)
+    let short = stack.rsplit('/').next().unwrap_or(stack);
+    let text = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))).unwrap_or_default();
+    if let Some(why) = written_config_mismatch(&text, &planned) {
+        return Err(fail(ErrorReason::RunMismatch, "config", masker.mask(&format!("the stack config written is not the request's: {why}"))));
+    }
     Ok(())
+}
+
+/// Where the stack config file `text` (`Pulumi.<stack>.yaml`, as Pulumi wrote it) differs from `planned`
+/// (the request's config): a key missing, a plain string with another value, a secret not encrypted.
+/// Keys set by property path (`--path`) and structured values are checked for presence of their top
+/// key only. `None`: as asked. Pure; a value is never repeated in the answer.
+pub fn written_config_mismatch(text: &str, planned: &[PlannedConfig]) -> Option<String> {
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap_or(serde_yaml_ng::Value::Null);
+    let config = doc.get("config");
+    for item in planned {
+        let top = if item.path { item.key.split(['.', '[']).next().unwrap_or(&item.key) } else { item.key.as_str() };
+        let Some(found) = config.and_then(|c| c.get(top)) else { return Some(format!("{} is not set", item.key)) };
+        if item.path || item.object.is_some() {
+            continue;
+        }
+        if item.secret {
+            if found.get("secure").is_none() {
+                return Some(format!("{} is not stored encrypted", item.key));
+            }
+        } else if found.as_str() != Some(item.text.as_str()) {
+            return Some(format!("{} has another value", item.key));
+        }
+    }
+    None
 }
 
 /// Longest `NAME=value` environment entry, in bytes (Linux `MAX_ARG_STRLEN`).
@@ -284,6 +315,19 @@ mod tests {
         reset_stack_config(d.path(), "dev").unwrap();
         assert_eq!(std::fs::read_to_string(d.path().join("Pulumi.prod.yaml")).unwrap(), "config:\n  p:a: checked-in\n");
         assert!(!d.path().join("Pulumi.dev.yaml").exists());
+    }
+
+    #[test]
+    fn the_config_written_is_checked_against_the_request() {
+        let planned = [item("p:n", "1", false, false), item("p:pw", "hunter2", true, false), item("p:a.b", "x", false, true)];
+        let written = "config:\n  p:n: \"1\"\n  p:pw:\n    secure: v1:abc\n  p:a:\n    b: x\n  p:extra: kept\n";
+        assert_eq!(written_config_mismatch(written, &planned), None, "as asked (a key of the source's file may stay)");
+        let stale = written.replace("\"1\"", "\"0\"");
+        assert_eq!(written_config_mismatch(&stale, &planned).as_deref(), Some("p:n has another value"), "the value is not repeated");
+        let plain = written.replace("\n    secure: v1:abc", " hunter2");
+        assert_eq!(written_config_mismatch(&plain, &planned).as_deref(), Some("p:pw is not stored encrypted"));
+        assert_eq!(written_config_mismatch("config: {}\n", &planned).as_deref(), Some("p:n is not set"));
+        assert_eq!(written_config_mismatch("", &planned).as_deref(), Some("p:n is not set"), "no file at all");
     }
 
     fn item(key: &str, text: &str, secret: bool, path: bool) -> PlannedConfig {

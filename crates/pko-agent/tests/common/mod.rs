@@ -154,7 +154,7 @@ pub fn rand_suffix() -> String {
 }
 
 pub fn literal(v: &str) -> ValueRef {
-    ValueRef { kind: Some(value_ref::Kind::Literal(v.into())) }
+    ValueRef { kind: Some(value_ref::Kind::Literal(v.into())), origin: String::new() }
 }
 
 /// A request for `kind` on `stack` of the project in `dir`, with the env's backend and passphrase.

@@ -203,9 +203,14 @@ impl Agents {
 
     /// Whether an operation can be run on `ws` now: pooled, a Ready Workspace is enough (its agent is
     /// lent per operation) — or one Stalled by an earlier operation, which this one may mend; else its
-    /// own agent's address must be known. Pure.
+    /// own agent's address must be known, for its current generation (PKO's `isWorkspaceReady`: the
+    /// agent runs the spec applied). Pure.
     pub fn usable(&self, ws: &Workspace) -> bool {
-        if self.pooled() { ws.runnable() } else { ws.status.as_ref().and_then(|s| s.address.as_ref()).is_some() }
+        let status = ws.status.as_ref();
+        if self.pooled() {
+            return ws.runnable();
+        }
+        status.and_then(|s| s.address.as_ref()).is_some() && status.and_then(|s| s.observed_generation) == ws.metadata.generation
     }
 
     /// Brings `ws`'s agent up (its own pod or process) or checks that its class's agents can run with

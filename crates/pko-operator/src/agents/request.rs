@@ -20,7 +20,7 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> RequestError {
 }
 
 fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef {
-    pb::ValueRef { kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })) }
+    pb::ValueRef { kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })), origin: String::new() }
 }
 
 /// The program source of a Workspace: at most one of git, flux, local, projectInfo; `None` for a
@@ -101,7 +101,7 @@ fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem
                 (None, Some(p)) => pb::value_ref::Kind::Path(p.clone()),
                 _ => return Err(err(format!("{field}.valueFrom"), "exactly one of env or path is required")),
             };
-            pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(kind) })
+            pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(kind), origin: String::new() })
         }
         _ => return Err(err(field, "exactly one of value or valueFrom is required")),
     };
@@ -150,7 +150,7 @@ pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, Reque
             (Some(_), Some(_)) => return Err(err(field, "value and valueFrom are exclusive")),
         };
         let secret = matches!(value, pb::value_ref::Kind::Secret(_));
-        out.push(pb::EnvVar { name: e.name.clone(), value: Some(pb::ValueRef { kind: Some(value) }), secret });
+        out.push(pb::EnvVar { name: e.name.clone(), value: Some(pb::ValueRef { kind: Some(value), origin: String::new() }), secret });
     }
     Ok(out)
 }
@@ -236,7 +236,39 @@ fn on_workspace(
         release_locks: Vec::new(),
         // set by the dispatcher right before `Run` (`dispatch::Hooks::not_after`)
         not_after: None,
+        // set by the dispatcher from the Update (`spec.runDigest`)
+        run_digest: String::new(),
+        env_from: env_from_names(workspace),
     })
+}
+
+/// The Workspace's `envFrom` sources as the run digest names them (`OperationRequest.env_from`):
+/// `secret:<name>` or `configmap:<name>`, then `?prefix=<p>` and `&optional` when set; an entry that
+/// names neither or both kinds as `invalid` (the dispatch refuses it, naming the field). Pure.
+pub fn env_from_names(workspace: &WorkspaceSpec) -> Vec<String> {
+    workspace
+        .env_from
+        .iter()
+        .flatten()
+        .map(|e| {
+            let (kind, name, optional) = match (&e.config_map_ref, &e.secret_ref) {
+                (Some(c), None) => ("configmap", c.name.as_str(), c.optional.unwrap_or(false)),
+                (None, Some(s)) => ("secret", s.name.as_str(), s.optional.unwrap_or(false)),
+                _ => ("invalid", "", false),
+            };
+            let prefix = e.prefix.as_deref().unwrap_or_default();
+            format!("{kind}:{name}?prefix={prefix}{}", if optional { "&optional" } else { "" })
+        })
+        .collect()
+}
+
+/// The run digest of `update` on `workspace` in `namespace` (`pko_proto::digest::run_digest` of the
+/// request [`build`] makes, before any value is resolved): what the Stack controller writes as the
+/// Update's `spec.runDigest` and the dispatcher checks the Workspace it read against. Pure.
+///
+/// Errors: as [`build`]'s.
+pub fn run_digest(namespace: &str, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<String, RequestError> {
+    build("", 0, namespace, workspace, update).map(|r| pko_proto::digest::run_digest(&r))
 }
 
 /// Why a request could not be completed with its values.

@@ -199,6 +199,11 @@ pub async fn resolve(client: &kube::Client, secrets: &SecretCache, namespace: &s
             }
         };
         let value = value_in(data, &reference)?;
+        // the run digest covers where the value came from, never the value
+        r.origin = match kind {
+            ObjectKind::Secret => pko_proto::digest::secret_origin(&reference.name, &reference.key),
+            ObjectKind::ConfigMap => pko_proto::digest::config_map_origin(&reference.name, &reference.key),
+        };
         r.kind = Some(Kind::Literal(value));
         resolved += 1;
     }
@@ -265,7 +270,8 @@ pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) ->
             let reference = || Box::new(Reference { field: source.field.clone(), kind: source.kind, namespace: String::new(), name: source.name.clone(), key: key.clone() });
             let value = String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(reference()))?;
             let secret = source.kind == ObjectKind::Secret;
-            vars.insert(name.clone(), pb::EnvVar { name, value: Some(pb::ValueRef { kind: Some(Kind::Literal(value)) }), secret });
+            let value = pb::ValueRef { kind: Some(Kind::Literal(value)), origin: pko_proto::digest::ENV_FROM_ORIGIN.into() };
+            vars.insert(name.clone(), pb::EnvVar { name, value: Some(value), secret });
         }
     }
     for e in &env {
@@ -345,7 +351,7 @@ pub async fn exchange_github_app(req: &mut pb::OperationRequest, api_url: &str) 
         _ => String::new(),
     };
     let token = pko_git::github_app::installation_token(api_url, &literal(&a.github_app_id), &literal(&a.github_app_installation_id), &literal(&a.github_app_private_key)).await?;
-    a.token = Some(pb::ValueRef { kind: Some(Kind::Literal(token)) });
+    a.token = Some(pb::ValueRef { kind: Some(Kind::Literal(token)), origin: "github-app".into() });
     (a.github_app_id, a.github_app_installation_id, a.github_app_private_key) = (None, None, None);
     Ok(())
 }
@@ -359,7 +365,7 @@ mod tests {
     }
 
     fn r(kind: Kind) -> Option<pb::ValueRef> {
-        Some(pb::ValueRef { kind: Some(kind) })
+        Some(pb::ValueRef { kind: Some(kind), origin: String::new() })
     }
 
     #[test]
@@ -370,7 +376,7 @@ mod tests {
                 pb::ConfigItem { key: "lit".into(), value: Some(pb::config_item::Value::Literal(Default::default())), ..Default::default() },
                 pb::ConfigItem {
                     key: "cm".into(),
-                    value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))) })),
+                    value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))), origin: String::new() })),
                     ..Default::default()
                 },
             ],

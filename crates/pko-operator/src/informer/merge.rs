@@ -252,11 +252,22 @@ impl<K: Watched> Merge<K> {
         let Some(state) = self.sources.get_mut(&source) else { return Vec::new() };
         match event {
             watcher::Event::Apply(o) => {
-                state.known.insert(ObjectRef::from_obj(&o));
+                let r = ObjectRef::from_obj(&o);
+                state.known.insert(r.clone());
+                // never back: a watch replaying, or one of two whose selectors both cover a shard
+                // lost and regained, may deliver a version older than the one stored
+                if older_than_stored(lookup(&r).as_deref(), &o) {
+                    return vec![];
+                }
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
             }
             watcher::Event::Delete(o) => {
-                state.known.remove(&ObjectRef::from_obj(&o));
+                let r = ObjectRef::from_obj(&o);
+                state.known.remove(&r);
+                // the delete of an earlier object of that name: the one stored was made since
+                if lookup(&r).is_some_and(|stored| stored.meta().uid.is_some() && stored.meta().uid != o.meta().uid) {
+                    return vec![];
+                }
                 deleted(o).into()
             }
             watcher::Event::Init => {
@@ -265,10 +276,13 @@ impl<K: Watched> Merge<K> {
             }
             watcher::Event::InitApply(o) => {
                 let r = ObjectRef::from_obj(&o);
-                let unchanged = state.skip_unchanged && state.known.contains(&r) && lookup(&r).is_some_and(|old| same_version(&*old, &o));
+                let stored = lookup(&r);
+                let unchanged = state.skip_unchanged && state.known.contains(&r) && stored.as_deref().is_some_and(|old| same_version(old, &o));
                 state.listing.get_or_insert_with(HashSet::new).insert(r.clone());
                 state.known.insert(r);
-                if unchanged {
+                // a list from the API server's watch cache (`resourceVersion=0`) may be older than
+                // the store: the newer stored version stays, and the watch goes on from the list
+                if unchanged || older_than_stored(stored.as_deref(), &o) {
                     return vec![];
                 }
                 vec![Step::Store(watcher::Event::Apply(o.clone())), Step::Notify(Change::Applied(o))]
@@ -288,6 +302,24 @@ impl<K: Watched> Merge<K> {
             }
         }
     }
+}
+
+/// Whether `incoming` is an older version of the very object `stored` (same uid, a lower
+/// `resourceVersion`). Resource versions of one resource compare as integers (KEP-5504, stable in
+/// Kubernetes 1.35: decimal, no leading zeros, compared by length then digits); a version that is not
+/// one (an object without it, as in unit tests) is never judged older. Pure.
+pub(super) fn older_than_stored<K: kube::Resource>(stored: Option<&K>, incoming: &K) -> bool {
+    let Some(stored) = stored else { return false };
+    let same_object = stored.meta().uid.is_some() && stored.meta().uid == incoming.meta().uid;
+    let (Some(a), Some(b)) = (incoming.meta().resource_version.as_deref(), stored.meta().resource_version.as_deref()) else { return false };
+    same_object && compare_resource_versions(a, b) == Some(std::cmp::Ordering::Less)
+}
+
+/// `a` against `b` as Kubernetes compares resource versions (`CompareResourceVersion`, KEP-5504):
+/// positive decimal integers without leading zeros, of any length. `None`: either is not one. Pure.
+pub fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let valid = |v: &str| !v.is_empty() && !v.starts_with('0') && v.bytes().all(|c| c.is_ascii_digit());
+    (valid(a) && valid(b)).then(|| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
 }
 
 /// Whether `a` and `b` are the same version of an object: both carry a `resourceVersion` and it is the
@@ -460,6 +492,40 @@ mod tests {
         assert_eq!(h.names(), ["a/x", "a/z"]);
         // an event of a closed source changes nothing
         assert_eq!(h.feed_from((1, 0), watcher::Event::Apply(sharded("y", 2, "5"))), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_store_never_goes_back_to_an_older_version_of_an_object() {
+        let with = |name: &str, uid: &str, rv: &str| {
+            let mut c = sharded(name, 5, rv);
+            c.metadata.uid = Some(uid.into());
+            c
+        };
+        let rv = |h: &Harness, name: &str| h.writer.as_reader().get(&ObjectRef::new(name).within("a")).and_then(|o| o.metadata.resource_version.clone());
+        // shard 5 lost and regained while the first group, covering 1 and 5, stayed open for shard 1:
+        // the new group lists it fresh, then the first group's watch delivers what it had buffered
+        let mut h = Harness { merge: Merge::default(), writer: Writer::default() };
+        h.merge.add_source((0, 0));
+        h.merge.add_source((1, 0));
+        h.list_from((0, 0), &[with("x", "u1", "7")]);
+        assert_eq!(h.list_from((1, 0), &[with("x", "u1", "10")]), ["+a/x"]);
+        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "8"))), Vec::<String>::new(), "an older version: not stored, not handed on");
+        assert_eq!(rv(&h, "x").as_deref(), Some("10"));
+        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "11"))), ["+a/x"], "a newer one from either watch");
+        // a re-list from the watch cache older than the store keeps the newer version
+        h.list_from((1, 0), &[with("x", "u1", "9")]);
+        assert_eq!(rv(&h, "x").as_deref(), Some("11"));
+        // resource versions compare as integers, not as text
+        assert_eq!(h.feed_from((1, 0), watcher::Event::Apply(with("x", "u1", "100"))), ["+a/x"]);
+        assert_eq!(rv(&h, "x").as_deref(), Some("100"));
+        // recreated under the same name: the new object is taken whatever its version, and the old
+        // one's late delete does not remove it
+        assert_eq!(h.feed_from((1, 0), watcher::Event::Apply(with("x", "u2", "12"))), ["+a/x"]);
+        assert_eq!(h.feed_from((0, 0), watcher::Event::Delete(with("x", "u1", "100"))), Vec::<String>::new());
+        assert_eq!(rv(&h, "x").as_deref(), Some("12"));
+        assert_eq!(h.feed_from((1, 0), watcher::Event::Delete(with("x", "u2", "13"))), ["-a/x"]);
+        assert_eq!(compare_resource_versions("9", "10"), Some(std::cmp::Ordering::Less));
+        assert_eq!(compare_resource_versions("010", "9"), None, "not a resource version");
     }
 
     #[test]

@@ -23,6 +23,27 @@ pub struct Absorbed {
     pub outputs_secret: Option<String>,
     /// The Update's message (the error on failure).
     pub message: String,
+    /// Why an Update that says it succeeded is not taken as a success ([`verify_run`]).
+    pub mismatch: Option<String>,
+}
+
+/// Whether `update`, finished, ran what it was made for as the Stack's `current` update: made for the
+/// same Stack generation (`spec.stackGeneration`), and — when it succeeded — with the run digest it
+/// names (`status.runDigest` equal to `spec.runDigest`: the agent checked and ran that request). An
+/// Update that names neither (made by an earlier version) is taken as it is. `Err`: why not. Pure.
+pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), String> {
+    if let (Some(made), Some(want)) = (update.spec.stack_generation, current.generation)
+        && made != want
+    {
+        return Err(format!("the Update was made for generation {made} of the Stack, not {want}"));
+    }
+    let Some(expected) = update.spec.run_digest.as_deref().filter(|_| update.succeeded()) else { return Ok(()) };
+    match update.status.as_ref().and_then(|s| s.run_digest.as_deref()) {
+        Some(ran) if ran == expected => Ok(()),
+        ran => {
+            Err(format!("the Update reported success but did not run what it was made for: its agent ran {}, the Update names {expected}", ran.unwrap_or("an unrecorded request")))
+        }
+    }
 }
 
 /// The finished `update` that `current` pointed at, against the previous `lastUpdate` `prev`, at `now`.
@@ -32,8 +53,11 @@ pub struct Absorbed {
 /// count (`max_failures`, the Stack's `maxUpdateFailures`), so the Stack keeps retrying until the
 /// holder is gone.
 pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time, max_failures: i64) -> Absorbed {
-    let ok = update.succeeded();
+    let mismatch = verify_run(update, current).err();
+    let ok = update.succeeded() && mismatch.is_none();
+    // not the program's failure: backs off like one, never reaches the stall count
     let conflict = update.failed_reason() == Some(uc::UPDATE_CONFLICT);
+    let not_programs = conflict || mismatch.is_some() || update.failed_reason() == Some(uc::RUN_MISMATCH);
     let prev = prev.cloned().unwrap_or_default();
     let same_request = prev.generation == current.generation && prev.reconcile_request == current.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
     let us = update.status.clone().unwrap_or_default();
@@ -44,7 +68,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
     } else {
         0
     };
-    let failures = if conflict { failures.min(max_failures - 1) } else { failures };
+    let failures = if not_programs { failures.min(max_failures - 1) } else { failures };
     Absorbed {
         last_update: StackUpdateState {
             generation: current.generation,
@@ -53,7 +77,7 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             update_type: update.spec.update_type.clone(),
             state: Some(if ok { StackUpdateStateMessage::Succeeded } else { StackUpdateStateMessage::Failed }),
             // PKO leaves the message of a success empty
-            message: if ok { None } else { us.message.clone() },
+            message: if ok { None } else { mismatch.clone().or_else(|| us.message.clone()) },
             last_attempted_commit: current.commit.clone(),
             last_successful_commit: if ok { current.commit.clone() } else { prev.last_successful_commit.clone() },
             permalink: us.permalink.clone(),
@@ -62,12 +86,14 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             change_summary: us.change_summary.clone(),
             // canceled on request: the Stack waits for a change instead of retrying
             cancel_request: (update.failed_reason() == Some(uc::CANCELED)).then(|| update.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned()).flatten(),
+            run_digest: us.run_digest.clone(),
         },
         succeeded: ok,
         conflict,
         project_info: if ok { us.project_info.clone() } else { None },
         outputs_secret: if ok { us.outputs.clone() } else { None },
-        message: us.message.unwrap_or_default(),
+        message: mismatch.clone().or(us.message).unwrap_or_default(),
+        mismatch,
     }
 }
 
@@ -124,6 +150,34 @@ mod tests {
         assert_eq!(second.last_update.last_successful_commit.as_deref(), Some("old"), "a failure keeps the last success");
         let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3), MAX_UPDATE_FAILURES);
         assert_eq!(new_generation.last_update.failures, Some(0), "a new generation starts counting again");
+    }
+
+    #[test]
+    fn a_success_counts_only_with_the_digest_and_generation_it_was_made_for() {
+        let made = |generation: i64, digest: Option<&str>, ran: Option<&str>| {
+            let mut u = finished("u", true, uc::UPDATE_SUCCEEDED);
+            u.spec.stack_generation = Some(generation);
+            u.spec.run_digest = digest.map(str::to_string);
+            u.status.as_mut().unwrap().run_digest = ran.map(str::to_string);
+            u
+        };
+        let a = absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:aa")), &t(1), MAX_UPDATE_FAILURES);
+        assert!(a.succeeded && a.mismatch.is_none());
+        assert_eq!(a.last_update.run_digest.as_deref(), Some("sha256:aa"), "what ran, on the Stack");
+        let stale = absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:bb")), &t(1), MAX_UPDATE_FAILURES);
+        assert!(!stale.succeeded, "another request ran: never a success");
+        assert_eq!(stale.last_update.state, Some(StackUpdateStateMessage::Failed));
+        assert!(stale.outputs_secret.is_none(), "its outputs are not taken");
+        assert!(stale.message.contains("sha256:bb") && stale.message.contains("sha256:aa"), "{}", stale.message);
+        assert!(!absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), None), &t(1), MAX_UPDATE_FAILURES).succeeded, "an agent that recorded nothing");
+        let other_generation = absorb(None, &current(3, "abc"), &made(2, Some("sha256:aa"), Some("sha256:aa")), &t(1), MAX_UPDATE_FAILURES);
+        assert!(!other_generation.succeeded && other_generation.message.contains("generation 2"), "{}", other_generation.message);
+        assert!(absorb(None, &current(2, "abc"), &made(2, None, None), &t(1), MAX_UPDATE_FAILURES).succeeded, "an Update that names no digest (an earlier version's)");
+        let mut last = stale.last_update;
+        for i in 0..10 {
+            last = absorb(Some(&last), &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:bb")), &t(i), MAX_UPDATE_FAILURES).last_update;
+        }
+        assert!(last.failures < Some(MAX_UPDATE_FAILURES), "a mismatch backs off, never stalls the Stack");
     }
 
     #[test]

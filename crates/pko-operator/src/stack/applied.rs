@@ -24,6 +24,8 @@ struct Applied {
     fingerprint: u64,
     uid: String,
     generation: i64,
+    /// The epoch of the Stack's shard the apply was made at.
+    epoch: i64,
 }
 
 /// A fingerprint of the Workspace a pass would apply (its JSON form, hashed). Pure.
@@ -48,20 +50,21 @@ impl AppliedWorkspaces {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached Workspace of Stack `ns/name` when applying `desired` would change nothing (the rules
-    /// in the module's documentation); `None`: apply.
-    pub fn unchanged(&self, ns: &str, name: &str, desired: &Workspace, cached: Option<&Workspace>) -> Option<Workspace> {
+    /// The cached Workspace of Stack `ns/name`, its shard held at `epoch`, when applying `desired`
+    /// would change nothing (the rules in the module's documentation; an apply recorded at another
+    /// epoch says nothing: the shard's holders in between may have applied); `None`: apply.
+    pub fn unchanged(&self, ns: &str, name: &str, desired: &Workspace, cached: Option<&Workspace>, epoch: i64) -> Option<Workspace> {
         let cached = cached?;
-        let applied = self.map().get(&(ns.to_string(), name.to_string())).cloned()?;
+        let applied = self.map().get(&(ns.to_string(), name.to_string())).filter(|a| a.epoch == epoch).cloned()?;
         let same_object = cached.metadata.uid.as_deref() == Some(applied.uid.as_str()) && cached.metadata.generation == Some(applied.generation);
         (same_object && cached.metadata.deletion_timestamp.is_none() && applied.fingerprint == fingerprint(desired) && metadata_kept(desired, cached)).then(|| cached.clone())
     }
 
-    /// Records that `desired` was applied to Stack `ns/name`'s Workspace, which the apply returned as
-    /// `written`.
-    pub fn record(&self, ns: &str, name: &str, desired: &Workspace, written: &Workspace) {
+    /// Records that `desired` was applied to Stack `ns/name`'s Workspace, its shard held at `epoch`,
+    /// which the apply returned as `written`.
+    pub fn record(&self, ns: &str, name: &str, desired: &Workspace, written: &Workspace, epoch: i64) {
         let (Some(uid), Some(generation)) = (written.metadata.uid.clone(), written.metadata.generation) else { return };
-        self.map().insert((ns.to_string(), name.to_string()), Applied { fingerprint: fingerprint(desired), uid, generation });
+        self.map().insert((ns.to_string(), name.to_string()), Applied { fingerprint: fingerprint(desired), uid, generation, epoch });
     }
 }
 
@@ -84,16 +87,17 @@ mod tests {
         let applied = AppliedWorkspaces::default();
         let desired = ws("", 0, "pulumi:1");
         let written = ws("u-1", 3, "pulumi:1");
-        assert!(applied.unchanged("a", "web", &desired, Some(&written)).is_none(), "nothing recorded (a restart): apply");
-        applied.record("a", "web", &desired, &written);
-        assert!(applied.unchanged("a", "web", &desired, Some(&written)).is_some(), "the same Workspace, cached as written: skip");
-        assert!(applied.unchanged("a", "web", &desired, None).is_none(), "not cached (deleted, or the cache is behind): apply");
-        assert!(applied.unchanged("a", "web", &ws("", 0, "pulumi:2"), Some(&written)).is_none(), "a new spec: apply");
-        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-1", 4, "pulumi:1"))).is_none(), "edited by someone since: apply");
-        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-2", 3, "pulumi:1"))).is_none(), "a new object (recreated): apply");
+        assert!(applied.unchanged("a", "web", &desired, Some(&written), 1).is_none(), "nothing recorded (a restart): apply");
+        applied.record("a", "web", &desired, &written, 1);
+        assert!(applied.unchanged("a", "web", &desired, Some(&written), 1).is_some(), "the same Workspace, cached as written: skip");
+        assert!(applied.unchanged("a", "web", &desired, None, 1).is_none(), "not cached (deleted, or the cache is behind): apply");
+        assert!(applied.unchanged("a", "web", &ws("", 0, "pulumi:2"), Some(&written), 1).is_none(), "a new spec: apply");
+        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-1", 4, "pulumi:1")), 1).is_none(), "edited by someone since: apply");
+        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-2", 3, "pulumi:1")), 1).is_none(), "a new object (recreated): apply");
         let mut stripped = written.clone();
         stripped.metadata.labels = None;
-        assert!(applied.unchanged("a", "web", &desired, Some(&stripped)).is_none(), "its label removed by hand: apply");
-        assert!(applied.unchanged("b", "web", &desired, Some(&written)).is_none(), "another namespace's Stack");
+        assert!(applied.unchanged("a", "web", &desired, Some(&stripped), 1).is_none(), "its label removed by hand: apply");
+        assert!(applied.unchanged("b", "web", &desired, Some(&written), 1).is_none(), "another namespace's Stack");
+        assert!(applied.unchanged("a", "web", &desired, Some(&written), 2).is_none(), "applied before the shard was lost: apply");
     }
 }

@@ -361,6 +361,19 @@ pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str
     Ok(pko_api::Update { metadata, spec: update_spec(&stack.spec, &stack_name, deleting, reason), status: None })
 }
 
+/// Records on `u` what it runs (ours, additive Update fields): the Stack's generation, the generation
+/// of `workspace` (as the apply returned it), the source `revision`, and the run digest of `u` on
+/// `workspace` ([`crate::agents::request::run_digest`]), after the update template was merged, so no
+/// template sets them. A Workspace no request can be built from gets no digest: the dispatch fails
+/// the Update naming the field. Pure.
+pub fn pin_run(u: &mut pko_api::Update, stack: &pko_api::Stack, workspace: &pko_api::Workspace, revision: &str) {
+    use kube::ResourceExt;
+    u.spec.stack_generation = stack.metadata.generation;
+    u.spec.workspace_generation = workspace.metadata.generation;
+    u.spec.revision = Some(revision.to_string()).filter(|r| !r.is_empty());
+    u.spec.run_digest = crate::agents::request::run_digest(&stack.namespace().unwrap_or_default(), &workspace.spec, &u.spec).ok();
+}
+
 /// Time to live of a finished drift check's Update (a schedule every 15 minutes keeps 4, not 96 as
 /// with the 24 h of other Updates); `updateTemplate.spec.ttlAfterCompleted` overrides it.
 pub const DRIFT_CHECK_TTL: &str = "1h";

@@ -371,7 +371,16 @@ pub struct StackController {
 /// the stored version ([`Pass::ensure_current`]); a stale one ends the pass with nothing written
 /// ([`Error::Stale`]). No pass reads the Stack before deciding.
 #[derive(Debug, Default)]
-pub struct OwnWrites(std::sync::Mutex<std::collections::HashMap<(String, String), (String, std::time::Instant)>>);
+pub struct OwnWrites(std::sync::Mutex<std::collections::HashMap<(String, String), OwnWrite>>);
+
+/// This replica's last write of a Stack: the `resourceVersion` it gave, when, and the epoch of the
+/// Stack's shard it was made at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OwnWrite {
+    version: String,
+    at: std::time::Instant,
+    epoch: i64,
+}
 
 /// How long after this replica's own write of a Stack a cached copy at another version is taken as
 /// the cache catching up rather than someone else's newer write: 1 second (the watch delivers a write
@@ -390,17 +399,20 @@ pub enum Cached {
 }
 
 impl OwnWrites {
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), (String, std::time::Instant)>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), OwnWrite>> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// What `cached` (the informer's copy) may be taken for at `now`. Pure on the map.
-    pub fn judge(&self, cached: &Stack, now: std::time::Instant) -> Cached {
+    /// What `cached` (the informer's copy) may be taken for at `now`, its shard held at `epoch`: a
+    /// write recorded at another epoch says nothing (the shard was lost since, and its holders in
+    /// between may have written). Pure on the map.
+    pub fn judge(&self, cached: &Stack, now: std::time::Instant, epoch: i64) -> Cached {
         let key = (cached.namespace().unwrap_or_default(), cached.name_any());
         let rv = cached.metadata.resource_version.clone();
-        match (self.map().get(&key), rv) {
-            (Some((own, _)), Some(rv)) if *own == rv => Cached::Current,
-            (Some((_, at)), rv) => match CACHE_CATCH_UP.checked_sub(now.saturating_duration_since(*at)).filter(|d| !d.is_zero()) {
+        let own = self.map().get(&key).filter(|w| w.epoch == epoch).cloned();
+        match (own, rv) {
+            (Some(own), Some(rv)) if own.version == rv => Cached::Current,
+            (Some(OwnWrite { at, .. }), rv) => match CACHE_CATCH_UP.checked_sub(now.saturating_duration_since(at)).filter(|d| !d.is_zero()) {
                 Some(wait) => Cached::CatchingUp(wait),
                 None => Cached::Unverified(rv),
             },
@@ -408,11 +420,11 @@ impl OwnWrites {
         }
     }
 
-    /// Records the version a write gave Stack `ns/name` now (`None`: forget it).
-    pub fn record(&self, ns: &str, name: &str, version: Option<String>) {
+    /// Records the version a write gave Stack `ns/name` now, its shard held at `epoch` (`None`: forget it).
+    pub fn record(&self, ns: &str, name: &str, version: Option<String>, epoch: i64) {
         let key = (ns.to_string(), name.to_string());
         match version {
-            Some(v) => self.map().insert(key, (v, std::time::Instant::now())),
+            Some(version) => self.map().insert(key, OwnWrite { version, at: std::time::Instant::now(), epoch }),
             None => self.map().remove(&key),
         };
     }
@@ -429,7 +441,7 @@ pub async fn reconcile(cached: Arc<Stack>, state: Arc<StackController>) -> Resul
     // the cached Stack, always: known current when it is the version this replica wrote last; just
     // after our own write, awaited; else unverified — its writes pinned to its resourceVersion, its
     // effects behind one read
-    let unverified = match state.own_writes.judge(&cached, std::time::Instant::now()) {
+    let unverified = match state.own_writes.judge(&cached, std::time::Instant::now(), ctx.ownership.epoch(&ns, &name)) {
         Cached::Current => None,
         Cached::CatchingUp(wait) => return Ok(Action::requeue(wait)),
         Cached::Unverified(rv) => rv,
@@ -469,7 +481,7 @@ async fn pass(state: &StackController, api: Api<Stack>, cached: Arc<Stack>, unve
             Err(kube::Error::Api(e)) if unverified.is_some() && e.code == 422 => return Err(Error::Stale),
             written => written.map_err(Error::Finalizer)?,
         };
-        state.own_writes.record(&ns, &name, version);
+        state.own_writes.record(&ns, &name, version, ctx.ownership.epoch(&ns, &name));
         return Ok(Action::await_change());
     }
     let mut pass = Pass::new(ctx, state, api, Arc::new(stack));
@@ -484,7 +496,7 @@ async fn pass(state: &StackController, api: Api<Stack>, cached: Arc<Stack>, unve
     }
     let after = pass.apply_effects(ctx).await;
     if pass.written_here() {
-        state.own_writes.record(&ns, &name, pass.version.clone());
+        state.own_writes.record(&ns, &name, pass.version.clone(), ctx.ownership.epoch(&ns, &name));
     }
     let after = after?;
     match exit {
@@ -564,6 +576,10 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
     let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now, super::plan::RetryPolicy::of(&p.stack.spec).max_failures);
+    if let Some(why) = &a.mismatch {
+        tracing::error!(update = %u.name_any(), %why, "a finished Update is not taken as a success");
+        metrics::counter!(crate::metric_names::RUN_MISMATCHES_TOTAL, "check" => "absorb").increment(1);
+    }
     if let Some(pi) = a.project_info.clone() {
         p.status.project_info = Some(pi);
     }
@@ -810,12 +826,13 @@ async fn prerequisites(p: &mut Pass) -> Step {
 async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step<Workspace> {
     let desired = build::workspace(&p.stack, source)?;
     let cached = p.cached_workspaces.get(&kube::runtime::reflector::ObjectRef::new(&p.name).within(&p.ns));
-    let applied = match p.applied_workspaces.unchanged(&p.ns, &p.name, &desired, cached.as_deref()) {
+    let epoch = p.ownership.epoch(&p.ns, &p.name);
+    let applied = match p.applied_workspaces.unchanged(&p.ns, &p.name, &desired, cached.as_deref(), epoch) {
         Some(ws) => Ok(ws),
         None => Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns)
             .patch(&p.name, &PatchParams::apply(field_manager::OPERATOR).force(), &Patch::Apply(&desired))
             .await
-            .inspect(|ws| p.applied_workspaces.record(&p.ns, &p.name, &desired, ws)),
+            .inspect(|ws| p.applied_workspaces.record(&p.ns, &p.name, &desired, ws, epoch)),
     };
     let ws = match applied {
         Ok(ws) => ws,
@@ -836,11 +853,22 @@ async fn workspace(ctx: &Context, p: &mut Pass, source: &ResolvedSource) -> Step
         p.stalled(reason, &message);
         return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
     }
-    if !ws.runnable() {
+    if !ready_for_update(&ws) {
         p.reconciling(sc::STACK_PROCESSING, &messages::workspace_wait_message(&ws));
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(5)))));
     }
     Ok(ControlFlow::Continue(ws))
+}
+
+/// Whether an Update may be made against `ws` as the apply returned it: runnable, and — for a Workspace
+/// with an agent of its own (no `status.pool`: its own pod or process, PKO's model) — observed at its
+/// current generation (PKO's `isWorkspaceReady`): its agent runs the spec just applied (a new image,
+/// a pod template rolled out). A pooled Workspace's operation is built from the Workspace at the
+/// generation its Update names, whichever agent of the class runs it, so it does not wait. Pure.
+pub fn ready_for_update(ws: &Workspace) -> bool {
+    let status = ws.status.as_ref();
+    let own_agent = status.is_none_or(|s| s.pool.is_none());
+    ws.runnable() && (!own_agent || status.and_then(|s| s.observed_generation) == ws.metadata.generation)
 }
 
 /// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in [`DRIFT_SLOT_RETRY`]), write
@@ -872,7 +900,8 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
         }
     }
     let name = drift::check_name(&p.name, tick);
-    let check = build::drift_check(&p.stack, ws, &name, auto_remediate)?;
+    let mut check = build::drift_check(&p.stack, ws, &name, auto_remediate)?;
+    build::pin_run(&mut check, &p.stack, ws, &revision);
     p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(name.clone()), commit: Some(revision) });
     p.write_status().await?;
     p.ensure_current().await?;
@@ -911,6 +940,7 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
     if !p.deleting && update.spec.update_type == Some(UpdateType::Up) && drift::remediating(&p.view()) {
         update.spec.refresh = Some(true);
     }
+    build::pin_run(&mut update, &p.stack, ws, &revision);
     p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
     p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an
@@ -969,6 +999,25 @@ mod tests {
     }
 
     #[test]
+    fn an_own_agent_workspace_is_waited_for_at_its_generation_a_pooled_one_is_not() {
+        let ws = |generation: i64, observed: i64, pool: Option<&str>| {
+            let mut w: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": generation}, "spec": {}})).unwrap();
+            let mut conditions = Vec::new();
+            pko_api::conditions::set(&mut conditions, "Ready", "True", "Succeeded", "", Some(observed), &pko_api::conditions::now());
+            w.status = Some(pko_api::workspace::WorkspaceStatus {
+                observed_generation: Some(observed),
+                pool: pool.map(str::to_string),
+                conditions: Some(conditions),
+                ..Default::default()
+            });
+            w
+        };
+        assert!(ready_for_update(&ws(3, 3, None)), "its own agent, at its generation");
+        assert!(!ready_for_update(&ws(4, 3, None)), "its own agent still runs the previous spec");
+        assert!(ready_for_update(&ws(4, 3, Some("class-a"))), "pooled: the dispatch reads generation 4");
+    }
+
+    #[test]
     fn the_cache_is_read_only_at_the_version_this_replica_wrote_last() {
         let stack = |rv: Option<&str>| {
             let mut s = Stack::new("web", Default::default());
@@ -978,16 +1027,17 @@ mod tests {
         };
         let own = OwnWrites::default();
         let now = std::time::Instant::now();
-        assert_eq!(own.judge(&stack(Some("5")), now), Cached::Unverified(Some("5".into())), "never written here: pinned to its version");
-        own.record("team-a", "web", Some("5".into()));
-        assert_eq!(own.judge(&stack(Some("5")), now), Cached::Current, "the cache shows our own write");
+        assert_eq!(own.judge(&stack(Some("5")), now, 1), Cached::Unverified(Some("5".into())), "never written here: pinned to its version");
+        own.record("team-a", "web", Some("5".into()), 1);
+        assert_eq!(own.judge(&stack(Some("5")), now, 2), Cached::Unverified(Some("5".into())), "written before its shard was lost: says nothing now");
+        assert_eq!(own.judge(&stack(Some("5")), now, 1), Cached::Current, "the cache shows our own write");
         let soon = std::time::Instant::now();
-        assert!(matches!(own.judge(&stack(Some("4")), soon), Cached::CatchingUp(d) if d <= CACHE_CATCH_UP), "just after our write: the cache catching up, awaited");
+        assert!(matches!(own.judge(&stack(Some("4")), soon, 1), Cached::CatchingUp(d) if d <= CACHE_CATCH_UP), "just after our write: the cache catching up, awaited");
         let later = soon + CACHE_CATCH_UP;
-        assert_eq!(own.judge(&stack(Some("4")), later), Cached::Unverified(Some("4".into())), "still behind after a second: pinned (409 if stale)");
-        assert_eq!(own.judge(&stack(Some("6")), later), Cached::Unverified(Some("6".into())), "someone else wrote since");
-        assert_eq!(own.judge(&stack(None), later), Cached::Unverified(None));
-        own.record("team-a", "web", None);
-        assert_eq!(own.judge(&stack(Some("5")), soon), Cached::Unverified(Some("5".into())), "forgotten once gone");
+        assert_eq!(own.judge(&stack(Some("4")), later, 1), Cached::Unverified(Some("4".into())), "still behind after a second: pinned (409 if stale)");
+        assert_eq!(own.judge(&stack(Some("6")), later, 1), Cached::Unverified(Some("6".into())), "someone else wrote since");
+        assert_eq!(own.judge(&stack(None), later, 1), Cached::Unverified(None));
+        own.record("team-a", "web", None, 1);
+        assert_eq!(own.judge(&stack(Some("5")), soon, 1), Cached::Unverified(Some("5".into())), "forgotten once gone");
     }
 }

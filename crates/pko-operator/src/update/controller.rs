@@ -183,17 +183,21 @@ impl UpdateController {
         }
     }
 
-    /// The Workspace `ns/name` an operation runs on: from the Workspace cache when it is there and
-    /// ready for one ([`Agents::usable`]; its spec changes only with its Stack's, which makes a new
-    /// Update), else read from the API server (not cached yet, or not ready as cached: a newer version
-    /// may be). `None`: there is none.
+    /// The Workspace `update` runs on: from the Workspace cache when it is there, ready for an
+    /// operation ([`Agents::usable`]) and at the generation the Update was made for
+    /// ([`made_for`]), else read from the API server — not cached yet, not ready as cached, or cached
+    /// at another generation: a cache can trail the Stack's own apply (a shard just gained, a watch
+    /// replaying, a loaded API server), and an operation built from it would run the previous spec.
+    /// `None`: there is none.
     ///
     /// Errors: the read failed.
-    pub(super) async fn workspace(&self, ns: &str, name: &str) -> Result<Option<Workspace>, kube::Error> {
-        let api = Api::<Workspace>::namespaced(self.ctx.client.clone(), ns);
+    pub(super) async fn workspace(&self, update: &Update) -> Result<Option<Workspace>, kube::Error> {
+        let ns = update.namespace().unwrap_or_default();
+        let name = update.spec.workspace_name.clone().unwrap_or_default();
+        let api = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns);
         match &self.workspaces {
-            Some(store) => crate::k8s::cached_or_get(store, &api, name, |w| self.agents.usable(w)).await,
-            None => api.get_opt(name).await,
+            Some(store) => crate::k8s::cached_or_get(store, &api, &name, |w| self.agents.usable(w) && made_for(update, w)).await,
+            None => api.get_opt(&name).await,
         }
     }
 
@@ -242,7 +246,7 @@ impl UpdateController {
             self.cancels.request(&update.operation_id(), request);
         }
         let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
-        let workspace = self.workspace(&ns, &ws_name).await?;
+        let workspace = self.workspace(&update).await?;
         let ready = workspace.as_ref().is_some_and(|w| self.agents.usable(w));
         if !ready {
             let (reason, message) = match workspace {
@@ -352,6 +356,12 @@ impl UpdateController {
         }
         Ok(Action::requeue(ttl - age))
     }
+}
+
+/// Whether `workspace` is at the generation `update` was made for (`spec.workspaceGeneration`; any,
+/// for an Update that names none: made by hand). Pure.
+pub fn made_for(update: &Update, workspace: &Workspace) -> bool {
+    update.spec.workspace_generation.is_none_or(|g| workspace.metadata.generation == Some(g))
 }
 
 /// How long after an attempt that left its Update `TransientFailure` the job is pushed again.

@@ -148,6 +148,11 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
         Ok(r) => r,
         Err(message) => return refuse(op, st, uc::UNKNOWN, message, Pin::AsClaimed).await,
     };
+    if let Err(message) = check_run(op.update, op.workspace, &req) {
+        tracing::warn!(%message, "not started: not what the Update names");
+        metrics::counter!(crate::metric_names::RUN_MISMATCHES_TOTAL, "check" => "dispatch").increment(1);
+        return refuse(op, st, uc::RUN_MISMATCH, message, Pin::AsClaimed).await;
+    }
     if let Some(request) = (op.cancel)().filter(|_| !op.update.was_started()) {
         return refuse(op, st, uc::CANCELED, super::cancel::message(&request), Pin::AsClaimed).await;
     }
@@ -186,12 +191,32 @@ async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, Stri
         Err(e) => return Ok(Err(e.to_string())),
     };
     request::mirror_artifact(&mut r, &ns, op.artifact_addr);
+    r.run_digest = op.update.spec.run_digest.clone().unwrap_or_default();
     r.release_locks = request::release_locks(op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str));
     match request::complete(op.client, op.secrets, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
         Ok(r) => Ok(Ok(r)),
         Err(Incomplete::User(message)) => Ok(Err(message)),
         Err(Incomplete::Transient(message)) => Err(DispatchError::Values(message)),
     }
+}
+
+/// Whether `req`, built from `workspace`, is what `update` names (its `spec.runDigest`), checked before
+/// the operation first starts. A started one is not refused here: its agent re-attaches to what it
+/// runs, or checks the request itself (`OperationRequest.run_digest`). `Err`: the Update's message. Pure.
+pub fn check_run(update: &Update, workspace: &Workspace, req: &OperationRequest) -> Result<(), String> {
+    let Some(expected) = update.spec.run_digest.as_deref().filter(|_| !update.was_started()) else { return Ok(()) };
+    let found = pko_proto::digest::run_digest(req);
+    if found == expected {
+        return Ok(());
+    }
+    let (want, have) = (update.spec.workspace_generation, workspace.metadata.generation);
+    Err(format!(
+        "not run: the Update was made for Workspace {} at generation {} (run digest {expected}); the Workspace is at generation {} now \
+         (run digest {found}); its Stack makes a new Update for what it asks now",
+        workspace.name_any(),
+        want.map_or("?".into(), |g| g.to_string()),
+        have.map_or("?".into(), |g| g.to_string()),
+    ))
 }
 
 /// Whether a status write is pinned to the `resourceVersion` the Update was claimed at: the first
@@ -430,6 +455,26 @@ mod tests {
         .map(DispatchError::step)
         .collect();
         assert_eq!(steps, ["prepare", "connect", "busy", "follow", "fenced"]);
+    }
+
+    #[test]
+    fn only_what_the_update_names_starts() {
+        let ws = |generation: i64, n: &str| -> Workspace {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": generation},
+                "spec": {"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "n", "value": n}]}]}}))
+            .unwrap()
+        };
+        let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {"stackName": "dev", "type": "up"}})).unwrap();
+        let spec = u.spec.clone();
+        let req = |w: &Workspace| request::build("id", 1, "ns", &w.spec, &spec).unwrap();
+        assert!(check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).is_ok(), "an Update that names no digest (made by hand)");
+        u.spec.workspace_generation = Some(2);
+        u.spec.run_digest = Some(request::run_digest("ns", &ws(2, "1").spec, &u.spec).unwrap());
+        assert!(check_run(&u, &ws(2, "1"), &req(&ws(2, "1"))).is_ok(), "the Workspace it was made for");
+        let stale = check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).unwrap_err();
+        assert!(stale.contains("made for Workspace w at generation 2") && stale.contains("is at generation 1 now (run digest"), "{stale}");
+        u.status = Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
+        assert!(check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).is_ok(), "started: its agent re-attaches or checks the request itself");
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub fn failure(reason: Reason, update_type: &str, message: &str) -> (&'static st
         Reason::UpdateConflict => (uc::UPDATE_CONFLICT, message.to_string()),
         Reason::InvalidAccessToken => (uc::INVALID_ACCESS_TOKEN, message.to_string()),
         Reason::Cancelled => (uc::CANCELED, message.to_string()),
+        Reason::RunMismatch => (uc::RUN_MISMATCH, message.to_string()),
         Reason::UpdateFailed | Reason::Other => {
             let prefix = format!("{update_type} failed");
             let message = if message.starts_with(&prefix) { message.to_string() } else { format!("{prefix}: {message}") };
@@ -87,6 +88,8 @@ pub mod pko_proto_reason {
         UpdateFailed,
         /// Cancelled.
         Cancelled,
+        /// The request, or the stack config written, was not what the Update names.
+        RunMismatch,
         /// Anything else.
         Other,
     }
@@ -100,6 +103,7 @@ pub fn reason_of(r: &pko_proto::v1::OperationResult) -> Reason {
         Some(ErrorReason::InvalidAccessToken) => Reason::InvalidAccessToken,
         Some(ErrorReason::UpdateFailed) => Reason::UpdateFailed,
         Some(ErrorReason::Cancelled) => Reason::Cancelled,
+        Some(ErrorReason::RunMismatch) => Reason::RunMismatch,
         _ => Reason::Other,
     }
 }
@@ -147,6 +151,7 @@ pub fn finished(
         let changes = r.changes.iter().take(pko_api::update::MAX_RESOURCE_CHANGES);
         changes.map(|c| pko_api::update::ResourceChange { urn: c.urn.clone(), op: c.op.clone(), properties: Some(c.properties.clone()).filter(|p| !p.is_empty()) }).collect()
     });
+    st.run_digest = Some(r.run_digest.clone()).filter(|d| !d.is_empty());
     let current = st.conditions.clone().unwrap_or_default();
     st.conditions = Some(conditions(phase, generation, now, &current));
     st

@@ -155,8 +155,7 @@ impl UpdateController {
             tracing::info!(update = %job.name, epoch = job.epoch, "shard no longer held at this epoch; job dropped");
             return None;
         }
-        let ws_name = update.spec.workspace_name.clone().unwrap_or_default();
-        let workspace = self.workspace(&job.namespace, &ws_name).await.ok()??;
+        let workspace = self.workspace(&update).await.ok()??;
         Some((update, workspace))
     }
 
@@ -226,6 +225,10 @@ impl UpdateController {
                 metrics::histogram!(crate::metric_names::OPERATION_DURATION_SECONDS, "type" => kind).record(began.elapsed().as_secs_f64());
                 if r.status == ResultStatus::Interrupted as i32 {
                     tracing::info!("operation interrupted by agent shutdown; will run again");
+                }
+                if r.error.as_ref().is_some_and(|e| e.reason == pko_proto::v1::ErrorReason::RunMismatch as i32) {
+                    tracing::warn!(message = %r.message, "the agent refused to run what the Update does not name");
+                    metrics::counter!(crate::metric_names::RUN_MISMATCHES_TOTAL, "check" => "agent").increment(1);
                 }
             }
             Err(e) => {
