@@ -186,6 +186,10 @@ build_pulumi_go() {
     -o "$TB_BIN/" github.com/pulumi/pulumi/sdk/v3/go/pulumi-language-go
   rm -rf "$P"; cp -r "$HERE/programs/go-kubernetes" "$P"; cd "$P"
   go mod download
+  # what `pulumi install` runs for a Go program: `go mod tidy` reads the modules of the tests of every
+  # package imported (testify, rapid, …), which `go mod download` leaves out; a test's offline install
+  # (GOPROXY=off) finds them only if they are cached (a fresh machine had none)
+  go mod tidy
   env -u CGO_ENABLED go build -o /dev/null .   # the cgo setting a program build gets by default
 }
 
@@ -234,5 +238,5 @@ step flux-source-controller build_flux_source_controller "$FLUX_SOURCE_CONTROLLE
 step pulumi-kubernetes build_pulumi_kubernetes "$PULUMI_KUBERNETES_MODULE_VERSION"
 # the Go language host and the Go SDKs of the tests' Go programs (cold: module downloads and the
 # kubernetes SDK's core and apps packages)
-step pulumi-go build_pulumi_go "$PULUMI_GO_HOST_SDK-$(cat "$HERE"/programs/go-kubernetes/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
+step pulumi-go build_pulumi_go "$PULUMI_GO_HOST_SDK-tidy-$(cat "$HERE"/programs/go-kubernetes/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 tb_log "binaries in $TB_BIN ($(du -sh "$TB_BIN" | cut -f1))"
