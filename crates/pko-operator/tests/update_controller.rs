@@ -33,9 +33,12 @@ fn local_workspace(name: &str, dir: &std::path::Path, env: &pko_testbed::PulumiE
                     "stacks": [{"name": stack, "create": true}]}})
 }
 
-/// Points Workspace `name` at an agent started by the test (no Workspace controller runs here).
+/// Points Workspace `name` at an agent started by the test, observed at its generation, as the
+/// Workspace controller would (none runs here).
 async fn set_agent_address(ns: &pko_testbed::TestNamespace, name: &str, address: &str) {
-    let status = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "status": {"address": address}});
+    let generation = ns.api::<Workspace>().get(name).await.unwrap().metadata.generation;
+    let status = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
+                        "status": {"address": address, "observedGeneration": generation}});
     ns.api::<Workspace>().patch_status(name, &PatchParams::apply("tests").force(), &Patch::Apply(status)).await.unwrap();
 }
 
