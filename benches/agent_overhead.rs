@@ -26,7 +26,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0)
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::main]
@@ -52,25 +56,43 @@ async fn main() {
         agent_times.push(t.elapsed());
         assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
         let t = Instant::now();
-        let out = env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--stack", "dev", "--non-interactive"]).output().unwrap();
+        let out = env
+            .pulumi(&dir)
+            .args(["up", "--yes", "--skip-preview", "--stack", "dev", "--non-interactive"])
+            .output()
+            .unwrap();
         bare_times.push(t.elapsed());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
     let (a, b) = (median(agent_times.clone()), median(bare_times.clone()));
-    println!("Run(up) median {a:?}, bare pulumi up median {b:?}, agent overhead {:?} ({} runs each)", a.saturating_sub(b), RUNS);
+    println!(
+        "Run(up) median {a:?}, bare pulumi up median {b:?}, agent overhead {:?} ({} runs each)",
+        a.saturating_sub(b),
+        RUNS
+    );
 
     // cold vs warm first operation: a git source cloned on first use
     let repo = env.dir().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     std::fs::write(repo.join("Pulumi.yaml"), format!("name: coldwarm\nruntime: yaml\n{PROGRAM}")).unwrap();
-    for args in [&["init", "-q", "-b", "main"][..], &["add", "."], &["-c", "user.email=b@e", "-c", "user.name=b", "commit", "-q", "-m", "x"]] {
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &["-c", "user.email=b@e", "-c", "user.name=b", "commit", "-q", "-m", "x"],
+    ] {
         assert!(std::process::Command::new("git").args(args).current_dir(&repo).status().unwrap().success());
     }
     let fresh = Agent::start(&env, &["--auth", "none"], &[]);
     let mut f = fresh.client().await;
     let git = |id: &str| {
         let mut r = request(&env, id, &repo, "cold", OperationType::Up);
-        r.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: format!("file://{}", repo.display()), revision: "main".into(), ..Default::default() })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource {
+                url: format!("file://{}", repo.display()),
+                revision: "main".into(),
+                ..Default::default()
+            })),
+        });
         r
     };
     let t = Instant::now();
@@ -80,7 +102,11 @@ async fn main() {
     assert_eq!(result(&run(&mut f, git("cold-2")).await).status, ResultStatus::Succeeded as i32);
     let warm = t.elapsed();
     println!("first operation cold (clone + stack create) {cold:?}, same operation warm {warm:?}");
-    println!("idle agent resident memory {idle} KiB at start, {} KiB after {} operations", rss_kib(agent.child.id()), RUNS + 1);
+    println!(
+        "idle agent resident memory {idle} KiB at start, {} KiB after {} operations",
+        rss_kib(agent.child.id()),
+        RUNS + 1
+    );
     isolation_cost(&env).await;
 }
 
@@ -129,7 +155,19 @@ async fn isolation_cost(env: &pko_testbed::PulumiEnv) {
         for i in 0..=TURNS {
             for (times, client, who) in [(&mut ti, &mut ci, "iso"), (&mut ts, &mut cs, "shared")] {
                 let t = Instant::now();
-                let r = result(&run(client, request(env, &format!("{who}-{label}-{i}"), dir, &format!("{who}{}", label.len()), OperationType::Up)).await);
+                let r = result(
+                    &run(
+                        client,
+                        request(
+                            env,
+                            &format!("{who}-{label}-{i}"),
+                            dir,
+                            &format!("{who}{}", label.len()),
+                            OperationType::Up,
+                        ),
+                    )
+                    .await,
+                );
                 assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
                 if i > 0 {
                     times.push(t.elapsed()); // turn 0 warms the cache and creates the stack

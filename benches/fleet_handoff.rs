@@ -85,7 +85,10 @@ fn summary(name: &str, times: &[Duration], writes: &[usize]) {
     w.sort_unstable();
     match (s.first(), s.get(s.len() / 2), s.last(), w.first(), w.get(w.len() / 2), w.last()) {
         (Some(min), Some(med), Some(max), Some(wmin), Some(wmed), Some(wmax)) => {
-            println!("{name:<9} {:>2} rounds  {min:6.2} / {med:6.2} / {max:6.2} s   Lease writes {wmin} / {wmed} / {wmax}", s.len())
+            println!(
+                "{name:<9} {:>2} rounds  {min:6.2} / {med:6.2} / {max:6.2} s   Lease writes {wmin} / {wmed} / {wmax}",
+                s.len()
+            )
         }
         _ => println!("{name:<9} no round completed"),
     }
@@ -113,13 +116,18 @@ async fn main() -> anyhow::Result<()> {
     let (a, b) = (start(&client, &ns, "a"), start(&client, &ns, "b"));
     let mut c = start(&client, &ns, "c");
     until(settle, || split(&[&a, &b, &c], share)).await.ok_or_else(|| anyhow::anyhow!("the fleet did not form"))?;
-    println!("formation of 3 replicas at S = {SHARDS}: {:.2} s, {} Lease writes", t.elapsed().as_secs_f64(), writes.load(Ordering::Relaxed));
+    println!(
+        "formation of 3 replicas at S = {SHARDS}: {:.2} s, {} Lease writes",
+        t.elapsed().as_secs_f64(),
+        writes.load(Ordering::Relaxed)
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let w0 = writes.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(10)).await;
     println!("at rest: {:.2} Lease writes/s per replica", (writes.load(Ordering::Relaxed) - w0) as f64 / 30.0);
 
-    let (mut handoff, mut handoff_w, mut join, mut join_w, mut failover, mut failover_w) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut handoff, mut handoff_w, mut join, mut join_w, mut failover, mut failover_w) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for round in 0..rounds * 2 {
         let crash = round >= rounds;
         let w = writes.load(Ordering::Relaxed);
@@ -140,11 +148,18 @@ async fn main() -> anyhow::Result<()> {
         wlist.push(writes.load(Ordering::Relaxed) - w);
         let w = writes.load(Ordering::Relaxed);
         c = start(&client, &ns, "c");
-        let Some(joined) = until(settle, || split(&[&a, &b, &c], share)).await else { anyhow::bail!("round {round}: c did not rejoin") };
+        let Some(joined) = until(settle, || split(&[&a, &b, &c], share)).await else {
+            anyhow::bail!("round {round}: c did not rejoin")
+        };
         tokio::time::sleep(Duration::from_millis(300)).await;
         join.push(joined);
         join_w.push(writes.load(Ordering::Relaxed) - w);
-        eprintln!("round {round:>2} ({}): moved in {:.2} s, rejoined in {:.2} s", if crash { "SIGKILL" } else { "SIGTERM" }, took.as_secs_f64(), joined.as_secs_f64());
+        eprintln!(
+            "round {round:>2} ({}): moved in {:.2} s, rejoined in {:.2} s",
+            if crash { "SIGKILL" } else { "SIGTERM" },
+            took.as_secs_f64(),
+            joined.as_secs_f64()
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     println!("\nS = {SHARDS}, 3 replicas, lease 8 s; min / median / max");

@@ -46,12 +46,21 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn redis_cli(args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli").arg("-u").arg(pko_testbed::testbed().redis_url()).args(args).output().expect("redis-cli on PATH (the bed's)");
+    let out = std::process::Command::new("redis-cli")
+        .arg("-u")
+        .arg(pko_testbed::testbed().redis_url())
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH (the bed's)");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn used_memory() -> i64 {
-    redis_cli(&["info", "memory"]).lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    redis_cli(&["info", "memory"])
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn delete_keys(pattern: &str) {
@@ -65,7 +74,13 @@ fn delete_keys(pattern: &str) {
 
 /// Polls `store` for the lines of `stack`/`update` every 20 ms until `done`, recording each line's
 /// delay from its time on the agent.
-async fn watch(store: Arc<dyn OutputStore>, stack: String, update: String, done: Arc<std::sync::atomic::AtomicBool>, delays: Arc<Mutex<Vec<Duration>>>) {
+async fn watch(
+    store: Arc<dyn OutputStore>,
+    stack: String,
+    update: String,
+    done: Arc<std::sync::atomic::AtomicBool>,
+    delays: Arc<Mutex<Vec<Duration>>>,
+) {
     let mut after = None;
     loop {
         let finished = done.load(std::sync::atomic::Ordering::SeqCst);
@@ -129,7 +144,8 @@ async fn main() {
         let store = if keep { kept.clone() } else { dropped.clone() };
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stack = format!("{}/{ws_name}", ns.name());
-        let watcher = keep.then(|| tokio::spawn(watch(kept.clone(), stack.clone(), format!("u{i}"), done.clone(), delays.clone())));
+        let watcher = keep
+            .then(|| tokio::spawn(watch(kept.clone(), stack.clone(), format!("u{i}"), done.clone(), delays.clone())));
         let t = Instant::now();
         let r = dispatch_into(&client, &agent.1, &update, &workspace, &held(), store.as_ref()).await.unwrap();
         let took = t.elapsed();
@@ -171,7 +187,9 @@ async fn main() {
     let template = kept.read(&format!("{}/w1", ns.name()), "u1", None).await.unwrap().unwrap().lines;
     let before = used_memory();
     let fleet_prefix = format!("{prefix}-mem");
-    let store = pko_operator::queue::redis::RedisQueue::new(bed.redis_url(), &fleet_prefix, "bench", 0).unwrap().output(Limits::default());
+    let store = pko_operator::queue::redis::RedisQueue::new(bed.redis_url(), &fleet_prefix, "bench", 0)
+        .unwrap()
+        .output(Limits::default());
     eprintln!("storing 1,000 Stacks × 5 operations of {} lines …", template.len());
     for s in 0..1000 {
         for o in 0..5 {

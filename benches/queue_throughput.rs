@@ -14,7 +14,15 @@ use pko_queue::redis::RedisQueue;
 use pko_queue::{InMemoryQueue, Job, WorkQueue};
 
 fn jobs(n: usize, shard_of: impl Fn(usize) -> u32) -> Vec<Job> {
-    (0..n).map(|i| Job { key: format!("ns{}/u{i}/uid", i % 100), namespace: format!("ns{}", i % 100), name: format!("u{i}"), epoch: 1, shard: shard_of(i) }).collect()
+    (0..n)
+        .map(|i| Job {
+            key: format!("ns{}/u{i}/uid", i % 100),
+            namespace: format!("ns{}", i % 100),
+            name: format!("u{i}"),
+            epoch: 1,
+            shard: shard_of(i),
+        })
+        .collect()
 }
 
 /// Pushes `jobs` to `q`, then `consumers` tasks pop and acknowledge until all are done; returns
@@ -68,7 +76,14 @@ async fn main() {
     let bed = pko_testbed::testbed();
     println!("jobs={n} consumers_per_replica={consumers} (push, then claim+ack; jobs per second)");
 
-    let show = |what: &str, p: f64, d: f64| println!("{what:<18} push {:>8.0}/s  claim+ack {:>8.0}/s  all in {:>8.0}/s", n as f64 / p, n as f64 / d, n as f64 / (p + d));
+    let show = |what: &str, p: f64, d: f64| {
+        println!(
+            "{what:<18} push {:>8.0}/s  claim+ack {:>8.0}/s  all in {:>8.0}/s",
+            n as f64 / p,
+            n as f64 / d,
+            n as f64 / (p + d)
+        )
+    };
     let (p, d) = drive(Arc::new(InMemoryQueue::new(0)), jobs(n, |_| 0), consumers).await;
     show("in-memory", p, d);
 
@@ -98,7 +113,8 @@ async fn main() {
 
 /// Deletes the benchmark's keys (`pko-test:bench*`).
 fn redis_cleanup(url: &str, _names: &[&str]) -> std::io::Result<()> {
-    let keys = std::process::Command::new("redis-cli").args(["-u", url, "--scan", "--pattern", "pko-test:bench*"]).output()?;
+    let keys =
+        std::process::Command::new("redis-cli").args(["-u", url, "--scan", "--pattern", "pko-test:bench*"]).output()?;
     for chunk in String::from_utf8_lossy(&keys.stdout).lines().collect::<Vec<_>>().chunks(500) {
         std::process::Command::new("redis-cli").args(["-u", url, "del"]).args(chunk).output()?;
     }

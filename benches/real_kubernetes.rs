@@ -46,8 +46,20 @@ struct Language {
 fn languages() -> Vec<Language> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     vec![
-        Language { name: "yaml", dir: "yaml-kubernetes", files: &["Pulumi.yaml"], plugin_version: "4.24.0", env: vec![] },
-        Language { name: "python", dir: "python-kubernetes", files: &["Pulumi.yaml", "__main__.py", "requirements.txt"], plugin_version: "4.24.0", env: vec![] },
+        Language {
+            name: "yaml",
+            dir: "yaml-kubernetes",
+            files: &["Pulumi.yaml"],
+            plugin_version: "4.24.0",
+            env: vec![],
+        },
+        Language {
+            name: "python",
+            dir: "python-kubernetes",
+            files: &["Pulumi.yaml", "__main__.py", "requirements.txt"],
+            plugin_version: "4.24.0",
+            env: vec![],
+        },
         Language {
             name: "typescript",
             dir: "typescript-kubernetes",
@@ -77,7 +89,13 @@ fn tree_rss(root: u32) -> u64 {
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok());
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
         parent.insert(pid, field("PPid:").unwrap_or(0) as u32);
         rss.insert(pid, field("VmRSS:").unwrap_or(0));
     }
@@ -128,23 +146,37 @@ async fn measure(lang: &Language) -> Measured {
     let contents: Vec<(&str, Vec<u8>)> = lang.files.iter().map(|f| (*f, std::fs::read(src.join(f)).unwrap())).collect();
     let files: Vec<(&str, &[u8])> = contents.iter().map(|(f, c)| (*f, c.as_slice())).collect();
     let tar = tarball(&files);
-    let server = pko_testbed::plugins::PluginServer::kubernetes(&[lang.plugin_version], HashMap::from([("/app.tar.gz".to_string(), tar.clone())])).await;
+    let server = pko_testbed::plugins::PluginServer::kubernetes(
+        &[lang.plugin_version],
+        HashMap::from([("/app.tar.gz".to_string(), tar.clone())]),
+    )
+    .await;
     let overrides = server.overrides();
-    let mut agent_env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
+    let mut agent_env: Vec<(&str, &str)> =
+        vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
     agent_env.extend(lang.env.iter().map(|(k, v)| (*k, v.as_str())));
     let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
     let mut c = agent.client().await;
     // a Workspace's own agent (PKO's pod): operations in the cached source, the agent's HOME
     let shared_agent = Agent::start(&env, &["--auth", "none", "--isolate-operations=false"], &agent_env);
     let mut shared = shared_agent.client().await;
-    let (root, peak, stop) = (Arc::new(AtomicU32::new(agent.child.id())), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let (root, peak, stop) =
+        (Arc::new(AtomicU32::new(agent.child.id())), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let sampler = sample(root.clone(), peak.clone(), stop.clone());
     let up = |i: usize, stack: &str| {
         let mut r = request(&env, &format!("{}-{stack}-up-{i}", lang.name), env.dir(), stack, OperationType::Up);
         r.source = Some(Source {
-            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: format!("{}/app.tar.gz", server.http.base),
+                digest: sha256(&tar),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
         });
-        r.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!(format!("v{i}")), false)];
+        r.config = vec![
+            config("ns", serde_json::json!(ns), false),
+            config("greeting", serde_json::json!(format!("v{i}")), false),
+        ];
         r
     };
     let t = Instant::now();
@@ -168,7 +200,8 @@ async fn measure(lang: &Language) -> Measured {
     let bare_install = t.elapsed();
     bare(&["stack", "init", "bare", "--non-interactive"]);
     bare(&["config", "set", "ns", &ns, "--stack", "bare"]);
-    let (mut agent_times, mut shared_times, mut bare_times, bare_peak) = (Vec::new(), Vec::new(), Vec::new(), Arc::new(AtomicU64::new(0)));
+    let (mut agent_times, mut shared_times, mut bare_times, bare_peak) =
+        (Vec::new(), Vec::new(), Vec::new(), Arc::new(AtomicU64::new(0)));
     for i in 1..=RUNS {
         root.store(agent.child.id(), Ordering::Relaxed);
         let t = Instant::now();
@@ -182,7 +215,13 @@ async fn measure(lang: &Language) -> Measured {
         assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {}", lang.name, r.message);
         bare(&["config", "set", "greeting", &format!("v{i}"), "--stack", "bare"]);
         let t = Instant::now();
-        bare_pulumi(&env, &dir, &agent_env, &["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"], Some(&bare_peak));
+        bare_pulumi(
+            &env,
+            &dir,
+            &agent_env,
+            &["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"],
+            Some(&bare_peak),
+        );
         bare_times.push(t.elapsed());
     }
     stop.store(true, Ordering::Relaxed);
@@ -201,7 +240,13 @@ async fn measure(lang: &Language) -> Measured {
 
 /// Runs `pulumi args` in `dir` with the env's Pulumi settings and `vars`; with `peak`, samples its
 /// process tree's resident memory into it. Panics when it fails.
-fn bare_pulumi(env: &pko_testbed::PulumiEnv, dir: &Path, vars: &[(&str, &str)], args: &[&str], peak: Option<&Arc<AtomicU64>>) {
+fn bare_pulumi(
+    env: &pko_testbed::PulumiEnv,
+    dir: &Path,
+    vars: &[(&str, &str)],
+    args: &[&str],
+    peak: Option<&Arc<AtomicU64>>,
+) {
     let mut cmd = env.pulumi(dir);
     cmd.envs(vars.iter().copied()).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
@@ -212,17 +257,26 @@ fn bare_pulumi(env: &pko_testbed::PulumiEnv, dir: &Path, vars: &[(&str, &str)], 
     if let Some(s) = sampler {
         let _ = s.join();
     }
-    assert!(out.status.success(), "pulumi {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pulumi {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::main]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("real_kubernetes: run with `cargo bench` (it times real Pulumi operations against the bed's API server)");
+        eprintln!(
+            "real_kubernetes: run with `cargo bench` (it times real Pulumi operations against the bed's API server)"
+        );
         return;
     }
     let only = std::env::var("LANGUAGES").ok();
-    println!("real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs each:");
+    println!(
+        "real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs each:"
+    );
     println!(
         "| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare pulumi tree |"
     );

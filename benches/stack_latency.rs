@@ -28,7 +28,8 @@ async fn wait_ready(stacks: &kube::Api<Stack>, generation: i64) {
     loop {
         let s = stacks.get("bench").await.unwrap();
         let ready = stack_condition(&s, "Ready").is_some_and(|(st, _, _)| st == "True");
-        let observed = s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation) == Some(generation);
+        let observed =
+            s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation) == Some(generation);
         if ready && observed {
             return;
         }
@@ -46,7 +47,11 @@ async fn main() {
     let (client, ns, env) = setup("bench").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let program: serde_json::Value = serde_yaml_ng::from_str(PROGRAM).unwrap();
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "bench"}, "program": program})).await;
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "bench"}, "program": program}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     let t = Instant::now();
     create(
@@ -71,11 +76,27 @@ async fn main() {
         operator_times.push(t.elapsed());
 
         let t = Instant::now();
-        let out = env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive", "--stack", "bare", "--config", &format!("greeting=v{i}")]).output().unwrap();
+        let out = env
+            .pulumi(&dir)
+            .args([
+                "up",
+                "--yes",
+                "--skip-preview",
+                "--non-interactive",
+                "--stack",
+                "bare",
+                "--config",
+                &format!("greeting=v{i}"),
+            ])
+            .output()
+            .unwrap();
         bare_times.push(t.elapsed());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
     let (o, b) = (median(operator_times), median(bare_times));
     println!("first apply -> Ready (new agent): {cold:?}");
-    println!("apply -> Ready median {o:?}, bare pulumi up median {b:?}, operator overhead {:?} ({RUNS} runs each, warm agent)", o.saturating_sub(b));
+    println!(
+        "apply -> Ready median {o:?}, bare pulumi up median {b:?}, operator overhead {:?} ({RUNS} runs each, warm agent)",
+        o.saturating_sub(b)
+    );
 }

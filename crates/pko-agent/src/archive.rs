@@ -131,7 +131,8 @@ impl Pending {
                 b"linkpath" => self.link = Some(ext.value_bytes().to_vec()),
                 b"size" => {
                     let v = ext.value().ok().and_then(|v| v.parse::<u64>().ok());
-                    self.size = Some(v.ok_or_else(|| ArchiveError::Read(std::io::Error::other("PAX size is not a number")))?);
+                    self.size =
+                        Some(v.ok_or_else(|| ArchiveError::Read(std::io::Error::other("PAX size is not a number")))?);
                 }
                 k if k.starts_with(b"GNU.sparse.") => self.sparse = true,
                 _ => {}
@@ -189,7 +190,9 @@ fn ensure_dirs(root: &Path, rel: &Path, include_last: bool) -> Result<(), Archiv
         cur.push(c);
         match std::fs::symlink_metadata(&cur) {
             Ok(m) if m.file_type().is_dir() => {}
-            Ok(m) if m.file_type().is_symlink() => return Err(ArchiveError::UnsafePath { path: shown_rel, why: "it goes through a link" }),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(ArchiveError::UnsafePath { path: shown_rel, why: "it goes through a link" });
+            }
             Ok(_) => return Err(ArchiveError::UnsafePath { path: shown_rel, why: "a parent is not a directory" }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir(&cur).map_err(|source| ArchiveError::Write { path: shown_rel.clone(), source })?;
@@ -204,15 +207,24 @@ fn ensure_dirs(root: &Path, rel: &Path, include_last: bool) -> Result<(), Archiv
 /// the same name replaces it. A directory there is an error.
 fn clear_final(path: &Path, rel: &Path) -> Result<(), ArchiveError> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_dir() => Err(ArchiveError::UnsafePath { path: rel.display().to_string(), why: "a directory is in the way" }),
-        Ok(_) => std::fs::remove_file(path).map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source }),
+        Ok(m) if m.file_type().is_dir() => {
+            Err(ArchiveError::UnsafePath { path: rel.display().to_string(), why: "a directory is in the way" })
+        }
+        Ok(_) => {
+            std::fs::remove_file(path).map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source })
+        }
         Err(_) => Ok(()),
     }
 }
 
 /// Reads a metadata entry (GNU long name or link, local PAX extensions) of `size` bytes into `pending`,
 /// for the entry that follows; global PAX headers carry nothing this extractor honours.
-fn read_metadata(entry: &mut impl Read, kind: tar::EntryType, size: u64, pending: &mut Pending) -> Result<(), ArchiveError> {
+fn read_metadata(
+    entry: &mut impl Read,
+    kind: tar::EntryType,
+    size: u64,
+    pending: &mut Pending,
+) -> Result<(), ArchiveError> {
     let mut data = Vec::with_capacity(size as usize);
     entry.take(size).read_to_end(&mut data).map_err(ArchiveError::Read)?;
     if kind.is_gnu_longname() {
@@ -234,7 +246,8 @@ fn write_file<R: Read>(entry: &mut tar::Entry<'_, R>, into: &Path, rel: &Path, s
     clear_final(&dest, rel)?;
     let mode = if entry.header().mode().unwrap_or(0o644) & 0o111 != 0 { 0o755 } else { 0o644 };
     let write_err = |source| ArchiveError::Write { path: rel.display().to_string(), source };
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
     copy_entry(entry, size, &mut file).map_err(|e| match e {
         Copy::Read(e) => ArchiveError::Read(e),
         Copy::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
@@ -255,7 +268,8 @@ fn write_symlink(into: &Path, rel: &Path, target: &[u8]) -> Result<(), ArchiveEr
     }
     let dest = into.join(rel);
     clear_final(&dest, rel)?;
-    std::os::unix::fs::symlink(t, &dest).map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source })
+    std::os::unix::fs::symlink(t, &dest)
+        .map_err(|source| ArchiveError::Write { path: rel.display().to_string(), source })
 }
 
 /// Extracts the gzipped tarball `reader` into the existing directory `into` within `limits`.
@@ -277,7 +291,10 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
         }
         let size = entry.header().entry_size().map_err(ArchiveError::Read)?;
         let kind = entry.header().entry_type();
-        let metadata = kind.is_gnu_longname() || kind.is_gnu_longlink() || kind.is_pax_local_extensions() || kind.is_pax_global_extensions();
+        let metadata = kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions();
         if metadata && size > limits.max_metadata_bytes {
             return Err(ArchiveError::Metadata { size, limit: limits.max_metadata_bytes });
         }
@@ -394,7 +411,8 @@ fn resolve_inside(root: &Path, rel: &Path, hops: usize) -> Result<PathBuf, ()> {
 pub fn check_links_inside(root: &Path) -> Result<(), ArchiveError> {
     let mut stack = vec![PathBuf::new()];
     while let Some(dir) = stack.pop() {
-        let read = std::fs::read_dir(root.join(&dir)).map_err(|source| ArchiveError::Write { path: dir.display().to_string(), source })?;
+        let read = std::fs::read_dir(root.join(&dir))
+            .map_err(|source| ArchiveError::Write { path: dir.display().to_string(), source })?;
         for e in read.flatten() {
             let rel = dir.join(e.file_name());
             let Ok(t) = e.file_type() else { continue };
@@ -466,7 +484,10 @@ pub mod testing {
                 Item::Dir(p) => (header(p, tar::EntryType::Directory, 0), Vec::new()),
                 Item::Symlink(p, t) => (link_header(p, tar::EntryType::Symlink, t), Vec::new()),
                 Item::HardLink(p, t) => (link_header(p, tar::EntryType::Link, t), Vec::new()),
-                Item::Raw { entry_type, name, data, declared } => (header(name, tar::EntryType::new(*entry_type), declared.unwrap_or(data.len() as u64)), data.clone()),
+                Item::Raw { entry_type, name, data, declared } => (
+                    header(name, tar::EntryType::new(*entry_type), declared.unwrap_or(data.len() as u64)),
+                    data.clone(),
+                ),
             };
             h.set_cksum();
             out.extend_from_slice(h.as_bytes());
@@ -515,7 +536,12 @@ mod tests {
 
     /// Everything under `d` except `root/`: what an attack wrote outside.
     fn outside(d: &tempfile::TempDir) -> Vec<String> {
-        std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != "root").collect()
+        std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "root")
+            .collect()
     }
 
     #[test]
@@ -585,15 +611,20 @@ mod tests {
         let (_, r) = extract(&[Item::File("big", &[0u8; 4096])]);
         r.unwrap();
         let d = tempfile::tempdir().unwrap();
-        let e = extract_tar_gz(&build(&[Item::File("big", &[0u8; 4096])])[..], d.path(), &Limits::new(1000)).unwrap_err();
+        let e =
+            extract_tar_gz(&build(&[Item::File("big", &[0u8; 4096])])[..], d.path(), &Limits::new(1000)).unwrap_err();
         assert!(matches!(e, ArchiveError::TooLarge(1000)), "{e}");
         // a long name larger than the metadata limit is refused before it is read
-        let (_, r) = extract(&[Item::Raw { entry_type: b'L', name: "././@LongLink", data: vec![b'a'; 70 << 10], declared: None }, Item::File("x", b"x")]);
+        let (_, r) = extract(&[
+            Item::Raw { entry_type: b'L', name: "././@LongLink", data: vec![b'a'; 70 << 10], declared: None },
+            Item::File("x", b"x"),
+        ]);
         assert!(matches!(r, Err(ArchiveError::Metadata { .. })), "{r:?}");
         // a PAX size that disagrees with the header
         let mut pax = pax_record("size", "536870912");
         pax.extend(pax_record("path", "p"));
-        let (_, r) = extract(&[Item::Raw { entry_type: b'x', name: "pax", data: pax, declared: None }, Item::File("x", b"x")]);
+        let (_, r) =
+            extract(&[Item::Raw { entry_type: b'x', name: "pax", data: pax, declared: None }, Item::File("x", b"x")]);
         assert!(matches!(r, Err(ArchiveError::Unsupported { .. })), "{r:?}");
         // a sparse file
         let (_, r) = extract(&[Item::Raw { entry_type: b'S', name: "s", data: vec![], declared: None }]);
@@ -602,7 +633,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let items: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
         let files: Vec<Item<'_>> = items.iter().map(|n| Item::File(n, b"")).collect();
-        let e = extract_tar_gz(&build(&files)[..], d.path(), &Limits { max_entries: 10, ..Limits::new(1 << 20) }).unwrap_err();
+        let e = extract_tar_gz(&build(&files)[..], d.path(), &Limits { max_entries: 10, ..Limits::new(1 << 20) })
+            .unwrap_err();
         assert!(matches!(e, ArchiveError::TooManyEntries(10)), "{e}");
     }
 
@@ -611,13 +643,22 @@ mod tests {
         let long = format!("{}/file", "d".repeat(150));
         let mut name = long.clone().into_bytes();
         name.push(0);
-        let (d, r) = extract(&[Item::Raw { entry_type: b'L', name: "././@LongLink", data: name, declared: None }, Item::File("short", b"x")]);
+        let (d, r) = extract(&[
+            Item::Raw { entry_type: b'L', name: "././@LongLink", data: name, declared: None },
+            Item::File("short", b"x"),
+        ]);
         r.unwrap();
         assert!(d.path().join("root").join(&long).is_file());
-        let (d, r) = extract(&[Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", "from-pax"), declared: None }, Item::File("short", b"y")]);
+        let (d, r) = extract(&[
+            Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", "from-pax"), declared: None },
+            Item::File("short", b"y"),
+        ]);
         r.unwrap();
         assert!(d.path().join("root/from-pax").is_file());
-        let (_, r) = extract(&[Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", "../escape"), declared: None }, Item::File("short", b"y")]);
+        let (_, r) = extract(&[
+            Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", "../escape"), declared: None },
+            Item::File("short", b"y"),
+        ]);
         assert!(matches!(r, Err(ArchiveError::UnsafePath { .. })), "{r:?}");
     }
 
@@ -625,7 +666,10 @@ mod tests {
     fn truncated_and_garbage_input_is_an_error() {
         let d = tempfile::tempdir().unwrap();
         let full = build(&[Item::File("a", &[7u8; 10_000])]);
-        assert!(matches!(extract_tar_gz(&full[..full.len() / 2], d.path(), &Limits::new(1 << 20)), Err(ArchiveError::Read(_))));
+        assert!(matches!(
+            extract_tar_gz(&full[..full.len() / 2], d.path(), &Limits::new(1 << 20)),
+            Err(ArchiveError::Read(_))
+        ));
         assert!(extract_tar_gz(&b"not gzip at all"[..], d.path(), &Limits::new(1 << 20)).is_err());
     }
 

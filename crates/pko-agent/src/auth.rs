@@ -70,7 +70,8 @@ impl Auth {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| Status::unauthenticated("a bearer token is required (authorization: Bearer <token>)"))?
             .to_string();
-        if let Some((decision, until)) = k.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&token).cloned()
+        if let Some((decision, until)) =
+            k.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&token).cloned()
             && Instant::now() < until
         {
             return decision;
@@ -105,8 +106,14 @@ fn review_failed(kind: &str, e: kube::Error) -> Status {
 
 impl KubeAuth {
     async fn decide(&self, token: &str) -> Result<(), Status> {
-        let review = TokenReview { spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) }, ..Default::default() };
-        let review = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await.map_err(|e| review_failed("TokenReview", e))?;
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) },
+            ..Default::default()
+        };
+        let review = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| review_failed("TokenReview", e))?;
         let status = review.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             let why = status.error.unwrap_or_else(|| "token not authenticated".into());
@@ -133,11 +140,19 @@ impl KubeAuth {
             },
             ..Default::default()
         };
-        let sar = Api::<SubjectAccessReview>::all(self.client.clone()).create(&PostParams::default(), &sar).await.map_err(|e| review_failed("SubjectAccessReview", e))?;
+        let sar = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &sar)
+            .await
+            .map_err(|e| review_failed("SubjectAccessReview", e))?;
         if sar.status.as_ref().is_some_and(|s| s.allowed) {
             Ok(())
         } else {
-            Err(Status::permission_denied(format!("{} may not use workspaces/rpc of {}/{}", user.username.unwrap_or_default(), self.namespace, self.workspace)))
+            Err(Status::permission_denied(format!(
+                "{} may not use workspaces/rpc of {}/{}",
+                user.username.unwrap_or_default(),
+                self.namespace,
+                self.workspace
+            )))
         }
     }
 }

@@ -49,7 +49,13 @@ pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<
         None => Verdict::Dead("no process has its pid"),
         Some(p) if p.zombie => Verdict::Dead("its process exited"),
         // the message's time is truncated to the second; allow for it and for clock steps
-        Some(p) if holder.since.as_deref().and_then(|t| t.parse::<Timestamp>().ok()).is_some_and(|s| p.started > s + std::time::Duration::from_secs(2)) => {
+        Some(p)
+            if holder
+                .since
+                .as_deref()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .is_some_and(|s| p.started > s + std::time::Duration::from_secs(2)) =>
+        {
             Verdict::Dead("its pid now belongs to a process started after the lock")
         }
         Some(_) => Verdict::Alive,
@@ -83,7 +89,12 @@ pub const RELEASED_BY_OPERATOR: &str = "its host is gone: judged by the operator
 /// Judges every holder of the conflict in `text` from this host (see [`verdict`]); a holder on another
 /// host is dead when `released` (`(who, pid)` pairs the operator judged dead on an unlock request)
 /// names it.
-pub fn judge(text: &str, hostname: &str, released: &[(String, i32)], process: impl Fn(i32) -> Option<ProcessInfo>) -> Judgement {
+pub fn judge(
+    text: &str,
+    hostname: &str,
+    released: &[(String, i32)],
+    process: impl Fn(i32) -> Option<ProcessInfo>,
+) -> Judgement {
     let (mut dead, mut alive) = (Vec::new(), Vec::new());
     let all = holders(text);
     if all.is_empty() {
@@ -93,7 +104,9 @@ pub fn judge(text: &str, hostname: &str, released: &[(String, i32)], process: im
         match verdict(&h, hostname, &process) {
             Verdict::Dead(why) => dead.push((h, why)),
             Verdict::Alive => alive.push(h),
-            Verdict::Elsewhere if released.iter().any(|(who, pid)| *who == h.who && *pid == h.pid) => dead.push((h, RELEASED_BY_OPERATOR)),
+            Verdict::Elsewhere if released.iter().any(|(who, pid)| *who == h.who && *pid == h.pid) => {
+                dead.push((h, RELEASED_BY_OPERATOR))
+            }
             Verdict::Elsewhere => return Judgement::Keep,
         }
     }
@@ -112,7 +125,13 @@ pub fn process_info(proc: &Path, pid: i32) -> Option<ProcessInfo> {
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let zombie = fields.first() == Some(&"Z");
     let ticks: i64 = fields.get(19)?.parse().ok()?;
-    let btime: i64 = std::fs::read_to_string(proc.join("stat")).ok()?.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    let btime: i64 = std::fs::read_to_string(proc.join("stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
     let started = Timestamp::from_millisecond(btime * 1000 + ticks * 10).ok()?;
     Some(ProcessInfo { started, zombie })
 }
@@ -145,9 +164,20 @@ mod tests {
         assert_eq!(verdict(h, "node-b", |_| None), Verdict::Elsewhere, "another host's holder is never judged");
         assert_eq!(verdict(h, "node-a", |_| None), Verdict::Dead("no process has its pid"));
         assert_eq!(verdict(h, "node-a", at("2026-11-23T10:59:00Z", true)), Verdict::Dead("its process exited"));
-        assert_eq!(verdict(h, "node-a", at("2026-11-23T10:59:00Z", false)), Verdict::Alive, "started before the lock: the holder");
-        assert_eq!(verdict(h, "node-a", at("2026-11-23T11:00:01Z", false)), Verdict::Alive, "within the message's second precision");
-        assert!(matches!(verdict(h, "node-a", at("2026-11-23T11:05:00Z", false)), Verdict::Dead(_)), "the pid was reused");
+        assert_eq!(
+            verdict(h, "node-a", at("2026-11-23T10:59:00Z", false)),
+            Verdict::Alive,
+            "started before the lock: the holder"
+        );
+        assert_eq!(
+            verdict(h, "node-a", at("2026-11-23T11:00:01Z", false)),
+            Verdict::Alive,
+            "within the message's second precision"
+        );
+        assert!(
+            matches!(verdict(h, "node-a", at("2026-11-23T11:05:00Z", false)), Verdict::Dead(_)),
+            "the pid was reused"
+        );
     }
 
     #[test]
@@ -156,7 +186,10 @@ mod tests {
         let one_alive = |pid| (pid == 77).then_some(ProcessInfo { started: ts("2026-11-23T10:00:00Z"), zombie: false });
         assert!(stale(CONFLICT, "node-a", one_alive).is_empty());
         assert!(stale(CONFLICT, "node-b", |_| None).is_empty());
-        assert!(stale("error: [409] Conflict: Another update is currently in progress.", "node-a", |_| None).is_empty(), "the Pulumi Cloud's conflict names no holder");
+        assert!(
+            stale("error: [409] Conflict: Another update is currently in progress.", "node-a", |_| None).is_empty(),
+            "the Pulumi Cloud's conflict names no holder"
+        );
     }
 
     #[test]
@@ -189,7 +222,9 @@ mod tests {
     fn this_process_is_found_in_proc_and_a_free_pid_is_not() {
         let me = process_info(Path::new("/proc"), std::process::id() as i32).expect("this test's own process");
         assert!(!me.zombie);
-        assert!(me.started <= Timestamp::now() && me.started > Timestamp::now() - std::time::Duration::from_secs(24 * 3600));
+        assert!(
+            me.started <= Timestamp::now() && me.started > Timestamp::now() - std::time::Duration::from_secs(24 * 3600)
+        );
         assert_eq!(process_info(Path::new("/proc"), i32::MAX), None);
         assert_eq!(process_info(Path::new("/proc"), 0), None);
     }

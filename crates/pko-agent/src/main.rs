@@ -62,7 +62,11 @@ struct Init {
 /// `<share>/work`. Errors: the path that could not be created.
 fn init(a: &Init) -> anyhow::Result<()> {
     let env_file = a.share.join(".env");
-    std::fs::OpenOptions::new().create(true).append(true).open(&env_file).with_context(|| format!("creating {}", env_file.display()))?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&env_file)
+        .with_context(|| format!("creating {}", env_file.display()))?;
     let work = a.share.join("work");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     tracing::info!(share = %a.share.display(), "workspace volume prepared");
@@ -215,7 +219,9 @@ fn shared_pulumi_home() -> anyhow::Result<PathBuf> {
     if let Some(h) = std::env::var_os("PULUMI_HOME").filter(|h| !h.is_empty()) {
         return Ok(PathBuf::from(h));
     }
-    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).context("isolated operations need PULUMI_HOME or HOME for the shared plugin cache")?;
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .context("isolated operations need PULUMI_HOME or HOME for the shared plugin cache")?;
     Ok(PathBuf::from(home).join(".pulumi"))
 }
 
@@ -223,7 +229,8 @@ fn shared_pulumi_home() -> anyhow::Result<PathBuf> {
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading --kubeconfig {}", p.display()))?;
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("reading --kubeconfig {}", p.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
         }
         None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => kube::Config::incluster()?,
@@ -243,7 +250,10 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
         total_timeout: Duration::from_secs(a.artifact_timeout_seconds),
         retries: a.artifact_retries,
     };
-    let pulumi = pko_agent::pulumi::Cli { bin: a.pulumi.clone(), supervisor: Some(Supervisor::current().context("the agent's own executable (the supervisor)")?) };
+    let pulumi = pko_agent::pulumi::Cli {
+        bin: a.pulumi.clone(),
+        supervisor: Some(Supervisor::current().context("the agent's own executable (the supervisor)")?),
+    };
     let cache = CacheConfig {
         root: a.work_dir.join("sources"),
         max_bytes: a.cache_max_bytes,
@@ -254,7 +264,8 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
     let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
     let sandboxes = if a.isolate_operations {
         let root = a.work_dir.join("ops");
-        let sb = Sandboxes::new(root.clone(), &shared_pulumi_home()?).with_context(|| format!("preparing {}", root.display()))?;
+        let sb = Sandboxes::new(root.clone(), &shared_pulumi_home()?)
+            .with_context(|| format!("preparing {}", root.display()))?;
         Some(sb)
     } else {
         None
@@ -288,7 +299,9 @@ async fn authentication(a: &Serve, namespace: &str) -> anyhow::Result<(Auth, Opt
         Err(e) => return Err(e).context("--auth kube needs Kubernetes access"),
     };
     let auth = match (a.auth, &kube) {
-        (AuthMode::None, _) if !a.listen.ip().is_loopback() => bail!("--auth none is only allowed on a loopback address, not {}", a.listen),
+        (AuthMode::None, _) if !a.listen.ip().is_loopback() => {
+            bail!("--auth none is only allowed on a loopback address, not {}", a.listen)
+        }
         (AuthMode::None, _) => Auth::None,
         (AuthMode::Kube, Some(client)) => {
             let ws = a.kube_workspace_name.clone().context("--auth kube needs --kube-workspace-name")?;
@@ -340,7 +353,10 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
         AgentConfig {
             capacity: a.capacity.max(1),
             grace: Duration::from_secs(a.grace_seconds),
-            log_format: pko_agent::output::Format::chosen(a.log_format, std::env::var("AGENT_JSON_LOG").ok().as_deref()),
+            log_format: pko_agent::output::Format::chosen(
+                a.log_format,
+                std::env::var("AGENT_JSON_LOG").ok().as_deref(),
+            ),
         },
         ctx,
         auth,
@@ -366,8 +382,14 @@ async fn serve(a: Serve) -> anyhow::Result<()> {
     let drained = service.clone();
     let deadline = service.clone();
     let server = builder
-        .add_service(AgentServer::new(service).max_decoding_message_size(pko_proto::MAX_REQUEST_MESSAGE_BYTES).max_encoding_message_size(pko_proto::MAX_AGENT_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move { drained.drained().await });
+        .add_service(
+            AgentServer::new(service)
+                .max_decoding_message_size(pko_proto::MAX_REQUEST_MESSAGE_BYTES)
+                .max_encoding_message_size(pko_proto::MAX_AGENT_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
+            drained.drained().await
+        });
     tokio::select! {
         r = server => r?,
         // Clients that keep idle connections open must not hold the pod past its drain.

@@ -67,7 +67,11 @@ mod tests {
         m.add("-----BEGIN KEY-----\nAAAA-line-one\n}\n-----END KEY-----\n");
         assert_eq!(m.mask("got AAAA-line-one here"), "got [secret] here");
         assert_eq!(m.mask("a } stays"), "a } stays", "short lines are not masked alone");
-        assert_eq!(m.mask("-----BEGIN KEY-----\nAAAA-line-one\n}\n-----END KEY-----\n"), "[secret]", "the whole value first");
+        assert_eq!(
+            m.mask("-----BEGIN KEY-----\nAAAA-line-one\n}\n-----END KEY-----\n"),
+            "[secret]",
+            "the whole value first"
+        );
     }
 
     #[test]

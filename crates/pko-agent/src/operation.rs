@@ -120,7 +120,13 @@ impl Operation {
     }
 
     fn wrap(&self, sequence: u64, event: Event) -> OperationEvent {
-        OperationEvent { operation_id: self.id.clone(), sequence, epoch: self.epoch(), time: Some(crate::convert::now()), event: Some(event) }
+        OperationEvent {
+            operation_id: self.id.clone(),
+            sequence,
+            epoch: self.epoch(),
+            time: Some(crate::convert::now()),
+            event: Some(event),
+        }
     }
 
     /// An agent log line.
@@ -130,9 +136,11 @@ impl Operation {
 
     /// The final result, if the operation finished.
     pub fn result(&self) -> Option<OperationResult> {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().rev().find_map(|e| match &e.event {
-            Some(Event::Result(r)) => Some(r.clone()),
-            _ => None,
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().rev().find_map(|e| {
+            match &e.event {
+                Some(Event::Result(r)) => Some(r.clone()),
+                _ => None,
+            }
         })
     }
 
@@ -236,12 +244,23 @@ impl Registry {
 
     /// Operations that have not finished.
     pub fn running(&self) -> Vec<Arc<Operation>> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().filter(|o| !o.finished()).cloned().collect()
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|o| !o.finished())
+            .cloned()
+            .collect()
     }
 
     fn prune(&self, m: &mut HashMap<String, Arc<Operation>>) {
         let retention = self.retention;
-        m.retain(|_, o| o.finished_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_none_or(|t| t.elapsed() < retention));
+        m.retain(|_, o| {
+            o.finished_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_none_or(|t| t.elapsed() < retention)
+        });
     }
 }
 

@@ -101,7 +101,9 @@ impl Queue {
     pub fn push(&self, line: String) {
         use std::sync::atomic::Ordering::Relaxed;
         let dropped = self.dropped.swap(0, Relaxed);
-        if dropped > 0 && self.tx.try_send(format!("… {dropped} output lines dropped: standard output was not read")).is_err() {
+        if dropped > 0
+            && self.tx.try_send(format!("… {dropped} output lines dropped: standard output was not read")).is_err()
+        {
             self.dropped.fetch_add(dropped + 1, Relaxed);
             return;
         }
@@ -136,9 +138,17 @@ mod tests {
     fn lines_carry_whose_operation_they_are() {
         let ctx = Context::of("team-a/web-1a2b/uid-9", "dev", "up", Format::Text);
         assert_eq!((ctx.namespace.as_str(), ctx.update.as_str()), ("team-a", "web-1a2b"));
-        assert_eq!(ctx.line("2026-11-26T08:00:00Z", "stdout", "hello\n"), "2026-11-26T08:00:00Z stdout namespace=team-a stack=dev update=web-1a2b operation=up | hello");
-        let json: Value = serde_json::from_str(&Context { format: Format::Json, ..ctx }.line("t", "engine", "+ a b creating")).unwrap();
-        assert_eq!(json, json!({"time": "t", "stream": "engine", "namespace": "team-a", "stack": "dev", "update": "web-1a2b", "operation": "up", "msg": "+ a b creating"}));
+        assert_eq!(
+            ctx.line("2026-11-26T08:00:00Z", "stdout", "hello\n"),
+            "2026-11-26T08:00:00Z stdout namespace=team-a stack=dev update=web-1a2b operation=up | hello"
+        );
+        let json: Value =
+            serde_json::from_str(&Context { format: Format::Json, ..ctx }.line("t", "engine", "+ a b creating"))
+                .unwrap();
+        assert_eq!(
+            json,
+            json!({"time": "t", "stream": "engine", "namespace": "team-a", "stack": "dev", "update": "web-1a2b", "operation": "up", "msg": "+ a b creating"})
+        );
         assert_eq!(Context::of("plain-id", "s", "preview", Format::Text).update, "plain-id");
         assert_eq!(Format::chosen(Format::Text, Some("true")), Format::Json, "PKO's AGENT_JSON_LOG");
         assert_eq!(Format::chosen(Format::Text, Some("false")), Format::Text);

@@ -24,7 +24,11 @@ pub fn previews(kind: OperationType, o: &OperationOptions) -> bool {
 /// unchanged `refresh`; and it turns `PULUMI_SKIP_CONFIRMATIONS` off, which Pulumi reads as `--yes`
 /// ("--yes and --preview-only cannot be used together").
 pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static str, &'static str)> {
-    if kind == OperationType::Refresh && o.preview_only { vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")] } else { Vec::new() }
+    if kind == OperationType::Refresh && o.preview_only {
+        vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too,
@@ -43,7 +47,14 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
     if !previews(kind, o) {
         a.extend(["--yes".into(), "--skip-preview".into()]);
     }
-    a.extend(["--json".into(), "--non-interactive".into(), "--color".into(), "never".into(), "--stack".into(), stack.into()]);
+    a.extend([
+        "--json".into(),
+        "--non-interactive".into(),
+        "--color".into(),
+        "never".into(),
+        "--stack".into(),
+        stack.into(),
+    ]);
     if o.parallel > 0 {
         a.extend(["--parallel".into(), o.parallel.to_string()]);
     }
@@ -53,7 +64,8 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
     if o.expect_no_changes {
         a.push("--expect-no-changes".into());
     }
-    let targets = matches!(kind, OperationType::Preview | OperationType::Up | OperationType::Refresh | OperationType::Destroy);
+    let targets =
+        matches!(kind, OperationType::Preview | OperationType::Up | OperationType::Refresh | OperationType::Destroy);
     if targets {
         for t in &o.target {
             a.extend(["--target".into(), t.clone()]);
@@ -95,14 +107,25 @@ pub fn event_change(ev: &serde_json::Value) -> Option<(String, String, Vec<Strin
     if matches!(op, "same" | "read" | "refresh") || urn.contains("::pulumi:pulumi:Stack::") {
         return None;
     }
-    let mut props: Vec<String> = m.get("diffs").and_then(serde_json::Value::as_array).into_iter().flatten().filter_map(|k| k.as_str().map(str::to_string)).collect();
+    let mut props: Vec<String> = m
+        .get("diffs")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|k| k.as_str().map(str::to_string))
+        .collect();
     if props.is_empty() {
-        props = m.get("detailedDiff").and_then(serde_json::Value::as_object).map(|d| d.keys().cloned().collect()).unwrap_or_default();
+        props = m
+            .get("detailedDiff")
+            .and_then(serde_json::Value::as_object)
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default();
     }
     if props.is_empty()
         && let (Some(old), Some(new)) = (m["old"]["outputs"].as_object(), m["new"]["outputs"].as_object())
     {
-        let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).filter(|k| !k.starts_with("__")).collect();
+        let keys: std::collections::BTreeSet<&String> =
+            old.keys().chain(new.keys()).filter(|k| !k.starts_with("__")).collect();
         props = keys.into_iter().filter(|k| old.get(*k) != new.get(*k)).cloned().collect();
     }
     Some((urn.to_string(), op.to_string(), props))
@@ -111,7 +134,10 @@ pub fn event_change(ev: &serde_json::Value) -> Option<(String, String, Vec<Strin
 /// Maps a failed Pulumi command's error text to an [`ErrorReason`] (PKO maps the same messages).
 pub fn classify_failure(text: &str) -> ErrorReason {
     let t = text.to_ascii_lowercase();
-    if t.contains("the stack is currently locked") || t.contains("another update is currently in progress") || t.contains("[409] conflict") {
+    if t.contains("the stack is currently locked")
+        || t.contains("another update is currently in progress")
+        || t.contains("[409] conflict")
+    {
         ErrorReason::UpdateConflict
     } else if t.contains("invalid access token") || t.contains("[401]") {
         ErrorReason::InvalidAccessToken
@@ -146,7 +172,10 @@ pub const DISABLE_PLUGIN_ACQUISITION: &str = "PULUMI_DISABLE_AUTOMATIC_PLUGIN_AC
 /// `inherited` (the agent's own value, if any) sees plugin acquisition disabled. Pulumi's boolean
 /// syntax: `1` or `true` in any case; anything else, or unset, is false.
 pub fn plugin_acquisition_disabled(env: &BTreeMap<String, String>, inherited: Option<&str>) -> bool {
-    env.get(DISABLE_PLUGIN_ACQUISITION).map(String::as_str).or(inherited).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    env.get(DISABLE_PLUGIN_ACQUISITION)
+        .map(String::as_str)
+        .or(inherited)
+        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
 /// The error lines of a failed `pulumi` command's standard error: without the `context canceled`
@@ -231,11 +260,23 @@ pub async fn run(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[
 
 /// Runs `pulumi <args>` like [`run`], writing `input` to its standard input (values too large for the
 /// command line).
-pub async fn run_with_input(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: &str) -> std::io::Result<Output> {
+pub async fn run_with_input(
+    cli: &Cli,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    args: &[&str],
+    input: &str,
+) -> std::io::Result<Output> {
     run_inner(cli, dir, env, args, Some(input)).await
 }
 
-async fn run_inner(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[&str], input: Option<&str>) -> std::io::Result<Output> {
+async fn run_inner(
+    cli: &Cli,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    args: &[&str],
+    input: Option<&str>,
+) -> std::io::Result<Output> {
     use tokio::io::AsyncWriteExt;
     let mut cmd = cli.command(dir, env, args);
     if input.is_some() {
@@ -248,7 +289,11 @@ async fn run_inner(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: 
     }
     let out = child.wait_with_output().await?;
     guard.disarm();
-    Ok(Output { success: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
+    Ok(Output {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
 }
 
 /// `pulumi version` (e.g. `v3.259.0`).
@@ -277,9 +322,16 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
 /// Pulumi's `runtime.options.binary`): `pulumi install` would only try to build or fetch what the
 /// binary already holds (PKO #1297, fixed in v2.9.1 by #1319).
 pub fn prebuilt_binary(dir: &Path) -> bool {
-    let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok()) else { return false };
+    let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+    else {
+        return false;
+    };
     let Ok(v) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text) else { return false };
-    v.get("runtime").and_then(|r| r.get("options")).and_then(|o| o.get("binary")).and_then(|b| b.as_str()).is_some_and(|b| !b.trim().is_empty())
+    v.get("runtime")
+        .and_then(|r| r.get("options"))
+        .and_then(|o| o.get("binary"))
+        .and_then(|b| b.as_str())
+        .is_some_and(|b| !b.trim().is_empty())
 }
 
 #[cfg(test)]
@@ -312,7 +364,10 @@ mod tests {
 
     #[test]
     fn error_text_drops_the_context_canceled_line() {
-        assert_eq!(error_text("error: failed to download plugin: command-9.9.9: 404\ncontext canceled\n"), "error: failed to download plugin: command-9.9.9: 404");
+        assert_eq!(
+            error_text("error: failed to download plugin: command-9.9.9: 404\ncontext canceled\n"),
+            "error: failed to download plugin: command-9.9.9: 404"
+        );
     }
 
     #[test]
@@ -337,14 +392,34 @@ mod tests {
 
     #[test]
     fn destroy_and_refresh_take_their_own_options() {
-        let o = OperationOptions { remove: true, run_program: true, replace: vec!["urn:x".into()], preview_only: true, ..Default::default() };
+        let o = OperationOptions {
+            remove: true,
+            run_program: true,
+            replace: vec!["urn:x".into()],
+            preview_only: true,
+            ..Default::default()
+        };
         let d = operation_args(OperationType::Destroy, "s", &o).join(" ");
         assert!(d.starts_with("destroy --yes --skip-preview --json"));
-        assert!(d.contains("--remove") && d.contains("--run-program") && !d.contains("--replace") && !d.contains("--preview-only"));
+        assert!(
+            d.contains("--remove")
+                && d.contains("--run-program")
+                && !d.contains("--replace")
+                && !d.contains("--preview-only")
+        );
         let r = operation_args(OperationType::Refresh, "s", &o).join(" ");
-        assert!(r.starts_with("refresh --json") && r.contains("--preview-only") && !r.contains("--remove"), "Pulumi refuses --yes/--skip-preview with --preview-only: {r}");
-        assert_eq!(operation_env(OperationType::Refresh, &o), vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]);
-        assert!(operation_env(OperationType::Refresh, &Default::default()).is_empty() && operation_env(OperationType::Preview, &o).is_empty());
+        assert!(
+            r.starts_with("refresh --json") && r.contains("--preview-only") && !r.contains("--remove"),
+            "Pulumi refuses --yes/--skip-preview with --preview-only: {r}"
+        );
+        assert_eq!(
+            operation_env(OperationType::Refresh, &o),
+            vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]
+        );
+        assert!(
+            operation_env(OperationType::Refresh, &Default::default()).is_empty()
+                && operation_env(OperationType::Preview, &o).is_empty()
+        );
         let r = operation_args(OperationType::Refresh, "s", &Default::default()).join(" ");
         assert!(r.starts_with("refresh --yes --skip-preview --json") && !r.contains("--preview-only"));
         let p = operation_args(OperationType::Preview, "s", &Default::default()).join(" ");
@@ -358,22 +433,43 @@ mod tests {
             m.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             serde_json::json!({"resOutputsEvent": {"metadata": m}})
         };
-        let state = |content: &str| serde_json::json!({"outputs": {"__provider": "x", "content": content, "path": "/p"}});
-        let drifted = out("update", "urn:pulumi:dev::p::a:b:C::f", serde_json::json!({"old": state("desired"), "new": state("changed"), "detailedDiff": null}));
-        assert_eq!(event_change(&drifted), Some(("urn:pulumi:dev::p::a:b:C::f".into(), "update".into(), vec!["content".to_string()])));
+        let state =
+            |content: &str| serde_json::json!({"outputs": {"__provider": "x", "content": content, "path": "/p"}});
+        let drifted = out(
+            "update",
+            "urn:pulumi:dev::p::a:b:C::f",
+            serde_json::json!({"old": state("desired"), "new": state("changed"), "detailedDiff": null}),
+        );
+        assert_eq!(
+            event_change(&drifted),
+            Some(("urn:pulumi:dev::p::a:b:C::f".into(), "update".into(), vec!["content".to_string()]))
+        );
         let gone = out("delete", "urn:pulumi:dev::p::a:b:C::g", serde_json::json!({"old": state("desired")}));
         assert_eq!(event_change(&gone), Some(("urn:pulumi:dev::p::a:b:C::g".into(), "delete".into(), vec![])));
-        let named = out("update", "urn:x::a:b:C::h", serde_json::json!({"diffs": ["size"], "detailedDiff": {"other": {}}}));
+        let named =
+            out("update", "urn:x::a:b:C::h", serde_json::json!({"diffs": ["size"], "detailedDiff": {"other": {}}}));
         assert_eq!(event_change(&named).unwrap().2, vec!["size".to_string()]);
         assert_eq!(event_change(&out("same", "urn:x::a:b:C::s", serde_json::json!({}))), None);
-        assert_eq!(event_change(&out("update", "urn:pulumi:dev::p::pulumi:pulumi:Stack::p-dev", serde_json::json!({}))), None, "the root stack");
-        assert_eq!(event_change(&serde_json::json!({"resourcePreEvent": {"metadata": {"op": "update", "urn": "urn:x::a:b:C::f"}}})), None);
+        assert_eq!(
+            event_change(&out("update", "urn:pulumi:dev::p::pulumi:pulumi:Stack::p-dev", serde_json::json!({}))),
+            None,
+            "the root stack"
+        );
+        assert_eq!(
+            event_change(
+                &serde_json::json!({"resourcePreEvent": {"metadata": {"op": "update", "urn": "urn:x::a:b:C::f"}}})
+            ),
+            None
+        );
     }
 
     #[test]
     fn failures_are_classified_like_pko() {
         assert_eq!(classify_failure("error: the stack is currently locked by 1 lock(s)."), ErrorReason::UpdateConflict);
-        assert_eq!(classify_failure("[409] Conflict: Another update is currently in progress."), ErrorReason::UpdateConflict);
+        assert_eq!(
+            classify_failure("[409] Conflict: Another update is currently in progress."),
+            ErrorReason::UpdateConflict
+        );
         assert_eq!(classify_failure("error: invalid access token"), ErrorReason::InvalidAccessToken);
         assert_eq!(classify_failure("error: no stack named 'dev' found"), ErrorReason::StackNotFound);
         assert_eq!(classify_failure("error: update failed"), ErrorReason::UpdateFailed);

@@ -83,7 +83,10 @@ impl Sandboxes {
                 std::fs::TryLockError::WouldBlock => "another agent uses this work directory".to_string(),
                 std::fs::TryLockError::Error(e) => e.to_string(),
             };
-            return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, format!("{}: {why} (two agents must never share one)", lock_path.display())));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!("{}: {why} (two agents must never share one)", lock_path.display()),
+            ));
         }
         let plugins = shared_pulumi_home.join("plugins");
         std::fs::create_dir_all(&plugins)?;
@@ -105,7 +108,8 @@ impl Sandboxes {
         let mut n = 0;
         let active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for e in std::fs::read_dir(&self.root)?.flatten().filter(|e| !active.contains(&e.path())) {
-            remove_tree(&e.path()).map_err(|err| std::io::Error::new(err.kind(), format!("removing {}: {err}", e.path().display())))?;
+            remove_tree(&e.path())
+                .map_err(|err| std::io::Error::new(err.kind(), format!("removing {}: {err}", e.path().display())))?;
             n += 1;
         }
         Ok(n)
@@ -144,7 +148,9 @@ impl Sandbox {
     ///
     /// Errors: `project` is not inside `root`, or a copy failed.
     pub fn copy_source(&self, root: &Path, project: &Path) -> std::io::Result<PathBuf> {
-        let rel = project.strip_prefix(root).map_err(|_| std::io::Error::other(format!("{} is not inside {}", project.display(), root.display())))?;
+        let rel = project
+            .strip_prefix(root)
+            .map_err(|_| std::io::Error::other(format!("{} is not inside {}", project.display(), root.display())))?;
         let work = self.dir.join("work");
         copy_tree(root, &work)?;
         Ok(work.join(rel))
@@ -284,7 +290,10 @@ mod tests {
         assert!(!src.join("app/Pulumi.dev.yaml").exists(), "the source stays pristine");
         let env: BTreeMap<String, String> = sb.env().into_iter().collect();
         assert!(Path::new(&env["HOME"]).is_dir() && Path::new(&env["TMPDIR"]).is_dir());
-        assert_eq!(std::fs::canonicalize(Path::new(&env["PULUMI_HOME"]).join("plugins")).unwrap(), std::fs::canonicalize(home.join("plugins")).unwrap());
+        assert_eq!(
+            std::fs::canonicalize(Path::new(&env["PULUMI_HOME"]).join("plugins")).unwrap(),
+            std::fs::canonicalize(home.join("plugins")).unwrap()
+        );
         // a program that makes its directory unremovable for its owner
         let locked = Path::new(&env["HOME"]).join("locked");
         std::fs::create_dir_all(locked.join("inner")).unwrap();
@@ -356,9 +365,15 @@ mod tests {
 
     #[test]
     fn changed_entries_name_top_level_plugins_once() {
-        let fp = |items: &[(&str, u64)]| -> Fingerprint { items.iter().map(|(p, n)| (PathBuf::from(p), (*n, 0o644, None, None))).collect() };
+        let fp = |items: &[(&str, u64)]| -> Fingerprint {
+            items.iter().map(|(p, n)| (PathBuf::from(p), (*n, 0o644, None, None))).collect()
+        };
         let before = fp(&[("a", 0), ("a/bin", 1), ("b", 0), ("b/bin", 1)]);
         let after = fp(&[("a", 0), ("a/bin", 2), ("a/new", 1), ("c.lock", 0)]);
-        assert_eq!(changed_entries(&before, &after), vec!["a".to_string(), "c.lock".to_string()], "b only deleted: not listed");
+        assert_eq!(
+            changed_entries(&before, &after),
+            vec!["a".to_string(), "c.lock".to_string()],
+            "b only deleted: not listed"
+        );
     }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 use futures::Stream;
 use pko_proto::v1::agent_server::Agent;
 use pko_proto::v1::{
-    AttachRequest, CachedSource, CancelRequest, CancelResponse, ErrorInfo, ErrorReason, OperationEvent, OperationRequest, PulumiVersionRequest, PulumiVersionResponse,
-    StatusRequest, StatusResponse, WhoAmIRequest, WhoAmIResponse, status_response,
+    AttachRequest, CachedSource, CancelRequest, CancelResponse, ErrorInfo, ErrorReason, OperationEvent,
+    OperationRequest, PulumiVersionRequest, PulumiVersionResponse, StatusRequest, StatusResponse, WhoAmIRequest,
+    WhoAmIResponse, status_response,
 };
 use prost::Message;
 use tonic::{Request, Response, Status};
@@ -95,12 +96,17 @@ pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
     if req.stack.as_ref().is_none_or(|s| s.name.is_empty()) {
         return Err(invalid("stack.name", "a stack name is required"));
     }
-    if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default() == pko_proto::v1::OperationType::Unspecified {
+    if pko_proto::v1::OperationType::try_from(req.r#type).unwrap_or_default()
+        == pko_proto::v1::OperationType::Unspecified
+    {
         return Err(invalid("type", "operation type is required: preview, up, refresh, destroy or initialize"));
     }
     for (i, e) in req.env.iter().enumerate() {
         if e.name.is_empty() || e.name.contains(['=', '\0']) {
-            return Err(invalid(&format!("env[{i}].name"), format!("{:?} is not an environment variable name", e.name)));
+            return Err(invalid(
+                &format!("env[{i}].name"),
+                format!("{:?} is not an environment variable name", e.name),
+            ));
         }
         if let Some(pko_proto::v1::value_ref::Kind::Literal(v)) = e.value.as_ref().and_then(|v| v.kind.as_ref())
             && v.contains('\0')
@@ -195,7 +201,10 @@ fn admit(op: &crate::operation::Operation, epoch: i64, call: &str) -> Result<(),
         }
         Err(newest) => {
             tracing::warn!(operation = %op.id, epoch, newest, call, "agent call refused: stale epoch");
-            Err(Status::failed_precondition(format!("operation {}: epoch {epoch} is older than {newest}; its shard has a newer holder", op.id)))
+            Err(Status::failed_precondition(format!(
+                "operation {}: epoch {epoch} is older than {newest}; its shard has a newer holder",
+                op.id
+            )))
         }
     }
 }
@@ -231,9 +240,17 @@ impl Agent for AgentService {
             return Err(Status::unavailable("agent is shutting down"));
         }
         if self.inner.ops.running().len() >= self.inner.cfg.capacity {
-            return Err(Status::unavailable(format!("agent busy: {} operation(s) running, capacity {}", self.inner.ops.running().len(), self.inner.cfg.capacity)));
+            return Err(Status::unavailable(format!(
+                "agent busy: {} operation(s) running, capacity {}",
+                self.inner.ops.running().len(),
+                self.inner.cfg.capacity
+            )));
         }
-        let op = self.inner.ops.insert(&req.operation_id, req.epoch).ok_or_else(|| Status::already_exists("operation id in use"))?;
+        let op = self
+            .inner
+            .ops
+            .insert(&req.operation_id, req.epoch)
+            .ok_or_else(|| Status::already_exists("operation id in use"))?;
         let stack = req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or("");
         tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %stack, "agent call: operation accepted");
         op.print_to(crate::output::Context::of(&op.id, stack, runner::kind_name(&req), self.inner.cfg.log_format));
@@ -246,7 +263,11 @@ impl Agent for AgentService {
         self.touch();
         self.inner.auth.check(request.metadata()).await?;
         let AttachRequest { operation_id: id, epoch } = request.into_inner();
-        let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        let op = self
+            .inner
+            .ops
+            .get(&id)
+            .ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
         admit(&op, epoch, "attach")?;
         Ok(Response::new(Self::stream_of(&op)))
     }
@@ -255,7 +276,11 @@ impl Agent for AgentService {
         self.touch();
         self.inner.auth.check(request.metadata()).await?;
         let CancelRequest { operation_id: id, epoch, grace_seconds } = request.into_inner();
-        let op = self.inner.ops.get(&id).ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
+        let op = self
+            .inner
+            .ops
+            .get(&id)
+            .ok_or_else(|| Status::not_found(format!("operation {id:?} is not known to this agent")))?;
         admit(&op, epoch, "cancel")?;
         if op.finished() {
             return Ok(Response::new(CancelResponse { cancelled: false }));
@@ -284,7 +309,11 @@ impl Agent for AgentService {
             .into_iter()
             .map(|e| {
                 let t = e.last_used.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                CachedSource { key: e.key, size_bytes: e.size_bytes as i64, last_used: Some(prost_types::Timestamp { seconds: t.as_secs() as i64, nanos: 0 }) }
+                CachedSource {
+                    key: e.key,
+                    size_bytes: e.size_bytes as i64,
+                    last_used: Some(prost_types::Timestamp { seconds: t.as_secs() as i64, nanos: 0 }),
+                }
             })
             .collect();
         Ok(Response::new(StatusResponse {
@@ -298,7 +327,10 @@ impl Agent for AgentService {
         }))
     }
 
-    async fn pulumi_version(&self, request: Request<PulumiVersionRequest>) -> Result<Response<PulumiVersionResponse>, Status> {
+    async fn pulumi_version(
+        &self,
+        request: Request<PulumiVersionRequest>,
+    ) -> Result<Response<PulumiVersionResponse>, Status> {
         self.inner.auth.check(request.metadata()).await?;
         Ok(Response::new(PulumiVersionResponse { version: self.version().await? }))
     }
@@ -313,16 +345,27 @@ impl Agent for AgentService {
             let v = self.inner.ctx.values.resolve(r).await.map_err(|m| invalid(&format!("env[{i}]"), m))?;
             env.insert(e.name.clone(), v);
         }
-        let out = crate::pulumi::run(&self.inner.ctx.pulumi, std::path::Path::new("/"), &env, &["whoami", "--json", "--non-interactive"])
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let out = crate::pulumi::run(
+            &self.inner.ctx.pulumi,
+            std::path::Path::new("/"),
+            &env,
+            &["whoami", "--json", "--non-interactive"],
+        )
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
         if !out.success {
             return Err(Status::failed_precondition(out.stderr.trim().to_string()));
         }
-        let v: serde_json::Value = serde_json::from_str(&out.stdout).map_err(|e| Status::internal(format!("pulumi whoami: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&out.stdout).map_err(|e| Status::internal(format!("pulumi whoami: {e}")))?;
         Ok(Response::new(WhoAmIResponse {
             user: v["user"].as_str().unwrap_or_default().into(),
-            organizations: v["organizations"].as_array().into_iter().flatten().filter_map(|o| o.as_str().map(String::from)).collect(),
+            organizations: v["organizations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| o.as_str().map(String::from))
+                .collect(),
             url: v["url"].as_str().unwrap_or_default().into(),
         }))
     }
@@ -333,7 +376,11 @@ impl AgentService {
         self.inner
             .ctx
             .pulumi_version
-            .get_or_try_init(|| async { crate::pulumi::version(&self.inner.ctx.pulumi).await.map_err(|e| Status::internal(format!("pulumi version: {e}"))) })
+            .get_or_try_init(|| async {
+                crate::pulumi::version(&self.inner.ctx.pulumi)
+                    .await
+                    .map_err(|e| Status::internal(format!("pulumi version: {e}")))
+            })
             .await
             .cloned()
     }
@@ -351,11 +398,19 @@ mod tests {
         assert_eq!(late_by(None, now), None);
         assert_eq!(cancel_grace(0, Duration::from_secs(600)), Duration::from_secs(600));
         assert_eq!(cancel_grace(30, Duration::from_secs(600)), Duration::from_secs(30));
-        assert_eq!(cancel_grace(900, Duration::from_secs(600)), Duration::from_secs(600), "never longer than the agent's own");
+        assert_eq!(
+            cancel_grace(900, Duration::from_secs(600)),
+            Duration::from_secs(600),
+            "never longer than the agent's own"
+        );
         assert_eq!(late_by(Some(&at(1_001, 0)), now), None, "in time");
         assert_eq!(late_by(Some(&at(999, 500_000_000)), now), Some(Duration::from_millis(500)));
         assert_eq!(late_by(Some(&at(1_000, 0)), now), Some(Duration::ZERO), "at the deadline is too late");
-        assert_eq!(late_by(Some(&at(-5, 0)), now), Some(Duration::from_secs(1_000)), "a malformed deadline counts as past");
+        assert_eq!(
+            late_by(Some(&at(-5, 0)), now),
+            Some(Duration::from_secs(1_000)),
+            "a malformed deadline counts as past"
+        );
         assert_eq!(late_by(Some(&at(2_000, -1)), now), Some(Duration::from_secs(1_000)));
     }
 }

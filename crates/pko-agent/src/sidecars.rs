@@ -65,7 +65,10 @@ pub fn objects(project: &str, stack: &str) -> Vec<PathBuf> {
 /// name) and the legacy one (`.pulumi/locks/<stack>`). Same arguments as [`objects`].
 pub fn lock_dirs(project: &str, stack: &str) -> Vec<PathBuf> {
     let (project, name) = names(project, stack);
-    vec![PathBuf::from(format!(".pulumi/locks/organization/{project}/{name}")), PathBuf::from(format!(".pulumi/locks/{name}"))]
+    vec![
+        PathBuf::from(format!(".pulumi/locks/organization/{project}/{name}")),
+        PathBuf::from(format!(".pulumi/locks/{name}")),
+    ]
 }
 
 /// The project and the stack's own name from a request's stack name (`dev`, `org/dev`,
@@ -155,7 +158,10 @@ mod tests {
         // a fully qualified name names its own project; `org/dev` the program's
         assert!(objects("proj", "organization/other/dev").contains(&PathBuf::from(".pulumi/stacks/other/dev.json")));
         assert!(objects("proj", "organization/dev").contains(&PathBuf::from(".pulumi/stacks/proj/dev.json")));
-        assert_eq!(lock_dirs("proj", "organization/other/dev"), vec![PathBuf::from(".pulumi/locks/organization/other/dev"), PathBuf::from(".pulumi/locks/dev")]);
+        assert_eq!(
+            lock_dirs("proj", "organization/other/dev"),
+            vec![PathBuf::from(".pulumi/locks/organization/other/dev"), PathBuf::from(".pulumi/locks/dev")]
+        );
     }
 
     #[test]
@@ -188,7 +194,13 @@ mod tests {
 
         let mut removed = repair(r, "proj", "dev").unwrap();
         removed.sort();
-        assert_eq!(removed, vec![r.join(".pulumi/locks/organization/proj/dev/abc.json.attrs"), r.join(".pulumi/stacks/proj/dev.json.attrs")]);
+        assert_eq!(
+            removed,
+            vec![
+                r.join(".pulumi/locks/organization/proj/dev/abc.json.attrs"),
+                r.join(".pulumi/stacks/proj/dev.json.attrs")
+            ]
+        );
         for kept in [
             ".pulumi/meta.yaml.attrs",
             ".pulumi/stacks/proj/dev.json",

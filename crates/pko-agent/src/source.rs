@@ -117,7 +117,13 @@ impl SourceCache {
     /// `pulumi install` runs once per fetched revision unless `install` is false (the Workspace's
     /// `skipInstall`; such an entry is cached apart from an installed one). The entry stays pinned
     /// (never evicted) until [`SourceCache::release`].
-    pub async fn prepare(&self, source: &Source, values: &ValueResolver, env: &BTreeMap<String, String>, install: bool) -> Result<Prepared, SourceError> {
+    pub async fn prepare(
+        &self,
+        source: &Source,
+        values: &ValueResolver,
+        env: &BTreeMap<String, String>,
+        install: bool,
+    ) -> Result<Prepared, SourceError> {
         let kind = source.kind.as_ref().ok_or_else(|| err("the request has no source"))?;
         let (key, dir, revision) = match kind {
             Kind::Local(l) => {
@@ -135,7 +141,8 @@ impl SourceCache {
                 let path = self.cfg.root.join(&key);
                 if !path.join(READY).exists() {
                     std::fs::create_dir_all(&path).map_err(|e| err(e.to_string()))?;
-                    std::fs::write(path.join("Pulumi.yaml"), format!("name: {}\nruntime: {}\n", pi.name, pi.runtime)).map_err(|e| err(e.to_string()))?;
+                    std::fs::write(path.join("Pulumi.yaml"), format!("name: {}\nruntime: {}\n", pi.name, pi.runtime))
+                        .map_err(|e| err(e.to_string()))?;
                     std::fs::write(path.join(READY), "").map_err(|e| err(e.to_string()))?;
                 }
                 return self.finish(key, path.clone(), path, format!("project:{}", pi.name), None);
@@ -148,41 +155,69 @@ impl SourceCache {
             }
             // PKO downloads an artifact without a digest unverified; it is cached by its URL (a Flux
             // artifact URL names its revision)
-            Kind::Artifact(a) if a.digest.is_empty() => (format!("artifact-url-{}", hex(&Sha256::digest(a.url.as_bytes())[..16])), a.dir.clone(), String::new()),
+            Kind::Artifact(a) if a.digest.is_empty() => {
+                (format!("artifact-url-{}", hex(&Sha256::digest(a.url.as_bytes())[..16])), a.dir.clone(), String::new())
+            }
             Kind::Artifact(a) => {
-                let hexd = a.digest.strip_prefix("sha256:").ok_or_else(|| err(format!("artifact digest {:?} is not of the form sha256:<hex>", a.digest)))?;
+                let hexd = a
+                    .digest
+                    .strip_prefix("sha256:")
+                    .ok_or_else(|| err(format!("artifact digest {:?} is not of the form sha256:<hex>", a.digest)))?;
                 if hexd.len() != 64 || !hexd.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err(err(format!("artifact digest {:?} is not of the form sha256:<64 hex digits>", a.digest)));
+                    return Err(err(format!(
+                        "artifact digest {:?} is not of the form sha256:<64 hex digits>",
+                        a.digest
+                    )));
                 }
                 (format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone())
             }
         };
         let key = if install { key } else { format!("{key}-noinstall") };
-        let lock = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.clone()).or_default().clone();
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key.clone())
+            .or_default()
+            .clone();
         let _guard = lock.lock().await;
         let path = self.cfg.root.join(&key);
         if !path.join(READY).exists() {
-            let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.cfg.root).map_err(|e| err(e.to_string()))?;
+            let tmp =
+                tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.cfg.root).map_err(|e| err(e.to_string()))?;
             match kind {
                 Kind::Git(g) => {
                     let auth = GitAuthArgs::resolve(g, values).await?;
                     clone(g, &revision, &auth, tmp.path()).await?;
                 }
                 Kind::Artifact(a) => self.download(a, tmp.path()).await?,
-                Kind::Local(_) | Kind::ProjectInfo(_) => return Err(err("a local or projectInfo source is never fetched")),
+                Kind::Local(_) | Kind::ProjectInfo(_) => {
+                    return Err(err("a local or projectInfo source is never fetched"));
+                }
             }
             let project = safe_join(tmp.path(), &dir)?;
             if project_file(&project).is_none() {
-                return Err(err(format!("no Pulumi.yaml in {} of the source", if dir.is_empty() { "the root" } else { &dir })));
+                return Err(err(format!(
+                    "no Pulumi.yaml in {} of the source",
+                    if dir.is_empty() { "the root" } else { &dir }
+                )));
             }
             // `pulumi install` once per source revision, for every runtime as PKO's workspaces do:
             // language dependencies (npm, pip, go modules), provider plugins and `packages`.
             let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
             let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
-            if install && install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref())) && !crate::pulumi::prebuilt_binary(&project) {
-                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"]).await.map_err(|e| install_err(format!("pulumi install: {e}")))?;
+            if install
+                && install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref()))
+                && !crate::pulumi::prebuilt_binary(&project)
+            {
+                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"])
+                    .await
+                    .map_err(|e| install_err(format!("pulumi install: {e}")))?;
                 if !out.success {
-                    return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
+                    return Err(install_err(format!(
+                        "pulumi install failed: {}",
+                        crate::pulumi::error_text(&out.stderr)
+                    )));
                 }
             }
             std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
@@ -195,7 +230,14 @@ impl SourceCache {
         self.finish(key, path, project, revision, Some(()))
     }
 
-    fn finish(&self, key: String, root: PathBuf, project_dir: PathBuf, revision: String, cached: Option<()>) -> Result<Prepared, SourceError> {
+    fn finish(
+        &self,
+        key: String,
+        root: PathBuf,
+        project_dir: PathBuf,
+        revision: String,
+        cached: Option<()>,
+    ) -> Result<Prepared, SourceError> {
         if project_file(&project_dir).is_none() {
             return Err(err(format!("no Pulumi.yaml in {}", project_dir.display())));
         }
@@ -221,7 +263,9 @@ impl SourceCache {
             .map(|e| CachedEntry {
                 key: e.file_name().to_string_lossy().into_owned(),
                 size_bytes: dir_size(&e.path()),
-                last_used: std::fs::metadata(e.path().join(READY)).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH),
+                last_used: std::fs::metadata(e.path().join(READY))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH),
             })
             .collect();
         v.sort_by_key(|e| std::cmp::Reverse(e.last_used));
@@ -251,10 +295,14 @@ impl SourceCache {
     /// artifact limit).
     async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
         let total = self.cfg.download.total_timeout;
-        let file = tokio::time::timeout(total, self.fetch_with_retries(a)).await.map_err(|_| err(deadline_message(&a.url, total)))??;
+        let file = tokio::time::timeout(total, self.fetch_with_retries(a))
+            .await
+            .map_err(|_| err(deadline_message(&a.url, total)))??;
         let into = into.to_path_buf();
         let limits = crate::archive::Limits::new(self.cfg.max_artifact_bytes);
-        let extracted = tokio::task::spawn_blocking(move || crate::archive::extract_tar_gz(file, &into, &limits)).await.map_err(|e| err(e.to_string()))?;
+        let extracted = tokio::task::spawn_blocking(move || crate::archive::extract_tar_gz(file, &into, &limits))
+            .await
+            .map_err(|e| err(e.to_string()))?;
         extracted.map(|_| ()).map_err(|e| err(e.to_string()))
     }
 
@@ -294,7 +342,12 @@ impl SourceCache {
     /// Errors carry whether a retry may help (connection errors, timeouts, HTTP 429 and 5xx).
     async fn fetch_once(&self, a: &ArtifactSource, url: &str) -> Result<std::fs::File, (SourceError, bool)> {
         let transient = |e: &reqwest::Error| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body();
-        let resp = self.http.get(url).send().await.map_err(|e| (err(format!("downloading {url}: {}", describe(&e))), transient(&e)))?;
+        let resp = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| (err(format!("downloading {url}: {}", describe(&e))), transient(&e)))?;
         let status = resp.status();
         if !status.is_success() {
             let retry = status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
@@ -336,7 +389,9 @@ pub fn addresses(a: &ArtifactSource) -> impl Iterator<Item = &str> {
 /// Why a download ran out of time: the URL's host (never its path or query, which may carry a token)
 /// and the limit. Pure.
 pub fn deadline_message(url: &str, total: Duration) -> String {
-    let host = reqwest::Url::parse(url).ok().and_then(|u| Some(format!("{}{}", u.host_str()?, u.port().map(|p| format!(":{p}")).unwrap_or_default())));
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| Some(format!("{}{}", u.host_str()?, u.port().map(|p| format!(":{p}")).unwrap_or_default())));
     format!(
         "downloading the artifact from {}: not complete within {} s, all attempts included (agent flag --artifact-timeout-seconds)",
         host.unwrap_or_else(|| "an unparsable URL".into()),
@@ -430,8 +485,13 @@ impl GitAuthArgs {
         let Some(auth) = &g.auth else { return Ok(Self(pko_git::GitAuthEnv::default())) };
         // the operator exchanges GitHub App credentials for a token; a request still carrying them was
         // not prepared (the private key is not ours to hold)
-        if auth.github_app_id.is_some() || auth.github_app_installation_id.is_some() || auth.github_app_private_key.is_some() {
-            return Err(err("git credentials: GitHub App credentials reach the agent only as an installation token (source.git.auth.token); the caller exchanges them"));
+        if auth.github_app_id.is_some()
+            || auth.github_app_installation_id.is_some()
+            || auth.github_app_private_key.is_some()
+        {
+            return Err(err(
+                "git credentials: GitHub App credentials reach the agent only as an installation token (source.git.auth.token); the caller exchanges them",
+            ));
         }
         let get = |r: &Option<pko_proto::v1::ValueRef>| {
             let r = r.clone();
@@ -491,7 +551,9 @@ async fn resolve_git_revision(g: &GitSource, auth: &GitAuthArgs) -> Result<Strin
     }
     // any ref by full or short name, as PKO's operator resolves a branch (an annotated tag: its commit)
     let out = git(auth, &["ls-remote", "--end-of-options", &g.url], None).await?;
-    pko_git::pick_ref(&out, rev).filter(|sha| pko_git::is_sha(sha)).ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
+    pko_git::pick_ref(&out, rev)
+        .filter(|sha| pko_git::is_sha(sha))
+        .ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
 }
 
 async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Result<(), SourceError> {
@@ -508,7 +570,19 @@ async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Res
     args.extend_from_slice(depth);
     args.extend_from_slice(&["--end-of-options", "origin", sha]);
     if git(auth, &args, Some(into)).await.is_err() {
-        git(auth, &["fetch", "-q", "--end-of-options", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"], Some(into)).await?;
+        git(
+            auth,
+            &[
+                "fetch",
+                "-q",
+                "--end-of-options",
+                "origin",
+                "+refs/heads/*:refs/remotes/origin/*",
+                "+refs/tags/*:refs/tags/*",
+            ],
+            Some(into),
+        )
+        .await?;
     }
     git(auth, &["-c", "advice.detachedHead=false", "checkout", "-q", sha], Some(into)).await?;
     // a repository may hold symlinks to anywhere: none may lead out of the checkout
@@ -550,15 +624,29 @@ mod tests {
             mirrors: mirrors.iter().map(|m| m.to_string()).collect(),
         };
         let got = |a: &ArtifactSource| addresses(a).map(str::to_string).collect::<Vec<_>>();
-        assert_eq!(got(&a("sha256:00", &["http://r0/p.tgz", "http://r2/p.tgz"])), ["http://r2/p.tgz", "http://r0/p.tgz"], "the URL first, itself never twice");
-        assert_eq!(got(&a("", &["http://r0/p.tgz"])), ["http://r2/p.tgz"], "no digest: only the URL the Workspace names");
+        assert_eq!(
+            got(&a("sha256:00", &["http://r0/p.tgz", "http://r2/p.tgz"])),
+            ["http://r2/p.tgz", "http://r0/p.tgz"],
+            "the URL first, itself never twice"
+        );
+        assert_eq!(
+            got(&a("", &["http://r0/p.tgz"])),
+            ["http://r2/p.tgz"],
+            "no digest: only the URL the Workspace names"
+        );
         assert_eq!(got(&a("sha256:00", &[])), ["http://r2/p.tgz"]);
     }
 
     #[test]
     fn a_download_deadline_names_the_host_and_the_limit_not_the_path() {
-        let m = deadline_message("http://art.example:8080/programs/ns/p/1/abc.tar.gz?token=s3cr3t", Duration::from_secs(300));
-        assert!(m.contains("art.example:8080") && m.contains("300 s") && !m.contains("s3cr3t") && !m.contains("abc.tar.gz"), "{m}");
+        let m = deadline_message(
+            "http://art.example:8080/programs/ns/p/1/abc.tar.gz?token=s3cr3t",
+            Duration::from_secs(300),
+        );
+        assert!(
+            m.contains("art.example:8080") && m.contains("300 s") && !m.contains("s3cr3t") && !m.contains("abc.tar.gz"),
+            "{m}"
+        );
     }
 
     #[test]

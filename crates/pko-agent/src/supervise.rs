@@ -226,7 +226,15 @@ mod tests {
     #[test]
     fn descendants_are_found_through_every_generation_and_zombies_are_left_out() {
         let p = |pid, ppid, zombie| Process { pid, ppid, name: format!("p{pid}"), zombie };
-        let table = vec![p(1, 0, false), p(10, 1, false), p(11, 10, false), p(12, 11, false), p(13, 10, true), p(20, 1, false), p(14, 13, false)];
+        let table = vec![
+            p(1, 0, false),
+            p(10, 1, false),
+            p(11, 10, false),
+            p(12, 11, false),
+            p(13, 10, true),
+            p(20, 1, false),
+            p(14, 13, false),
+        ];
         let mut d: Vec<i32> = descendants(10, &table).into_iter().map(|(pid, _)| pid).collect();
         d.sort();
         assert_eq!(d, vec![11, 12, 14], "children, grandchildren, and a zombie's child; not the zombie, not a sibling");

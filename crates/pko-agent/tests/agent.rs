@@ -8,8 +8,9 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use pko_proto::v1::{
-    ArtifactSource, AttachRequest, CancelRequest, ConfigItem, ErrorReason, GitSource, OperationType, PulumiVersionRequest, ResultStatus, Source, StatusRequest, WhoAmIRequest,
-    config_item, operation_event::Event, source, status_response,
+    ArtifactSource, AttachRequest, CancelRequest, ConfigItem, ErrorReason, GitSource, OperationType,
+    PulumiVersionRequest, ResultStatus, Source, StatusRequest, WhoAmIRequest, config_item, operation_event::Event,
+    source, status_response,
 };
 use pko_testbed::{testbed, versions};
 
@@ -68,7 +69,9 @@ async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
     assert_eq!(out["secretOut"], (serde_json::json!(secret), true), "secret output is flagged");
     assert_eq!(out["zones"], (serde_json::json!(["a", "b"]), false), "structured config reaches the program");
     assert!(!all_text(&events[..events.len() - 1]).contains(secret), "the secret appears in no log or engine event");
-    assert!(events.iter().any(|e| matches!(&e.event, Some(Event::EngineEvent(s)) if s.fields.contains_key("summaryEvent"))));
+    assert!(
+        events.iter().any(|e| matches!(&e.event, Some(Event::EngineEvent(s)) if s.fields.contains_key("summaryEvent")))
+    );
     assert_eq!(r.change_summary.get("create"), Some(&3), "{:?}", r.change_summary);
     assert_eq!(r.project_info.as_ref().unwrap().name, "life");
     assert!(events.windows(2).all(|w| w[1].sequence == w[0].sequence + 1), "sequences are consecutive");
@@ -104,7 +107,10 @@ async fn up_preview_refresh_destroy_with_config_and_secret_outputs() {
 async fn a_request_runs_only_when_it_is_what_its_update_names() {
     let env = pulumi_env();
     let marker = env.dir().join("ran");
-    let body = format!("resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: echo ${{n}} >> {}\n", marker.display());
+    let body = format!(
+        "resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: echo ${{n}} >> {}\n",
+        marker.display()
+    );
     let dir = project(&env, "digest", &body);
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut c = agent.client().await;
@@ -118,7 +124,11 @@ async fn a_request_runs_only_when_it_is_what_its_update_names() {
     stale.run_digest = expected.clone();
     let r = result(&run(&mut c, stale.clone()).await);
     assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::RunMismatch), "{}", r.message);
-    assert!(r.message.contains(&expected) && r.message.contains(&pko_proto::digest::run_digest(&stale)), "{}", r.message);
+    assert!(
+        r.message.contains(&expected) && r.message.contains(&pko_proto::digest::run_digest(&stale)),
+        "{}",
+        r.message
+    );
     assert!(!marker.exists(), "nothing ran");
     up.run_digest = expected.clone();
     let events = run(&mut c, up).await;
@@ -148,9 +158,16 @@ async fn an_operation_s_lines_are_on_the_agent_s_output_with_whose_they_are() {
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let out = agent.output();
-    let ours: Vec<&str> = out.lines().filter(|l| l.contains(" namespace=team-a stack=dev update=web-1a2b operation=up | ")).collect();
+    let ours: Vec<&str> =
+        out.lines().filter(|l| l.contains(" namespace=team-a stack=dev update=web-1a2b operation=up | ")).collect();
     assert!(!ours.is_empty() && ours.len() == out.lines().count(), "every line says whose it is:\n{out}");
-    for want in ["engine namespace=team-a", "| + command:local:Command hello creating", "| + command:local:Command hello created", "| Resources: ", "result namespace=team-a"] {
+    for want in [
+        "engine namespace=team-a",
+        "| + command:local:Command hello creating",
+        "| + command:local:Command hello created",
+        "| Resources: ",
+        "result namespace=team-a",
+    ] {
         assert!(out.contains(want), "{want:?} in:\n{out}");
     }
     assert!(!out.contains(secret), "the secret is masked on the output");
@@ -161,13 +178,25 @@ async fn an_operation_s_lines_are_on_the_agent_s_output_with_whose_they_are() {
     let r = result(&run(&mut agent.client().await, failing).await);
     assert_eq!(r.status, ResultStatus::Failed as i32);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let lines: Vec<serde_json::Value> = agent.output().lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
-    assert!(lines.iter().all(|l| l["namespace"] == "team-a" && l["update"] == "web-2c3d" && l["stack"] == "dev" && l["operation"] == "up" && l["time"].is_string()));
-    assert!(lines.iter().any(|l| l["stream"] == "engine" && l["msg"].as_str().is_some_and(|m| m.starts_with("error: "))), "the error as Pulumi prints it: {lines:?}");
+    let lines: Vec<serde_json::Value> = agent
+        .output()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.iter().all(|l| l["namespace"] == "team-a"
+        && l["update"] == "web-2c3d"
+        && l["stack"] == "dev"
+        && l["operation"] == "up"
+        && l["time"].is_string()));
+    assert!(
+        lines.iter().any(|l| l["stream"] == "engine" && l["msg"].as_str().is_some_and(|m| m.starts_with("error: "))),
+        "the error as Pulumi prints it: {lines:?}"
+    );
     assert!(lines.iter().any(|l| l["stream"] == "result"));
 }
 
-const BROKEN: &str = "resources:\n  boom:\n    type: command:local:Command\n    properties:\n      create: echo broken >&2; exit 7\n";
+const BROKEN: &str =
+    "resources:\n  boom:\n    type: command:local:Command\n    properties:\n      create: echo broken >&2; exit 7\n";
 
 /// PKO's workspace initialization (`INITIALIZE`): the stack is selected (or created) and configured,
 /// and no Pulumi operation runs; a stack that must exist already and does not is `STACK_NOT_FOUND`
@@ -196,7 +225,12 @@ async fn an_initialization_selects_the_stack_and_runs_no_operation() {
     missing.operation_id = "init-3".into();
     missing.stack.as_mut().unwrap().name = "never-created".into();
     let r = result(&run(&mut c, missing).await);
-    assert_eq!((r.status, r.error.as_ref().map(|e| e.reason)), (ResultStatus::Failed as i32, Some(ErrorReason::StackNotFound as i32)), "{}", r.message);
+    assert_eq!(
+        (r.status, r.error.as_ref().map(|e| e.reason)),
+        (ResultStatus::Failed as i32, Some(ErrorReason::StackNotFound as i32)),
+        "{}",
+        r.message
+    );
 }
 
 const SLOW: &str = r#"resources:
@@ -213,7 +247,9 @@ fn slow(env: &pko_testbed::PulumiEnv, name: &str, seconds: u32) -> std::path::Pa
 }
 
 /// Waits until the stream shows the `slow` resource being created, then returns the stream.
-async fn until_resource_started(stream: &mut tonic::Streaming<pko_proto::v1::OperationEvent>) -> Vec<pko_proto::v1::OperationEvent> {
+async fn until_resource_started(
+    stream: &mut tonic::Streaming<pko_proto::v1::OperationEvent>,
+) -> Vec<pko_proto::v1::OperationEvent> {
     let mut seen = Vec::new();
     while let Some(e) = stream.next().await {
         let e = e.unwrap();
@@ -252,7 +288,9 @@ async fn two_agents_on_one_stack_give_exactly_one_update_conflict() {
     assert_eq!((ok, conflicts.len()), (1, 1), "{results:?}");
     assert_eq!(conflicts[0].status, ResultStatus::Failed as i32);
     // the holder was alive: its lock was not touched
-    assert!(!all_text(if reason(&results[0]) == ErrorReason::UpdateConflict { &ea } else { &eb }).contains("stale lock"));
+    assert!(
+        !all_text(if reason(&results[0]) == ErrorReason::UpdateConflict { &ea } else { &eb }).contains("stale lock")
+    );
     assert!(conflicts[0].message.contains("locked"), "{}", conflicts[0].message);
 }
 
@@ -271,7 +309,8 @@ async fn a_lock_left_by_an_agent_killed_mid_up_is_released_once_its_holder_is_de
     // the operation again, on another agent at a newer epoch (what the operator's retry sends)
     let b = Agent::start(&env, &["--auth", "none"], &[]);
     let mut cb = b.client().await;
-    std::fs::write(dir.join("Pulumi.yaml"), format!("name: killed\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    std::fs::write(dir.join("Pulumi.yaml"), format!("name: killed\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0")))
+        .unwrap();
     let mut again = request(&env, "killed-1", &dir, "dev", OperationType::Up);
     again.epoch = 2;
     let events = run(&mut cb, again).await;
@@ -280,7 +319,11 @@ async fn a_lock_left_by_an_agent_killed_mid_up_is_released_once_its_holder_is_de
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
     // the killed pulumi is either gone or, while nobody has reaped it yet (a container's init may
     // be slow to), a zombie: both are a dead holder
-    assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead") && (text.contains("no process has its pid") || text.contains("its process exited")), "{text}");
+    assert!(
+        text.contains("releasing 1 stale lock(s) whose holder is known dead")
+            && (text.contains("no process has its pid") || text.contains("its process exited")),
+        "{text}"
+    );
     assert!(lock_files(&env).is_empty(), "no lock left: {:?}", lock_files(&env));
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("done"));
 }
@@ -301,7 +344,11 @@ async fn a_checkpoint_sidecar_truncated_by_a_killed_pulumi_is_removed_and_the_st
     let mut plain = env.pulumi(&dir);
     plain.args(["stack", "output", "--stack", "dev", "--non-interactive"]);
     let out = plain.output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("failed to load checkpoint: EOF"), "the wound is real: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("failed to load checkpoint: EOF"),
+        "the wound is real: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // a fresh agent (as after the pod's restart) repairs it before touching the stack
     let b = Agent::start(&env, &["--auth", "none"], &[]);
@@ -310,7 +357,10 @@ async fn a_checkpoint_sidecar_truncated_by_a_killed_pulumi_is_removed_and_the_st
     let r = result(&events);
     let text = all_text(&events);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
-    assert!(text.contains("removed 1 truncated attribute sidecar(s)") && text.contains(".pulumi/stacks/cut/dev.json.attrs"), "{text}");
+    assert!(
+        text.contains("removed 1 truncated attribute sidecar(s)") && text.contains(".pulumi/stacks/cut/dev.json.attrs"),
+        "{text}"
+    );
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("done"), "the stack's state survived");
     assert!(plain.output().unwrap().status.success(), "and plain pulumi reads the stack again");
 }
@@ -320,7 +370,8 @@ async fn sigterm_interrupts_pulumi_releases_the_lock_and_another_agent_succeeds(
     let env = pulumi_env();
     let mut a = Agent::start(&env, &["--auth", "none"], &[]);
     let mut ca = a.client().await;
-    let mut stream = ca.run(request(&env, "term-1", &slow(&env, "term", 6), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut stream =
+        ca.run(request(&env, "term-1", &slow(&env, "term", 6), "dev", OperationType::Up)).await.unwrap().into_inner();
     let mut events = until_resource_started(&mut stream).await;
     let t0 = std::time::Instant::now();
     a.sigterm();
@@ -369,7 +420,10 @@ async fn a_hollow_agent_simulates_operations_without_pulumi() {
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
     assert!(r.message.contains("hollow agent"), "named as simulated: {}", r.message);
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(10), "the set delay, not the program's 30 s: {took:?}");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(10),
+        "the set delay, not the program's 30 s: {took:?}"
+    );
 }
 
 #[tokio::test]
@@ -377,28 +431,55 @@ async fn a_second_client_attaches_and_sees_the_same_events_and_result() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let (mut c1, mut c2) = (agent.client().await, agent.client().await);
-    let mut s1 = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut s1 = c1
+        .run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up))
+        .await
+        .unwrap()
+        .into_inner();
     let mut first = until_resource_started(&mut s1).await;
-    let attached: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    let attached: Vec<_> = c2
+        .attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
     while let Some(e) = s1.next().await {
         first.push(e.unwrap());
     }
     assert_eq!(result(&first).status, ResultStatus::Succeeded as i32, "{}", all_text(&first));
     assert_eq!(attached, first, "Attach re-streams from the first event");
     // after the end it is still attachable (retention), and unknown ids are NOT_FOUND
-    let again: Vec<_> = c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.unwrap().into_inner().map(|e| e.unwrap()).collect().await;
+    let again: Vec<_> = c2
+        .attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
     assert_eq!(again, first);
     let missing = c2.attach(AttachRequest { operation_id: "nope".into(), epoch: 1 }).await.err().unwrap();
     assert_eq!(missing.code(), tonic::Code::NotFound);
     // fencing: once the shard's new holder (epoch 2) has called, the old holder (epoch 1) is refused
     // on Attach, Run and Cancel
     assert!(c2.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 2 }).await.is_ok());
-    let stale = c1.attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 }).await.expect_err("a stale Attach is refused");
+    let stale = c1
+        .attach(AttachRequest { operation_id: "attach-1".into(), epoch: 1 })
+        .await
+        .expect_err("a stale Attach is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{}", stale.message());
     assert!(stale.message().contains("epoch 1 is older than 2"), "{}", stale.message());
-    let stale = c1.run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up)).await.expect_err("a stale Run is refused");
+    let stale = c1
+        .run(request(&env, "attach-1", &slow(&env, "attach", 2), "dev", OperationType::Up))
+        .await
+        .expect_err("a stale Run is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
-    let stale = c1.cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1, grace_seconds: 0 }).await.expect_err("a stale Cancel is refused");
+    let stale = c1
+        .cancel(CancelRequest { operation_id: "attach-1".into(), epoch: 1, grace_seconds: 0 })
+        .await
+        .expect_err("a stale Cancel is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
 }
 
@@ -413,8 +494,15 @@ async fn a_run_arriving_after_its_senders_fence_deadline_starts_nothing_and_one_
     let refused = c.run(late).await.expect_err("a Run past its fence deadline is refused");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{}", refused.message());
     assert!(refused.message().contains("after its sender's hold on the shard lapsed"), "{}", refused.message());
-    assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32, "nothing started");
-    let unknown = c.attach(AttachRequest { operation_id: "late-1".into(), epoch: 1 }).await.expect_err("the refused operation is not known");
+    assert_eq!(
+        c.status(StatusRequest {}).await.unwrap().into_inner().state,
+        status_response::State::Idle as i32,
+        "nothing started"
+    );
+    let unknown = c
+        .attach(AttachRequest { operation_id: "late-1".into(), epoch: 1 })
+        .await
+        .expect_err("the refused operation is not known");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
     let mut in_time = request(&env, "late-1", &slow(&env, "late", 0), "dev", OperationType::Up);
     in_time.not_after = Some(prost_types::Timestamp { seconds: now.as_secs() as i64 + 60, nanos: 0 });
@@ -427,19 +515,36 @@ async fn cancel_interrupts_the_operation_and_leaves_nothing_locked() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut c = agent.client().await;
-    let mut stream = c.run(request(&env, "cancel-1", &slow(&env, "cancel", 6), "dev", OperationType::Up)).await.unwrap().into_inner();
+    let mut stream = c
+        .run(request(&env, "cancel-1", &slow(&env, "cancel", 6), "dev", OperationType::Up))
+        .await
+        .unwrap()
+        .into_inner();
     let mut events = until_resource_started(&mut stream).await;
     let status = c.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(status.state, status_response::State::Busy as i32);
     assert_eq!(status.current_operation_id, "cancel-1");
-    assert!(c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 }).await.unwrap().into_inner().cancelled);
+    assert!(
+        c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .cancelled
+    );
     while let Some(e) = stream.next().await {
         events.push(e.unwrap());
     }
     let r = result(&events);
     assert_eq!(r.status, ResultStatus::Cancelled as i32, "{}", all_text(&events));
     assert_eq!(reason(&r), ErrorReason::Cancelled);
-    assert!(!c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 }).await.unwrap().into_inner().cancelled, "already finished");
+    assert!(
+        !c.cancel(CancelRequest { operation_id: "cancel-1".into(), epoch: 1, grace_seconds: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .cancelled,
+        "already finished"
+    );
     let r = result(&run(&mut c, request(&env, "cancel-2", &slow(&env, "cancel", 0), "dev", OperationType::Up)).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(c.status(StatusRequest {}).await.unwrap().into_inner().state, status_response::State::Idle as i32);
@@ -455,17 +560,30 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let ok_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml)]);
     let big_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("big.bin", &[7u8; 4096])]);
     let evil_tar = tarball(&[("Pulumi.yaml", &pulumi_yaml), ("../../escape.txt", b"x")]);
-    let server =
-        serve_files(HashMap::from([("/ok.tar.gz".to_string(), ok_tar.clone()), ("/big.tar.gz".to_string(), big_tar.clone()), ("/evil.tar.gz".to_string(), evil_tar.clone())]))
-            .await;
+    let server = serve_files(HashMap::from([
+        ("/ok.tar.gz".to_string(), ok_tar.clone()),
+        ("/big.tar.gz".to_string(), big_tar.clone()),
+        ("/evil.tar.gz".to_string(), evil_tar.clone()),
+    ]))
+    .await;
     let artifact = |path: &str, digest: String| Source {
-        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}{path}", server.base), digest, dir: String::new(), mirrors: vec![] })),
+        kind: Some(source::Kind::Artifact(ArtifactSource {
+            url: format!("{}{path}", server.base),
+            digest,
+            dir: String::new(),
+            mirrors: vec![],
+        })),
     };
 
     let mut cases = Vec::new();
     let empty = env.dir().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    cases.push(("missing Pulumi.yaml", request(&env, "bad-1", &empty, "dev", OperationType::Up), ErrorReason::InvalidSource, "no Pulumi.yaml"));
+    cases.push((
+        "missing Pulumi.yaml",
+        request(&env, "bad-1", &empty, "dev", OperationType::Up),
+        ErrorReason::InvalidSource,
+        "no Pulumi.yaml",
+    ));
     let mut r = request(&env, "bad-2", &good, "dev", OperationType::Up);
     r.source = Some(artifact("/ok.tar.gz", sha256(b"something else")));
     cases.push(("wrong digest", r, ErrorReason::InvalidSource, "digest mismatch"));
@@ -479,12 +597,22 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     r.stack.as_mut().unwrap().create = false;
     cases.push(("unknown stack without create", r, ErrorReason::StackNotFound, "no stack named"));
     let mut r = request(&env, "bad-6", &good, "dev", OperationType::Up);
-    r.config = vec![ConfigItem { key: "obj".into(), value: Some(config_item::Value::ValueFrom(literal("{not json"))), json: true, ..Default::default() }];
+    r.config = vec![ConfigItem {
+        key: "obj".into(),
+        value: Some(config_item::Value::ValueFrom(literal("{not json"))),
+        json: true,
+        ..Default::default()
+    }];
     cases.push(("malformed config", r, ErrorReason::InvalidConfig, "not JSON"));
     // PKO's spec.environment reaches Pulumi (`pulumi config env add`); a backend without ESC says so
     let mut r = request(&env, "bad-esc", &good, "dev", OperationType::Up);
     r.stack.as_mut().unwrap().environments = vec!["team/prod".into()];
-    cases.push(("ESC environment on a file backend", r, ErrorReason::InitializationFailed, "does not support environments"));
+    cases.push((
+        "ESC environment on a file backend",
+        r,
+        ErrorReason::InitializationFailed,
+        "does not support environments",
+    ));
 
     for (what, req, want, text) in cases {
         let events = run(&mut c, req).await;
@@ -517,7 +645,11 @@ async fn bad_input_gives_typed_errors_and_leaves_nothing_locked() {
     let mut r = request(&env, "bad-10", &good, "dev", OperationType::Preview);
     r.source = Some(artifact("/big.tar.gz", String::new()));
     let r = result(&run(&mut c, r).await);
-    assert!(r.status == ResultStatus::Failed as i32 && r.message.contains("limit"), "the size limit holds without a digest: {}", r.message);
+    assert!(
+        r.status == ResultStatus::Failed as i32 && r.message.contains("limit"),
+        "the size limit holds without a digest: {}",
+        r.message
+    );
 }
 
 /// A Program artifact whose URL names an operator replica that is gone (connection refused) comes
@@ -538,7 +670,14 @@ async fn an_artifact_whose_url_is_gone_comes_from_its_mirror_only_when_verified(
     let with = |id: &str, digest: String| {
         let mut r = request(&env, id, env.dir(), "dev", OperationType::Preview);
         let mirrors = vec![format!("{}/programs/ns/p/1/x.tar.gz", server.base)];
-        r.source = Some(Source { kind: Some(source::Kind::Artifact(ArtifactSource { url: gone.clone(), digest, dir: String::new(), mirrors })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: gone.clone(),
+                digest,
+                dir: String::new(),
+                mirrors,
+            })),
+        });
         r
     };
     let r = result(&run(&mut c, with("mirror-1", sha256(&tar))).await);
@@ -559,7 +698,11 @@ async fn git_source_by_branch_and_commit() {
     };
     std::fs::create_dir_all(repo.join("app")).unwrap();
     sh(&["init", "-q", "-b", "main"], &repo);
-    std::fs::write(repo.join("app/Pulumi.yaml"), format!("name: gitapp\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0"))).unwrap();
+    std::fs::write(
+        repo.join("app/Pulumi.yaml"),
+        format!("name: gitapp\nruntime: yaml\n{}", SLOW.replace("SECONDS", "0")),
+    )
+    .unwrap();
     sh(&["add", "."], &repo);
     sh(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "one"], &repo);
     let sha = sh(&["rev-parse", "HEAD"], &repo).trim().to_string();
@@ -567,14 +710,25 @@ async fn git_source_by_branch_and_commit() {
     let mut c = agent.client().await;
     for (id, rev) in [("git-branch", "main".to_string()), ("git-commit", sha.clone())] {
         let mut r = request(&env, id, &repo, "dev", OperationType::Up);
-        r.source =
-            Some(Source { kind: Some(source::Kind::Git(GitSource { url: format!("file://{}", repo.display()), revision: rev, dir: "app".into(), shallow: false, auth: None })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource {
+                url: format!("file://{}", repo.display()),
+                revision: rev,
+                dir: "app".into(),
+                shallow: false,
+                auth: None,
+            })),
+        });
         let r = result(&run(&mut c, r).await);
         assert_eq!(r.status, ResultStatus::Succeeded as i32, "{id}: {}", r.message);
         assert_eq!(r.revision, sha, "{id} resolved to the commit");
     }
     let status = c.status(StatusRequest {}).await.unwrap().into_inner();
-    assert!(status.cached_sources.iter().any(|s| s.key.ends_with(&sha)), "the checkout is cached once: {:?}", status.cached_sources);
+    assert!(
+        status.cached_sources.iter().any(|s| s.key.ends_with(&sha)),
+        "the checkout is cached once: {:?}",
+        status.cached_sources
+    );
 }
 
 #[tokio::test]
@@ -588,7 +742,13 @@ async fn status_version_and_whoami() {
     assert_eq!((s.state, s.capacity, s.running), (status_response::State::Idle as i32, 1, 0));
     assert_eq!(s.pulumi_version, v);
     let who = c
-        .who_am_i(WhoAmIRequest { env: vec![pko_proto::v1::EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(literal(&env.backend_url())), secret: false }] })
+        .who_am_i(WhoAmIRequest {
+            env: vec![pko_proto::v1::EnvVar {
+                name: "PULUMI_BACKEND_URL".into(),
+                value: Some(literal(&env.backend_url())),
+                secret: false,
+            }],
+        })
         .await
         .unwrap()
         .into_inner();
@@ -622,7 +782,12 @@ async fn typescript_program_from_an_artifact() {
     let dir = env.dir().to_path_buf();
     let mut req = request(&env, "ts-up", &dir, "dev", OperationType::Up);
     req.source = Some(Source {
-        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/ts.tar.gz", server.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+        kind: Some(source::Kind::Artifact(ArtifactSource {
+            url: format!("{}/ts.tar.gz", server.base),
+            digest: sha256(&tar),
+            dir: String::new(),
+            mirrors: vec![],
+        })),
     });
     req.config = vec![config("name", serde_json::json!("pko"), false)];
     let events = run(&mut c, req.clone()).await;
@@ -660,12 +825,21 @@ async fn git_over_http_with_token_auth() {
     let env = pulumi_env();
     let root = bare_repo(&env, "httpgit");
     let token = "tok-0123456789";
-    let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
+    let server =
+        pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut c = agent.client().await;
     let git = |id: &str, auth: Option<pko_proto::v1::GitAuth>| {
         let mut r = request(&env, id, env.dir(), "dev", OperationType::Up);
-        r.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: server.url("app.git"), revision: "main".into(), dir: String::new(), shallow: true, auth })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource {
+                url: server.url("app.git"),
+                revision: "main".into(),
+                dir: String::new(),
+                shallow: true,
+                auth,
+            })),
+        });
         r
     };
     let r = result(&run(&mut c, git("http-noauth", None)).await);
@@ -712,11 +886,23 @@ async fn tls_from_mounted_files() {
         .output()
         .unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let agent = Agent::start(&env, &["--auth", "none", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()], &[]);
+    let agent = Agent::start(
+        &env,
+        &["--auth", "none", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[],
+    );
     let port = agent.addr.rsplit_once(':').unwrap().1.to_string();
 
-    let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(&cert).unwrap())).domain_name("localhost");
-    let channel = tonic::transport::Channel::from_shared(format!("https://localhost:{port}")).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(&cert).unwrap()))
+        .domain_name("localhost");
+    let channel = tonic::transport::Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut c = pko_proto::v1::agent_client::AgentClient::new(channel);
     let v = c.pulumi_version(PulumiVersionRequest {}).await.unwrap().into_inner().version;
     assert_eq!(v, versions::pulumi());
@@ -740,7 +926,15 @@ async fn git_over_ssh_with_a_private_key() {
     let mut c = agent.client().await;
     let git = |id: &str, auth: Option<pko_proto::v1::GitAuth>| {
         let mut r = request(&env, id, env.dir(), "dev", OperationType::Up);
-        r.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: server.url("app.git"), revision: "main".into(), dir: String::new(), shallow: true, auth })) });
+        r.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource {
+                url: server.url("app.git"),
+                revision: "main".into(),
+                dir: String::new(),
+                shallow: true,
+                auth,
+            })),
+        });
         r
     };
     let r = result(&run(&mut c, git("ssh-nokey", None)).await);
@@ -765,21 +959,38 @@ async fn structured_config_on_an_old_cli_is_an_incompatible_configuration() {
     let path = env.vars().into_iter().find(|(k, _)| k == "PATH").unwrap().1;
     let real = std::env::split_paths(&path).map(|d| d.join("pulumi")).find(|p| p.is_file()).expect("the bed's pulumi");
     let shim = env.dir().join("old-pulumi");
-    std::fs::write(&shim, format!("#!/bin/sh\nif [ \"$1\" = version ]; then echo v3.180.0; exit 0; fi\nexec {} \"$@\"\n", real.display())).unwrap();
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nif [ \"$1\" = version ]; then echo v3.180.0; exit 0; fi\nexec {} \"$@\"\n", real.display()),
+    )
+    .unwrap();
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
     let agent = Agent::start(&env, &["--auth", "none", "--pulumi", shim.to_str().unwrap()], &[]);
     let mut c = agent.client().await;
     let dir = slow(&env, "oldcli", 0);
     let number = prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(3.0)) };
     let mut r = request(&env, "old-1", &dir, "dev", OperationType::Up);
-    r.config = vec![ConfigItem { key: "replicas".into(), value: Some(config_item::Value::Literal(number)), ..Default::default() }];
+    r.config = vec![ConfigItem {
+        key: "replicas".into(),
+        value: Some(config_item::Value::Literal(number)),
+        ..Default::default()
+    }];
     let res = result(&run(&mut c, r).await);
-    assert_eq!((res.status, reason(&res)), (ResultStatus::Failed as i32, ErrorReason::IncompatibleConfiguration), "{}", res.message);
+    assert_eq!(
+        (res.status, reason(&res)),
+        (ResultStatus::Failed as i32, ErrorReason::IncompatibleConfiguration),
+        "{}",
+        res.message
+    );
     assert_eq!(res.message, "Pulumi CLI version v3.180.0 does not support JSON configuration, require >= v3.202.0");
     assert!(files_under_state(&env, "oldcli").is_empty(), "refused before the stack was created");
     let text = prost_types::Value { kind: Some(prost_types::value::Kind::StringValue("3".into())) };
     let mut r = request(&env, "old-2", &dir, "dev", OperationType::Up);
-    r.config = vec![ConfigItem { key: "replicas".into(), value: Some(config_item::Value::Literal(text)), ..Default::default() }];
+    r.config = vec![ConfigItem {
+        key: "replicas".into(),
+        value: Some(config_item::Value::Literal(text)),
+        ..Default::default()
+    }];
     let res = result(&run(&mut c, r).await);
     assert_eq!(res.status, ResultStatus::Succeeded as i32, "string config needs no new CLI: {}", res.message);
 }
@@ -807,7 +1018,19 @@ async fn the_env_file_reaches_each_operation() {
     let file = env.dir().join("dynamic.env");
     let link = env.dir().join("workspace");
     // a Workspace's own pod, as PKO's: operations share the fetched source, which /share/workspace shows
-    let agent = Agent::start(&env, &["--auth", "none", "--isolate-operations=false", "--env-file", file.to_str().unwrap(), "--workspace-link", link.to_str().unwrap()], &[]);
+    let agent = Agent::start(
+        &env,
+        &[
+            "--auth",
+            "none",
+            "--isolate-operations=false",
+            "--env-file",
+            file.to_str().unwrap(),
+            "--workspace-link",
+            link.to_str().unwrap(),
+        ],
+        &[],
+    );
     let mut c = agent.client().await;
     let dir = project(
         &env,
@@ -818,10 +1041,16 @@ async fn the_env_file_reaches_each_operation() {
         let mut r = request(&env, id, &dir, "dev", OperationType::Up);
         r.config = vec![ConfigItem {
             key: "run".into(),
-            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(run.into())) })),
+            value: Some(config_item::Value::Literal(prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(run.into())),
+            })),
             ..Default::default()
         }];
-        r.env.push(pko_proto::v1::EnvVar { name: "FROM_ENV_FILE".into(), value: Some(literal("from the request")), secret: false });
+        r.env.push(pko_proto::v1::EnvVar {
+            name: "FROM_ENV_FILE".into(),
+            value: Some(literal("from the request")),
+            secret: false,
+        });
         r
     };
     let r = result(&run(&mut c, run_with("dyn-1", "1")).await);
@@ -835,7 +1064,11 @@ async fn the_env_file_reaches_each_operation() {
     std::fs::write(&file, "FROM_ENV_FILE=\"unterminated\n").unwrap();
     let r = result(&run(&mut c, run_with("dyn-3", "3")).await);
     assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::InvalidConfig), "{}", r.message);
-    assert!(r.message.contains("dynamic.env") && !r.message.contains("unterminated"), "names the file, not the line: {}", r.message);
+    assert!(
+        r.message.contains("dynamic.env") && !r.message.contains("unterminated"),
+        "names the file, not the line: {}",
+        r.message
+    );
 }
 
 /// `pko-agent init`, the workspace pod's `fetch` init container: the dynamic environment file exists
@@ -844,11 +1077,19 @@ async fn the_env_file_reaches_each_operation() {
 fn init_prepares_the_shared_volume() {
     let share = tempfile::tempdir().unwrap();
     std::fs::write(share.path().join(".env"), "A=1\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent")).args(["init", "--share"]).arg(share.path()).output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent"))
+        .args(["init", "--share"])
+        .arg(share.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(share.path().join(".env")).unwrap(), "A=1\n", "kept");
     assert!(share.path().join("work").is_dir());
     let fresh = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent")).args(["init", "--share"]).arg(fresh.path()).output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pko-agent"))
+        .args(["init", "--share"])
+        .arg(fresh.path())
+        .output()
+        .unwrap();
     assert!(out.status.success() && fresh.path().join(".env").is_file());
 }

@@ -15,8 +15,23 @@ use tonic::Request;
 
 async fn token(ns: &pko_testbed::TestNamespace, sa: &str, audience: &str) -> String {
     let sas = ns.api::<ServiceAccount>();
-    let _ = sas.create(&PostParams::default(), &ServiceAccount { metadata: ObjectMeta { name: Some(sa.into()), ..Default::default() }, ..Default::default() }).await;
-    let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![audience.into()], expiration_seconds: Some(600), ..Default::default() }, ..Default::default() };
+    let _ = sas
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: ObjectMeta { name: Some(sa.into()), ..Default::default() },
+                ..Default::default()
+            },
+        )
+        .await;
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.into()],
+            expiration_seconds: Some(600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     sas.create_token_request(sa, &PostParams::default(), &tr).await.unwrap().status.unwrap().token
 }
 
@@ -55,8 +70,17 @@ async fn unauthenticated_and_unauthorized_callers_are_refused() {
             &PostParams::default(),
             &RoleBinding {
                 metadata: ObjectMeta { name: Some("operator-rpc".into()), ..Default::default() },
-                role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "workspace-rpc".into() },
-                subjects: Some(vec![Subject { kind: "ServiceAccount".into(), name: "operator".into(), namespace: Some(ns.name().into()), ..Default::default() }]),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: "workspace-rpc".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: "operator".into(),
+                    namespace: Some(ns.name().into()),
+                    ..Default::default()
+                }]),
             },
         )
         .await
@@ -69,7 +93,16 @@ async fn unauthenticated_and_unauthorized_callers_are_refused() {
     let kubeconfig = bed.kubeconfig().display().to_string();
     let agent = Agent::start(
         &env,
-        &["--auth", "kube", "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws", "--kube-audience", &audience],
+        &[
+            "--auth",
+            "kube",
+            "--kube-workspace-namespace",
+            ns.name(),
+            "--kube-workspace-name",
+            "ws",
+            "--kube-audience",
+            &audience,
+        ],
         &[("KUBECONFIG", &kubeconfig)],
     );
     let mut c = agent.client().await;
@@ -99,5 +132,9 @@ fn auth_none_is_refused_off_loopback() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--auth none is only allowed on a loopback address"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--auth none is only allowed on a loopback address"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

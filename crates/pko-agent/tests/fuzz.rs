@@ -12,7 +12,12 @@ use proptest::prelude::*;
 
 /// Names under the temporary directory other than `root`: anything written outside.
 fn outside(tmp: &Path) -> Vec<String> {
-    std::fs::read_dir(tmp).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != "root").collect()
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "root")
+        .collect()
 }
 
 /// Every symlink under `root` whose (existing) target is outside `root`.
@@ -37,11 +42,21 @@ fn links_out(root: &Path) -> Vec<String> {
 }
 
 fn segment() -> impl Strategy<Value = String> {
-    prop_oneof![Just("..".to_string()), Just(".".to_string()), Just("a".to_string()), Just("b".to_string()), Just("l".to_string()), Just("".to_string()), "[a-z]{1,3}"]
+    prop_oneof![
+        Just("..".to_string()),
+        Just(".".to_string()),
+        Just("a".to_string()),
+        Just("b".to_string()),
+        Just("l".to_string()),
+        Just("".to_string()),
+        "[a-z]{1,3}"
+    ]
 }
 
 fn rel_path() -> impl Strategy<Value = String> {
-    prop::collection::vec(segment(), 1..5).prop_map(|v| v.join("/")).prop_flat_map(|p| prop_oneof![Just(p.clone()), Just(format!("/{p}"))])
+    prop::collection::vec(segment(), 1..5)
+        .prop_map(|v| v.join("/"))
+        .prop_flat_map(|p| prop_oneof![Just(p.clone()), Just(format!("/{p}"))])
 }
 
 #[derive(Debug, Clone)]
@@ -73,8 +88,15 @@ fn archive(specs: &[Spec]) -> Vec<u8> {
             Spec::Dir(p) => Item::Dir(p),
             Spec::Link(p, t) => Item::Symlink(p, t),
             Spec::Hard(p, t) => Item::HardLink(p, t),
-            Spec::LongName(p) => Item::Raw { entry_type: b'L', name: "././@LongLink", data: format!("{p}\0").into_bytes(), declared: None },
-            Spec::PaxPath(p) => Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", p), declared: None },
+            Spec::LongName(p) => Item::Raw {
+                entry_type: b'L',
+                name: "././@LongLink",
+                data: format!("{p}\0").into_bytes(),
+                declared: None,
+            },
+            Spec::PaxPath(p) => {
+                Item::Raw { entry_type: b'x', name: "pax", data: pax_record("path", p), declared: None }
+            }
         });
     }
     build(&items)

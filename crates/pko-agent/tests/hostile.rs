@@ -22,7 +22,11 @@ fn reason(r: &pko_proto::v1::OperationResult) -> ErrorReason {
 /// Peak resident memory of process `pid` (`VmHWM`), in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
 /// Bytes of regular files under `dir`.
@@ -61,7 +65,12 @@ fn zero_bomb(entry_type: u8, name: &str, size: u64) -> Vec<u8> {
 
 /// A PAX header saying the next entry is `size` bytes while its ustar header says 0, then `size` zeros.
 fn pax_size_bomb(size: u64) -> Vec<u8> {
-    let pax = tar(&[Item::Raw { entry_type: b'x', name: "pax", data: pax_record("size", &size.to_string()), declared: None }]);
+    let pax = tar(&[Item::Raw {
+        entry_type: b'x',
+        name: "pax",
+        data: pax_record("size", &size.to_string()),
+        declared: None,
+    }]);
     let file = tar(&[Item::File("bomb.bin", b"")]);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&pax[..pax.len() - 1024]).unwrap();
@@ -83,7 +92,8 @@ fn truncated(bytes: &[u8]) -> Vec<u8> {
 /// written through the chain into `target_dir`.
 fn symlink_chain(levels: usize, target_dir: &str, file: &str) -> Vec<u8> {
     let names: Vec<String> = (0..=levels).map(|i| format!("l{i}")).collect();
-    let targets: Vec<String> = (0..=levels).map(|i| if i == 0 { ".".to_string() } else { format!("l{}/..", i - 1) }).collect();
+    let targets: Vec<String> =
+        (0..=levels).map(|i| if i == 0 { ".".to_string() } else { format!("l{}/..", i - 1) }).collect();
     let through = format!("l{levels}{target_dir}/{file}");
     let mut items: Vec<Item<'_>> = names.iter().zip(&targets).map(|(n, t)| Item::Symlink(n, t)).collect();
     items.push(Item::File(&through, b"pwned"));
@@ -112,7 +122,15 @@ async fn option_like_git_urls_and_revisions_never_run_a_command() {
     ];
     for (i, (url, revision, text)) in cases.into_iter().enumerate() {
         let mut req = request(&env, &format!("git-{i}"), &repo, "dev", OperationType::Preview);
-        req.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: url.clone(), revision: revision.clone(), dir: String::new(), shallow: false, auth: None })) });
+        req.source = Some(Source {
+            kind: Some(source::Kind::Git(GitSource {
+                url: url.clone(),
+                revision: revision.clone(),
+                dir: String::new(),
+                shallow: false,
+                auth: None,
+            })),
+        });
         match c.run(req).await {
             // refused at the door, naming the field
             Err(status) => {
@@ -125,7 +143,15 @@ async fn option_like_git_urls_and_revisions_never_run_a_command() {
     assert_eq!(std::fs::read_dir(marks.path()).unwrap().count(), 0, "no command ran");
     // the same repository with a real branch still works
     let mut req = request(&env, "git-ok", &repo, "dev", OperationType::Preview);
-    req.source = Some(Source { kind: Some(source::Kind::Git(GitSource { url: good_url, revision: "main".into(), dir: String::new(), shallow: false, auth: None })) });
+    req.source = Some(Source {
+        kind: Some(source::Kind::Git(GitSource {
+            url: good_url,
+            revision: "main".into(),
+            dir: String::new(),
+            shallow: false,
+            auth: None,
+        })),
+    });
     let r = result(&run(&mut c, req).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
 }
@@ -140,14 +166,34 @@ async fn hostile_archives_are_refused_with_bounded_memory_and_disk() {
     let started = Instant::now();
     let many: Vec<String> = (0..120_000).map(|i| format!("f{i}")).collect();
     let corpus: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("path traversal", build(&[Item::File("Pulumi.yaml", yaml), Item::File(&format!("../../../../tmp/{victim}-1"), b"x")]), "unsafe path"),
-        ("absolute path", build(&[Item::File("Pulumi.yaml", yaml), Item::File(&format!("/tmp/{victim}-2"), b"x")]), "unsafe path"),
+        (
+            "path traversal",
+            build(&[Item::File("Pulumi.yaml", yaml), Item::File(&format!("../../../../tmp/{victim}-1"), b"x")]),
+            "unsafe path",
+        ),
+        (
+            "absolute path",
+            build(&[Item::File("Pulumi.yaml", yaml), Item::File(&format!("/tmp/{victim}-2"), b"x")]),
+            "unsafe path",
+        ),
         ("symlink chain to /", symlink_chain(12, "/tmp", &format!("{victim}-3")), "unsafe link"),
-        ("link out then a file through it", build(&[Item::Symlink("out", "/tmp"), Item::File(&format!("out/{victim}-4"), b"x")]), "unsafe link"),
+        (
+            "link out then a file through it",
+            build(&[Item::Symlink("out", "/tmp"), Item::File(&format!("out/{victim}-4"), b"x")]),
+            "unsafe link",
+        ),
         ("hard link", build(&[Item::File("Pulumi.yaml", yaml), Item::HardLink("passwd", "/etc/passwd")]), "hard link"),
-        ("character device", build(&[Item::Raw { entry_type: b'3', name: "dev-null", data: vec![], declared: None }]), "not supported"),
+        (
+            "character device",
+            build(&[Item::Raw { entry_type: b'3', name: "dev-null", data: vec![], declared: None }]),
+            "not supported",
+        ),
         ("fifo", build(&[Item::Raw { entry_type: b'6', name: "pipe", data: vec![], declared: None }]), "not supported"),
-        ("sparse file", build(&[Item::Raw { entry_type: b'S', name: "sparse", data: vec![], declared: None }]), "sparse"),
+        (
+            "sparse file",
+            build(&[Item::Raw { entry_type: b'S', name: "sparse", data: vec![], declared: None }]),
+            "sparse",
+        ),
         ("GNU long-name bomb (600 MiB)", zero_bomb(b'L', "././@LongLink", 600 << 20), "metadata header"),
         ("PAX header bomb (600 MiB)", zero_bomb(b'x', "pax", 600 << 20), "metadata header"),
         ("PAX size bomb (512 MiB behind a 0-byte header)", pax_size_bomb(512 << 20), "PAX size"),
@@ -155,18 +201,27 @@ async fn hostile_archives_are_refused_with_bounded_memory_and_disk() {
         ("120,000 entries", build(&many.iter().map(|n| Item::File(n, b"")).collect::<Vec<_>>()), "entries"),
         (
             "truncated gzip",
-            truncated(&build(&[Item::File("Pulumi.yaml", yaml), Item::File("a", &(0..50_000u32).map(|i| (i * 7919 % 251) as u8).collect::<Vec<_>>())])),
+            truncated(&build(&[
+                Item::File("Pulumi.yaml", yaml),
+                Item::File("a", &(0..50_000u32).map(|i| (i * 7919 % 251) as u8).collect::<Vec<_>>()),
+            ])),
             "reading archive",
         ),
         ("not gzip", b"<html>this is not an artifact</html>".to_vec(), "reading archive"),
     ];
     eprintln!("corpus built in {:?}", started.elapsed());
-    let files: HashMap<String, Vec<u8>> = corpus.iter().enumerate().map(|(i, (_, b, _))| (format!("/{i}.tar.gz"), b.clone())).collect();
+    let files: HashMap<String, Vec<u8>> =
+        corpus.iter().enumerate().map(|(i, (_, b, _))| (format!("/{i}.tar.gz"), b.clone())).collect();
     let server = serve_files(files).await;
     for (i, (what, bytes, text)) in corpus.iter().enumerate() {
         let mut req = request(&env, &format!("art-{i}"), env.dir(), "dev", OperationType::Preview);
         req.source = Some(Source {
-            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/{i}.tar.gz", server.base), digest: sha256(bytes), dir: String::new(), mirrors: vec![] })),
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: format!("{}/{i}.tar.gz", server.base),
+                digest: sha256(bytes),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
         });
         let t = Instant::now();
         let r = result(&run(&mut c, req).await);
@@ -176,7 +231,10 @@ async fn hostile_archives_are_refused_with_bounded_memory_and_disk() {
         assert!(r.message.contains(text), "{what}: {:?} lacks {text:?}", r.message);
     }
     for n in 1..=4 {
-        assert!(!std::path::Path::new(&format!("/tmp/{victim}-{n}")).exists(), "case {n} wrote outside the work directory");
+        assert!(
+            !std::path::Path::new(&format!("/tmp/{victim}-{n}")).exists(),
+            "case {n} wrote outside the work directory"
+        );
     }
     let peak = peak_rss_kib(agent.child.id());
     let disk = disk_bytes(agent.work.path());
@@ -230,7 +288,18 @@ async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
     let env = pulumi_env();
     let agent = Agent::start(
         &env,
-        &["--auth", "none", "--artifact-connect-timeout-seconds", "2", "--artifact-read-timeout-seconds", "2", "--artifact-timeout-seconds", "6", "--artifact-retries", "3"],
+        &[
+            "--auth",
+            "none",
+            "--artifact-connect-timeout-seconds",
+            "2",
+            "--artifact-read-timeout-seconds",
+            "2",
+            "--artifact-timeout-seconds",
+            "6",
+            "--artifact-retries",
+            "3",
+        ],
         &[],
     );
     let mut c = agent.client().await;
@@ -239,7 +308,12 @@ async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
     for (what, base) in [("hanging server", hang), ("dripping server", drip)] {
         let mut req = request(&env, &format!("slow-{what}"), env.dir(), "dev", OperationType::Preview);
         req.source = Some(Source {
-            kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{base}/a.tar.gz?token=t0ken"), digest: sha256(b"x"), dir: String::new(), mirrors: vec![] })),
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: format!("{base}/a.tar.gz?token=t0ken"),
+                digest: sha256(b"x"),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
         });
         let t = Instant::now();
         let r = result(&run(&mut c, req).await);
@@ -249,7 +323,11 @@ async fn hanging_and_slow_artifact_servers_time_out_and_retry() {
         let host = base.trim_start_matches("http://");
         let deadline = r.message.contains(&format!("from {host}: not complete within 6 s"));
         assert!(deadline || (what == "hanging server" && r.message.contains("timed out")), "{what}: {}", r.message);
-        assert!(what == "hanging server" || deadline, "the dripping server ends at the download's deadline: {}", r.message);
+        assert!(
+            what == "hanging server" || deadline,
+            "the dripping server ends at the download's deadline: {}",
+            r.message
+        );
         assert!(!r.message.contains("t0ken"), "the URL's query never reaches the message: {}", r.message);
         // one deadline for all attempts (before: up to 4 attempts of 6 s each, plus 7 s of waits)
         assert!(took < Duration::from_secs(10), "{what} took {took:?}");
@@ -264,11 +342,16 @@ async fn config_larger_than_a_command_line_is_applied_and_a_huge_env_value_is_a_
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut c = agent.client().await;
-    let dir = project(&env, "bigcfg", "config:\n  big:\n    type: string\n  secretBig:\n    type: string\noutputs:\n  big: ${big}\n  secretBig: ${secretBig}\n");
+    let dir = project(
+        &env,
+        "bigcfg",
+        "config:\n  big:\n    type: string\n  secretBig:\n    type: string\noutputs:\n  big: ${big}\n  secretBig: ${secretBig}\n",
+    );
     let big = "b".repeat(300 << 10);
     let secret_big = "s".repeat(200 << 10);
     let mut req = request(&env, "bigcfg", &dir, "dev", OperationType::Up);
-    req.config = vec![config("big", serde_json::json!(big), false), config("secretBig", serde_json::json!(secret_big), true)];
+    req.config =
+        vec![config("big", serde_json::json!(big), false), config("secretBig", serde_json::json!(secret_big), true)];
     req.config.extend((0..40).map(|i| config(&format!("filler{i}"), serde_json::json!("f".repeat(20 << 10)), false)));
     let events = run(&mut c, req).await;
     let r = result(&events);
@@ -278,7 +361,11 @@ async fn config_larger_than_a_command_line_is_applied_and_a_huge_env_value_is_a_
     assert_eq!(out["secretBig"], (serde_json::json!(secret_big), true));
 
     let mut req = request(&env, "bigenv", &dir, "dev", OperationType::Preview);
-    req.env.push(pko_proto::v1::EnvVar { name: "HUGE".into(), value: Some(literal(&"h".repeat(200 << 10))), secret: false });
+    req.env.push(pko_proto::v1::EnvVar {
+        name: "HUGE".into(),
+        value: Some(literal(&"h".repeat(200 << 10))),
+        secret: false,
+    });
     let r = result(&run(&mut c, req).await);
     assert_eq!(reason(&r), ErrorReason::InvalidConfig, "{}", r.message);
     assert!(r.message.contains("env HUGE") && r.message.contains("bytes"), "{}", r.message);
@@ -289,7 +376,11 @@ async fn a_pulumi_yaml_program_error_is_the_failure_message() {
     let env = pulumi_env();
     let agent = Agent::start(&env, &["--auth", "none"], &[]);
     let mut c = agent.client().await;
-    let dir = project(&env, "yamlerr", "resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: ${missing.value}\n");
+    let dir = project(
+        &env,
+        "yamlerr",
+        "resources:\n  r:\n    type: command:local:Command\n    properties:\n      create: ${missing.value}\n",
+    );
     let r = result(&run(&mut c, request(&env, "yamlerr", &dir, "dev", OperationType::Up)).await);
     assert_eq!(r.status, ResultStatus::Failed as i32);
     assert!(r.message.contains("\"missing\" not found") && r.message.contains("Pulumi.yaml line"), "{}", r.message);
@@ -312,17 +403,29 @@ async fn secret_values_never_reach_the_output_in_any_form() {
         "config:\n  pw:\n    type: string\n  pem:\n    type: string\n  quoted:\n    type: string\nresources:\n  boom:\n    type: command:local:Command\n    properties:\n      environment:\n        PW: ${pw}\n        PEM: ${pem}\n        Q: ${quoted}\n      create: |\n        echo \"plain $PW\"; echo \"$PEM\" >&2; echo \"$PEM\" | sed -n 3p >&2; printf 'q=%s\\n' \"$Q\" >&2; echo \"url=https://user:$PW@example.invalid/x\" >&2; exit 4\n",
     );
     let mut req = request(&env, "team-a/leaks-1/uid-1", &dir, "dev", OperationType::Up);
-    req.config = vec![config("pw", serde_json::json!("Pl41n-S3cret-v"), true), config("pem", serde_json::json!(pem), true), config("quoted", serde_json::json!(quoted), true)];
+    req.config = vec![
+        config("pw", serde_json::json!("Pl41n-S3cret-v"), true),
+        config("pem", serde_json::json!(pem), true),
+        config("quoted", serde_json::json!(quoted), true),
+    ];
     let events = run(&mut c, req).await;
     let r = result(&events);
     assert_eq!(r.status, ResultStatus::Failed as i32, "{}", r.message);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let streamed: String = events.iter().filter_map(pko_proto::lines::line_of).map(|(s, t)| format!("{s}: {t}\n")).collect();
+    let streamed: String =
+        events.iter().filter_map(pko_proto::lines::line_of).map(|(s, t)| format!("{s}: {t}\n")).collect();
     let raw: String = events.iter().map(|e| format!("{e:?}\n")).collect();
     assert!(streamed.contains("exit") || streamed.contains("error:"), "the failure is printed:\n{streamed}");
     let escaped = serde_json::to_string(quoted).unwrap();
-    for (what, text) in [("the agent's output", agent.output()), ("the streamed lines", streamed), ("the raw events", raw), ("the result", format!("{r:?}"))] {
-        for secret in ["Pl41n-S3cret-v", "AAAA-first-key-line-x9", "BBBB-second-key-line-y8", quoted, escaped.trim_matches('"')] {
+    for (what, text) in [
+        ("the agent's output", agent.output()),
+        ("the streamed lines", streamed),
+        ("the raw events", raw),
+        ("the result", format!("{r:?}")),
+    ] {
+        for secret in
+            ["Pl41n-S3cret-v", "AAAA-first-key-line-x9", "BBBB-second-key-line-y8", quoted, escaped.trim_matches('"')]
+        {
             assert!(!text.contains(secret), "{secret:?} in {what}:\n{text}");
         }
     }

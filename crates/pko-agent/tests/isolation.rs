@@ -60,16 +60,34 @@ async fn nothing_of_one_stacks_operation_reaches_the_next_on_one_agent() {
         let r = result(&events);
         let text = all_text(&events);
         assert_eq!(r.status, ResultStatus::Succeeded as i32, "{stack}: {}: {text}", r.message);
-        assert_eq!(outputs(&r)["report"].0, serde_json::json!("found:"), "operation {i} ({stack}) found what an earlier one left: {text}");
+        assert_eq!(
+            outputs(&r)["report"].0,
+            serde_json::json!("found:"),
+            "operation {i} ({stack}) found what an earlier one left: {text}"
+        );
         assert!(!text.contains("secret-of-"), "secret values stay masked: {text}");
-        assert!(text.contains("stopped 1 process(es) the operation left running") && text.contains("sleep"), "the daemon was stopped and named: {text}");
-        assert!(text.contains("removed plugins this operation added to or changed") && text.contains("resource-planted-v9.9.9"), "{text}");
-        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of operation {i} still runs: {:?}", pko_testbed::probe::probe_daemons());
+        assert!(
+            text.contains("stopped 1 process(es) the operation left running") && text.contains("sleep"),
+            "the daemon was stopped and named: {text}"
+        );
+        assert!(
+            text.contains("removed plugins this operation added to or changed")
+                && text.contains("resource-planted-v9.9.9"),
+            "{text}"
+        );
+        assert!(
+            pko_testbed::probe::probe_daemons().is_empty(),
+            "nothing of operation {i} still runs: {:?}",
+            pko_testbed::probe::probe_daemons()
+        );
         let ops: Vec<_> = std::fs::read_dir(agent.work.path().join("ops")).unwrap().collect();
         assert!(ops.is_empty(), "the operation's directories are gone: {ops:?}");
         assert!(!dir.join("leak.txt").exists() && !dir.join("Pulumi.a.yaml").exists(), "the source stays pristine");
     }
-    assert!(!plugins.join("resource-fake-v1.0.0").exists(), "the plugin the first operation changed was removed, not run by the next");
+    assert!(
+        !plugins.join("resource-fake-v1.0.0").exists(),
+        "the plugin the first operation changed was removed, not run by the next"
+    );
     assert!(!plugins.join("resource-planted-v9.9.9").exists());
     assert!(!env.dir().join("home/leak.txt").exists(), "the agent's own PULUMI_HOME was not written");
 }
@@ -98,7 +116,11 @@ async fn an_agent_killed_alone_mid_up_leaves_no_process_and_the_next_agent_compl
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     let _ = a.child.wait();
     while !processes_under(a.work.path()).is_empty() {
-        assert!(killed_at.elapsed() < Duration::from_secs(5), "the killed agent's processes outlived it: {:?}", processes_under(a.work.path()));
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(5),
+            "the killed agent's processes outlived it: {:?}",
+            processes_under(a.work.path())
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let gone_after = killed_at.elapsed();
@@ -117,7 +139,11 @@ async fn an_agent_killed_alone_mid_up_leaves_no_process_and_the_next_agent_compl
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}: {text}", r.message);
     assert!(text.contains("releasing 1 stale lock(s) whose holder is known dead"), "{text}");
     assert!(lock_files(&env).is_empty(), "no lock left: {:?}", lock_files(&env));
-    println!("every process of the killed agent gone {:.3} s after its SIGKILL ({} before)", gone_after.as_secs_f64(), before.len());
+    println!(
+        "every process of the killed agent gone {:.3} s after its SIGKILL ({} before)",
+        gone_after.as_secs_f64(),
+        before.len()
+    );
 }
 
 #[tokio::test]
@@ -135,9 +161,17 @@ async fn an_operation_waits_for_a_lock_holder_still_running_on_this_host_then_ru
         run(&mut cb, request(&env, "second", &dir, "dev", OperationType::Up)).await
     });
     let (ra, rb) = (result(&ea), result(&eb));
-    assert_eq!((ra.status, rb.status), (ResultStatus::Succeeded as i32, ResultStatus::Succeeded as i32), "{ra:?}\n{rb:?}");
+    assert_eq!(
+        (ra.status, rb.status),
+        (ResultStatus::Succeeded as i32, ResultStatus::Succeeded as i32),
+        "{ra:?}\n{rb:?}"
+    );
     let text = all_text(&eb);
-    assert!(text.contains("still running on this host; waiting up to 30 s") && text.contains("the lock holders ended; trying again"), "{text}");
+    assert!(
+        text.contains("still running on this host; waiting up to 30 s")
+            && text.contains("the lock holders ended; trying again"),
+        "{text}"
+    );
     assert!(!text.contains("stale lock"), "a live holder's lock is never released: {text}");
     assert!(lock_files(&env).is_empty());
 }

@@ -39,16 +39,26 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     let tar = tarball(p.files);
-    let server = pko_testbed::plugins::PluginServer::kubernetes(&[p.plugin_version], HashMap::from([("/app.tar.gz".to_string(), tar.clone())])).await;
+    let server = pko_testbed::plugins::PluginServer::kubernetes(
+        &[p.plugin_version],
+        HashMap::from([("/app.tar.gz".to_string(), tar.clone())]),
+    )
+    .await;
     let kubeconfig = bed.kubeconfig().display().to_string();
     let overrides = server.overrides();
-    let mut agent_env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
+    let mut agent_env: Vec<(&str, &str)> =
+        vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
     agent_env.extend(p.agent_env.iter().map(|(k, v)| (*k, v.as_str())));
     let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
     let mut c = agent.client().await;
     let mut req = request(&env, &format!("{}-k8s-up", p.prefix), env.dir(), "dev", OperationType::Up);
     req.source = Some(Source {
-        kind: Some(source::Kind::Artifact(ArtifactSource { url: format!("{}/app.tar.gz", server.http.base), digest: sha256(&tar), dir: String::new(), mirrors: vec![] })),
+        kind: Some(source::Kind::Artifact(ArtifactSource {
+            url: format!("{}/app.tar.gz", server.http.base),
+            digest: sha256(&tar),
+            dir: String::new(),
+            mirrors: vec![],
+        })),
     });
     req.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!("hej"), false)];
     let t = std::time::Instant::now();
@@ -58,10 +68,20 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", all_text(&events));
     let (cm, app, web) = (format!("{}-config", p.prefix), format!("{}-app", p.prefix), format!("{}-web", p.prefix));
     let out = outputs(&r);
-    assert_eq!((out["configMap"].0.clone(), out["deployment"].0.clone()), (serde_json::json!(cm), serde_json::json!(app)));
-    let greeting = || bed.kubectl().args(["-n", &ns, "get", "configmap", &cm, "-o", "jsonpath={.data.greeting}"]).output().unwrap().stdout;
+    assert_eq!(
+        (out["configMap"].0.clone(), out["deployment"].0.clone()),
+        (serde_json::json!(cm), serde_json::json!(app))
+    );
+    let greeting = || {
+        bed.kubectl()
+            .args(["-n", &ns, "get", "configmap", &cm, "-o", "jsonpath={.data.greeting}"])
+            .output()
+            .unwrap()
+            .stdout
+    };
     assert_eq!(String::from_utf8_lossy(&greeting()), "hej", "the ConfigMap is in the bed's API server");
-    let ip = bed.kubectl().args(["-n", &ns, "get", "service", &web, "-o", "jsonpath={.spec.clusterIP}"]).output().unwrap();
+    let ip =
+        bed.kubectl().args(["-n", &ns, "get", "service", &web, "-o", "jsonpath={.spec.clusterIP}"]).output().unwrap();
     assert_eq!(out["clusterIP"].0, serde_json::json!(String::from_utf8_lossy(&ip.stdout)));
 
     // warm: the installed revision is reused
@@ -94,7 +114,13 @@ async fn a_typescript_program_of_kubernetes_resources_installs_deploys_and_destr
         ("index.ts", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/index.ts")),
     ];
     let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
-    let (first, warm) = deploy_change_destroy(Program { prefix: "ts", files: &files, plugin_version: "4.24.1", agent_env: vec![("npm_config_cache", npm_cache)] }).await;
+    let (first, warm) = deploy_change_destroy(Program {
+        prefix: "ts",
+        files: &files,
+        plugin_version: "4.24.1",
+        agent_env: vec![("npm_config_cache", npm_cache)],
+    })
+    .await;
     eprintln!("TypeScript program: first up (npm install included) {first:?}, warm up {warm:?}");
 }
 
@@ -112,6 +138,7 @@ async fn a_go_program_of_kubernetes_resources_builds_offline_deploys_and_destroy
         ("main.go", include_bytes!("../../../scripts/testbed/programs/go-kubernetes/main.go")),
     ];
     let agent_env = pko_testbed::offline_go_env().to_vec();
-    let (first, warm) = deploy_change_destroy(Program { prefix: "go", files: &files, plugin_version: "4.24.0", agent_env }).await;
+    let (first, warm) =
+        deploy_change_destroy(Program { prefix: "go", files: &files, plugin_version: "4.24.0", agent_env }).await;
     eprintln!("Go program: first up (go mod download and go build included) {first:?}, warm up {warm:?}");
 }

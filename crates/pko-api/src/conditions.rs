@@ -20,8 +20,19 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 
 /// Sets (or replaces) condition `type_` and keeps the list sorted by type; `lastTransitionTime` stays
 /// when the status did not change (Kubernetes `meta.SetStatusCondition`), else becomes `now`.
-pub fn set(conditions: &mut Vec<Condition>, type_: &str, status: &str, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
-    let transition = find(conditions, type_).filter(|c| c.status == status).map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let transition = find(conditions, type_)
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
     conditions.retain(|c| c.type_ != type_);
     conditions.push(Condition {
         type_: type_.into(),
@@ -52,7 +63,9 @@ impl Update {
     /// Why it waits to be started: the message of `Progressing=False` with reason `Queued` (its
     /// namespace holds its share of the workers), if so.
     pub fn queued_message(&self) -> Option<&str> {
-        find(self.conditions(), uc::PROGRESSING).filter(|c| c.status == "False" && c.reason == uc::QUEUED).map(|c| c.message.as_str())
+        find(self.conditions(), uc::PROGRESSING)
+            .filter(|c| c.status == "False" && c.reason == uc::QUEUED)
+            .map(|c| c.message.as_str())
     }
 
     /// `Complete=True`: the operation ended (successfully or not).
@@ -81,7 +94,12 @@ impl Update {
     /// restarts and distinct for a re-created Update of the same name.
     pub fn operation_id(&self) -> String {
         let m = &self.metadata;
-        format!("{}/{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default(), m.uid.as_deref().unwrap_or_default())
+        format!(
+            "{}/{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default(),
+            m.uid.as_deref().unwrap_or_default()
+        )
     }
 }
 
@@ -93,7 +111,8 @@ impl Workspace {
 
     /// The `Ready` condition when it is not True and says why (its message is not empty).
     pub fn not_ready_reason(&self) -> Option<&Condition> {
-        find(self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::READY).filter(|c| c.status != "True" && !c.message.is_empty())
+        find(self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::READY)
+            .filter(|c| c.status != "True" && !c.message.is_empty())
     }
 
     /// `Stalled=True` for the current generation (PKO's Workspace `Stalled`: `InstallationFailed`,

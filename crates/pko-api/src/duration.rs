@@ -28,8 +28,11 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
     if !ascii.is_ascii() {
         return Err(DurationError { value: s.to_string(), why: "" });
     }
-    let nanos = go_parse_duration::parse_duration(&ascii).map_err(|_| DurationError { value: s.to_string(), why: "" })?;
-    u64::try_from(nanos).map(Duration::from_nanos).map_err(|_| DurationError { value: s.to_string(), why: ": negative" })
+    let nanos =
+        go_parse_duration::parse_duration(&ascii).map_err(|_| DurationError { value: s.to_string(), why: "" })?;
+    u64::try_from(nanos)
+        .map(Duration::from_nanos)
+        .map_err(|_| DurationError { value: s.to_string(), why: ": negative" })
 }
 
 /// Parses a Go duration as PKO compares it: a negative one (which Go reads) counts as zero — a TTL of

@@ -57,7 +57,10 @@ fn type_of(node: &Value) -> String {
 fn notes(node: &Value) -> String {
     let mut n = Vec::new();
     if let Some(e) = node.get("enum").and_then(Value::as_array) {
-        n.push(format!("one of {}", e.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(", ")));
+        n.push(format!(
+            "one of {}",
+            e.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(", ")
+        ));
     }
     if let Some(d) = node.get("default") {
         n.push(format!("default `{d}`"));
@@ -88,12 +91,21 @@ fn walk(node: &Value, path: &str, required: bool, out: &mut String) {
         if let Some(r) = by_reference(path, node) {
             extra = if extra.is_empty() { format!("see {r}") } else { format!("{extra}; see {r}") };
         }
-        writeln!(out, "| `{path}` | {} | {} | {} | {} |", cell(&type_of(node)), if required { "yes" } else { "" }, cell(desc), cell(&extra)).unwrap();
+        writeln!(
+            out,
+            "| `{path}` | {} | {} | {} | {} |",
+            cell(&type_of(node)),
+            if required { "yes" } else { "" },
+            cell(desc),
+            cell(&extra)
+        )
+        .unwrap();
         if by_reference(path, node).is_some() {
             return;
         }
     }
-    let req: Vec<&str> = node.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    let req: Vec<&str> =
+        node.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
     if let Some(props) = node.get("properties").and_then(Value::as_object) {
         for (k, v) in props {
             if path.is_empty() && (k == "apiVersion" || k == "kind" || k == "metadata") {
@@ -125,10 +137,15 @@ pub fn api_reference_markdown() -> String {
     let crds = crate::crds();
     for crd in &crds {
         for v in &crd.spec.versions {
-            let cols: Vec<String> =
-                v.additional_printer_columns.iter().flatten().map(|c| if c.priority.unwrap_or(0) > 0 { format!("{} (wide)", c.name) } else { c.name.clone() }).collect();
+            let cols: Vec<String> = v
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| if c.priority.unwrap_or(0) > 0 { format!("{} (wide)", c.name) } else { c.name.clone() })
+                .collect();
             let dep = if v.deprecated == Some(true) { " (deprecated)" } else { "" };
-            writeln!(out, "| {} | `{}/{}`{dep} | {} |", crd.spec.names.kind, crd.spec.group, v.name, cols.join(", ")).unwrap();
+            writeln!(out, "| {} | `{}/{}`{dep} | {} |", crd.spec.names.kind, crd.spec.group, v.name, cols.join(", "))
+                .unwrap();
         }
     }
     out.push_str("\nAll kinds are namespaced, have a status subresource and belong to the category `pulumi` (`kubectl get pulumi`).\n\n");
@@ -143,8 +160,18 @@ pub fn api_reference_markdown() -> String {
         uc::PROGRESSING, uc::COMPLETE, uc::FAILED, uc::UPDATE_FAILED, uc::UNKNOWN, uc::CANCELED, uc::UPDATE_CONFLICT, uc::INVALID_ACCESS_TOKEN, uc::REASON_FAILED, uc::WORKSPACE_NOT_FOUND, uc::WORKSPACE_NOT_READY, uc::TRANSIENT_FAILURE, uc::ABORTED).unwrap();
     out.push_str("## Finalizers, annotations, labels\n\n");
     writeln!(out, "- finalizer `{}` on Stacks and on the Updates they create;", constants::STACK_FINALIZER).unwrap();
-    writeln!(out, "- annotation `{}`: any new value requests a sync; echoed to `status.observedReconcileRequest`;", constants::RECONCILE_REQUEST_ANNOTATION).unwrap();
-    writeln!(out, "- annotation `{}` on `<update>-stack-outputs` Secrets: JSON list of secret output names;", constants::SECRET_OUTPUTS_ANNOTATION).unwrap();
+    writeln!(
+        out,
+        "- annotation `{}`: any new value requests a sync; echoed to `status.observedReconcileRequest`;",
+        constants::RECONCILE_REQUEST_ANNOTATION
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "- annotation `{}` on `<update>-stack-outputs` Secrets: JSON list of secret output names;",
+        constants::SECRET_OUTPUTS_ANNOTATION
+    )
+    .unwrap();
     writeln!(
         out,
         "- labels `{}`, `{}`, `{}`, `{}`, `{}` on generated objects;",

@@ -41,7 +41,9 @@ impl ShardKey for Update {
     /// Its Stack's name (label `pulumi.com/stack-name`), else its Workspace's (`spec.workspaceName`),
     /// else its own.
     fn shard_key(&self) -> String {
-        stack_label(&self.metadata).or_else(|| self.spec.workspace_name.clone().filter(|w| !w.is_empty())).unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
+        stack_label(&self.metadata)
+            .or_else(|| self.spec.workspace_name.clone().filter(|w| !w.is_empty()))
+            .unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
     }
 }
 

@@ -30,7 +30,13 @@ pub struct ResourceRef {
 impl ResourceRef {
     /// A `Literal` reference holding `value`.
     pub fn literal(value: impl Into<String>) -> Self {
-        Self { selector_type: ResourceSelectorType::Literal, env: None, filesystem: None, secret: None, literal: Some(LiteralRef { value: value.into() }) }
+        Self {
+            selector_type: ResourceSelectorType::Literal,
+            env: None,
+            filesystem: None,
+            secret: None,
+            literal: Some(LiteralRef { value: value.into() }),
+        }
     }
 
     /// A `Secret` reference to `key` of the Secret `name` in the Stack's namespace.

@@ -531,7 +531,16 @@ pub mod v1alpha1 {
 
     /// Spec of a `pulumi.com/v1alpha1` Stack: exactly the v1 [`super::StackSpec`].
     #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-    #[kube(group = "pulumi.com", version = "v1alpha1", kind = "Stack", namespaced, status = "StackStatus", derive = "PartialEq", derive = "Default", schema = "disabled")]
+    #[kube(
+        group = "pulumi.com",
+        version = "v1alpha1",
+        kind = "Stack",
+        namespaced,
+        status = "StackStatus",
+        derive = "PartialEq",
+        derive = "Default",
+        schema = "disabled"
+    )]
     pub struct StackSpec {
         /// The shared Stack spec.
         #[serde(flatten)]

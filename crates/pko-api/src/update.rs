@@ -24,7 +24,11 @@ use crate::workspace::ProjectInfo;
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.type", priority = 10),
     printcolumn(name = "Start Time", type_ = "date", json_path = ".status.startTime", priority = 10),
     printcolumn(name = "End Time", type_ = "date", json_path = ".status.endTime", priority = 10),
-    printcolumn(name = "Progressing", type_ = "string", json_path = ".status.conditions[?(@.type==\"Progressing\")].status"),
+    printcolumn(
+        name = "Progressing",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Progressing\")].status"
+    ),
     printcolumn(name = "Failed", type_ = "string", json_path = ".status.conditions[?(@.type==\"Failed\")].status"),
     printcolumn(name = "Complete", type_ = "string", json_path = ".status.conditions[?(@.type==\"Complete\")].status"),
     printcolumn(name = "URL", type_ = "string", json_path = ".status.permalink")

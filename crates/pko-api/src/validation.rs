@@ -66,7 +66,8 @@ pub fn validate_stack_spec(spec: &StackSpec, namespace: &str) -> Result<(), Spec
             check_ref("spec.gitAuth.githubApp.privateKey", &app.private_key, namespace, &mut errors);
         }
     }
-    if let Some(sa) = spec.workspace_template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.service_account_name.as_deref())
+    if let Some(sa) =
+        spec.workspace_template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.service_account_name.as_deref())
         && let Some(message) = service_account_name_error(sa)
     {
         errors.push(FieldError { field: "spec.workspaceTemplate.spec.serviceAccountName".into(), message });
@@ -137,7 +138,10 @@ pub fn qualified_name_error(key: &str) -> Option<String> {
 fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &mut Vec<FieldError>) {
     for (k, v) in m.labels.iter().flatten() {
         if let Some(why) = qualified_name_error(k) {
-            errors.push(FieldError { field: format!("{field}.labels[{k:?}]"), message: format!("invalid label key: {why}") });
+            errors.push(FieldError {
+                field: format!("{field}.labels[{k:?}]"),
+                message: format!("invalid label key: {why}"),
+            });
         }
         if !v.is_empty() && !is_name_part(v) {
             errors.push(FieldError {
@@ -150,11 +154,17 @@ fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &m
     for (k, v) in m.annotations.iter().flatten() {
         total += k.len() + v.len();
         if let Some(why) = qualified_name_error(k) {
-            errors.push(FieldError { field: format!("{field}.annotations[{k:?}]"), message: format!("invalid annotation key: {why}") });
+            errors.push(FieldError {
+                field: format!("{field}.annotations[{k:?}]"),
+                message: format!("invalid annotation key: {why}"),
+            });
         }
     }
     if total > MAX_ANNOTATIONS_BYTES {
-        errors.push(FieldError { field: format!("{field}.annotations"), message: format!("annotations take {total} bytes; the limit is {MAX_ANNOTATIONS_BYTES}") });
+        errors.push(FieldError {
+            field: format!("{field}.annotations"),
+            message: format!("annotations take {total} bytes; the limit is {MAX_ANNOTATIONS_BYTES}"),
+        });
     }
 }
 
@@ -165,7 +175,9 @@ fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<Fie
             // PKO's text (`errDeprecatedResourceRefEnv`/`FS`), then ours
             err(format!("ref type \"{}\" is deprecated (no longer supported; use Secret or Literal)", r.selector_type))
         }
-        ResourceSelectorType::Unknown(t) => err(format!("unsupported resource reference type {t:?}; use Secret or Literal")),
+        ResourceSelectorType::Unknown(t) => {
+            err(format!("unsupported resource reference type {t:?}; use Secret or Literal"))
+        }
         ResourceSelectorType::Literal => {
             if r.literal.is_none() {
                 err("type Literal needs the literal field".into());
@@ -202,7 +214,10 @@ mod tests {
     #[test]
     fn literal_and_same_namespace_secret_are_valid() {
         let mut s = spec();
-        s.env_refs = Some(BTreeMap::from([("A".to_string(), ResourceRef::literal("x")), ("B".to_string(), ResourceRef::secret("creds", "token"))]));
+        s.env_refs = Some(BTreeMap::from([
+            ("A".to_string(), ResourceRef::literal("x")),
+            ("B".to_string(), ResourceRef::secret("creds", "token")),
+        ]));
         let mut same = ResourceRef::secret("creds", "pw");
         same.secret.as_mut().unwrap().namespace = Some("team-a".into());
         s.secrets_ref = Some(BTreeMap::from([("pw".to_string(), same)]));
@@ -215,7 +230,10 @@ mod tests {
             let mut s = spec();
             s.workspace_template = Some(crate::stack::WorkspaceTemplate {
                 metadata: None,
-                spec: Some(crate::workspace::WorkspaceSpec { service_account_name: Some(bad.to_string()), ..Default::default() }),
+                spec: Some(crate::workspace::WorkspaceSpec {
+                    service_account_name: Some(bad.to_string()),
+                    ..Default::default()
+                }),
             });
             let e = validate_stack_spec(&s, "ns").unwrap_err();
             assert_eq!(e.0[0].field, "spec.workspaceTemplate.spec.serviceAccountName", "{bad:?}");
@@ -226,7 +244,13 @@ mod tests {
     #[test]
     fn env_and_fs_refs_are_refused_naming_the_field() {
         let mut s = spec();
-        let env = ResourceRef { selector_type: ResourceSelectorType::Env, env: Some(EnvSelector { name: "HOME".into() }), filesystem: None, secret: None, literal: None };
+        let env = ResourceRef {
+            selector_type: ResourceSelectorType::Env,
+            env: Some(EnvSelector { name: "HOME".into() }),
+            filesystem: None,
+            secret: None,
+            literal: None,
+        };
         s.env_refs = Some(BTreeMap::from([("TOKEN".to_string(), env)]));
         let err = validate_stack_spec(&s, "ns").unwrap_err();
         assert_eq!(err.0.len(), 1);
@@ -234,10 +258,14 @@ mod tests {
         assert!(err.0[0].message.starts_with(r#"ref type "Env" is deprecated"#), "PKO's text first: {err}");
         // a type PKO's schema admits (a Go string) but nobody knows: Stalled SpecInvalid naming it
         let mut s = spec();
-        let odd = ResourceRef { selector_type: "ConfigMap".into(), env: None, filesystem: None, secret: None, literal: None };
+        let odd =
+            ResourceRef { selector_type: "ConfigMap".into(), env: None, filesystem: None, secret: None, literal: None };
         s.env_refs = Some(BTreeMap::from([("TOKEN".to_string(), odd)]));
         let err = validate_stack_spec(&s, "ns").unwrap_err();
-        assert_eq!((err.0[0].field.as_str(), err.0[0].message.as_str()), ("spec.envRefs.TOKEN", r#"unsupported resource reference type "ConfigMap"; use Secret or Literal"#));
+        assert_eq!(
+            (err.0[0].field.as_str(), err.0[0].message.as_str()),
+            ("spec.envRefs.TOKEN", r#"unsupported resource reference type "ConfigMap"; use Secret or Literal"#)
+        );
     }
 
     #[test]
@@ -246,7 +274,11 @@ mod tests {
         s.git_auth = Some(GitAuthConfig {
             access_token: Some(ResourceRef {
                 selector_type: ResourceSelectorType::Secret,
-                secret: Some(SecretSelector { namespace: Some("other".into()), name: "git".into(), key: "token".into() }),
+                secret: Some(SecretSelector {
+                    namespace: Some("other".into()),
+                    name: "git".into(),
+                    key: "token".into(),
+                }),
                 env: None,
                 filesystem: None,
                 literal: None,
@@ -261,7 +293,13 @@ mod tests {
     #[test]
     fn selector_must_match_type() {
         let mut s = spec();
-        let bad = ResourceRef { selector_type: ResourceSelectorType::Secret, env: None, filesystem: None, secret: None, literal: None };
+        let bad = ResourceRef {
+            selector_type: ResourceSelectorType::Secret,
+            env: None,
+            filesystem: None,
+            secret: None,
+            literal: None,
+        };
         s.secrets_ref = Some(BTreeMap::from([("k".to_string(), bad)]));
         let err = validate_stack_spec(&s, "ns").unwrap_err();
         assert_eq!(err.0[0].field, "spec.secretsRef.k");
@@ -276,19 +314,38 @@ mod tests {
             annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         };
         let mut s = spec();
-        s.update_template =
-            Some(UpdateTemplate { metadata: Some(meta(&[("team", "a"), ("example.com/tier", ""), ("a.b_c-d", "x.y")], &[("note", "any text at all")])), spec: None });
+        s.update_template = Some(UpdateTemplate {
+            metadata: Some(meta(
+                &[("team", "a"), ("example.com/tier", ""), ("a.b_c-d", "x.y")],
+                &[("note", "any text at all")],
+            )),
+            spec: None,
+        });
         assert_eq!(validate_stack_spec(&s, "ns"), Ok(()));
-        s.update_template = Some(UpdateTemplate { metadata: Some(meta(&[("bad key!", "x"), ("ok", "not a valid value!")], &[])), spec: None });
+        s.update_template = Some(UpdateTemplate {
+            metadata: Some(meta(&[("bad key!", "x"), ("ok", "not a valid value!")], &[])),
+            spec: None,
+        });
         let err = validate_stack_spec(&s, "ns").unwrap_err();
         assert_eq!(err.0.len(), 2, "{err}");
         assert_eq!(err.0[0].field, r#"spec.updateTemplate.metadata.labels["bad key!"]"#);
         assert!(err.0[1].message.contains("invalid label value"), "{err}");
         s.update_template = None;
-        s.workspace_template = Some(WorkspaceTemplate { metadata: Some(meta(&[], &[("Upper.Case/x", "v"), ("big", &"x".repeat(300 << 10))])), spec: None });
+        s.workspace_template = Some(WorkspaceTemplate {
+            metadata: Some(meta(&[], &[("Upper.Case/x", "v"), ("big", &"x".repeat(300 << 10))])),
+            spec: None,
+        });
         let err = validate_stack_spec(&s, "ns").unwrap_err();
-        assert!(err.0.iter().any(|e| e.field == r#"spec.workspaceTemplate.metadata.annotations["Upper.Case/x"]"#), "{err}");
-        assert!(err.0.iter().any(|e| e.field == "spec.workspaceTemplate.metadata.annotations" && e.message.contains("limit")), "{err}");
+        assert!(
+            err.0.iter().any(|e| e.field == r#"spec.workspaceTemplate.metadata.annotations["Upper.Case/x"]"#),
+            "{err}"
+        );
+        assert!(
+            err.0
+                .iter()
+                .any(|e| e.field == "spec.workspaceTemplate.metadata.annotations" && e.message.contains("limit")),
+            "{err}"
+        );
         assert!(qualified_name_error(&"a".repeat(64)).is_some());
     }
 }

@@ -352,7 +352,9 @@ impl WorkspaceSpec {
         for (name, default) in [("memory", "64Mi"), ("cpu", "100m")] {
             let limited = resources.limits.as_ref().is_some_and(|l| l.contains_key(name));
             let requests = resources.requests.get_or_insert_with(BTreeMap::new);
-            let zero = |q: &Quantity| q.0.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse::<f64>().is_ok_and(|v| v == 0.0);
+            let zero = |q: &Quantity| {
+                q.0.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse::<f64>().is_ok_and(|v| v == 0.0)
+            };
             if !limited && requests.get(name).is_none_or(zero) {
                 requests.insert(name.to_string(), Quantity(default.into()));
             }
@@ -374,18 +376,34 @@ mod tests {
     }
 
     fn requests(s: &WorkspaceSpec) -> BTreeMap<String, String> {
-        s.with_defaults().resources.unwrap().requests.unwrap_or_default().into_iter().map(|(k, Quantity(v))| (k, v)).collect()
+        s.with_defaults()
+            .resources
+            .unwrap()
+            .requests
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, Quantity(v))| (k, v))
+            .collect()
     }
 
     #[test]
     fn resource_requests_default_per_field_as_pko() {
-        let both = BTreeMap::from([("cpu".to_string(), "100m".to_string()), ("memory".to_string(), "64Mi".to_string())]);
+        let both =
+            BTreeMap::from([("cpu".to_string(), "100m".to_string()), ("memory".to_string(), "64Mi".to_string())]);
         assert_eq!(requests(&WorkspaceSpec::default()), both);
         let cpu_only = requests(&resources(serde_json::json!({"requests": {"cpu": "2"}})));
-        assert_eq!(cpu_only, BTreeMap::from([("cpu".to_string(), "2".to_string()), ("memory".to_string(), "64Mi".to_string())]), "the memory request still defaults");
+        assert_eq!(
+            cpu_only,
+            BTreeMap::from([("cpu".to_string(), "2".to_string()), ("memory".to_string(), "64Mi".to_string())]),
+            "the memory request still defaults"
+        );
         let zero = requests(&resources(serde_json::json!({"requests": {"cpu": "0", "memory": "0Mi"}})));
         assert_eq!(zero, both, "a zero request is defaulted (PKO's IsZero)");
         let limited = requests(&resources(serde_json::json!({"limits": {"memory": "32Mi"}})));
-        assert_eq!(limited, BTreeMap::from([("cpu".to_string(), "100m".to_string())]), "a limit is left to Kubernetes as the request, never a request above it");
+        assert_eq!(
+            limited,
+            BTreeMap::from([("cpu".to_string(), "100m".to_string())]),
+            "a limit is left to Kubernetes as the request, never a request above it"
+        );
     }
 }

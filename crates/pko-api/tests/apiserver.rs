@@ -42,7 +42,9 @@ async fn valid_corpus_is_accepted_and_read_back_unchanged() {
         let status = obj.as_object_mut().unwrap().remove("status");
         let name = obj["metadata"]["name"].as_str().unwrap().to_string();
         let created: DynamicObject = serde_json::from_value(obj).unwrap();
-        api.create(&PostParams::default(), &created).await.unwrap_or_else(|e| panic!("{} {name}: {e}", d.file.display()));
+        api.create(&PostParams::default(), &created)
+            .await
+            .unwrap_or_else(|e| panic!("{} {name}: {e}", d.file.display()));
         if let Some(status) = status {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
                 .await
@@ -58,7 +60,9 @@ async fn valid_corpus_is_accepted_and_read_back_unchanged() {
         let (_, version, kind) = common::gvk(&d.value);
         let typed = match (kind.as_str(), version.as_str()) {
             ("Stack", "v1") => serde_json::to_value(ns.api::<pko_api::Stack>().get(&name).await.unwrap()).unwrap(),
-            ("Stack", _) => serde_json::to_value(ns.api::<pko_api::stack::v1alpha1::Stack>().get(&name).await.unwrap()).unwrap(),
+            ("Stack", _) => {
+                serde_json::to_value(ns.api::<pko_api::stack::v1alpha1::Stack>().get(&name).await.unwrap()).unwrap()
+            }
             ("Program", _) => serde_json::to_value(ns.api::<pko_api::Program>().get(&name).await.unwrap()).unwrap(),
             ("Workspace", _) => serde_json::to_value(ns.api::<pko_api::Workspace>().get(&name).await.unwrap()).unwrap(),
             ("Update", _) => serde_json::to_value(ns.api::<pko_api::Update>().get(&name).await.unwrap()).unwrap(),
@@ -67,7 +71,12 @@ async fn valid_corpus_is_accepted_and_read_back_unchanged() {
         assert_eq!(body(&typed), body(&d.value), "{} {name}: the Rust types lost or changed a field", d.file.display());
         let replaced: DynamicObject = serde_json::from_value(typed).unwrap();
         let after = serde_json::to_value(api.replace(&name, &PostParams::default(), &replaced).await.unwrap()).unwrap();
-        assert_eq!(body(&after), body(&d.value), "{} {name}: writing the typed object back changed it", d.file.display());
+        assert_eq!(
+            body(&after),
+            body(&d.value),
+            "{} {name}: writing the typed object back changed it",
+            d.file.display()
+        );
         checked += 1;
     }
     assert!(checked >= 10, "only {checked} objects checked");
@@ -88,7 +97,12 @@ async fn invalid_corpus_is_rejected_naming_the_field() {
         match api.create(&PostParams::default(), &obj).await {
             Err(kube::Error::Api(status)) => {
                 assert_eq!(status.code, 422, "{}: {status:?}", d.file.display());
-                assert!(status.message.contains(expect), "{}: message does not contain {expect:?}:\n{}", d.file.display(), status.message);
+                assert!(
+                    status.message.contains(expect),
+                    "{}: message does not contain {expect:?}:\n{}",
+                    d.file.display(),
+                    status.message
+                );
             }
             other => panic!("{}: must be rejected, got {other:?}", d.file.display()),
         }
@@ -113,7 +127,10 @@ async fn kubectl_shows_pko_printer_columns() {
         String::from_utf8(out.stdout).unwrap()
     };
     let headers = |text: &str| -> Vec<String> {
-        text.lines().filter(|l| l.starts_with("NAME")).map(|l| l.split("  ").map(str::trim).filter(|s| !s.is_empty()).collect::<Vec<_>>().join("|")).collect()
+        text.lines()
+            .filter(|l| l.starts_with("NAME"))
+            .map(|l| l.split("  ").map(str::trim).filter(|s| !s.is_empty()).collect::<Vec<_>>().join("|"))
+            .collect()
     };
     let out = run(&["get", "stacks,programs,workspaces,updates"]);
     let h = headers(&out);
@@ -123,8 +140,14 @@ async fn kubectl_shows_pko_printer_columns() {
     assert!(h.contains(&"NAME|WORKSPACE|PROGRESSING|FAILED|COMPLETE|URL".to_string()), "{out}");
     assert!(out.contains("stack.pulumi.com/git-all-fields"), "{out}");
     let wide = headers(&run(&["get", "stacks,updates", "-o", "wide"]));
-    assert!(wide.contains(&"NAME|STACK|LAST UPDATE|AGE|LAST COMMIT|READY|RECONCILING|STALLED|PERMALINK".to_string()), "{wide:?}");
-    assert!(wide.contains(&"NAME|WORKSPACE|TYPE|START TIME|END TIME|PROGRESSING|FAILED|COMPLETE|URL".to_string()), "{wide:?}");
+    assert!(
+        wide.contains(&"NAME|STACK|LAST UPDATE|AGE|LAST COMMIT|READY|RECONCILING|STALLED|PERMALINK".to_string()),
+        "{wide:?}"
+    );
+    assert!(
+        wide.contains(&"NAME|WORKSPACE|TYPE|START TIME|END TIME|PROGRESSING|FAILED|COMPLETE|URL".to_string()),
+        "{wide:?}"
+    );
     // the category lists every kind
     let all = run(&["get", "pulumi", "-o", "name"]);
     for kind in ["stack.pulumi.com/", "program.pulumi.com/", "workspace.auto.pulumi.com/", "update.auto.pulumi.com/"] {

@@ -13,17 +13,33 @@ fn committed_crds_match_the_types() {
     let mut expected = BTreeSet::new();
     for crd in pko_api::crds() {
         let name = pko_api::crd_file_name(&crd);
-        let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| panic!("deploy/crds/{name}: {e}; run `pko-operator crds`"));
-        assert!(committed == pko_api::crd_yaml(&crd), "deploy/crds/{name} differs from the types; run `cargo run -p pko-operator -- crds`");
+        let committed = std::fs::read_to_string(dir.join(&name))
+            .unwrap_or_else(|e| panic!("deploy/crds/{name}: {e}; run `pko-operator crds`"));
+        assert!(
+            committed == pko_api::crd_yaml(&crd),
+            "deploy/crds/{name} differs from the types; run `cargo run -p pko-operator -- crds`"
+        );
         expected.insert(name);
     }
-    let present: BTreeSet<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".yaml")).collect();
+    let present: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
     assert_eq!(present, expected, "deploy/crds holds files the types do not generate");
 }
 
 /// Subtrees that are Kubernetes' own types (PodSpec, EnvVar, ResourceRequirements, Condition) or the same
 /// type as a whole CRD (the templates): their fields are not ours to cover field by field.
-const NOT_OURS: &[&str] = &[".env[]", ".envFrom[]", ".resources", ".podTemplate.spec", ".conditions[]", "spec.workspaceTemplate.spec", "spec.updateTemplate.spec"];
+const NOT_OURS: &[&str] = &[
+    ".env[]",
+    ".envFrom[]",
+    ".resources",
+    ".podTemplate.spec",
+    ".conditions[]",
+    "spec.workspaceTemplate.spec",
+    "spec.updateTemplate.spec",
+];
 
 fn skipped(path: &str) -> bool {
     NOT_OURS.iter().any(|s| if s.starts_with('.') { path.ends_with(s) } else { path == *s })
@@ -33,7 +49,12 @@ fn skipped(path: &str) -> bool {
 fn fingerprint(node: &Value) -> String {
     fn strip(v: &Value) -> Value {
         match v {
-            Value::Object(m) => Value::Object(m.iter().filter(|(k, _)| *k != "description" && *k != "nullable").map(|(k, v)| (k.clone(), strip(v))).collect()),
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(k, _)| *k != "description" && *k != "nullable")
+                    .map(|(k, v)| (k.clone(), strip(v)))
+                    .collect(),
+            ),
             Value::Array(a) => Value::Array(a.iter().map(strip).collect()),
             other => other.clone(),
         }
@@ -115,7 +136,8 @@ fn corpus_uses_every_field_of_every_crd() {
             let mut fps = BTreeMap::new();
             schema_paths(&version["schema"]["openAPIV3Schema"], String::new(), &mut wanted, &mut fps);
             // map-typed fields: their keys are user data, matched by `*`
-            let map_keys: BTreeSet<String> = wanted.iter().filter_map(|p| p.strip_suffix(".*").map(str::to_string)).collect();
+            let map_keys: BTreeSet<String> =
+                wanted.iter().filter_map(|p| p.strip_suffix(".*").map(str::to_string)).collect();
             let mut used = BTreeSet::new();
             for d in docs.iter().filter(|d| common::gvk(&d.value) == (group.clone(), name.to_string(), kind.clone())) {
                 doc_paths(&d.value, String::new(), &map_keys, &mut used);
@@ -124,7 +146,8 @@ fn corpus_uses_every_field_of_every_crd() {
             if kind == "Stack" && name == "v1alpha1" {
                 let versions = crd["spec"]["versions"].as_array().unwrap();
                 assert_eq!(
-                    versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"], version["schema"]["openAPIV3Schema"]["properties"]["spec"],
+                    versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"],
+                    version["schema"]["openAPIV3Schema"]["properties"]["spec"],
                     "Stack v1alpha1 must serve the v1 spec"
                 );
                 wanted.retain(|p| !p.starts_with("spec."));
@@ -157,7 +180,12 @@ fn corpus_round_trips_through_the_rust_types() {
             ("Update", _) => round::<pko_api::Update>(&d.value),
             other => panic!("unexpected kind {other:?} in {}", d.file.display()),
         };
-        assert_eq!(normalize(back), normalize(d.value.clone()), "{} ({kind}) changed in a round trip", d.file.display());
+        assert_eq!(
+            normalize(back),
+            normalize(d.value.clone()),
+            "{} ({kind}) changed in a round trip",
+            d.file.display()
+        );
         n += 1;
     }
     assert!(n >= 10, "corpus too small: {n}");
@@ -173,5 +201,8 @@ fn normalize(v: Value) -> Value {
 fn committed_api_reference_matches_the_types() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
     let committed = std::fs::read_to_string(&path).unwrap();
-    assert!(committed == pko_api::reference::api_reference_markdown(), "docs/api.md differs from the types; run `make docs`");
+    assert!(
+        committed == pko_api::reference::api_reference_markdown(),
+        "docs/api.md differs from the types; run `make docs`"
+    );
 }

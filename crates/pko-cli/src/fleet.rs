@@ -65,7 +65,8 @@ fn kind(l: &Value) -> &str {
 pub fn table_entries(leases: &[Value]) -> BTreeMap<(u32, u32), pko_fleet::table::Entry> {
     let mut out = BTreeMap::new();
     for l in leases.iter().filter(|l| kind(l) == "table") {
-        let (fleet, name) = (l["metadata"]["labels"][pko_fleet::lease::FLEET_LABEL].as_str(), l["metadata"]["name"].as_str());
+        let (fleet, name) =
+            (l["metadata"]["labels"][pko_fleet::lease::FLEET_LABEL].as_str(), l["metadata"]["name"].as_str());
         let Some(LeaseKind::Table(count)) = fleet.zip(name).and_then(|(f, n)| LeaseKind::of(f, n)) else { continue };
         let value = l["metadata"]["annotations"][pko_fleet::table::TABLE_ANNOTATION].as_str().unwrap_or("{}");
         if let Ok(table) = pko_fleet::table::ShardTable::decode(value) {
@@ -85,8 +86,19 @@ pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
         let shards_setting = m["metadata"]["annotations"]["pulumi.com/shards"].as_str().unwrap_or_default().to_string();
         let live = ago.is_some_and(|a| a <= duration);
         let load = m["metadata"]["annotations"][pko_fleet::load::LOAD_ANNOTATION].as_str().and_then(Load::parse);
-        replicas
-            .insert(id.to_string(), Replica { replica: id.to_string(), live, renewed_seconds_ago: ago, shards_setting, shards_held: 0, epochs: None, standing_by: false, load });
+        replicas.insert(
+            id.to_string(),
+            Replica {
+                replica: id.to_string(),
+                live,
+                renewed_seconds_ago: ago,
+                shards_setting,
+                shards_held: 0,
+                epochs: None,
+                standing_by: false,
+                load,
+            },
+        );
     }
     let shards = table_entries(leases);
     let mut unheld = 0;
@@ -104,10 +116,12 @@ pub fn fleet(leases: &[Value], now: k8s_openapi::jiff::Timestamp) -> Fleet {
         }
     }
     // the count shards are held under: that of the replicas holding some
-    let prevailing: std::collections::BTreeSet<String> = replicas.values().filter(|r| r.shards_held > 0).map(|r| r.shards_setting.clone()).collect();
+    let prevailing: std::collections::BTreeSet<String> =
+        replicas.values().filter(|r| r.shards_held > 0).map(|r| r.shards_setting.clone()).collect();
     let mut total = Load::default();
     for r in replicas.values_mut() {
-        r.standing_by = r.live && r.shards_held == 0 && !prevailing.is_empty() && !prevailing.contains(&r.shards_setting);
+        r.standing_by =
+            r.live && r.shards_held == 0 && !prevailing.is_empty() && !prevailing.contains(&r.shards_setting);
         if let Some(l) = r.load.as_ref().filter(|_| r.live) {
             total.add(l);
         }
@@ -123,35 +137,63 @@ fn pairs(m: &BTreeMap<String, u32>) -> String {
 /// pool agents. Pure.
 fn summary(f: &Fleet) -> String {
     let t = &f.total;
-    let mut out = format!("shards: {} held of {} ({} not held by a live replica)\n", f.shards - f.unheld, f.shards, f.unheld);
+    let mut out =
+        format!("shards: {} held of {} ({} not held by a live replica)\n", f.shards - f.unheld, f.shards, f.unheld);
     out.push_str(&format!("queued by namespace: {}\n", pairs(&t.queued)));
     out.push_str(&format!("running by class: {} ({} in flight)\n", pairs(&t.running), t.in_flight));
     if !t.agents.is_empty() || t.pool_bounds.is_some() {
-        let agents: Vec<String> = t.agents.iter().map(|(k, a)| format!("{k}: {} busy, {} idle", a.busy, a.idle)).collect();
-        let bounds = t.pool_bounds.map(|(lo, hi)| format!(" (per replica and class: min {lo}, max {hi})")).unwrap_or_default();
-        out.push_str(&format!("pool agents by class: {}{bounds}\n", if agents.is_empty() { "none running".into() } else { agents.join("; ") }));
+        let agents: Vec<String> =
+            t.agents.iter().map(|(k, a)| format!("{k}: {} busy, {} idle", a.busy, a.idle)).collect();
+        let bounds =
+            t.pool_bounds.map(|(lo, hi)| format!(" (per replica and class: min {lo}, max {hi})")).unwrap_or_default();
+        out.push_str(&format!(
+            "pool agents by class: {}{bounds}\n",
+            if agents.is_empty() { "none running".into() } else { agents.join("; ") }
+        ));
     }
     out
 }
 
 /// The fleet as kubectl prints a table, then a summary line. Pure.
 pub fn table(f: &Fleet) -> String {
-    let mut rows = vec![["REPLICA", "LIVE", "RENEWED", "SHARDS", "EPOCHS", "--SHARDS", "QUEUED", "IN-FLIGHT", "AGENTS"].map(String::from).to_vec()];
+    let mut rows = vec![
+        ["REPLICA", "LIVE", "RENEWED", "SHARDS", "EPOCHS", "--SHARDS", "QUEUED", "IN-FLIGHT", "AGENTS"]
+            .map(String::from)
+            .to_vec(),
+    ];
     for r in &f.replicas {
         let renewed = r.renewed_seconds_ago.map(|a| format!("{a:.0}s ago")).unwrap_or_else(|| "<none>".into());
-        let epochs = r.epochs.map(|(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }).unwrap_or_else(|| "<none>".into());
+        let epochs = r
+            .epochs
+            .map(|(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") })
+            .unwrap_or_else(|| "<none>".into());
         let setting = if r.shards_setting.is_empty() { "<none>".into() } else { r.shards_setting.clone() };
         let live = if r.standing_by { "standing-by".to_string() } else { r.live.to_string() };
         let (queued, in_flight, agents) = match &r.load {
             Some(l) => {
                 let (busy, idle) = l.agents.values().fold((0, 0), |(b, i), a| (b + a.busy, i + a.idle));
-                (l.queued.values().sum::<u32>().to_string(), l.in_flight.to_string(), if l.pool_bounds.is_some() { format!("{busy}/{}", busy + idle) } else { "<none>".into() })
+                (
+                    l.queued.values().sum::<u32>().to_string(),
+                    l.in_flight.to_string(),
+                    if l.pool_bounds.is_some() { format!("{busy}/{}", busy + idle) } else { "<none>".into() },
+                )
             }
             None => ("<none>".into(), "<none>".into(), "<none>".into()),
         };
-        rows.push(vec![r.replica.clone(), live, renewed, r.shards_held.to_string(), epochs, setting, queued, in_flight, agents]);
+        rows.push(vec![
+            r.replica.clone(),
+            live,
+            renewed,
+            r.shards_held.to_string(),
+            epochs,
+            setting,
+            queued,
+            in_flight,
+            agents,
+        ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> =
+        (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
     for r in &rows {
         let cols: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
@@ -175,19 +217,32 @@ mod tests {
 
     /// The shard table Lease of 64 shards recording `entries` (shard, holder, epoch; holder "": free).
     fn table_of(entries: &[(u32, &str, i64)]) -> Value {
-        let table =
-            pko_fleet::table::ShardTable(entries.iter().map(|(k, h, e)| (*k, pko_fleet::table::Entry { holder: (!h.is_empty()).then(|| h.to_string()), epoch: *e })).collect());
+        let table = pko_fleet::table::ShardTable(
+            entries
+                .iter()
+                .map(|(k, h, e)| {
+                    (*k, pko_fleet::table::Entry { holder: (!h.is_empty()).then(|| h.to_string()), epoch: *e })
+                })
+                .collect(),
+        );
         json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table", "pulumi.com/fleet": "pko"}, "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
     }
 
     #[test]
     fn replicas_hold_shards_at_epochs_and_a_dead_ones_count_as_unheld() {
         let now: k8s_openapi::jiff::Timestamp = "2026-11-26T10:00:30Z".parse().unwrap();
-        let leases = [member("a", "2026-11-26T10:00:28Z"), member("b", "2026-11-26T09:59:00Z"), table_of(&[(0, "a", 3), (1, "a", 7), (2, "b", 2), (3, "", 1)])];
+        let leases = [
+            member("a", "2026-11-26T10:00:28Z"),
+            member("b", "2026-11-26T09:59:00Z"),
+            table_of(&[(0, "a", 3), (1, "a", 7), (2, "b", 2), (3, "", 1)]),
+        ];
         let f = fleet(&leases, now);
         assert_eq!((f.shards, f.unheld), (4, 2), "b is not live; shard 3 has no holder");
         let a = &f.replicas[0];
-        assert_eq!((a.replica.as_str(), a.live, a.shards_held, a.epochs, a.shards_setting.as_str()), ("a", true, 2, Some((3, 7)), "64"));
+        assert_eq!(
+            (a.replica.as_str(), a.live, a.shards_held, a.epochs, a.shards_setting.as_str()),
+            ("a", true, 2, Some((3, 7)), "64")
+        );
         assert!(!f.replicas[1].live);
         assert_eq!(table_entries(&leases).keys().next(), Some(&(64, 0)), "keyed by the table's count");
         let mut misnamed = leases[2].clone();
@@ -201,7 +256,10 @@ mod tests {
             "{t}"
         );
         // the live replica's load only (b is gone)
-        assert!(t.contains("queued by namespace: team-a=3\n") && t.contains("running by class: c1=2 (2 in flight)\n"), "{t}");
+        assert!(
+            t.contains("queued by namespace: team-a=3\n") && t.contains("running by class: c1=2 (2 in flight)\n"),
+            "{t}"
+        );
         assert!(t.contains("pool agents by class: c1: 2 busy, 1 idle (per replica and class: min 0, max 4)"), "{t}");
         assert!(t.lines().nth(1).is_some_and(|l| l.ends_with("3        2           2/3")), "{t}");
     }

@@ -38,7 +38,10 @@ pub fn choose(ops: &[OperationInfo], update: Option<&str>) -> Result<Option<Oper
         None => Ok(ops.first().cloned()),
         Some(u) => ops.iter().find(|o| o.update == u).cloned().map(Some).ok_or_else(|| {
             let kept: Vec<&str> = ops.iter().map(|o| o.update.as_str()).collect();
-            format!("no output of update {u} is kept; kept: {}", if kept.is_empty() { "none".into() } else { kept.join(", ") })
+            format!(
+                "no output of update {u} is kept; kept: {}",
+                if kept.is_empty() { "none".into() } else { kept.join(", ") }
+            )
         }),
     }
 }
@@ -71,10 +74,16 @@ impl Endpoint {
     /// self-signed).
     ///
     /// Errors: an unreadable CA, or the HTTP client.
-    pub fn new(base: &str, token: Option<String>, ca: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<Self> {
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+        insecure: bool,
+    ) -> anyhow::Result<Self> {
         let mut b = reqwest::Client::builder().timeout(Duration::from_secs(30)).danger_accept_invalid_certs(insecure);
         if let Some(ca) = ca {
-            let pem = std::fs::read(ca).map_err(|e| anyhow::anyhow!("--certificate-authority {}: {e}", ca.display()))?;
+            let pem =
+                std::fs::read(ca).map_err(|e| anyhow::anyhow!("--certificate-authority {}: {e}", ca.display()))?;
             b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
         }
         Ok(Endpoint { base: base.trim_end_matches('/').to_string(), token, http: b.build()? })
@@ -91,7 +100,10 @@ impl Endpoint {
         match status.as_u16() {
             200 => Ok(Some(serde_json::from_str(&body)?)),
             404 => Ok(None),
-            401 => anyhow::bail!("not authenticated by {}: give a bearer token (--token, or a token in your kubeconfig)", self.base),
+            401 => anyhow::bail!(
+                "not authenticated by {}: give a bearer token (--token, or a token in your kubeconfig)",
+                self.base
+            ),
             403 => anyhow::bail!("forbidden: {}", body.trim()),
             _ => anyhow::bail!("{}: {status}: {}", self.base, body.trim()),
         }
@@ -111,7 +123,13 @@ impl Endpoint {
     /// Lines of Update `update` of Stack `ns/stack` above sequence `after`; `None` when not kept.
     ///
     /// Errors: the endpoint refused or did not answer.
-    pub async fn read(&self, ns: &str, stack: &str, update: &str, after: Option<u64>) -> anyhow::Result<Option<Output>> {
+    pub async fn read(
+        &self,
+        ns: &str,
+        stack: &str,
+        update: &str,
+        after: Option<u64>,
+    ) -> anyhow::Result<Option<Output>> {
         let q = after.map(|a| format!("?after={a}")).unwrap_or_default();
         self.get(&format!("/logs/{ns}/{stack}/{update}{q}")).await
     }

@@ -128,7 +128,11 @@ fn main() -> std::process::ExitCode {
             Command::Unlock(a) => unlock_command(a).await,
         }
     };
-    let result = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(run));
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -144,7 +148,9 @@ async fn kubeconfig() -> (Option<String>, Option<String>) {
         Ok(c) => {
             use kube::config::AuthInfo;
             let AuthInfo { token, token_file, .. } = c.auth_info;
-            let token = token.map(|t| secrecy_expose(&t)).or_else(|| token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string()));
+            let token = token
+                .map(|t| secrecy_expose(&t))
+                .or_else(|| token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string()));
             (Some(c.default_namespace), token)
         }
         Err(_) => (None, None),
@@ -160,7 +166,12 @@ async fn logs_command(a: LogsArgs) -> anyhow::Result<()> {
     let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
     let (ctx_ns, ctx_token) = kubeconfig().await;
     let ns = a.namespace.or(ctx_ns).unwrap_or_else(|| "default".into());
-    let endpoint = Endpoint::new(&a.endpoint, a.token.or(ctx_token), a.certificate_authority.as_deref(), a.insecure_skip_tls_verify)?;
+    let endpoint = Endpoint::new(
+        &a.endpoint,
+        a.token.or(ctx_token),
+        a.certificate_authority.as_deref(),
+        a.insecure_skip_tls_verify,
+    )?;
     if a.all {
         let mut ops = endpoint.operations(&ns, &stack).await?;
         ops.reverse();
@@ -177,7 +188,9 @@ async fn logs_command(a: LogsArgs) -> anyhow::Result<()> {
         match logs::choose(&ops, a.update.as_deref()).map_err(anyhow::Error::msg)? {
             Some(info) => break info,
             None if a.follow => tokio::time::sleep(logs::POLL).await,
-            None => anyhow::bail!("no output of stack {ns}/{stack} is kept (no operation since it was stored, or it was given up: --output-operations)"),
+            None => anyhow::bail!(
+                "no output of stack {ns}/{stack} is kept (no operation since it was stored, or it was given up: --output-operations)"
+            ),
         }
     };
     let mut after = None;
@@ -211,7 +224,10 @@ async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyh
     let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
     let ns = a.namespace.unwrap_or_else(|| config.default_namespace.clone());
     let client = kube::Client::try_from(config)?;
-    let value = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos().to_string()).unwrap_or_default();
+    let value = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos().to_string())
+        .unwrap_or_default();
     pko_cli::annotate::annotate(client, &ns, &stack, annotation, &value).await?;
     println!("stack.pulumi.com/{stack} {done} ({annotation}={value})");
     Ok(())
@@ -226,13 +242,17 @@ async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now();
     let value = now.as_nanosecond().to_string();
     pko_cli::annotate::annotate(client.clone(), &ns, &stack, pko_cli::annotate::UNLOCK, &value).await?;
-    println!("stack.pulumi.com/{stack} unlock requested ({}={value}); waiting for the operator's verdict", pko_cli::annotate::UNLOCK);
+    println!(
+        "stack.pulumi.com/{stack} unlock requested ({}={value}); waiting for the operator's verdict",
+        pko_cli::annotate::UNLOCK
+    );
     let events: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(client, &ns);
     let selector = format!("involvedObject.name={stack},involvedObject.kind=Stack");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(a.timeout);
     loop {
         let list = events.list(&kube::api::ListParams::default().fields(&selector)).await?;
-        let json: Vec<serde_json::Value> = list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
+        let json: Vec<serde_json::Value> =
+            list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
         match pko_cli::annotate::unlock_verdict(&json, &now.to_string()) {
             Some((true, note)) => {
                 println!("accepted: {note}");
@@ -240,7 +260,10 @@ async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
             }
             Some((false, note)) => anyhow::bail!("refused: {note}"),
             None if std::time::Instant::now() >= deadline => {
-                anyhow::bail!("no verdict within {} s: is the operator running and does it own stack {ns}/{stack}? (`kubectl pko status {stack}`)", a.timeout)
+                anyhow::bail!(
+                    "no verdict within {} s: is the operator running and does it own stack {ns}/{stack}? (`kubectl pko status {stack}`)",
+                    a.timeout
+                )
             }
             None => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
         }
@@ -248,7 +271,12 @@ async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
 }
 
 /// Objects of `kind` (`group`, `version`, `plural`) in `ns` (every namespace when `None`), as JSON.
-async fn list(client: &kube::Client, ns: Option<&str>, ar: &kube::api::ApiResource, labels: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+async fn list(
+    client: &kube::Client,
+    ns: Option<&str>,
+    ar: &kube::api::ApiResource,
+    labels: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     use kube::api::{Api, DynamicObject, ListParams};
     let api: Api<DynamicObject> = match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
@@ -260,7 +288,13 @@ async fn list(client: &kube::Client, ns: Option<&str>, ar: &kube::api::ApiResour
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> kube::api::ApiResource {
     let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    kube::api::ApiResource { group: group.into(), version: version.into(), api_version, kind: kind.into(), plural: plural.into() }
+    kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version,
+        kind: kind.into(),
+        plural: plural.into(),
+    }
 }
 
 async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
@@ -275,23 +309,35 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("stack {n} not found");
     }
-    let updates = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Update", "updates"), "").await?;
-    let workspaces = list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Workspace", "workspaces"), "").await.unwrap_or_default();
+    let updates =
+        list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Update", "updates"), "").await?;
+    let workspaces =
+        list(&client, ns.as_deref(), &resource("auto.pulumi.com", "v1alpha1", "Workspace", "workspaces"), "")
+            .await
+            .unwrap_or_default();
     // who holds which shard: the fleet's shard table of the Stack's shard count (none outside a
     // fleet, or not readable: no owner shown)
     let selector = format!("pulumi.com/fleet={},pulumi.com/lease=table", a.fleet_name);
-    let leases = list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector).await.unwrap_or_default();
+    let leases =
+        list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector)
+            .await
+            .unwrap_or_default();
     let entries = pko_cli::fleet::table_entries(&leases);
     let holder = |labels: &serde_json::Value| {
         let number = |key: &str| labels[key].as_str().and_then(|v| v.parse::<u32>().ok());
         entries.get(&(number("pulumi.com/shards")?, number("pulumi.com/shard")?)).and_then(|e| e.holder.as_deref())
     };
-    let same = |o: &serde_json::Value, s: &serde_json::Value, name: &serde_json::Value| o["metadata"]["namespace"] == s["metadata"]["namespace"] && o["metadata"]["name"] == *name;
+    let same = |o: &serde_json::Value, s: &serde_json::Value, name: &serde_json::Value| {
+        o["metadata"]["namespace"] == s["metadata"]["namespace"] && o["metadata"]["name"] == *name
+    };
     let rows: Vec<pko_cli::status::Row> = stacks
         .iter()
         .map(|s| {
             let current = updates.iter().find(|u| same(u, s, &s["status"]["currentUpdate"]["name"]));
-            let pool = workspaces.iter().find(|w| same(w, s, &s["metadata"]["name"])).and_then(|w| w["status"]["pool"].as_str());
+            let pool = workspaces
+                .iter()
+                .find(|w| same(w, s, &s["metadata"]["name"]))
+                .and_then(|w| w["status"]["pool"].as_str());
             let position = current.and_then(|u| pko_cli::status::queue_position(&updates, u));
             pko_cli::status::row(s, current, position, holder(&s["metadata"]["labels"]), pool)
         })
@@ -306,9 +352,19 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
 
 async fn fleet_command(a: FleetArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
-    let leases = list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &format!("pulumi.com/fleet={}", a.fleet_name)).await?;
+    let leases = list(
+        &client,
+        Some(&a.fleet_namespace),
+        &resource("coordination.k8s.io", "v1", "Lease", "leases"),
+        &format!("pulumi.com/fleet={}", a.fleet_name),
+    )
+    .await?;
     if leases.is_empty() {
-        anyhow::bail!("no Lease of fleet {:?} in namespace {} (--fleet-name, --fleet-namespace)", a.fleet_name, a.fleet_namespace);
+        anyhow::bail!(
+            "no Lease of fleet {:?} in namespace {} (--fleet-name, --fleet-namespace)",
+            a.fleet_name,
+            a.fleet_namespace
+        );
     }
     let f = pko_cli::fleet::fleet(&leases, k8s_openapi::jiff::Timestamp::now());
     match a.output.as_deref() {

@@ -72,20 +72,36 @@ fn condition<'a>(o: &'a Value, type_: &str) -> Option<&'a Value> {
 /// The line of Stack `stack` (JSON), with its running Update `current` (if any) and its place in the
 /// queue (`position`, [`queue_position`]), the holder of its shard `owner` and its Workspace's pool
 /// `pool`. Pure.
-pub fn row(stack: &Value, current: Option<&Value>, position: Option<usize>, owner: Option<&str>, pool: Option<&str>) -> Row {
+pub fn row(
+    stack: &Value,
+    current: Option<&Value>,
+    position: Option<usize>,
+    owner: Option<&str>,
+    pool: Option<&str>,
+) -> Row {
     let ready = condition(stack, "Ready");
-    let why = ["Stalled", "Reconciling"].iter().filter_map(|t| condition(stack, t)).find(|c| c["status"] == "True").or(ready);
+    let why =
+        ["Stalled", "Reconciling"].iter().filter_map(|t| condition(stack, t)).find(|c| c["status"] == "True").or(ready);
     let last = &stack["status"]["lastUpdate"];
     let revision =
-        [&last["lastSuccessfulCommit"], &stack["status"]["currentUpdate"]["commit"], &last["lastAttemptedCommit"]].into_iter().map(s).find(|c| !c.is_empty()).unwrap_or_default();
+        [&last["lastSuccessfulCommit"], &stack["status"]["currentUpdate"]["commit"], &last["lastAttemptedCommit"]]
+            .into_iter()
+            .map(s)
+            .find(|c| !c.is_empty())
+            .unwrap_or_default();
     let agent = current
         .and_then(|u| condition(u, "Progressing"))
         .filter(|c| c["status"] == "True")
         .and_then(|c| c["message"].as_str()?.strip_prefix("running on agent ").map(str::to_string))
         .unwrap_or_default();
     let current = current.map(|u| {
-        let state = ["Complete", "Progressing"].iter().filter_map(|t| condition(u, t)).find(|c| c["status"] == "True").map(|c| s(&c["type"]));
-        let state = state.or_else(|| condition(u, "Progressing").map(|c| s(&c["reason"]))).unwrap_or_else(|| "Pending".into());
+        let state = ["Complete", "Progressing"]
+            .iter()
+            .filter_map(|t| condition(u, t))
+            .find(|c| c["status"] == "True")
+            .map(|c| s(&c["type"]));
+        let state =
+            state.or_else(|| condition(u, "Progressing").map(|c| s(&c["reason"]))).unwrap_or_else(|| "Pending".into());
         let place = position.map(|p| format!(" #{p}")).unwrap_or_default();
         format!("{} ({state}{place})", s(&u["metadata"]["name"]))
     });
@@ -102,7 +118,9 @@ pub fn row(stack: &Value, current: Option<&Value>, position: Option<usize>, owne
         owner: owner.unwrap_or_default().to_string(),
         pool: pool.unwrap_or_default().to_string(),
         agent,
-        drift: condition(stack, "DriftDetected").map(|c| format!("{}: {}", s(&c["reason"]), s(&c["message"]))).unwrap_or_default(),
+        drift: condition(stack, "DriftDetected")
+            .map(|c| format!("{}: {}", s(&c["reason"]), s(&c["message"])))
+            .unwrap_or_default(),
     }
 }
 
@@ -126,11 +144,17 @@ pub fn table(rows: &[Row], all_namespaces: bool, wide: bool) -> String {
         }
         c.into_iter().map(|v| if v.is_empty() { "<none>".to_string() } else { v.clone() }).collect::<Vec<_>>()
     };
-    let lines: Vec<Vec<String>> = std::iter::once(header.iter().map(|h| h.to_string()).collect()).chain(rows.iter().map(cells)).collect();
-    let widths: Vec<usize> = (0..header.len()).map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0)).collect();
+    let lines: Vec<Vec<String>> =
+        std::iter::once(header.iter().map(|h| h.to_string()).collect()).chain(rows.iter().map(cells)).collect();
+    let widths: Vec<usize> =
+        (0..header.len()).map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
     for l in &lines {
-        let cols: Vec<String> = l.iter().enumerate().map(|(i, c)| if i + 1 == l.len() { c.clone() } else { format!("{c:<w$}", w = widths[i]) }).collect();
+        let cols: Vec<String> = l
+            .iter()
+            .enumerate()
+            .map(|(i, c)| if i + 1 == l.len() { c.clone() } else { format!("{c:<w$}", w = widths[i]) })
+            .collect();
         out.push_str(cols.join("   ").trim_end());
         out.push('\n');
     }
@@ -154,11 +178,22 @@ mod tests {
     fn a_row_says_why_and_where() {
         let queued = |name: &str, ns: &str, t: &str| json!({"metadata": {"name": name, "namespace": ns, "creationTimestamp": t}, "status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "Queued"}]}});
         let u = queued("web-2", "team-a", "2026-11-26T10:00:05Z");
-        let all = [queued("a", "team-a", "2026-11-26T10:00:01Z"), queued("b", "team-b", "2026-11-26T10:00:00Z"), u.clone(), queued("z", "team-a", "2026-11-26T10:00:09Z")];
+        let all = [
+            queued("a", "team-a", "2026-11-26T10:00:01Z"),
+            queued("b", "team-b", "2026-11-26T10:00:00Z"),
+            u.clone(),
+            queued("z", "team-a", "2026-11-26T10:00:09Z"),
+        ];
         assert_eq!(queue_position(&all, &u), Some(2), "one older queued Update in its namespace");
         let r = row(&stack(), Some(&u), queue_position(&all, &u), Some("replica-1"), Some("pool-abc"));
-        assert_eq!((r.ready.as_str(), r.reason.as_str(), r.message.as_str()), ("False", "UpdateCanceled", "update canceled by request"));
-        assert_eq!((r.revision.as_str(), r.last.as_str(), r.current.as_str()), ("0123456789ab", "web-1 (failed)", "web-2 (Queued #2)"));
+        assert_eq!(
+            (r.ready.as_str(), r.reason.as_str(), r.message.as_str()),
+            ("False", "UpdateCanceled", "update canceled by request")
+        );
+        assert_eq!(
+            (r.revision.as_str(), r.last.as_str(), r.current.as_str()),
+            ("0123456789ab", "web-1 (failed)", "web-2 (Queued #2)")
+        );
         assert_eq!((r.shard.as_str(), r.owner.as_str(), r.pool.as_str()), ("7", "replica-1", "pool-abc"));
         let running = json!({"metadata": {"name": "web-3"}, "status": {"conditions": [{"type": "Progressing", "status": "True", "reason": "Progressing", "message": "running on agent 127.0.0.1:4000"}]}});
         assert_eq!(queue_position(&all, &running), None);
@@ -170,9 +205,15 @@ mod tests {
             .as_array_mut()
             .unwrap()
             .push(json!({"type": "DriftDetected", "status": "False", "reason": "NoChanges", "message": "no drift (a check is due and waits for a drift-check slot)"}));
-        assert_eq!(row(&drifting, None, None, None, None).drift, "NoChanges: no drift (a check is due and waits for a drift-check slot)");
+        assert_eq!(
+            row(&drifting, None, None, None, None).drift,
+            "NoChanges: no drift (a check is due and waits for a drift-check slot)"
+        );
         let bare = row(&json!({"metadata": {"name": "new"}}), None, None, None, None);
-        assert_eq!((bare.ready.as_str(), bare.last.as_str(), bare.current.as_str(), bare.drift.as_str()), ("Unknown", "", "", ""));
+        assert_eq!(
+            (bare.ready.as_str(), bare.last.as_str(), bare.current.as_str(), bare.drift.as_str()),
+            ("Unknown", "", "", "")
+        );
     }
 
     #[test]

@@ -111,8 +111,17 @@ impl LeaseKind {
 pub fn slim(lease: &mut Lease) {
     let meta = std::mem::take(&mut lease.metadata);
     let kept = [SHARDS_ANNOTATION, crate::table::TABLE_ANNOTATION];
-    let annotations = meta.annotations.map(|a| a.into_iter().filter(|(k, _)| kept.contains(&k.as_str())).collect::<BTreeMap<_, _>>()).filter(|a| !a.is_empty());
-    lease.metadata = ObjectMeta { name: meta.name, namespace: meta.namespace, resource_version: meta.resource_version, annotations, ..Default::default() };
+    let annotations = meta
+        .annotations
+        .map(|a| a.into_iter().filter(|(k, _)| kept.contains(&k.as_str())).collect::<BTreeMap<_, _>>())
+        .filter(|a| !a.is_empty());
+    lease.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        annotations,
+        ..Default::default()
+    };
 }
 
 /// The shard count a membership Lease announces ([`SHARDS_ANNOTATION`]); `None` when it announces none
@@ -186,14 +195,23 @@ fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Wri
 /// `metadata.resourceVersion`, which makes the API server refuse it (409) if the Lease was written since.
 ///
 /// Errors: a spec that does not serialize (none does).
-pub fn spec_patch(resource_version: &str, from: &LeaseSpec, to: &LeaseSpec) -> Result<serde_json::Value, serde_json::Error> {
+pub fn spec_patch(
+    resource_version: &str,
+    from: &LeaseSpec,
+    to: &LeaseSpec,
+) -> Result<serde_json::Value, serde_json::Error> {
     spec_patch_announcing(resource_version, from, to, &BTreeMap::new())
 }
 
 /// [`spec_patch`], also setting `annotations` (merged into those stored; empty: none named).
 ///
 /// Errors: a spec that does not serialize (none does).
-pub fn spec_patch_announcing(resource_version: &str, from: &LeaseSpec, to: &LeaseSpec, annotations: &BTreeMap<String, String>) -> Result<serde_json::Value, serde_json::Error> {
+pub fn spec_patch_announcing(
+    resource_version: &str,
+    from: &LeaseSpec,
+    to: &LeaseSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Result<serde_json::Value, serde_json::Error> {
     type Fields = serde_json::Map<String, serde_json::Value>;
     let mut spec: Fields = serde_json::from_value(serde_json::to_value(to)?)?;
     let before: Fields = serde_json::from_value(serde_json::to_value(from)?)?;
@@ -214,7 +232,12 @@ fn now() -> MicroTime {
 /// Creates the Lease `name` with `labels` and `spec`; [`Written::Conflict`] if it exists.
 ///
 /// Errors: the API server's, except 409.
-pub async fn create(api: &Api<Lease>, name: &str, labels: BTreeMap<String, String>, spec: LeaseSpec) -> Result<Written, kube::Error> {
+pub async fn create(
+    api: &Api<Lease>,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    spec: LeaseSpec,
+) -> Result<Written, kube::Error> {
     create_announcing(api, name, labels, BTreeMap::new(), spec).await
 }
 
@@ -234,7 +257,10 @@ pub async fn create_announcing(
         _ => "shard",
     };
     let annotations = (!annotations.is_empty()).then_some(annotations);
-    let lease = Lease { metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), annotations, ..Default::default() }, spec: Some(spec) };
+    let lease = Lease {
+        metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels), annotations, ..Default::default() },
+        spec: Some(spec),
+    };
     written(api.create(&PostParams::default(), &lease).await, kind)
 }
 
@@ -245,7 +271,12 @@ pub async fn create_announcing(
 ///
 /// Errors: the API server's, except 409; a Lease read without a name or resourceVersion is refused
 /// as a 422 before anything is sent.
-pub async fn replace(api: &Api<Lease>, read: &Lease, kind: LeaseKind, change: impl FnOnce(&mut LeaseSpec)) -> Result<Written, kube::Error> {
+pub async fn replace(
+    api: &Api<Lease>,
+    read: &Lease,
+    kind: LeaseKind,
+    change: impl FnOnce(&mut LeaseSpec),
+) -> Result<Written, kube::Error> {
     replace_announcing(api, read, kind, &BTreeMap::new(), change).await
 }
 
@@ -267,19 +298,30 @@ pub async fn replace_announcing(
     let mut after = before.clone();
     change(&mut after);
     let stored = read.metadata.annotations.clone().unwrap_or_default();
-    let missing: BTreeMap<String, String> = annotations.iter().filter(|(k, v)| stored.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let missing: BTreeMap<String, String> =
+        annotations.iter().filter(|(k, v)| stored.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
     let patch = spec_patch_announcing(rv, &before, &after, &missing).map_err(kube::Error::SerdeError)?;
     written(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await, kind.label())
 }
 
 /// The error of a write from a Lease without name or resourceVersion: it could not be guarded.
 fn unguarded() -> kube::Error {
-    kube::Error::Api(kube::core::Status::failure("a Lease write needs the name and resourceVersion it was read with", "Invalid").with_code(422).boxed())
+    kube::Error::Api(
+        kube::core::Status::failure("a Lease write needs the name and resourceVersion it was read with", "Invalid")
+            .with_code(422)
+            .boxed(),
+    )
 }
 
 /// The spec of a membership Lease of `replica` renewed now, lasting `duration_seconds`.
 pub fn member_spec(replica: &str, duration_seconds: i32) -> LeaseSpec {
-    LeaseSpec { holder_identity: Some(replica.into()), lease_duration_seconds: Some(duration_seconds), renew_time: Some(now()), acquire_time: Some(now()), ..Default::default() }
+    LeaseSpec {
+        holder_identity: Some(replica.into()),
+        lease_duration_seconds: Some(duration_seconds),
+        renew_time: Some(now()),
+        acquire_time: Some(now()),
+        ..Default::default()
+    }
 }
 
 /// Makes `spec` say `replica` holds the shard from now, one transition later (the new epoch).
@@ -322,11 +364,30 @@ mod tests {
         assert_eq!(LeaseKind::Replica.label(), "member");
         assert_eq!(LeaseKind::Table(8).label(), "table");
         assert_eq!(LeaseKind::of("pko", &member_name("pko", "r-0")), Some(LeaseKind::Member));
-        assert_eq!(LeaseKind::of("pko", &member_name("pko", "load-shard-3")), Some(LeaseKind::Member), "a replica named like a shard");
+        assert_eq!(
+            LeaseKind::of("pko", &member_name("pko", "load-shard-3")),
+            Some(LeaseKind::Member),
+            "a replica named like a shard"
+        );
         assert_eq!(LeaseKind::of("pko", &shard_name("pko", 0)), Some(LeaseKind::Shard(0)));
         assert_eq!(LeaseKind::of("pko", &shard_name("pko", 2047)), Some(LeaseKind::Shard(2047)));
-        assert_eq!(LeaseKind::of("pko-a", &shard_name("pko-a", 5)), Some(LeaseKind::Shard(5)), "a fleet name with a dash");
-        for other in ["pko-shard-", "pko-shard-x", "pko-shard-07", "pko-shard-+7", "pko-shard--7", "pko-member-", "pkoshard-1", "other-shard-1", "pko-lock-1", "pko"] {
+        assert_eq!(
+            LeaseKind::of("pko-a", &shard_name("pko-a", 5)),
+            Some(LeaseKind::Shard(5)),
+            "a fleet name with a dash"
+        );
+        for other in [
+            "pko-shard-",
+            "pko-shard-x",
+            "pko-shard-07",
+            "pko-shard-+7",
+            "pko-shard--7",
+            "pko-member-",
+            "pkoshard-1",
+            "other-shard-1",
+            "pko-lock-1",
+            "pko",
+        ] {
             assert_eq!(LeaseKind::of("pko", other), None, "{other}");
         }
         assert_eq!(LeaseKind::Member.label(), "member");
@@ -345,11 +406,23 @@ mod tests {
                 annotations: Some([("a".to_string(), "b".to_string())].into()),
                 ..Default::default()
             },
-            spec: Some(LeaseSpec { holder_identity: Some("r-0".into()), lease_transitions: Some(3), ..Default::default() }),
+            spec: Some(LeaseSpec {
+                holder_identity: Some("r-0".into()),
+                lease_transitions: Some(3),
+                ..Default::default()
+            }),
         };
         let spec = l.spec.clone();
         slim(&mut l);
-        assert_eq!(l.metadata, ObjectMeta { name: Some("pko-shard-1".into()), namespace: Some("ns".into()), resource_version: Some("42".into()), ..Default::default() });
+        assert_eq!(
+            l.metadata,
+            ObjectMeta {
+                name: Some("pko-shard-1".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            }
+        );
         assert_eq!(l.spec, spec);
         // a membership Lease keeps the count it announces, and nothing else of its annotations
         let mut m = Lease {
@@ -365,8 +438,13 @@ mod tests {
         assert_eq!(announced_shards(&m), Some(64));
         // a table keeps its table
         let table = BTreeMap::from([(crate::table::TABLE_ANNOTATION.to_string(), "{}".to_string())]);
-        let mut t =
-            Lease { metadata: ObjectMeta { annotations: Some(table.clone().into_iter().chain([("a".to_string(), "b".to_string())]).collect()), ..Default::default() }, spec: None };
+        let mut t = Lease {
+            metadata: ObjectMeta {
+                annotations: Some(table.clone().into_iter().chain([("a".to_string(), "b".to_string())]).collect()),
+                ..Default::default()
+            },
+            spec: None,
+        };
         slim(&mut t);
         assert_eq!(t.metadata.annotations, Some(table));
         for bad in ["0", "-1", "x", ""] {
@@ -380,18 +458,31 @@ mod tests {
         let mut spec = member_spec("a", 15);
         spec.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
         renew(&mut spec, "a", 15);
-        assert_eq!(spec.acquire_time, Some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)), "a renewal keeps the time it was acquired");
+        assert_eq!(
+            spec.acquire_time,
+            Some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            "a renewal keeps the time it was acquired"
+        );
         release(&mut spec);
         renew(&mut spec, "a", 15);
-        assert!(spec.acquire_time.as_ref().is_some_and(|t| t.0 > k8s_openapi::jiff::Timestamp::UNIX_EPOCH), "acquired anew after a release");
+        assert!(
+            spec.acquire_time.as_ref().is_some_and(|t| t.0 > k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            "acquired anew after a release"
+        );
     }
 
     #[test]
     fn a_patch_announcing_names_its_annotations_beside_the_guard() {
         let spec = member_spec("a", 15);
         let patch = spec_patch_announcing("7", &spec, &spec, &announcing(32)).expect("a patch");
-        assert_eq!(patch["metadata"], serde_json::json!({"resourceVersion": "7", "annotations": {SHARDS_ANNOTATION: "32"}}));
-        assert_eq!(spec_patch("7", &spec, &spec).expect("a patch")["metadata"], serde_json::json!({"resourceVersion": "7"}));
+        assert_eq!(
+            patch["metadata"],
+            serde_json::json!({"resourceVersion": "7", "annotations": {SHARDS_ANNOTATION: "32"}})
+        );
+        assert_eq!(
+            spec_patch("7", &spec, &spec).expect("a patch")["metadata"],
+            serde_json::json!({"resourceVersion": "7"})
+        );
     }
 
     #[test]
@@ -402,7 +493,11 @@ mod tests {
         release(&mut released);
         let patch = spec_patch("17", &held, &released).expect("a patch");
         assert_eq!(patch["metadata"], serde_json::json!({"resourceVersion": "17"}));
-        assert_eq!(patch["spec"]["holderIdentity"], serde_json::Value::Null, "cleared: null, or the merge would keep it");
+        assert_eq!(
+            patch["spec"]["holderIdentity"],
+            serde_json::Value::Null,
+            "cleared: null, or the merge would keep it"
+        );
         assert_eq!(patch["spec"]["leaseTransitions"], 1, "the epoch stays");
         assert!(patch["spec"]["renewTime"].is_string());
         assert!(patch["spec"].get("preferredHolder").is_none(), "a field neither had is not named");

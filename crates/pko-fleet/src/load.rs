@@ -71,12 +71,18 @@ mod tests {
     #[test]
     fn loads_parse_from_their_json_and_add_up() {
         let a = Load::parse(r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#).unwrap();
-        assert_eq!((a.queued["team-a"], a.in_flight, a.agents["c1"], a.pool_bounds), (3, 2, Agents { busy: 2, idle: 1 }, Some((0, 4))));
+        assert_eq!(
+            (a.queued["team-a"], a.in_flight, a.agents["c1"], a.pool_bounds),
+            (3, 2, Agents { busy: 2, idle: 1 }, Some((0, 4)))
+        );
         assert_eq!(Load::parse(&serde_json::to_string(&a).unwrap()), Some(a.clone()));
         assert_eq!(Load::parse("not json"), None);
         let mut total = Load::default();
         total.add(&a);
         total.add(&a);
-        assert_eq!((total.queued["team-a"], total.in_flight, total.agents["c1"].busy, total.pool_bounds), (6, 4, 4, Some((0, 4))));
+        assert_eq!(
+            (total.queued["team-a"], total.in_flight, total.agents["c1"].busy, total.pool_bounds),
+            (6, 4, 4, Some((0, 4)))
+        );
     }
 }

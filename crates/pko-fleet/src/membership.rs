@@ -72,7 +72,12 @@ impl std::fmt::Debug for Announce {
 impl FleetConfig {
     /// Defaults of client-go's leader election: 15 s duration, 10 s renew deadline; renewals every
     /// 5 s (0.2 writes per second per replica at rest).
-    pub fn new(namespace: impl Into<String>, fleet: impl Into<String>, replica: impl Into<String>, shards: u32) -> Self {
+    pub fn new(
+        namespace: impl Into<String>,
+        fleet: impl Into<String>,
+        replica: impl Into<String>,
+        shards: u32,
+    ) -> Self {
         Self {
             namespace: namespace.into(),
             fleet: fleet.into(),
@@ -120,7 +125,9 @@ impl Held {
     pub fn not_after(&self, shard: u32) -> std::time::SystemTime {
         let now = Instant::now();
         match self.valid_until {
-            Some(until) if now < until && self.shards.contains_key(&shard) => std::time::SystemTime::now() + (until - now),
+            Some(until) if now < until && self.shards.contains_key(&shard) => {
+                std::time::SystemTime::now() + (until - now)
+            }
             _ => std::time::SystemTime::UNIX_EPOCH,
         }
     }
@@ -172,7 +179,9 @@ pub const STANDING_BY: &str = "pko_fleet_standing_by";
 /// no shard Lease changed (pure). Re-lists count as changes.
 fn member_event(fleet: &str, event: &watcher::Event<Lease>) -> bool {
     match event {
-        watcher::Event::Apply(l) | watcher::Event::Delete(l) => matches!(kind(fleet, l), Some(LeaseKind::Replica | LeaseKind::Member)),
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => {
+            matches!(kind(fleet, l), Some(LeaseKind::Replica | LeaseKind::Member))
+        }
         watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => false,
     }
 }
@@ -205,7 +214,12 @@ fn published_validity(current: &Held, lapses: u64, proposed: Option<Instant>) ->
 }
 
 /// Renews (or creates) `cfg.replica`'s membership Lease; `true` when it was written.
-async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, String>, store: &reflector::Store<Lease>) -> bool {
+async fn renew(
+    api: &Api<Lease>,
+    cfg: &FleetConfig,
+    labels: BTreeMap<String, String>,
+    store: &reflector::Store<Lease>,
+) -> bool {
     let name = lease::replica_name(&cfg.fleet, &cfg.replica);
     let secs = cfg.lease_duration.as_secs().max(1) as i32;
     let current = store.get(&reflector::ObjectRef::new(&name).within(&cfg.namespace));
@@ -214,15 +228,28 @@ async fn renew(api: &Api<Lease>, cfg: &FleetConfig, labels: BTreeMap<String, Str
         announce.extend((more.0)());
     }
     let written = match current {
-        Some(l) => lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs)).await,
-        None => lease::create_announcing(api, &name, labels, announce.clone(), lease::member_spec(&cfg.replica, secs)).await,
+        Some(l) => {
+            lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs))
+                .await
+        }
+        None => {
+            lease::create_announcing(api, &name, labels, announce.clone(), lease::member_spec(&cfg.replica, secs)).await
+        }
     };
     match written {
         Ok(Written::Done(_)) => true,
         Ok(Written::Conflict) => {
             // our cached copy is stale: read it and try once more
             match api.get_opt(&name).await {
-                Ok(Some(l)) => matches!(lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(s, &cfg.replica, secs)).await, Ok(Written::Done(_))),
+                Ok(Some(l)) => matches!(
+                    lease::replace_announcing(api, &l, LeaseKind::Member, &announce, |s| lease::renew(
+                        s,
+                        &cfg.replica,
+                        secs
+                    ))
+                    .await,
+                    Ok(Written::Done(_))
+                ),
                 _ => false,
             }
         }
@@ -411,13 +438,27 @@ impl Fleet {
 
     /// Publishes `shards` held after `lapses`, valid until `valid_until` (or later, when the renewer
     /// advanced the current holding meanwhile).
-    fn publish(&self, shards: &BTreeMap<u32, i64>, members: &BTreeSet<String>, valid_until: Option<Instant>, lapses: u64) {
+    fn publish(
+        &self,
+        shards: &BTreeMap<u32, i64>,
+        members: &BTreeSet<String>,
+        valid_until: Option<Instant>,
+        lapses: u64,
+    ) {
         // only a change wakes the receivers (the queue's shard follower, the selector publisher)
         self.held.send_if_modified(|h| {
             let valid_until = published_validity(h, lapses, valid_until).filter(|_| !shards.is_empty());
-            let same = h.valid_until == valid_until && h.lapses == lapses && h.shards == *shards && h.members.iter().eq(members.iter());
+            let same = h.valid_until == valid_until
+                && h.lapses == lapses
+                && h.shards == *shards
+                && h.members.iter().eq(members.iter());
             if !same {
-                *h = Arc::new(Held { shards: shards.clone(), members: members.iter().cloned().collect(), valid_until, lapses });
+                *h = Arc::new(Held {
+                    shards: shards.clone(),
+                    members: members.iter().cloned().collect(),
+                    valid_until,
+                    lapses,
+                });
             }
             !same
         });
@@ -433,7 +474,14 @@ impl Fleet {
         }
         let (renewed_tx, mut renewed) = watch::channel(None::<Renewal>);
         // aborted with this future too (a task aborted mid-run, as a crash): no renewal outlives it
-        let renewer = AbortOnDrop(spawn_renewer(self.api.clone(), self.cfg.clone(), self.labels("member"), leases.store.clone(), renewed_tx, self.held.clone()));
+        let renewer = AbortOnDrop(spawn_renewer(
+            self.api.clone(),
+            self.cfg.clone(),
+            self.labels("member"),
+            leases.store.clone(),
+            renewed_tx,
+            self.held.clone(),
+        ));
         let mut turn = Turn::default();
         loop {
             // marked seen here: `renewed.changed()` below wakes only for a newer renewal
@@ -483,7 +531,14 @@ impl Fleet {
 
     /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the
     /// membership is valid — plan and apply the steps, then publish what is held.
-    async fn turn(&self, t: &mut Turn, current: Option<Renewal>, leases: &Leases, renewed: &watch::Receiver<Option<Renewal>>, shutdown: &CancellationToken) {
+    async fn turn(
+        &self,
+        t: &mut Turn,
+        current: Option<Renewal>,
+        leases: &Leases,
+        renewed: &watch::Receiver<Option<Renewal>>,
+        shutdown: &CancellationToken,
+    ) {
         // a renewal after a lapse (this process was frozen, or the API server unreachable, for longer
         // than the deadline): hold nothing; shards come back only through resourceVersion-guarded
         // takes, which fail for a Lease another replica wrote meanwhile.
@@ -531,12 +586,15 @@ impl Fleet {
         };
         self.stand(&now_standing);
         // the ring spans the live members of this replica's count (and those announcing none)
-        let peers: BTreeSet<String> = infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
+        let peers: BTreeSet<String> =
+            infos.iter().filter(|m| m.shards.is_none_or(|n| n == mine)).map(|m| m.name.clone()).collect();
         if t.ring_cache.as_ref().is_none_or(|(set, _)| *set != peers) {
             t.ring_cache = Some((peers.clone(), self.ring.assign(mine, &peers.iter().cloned().collect::<Vec<_>>())));
         }
         // the same inputs as the last plan that had nothing to do: nothing to do again
-        if !tables_changed && t.settled.as_ref().is_some_and(|(l, st, s)| *l == infos && *st == now_standing && *s == t.shards) {
+        if !tables_changed
+            && t.settled.as_ref().is_some_and(|(l, st, s)| *l == infos && *st == now_standing && *s == t.shards)
+        {
             return None;
         }
         let tables = with_own_writes(by.tables, &mut t.own);
@@ -561,12 +619,21 @@ impl Fleet {
 
     /// The steps of an active replica: the plan, with takes held back while a live member of another
     /// shard count still holds shards in its count's table (logged once per holder).
-    fn active_steps(&self, t: &mut Turn, infos: &[LiveMember], table: &ShardTable, tables: &BTreeMap<u32, Arc<Lease>>) -> Vec<Step> {
+    fn active_steps(
+        &self,
+        t: &mut Turn,
+        infos: &[LiveMember],
+        table: &ShardTable,
+        tables: &BTreeMap<u32, Arc<Lease>>,
+    ) -> Vec<Step> {
         let (me, mine) = (self.cfg.replica.as_str(), self.cfg.shards);
         let desired = t.ring_cache.as_ref().map(|(_, d)| d.as_slice()).unwrap_or_default();
         let mut steps = plan(me, desired, &table.0, &t.live, &t.shards);
-        let others: Vec<Entry> =
-            tables.iter().filter(|(n, _)| **n != mine).flat_map(|(_, l)| table_of(Some(l)).map(|t| t.0.into_values().collect::<Vec<_>>()).unwrap_or_default()).collect();
+        let others: Vec<Entry> = tables
+            .iter()
+            .filter(|(n, _)| **n != mine)
+            .flat_map(|(_, l)| table_of(Some(l)).map(|t| t.0.into_values().collect::<Vec<_>>()).unwrap_or_default())
+            .collect();
         let blocker = holding_another_count(mine, infos, &others);
         if blocker.is_some() {
             // shards of another count are still held: take nothing until released
@@ -618,7 +685,10 @@ impl Fleet {
                 member = %member,
                 "standing by: {member} runs an earlier version of the operator, which holds shards through one Lease per shard; holding no shard until every replica of that version has gone (a rolling upgrade hands every shard over when its last replica stops)"
             ),
-            Standing::Active => tracing::info!(shards = self.cfg.shards, "this replica's shard count prevails in the fleet: taking part"),
+            Standing::Active => tracing::info!(
+                shards = self.cfg.shards,
+                "this replica's shard count prevails in the fleet: taking part"
+            ),
         }
     }
 
@@ -626,7 +696,11 @@ impl Fleet {
     /// successful renewal (`renewed`), if still ahead and no lapse happened since the holding was built
     /// (`accepted_lapses`): a holding from before a lapse is never published as valid again.
     fn valid_until(&self, renewed: &watch::Receiver<Option<Renewal>>, accepted_lapses: u64) -> Option<Instant> {
-        renewed.borrow().filter(|r| r.lapses == accepted_lapses).map(|r| r.started + self.cfg.renew_deadline).filter(|u| *u > Instant::now())
+        renewed
+            .borrow()
+            .filter(|r| r.lapses == accepted_lapses)
+            .map(|r| r.started + self.cfg.renew_deadline)
+            .filter(|u| *u > Instant::now())
     }
 
     /// Carries out `steps` in one write of the table: drops and releases stop at once (published
@@ -675,10 +749,20 @@ impl Fleet {
                 own.insert(self.cfg.shards, own_write(before, *l));
                 shards.extend(takes.iter().filter_map(|k| Some((*k, next.0.get(k)?.epoch))));
                 let seconds = started.elapsed().as_secs_f64();
-                tracing::info!(taken = takes.len(), released = releases.len(), held = shards.len(), seconds, "shard table written");
+                tracing::info!(
+                    taken = takes.len(),
+                    released = releases.len(),
+                    held = shards.len(),
+                    seconds,
+                    "shard table written"
+                );
             }
             Ok(Written::Conflict) => {
-                tracing::info!(taking = takes.len(), releasing = releases.len(), "the shard table was written by another replica since it was read: reading it again");
+                tracing::info!(
+                    taking = takes.len(),
+                    releasing = releases.len(),
+                    "the shard table was written by another replica since it was read: reading it again"
+                );
                 let name = lease::table_name(&self.cfg.fleet, self.cfg.shards);
                 if let Ok(Some(fresh)) = self.api.get_opt(&name).await {
                     own.insert(self.cfg.shards, own_write(before, fresh));
@@ -695,7 +779,9 @@ impl Fleet {
     async fn write_table(&self, read: Option<&Lease>, next: &ShardTable) -> Result<Written, kube::Error> {
         let annotations = BTreeMap::from([(TABLE_ANNOTATION.to_string(), next.encode())]);
         match read {
-            Some(l) => lease::replace_announcing(&self.api, l, LeaseKind::Table(self.cfg.shards), &annotations, |_| {}).await,
+            Some(l) => {
+                lease::replace_announcing(&self.api, l, LeaseKind::Table(self.cfg.shards), &annotations, |_| {}).await
+            }
             None => {
                 let name = lease::table_name(&self.cfg.fleet, self.cfg.shards);
                 lease::create_announcing(&self.api, &name, self.labels("table"), annotations, Default::default()).await
@@ -711,7 +797,12 @@ mod tests {
 
     #[test]
     fn a_held_shard_is_valid_until_the_renew_deadline_in_wall_clock_and_anything_else_is_already_past() {
-        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(Instant::now() + Duration::from_secs(4)), lapses: 0 };
+        let held = Held {
+            shards: BTreeMap::from([(3, 7)]),
+            members: vec![],
+            valid_until: Some(Instant::now() + Duration::from_secs(4)),
+            lapses: 0,
+        };
         let until = held.not_after(3).duration_since(std::time::SystemTime::now()).expect("in the future");
         assert!(until > Duration::from_secs(3) && until <= Duration::from_secs(4), "{until:?}");
         assert_eq!(held.not_after(4), std::time::SystemTime::UNIX_EPOCH, "a shard not held");
@@ -724,15 +815,32 @@ mod tests {
     fn a_renewal_advances_the_holding_built_after_the_same_lapses_and_nothing_else() {
         let now = Instant::now();
         let secs = Duration::from_secs;
-        let held = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(2)), lapses: 1 };
-        assert_eq!(held.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "a later renewal, same lapses");
-        assert_eq!(held.advanced_by_renewal(2, now + secs(9), now), None, "a renewal after a lapse the holding predates");
+        let held =
+            Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(2)), lapses: 1 };
+        assert_eq!(
+            held.advanced_by_renewal(1, now + secs(9), now),
+            Some(now + secs(9)),
+            "a later renewal, same lapses"
+        );
+        assert_eq!(
+            held.advanced_by_renewal(2, now + secs(9), now),
+            None,
+            "a renewal after a lapse the holding predates"
+        );
         assert_eq!(held.advanced_by_renewal(1, now + secs(1), now), None, "never earlier than the current validity");
         assert_eq!(held.advanced_by_renewal(1, now, now), None, "a renewal already past its deadline");
         let expired = Held { valid_until: Some(now - secs(1)), ..held.clone() };
-        assert_eq!(expired.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "a holding that lapsed by the clock only (a late renewal)");
+        assert_eq!(
+            expired.advanced_by_renewal(1, now + secs(9), now),
+            Some(now + secs(9)),
+            "a holding that lapsed by the clock only (a late renewal)"
+        );
         let published_invalid = Held { valid_until: None, ..held.clone() };
-        assert_eq!(published_invalid.advanced_by_renewal(1, now + secs(9), now), Some(now + secs(9)), "published with a late renewal, shards kept");
+        assert_eq!(
+            published_invalid.advanced_by_renewal(1, now + secs(9), now),
+            Some(now + secs(9)),
+            "published with a late renewal, shards kept"
+        );
         let empty = Held { shards: BTreeMap::new(), valid_until: None, ..held };
         assert_eq!(empty.advanced_by_renewal(1, now + secs(9), now), None, "nothing held");
     }
@@ -741,10 +849,19 @@ mod tests {
     fn a_publish_never_moves_validity_back_past_what_a_renewal_gave() {
         let now = Instant::now();
         let secs = Duration::from_secs;
-        let current = Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(9)), lapses: 1 };
-        assert_eq!(published_validity(&current, 1, Some(now + secs(4))), Some(now + secs(9)), "computed from an older renewal");
+        let current =
+            Held { shards: BTreeMap::from([(3, 7)]), members: vec![], valid_until: Some(now + secs(9)), lapses: 1 };
+        assert_eq!(
+            published_validity(&current, 1, Some(now + secs(4))),
+            Some(now + secs(9)),
+            "computed from an older renewal"
+        );
         assert_eq!(published_validity(&current, 1, Some(now + secs(12))), Some(now + secs(12)), "a newer renewal");
-        assert_eq!(published_validity(&current, 2, Some(now + secs(4))), Some(now + secs(4)), "built after another lapse");
+        assert_eq!(
+            published_validity(&current, 2, Some(now + secs(4))),
+            Some(now + secs(4)),
+            "built after another lapse"
+        );
         assert_eq!(published_validity(&current, 1, None), None, "invalid stays invalid");
     }
 
@@ -768,8 +885,14 @@ mod tests {
         let member = || named(&lease::replica_name("pko", "r-1"));
         let shard = || named(&lease::table_name("pko", 64));
         assert!(member_event("pko", &watcher::Event::Apply(member())), "a renewal");
-        assert!(member_event("pko", &watcher::Event::Apply(named(&lease::member_name("pko", "old")))), "an earlier version's renewal");
-        assert!(!member_event("pko", &watcher::Event::Apply(named(&lease::shard_name("pko", 7)))), "an earlier version's shard Lease");
+        assert!(
+            member_event("pko", &watcher::Event::Apply(named(&lease::member_name("pko", "old")))),
+            "an earlier version's renewal"
+        );
+        assert!(
+            !member_event("pko", &watcher::Event::Apply(named(&lease::shard_name("pko", 7)))),
+            "an earlier version's shard Lease"
+        );
         assert!(member_event("pko", &watcher::Event::Delete(member())));
         assert!(!member_event("pko", &watcher::Event::Apply(shard())), "shards taken or released");
         assert!(!member_event("pko", &watcher::Event::Delete(shard())));
@@ -781,7 +904,12 @@ mod tests {
 
     #[test]
     fn an_expired_holding_owns_nothing() {
-        let held = Held { shards: [(1, 3)].into(), members: vec![], valid_until: Some(Instant::now() - Duration::from_millis(1)), lapses: 0 };
+        let held = Held {
+            shards: [(1, 3)].into(),
+            members: vec![],
+            valid_until: Some(Instant::now() - Duration::from_millis(1)),
+            lapses: 0,
+        };
         assert_eq!(held.epoch(1), None);
         let held = Held { valid_until: Some(Instant::now() + Duration::from_secs(5)), ..held };
         assert_eq!(held.epoch(1), Some(3));

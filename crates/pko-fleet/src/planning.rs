@@ -103,7 +103,9 @@ pub enum Standing {
 pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
     let key = |m: &&LiveMember| (m.since.is_none(), m.since, m.name.clone());
     match members.iter().filter(|m| m.shards.is_some()).min_by_key(key) {
-        Some(LiveMember { name, shards: Some(n), .. }) if *n != mine => Standing::StandingBy { prevailing: *n, eldest: name.clone() },
+        Some(LiveMember { name, shards: Some(n), .. }) if *n != mine => {
+            Standing::StandingBy { prevailing: *n, eldest: name.clone() }
+        }
         _ => Standing::Active,
     }
 }
@@ -112,8 +114,13 @@ pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
 /// every shard table, each count's), with its count (pure). While there is one, a replica takes no
 /// shard: an object's shard under one count and under another are different tables' shards, so
 /// holders of two counts could both own it.
-pub fn holding_another_count<'a>(mine: u32, members: &[LiveMember], entries: impl IntoIterator<Item = &'a Entry>) -> Option<(String, u32)> {
-    let others: HashMap<&str, u32> = members.iter().filter_map(|m| m.shards.filter(|n| *n != mine).map(|n| (m.name.as_str(), n))).collect();
+pub fn holding_another_count<'a>(
+    mine: u32,
+    members: &[LiveMember],
+    entries: impl IntoIterator<Item = &'a Entry>,
+) -> Option<(String, u32)> {
+    let others: HashMap<&str, u32> =
+        members.iter().filter_map(|m| m.shards.filter(|n| *n != mine).map(|n| (m.name.as_str(), n))).collect();
     if others.is_empty() {
         return None;
     }
@@ -131,7 +138,12 @@ pub fn stand_down(me: &str, table: &BTreeMap<u32, Entry>, held: &BTreeMap<u32, i
 
 /// The live members among the fleet's membership Leases `members`, named in `live`, as
 /// [`LiveMember`]s; `me` announces `mine` whatever its Lease shows yet (pure).
-pub fn live_members<'a>(me: &str, mine: u32, members: impl IntoIterator<Item = &'a Lease>, live: &BTreeSet<String>) -> Vec<LiveMember> {
+pub fn live_members<'a>(
+    me: &str,
+    mine: u32,
+    members: impl IntoIterator<Item = &'a Lease>,
+    live: &BTreeSet<String>,
+) -> Vec<LiveMember> {
     let mut out: Vec<LiveMember> = members
         .into_iter()
         .filter_map(|l| {
@@ -166,7 +178,10 @@ pub struct OwnWrite {
 /// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
 /// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
 /// at a new epoch (fencing their running operations), in every formation and takeover.
-pub fn with_own_writes(mut cached: BTreeMap<u32, Arc<Lease>>, own: &mut BTreeMap<u32, OwnWrite>) -> BTreeMap<u32, Arc<Lease>> {
+pub fn with_own_writes(
+    mut cached: BTreeMap<u32, Arc<Lease>>,
+    own: &mut BTreeMap<u32, OwnWrite>,
+) -> BTreeMap<u32, Arc<Lease>> {
     own.retain(|k, w| cached.get(k).and_then(|l| l.metadata.resource_version.clone()) == w.before);
     for (k, w) in own.iter() {
         cached.insert(*k, w.written.clone());
@@ -193,7 +208,13 @@ pub enum Step {
 
 /// The steps of replica `me` (pure): `desired` holder per shard, the shard table, `live` members,
 /// and what `me` holds.
-pub fn plan(me: &str, desired: &[String], table: &BTreeMap<u32, Entry>, live: &BTreeSet<String>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
+pub fn plan(
+    me: &str,
+    desired: &[String],
+    table: &BTreeMap<u32, Entry>,
+    live: &BTreeSet<String>,
+    held: &BTreeMap<u32, i64>,
+) -> Vec<Step> {
     let mut steps = Vec::new();
     for (shard, want) in desired.iter().enumerate() {
         let shard = shard as u32;
@@ -231,7 +252,8 @@ pub(crate) mod tests {
             l.metadata.resource_version = Some(rv.into());
             Arc::new(l)
         };
-        let holder = |m: &BTreeMap<u32, Arc<Lease>>, k: u32| m.get(&k).and_then(|l| lease::holder(l)).map(str::to_string);
+        let holder =
+            |m: &BTreeMap<u32, Arc<Lease>>, k: u32| m.get(&k).and_then(|l| lease::holder(l)).map(str::to_string);
         let mut own: BTreeMap<u32, OwnWrite> = [
             (1, OwnWrite { before: Some("10".into()), written: at("me", "11") }),
             (2, OwnWrite { before: None, written: at("me", "12") }),
@@ -240,7 +262,8 @@ pub(crate) mod tests {
         .into();
         // the cache: 1 as it was before the write (stale), 2 not there yet (a create), 3 moved on (another
         // replica wrote after us: the cache is the truth again), 4 never written here
-        let cached: BTreeMap<u32, Arc<Lease>> = [(1, at("dead", "10")), (3, at("other", "20")), (4, at("other", "5"))].into();
+        let cached: BTreeMap<u32, Arc<Lease>> =
+            [(1, at("dead", "10")), (3, at("other", "20")), (4, at("other", "5"))].into();
         let read = with_own_writes(cached.clone(), &mut own);
         assert_eq!(holder(&read, 1).as_deref(), Some("me"), "the cache is behind our take");
         assert_eq!(holder(&read, 2).as_deref(), Some("me"), "our create is not in the cache yet");
@@ -252,13 +275,22 @@ pub(crate) mod tests {
         assert_eq!(holder(&with_own_writes(caught_up, &mut own), 1).as_deref(), Some("me"));
         assert!(own.is_empty());
         // what planning from the stale cache alone did: drop the shard just taken
-        let entries = |m: &BTreeMap<u32, Arc<Lease>>| m.iter().map(|(k, l)| (*k, Entry { holder: lease::holder(l).map(str::to_string), epoch: 1 })).collect::<BTreeMap<_, _>>();
+        let entries = |m: &BTreeMap<u32, Arc<Lease>>| {
+            m.iter()
+                .map(|(k, l)| (*k, Entry { holder: lease::holder(l).map(str::to_string), epoch: 1 }))
+                .collect::<BTreeMap<_, _>>()
+        };
         let held = BTreeMap::from([(1, 11)]);
         let desired = vec!["x".to_string(), "me".to_string()];
         let live: BTreeSet<String> = ["me".to_string(), "x".to_string()].into();
         assert_eq!(plan("me", &desired, &entries(&cached), &live, &held), [Step::Drop(1)], "the stale cache");
-        let mut own: BTreeMap<u32, OwnWrite> = [(1, OwnWrite { before: Some("10".into()), written: at("me", "11") })].into();
-        assert_eq!(plan("me", &desired, &entries(&with_own_writes(cached, &mut own)), &live, &held), [], "with its own write: nothing to do");
+        let mut own: BTreeMap<u32, OwnWrite> =
+            [(1, OwnWrite { before: Some("10".into()), written: at("me", "11") })].into();
+        assert_eq!(
+            plan("me", &desired, &entries(&with_own_writes(cached, &mut own)), &live, &held),
+            [],
+            "with its own write: nothing to do"
+        );
     }
 
     /// A Lease held by `holder`, renewed at `renewed_secs` (Unix seconds), for 15 s.
@@ -268,7 +300,9 @@ pub(crate) mod tests {
             spec: Some(LeaseSpec {
                 holder_identity: holder.map(str::to_string),
                 lease_duration_seconds: Some(15),
-                renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(renewed_secs).unwrap_or_default())),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::from_second(renewed_secs).unwrap_or_default(),
+                )),
                 ..Default::default()
             }),
         }
@@ -312,7 +346,11 @@ pub(crate) mod tests {
         assert_eq!(look_until(&mut l, &[lease(Some("a"), 1), lease(Some("b"), 1)], 0, 0), set(&["a", "b"]));
         // a renews, b does not
         assert_eq!(look_until(&mut l, &[lease(Some("a"), 2), lease(Some("b"), 1)], 1, 10), set(&["a", "b"]));
-        assert_eq!(look_until(&mut l, &[lease(Some("a"), 3), lease(Some("b"), 1)], 11, 16), set(&["a"]), "b: 16 s without a renewal");
+        assert_eq!(
+            look_until(&mut l, &[lease(Some("a"), 3), lease(Some("b"), 1)], 11, 16),
+            set(&["a"]),
+            "b: 16 s without a renewal"
+        );
         // a released membership is not live at once
         assert_eq!(look_until(&mut l, &[lease(None, 3)], 17, 17), set(&[]));
         // the clock of the writer does not matter: only that renewTime changes
@@ -356,7 +394,11 @@ pub(crate) mod tests {
         let desired = vec!["other".to_string()];
         let live: BTreeSet<String> = ["me".to_string(), "other".to_string()].into();
         let leases: BTreeMap<u32, Entry> = [(0, shard_lease(Some("me")))].into();
-        assert_eq!(plan("me", &desired, &leases, &live, &BTreeMap::new()), [Step::Release(0)], "a release that failed is tried again");
+        assert_eq!(
+            plan("me", &desired, &leases, &live, &BTreeMap::new()),
+            [Step::Release(0)],
+            "a release that failed is tried again"
+        );
     }
 
     #[test]
@@ -368,7 +410,11 @@ pub(crate) mod tests {
     }
 
     fn member(name: &str, shards: Option<u32>, since: Option<i64>) -> LiveMember {
-        LiveMember { name: name.into(), shards, since: since.map(|s| k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default()) }
+        LiveMember {
+            name: name.into(),
+            shards,
+            since: since.map(|s| k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default()),
+        }
     }
 
     #[test]
@@ -376,16 +422,27 @@ pub(crate) mod tests {
         // one count everywhere
         assert_eq!(standing(64, &[member("a", Some(64), Some(1)), member("b", Some(64), Some(2))]), Standing::Active);
         // a rolling update to 128: the new replica is the youngest, the old count prevails
-        let rolling = [member("old-0", Some(64), Some(10)), member("old-1", Some(64), Some(11)), member("new-0", Some(128), Some(20))];
+        let rolling = [
+            member("old-0", Some(64), Some(10)),
+            member("old-1", Some(64), Some(11)),
+            member("new-0", Some(128), Some(20)),
+        ];
         assert_eq!(standing(128, &rolling), Standing::StandingBy { prevailing: 64, eldest: "old-0".into() });
         assert_eq!(standing(64, &rolling), Standing::Active);
         // the last old replica gone: the new count prevails
         let done = [member("new-0", Some(128), Some(20)), member("new-1", Some(128), Some(21))];
         assert_eq!(standing(128, &done), Standing::Active);
-        assert_eq!(standing(64, &done), Standing::StandingBy { prevailing: 128, eldest: "new-0".into() }, "an old replica restarted late");
+        assert_eq!(
+            standing(64, &done),
+            Standing::StandingBy { prevailing: 128, eldest: "new-0".into() },
+            "an old replica restarted late"
+        );
         // equal times: the smaller name; an unknown time is the youngest
         assert_eq!(standing(2, &[member("b", Some(1), Some(5)), member("a", Some(2), Some(5))]), Standing::Active);
-        assert_eq!(standing(2, &[member("a", Some(2), None), member("b", Some(1), Some(9))]), Standing::StandingBy { prevailing: 1, eldest: "b".into() });
+        assert_eq!(
+            standing(2, &[member("a", Some(2), None), member("b", Some(1), Some(9))]),
+            Standing::StandingBy { prevailing: 1, eldest: "b".into() }
+        );
         // a member announcing nothing (an older replica) agrees with everyone
         assert_eq!(standing(8, &[member("old", None, Some(1)), member("me", Some(8), Some(2))]), Standing::Active);
         assert_eq!(standing(8, &[]), Standing::Active);
@@ -393,22 +450,44 @@ pub(crate) mod tests {
 
     #[test]
     fn no_shard_is_taken_while_a_live_member_of_another_count_holds_one() {
-        let members = [member("old", Some(64), Some(1)), member("me", Some(128), Some(2)), member("quiet", None, Some(3))];
+        let members =
+            [member("old", Some(64), Some(1)), member("me", Some(128), Some(2)), member("quiet", None, Some(3))];
         let entries = vec![shard_lease(Some("me")), shard_lease(None), shard_lease(Some("dead"))];
-        assert_eq!(holding_another_count(128, &members, &entries), None, "no table names a live member of another count");
+        assert_eq!(
+            holding_another_count(128, &members, &entries),
+            None,
+            "no table names a live member of another count"
+        );
         let mut entries = entries;
         entries.push(shard_lease(Some("old")));
         assert_eq!(holding_another_count(128, &members, &entries), Some(("old".into(), 64)), "the other count's table");
-        assert_eq!(holding_another_count(64, &members, &entries), Some(("me".into(), 128)), "old's view: me holds shard 0");
-        assert_eq!(holding_another_count(128, &[member("quiet", None, Some(3))], &[shard_lease(Some("quiet"))]), None, "no count announced");
+        assert_eq!(
+            holding_another_count(64, &members, &entries),
+            Some(("me".into(), 128)),
+            "old's view: me holds shard 0"
+        );
+        assert_eq!(
+            holding_another_count(128, &[member("quiet", None, Some(3))], &[shard_lease(Some("quiet"))]),
+            None,
+            "no count announced"
+        );
     }
 
     #[test]
     fn a_replica_standing_by_releases_every_lease_naming_it_and_drops_the_rest() {
-        let leases: BTreeMap<u32, Entry> = [(0, shard_lease(Some("me"))), (1, shard_lease(Some("other"))), (2, shard_lease(Some("me"))), (3, shard_lease(None))].into();
+        let leases: BTreeMap<u32, Entry> = [
+            (0, shard_lease(Some("me"))),
+            (1, shard_lease(Some("other"))),
+            (2, shard_lease(Some("me"))),
+            (3, shard_lease(None)),
+        ]
+        .into();
         let held: BTreeMap<u32, i64> = [(0, 4), (1, 2)].into();
         assert_eq!(stand_down("me", &leases, &held), [Step::Drop(1), Step::Release(0), Step::Release(2)]);
-        assert!(stand_down("me", &[(3, shard_lease(None))].into(), &BTreeMap::new()).is_empty(), "nothing held: nothing to do");
+        assert!(
+            stand_down("me", &[(3, shard_lease(None))].into(), &BTreeMap::new()).is_empty(),
+            "nothing held: nothing to do"
+        );
     }
 
     #[test]
@@ -417,11 +496,17 @@ pub(crate) mod tests {
             let mut l = lease(Some(holder), 1);
             l.metadata.annotations = shards.map(|n| [(lease::SHARDS_ANNOTATION.to_string(), n.to_string())].into());
             if let Some(s) = l.spec.as_mut() {
-                s.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(acquired).unwrap_or_default()));
+                s.acquire_time =
+                    Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(acquired).unwrap_or_default()));
             }
             l
         };
-        let ls = [lease_of("a", Some("64"), 5), lease_of("b", Some("x"), 6), lease_of("dead", Some("8"), 1), lease_of("me", Some("64"), 7)];
+        let ls = [
+            lease_of("a", Some("64"), 5),
+            lease_of("b", Some("x"), 6),
+            lease_of("dead", Some("8"), 1),
+            lease_of("me", Some("64"), 7),
+        ];
         let live: BTreeSet<String> = ["a", "b", "me"].iter().map(|s| s.to_string()).collect();
         let got = live_members("me", 128, ls.iter(), &live);
         assert_eq!(
@@ -430,6 +515,10 @@ pub(crate) mod tests {
             "me announces its own count; an unreadable one is none"
         );
         let got = live_members("me", 128, ls[..1].iter(), &live);
-        assert_eq!(got, vec![member("a", Some(64), Some(5)), member("me", Some(128), None)], "its own Lease not cached yet: the youngest");
+        assert_eq!(
+            got,
+            vec![member("a", Some(64), Some(5)), member("me", Some(128), None)],
+            "its own Lease not cached yet: the youngest"
+        );
     }
 }

@@ -87,7 +87,8 @@ impl Ring for BoundedRing {
         let mut ring = hashring::HashRing::new();
         ring.batch_add(names.iter().flat_map(|m| (0..self.virtual_nodes.max(1)).map(move |i| Point(m, i))).collect());
         let n = names.len() as f64;
-        let cap = ((f64::from(shards) / n).ceil() as usize).max((f64::from(shards) / n * (1.0 + self.slack)).floor() as usize);
+        let cap = ((f64::from(shards) / n).ceil() as usize)
+            .max((f64::from(shards) / n * (1.0 + self.slack)).floor() as usize);
         let mut load: std::collections::HashMap<&str, usize> = names.iter().map(|m| (*m, 0)).collect();
         let mut out = vec![String::new(); shards as usize];
         // in clockwise order of the shards' points (who fills a replica first is then a property of
@@ -138,7 +139,10 @@ mod tests {
     #[test]
     fn the_default_ring_meets_the_fleet_properties_at_the_default_shard_count() {
         let (balance, moves) = properties(&BoundedRing::default(), crate::DEFAULT_SHARDS);
-        eprintln!("S={} V={VIRTUAL_NODES}: worst max/mean {balance:.3}, worst moves {moves:.3}·S/(N+1)", crate::DEFAULT_SHARDS);
+        eprintln!(
+            "S={} V={VIRTUAL_NODES}: worst max/mean {balance:.3}, worst moves {moves:.3}·S/(N+1)",
+            crate::DEFAULT_SHARDS
+        );
         assert!(balance <= 1.15, "max/mean {balance}");
         assert!(moves <= 1.2, "moves {moves}·S/(N+1)");
     }
@@ -161,8 +165,13 @@ mod tests {
         let gone = "pko-operator-2";
         let moved_from_survivors = three.iter().zip(&two).filter(|(a, b)| a != b && a.as_str() != gone).count();
         let orphans = three.iter().filter(|m| m.as_str() == gone).count();
-        eprintln!("3 → 2 replicas: {orphans} shards of the departed replica moved, {moved_from_survivors} between survivors");
-        assert!(moved_from_survivors as f64 <= 0.2 * orphans as f64, "{moved_from_survivors} shards moved between survivors");
+        eprintln!(
+            "3 → 2 replicas: {orphans} shards of the departed replica moved, {moved_from_survivors} between survivors"
+        );
+        assert!(
+            moved_from_survivors as f64 <= 0.2 * orphans as f64,
+            "{moved_from_survivors} shards moved between survivors"
+        );
     }
 
     #[test]

@@ -166,14 +166,21 @@ mod tests {
     fn the_worst_table_of_the_most_shards_fits_in_an_objects_annotations() {
         // every shard a range of its own (holders alternate), epochs of six digits, 63-character holders
         let holders = ["a".repeat(63), "b".repeat(63), "c".repeat(63)];
-        let t = ShardTable((0..MAX_SHARDS).map(|k| (k, Entry::held(&holders[k as usize % 3], 100_000 + i64::from(k)))).collect());
+        let t = ShardTable(
+            (0..MAX_SHARDS).map(|k| (k, Entry::held(&holders[k as usize % 3], 100_000 + i64::from(k)))).collect(),
+        );
         let size = TABLE_ANNOTATION.len() + t.encode().len();
         assert!(size < 256 * 1024, "{size} bytes");
     }
 
     #[test]
     fn a_table_that_is_not_the_encoding_is_an_error_naming_why() {
-        for (bad, why) in [("x", "expected"), (r#"{"a":[[3,1,1]]}"#, "empty"), (r#"{"a":[[0,3,1]],"b":[[3,4,1]]}"#, "shard 3 is recorded twice"), (r#"{"a":[[0,-1,1]]}"#, "")] {
+        for (bad, why) in [
+            ("x", "expected"),
+            (r#"{"a":[[3,1,1]]}"#, "empty"),
+            (r#"{"a":[[0,3,1]],"b":[[3,4,1]]}"#, "shard 3 is recorded twice"),
+            (r#"{"a":[[0,-1,1]]}"#, ""),
+        ] {
             let e = ShardTable::decode(bad).expect_err(bad).to_string();
             assert!(e.contains(TABLE_ANNOTATION) && e.contains(why), "{bad}: {e}");
         }
@@ -181,7 +188,9 @@ mod tests {
 
     #[test]
     fn a_take_raises_the_epoch_past_the_table_and_the_floor_and_a_release_keeps_it() {
-        let t = ShardTable([(0, Entry::held("a", 3)), (1, Entry::held("me", 2)), (2, Entry { holder: None, epoch: 9 })].into());
+        let t = ShardTable(
+            [(0, Entry::held("a", 3)), (1, Entry::held("me", 2)), (2, Entry { holder: None, epoch: 9 })].into(),
+        );
         let next = t.changed("me", &[0, 2, 5, 6], &[1], &[(5, 11)].into());
         assert_eq!(next.0[&0], Entry::held("me", 4));
         assert_eq!(next.0[&1], Entry { holder: None, epoch: 2 }, "released: the epoch stays");

@@ -103,7 +103,10 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     });
     eprintln!("shards per replica: {per:?}");
     assert!(per.values().all(|n| *n as f64 <= 1.15 * SHARDS as f64 / 3.0), "{per:?}");
-    assert!(a.ownership.owns("x", "y") ^ b.ownership.owns("x", "y") ^ c.ownership.owns("x", "y"), "an object is owned by exactly one replica");
+    assert!(
+        a.ownership.owns("x", "y") ^ b.ownership.owns("x", "y") ^ c.ownership.owns("x", "y"),
+        "an object is owned by exactly one replica"
+    );
 
     // at rest: only membership renewals (3 replicas, one every 2 s)
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -126,9 +129,17 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
     let handoff = t.elapsed();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let handoff_writes = writes.load(std::sync::atomic::Ordering::Relaxed) - w;
-    eprintln!("handoff after a graceful stop: {:.1} s ({} shards, {handoff_writes} Lease writes)", handoff.as_secs_f64(), epochs_before.len());
+    eprintln!(
+        "handoff after a graceful stop: {:.1} s ({} shards, {handoff_writes} Lease writes)",
+        handoff.as_secs_f64(),
+        epochs_before.len()
+    );
     assert!(handoff <= Duration::from_secs(5), "handoff took {handoff:?}");
-    assert!(handoff_writes <= 8 && handoff_writes < epochs_before.len(), "{handoff_writes} Lease writes to hand over {} shards", epochs_before.len());
+    assert!(
+        handoff_writes <= 8 && handoff_writes < epochs_before.len(),
+        "{handoff_writes} Lease writes to hand over {} shards",
+        epochs_before.len()
+    );
     let now = holders(&[&a, &b]);
     for (k, e) in &epochs_before {
         assert_eq!(now[k][0].1, e + 1, "shard {k}: epoch {} after {e}", now[k][0].1);
@@ -145,7 +156,10 @@ async fn replicas_split_shards_hand_over_on_stop_and_take_over_after_a_crash() {
 
     // a replica joins: it gets its share, released by a
     let d = start(&client, &ns, "d").await;
-    eventually("a and d split the shards", 30, || async { split(&[&a, &d]) && holders(&[&d]).len() >= SHARDS as usize / 3 }).await;
+    eventually("a and d split the shards", 30, || async {
+        split(&[&a, &d]) && holders(&[&d]).len() >= SHARDS as usize / 3
+    })
+    .await;
     a.stop.cancel();
     d.stop.cancel();
     let _ = (a.task.await, d.task.await);
@@ -165,30 +179,51 @@ async fn a_replica_of_an_earlier_version_is_waited_for_and_its_epochs_are_exceed
     let client = bed.client().await.unwrap();
     let ns = bed.namespace("fleet-upgrade").await.unwrap();
     let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
-    let labels = |kind: &str| -> BTreeMap<String, String> { [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), kind.into())].into() };
-    let Written::Done(old) = lease::create(&api, &lease::member_name("pko", "old"), labels("member"), lease::member_spec("old", 6)).await.unwrap() else { panic!("created") };
+    let labels = |kind: &str| -> BTreeMap<String, String> {
+        [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), kind.into())].into()
+    };
+    let Written::Done(old) =
+        lease::create(&api, &lease::member_name("pko", "old"), labels("member"), lease::member_spec("old", 6))
+            .await
+            .unwrap()
+    else {
+        panic!("created")
+    };
     for k in 0..SHARDS {
-        let mut spec = k8s_openapi::api::coordination::v1::LeaseSpec { lease_transitions: Some(4 + (k % 3) as i32), ..Default::default() };
+        let mut spec = k8s_openapi::api::coordination::v1::LeaseSpec {
+            lease_transitions: Some(4 + (k % 3) as i32),
+            ..Default::default()
+        };
         lease::take(&mut spec, "old");
         let mut l = labels("shard");
         l.insert(lease::SHARD_LABEL.into(), k.to_string());
         assert!(matches!(lease::create(&api, &lease::shard_name("pko", k), l, spec).await.unwrap(), Written::Done(_)));
     }
     let a = start(&client, ns.name(), "a").await;
-    eventually("a stands by for the earlier version", 20, || async { matches!(&*a.ownership.standing().borrow(), Standing::Earlier { member } if member == "old") }).await;
+    eventually("a stands by for the earlier version", 20, || async {
+        matches!(&*a.ownership.standing().borrow(), Standing::Earlier { member } if member == "old")
+    })
+    .await;
     // the earlier replica renews (every 2 s) for 8 s: a holds nothing and writes no table
     let mut old = *old;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(8) {
         lease::slim(&mut old);
-        let Written::Done(renewed) = lease::replace(&api, &old, LeaseKind::Member, |s| lease::renew(s, "old", 6)).await.unwrap() else { panic!("renewed") };
+        let Written::Done(renewed) =
+            lease::replace(&api, &old, LeaseKind::Member, |s| lease::renew(s, "old", 6)).await.unwrap()
+        else {
+            panic!("renewed")
+        };
         old = *renewed;
         for _ in 0..40 {
             assert_eq!(held(&a), 0, "a holds shards while a replica of the earlier version is live");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    assert!(api.get_opt(&lease::table_name("pko", SHARDS)).await.unwrap().is_none(), "no table written while standing by");
+    assert!(
+        api.get_opt(&lease::table_name("pko", SHARDS)).await.unwrap().is_none(),
+        "no table written while standing by"
+    );
     // the earlier replica stops gracefully: its membership released
     lease::slim(&mut old);
     assert!(matches!(lease::replace(&api, &old, LeaseKind::Member, lease::release).await.unwrap(), Written::Done(_)));
@@ -214,8 +249,11 @@ async fn a_shard_table_that_does_not_decode_is_left_as_it_is_until_it_reads_agai
     let ns = bed.namespace("fleet-badtable").await.unwrap();
     let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
     let name = lease::table_name("pko", SHARDS);
-    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "table".into())].into();
-    let Written::Done(_) = lease::create(&api, &name, labels, Default::default()).await.unwrap() else { panic!("created") };
+    let labels: BTreeMap<String, String> =
+        [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "table".into())].into();
+    let Written::Done(_) = lease::create(&api, &name, labels, Default::default()).await.unwrap() else {
+        panic!("created")
+    };
     let garbled = serde_json::json!({"metadata": {"annotations": {TABLE_ANNOTATION: "{\"r-0\": [[0, 1]]"}}});
     api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&garbled)).await.unwrap();
     let a = start(&client, ns.name(), "a").await;
@@ -225,7 +263,11 @@ async fn a_shard_table_that_does_not_decode_is_left_as_it_is_until_it_reads_agai
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stored = api.get(&name).await.unwrap();
-    assert_eq!(stored.metadata.annotations.as_ref().and_then(|m| m.get(TABLE_ANNOTATION)).map(String::as_str), Some("{\"r-0\": [[0, 1]]"), "the table is not overwritten");
+    assert_eq!(
+        stored.metadata.annotations.as_ref().and_then(|m| m.get(TABLE_ANNOTATION)).map(String::as_str),
+        Some("{\"r-0\": [[0, 1]]"),
+        "the table is not overwritten"
+    );
     let mended = serde_json::json!({"metadata": {"annotations": {TABLE_ANNOTATION: ShardTable::default().encode()}}});
     api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&mended)).await.unwrap();
     eventually("a holds every shard once the table reads", 20, || async { held(&a) == SHARDS as usize }).await;
@@ -243,14 +285,24 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     let ns = bed.namespace("fleet-lease").await.unwrap();
     let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
     let name = lease::shard_name("pko", 3);
-    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "shard".into()), (lease::SHARD_LABEL.into(), "3".into())].into();
+    let labels: BTreeMap<String, String> = [
+        (lease::FLEET_LABEL.into(), "pko".into()),
+        (lease::KIND_LABEL.into(), "shard".into()),
+        (lease::SHARD_LABEL.into(), "3".into()),
+    ]
+    .into();
     let mut spec = Default::default();
     lease::take(&mut spec, "r-0");
-    let Written::Done(created) = lease::create(&api, &name, labels.clone(), spec).await.unwrap() else { panic!("created") };
+    let Written::Done(created) = lease::create(&api, &name, labels.clone(), spec).await.unwrap() else {
+        panic!("created")
+    };
     let mut stale = *created;
     lease::slim(&mut stale);
 
-    let Written::Done(released) = lease::replace(&api, &stale, LeaseKind::Shard(3), lease::release).await.unwrap() else { panic!("a fresh read is written") };
+    let Written::Done(released) = lease::replace(&api, &stale, LeaseKind::Shard(3), lease::release).await.unwrap()
+    else {
+        panic!("a fresh read is written")
+    };
     assert_eq!(lease::holder(&released), None, "released: the holder is gone, not merged back");
     assert_eq!(lease::transitions(&released), 1, "the epoch stays");
     assert_eq!(released.metadata.labels.as_ref(), Some(&labels), "the labels as stored");
@@ -263,7 +315,11 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     assert_eq!(lease::transitions(&stored), 1);
     let mut fresh = stored.clone();
     lease::slim(&mut fresh);
-    let Written::Done(taken) = lease::replace(&api, &fresh, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap() else { panic!("taken") };
+    let Written::Done(taken) =
+        lease::replace(&api, &fresh, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap()
+    else {
+        panic!("taken")
+    };
     assert_eq!((lease::holder(&taken), lease::transitions(&taken)), (Some("r-1"), 2));
 }
 
@@ -289,7 +345,10 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
     let a = start_config(&client, counted(&ns, "a", 16));
     eventually("a holds its 16 shards", 30, || async { held(&a) == 16 }).await;
     let b = start_config(&client, counted(&ns, "b", 32));
-    eventually("b stands by for 16", 20, || async { matches!(&*b.ownership.standing().borrow(), Standing::StandingBy { prevailing: 16, eldest } if eldest == "a") }).await;
+    eventually("b stands by for 16", 20, || async {
+        matches!(&*b.ownership.standing().borrow(), Standing::StandingBy { prevailing: 16, eldest } if eldest == "a")
+    })
+    .await;
     assert_eq!(*a.ownership.standing().borrow(), Standing::Active, "the eldest's count prevails");
     // three renewals: b takes nothing, a keeps everything
     let t = Instant::now();
@@ -298,9 +357,17 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &ns);
-    assert!(leases.get_opt(&pko_fleet::lease::table_name("pko", 32)).await.unwrap().is_none(), "b wrote no table of its count");
+    assert!(
+        leases.get_opt(&pko_fleet::lease::table_name("pko", 32)).await.unwrap().is_none(),
+        "b wrote no table of its count"
+    );
     let table_16 = leases.get(&pko_fleet::lease::table_name("pko", 16)).await.unwrap();
-    let annotation = table_16.metadata.annotations.unwrap_or_default().remove(pko_fleet::table::TABLE_ANNOTATION).unwrap_or_default();
+    let annotation = table_16
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(pko_fleet::table::TABLE_ANNOTATION)
+        .unwrap_or_default();
     let table_16 = pko_fleet::table::ShardTable::decode(&annotation).unwrap();
     assert!(table_16.0.values().all(|e| e.holder.as_deref() == Some("a")), "a holds all 16 in its count's table");
     let member_b = leases.get(&pko_fleet::lease::replica_name("pko", "b")).await.unwrap();
@@ -318,13 +385,19 @@ async fn a_replica_of_another_shard_count_stands_by_until_the_eldest_count_has_g
         assert!(t.elapsed() < Duration::from_secs(20), "b holds {hb} of 32 shards 20 s after a stopped");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("the new count took over {:.1} s after the last replica of the old one stopped", t.elapsed().as_secs_f64());
+    eprintln!(
+        "the new count took over {:.1} s after the last replica of the old one stopped",
+        t.elapsed().as_secs_f64()
+    );
     let _ = a.task.await;
     assert_eq!(*b.ownership.standing().borrow(), Standing::Active);
 
     // a replica of the old count started late: b is the eldest now, so it stands by
     let late = start_config(&client, counted(&ns, "a-late", 16));
-    eventually("the late replica stands by for 32", 20, || async { matches!(&*late.ownership.standing().borrow(), Standing::StandingBy { prevailing: 32, .. }) }).await;
+    eventually("the late replica stands by for 32", 20, || async {
+        matches!(&*late.ownership.standing().borrow(), Standing::StandingBy { prevailing: 32, .. })
+    })
+    .await;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(4) {
         assert_eq!((held(&b), held(&late)), (32, 0));
@@ -347,20 +420,40 @@ async fn a_renewal_announces_the_shard_count_on_a_membership_lease_that_lacks_it
     let ns = bed.namespace("fleet-announce").await.unwrap();
     let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), ns.name());
     let name = lease::replica_name("pko", "r-0");
-    let labels: BTreeMap<String, String> = [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "member".into())].into();
-    let Written::Done(old) = lease::create(&api, &name, labels.clone(), lease::member_spec("r-0", 15)).await.unwrap() else { panic!("created") };
+    let labels: BTreeMap<String, String> =
+        [(lease::FLEET_LABEL.into(), "pko".into()), (lease::KIND_LABEL.into(), "member".into())].into();
+    let Written::Done(old) = lease::create(&api, &name, labels.clone(), lease::member_spec("r-0", 15)).await.unwrap()
+    else {
+        panic!("created")
+    };
     assert_eq!(lease::announced_shards(&old), None, "a Lease written without the announcement");
     let mut read = *old;
     lease::slim(&mut read);
-    let Written::Done(renewed) = lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+    let Written::Done(renewed) =
+        lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| {
+            lease::renew(s, "r-0", 15)
+        })
+        .await
+        .unwrap()
+    else {
         panic!("renewed")
     };
     assert_eq!(lease::announced_shards(&renewed), Some(64), "the renewal announced the count");
     assert_eq!(renewed.metadata.labels.as_ref(), Some(&labels), "the labels as stored");
-    assert_eq!(renewed.spec.as_ref().and_then(|s| s.acquire_time.clone()), read.spec.as_ref().and_then(|s| s.acquire_time.clone()), "held all along: not acquired anew");
+    assert_eq!(
+        renewed.spec.as_ref().and_then(|s| s.acquire_time.clone()),
+        read.spec.as_ref().and_then(|s| s.acquire_time.clone()),
+        "held all along: not acquired anew"
+    );
     let mut read = *renewed;
     lease::slim(&mut read);
-    let Written::Done(again) = lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| lease::renew(s, "r-0", 15)).await.unwrap() else {
+    let Written::Done(again) =
+        lease::replace_announcing(&api, &read, LeaseKind::Replica, &lease::announcing(64), |s| {
+            lease::renew(s, "r-0", 15)
+        })
+        .await
+        .unwrap()
+    else {
         panic!("renewed again")
     };
     assert_eq!(lease::announced_shards(&again), Some(64));

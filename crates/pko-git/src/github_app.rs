@@ -44,9 +44,11 @@ pub enum GitHubAppError {
 ///
 /// Errors: [`GitHubAppError::Key`].
 pub fn app_jwt(app_id: &str, private_key_pem: &str, now: u64) -> Result<String, GitHubAppError> {
-    let key = jsonwebtoken::EncodingKey::from_rsa_pem(private_key_pem.as_bytes()).map_err(|e| GitHubAppError::Key(e.to_string()))?;
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(private_key_pem.as_bytes())
+        .map_err(|e| GitHubAppError::Key(e.to_string()))?;
     let claims = Claims { iat: now.saturating_sub(60), exp: now + 600, iss: app_id.to_string() };
-    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &key).map_err(|e| GitHubAppError::Key(e.to_string()))
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &key)
+        .map_err(|e| GitHubAppError::Key(e.to_string()))
 }
 
 /// Exchanges the App's credentials for an installation token at `api_url` (no trailing slash needed).
@@ -54,7 +56,12 @@ pub fn app_jwt(app_id: &str, private_key_pem: &str, now: u64) -> Result<String, 
 ///
 /// Errors: [`GitHubAppError`]: a non-numeric id, a bad key, no answer (30 s), or a refusal (the
 /// status and GitHub's message).
-pub async fn installation_token(api_url: &str, app_id: &str, installation_id: &str, private_key_pem: &str) -> Result<String, GitHubAppError> {
+pub async fn installation_token(
+    api_url: &str,
+    app_id: &str,
+    installation_id: &str,
+    private_key_pem: &str,
+) -> Result<String, GitHubAppError> {
     let (app_id, installation_id) = (app_id.trim(), installation_id.trim());
     if app_id.is_empty() || !app_id.chars().all(|c| c.is_ascii_digit()) {
         return Err(GitHubAppError::NotANumber("appID", app_id.into()));
@@ -65,7 +72,10 @@ pub async fn installation_token(api_url: &str, app_id: &str, installation_id: &s
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let jwt = app_jwt(app_id, private_key_pem, now)?;
     let url = format!("{}/app/installations/{installation_id}/access_tokens", api_url.trim_end_matches('/'));
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| GitHubAppError::Request(url.clone(), e.to_string()))?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| GitHubAppError::Request(url.clone(), e.to_string()))?;
     let resp = client
         .post(&url)
         .bearer_auth(jwt)
@@ -77,12 +87,16 @@ pub async fn installation_token(api_url: &str, app_id: &str, installation_id: &s
         .map_err(|e| GitHubAppError::Request(url.clone(), e.to_string()))?;
     let status = resp.status().as_u16();
     let body = resp.text().await.map_err(|e| GitHubAppError::Request(url.clone(), e.to_string()))?;
-    let token = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
+    let token = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
     match token {
         Some(t) if status == 201 && !t.is_empty() => Ok(t),
         _ => {
             // GitHub's error body is `{"message": …}`; a token never appears in a refusal
-            let message = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string));
+            let message = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string));
             Err(GitHubAppError::Refused(url, status, message.unwrap_or_else(|| "no token in the answer".into())))
         }
     }

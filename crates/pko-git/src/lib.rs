@@ -59,7 +59,9 @@ pub struct GitAuthEnv {
 
 impl std::fmt::Debug for GitAuthEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GitAuthEnv").field("variables", &self.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()).finish()
+        f.debug_struct("GitAuthEnv")
+            .field("variables", &self.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -95,7 +97,8 @@ impl GitAuthEnv {
     /// The variables to set on the git process: the credentials, then the hardening every git process
     /// gets (no prompt, [`ALLOWED_PROTOCOLS`], no system or global config, stall limits, SSH batch mode).
     pub fn vars(&self) -> impl Iterator<Item = (String, String)> + '_ {
-        let ssh = (!self.env.iter().any(|(k, _)| k == "GIT_SSH_COMMAND")).then(|| ("GIT_SSH_COMMAND".to_string(), format!("ssh {SSH_OPTIONS}")));
+        let ssh = (!self.env.iter().any(|(k, _)| k == "GIT_SSH_COMMAND"))
+            .then(|| ("GIT_SSH_COMMAND".to_string(), format!("ssh {SSH_OPTIONS}")));
         let hardening = [
             ("GIT_TERMINAL_PROMPT", "0".to_string()),
             ("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS.to_string()),
@@ -149,8 +152,12 @@ pub fn validate_url(url: &str) -> Result<(), String> {
         return Err(format!("the repository URL {url:?} contains white space or control characters"));
     }
     if let Some((scheme, rest)) = url.split_once("://") {
-        if !["https", "http", "ssh", "git", "file", "git+ssh", "ssh+git"].contains(&scheme.to_ascii_lowercase().as_str()) {
-            return Err(format!("the repository URL scheme {scheme:?} is not supported (use https, http, ssh, git or file)"));
+        if !["https", "http", "ssh", "git", "file", "git+ssh", "ssh+git"]
+            .contains(&scheme.to_ascii_lowercase().as_str())
+        {
+            return Err(format!(
+                "the repository URL scheme {scheme:?} is not supported (use https, http, ssh, git or file)"
+            ));
         }
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let host = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
@@ -158,7 +165,9 @@ pub fn validate_url(url: &str) -> Result<(), String> {
             return Err(format!("the host of the repository URL {url:?} starts with '-'"));
         }
         // file:///path has an empty host; every network scheme needs a host and a repository path
-        if !scheme.eq_ignore_ascii_case("file") && (host.is_empty() || host.starts_with(':') || path.trim_matches('/').is_empty()) {
+        if !scheme.eq_ignore_ascii_case("file")
+            && (host.is_empty() || host.starts_with(':') || path.trim_matches('/').is_empty())
+        {
             return Err(format!("the repository URL {url:?} has no host or no repository path"));
         }
         return Ok(());
@@ -186,7 +195,9 @@ pub fn validate_url(url: &str) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err(format!("the repository URL {url:?} is not a URL (https://, ssh://, git://, file://), an absolute path or user@host:path")),
+        _ => Err(format!(
+            "the repository URL {url:?} is not a URL (https://, ssh://, git://, file://), an absolute path or user@host:path"
+        )),
     }
 }
 
@@ -205,7 +216,14 @@ pub fn validate_ref(what: &str, r: &str) -> Result<(), String> {
     if control_or_space(r) || r.chars().any(|c| "~^:?*[\\".contains(c)) {
         return bad("contains white space, a control character or one of ~ ^ : ? * [ \\");
     }
-    if r.contains("..") || r.contains("@{") || r.contains("//") || r.starts_with('/') || r.ends_with('/') || r.ends_with('.') || r.ends_with(".lock") {
+    if r.contains("..")
+        || r.contains("@{")
+        || r.contains("//")
+        || r.starts_with('/')
+        || r.ends_with('/')
+        || r.ends_with('.')
+        || r.ends_with(".lock")
+    {
         return bad("is not a valid git ref name");
     }
     Ok(())
@@ -218,7 +236,11 @@ pub fn is_sha(s: &str) -> bool {
 
 /// Runs `cmd` (a git command, killed when dropped) for at most `timeout`. Errors: git could not start,
 /// or `git <what> did not finish within N s`.
-pub async fn run(mut cmd: tokio::process::Command, what: &str, timeout: Duration) -> Result<std::process::Output, String> {
+pub async fn run(
+    mut cmd: tokio::process::Command,
+    what: &str,
+    timeout: Duration,
+) -> Result<std::process::Output, String> {
     cmd.stdin(std::process::Stdio::null());
     match tokio::time::timeout(timeout, cmd.output()).await {
         Ok(r) => r.map_err(|e| format!("running git: {e}")),
@@ -242,7 +264,8 @@ pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Resul
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
-    pick_ref(&String::from_utf8_lossy(&out.stdout), branch).ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
+    pick_ref(&String::from_utf8_lossy(&out.stdout), branch)
+        .ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
 }
 
 /// go-git's short name of a ref: `refs/heads/x`, `refs/tags/x` and `refs/remotes/x` give `x`, any
@@ -255,7 +278,8 @@ pub fn short_ref_name(full: &str) -> &str {
 /// name is `wanted`; for an annotated tag, the commit of its peeled line (`<name>^{}`). Pure.
 pub fn pick_ref(listing: &str, wanted: &str) -> Option<String> {
     let refs: Vec<(&str, &str)> = listing.lines().filter_map(|l| l.split_once('\t')).collect();
-    let (sha, name) = refs.iter().find(|(_, name)| !name.ends_with("^{}") && (*name == wanted || short_ref_name(name) == wanted))?;
+    let (sha, name) =
+        refs.iter().find(|(_, name)| !name.ends_with("^{}") && (*name == wanted || short_ref_name(name) == wanted))?;
     let peeled = format!("{name}^{{}}");
     Some(refs.iter().find(|(_, n)| *n == peeled).map_or(*sha, |(s, _)| *s).to_string())
 }
@@ -286,7 +310,12 @@ mod tests {
 
     #[test]
     fn a_token_becomes_a_basic_auth_header_in_the_environment() {
-        let v = vars(&GitCredentials { token: Some("tok".into()), username: Some("u".into()), password: Some("p".into()), ..Default::default() });
+        let v = vars(&GitCredentials {
+            token: Some("tok".into()),
+            username: Some("u".into()),
+            password: Some("p".into()),
+            ..Default::default()
+        });
         assert!(v.contains(&("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into())));
         // base64("git:tok") — the token wins over user name and password
         assert!(v.contains(&("GIT_CONFIG_VALUE_0".into(), "Authorization: Basic Z2l0OnRvaw==".into())));
@@ -309,7 +338,12 @@ mod tests {
 
     #[test]
     fn debug_output_never_shows_secrets() {
-        let c = GitCredentials { token: Some("s3cr3t".into()), username: Some("me".into()), password: Some("pw-value".into()), ssh_private_key: None };
+        let c = GitCredentials {
+            token: Some("s3cr3t".into()),
+            username: Some("me".into()),
+            password: Some("pw-value".into()),
+            ssh_private_key: None,
+        };
         let d = format!("{c:?} {:?}", GitAuthEnv::new(&c).unwrap());
         assert!(!d.contains("s3cr3t") && !d.contains("pw-value") && !d.contains("Z2l0"), "{d}");
     }
@@ -328,13 +362,26 @@ mod tests {
         let url = format!("file://{}", dir.path().display());
         assert_eq!(ls_remote(&url, "main", &GitCredentials::default()).await.unwrap(), head);
         assert_eq!(ls_remote(&url, "refs/heads/main", &GitCredentials::default()).await.unwrap(), head);
-        assert!(ls_remote(&url, "nope", &GitCredentials::default()).await.unwrap_err().contains(r#"no commits found for ref "nope""#), "PKO's text");
+        assert!(
+            ls_remote(&url, "nope", &GitCredentials::default())
+                .await
+                .unwrap_err()
+                .contains(r#"no commits found for ref "nope""#),
+            "PKO's text"
+        );
     }
 
     #[test]
     fn urls_that_git_would_read_as_options_or_helpers_are_refused() {
-        for ok in ["https://github.com/o/r.git", "http://127.0.0.1:8080/r", "ssh://git@host:22/r.git", "git://127.0.0.1/r.git", "file:///srv/r", "git@github.com:o/r.git", "/srv/r"]
-        {
+        for ok in [
+            "https://github.com/o/r.git",
+            "http://127.0.0.1:8080/r",
+            "ssh://git@host:22/r.git",
+            "git://127.0.0.1/r.git",
+            "file:///srv/r",
+            "git@github.com:o/r.git",
+            "/srv/r",
+        ] {
             assert_eq!(validate_url(ok), Ok(()), "{ok}");
         }
         for bad in [
@@ -364,10 +411,26 @@ mod tests {
 
     #[test]
     fn refs_that_git_would_read_as_options_are_refused() {
-        for ok in ["main", "feature/x", "refs/heads/main", "v1.2.3", "HEAD", "0123456789abcdef0123456789abcdef01234567"] {
+        for ok in ["main", "feature/x", "refs/heads/main", "v1.2.3", "HEAD", "0123456789abcdef0123456789abcdef01234567"]
+        {
             assert_eq!(validate_ref("spec.branch", ok), Ok(()), "{ok}");
         }
-        for bad in ["", "--upload-pack=touch x", "-b", "a..b", "a b", "x\n", "a~1", "a^", "a:b", "@{-1}", "x.lock", "x/", "/x", "a*"] {
+        for bad in [
+            "",
+            "--upload-pack=touch x",
+            "-b",
+            "a..b",
+            "a b",
+            "x\n",
+            "a~1",
+            "a^",
+            "a:b",
+            "@{-1}",
+            "x.lock",
+            "x/",
+            "/x",
+            "a*",
+        ] {
             let e = validate_ref("spec.branch", bad).unwrap_err();
             assert!(e.starts_with("spec.branch"), "{e}");
         }
@@ -379,7 +442,13 @@ mod tests {
         let marker = dir.path().join("pwned");
         let url = format!("--upload-pack=touch {}", marker.display());
         assert!(ls_remote(&url, "main", &GitCredentials::default()).await.unwrap_err().contains("option"));
-        let e = ls_remote("file:///nonexistent", &format!("--upload-pack=touch {}", marker.display()), &GitCredentials::default()).await.unwrap_err();
+        let e = ls_remote(
+            "file:///nonexistent",
+            &format!("--upload-pack=touch {}", marker.display()),
+            &GitCredentials::default(),
+        )
+        .await
+        .unwrap_err();
         assert!(e.contains("option"), "{e}");
         assert!(!marker.exists(), "no command ran");
     }

@@ -375,7 +375,8 @@ mod tests {
         assert_eq!((a.logging.log_format, a.logging.filter()), (LogFormat::Text, "info"));
         let a = Cli::parse_from(["x", "--zap-devel"]).run;
         assert_eq!(a.logging.filter(), "debug");
-        for (zap, level) in [("debug", "debug"), ("error", "error"), ("panic", "error"), ("2", "trace"), ("1", "debug")] {
+        for (zap, level) in [("debug", "debug"), ("error", "error"), ("panic", "error"), ("2", "trace"), ("1", "debug")]
+        {
             assert_eq!(Cli::parse_from(["x", "--zap-log-level", zap]).run.logging.filter(), level, "{zap}");
         }
         assert!(!Cli::parse_from(["x"]).run.manager.leader_elect);
@@ -392,7 +393,10 @@ mod tests {
     #[test]
     fn defaults_and_pko_spellings_parse() {
         let a = Cli::parse_from(["x"]).run;
-        assert_eq!((a.runtime.runtime, a.metrics.metrics_secure, a.logging.log_format), (RuntimeKind::Pod, true, LogFormat::Text));
+        assert_eq!(
+            (a.runtime.runtime, a.metrics.metrics_secure, a.logging.log_format),
+            (RuntimeKind::Pod, true, LogFormat::Text)
+        );
         let a = Cli::parse_from(["x", "--metrics-secure=false", "--zap-encoder", "json", "--namespaces", "a,b"]).run;
         assert!(!a.metrics.metrics_secure);
         assert_eq!(a.logging.log_format, LogFormat::Json);

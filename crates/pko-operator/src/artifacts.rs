@@ -44,7 +44,10 @@ pub struct ArtifactState {
 impl ArtifactState {
     /// A server of `programs`' artifacts with an empty cache.
     pub fn new(programs: Store<Program>) -> Self {
-        let rendered = moka::future::Cache::builder().weigher(|_: &String, v: &Arc<Vec<u8>>| u32::try_from(v.len()).unwrap_or(u32::MAX)).max_capacity(CACHE_BYTES).build();
+        let rendered = moka::future::Cache::builder()
+            .weigher(|_: &String, v: &Arc<Vec<u8>>| u32::try_from(v.len()).unwrap_or(u32::MAX))
+            .max_capacity(CACHE_BYTES)
+            .build();
         Self { programs, rendered, renders: Arc::default() }
     }
 
@@ -71,10 +74,16 @@ pub fn published(program: &Program, generation: &str, file: &str) -> bool {
     let current = program.meta().generation.map(|g| g.to_string());
     let Some(artifact) = program.status.as_ref().and_then(|s| s.artifact.as_ref()) else { return false };
     let digest = file.strip_suffix(".tar.gz").map(|hex| format!("sha256:{hex}"));
-    current.as_deref() == Some(generation) && artifact.revision.as_deref() == Some(generation) && digest.is_some() && artifact.digest == digest
+    current.as_deref() == Some(generation)
+        && artifact.revision.as_deref() == Some(generation)
+        && digest.is_some()
+        && artifact.digest == digest
 }
 
-async fn program_artifact(State(s): State<ArtifactState>, Path((namespace, name, generation, file)): Path<(String, String, String, String)>) -> Response {
+async fn program_artifact(
+    State(s): State<ArtifactState>,
+    Path((namespace, name, generation, file)): Path<(String, String, String, String)>,
+) -> Response {
     let Some(program) = s.programs.get(&ObjectRef::new(&name).within(&namespace)) else { return not_found() };
     // an unauthenticated request costs a cache lookup and a comparison unless it names the artifact
     // the Program's status publishes
@@ -124,7 +133,10 @@ mod tests {
         assert!(!published(&p, "3", &format!("{}.tar.gz", "00".repeat(32))), "another digest");
         assert!(!published(&p, "2", &format!("{hex}.tar.gz")), "another generation");
         assert!(!published(&p, "3", &hex), "not a tarball name");
-        assert!(!published(&program(4, "3", &format!("sha256:{hex}")), "3", &format!("{hex}.tar.gz")), "the spec moved on: the status is stale");
+        assert!(
+            !published(&program(4, "3", &format!("sha256:{hex}")), "3", &format!("{hex}.tar.gz")),
+            "the spec moved on: the status is stale"
+        );
         let mut unpublished = p.clone();
         unpublished.status = None;
         assert!(!published(&unpublished, "3", &format!("{hex}.tar.gz")), "nothing published yet");

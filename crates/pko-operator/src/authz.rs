@@ -21,10 +21,17 @@ pub enum Access {
 
 impl Access {
     /// The SubjectAccessReview attributes of `get` on this.
-    fn review(&self, user: k8s_openapi::api::authentication::v1::UserInfo) -> k8s_openapi::api::authorization::v1::SubjectAccessReview {
-        use k8s_openapi::api::authorization::v1::{NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+    fn review(
+        &self,
+        user: k8s_openapi::api::authentication::v1::UserInfo,
+    ) -> k8s_openapi::api::authorization::v1::SubjectAccessReview {
+        use k8s_openapi::api::authorization::v1::{
+            NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
         let (non_resource, resource) = match self {
-            Access::Metrics => (Some(NonResourceAttributes { path: Some("/metrics".into()), verb: Some("get".into()) }), None),
+            Access::Metrics => {
+                (Some(NonResourceAttributes { path: Some("/metrics".into()), verb: Some("get".into()) }), None)
+            }
             Access::Stack { namespace, name } => (
                 None,
                 Some(ResourceAttributes {
@@ -77,12 +84,18 @@ impl Authz {
             return code;
         }
         let pp = kube::api::PostParams::default();
-        let review = TokenReview { spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() }, ..Default::default() };
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
+            ..Default::default()
+        };
         let code = match kube::Api::<TokenReview>::all(self.client.clone()).create(&pp, &review).await {
             Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
             Ok(r) => match r.status.filter(|s| s.authenticated == Some(true)).and_then(|s| s.user) {
                 None => StatusCode::UNAUTHORIZED,
-                Some(user) => match kube::Api::<SubjectAccessReview>::all(self.client.clone()).create(&pp, &access.review(user)).await {
+                Some(user) => match kube::Api::<SubjectAccessReview>::all(self.client.clone())
+                    .create(&pp, &access.review(user))
+                    .await
+                {
                     Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
                     Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => StatusCode::OK,
                     Ok(_) => StatusCode::FORBIDDEN,
@@ -100,5 +113,9 @@ impl Authz {
 
 /// The bearer token of `headers`' `Authorization`.
 pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
-    headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))).map(str::trim)
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
 }

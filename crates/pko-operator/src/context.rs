@@ -126,6 +126,9 @@ impl Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("advertised_addr", &self.advertised_addr).field("ownership", &self.ownership).finish()
+        f.debug_struct("Context")
+            .field("advertised_addr", &self.advertised_addr)
+            .field("ownership", &self.ownership)
+            .finish()
     }
 }

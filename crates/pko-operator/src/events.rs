@@ -116,7 +116,12 @@ impl Recorder {
     /// A recorder reporting as `controller`, instance `instance` (the pod's name; the controller's
     /// when `None`, as kube does).
     pub fn new(client: kube::Client, controller: &str, instance: Option<String>) -> Self {
-        Self { client, controller: controller.into(), instance: instance.unwrap_or_else(|| controller.into()), series: Arc::default() }
+        Self {
+            client,
+            controller: controller.into(),
+            instance: instance.unwrap_or_else(|| controller.into()),
+            series: Arc::default(),
+        }
     }
 
     /// Records an occurrence of an event about `object` (its reference): creates, patches or only
@@ -125,7 +130,13 @@ impl Recorder {
     ///
     /// Errors: the API refused this occurrence's write (an Event not created is forgotten, so the
     /// next occurrence creates it again).
-    pub async fn publish(&self, object: &ObjectReference, severity: Severity, reason: &str, note: String) -> Result<(), kube::Error> {
+    pub async fn publish(
+        &self,
+        object: &ObjectReference,
+        severity: Severity,
+        reason: &str,
+        note: String,
+    ) -> Result<(), kube::Error> {
         let now = Instant::now();
         let key = Key { object: object_key(object), severity, reason: reason.into(), note };
         let (write, this, due) = self.occur(&key, object, now);
@@ -170,9 +181,11 @@ impl Recorder {
                 s.clone()
             }
             None => {
-                let name = format!("{}.{:x}", object.name.as_deref().unwrap_or(&self.controller), stamp.as_nanosecond());
+                let name =
+                    format!("{}.{:x}", object.name.as_deref().unwrap_or(&self.controller), stamp.as_nanosecond());
                 let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
-                let s = Series { name, namespace, count: 1, written: 1, last_observed: stamp, seen: now, written_at: now };
+                let s =
+                    Series { name, namespace, count: 1, written: 1, last_observed: stamp, seen: now, written_at: now };
                 series.insert(key.clone(), s.clone());
                 s
             }
@@ -195,19 +208,29 @@ impl Recorder {
             event_time: Some(MicroTime(s.last_observed)),
             regarding: Some(object.clone()),
             note: Some(key.note.clone()),
-            metadata: ObjectMeta { namespace: Some(s.namespace.clone()), name: Some(s.name.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                namespace: Some(s.namespace.clone()),
+                name: Some(s.name.clone()),
+                ..Default::default()
+            },
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
             type_: Some(key.severity.as_str().into()),
             ..Default::default()
         };
-        Api::<Event>::namespaced(self.client.clone(), &s.namespace).create(&PostParams::default(), &event).await.map(|_| ())
+        Api::<Event>::namespaced(self.client.clone(), &s.namespace)
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|_| ())
     }
 
     async fn patch(&self, s: &Series) -> Result<(), kube::Error> {
         let series = EventSeries { count: s.written, last_observed_time: MicroTime(s.last_observed) };
         let patch = serde_json::json!({ "series": series });
-        Api::<Event>::namespaced(self.client.clone(), &s.namespace).patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+        Api::<Event>::namespaced(self.client.clone(), &s.namespace)
+            .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
     }
 }
 
@@ -215,7 +238,12 @@ impl Recorder {
 fn object_key(o: &ObjectReference) -> String {
     match &o.uid {
         Some(uid) => uid.clone(),
-        None => format!("{}/{}/{}", o.kind.as_deref().unwrap_or_default(), o.namespace.as_deref().unwrap_or_default(), o.name.as_deref().unwrap_or_default()),
+        None => format!(
+            "{}/{}/{}",
+            o.kind.as_deref().unwrap_or_default(),
+            o.namespace.as_deref().unwrap_or_default(),
+            o.name.as_deref().unwrap_or_default()
+        ),
     }
 }
 
@@ -228,25 +256,54 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(write_for(None, t0), Write::Create);
         assert_eq!(write_for(Some((1, t0)), t0), Write::Patch, "the second occurrence makes it a series at once");
-        assert_eq!(write_for(Some((2, t0)), t0 + Duration::from_secs(10)), Write::Count, "the third within the interval is counted");
-        assert_eq!(write_for(Some((2, t0)), t0 + SERIES_WRITE_INTERVAL), Write::Patch, "once the interval passed, written again");
+        assert_eq!(
+            write_for(Some((2, t0)), t0 + Duration::from_secs(10)),
+            Write::Count,
+            "the third within the interval is counted"
+        );
+        assert_eq!(
+            write_for(Some((2, t0)), t0 + SERIES_WRITE_INTERVAL),
+            Write::Patch,
+            "once the interval passed, written again"
+        );
     }
 
     #[tokio::test]
     async fn occurrences_are_counted_and_due_series_flushed_on_the_way() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
         let recorder = Recorder::new(kube::Client::try_from(config).expect("a client"), "stack-controller", None);
-        let stack = ObjectReference { kind: Some("Stack".into()), namespace: Some("a".into()), name: Some("s".into()), uid: Some("u-1".into()), ..Default::default() };
-        let key = |note: &str| Key { object: "u-1".into(), severity: Severity::Normal, reason: "StackCreated".into(), note: note.into() };
+        let stack = ObjectReference {
+            kind: Some("Stack".into()),
+            namespace: Some("a".into()),
+            name: Some("s".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
+        let key = |note: &str| Key {
+            object: "u-1".into(),
+            severity: Severity::Normal,
+            reason: "StackCreated".into(),
+            note: note.into(),
+        };
         let t0 = Instant::now();
         assert_eq!(recorder.occur(&key("ok"), &stack, t0).0, Write::Create);
         assert_eq!(recorder.occur(&key("ok"), &stack, t0).0, Write::Patch);
         assert_eq!(recorder.occur(&key("ok"), &stack, t0 + Duration::from_secs(1)).0, Write::Count);
-        assert_eq!(recorder.occur(&key("other note"), &stack, t0 + Duration::from_secs(2)).0, Write::Create, "a new note is a new Event");
-        let (write, _, due) = recorder.occur(&key("other note"), &stack, t0 + SERIES_WRITE_INTERVAL + Duration::from_secs(1));
+        assert_eq!(
+            recorder.occur(&key("other note"), &stack, t0 + Duration::from_secs(2)).0,
+            Write::Create,
+            "a new note is a new Event"
+        );
+        let (write, _, due) =
+            recorder.occur(&key("other note"), &stack, t0 + SERIES_WRITE_INTERVAL + Duration::from_secs(1));
         assert_eq!(write, Write::Patch);
-        assert_eq!(due.iter().map(|s| s.written).collect::<Vec<_>>(), [3], "the first series' third occurrence is written on the way");
-        let (write, _, _) = recorder.occur(&key("ok"), &stack, t0 + SERIES_WRITE_INTERVAL + SERIES_TTL + Duration::from_secs(2));
+        assert_eq!(
+            due.iter().map(|s| s.written).collect::<Vec<_>>(),
+            [3],
+            "the first series' third occurrence is written on the way"
+        );
+        let (write, _, _) =
+            recorder.occur(&key("ok"), &stack, t0 + SERIES_WRITE_INTERVAL + SERIES_TTL + Duration::from_secs(2));
         assert_eq!(write, Write::Create, "forgotten after the TTL: a new Event");
     }
 
@@ -255,15 +312,35 @@ mod tests {
         // nothing listens on port 9: the create fails
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
         let recorder = Recorder::new(kube::Client::try_from(config).expect("a client"), "stack-controller", None);
-        let stack = ObjectReference { kind: Some("Stack".into()), namespace: Some("a".into()), name: Some("s".into()), uid: Some("u-1".into()), ..Default::default() };
+        let stack = ObjectReference {
+            kind: Some("Stack".into()),
+            namespace: Some("a".into()),
+            name: Some("s".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
         assert!(recorder.publish(&stack, Severity::Warning, "StackUpdateFailure", "boom".into()).await.is_err());
-        let key = Key { object: "u-1".into(), severity: Severity::Warning, reason: "StackUpdateFailure".into(), note: "boom".into() };
-        assert_eq!(recorder.occur(&key, &stack, Instant::now()).0, Write::Create, "not a patch of an Event that does not exist");
+        let key = Key {
+            object: "u-1".into(),
+            severity: Severity::Warning,
+            reason: "StackUpdateFailure".into(),
+            note: "boom".into(),
+        };
+        assert_eq!(
+            recorder.occur(&key, &stack, Instant::now()).0,
+            Write::Create,
+            "not a patch of an Event that does not exist"
+        );
     }
 
     #[test]
     fn an_object_is_keyed_by_uid_else_by_kind_namespace_and_name() {
-        let r = ObjectReference { kind: Some("Stack".into()), namespace: Some("a".into()), name: Some("s".into()), ..Default::default() };
+        let r = ObjectReference {
+            kind: Some("Stack".into()),
+            namespace: Some("a".into()),
+            name: Some("s".into()),
+            ..Default::default()
+        };
         assert_eq!(object_key(&r), "Stack/a/s");
         assert_eq!(object_key(&ObjectReference { uid: Some("u-1".into()), ..r }), "u-1");
     }

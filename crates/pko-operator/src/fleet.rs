@@ -141,14 +141,21 @@ pub async fn follow_shards(ownership: Arc<FleetOwnership>, queue: Arc<dyn crate:
 pub async fn check_single_without_redis(client: &kube::Client, args: &FleetArgs, replica: &str) -> anyhow::Result<()> {
     let Some(namespace) = args.fleet_namespace.as_deref() else { return Ok(()) };
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), namespace);
-    let selector = format!("{}={},{}=member", pko_fleet::lease::FLEET_LABEL, args.fleet_name, pko_fleet::lease::KIND_LABEL);
+    let selector =
+        format!("{}={},{}=member", pko_fleet::lease::FLEET_LABEL, args.fleet_name, pko_fleet::lease::KIND_LABEL);
     let now = k8s_openapi::jiff::Timestamp::now();
     for l in leases.list(&kube::api::ListParams::default().labels(&selector)).await?.items {
         let Some(spec) = l.spec.as_ref() else { continue };
         let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty() && *h != replica) else { continue };
-        let fresh = spec.renew_time.as_ref().is_some_and(|t| now.duration_since(t.0).as_secs() < i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+        let fresh = spec
+            .renew_time
+            .as_ref()
+            .is_some_and(|t| now.duration_since(t.0).as_secs() < i64::from(spec.lease_duration_seconds.unwrap_or(15)));
         if fresh {
-            anyhow::bail!("replica {holder} is live in fleet {}: more than one replica needs --redis-url (the work queue they share)", args.fleet_name);
+            anyhow::bail!(
+                "replica {holder} is live in fleet {}: more than one replica needs --redis-url (the work queue they share)",
+                args.fleet_name
+            );
         }
     }
     Ok(())
@@ -182,7 +189,11 @@ pub enum FleetError {
 ///
 /// Errors: [`FleetError::NoReplicaId`].
 pub fn replica_id(args: &FleetArgs) -> Result<String, FleetError> {
-    args.replica_id.clone().filter(|r| !r.is_empty()).or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok())).ok_or(FleetError::NoReplicaId)
+    args.replica_id
+        .clone()
+        .filter(|r| !r.is_empty())
+        .or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()))
+        .ok_or(FleetError::NoReplicaId)
 }
 
 /// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`)
@@ -204,7 +215,9 @@ pub fn join(
         renew_interval: Duration::from_secs(args.renew_interval_seconds.max(1)),
         renew_deadline: Duration::from_secs(args.renew_deadline_seconds.max(1)),
         // the replica's load rides on each renewal (`kubectl pko fleet`)
-        announce: Some(pko_fleet::membership::Announce(Arc::new(|| [(crate::load::LOAD_ANNOTATION.to_string(), crate::load::announcement())].into()))),
+        announce: Some(pko_fleet::membership::Announce(Arc::new(|| {
+            [(crate::load::LOAD_ANNOTATION.to_string(), crate::load::announcement())].into()
+        }))),
         ..FleetConfig::new(namespace, args.fleet_name.clone(), replica, args.shards)
     };
     tracing::info!(replica = %replica, shards = args.shards, fleet = %args.fleet_name, "joining the fleet");
@@ -233,13 +246,19 @@ pub fn join(
                 // Everything was fenced meanwhile: dispatches let their operations go, reconciles of
                 // sharded kinds skipped their objects and look again by themselves (`unowned`); the
                 // kinds watched whole (Programs) are reconciled again, as on a gain.
-                tracing::warn!(held = held.len(), gap_s = gap.as_secs_f64(), "holding valid again after lapsing for a moment: reconciling the Programs again");
+                tracing::warn!(
+                    held = held.len(),
+                    gap_s = gap.as_secs_f64(),
+                    "holding valid again after lapsing for a moment: reconciling the Programs again"
+                );
                 metrics::counter!(crate::metric_names::FLEET_HOLDING_GAPS_TOTAL).increment(1);
                 gained_tx.send_modify(|n| *n += 1);
             }
             if last.is_none() || change != HoldingChange::default() {
-                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "gained").increment(change.gained as u64);
-                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "lost").increment(change.lost as u64);
+                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "gained")
+                    .increment(change.gained as u64);
+                metrics::counter!(crate::metric_names::SHARD_TRANSITIONS_TOTAL, "change" => "lost")
+                    .increment(change.lost as u64);
                 if change.gained + change.regained > 0 {
                     gained_tx.send_modify(|n| *n += 1);
                 }
@@ -256,7 +275,12 @@ pub fn join(
     });
     let membership = tokio::spawn(fleet.run(shutdown.clone()));
     let namespaces = (!namespaces.is_empty()).then(|| Namespaces(namespaces.iter().cloned().collect()));
-    Ok(Member { ownership: Arc::new(FleetOwnership { shards, namespaces }), held: selector, gained, tasks: vec![membership, publish] })
+    Ok(Member {
+        ownership: Arc::new(FleetOwnership { shards, namespaces }),
+        held: selector,
+        gained,
+        tasks: vec![membership, publish],
+    })
 }
 
 /// How long a replica that does not hold an unlabelled object's shard waits before labelling it
@@ -274,7 +298,10 @@ pub fn label_delay(owned: bool) -> Duration {
 /// The shard labels of the object `namespace/key` in a fleet of `shards` virtual shards (pure):
 /// [`SHARD_LABEL`] its shard (`pko_fleet::ring::shard_of`) and [`SHARDS_LABEL`] the count.
 pub fn shard_labels(namespace: &str, key: &str, shards: u32) -> BTreeMap<String, String> {
-    BTreeMap::from([(SHARD_LABEL.to_string(), shard_of(&format!("{namespace}/{key}"), shards).to_string()), (SHARDS_LABEL.to_string(), shards.to_string())])
+    BTreeMap::from([
+        (SHARD_LABEL.to_string(), shard_of(&format!("{namespace}/{key}"), shards).to_string()),
+        (SHARDS_LABEL.to_string(), shards.to_string()),
+    ])
 }
 
 /// The label selector of the objects the labeller writes in a fleet of `shards` (pure): those whose
@@ -297,7 +324,8 @@ pub fn misnumbered_selector(shards: u32) -> String {
 /// its own: labelled for this count, but not with the object's shard (copied from another object,
 /// or written by hand). Pure.
 pub fn misfiled(labels: &BTreeMap<String, String>, namespace: &str, key: &str, shards: u32) -> bool {
-    labels.get(SHARDS_LABEL).is_some_and(|s| *s == shards.to_string()) && labels.get(SHARD_LABEL) != Some(&shard_of(&format!("{namespace}/{key}"), shards).to_string())
+    labels.get(SHARDS_LABEL).is_some_and(|s| *s == shards.to_string())
+        && labels.get(SHARD_LABEL) != Some(&shard_of(&format!("{namespace}/{key}"), shards).to_string())
 }
 
 /// Whether an object `namespace/key` with `labels` needs its shard labels written in a fleet of
@@ -343,9 +371,27 @@ pub fn relabel_misfiled_kinds(
     shutdown: &CancellationToken,
 ) -> [tokio::task::JoinHandle<()>; 3] {
     [
-        tokio::spawn(relabel_misfiled(informers.stacks().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
-        tokio::spawn(relabel_misfiled(informers.workspaces().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
-        tokio::spawn(relabel_misfiled(informers.updates().subscribe(), client.clone(), shards, standing.clone(), shutdown.clone())),
+        tokio::spawn(relabel_misfiled(
+            informers.stacks().subscribe(),
+            client.clone(),
+            shards,
+            standing.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(relabel_misfiled(
+            informers.workspaces().subscribe(),
+            client.clone(),
+            shards,
+            standing.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(relabel_misfiled(
+            informers.updates().subscribe(),
+            client.clone(),
+            shards,
+            standing.clone(),
+            shutdown.clone(),
+        )),
     ]
 }
 
@@ -382,9 +428,39 @@ pub async fn label_unsharded(
         for selector in [unlabelled_selector(shards), misnumbered_selector(shards)] {
             let config = || crate::informer::list_config().labels(&selector);
             let (c, o, t) = (&client, &ownership, &stop);
-            watches.push(label_kind::<Stack>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), Some(STACK_FINALIZER), t.clone()).boxed());
-            watches.push(label_kind::<Workspace>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), None, t.clone()).boxed());
-            watches.push(label_kind::<Update>(Informer::new(&watch_client, &scope, config()), c.clone(), shards, o.clone(), None, t.clone()).boxed());
+            watches.push(
+                label_kind::<Stack>(
+                    Informer::new(&watch_client, &scope, config()),
+                    c.clone(),
+                    shards,
+                    o.clone(),
+                    Some(STACK_FINALIZER),
+                    t.clone(),
+                )
+                .boxed(),
+            );
+            watches.push(
+                label_kind::<Workspace>(
+                    Informer::new(&watch_client, &scope, config()),
+                    c.clone(),
+                    shards,
+                    o.clone(),
+                    None,
+                    t.clone(),
+                )
+                .boxed(),
+            );
+            watches.push(
+                label_kind::<Update>(
+                    Informer::new(&watch_client, &scope, config()),
+                    c.clone(),
+                    shards,
+                    o.clone(),
+                    None,
+                    t.clone(),
+                )
+                .boxed(),
+            );
         }
         let standing_by = async {
             let _ = standing.wait_for(|s| *s != Standing::Active).await;
@@ -441,9 +517,13 @@ async fn label_kind<K: Watched + ShardKey>(
             }
             let ns = object.namespace().unwrap_or_default();
             match Api::<K>::namespaced(client.clone(), &ns).get_opt(&object.name_any()).await {
-                Ok(Some(fresh)) if needs_labels(fresh.labels(), &ns, &fresh.shard_key(), shards) => label(&client, &fresh, shards, None).await,
+                Ok(Some(fresh)) if needs_labels(fresh.labels(), &ns, &fresh.shard_key(), shards) => {
+                    label(&client, &fresh, shards, None).await
+                }
                 Ok(_) => {}
-                Err(e) => tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "reading an unlabelled object before labelling it"),
+                Err(e) => {
+                    tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "reading an unlabelled object before labelling it")
+                }
             }
         });
     }
@@ -466,11 +546,15 @@ async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards:
         };
         match written {
             Ok(()) => return,
-            Err(e) => tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "labels and finalizer not written in one patch; the labels alone"),
+            Err(e) => {
+                tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "labels and finalizer not written in one patch; the labels alone")
+            }
         }
     }
     let patch = serde_json::json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "metadata": {"name": object.name_any(), "labels": labels}});
-    if let Err(e) = api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
+    if let Err(e) =
+        api.patch(&object.name_any(), &PatchParams::apply(SHARD_FIELD_MANAGER).force(), &Patch::Apply(&patch)).await
+    {
         tracing::debug!(kind = %K::kind(&()), name = %object.name_any(), error = %e, "shard labels not written");
     }
 }
@@ -482,7 +566,11 @@ async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards:
 /// absence (a map added whole would replace labels written since). `None` — the labels go alone — when
 /// there is no finalizer to add: none given, the object is being deleted (the API refuses new
 /// finalizers then), or it holds it already.
-pub fn label_patch(meta: &ObjectMeta, labels: &BTreeMap<String, String>, finalizer: Option<&str>) -> Option<Vec<serde_json::Value>> {
+pub fn label_patch(
+    meta: &ObjectMeta,
+    labels: &BTreeMap<String, String>,
+    finalizer: Option<&str>,
+) -> Option<Vec<serde_json::Value>> {
     let finalizer = finalizer.filter(|_| meta.deletion_timestamp.is_none())?;
     let mut ops = crate::k8s::finalizer_patch(meta.finalizers.as_deref().unwrap_or_default(), finalizer, true);
     if ops.is_empty() {
@@ -512,20 +600,41 @@ mod tests {
         let fresh = ObjectMeta { name: Some("web".into()), ..Default::default() };
         let ops = label_patch(&fresh, &labels, Some(STACK_FINALIZER)).expect("a patch");
         assert_eq!(ops[0], serde_json::json!({"op": "test", "path": "/metadata/finalizers", "value": null}));
-        assert_eq!(ops[1], serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [STACK_FINALIZER]}));
+        assert_eq!(
+            ops[1],
+            serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [STACK_FINALIZER]})
+        );
         assert_eq!(ops[2], serde_json::json!({"op": "test", "path": "/metadata/labels", "value": null}));
         assert_eq!(ops[3], serde_json::json!({"op": "add", "path": "/metadata/labels", "value": labels}));
-        let labelled = ObjectMeta { labels: Some([("app".to_string(), "web".to_string())].into()), finalizers: Some(vec!["other".into()]), ..fresh.clone() };
+        let labelled = ObjectMeta {
+            labels: Some([("app".to_string(), "web".to_string())].into()),
+            finalizers: Some(vec!["other".into()]),
+            ..fresh.clone()
+        };
         let ops = label_patch(&labelled, &labels, Some(STACK_FINALIZER)).expect("a patch");
         assert_eq!(ops[0], serde_json::json!({"op": "test", "path": "/metadata/finalizers", "value": ["other"]}));
-        assert_eq!(ops[2], serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shard", "value": labels[SHARD_LABEL]}));
-        assert_eq!(ops[3], serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shards", "value": "64"}));
+        assert_eq!(
+            ops[2],
+            serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shard", "value": labels[SHARD_LABEL]})
+        );
+        assert_eq!(
+            ops[3],
+            serde_json::json!({"op": "add", "path": "/metadata/labels/pulumi.com~1shards", "value": "64"})
+        );
         assert_eq!(ops.len(), 4, "the user's labels are left as they are");
         assert!(label_patch(&fresh, &labels, None).is_none(), "no finalizer asked (Workspaces, Updates)");
         let held = ObjectMeta { finalizers: Some(vec![STACK_FINALIZER.into()]), ..fresh.clone() };
         assert!(label_patch(&held, &labels, Some(STACK_FINALIZER)).is_none());
-        let deleting = ObjectMeta { deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)), ..fresh };
-        assert!(label_patch(&deleting, &labels, Some(STACK_FINALIZER)).is_none(), "the API refuses new finalizers on a deleting object");
+        let deleting = ObjectMeta {
+            deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            ..fresh
+        };
+        assert!(
+            label_patch(&deleting, &labels, Some(STACK_FINALIZER)).is_none(),
+            "the API refuses new finalizers on a deleting object"
+        );
     }
 
     #[test]
@@ -543,14 +652,24 @@ mod tests {
     #[test]
     fn an_object_is_misfiled_when_labelled_for_this_count_with_another_shard() {
         let own = shard_labels("team", "web", 64);
-        let labels = |shard: &str, count: &str| BTreeMap::from([(SHARD_LABEL.to_string(), shard.to_string()), (SHARDS_LABEL.to_string(), count.to_string())]);
+        let labels = |shard: &str, count: &str| {
+            BTreeMap::from([
+                (SHARD_LABEL.to_string(), shard.to_string()),
+                (SHARDS_LABEL.to_string(), count.to_string()),
+            ])
+        };
         assert!(!misfiled(&own, "team", "web", 64), "its own labels");
         let other = (shard_of("team/web", 64) + 1) % 64;
         assert!(misfiled(&labels(&other.to_string(), "64"), "team", "web", 64), "copied from another Stack");
         assert!(misfiled(&labels("garbage", "64"), "team", "web", 64), "not a shard");
-        assert!(!misfiled(&labels(&other.to_string(), "32"), "team", "web", 64), "another count: the labeller's business");
+        assert!(
+            !misfiled(&labels(&other.to_string(), "32"), "team", "web", 64),
+            "another count: the labeller's business"
+        );
         assert!(!misfiled(&BTreeMap::new(), "team", "web", 64), "unlabelled: the labeller's business");
-        assert!(needs_labels(&BTreeMap::new(), "team", "web", 64) && needs_labels(&labels("1", "32"), "team", "web", 64));
+        assert!(
+            needs_labels(&BTreeMap::new(), "team", "web", 64) && needs_labels(&labels("1", "32"), "team", "web", 64)
+        );
         assert!(needs_labels(&labels("garbage", "64"), "team", "web", 64) && !needs_labels(&own, "team", "web", 64));
     }
 
@@ -564,9 +683,18 @@ mod tests {
     fn a_shard_taken_again_at_a_new_epoch_is_regained_and_renewals_are_no_change() {
         let m = |v: &[(u32, i64)]| v.iter().copied().collect::<BTreeMap<u32, i64>>();
         assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(1, 3), (2, 4)])), HoldingChange::default(), "a renewal");
-        assert_eq!(holding_change(&m(&[(1, 3)]), &m(&[(1, 3), (2, 4)])), HoldingChange { gained: 1, ..Default::default() });
-        assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(2, 4)])), HoldingChange { lost: 1, ..Default::default() });
-        assert_eq!(holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(1, 5), (3, 1)])), HoldingChange { gained: 1, lost: 1, regained: 1 });
+        assert_eq!(
+            holding_change(&m(&[(1, 3)]), &m(&[(1, 3), (2, 4)])),
+            HoldingChange { gained: 1, ..Default::default() }
+        );
+        assert_eq!(
+            holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(2, 4)])),
+            HoldingChange { lost: 1, ..Default::default() }
+        );
+        assert_eq!(
+            holding_change(&m(&[(1, 3), (2, 4)]), &m(&[(1, 5), (3, 1)])),
+            HoldingChange { gained: 1, lost: 1, regained: 1 }
+        );
         assert_eq!(holding_change(&m(&[]), &m(&[])), HoldingChange::default());
     }
 
@@ -574,9 +702,17 @@ mod tests {
     fn a_holding_that_lapsed_before_the_next_was_published_is_a_gap_and_others_are_not() {
         let now = Instant::now();
         let s = Duration::from_secs;
-        assert_eq!(resumed_after_gap(Some(now - s(2)), Some(now + s(8)), now), Some(s(2)), "lapsed 2 s ago, valid again");
+        assert_eq!(
+            resumed_after_gap(Some(now - s(2)), Some(now + s(8)), now),
+            Some(s(2)),
+            "lapsed 2 s ago, valid again"
+        );
         assert_eq!(resumed_after_gap(Some(now + s(1)), Some(now + s(9)), now), None, "renewed in time");
-        assert_eq!(resumed_after_gap(None, Some(now + s(9)), now), None, "nothing valid before (a start, or a lapse already handled)");
+        assert_eq!(
+            resumed_after_gap(None, Some(now + s(9)), now),
+            None,
+            "nothing valid before (a start, or a lapse already handled)"
+        );
         assert_eq!(resumed_after_gap(Some(now - s(2)), None, now), None, "still not valid");
         assert_eq!(resumed_after_gap(Some(now - s(2)), Some(now - s(1)), now), None, "published already expired");
     }

@@ -10,7 +10,12 @@ use serde::Serialize;
 /// `field_manager`).
 ///
 /// Errors: the API refused the write.
-pub async fn apply_status<K>(api: &Api<K>, name: &str, field_manager: &str, status: &impl Serialize) -> Result<(), kube::Error>
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+) -> Result<(), kube::Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -58,13 +63,22 @@ pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<se
     match (add, at) {
         (true, Some(_)) | (false, None) => Vec::new(),
         (true, None) if current.is_empty() => {
-            vec![json!({"op": "test", "path": "/metadata/finalizers", "value": null}), json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})]
+            vec![
+                json!({"op": "test", "path": "/metadata/finalizers", "value": null}),
+                json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}),
+            ]
         }
         (true, None) => {
-            vec![json!({"op": "test", "path": "/metadata/finalizers", "value": current}), json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})]
+            vec![
+                json!({"op": "test", "path": "/metadata/finalizers", "value": current}),
+                json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}),
+            ]
         }
         (false, Some(i)) => {
-            vec![json!({"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": finalizer}), json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")})]
+            vec![
+                json!({"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": finalizer}),
+                json!({"op": "remove", "path": format!("/metadata/finalizers/{i}")}),
+            ]
         }
     }
 }
@@ -76,7 +90,12 @@ pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<se
 /// once the cache has the newer one. `Ok(None)`: there is no such object.
 ///
 /// Errors: the API read failed.
-pub async fn cached_or_get<K>(store: &kube::runtime::reflector::Store<K>, api: &Api<K>, name: &str, usable: impl Fn(&K) -> bool) -> Result<Option<K>, kube::Error>
+pub async fn cached_or_get<K>(
+    store: &kube::runtime::reflector::Store<K>,
+    api: &Api<K>,
+    name: &str,
+    usable: impl Fn(&K) -> bool,
+) -> Result<Option<K>, kube::Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -106,13 +125,23 @@ impl Events {
     /// Recorders for `client`, reporting as this pod (`POD_NAME`) when set.
     pub fn new(client: &kube::Client) -> Self {
         let recorder = |controller: &str| Recorder::new(client.clone(), controller, std::env::var("POD_NAME").ok());
-        Self { stack: recorder("stack-controller"), update: recorder("update-controller"), workspace: recorder("workspace-controller") }
+        Self {
+            stack: recorder("stack-controller"),
+            update: recorder("update-controller"),
+            workspace: recorder("workspace-controller"),
+        }
     }
 }
 
 /// Publishes an event about `object` with `recorder`. Failures are logged, never returned: an event is
 /// not worth failing a reconcile.
-pub async fn publish<K: kube::Resource<DynamicType = ()>>(recorder: &Recorder, object: &K, severity: Severity, reason: &str, note: String) {
+pub async fn publish<K: kube::Resource<DynamicType = ()>>(
+    recorder: &Recorder,
+    object: &K,
+    severity: Severity,
+    reason: &str,
+    note: String,
+) {
     if let Err(e) = recorder.publish(&object.object_ref(&()), severity, reason, note).await {
         tracing::debug!(error = %e, reason, "event not published");
     }
@@ -166,7 +195,9 @@ pub trait ReconcileError: std::error::Error {
 
 /// The error policy of `controller` (kube's `error_policy`): counts and logs the failure
 /// ([`reconcile_failed`]) and requeues as [`ReconcileError::retry_after`] says.
-pub fn error_policy<K, E: ReconcileError, C>(controller: &'static str) -> impl Fn(std::sync::Arc<K>, &E, std::sync::Arc<C>) -> kube::runtime::controller::Action {
+pub fn error_policy<K, E: ReconcileError, C>(
+    controller: &'static str,
+) -> impl Fn(std::sync::Arc<K>, &E, std::sync::Arc<C>) -> kube::runtime::controller::Action {
     move |_object, error, _ctx| {
         reconcile_failed(controller, error.step(), error);
         match error.retry_after() {
@@ -192,8 +223,13 @@ pub struct Running {
 /// Runs `controller` (named `name` in spans, metrics and logs) until `running.shutdown`: with its
 /// configuration, each reconcile observed ([`observe`]) and failures handled by [`error_policy`].
 /// `state` is what `reconcile` gets besides the object.
-pub async fn run_controller<K, C, F, Fut, E>(controller: kube::runtime::Controller<K>, running: Running, name: &'static str, reconcile: F, state: std::sync::Arc<C>)
-where
+pub async fn run_controller<K, C, F, Fut, E>(
+    controller: kube::runtime::Controller<K>,
+    running: Running,
+    name: &'static str,
+    reconcile: F,
+    state: std::sync::Arc<C>,
+) where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     C: Send + Sync + 'static,
     F: Fn(std::sync::Arc<K>, std::sync::Arc<C>) -> Fut + Send + Sync + 'static,
@@ -220,7 +256,8 @@ where
 /// and logs it; the error policy of every controller calls this.
 pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {
     tracing::warn!(controller, step, %error, "reconcile failed");
-    metrics::counter!(crate::metric_names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step).increment(1);
+    metrics::counter!(crate::metric_names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step)
+        .increment(1);
     metrics::counter!(crate::metric_names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
 }
 

@@ -92,7 +92,12 @@ pub async fn acquire(
 
 /// Renews the Lease until told to stop (then releases it) or until it is lost: another holder, or
 /// renewals failing for longer than `renew_deadline` (then `lost` turns true).
-async fn hold(manager: kube_lease_manager::LeaseManager, lost: watch::Sender<bool>, stop: tokio_util::sync::CancellationToken, renew_deadline: Duration) {
+async fn hold(
+    manager: kube_lease_manager::LeaseManager,
+    lost: watch::Sender<bool>,
+    stop: tokio_util::sync::CancellationToken,
+    renew_deadline: Duration,
+) {
     let mut failing_since: Option<std::time::Instant> = None;
     loop {
         let started = std::time::Instant::now();
@@ -145,9 +150,11 @@ mod tests {
     #[test]
     fn pko_timings_map_to_duration_and_grace() {
         let retry_period = Duration::from_secs(10);
-        let pko = Timing { lease_duration: Duration::from_secs(60), renew_deadline: Duration::from_secs(45), retry_period };
+        let pko =
+            Timing { lease_duration: Duration::from_secs(60), renew_deadline: Duration::from_secs(45), retry_period };
         assert_eq!(pko.lease_seconds(), (60, 15));
-        let odd = Timing { lease_duration: Duration::from_secs(10), renew_deadline: Duration::from_secs(30), retry_period };
+        let odd =
+            Timing { lease_duration: Duration::from_secs(10), renew_deadline: Duration::from_secs(30), retry_period };
         assert_eq!(odd.lease_seconds(), (10, 1), "a renew deadline past the duration still renews before the end");
         let tiny = Timing { lease_duration: Duration::from_millis(500), renew_deadline: Duration::ZERO, retry_period };
         assert_eq!(tiny.lease_seconds(), (2, 1));

@@ -86,7 +86,10 @@ mod tests {
         set_pool_bounds(0, 4);
         let l = snapshot();
         assert_eq!(l.queued, [("team-a".to_string(), 3)].into());
-        assert_eq!((l.in_flight, l.running.len(), l.agents["c1"], l.pool_bounds), (2, 1, Agents { busy: 2, idle: 1 }, Some((0, 4))));
+        assert_eq!(
+            (l.in_flight, l.running.len(), l.agents["c1"], l.pool_bounds),
+            (2, 1, Agents { busy: 2, idle: 1 }, Some((0, 4)))
+        );
         let back: Load = serde_json::from_str(&announcement()).unwrap();
         assert_eq!(back, l);
         assert!(announcement().contains("\"inFlight\":2"), "{}", announcement());

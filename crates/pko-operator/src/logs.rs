@@ -36,7 +36,10 @@ struct After {
 
 /// The `/logs` routes over `output`, each authorized by `authz`.
 pub fn router(output: Arc<dyn OutputStore>, authz: Arc<Authz>) -> Router {
-    Router::new().route("/logs/{namespace}/{stack}", get(operations)).route("/logs/{namespace}/{stack}/{update}", get(read)).with_state(Logs { output, authz })
+    Router::new()
+        .route("/logs/{namespace}/{stack}", get(operations))
+        .route("/logs/{namespace}/{stack}/{update}", get(read))
+        .with_state(Logs { output, authz })
 }
 
 /// `Err(response)` unless the caller's token may `get` Stack `namespace/name`.
@@ -44,11 +47,19 @@ async fn allowed(logs: &Logs, headers: &HeaderMap, namespace: &str, name: &str) 
     let access = Access::Stack { namespace: namespace.to_string(), name: name.to_string() };
     match logs.authz.decide(crate::authz::bearer(headers), &access).await {
         StatusCode::OK => Ok(()),
-        code => Err((code, format!("{}: get stacks.pulumi.com {namespace}/{name}\n", code.canonical_reason().unwrap_or("refused"))).into_response()),
+        code => Err((
+            code,
+            format!("{}: get stacks.pulumi.com {namespace}/{name}\n", code.canonical_reason().unwrap_or("refused")),
+        )
+            .into_response()),
     }
 }
 
-async fn operations(State(logs): State<Logs>, headers: HeaderMap, Path((namespace, stack)): Path<(String, String)>) -> Response {
+async fn operations(
+    State(logs): State<Logs>,
+    headers: HeaderMap,
+    Path((namespace, stack)): Path<(String, String)>,
+) -> Response {
     if let Err(r) = allowed(&logs, &headers, &namespace, &stack).await {
         return r;
     }
@@ -58,13 +69,21 @@ async fn operations(State(logs): State<Logs>, headers: HeaderMap, Path((namespac
     }
 }
 
-async fn read(State(logs): State<Logs>, headers: HeaderMap, Path((namespace, stack, update)): Path<(String, String, String)>, Query(q): Query<After>) -> Response {
+async fn read(
+    State(logs): State<Logs>,
+    headers: HeaderMap,
+    Path((namespace, stack, update)): Path<(String, String, String)>,
+    Query(q): Query<After>,
+) -> Response {
     if let Err(r) = allowed(&logs, &headers, &namespace, &stack).await {
         return r;
     }
     match logs.output.read(&format!("{namespace}/{stack}"), &update, q.after).await {
         Ok(Some(out)) => axum::Json(out).into_response(),
-        Ok(None) => (StatusCode::NOT_FOUND, format!("no output of update {update} of stack {namespace}/{stack} is kept\n")).into_response(),
+        Ok(None) => {
+            (StatusCode::NOT_FOUND, format!("no output of update {update} of stack {namespace}/{stack} is kept\n"))
+                .into_response()
+        }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("the output store did not answer: {e}\n")).into_response(),
     }
 }

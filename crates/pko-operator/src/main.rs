@@ -115,7 +115,9 @@ fn pko_style(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let is_manager = |a: &std::ffi::OsString| std::path::Path::new(a).file_name().is_some_and(|n| n == "manager");
     if args.get(1).is_some_and(is_manager) {
         args[1] = "run".into();
-    } else if args.get(1).is_some_and(|a| a.to_string_lossy().starts_with("--") && a != "--help" && a != "--version") || args.first().is_some_and(is_manager) {
+    } else if args.get(1).is_some_and(|a| a.to_string_lossy().starts_with("--") && a != "--help" && a != "--version")
+        || args.first().is_some_and(is_manager)
+    {
         args.insert(1, "run".into());
     }
     args
@@ -123,7 +125,11 @@ fn pko_style(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
 
 /// `--leader-elect` outside a fleet: waits for the leader Lease (None when not asked, in a fleet, or
 /// shut down while waiting).
-async fn leader_election(client: &kube::Client, args: &pko_operator::args::RunArgs, shutdown: &CancellationToken) -> anyhow::Result<Option<pko_operator::leader::Leadership>> {
+async fn leader_election(
+    client: &kube::Client,
+    args: &pko_operator::args::RunArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<pko_operator::leader::Leadership>> {
     if !args.manager.leader_elect {
         return Ok(None);
     }
@@ -145,7 +151,9 @@ async fn leader_election(client: &kube::Client, args: &pko_operator::args::RunAr
     let probes = match args.metrics.health_probe_bind_address.as_str() {
         "0" => None,
         addr => {
-            let l = tokio::net::TcpListener::bind(pko_operator::args::listen_address(addr)).await.with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
+            let l = tokio::net::TcpListener::bind(pko_operator::args::listen_address(addr))
+                .await
+                .with_context(|| format!("binding --health-probe-bind-address {addr}"))?;
             Some(tokio::spawn(pko_operator::metrics::serve_standby_probes(l, standby.clone())))
         }
     };
@@ -197,7 +205,10 @@ mod tests {
     use super::*;
 
     fn args(a: &[&str]) -> Vec<String> {
-        pko_style(a.iter().map(std::ffi::OsString::from).collect()).into_iter().map(|s| s.to_string_lossy().into_owned()).collect()
+        pko_style(a.iter().map(std::ffi::OsString::from).collect())
+            .into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect()
     }
 
     #[test]
@@ -208,6 +219,11 @@ mod tests {
         assert_eq!(args(&["pko-operator", "run", "--fleet"]), ["pko-operator", "run", "--fleet"]);
         assert_eq!(args(&["pko-operator", "crds", "--out", "-"]), ["pko-operator", "crds", "--out", "-"]);
         assert_eq!(args(&["pko-operator", "--help"]), ["pko-operator", "--help"]);
-        assert!(Cli::try_parse_from(pko_style(["/manager", "--leader-elect", "--zap-log-level=info"].iter().map(std::ffi::OsString::from).collect())).is_ok());
+        assert!(
+            Cli::try_parse_from(pko_style(
+                ["/manager", "--leader-elect", "--zap-log-level=info"].iter().map(std::ffi::OsString::from).collect()
+            ))
+            .is_ok()
+        );
     }
 }

@@ -54,9 +54,13 @@ pub fn install_recorder() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             // `*_seconds` metrics are histograms (buckets from 5 ms to 30 minutes), not summaries
-            let buckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0];
+            let buckets = [
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+            ];
             let builder = PrometheusBuilder::new();
-            let builder = builder.set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()), &buckets).unwrap_or_else(|_| PrometheusBuilder::new());
+            let builder = builder
+                .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()), &buckets)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             let _ = metrics::set_global_recorder(recorder);
@@ -73,14 +77,22 @@ pub fn install_recorder() -> PrometheusHandle {
 /// its informers, rather than facade gauges: the `metrics` facade cannot delete a series (PKO deletes a
 /// deleted Stack's `stacks_failing`), and its recorder is process-wide, so several replicas in one
 /// process (the fleet tests) would overwrite one another's `stacks_active`.
-pub fn pko_gauges<'a>(stacks: impl IntoIterator<Item = &'a Stack>, programs: usize, owns: &dyn Fn(&str, &str) -> bool) -> String {
+pub fn pko_gauges<'a>(
+    stacks: impl IntoIterator<Item = &'a Stack>,
+    programs: usize,
+    owns: &dyn Fn(&str, &str) -> bool,
+) -> String {
     use metrics_exporter_prometheus::formatting::{write_help_line, write_metric_line, write_type_line};
     let no_labels = LabelSet::from_key_and_global(&metrics::Key::from_name(names::STACKS_ACTIVE), &Default::default());
     let mut failing = Vec::new();
     for s in stacks {
         let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
         if owns(&ns, &name) {
-            let failed = s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed));
+            let failed = s
+                .status
+                .as_ref()
+                .and_then(|st| st.last_update.as_ref())
+                .is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed));
             failing.push((ns, name, u8::from(failed)));
         }
     }
@@ -94,8 +106,19 @@ pub fn pko_gauges<'a>(stacks: impl IntoIterator<Item = &'a Stack>, programs: usi
     write_metric_line::<&str, usize>(&mut out, names::STACKS_ACTIVE, None, &no_labels, None, failing.len(), None);
     gauge(&mut out, names::STACKS_FAILING, "Whether a Stack's last update failed (1) or not (0).");
     for (ns, name, failed) in failing {
-        let key = metrics::Key::from_parts(names::STACKS_FAILING, vec![metrics::Label::new("namespace", ns), metrics::Label::new("name", name)]);
-        write_metric_line::<&str, u8>(&mut out, names::STACKS_FAILING, None, &LabelSet::from_key_and_global(&key, &Default::default()), None, failed, None);
+        let key = metrics::Key::from_parts(
+            names::STACKS_FAILING,
+            vec![metrics::Label::new("namespace", ns), metrics::Label::new("name", name)],
+        );
+        write_metric_line::<&str, u8>(
+            &mut out,
+            names::STACKS_FAILING,
+            None,
+            &LabelSet::from_key_and_global(&key, &Default::default()),
+            None,
+            failed,
+            None,
+        );
     }
     gauge(&mut out, names::PROGRAMS_ACTIVE, "Number of Programs the operator manages.");
     write_metric_line::<&str, usize>(&mut out, names::PROGRAMS_ACTIVE, None, &no_labels, None, programs, None);
@@ -128,7 +151,8 @@ async fn render(State(s): State<MetricsState>) -> String {
     collect_process_metrics();
     let stacks = s.stacks.state();
     let owns = |ns: &str, name: &str| s.ownership.owns(ns, name);
-    let programs = s.programs.state().iter().filter(|p| owns(&p.namespace().unwrap_or_default(), &p.name_any())).count();
+    let programs =
+        s.programs.state().iter().filter(|p| owns(&p.namespace().unwrap_or_default(), &p.name_any())).count();
     let mut out = pko_gauges(stacks.iter().map(|x| &**x), programs, &owns);
     out.push_str(&s.handle.render());
     out
@@ -171,10 +195,18 @@ pub async fn self_signed_tls(names: Vec<String>) -> std::io::Result<axum_server:
     let mut sans = vec!["localhost".to_string()];
     sans.extend(names);
     let cert = rcgen::generate_simple_self_signed(sans).map_err(std::io::Error::other)?;
-    axum_server::tls_rustls::RustlsConfig::from_pem(cert.cert.pem().into_bytes(), cert.signing_key.serialize_pem().into_bytes()).await
+    axum_server::tls_rustls::RustlsConfig::from_pem(
+        cert.cert.pem().into_bytes(),
+        cert.signing_key.serialize_pem().into_bytes(),
+    )
+    .await
 }
 
-async fn require_authz(State(authz): State<Arc<crate::authz::Authz>>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+async fn require_authz(
+    State(authz): State<Arc<crate::authz::Authz>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
     match authz.decide(crate::authz::bearer(req.headers()), &crate::authz::Access::Metrics).await {
         axum::http::StatusCode::OK => next.run(req).await,
@@ -210,7 +242,9 @@ pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::infor
     use axum::http::StatusCode;
     let readyz = move || {
         let ready = ready.clone();
-        async move { if ready.get() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") } }
+        async move {
+            if ready.get() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") }
+        }
     };
     let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz));
     axum::serve(listener, router).await
@@ -221,8 +255,13 @@ pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::infor
 /// manager answers before it leads. A Deployment's rolling update then sees the new pod Ready and stops
 /// the old one, whose release of the Lease lets the new one lead (a readiness tied to leadership would
 /// keep both waiting for each other).
-pub async fn serve_standby_probes(listener: tokio::net::TcpListener, stop: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
-    let router: Router = Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(|| async { "ok (standby: waiting for the leader Lease)" }));
+pub async fn serve_standby_probes(
+    listener: tokio::net::TcpListener,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let router: Router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok (standby: waiting for the leader Lease)" }));
     axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
 }
 
@@ -235,7 +274,10 @@ mod tests {
     fn stack(ns: &str, name: &str, state: Option<StackUpdateStateMessage>) -> Stack {
         let mut s = Stack::new(name, StackSpec { stack: "dev".into(), ..Default::default() });
         s.metadata.namespace = Some(ns.into());
-        s.status = Some(StackStatus { last_update: state.map(|st| StackUpdateState { state: Some(st), ..Default::default() }), ..Default::default() });
+        s.status = Some(StackStatus {
+            last_update: state.map(|st| StackUpdateState { state: Some(st), ..Default::default() }),
+            ..Default::default()
+        });
         s
     }
 

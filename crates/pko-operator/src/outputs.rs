@@ -25,15 +25,26 @@ pub fn data_key(name: &str) -> String {
 }
 
 /// The outputs Secret: `outputs` maps output name → (JSON value, secret flag); owned by the Update.
-pub fn secret(update: &str, namespace: &str, owner: OwnerReference, outputs: &BTreeMap<String, (Value, bool)>) -> Secret {
+pub fn secret(
+    update: &str,
+    namespace: &str,
+    owner: OwnerReference,
+    outputs: &BTreeMap<String, (Value, bool)>,
+) -> Secret {
     let secrets: Vec<String> = outputs.iter().filter(|(_, (_, s))| *s).map(|(k, _)| data_key(k)).collect();
     Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(update)),
             namespace: Some(namespace.into()),
             owner_references: Some(vec![owner]),
-            labels: Some(BTreeMap::from([(AUTO_COMPONENT_LABEL.to_string(), "update".to_string()), (UPDATE_NAME_LABEL.to_string(), update.to_string())])),
-            annotations: Some(BTreeMap::from([(SECRET_OUTPUTS_ANNOTATION.to_string(), serde_json::to_string(&secrets).expect("list of strings"))])),
+            labels: Some(BTreeMap::from([
+                (AUTO_COMPONENT_LABEL.to_string(), "update".to_string()),
+                (UPDATE_NAME_LABEL.to_string(), update.to_string()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                SECRET_OUTPUTS_ANNOTATION.to_string(),
+                serde_json::to_string(&secrets).expect("list of strings"),
+            )])),
             ..Default::default()
         },
         immutable: Some(true),
@@ -44,14 +55,23 @@ pub fn secret(update: &str, namespace: &str, owner: OwnerReference, outputs: &BT
 
 /// `Stack.status.outputs` from an outputs Secret: JSON values, secret ones replaced by `[secret]`.
 pub fn stack_outputs(secret: &Secret) -> BTreeMap<String, Value> {
-    let secret_keys: Vec<String> =
-        secret.metadata.annotations.as_ref().and_then(|a| a.get(SECRET_OUTPUTS_ANNOTATION)).and_then(|s| serde_json::from_str(s).ok()).unwrap_or_default();
+    let secret_keys: Vec<String> = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SECRET_OUTPUTS_ANNOTATION))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
     secret
         .data
         .iter()
         .flatten()
         .map(|(k, v)| {
-            let value = if secret_keys.contains(k) { Value::String(SECRET_MASK.into()) } else { serde_json::from_slice(&v.0).unwrap_or(Value::Null) };
+            let value = if secret_keys.contains(k) {
+                Value::String(SECRET_MASK.into())
+            } else {
+                serde_json::from_slice(&v.0).unwrap_or(Value::Null)
+            };
             (k.clone(), value)
         })
         .collect()
@@ -105,7 +125,15 @@ mod tests {
     #[tokio::test]
     async fn what_was_written_is_taken_once_masked() {
         let owner = OwnerReference { name: "u1".into(), uid: "uid-1".into(), ..Default::default() };
-        let s = secret("u1", "ns", owner, &BTreeMap::from([("url".to_string(), (json!("https://x"), false)), ("pw".to_string(), (json!("hunter2"), true))]));
+        let s = secret(
+            "u1",
+            "ns",
+            owner,
+            &BTreeMap::from([
+                ("url".to_string(), (json!("https://x"), false)),
+                ("pw".to_string(), (json!("hunter2"), true)),
+            ]),
+        );
         let written = Written::default();
         assert!(written.take("uid-1").await.is_none(), "nothing written yet");
         written.wrote("uid-1", &s).await;
@@ -117,7 +145,13 @@ mod tests {
 
     #[test]
     fn secret_round_trip_masks_secret_outputs() {
-        let owner = OwnerReference { api_version: "auto.pulumi.com/v1alpha1".into(), kind: "Update".into(), name: "u1".into(), uid: "uid".into(), ..Default::default() };
+        let owner = OwnerReference {
+            api_version: "auto.pulumi.com/v1alpha1".into(),
+            kind: "Update".into(),
+            name: "u1".into(),
+            uid: "uid".into(),
+            ..Default::default()
+        };
         let outs = BTreeMap::from([
             ("url".to_string(), (json!("https://x"), false)),
             ("db password".to_string(), (json!("hunter2"), true)),

@@ -72,16 +72,26 @@ pub fn tarball(program: &Program) -> Result<Vec<u8>, Error> {
 
 /// The artifact `status.artifact` should hold for `program`, served from `advertised` (host:port).
 /// `last_update_time` is kept from `previous` when the digest did not change.
-pub fn desired_artifact(program: &Program, advertised: &str, previous: Option<&Artifact>, now: Time) -> Result<Artifact, Error> {
+pub fn desired_artifact(
+    program: &Program,
+    advertised: &str,
+    previous: Option<&Artifact>,
+    now: Time,
+) -> Result<Artifact, Error> {
     let bytes = tarball(program)?;
     let ns = program.namespace().unwrap_or_default();
     let name = program.name_any();
     let generation = program.meta().generation.unwrap_or(0);
     let digest = digest(&bytes);
-    let unchanged = previous.filter(|p| p.digest.as_deref() == Some(digest.as_str()) && p.revision.as_deref() == Some(generation.to_string().as_str()));
+    let unchanged = previous.filter(|p| {
+        p.digest.as_deref() == Some(digest.as_str()) && p.revision.as_deref() == Some(generation.to_string().as_str())
+    });
     Ok(Artifact {
         path: format!("programs/{ns}/{name}/{generation}/{hex}.tar.gz", hex = digest.trim_start_matches("sha256:")),
-        url: format!("http://{advertised}/programs/{ns}/{name}/{generation}/{hex}.tar.gz", hex = digest.trim_start_matches("sha256:")),
+        url: format!(
+            "http://{advertised}/programs/{ns}/{name}/{generation}/{hex}.tar.gz",
+            hex = digest.trim_start_matches("sha256:")
+        ),
         revision: Some(generation.to_string()),
         digest: Some(digest),
         last_update_time: unchanged.map(|p| p.last_update_time.clone()).unwrap_or(now),
@@ -105,7 +115,14 @@ pub async fn reconcile(program: Arc<Program>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
     let status = ProgramStatus { observed_generation: generation, artifact: Some(artifact) };
-    crate::k8s::apply_status(&Api::<Program>::namespaced(ctx.client.clone(), &ns), &name, STATUS_FIELD_MANAGER, &status).await.map_err(Error::Status)?;
+    crate::k8s::apply_status(
+        &Api::<Program>::namespaced(ctx.client.clone(), &ns),
+        &name,
+        STATUS_FIELD_MANAGER,
+        &status,
+    )
+    .await
+    .map_err(Error::Status)?;
     tracing::info!(program = %format!("{ns}/{name}"), generation, "published program artifact");
     Ok(Action::await_change())
 }
@@ -158,9 +175,16 @@ mod tests {
         let mut resources = BTreeMap::new();
         resources.insert(
             "hello".to_string(),
-            PResource { resource_type: "command:local:Command".into(), properties: Some(BTreeMap::from([("create".to_string(), json!("echo hi"))])), ..Default::default() },
+            PResource {
+                resource_type: "command:local:Command".into(),
+                properties: Some(BTreeMap::from([("create".to_string(), json!("echo hi"))])),
+                ..Default::default()
+            },
         );
-        let mut p = Program::new("demo", ProgramFields { program: Some(ProgramSpec { resources: Some(resources), ..Default::default() }) });
+        let mut p = Program::new(
+            "demo",
+            ProgramFields { program: Some(ProgramSpec { resources: Some(resources), ..Default::default() }) },
+        );
         p.metadata.namespace = Some("team".into());
         p.metadata.generation = Some(generation);
         p
@@ -180,10 +204,15 @@ mod tests {
         let a = tarball(&program(1)).unwrap();
         let b = tarball(&program(1)).unwrap();
         assert_eq!(a, b, "same program, same bytes");
-        let art = desired_artifact(&program(3), "op.pko:80", None, Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)).unwrap();
+        let art =
+            desired_artifact(&program(3), "op.pko:80", None, Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)).unwrap();
         assert_eq!(art.digest.as_deref(), Some(digest(&a).as_str()));
         let hex = digest(&tarball(&program(3)).unwrap()).trim_start_matches("sha256:").to_string();
-        assert_eq!(art.url, format!("http://op.pko:80/programs/team/demo/3/{hex}.tar.gz"), "the digest makes the URL a capability");
+        assert_eq!(
+            art.url,
+            format!("http://op.pko:80/programs/team/demo/3/{hex}.tar.gz"),
+            "the digest makes the URL a capability"
+        );
         assert_eq!(art.path, format!("programs/team/demo/3/{hex}.tar.gz"));
         assert_eq!(art.revision.as_deref(), Some("3"));
         assert_eq!(art.size, Some(a.len() as i64));

@@ -95,7 +95,9 @@ impl Operator {
     pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
         let Operator { client, watch_client, args, local_agent_env } = self;
         let RunArgs { artifacts, runtime, operations, metrics, logging: _, fleet, manager: _ } = args;
-        let listener = tokio::net::TcpListener::bind(artifacts.program_fs_addr).await.with_context(|| format!("binding --program-fs-addr {}", artifacts.program_fs_addr))?;
+        let listener = tokio::net::TcpListener::bind(artifacts.program_fs_addr)
+            .await
+            .with_context(|| format!("binding --program-fs-addr {}", artifacts.program_fs_addr))?;
         let artifacts_addr = listener.local_addr()?;
         let advertised = artifacts.program_fs_adv_addr.clone().unwrap_or_else(|| artifacts_addr.to_string());
         let scope = WatchScope::from_namespaces(&operations.namespaces);
@@ -112,7 +114,8 @@ impl Operator {
         let output = Self::output(redis.as_deref(), &operations);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
         let watch_client = watch_client.unwrap_or_else(|| client.clone());
-        let (secrets, secret_watch) = crate::secret_cache::SecretCache::watched(&watch_client, &scope, shutdown.clone());
+        let (secrets, secret_watch) =
+            crate::secret_cache::SecretCache::watched(&watch_client, &scope, shutdown.clone());
         servers.push(tokio::spawn(secret_watch));
         let member = match &replica {
             Some(r) => Some(crate::fleet::join(&client, &watch_client, &fleet, r, &operations.namespaces, &shutdown)?),
@@ -144,20 +147,47 @@ impl Operator {
         if let Some(m) = member {
             informers = informers.with_shards(m.held.clone());
             membership.extend(m.tasks);
-            servers.extend(Self::labellers(&client, &watch_client, scope, fleet.shards, &m.ownership, &mut informers, &shutdown));
+            servers.extend(Self::labellers(
+                &client,
+                &watch_client,
+                scope,
+                fleet.shards,
+                &m.ownership,
+                &mut informers,
+                &shutdown,
+            ));
         }
-        let agents = Arc::new(Self::agents(&client, &runtime, &fleet, replica.as_deref(), local_agent_env, ctx.ownership.clone())?);
+        let agents = Arc::new(Self::agents(
+            &client,
+            &runtime,
+            &fleet,
+            replica.as_deref(),
+            local_agent_env,
+            ctx.ownership.clone(),
+        )?);
         let (programs, program_controller) = crate::program::program_controller(ctx.clone(), &mut informers);
         let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
         let workspace_controller = WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers);
         let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations).with_agents(agents);
-        let updates = if operations.max_operations_per_class > 0 { updates.with_class_limit(operations.max_operations_per_class) } else { updates };
+        let updates = if operations.max_operations_per_class > 0 {
+            updates.with_class_limit(operations.max_operations_per_class)
+        } else {
+            updates
+        };
         let update_controller = updates.run(&mut informers);
         // every kind is watched once, by its informer; ready once every cache has synced
         let (ready, watches) = informers.run(shutdown.clone());
         servers.push(tokio::spawn(watches));
-        let sources = crate::metrics::Sources { stacks, programs: programs.clone(), ownership: ctx.ownership.clone(), handle: recorder };
-        let (metrics_addr, probes_addr) = (Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?, Self::serve_probes(&metrics, ready, &mut servers).await?);
+        let sources = crate::metrics::Sources {
+            stacks,
+            programs: programs.clone(),
+            ownership: ctx.ownership.clone(),
+            handle: recorder,
+        };
+        let (metrics_addr, probes_addr) = (
+            Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?,
+            Self::serve_probes(&metrics, ready, &mut servers).await?,
+        );
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, crate::artifacts::ArtifactState::new(programs)).await;
         }));
@@ -165,7 +195,8 @@ impl Operator {
         let task = tokio::spawn(async move {
             tokio::join!(program_controller, stack_controller, workspace_controller, update_controller);
             // the membership ends by releasing its Lease (successors take the shards at once)
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
             servers.iter().for_each(tokio::task::JoinHandle::abort);
             tracing::info!("operator stopped");
         });
@@ -176,7 +207,11 @@ impl Operator {
     /// without Redis must be a single replica.
     ///
     /// Errors: no id to be had, or another replica of the fleet is found without Redis.
-    async fn replica(client: &kube::Client, fleet: &crate::args::FleetArgs, operations: &crate::args::OperationArgs) -> anyhow::Result<Option<String>> {
+    async fn replica(
+        client: &kube::Client,
+        fleet: &crate::args::FleetArgs,
+        operations: &crate::args::OperationArgs,
+    ) -> anyhow::Result<Option<String>> {
         let replica = if fleet.fleet { Some(crate::fleet::replica_id(fleet)?) } else { None };
         if let Some(r) = &replica
             && operations.redis_url.as_deref().is_none_or(str::is_empty)
@@ -187,8 +222,15 @@ impl Operator {
     }
 
     /// Where operations' output is kept: the fleet's Redis with `--redis-url`, else this replica's memory.
-    fn output(redis: Option<&crate::queue::redis::RedisQueue>, operations: &crate::args::OperationArgs) -> Arc<dyn pko_queue::output::OutputStore> {
-        let limits = pko_queue::output::Limits { lines: operations.output_lines as usize, operations: operations.output_operations as usize, ..Default::default() };
+    fn output(
+        redis: Option<&crate::queue::redis::RedisQueue>,
+        operations: &crate::args::OperationArgs,
+    ) -> Arc<dyn pko_queue::output::OutputStore> {
+        let limits = pko_queue::output::Limits {
+            lines: operations.output_lines as usize,
+            operations: operations.output_operations as usize,
+            ..Default::default()
+        };
         match redis {
             Some(q) => Arc::new(q.output(limits)),
             None => Arc::new(pko_queue::output::MemoryOutput::new(limits)),
@@ -205,7 +247,11 @@ impl Operator {
 
     /// What a replica outside a fleet owns: everything, or the objects of `--namespaces`.
     fn single_ownership(namespaces: &[String]) -> Arc<dyn Ownership> {
-        if namespaces.is_empty() { Arc::new(SingleReplica) } else { Arc::new(Namespaces(namespaces.iter().cloned().collect())) }
+        if namespaces.is_empty() {
+            Arc::new(SingleReplica)
+        } else {
+            Arc::new(Namespaces(namespaces.iter().cloned().collect()))
+        }
     }
 
     /// The fleet's labellers: unsharded objects get their shard labels, and objects filed under another
@@ -219,8 +265,15 @@ impl Operator {
         informers: &mut Informers,
         shutdown: &CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut tasks =
-            vec![tokio::spawn(crate::fleet::label_unsharded(client.clone(), watch_client.clone(), scope, shards, ownership.clone(), ownership.standing(), shutdown.clone()))];
+        let mut tasks = vec![tokio::spawn(crate::fleet::label_unsharded(
+            client.clone(),
+            watch_client.clone(),
+            scope,
+            shards,
+            ownership.clone(),
+            ownership.standing(),
+            shutdown.clone(),
+        ))];
         tasks.extend(crate::fleet::relabel_misfiled_kinds(informers, client, shards, &ownership.standing(), shutdown));
         tasks
     }
@@ -247,9 +300,13 @@ impl Operator {
         let client = client.clone();
         Ok(match runtime.runtime {
             RuntimeKind::Pod => {
-                let service_account = runtime.service_account.clone().or_else(|| Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?)));
+                let service_account = runtime.service_account.clone().or_else(|| {
+                    Some(format!("{}/{}", fleet.fleet_namespace.as_deref()?, runtime.pod_sa_name.as_deref()?))
+                });
                 let Some((ns, sa)) = service_account.as_deref().and_then(|s| s.split_once('/')) else {
-                    anyhow::bail!("--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens")
+                    anyhow::bail!(
+                        "--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens"
+                    )
                 };
                 let tokens = Arc::new(AgentTokens::new(client.clone(), ns, sa));
                 let cfg = PodRuntimeConfig {
@@ -258,7 +315,11 @@ impl Operator {
                     flux_max_untar_size_bytes: runtime.flux_max_untar_size_bytes,
                 };
                 if pooled {
-                    Agents::pod_pools(client.clone(), PodPools::new(client, Self::pool_config(runtime), cfg, tokens.clone(), ownership), tokens)
+                    Agents::pod_pools(
+                        client.clone(),
+                        PodPools::new(client, Self::pool_config(runtime), cfg, tokens.clone(), ownership),
+                        tokens,
+                    )
                 } else {
                     Agents::own_pods(client, cfg, Some(tokens))
                 }
@@ -273,7 +334,10 @@ impl Operator {
                 );
                 if pooled {
                     let replica = replica.unwrap_or("operator").to_string();
-                    Agents::process_pools(client.clone(), LocalPools::new(local, client, replica, Self::pool_config(runtime)))
+                    Agents::process_pools(
+                        client.clone(),
+                        LocalPools::new(local, client, replica, Self::pool_config(runtime)),
+                    )
                 } else {
                     Agents::own_processes(client, local)
                 }
@@ -303,14 +367,23 @@ impl Operator {
         operations: &crate::args::OperationArgs,
         replica: Option<&str>,
     ) -> anyhow::Result<(Arc<dyn crate::queue::WorkQueue>, Option<Arc<crate::queue::redis::RedisQueue>>)> {
-        let per_namespace = pko_queue::namespace_limit(operations.max_operations, operations.namespace_share_percent, operations.max_operations_per_namespace);
+        let per_namespace = pko_queue::namespace_limit(
+            operations.max_operations,
+            operations.namespace_share_percent,
+            operations.max_operations_per_namespace,
+        );
         let Some(url) = operations.redis_url.as_deref().filter(|u| !u.is_empty()) else {
             return Ok((Arc::new(crate::queue::InMemoryQueue::new(per_namespace)), None));
         };
         let worker = replica.unwrap_or("single").to_string();
-        let target = pko_queue::connect::Target::parse(url, operations.redis_sentinel_master.as_deref()).map_err(anyhow::Error::msg)?;
+        let target = pko_queue::connect::Target::parse(url, operations.redis_sentinel_master.as_deref())
+            .map_err(anyhow::Error::msg)?;
         let q = crate::queue::redis::RedisQueue::on(&target, &operations.redis_prefix, &worker, per_namespace)?;
-        let via = if matches!(target, pko_queue::connect::Target::Sentinel { .. }) { "redis (through Sentinel)" } else { "redis" };
+        let via = if matches!(target, pko_queue::connect::Target::Sentinel { .. }) {
+            "redis (through Sentinel)"
+        } else {
+            "redis"
+        };
         match q.ping().await {
             Ok(()) => tracing::info!(prefix = %operations.redis_prefix, "work queue: {via}"),
             // Redis is an accelerator: the operator works without it and records jobs once it is back
@@ -332,7 +405,9 @@ impl Operator {
                 Some(d) => axum_server::tls_rustls::RustlsConfig::from_pem_file(d.join("tls.crt"), d.join("tls.key"))
                     .await
                     .with_context(|| format!("reading {}/tls.crt and tls.key", d.display()))?,
-                None => crate::metrics::self_signed_tls(std::env::var("POD_NAME").into_iter().collect()).await.context("making the metrics certificate")?,
+                None => crate::metrics::self_signed_tls(std::env::var("POD_NAME").into_iter().collect())
+                    .await
+                    .context("making the metrics certificate")?,
             };
             crate::metrics::Security::Secure { tls }
         } else {
@@ -348,8 +423,14 @@ impl Operator {
         Ok(Some(bound))
     }
 
-    async fn serve_probes(m: &crate::args::MetricsArgs, ready: Synced, servers: &mut Vec<tokio::task::JoinHandle<()>>) -> anyhow::Result<Option<SocketAddr>> {
-        let Some((l, bound)) = bind("--health-probe-bind-address", &m.health_probe_bind_address).await? else { return Ok(None) };
+    async fn serve_probes(
+        m: &crate::args::MetricsArgs,
+        ready: Synced,
+        servers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> anyhow::Result<Option<SocketAddr>> {
+        let Some((l, bound)) = bind("--health-probe-bind-address", &m.health_probe_bind_address).await? else {
+            return Ok(None);
+        };
         servers.push(tokio::spawn(async move {
             let _ = crate::metrics::serve_probes(l, ready).await;
         }));

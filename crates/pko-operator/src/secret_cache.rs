@@ -59,7 +59,10 @@ impl Default for SecretCache {
 
 impl std::fmt::Debug for SecretCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretCache").field("watched", &self.versions.keys().collect::<Vec<_>>()).field("contents", &self.contents.entry_count()).finish()
+        f.debug_struct("SecretCache")
+            .field("watched", &self.versions.keys().collect::<Vec<_>>())
+            .field("contents", &self.contents.entry_count())
+            .finish()
     }
 }
 
@@ -72,11 +75,17 @@ impl SecretCache {
     /// A cache whose versions come from a metadata watch of Secrets over `scope` through `client`
     /// (the watch client: no read timeout), and the watch to run until `shutdown` (errors are logged
     /// and retried with kube's default backoff; a watch refused by RBAC leaves its namespace uncached).
-    pub fn watched(client: &kube::Client, scope: &WatchScope, shutdown: CancellationToken) -> (Self, BoxFuture<'static, ()>) {
+    pub fn watched(
+        client: &kube::Client,
+        scope: &WatchScope,
+        shutdown: CancellationToken,
+    ) -> (Self, BoxFuture<'static, ()>) {
         // an `Api` of `PartialObjectMeta` lists and watches metadata only (kube's metadata watch)
         let sources: Vec<(Option<String>, Api<PartialObjectMeta<Secret>>)> = match scope {
             WatchScope::Cluster => vec![(None, Api::all(client.clone()))],
-            WatchScope::Namespaces(list) => list.iter().map(|ns| (Some(ns.clone()), Api::namespaced(client.clone(), ns))).collect(),
+            WatchScope::Namespaces(list) => {
+                list.iter().map(|ns| (Some(ns.clone()), Api::namespaced(client.clone(), ns))).collect()
+            }
         };
         let mut versions = Versions::new();
         let mut watches = Vec::new();
@@ -84,7 +93,10 @@ impl SecretCache {
             let namespace = key.clone().unwrap_or_else(|| "(cluster)".into());
             let (reader, writer) = reflector::store();
             versions.insert(key, reader);
-            let stream = reflector::reflector(writer, watcher(api, versions_config()).default_backoff().modify(keep_version_only));
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, versions_config()).default_backoff().modify(keep_version_only),
+            );
             // the first error of a source is a warning (RBAC refusing the watch leaves every read of
             // its Secrets uncached), the retries after it are debug lines
             let warned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -123,7 +135,9 @@ impl SecretCache {
     /// Errors: the API server's (404 for a missing Secret, 403, …).
     pub async fn read(&self, client: &kube::Client, namespace: &str, name: &str) -> Result<Arc<Data>, kube::Error> {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(data) = usable(self.current_version(namespace, name).as_deref(), self.contents.get(&key).await.as_ref()) {
+        if let Some(data) =
+            usable(self.current_version(namespace, name).as_deref(), self.contents.get(&key).await.as_ref())
+        {
             metrics::counter!(crate::metric_names::SECRET_READS_TOTAL, "source" => "cache").increment(1);
             return Ok(data);
         }
@@ -165,7 +179,12 @@ fn usable(current: Option<&str>, cached: Option<&(String, Arc<Data>)>) -> Option
 /// cluster's Secrets cost a few hundred bytes each in memory.
 fn keep_version_only(meta: &mut PartialObjectMeta<Secret>) {
     let m = &mut meta.metadata;
-    *m = kube::api::ObjectMeta { name: m.name.take(), namespace: m.namespace.take(), resource_version: m.resource_version.take(), ..Default::default() };
+    *m = kube::api::ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        resource_version: m.resource_version.take(),
+        ..Default::default()
+    };
 }
 
 #[cfg(test)]
@@ -195,8 +214,19 @@ mod tests {
         }))
         .unwrap();
         keep_version_only(&mut meta);
-        assert_eq!((meta.metadata.name.as_deref(), meta.metadata.namespace.as_deref(), meta.metadata.resource_version.as_deref()), (Some("p"), Some("n"), Some("9")));
-        assert!(meta.metadata.labels.is_none() && meta.metadata.annotations.is_none() && meta.metadata.managed_fields.is_none());
+        assert_eq!(
+            (
+                meta.metadata.name.as_deref(),
+                meta.metadata.namespace.as_deref(),
+                meta.metadata.resource_version.as_deref()
+            ),
+            (Some("p"), Some("n"), Some("9"))
+        );
+        assert!(
+            meta.metadata.labels.is_none()
+                && meta.metadata.annotations.is_none()
+                && meta.metadata.managed_fields.is_none()
+        );
     }
 
     #[test]
@@ -204,7 +234,11 @@ mod tests {
         assert_eq!(versions_selector(), "auto.pulumi.com/component!=update");
         assert_eq!(versions_config().label_selector.as_deref(), Some("auto.pulumi.com/component!=update"));
         let outputs = crate::outputs::secret("u", "n", Default::default(), &BTreeMap::new());
-        assert_eq!(outputs.metadata.labels.unwrap_or_default().get(AUTO_COMPONENT_LABEL).map(String::as_str), Some("update"), "the label the selector leaves out");
+        assert_eq!(
+            outputs.metadata.labels.unwrap_or_default().get(AUTO_COMPONENT_LABEL).map(String::as_str),
+            Some("update"),
+            "the label the selector leaves out"
+        );
     }
 
     #[tokio::test]

@@ -68,10 +68,18 @@ pub fn verdict(result: &OperationResult) -> Verdict {
 pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
     let mut errors = Vec::new();
     if let Some(p) = spec.security_profile.as_ref().filter(|p| !p.is_known()) {
-        errors.push(format!("spec.securityProfile: unsupported value {:?}; one of {}", p.as_str(), SecurityProfile::expected()));
+        errors.push(format!(
+            "spec.securityProfile: unsupported value {:?}; one of {}",
+            p.as_str(),
+            SecurityProfile::expected()
+        ));
     }
     if let Some(p) = spec.image_pull_policy.as_ref().filter(|p| !p.is_known()) {
-        errors.push(format!("spec.imagePullPolicy: unsupported value {:?}; one of {}", p.as_str(), PullPolicy::expected()));
+        errors.push(format!(
+            "spec.imagePullPolicy: unsupported value {:?}; one of {}",
+            p.as_str(),
+            PullPolicy::expected()
+        ));
     }
     if let Some(m) = spec.service_account_name.as_deref().and_then(pko_api::validation::service_account_name_error) {
         errors.push(format!("spec.serviceAccountName: {m}"));
@@ -83,8 +91,13 @@ pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
 /// generation, or it is `SpecInvalid` (the controller's own; a spec that still cannot run stalls it
 /// again at once). Pure.
 pub fn outdated(ws: &Workspace) -> bool {
-    let current = pko_api::conditions::find(ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::STALLED);
-    current.is_some_and(|c| c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID))
+    let current = pko_api::conditions::find(
+        ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(),
+        wc::STALLED,
+    );
+    current.is_some_and(|c| {
+        c.status == "True" && (c.observed_generation != ws.meta().generation || c.reason == wc::SPEC_INVALID)
+    })
 }
 
 /// The event PKO emits when a workspace stalls with `reason` preparing stack `stack`, and its text
@@ -92,22 +105,39 @@ pub fn outdated(ws: &Workspace) -> bool {
 pub fn stall_event(reason: &str, message: &str, stack: &str) -> Option<(&'static str, String)> {
     match reason {
         wc::INSTALLATION_FAILED => Some((ev::INSTALLATION_FAILURE, message.to_string())),
-        wc::INITIALIZATION_FAILED | wc::INCOMPATIBLE_CONFIGURATION => Some((ev::STACK_INITIALIZATION_FAILURE, format!("Failed to initialize stack {stack:?}: {message}"))),
+        wc::INITIALIZATION_FAILED | wc::INCOMPATIBLE_CONFIGURATION => {
+            Some((ev::STACK_INITIALIZATION_FAILURE, format!("Failed to initialize stack {stack:?}: {message}")))
+        }
         _ => None,
     }
 }
 
 /// The status to apply with [`field_manager::WORKSPACE_STALLED`] so that `ws` is Stalled with `stall`
 /// (`Some((reason, message))`) or not at all (`None`); `None` when it already says so. Pure.
-pub fn patch(ws: &Workspace, stall: Option<(&str, &str)>, now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<serde_json::Value> {
-    let current = pko_api::conditions::find(ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::STALLED);
+pub fn patch(
+    ws: &Workspace,
+    stall: Option<(&str, &str)>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<serde_json::Value> {
+    let current = pko_api::conditions::find(
+        ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(),
+        wc::STALLED,
+    );
     match (stall, current) {
         (None, None) => None,
         (None, Some(_)) => Some(serde_json::json!({ "conditions": [] })),
-        (Some((reason, message)), Some(c)) if c.status == "True" && c.reason == reason && c.message == message && c.observed_generation == ws.meta().generation => None,
+        (Some((reason, message)), Some(c))
+            if c.status == "True"
+                && c.reason == reason
+                && c.message == message
+                && c.observed_generation == ws.meta().generation =>
+        {
+            None
+        }
         (Some((reason, message)), c) => {
             // the transition time stays while the condition stays True (a new message or generation)
-            let since = c.filter(|c| c.status == "True").map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
+            let since =
+                c.filter(|c| c.status == "True").map(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.clone());
             let condition = Condition {
                 type_: wc::STALLED.into(),
                 status: "True".into(),
@@ -133,20 +163,39 @@ pub async fn apply(client: &kube::Client, ws: &Workspace, stall: Option<(&str, &
 /// sets `Stalled` (`InstallationFailure` / `StackInitializationFailure` Warning); a workspace prepared
 /// again clears a stall (`Initialized`). Errors are logged: the operation's own result is written
 /// already.
-pub async fn record(client: &kube::Client, events: &crate::k8s::Events, ws: &Workspace, verdict: &Verdict, stack: &str) {
+pub async fn record(
+    client: &kube::Client,
+    events: &crate::k8s::Events,
+    ws: &Workspace,
+    verdict: &Verdict,
+    stack: &str,
+) {
     let outcome = match verdict {
         Verdict::Unknown => return,
-        Verdict::Stalled { reason, message } => apply(client, ws, Some((reason, message))).await.map(|w| (w, stall_event(reason, message, stack))),
+        Verdict::Stalled { reason, message } => {
+            apply(client, ws, Some((reason, message))).await.map(|w| (w, stall_event(reason, message, stack)))
+        }
         Verdict::Initialized => {
             let was = ws.stalled().map(|c| c.reason.clone());
-            apply(client, ws, None)
-                .await
-                .map(|w| (w && was.is_some(), Some((ev::INITIALIZED, format!("Initialized workspace {:?} (it was stalled: {})", ws.name_any(), was.unwrap_or_default())))))
+            apply(client, ws, None).await.map(|w| {
+                (
+                    w && was.is_some(),
+                    Some((
+                        ev::INITIALIZED,
+                        format!(
+                            "Initialized workspace {:?} (it was stalled: {})",
+                            ws.name_any(),
+                            was.unwrap_or_default()
+                        ),
+                    )),
+                )
+            })
         }
     };
     match outcome {
         Ok((true, Some((reason, note)))) => {
-            let severity = if reason == ev::INITIALIZED { crate::k8s::Severity::Normal } else { crate::k8s::Severity::Warning };
+            let severity =
+                if reason == ev::INITIALIZED { crate::k8s::Severity::Normal } else { crate::k8s::Severity::Warning };
             crate::k8s::publish(&events.workspace, ws, severity, reason, note).await;
         }
         Ok(_) => {}
@@ -188,13 +237,34 @@ mod tests {
     fn results_tell_how_the_workspace_fared() {
         assert_eq!(verdict(&result(ResultStatus::Succeeded, None)), Verdict::Initialized);
         let installed = verdict(&result(ResultStatus::Failed, Some(ErrorReason::InstallationFailed)));
-        assert_eq!(installed, Verdict::Stalled { reason: wc::INSTALLATION_FAILED, message: "pulumi install failed: no plugin".into() });
+        assert_eq!(
+            installed,
+            Verdict::Stalled { reason: wc::INSTALLATION_FAILED, message: "pulumi install failed: no plugin".into() }
+        );
         for r in [ErrorReason::InitializationFailed, ErrorReason::StackNotFound] {
-            assert!(matches!(verdict(&result(ResultStatus::Failed, Some(r))), Verdict::Stalled { reason: wc::INITIALIZATION_FAILED, .. }), "{r:?}");
+            assert!(
+                matches!(
+                    verdict(&result(ResultStatus::Failed, Some(r))),
+                    Verdict::Stalled { reason: wc::INITIALIZATION_FAILED, .. }
+                ),
+                "{r:?}"
+            );
         }
-        assert!(matches!(verdict(&result(ResultStatus::Failed, Some(ErrorReason::IncompatibleConfiguration))), Verdict::Stalled { reason: wc::INCOMPATIBLE_CONFIGURATION, .. }));
-        assert_eq!(verdict(&result(ResultStatus::Failed, Some(ErrorReason::UpdateFailed))), Verdict::Initialized, "the program ran: the workspace was fine");
-        for r in [ErrorReason::InvalidSource, ErrorReason::Interrupted, ErrorReason::Internal, ErrorReason::InvalidAccessToken] {
+        assert!(matches!(
+            verdict(&result(ResultStatus::Failed, Some(ErrorReason::IncompatibleConfiguration))),
+            Verdict::Stalled { reason: wc::INCOMPATIBLE_CONFIGURATION, .. }
+        ));
+        assert_eq!(
+            verdict(&result(ResultStatus::Failed, Some(ErrorReason::UpdateFailed))),
+            Verdict::Initialized,
+            "the program ran: the workspace was fine"
+        );
+        for r in [
+            ErrorReason::InvalidSource,
+            ErrorReason::Interrupted,
+            ErrorReason::Internal,
+            ErrorReason::InvalidAccessToken,
+        ] {
             assert_eq!(verdict(&result(ResultStatus::Failed, Some(r))), Verdict::Unknown, "{r:?}");
         }
     }
@@ -202,14 +272,22 @@ mod tests {
     #[test]
     fn unknown_profiles_and_pull_policies_are_named() {
         assert_eq!(spec_error(&WorkspaceSpec::default()), None);
-        let s = WorkspaceSpec { security_profile: Some("privileged".into()), image_pull_policy: Some("Sometimes".into()), ..Default::default() };
+        let s = WorkspaceSpec {
+            security_profile: Some("privileged".into()),
+            image_pull_policy: Some("Sometimes".into()),
+            ..Default::default()
+        };
         assert_eq!(
             spec_error(&s).as_deref(),
             Some(
                 r#"spec.securityProfile: unsupported value "privileged"; one of "baseline" or "restricted"; spec.imagePullPolicy: unsupported value "Sometimes"; one of "Always", "Never" or "IfNotPresent""#
             )
         );
-        let ok = WorkspaceSpec { security_profile: Some(SecurityProfile::Baseline), image_pull_policy: Some(PullPolicy::Never), ..Default::default() };
+        let ok = WorkspaceSpec {
+            security_profile: Some(SecurityProfile::Baseline),
+            image_pull_policy: Some(PullPolicy::Never),
+            ..Default::default()
+        };
         assert_eq!(spec_error(&ok), None);
         let sa = WorkspaceSpec { service_account_name: Some("../x".into()), ..Default::default() };
         assert!(spec_error(&sa).is_some_and(|e| e.starts_with("spec.serviceAccountName: \"../x\" is not a valid service account name")), "{:?}", spec_error(&sa));
@@ -240,27 +318,48 @@ mod tests {
     fn the_condition_is_written_only_when_it_changes() {
         let now = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
         assert_eq!(patch(&ws(1, None), None, &now), None, "nothing to clear");
-        assert_eq!(patch(&ws(1, Some(("InstallationFailed", "m", 1))), None, &now), Some(serde_json::json!({"conditions": []})), "cleared");
-        assert_eq!(patch(&ws(1, Some(("InstallationFailed", "m", 1))), Some(("InstallationFailed", "m")), &now), None, "already so");
-        let p = patch(&ws(2, Some(("InstallationFailed", "m", 1))), Some(("InstallationFailed", "m")), &now).expect("a new generation is recorded");
+        assert_eq!(
+            patch(&ws(1, Some(("InstallationFailed", "m", 1))), None, &now),
+            Some(serde_json::json!({"conditions": []})),
+            "cleared"
+        );
+        assert_eq!(
+            patch(&ws(1, Some(("InstallationFailed", "m", 1))), Some(("InstallationFailed", "m")), &now),
+            None,
+            "already so"
+        );
+        let p = patch(&ws(2, Some(("InstallationFailed", "m", 1))), Some(("InstallationFailed", "m")), &now)
+            .expect("a new generation is recorded");
         assert_eq!(p["conditions"][0]["observedGeneration"], 2);
-        assert_eq!(p["conditions"][0]["lastTransitionTime"], "1970-01-01T00:00:00Z", "still True: the transition time stays");
+        assert_eq!(
+            p["conditions"][0]["lastTransitionTime"], "1970-01-01T00:00:00Z",
+            "still True: the transition time stays"
+        );
         let p = patch(&ws(1, None), Some(("InitializationFailed", "no stack")), &now).unwrap();
-        assert_eq!((p["conditions"][0]["reason"].as_str(), p["conditions"][0]["lastTransitionTime"].as_str()), (Some("InitializationFailed"), Some("1970-01-01T00:01:40Z")));
+        assert_eq!(
+            (p["conditions"][0]["reason"].as_str(), p["conditions"][0]["lastTransitionTime"].as_str()),
+            (Some("InitializationFailed"), Some("1970-01-01T00:01:40Z"))
+        );
     }
 
     #[test]
     fn a_stall_of_an_earlier_generation_does_not_count() {
         assert!(ws(1, Some(("InstallationFailed", "m", 1))).stalled().is_some());
         assert!(ws(2, Some(("InstallationFailed", "m", 1))).stalled().is_none());
-        assert!(ws(1, Some(("InstallationFailed", "m", 1))).runnable(), "an operation may run again: that is how it recovers");
+        assert!(
+            ws(1, Some(("InstallationFailed", "m", 1))).runnable(),
+            "an operation may run again: that is how it recovers"
+        );
         assert!(!ws(1, Some((wc::SPEC_INVALID, "m", 1))).runnable(), "a spec it cannot run waits for a new spec");
     }
 
     #[test]
     fn the_controller_clears_old_stalls_and_its_own() {
         assert!(!outdated(&ws(1, None)));
-        assert!(!outdated(&ws(1, Some(("InstallationFailed", "m", 1)))), "an operation's stall of this generation stays");
+        assert!(
+            !outdated(&ws(1, Some(("InstallationFailed", "m", 1)))),
+            "an operation's stall of this generation stays"
+        );
         assert!(outdated(&ws(2, Some(("InstallationFailed", "m", 1)))), "of an earlier generation");
         assert!(outdated(&ws(1, Some((wc::SPEC_INVALID, "m", 1)))), "its own: checked again on every pass");
     }

@@ -85,25 +85,42 @@ async fn a_drift_check_reports_a_change_made_behind_pulumis_back_and_auto_remedi
     let first = stacks.get("drifty").await.unwrap().status.unwrap().last_update.unwrap().name;
 
     // a check with nothing changed
-    eventually("a check finds no drift", 90, || async { drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, _)| s == "False" && r == "NoChanges") }).await;
+    eventually("a check finds no drift", 90, || async {
+        drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, _)| s == "False" && r == "NoChanges")
+    })
+    .await;
     let st = stacks.get("drifty").await.unwrap();
     assert!(ready(&st), "a drift check leaves the Stack Ready");
     let dd = st.status.clone().unwrap().drift_detection.unwrap();
-    assert!(dd.last_check.is_some() && dd.last_check_update.as_deref().is_some_and(|u| u.starts_with("drifty-drift-")), "{dd:?}");
+    assert!(
+        dd.last_check.is_some() && dd.last_check_update.as_deref().is_some_and(|u| u.starts_with("drifty-drift-")),
+        "{dd:?}"
+    );
 
     // changed behind Pulumi's back
     std::fs::write(&managed, "changed\n").unwrap();
-    eventually("the drift is reported", 90, || async { drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, _)| s == "True" && r == "Changes") }).await;
+    eventually("the drift is reported", 90, || async {
+        drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, _)| s == "True" && r == "Changes")
+    })
+    .await;
     let st = stacks.get("drifty").await.unwrap();
     let (_, _, message) = drift(&st).unwrap();
-    assert!(message.starts_with("1 resource(s) drifted: urn:pulumi:dev::drifty::pulumi-python:dynamic:Resource::managed (update: content)"), "{message}");
+    assert!(
+        message.starts_with(
+            "1 resource(s) drifted: urn:pulumi:dev::drifty::pulumi-python:dynamic:Resource::managed (update: content)"
+        ),
+        "{message}"
+    );
     let drifted = st.status.clone().unwrap().drift_detection.unwrap().drifted_resources.unwrap();
     assert_eq!((drifted.len(), drifted[0].op.as_str()), (1, "update"));
     // the event is published after the status write that sets the condition (effects follow the write)
     let events_api = ns.api::<k8s_openapi::api::events::v1::Event>();
     eventually("a StackDriftDetected event names the resource", 30, || async {
         let events = events_api.list(&Default::default()).await.unwrap().items;
-        events.iter().any(|e| e.reason.as_deref() == Some("StackDriftDetected") && e.note.as_deref().is_some_and(|n| n.contains("::managed (update: content)")))
+        events.iter().any(|e| {
+            e.reason.as_deref() == Some("StackDriftDetected")
+                && e.note.as_deref().is_some_and(|n| n.contains("::managed (update: content)"))
+        })
     })
     .await;
     // report only: nothing was written, no update ran
@@ -118,17 +135,31 @@ async fn a_drift_check_reports_a_change_made_behind_pulumis_back_and_auto_remedi
     stacks.patch("drifty", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     eventually("the drift is remediated", 180, || async {
         std::fs::read_to_string(&managed).unwrap_or_default() == "desired\n"
-            && drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, m)| s == "False" && r == "NoChanges" && m.starts_with("drift remediated by update"))
+            && drift(&stacks.get("drifty").await.unwrap()).is_some_and(|(s, r, m)| {
+                s == "False" && r == "NoChanges" && m.starts_with("drift remediated by update")
+            })
     })
     .await;
     let st = stacks.get("drifty").await.unwrap();
     assert!(ready(&st));
     let remediation = st.status.unwrap().last_update.unwrap().name.unwrap();
     let u = ns.api::<pko_api::Update>().get(&remediation).await.unwrap();
-    assert_eq!((u.spec.update_type, u.spec.refresh), (Some(pko_api::UpdateType::Up), Some(true)), "a remediation refreshes first");
-    assert!(u.spec.message.as_deref().is_some_and(|m| m.starts_with("Drift detected: 1 resource(s) drifted")), "{:?}", u.spec.message);
+    assert_eq!(
+        (u.spec.update_type, u.spec.refresh),
+        (Some(pko_api::UpdateType::Up), Some(true)),
+        "a remediation refreshes first"
+    );
+    assert!(
+        u.spec.message.as_deref().is_some_and(|m| m.starts_with("Drift detected: 1 resource(s) drifted")),
+        "{:?}",
+        u.spec.message
+    );
     let metrics = op.metrics().await;
-    for line in ["pko_drift_checks_total{result=\"changes\"}", "pko_drift_checks_total{result=\"no_changes\"}", "pko_drift_remediations_total"] {
+    for line in [
+        "pko_drift_checks_total{result=\"changes\"}",
+        "pko_drift_checks_total{result=\"no_changes\"}",
+        "pko_drift_remediations_total",
+    ] {
         assert!(metrics.contains(line), "{line} missing");
     }
 }
@@ -138,7 +169,11 @@ async fn a_drift_check_reports_a_change_made_behind_pulumis_back_and_auto_remedi
 async fn an_invalid_schedule_is_reported_and_the_stack_still_deploys() {
     let (client, ns, env) = setup("drift-invalid").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
@@ -153,7 +188,10 @@ async fn an_invalid_schedule_is_reported_and_the_stack_still_deploys() {
     })
     .await;
     let (_, _, message) = drift(&stacks.get("bad-cron").await.unwrap()).unwrap();
-    assert!(message.starts_with("spec.driftDetection.schedules[1].cron: invalid cron expression \"61 * * * *\""), "{message}");
+    assert!(
+        message.starts_with("spec.driftDetection.schedules[1].cron: invalid cron expression \"61 * * * *\""),
+        "{message}"
+    );
 }
 
 /// A schedule that ticks every second (`* * * * * *`) is checked at the floor's pace
@@ -165,7 +203,11 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
     let (client, ns, env) = setup("drift-floor").await;
     let args = run_args_with(&env, ns.name(), &["--min-drift-check-interval-seconds", "5"]);
     let _op = InProcessOperator::start_with(&client, &env, args).await;
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
@@ -174,9 +216,17 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
                         "driftDetection": {"schedules": [{"cron": "* * * * * *"}]}}}),
     )
     .await;
-    eventually("the Stack is Ready and checked once", 120, || async { drift(&stacks.get("busy").await.unwrap()).is_some() }).await;
+    eventually("the Stack is Ready and checked once", 120, || async {
+        drift(&stacks.get("busy").await.unwrap()).is_some()
+    })
+    .await;
     let (_, _, message) = drift(&stacks.get("busy").await.unwrap()).unwrap();
-    assert!(message.contains("spec.driftDetection.schedules[0].cron tick(s) more often than every 5 s: checks run at most once every 5 s"), "{message}");
+    assert!(
+        message.contains(
+            "spec.driftDetection.schedules[0].cron tick(s) more often than every 5 s: checks run at most once every 5 s"
+        ),
+        "{message}"
+    );
     // watch for 21 s: the checks (each names its Update) and the check Updates that exist at once
     let updates = ns.api::<pko_api::Update>();
     let (mut checks, mut most, mut times) = (std::collections::BTreeSet::new(), 0, Vec::new());
@@ -189,7 +239,14 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
         {
             times.push(at.0);
         }
-        let kept = updates.list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.preview_only == Some(true)).count();
+        let kept = updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|u| u.spec.preview_only == Some(true))
+            .count();
         most = most.max(kept);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -207,9 +264,17 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
 #[tokio::test]
 async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
     let (client, ns, env) = setup("drift-cap").await;
-    let args = run_args_with(&env, ns.name(), &["--min-drift-check-interval-seconds", "5", "--max-concurrent-drift-checks", "1"]);
+    let args = run_args_with(
+        &env,
+        ns.name(),
+        &["--min-drift-check-interval-seconds", "5", "--max-concurrent-drift-checks", "1"],
+    );
     let _op = InProcessOperator::start_with(&client, &env, args).await;
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     for name in ["one", "two"] {
         create(
@@ -227,10 +292,23 @@ async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
     .await;
     let last_checks = || async {
         let all = stacks.list(&Default::default()).await.unwrap().items;
-        all.iter().filter_map(|s| s.status.as_ref()?.drift_detection.as_ref()?.last_check.as_ref().map(|t| format!("{:?}={t:?}", s.metadata.name))).collect::<Vec<_>>()
+        all.iter()
+            .filter_map(|s| {
+                s.status
+                    .as_ref()?
+                    .drift_detection
+                    .as_ref()?
+                    .last_check
+                    .as_ref()
+                    .map(|t| format!("{:?}={t:?}", s.metadata.name))
+            })
+            .collect::<Vec<_>>()
     };
     eventually("both Stacks are checked", 120, || async { last_checks().await.len() == 2 }).await;
     // the line: neither Stack, asking again the moment it released, keeps the one slot to itself
     let first = last_checks().await;
-    eventually("both Stacks are checked again, taking turns", 120, || async { last_checks().await.iter().all(|c| !first.contains(c)) }).await;
+    eventually("both Stacks are checked again, taking turns", 120, || async {
+        last_checks().await.iter().all(|c| !first.contains(c))
+    })
+    .await;
 }

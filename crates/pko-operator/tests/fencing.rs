@@ -39,10 +39,14 @@ const FLEET: &str = "pko";
 
 /// A kubeconfig for service account `pko-audit/<name>`, bound to cluster-admin.
 async fn replica_identity(client: &kube::Client, dir: &Path, name: &str) -> PathBuf {
-    let created = Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": AUDIT_NS}})).unwrap()).await;
+    let created = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": AUDIT_NS}})).unwrap())
+        .await;
     assert!(created.is_ok() || matches!(&created, Err(kube::Error::Api(e)) if e.code == 409), "{created:?}");
     let sas = Api::<ServiceAccount>::namespaced(client.clone(), AUDIT_NS);
-    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()).await.unwrap();
+    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
+        .await
+        .unwrap();
     Api::<ClusterRoleBinding>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -54,7 +58,11 @@ async fn replica_identity(client: &kube::Client, dir: &Path, name: &str) -> Path
         .await
         .unwrap();
     let tr = k8s_openapi::api::authentication::v1::TokenRequest {
-        spec: k8s_openapi::api::authentication::v1::TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let token = sas.create_token_request(name, &PostParams::default(), &tr).await.unwrap().status.unwrap().token;
@@ -94,7 +102,8 @@ struct Write {
 
 fn audit_writes(since: Timestamp) -> Vec<Write> {
     let path = PathBuf::from(testbed().var("PKO_TESTBED_RUN")).join("logs").join("audit.log");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (the bed must run with its audit policy)", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (the bed must run with its audit policy)", path.display()));
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|e| {
@@ -134,12 +143,21 @@ fn agent_calls(dir: &Path) -> Vec<Call> {
                 continue;
             }
             let field = |k: &str| line.split_whitespace().find_map(|t| t.strip_prefix(k)).map(str::to_string);
-            let (Some(at), Some(operation), Some(epoch)) =
-                (line.split_whitespace().next().and_then(|t| t.parse().ok()), field("operation="), field("epoch=").and_then(|e| e.parse().ok()))
-            else {
+            let (Some(at), Some(operation), Some(epoch)) = (
+                line.split_whitespace().next().and_then(|t| t.parse().ok()),
+                field("operation="),
+                field("epoch=").and_then(|e| e.parse().ok()),
+            ) else {
                 continue;
             };
-            calls.push(Call { at, operation, epoch, refused: line.contains("refused"), late: line.contains("fence deadline"), accepted: line.contains("operation accepted") });
+            calls.push(Call {
+                at,
+                operation,
+                epoch,
+                refused: line.contains("refused"),
+                late: line.contains("fence deadline"),
+                accepted: line.contains("operation accepted"),
+            });
         }
     }
     calls.sort_by_key(|c| c.at);
@@ -152,8 +170,17 @@ fn explain_stuck(dir: &Path, stuck: &[Update], held: &BTreeMap<u32, String>) {
     for u in stuck {
         let name = u.name_any();
         let shard = u.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok());
-        eprintln!("--- Update {name} (shard {shard:?}, held by {:?}) status: {}", shard.and_then(|s| held.get(&s)), serde_json::to_string(&u.status).unwrap_or_default());
-        for f in std::fs::read_dir(dir).into_iter().flatten().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".log")) {
+        eprintln!(
+            "--- Update {name} (shard {shard:?}, held by {:?}) status: {}",
+            shard.and_then(|s| held.get(&s)),
+            serde_json::to_string(&u.status).unwrap_or_default()
+        );
+        for f in std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
+        {
             let text = std::fs::read_to_string(f.path()).unwrap_or_default();
             let lines: Vec<&str> = text.lines().filter(|l| l.contains(&name)).collect();
             for l in &lines[lines.len().saturating_sub(25)..] {
@@ -171,7 +198,12 @@ impl Drop for KeepLogsOnPanic {
         if std::thread::panicking() {
             let to = std::env::temp_dir().join(format!("{}-logs", self.1));
             let _ = std::fs::create_dir_all(&to);
-            for f in std::fs::read_dir(&self.0).into_iter().flatten().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".log")) {
+            for f in std::fs::read_dir(&self.0)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
+            {
                 let _ = std::fs::copy(f.path(), to.join(f.file_name()));
             }
             eprintln!("replica logs kept in {}", to.display());
@@ -199,7 +231,10 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let mut replicas = BTreeMap::new();
     for (i, n) in names.iter().enumerate() {
         let kc = replica_identity(&client, env.dir(), n).await;
-        replicas.insert(n.clone(), KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &kc, base + i as u16, &redis)));
+        replicas.insert(
+            n.clone(),
+            KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &kc, base + i as u16, &redis)),
+        );
     }
     let leases = ns.api::<Lease>();
     eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;
@@ -237,15 +272,27 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     })
     .await;
     let victim = victim.into_inner().unwrap().unwrap();
-    let held: BTreeSet<u32> = holders(&leases).await.into_iter().filter(|(_, h)| *h == victim).map(|(s, _)| s).collect();
+    let held: BTreeSet<u32> =
+        holders(&leases).await.into_iter().filter(|(_, h)| *h == victim).map(|(s, _)| s).collect();
     signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGSTOP);
     let t_stop = std::time::Instant::now();
-    eventually("every shard of the frozen replica has moved", 60, || async { !holders(&leases).await.values().any(|h| *h == victim) }).await;
+    eventually("every shard of the frozen replica has moved", 60, || async {
+        !holders(&leases).await.values().any(|h| *h == victim)
+    })
+    .await;
     let moved = t_stop.elapsed();
     // the new holders follow the operations to their end while it sleeps: when it wakes, its own
     // streams hold the results, which it must not write
-    let progressing =
-        || async { updates.list(&Default::default()).await.unwrap().items.into_iter().filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")).collect::<Vec<_>>() };
+    let progressing = || async {
+        updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True"))
+            .collect::<Vec<_>>()
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     loop {
         let left = progressing().await;
@@ -254,7 +301,10 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
         }
         if std::time::Instant::now() > deadline {
             explain_stuck(env.dir(), &left, &holders(&leases).await);
-            panic!("the operations the frozen replica drove are complete: not within 90 s ({} Progressing)", left.len());
+            panic!(
+                "the operations the frozen replica drove are complete: not within 90 s ({} Progressing)",
+                left.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -282,15 +332,22 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     }
     shard_of.insert("prog".into(), pko_fleet::ring::shard_of(&format!("{}/prog", ns.name()), SHARDS));
     // an object's shard: the longest known name its name starts with (Events, outputs Secrets)
-    let shard_for = |name: &str| shard_of.iter().filter(|(n, _)| name.starts_with(n.as_str())).max_by_key(|(n, _)| n.len()).map(|(_, s)| *s);
+    let shard_for = |name: &str| {
+        shard_of.iter().filter(|(n, _)| name.starts_with(n.as_str())).max_by_key(|(n, _)| n.len()).map(|(_, s)| *s)
+    };
 
     let user = format!("system:serviceaccount:{AUDIT_NS}:{victim}");
     let writes: Vec<Write> = audit_writes(t_cont).into_iter().filter(|w| w.user == user).collect();
     recorder.abort();
     // a shard taken again: the victim's table write that the watch saw give it the shard (the last
     // of its table writes before the watch saw the change)
-    let table_writes: Vec<Timestamp> =
-        writes.iter().filter(|w| w.resource == "leases" && (200..300).contains(&w.code) && w.name.starts_with(&format!("{FLEET}-shards-"))).map(|w| w.at).collect();
+    let table_writes: Vec<Timestamp> = writes
+        .iter()
+        .filter(|w| {
+            w.resource == "leases" && (200..300).contains(&w.code) && w.name.starts_with(&format!("{FLEET}-shards-"))
+        })
+        .map(|w| w.at)
+        .collect();
     let retaken: BTreeMap<u32, Timestamp> = changes
         .lock()
         .unwrap()
@@ -306,7 +363,11 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
         .filter(|w| w.namespace == ns.name() && w.resource != "leases")
         .filter(|w| shard_for(&w.name).is_some_and(|s| held.contains(&s) && retaken.get(&s).is_none_or(|t| w.at < *t)))
         .collect();
-    eprintln!("{} writes by {victim} after SIGCONT; shards it took again: {:?}", writes.len(), retaken.keys().collect::<Vec<_>>());
+    eprintln!(
+        "{} writes by {victim} after SIGCONT; shards it took again: {:?}",
+        writes.len(),
+        retaken.keys().collect::<Vec<_>>()
+    );
     assert!(violations.is_empty(), "writes by the frozen replica to shards it had lost: {violations:#?}");
 
     // agents: no call with a stale epoch was served after the freeze; the only refusals after it are
@@ -317,13 +378,19 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
     for c in calls.iter().filter(|c| !c.refused) {
         let n = newest.entry(c.operation.as_str()).or_insert(c.epoch);
-        assert!(c.epoch >= *n || c.at < t_cont, "a call with a stale epoch served after the freeze: {c:?} (newest {n})");
+        assert!(
+            c.epoch >= *n || c.at < t_cont,
+            "a call with a stale epoch served after the freeze: {c:?} (newest {n})"
+        );
         *n = (*n).max(c.epoch);
     }
     for c in calls.iter().filter(|c| c.refused && c.at >= t_cont) {
         assert!(c.late, "an agent refused a stale call after the freeze that its sender should not have made: {c:?}");
     }
-    eprintln!("calls in flight at the freeze, refused by their fence deadline: {}", calls.iter().filter(|c| c.late).count());
+    eprintln!(
+        "calls in flight at the freeze, refused by their fence deadline: {}",
+        calls.iter().filter(|c| c.late).count()
+    );
     let mut accepted: BTreeMap<&str, usize> = BTreeMap::new();
     for c in calls.iter().filter(|c| c.accepted) {
         *accepted.entry(c.operation.as_str()).or_default() += 1;
@@ -334,17 +401,32 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     let mut trace: Vec<String> = std::fs::read_to_string(&runs).unwrap().lines().map(str::to_string).collect();
     trace.sort();
     assert_eq!(trace, (0..STACKS).map(|i| format!("s{i}")).collect::<Vec<_>>(), "each program ran exactly once");
-    assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True")), "no Update is left Progressing");
+    assert!(
+        updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|u| condition(u, "Progressing").is_none_or(|c| c.0 != "True")),
+        "no Update is left Progressing"
+    );
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
 
     // what each operation printed, in the fleet's output store: the lines of the operations the frozen
     // replica drove, stored by it before the freeze and by their new holders after, each line once and
     // ending with the result — readable from any replica
     use pko_operator::queue::output::OutputStore;
-    let output = pko_operator::queue::redis::RedisQueue::new(testbed().redis_url(), &prefix, "reader", 0).unwrap().output(Default::default());
+    let output = pko_operator::queue::redis::RedisQueue::new(testbed().redis_url(), &prefix, "reader", 0)
+        .unwrap()
+        .output(Default::default());
     for u in updates.list(&Default::default()).await.unwrap() {
         let stack = format!("{}/{}", ns.name(), u.spec.workspace_name.clone().unwrap_or_default());
-        let kept = output.read(&stack, &u.name_any(), None).await.unwrap().unwrap_or_else(|| panic!("no output kept for {stack} {}", u.name_any()));
+        let kept = output
+            .read(&stack, &u.name_any(), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no output kept for {stack} {}", u.name_any()));
         let seqs: Vec<u64> = kept.lines.iter().map(|l| l.seq).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "each line once, in order: {seqs:?}");
         assert_eq!(kept.lines.iter().filter(|l| l.stream == "result").count(), 1, "one result, last: {:?}", kept.lines);
@@ -355,7 +437,8 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     drop(replicas);
     let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();
     for n in &names {
-        let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(&format!("pko-audit-{n}"), &Default::default()).await;
+        let _ =
+            Api::<ClusterRoleBinding>::all(client.clone()).delete(&format!("pko-audit-{n}"), &Default::default()).await;
         let _ = Api::<ServiceAccount>::namespaced(client.clone(), AUDIT_NS).delete(n, &Default::default()).await;
     }
 }
@@ -372,14 +455,18 @@ struct HolderChange {
 }
 
 /// Records every change of a shard's holder in the shard table of `ns` (fleet [`FLEET`]) until aborted.
-fn record_holders(leases: Api<Lease>) -> (std::sync::Arc<std::sync::Mutex<Vec<HolderChange>>>, tokio::task::JoinHandle<()>) {
+fn record_holders(
+    leases: Api<Lease>,
+) -> (std::sync::Arc<std::sync::Mutex<Vec<HolderChange>>>, tokio::task::JoinHandle<()>) {
     use futures::StreamExt;
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let out = log.clone();
     let task = tokio::spawn(async move {
-        let cfg = kube::runtime::watcher::Config::default().labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=table"));
+        let cfg = kube::runtime::watcher::Config::default()
+            .labels(&format!("pulumi.com/fleet={FLEET},pulumi.com/lease=table"));
         let mut last: BTreeMap<u32, Option<String>> = BTreeMap::new();
-        let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(kube::runtime::watcher(leases, cfg)));
+        let mut events =
+            std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(kube::runtime::watcher(leases, cfg)));
         while let Some(e) = events.next().await {
             let (kube::runtime::watcher::Event::Apply(l) | kube::runtime::watcher::Event::InitApply(l)) = (match e {
                 Ok(e) => e,
@@ -426,7 +513,10 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
     let admin = std::path::PathBuf::from(testbed().var("KUBECONFIG"));
     let mut replicas = BTreeMap::new();
     for (i, n) in names.iter().enumerate() {
-        replicas.insert(n.clone(), KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &admin, base + i as u16, &redis)));
+        replicas.insert(
+            n.clone(),
+            KillOnDrop(start_replica_process(&env, ns.name(), FLEET, n, &admin, base + i as u16, &redis)),
+        );
     }
     let leases = ns.api::<Lease>();
     eventually("every shard is held", 60, || async { holders(&leases).await.len() == SHARDS as usize }).await;
@@ -447,8 +537,17 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
         let held = holders(&leases).await;
         let server = held.get(&program_shard).cloned();
         let mut running: BTreeMap<String, usize> = BTreeMap::new();
-        for u in updates.list(&Default::default()).await.unwrap().items.into_iter().filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")) {
-            if let Some(h) = u.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok()).and_then(|s| held.get(&s)) {
+        for u in updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True"))
+        {
+            if let Some(h) =
+                u.labels().get("pulumi.com/shard").and_then(|s| s.parse::<u32>().ok()).and_then(|s| held.get(&s))
+            {
                 *running.entry(h.clone()).or_default() += 1;
             }
         }
@@ -462,7 +561,10 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
     // frozen past its lease (6 s) while its agents run on (their operations take 30 s)
     signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGSTOP);
     let frozen_at = std::time::Instant::now();
-    eventually("every shard of the frozen replica has moved", 60, || async { !holders(&leases).await.values().any(|h| *h == victim) }).await;
+    eventually("every shard of the frozen replica has moved", 60, || async {
+        !holders(&leases).await.values().any(|h| *h == victim)
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     signal(&replicas[&victim].0, nix::sys::signal::Signal::SIGCONT);
     let resumed_at = std::time::Instant::now();
@@ -475,15 +577,26 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
     })
     .await;
     // the resumed replica gets its shards back from the ring, by the holders' release
-    eventually("the resumed replica holds shards again", 60, || async { holders(&leases).await.values().any(|h| *h == victim) }).await;
+    eventually("the resumed replica holds shards again", 60, || async {
+        holders(&leases).await.values().any(|h| *h == victim)
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     recorder.abort();
 
     // no shard of a live holder taken over its head: after the resume, a holder only ever releases
-    let taken_from_live: Vec<HolderChange> =
-        changes.lock().unwrap().iter().filter(|c| c.at >= resumed_at && c.from.as_ref().is_some_and(|f| *f != victim) && c.to.is_some()).cloned().collect();
+    let taken_from_live: Vec<HolderChange> = changes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.at >= resumed_at && c.from.as_ref().is_some_and(|f| *f != victim) && c.to.is_some())
+        .cloned()
+        .collect();
     let all_changes = changes.lock().unwrap().len();
-    eprintln!("{all_changes} holder changes recorded; taken from a live holder after the resume: {}", taken_from_live.len());
+    eprintln!(
+        "{all_changes} holder changes recorded; taken from a live holder after the resume: {}",
+        taken_from_live.len()
+    );
     assert!(taken_from_live.is_empty(), "shards taken from a live replica without its release: {taken_from_live:#?}");
     // each operation started on one agent, ran once, succeeded
     let mut accepted: BTreeMap<String, usize> = BTreeMap::new();
@@ -496,7 +609,10 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
     assert_eq!(trace, (0..N).map(|i| format!("s{i}")).collect::<Vec<_>>(), "each program ran exactly once");
     let all = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(all.len(), N, "one Update per Stack");
-    assert!(all.iter().all(|u| condition(u, "Failed") == Some(("False".into(), "UpdateSucceeded".into()))), "every Update succeeded");
+    assert!(
+        all.iter().all(|u| condition(u, "Failed") == Some(("False".into(), "UpdateSucceeded".into()))),
+        "every Update succeeded"
+    );
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
     drop(replicas);
     let _ = Command::new("pkill").args(["-f", &env.dir().join("agents").display().to_string()]).status();

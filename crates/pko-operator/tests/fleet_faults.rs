@@ -40,7 +40,11 @@ async fn ready_at(stacks: &kube::Api<Stack>, n: &str) -> usize {
         .unwrap()
         .items
         .iter()
-        .filter(|s| ready(s) && s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some() && s.spec.config.as_ref().and_then(|c| c.get("n")).is_some_and(|v| v == n))
+        .filter(|s| {
+            ready(s)
+                && s.status.as_ref().and_then(|st| st.last_update.as_ref()).is_some()
+                && s.spec.config.as_ref().and_then(|c| c.get("n")).is_some_and(|v| v == n)
+        })
         .filter(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation)
         .count()
 }
@@ -52,7 +56,14 @@ async fn converge(stacks: &kube::Api<Stack>, n: &str, count: usize, secs: u64) {
 
 async fn set_n(stacks: &kube::Api<Stack>, count: usize, n: &str) {
     for i in 0..count {
-        stacks.patch(&format!("s{i}"), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"config": {"n": n}}}))).await.unwrap();
+        stacks
+            .patch(
+                &format!("s{i}"),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"config": {"n": n}}})),
+            )
+            .await
+            .unwrap();
     }
 }
 
@@ -122,7 +133,14 @@ async fn a_redis_restarted_without_persistence_mid_run_loses_no_operation() {
     let flags = ["--redis-url", url.as_str(), "--max-operations", "2"];
     let mut replicas = Vec::new();
     for r in ["r0", "r1"] {
-        replicas.push(InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), r, &flags))).await);
+        replicas.push(
+            InProcessOperator::start_with(
+                &client,
+                &env,
+                run_args_with(&env, ns.name(), &fleet_args(ns.name(), r, &flags)),
+            )
+            .await,
+        );
     }
     for i in 0..STACKS {
         prog_stack(&ns, &env, &format!("s{i}"), json!({"n": "1"})).await;
@@ -140,11 +158,23 @@ async fn a_redis_restarted_without_persistence_mid_run_loses_no_operation() {
 
     let runs = runs(&trace);
     for i in 0..STACKS {
-        assert_eq!(runs.get(&format!("s{i}")).map(Vec::as_slice), Some(&["1".to_string()][..]), "s{i}'s up ran exactly once: {runs:?}");
+        assert_eq!(
+            runs.get(&format!("s{i}")).map(Vec::as_slice),
+            Some(&["1".to_string()][..]),
+            "s{i}'s up ran exactly once: {runs:?}"
+        );
     }
     let updates = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
-    assert_eq!(updates.len(), STACKS, "one Update per Stack: {:?}", updates.iter().map(|u| u.name_any()).collect::<Vec<_>>());
-    assert!(updates.iter().all(|u| condition(u, "Failed") == Some(("False".into(), "UpdateSucceeded".into()))), "every Update succeeded");
+    assert_eq!(
+        updates.len(),
+        STACKS,
+        "one Update per Stack: {:?}",
+        updates.iter().map(|u| u.name_any()).collect::<Vec<_>>()
+    );
+    assert!(
+        updates.iter().all(|u| condition(u, "Failed") == Some(("False".into(), "UpdateSucceeded".into()))),
+        "every Update succeeded"
+    );
     no_lock_left(&env);
     for r in replicas {
         r.stop().await;
@@ -165,7 +195,12 @@ async fn scaling_one_to_three_to_one_replicas_keeps_one_owner_and_one_update_per
     };
     let stacks = ns.api::<Stack>();
     let owners = |replicas: &[&InProcessOperator], name: &str| {
-        replicas.iter().enumerate().filter(|(_, r)| r.running.as_ref().is_some_and(|x| x.ctx.ownership.owns(ns.name(), name))).map(|(i, _)| i).collect::<Vec<_>>()
+        replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.running.as_ref().is_some_and(|x| x.ctx.ownership.owns(ns.name(), name)))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
     };
 
     // one replica
@@ -178,7 +213,8 @@ async fn scaling_one_to_three_to_one_replicas_keeps_one_owner_and_one_update_per
     // three: the newcomers take shards, every Stack still has one owner
     let (r1, r2) = (start("r1").await, start("r2").await);
     let t = Instant::now();
-    eventually("r1 and r2 hold shards", 60, || async { held_by(&ns, "r1").await > 0 && held_by(&ns, "r2").await > 0 }).await;
+    eventually("r1 and r2 hold shards", 60, || async { held_by(&ns, "r1").await > 0 && held_by(&ns, "r2").await > 0 })
+        .await;
     eprintln!("scaled 1 -> 3: newcomers hold shards {:.1} s after start", t.elapsed().as_secs_f64());
     set_n(&stacks, STACKS, "2").await;
     converge(&stacks, "2", STACKS, 180).await;
@@ -201,7 +237,11 @@ async fn scaling_one_to_three_to_one_replicas_keeps_one_owner_and_one_update_per
 
     let runs = runs(&trace);
     for i in 0..STACKS {
-        assert_eq!(runs.get(&format!("s{i}")).map(Vec::as_slice), Some(&["1".to_string(), "2".into(), "3".into()][..]), "s{i}: one up per change, in order: {runs:?}");
+        assert_eq!(
+            runs.get(&format!("s{i}")).map(Vec::as_slice),
+            Some(&["1".to_string(), "2".into(), "3".into()][..]),
+            "s{i}: one up per change, in order: {runs:?}"
+        );
     }
     let updates = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
     assert_eq!(updates.len(), 3 * STACKS, "one Update per Stack and change");
@@ -223,7 +263,8 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     passphrase_and_program(&quiet, traced_program(&trace, 1)).await;
     // two operations at once for the whole replica, the default share
     let scope = format!("{},{}", noisy.name(), quiet.name());
-    let operator = InProcessOperator::start_with(&client, &env, run_args_with(&env, &scope, &["--max-operations", "2"])).await;
+    let operator =
+        InProcessOperator::start_with(&client, &env, run_args_with(&env, &scope, &["--max-operations", "2"])).await;
     for i in 0..NOISY {
         prog_stack(&noisy, &env, &format!("s{i}"), json!({"n": "1"})).await;
     }
@@ -236,13 +277,32 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
         all.len() == NOISY && running == 1 && held == NOISY - 1
     })
     .await;
-    let share = format!("waiting for an operation slot: namespace {} runs 1 operation(s), its share of this replica's workers is 1", noisy.name());
-    eventually("a held-back Update says why (its Stack stays PKO's 'being processed': no status write of its own for it)", 60, || async {
-        noisy_updates.list(&Default::default()).await.unwrap().items.iter().any(|u| u.queued_message() == Some(share.as_str()))
-    })
+    let share = format!(
+        "waiting for an operation slot: namespace {} runs 1 operation(s), its share of this replica's workers is 1",
+        noisy.name()
+    );
+    eventually(
+        "a held-back Update says why (its Stack stays PKO's 'being processed': no status write of its own for it)",
+        60,
+        || async {
+            noisy_updates
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|u| u.queued_message() == Some(share.as_str()))
+        },
+    )
     .await;
     assert!(
-        noisy_stacks.list(&Default::default()).await.unwrap().items.iter().all(|s| stack_condition(s, "Reconciling").is_none_or(|(_, _, m)| !m.contains("operation slot"))),
+        noisy_stacks
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|s| stack_condition(s, "Reconciling").is_none_or(|(_, _, m)| !m.contains("operation slot"))),
         "the wait is not mirrored onto the Stack"
     );
     prog_stack(&quiet, &env, "q", json!({"n": "1"})).await;
@@ -251,15 +311,29 @@ async fn a_noisy_namespace_does_not_starve_a_quiet_one() {
     eventually("the quiet Stack is Ready", 120, || async { ready(&quiet_stacks.get("q").await.unwrap()) }).await;
     let waited = t.elapsed();
     let noisy_done = ready_at(&noisy_stacks, "1").await;
-    eprintln!("quiet Stack Ready {:.1} s after it was created, while {noisy_done}/{NOISY} noisy Stacks were Ready", waited.as_secs_f64());
+    eprintln!(
+        "quiet Stack Ready {:.1} s after it was created, while {noisy_done}/{NOISY} noisy Stacks were Ready",
+        waited.as_secs_f64()
+    );
     // with every worker given to the noisy namespace it would have waited for a 20 s operation to end:
     // compared by the Updates' own times, so a slow bed (the quiet `up` itself taking long) cannot fail it
     let started = |u: &Update| u.status.as_ref().and_then(|s| s.start_time.clone()).map(|t| t.0);
     let ended = |u: &Update| u.status.as_ref().and_then(|s| s.end_time.clone()).map(|t| t.0);
-    let quiet_start = quiet.api::<Update>().list(&Default::default()).await.unwrap().items.iter().find_map(started).expect("the quiet Update started");
+    let quiet_start = quiet
+        .api::<Update>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .find_map(started)
+        .expect("the quiet Update started");
     let first_noisy_end = noisy_updates.list(&Default::default()).await.unwrap().items.iter().filter_map(ended).min();
     eprintln!("quiet Update started {quiet_start:?}; the first noisy Update ended {first_noisy_end:?}");
-    assert!(first_noisy_end.is_none_or(|end| quiet_start < end), "the quiet Stack started while the first noisy operation still ran");
+    assert!(
+        first_noisy_end.is_none_or(|end| quiet_start < end),
+        "the quiet Stack started while the first noisy operation still ran"
+    );
     converge(&noisy_stacks, "1", NOISY, 240).await;
     no_lock_left(&env);
     operator.stop().await;

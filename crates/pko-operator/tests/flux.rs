@@ -31,9 +31,19 @@ fn free_port() -> u16 {
 fn start_source_controller(ns: &str, dir: &std::path::Path) -> SourceController {
     let bed = testbed();
     let share = bed.bin_dir().join("../share/flux-source-controller");
-    let out = bed.kubectl().args(["apply", "--server-side", "--force-conflicts", "-f"]).arg(share.join("crds")).output().unwrap();
+    let out = bed
+        .kubectl()
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(share.join("crds"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "installing the Flux CRDs: {}", String::from_utf8_lossy(&out.stderr));
-    let out = bed.kubectl().args(["wait", "--for=condition=Established", "--timeout=60s", "-f"]).arg(share.join("crds")).output().unwrap();
+    let out = bed
+        .kubectl()
+        .args(["wait", "--for=condition=Established", "--timeout=60s", "-f"])
+        .arg(share.join("crds"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "the Flux CRDs are not Established: {}", String::from_utf8_lossy(&out.stderr));
     let storage = format!("127.0.0.1:{}", free_port());
     std::fs::create_dir_all(dir.join("storage")).unwrap();
@@ -59,7 +69,11 @@ async fn create_git_repository(client: &kube::Client, ns: &str, name: &str, url:
     let git_repos = kube::Api::<kube::api::DynamicObject>::namespaced_with(
         client.clone(),
         ns,
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository")),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "source.toolkit.fluxcd.io",
+            "v1",
+            "GitRepository",
+        )),
     );
     let repo: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": name},
@@ -103,20 +117,31 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
                         "envRefs": passphrase_env_refs()}}),
     )
     .await;
-    eventually("the Stack waits for an artifact", 60, || async { stalled(&stacks.get("fluxed").await.unwrap()).is_some_and(|(r, _)| r == "SourceUnavailable") }).await;
+    eventually("the Stack waits for an artifact", 60, || async {
+        stalled(&stacks.get("fluxed").await.unwrap()).is_some_and(|(r, _)| r == "SourceUnavailable")
+    })
+    .await;
     create_git_repository(&client, ns.name(), "infra", &server.url("infra.git"), "2s").await;
 
     let end = tokio::time::Instant::now() + Duration::from_secs(180);
     while output(&stacks.get("fluxed").await.unwrap()).as_deref() != Some("one") {
         let exited = sc.0.try_wait().unwrap();
         if tokio::time::Instant::now() > end || exited.is_some() {
-            let out = testbed().kubectl().args(["get", "stacks,updates,gitrepositories", "-n", ns.name(), "-o", "yaml"]).output().unwrap();
+            let out = testbed()
+                .kubectl()
+                .args(["get", "stacks,updates,gitrepositories", "-n", ns.name(), "-o", "yaml"])
+                .output()
+                .unwrap();
             let log = std::fs::read_to_string(env.dir().join("source-controller.log")).unwrap_or_default();
-            panic!("the first artifact was not deployed in 180 s (source-controller exited: {exited:?}):\n{}\nsource-controller:\n{log}", String::from_utf8_lossy(&out.stdout));
+            panic!(
+                "the first artifact was not deployed in 180 s (source-controller exited: {exited:?}):\n{}\nsource-controller:\n{log}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let first = stacks.get("fluxed").await.unwrap().status.unwrap().last_update.unwrap().last_successful_commit.unwrap();
+    let first =
+        stacks.get("fluxed").await.unwrap().status.unwrap().last_update.unwrap().last_successful_commit.unwrap();
     assert!(first.starts_with("main@sha1:"), "the commit is the artifact revision: {first}");
 
     // a new commit: source-controller makes a new artifact revision, which alone runs a new Update
@@ -125,14 +150,21 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
     git(&["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-am", "two"], &work);
     git(&["push", "-q", repos.join("infra.git").to_str().unwrap(), "main"], &work);
     let t0 = std::time::Instant::now();
-    eventually("the new revision is deployed", 180, || async { output(&stacks.get("fluxed").await.unwrap()).as_deref() == Some("two") }).await;
+    eventually("the new revision is deployed", 180, || async {
+        output(&stacks.get("fluxed").await.unwrap()).as_deref() == Some("two")
+    })
+    .await;
     eprintln!("push → deployed: {:?}", t0.elapsed());
     let s = stacks.get("fluxed").await.unwrap();
     assert_eq!(s.metadata.generation, Some(1), "the Stack itself never changed");
     let last = s.status.unwrap().last_update.unwrap();
     assert_ne!(last.last_successful_commit.as_deref(), Some(first.as_str()));
     let ups = ns.api::<Update>().list(&Default::default()).await.unwrap().items;
-    assert_eq!(ups.iter().filter(|u| u.spec.stack_name.as_deref() == Some("dev")).count(), 2, "one Update per artifact revision");
+    assert_eq!(
+        ups.iter().filter(|u| u.spec.stack_name.as_deref() == Some("dev")).count(),
+        2,
+        "one Update per artifact revision"
+    );
 }
 
 /// A real program from a Flux source on a pool (issue "Real programs, as PKO users write them"): the
@@ -147,7 +179,8 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     let repos = env.dir().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
     let program = pko_testbed::repo_root().join("scripts/testbed/programs/typescript-kubernetes");
-    let files = ["Pulumi.yaml", "package.json", "index.ts"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
+    let files =
+        ["Pulumi.yaml", "package.json", "index.ts"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
     let files: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
     pko_testbed::git::bare_repo_with(&repos, "app.git", &files);
     let server = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
@@ -162,12 +195,21 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     // give Pulumi; the provider deploys with that account's RBAC (`edit` in the namespace)
     let bound = testbed()
         .kubectl()
-        .args(["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())])
+        .args([
+            "create",
+            "rolebinding",
+            "deployer",
+            "-n",
+            ns.name(),
+            "--clusterrole=edit",
+            &format!("--serviceaccount={}:default", ns.name()),
+        ])
         .output()
         .unwrap();
     assert!(bound.status.success(), "{}", String::from_utf8_lossy(&bound.stderr));
     env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
-    env_refs["npm_config_cache"] = literal(&format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into())));
+    env_refs["npm_config_cache"] =
+        literal(&format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into())));
     let stacks = ns.api::<Stack>();
     let t = std::time::Instant::now();
     create(
@@ -179,7 +221,10 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
     )
     .await;
     eventually("the Stack is Ready", 300, || async { ready(&stacks.get("tsapp").await.unwrap()) }).await;
-    eprintln!("TypeScript from Flux on a pool: Ready {:?} after the Stack was created (npm install included)", t.elapsed());
+    eprintln!(
+        "TypeScript from Flux on a pool: Ready {:?} after the Stack was created (npm install included)",
+        t.elapsed()
+    );
     let outputs = stacks.get("tsapp").await.unwrap().status.unwrap().outputs.unwrap();
     assert_eq!((&outputs["configMap"], &outputs["deployment"]), (&json!("ts-config"), &json!("ts-app")));
     let cm = ns.api::<k8s_openapi::api::core::v1::ConfigMap>().get("ts-config").await.unwrap();
@@ -189,5 +234,8 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
 
     stacks.delete("tsapp", &Default::default()).await.unwrap();
     eventually("the Stack is finalized", 180, || async { stacks.get_opt("tsapp").await.unwrap().is_none() }).await;
-    assert!(ns.api::<k8s_openapi::api::core::v1::ConfigMap>().get_opt("ts-config").await.unwrap().is_none(), "destroyed on finalize");
+    assert!(
+        ns.api::<k8s_openapi::api::core::v1::ConfigMap>().get_opt("ts-config").await.unwrap().is_none(),
+        "destroyed on finalize"
+    );
 }

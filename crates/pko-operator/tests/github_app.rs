@@ -20,7 +20,12 @@ const INSTALLATION: &str = "678";
 
 fn openssl(args: &[&str], input: Option<&str>) -> String {
     use std::io::Write;
-    let mut child = std::process::Command::new("openssl").args(args).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = std::process::Command::new("openssl")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     child.stdin.take().unwrap().write_all(input.unwrap_or_default().as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "openssl {args:?}");
@@ -42,26 +47,44 @@ async fn github_api(public_pem: String) -> (String, Arc<Mutex<Vec<String>>>) {
     let app = axum::Router::new()
         .route(
             "/app/installations/{id}/access_tokens",
-            axum::routing::post(|State((key, seen)): State<ApiState>, Path(id): Path<String>, headers: HeaderMap| async move {
-                let jwt = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default().to_string();
-                let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
-                validation.set_required_spec_claims(&["exp", "iat", "iss"]);
-                let claims = jsonwebtoken::decode::<pko_git::github_app::Claims>(&jwt, &key, &validation).map(|d| d.claims);
-                let refused = |m: &str| (StatusCode::UNAUTHORIZED, [("content-type", "application/json")], json!({"message": m}).to_string());
-                match claims {
-                    Ok(c) => {
-                        seen.lock().unwrap().push(c.iss.clone());
-                        if c.exp.saturating_sub(c.iat) > 660 {
-                            refused("'Expiration time' claim ('exp') is too far in the future")
-                        } else if c.iss != APP_ID || id != INSTALLATION {
-                            refused("Integration not found")
-                        } else {
-                            (StatusCode::CREATED, [("content-type", "application/json")], json!({"token": TOKEN, "expires_at": "2026-11-24T06:00:00Z"}).to_string())
+            axum::routing::post(
+                |State((key, seen)): State<ApiState>, Path(id): Path<String>, headers: HeaderMap| async move {
+                    let jwt = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .unwrap_or_default()
+                        .to_string();
+                    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+                    validation.set_required_spec_claims(&["exp", "iat", "iss"]);
+                    let claims =
+                        jsonwebtoken::decode::<pko_git::github_app::Claims>(&jwt, &key, &validation).map(|d| d.claims);
+                    let refused = |m: &str| {
+                        (
+                            StatusCode::UNAUTHORIZED,
+                            [("content-type", "application/json")],
+                            json!({"message": m}).to_string(),
+                        )
+                    };
+                    match claims {
+                        Ok(c) => {
+                            seen.lock().unwrap().push(c.iss.clone());
+                            if c.exp.saturating_sub(c.iat) > 660 {
+                                refused("'Expiration time' claim ('exp') is too far in the future")
+                            } else if c.iss != APP_ID || id != INSTALLATION {
+                                refused("Integration not found")
+                            } else {
+                                (
+                                    StatusCode::CREATED,
+                                    [("content-type", "application/json")],
+                                    json!({"token": TOKEN, "expires_at": "2026-11-24T06:00:00Z"}).to_string(),
+                                )
+                            }
                         }
+                        Err(_) => refused("A JSON web token could not be decoded"),
                     }
-                    Err(_) => refused("A JSON web token could not be decoded"),
-                }
-            }),
+                },
+            ),
         )
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -80,7 +103,8 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
     std::fs::create_dir_all(&root).unwrap();
     let program = "name: app\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo via-app\noutputs:\n  out: ${c.stdout}\n";
     let commit = pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
-    let git = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), TOKEN.into()))).await.unwrap();
+    let git =
+        pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), TOKEN.into()))).await.unwrap();
     passphrase_secret(&ns).await;
     for (name, app_id) in [("app", APP_ID), ("wrong-app", "999")] {
         create(
@@ -90,7 +114,8 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
         )
         .await;
     }
-    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--github-api-url", &api])).await;
+    let _op =
+        InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &["--github-api-url", &api])).await;
     let stacks = ns.api::<Stack>();
     let secret = |name: &str, key: &str| json!({"type": "Secret", "secret": {"name": name, "key": key}});
     for (stack, secret_name) in [("via-app", "app"), ("wrong-app", "wrong-app")] {
@@ -109,7 +134,8 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
     // one exchange for the operator's ls-remote, one for the operation's clone (the key stays in the operator)
     assert!(seen.lock().unwrap().iter().filter(|i| *i == APP_ID).count() >= 2, "{:?}", seen.lock().unwrap());
     eventually("the wrong App stalls with GitHub's refusal", 60, || async {
-        stalled(&stacks.get("wrong-app").await.unwrap()).is_some_and(|(r, m)| r == "SourceUnavailable" && m.contains("returned 401: Integration not found"))
+        stalled(&stacks.get("wrong-app").await.unwrap())
+            .is_some_and(|(r, m)| r == "SourceUnavailable" && m.contains("returned 401: Integration not found"))
     })
     .await;
     let all = serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap()

@@ -31,7 +31,14 @@ fn try_render(sets: &[&str]) -> (bool, Vec<Value>, String) {
         args.extend(["--set", s]);
     }
     let (ok, out, err) = helm(&args);
-    let docs = if ok { serde_yaml_ng::Deserializer::from_str(&out).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect() } else { Vec::new() };
+    let docs = if ok {
+        serde_yaml_ng::Deserializer::from_str(&out)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .collect()
+    } else {
+        Vec::new()
+    };
     (ok, docs, err)
 }
 
@@ -40,7 +47,8 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
 }
 
 fn container(docs: &[Value]) -> &Value {
-    &find(docs, "Deployment", "pko-operator").expect("the operator Deployment")["spec"]["template"]["spec"]["containers"][0]
+    &find(docs, "Deployment", "pko-operator").expect("the operator Deployment")["spec"]["template"]["spec"]["containers"]
+        [0]
 }
 
 fn args(docs: &[Value]) -> Vec<String> {
@@ -59,7 +67,10 @@ fn the_chart_lints_and_the_install_manifest_is_what_it_renders() {
     let out = Command::new(&script).arg("--print").env("HELM", testbed().bin_dir().join("helm")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let committed = std::fs::read_to_string(repo_root().join("deploy/manifests/operator.yaml")).unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout) == committed, "deploy/manifests/operator.yaml drifted from the chart: run scripts/manifests.sh");
+    assert!(
+        String::from_utf8_lossy(&out.stdout) == committed,
+        "deploy/manifests/operator.yaml drifted from the chart: run scripts/manifests.sh"
+    );
 }
 
 #[test]
@@ -73,7 +84,10 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     assert_eq!(pod["terminationGracePeriodSeconds"], 300);
     assert_eq!(container(&docs)["image"], "pko-operator:0.1.0");
     assert_eq!(env(&docs, "AGENT_IMAGE").unwrap()["value"], "pko-agent:0.1.0");
-    assert!(find(&docs, "ClusterRole", "pko-operator-edit").is_some() && find(&docs, "ClusterRole", "pko-operator-view").is_some());
+    assert!(
+        find(&docs, "ClusterRole", "pko-operator-edit").is_some()
+            && find(&docs, "ClusterRole", "pko-operator-view").is_some()
+    );
     assert!(docs.iter().all(|d| d["kind"] != "ServiceMonitor"), "no ServiceMonitor unless asked and served");
 
     // a fleet needs Redis, said by name
@@ -87,7 +101,10 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     let redis = find(&docs, "Deployment", "pko-operator-redis").expect("the bundled Redis");
     let redis_labels = &redis["spec"]["template"]["metadata"]["labels"];
     let selector = find(&docs, "Service", "pko-operator").unwrap()["spec"]["selector"].as_mapping().unwrap().clone();
-    assert!(!selector.iter().all(|(k, v)| &redis_labels[k] == v), "the operator's Service must not select the Redis pod");
+    assert!(
+        !selector.iter().all(|(k, v)| &redis_labels[k] == v),
+        "the operator's Service must not select the Redis pod"
+    );
     // a password-bearing URL from a Secret
     let docs = render(&["replicaCount=2", "redis.existingSecret.name=redis", "redis.existingSecret.key=url"]);
     assert_eq!(env(&docs, "PKO_REDIS_URL").unwrap()["valueFrom"]["secretKeyRef"]["name"], "redis");
@@ -103,7 +120,10 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
         "extraEnv[0].name=X",
         "extraEnv[0].value=on",
     ]);
-    assert!(args(&docs).contains(&"--zap-log-level=debug".to_string()) && env(&docs, "RUST_LOG").is_none(), "PKO's level through PKO's flag");
+    assert!(
+        args(&docs).contains(&"--zap-log-level=debug".to_string()) && env(&docs, "RUST_LOG").is_none(),
+        "PKO's level through PKO's flag"
+    );
     assert_eq!(env(&docs, "LOG_FORMAT").unwrap()["value"], "json");
     assert_eq!(env(&docs, "X").unwrap()["value"], "on");
     let pod = &find(&docs, "Deployment", "pko-operator").unwrap()["spec"]["template"]["spec"];
@@ -122,47 +142,81 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     // one replica: leader election with PKO's values, so a rollout never runs two operators at once
     let docs = render(&[]);
     assert!(args(&docs).contains(&"--leader-elect".to_string()), "{:?}", args(&docs));
-    for (var, value) in [("LEADER_ELECTION_LEASE_DURATION", "60s"), ("LEADER_ELECTION_RENEW_DEADLINE", "45s"), ("LEADER_ELECTION_RETRY_PERIOD", "10s"), ("KUBE_API_TIMEOUT", "30s")]
-    {
+    for (var, value) in [
+        ("LEADER_ELECTION_LEASE_DURATION", "60s"),
+        ("LEADER_ELECTION_RENEW_DEADLINE", "45s"),
+        ("LEADER_ELECTION_RETRY_PERIOD", "10s"),
+        ("KUBE_API_TIMEOUT", "30s"),
+    ] {
         assert_eq!(env(&docs, var).unwrap()["value"], value, "{var}");
     }
     assert!(env(&docs, "FLUX_MAX_UNTAR_SIZE_BYTES").is_none());
     assert_eq!(env(&docs, "PROGRAM_FS_ADV_ADDR").unwrap()["value"], "pko-operator.$(POD_NAMESPACE):80");
-    let docs = render(&["leaderElection.leaseDuration=120s", "kubeAPI.timeout=1m", "flux.maxUntarSizeBytes=-1", "controller.advertisedAddress=pko.example"]);
+    let docs = render(&[
+        "leaderElection.leaseDuration=120s",
+        "kubeAPI.timeout=1m",
+        "flux.maxUntarSizeBytes=-1",
+        "controller.advertisedAddress=pko.example",
+    ]);
     assert_eq!(env(&docs, "LEADER_ELECTION_LEASE_DURATION").unwrap()["value"], "120s");
     assert_eq!(env(&docs, "KUBE_API_TIMEOUT").unwrap()["value"], "1m");
     assert_eq!(env(&docs, "FLUX_MAX_UNTAR_SIZE_BYTES").unwrap()["value"], "-1");
     assert_eq!(env(&docs, "PROGRAM_FS_ADV_ADDR").unwrap()["value"], "pko.example:80");
     let fleet = render(&["replicaCount=3", "redis.url=redis://r:6379"]);
-    assert!(!args(&fleet).contains(&"--leader-elect".to_string()) && env(&fleet, "LEADER_ELECTION_LEASE_DURATION").is_none(), "a fleet fences by shard Leases");
+    assert!(
+        !args(&fleet).contains(&"--leader-elect".to_string())
+            && env(&fleet, "LEADER_ELECTION_LEASE_DURATION").is_none(),
+        "a fleet fences by shard Leases"
+    );
     assert!(!args(&render(&["leaderElection.enabled=false"])).contains(&"--leader-elect".to_string()));
 
     // namespaced RBAC needs the namespaces
     let (ok, _, err) = try_render(&["rbac.createClusterRole=false"]);
     assert!(!ok && err.contains("namespace.watch"), "{err}");
     let docs = render(&["rbac.createClusterRole=false", "namespace.watch={team-a,team-b}"]);
-    assert!(["team-a", "team-b"].iter().all(|ns| docs.iter().any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == *ns)));
+    assert!(
+        ["team-a", "team-b"]
+            .iter()
+            .all(|ns| docs.iter().any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == *ns))
+    );
     assert!(find(&docs, "ClusterRole", "pko-operator").is_none());
     assert!(args(&docs).contains(&"--namespaces=team-a,team-b".to_string()));
     // PKO's rbac.createRole: a Role and its binding in the release namespace, beside the ClusterRole
     let docs = render(&["rbac.createRole=true"]);
-    let role = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager").expect("the namespaced Role");
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager")
+        .expect("the namespaced Role");
     assert_eq!(role["metadata"]["namespace"], "pko-system");
     assert!(
-        role["rules"].as_sequence().is_some_and(|r| r.iter().any(|r| r["resources"].as_sequence().is_some_and(|res| res.iter().any(|x| x == "stacks")))),
+        role["rules"].as_sequence().is_some_and(|r| r
+            .iter()
+            .any(|r| r["resources"].as_sequence().is_some_and(|res| res.iter().any(|x| x == "stacks")))),
         "the controllers' rules: {role:?}"
     );
-    assert!(
-        docs.iter().any(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == "pko-operator-controller-manager" && d["roleRef"]["name"] == "pko-operator-controller-manager")
-    );
+    assert!(docs.iter().any(|d| d["kind"] == "RoleBinding"
+        && d["metadata"]["name"] == "pko-operator-controller-manager"
+        && d["roleRef"]["name"] == "pko-operator-controller-manager"));
     assert!(find(&docs, "ClusterRole", "pko-operator").is_some(), "rbac.createClusterRole stays as it is");
     let docs = render(&["rbac.createRole=true", "rbac.createClusterRole=false", "namespace.watch={team-a}"]);
-    assert_eq!(docs.iter().filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager").count(), 1, "one per watched namespace");
-    assert!(!docs.iter().any(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager" && d["metadata"]["namespace"] == "pko-system"));
+    assert_eq!(
+        docs.iter()
+            .filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == "pko-operator-controller-manager")
+            .count(),
+        1,
+        "one per watched namespace"
+    );
+    assert!(!docs.iter().any(|d| d["kind"] == "Role"
+        && d["metadata"]["name"] == "pko-operator-controller-manager"
+        && d["metadata"]["namespace"] == "pko-system"));
 
     // pools of workspace pods: the operator's flags
-    assert!(!args(&render(&[])).iter().any(|a| a.starts_with("--agent-pools")), "off by default: a pod per Workspace, as PKO");
-    let pooled = args(&render(&["pools.enabled=true", "pools.minAgents=1", "pools.maxAgents=4", "pools.idleTimeoutSeconds=30"]));
+    assert!(
+        !args(&render(&[])).iter().any(|a| a.starts_with("--agent-pools")),
+        "off by default: a pod per Workspace, as PKO"
+    );
+    let pooled =
+        args(&render(&["pools.enabled=true", "pools.minAgents=1", "pools.maxAgents=4", "pools.idleTimeoutSeconds=30"]));
     for flag in ["--agent-pools", "--pool-min-agents=1", "--pool-max-agents=4", "--pool-idle-timeout-seconds=30"] {
         assert!(pooled.contains(&flag.to_string()), "{flag} in {pooled:?}");
     }
@@ -177,7 +231,18 @@ fn kubectl(args: &[&str]) -> (bool, String) {
 async fn helm_install_is_accepted_and_namespace_users_with_edit_manage_stacks_and_with_view_read_them() {
     let (release, ns) = ("pko-helmtest", "pko-helmtest");
     let _ = helm(&["uninstall", release, "--namespace", ns, "--wait"]);
-    let (ok, out, err) = helm(&["install", release, &chart(), "--namespace", ns, "--create-namespace", "--set", "replicaCount=2", "--set", "redis.bundled.enabled=true"]);
+    let (ok, out, err) = helm(&[
+        "install",
+        release,
+        &chart(),
+        "--namespace",
+        ns,
+        "--create-namespace",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "redis.bundled.enabled=true",
+    ]);
     assert!(ok, "helm install: {out}{err}");
 
     // the built-in roles aggregate ours (the controller manager's aggregation controller)
@@ -201,10 +266,23 @@ async fn helm_install_is_accepted_and_namespace_users_with_edit_manage_stacks_an
 
     // what helm made is there, and goes with the release
     let (_, out) = kubectl(&["-n", ns, "get", "deployments", "-o", "name"]);
-    assert!(out.contains("deployment.apps/pko-helmtest-operator") && out.contains("deployment.apps/pko-helmtest-operator-redis"), "{out}");
+    assert!(
+        out.contains("deployment.apps/pko-helmtest-operator")
+            && out.contains("deployment.apps/pko-helmtest-operator-redis"),
+        "{out}"
+    );
     let (ok, out, err) = helm(&["uninstall", release, "--namespace", ns, "--wait"]);
     assert!(ok, "helm uninstall: {out}{err}");
-    let (_, out) = kubectl(&["-n", ns, "get", "deployments,services,serviceaccounts,roles,rolebindings", "-l", "app.kubernetes.io/instance=pko-helmtest", "-o", "name"]);
+    let (_, out) = kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "deployments,services,serviceaccounts,roles,rolebindings",
+        "-l",
+        "app.kubernetes.io/instance=pko-helmtest",
+        "-o",
+        "name",
+    ]);
     assert!(out.trim().is_empty() || out.contains("No resources"), "left after uninstall: {out}");
     let (_, out) = kubectl(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
     assert!(!out.contains("pko-helmtest"), "cluster objects left after uninstall: {out}");

@@ -71,9 +71,21 @@ async fn option_like_repositories_and_refs_stall_and_run_nothing() {
     let touch = |n: &str| format!("--upload-pack=touch {}", marks.join(n).display());
     let cases = [
         ("repo", json!({"stack": "dev", "projectRepo": touch("repo"), "branch": "main"}), "spec.projectRepo"),
-        ("branch", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "branch": touch("branch")}), "spec.branch"),
-        ("commit", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "commit": touch("commit")}), "spec.commit"),
-        ("ext", json!({"stack": "dev", "projectRepo": format!("ext::touch%S{}", marks.join("ext").display()), "branch": "main"}), "remote helper"),
+        (
+            "branch",
+            json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "branch": touch("branch")}),
+            "spec.branch",
+        ),
+        (
+            "commit",
+            json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/x.git", "commit": touch("commit")}),
+            "spec.commit",
+        ),
+        (
+            "ext",
+            json!({"stack": "dev", "projectRepo": format!("ext::touch%S{}", marks.join("ext").display()), "branch": "main"}),
+            "remote helper",
+        ),
     ];
     for (name, spec, _) in &cases {
         create(&stacks, stack(name, spec.clone())).await;
@@ -124,7 +136,8 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
                  "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}}}}
     }))
     .unwrap();
-    let bindings = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(client.clone());
+    let bindings =
+        Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(client.clone());
     bindings.create(&PostParams::default(), &binding).await.unwrap();
     // the policy is enforced once the API server has loaded it
     let probe: Update = serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
@@ -142,9 +155,21 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
     .await;
 
     let cases = [
-        ("bad-label-key", json!({"updateTemplate": {"metadata": {"labels": {"bad key!": "x"}}}}), r#"spec.updateTemplate.metadata.labels["bad key!"]"#),
-        ("bad-ws-label", json!({"workspaceTemplate": {"metadata": {"labels": {"ok": "not a valid value!"}}}}), r#"spec.workspaceTemplate.metadata.labels["ok"]"#),
-        ("refused-by-policy", json!({"updateTemplate": {"metadata": {"labels": {"pko-hostile-refuse": "yes"}}}}), "spec.updateTemplate: the API server refused the Update"),
+        (
+            "bad-label-key",
+            json!({"updateTemplate": {"metadata": {"labels": {"bad key!": "x"}}}}),
+            r#"spec.updateTemplate.metadata.labels["bad key!"]"#,
+        ),
+        (
+            "bad-ws-label",
+            json!({"workspaceTemplate": {"metadata": {"labels": {"ok": "not a valid value!"}}}}),
+            r#"spec.workspaceTemplate.metadata.labels["ok"]"#,
+        ),
+        (
+            "refused-by-policy",
+            json!({"updateTemplate": {"metadata": {"labels": {"pko-hostile-refuse": "yes"}}}}),
+            "spec.updateTemplate: the API server refused the Update",
+        ),
         (
             "ws-refused-by-policy",
             json!({"workspaceTemplate": {"metadata": {"labels": {"pko-hostile-refuse": "yes"}}}}),
@@ -166,7 +191,11 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
         assert!(writes <= 1, "{name} was written {writes} times in 5 s");
     }
     let updates = ns.api::<Update>().list(&Default::default()).await.unwrap();
-    assert!(updates.items.is_empty(), "no Update was created: {:?}", updates.items.iter().map(|u| u.name_any()).collect::<Vec<_>>());
+    assert!(
+        updates.items.is_empty(),
+        "no Update was created: {:?}",
+        updates.items.iter().map(|u| u.name_any()).collect::<Vec<_>>()
+    );
 
     // a spec change (new generation) is tried again: without the refused label the Stack goes Ready
     stacks
@@ -179,7 +208,11 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
         .unwrap();
     eventually("the fixed Stack is Ready", 120, || async {
         let s = stacks.get("refused-by-policy").await.unwrap();
-        s.status.and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        s.status
+            .and_then(|st| st.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     })
     .await;
     bindings.delete(&vap_name, &Default::default()).await.unwrap();
@@ -199,7 +232,11 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
         "configuration": {"dbpass": {"type": "String"}, "dbPass": {"type": "String"}},
         "resources": {"w": {"type": "command:local:Command", "properties": {"create": format!("echo ${{dbpass}} > {0}/lower; echo ${{dbPass}} > {0}/upper", out.display())}}}
     });
-    create(&ns.api::<Program>(), json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": program})).await;
+    create(
+        &ns.api::<Program>(),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": program}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
@@ -214,11 +251,19 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
     .await;
     eventually("the Stack is Ready", 120, || async {
         let s = stacks.get("collide").await.unwrap();
-        s.status.and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        s.status
+            .and_then(|st| st.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     })
     .await;
     assert_eq!(std::fs::read_to_string(out.join("lower")).unwrap().trim(), "value-of-lower");
-    assert_eq!(std::fs::read_to_string(out.join("upper")).unwrap().trim(), "VALUE-OF-UPPER", "dbPass did not replace dbpass");
+    assert_eq!(
+        std::fs::read_to_string(out.join("upper")).unwrap().trim(),
+        "VALUE-OF-UPPER",
+        "dbPass did not replace dbpass"
+    );
 
     // the local agents' credentials are private to them: the pool's identity (one per class and
     // replica) and each agent's directory
@@ -269,12 +314,26 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
     let updates = ns2.api::<Update>();
     let message = poll("the Update fails reading the Secret", 120, || async {
         let list = updates.list(&Default::default()).await.unwrap();
-        list.items.iter().find(|u| condition(u, "Failed").is_some_and(|(s, _)| s == "True")).map(|u| u.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default())
+        list.items
+            .iter()
+            .find(|u| condition(u, "Failed").is_some_and(|(s, _)| s == "True"))
+            .map(|u| u.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default())
     })
     .await;
-    assert!(message.contains(&format!("Secret {}/db could not be read", ns2.name())) && message.contains("not found"), "{message}");
+    assert!(
+        message.contains(&format!("Secret {}/db could not be read", ns2.name())) && message.contains("not found"),
+        "{message}"
+    );
     let s = ns2.api::<Stack>().get("bypass").await.unwrap();
-    assert!(!s.status.clone().and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"), "the Stack must not be Ready");
+    assert!(
+        !s.status
+            .clone()
+            .and_then(|st| st.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "the Stack must not be Ready"
+    );
     let everything = serde_json::to_string(&(s, updates.list(&Default::default()).await.unwrap().items)).unwrap();
     assert!(!everything.contains("value-of-lower"), "the first namespace's Secret value leaked");
     drop(op2);
@@ -285,14 +344,25 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
 async fn program_gets(client: &kube::Client) -> f64 {
     let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap();
     text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(r#"resource="programs""#) && l.contains(r#"verb="GET""#))
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"resource="programs""#)
+                && l.contains(r#"verb="GET""#)
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
 async fn token_of(client: &kube::Client, ns: &str, sa: &str) -> String {
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
-    accounts.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).unwrap()).await.unwrap();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     let tr = k8s_openapi::api::authentication::v1::TokenRequest::default();
     accounts.create_token_request(sa, &PostParams::default(), &tr).await.unwrap().status.unwrap().token
 }
@@ -314,7 +384,11 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().unwrap();
     let before = program_gets(&client).await;
     for i in 0..200 {
-        let r = http.get(format!("{base}/programs/{}/missing-{i}/1/{}.tar.gz", ns.name(), "0".repeat(64))).send().await.unwrap();
+        let r = http
+            .get(format!("{base}/programs/{}/missing-{i}/1/{}.tar.gz", ns.name(), "0".repeat(64)))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 404);
     }
     let after = program_gets(&client).await;
@@ -331,7 +405,10 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     )
     .await;
     let programs_api = ns.api::<pko_api::Program>();
-    pko_testbed::eventually("the big Program's artifact is published", 60, || async { programs_api.get("big").await.ok().and_then(|p| p.status?.artifact).is_some() }).await;
+    pko_testbed::eventually("the big Program's artifact is published", 60, || async {
+        programs_api.get("big").await.ok().and_then(|p| p.status?.artifact).is_some()
+    })
+    .await;
     let art = programs_api.get("big").await.unwrap().status.unwrap().artifact.unwrap();
     let path = |digest: &str| format!("{base}/programs/{}/big/1/{digest}.tar.gz", ns.name());
     let t = std::time::Instant::now();
@@ -339,7 +416,11 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
         let wrong = format!("{i:064x}");
         assert_eq!(http.get(path(&wrong)).send().await.unwrap().status(), 404);
     }
-    eprintln!("100 wrong-digest requests for a 1 MiB Program: {:.3} s, {} renders", t.elapsed().as_secs_f64(), artifacts.renders());
+    eprintln!(
+        "100 wrong-digest requests for a 1 MiB Program: {:.3} s, {} renders",
+        t.elapsed().as_secs_f64(),
+        artifacts.renders()
+    );
     assert_eq!(artifacts.renders(), 0, "a wrong digest costs no rendering");
     let hex = art.digest.as_deref().unwrap().trim_start_matches("sha256:").to_string();
     for _ in 0..3 {
@@ -356,8 +437,19 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
     let (stacks, stack_controller) = pko_operator::stack::controller::controller(ctx.clone(), &mut informers);
     let stack_controller = tokio::spawn(informers.drive(stack_controller));
-    let sources = pko_operator::metrics::Sources { stacks, programs: programs_for_metrics, ownership: ctx.ownership.clone(), handle: pko_operator::metrics::install_recorder() };
-    let metrics = tokio::spawn(pko_operator::metrics::serve(listener, client.clone(), sources, pko_operator::metrics::Security::Secure { tls }, ctx.output.clone()));
+    let sources = pko_operator::metrics::Sources {
+        stacks,
+        programs: programs_for_metrics,
+        ownership: ctx.ownership.clone(),
+        handle: pko_operator::metrics::install_recorder(),
+    };
+    let metrics = tokio::spawn(pko_operator::metrics::serve(
+        listener,
+        client.clone(),
+        sources,
+        pko_operator::metrics::Security::Secure { tls },
+        ctx.output.clone(),
+    ));
     let get = |token: Option<String>| {
         let mut r = http.get(&url);
         if let Some(t) = token {
@@ -375,8 +467,10 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     roles
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}))
+            &serde_json::from_value(
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+            )
             .unwrap(),
         )
         .await

@@ -40,7 +40,18 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let port = std::net::TcpListener::bind((node.ip.as_str(), 0)).unwrap().local_addr().unwrap().port();
     let _redis = KillOnDrop(
         std::process::Command::new("redis-server")
-            .args(["--bind", &node.ip, "--port", &port.to_string(), "--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args([
+                "--bind",
+                &node.ip,
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
             .current_dir(env.dir())
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -48,7 +59,8 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     );
 
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
-    let (watch, redis) = (format!("namespace.watch={{{}}}", ns.name()), format!("redis.url=redis://{}:{port}", node.ip));
+    let (watch, redis) =
+        (format!("namespace.watch={{{}}}", ns.name()), format!("redis.url=redis://{}:{port}", node.ip));
     let sets = [
         "--set",
         &watch,
@@ -73,7 +85,8 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
         "--set",
         "pools.maxAgents=2",
     ];
-    let mut args = vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
+    let mut args =
+        vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
     args.extend(sets);
     let (ok, _, err) = helm(&args);
     assert!(ok, "helm install: {err}");
@@ -98,7 +111,13 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     })
     .await;
 
-    kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{release}-ws-auth"),
+        "--clusterrole=system:auth-delegator",
+        &format!("--serviceaccount={}:default", ns.name()),
+    ]);
     common::passphrase_secret(ns).await;
     create(
         &ns.api::<pko_api::Program>(),
@@ -111,16 +130,32 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     .await;
     let stacks = ns.api::<Stack>();
     for name in ["alpha", "beta", "gamma"] {
-        create(&stacks, stack_spec(name, tag, state_dir, json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}")}}))).await;
+        create(
+            &stacks,
+            stack_spec(
+                name,
+                tag,
+                state_dir,
+                json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}")}}),
+            ),
+        )
+        .await;
     }
     for name in ["alpha", "beta", "gamma"] {
-        wait_for(&format!("Stack {name} Ready"), 240, ns.name(), op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
+        wait_for(&format!("Stack {name} Ready"), 240, ns.name(), op_ns, || async {
+            stacks.get(name).await.is_ok_and(|s| ready(&s))
+        })
+        .await;
     }
 
     // one pool of pods for the three Workspaces, lent by the three replicas
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns.name());
-    let names: Vec<String> = sets.list(&ListParams::default()).await.unwrap().items.iter().map(ResourceExt::name_any).collect();
-    assert!(names.len() == 1 && names[0].starts_with("pko-pool-"), "one pool StatefulSet, none per Workspace: {names:?}");
+    let names: Vec<String> =
+        sets.list(&ListParams::default()).await.unwrap().items.iter().map(ResourceExt::name_any).collect();
+    assert!(
+        names.len() == 1 && names[0].starts_with("pko-pool-"),
+        "one pool StatefulSet, none per Workspace: {names:?}"
+    );
 
     // kill the pod holding alpha's shard, with no grace: its Leases lapse and another replica takes over
     let alpha = stacks.get("alpha").await.unwrap();
@@ -128,15 +163,35 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let victim = shard_holders(&leases, "pko").await.get(&shard).cloned().expect("alpha's shard is held");
     let t = std::time::Instant::now();
     kubectl(&["delete", "pod", "-n", op_ns, &victim, "--force", "--grace-period=0"]);
-    wait_for("alpha's shard held by another replica", 120, ns.name(), op_ns, || async { shard_holders(&leases, "pko").await.get(&shard).is_some_and(|h| *h != victim) }).await;
-    eprintln!("operator pod {victim} killed: shard {shard} taken over after {:.1} s (membership Lease 6 s)", t.elapsed().as_secs_f64());
+    wait_for("alpha's shard held by another replica", 120, ns.name(), op_ns, || async {
+        shard_holders(&leases, "pko").await.get(&shard).is_some_and(|h| *h != victim)
+    })
+    .await;
+    eprintln!(
+        "operator pod {victim} killed: shard {shard} taken over after {:.1} s (membership Lease 6 s)",
+        t.elapsed().as_secs_f64()
+    );
 
     let updates = ns.api::<Update>();
     let of_alpha = || async {
-        updates.list(&ListParams::default()).await.unwrap().items.into_iter().filter(|u| u.metadata.owner_references.iter().flatten().any(|o| o.name == "alpha")).count()
+        updates
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| u.metadata.owner_references.iter().flatten().any(|o| o.name == "alpha"))
+            .count()
     };
     let before = of_alpha().await;
-    stacks.patch("alpha", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "after the kill"}}}))).await.unwrap();
+    stacks
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"config": {"greeting": "after the kill"}}})),
+        )
+        .await
+        .unwrap();
     wait_for("alpha's change converges on the new holder", 180, ns.name(), op_ns, || async {
         stacks.get("alpha").await.is_ok_and(|s| ready(&s) && said(&s).as_deref() == Some("after the kill"))
     })
@@ -152,11 +207,21 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let shard: u32 = beta.labels().get("pulumi.com/shard").expect("a Stack carries its shard").parse().unwrap();
     let holder = shard_holders(&leases, "pko").await.get(&shard).cloned().expect("beta's shard is held");
     let pod = op_pods.get(&holder).await.unwrap();
-    let cid = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs[0].container_id.clone()).expect("a running container");
+    let cid = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs[0].container_id.clone())
+        .expect("a running container");
     let cid = cid.trim_start_matches("containerd://").to_string();
-    let restarts = |p: &Pod| p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(|cs| cs[0].restart_count).unwrap_or(0);
+    let restarts = |p: &Pod| {
+        p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(|cs| cs[0].restart_count).unwrap_or(0)
+    };
     let before_restarts = restarts(&pod);
-    let out = std::process::Command::new("ctr").args(["-a", bed.var("PKO_TESTBED_CONTAINERD"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &cid]).output().unwrap();
+    let out = std::process::Command::new("ctr")
+        .args(["-a", bed.var("PKO_TESTBED_CONTAINERD"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &cid])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "ctr tasks kill: {}", String::from_utf8_lossy(&out.stderr));
     let t = std::time::Instant::now();
     wait_for("the killed operator container restarted by the kubelet", 120, ns.name(), op_ns, || async {
@@ -164,10 +229,24 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     })
     .await;
     let of_beta = || async {
-        updates.list(&ListParams::default()).await.unwrap().items.into_iter().filter(|u| u.metadata.owner_references.iter().flatten().any(|o| o.name == "beta")).count()
+        updates
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|u| u.metadata.owner_references.iter().flatten().any(|o| o.name == "beta"))
+            .count()
     };
     let before = of_beta().await;
-    stacks.patch("beta", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "after the crash"}}}))).await.unwrap();
+    stacks
+        .patch(
+            "beta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"config": {"greeting": "after the crash"}}})),
+        )
+        .await
+        .unwrap();
     wait_for("beta's change converges after the crash", 180, ns.name(), op_ns, || async {
         stacks.get("beta").await.is_ok_and(|s| ready(&s) && said(&s).as_deref() == Some("after the crash"))
     })
@@ -178,10 +257,16 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
         t.elapsed().as_secs_f64(),
         shard_holders(&leases, "pko").await.get(&shard)
     );
-    wait_for("every shard held again", 60, ns.name(), op_ns, || async { shard_holders(&leases, "pko").await.len() == 64 }).await;
+    wait_for("every shard held again", 60, ns.name(), op_ns, || async {
+        shard_holders(&leases, "pko").await.len() == 64
+    })
+    .await;
 
     for name in ["alpha", "beta", "gamma"] {
         stacks.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    wait_for("the Stacks gone", 180, ns.name(), op_ns, || async { stacks.list(&ListParams::default()).await.unwrap().items.is_empty() }).await;
+    wait_for("the Stacks gone", 180, ns.name(), op_ns, || async {
+        stacks.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
 }

@@ -55,11 +55,22 @@ async fn isolation_turns(ns: &pko_testbed::TestNamespace, op_ns: &str, tag: &str
     for name in ["isoa", "isob"] {
         // (the same env for both: a pod pool's class includes the Workspace's env, which shapes the pod)
         create(&stacks, stack_spec(name, tag, state_dir, json!({"programRef": {"name": "probe"}}))).await;
-        wait_for(&format!("{name} Ready on the pool"), 180, ns.name(), op_ns, || async { stacks.get(name).await.is_ok_and(|s| ready(&s)) }).await;
+        wait_for(&format!("{name} Ready on the pool"), 180, ns.name(), op_ns, || async {
+            stacks.get(name).await.is_ok_and(|s| ready(&s))
+        })
+        .await;
         let outputs = stacks.get(name).await.unwrap().status.and_then(|s| s.outputs).unwrap_or_default();
-        assert_eq!(outputs.get("report"), Some(&json!("found:")), "{name} found what the operation before it left on the pod");
+        assert_eq!(
+            outputs.get("report"),
+            Some(&json!("found:")),
+            "{name} found what the operation before it left on the pod"
+        );
         hosts.insert(outputs.get("host").map(|h| h.to_string()));
-        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of {name}'s operation still runs: {:?}", pko_testbed::probe::probe_daemons());
+        assert!(
+            pko_testbed::probe::probe_daemons().is_empty(),
+            "nothing of {name}'s operation still runs: {:?}",
+            pko_testbed::probe::probe_daemons()
+        );
     }
     assert_eq!(hosts.len(), 1, "both turns ran on one pool pod: {hosts:?}");
 }
@@ -76,13 +87,27 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
 
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
     let watch = format!("namespace.watch={{{}}}", ns.name());
-    let mut args = vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
-    args.extend(["--set", &watch, "--set", "fullnameOverride=pko-operator", "--set", "terminationGracePeriodSeconds=30"]);
+    let mut args =
+        vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
+    args.extend([
+        "--set",
+        &watch,
+        "--set",
+        "fullnameOverride=pko-operator",
+        "--set",
+        "terminationGracePeriodSeconds=30",
+    ]);
     args.extend(["--set", "pools.enabled=true", "--set", "pools.maxAgents=2", "--set", "pools.idleTimeoutSeconds=10"]);
     let (ok, _, err) = helm(&args);
     assert!(ok, "helm install: {err}\n{}", operator_logs(op_ns));
 
-    kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{release}-ws-auth"),
+        "--clusterrole=system:auth-delegator",
+        &format!("--serviceaccount={}:default", ns.name()),
+    ]);
     common::passphrase_secret(ns).await;
     create(
         &ns.api::<pko_api::Program>(),
@@ -99,7 +124,16 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
     let names = ["alpha", "beta", "gamma"];
     let applied = Instant::now();
     for name in names {
-        create(&stacks, stack_spec(name, tag, state_dir, json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}"), "pause": "3"}}))).await;
+        create(
+            &stacks,
+            stack_spec(
+                name,
+                tag,
+                state_dir,
+                json!({"programRef": {"name": "prog"}, "config": {"greeting": format!("hello {name}"), "pause": "3"}}),
+            ),
+        )
+        .await;
     }
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns.name());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
@@ -122,11 +156,17 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
     let converged = applied.elapsed().as_secs_f64();
     let all_ready = Instant::now();
     let found = pools(&sets).await;
-    assert_eq!(found.len(), 1, "one pool for the class: {:?}", found.iter().map(ResourceExt::name_any).collect::<Vec<_>>());
+    assert_eq!(
+        found.len(),
+        1,
+        "one pool for the class: {:?}",
+        found.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
     let pool = found[0].name_any();
     assert!(pool.starts_with("pko-pool-"), "{pool}");
     assert!(most <= 2, "never more pods than pools.maxAgents: saw {most}");
-    let all_sets: BTreeSet<String> = sets.list(&ListParams::default()).await.unwrap().items.iter().map(ResourceExt::name_any).collect();
+    let all_sets: BTreeSet<String> =
+        sets.list(&ListParams::default()).await.unwrap().items.iter().map(ResourceExt::name_any).collect();
     assert_eq!(all_sets, BTreeSet::from([pool.clone()]), "no StatefulSet per Workspace");
     let workspaces = ns.api::<Workspace>();
     let mut classes = BTreeSet::new();
@@ -147,13 +187,23 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
         replicas == Some(0) && pool_pods(&pods, &pool).await.is_empty()
     })
     .await;
-    eprintln!("pool at 0 pods {:.1} s after the last Stack was Ready (idle timeout 10 s)", all_ready.elapsed().as_secs_f64());
+    eprintln!(
+        "pool at 0 pods {:.1} s after the last Stack was Ready (idle timeout 10 s)",
+        all_ready.elapsed().as_secs_f64()
+    );
 
     // -- a change from zero: the pool grows again, the change runs once --
     let updates = ns.api::<Update>();
     let before = updates_of(&updates, "alpha").await.len();
     let t = Instant::now();
-    stacks.patch("alpha", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "again", "pause": "0"}}}))).await.unwrap();
+    stacks
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"config": {"greeting": "again", "pause": "0"}}})),
+        )
+        .await
+        .unwrap();
     wait_for("alpha's change Ready from a pool of zero pods", 240, ns.name(), op_ns, || async {
         stacks.get("alpha").await.is_ok_and(|s| ready(&s) && said(&s).is_some_and(|v| v.starts_with("again from")))
     })
@@ -166,7 +216,14 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
 
     // -- a pool pod deleted during a slow up: the same Update completes on its replacement --
     let before = updates_of(&updates, "beta").await.len();
-    stacks.patch("beta", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"pause": "40", "greeting": "slow"}}}))).await.unwrap();
+    stacks
+        .patch(
+            "beta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"config": {"pause": "40", "greeting": "slow"}}})),
+        )
+        .await
+        .unwrap();
     let busy = std::cell::RefCell::new(String::new());
     wait_for("beta's slow up running in a pool pod", 180, ns.name(), op_ns, || {
         let (pods, pool, busy) = (pods.clone(), pool.clone(), &busy);
@@ -174,7 +231,18 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
             for p in pool_pods(&pods, &pool).await {
                 let out = testbed()
                     .kubectl()
-                    .args(["exec", "-n", ns.name(), &p.name_any(), "-c", "pulumi", "--", "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
+                    .args([
+                        "exec",
+                        "-n",
+                        ns.name(),
+                        &p.name_any(),
+                        "-c",
+                        "pulumi",
+                        "--",
+                        "sh",
+                        "-c",
+                        "cat /proc/[0-9]*/cmdline | tr '\\0' ' '",
+                    ])
                     .output()
                     .unwrap();
                 if String::from_utf8_lossy(&out.stdout).contains("sleep 40") {

@@ -54,10 +54,37 @@ async fn operator_on_the_node(prefix: &str) -> (common::cluster::NodeTest, &'sta
     let (ns, op_ns, release) = (&t.ns, &t.op_ns, &t.release);
     let chart = repo_root().join("deploy/helm/pko").display().to_string();
     let watch = format!("namespace.watch={{{}}}", ns.name());
-    let (ok, _, err) = helm(&["install", release, &chart, "--namespace", op_ns, "--wait", "--timeout", "180s", "--set", &watch, "--set", "fullnameOverride=pko-operator"]);
+    let (ok, _, err) = helm(&[
+        "install",
+        release,
+        &chart,
+        "--namespace",
+        op_ns,
+        "--wait",
+        "--timeout",
+        "180s",
+        "--set",
+        &watch,
+        "--set",
+        "fullnameOverride=pko-operator",
+    ]);
     assert!(ok, "helm install: {err}\n{}", operator_logs(op_ns));
-    kubectl(&["create", "clusterrolebinding", &format!("{release}-ws-auth"), "--clusterrole=system:auth-delegator", &format!("--serviceaccount={}:default", ns.name())]);
-    kubectl(&["create", "rolebinding", "deployer", "-n", ns.name(), "--clusterrole=edit", &format!("--serviceaccount={}:default", ns.name())]);
+    kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &format!("{release}-ws-auth"),
+        "--clusterrole=system:auth-delegator",
+        &format!("--serviceaccount={}:default", ns.name()),
+    ]);
+    kubectl(&[
+        "create",
+        "rolebinding",
+        "deployer",
+        "-n",
+        ns.name(),
+        "--clusterrole=edit",
+        &format!("--serviceaccount={}:default", ns.name()),
+    ]);
     common::passphrase_secret(ns).await;
     (t, tag)
 }
@@ -65,7 +92,10 @@ async fn operator_on_the_node(prefix: &str) -> (common::cluster::NodeTest, &'sta
 /// The peak memory usage of the `pulumi` container of workspace pod `pod` (cgroup v1
 /// `memory.max_usage_in_bytes`: the page cache of the files it wrote included), in bytes.
 fn workspace_peak_memory(ns: &str, pod: &str) -> u64 {
-    kubectl(&["exec", "-n", ns, pod, "-c", "pulumi", "--", "cat", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"]).trim().parse().unwrap()
+    kubectl(&["exec", "-n", ns, pod, "-c", "pulumi", "--", "cat", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"])
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// One operator release for both programs: the chart's ClusterRoles are named by its
@@ -77,43 +107,76 @@ async fn real_programs_deploy_from_workspace_pods() {
     a_go_program_builds_and_deploys_in_a_workspace_pod(&t, tag).await;
 }
 
-async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account(t: &common::cluster::NodeTest, tag: &str) {
+async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its_service_account(
+    t: &common::cluster::NodeTest,
+    tag: &str,
+) {
     let node = testbed().node();
     let (ns, op_ns, state_dir) = (&t.ns, &t.op_ns, &t.state_dir);
     create(&ns.api::<Program>(), program()).await;
 
     let stacks = ns.api::<Stack>();
     let started = Instant::now();
-    let mut stack = stack_spec("web", tag, state_dir, json!({"programRef": {"name": "web"}, "config": {"ns": ns.name(), "greeting": "hello"}, "destroyOnFinalize": true}));
+    let mut stack = stack_spec(
+        "web",
+        tag,
+        state_dir,
+        json!({"programRef": {"name": "web"}, "config": {"ns": ns.name(), "greeting": "hello"}, "destroyOnFinalize": true}),
+    );
     stack["spec"]["workspaceTemplate"]["spec"]["resources"] = json!({"limits": {"memory": "2Gi"}});
     create(&stacks, stack).await;
-    wait_for("the Stack Ready (cold workspace pod, the provider waits for the Deployment)", 300, ns.name(), op_ns, || async { stacks.get("web").await.is_ok_and(|s| ready(&s)) })
-        .await;
+    wait_for(
+        "the Stack Ready (cold workspace pod, the provider waits for the Deployment)",
+        300,
+        ns.name(),
+        op_ns,
+        || async { stacks.get("web").await.is_ok_and(|s| ready(&s)) },
+    )
+    .await;
     eprintln!("real program in a workspace pod: apply → Ready {:.1} s (cold pod)", started.elapsed().as_secs_f64());
 
     let d = ns.api::<Deployment>().get("web").await.unwrap();
     assert_eq!(d.status.and_then(|s| s.ready_replicas), Some(1), "the provider waited for the Deployment's pod");
     let app_pods = ns.api::<Pod>().list(&ListParams::default().labels("app=web")).await.unwrap().items;
     let app_pod = app_pods.first().expect("the Deployment's pod");
-    assert_eq!(app_pod.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node.name.as_str()), "the pod runs on the bed's node");
-    let image = app_pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first()).map(|c| c.image.clone());
+    assert_eq!(
+        app_pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.name.as_str()),
+        "the pod runs on the bed's node"
+    );
+    let image = app_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.image.clone());
     assert_eq!(image.as_deref(), Some(IMAGE), "from the locally built image");
     let ip = ns.api::<Service>().get("web").await.unwrap().spec.and_then(|s| s.cluster_ip);
     let outputs = stacks.get("web").await.unwrap().status.and_then(|s| s.outputs).unwrap();
-    assert_eq!((outputs.get("deployment"), outputs.get("clusterIP")), (Some(&json!("web")), ip.map(|ip| json!(ip)).as_ref()));
+    assert_eq!(
+        (outputs.get("deployment"), outputs.get("clusterIP")),
+        (Some(&json!("web")), ip.map(|ip| json!(ip)).as_ref())
+    );
     // applied by the provider (its field manager) from the pod, whose only credentials are the
     // workspace service account's (the RoleBinding above is what lets it write)
     let cm = ns.api::<ConfigMap>().get("web-config").await.unwrap();
-    let managers: Vec<String> = cm.metadata.managed_fields.unwrap_or_default().into_iter().filter_map(|m| m.manager).collect();
+    let managers: Vec<String> =
+        cm.metadata.managed_fields.unwrap_or_default().into_iter().filter_map(|m| m.manager).collect();
     assert!(managers.iter().any(|m| m.starts_with("pulumi-kubernetes")), "applied by the provider: {managers:?}");
 
     let peak = workspace_peak_memory(ns.name(), "web-workspace-0");
-    eprintln!("workspace container peak memory usage during up (agent, pulumi, YAML host, kubernetes provider; page cache included): {} MiB", peak >> 20);
+    eprintln!(
+        "workspace container peak memory usage during up (agent, pulumi, YAML host, kubernetes provider; page cache included): {} MiB",
+        peak >> 20
+    );
     assert!(peak < 2 << 30, "within the 2 GiB limit");
 
     // destroyOnFinalize from the pod
     stacks.delete("web", &DeleteParams::background()).await.unwrap();
-    wait_for("the Stack finalized (destroy in the workspace pod)", 180, ns.name(), op_ns, || async { stacks.get_opt("web").await.unwrap().is_none() }).await;
+    wait_for("the Stack finalized (destroy in the workspace pod)", 180, ns.name(), op_ns, || async {
+        stacks.get_opt("web").await.unwrap().is_none()
+    })
+    .await;
     assert!(ns.api::<Deployment>().get_opt("web").await.unwrap().is_none(), "the Deployment was destroyed");
     assert!(ns.api::<ConfigMap>().get_opt("web-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
 }
@@ -130,7 +193,8 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster:
     let root = t.env.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();
     let program = repo_root().join("scripts/testbed/programs/go-kubernetes");
-    let files = ["Pulumi.yaml", "go.mod", "go.sum", "main.go"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
+    let files =
+        ["Pulumi.yaml", "go.mod", "go.sum", "main.go"].map(|f| (f, std::fs::read_to_string(program.join(f)).unwrap()));
     let files: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
     pko_testbed::git::bare_repo_with(&root, "goapp.git", &files);
     let git = pko_testbed::git::GitHttpServer::start(&root, &format!("{}:0", node.ip), None).await.unwrap();
@@ -153,22 +217,43 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster:
         json!({"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", "value": plugins.overrides()}),
     ]);
     let pod = &mut ws["podTemplate"]["spec"];
-    pod["volumes"].as_array_mut().unwrap().push(json!({"name": "go-mod", "hostPath": {"path": mod_cache, "type": "Directory"}}));
-    pod["containers"][0]["volumeMounts"].as_array_mut().unwrap().push(json!({"name": "go-mod", "mountPath": "/go-mod", "readOnly": true}));
+    pod["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "go-mod", "hostPath": {"path": mod_cache, "type": "Directory"}}));
+    pod["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "go-mod", "mountPath": "/go-mod", "readOnly": true}));
     let started = Instant::now();
     create(&stacks, stack).await;
-    wait_for("the Go Stack Ready (cold workspace pod, cold Go build cache)", 900, ns.name(), op_ns, || async { stacks.get("goapp").await.is_ok_and(|s| ready(&s)) }).await;
-    eprintln!("Go program in a workspace pod: apply → Ready {:.1} s (cold pod, cold Go build cache)", started.elapsed().as_secs_f64());
+    wait_for("the Go Stack Ready (cold workspace pod, cold Go build cache)", 900, ns.name(), op_ns, || async {
+        stacks.get("goapp").await.is_ok_and(|s| ready(&s))
+    })
+    .await;
+    eprintln!(
+        "Go program in a workspace pod: apply → Ready {:.1} s (cold pod, cold Go build cache)",
+        started.elapsed().as_secs_f64()
+    );
     let outputs = stacks.get("goapp").await.unwrap().status.and_then(|s| s.outputs).unwrap();
-    assert_eq!((outputs.get("configMap"), outputs.get("deployment")), (Some(&json!("go-config")), Some(&json!("go-app"))));
+    assert_eq!(
+        (outputs.get("configMap"), outputs.get("deployment")),
+        (Some(&json!("go-config")), Some(&json!("go-app")))
+    );
     let cm = ns.api::<ConfigMap>().get("go-config").await.unwrap();
     assert_eq!(cm.data.unwrap().get("greeting").map(String::as_str), Some("hej"));
     let peak = workspace_peak_memory(ns.name(), "goapp-workspace-0");
     // the Go build cache it writes fills the page cache up to the limit: usage, not the build's RSS
     // (1.3 GiB for the agent's tree on the host, benches/real_kubernetes.rs)
-    eprintln!("workspace container peak memory usage, Go program (go build of the SDK, page cache included; limit 3 GiB): {} MiB", peak >> 20);
+    eprintln!(
+        "workspace container peak memory usage, Go program (go build of the SDK, page cache included; limit 3 GiB): {} MiB",
+        peak >> 20
+    );
 
     stacks.delete("goapp", &DeleteParams::background()).await.unwrap();
-    wait_for("the Go Stack finalized", 300, ns.name(), op_ns, || async { stacks.get_opt("goapp").await.unwrap().is_none() }).await;
+    wait_for("the Go Stack finalized", 300, ns.name(), op_ns, || async {
+        stacks.get_opt("goapp").await.unwrap().is_none()
+    })
+    .await;
     assert!(ns.api::<ConfigMap>().get_opt("go-config").await.unwrap().is_none(), "the ConfigMap was destroyed");
 }

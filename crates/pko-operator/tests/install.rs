@@ -8,7 +8,10 @@ use pko_testbed::{eventually, repo_root, testbed};
 
 fn kubectl(args: &[&str]) -> (bool, String) {
     let out = testbed().kubectl().args(args).output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).trim().to_string())
+    (
+        out.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).trim().to_string(),
+    )
 }
 
 /// Whether the operator's service account may `verb` the `resource` (`plural.group`, `plural` for the
@@ -26,11 +29,18 @@ async fn can_i(client: &kube::Client, verb: &str, resource: &str, namespace: &st
             None => (resource.to_string(), None, None),
         },
     };
-    let (plural, group) = resource.split_once('.').map(|(p, g)| (p.to_string(), g.to_string())).unwrap_or((resource.clone(), String::new()));
+    let (plural, group) = resource
+        .split_once('.')
+        .map(|(p, g)| (p.to_string(), g.to_string()))
+        .unwrap_or((resource.clone(), String::new()));
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some("system:serviceaccount:pko-system:pko-operator".into()),
-            groups: Some(vec!["system:serviceaccounts".into(), "system:serviceaccounts:pko-system".into(), "system:authenticated".into()]),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                "system:serviceaccounts:pko-system".into(),
+                "system:authenticated".into(),
+            ]),
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
                 group: Some(group),
@@ -44,7 +54,8 @@ async fn can_i(client: &kube::Client, verb: &str, resource: &str, namespace: &st
         },
         ..Default::default()
     };
-    let answer = kube::Api::<SubjectAccessReview>::all(client.clone()).create(&Default::default(), &review).await.unwrap();
+    let answer =
+        kube::Api::<SubjectAccessReview>::all(client.clone()).create(&Default::default(), &review).await.unwrap();
     answer.status.is_some_and(|s| s.allowed)
 }
 
@@ -53,12 +64,15 @@ async fn install_manifest_is_accepted_and_grants_what_the_controllers_use() {
     let client = testbed().client().await.unwrap();
     pko_testbed::install_crds(&client, pko_api::crds()).await.unwrap();
     let manifest = repo_root().join("deploy/manifests/operator.yaml");
-    let (ok, out) = kubectl(&["apply", "--server-side", "--field-manager", "pko-tests", "-f", manifest.to_str().unwrap()]);
+    let (ok, out) =
+        kubectl(&["apply", "--server-side", "--field-manager", "pko-tests", "-f", manifest.to_str().unwrap()]);
     assert!(ok, "{out}");
 
     // the Deployment is real: the controller manager creates its ReplicaSet
     eventually("the operator's ReplicaSet exists", 60, || async {
-        kubectl(&["-n", "pko-system", "get", "replicasets", "-l", "app.kubernetes.io/name=pko-operator", "-o", "name"]).1.starts_with("replicaset")
+        kubectl(&["-n", "pko-system", "get", "replicasets", "-l", "app.kubernetes.io/name=pko-operator", "-o", "name"])
+            .1
+            .starts_with("replicaset")
     })
     .await;
 
@@ -101,7 +115,10 @@ async fn install_manifest_is_accepted_and_grants_what_the_controllers_use() {
         ("update", "leases.coordination.k8s.io", "team-a"),
         ("create", "serviceaccounts/default#token", "pko-system"),
     ] {
-        assert!(!can_i(&client, verb, resource, ns).await, "the operator's service account should not {verb} {resource} in {ns}");
+        assert!(
+            !can_i(&client, verb, resource, ns).await,
+            "the operator's service account should not {verb} {resource} in {ns}"
+        );
     }
 
     let (ok, out) = kubectl(&["delete", "--wait=true", "--timeout=120s", "-f", manifest.to_str().unwrap()]);

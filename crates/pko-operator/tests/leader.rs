@@ -55,10 +55,17 @@ async fn stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, na
 #[tokio::test]
 async fn one_replica_leads_and_the_other_takes_over_when_it_stops() {
     let (_client, ns, env) = setup("leader").await;
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo led"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo led"}}}}),
+    )
+    .await;
     let leases: Api<Lease> = ns.api();
     let mut a = start(&env, ns.name(), "a");
-    eventually("replica a holds the Lease", 60, || async { holder(&leases).await.is_some_and(|h| h.starts_with("a_")) }).await;
+    eventually("replica a holds the Lease", 60, || async {
+        holder(&leases).await.is_some_and(|h| h.starts_with("a_"))
+    })
+    .await;
     // a has renewed once at least, so an unreleased Lease would outlast a's exit by several seconds
     tokio::time::sleep(Duration::from_secs(16)).await;
     let _b = start(&env, ns.name(), "b");
@@ -67,16 +74,27 @@ async fn one_replica_leads_and_the_other_takes_over_when_it_stops() {
     eventually("the leader deploys", 120, || async { ready(&stacks.get("first").await.unwrap()) }).await;
     assert!(holder(&leases).await.unwrap().starts_with("a_"), "b waits while a renews");
     let b_log = std::fs::read_to_string(env.dir().join("b.out.log")).unwrap_or_default();
-    assert!(b_log.contains("waiting for leadership") && !b_log.contains("operator starting"), "b must not act:\n{b_log}");
+    assert!(
+        b_log.contains("waiting for leadership") && !b_log.contains("operator starting"),
+        "b must not act:\n{b_log}"
+    );
 
     // the leader stops (SIGTERM): it releases the Lease, b takes it at once and acts
     let t = std::time::Instant::now();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.0.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let _ = tokio::task::spawn_blocking(move || a.0.wait()).await;
-    eventually("replica b holds the Lease", 60, || async { holder(&leases).await.is_some_and(|h| h.starts_with("b_")) }).await;
+    eventually("replica b holds the Lease", 60, || async {
+        holder(&leases).await.is_some_and(|h| h.starts_with("b_"))
+    })
+    .await;
     eprintln!("takeover after the leader's SIGTERM: {:?} (Lease duration 20 s, renewed every 15 s)", t.elapsed());
     let logs = |n: &str| std::fs::read_to_string(env.dir().join(format!("{n}.out.log"))).unwrap_or_default();
-    assert!(t.elapsed() < Duration::from_secs(12), "a released Lease is taken before it would have run out\n--- a ---\n{}\n--- b ---\n{}", logs("a"), logs("b"));
+    assert!(
+        t.elapsed() < Duration::from_secs(12),
+        "a released Lease is taken before it would have run out\n--- a ---\n{}\n--- b ---\n{}",
+        logs("a"),
+        logs("b")
+    );
     stack(&ns, &env, "second").await;
     eventually("the new leader deploys", 120, || async { ready(&stacks.get("second").await.unwrap()) }).await;
 }
@@ -107,21 +125,28 @@ async fn a_rollout_during_a_running_up_has_one_dispatcher_at_a_time() {
         lock = lock.display(),
         trace = trace.display()
     );
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": create}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": create}}}}),
+    )
+    .await;
     let leases: Api<Lease> = ns.api();
     let (pa, pb) = (free_port(), free_port());
     let mut a = start_with_probes(&env, ns.name(), "a", pa);
     eventually("replica a leads and is ready", 60, || async {
-        holder(&leases).await.is_some_and(|h| h.starts_with("a_")) && probe(pa, "/readyz").await.is_some_and(|(c, _)| c == 200)
+        holder(&leases).await.is_some_and(|h| h.starts_with("a_"))
+            && probe(pa, "/readyz").await.is_some_and(|(c, _)| c == 200)
     })
     .await;
     stack(&ns, &env, "rolled").await;
-    eventually("the up runs", 90, || async { std::fs::read_to_string(&trace).unwrap_or_default().contains("start") }).await;
+    eventually("the up runs", 90, || async { std::fs::read_to_string(&trace).unwrap_or_default().contains("start") })
+        .await;
 
     // the new pod of the rollout: Ready on standby while a leads
     let _b = start_with_probes(&env, ns.name(), "b", pb);
     eventually("b answers its probes on standby", 30, || async {
-        probe(pb, "/readyz").await.is_some_and(|(c, body)| c == 200 && body.contains("standby")) && probe(pb, "/healthz").await.is_some_and(|(c, _)| c == 200)
+        probe(pb, "/readyz").await.is_some_and(|(c, body)| c == 200 && body.contains("standby"))
+            && probe(pb, "/healthz").await.is_some_and(|(c, _)| c == 200)
     })
     .await;
     assert!(holder(&leases).await.unwrap().starts_with("a_"), "a still leads");
@@ -135,14 +160,23 @@ async fn a_rollout_during_a_running_up_has_one_dispatcher_at_a_time() {
     .unwrap();
     eventually("b leads", 60, || async { holder(&leases).await.is_some_and(|h| h.starts_with("b_")) }).await;
     let stacks = ns.api::<Stack>();
-    eventually("the Stack is Ready after the rollout", 180, || async { ready(&stacks.get("rolled").await.unwrap()) }).await;
+    eventually("the Stack is Ready after the rollout", 180, || async { ready(&stacks.get("rolled").await.unwrap()) })
+        .await;
     // b acted only after a had stopped: its "operator starting" line comes after a's exit
     let b_log = std::fs::read_to_string(env.dir().join("b.out.log")).unwrap_or_default();
-    let started = b_log.lines().find(|l| l.contains("operator starting")).and_then(|l| l.split_whitespace().next()).and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    let started = b_log
+        .lines()
+        .find(|l| l.contains("operator starting"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
     let started = std::time::SystemTime::from(started.unwrap_or_else(|| panic!("b never started acting:\n{b_log}")));
     assert!(started >= stopped - Duration::from_secs(1), "b acted before a stopped");
     let t = std::fs::read_to_string(&trace).unwrap();
     assert!(!t.contains("overlap"), "two runs of the Stack overlapped:\n{t}");
     assert!(t.matches("end").count() >= 1, "the up completed:\n{t}");
-    eprintln!("runs of the up across the rollout: {} started, {} completed", t.matches("start").count(), t.matches("end").count());
+    eprintln!(
+        "runs of the up across the rollout: {} started, {} completed",
+        t.matches("start").count(),
+        t.matches("end").count()
+    );
 }

@@ -34,24 +34,47 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let ns = bed.namespace("local").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     for sa in ["runner", "nobody"] {
-        create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).await;
+        create(
+            &ns.api::<ServiceAccount>(),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}}),
+        )
+        .await;
     }
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
         .await;
     // no Role for either account: Secret references are resolved by the operator (PKO's RBAC)
     for sa in ["runner", "nobody"] {
-        let out = bed.kubectl().args(["auth", "can-i", "get", "secrets", "-n", ns.name(), "--as", &format!("system:serviceaccount:{}:{sa}", ns.name())]).output().unwrap();
+        let out = bed
+            .kubectl()
+            .args([
+                "auth",
+                "can-i",
+                "get",
+                "secrets",
+                "-n",
+                ns.name(),
+                "--as",
+                &format!("system:serviceaccount:{}:{sa}", ns.name()),
+            ])
+            .output()
+            .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no", "{sa} may not get secrets");
     }
 
-    let dir = project(&env, "local", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n");
+    let dir = project(
+        &env,
+        "local",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n",
+    );
     let agent_bin = agent_bin();
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let local = LocalRuntime::new(agent_bin, env.dir().join("agents"), bed.api_server_url(), bed.ca_file(), env.vars());
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(ns.name()));
     let agents = Arc::new(Agents::own_processes(client.clone(), local));
-    let controllers =
-        futures::future::join(WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers), UpdateController::new(ctx, 4).with_agents(agents).run(&mut informers));
+    let controllers = futures::future::join(
+        WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers),
+        UpdateController::new(ctx, 4).with_agents(agents).run(&mut informers),
+    );
     let controllers = tokio::spawn(informers.drive(async move {
         controllers.await;
     }));
@@ -62,7 +85,12 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     eventually("workspace Ready with an address", 60, || async {
         let w = wss.get("allowed").await.unwrap();
         let st = w.status.unwrap_or_default();
-        st.address.is_some() && st.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True" && c.reason == "Succeeded")
+        st.address.is_some()
+            && st
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True" && c.reason == "Succeeded")
     })
     .await;
 
@@ -101,9 +129,15 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     // the agent dies: the runtime notices within its check period, starts a new one (a new address), and
     // the next Update runs there
     let address = wss.get("allowed").await.unwrap().status.unwrap().address.unwrap();
-    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(env.dir().join("agents").join(ns.name()).join("allowed").join("agent.json")).unwrap()).unwrap();
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(env.dir().join("agents").join(ns.name()).join("allowed").join("agent.json")).unwrap(),
+    )
+    .unwrap();
     assert!(std::process::Command::new("kill").args(["-KILL", &record["pid"].to_string()]).status().unwrap().success());
-    eventually("a new agent replaces the dead one", 60, || async { wss.get("allowed").await.unwrap().status.unwrap().address.is_some_and(|a| a != address) }).await;
+    eventually("a new agent replaces the dead one", 60, || async {
+        wss.get("allowed").await.unwrap().status.unwrap().address.is_some_and(|a| a != address)
+    })
+    .await;
     create(&updates, owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed", "stackName": "dev", "type": "up"}})).await).await;
     eventually("the next update completes on the new agent", 90, || async {
         condition(&updates.get("after-restart").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))

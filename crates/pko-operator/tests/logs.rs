@@ -29,7 +29,8 @@ fn free_port() -> u16 {
 /// `kubectl pko logs stack/<stack> -n <ns>` against `endpoint` with `token`, plus `extra`.
 fn logs_command(endpoint: &str, ns: &str, stack: &str, token: Option<&str>, extra: &[&str]) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(kubectl_pko_bin());
-    c.args(["logs", &format!("stack/{stack}"), "-n", ns, "--endpoint", endpoint, "--insecure-skip-tls-verify"]).args(extra);
+    c.args(["logs", &format!("stack/{stack}"), "-n", ns, "--endpoint", endpoint, "--insecure-skip-tls-verify"])
+        .args(extra);
     c.env_clear().env("KUBECONFIG", "/nonexistent");
     if let Some(t) = token {
         c.args(["--token", t]);
@@ -39,20 +40,32 @@ fn logs_command(endpoint: &str, ns: &str, stack: &str, token: Option<&str>, extr
 
 async fn logs(endpoint: &str, ns: &str, stack: &str, token: Option<&str>, extra: &[&str]) -> (bool, String, String) {
     let out = logs_command(endpoint, ns, stack, token, extra).output().await.unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A service account of `ns` with a token, allowed `get` on Stacks in namespace `allowed_in`.
 async fn account(client: &kube::Client, ns: &str, name: &str, allowed_in: &str) -> String {
     let sas = Api::<ServiceAccount>::namespaced(client.clone(), ns);
-    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()).await.unwrap();
+    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
+        .await
+        .unwrap();
     let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name},
                       "rules": [{"apiGroups": ["pulumi.com"], "resources": ["stacks"], "verbs": ["get"]}]});
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(client.clone(), allowed_in).create(&PostParams::default(), &serde_json::from_value(role).unwrap()).await.unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(client.clone(), allowed_in)
+        .create(&PostParams::default(), &serde_json::from_value(role).unwrap())
+        .await
+        .unwrap();
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name},
                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]});
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), allowed_in).create(&PostParams::default(), &serde_json::from_value(binding).unwrap()).await.unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), allowed_in)
+        .create(&PostParams::default(), &serde_json::from_value(binding).unwrap())
+        .await
+        .unwrap();
     let tr = k8s_openapi::api::authentication::v1::TokenRequest::default();
     sas.create_token_request(name, &PostParams::default(), &tr).await.unwrap().status.unwrap().token
 }
@@ -102,7 +115,10 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     .await;
     let reader = account(&client, ns.name(), "reader", ns.name()).await;
     let elsewhere = format!("{}-b", ns.name());
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": elsewhere}})).unwrap()).await.unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": elsewhere}})).unwrap())
+        .await
+        .unwrap();
     let outsider = account(&client, ns.name(), "outsider", &elsewhere).await;
 
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -126,7 +142,11 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     .await;
     // live: `-f` started before the operation is kept waits for it, prints its first step while the
     // Update is still Progressing, and ends with the result
-    let mut tail = logs_command(&endpoint, ns.name(), "slow", Some(&reader), &["-f"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut tail = logs_command(&endpoint, ns.name(), "slow", Some(&reader), &["-f"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = tokio::io::BufReader::new(tail.stdout.take().unwrap()).lines();
     let updates = ns.api::<Update>();
     let seen = tokio::time::timeout(Duration::from_secs(120), async {
@@ -142,7 +162,10 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     assert!(pool_agents(&env).await > 0, "a pool agent runs it");
     let all = updates.list(&Default::default()).await.unwrap().items;
     let running = all.iter().find(|u| u.spec.workspace_name.as_deref() == Some("slow"));
-    assert!(running.and_then(|u| condition(u, "Progressing")).is_some_and(|c| c.0 == "True"), "printed while the Update runs: {seen}");
+    assert!(
+        running.and_then(|u| condition(u, "Progressing")).is_some_and(|c| c.0 == "True"),
+        "printed while the Update runs: {seen}"
+    );
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(90), async {
         while let Ok(Some(l)) = lines.next_line().await {
@@ -161,7 +184,8 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     // the failing program: its error is there, its secret is not
     let stacks = ns.api::<Stack>();
     eventually("the leaky Stack's update failed", 120, || async {
-        stacks.get("leaky").await.ok().and_then(|s| s.status?.last_update?.state) == Some(pko_api::stack::StackUpdateStateMessage::Failed)
+        stacks.get("leaky").await.ok().and_then(|s| s.status?.last_update?.state)
+            == Some(pko_api::stack::StackUpdateStateMessage::Failed)
     })
     .await;
     let (ok, out, err) = logs(&endpoint, ns.name(), "leaky", Some(&reader), &[]).await;

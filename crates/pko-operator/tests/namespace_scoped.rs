@@ -18,11 +18,23 @@ async fn client_as(token: &str) -> kube::Client {
     let kc = Kubeconfig {
         clusters: vec![NamedCluster {
             name: "bed".into(),
-            cluster: Some(Cluster { server: Some(bed.api_server_url()), certificate_authority: Some(bed.ca_file().display().to_string()), ..Default::default() }),
+            cluster: Some(Cluster {
+                server: Some(bed.api_server_url()),
+                certificate_authority: Some(bed.ca_file().display().to_string()),
+                ..Default::default()
+            }),
             ..Default::default()
         }],
-        auth_infos: vec![NamedAuthInfo { name: "op".into(), auth_info: Some(AuthInfo { token: Some(token.to_string().into()), ..Default::default() }), ..Default::default() }],
-        contexts: vec![NamedContext { name: "op".into(), context: Some(Context { cluster: "bed".into(), user: Some("op".into()), ..Default::default() }), ..Default::default() }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "op".into(),
+            auth_info: Some(AuthInfo { token: Some(token.to_string().into()), ..Default::default() }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "op".into(),
+            context: Some(Context { cluster: "bed".into(), user: Some("op".into()), ..Default::default() }),
+            ..Default::default()
+        }],
         current_context: Some("op".into()),
         ..Default::default()
     };
@@ -58,14 +70,28 @@ async fn an_operator_with_only_namespaced_roles_runs_stacks_in_two_namespaces() 
     let (admin, ns, env) = setup("nsscoped").await;
     let other = testbed().namespace("nsscoped-b").await.unwrap();
     // the operator's identity: a service account with a Role in each of the two namespaces only
-    create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "operator"}})).await;
+    create(
+        &ns.api::<ServiceAccount>(),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "operator"}}),
+    )
+    .await;
     grant_operator_role(&ns, ns.name()).await;
     grant_operator_role(&other, ns.name()).await;
     let tr = k8s_openapi::api::authentication::v1::TokenRequest::default();
-    let token = ns.api::<ServiceAccount>().create_token_request("operator", &PostParams::default(), &tr).await.unwrap().status.unwrap().token;
+    let token = ns
+        .api::<ServiceAccount>()
+        .create_token_request("operator", &PostParams::default(), &tr)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
     let scoped = client_as(&token).await;
     // the scoped account really has no cluster-wide view
-    assert!(Api::<Stack>::all(scoped.clone()).list(&Default::default()).await.is_err(), "the scoped account can list Stacks cluster-wide");
+    assert!(
+        Api::<Stack>::all(scoped.clone()).list(&Default::default()).await.is_err(),
+        "the scoped account can list Stacks cluster-wide"
+    );
 
     let _op = InProcessOperator::start(&scoped, &env, &format!("{},{}", ns.name(), other.name())).await;
     for (i, n) in [&ns, &other].into_iter().enumerate() {
@@ -87,7 +113,11 @@ async fn an_operator_with_only_namespaced_roles_runs_stacks_in_two_namespaces() 
         let stacks = Api::<Stack>::namespaced(admin.clone(), n.name());
         eventually(&format!("the Stack of {} is Ready", n.name()), 120, || async {
             let s = stacks.get("s").await.unwrap();
-            s.status.and_then(|st| st.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            s.status
+                .and_then(|st| st.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
         })
         .await;
         let s = stacks.get("s").await.unwrap();

@@ -29,7 +29,11 @@ impl Drop for DumpOnPanic {
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.0).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(80).collect();
-            eprintln!("--- {} (last 80 lines) ---\n{}", self.0.display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "--- {} (last 80 lines) ---\n{}",
+                self.0.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
     }
 }
@@ -41,7 +45,10 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn sigkilled_operator_reattaches_after_restart() {
-    sigkilled_operator_reattaches(&["--agent-pools=false"], |env, ns| env.dir().join("agents").join(ns).join("slow").join("agent.json")).await;
+    sigkilled_operator_reattaches(&["--agent-pools=false"], |env, ns| {
+        env.dir().join("agents").join(ns).join("slow").join("agent.json")
+    })
+    .await;
 }
 
 /// The same with agent pools: the restarted operator adopts its pool's agent (slot 0 of the class) and
@@ -56,7 +63,10 @@ async fn sigkilled_operator_reattaches_to_its_pooled_agent_after_restart() {
     .await;
 }
 
-async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_testbed::PulumiEnv, &str) -> std::path::PathBuf) {
+async fn sigkilled_operator_reattaches(
+    extra: &[&str],
+    record: impl Fn(&pko_testbed::PulumiEnv, &str) -> std::path::PathBuf,
+) {
     let (_client, ns, env) = setup("restart").await;
     let runs = env.dir().join("runs.txt");
     passphrase_secret(&ns).await;
@@ -79,11 +89,19 @@ async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_test
     let mut op = start_operator(&env, ns.name(), port, extra);
     let updates = ns.api::<Update>();
     eventually("an Update is Progressing", 60, || async {
-        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
+        updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
     })
     .await;
     let record = record(&env, ns.name());
-    let agent_pid = |p: &std::path::Path| serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap()["pid"].as_u64().unwrap();
+    let agent_pid = |p: &std::path::Path| {
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap()["pid"].as_u64().unwrap()
+    };
     let before = agent_pid(&record);
     op.kill().unwrap(); // SIGKILL
     op.wait().unwrap();
@@ -91,13 +109,28 @@ async fn sigkilled_operator_reattaches(extra: &[&str], record: impl Fn(&pko_test
 
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready after the restart", 120, || async {
-        stacks.get("slow").await.unwrap().status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        stacks
+            .get("slow")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     })
     .await;
     let all = updates.list(&Default::default()).await.unwrap().items;
     let summary: Vec<String> = all
         .iter()
-        .map(|u| format!("{}: {:?} {:?}", u.metadata.name.clone().unwrap_or_default(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone())))
+        .map(|u| {
+            format!(
+                "{}: {:?} {:?}",
+                u.metadata.name.clone().unwrap_or_default(),
+                condition(u, "Failed"),
+                u.status.as_ref().and_then(|s| s.message.clone())
+            )
+        })
         .collect();
     assert_eq!(all.len(), 1, "the same Update completed; no second one was needed: {summary:#?}");
     assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "not Aborted");

@@ -66,7 +66,10 @@ struct ClusterBindings(String);
 
 impl Drop for ClusterBindings {
     fn drop(&mut self) {
-        let _ = testbed().kubectl().args(["delete", "clusterrolebinding", "-l", &format!("{TEST_NAMESPACE_LABEL}={}", self.0)]).output();
+        let _ = testbed()
+            .kubectl()
+            .args(["delete", "clusterrolebinding", "-l", &format!("{TEST_NAMESPACE_LABEL}={}", self.0)])
+            .output();
     }
 }
 
@@ -112,19 +115,32 @@ async fn pko_e2e_structured_config_converges_with_the_outputs_pko_asserts() {
     let (client, ns, env) = setup("pko-structured").await;
     passphrase_secret(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests("structured-config.yaml", ns.name(), &env.backend_url()));
+    let _bindings =
+        kubectl_apply_in(ns.name(), &pko_manifests("structured-config.yaml", ns.name(), &env.backend_url()));
     let stacks = ns.api::<Stack>();
     eventually("the Stack is Ready", 300, || async { ready(&stacks.get("structured-config").await.unwrap()) }).await;
     let out = stacks.get("structured-config").await.unwrap().status.unwrap().outputs.unwrap();
     assert_eq!(out["simpleString"], json!("hello-world"));
-    assert_eq!(out["databaseConfig"], json!({"host": "db.example.com", "port": 5432, "database": "myapp", "ssl": true, "maxConnections": 100}));
+    assert_eq!(
+        out["databaseConfig"],
+        json!({"host": "db.example.com", "port": 5432, "database": "myapp", "ssl": true, "maxConnections": 100})
+    );
     assert_eq!(out["allowedRegions"], json!(["us-west-2", "us-east-1", "eu-west-1"]));
-    assert_eq!((&out["maxRetries"], &out["timeout"], &out["enableCaching"], &out["debugMode"]), (&json!(3), &json!(30.5), &json!(true), &json!(false)));
+    assert_eq!(
+        (&out["maxRetries"], &out["timeout"], &out["enableCaching"], &out["debugMode"]),
+        (&json!(3), &json!(30.5), &json!(true), &json!(false))
+    );
     assert_eq!(out["oauth"]["clientId"], json!("my-client-id"));
     assert_eq!(out["oauth"]["scopes"], json!(["read", "write"]));
-    assert_eq!(out["oauth"]["endpoints"], json!({"token": "https://auth.example.com/token", "authorize": "https://auth.example.com/authorize"}));
+    assert_eq!(
+        out["oauth"]["endpoints"],
+        json!({"token": "https://auth.example.com/token", "authorize": "https://auth.example.com/authorize"})
+    );
     let settings = &out["appSettings"];
-    assert_eq!((&settings["apiEndpoint"], &settings["timeout"], &settings["retryEnabled"]), (&json!("https://api.example.com"), &json!(30), &json!(true)));
+    assert_eq!(
+        (&settings["apiEndpoint"], &settings["timeout"], &settings["retryEnabled"]),
+        (&json!("https://api.example.com"), &json!(30), &json!(true))
+    );
     assert_eq!(settings["features"], json!({"authentication": true, "rateLimit": 1000}));
     assert_eq!(settings["regions"], json!(["us-west-1", "us-east-1"]));
     assert_eq!(out["appVersion"], json!("v1.2.3"));
@@ -142,15 +158,20 @@ async fn pko_example_preview_demo_deploys_nginx_and_previews_the_change_without_
     example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let t = std::time::Instant::now();
-    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
+    let _bindings =
+        kubectl_apply_in(ns.name(), &pko_manifests("preview-demo/stack.yaml", ns.name(), &env.backend_url()));
     let (stacks, deployments) = (ns.api::<Stack>(), ns.api::<Deployment>());
     eventually("nginx-current is Ready with two nginx pods", 420, || async {
-        let ready_pods = deployments.get_opt("nginx").await.unwrap().and_then(|d| d.status).and_then(|s| s.ready_replicas);
+        let ready_pods =
+            deployments.get_opt("nginx").await.unwrap().and_then(|d| d.status).and_then(|s| s.ready_replicas);
         ready(&stacks.get("nginx-current").await.unwrap()) && ready_pods == Some(2)
     })
     .await;
     eprintln!("preview-demo: nginx-current Ready with 2 pods {:?} after kubectl apply", t.elapsed());
-    eventually("nginx-next is Ready after its preview", 300, || async { ready(&stacks.get("nginx-next").await.unwrap()) }).await;
+    eventually("nginx-next is Ready after its preview", 300, || async {
+        ready(&stacks.get("nginx-next").await.unwrap())
+    })
+    .await;
     let next = stacks.get("nginx-next").await.unwrap().status.unwrap().last_update.unwrap();
     assert_eq!(next.update_type, Some(pko_api::UpdateType::Preview), "nginx-next runs previews only: {next:?}");
     let d = deployments.get("nginx").await.unwrap();
@@ -165,7 +186,10 @@ async fn pko_example_preview_demo_without_its_rolebinding_is_refused_to_the_work
     let (client, ns, env) = setup("pko-preview-rbac").await;
     example_secrets(&ns).await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    let _bindings = kubectl_apply_in(ns.name(), &pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]));
+    let _bindings = kubectl_apply_in(
+        ns.name(),
+        &pko_manifests_without("preview-demo/stack.yaml", ns.name(), &env.backend_url(), &["RoleBinding"]),
+    );
     let stacks = ns.api::<Stack>();
     let account = format!("system:serviceaccount:{}:nginx-preview-demo", ns.name());
     eventually("nginx-current fails, refused to the service account", 300, || async {

@@ -48,7 +48,10 @@ fn processes_under(dir: &Path) -> Vec<(u32, String)> {
         .flatten()
         .filter_map(|e| {
             let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            std::fs::read_link(e.path().join("cwd")).ok()?.starts_with(dir).then(|| (pid, std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim().to_string()))
+            std::fs::read_link(e.path().join("cwd"))
+                .ok()?
+                .starts_with(dir)
+                .then(|| (pid, std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim().to_string()))
         })
         .collect()
 }
@@ -56,7 +59,11 @@ fn processes_under(dir: &Path) -> Vec<(u32, String)> {
 /// The slot directories of this replica's pools: `<agents>/pools/<ns>/<class>/operator/<n>`.
 fn slots(pools: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let classes = std::fs::read_dir(pools).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
+    let classes = std::fs::read_dir(pools)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
     for class in classes {
         for slot in std::fs::read_dir(class.path().join("operator")).into_iter().flatten().flatten() {
             if slot.file_name().to_str().is_some_and(|n| n.parse::<usize>().is_ok()) {
@@ -74,7 +81,11 @@ async fn stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, na
 
 /// The value of the first sample of `name` in a Prometheus text exposition (0 when absent).
 fn sample(metrics: &str, name: &str) -> f64 {
-    metrics.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -86,7 +97,11 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
         json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 2; echo ${{pulumi.stack}} >> {}", runs.display())}}}}),
     )
     .await;
-    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "3"]);
+    let args = run_args_with(
+        &env,
+        ns.name(),
+        &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "3"],
+    );
     let operator = InProcessOperator::start_with(&client, &env, args).await;
     let names = ["pool-a", "pool-b", "pool-c", "pool-d"];
     for n in names {
@@ -108,11 +123,15 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     // every Workspace reports the one pool of its class, and has no agent of its own
     let workspaces = ns.api::<Workspace>().list(&Default::default()).await.unwrap().items;
     assert_eq!(workspaces.len(), 4);
-    let pools: std::collections::BTreeSet<_> = workspaces.iter().map(|w| w.status.as_ref().and_then(|s| s.pool.clone())).collect();
+    let pools: std::collections::BTreeSet<_> =
+        workspaces.iter().map(|w| w.status.as_ref().and_then(|s| s.pool.clone())).collect();
     assert_eq!(pools.len(), 1, "one class, one pool: {pools:?}");
     let pool = pools.into_iter().next().flatten().expect("status.pool is set");
     assert!(pool.starts_with(&format!("{}/", ns.name())), "{pool}");
-    assert!(workspaces.iter().all(|w| w.status.as_ref().is_some_and(|s| s.address.is_none())), "no Workspace has an agent of its own");
+    assert!(
+        workspaces.iter().all(|w| w.status.as_ref().is_some_and(|s| s.address.is_none())),
+        "no Workspace has an agent of its own"
+    );
 
     // the pool's own records: at most two slots ever existed, and each program ran once
     let used = slots(&pools_dir);
@@ -137,7 +156,13 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     // work again: the pool starts from zero and runs it
     let updates_before = ns.api::<Update>().list(&Default::default()).await.unwrap().items.len();
     stacks
-        .patch("pool-a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "again"}}})))
+        .patch(
+            "pool-a",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "again"}}}),
+            ),
+        )
         .await
         .unwrap();
     let updates = ns.api::<Update>();
@@ -146,7 +171,10 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
         all.len() > updates_before && all.iter().filter(|u| u.is_complete()).count() == all.len()
     })
     .await;
-    assert!(updates.list(&Default::default()).await.unwrap().items.iter().all(|u| u.succeeded()), "every Update succeeded");
+    assert!(
+        updates.list(&Default::default()).await.unwrap().items.iter().all(|u| u.succeeded()),
+        "every Update succeeded"
+    );
     operator.stop().await;
 }
 
@@ -166,7 +194,11 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
                  "outputs": {"report": "${probe.stdout}"}}}),
     )
     .await;
-    let args = run_args_with(&env, ns.name(), &["--agent-pools", "--pool-max-agents", "1", "--pool-idle-timeout-seconds", "60"]);
+    let args = run_args_with(
+        &env,
+        ns.name(),
+        &["--agent-pools", "--pool-max-agents", "1", "--pool-idle-timeout-seconds", "60"],
+    );
     let operator = InProcessOperator::start_with(&client, &env, args).await;
     let stacks = ns.api::<Stack>();
     let pools_dir = env.dir().join("agents").join("pools");
@@ -177,9 +209,16 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
         refs["OP_SECRET"] = json!({"type": "Literal", "literal": {"value": format!("secret-of-{name}")}});
         let spec = json!({"stack": name, "programRef": {"name": "probe"}, "backend": env.backend_url(), "config": {"n": turn.to_string()}, "envRefs": refs});
         if turn < 2 {
-            create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})).await;
+            create(
+                &stacks,
+                json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec}),
+            )
+            .await;
         } else {
-            stacks.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": spec}))).await.unwrap();
+            stacks
+                .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": spec})))
+                .await
+                .unwrap();
         }
         let generation = if turn < 2 { 1 } else { 2 };
         eventually(&format!("turn {turn}: {name} Ready with its report"), 120, || async {
@@ -194,7 +233,11 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
         let s = stacks.get(name).await.unwrap();
         let report = s.status.and_then(|st| st.outputs).map(|o| o["report"].clone());
         assert_eq!(report, Some(json!("found:")), "turn {turn} ({name}) found what an earlier operation left");
-        assert!(pko_testbed::probe::probe_daemons().is_empty(), "nothing of turn {turn} still runs: {:?}", pko_testbed::probe::probe_daemons());
+        assert!(
+            pko_testbed::probe::probe_daemons().is_empty(),
+            "nothing of turn {turn} still runs: {:?}",
+            pko_testbed::probe::probe_daemons()
+        );
     }
     assert_eq!(slots(&pools_dir).len(), 1, "all three turns on the one slot of the pool");
     let pids = agent_pids.into_inner().unwrap();
@@ -220,17 +263,30 @@ async fn two_step_up_in_flight(
             "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
     )
     .await;
-    let args = run_args_with(env, ns.name(), &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]);
+    let args = run_args_with(
+        env,
+        ns.name(),
+        &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"],
+    );
     let operator = InProcessOperator::start_with(client, env, args).await;
     stack(ns, env, stack_name).await;
     let updates = ns.api::<Update>();
     eventually("the Update is Progressing", 60, || async {
-        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
+        updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|u| condition(u, "Progressing") == Some(("True".into(), "Progressing".into())))
     })
     .await;
     let pools_dir = env.dir().join("agents").join("pools");
     let first = slots(&pools_dir).into_iter().next().expect("a slot");
-    let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"].as_u64().unwrap() as i32;
+    let pid =
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(first.join("agent.json")).unwrap()).unwrap()["pid"]
+            .as_u64()
+            .unwrap() as i32;
     (operator, runs, pools_dir, pid)
 }
 
@@ -247,7 +303,8 @@ async fn an_agent_sigtermed_mid_up_hands_its_operation_to_another_agent() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
 
     let stacks = ns.api::<Stack>();
-    eventually("the Stack is Ready after the handoff", 120, || async { ready(&stacks.get("handoff").await.unwrap()) }).await;
+    eventually("the Stack is Ready after the handoff", 120, || async { ready(&stacks.get("handoff").await.unwrap()) })
+        .await;
     eprintln!("handoff: Stack Ready {:?} after the agent's SIGTERM", t0.elapsed());
     let all = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(all.len(), 1, "the same Update completed on another agent");
@@ -274,13 +331,22 @@ async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holde
     let locks = env.dir().join("state").join(".pulumi").join("locks");
     // the `up`'s lock, held while `a` sleeps (read again until it is the same for a second)
     let lock_holder = || {
-        let held: Vec<_> = files_under(&locks).into_iter().filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
-        let pid = held.first().and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).and_then(|v| v["pid"].as_i64());
+        let held: Vec<_> =
+            files_under(&locks).into_iter().filter(|f| f.extension().is_some_and(|x| x == "json")).collect();
+        let pid = held
+            .first()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["pid"].as_i64());
         pid.map(|p| (held, p as i32))
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let (held, holder) = loop {
-        assert!(std::time::Instant::now() < deadline, "no lock held for a second within 60 s: {:?}", files_under(&locks));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lock held for a second within 60 s: {:?}",
+            files_under(&locks)
+        );
         if let Some(h) = lock_holder() {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             if lock_holder() == Some(h.clone()) {
@@ -292,18 +358,29 @@ async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holde
     // what the operation runs: pulumi, its language host, the provider, the command's shell and sleep
     let ops = slots(&pools_dir).into_iter().next().expect("the agent's slot").join("work").join("ops");
     let before: Vec<u32> = processes_under(&ops).into_iter().map(|(pid, _)| pid).collect();
-    assert!(before.len() >= 3, "pulumi and its plugins run under the operation's directory: {:?}", processes_under(&ops));
+    assert!(
+        before.len() >= 3,
+        "pulumi and its plugins run under the operation's directory: {:?}",
+        processes_under(&ops)
+    );
     let t0 = std::time::Instant::now();
     // the agent alone (not its process group)
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     // (exited: gone, or a zombie not yet reaped)
-    let running = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, f)| !f.trim_start().starts_with('Z')));
+    let running = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, f)| !f.trim_start().starts_with('Z')))
+    };
     // the agent's supervisor stops its pulumi, the language host, the provider and the command at once
-    eventually("nothing of the dead agent's operation still runs", 5, || async { !running(holder) && before.iter().all(|p| !running(*p as i32)) }).await;
+    eventually("nothing of the dead agent's operation still runs", 5, || async {
+        !running(holder) && before.iter().all(|p| !running(*p as i32))
+    })
+    .await;
     eprintln!("SIGKILLed agent: its pulumi and every plugin gone {:?} after the kill", t0.elapsed());
 
     let stacks = ns.api::<Stack>();
-    eventually("the Stack is Ready after the retry", 120, || async { ready(&stacks.get("killed").await.unwrap()) }).await;
+    eventually("the Stack is Ready after the retry", 120, || async { ready(&stacks.get("killed").await.unwrap()) })
+        .await;
     eprintln!("SIGKILLed agent: Stack Ready {:?} after the kill", t0.elapsed());
     let all = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(all.len(), 1, "the same Update completed on another agent");

@@ -16,7 +16,12 @@ async fn wait_artifact(api: &kube::Api<Program>, name: &str, generation: i64) ->
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let p = api.get(name).await.unwrap();
-        if let Some(a) = p.status.as_ref().and_then(|s| s.artifact.clone()).filter(|a| a.revision.as_deref() == Some(generation.to_string().as_str())) {
+        if let Some(a) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.artifact.clone())
+            .filter(|a| a.revision.as_deref() == Some(generation.to_string().as_str()))
+        {
             assert_eq!(p.status.unwrap().observed_generation, Some(generation));
             return a;
         }
@@ -76,7 +81,10 @@ async fn program_is_published_served_and_deployable() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let ctx = Arc::new(Context::new(client.clone(), addr.clone(), Arc::new(Namespaces::one(ns.name()))));
-    let mut informers = pko_operator::informer::Informers::new(client.clone(), pko_operator::informer::WatchScope::Namespaces(vec![ns.name().to_string()]));
+    let mut informers = pko_operator::informer::Informers::new(
+        client.clone(),
+        pko_operator::informer::WatchScope::Namespaces(vec![ns.name().to_string()]),
+    );
     let (programs, run) = pko_operator::program::program_controller(ctx.clone(), &mut informers);
     let run = informers.drive(run);
     let state = pko_operator::artifacts::ArtifactState::new(programs);
@@ -111,21 +119,36 @@ async fn program_is_published_served_and_deployable() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hi there");
 
     // a new generation publishes a new artifact; the old generation is gone
-    api.patch("hello", &PatchParams::apply("pko-tests"), &Patch::Merge(json!({"program": {"configuration": {"greeting": {"type": "String", "default": "hello"}}}}))).await.unwrap();
+    api.patch(
+        "hello",
+        &PatchParams::apply("pko-tests"),
+        &Patch::Merge(json!({"program": {"configuration": {"greeting": {"type": "String", "default": "hello"}}}})),
+    )
+    .await
+    .unwrap();
     let a2 = wait_artifact(&api, "hello", 2).await;
     assert_ne!(a2.digest, a1.digest);
     assert_eq!(http.get(&a1.url).send().await.unwrap().status(), 404);
     // the server answers from its Program cache, which may see the new status a moment after the API
     let bytes = served(&http, &a2.url).await;
     assert_eq!(Some(pko_operator::program::digest(&bytes)), a2.digest);
-    assert_eq!(http.get(format!("http://{addr}/programs/{}/missing/1/{hex}.tar.gz", ns.name())).send().await.unwrap().status(), 404);
+    assert_eq!(
+        http.get(format!("http://{addr}/programs/{}/missing/1/{hex}.tar.gz", ns.name())).send().await.unwrap().status(),
+        404
+    );
     // the name and generation alone do not fetch it: the digest is part of the URL
     let guessed = format!("http://{addr}/programs/{}/hello/2/{}.tar.gz", ns.name(), "0".repeat(64));
     assert_eq!(http.get(&guessed).send().await.unwrap().status(), 404);
     // a Program outside this replica's watch scope is not served, even with its real URL
     let other = bed.namespace("program-other").await.unwrap();
     other.api::<Program>().create(&PostParams::default(), &program_named("hello")).await.unwrap();
-    let foreign = pko_operator::program::desired_artifact(&other.api::<Program>().get("hello").await.unwrap(), &addr, None, now()).unwrap();
+    let foreign = pko_operator::program::desired_artifact(
+        &other.api::<Program>().get("hello").await.unwrap(),
+        &addr,
+        None,
+        now(),
+    )
+    .unwrap();
     assert_eq!(http.get(&foreign.url).send().await.unwrap().status(), 404);
 
     controller.abort();

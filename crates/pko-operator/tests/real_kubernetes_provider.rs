@@ -69,7 +69,8 @@ fn env_refs() -> serde_json::Value {
 async fn delete_and_check_destroyed(ns: &pko_testbed::TestNamespace, name: &str, objects: [&str; 3]) {
     let stacks = ns.api::<Stack>();
     stacks.delete(name, &DeleteParams::background()).await.unwrap();
-    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt(name).await.unwrap().is_none() }).await;
+    eventually("the Stack is finalized and gone", 180, || async { stacks.get_opt(name).await.unwrap().is_none() })
+        .await;
     assert!(ns.api::<ConfigMap>().get_opt(objects[0]).await.unwrap().is_none(), "the ConfigMap was destroyed");
     assert!(ns.api::<Deployment>().get_opt(objects[1]).await.unwrap().is_none(), "the Deployment was destroyed");
     assert!(ns.api::<Service>().get_opt(objects[2]).await.unwrap().is_none(), "the Service was destroyed");
@@ -98,28 +99,63 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     let service = ns.api::<Service>().get("web").await.unwrap();
     let cluster_ip = service.spec.and_then(|s| s.cluster_ip).unwrap();
     let outputs = stacks.get("app").await.unwrap().status.unwrap().outputs.unwrap();
-    assert_eq!((&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]), (&json!("app-config"), &json!("app"), &json!(cluster_ip)));
+    assert_eq!(
+        (&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]),
+        (&json!("app-config"), &json!("app"), &json!(cluster_ip))
+    );
 
     // a config change reaches the object
-    stacks.patch("app", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "bonjour"}}}))).await.unwrap();
+    stacks
+        .patch("app", &PatchParams::default(), &Patch::Merge(json!({"spec": {"config": {"greeting": "bonjour"}}})))
+        .await
+        .unwrap();
     eventually("the new greeting is deployed", 180, || async {
         let s = stacks.get("app").await.unwrap();
-        ready(&s) && s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation && greeting(&config_maps).await.as_deref() == Some("bonjour")
+        ready(&s)
+            && s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
+            && greeting(&config_maps).await.as_deref() == Some("bonjour")
     })
     .await;
 
     // changed with kubectl behind Pulumi's back: a drift check (every 2 s, report only) names it
     let patch = json!({"spec": {"driftDetection": {"schedules": [{"cron": "*/2 * * * * *"}]}}});
     stacks.patch("app", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    eventually("a check finds no drift", 120, || async { drift(&stacks.get("app").await.unwrap()).is_some_and(|(s, r, _)| s == "False" && r == "NoChanges") }).await;
-    let edited = testbed().kubectl().args(["-n", ns.name(), "patch", "configmap", "app-config", "--type", "merge", "-p", r#"{"data":{"greeting":"edited"}}"#]).output().unwrap();
+    eventually("a check finds no drift", 120, || async {
+        drift(&stacks.get("app").await.unwrap()).is_some_and(|(s, r, _)| s == "False" && r == "NoChanges")
+    })
+    .await;
+    let edited = testbed()
+        .kubectl()
+        .args([
+            "-n",
+            ns.name(),
+            "patch",
+            "configmap",
+            "app-config",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"greeting":"edited"}}"#,
+        ])
+        .output()
+        .unwrap();
     assert!(edited.status.success(), "kubectl patch: {}", String::from_utf8_lossy(&edited.stderr));
-    let scaled = testbed().kubectl().args(["-n", ns.name(), "scale", "deployment", "app", "--replicas=2"]).output().unwrap();
+    let scaled =
+        testbed().kubectl().args(["-n", ns.name(), "scale", "deployment", "app", "--replicas=2"]).output().unwrap();
     assert!(scaled.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&scaled.stderr));
-    eventually("the drift is reported", 120, || async { drift(&stacks.get("app").await.unwrap()).is_some_and(|(s, r, _)| s == "True" && r == "Changes") }).await;
+    eventually("the drift is reported", 120, || async {
+        drift(&stacks.get("app").await.unwrap()).is_some_and(|(s, r, _)| s == "True" && r == "Changes")
+    })
+    .await;
     let (_, _, message) = drift(&stacks.get("app").await.unwrap()).unwrap();
-    assert!(message.contains("urn:pulumi:dev::app::kubernetes:core/v1:ConfigMap::config"), "the drift names the ConfigMap's URN: {message}");
-    assert!(message.contains("urn:pulumi:dev::app::kubernetes:apps/v1:Deployment::app"), "the drift names the scaled Deployment's URN: {message}");
+    assert!(
+        message.contains("urn:pulumi:dev::app::kubernetes:core/v1:ConfigMap::config"),
+        "the drift names the ConfigMap's URN: {message}"
+    );
+    assert!(
+        message.contains("urn:pulumi:dev::app::kubernetes:apps/v1:Deployment::app"),
+        "the drift names the scaled Deployment's URN: {message}"
+    );
     assert_eq!(greeting(&config_maps).await.as_deref(), Some("edited"), "a report-only check changes nothing");
     assert_eq!(replicas(&ns).await, Some(2), "a report-only check changes nothing");
 
@@ -138,7 +174,14 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     // scale subresource, so the new Deployment's server-side apply can meet the old one still being
     // deleted and fail with a field conflict. The Stack's retry after its backoff then deploys it.
     for u in ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap() {
-        if let Some(c) = u.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten().find(|c| c.type_ == "Failed" && c.status == "True") {
+        if let Some(c) = u
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+        {
             eprintln!("failed Update {}: {}", u.metadata.name.unwrap_or_default(), c.message);
         }
     }
@@ -152,7 +195,12 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
 /// config `ns`/`greeting`) on an in-process operator, waits for it to be Ready, checks the
 /// `<prefix>-config`, `<prefix>-app` and `<prefix>-web` objects and the outputs naming them, and deletes
 /// it: all three destroyed.
-async fn deploy_check_destroy(setup: (kube::Client, pko_testbed::TestNamespace, pko_testbed::PulumiEnv), name: &str, prefix: &str, spec: serde_json::Value) {
+async fn deploy_check_destroy(
+    setup: (kube::Client, pko_testbed::TestNamespace, pko_testbed::PulumiEnv),
+    name: &str,
+    prefix: &str,
+    spec: serde_json::Value,
+) {
     let (client, ns, env) = setup;
     passphrase_secret(&ns).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
@@ -164,7 +212,8 @@ async fn deploy_check_destroy(setup: (kube::Client, pko_testbed::TestNamespace, 
             _ => full[k] = v.clone(),
         }
     }
-    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": full})).await;
+    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": full}))
+        .await;
     let t = std::time::Instant::now();
     eventually("the Stack is Ready", 300, || async { ready(&stacks.get(name).await.unwrap()) }).await;
     eprintln!("{name}: Ready {:?} after it was created", t.elapsed());
@@ -174,7 +223,10 @@ async fn deploy_check_destroy(setup: (kube::Client, pko_testbed::TestNamespace, 
     let cluster_ip = ns.api::<Service>().get(&web).await.unwrap().spec.and_then(|s| s.cluster_ip).unwrap();
     assert_eq!(ns.api::<Deployment>().get(&app).await.unwrap().spec.and_then(|s| s.replicas), Some(0));
     let outputs = stacks.get(name).await.unwrap().status.unwrap().outputs.unwrap();
-    assert_eq!((&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]), (&json!(cm), &json!(app), &json!(cluster_ip)));
+    assert_eq!(
+        (&outputs["configMap"], &outputs["deployment"], &outputs["clusterIP"]),
+        (&json!(cm), &json!(app), &json!(cluster_ip))
+    );
 
     delete_and_check_destroyed(&ns, name, [cm.as_str(), app.as_str(), web.as_str()]).await;
     drop(op);
@@ -187,7 +239,8 @@ async fn a_python_program_of_kubernetes_resources_deploys_and_is_destroyed_with_
     let dir = setup.2.dir().join("pyapp");
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["Pulumi.yaml", "__main__.py", "requirements.txt"] {
-        std::fs::copy(pko_testbed::repo_root().join("scripts/testbed/programs/python-kubernetes").join(f), dir.join(f)).unwrap();
+        std::fs::copy(pko_testbed::repo_root().join("scripts/testbed/programs/python-kubernetes").join(f), dir.join(f))
+            .unwrap();
     }
     let spec = json!({"workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}});
     deploy_check_destroy(setup, "pyapp", "py", spec).await;
@@ -202,14 +255,20 @@ async fn a_go_program_of_kubernetes_resources_from_git_deploys_and_is_destroyed_
     let setup = setup("k8s-provider-go").await;
     let root = setup.2.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();
-    let program = |f: &str| std::fs::read_to_string(pko_testbed::repo_root().join("scripts/testbed/programs/go-kubernetes").join(f)).unwrap();
+    let program = |f: &str| {
+        std::fs::read_to_string(pko_testbed::repo_root().join("scripts/testbed/programs/go-kubernetes").join(f))
+            .unwrap()
+    };
     let files = ["Pulumi.yaml", "go.mod", "go.sum", "main.go"].map(|f| (f, program(f)));
     let files: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
     pko_testbed::git::bare_repo_with(&root, "goapp.git", &files);
     let git = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", None).await.unwrap();
     let plugins = pko_testbed::plugins::PluginServer::kubernetes(&["4.24.0"], Default::default()).await;
     let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
-    let mut refs = serde_json::Map::from_iter([("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES".to_string(), literal(&plugins.overrides()))]);
+    let mut refs = serde_json::Map::from_iter([(
+        "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES".to_string(),
+        literal(&plugins.overrides()),
+    )]);
     refs.extend(pko_testbed::offline_go_env().map(|(k, v)| (k.to_string(), literal(&v))));
     let spec = json!({"projectRepo": git.url("goapp.git"), "branch": "main", "envRefs": refs});
     deploy_check_destroy(setup, "goapp", "go", spec).await;

@@ -30,11 +30,18 @@ const FLEET: &str = "crash";
 /// The addresses recorded by `replica`'s pool agents: `<agents>/pools/<ns>/<class>/<replica>/<n>/agent.json`.
 fn recorded_agents(pools: &Path, replica: &str) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
-    let classes = std::fs::read_dir(pools).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
+    let classes = std::fs::read_dir(pools)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten());
     for class in classes {
         for slot in std::fs::read_dir(class.path().join(replica)).into_iter().flatten().flatten() {
             let Ok(bytes) = std::fs::read(slot.path().join("agent.json")) else { continue };
-            if let Some(address) = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["address"].as_str().map(str::to_string)) {
+            if let Some(address) = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v["address"].as_str().map(str::to_string))
+            {
                 out.push((slot.path(), address));
             }
         }
@@ -62,11 +69,16 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     .await;
     let prefix = testbed().redis_prefix("crash");
     let redis = ["--redis-url", testbed().redis_url(), "--redis-prefix", &prefix];
-    let ports: Vec<u16> = (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
-    let extra = [&redis[..], &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]].concat();
+    let ports: Vec<u16> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let extra =
+        [&redis[..], &["--agent-pools", "--pool-max-agents", "2", "--pool-idle-timeout-seconds", "30"]].concat();
     let kubeconfig = testbed().kubeconfig();
-    let mut replicas: Vec<Option<KillOnDrop>> =
-        ["r0", "r1"].iter().zip(&ports).map(|(r, p)| Some(KillOnDrop(start_replica_process(&env, ns.name(), FLEET, r, &kubeconfig, *p, &extra)))).collect();
+    let mut replicas: Vec<Option<KillOnDrop>> = ["r0", "r1"]
+        .iter()
+        .zip(&ports)
+        .map(|(r, p)| Some(KillOnDrop(start_replica_process(&env, ns.name(), FLEET, r, &kubeconfig, *p, &extra))))
+        .collect();
     let leases: Api<Lease> = ns.api();
     // settled: every shard held by the replica the ring gives it to (while the second replica joins,
     // shards released by the first are without a holder for a moment)
@@ -82,17 +94,28 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
         let out = kubectl_pko(&["fleet", "--fleet-namespace", &ns, "--fleet-name", FLEET, "-o", "json"]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let held = |r: &str| f["replicas"].as_array().unwrap().iter().find(|x| x["replica"] == r).map(|x| (x["live"].as_bool().unwrap(), x["shards_held"].as_u64().unwrap()));
+        let held = |r: &str| {
+            f["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["replica"] == r)
+                .map(|x| (x["live"].as_bool().unwrap(), x["shards_held"].as_u64().unwrap()))
+        };
         (held("r0"), held("r1"), f["unheld"].as_u64().unwrap())
     };
     let (r0, r1, unheld) = fleet(ns.name().to_string()).await;
-    assert!(r0.is_some_and(|(live, n)| live && n > 0) && r1.is_some_and(|(live, n)| live && n > 0) && unheld == 0, "{r0:?} {r1:?} {unheld}");
+    assert!(
+        r0.is_some_and(|(live, n)| live && n > 0) && r1.is_some_and(|(live, n)| live && n > 0) && unheld == 0,
+        "{r0:?} {r1:?} {unheld}"
+    );
     assert_eq!(r0.unwrap().1 + r1.unwrap().1, SHARDS as u64);
     // each replica announces its load on its membership Lease: here, its pools' bounds
     eventually("kubectl pko fleet shows each replica's pools", 30, || async {
         let out = kubectl_pko(&["fleet", "--fleet-namespace", ns.name(), "--fleet-name", FLEET, "-o", "json"]);
         let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        f["replicas"].as_array().unwrap().iter().all(|r| r["load"]["poolBounds"] == json!([0, 2])) && f["total"]["inFlight"] == 0
+        f["replicas"].as_array().unwrap().iter().all(|r| r["load"]["poolBounds"] == json!([0, 2]))
+            && f["total"]["inFlight"] == 0
     })
     .await;
 
@@ -140,12 +163,33 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     .await;
     eprintln!("Stack Ready {:.1} s after the kill", killed.elapsed().as_secs_f64());
     let all = updates.list(&Default::default()).await.unwrap().items;
-    assert_eq!(all.len(), 1, "no second Update: {:?}", all.iter().map(|u| (u.name_any(), u.status.clone())).collect::<Vec<_>>());
-    assert_eq!(condition(&all[0], "Failed"), Some(("False".into(), "UpdateSucceeded".into())), "the Update succeeded (no lock conflict)");
-    assert_eq!(std::fs::read_to_string(&trace).unwrap().lines().collect::<Vec<_>>(), ["a", "b"], "each resource created once");
-    let log = std::fs::read_to_string(env.dir().join(format!("{survivor}.err.log"))).unwrap() + &std::fs::read_to_string(env.dir().join(format!("{survivor}.out.log"))).unwrap();
-    assert!(log.contains("found the agent running the operation; following it"), "the survivor followed the dead replica's agent");
-    assert!(recorded_agents(&pools, survivor).is_empty(), "the survivor started no agent of its own for it: {:?}", recorded_agents(&pools, survivor));
+    assert_eq!(
+        all.len(),
+        1,
+        "no second Update: {:?}",
+        all.iter().map(|u| (u.name_any(), u.status.clone())).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        condition(&all[0], "Failed"),
+        Some(("False".into(), "UpdateSucceeded".into())),
+        "the Update succeeded (no lock conflict)"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap().lines().collect::<Vec<_>>(),
+        ["a", "b"],
+        "each resource created once"
+    );
+    let log = std::fs::read_to_string(env.dir().join(format!("{survivor}.err.log"))).unwrap()
+        + &std::fs::read_to_string(env.dir().join(format!("{survivor}.out.log"))).unwrap();
+    assert!(
+        log.contains("found the agent running the operation; following it"),
+        "the survivor followed the dead replica's agent"
+    );
+    assert!(
+        recorded_agents(&pools, survivor).is_empty(),
+        "the survivor started no agent of its own for it: {:?}",
+        recorded_agents(&pools, survivor)
+    );
     assert!(files_under(&env.dir().join("state").join(".pulumi").join("locks")).is_empty(), "no lock is left");
 
     drop(replicas);

@@ -43,7 +43,11 @@ type Counts = Arc<Mutex<BTreeMap<(String, String), f64>>>;
 fn classify(method: &http::Method, uri: &http::Uri, content_type: Option<&str>) -> (String, String) {
     let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
     // /api/v1/... or /apis/<group>/<version>/...; then [namespaces/<ns>/]<resource>[/<name>[/<sub>]]
-    let rest: &[&str] = if segments.first() == Some(&"api") { segments.get(2..).unwrap_or_default() } else { segments.get(3..).unwrap_or_default() };
+    let rest: &[&str] = if segments.first() == Some(&"api") {
+        segments.get(2..).unwrap_or_default()
+    } else {
+        segments.get(3..).unwrap_or_default()
+    };
     let rest = match rest {
         ["namespaces", _ns, more @ ..] if !more.is_empty() => more,
         other => other,
@@ -82,18 +86,33 @@ async fn counting_client(counts: Counts) -> kube::Client {
         }
         res
     });
-    kube::client::ClientBuilder::try_from(config).unwrap().with_layer(&tower::ServiceBuilder::new().layer(requests).layer(answers)).build()
+    kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&tower::ServiceBuilder::new().layer(requests).layer(answers))
+        .build()
 }
 
-fn delta(after: &BTreeMap<(String, String), f64>, before: &BTreeMap<(String, String), f64>) -> BTreeMap<(String, String), f64> {
-    after.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v != 0.0).collect()
+fn delta(
+    after: &BTreeMap<(String, String), f64>,
+    before: &BTreeMap<(String, String), f64>,
+) -> BTreeMap<(String, String), f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
 }
 
 /// Waits until every Stack is Ready at generation `generation` with its last update at it.
 async fn all_ready_at(stacks: &kube::Api<Stack>, generation: i64) {
     eventually(&format!("all {STACKS} Stacks Ready at generation {generation}"), 300, || async {
         let all = stacks.list(&Default::default()).await.unwrap().items;
-        all.len() == STACKS && all.iter().all(|s| ready(s) && s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation) == Some(generation))
+        all.len() == STACKS
+            && all.iter().all(|s| {
+                ready(s)
+                    && s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation)
+                        == Some(generation)
+            })
     })
     .await;
 }
@@ -103,11 +122,34 @@ fn requests_are_classified_as_the_api_server_names_them() {
     let c = |m: http::Method, u: &str, ct: Option<&str>| classify(&m, &u.parse().unwrap(), ct);
     let s = |a: &str, b: &str| (a.to_string(), b.to_string());
     assert_eq!(c(http::Method::GET, "/apis/pulumi.com/v1/namespaces/n/stacks/web", None), s("GET", "stacks"));
-    assert_eq!(c(http::Method::GET, "/apis/pulumi.com/v1/namespaces/n/stacks?labelSelector=x", None), s("LIST", "stacks"));
-    assert_eq!(c(http::Method::GET, "/apis/pulumi.com/v1/stacks?watch=true&resourceVersion=5", None), s("WATCH", "stacks"));
-    assert_eq!(c(http::Method::PATCH, "/apis/pulumi.com/v1/namespaces/n/stacks/web/status?fieldManager=x", Some("application/apply-patch+yaml")), s("APPLY", "stacks/status"));
-    assert_eq!(c(http::Method::PATCH, "/apis/auto.pulumi.com/v1alpha1/namespaces/n/updates/u", Some("application/merge-patch+json")), s("PATCH", "updates"));
-    assert_eq!(c(http::Method::POST, "/api/v1/namespaces/n/serviceaccounts/sa/token", None), s("POST", "serviceaccounts/token"));
+    assert_eq!(
+        c(http::Method::GET, "/apis/pulumi.com/v1/namespaces/n/stacks?labelSelector=x", None),
+        s("LIST", "stacks")
+    );
+    assert_eq!(
+        c(http::Method::GET, "/apis/pulumi.com/v1/stacks?watch=true&resourceVersion=5", None),
+        s("WATCH", "stacks")
+    );
+    assert_eq!(
+        c(
+            http::Method::PATCH,
+            "/apis/pulumi.com/v1/namespaces/n/stacks/web/status?fieldManager=x",
+            Some("application/apply-patch+yaml")
+        ),
+        s("APPLY", "stacks/status")
+    );
+    assert_eq!(
+        c(
+            http::Method::PATCH,
+            "/apis/auto.pulumi.com/v1alpha1/namespaces/n/updates/u",
+            Some("application/merge-patch+json")
+        ),
+        s("PATCH", "updates")
+    );
+    assert_eq!(
+        c(http::Method::POST, "/api/v1/namespaces/n/serviceaccounts/sa/token", None),
+        s("POST", "serviceaccounts/token")
+    );
     assert_eq!(c(http::Method::GET, "/api/v1/namespaces/n", None), s("GET", "namespaces"));
     assert_eq!(c(http::Method::POST, "/api/v1/namespaces/n/secrets", None), s("POST", "secrets"));
 }
@@ -140,19 +182,37 @@ async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     let run = delta(&counts.lock().unwrap(), &before);
     let run_s = t0.elapsed().as_secs_f64();
     let refused = run.get(&("REFUSED".to_string(), "409".to_string())).copied().unwrap_or_default() / OPERATIONS;
-    let total = table(&format!("API requests per operation ({OPERATIONS} operations in {run_s:.1} s"), &run, OPERATIONS, BUDGET);
+    let total = table(
+        &format!("API requests per operation ({OPERATIONS} operations in {run_s:.1} s"),
+        &run,
+        OPERATIONS,
+        BUDGET,
+    );
     println!("writes refused with 409 Conflict: {refused:.2} per operation");
     // a pass that decides on its cache waits for the cache to catch up with its own writes instead
     // of sending a pinned write the API server refuses (measured at 1,000 Stacks before that wait:
     // 0.92 refused per new Stack)
-    assert!(refused <= 0.1, "{refused:.2} writes per operation refused with 409: decisions on copies the cache had not caught up");
+    assert!(
+        refused <= 0.1,
+        "{refused:.2} writes per operation refused with 409: decisions on copies the cache had not caught up"
+    );
     assert!(total <= BUDGET, "an operation costs {total:.2} API requests, over the budget of {BUDGET}");
-    assert!(total >= 5.0, "an operation makes at least its writes (Update created, its status twice, the Stack's status, the outputs Secret)");
+    assert!(
+        total >= 5.0,
+        "an operation makes at least its writes (Update created, its status twice, the Stack's status, the outputs Secret)"
+    );
     // the hot path reads its Stacks, Updates and Secrets from the caches (measured 0.26 of 50
     // operations' GETs and first LISTs together, each Secret read once; before the cuts 11.6)
     let hot = ["stacks", "updates", "secrets"];
-    let reads: f64 = run.iter().filter(|((verb, r), _)| (verb == "GET" || verb == "LIST") && hot.contains(&r.as_str())).map(|(_, n)| n / OPERATIONS).sum();
-    assert!(reads <= 0.5, "{reads:.2} reads of Stacks, Updates and Secrets per operation: the hot path reads from the caches");
+    let reads: f64 = run
+        .iter()
+        .filter(|((verb, r), _)| (verb == "GET" || verb == "LIST") && hot.contains(&r.as_str()))
+        .map(|(_, n)| n / OPERATIONS)
+        .sum();
+    assert!(
+        reads <= 0.5,
+        "{reads:.2} reads of Stacks, Updates and Secrets per operation: the hot path reads from the caches"
+    );
 
     // operations that change no spec: a sync request of each Stack
     let before = counts.lock().unwrap().clone();
@@ -160,7 +220,10 @@ async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     let firsts: Vec<Option<String>> = stacks.list(&Default::default()).await.unwrap().items.iter().map(last).collect();
     for i in 0..STACKS {
         let patch = json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "budget-sync"}}});
-        stacks.patch(&format!("s{i}"), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+        stacks
+            .patch(&format!("s{i}"), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .unwrap();
     }
     eventually("every Stack ran its sync request", 300, || async {
         let all = stacks.list(&Default::default()).await.unwrap().items;
@@ -170,17 +233,31 @@ async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let run = delta(&counts.lock().unwrap(), &before);
     op.stop().await;
-    let total = table(&format!("API requests per sync-request operation ({STACKS} operations"), &run, STACKS as f64, SYNC_BUDGET);
+    let total = table(
+        &format!("API requests per sync-request operation ({STACKS} operations"),
+        &run,
+        STACKS as f64,
+        SYNC_BUDGET,
+    );
     assert!(total <= SYNC_BUDGET, "a sync request costs {total:.2} API requests, over the budget of {SYNC_BUDGET}");
-    assert!(!run.keys().any(|(verb, resource)| verb == "APPLY" && resource == "workspaces"), "an unchanged Workspace is not applied again: {run:?}");
-    assert!(!run.keys().any(|(verb, resource)| verb == "GET" && resource == "secrets"), "an unchanged Secret is not read again: {run:?}");
+    assert!(
+        !run.keys().any(|(verb, resource)| verb == "APPLY" && resource == "workspaces"),
+        "an unchanged Workspace is not applied again: {run:?}"
+    );
+    assert!(
+        !run.keys().any(|(verb, resource)| verb == "GET" && resource == "secrets"),
+        "an unchanged Secret is not read again: {run:?}"
+    );
 }
 
 /// Prints the per-operation table of `run` (`operations` operations; WATCHes and the count of refusals left out) under `title`;
 /// returns the total per operation.
 fn table(title: &str, run: &BTreeMap<(String, String), f64>, operations: f64, budget: f64) -> f64 {
-    let mut per_op: Vec<(String, String, f64)> =
-        run.iter().filter(|((verb, _), _)| verb != "WATCH" && verb != "REFUSED").map(|((verb, resource), n)| (verb.clone(), resource.clone(), n / operations)).collect();
+    let mut per_op: Vec<(String, String, f64)> = run
+        .iter()
+        .filter(|((verb, _), _)| verb != "WATCH" && verb != "REFUSED")
+        .map(|((verb, resource), n)| (verb.clone(), resource.clone(), n / operations))
+        .collect();
     per_op.sort_by(|a, b| b.2.total_cmp(&a.2));
     let total: f64 = per_op.iter().map(|r| r.2).sum();
     eprintln!("{title}, one replica; as its client sent them, WATCHes left out):");

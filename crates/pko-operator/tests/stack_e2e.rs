@@ -15,7 +15,13 @@ use pko_testbed::{eventually, testbed};
 use serde_json::json;
 
 fn ready(s: &Stack) -> Option<(String, String)> {
-    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
+    s.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
 #[tokio::test]
@@ -28,8 +34,25 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     // Stack's Secrets or ConfigMaps — the operator resolves every reference (envRefs, secretsRef,
     // Workspace env valueFrom) with its own identity, in the Stack's namespace
     for resource in ["secrets", "configmaps"] {
-        let out = testbed().kubectl().args(["auth", "can-i", "get", resource, "-n", ns.name(), "--as", &format!("system:serviceaccount:{}:default", ns.name())]).output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no", "the workspace's service account may not get {resource}");
+        let out = testbed()
+            .kubectl()
+            .args([
+                "auth",
+                "can-i",
+                "get",
+                resource,
+                "-n",
+                ns.name(),
+                "--as",
+                &format!("system:serviceaccount:{}:default", ns.name()),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "the workspace's service account may not get {resource}"
+        );
     }
     create(&ns.api::<k8s_openapi::api::core::v1::ConfigMap>(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}))
         .await;
@@ -81,7 +104,11 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let end = tokio::time::Instant::now() + Duration::from_secs(120);
     while ready(&stacks.get("hello").await.unwrap()) != Some(("True".into(), "ProcessingCompleted".into())) {
         if tokio::time::Instant::now() > end {
-            let out = testbed().kubectl().args(["get", "stacks,workspaces,updates,programs", "-n", ns.name(), "-o", "yaml"]).output().unwrap();
+            let out = testbed()
+                .kubectl()
+                .args(["get", "stacks,workspaces,updates,programs", "-n", ns.name(), "-o", "yaml"])
+                .output()
+                .unwrap();
             panic!("the Stack is not Ready after 120 s:\n{}", String::from_utf8_lossy(&out.stdout));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -91,7 +118,11 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let st = s.status.clone().unwrap();
     assert_eq!(st.outputs.as_ref().unwrap()["message"], json!("bonjour"));
     assert_eq!(st.outputs.as_ref().unwrap()["key"], json!("[secret]"), "secret outputs are masked");
-    assert_eq!(st.outputs.as_ref().unwrap()["fromEnv"], json!("eu-west-9"), "Workspace env from a ConfigMap and a Secret");
+    assert_eq!(
+        st.outputs.as_ref().unwrap()["fromEnv"],
+        json!("eu-west-9"),
+        "Workspace env from a ConfigMap and a Secret"
+    );
     let last = st.last_update.clone().unwrap();
     assert_eq!(last.message, None, "PKO leaves the message of a success empty");
     assert_eq!(
@@ -107,28 +138,51 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     let want = String::from_utf8_lossy(&cli.stdout).trim().trim_start_matches('v').to_string();
     assert!(want.starts_with("3."), "pulumi version: {want}");
     eventually("the Workspace reports its Pulumi version", 30, || async {
-        ns.api::<pko_api::Workspace>().get("hello").await.unwrap().status.and_then(|w| w.pulumi_version).as_deref() == Some(want.as_str())
+        ns.api::<pko_api::Workspace>().get("hello").await.unwrap().status.and_then(|w| w.pulumi_version).as_deref()
+            == Some(want.as_str())
     })
     .await;
     // PKO's events on the Stack and its Update (published after the status writes they follow)
     let events = ns.api::<k8s_openapi::api::events::v1::Event>();
     let reasons = || async {
         let items = events.list(&Default::default()).await.unwrap().items;
-        items.iter().map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default())).collect::<Vec<(String, String)>>()
+        items
+            .iter()
+            .map(|e| {
+                (
+                    e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                )
+            })
+            .collect::<Vec<(String, String)>>()
     };
     for want in [("Stack", "StackUpdateDetected"), ("Stack", "StackCreated"), ("Update", "UpdateSucceeded")] {
-        eventually(&format!("event {want:?}"), 30, || async { reasons().await.iter().any(|(k, r)| k == want.0 && r == want.1) }).await;
+        eventually(&format!("event {want:?}"), 30, || async {
+            reasons().await.iter().any(|(k, r)| k == want.0 && r == want.1)
+        })
+        .await;
     }
     // in PKO's words
-    let notes: Vec<(String, String)> =
-        events.list(&Default::default()).await.unwrap().items.into_iter().map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default())).collect();
+    let notes: Vec<(String, String)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
     for want in [("UpdateSucceeded", r#"Updated stack "dev""#), ("StackUpdateDetected", "Initial stack update")] {
         assert!(notes.iter().any(|(r, n)| r == want.0 && n == want.1), "{want:?} not among {notes:?}");
     }
 
     stacks.delete("hello", &DeleteParams::background()).await.unwrap();
-    eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() }).await;
-    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "destroyed", "destroyOnFinalize ran the program's delete");
+    eventually("the Stack is finalized and gone", 120, || async { stacks.get_opt("hello").await.unwrap().is_none() })
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap().trim(),
+        "destroyed",
+        "destroyOnFinalize ran the program's delete"
+    );
     drop(op);
 }
 
@@ -141,7 +195,11 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
     create(&stacks, stack("no-program", json!({"stack": "dev", "programRef": {"name": "missing"}}))).await;
-    create(&stacks, stack("bad-repo", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main"}))).await;
+    create(
+        &stacks,
+        stack("bad-repo", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main"})),
+    )
+    .await;
     create(
         &stacks,
         stack(
@@ -172,7 +230,11 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     .await;
     // unusable git sources with a pinned commit (nothing to ls-remote): judged before any Workspace
     let pinned = "0123456789abcdef0123456789abcdef01234567";
-    create(&stacks, stack("bad-url", json!({"stack": "dev", "projectRepo": "https:/github.com/o/r", "commit": pinned}))).await;
+    create(
+        &stacks,
+        stack("bad-url", json!({"stack": "dev", "projectRepo": "https:/github.com/o/r", "commit": pinned})),
+    )
+    .await;
     create(
         &stacks,
         stack(
@@ -191,37 +253,62 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         ("no-ref", "SpecInvalid", r#"missing "commit" or "branch""#),
         ("both-refs", "SpecInvalid", r#"only one of "commit" or "branch" should be specified"#),
         ("git-wins", "SourceUnavailable", "resolving branch main"),
-        ("bad-sa", "SpecInvalid", r#"spec.workspaceTemplate.spec.serviceAccountName: "../x" is not a valid service account name"#),
+        (
+            "bad-sa",
+            "SpecInvalid",
+            r#"spec.workspaceTemplate.spec.serviceAccountName: "../x" is not a valid service account name"#,
+        ),
     ];
     for (name, reason, text) in want {
-        eventually(&format!("{name} stalls with {reason}"), 60, || async { stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text)) }).await;
+        eventually(&format!("{name} stalls with {reason}"), 60, || async {
+            stalled(&stacks.get(name).await.unwrap()).is_some_and(|(r, m)| r == reason && m.contains(text))
+        })
+        .await;
         assert_eq!(ready(&stacks.get(name).await.unwrap()), Some(("False".into(), "NotReadyStalled".into())));
     }
     // PKO's "fetch the source yourself" Stack: a source-less Workspace is made and waited for, never
     // a stall (its pod's init container brings the program; no Workspace controller runs here)
     eventually("no-source waits for its Workspace", 60, || async {
-        reconciling(&stacks.get("no-source").await.unwrap()).is_some_and(|(r, m)| r == "StackProcessing" && m.starts_with("waiting for workspace readiness"))
+        reconciling(&stacks.get("no-source").await.unwrap())
+            .is_some_and(|(r, m)| r == "StackProcessing" && m.starts_with("waiting for workspace readiness"))
     })
     .await;
-    assert!(!ns.api::<pko_api::Workspace>().get("no-source").await.unwrap().spec.has_source(), "a Workspace without a source");
+    assert!(
+        !ns.api::<pko_api::Workspace>().get("no-source").await.unwrap().spec.has_source(),
+        "a Workspace without a source"
+    );
     for name in ["bad-sa", "bad-url", "no-secret", "no-ref", "both-refs"] {
-        assert!(ns.api::<pko_api::Workspace>().get_opt(name).await.unwrap().is_none(), "no Workspace for a spec that cannot run: {name}");
+        assert!(
+            ns.api::<pko_api::Workspace>().get_opt(name).await.unwrap().is_none(),
+            "no Workspace for a spec that cannot run: {name}"
+        );
     }
-    assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update for a spec that cannot run");
+    assert!(
+        ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no Update for a spec that cannot run"
+    );
     // PKO's Warning StackConfigInvalid, once per stall (the pass repeats every 30 s)
     let events = ns.api::<k8s_openapi::api::events::v1::Event>();
     for name in ["bad-url", "no-secret", "no-ref", "both-refs"] {
         eventually(&format!("a StackConfigInvalid event for {name}"), 30, || async {
             events.list(&Default::default()).await.unwrap().items.iter().any(|e| {
-                e.reason.as_deref() == Some("StackConfigInvalid") && e.type_.as_deref() == Some("Warning") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                e.reason.as_deref() == Some("StackConfigInvalid")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
             })
         })
         .await;
     }
     // a Stack that never ran has nothing to destroy: deleting it does not wait for its (missing) source
-    create(&stacks, stack("never-ran", json!({"stack": "dev", "programRef": {"name": "missing"}, "destroyOnFinalize": true}))).await;
+    create(
+        &stacks,
+        stack("never-ran", json!({"stack": "dev", "programRef": {"name": "missing"}, "destroyOnFinalize": true})),
+    )
+    .await;
     eventually("never-ran stalls", 60, || async { stalled(&stacks.get("never-ran").await.unwrap()).is_some() }).await;
-    assert!(stacks.get("never-ran").await.unwrap().finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER));
+    assert!(
+        stacks.get("never-ran").await.unwrap().finalizers().iter().any(|f| f == pko_api::constants::STACK_FINALIZER)
+    );
     stacks.delete("never-ran", &DeleteParams::background()).await.unwrap();
     eventually("never-ran is deleted", 30, || async { stacks.get_opt("never-ran").await.unwrap().is_none() }).await;
     task.abort();
@@ -250,7 +337,10 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
                         "workspaceTemplate": {"spec": {"local": {"dir": dir.display().to_string()}}}}}),
     )
     .await;
-    eventually("the Stack is Ready", 120, || async { ready(&stacks.get("custom").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into())) }).await;
+    eventually("the Stack is Ready", 120, || async {
+        ready(&stacks.get("custom").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into()))
+    })
+    .await;
     let st = stacks.get("custom").await.unwrap().status.unwrap();
     assert_eq!(st.outputs.unwrap()["said"], json!("baked in"));
     assert_eq!(st.last_update.unwrap().last_successful_commit.as_deref(), Some(""), "PKO's empty commit");
@@ -260,19 +350,25 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     // deleted with destroyOnFinalize: destroyed from its cached project info, the template's local
     // source replacing it (one source; PKO #1300, fixed by #1327), and the finalizer goes
     stacks.delete("custom", &DeleteParams::background()).await.unwrap();
-    eventually("the Stack is destroyed and gone", 120, || async { stacks.get_opt("custom").await.unwrap().is_none() }).await;
+    eventually("the Stack is destroyed and gone", 120, || async { stacks.get_opt("custom").await.unwrap().is_none() })
+        .await;
     assert_eq!(std::fs::read_to_string(&destroyed).unwrap().trim(), "gone", "the destroy ran the resource's delete");
     // no source at all (PKO's "fetch the source yourself"): only a workspace pod's init container can
     // bring the program, so on the local runtime the Workspace says why it is not Ready and the Stack
     // waits with that, never an Update
     create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bare"}, "spec": {"stack": "dev", "backend": env.backend_url()}})).await;
     eventually("the source-less Stack waits, saying why", 60, || async {
-        reconciling(&stacks.get("bare").await.unwrap())
-            .is_some_and(|(r, m)| r == "StackProcessing" && m.starts_with("waiting for workspace readiness: NoSource: the Workspace has no source"))
+        reconciling(&stacks.get("bare").await.unwrap()).is_some_and(|(r, m)| {
+            r == "StackProcessing"
+                && m.starts_with("waiting for workspace readiness: NoSource: the Workspace has no source")
+        })
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update while the Workspace is not Ready");
+    assert!(
+        ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no Update while the Workspace is not Ready"
+    );
     assert!(stalled(&stacks.get("bare").await.unwrap()).is_none(), "never Stalled (PKO)");
 }
 
@@ -283,7 +379,11 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
 async fn esc_environments_reach_pulumi_and_a_backend_without_esc_says_so() {
     let (client, ns, env) = setup("esc").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    passphrase_and_program(&ns, json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
@@ -292,11 +392,20 @@ async fn esc_environments_reach_pulumi_and_a_backend_without_esc_says_so() {
     )
     .await;
     eventually("the Update fails", 120, || async {
-        stacks.get("esc").await.unwrap().status.and_then(|s| s.last_update).is_some_and(|l| l.state == Some(pko_api::stack::StackUpdateStateMessage::Failed))
+        stacks
+            .get("esc")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.last_update)
+            .is_some_and(|l| l.state == Some(pko_api::stack::StackUpdateStateMessage::Failed))
     })
     .await;
     let message = stacks.get("esc").await.unwrap().status.unwrap().last_update.unwrap().message.unwrap_or_default();
-    assert!(message.contains("adding ESC environments team/prod") && message.contains("does not support environments"), "{message}");
+    assert!(
+        message.contains("adding ESC environments team/prod") && message.contains("does not support environments"),
+        "{message}"
+    );
 }
 
 /// Many Stacks applied at once each get exactly one Update: a reconcile never decides on a cached copy
@@ -322,7 +431,15 @@ async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
         .await;
     }
     eventually("every Stack is Ready", 240, || async {
-        stacks.list(&Default::default()).await.unwrap().items.iter().filter(|s| ready(s).is_some_and(|(st, _)| st == "True")).count() == N
+        stacks
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|s| ready(s).is_some_and(|(st, _)| st == "True"))
+            .count()
+            == N
     })
     .await;
     let updates = ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items;
@@ -353,7 +470,8 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let token = "tok-private-42";
-    let server = pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
+    let server =
+        pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), token.into()))).await.unwrap();
 
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
@@ -362,30 +480,58 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
         spec.as_object_mut().unwrap().extend(auth.as_object().unwrap().clone());
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
     };
-    create(&stacks, stack("by-token", json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}))).await;
+    create(
+        &stacks,
+        stack(
+            "by-token",
+            json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}),
+        ),
+    )
+    .await;
     create(&stacks, stack("by-secret", json!({"gitAuthSecret": "git-legacy"}))).await;
-    let mut by_tag = stack("by-tag", json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}));
+    let mut by_tag = stack(
+        "by-tag",
+        json!({"gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}}}),
+    );
     by_tag["spec"]["branch"] = json!("v1");
     create(&stacks, by_tag).await;
     eventually("without its Secret, by-token stalls SpecInvalid", 60, || async {
-        stalled(&stacks.get("by-token").await.unwrap())
-            .is_some_and(|(r, m)| r == "SpecInvalid" && m.contains(r#"/git: secrets "git" not found (git credentials)"#) && m.starts_with("unable to get secret "))
+        stalled(&stacks.get("by-token").await.unwrap()).is_some_and(|(r, m)| {
+            r == "SpecInvalid"
+                && m.contains(r#"/git: secrets "git" not found (git credentials)"#)
+                && m.starts_with("unable to get secret ")
+        })
     })
     .await;
     eventually("without its Secret, by-secret stalls SpecInvalid", 60, || async {
-        stalled(&stacks.get("by-secret").await.unwrap())
-            .is_some_and(|(r, m)| r == "SpecInvalid" && m.contains(r#"/git-legacy: secrets "git-legacy" not found (spec.gitAuthSecret)"#))
+        stalled(&stacks.get("by-secret").await.unwrap()).is_some_and(|(r, m)| {
+            r == "SpecInvalid" && m.contains(r#"/git-legacy: secrets "git-legacy" not found (spec.gitAuthSecret)"#)
+        })
     })
     .await;
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}})).await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}}),
+    )
+    .await;
     create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-legacy"}, "stringData": {"accessToken": token}})).await;
     for name in ["by-token", "by-secret", "by-tag"] {
-        eventually(&format!("{name} is Ready"), 120, || async { ready(&stacks.get(name).await.unwrap()).is_some_and(|(s, _)| s == "True") }).await;
+        eventually(&format!("{name} is Ready"), 120, || async {
+            ready(&stacks.get(name).await.unwrap()).is_some_and(|(s, _)| s == "True")
+        })
+        .await;
         let st = stacks.get(name).await.unwrap().status.unwrap();
         assert_eq!(st.outputs.unwrap()["out"], json!("private"));
-        assert_eq!(st.last_update.unwrap().last_successful_commit.as_deref(), Some(commit.as_str()), "{name}: the ref was resolved to its commit");
+        assert_eq!(
+            st.last_update.unwrap().last_successful_commit.as_deref(),
+            Some(commit.as_str()),
+            "{name}: the ref was resolved to its commit"
+        );
     }
-    assert!(!serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap().contains(token), "the token is in no Stack");
+    assert!(
+        !serde_json::to_string(&stacks.list(&Default::default()).await.unwrap()).unwrap().contains(token),
+        "the token is in no Stack"
+    );
 }
 
 /// A resource whose outputs are larger than tonic's default 4 MiB message limit (5 MB of stdout, so
@@ -399,14 +545,21 @@ async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
     passphrase_and_program(&ns, json!({"resources": {"big": {"type": "command:local:Command", "properties": {"create": "head -c 5000000 /dev/zero | tr '\\0' a"}}}})).await;
     prog_stack(&ns, &env, "big", json!({})).await;
     let stacks = ns.api::<Stack>();
-    eventually("the Stack with a 5 MB engine event is Ready", 180, || async { ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into())) })
-        .await;
+    eventually("the Stack with a 5 MB engine event is Ready", 180, || async {
+        ready(&stacks.get("big").await.unwrap()) == Some(("True".into(), "ProcessingCompleted".into()))
+    })
+    .await;
 }
 
 /// Counter `metric{source}` on `op`'s metrics endpoint (0 before the first count).
 async fn reads(op: &InProcessOperator, metric: &str, source: &str) -> f64 {
     let want = format!("{metric}{{source=\"{source}\"}} ");
-    op.metrics().await.lines().find_map(|l| l.strip_prefix(want.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    op.metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(want.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The Secrets an operation names are read from the API server once, then only when they change
@@ -427,7 +580,11 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
     .await;
     let handed_before = reads(&op, "pko_outputs_reads_total", "handed_over").await;
     let secrets = ns.api::<Secret>();
-    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tok"}, "stringData": {"value": "one"}})).await;
+    create(
+        &secrets,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tok"}, "stringData": {"value": "one"}}),
+    )
+    .await;
     let stacks = ns.api::<Stack>();
     create(
         &stacks,
@@ -458,7 +615,11 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
     stacks.patch("s", &Default::default(), &merge(json!({"spec": {"config": {"want": "two"}}}))).await.unwrap();
     converged("ok 0").await;
     let updates = ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items;
-    let failed: Vec<_> = updates.iter().filter(|u| condition(u, "Failed").is_some_and(|c| c.0 == "True")).map(|u| u.name_any()).collect();
+    let failed: Vec<_> = updates
+        .iter()
+        .filter(|u| condition(u, "Failed").is_some_and(|c| c.0 == "True"))
+        .map(|u| u.name_any())
+        .collect();
     assert!(failed.is_empty(), "the changed Secret was read at its new value on the first try; failed: {failed:?}");
     let cached_before = reads(&op, "pko_secret_reads_total", "cache").await;
     stacks.patch("s", &Default::default(), &merge(json!({"spec": {"config": {"n": "1"}}}))).await.unwrap();

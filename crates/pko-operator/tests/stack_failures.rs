@@ -33,7 +33,9 @@ async fn events_of(ns: &pko_testbed::TestNamespace, kind: &str, reason: &str) ->
     events
         .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.reason.as_deref() == Some(reason)
+        })
         .map(|e| (e.note.unwrap_or_default(), e.series.map(|s| s.count).unwrap_or(1)))
         .collect()
 }
@@ -50,12 +52,14 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
 
     eventually("the Stack retries after a failure", 90, || async {
         let s = stacks.get("boom").await.unwrap();
-        stack_condition(&s, "Reconciling").is_some_and(|(st, r, m)| st == "True" && r == "RetryingAfterFailure" && m.starts_with("0 update failure(s): "))
-            && stack_condition(&s, "Ready").is_some_and(|(st, r, _)| st == "False" && r == "NotReadyInProgress")
+        stack_condition(&s, "Reconciling").is_some_and(|(st, r, m)| {
+            st == "True" && r == "RetryingAfterFailure" && m.starts_with("0 update failure(s): ")
+        }) && stack_condition(&s, "Ready").is_some_and(|(st, r, _)| st == "False" && r == "NotReadyInProgress")
     })
     .await;
     eventually("the Stack stalls with UpdateFailed", 180, || async {
-        stack_condition(&stacks.get("boom").await.unwrap(), "Stalled").is_some_and(|(st, r, _)| st == "True" && r == "UpdateFailed")
+        stack_condition(&stacks.get("boom").await.unwrap(), "Stalled")
+            .is_some_and(|(st, r, _)| st == "True" && r == "UpdateFailed")
     })
     .await;
     let s = stacks.get("boom").await.unwrap();
@@ -65,11 +69,24 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     assert_eq!(stack_condition(&s, "Ready").map(|c| (c.0, c.1)), Some(("False".into(), "NotReadyStalled".into())));
     let last = s.status.as_ref().and_then(|st| st.last_update.clone()).unwrap();
     assert_eq!((last.state, last.failures), (Some(StackUpdateStateMessage::Failed), Some(3)));
-    assert!(last.message.as_deref().unwrap_or_default().contains("exit"), "the program's error reaches the Stack: {last:?}");
+    assert!(
+        last.message.as_deref().unwrap_or_default().contains("exit"),
+        "the program's error reaches the Stack: {last:?}"
+    );
     let failed: Vec<Update> = updates.list(&Default::default()).await.unwrap().items;
     assert_eq!(failed.len(), 4, "one first attempt and three retries");
-    assert!(failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "Unknown".into()))), "PKO's reason for an engine failure");
-    assert!(failed.iter().all(|u| u.status.as_ref().and_then(|s| s.message.as_deref()).is_some_and(|m| m.starts_with("up failed: "))), "PKO's message");
+    assert!(
+        failed.iter().all(|u| condition(u, "Failed") == Some(("True".into(), "Unknown".into()))),
+        "PKO's reason for an engine failure"
+    );
+    assert!(
+        failed.iter().all(|u| u
+            .status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .is_some_and(|m| m.starts_with("up failed: "))),
+        "PKO's message"
+    );
     // four failures with the same note: one recorder per controller aggregates them into a series,
     // written as client-go writes series — the second occurrence at once, later ones counted and
     // written at most every 5 minutes (crate::events)
@@ -79,7 +96,10 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     .await;
     let failures = events_of(&ns, "Stack", "StackUpdateFailure").await;
     assert!(failures.len() < 4, "repeated events are aggregated, not one object each: {failures:?}");
-    assert!(failures.iter().all(|(_, n)| *n <= 2), "a third occurrence within 5 minutes is counted, not written: {failures:?}");
+    assert!(
+        failures.iter().all(|(_, n)| *n <= 2),
+        "a third occurrence within 5 minutes is counted, not written: {failures:?}"
+    );
 
     // PKO's metrics say so too, and ours count the failed operations
     let text = op.metrics().await;
@@ -87,7 +107,9 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
     assert!(text.contains("\nstacks_active 1\n") && text.contains("\nprograms_active 1\n"), "{text}");
     let failed_ups: f64 = text
         .lines()
-        .find(|l| l.starts_with("pko_update_operations_total") && l.contains("result=\"failed\"") && l.contains("type=\"up\""))
+        .find(|l| {
+            l.starts_with("pko_update_operations_total") && l.contains("result=\"failed\"") && l.contains("type=\"up\"")
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
@@ -106,14 +128,29 @@ async fn failing_program_retries_then_stalls_until_a_sync_request() {
 
     // Stalled means no further attempts
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert_eq!(updates.list(&Default::default()).await.unwrap().items.len(), 4, "a stalled Stack does not retry by itself");
+    assert_eq!(
+        updates.list(&Default::default()).await.unwrap().items.len(),
+        4,
+        "a stalled Stack does not retry by itself"
+    );
 
     // a sync request (PKO's reconciliation-request annotation) tries again
     let patch = json!({"metadata": {"annotations": {"pulumi.com/reconciliation-request": "retry-1"}}});
     stacks.patch("boom", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    eventually("a sync request starts a fifth Update", 60, || async { updates.list(&Default::default()).await.unwrap().items.len() == 5 }).await;
+    eventually("a sync request starts a fifth Update", 60, || async {
+        updates.list(&Default::default()).await.unwrap().items.len() == 5
+    })
+    .await;
     eventually("the Stack records the request", 60, || async {
-        stacks.get("boom").await.unwrap().status.and_then(|s| s.last_update).and_then(|l| l.reconcile_request).as_deref() == Some("retry-1")
+        stacks
+            .get("boom")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.last_update)
+            .and_then(|l| l.reconcile_request)
+            .as_deref()
+            == Some("retry-1")
     })
     .await;
 }
@@ -131,8 +168,13 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
         .unwrap();
     let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
-    let mut outside =
-        env.pulumi(&dir).args(["up", "--yes", "--skip-preview", "--non-interactive"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut outside = env
+        .pulumi(&dir)
+        .args(["up", "--yes", "--skip-preview", "--non-interactive"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let locks = env.dir().join("state").join(".pulumi").join("locks");
     eventually("the outside update holds the lock", 30, || async { !files_under(&locks).is_empty() }).await;
 
@@ -143,24 +185,41 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     let updates = ns.api::<Update>();
 
     eventually("an Update fails with UpdateConflict after the agent's wait", 90, || async {
-        updates.list(&Default::default()).await.unwrap().items.iter().any(|u| condition(u, "Failed") == Some(("True".into(), "UpdateConflict".into())))
+        updates
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|u| condition(u, "Failed") == Some(("True".into(), "UpdateConflict".into())))
     })
     .await;
     eventually("the Stack reports the conflict and retries", 30, || async {
         let s = stacks.get("locked").await.unwrap();
-        let msg = s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.message.clone()).unwrap_or_default();
-        msg.contains("locked") && stack_condition(&s, "Reconciling").is_some_and(|(st, r, _)| st == "True" && r == "RetryingAfterFailure")
+        let msg = s
+            .status
+            .as_ref()
+            .and_then(|st| st.last_update.as_ref())
+            .and_then(|l| l.message.clone())
+            .unwrap_or_default();
+        msg.contains("locked")
+            && stack_condition(&s, "Reconciling").is_some_and(|(st, r, _)| st == "True" && r == "RetryingAfterFailure")
     })
     .await;
     // the event follows the status write (a pass's effects come after its one write)
     eventually("the StackUpdateConflictDetected event names the lock and the retry", 30, || async {
-        events_of(&ns, "Stack", "StackUpdateConflictDetected").await.iter().any(|(n, _)| n.contains("holds the stack lock") && n.contains("retrying in 10 s"))
+        events_of(&ns, "Stack", "StackUpdateConflictDetected")
+            .await
+            .iter()
+            .any(|(n, _)| n.contains("holds the stack lock") && n.contains("retrying in 10 s"))
     })
     .await;
 
     assert!(outside.wait().unwrap().success(), "the outside update finishes");
-    eventually("the Stack is Ready once the lock is gone", 120, || async { stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True") })
-        .await;
+    eventually("the Stack is Ready once the lock is gone", 120, || async {
+        stack_condition(&stacks.get("locked").await.unwrap(), "Ready").is_some_and(|(st, _, _)| st == "True")
+    })
+    .await;
     let s = stacks.get("locked").await.unwrap().status.unwrap();
     assert_eq!(s.outputs.unwrap()["out"], json!("mine"));
     assert!(files_under(&locks).is_empty(), "no lock is left");
@@ -178,18 +237,37 @@ async fn stack_in_a_terminating_namespace_stalls_with_instructions() {
     s["spec"]["destroyOnFinalize"] = json!(true);
     create(&ns.api::<Stack>(), s).await;
     let stacks = ns.api::<Stack>();
-    eventually("web is Ready", 90, || async { stack_condition(&stacks.get("web").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True") }).await;
+    eventually("web is Ready", 90, || async {
+        stack_condition(&stacks.get("web").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
 
-    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()).delete(ns.name(), &Default::default()).await.unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(ns.name(), &Default::default())
+        .await
+        .unwrap();
     eventually("web is Stalled NamespaceTerminating", 60, || async {
-        stack_condition(&stacks.get("web").await.unwrap(), "Stalled").is_some_and(|(s, r, m)| s == "True" && r == "NamespaceTerminating" && m.contains("remove the finalizer"))
+        stack_condition(&stacks.get("web").await.unwrap(), "Stalled")
+            .is_some_and(|(s, r, m)| s == "True" && r == "NamespaceTerminating" && m.contains("remove the finalizer"))
     })
     .await;
     let web = stacks.get("web").await.unwrap();
     assert!(web.metadata.deletion_timestamp.is_some());
-    assert!(web.metadata.finalizers.unwrap_or_default().iter().any(|f| f == pko_api::constants::STACK_FINALIZER), "the finalizer is kept");
+    assert!(
+        web.metadata.finalizers.unwrap_or_default().iter().any(|f| f == pko_api::constants::STACK_FINALIZER),
+        "the finalizer is kept"
+    );
     // let it go, as the message says
-    stacks.patch("web", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers"}])).unwrap())).await.unwrap();
+    stacks
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers"}])).unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
     eventually("web is gone", 60, || async { stacks.get_opt("web").await.unwrap().is_none() }).await;
 }
 
@@ -205,8 +283,12 @@ async fn a_stack_waiting_for_its_workspace_says_why() {
     create(&ns.api::<Stack>(), s).await;
     let stacks = ns.api::<Stack>();
     eventually("the Stack says why its Workspace is not ready", 60, || async {
-        stack_condition(&stacks.get("nosa").await.unwrap(), "Reconciling")
-            .is_some_and(|(st, r, m)| st == "True" && r == "StackProcessing" && m.starts_with("waiting for workspace readiness: ConnectionFailed:") && m.contains("deployer"))
+        stack_condition(&stacks.get("nosa").await.unwrap(), "Reconciling").is_some_and(|(st, r, m)| {
+            st == "True"
+                && r == "StackProcessing"
+                && m.starts_with("waiting for workspace readiness: ConnectionFailed:")
+                && m.contains("deployer")
+        })
     })
     .await;
     assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update without an agent");
@@ -237,8 +319,15 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     })
     .await;
     let ws = workspaces.get("odd").await.unwrap();
-    assert_eq!(ws.not_ready_reason().map(|c| c.reason.as_str()), Some("SpecInvalid"), "Ready False with the stall's reason");
-    assert!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no Update for a spec that cannot run");
+    assert_eq!(
+        ws.not_ready_reason().map(|c| c.reason.as_str()),
+        Some("SpecInvalid"),
+        "Ready False with the stall's reason"
+    );
+    assert!(
+        ns.api::<Update>().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no Update for a spec that cannot run"
+    );
     let mend = json!({"spec": {"workspaceTemplate": {"spec": {"securityProfile": "baseline"}}}});
     stacks.patch("odd", &PatchParams::default(), &Patch::Merge(&mend)).await.unwrap();
     eventually("the mended Stack deploys", 120, || async { ready(&stacks.get("odd").await.unwrap()) }).await;
@@ -251,20 +340,40 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     s["spec"]["useLocalStackOnly"] = json!(true);
     create(&stacks, s).await;
     eventually("the Stack is Stalled WorkspaceFailed: InitializationFailed", 120, || async {
-        stalled(&stacks.get("local-only").await.unwrap()).is_some_and(|(r, m)| r == "WorkspaceFailed" && m.starts_with("InitializationFailed: ") && m.contains("never-created"))
+        stalled(&stacks.get("local-only").await.unwrap()).is_some_and(|(r, m)| {
+            r == "WorkspaceFailed" && m.starts_with("InitializationFailed: ") && m.contains("never-created")
+        })
     })
     .await;
     let ws = workspaces.get("local-only").await.unwrap();
     assert_eq!(ws.stalled().map(|c| c.reason.as_str()), Some("InitializationFailed"));
     let init = events_of(&ns, "Workspace", "StackInitializationFailure").await;
-    assert!(init.iter().any(|(note, _)| note.starts_with(r#"Failed to initialize stack "never-created": "#)), "PKO's StackInitializationFailure event: {init:?}");
-    assert_eq!(ws.not_ready_reason().map(|c| c.reason.as_str()), Some("InitializationFailed"), "Ready False with the stall's reason");
+    assert!(
+        init.iter().any(|(note, _)| note.starts_with(r#"Failed to initialize stack "never-created": "#)),
+        "PKO's StackInitializationFailure event: {init:?}"
+    );
+    assert_eq!(
+        ws.not_ready_reason().map(|c| c.reason.as_str()),
+        Some("InitializationFailed"),
+        "Ready False with the stall's reason"
+    );
     // a 4 s backoff cap: without the stall a retry would have come by now
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let tried = ns.api::<Update>().list(&Default::default()).await.unwrap().items.iter().filter(|u| u.spec.stack_name.as_deref() == Some("never-created")).count();
+    let tried = ns
+        .api::<Update>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|u| u.spec.stack_name.as_deref() == Some("never-created"))
+        .count();
     assert_eq!(tried, 0, "no Update against a Workspace that cannot select its stack (PKO)");
     // nothing ever ran: deleting it does not wait for a destroy
-    stacks.patch("local-only", &PatchParams::default(), &Patch::Merge(json!({"spec": {"destroyOnFinalize": true}}))).await.unwrap();
+    stacks
+        .patch("local-only", &PatchParams::default(), &Patch::Merge(json!({"spec": {"destroyOnFinalize": true}})))
+        .await
+        .unwrap();
     stacks.delete("local-only", &Default::default()).await.unwrap();
     eventually("the Stack is gone", 60, || async { stacks.get_opt("local-only").await.unwrap().is_none() }).await;
 }
@@ -287,20 +396,32 @@ async fn every_error_of_a_failing_program_reaches_the_update_and_counts_reach_th
     let stacks = ns.api::<Stack>();
     create(&stacks, stack("three", &env.backend_url(), 4)).await;
     eventually("the first Update fails", 120, || async {
-        stacks.get("three").await.unwrap().status.and_then(|s| s.last_update).is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed))
+        stacks
+            .get("three")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.last_update)
+            .is_some_and(|l| l.state == Some(StackUpdateStateMessage::Failed))
     })
     .await;
     let last = stacks.get("three").await.unwrap().status.unwrap().last_update.unwrap();
     let update = ns.api::<Update>().get(last.name.as_deref().unwrap()).await.unwrap();
     let message = update.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
     for i in 3..=5 {
-        assert!(message.contains(&format!("failure-{i}")) && message.contains(&format!("exited with {i}")), "error {i} in the Update's message: {message}");
+        assert!(
+            message.contains(&format!("failure-{i}")) && message.contains(&format!("exited with {i}")),
+            "error {i} in the Update's message: {message}"
+        );
     }
     assert!(message.starts_with("up failed: command:local:Command ("), "each error names its resource: {message}");
     assert!(message.len() <= 4096 + 20, "bounded");
     assert_eq!(last.message.as_deref(), Some(message.as_str()), "the Stack's lastUpdate has the same");
     let note = events_of(&ns, "Update", "UpdateFailed").await.into_iter().map(|(n, _)| n).next().unwrap_or_default();
-    assert!(note.starts_with(r#"Failed to update stack "dev": command:local:Command ("#) && !note.contains('\n'), "the event keeps the first error: {note}");
+    assert!(
+        note.starts_with(r#"Failed to update stack "dev": command:local:Command ("#) && !note.contains('\n'),
+        "the event keeps the first error: {note}"
+    );
 
     // a merge patch: b and c removed, a mended
     let mended = json!({"program": {"resources": {"a": {"properties": {"create": "echo a"}}, "b": null, "c": null}}});
@@ -308,7 +429,10 @@ async fn every_error_of_a_failing_program_reaches_the_update_and_counts_reach_th
     eventually("the mended Stack is Ready", 120, || async { ready(&stacks.get("three").await.unwrap()) }).await;
     let last = stacks.get("three").await.unwrap().status.unwrap().last_update.unwrap();
     let counts = last.change_summary.clone().unwrap_or_default();
-    assert!(counts.get("create").is_some_and(|n| *n >= 1) && counts.get("same").is_some_and(|n| *n >= 1), "a created, ok kept, as Pulumi counts them: {counts:?}");
+    assert!(
+        counts.get("create").is_some_and(|n| *n >= 1) && counts.get("same").is_some_and(|n| *n >= 1),
+        "a created, ok kept, as Pulumi counts them: {counts:?}"
+    );
     let update = ns.api::<Update>().get(last.name.as_deref().unwrap()).await.unwrap();
     assert_eq!(update.status.and_then(|s| s.change_summary), Some(counts), "as its Update's status.changeSummary");
 }
@@ -322,7 +446,8 @@ async fn a_dangling_current_update_heals() {
     create(&ns.api::<Program>(), program("heal", "echo ok")).await;
     create(&ns.api::<Stack>(), stack("heal", &env.backend_url(), 10)).await;
     let stacks = ns.api::<Stack>();
-    let ready = || async { stack_condition(&stacks.get("heal").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True") };
+    let ready =
+        || async { stack_condition(&stacks.get("heal").await.unwrap(), "Ready").is_some_and(|(s, _, _)| s == "True") };
     eventually("heal is Ready", 90, ready).await;
     // as if the operator had written currentUpdate and died before creating the Update: its own field
     // manager writes the whole status with a reference to an Update that does not exist
@@ -331,15 +456,27 @@ async fn a_dangling_current_update_heals() {
     let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "status": status});
     // the write's own response: a read after it may already see the operator's repair (the status
     // change is an event of its own, and the controller may clear it within milliseconds)
-    let written = stacks.patch_status("heal", &PatchParams::apply(pko_api::constants::field_manager::STACK_STATUS).force(), &Patch::Apply(&patch)).await.unwrap();
+    let written = stacks
+        .patch_status(
+            "heal",
+            &PatchParams::apply(pko_api::constants::field_manager::STACK_STATUS).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .unwrap();
     assert!(written.status.unwrap().current_update.is_some());
     // wake the controller in case that event did not
     let poke = json!({"metadata": {"annotations": {"test/poke": "1"}}});
     stacks.patch("heal", &PatchParams::default(), &Patch::Merge(&poke)).await.unwrap();
     eventually("the dangling currentUpdate is cleared and heal is Ready", 60, || async {
         let s = stacks.get("heal").await.unwrap();
-        s.status.as_ref().is_some_and(|st| st.current_update.is_none()) && stack_condition(&s, "Ready").is_some_and(|(st, _, _)| st == "True")
+        s.status.as_ref().is_some_and(|st| st.current_update.is_none())
+            && stack_condition(&s, "Ready").is_some_and(|(st, _, _)| st == "True")
     })
     .await;
-    assert_eq!(ns.api::<Update>().list(&Default::default()).await.unwrap().items.len(), 1, "only the first update ever ran");
+    assert_eq!(
+        ns.api::<Update>().list(&Default::default()).await.unwrap().items.len(),
+        1,
+        "only the first update ever ran"
+    );
 }

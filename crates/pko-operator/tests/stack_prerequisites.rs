@@ -38,11 +38,17 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     )
     .await;
     eventually("app waits for its missing prerequisite", 60, || async {
-        stack_condition(&stacks.get("app").await.unwrap(), "Reconciling")
-            .is_some_and(|(s, r, m)| s == "True" && r == "PrerequisiteNotSatisfied" && m.contains(r#"unable to fetch prerequisite "db": stacks.pulumi.com "db" not found"#))
+        stack_condition(&stacks.get("app").await.unwrap(), "Reconciling").is_some_and(|(s, r, m)| {
+            s == "True"
+                && r == "PrerequisiteNotSatisfied"
+                && m.contains(r#"unable to fetch prerequisite "db": stacks.pulumi.com "db" not found"#)
+        })
     })
     .await;
-    assert!(ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(), "no update runs before the prerequisite");
+    assert!(
+        ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap().items.is_empty(),
+        "no update runs before the prerequisite"
+    );
 
     // db appears (and gives its Workspace back after each successful sync); app follows it
     create(
@@ -56,7 +62,13 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     eventually("db's Workspace is reclaimed", 30, || async { workspaces.get_opt("db").await.unwrap().is_none() }).await;
     assert!(workspaces.get_opt("app").await.unwrap().is_some(), "Retain (the default) keeps app's Workspace");
     eventually("the WorkspaceDeleted event (it follows the delete)", 30, || async {
-        ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items.iter().any(|e| e.reason.as_deref() == Some("WorkspaceDeleted"))
+        ns.api::<k8s_openapi::api::events::v1::Event>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("WorkspaceDeleted"))
     })
     .await;
 
@@ -68,7 +80,15 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     let app = stacks.patch("app", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     let generation = app.metadata.generation;
     eventually("db is asked to resync", 60, || async {
-        stacks.get("db").await.unwrap().metadata.annotations.unwrap_or_default().get("pulumi.com/reconciliation-request") == Some(&format!("after-{db_update}"))
+        stacks
+            .get("db")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("pulumi.com/reconciliation-request")
+            == Some(&format!("after-{db_update}"))
     })
     .await;
     eventually("db ran again and app caught up", 120, || async {

@@ -30,14 +30,27 @@ fn out(s: &Stack) -> Option<serde_json::Value> {
 
 #[tokio::test]
 async fn a_moved_stack_changed_right_after_deploys_its_new_config_on_a_lagging_cache() {
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (client, ns, env) = setup("stale").await;
     let prefix = pko_testbed::testbed().redis_prefix("stale");
     let redis = ["--redis-url", pko_testbed::testbed().redis_url(), "--redis-prefix", &prefix];
     let lag = lag::Lag::default();
     let lagging = lag::lagging_client("workspaces", Duration::from_secs(20), lag.clone()).await;
-    let r0 = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r0", &redis))).await;
-    let r1 = InProcessOperator::start_with(&lagging, &env, run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r1", &redis))).await;
+    let r0 = InProcessOperator::start_with(
+        &client,
+        &env,
+        run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r0", &redis)),
+    )
+    .await;
+    let r1 = InProcessOperator::start_with(
+        &lagging,
+        &env,
+        run_args_with(&env, ns.name(), &fleet_args(ns.name(), "r1", &redis)),
+    )
+    .await;
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
@@ -62,14 +75,18 @@ async fn a_moved_stack_changed_right_after_deploys_its_new_config_on_a_lagging_c
         items.iter().all(ready_at_generation).then_some(items)
     };
     pko_testbed::eventually("every Stack Ready", 180, || async { all_at_generation().await.is_some() }).await;
-    let owned_by = |op: &InProcessOperator, name: &str| op.running.as_ref().is_some_and(|r| r.ctx.ownership.owns(ns.name(), name));
+    let owned_by =
+        |op: &InProcessOperator, name: &str| op.running.as_ref().is_some_and(|r| r.ctx.ownership.owns(ns.name(), name));
     let moved: Vec<String> = (0..STACKS).map(|i| format!("s{i}")).filter(|s| owned_by(&r0, s)).collect();
     assert!(!moved.is_empty(), "r0 holds some of the {STACKS} Stacks");
 
     // the new holder's watches of the Workspaces it gains trail the API server from here on
     lag.on();
     r0.stop().await;
-    pko_testbed::eventually("r1 holds every Stack", 60, || async { (0..STACKS).all(|i| owned_by(&r1, &format!("s{i}"))) }).await;
+    pko_testbed::eventually("r1 holds every Stack", 60, || async {
+        (0..STACKS).all(|i| owned_by(&r1, &format!("s{i}")))
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     for i in 0..STACKS {
         let patch = kube::api::Patch::Merge(json!({"spec": {"config": {"n": "1"}}}));
@@ -91,7 +108,15 @@ async fn a_moved_stack_changed_right_after_deploys_its_new_config_on_a_lagging_c
     let wrong: Vec<String> = items
         .iter()
         .filter(|s| out(s) != Some(json!("1")))
-        .map(|s| format!("{} (moved: {}) Ready at generation {:?} with out={:?}", s.name_any(), moved.contains(&s.name_any()), s.metadata.generation, out(s)))
+        .map(|s| {
+            format!(
+                "{} (moved: {}) Ready at generation {:?} with out={:?}",
+                s.name_any(),
+                moved.contains(&s.name_any()),
+                s.metadata.generation,
+                out(s)
+            )
+        })
         .collect();
     if !wrong.is_empty() {
         dump_stacks_and_updates(&ns).await;
@@ -106,12 +131,25 @@ async fn a_moved_stack_changed_right_after_deploys_its_new_config_on_a_lagging_c
         .items
         .iter()
         .filter(|u| condition(u, "Failed").is_none_or(|c| c.0 != "False"))
-        .map(|u| format!("{}: {:?} {:?}", u.name_any(), condition(u, "Failed"), u.status.as_ref().and_then(|s| s.message.clone())))
+        .map(|u| {
+            format!(
+                "{}: {:?} {:?}",
+                u.name_any(),
+                condition(u, "Failed"),
+                u.status.as_ref().and_then(|s| s.message.clone())
+            )
+        })
         .collect();
     assert!(failed.is_empty(), "every Update succeeded the first time: {failed:?}");
     let ran = |u: &pko_api::Update| u.status.as_ref().and_then(|s| s.run_digest.clone());
     for u in ns.api::<pko_api::Update>().list(&Default::default()).await.unwrap() {
-        assert!(u.spec.run_digest.is_some() && ran(&u) == u.spec.run_digest, "{} ran what it names: {:?} {:?}", u.name_any(), u.spec.run_digest, ran(&u));
+        assert!(
+            u.spec.run_digest.is_some() && ran(&u) == u.spec.run_digest,
+            "{} ran what it names: {:?} {:?}",
+            u.name_any(),
+            u.spec.run_digest,
+            ran(&u)
+        );
     }
     drop(r1);
 }

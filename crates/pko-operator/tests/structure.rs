@@ -108,7 +108,12 @@ fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
         if head.ends_with("::") && b.get(j) == Some(&b'{') {
             let close = b[j..].iter().position(|c| *c == b'}').map(|k| j + k).unwrap_or(b.len());
             let group = &code[j + 1..close];
-            items = group.split(',').map(|it| it.split(" as ").next().unwrap_or("").trim()).filter(|it| !it.is_empty()).map(|it| format!("{head}{it}")).collect();
+            items = group
+                .split(',')
+                .map(|it| it.split(" as ").next().unwrap_or("").trim())
+                .filter(|it| !it.is_empty())
+                .map(|it| format!("{head}{it}"))
+                .collect();
         }
         found.extend(items.iter().map(|item| absolute(module, item)));
         i = j.max(i + 1);
@@ -186,9 +191,17 @@ fn controllers_are_peers_and_the_runtime_and_contracts_import_none_of_them() {
             let rule = match (from_c, to_c) {
                 (Some(a), Some(b)) if a != b => Some("a controller imports no other controller"),
                 (None, Some(_)) if from_top == "agents" => Some("agents/ imports no controller"),
-                (None, Some(_)) if ["k8s", "context", "outputs", "stalled", "informer", "metrics"].contains(&from_top) => Some("shared modules import no controller"),
-                _ if from_top == "agents" && ["fleet", "run"].contains(&to_top) => Some("agents/ imports neither fleet.rs nor run.rs"),
-                _ if ["k8s", "context", "outputs", "stalled"].contains(&from_top) && to_top == "agents" => Some("shared modules stand below agents/"),
+                (None, Some(_))
+                    if ["k8s", "context", "outputs", "stalled", "informer", "metrics"].contains(&from_top) =>
+                {
+                    Some("shared modules import no controller")
+                }
+                _ if from_top == "agents" && ["fleet", "run"].contains(&to_top) => {
+                    Some("agents/ imports neither fleet.rs nor run.rs")
+                }
+                _ if ["k8s", "context", "outputs", "stalled"].contains(&from_top) && to_top == "agents" => {
+                    Some("shared modules stand below agents/")
+                }
                 _ => None,
             };
             if let Some(rule) = rule {
@@ -216,7 +229,12 @@ fn no_circle_of_imports_between_the_operators_files() {
         }
         false
     };
-    let circles: Vec<String> = graph.iter().flat_map(|(a, edges)| edges.iter().filter(|b| reaches(b, a)).map(move |b| format!("{} ↔ {}", a.join("::"), b.join("::")))).collect();
+    let circles: Vec<String> = graph
+        .iter()
+        .flat_map(|(a, edges)| {
+            edges.iter().filter(|b| reaches(b, a)).map(move |b| format!("{} ↔ {}", a.join("::"), b.join("::")))
+        })
+        .collect();
     assert!(circles.is_empty(), "import circles:\n{}", circles.join("\n"));
 }
 
@@ -290,7 +308,10 @@ fn no_non_test_function_is_longer_than_80_lines() {
         for file in rust_files(&src) {
             for (line, name, n) in functions(&file) {
                 if n > MAX_FUNCTION_LINES {
-                    long.push(format!("{}:{line} {name}: {n} lines", file.strip_prefix(crates_dir()).unwrap_or(&file).display()));
+                    long.push(format!(
+                        "{}:{line} {name}: {n} lines",
+                        file.strip_prefix(crates_dir()).unwrap_or(&file).display()
+                    ));
                 }
             }
         }
@@ -308,7 +329,10 @@ fn the_checks_see_what_they_check() {
     assert_eq!(fn_name("    pub(super) async fn drive(&self) -> Drive {").as_deref(), Some("drive"));
     assert_eq!(fn_name("let f = |x| x; // fn not"), None);
     let graph = import_graph();
-    assert!(graph[&vec!["update".to_string(), "worker".to_string()]].contains(&vec!["agents".to_string()]), "the worker imports the runtime");
+    assert!(
+        graph[&vec!["update".to_string(), "worker".to_string()]].contains(&vec!["agents".to_string()]),
+        "the worker imports the runtime"
+    );
     assert!(!functions(&operator_src().join("update/worker.rs")).is_empty());
 }
 

@@ -101,7 +101,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     assert!(!serde_json::to_string(&done).unwrap().contains("pa55-word"), "no secret in the Update");
 
     // a failing program: Failed=True with the engine's reason
-    let bad = project(&env, "bad", "resources:\n  f:\n    type: command:local:Command\n    properties:\n      create: exit 3\n");
+    let bad = project(
+        &env,
+        "bad",
+        "resources:\n  f:\n    type: command:local:Command\n    properties:\n      create: exit 3\n",
+    );
     let mut ws2 = workspace.clone();
     ws2.spec.local = Some(pko_api::workspace::LocalSource { dir: Some(bad.display().to_string()) });
     let u2: Update = create(
@@ -118,7 +122,10 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let u2 = updates.get("u2").await.unwrap();
     assert_eq!(condition(&u2, "Failed"), Some(("True".into(), "Unknown".into())), "PKO's reason for an engine failure");
     let message = u2.status.unwrap().message.unwrap();
-    assert!(message.starts_with("up failed: ") && message.contains("exit"), "the error reaches the Update as PKO words it: {message}");
+    assert!(
+        message.starts_with("up failed: ") && message.contains("exit"),
+        "the error reaches the Update as PKO words it: {message}"
+    );
 
     // marked started before any agent has it: at the moment `Run` is sent (its fence deadline is
     // asked then), the Update in the API server is already Progressing with a start time — so a
@@ -132,14 +139,19 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let probe = {
         let (at_run, updates) = (at_run.clone(), updates.clone());
         move || {
-            let u = tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(updates.get("u4"))).unwrap();
+            let u =
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(updates.get("u4"))).unwrap();
             *at_run.lock().unwrap() = Some((u.was_started(), condition(&u, "Progressing")));
             None
         }
     };
     // (its stack lacks the project's config: the preview fails, which does not matter here)
     dispatch_on(&client, &agent.1, &u4, &workspace, &TestHold { fenced: false, not_after: probe }).await.unwrap();
-    assert_eq!(at_run.lock().unwrap().clone(), Some((true, Some(("True".into(), "Progressing".into())))), "the Update as it was when Run was sent");
+    assert_eq!(
+        at_run.lock().unwrap().clone(),
+        Some((true, Some(("True".into(), "Progressing".into())))),
+        "the Update as it was when Run was sent"
+    );
 
     // the deadline reaches the agent: a Run sent past it (its sender frozen right after its last
     // check) is refused and starts nothing

@@ -18,7 +18,11 @@ use pko_operator::update::controller::UpdateController;
 use pko_testbed::{eventually, testbed};
 
 /// Runs `controller` alone, watching `namespace`.
-fn spawn_update_controller(client: &kube::Client, namespace: &str, controller: UpdateController) -> tokio::task::JoinHandle<()> {
+fn spawn_update_controller(
+    client: &kube::Client,
+    namespace: &str,
+    controller: UpdateController,
+) -> tokio::task::JoinHandle<()> {
     let mut informers = Informers::new(client.clone(), scoped(namespace));
     let run = controller.run(&mut informers);
     tokio::spawn(informers.drive(run))
@@ -39,7 +43,10 @@ async fn set_agent_address(ns: &pko_testbed::TestNamespace, name: &str, address:
     let generation = ns.api::<Workspace>().get(name).await.unwrap().metadata.generation;
     let status = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
                         "status": {"address": address, "observedGeneration": generation}});
-    ns.api::<Workspace>().patch_status(name, &PatchParams::apply("tests").force(), &Patch::Apply(status)).await.unwrap();
+    ns.api::<Workspace>()
+        .patch_status(name, &PatchParams::apply("tests").force(), &Patch::Apply(status))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -50,7 +57,11 @@ async fn updates_are_dispatched_completed_and_expired() {
     let ns = bed.namespace("updctl").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
-    let dir = project(&env, "ctl", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: ${a.stdout}\n");
+    let dir = project(
+        &env,
+        "ctl",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: ${a.stdout}\n",
+    );
     create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let controller = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 8));
@@ -58,11 +69,17 @@ async fn updates_are_dispatched_completed_and_expired() {
 
     // no agent address yet: the Update waits
     create(&updates, owned_update(&ns.api::<Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await).await;
-    eventually("u1 waits for the workspace", 20, || async { condition(&updates.get("u1").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotReady".into())) })
-        .await;
+    eventually("u1 waits for the workspace", 20, || async {
+        condition(&updates.get("u1").await.unwrap(), "Progressing")
+            == Some(("False".into(), "WorkspaceNotReady".into()))
+    })
+    .await;
     // the workspace becomes ready (by hand: this test runs no Workspace controller)
     set_agent_address(&ns, "ws", &agent.1).await;
-    eventually("u1 completes", 60, || async { condition(&updates.get("u1").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into())) }).await;
+    eventually("u1 completes", 60, || async {
+        condition(&updates.get("u1").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
+    })
+    .await;
     assert_eq!(updates.get("u1").await.unwrap().status.unwrap().outputs.as_deref(), Some("u1-stack-outputs"));
     // ttlAfterCompleted: 3s
     eventually("u1 expires", 30, || async { updates.get_opt("u1").await.unwrap().is_none() }).await;
@@ -83,11 +100,16 @@ async fn updates_are_dispatched_completed_and_expired() {
     .await;
     eventually("the orphan is canceled", 20, || async {
         let u = updates.get("orphan").await.unwrap();
-        condition(&u, "Failed") == Some(("True".into(), "Canceled".into())) && condition(&u, "Complete") == Some(("True".into(), "Failed".into()))
+        condition(&u, "Failed") == Some(("True".into(), "Canceled".into()))
+            && condition(&u, "Complete") == Some(("True".into(), "Failed".into()))
     })
     .await;
     assert!(updates.get("orphan").await.unwrap().status.unwrap().start_time.is_none(), "never started");
-    eventually("u2 waits", 20, || async { condition(&updates.get("u2").await.unwrap(), "Progressing") == Some(("False".into(), "WorkspaceNotFound".into())) }).await;
+    eventually("u2 waits", 20, || async {
+        condition(&updates.get("u2").await.unwrap(), "Progressing")
+            == Some(("False".into(), "WorkspaceNotFound".into()))
+    })
+    .await;
     controller.abort();
 }
 
@@ -96,7 +118,11 @@ async fn updates_are_dispatched_completed_and_expired() {
 #[tokio::test]
 async fn a_workspace_class_limit_serialises_its_operations() {
     let (client, ns, env) = setup("class").await;
-    let dir = project(&env, "cls", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n");
+    let dir = project(
+        &env,
+        "cls",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3\n",
+    );
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
     let controller = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 8).with_class_limit(1));
     let agents = [start_agent(&env, ns.name()), start_agent(&env, ns.name())];
@@ -112,7 +138,8 @@ async fn a_workspace_class_limit_serialises_its_operations() {
         tokio::spawn(async move {
             for _ in 0..600 {
                 for u in updates.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
-                    if u.queued_message().is_some_and(|m| m.contains("workspace class") && m.contains("its limit is 1")) {
+                    if u.queued_message().is_some_and(|m| m.contains("workspace class") && m.contains("its limit is 1"))
+                    {
                         said.store(true, std::sync::atomic::Ordering::SeqCst);
                     }
                 }
@@ -141,7 +168,10 @@ async fn a_workspace_class_limit_serialises_its_operations() {
     let (a, b) = (span(updates.get("a").await.unwrap()), span(updates.get("b").await.unwrap()));
     assert!(b.0 >= a.1 || a.0 >= b.1, "the two operations overlapped: a {a:?}, b {b:?}");
     watcher.abort();
-    assert!(said.load(std::sync::atomic::Ordering::SeqCst), "the Update waiting for its class said so (Progressing=False Queued)");
+    assert!(
+        said.load(std::sync::atomic::Ordering::SeqCst),
+        "the Update waiting for its class said so (Progressing=False Queued)"
+    );
     controller.abort();
 }
 
@@ -151,9 +181,17 @@ async fn a_workspace_class_limit_serialises_its_operations() {
 #[tokio::test]
 async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     let (client, ns, env) = setup("tokens").await;
-    let dir = project(&env, "tok", "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo authenticated\noutputs:\n  out: ${a.stdout}\n");
+    let dir = project(
+        &env,
+        "tok",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo authenticated\noutputs:\n  out: ${a.stdout}\n",
+    );
     for sa in ["operator", "stranger"] {
-        create(&ns.api::<ServiceAccount>(), json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})).await;
+        create(
+            &ns.api::<ServiceAccount>(),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}}),
+        )
+        .await;
     }
     create(
         &ns.api::<Role>(),
@@ -169,14 +207,34 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     )
     .await;
     let audience = pko_proto::workspace_audience(ns.name(), "ws");
-    let agent = start_agent_with(&env, &["--auth", "kube", "--kube-audience", &audience, "--kube-workspace-namespace", ns.name(), "--kube-workspace-name", "ws"]);
+    let agent = start_agent_with(
+        &env,
+        &[
+            "--auth",
+            "kube",
+            "--kube-audience",
+            &audience,
+            "--kube-workspace-namespace",
+            ns.name(),
+            "--kube-workspace-name",
+            "ws",
+        ],
+    );
     create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     set_agent_address(&ns, "ws", &agent.1).await;
     let updates = ns.api::<Update>();
 
     // a service account without `use` on workspaces/rpc is refused
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
-    let stranger = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "stranger")));
+    let stranger = spawn_update_controller(
+        &client,
+        ns.name(),
+        UpdateController::new(ctx.clone(), 2).with_agent_tokens(AgentTokens::new(
+            client.clone(),
+            ns.name(),
+            "stranger",
+        )),
+    );
     create(
         &updates,
         owned_update(
@@ -189,13 +247,21 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     eventually("the stranger's call is refused", 60, || async {
         let u = updates.get("u").await.unwrap();
         condition(&u, "Progressing").is_some_and(|(s, r)| s == "False" && r == "TransientFailure")
-            && u.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.message.contains(":stranger may not use workspaces/rpc"))
+            && u.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.message.contains(":stranger may not use workspaces/rpc"))
     })
     .await;
     stranger.abort();
 
     // the operator's own account may: the same Update now runs
-    let operator = spawn_update_controller(&client, ns.name(), UpdateController::new(ctx, 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")));
+    let operator = spawn_update_controller(
+        &client,
+        ns.name(),
+        UpdateController::new(ctx, 2).with_agent_tokens(AgentTokens::new(client.clone(), ns.name(), "operator")),
+    );
     eventually("the Update completes with the operator's token", 90, || async {
         condition(&updates.get("u").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
     })
@@ -222,14 +288,38 @@ async fn a_status_write_pinned_to_a_stale_version_is_refused_and_writes_nothing(
     let manager = pko_api::constants::field_manager::UPDATE_STATUS;
     let status = |message: &str| pko_api::update::UpdateStatus { message: Some(message.into()), ..Default::default() };
     // someone else's write after our read moves the object on
-    let moved = pko_operator::k8s::apply_status_versioned(&updates, "u", "someone-else", &status("theirs"), None).await.unwrap();
+    let moved = pko_operator::k8s::apply_status_versioned(&updates, "u", "someone-else", &status("theirs"), None)
+        .await
+        .unwrap();
     assert!(moved.is_some() && moved != seen, "an unpinned write always lands, with a new version");
-    let stale = pko_operator::k8s::apply_status_versioned(&updates, "u", manager, &status("ours, decided on the cached read"), seen.as_deref()).await;
-    assert!(stale.as_ref().is_err_and(pko_operator::k8s::is_conflict), "a write pinned to a stale version is refused with 409: {stale:?}");
+    let stale = pko_operator::k8s::apply_status_versioned(
+        &updates,
+        "u",
+        manager,
+        &status("ours, decided on the cached read"),
+        seen.as_deref(),
+    )
+    .await;
+    assert!(
+        stale.as_ref().is_err_and(pko_operator::k8s::is_conflict),
+        "a write pinned to a stale version is refused with 409: {stale:?}"
+    );
     let stored = updates.get("u").await.unwrap();
-    assert_eq!(stored.status.as_ref().and_then(|s| s.message.as_deref()), Some("theirs"), "nothing of the refused write was stored");
+    assert_eq!(
+        stored.status.as_ref().and_then(|s| s.message.as_deref()),
+        Some("theirs"),
+        "nothing of the refused write was stored"
+    );
     assert_eq!(stored.metadata.resource_version, moved, "the refused write did not move the object");
-    let current = pko_operator::k8s::apply_status_versioned(&updates, "u", manager, &status("ours, on the stored version"), moved.as_deref()).await.unwrap();
+    let current = pko_operator::k8s::apply_status_versioned(
+        &updates,
+        "u",
+        manager,
+        &status("ours, on the stored version"),
+        moved.as_deref(),
+    )
+    .await
+    .unwrap();
     let stored = updates.get("u").await.unwrap();
     assert_eq!(
         (stored.status.and_then(|s| s.message), stored.metadata.resource_version),

@@ -45,10 +45,15 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     let seen: Seen = Arc::default();
     let record = seen.clone();
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-        record.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+        record.lock().unwrap().push((
+            req.method().to_string(),
+            req.uri().path().to_string(),
+            req.uri().query().unwrap_or_default().to_string(),
+        ));
         req
     });
-    let client = kube::client::ClientBuilder::try_from(testbed().config().await.unwrap()).unwrap().with_layer(&layer).build();
+    let client =
+        kube::client::ClientBuilder::try_from(testbed().config().await.unwrap()).unwrap().with_layer(&layer).build();
     let _op = InProcessOperator::start(&client, &env, &format!("{},{}", ns.name(), other.name())).await;
 
     create(
@@ -65,7 +70,10 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     )
     .await;
     let stacks = kube::Api::<Stack>::namespaced(admin.clone(), ns.name());
-    eventually("the Stack is Ready", 120, || async { stack_condition(&stacks.get("s").await.unwrap(), "Ready").is_some_and(|c| c.0 == "True") }).await;
+    eventually("the Stack is Ready", 120, || async {
+        stack_condition(&stacks.get("s").await.unwrap(), "Ready").is_some_and(|c| c.0 == "True")
+    })
+    .await;
 
     let watches = collections(&seen, 0, true);
     eprintln!("watches opened: {watches:?}");
@@ -120,7 +128,9 @@ async fn a_stack_skipped_while_not_owned_is_reconciled_once_owned_again_without_
     )
     .await;
     let stacks = ns.api::<Stack>();
-    let has_finalizer = || async { stacks.get("s").await.unwrap().metadata.finalizers.unwrap_or_default().iter().any(|f| f == STACK_FINALIZER) };
+    let has_finalizer = || async {
+        stacks.get("s").await.unwrap().metadata.finalizers.unwrap_or_default().iter().any(|f| f == STACK_FINALIZER)
+    };
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!has_finalizer().await, "not owned: the reconcile skipped the Stack");
     toggle.0.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -172,20 +182,37 @@ async fn a_fleet_replica_watches_only_through_its_watch_client_and_reopens_nothi
     let (_admin, ns, env) = setup("fleet-watch").await;
     let record = |seen: Seen| {
         tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-            seen.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+            seen.lock().unwrap().push((
+                req.method().to_string(),
+                req.uri().path().to_string(),
+                req.uri().query().unwrap_or_default().to_string(),
+            ));
             req
         })
     };
     let (requests, watches): (Seen, Seen) = (Arc::default(), Arc::default());
     let mut config = testbed().config().await.unwrap();
-    let watch_client = kube::client::ClientBuilder::try_from(config.clone()).unwrap().with_layer(&record(watches.clone())).build();
+    let watch_client =
+        kube::client::ClientBuilder::try_from(config.clone()).unwrap().with_layer(&record(watches.clone())).build();
     config.read_timeout = Some(Duration::from_secs(2));
     let client = kube::client::ClientBuilder::try_from(config).unwrap().with_layer(&record(requests.clone())).build();
-    let args = run_args_with(&env, ns.name(), &["--fleet", "--fleet-namespace", ns.name(), "--replica-id", "r0", "--shards", "16"]);
+    let args = run_args_with(
+        &env,
+        ns.name(),
+        &["--fleet", "--fleet-namespace", ns.name(), "--replica-id", "r0", "--shards", "16"],
+    );
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = pko_operator::run::Operator::new(client.clone(), args).watch_client(watch_client).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
+    let running = pko_operator::run::Operator::new(client.clone(), args)
+        .watch_client(watch_client)
+        .local_agent_env(env.vars())
+        .start(shutdown.clone())
+        .await
+        .unwrap();
     let leases = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), ns.name());
-    eventually("the replica holds every shard", 60, || async { shard_holders(&leases, "pko").await.values().filter(|h| *h == "r0").count() == 16 }).await;
+    eventually("the replica holds every shard", 60, || async {
+        shard_holders(&leases, "pko").await.values().filter(|h| *h == "r0").count() == 16
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let mark = watches.lock().unwrap().len();
@@ -205,8 +232,22 @@ async fn a_fleet_replica_watches_only_through_its_watch_client_and_reopens_nothi
 
 /// The selectors of the collection requests in `seen` from index `from`, decoded (`pulumi.com/shard in (2)`).
 fn selectors(seen: &Seen, from: usize) -> Vec<String> {
-    let decode = |q: &str| q.replace("%2F", "/").replace("%28", "(").replace("%29", ")").replace("%2C", ",").replace("%3D", "=").replace("%21", "!").replace('+', " ");
-    seen.lock().unwrap().iter().skip(from).filter(|(m, _, _)| m == "GET").filter_map(|(_, _, q)| q.split('&').find_map(|p| p.strip_prefix("labelSelector=")).map(decode)).collect()
+    let decode = |q: &str| {
+        q.replace("%2F", "/")
+            .replace("%28", "(")
+            .replace("%29", ")")
+            .replace("%2C", ",")
+            .replace("%3D", "=")
+            .replace("%21", "!")
+            .replace('+', " ")
+    };
+    seen.lock()
+        .unwrap()
+        .iter()
+        .skip(from)
+        .filter(|(m, _, _)| m == "GET")
+        .filter_map(|(_, _, q)| q.split('&').find_map(|p| p.strip_prefix("labelSelector=")).map(decode))
+        .collect()
 }
 
 /// A sharded informer follows the held shards without stopping the watch of the shards it keeps: a
@@ -224,7 +265,11 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
     let watch_client = kube::client::ClientBuilder::try_from(config)
         .unwrap()
         .with_layer(&tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-            record.lock().unwrap().push((req.method().to_string(), req.uri().path().to_string(), req.uri().query().unwrap_or_default().to_string()));
+            record.lock().unwrap().push((
+                req.method().to_string(),
+                req.uri().path().to_string(),
+                req.uri().query().unwrap_or_default().to_string(),
+            ));
             req
         }))
         .build();
@@ -254,8 +299,18 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
     eventually("shard 2's Stack is stored too", 20, || async { names() == ["a", "b"] }).await;
     assert_eq!(selectors(&seen, mark), ["pulumi.com/shard in (2)"; 2], "only the gained shard is listed and watched");
     let stacks = ns.api::<Stack>();
-    stacks.patch("a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"seen": "yes"}}}))).await.unwrap();
-    eventually("a change of shard 1 still arrives", 20, || async { store.state().iter().any(|s| kube::ResourceExt::annotations(&**s).contains_key("seen")) }).await;
+    stacks
+        .patch(
+            "a",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"seen": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("a change of shard 1 still arrives", 20, || async {
+        store.state().iter().any(|s| kube::ResourceExt::annotations(&**s).contains_key("seen"))
+    })
+    .await;
 
     let mark = seen.lock().unwrap().len();
     tx.send_replace(held(&[1]));
@@ -265,8 +320,17 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
     // every list asks for what the watch cache holds: without `resourceVersion=0` (kube leaves it out
     // of a paged list) a list is a consistent read, from etcd on etcd before 3.4.31 / 3.5.13, which
     // fetches every object of the kind to answer a selector of a few shards
-    let lists: Vec<String> = seen.lock().unwrap().iter().filter(|(m, _, q)| m == "GET" && !q.contains("watch=true")).map(|(_, _, q)| q.clone()).collect();
-    assert!(!lists.is_empty() && lists.iter().all(|q| q.split('&').any(|p| p == "resourceVersion=0")), "every list is served from the watch cache: {lists:?}");
+    let lists: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(m, _, q)| m == "GET" && !q.contains("watch=true"))
+        .map(|(_, _, q)| q.clone())
+        .collect();
+    assert!(
+        !lists.is_empty() && lists.iter().all(|q| q.split('&').any(|p| p == "resourceVersion=0")),
+        "every list is served from the watch cache: {lists:?}"
+    );
     shutdown.cancel();
     let _ = run.await;
 }
@@ -289,21 +353,41 @@ async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_coun
     create(&stacks, stack("moved", json!({SHARD_LABEL: "3", SHARDS_LABEL: "8"}))).await;
     let labels_of = |name: &'static str| {
         let stacks = stacks.clone();
-        async move { stacks.get(name).await.unwrap().metadata.labels.unwrap_or_default().into_iter().filter(|(k, _)| k == SHARD_LABEL || k == SHARDS_LABEL).collect::<BTreeMap<_, _>>() }
+        async move {
+            stacks
+                .get(name)
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| k == SHARD_LABEL || k == SHARDS_LABEL)
+                .collect::<BTreeMap<_, _>>()
+        }
     };
     let want = |name: &str| shard_labels(ns.name(), name, 16);
 
     let (standing, rx) = tokio::sync::watch::channel(Standing::StandingBy { prevailing: 8, eldest: "old".into() });
     let owns_all = Arc::new(Toggle(std::sync::atomic::AtomicBool::new(true)));
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let labeller = tokio::spawn(label_unsharded(client.clone(), client.clone(), scoped(ns.name()), 16, owns_all, rx, shutdown.clone()));
+    let labeller = tokio::spawn(label_unsharded(
+        client.clone(),
+        client.clone(),
+        scoped(ns.name()),
+        16,
+        owns_all,
+        rx,
+        shutdown.clone(),
+    ));
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(labels_of("fresh").await.is_empty(), "standing by: nothing labelled");
     assert_eq!(labels_of("moved").await[SHARDS_LABEL], "8", "standing by: nothing relabelled");
 
     standing.send_replace(Standing::Active);
     for name in ["fresh", "legacy", "moved"] {
-        eventually(&format!("{name} labelled for 16 shards"), 20, || async { labels_of(name).await == want(name) }).await;
+        eventually(&format!("{name} labelled for 16 shards"), 20, || async { labels_of(name).await == want(name) })
+            .await;
     }
     let labelled_rv = stacks.get("moved").await.unwrap().metadata.resource_version;
 
@@ -313,8 +397,13 @@ async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_coun
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(labels_of("late").await.is_empty(), "standing by again: the labeller stopped");
     standing.send_replace(Standing::Active);
-    eventually("late labelled once its count prevails again", 20, || async { labels_of("late").await == want("late") }).await;
-    assert_eq!(stacks.get("moved").await.unwrap().metadata.resource_version, labelled_rv, "a labelled Stack is not written again");
+    eventually("late labelled once its count prevails again", 20, || async { labels_of("late").await == want("late") })
+        .await;
+    assert_eq!(
+        stacks.get("moved").await.unwrap().metadata.resource_version,
+        labelled_rv,
+        "a labelled Stack is not written again"
+    );
     shutdown.cancel();
     let _ = labeller.await;
 }
@@ -336,14 +425,31 @@ async fn a_new_stack_gets_its_labels_and_finalizer_in_one_write_from_its_holder_
     let stacks = ns.api::<Stack>();
     create(&stacks, stack("leaving", json!(["example.com/hold"]))).await;
     stacks.delete("leaving", &DeleteParams::default()).await.unwrap();
-    let created = stacks.create(&Default::default(), &serde_json::from_value(stack("fresh", json!([]))).unwrap()).await.unwrap();
-    let mut events = stacks.watch(&WatchParams::default().fields("metadata.name=fresh"), &created.metadata.resource_version.clone().unwrap()).await.unwrap().boxed();
+    let created =
+        stacks.create(&Default::default(), &serde_json::from_value(stack("fresh", json!([]))).unwrap()).await.unwrap();
+    let mut events = stacks
+        .watch(
+            &WatchParams::default().fields("metadata.name=fresh"),
+            &created.metadata.resource_version.clone().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
 
     let (_standing, rx) = tokio::sync::watch::channel(Standing::Active);
     let owns = Arc::new(Toggle(std::sync::atomic::AtomicBool::new(true)));
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let labeller = tokio::spawn(label_unsharded(client.clone(), client.clone(), scoped(ns.name()), 16, owns.clone(), rx, shutdown.clone()));
-    let labelled = |s: &Stack| s.metadata.labels.as_ref().is_some_and(|l| l.get(SHARDS_LABEL).is_some_and(|v| v == "16"));
+    let labeller = tokio::spawn(label_unsharded(
+        client.clone(),
+        client.clone(),
+        scoped(ns.name()),
+        16,
+        owns.clone(),
+        rx,
+        shutdown.clone(),
+    ));
+    let labelled =
+        |s: &Stack| s.metadata.labels.as_ref().is_some_and(|l| l.get(SHARDS_LABEL).is_some_and(|v| v == "16"));
     let mut writes = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(Ok(WatchEvent::Modified(s))) = events.next().await {
@@ -360,11 +466,18 @@ async fn a_new_stack_gets_its_labels_and_finalizer_in_one_write_from_its_holder_
     assert_eq!(writes.len(), 1, "one write: {writes:?}");
     assert_eq!(last.metadata.finalizers, Some(vec![STACK_FINALIZER.to_string()]), "the finalizer came with the labels");
     eventually("leaving labelled", 20, || async { labelled(&stacks.get("leaving").await.unwrap()) }).await;
-    assert_eq!(stacks.get("leaving").await.unwrap().metadata.finalizers, Some(vec!["example.com/hold".to_string()]), "no finalizer added to a deleting Stack");
+    assert_eq!(
+        stacks.get("leaving").await.unwrap().metadata.finalizers,
+        Some(vec!["example.com/hold".to_string()]),
+        "no finalizer added to a deleting Stack"
+    );
 
     owns.0.store(false, std::sync::atomic::Ordering::SeqCst);
     create(&stacks, stack("elsewhere", json!([]))).await;
-    eventually("elsewhere labelled by the fallback", 30, || async { labelled(&stacks.get("elsewhere").await.unwrap()) }).await;
+    eventually("elsewhere labelled by the fallback", 30, || async {
+        labelled(&stacks.get("elsewhere").await.unwrap())
+    })
+    .await;
     assert_eq!(stacks.get("elsewhere").await.unwrap().metadata.finalizers, None, "not this replica's: no finalizer");
     shutdown.cancel();
     let _ = labeller.await;
@@ -381,12 +494,23 @@ async fn the_secret_versions_watch_leaves_out_outputs_secrets() {
     let secrets = ns.api::<Secret>();
     create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "outputs", "labels": {"auto.pulumi.com/component": "update"}}, "stringData": {"o": "1"}}))
         .await;
-    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"p": "x"}})).await;
+    create(
+        &secrets,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"p": "x"}}),
+    )
+    .await;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (cache, run) = SecretCache::watched(&client, &scoped(ns.name()), shutdown.clone());
     let watch = tokio::spawn(run);
-    eventually("the user's Secret is watched", 20, || async { cache.current_version(ns.name(), "passphrase").is_some() }).await;
-    assert_eq!(cache.current_version(ns.name(), "outputs"), None, "listed in the same answer: left out by the selector");
+    eventually("the user's Secret is watched", 20, || async {
+        cache.current_version(ns.name(), "passphrase").is_some()
+    })
+    .await;
+    assert_eq!(
+        cache.current_version(ns.name(), "outputs"),
+        None,
+        "listed in the same answer: left out by the selector"
+    );
     shutdown.cancel();
     let _ = watch.await;
 }

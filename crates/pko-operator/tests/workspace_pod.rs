@@ -27,7 +27,14 @@ async fn pod_runtime_objects_are_accepted_and_collected() {
     .await;
     let pp = PatchParams::apply(pko_api::constants::field_manager::OPERATOR).force();
     ns.api::<Service>().patch("w-workspace", &pp, &Patch::Apply(pod::service(&ws))).await.unwrap();
-    let sts = pod::stateful_set(&ws, &PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: None, flux_max_untar_size_bytes: None });
+    let sts = pod::stateful_set(
+        &ws,
+        &PodRuntimeConfig {
+            agent_image: "pko-agent:test".into(),
+            agent_image_pull_policy: None,
+            flux_max_untar_size_bytes: None,
+        },
+    );
     ns.api::<StatefulSet>().patch("w-workspace", &pp, &Patch::Apply(&sts)).await.unwrap();
     // re-applying the same objects is a no-op (no field conflicts, no spec churn)
     let before = ns.api::<StatefulSet>().get("w-workspace").await.unwrap().metadata.generation;
@@ -35,7 +42,10 @@ async fn pod_runtime_objects_are_accepted_and_collected() {
     assert_eq!(ns.api::<StatefulSet>().get("w-workspace").await.unwrap().metadata.generation, before);
 
     let pods = ns.api::<Pod>();
-    eventually("the StatefulSet controller creates w-workspace-0", 60, || async { pods.get_opt("w-workspace-0").await.unwrap().is_some() }).await;
+    eventually("the StatefulSet controller creates w-workspace-0", 60, || async {
+        pods.get_opt("w-workspace-0").await.unwrap().is_some()
+    })
+    .await;
     let p = pods.get("w-workspace-0").await.unwrap();
     let spec = p.spec.unwrap();
     assert_eq!(spec.termination_grace_period_seconds, Some(600));
@@ -46,6 +56,12 @@ async fn pod_runtime_objects_are_accepted_and_collected() {
 
     // deleting the Workspace garbage-collects Service, StatefulSet and pod
     ns.api::<Workspace>().delete("w", &DeleteParams::background()).await.unwrap();
-    eventually("the StatefulSet is collected", 60, || async { ns.api::<StatefulSet>().get_opt("w-workspace").await.unwrap().is_none() }).await;
-    eventually("the Service is collected", 60, || async { ns.api::<Service>().get_opt("w-workspace").await.unwrap().is_none() }).await;
+    eventually("the StatefulSet is collected", 60, || async {
+        ns.api::<StatefulSet>().get_opt("w-workspace").await.unwrap().is_none()
+    })
+    .await;
+    eventually("the Service is collected", 60, || async {
+        ns.api::<Service>().get_opt("w-workspace").await.unwrap().is_none()
+    })
+    .await;
 }

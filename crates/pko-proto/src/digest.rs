@@ -29,7 +29,9 @@ pub fn run_digest(req: &OperationRequest) -> String {
     lines.push(json(&serde_json::json!(["stack", stack.name, stack.secrets_provider, stack.environments])));
     for c in &req.config {
         let value = match &c.value {
-            Some(v1::config_item::Value::Literal(v)) => serde_json::json!({"literal": canonical(&crate::json::from_value(v))}),
+            Some(v1::config_item::Value::Literal(v)) => {
+                serde_json::json!({"literal": canonical(&crate::json::from_value(v))})
+            }
             Some(v1::config_item::Value::ValueFrom(r)) => reference(r),
             None => serde_json::Value::Null,
         };
@@ -57,7 +59,9 @@ fn source_line(source: Option<&v1::Source>) -> String {
         None => serde_json::json!(["source"]),
         Some(source::Kind::Git(g)) => serde_json::json!(["source", "git", g.url, g.revision, g.dir]),
         // the same bytes whichever replica serves them: the URL only identifies an undigested artifact
-        Some(source::Kind::Artifact(a)) if !a.digest.is_empty() => serde_json::json!(["source", "artifact", a.digest, a.dir]),
+        Some(source::Kind::Artifact(a)) if !a.digest.is_empty() => {
+            serde_json::json!(["source", "artifact", a.digest, a.dir])
+        }
         Some(source::Kind::Artifact(a)) => serde_json::json!(["source", "artifact-url", a.url, a.dir]),
         Some(source::Kind::Local(l)) => serde_json::json!(["source", "local", l.dir]),
         Some(source::Kind::ProjectInfo(p)) => serde_json::json!(["source", "project", p.name, p.runtime]),
@@ -96,7 +100,8 @@ fn canonical(v: &serde_json::Value) -> serde_json::Value {
         serde_json::Value::Object(m) => {
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
-            let pairs: Vec<serde_json::Value> = keys.into_iter().map(|k| serde_json::json!([k, canonical(&m[k])])).collect();
+            let pairs: Vec<serde_json::Value> =
+                keys.into_iter().map(|k| serde_json::json!([k, canonical(&m[k])])).collect();
             serde_json::json!({"object": pairs})
         }
         serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(canonical).collect()),
@@ -118,20 +123,40 @@ mod tests {
     use crate::v1::{ArtifactSource, ConfigItem, EnvVar, KeyRef, Source, StackSettings};
 
     fn request() -> OperationRequest {
-        let secret = ValueRef { kind: Some(value_ref::Kind::Secret(KeyRef { name: "s".into(), key: "k".into() })), origin: String::new() };
+        let secret = ValueRef {
+            kind: Some(value_ref::Kind::Secret(KeyRef { name: "s".into(), key: "k".into() })),
+            origin: String::new(),
+        };
         OperationRequest {
             operation_id: "ns/u/1".into(),
             epoch: 3,
             source: Some(Source {
-                kind: Some(source::Kind::Artifact(ArtifactSource { url: "http://a/p.tgz".into(), digest: "sha256:ab".into(), dir: String::new(), mirrors: vec![] })),
+                kind: Some(source::Kind::Artifact(ArtifactSource {
+                    url: "http://a/p.tgz".into(),
+                    digest: "sha256:ab".into(),
+                    dir: String::new(),
+                    mirrors: vec![],
+                })),
             }),
-            stack: Some(StackSettings { name: "dev".into(), create: true, secrets_provider: String::new(), environments: vec![] }),
+            stack: Some(StackSettings {
+                name: "dev".into(),
+                create: true,
+                secrets_provider: String::new(),
+                environments: vec![],
+            }),
             config: vec![
-                ConfigItem { key: "n".into(), value: Some(v1::config_item::Value::Literal(crate::json::to_value(&serde_json::json!("1")))), ..Default::default() },
+                ConfigItem {
+                    key: "n".into(),
+                    value: Some(v1::config_item::Value::Literal(crate::json::to_value(&serde_json::json!("1")))),
+                    ..Default::default()
+                },
                 ConfigItem {
                     key: "pw".into(),
                     secret: true,
-                    value: Some(v1::config_item::Value::ValueFrom(ValueRef { kind: Some(value_ref::Kind::Env("PW".into())), origin: String::new() })),
+                    value: Some(v1::config_item::Value::ValueFrom(ValueRef {
+                        kind: Some(value_ref::Kind::Env("PW".into())),
+                        origin: String::new(),
+                    })),
                     ..Default::default()
                 },
             ],
@@ -173,7 +198,12 @@ mod tests {
         assert_ne!(changed(&|r| r.config[0].value = literal(serde_json::json!("2"))), before, "a config value");
         assert_ne!(changed(&|r| r.config[0].secret = true), before, "a config item made secret");
         assert_ne!(changed(&|r| r.config.pop().map(|_| ()).unwrap_or_default()), before, "a config item gone");
-        assert_ne!(changed(&|r| r.env[0].value.as_mut().unwrap().kind = Some(value_ref::Kind::Secret(KeyRef { name: "t".into(), key: "k".into() }))), before, "another Secret");
+        assert_ne!(
+            changed(&|r| r.env[0].value.as_mut().unwrap().kind =
+                Some(value_ref::Kind::Secret(KeyRef { name: "t".into(), key: "k".into() }))),
+            before,
+            "another Secret"
+        );
         assert_ne!(changed(&|r| r.env_from.clear()), before, "an envFrom source");
         assert_ne!(changed(&|r| r.stack.as_mut().unwrap().name = "prod".into()), before, "another stack");
         assert_ne!(changed(&|r| r.source = None), before, "no source");
@@ -182,7 +212,11 @@ mod tests {
             r.config[0].value = literal(a);
             run_digest(&r)
         };
-        assert_eq!(object(serde_json::json!({"a": 1, "b": [2]})), object(serde_json::json!({"b": [2], "a": 1})), "object keys in any order");
+        assert_eq!(
+            object(serde_json::json!({"a": 1, "b": [2]})),
+            object(serde_json::json!({"b": [2], "a": 1})),
+            "object keys in any order"
+        );
         assert_ne!(object(serde_json::json!({"a": 1})), object(serde_json::json!({"a": 2})));
     }
 
@@ -190,7 +224,8 @@ mod tests {
     fn a_secret_value_never_enters_the_digest() {
         let with = |value: &str| {
             let mut r = request();
-            r.env[0].value = Some(ValueRef { kind: Some(value_ref::Kind::Literal(value.into())), origin: secret_origin("s", "k") });
+            r.env[0].value =
+                Some(ValueRef { kind: Some(value_ref::Kind::Literal(value.into())), origin: secret_origin("s", "k") });
             run_digest(&r)
         };
         assert_eq!(with("hunter2"), with("correct horse"), "the Secret's value is not digested");

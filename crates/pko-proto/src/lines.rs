@@ -26,7 +26,9 @@ pub fn line_of(event: &OperationEvent) -> Option<(&'static str, String)> {
             _ => None,
         },
         Event::Result(r) => {
-            let status = ResultStatus::try_from(r.status).map(|s| s.as_str_name().trim_start_matches("RESULT_STATUS_").to_lowercase()).unwrap_or_default();
+            let status = ResultStatus::try_from(r.status)
+                .map(|s| s.as_str_name().trim_start_matches("RESULT_STATUS_").to_lowercase())
+                .unwrap_or_default();
             Some(("result", if r.message.is_empty() { status } else { format!("{status}: {}", r.message) }))
         }
     }
@@ -91,7 +93,9 @@ fn done_word(op: &str) -> &str {
 
 /// The summary line of a `summaryEvent`. Pure.
 fn summary(s: &Value) -> String {
-    let changes = s["resourceChanges"].as_object().map(|m| m.iter().map(|(op, n)| format!("{} {}", n.as_i64().unwrap_or(0), done_word(op))).collect::<Vec<_>>().join(", "));
+    let changes = s["resourceChanges"].as_object().map(|m| {
+        m.iter().map(|(op, n)| format!("{} {}", n.as_i64().unwrap_or(0), done_word(op))).collect::<Vec<_>>().join(", ")
+    });
     let seconds = s["durationSeconds"].as_i64().map(|d| format!("; duration {d} s")).unwrap_or_default();
     format!("Resources: {}{seconds}", changes.filter(|c| !c.is_empty()).unwrap_or_else(|| "no changes".into()))
 }
@@ -108,12 +112,22 @@ mod tests {
         let out = json!({"resOutputsEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
         assert_eq!(render(out.as_object().unwrap()).as_deref(), Some("+ command:local:Command hello created"));
         let same = json!({"resourcePreEvent": {"metadata": {"op": "same", "urn": "u", "type": "t"}}});
-        assert_eq!(render(same.as_object().unwrap()), None, "unchanged resources are not listed, as Pulumi's default view");
+        assert_eq!(
+            render(same.as_object().unwrap()),
+            None,
+            "unchanged resources are not listed, as Pulumi's default view"
+        );
         let err = json!({"diagnosticEvent": {"severity": "error", "message": "command exited with 3\n"}});
         assert_eq!(render(err.as_object().unwrap()).as_deref(), Some("error: command exited with 3"));
-        assert_eq!(render(json!({"diagnosticEvent": {"severity": "debug", "message": "Registering"}}).as_object().unwrap()), None);
+        assert_eq!(
+            render(json!({"diagnosticEvent": {"severity": "debug", "message": "Registering"}}).as_object().unwrap()),
+            None
+        );
         let sum = json!({"summaryEvent": {"resourceChanges": {"create": 2, "same": 1}, "durationSeconds": 3}});
-        assert_eq!(render(sum.as_object().unwrap()).as_deref(), Some("Resources: 2 created, 1 unchanged; duration 3 s"));
+        assert_eq!(
+            render(sum.as_object().unwrap()).as_deref(),
+            Some("Resources: 2 created, 1 unchanged; duration 3 s")
+        );
         assert_eq!(render(json!({"prelude": {}}).as_object().unwrap()), None);
     }
 
@@ -133,10 +147,18 @@ mod tests {
         let ev = |e| OperationEvent { event: Some(e), ..Default::default() };
         let log = ev(Event::Log(LogLine { stream: log_line::Stream::Stderr as i32, text: "oops".into() }));
         assert_eq!(line_of(&log), Some(("stderr", "oops".into())));
-        let step = json!({"resourcePreEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::t::x", "type": "t"}}});
+        let step =
+            json!({"resourcePreEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::t::x", "type": "t"}}});
         let Value::Object(m) = step else { unreachable!() };
-        assert_eq!(line_of(&ev(Event::EngineEvent(crate::json::to_struct(&m)))), Some(("engine", "+ t x creating".into())));
-        let result = ev(Event::Result(crate::v1::OperationResult { status: ResultStatus::Failed as i32, message: "boom".into(), ..Default::default() }));
+        assert_eq!(
+            line_of(&ev(Event::EngineEvent(crate::json::to_struct(&m)))),
+            Some(("engine", "+ t x creating".into()))
+        );
+        let result = ev(Event::Result(crate::v1::OperationResult {
+            status: ResultStatus::Failed as i32,
+            message: "boom".into(),
+            ..Default::default()
+        }));
         assert_eq!(line_of(&result), Some(("result", "failed: boom".into())));
         assert_eq!(line_of(&OperationEvent::default()), None);
     }

@@ -45,7 +45,18 @@ pub fn holders(text: &str) -> Vec<Holder> {
 /// `holders` one per line as an agent appends them to a conflict's Update message
 /// (`lock: created by <who> (pid <pid>) at <time>`), which [`holders`] reads back.
 pub fn describe(holders: &[Holder]) -> String {
-    holders.iter().map(|h| format!("lock: created by {} (pid {}){}", h.who, h.pid, h.since.as_ref().map(|t| format!(" at {t}")).unwrap_or_default())).collect::<Vec<_>>().join("\n")
+    holders
+        .iter()
+        .map(|h| {
+            format!(
+                "lock: created by {} (pid {}){}",
+                h.who,
+                h.pid,
+                h.since.as_ref().map(|t| format!(" at {t}")).unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -60,7 +71,10 @@ mod tests {
     #[test]
     fn holders_are_read_from_the_conflict_and_from_their_description() {
         let h = holders(CONFLICT);
-        assert_eq!((h[0].who.as_str(), h[0].hostname.as_str(), h[0].pid, h[0].since.as_deref()), ("root@node-a", "node-a", 4242, Some("2026-11-23T11:00:00Z")));
+        assert_eq!(
+            (h[0].who.as_str(), h[0].hostname.as_str(), h[0].pid, h[0].since.as_deref()),
+            ("root@node-a", "node-a", 4242, Some("2026-11-23T11:00:00Z"))
+        );
         assert_eq!((h[1].who.as_str(), h[1].hostname.as_str(), h[1].pid), ("ci@corp@node-a", "node-a", 77));
         assert_eq!(holders(&describe(&h)), h, "{}", describe(&h));
         assert_eq!(h[0].to_string(), "root@node-a (pid 4242) since 2026-11-23T11:00:00Z");

@@ -28,7 +28,8 @@ impl Target {
     /// `url` (one URL, or with `sentinel_master`, comma-separated Sentinel URLs). Errors: a URL the redis
     /// crate cannot parse, or several URLs without a master name, naming the flag.
     pub fn parse(url: &str, sentinel_master: Option<&str>) -> Result<Self, String> {
-        let mut urls: Vec<String> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect();
+        let mut urls: Vec<String> =
+            url.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect();
         if urls.is_empty() {
             return Err("--redis-url is empty".into());
         }
@@ -38,7 +39,10 @@ impl Target {
         match sentinel_master.filter(|m| !m.is_empty()) {
             Some(master) => Ok(Target::Sentinel { sentinels: urls, master: master.to_string() }),
             None if urls.len() == 1 => Ok(Target::Server(urls.remove(0))),
-            None => Err("--redis-url lists several servers: that is a list of Sentinels, which needs --redis-sentinel-master".into()),
+            None => Err(
+                "--redis-url lists several servers: that is a list of Sentinels, which needs --redis-sentinel-master"
+                    .into(),
+            ),
         }
     }
 }
@@ -62,7 +66,10 @@ impl Pools {
     /// Pools for `target` (connecting lazily). Errors: the pool's configuration.
     pub(crate) fn new(target: &Target) -> Result<Self, String> {
         match target {
-            Target::Server(url) => deadpool_redis::Config::from_url(url.as_str()).create_pool(Some(Runtime::Tokio1)).map(Pools::Server).map_err(|e| e.to_string()),
+            Target::Server(url) => deadpool_redis::Config::from_url(url.as_str())
+                .create_pool(Some(Runtime::Tokio1))
+                .map(Pools::Server)
+                .map_err(|e| e.to_string()),
             Target::Sentinel { sentinels, master } => {
                 let first = sentinels[0].as_str().into_connection_info().map_err(|e| e.to_string())?;
                 let settings = first.redis_settings();
@@ -75,11 +82,15 @@ impl Pools {
                         protocol: Default::default(),
                     }),
                 };
-                deadpool_redis::sentinel::Config::from_urls(sentinels.clone(), master.clone(), deadpool_redis::sentinel::SentinelServerType::Master)
-                    .with_node_connection_info(Some(node))
-                    .create_pool(Some(Runtime::Tokio1))
-                    .map(Pools::Sentinel)
-                    .map_err(|e| e.to_string())
+                deadpool_redis::sentinel::Config::from_urls(
+                    sentinels.clone(),
+                    master.clone(),
+                    deadpool_redis::sentinel::SentinelServerType::Master,
+                )
+                .with_node_connection_info(Some(node))
+                .create_pool(Some(Runtime::Tokio1))
+                .map(Pools::Sentinel)
+                .map_err(|e| e.to_string())
             }
         }
     }
@@ -131,7 +142,12 @@ impl ConnectionLike for Conn {
         })
     }
 
-    fn req_packed_commands<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let r = match &mut self.inner {
                 Some(Inner::Server(c)) => c.req_packed_commands(cmd, offset, count).await,
@@ -176,9 +192,14 @@ mod tests {
         assert_eq!(Target::parse("redis://127.0.0.1:6379", None), Ok(Target::Server("redis://127.0.0.1:6379".into())));
         assert_eq!(
             Target::parse("redis://a:26379, redis://b:26379", Some("mymaster")),
-            Ok(Target::Sentinel { sentinels: vec!["redis://a:26379".into(), "redis://b:26379".into()], master: "mymaster".into() })
+            Ok(Target::Sentinel {
+                sentinels: vec!["redis://a:26379".into(), "redis://b:26379".into()],
+                master: "mymaster".into()
+            })
         );
-        assert!(Target::parse("redis://a:26379,redis://b:26379", None).unwrap_err().contains("--redis-sentinel-master"));
+        assert!(
+            Target::parse("redis://a:26379,redis://b:26379", None).unwrap_err().contains("--redis-sentinel-master")
+        );
         let err = Target::parse("nope://:hunter2@x", None).unwrap_err();
         assert!(err.contains("--redis-url") && !err.contains("hunter2"), "{err}");
     }

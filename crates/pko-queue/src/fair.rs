@@ -153,7 +153,13 @@ impl Fair {
 
     /// Forgets the waiting jobs `keep` refuses (a lost shard's); in-flight ones stay until done.
     pub fn retain_waiting(&mut self, keep: impl Fn(&Job) -> bool) {
-        let drop: Vec<String> = self.jobs.values().map(|(j, _)| j).filter(|j| !self.in_flight.contains(&j.key) && !keep(j)).map(|j| j.key.clone()).collect();
+        let drop: Vec<String> = self
+            .jobs
+            .values()
+            .map(|(j, _)| j)
+            .filter(|j| !self.in_flight.contains(&j.key) && !keep(j))
+            .map(|j| j.key.clone())
+            .collect();
         for k in drop {
             self.done(&k);
         }

@@ -25,7 +25,11 @@ use crate::fair::Fair;
 /// another namespace's operation starts at once even while long ones run (a fair turn alone cannot
 /// give it a worker that is busy for minutes). Pure.
 pub fn namespace_limit(workers: usize, share_percent: u8, explicit: usize) -> usize {
-    let share = if share_percent >= 100 || workers == 0 { 0 } else { (workers * usize::from(share_percent)).div_ceil(100).max(1) };
+    let share = if share_percent >= 100 || workers == 0 {
+        0
+    } else {
+        (workers * usize::from(share_percent)).div_ceil(100).max(1)
+    };
     match (share, explicit) {
         (0, e) => e,
         (s, 0) => s,
@@ -241,7 +245,11 @@ mod tests {
         assert_eq!(q.pop().await.job.key, "a");
         assert!(!q.push(job("a")).await.unwrap(), "in flight");
         assert_eq!((q.queued(), q.in_flight()), (1, 1));
-        assert_eq!(q.queued_by_namespace().into_iter().collect::<Vec<_>>(), [(job("b").namespace, 1)], "in-flight jobs are not waiting");
+        assert_eq!(
+            q.queued_by_namespace().into_iter().collect::<Vec<_>>(),
+            [(job("b").namespace, 1)],
+            "in-flight jobs are not waiting"
+        );
         q.done(&job("a")).await;
         assert!(q.push(job("a")).await.unwrap(), "pushable again once done");
         assert_eq!(q.pop().await.job.key, "b");

@@ -83,7 +83,12 @@ pub trait OutputStore: Send + Sync + std::fmt::Debug {
     /// already stored are skipped.
     ///
     /// Errors: the backing store's (Redis); the caller logs them, the operation goes on.
-    fn append<'a>(&'a self, stack: &'a str, info: &'a OperationInfo, lines: &'a [Line]) -> BoxFuture<'a, Result<(), QueueError>>;
+    fn append<'a>(
+        &'a self,
+        stack: &'a str,
+        info: &'a OperationInfo,
+        lines: &'a [Line],
+    ) -> BoxFuture<'a, Result<(), QueueError>>;
     /// The kept operations of `stack`, newest first.
     ///
     /// Errors: the backing store's.
@@ -92,7 +97,12 @@ pub trait OutputStore: Send + Sync + std::fmt::Debug {
     /// when nothing of it is kept.
     ///
     /// Errors: the backing store's.
-    fn read<'a>(&'a self, stack: &'a str, update: &'a str, after: Option<u64>) -> BoxFuture<'a, Result<Option<Output>, QueueError>>;
+    fn read<'a>(
+        &'a self,
+        stack: &'a str,
+        update: &'a str,
+        after: Option<u64>,
+    ) -> BoxFuture<'a, Result<Option<Output>, QueueError>>;
 }
 
 #[derive(Debug, Default)]
@@ -174,7 +184,12 @@ impl Memory {
 }
 
 impl OutputStore for MemoryOutput {
-    fn append<'a>(&'a self, stack: &'a str, info: &'a OperationInfo, lines: &'a [Line]) -> BoxFuture<'a, Result<(), QueueError>> {
+    fn append<'a>(
+        &'a self,
+        stack: &'a str,
+        info: &'a OperationInfo,
+        lines: &'a [Line],
+    ) -> BoxFuture<'a, Result<(), QueueError>> {
         Box::pin(async move {
             let mut m = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let (limit, mut added, mut removed) = (self.limits.lines.max(1), 0, 0);
@@ -202,14 +217,25 @@ impl OutputStore for MemoryOutput {
     fn operations<'a>(&'a self, stack: &'a str) -> BoxFuture<'a, Result<Vec<OperationInfo>, QueueError>> {
         Box::pin(async move {
             let m = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            Ok(m.stacks.get(stack).map(|ops| ops.iter().rev().filter_map(|k| k.info.clone()).collect()).unwrap_or_default())
+            Ok(m.stacks
+                .get(stack)
+                .map(|ops| ops.iter().rev().filter_map(|k| k.info.clone()).collect())
+                .unwrap_or_default())
         })
     }
 
-    fn read<'a>(&'a self, stack: &'a str, update: &'a str, after: Option<u64>) -> BoxFuture<'a, Result<Option<Output>, QueueError>> {
+    fn read<'a>(
+        &'a self,
+        stack: &'a str,
+        update: &'a str,
+        after: Option<u64>,
+    ) -> BoxFuture<'a, Result<Option<Output>, QueueError>> {
         Box::pin(async move {
             let m = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let kept = m.stacks.get(stack).and_then(|ops| ops.iter().find(|k| k.info.as_ref().is_some_and(|i| i.update == update)));
+            let kept = m
+                .stacks
+                .get(stack)
+                .and_then(|ops| ops.iter().find(|k| k.info.as_ref().is_some_and(|i| i.update == update)));
             Ok(kept.and_then(|k| {
                 let lines = k.lines.iter().filter(|l| after.is_none_or(|a| l.seq > a)).cloned().collect();
                 Some(Output { info: k.info.clone()?, lines, truncated: k.truncated })
@@ -272,12 +298,23 @@ impl RedisOutput {
 }
 
 impl OutputStore for RedisOutput {
-    fn append<'a>(&'a self, stack: &'a str, info: &'a OperationInfo, lines: &'a [Line]) -> BoxFuture<'a, Result<(), QueueError>> {
+    fn append<'a>(
+        &'a self,
+        stack: &'a str,
+        info: &'a OperationInfo,
+        lines: &'a [Line],
+    ) -> BoxFuture<'a, Result<(), QueueError>> {
         Box::pin(async move {
             let mut c = self.pool.get().await?;
             let mut call = self.append.prepare_invoke();
-            call.key(format!("{}{stack}:ops", self.prefix)).key(format!("{}{stack}:info", self.prefix)).key(self.stream(stack, &info.update));
-            call.arg(&info.update).arg(serde_json::to_string(info)?).arg(info.started_ms).arg(self.limits.lines.max(1)).arg(self.limits.operations.max(1));
+            call.key(format!("{}{stack}:ops", self.prefix))
+                .key(format!("{}{stack}:info", self.prefix))
+                .key(self.stream(stack, &info.update));
+            call.arg(&info.update)
+                .arg(serde_json::to_string(info)?)
+                .arg(info.started_ms)
+                .arg(self.limits.lines.max(1))
+                .arg(self.limits.operations.max(1));
             call.arg(self.limits.ttl_seconds.max(1)).arg(format!("{}{stack}/", self.prefix));
             for l in lines {
                 call.arg(l.seq).arg(serde_json::to_string(l)?);
@@ -290,28 +327,53 @@ impl OutputStore for RedisOutput {
     fn operations<'a>(&'a self, stack: &'a str) -> BoxFuture<'a, Result<Vec<OperationInfo>, QueueError>> {
         Box::pin(async move {
             let mut c = self.pool.get().await?;
-            let names: Vec<String> = redis::cmd("ZREVRANGE").arg(format!("{}{stack}:ops", self.prefix)).arg(0).arg(-1).query_async(&mut c).await?;
+            let names: Vec<String> = redis::cmd("ZREVRANGE")
+                .arg(format!("{}{stack}:ops", self.prefix))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut c)
+                .await?;
             if names.is_empty() {
                 return Ok(vec![]);
             }
-            let infos: Vec<Option<String>> = redis::cmd("HMGET").arg(format!("{}{stack}:info", self.prefix)).arg(&names).query_async(&mut c).await?;
+            let infos: Vec<Option<String>> =
+                redis::cmd("HMGET").arg(format!("{}{stack}:info", self.prefix)).arg(&names).query_async(&mut c).await?;
             Ok(infos.into_iter().flatten().filter_map(|i| serde_json::from_str(&i).ok()).collect())
         })
     }
 
-    fn read<'a>(&'a self, stack: &'a str, update: &'a str, after: Option<u64>) -> BoxFuture<'a, Result<Option<Output>, QueueError>> {
+    fn read<'a>(
+        &'a self,
+        stack: &'a str,
+        update: &'a str,
+        after: Option<u64>,
+    ) -> BoxFuture<'a, Result<Option<Output>, QueueError>> {
         Box::pin(async move {
             let mut c = self.pool.get().await?;
-            let info: Option<String> = redis::cmd("HGET").arg(format!("{}{stack}:info", self.prefix)).arg(update).query_async(&mut c).await?;
+            let info: Option<String> =
+                redis::cmd("HGET").arg(format!("{}{stack}:info", self.prefix)).arg(update).query_async(&mut c).await?;
             let Some(info) = info.and_then(|i| serde_json::from_str::<OperationInfo>(&i).ok()) else { return Ok(None) };
             let key = self.stream(stack, update);
             let from = after.map(|a| format!("(0-{}", a + 1)).unwrap_or_else(|| "-".into());
-            let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE").arg(&key).arg(from).arg("+").query_async(&mut c).await?;
+            let entries: Vec<(String, Vec<(String, String)>)> =
+                redis::cmd("XRANGE").arg(&key).arg(from).arg("+").query_async(&mut c).await?;
             let len: usize = redis::cmd("XLEN").arg(&key).query_async(&mut c).await?;
-            let lines: Vec<Line> = entries.into_iter().flat_map(|(_, fields)| fields).filter_map(|(_, v)| serde_json::from_str(&v).ok()).collect();
+            let lines: Vec<Line> = entries
+                .into_iter()
+                .flat_map(|(_, fields)| fields)
+                .filter_map(|(_, v)| serde_json::from_str(&v).ok())
+                .collect();
             // full to MAXLEN and the oldest kept is not the operation's first event: lines were dropped
-            let first: Option<(String, Vec<(String, String)>)> =
-                redis::cmd("XRANGE").arg(&key).arg("-").arg("+").arg("COUNT").arg(1).query_async::<Vec<_>>(&mut c).await?.into_iter().next();
+            let first: Option<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                .arg(&key)
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async::<Vec<_>>(&mut c)
+                .await?
+                .into_iter()
+                .next();
             let truncated = len >= self.limits.lines.max(1) && first.is_some_and(|(id, _)| id != "0-1");
             Ok(Some(Output { info, lines, truncated }))
         })
@@ -336,7 +398,11 @@ mod tests {
         store.append("ns/s", &info("u1", 1), &lines(0..2)).await.unwrap();
         store.append("ns/s", &info("u1", 1), &lines(0..5)).await.unwrap();
         let out = store.read("ns/s", "u1", None).await.unwrap().unwrap();
-        assert_eq!(out.lines.iter().map(|l| l.seq).collect::<Vec<_>>(), [2, 3, 4], "replayed lines kept once, the last 3");
+        assert_eq!(
+            out.lines.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            [2, 3, 4],
+            "replayed lines kept once, the last 3"
+        );
         assert!(out.truncated);
         assert_eq!(store.read("ns/s", "u1", Some(3)).await.unwrap().unwrap().lines.len(), 1, "after a sequence");
         store.append("ns/s", &info("u2", 2), &lines(0..1)).await.unwrap();
@@ -356,7 +422,11 @@ mod tests {
         assert_eq!(store.read("ns/a", "a1", None).await.unwrap(), None, "the oldest went");
         assert_eq!(store.read("ns/b", "b1", None).await.unwrap().unwrap().lines.len(), 2);
         store.append("ns/b", &info("b1", 2), &lines(2..5)).await.unwrap();
-        assert_eq!(store.read("ns/b", "b1", None).await.unwrap().unwrap().lines.len(), 5, "the operation being written is never given up");
+        assert_eq!(
+            store.read("ns/b", "b1", None).await.unwrap().unwrap().lines.len(),
+            5,
+            "the operation being written is never given up"
+        );
         assert!(store.bytes() <= 5 * 9);
     }
 }

@@ -153,7 +153,13 @@ impl RedisQueue {
             prefix: prefix.to_string(),
             worker: worker.to_string(),
             local: Local::new(per_namespace),
-            scripts: Arc::new(Scripts { push: fenced(PUSH), claim: fenced(CLAIM), heartbeat: fenced(HEARTBEAT), ack: fenced(ACK), adopt: fenced(ADOPT) }),
+            scripts: Arc::new(Scripts {
+                push: fenced(PUSH),
+                claim: fenced(CLAIM),
+                heartbeat: fenced(HEARTBEAT),
+                ack: fenced(ACK),
+                adopt: fenced(ADOPT),
+            }),
         })
     }
 
@@ -189,10 +195,21 @@ impl RedisQueue {
 
     /// `script` with the keys and arguments every job script starts with: KEYS job, shard set, fence;
     /// ARGV key, epoch, job JSON, shard, now (ms).
-    fn job_call<'s>(&self, script: &'s Script, job: &Job, now: u64) -> Result<redis::ScriptInvocation<'s>, RedisQueueError> {
+    fn job_call<'s>(
+        &self,
+        script: &'s Script,
+        job: &Job,
+        now: u64,
+    ) -> Result<redis::ScriptInvocation<'s>, RedisQueueError> {
         let json = serde_json::to_string(job).map_err(|e| RedisQueueError::Record(job.key.clone(), e))?;
         let mut call = script.key(self.job_key(&job.key));
-        call.key(self.shard_key(job.shard)).key(self.fence_key(job.shard)).arg(&job.key).arg(job.epoch).arg(json).arg(job.shard).arg(now);
+        call.key(self.shard_key(job.shard))
+            .key(self.fence_key(job.shard))
+            .arg(&job.key)
+            .arg(job.epoch)
+            .arg(json)
+            .arg(job.shard)
+            .arg(now);
         Ok(call)
     }
 
@@ -238,8 +255,15 @@ impl RedisQueue {
     /// Errors: Redis; a record that is not a job.
     pub async fn adopt_shard(&self, shard: u32, epoch: i64) -> Result<usize, RedisQueueError> {
         let mut c = self.pool.get().await?;
-        let records: Vec<String> =
-            self.scripts.adopt.key(self.shard_key(shard)).key(self.fence_key(shard)).arg(epoch).arg(format!("{}:job:", self.prefix)).invoke_async(&mut c).await?;
+        let records: Vec<String> = self
+            .scripts
+            .adopt
+            .key(self.shard_key(shard))
+            .key(self.fence_key(shard))
+            .arg(epoch)
+            .arg(format!("{}:job:", self.prefix))
+            .invoke_async(&mut c)
+            .await?;
         let mut queued = 0;
         for r in records {
             let job: Job = serde_json::from_str(&r).map_err(|e| RedisQueueError::Record(r.clone(), e))?;
@@ -254,8 +278,16 @@ impl RedisQueue {
 impl RedisQueue {
     async fn ack(&self, job: &Job) -> Result<(), RedisQueueError> {
         let mut c = self.pool.get().await?;
-        let _: i64 =
-            self.scripts.ack.key(self.job_key(&job.key)).key(self.shard_key(job.shard)).key(self.fence_key(job.shard)).arg(&job.key).arg(job.epoch).invoke_async(&mut c).await?;
+        let _: i64 = self
+            .scripts
+            .ack
+            .key(self.job_key(&job.key))
+            .key(self.shard_key(job.shard))
+            .key(self.fence_key(job.shard))
+            .arg(&job.key)
+            .arg(job.epoch)
+            .invoke_async(&mut c)
+            .await?;
         Ok(())
     }
 }

@@ -39,7 +39,11 @@ async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
     assert_eq!(b.adopt(3, 2).await.unwrap(), 2);
     let mut got = vec![pop(&b).await, pop(&b).await];
     got.sort_by(|x, y| x.key.cmp(&y.key));
-    assert_eq!(got.iter().map(|j| (j.name.as_str(), j.epoch)).collect::<Vec<_>>(), [("u1", 2), ("u2", 2)], "adopted at the new epoch");
+    assert_eq!(
+        got.iter().map(|j| (j.name.as_str(), j.epoch)).collect::<Vec<_>>(),
+        [("u1", 2), ("u2", 2)],
+        "adopted at the new epoch"
+    );
 
     // a is fenced: its heartbeat says stop, its claim of the other job fails, its push is refused
     assert!(!a.heartbeat(&running).await, "a's epoch is stale");
@@ -128,7 +132,10 @@ async fn slots_cap_holders_across_replicas_and_expire() {
     use pko_queue::slots::Slots;
     let bed = testbed();
     let prefix = bed.redis_prefix("slots");
-    let (a, b) = (RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(), RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap());
+    let (a, b) = (
+        RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap(),
+    );
     let (sa, sb) = (a.slots("drift", 2), b.slots("drift", 2));
     let lease = Duration::from_secs(60);
     assert!(sa.acquire("ns/one", lease).await.unwrap());
@@ -154,7 +161,10 @@ async fn a_free_slot_goes_to_the_key_that_waited_whichever_replica_asks() {
     use pko_queue::slots::Slots;
     let bed = testbed();
     let prefix = bed.redis_prefix("fair-slots");
-    let (a, b) = (RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(), RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap());
+    let (a, b) = (
+        RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap(),
+    );
     let (sa, sb) = (a.slots("drift", 1), b.slots("drift", 1));
     let lease = Duration::from_secs(60);
     assert!(sa.acquire("ns/one", lease).await.unwrap());
@@ -194,10 +204,13 @@ impl Server {
         if let Some(conf) = sentinel_conf {
             // Sentinel rewrites its config file: a private, writable one
             let file = dir.path().join("sentinel.conf");
-            std::fs::write(&file, format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.path().display())).unwrap();
+            std::fs::write(&file, format!("port {port}\nbind 127.0.0.1\ndir {}\n{conf}", dir.path().display()))
+                .unwrap();
             cmd.arg(&file).arg("--sentinel");
         } else {
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"]).arg(dir.path()).args(extra);
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+                .arg(dir.path())
+                .args(extra);
         }
         let child = cmd.stdout(std::process::Stdio::null()).spawn().expect("redis-server (the bed's Debian package)");
         let end = std::time::Instant::now() + Duration::from_secs(10);
@@ -214,7 +227,8 @@ impl Server {
 
     /// `INFO <section>` (or any command) of this server, through redis-cli.
     fn cli(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output().unwrap();
+        let out =
+            std::process::Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
@@ -233,7 +247,10 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     let replica = Server::start(&["--replicaof", "127.0.0.1", &master.port.to_string()], None);
     let sentinel = Server::start(
         &[],
-        Some(format!("sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\nsentinel failover-timeout m 10000\nsentinel parallel-syncs m 1\n", master.port)),
+        Some(format!(
+            "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\nsentinel failover-timeout m 10000\nsentinel parallel-syncs m 1\n",
+            master.port
+        )),
     );
     let target = Target::parse(&sentinel.url(), Some("m")).unwrap();
     let prefix = "sentinel-test";
@@ -244,7 +261,9 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     let running = pop(&a).await;
     // replicated, and the Sentinel knows the replica
     let end = std::time::Instant::now() + Duration::from_secs(30);
-    while !(replica.cli(&["INFO", "replication"]).contains("master_link_status:up") && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&replica.port.to_string())) {
+    while !(replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
+        && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&replica.port.to_string()))
+    {
         assert!(std::time::Instant::now() < end, "replica not synced or not known to the Sentinel within 30 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -291,7 +310,9 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     // machine (a CI run); 120 s bounds a stuck Sentinel, not a slow one
     let t = std::time::Instant::now();
     let end = t + Duration::from_secs(120);
-    while !(old.cli(&["INFO", "replication"]).contains("master_link_status:up") && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&format!("{}", old.port))) {
+    while !(old.cli(&["INFO", "replication"]).contains("master_link_status:up")
+        && sentinel.cli(&["SENTINEL", "replicas", "m"]).contains(&format!("{}", old.port)))
+    {
         assert!(std::time::Instant::now() < end, "the old master did not rejoin as a replica within 120 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -328,7 +349,9 @@ async fn operation_output_is_shared_by_the_fleet_bounded_and_kept_once() {
     let limits = Limits { lines: 3, operations: 2, ..Limits::default() };
     let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap().output(limits);
     let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap().output(limits);
-    let lines = |r: std::ops::Range<u64>| r.map(|s| Line { seq: s, time: "t".into(), stream: "engine".into(), text: format!("l{s}") }).collect::<Vec<_>>();
+    let lines = |r: std::ops::Range<u64>| {
+        r.map(|s| Line { seq: s, time: "t".into(), stream: "engine".into(), text: format!("l{s}") }).collect::<Vec<_>>()
+    };
     let info = |u: &str, ms| OperationInfo { update: u.into(), operation: "up".into(), started_ms: ms };
     a.append("ns/s", &info("u1", 1), &lines(0..2)).await.unwrap();
     let read = b.read("ns/s", "u1", None).await.unwrap().unwrap();

@@ -29,7 +29,8 @@ impl GitHttpServer {
         let listener = TcpListener::bind(addr).await?;
         let base_url = format!("http://{}", listener.local_addr()?);
         let root = root.to_path_buf();
-        let expected = basic_auth.map(|(u, p)| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))));
+        let expected = basic_auth
+            .map(|(u, p)| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))));
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 let (root, expected) = (root.clone(), expected.clone());
@@ -137,7 +138,11 @@ async fn backend(root: &PathBuf, req: Request) -> anyhow::Result<Vec<u8>> {
 
 /// The HTTP response head and body for a CGI `output` (its `Status:` header as the status line).
 fn http_response(output: &[u8]) -> (String, Vec<u8>) {
-    let split = output.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4)).or_else(|| output.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
+    let split = output
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4))
+        .or_else(|| output.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
     let (head, body) = match split {
         Some((i, n)) => (String::from_utf8_lossy(&output[..i]).into_owned(), output[i + n..].to_vec()),
         None => (String::new(), output.to_vec()),
@@ -164,7 +169,10 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
         && req.header("authorization").as_deref() != Some(exp)
     {
         let msg = b"authentication required";
-        let head = format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", msg.len());
+        let head = format!(
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            msg.len()
+        );
         let mut sock = reader.into_inner();
         sock.write_all(head.as_bytes()).await?;
         sock.write_all(msg).await?;

@@ -76,7 +76,12 @@ pub fn testbed() -> &'static TestBed {
         let script = repo_root().join("scripts/testbed/ensure.sh");
         let out = Command::new("bash").arg(&script).output().expect("run scripts/testbed/ensure.sh");
         if !out.status.success() {
-            panic!("the test bed did not come up ({}):\n{}\n{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "the test bed did not come up ({}):\n{}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         TestBed { env: parse_exports(&String::from_utf8_lossy(&out.stdout)) }
     })
@@ -85,7 +90,11 @@ pub fn testbed() -> &'static TestBed {
 /// Parses `export NAME=value` lines; `$PATH` in a value is expanded from this process's PATH.
 fn parse_exports(text: &str) -> BTreeMap<String, String> {
     let path = std::env::var("PATH").unwrap_or_default();
-    text.lines().filter_map(|l| l.trim().strip_prefix("export ")).filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.replace("$PATH", &path))).collect()
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("export "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.replace("$PATH", &path)))
+        .collect()
 }
 
 impl TestBed {
@@ -109,7 +118,11 @@ impl TestBed {
     /// URL of the API server, e.g. `https://127.0.0.1:16443`.
     pub fn api_server_url(&self) -> String {
         let kc = Kubeconfig::read_from(self.kubeconfig()).expect("admin kubeconfig");
-        kc.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone()).expect("kubeconfig has a server")
+        kc.clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref())
+            .and_then(|c| c.server.clone())
+            .expect("kubeconfig has a server")
     }
 
     /// CA bundle file of the API server.
@@ -145,9 +158,16 @@ impl TestBed {
     pub async fn namespace(&self, prefix: &str) -> anyhow::Result<TestNamespace> {
         let client = self.client().await?;
         let name = format!("{}-{}", sanitize(prefix), random_suffix(6));
-        let ns = Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
+        let ns =
+            Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
-        Ok(TestNamespace { name, client, kubectl: self.bin_dir().join("kubectl"), kubeconfig: self.kubeconfig(), deleted: false })
+        Ok(TestNamespace {
+            name,
+            client,
+            kubectl: self.bin_dir().join("kubectl"),
+            kubeconfig: self.kubeconfig(),
+            deleted: false,
+        })
     }
 
     /// A private Pulumi environment: its own `PULUMI_HOME`, a `file://` backend directory and a passphrase,
@@ -165,7 +185,9 @@ impl TestBed {
     /// Panics when the bed has no node (`TESTBED_NODE=0`, or no privilege to run one): a test that needs
     /// pods fails, it is never skipped.
     pub fn node(&self) -> Node {
-        let name = self.env.get("PKO_TESTBED_NODE").unwrap_or_else(|| panic!("the test bed has no node: `make testbed` as root brings it up (scripts/testbed/node-up.sh)"));
+        let name = self.env.get("PKO_TESTBED_NODE").unwrap_or_else(|| {
+            panic!("the test bed has no node: `make testbed` as root brings it up (scripts/testbed/node-up.sh)")
+        });
         Node { name: name.clone(), ip: self.var("PKO_TESTBED_NODE_IP").to_string() }
     }
 
@@ -222,7 +244,9 @@ impl Node {
         static TAGGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one_at_a_time = TAGGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let sock = testbed().var("PKO_TESTBED_CONTAINERD").to_string();
-        let ctr = |args: &[&str]| Command::new("ctr").args(["-a", &sock, "-n", "k8s.io", "images"]).args(args).output().expect("run ctr");
+        let ctr = |args: &[&str]| {
+            Command::new("ctr").args(["-a", &sock, "-n", "k8s.io", "images"]).args(args).output().expect("run ctr")
+        };
         let listed = ctr(&["ls", "-q"]);
         if String::from_utf8_lossy(&listed.stdout).lines().any(|l| l == target) {
             return;
@@ -261,7 +285,10 @@ where
 /// Server-side applies `crds` (field manager `pko-tests`) and waits until each is Established.
 ///
 /// Errors: the apply failed or a CRD was not Established within 30 s.
-pub async fn install_crds(client: &Client, crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>) -> anyhow::Result<()> {
+pub async fn install_crds(
+    client: &Client,
+    crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Patch, PatchParams};
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -271,7 +298,12 @@ pub async fn install_crds(client: &Client, crds: Vec<k8s_openapi::apiextensions_
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let c = api.get(&name).await?;
-            if c.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True") {
+            if c.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
                 break;
             }
             anyhow::ensure!(std::time::Instant::now() < end, "CRD {name} not Established after 30 s");

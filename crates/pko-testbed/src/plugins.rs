@@ -49,7 +49,10 @@ pub async fn serve_files_on(ip: &str, files: HashMap<String, Vec<u8>>) -> HttpSe
                     Some(b) => ("200 OK", b.clone()),
                     None => ("404 Not Found", b"not found".to_vec()),
                 };
-                let head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n", body.len());
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
                 let _ = sock.write_all(head.as_bytes()).await;
                 let _ = sock.write_all(&body).await;
                 let _ = sock.shutdown().await;

@@ -30,6 +30,7 @@ echo "found:$found"
 
 /// The processes running the daemon [`ISOLATION_PROBE`] leaves (`pgrep -fa 'sleep 3001'` lines).
 pub fn probe_daemons() -> Vec<String> {
-    let out = std::process::Command::new("pgrep").args(["-fa", "sleep 3001"]).output().map(|o| o.stdout).unwrap_or_default();
+    let out =
+        std::process::Command::new("pgrep").args(["-fa", "sleep 3001"]).output().map(|o| o.stdout).unwrap_or_default();
     String::from_utf8_lossy(&out).lines().map(str::to_string).collect()
 }

@@ -28,7 +28,11 @@ impl Drop for SshGitServer {
 }
 
 fn keygen(path: &Path) -> anyhow::Result<()> {
-    let out = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(path).output().context("running ssh-keygen")?;
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .output()
+        .context("running ssh-keygen")?;
     if !out.status.success() {
         bail!("ssh-keygen: {}", String::from_utf8_lossy(&out.stderr));
     }

@@ -41,18 +41,31 @@ async fn namespace_is_created_and_deleted() {
     let client = ns.client();
     // KCM's ServiceAccount controller gives every new namespace a default ServiceAccount.
     let sas: Api<ServiceAccount> = ns.api();
-    eventually("default ServiceAccount", Duration::from_secs(30), || async { sas.get_opt("default").await.unwrap().is_some() }).await;
+    eventually("default ServiceAccount", Duration::from_secs(30), || async {
+        sas.get_opt("default").await.unwrap().is_some()
+    })
+    .await;
     ns.delete().await.unwrap();
     // KCM's namespace controller finalizes the namespace and removes it.
     let nss: Api<Namespace> = Api::all(client);
-    eventually("namespace gone", Duration::from_secs(60), || async { nss.get_opt(&name).await.unwrap().is_none() }).await;
+    eventually("namespace gone", Duration::from_secs(60), || async { nss.get_opt(&name).await.unwrap().is_none() })
+        .await;
 }
 
 #[tokio::test]
 async fn owner_reference_cascade_is_garbage_collected() {
     let ns = testbed().namespace("smoke-gc").await.unwrap();
     let cms: Api<ConfigMap> = ns.api();
-    let owner = cms.create(&PostParams::default(), &ConfigMap { metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() }, ..Default::default() }).await.unwrap();
+    let owner = cms
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let child = ConfigMap {
         metadata: ObjectMeta {
             name: Some("child".into()),
@@ -70,7 +83,10 @@ async fn owner_reference_cascade_is_garbage_collected() {
     };
     cms.create(&PostParams::default(), &child).await.unwrap();
     cms.delete("owner", &DeleteParams::background()).await.unwrap();
-    eventually("child garbage-collected", Duration::from_secs(60), || async { cms.get_opt("child").await.unwrap().is_none() }).await;
+    eventually("child garbage-collected", Duration::from_secs(60), || async {
+        cms.get_opt("child").await.unwrap().is_none()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -82,7 +98,11 @@ async fn lease_update_is_guarded_by_resource_version() {
             &PostParams::default(),
             &Lease {
                 metadata: ObjectMeta { name: Some("shard-0".into()), ..Default::default() },
-                spec: Some(LeaseSpec { holder_identity: Some("a".into()), lease_duration_seconds: Some(15), ..Default::default() }),
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("a".into()),
+                    lease_duration_seconds: Some(15),
+                    ..Default::default()
+                }),
             },
         )
         .await
@@ -107,13 +127,28 @@ async fn lease_update_is_guarded_by_resource_version() {
 async fn service_account_token_is_issued_and_reviewed() {
     let ns = testbed().namespace("smoke-token").await.unwrap();
     let sas: Api<ServiceAccount> = ns.api();
-    sas.create(&PostParams::default(), &ServiceAccount { metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() }, ..Default::default() }).await.unwrap();
+    sas.create(
+        &PostParams::default(),
+        &ServiceAccount {
+            metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let audience = format!("ws.{}", ns.name());
     let tr = sas
         .create_token_request(
             "agent",
             &PostParams::default(),
-            &TokenRequest { spec: TokenRequestSpec { audiences: vec![audience.clone()], expiration_seconds: Some(600), ..Default::default() }, ..Default::default() },
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![audience.clone()],
+                    expiration_seconds: Some(600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
         )
         .await
         .unwrap();
@@ -121,10 +156,16 @@ async fn service_account_token_is_issued_and_reviewed() {
     assert!(!token.is_empty());
 
     let reviews: Api<TokenReview> = Api::all(ns.client());
-    let review = |aud: String, token: String| TokenReview { spec: TokenReviewSpec { token: Some(token), audiences: Some(vec![aud]) }, ..Default::default() };
+    let review = |aud: String, token: String| TokenReview {
+        spec: TokenReviewSpec { token: Some(token), audiences: Some(vec![aud]) },
+        ..Default::default()
+    };
     let ok = reviews.create(&PostParams::default(), &review(audience, token.clone())).await.unwrap().status.unwrap();
     assert_eq!(ok.authenticated, Some(true), "{ok:?}");
-    assert_eq!(ok.user.unwrap().username.as_deref(), Some(format!("system:serviceaccount:{}:agent", ns.name()).as_str()));
+    assert_eq!(
+        ok.user.unwrap().username.as_deref(),
+        Some(format!("system:serviceaccount:{}:agent", ns.name()).as_str())
+    );
     let wrong = reviews.create(&PostParams::default(), &review("other".into(), token)).await.unwrap().status.unwrap();
     assert_ne!(wrong.authenticated, Some(true), "a token for another audience must not authenticate");
 }
@@ -169,10 +210,12 @@ fn pulumi_up_output_destroy_offline() {
     let project = env.dir().join("project");
     std::fs::create_dir_all(&project).unwrap();
     let marker = env.dir().join("marker.txt");
-    std::fs::write(project.join("Pulumi.yaml"), SMOKE_PROGRAM.replace("MARKER_PATH", &marker.display().to_string())).unwrap();
+    std::fs::write(project.join("Pulumi.yaml"), SMOKE_PROGRAM.replace("MARKER_PATH", &marker.display().to_string()))
+        .unwrap();
 
     let run = |args: &str, netns: bool| {
-        let script = if netns { format!("ip link set lo up && exec pulumi {args}") } else { format!("exec pulumi {args}") };
+        let script =
+            if netns { format!("ip link set lo up && exec pulumi {args}") } else { format!("exec pulumi {args}") };
         let mut cmd = if netns {
             let mut c = std::process::Command::new("unshare");
             c.args(["--net", "--", "sh", "-c", &script]);
@@ -184,7 +227,12 @@ fn pulumi_up_output_destroy_offline() {
         };
         cmd.current_dir(&project).env_clear().envs(env.vars()).env("HOME", env.dir());
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "pulumi {args} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pulumi {args} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
 
@@ -236,7 +284,12 @@ pulumi.export("said", cmd.stdout)
             .env("HOME", env.dir())
             .output()
             .unwrap();
-        assert!(out.status.success(), "pulumi {args:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pulumi {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     pulumi(&["stack", "init", "dev"]);

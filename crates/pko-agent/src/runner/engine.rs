@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use pko_proto::v1::{ErrorReason, LogLine, OperationResult, OperationType, OutputValue, log_line, operation_event::Event};
+use pko_proto::v1::{
+    ErrorReason, LogLine, OperationResult, OperationType, OutputValue, log_line, operation_event::Event,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -83,7 +85,9 @@ impl Reading {
         if let Some(s) = ev.get("summaryEvent") {
             self.summary = Some(s.clone());
         }
-        if let Some(m) = ev.get("resOutputsEvent").map(|e| &e["metadata"]).filter(|m| m["type"] == "pulumi:pulumi:Stack") {
+        if let Some(m) =
+            ev.get("resOutputsEvent").map(|e| &e["metadata"]).filter(|m| m["type"] == "pulumi:pulumi:Stack")
+        {
             self.stack_outputs = m["new"]["outputs"].as_object().cloned();
         }
         op.publish(Event::EngineEvent(crate::convert::to_struct(&ev)));
@@ -119,7 +123,11 @@ impl Reading {
 
 /// Starts the Pulumi command of `step` under the supervisor (`-v N` with a log level); a stop requested
 /// while it was starting still reaches it. Returns the child and its arguments.
-fn start(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>) -> Result<(tokio::process::Child, Vec<String>), Failure> {
+fn start(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    step: &Step<'_>,
+) -> Result<(tokio::process::Child, Vec<String>), Failure> {
     let mut args = pulumi::operation_args(step.kind, step.stack, step.options);
     if ctx.log_level > 0 {
         args.extend(["-v".into(), ctx.log_level.to_string(), "--logtostderr".into(), "--logflow".into()]);
@@ -139,7 +147,11 @@ fn start(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>) -> Result<(t
 }
 
 /// Reads `stderr` to its end: each line masked and published; the whole text returned.
-fn read_stderr(stderr: tokio::process::ChildStderr, masker: Masker, op: Arc<Operation>) -> tokio::task::JoinHandle<String> {
+fn read_stderr(
+    stderr: tokio::process::ChildStderr,
+    masker: Masker,
+    op: Arc<Operation>,
+) -> tokio::task::JoinHandle<String> {
     tokio::spawn(async move {
         let mut text = String::new();
         let mut lines = BufReader::new(stderr).lines();
@@ -155,7 +167,13 @@ fn read_stderr(stderr: tokio::process::ChildStderr, masker: Masker, op: Arc<Oper
 
 /// Runs the Pulumi command of `step` and, for `up`, reads the outputs into `result`. A conflict whose
 /// every lock holder is known dead on this host carries them in [`Failure::stale`].
-pub(super) async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, masker: &mut Masker, result: &mut OperationResult) -> Result<(), Failure> {
+pub(super) async fn operate(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    step: &Step<'_>,
+    masker: &mut Masker,
+    result: &mut OperationResult,
+) -> Result<(), Failure> {
     let (mut child, args) = start(ctx, op, step)?;
     let mut guard = ctx.pulumi.stop_on_drop(&child);
     let piped = |what: &str| fail(ErrorReason::Internal, "", format!("pulumi's {what} is not piped"));
@@ -179,7 +197,8 @@ pub(super) async fn operate(ctx: &RunnerContext, op: &Arc<Operation>, step: &Ste
     result.permalink = find_permalink(&format!("{stderr_text}\n{}", reading.preview_doc)).unwrap_or_default();
     if !status.success() {
         let text = format!("{}\n{}\n{stderr_text}", reading.errors, reading.stderr_diagnostics);
-        let message = failure_message(&reading.resource_errors, &text).unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
+        let message = failure_message(&reading.resource_errors, &text)
+            .unwrap_or_else(|| format!("pulumi {} exited with {status}", args[0]));
         return Err(failed(ctx, step, &text, message));
     }
     if step.kind == OperationType::Up {
@@ -197,11 +216,17 @@ fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> 
     }
     let reason = pulumi::classify_failure(text);
     let holders = crate::locks::holders(text);
-    let message = if reason == ErrorReason::UpdateConflict && !holders.is_empty() { format!("{message}\n{}", crate::locks::describe(&holders)) } else { message };
+    let message = if reason == ErrorReason::UpdateConflict && !holders.is_empty() {
+        format!("{message}\n{}", crate::locks::describe(&holders))
+    } else {
+        message
+    };
     let mut failure = fail(reason, "", message);
     if reason == ErrorReason::UpdateConflict {
         let released: Vec<(String, i32)> = step.released.iter().map(|h| (h.who.clone(), h.pid)).collect();
-        match crate::locks::judge(text, &crate::locks::hostname(), &released, |pid| crate::locks::process_info(Path::new("/proc"), pid)) {
+        match crate::locks::judge(text, &crate::locks::hostname(), &released, |pid| {
+            crate::locks::process_info(Path::new("/proc"), pid)
+        }) {
             crate::locks::Judgement::Release(dead) => failure.stale = dead,
             crate::locks::Judgement::WaitFor(alive) => failure.live = alive,
             crate::locks::Judgement::Keep => {}
@@ -214,7 +239,13 @@ fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> 
 /// `pulumi` of a killed agent, stopped by its supervisor; another operation ending) and tries again;
 /// a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`) releases those
 /// locks and runs once more.
-pub(super) async fn operate_through_locks(ctx: &RunnerContext, op: &Arc<Operation>, step: &Step<'_>, masker: &mut Masker, result: &mut OperationResult) -> Result<(), Failure> {
+pub(super) async fn operate_through_locks(
+    ctx: &RunnerContext,
+    op: &Arc<Operation>,
+    step: &Step<'_>,
+    masker: &mut Masker,
+    result: &mut OperationResult,
+) -> Result<(), Failure> {
     let mut outcome = operate(ctx, op, step, masker, result).await;
     if let Err(f) = &outcome
         && !f.live.is_empty()
@@ -235,14 +266,26 @@ pub(super) async fn operate_through_locks(ctx: &RunnerContext, op: &Arc<Operatio
 
 /// Waits up to `limit` for every holder in `live` (running on this host) to end, logging whom it waits
 /// for. Returns whether they all ended (false: time is up, or the operation is being stopped).
-pub(super) async fn wait_for_holders(op: &Arc<Operation>, live: &[crate::locks::Holder], limit: std::time::Duration) -> bool {
+pub(super) async fn wait_for_holders(
+    op: &Arc<Operation>,
+    live: &[crate::locks::Holder],
+    limit: std::time::Duration,
+) -> bool {
     let names: Vec<String> = live.iter().map(|h| format!("{} pid {}", h.who, h.pid)).collect();
     tracing::info!(operation = %op.id, holders = ?names, limit_s = limit.as_secs(), "stack locked by a process on this host: waiting for it to end");
-    op.log(format!("the stack is locked by {} process(es) still running on this host; waiting up to {} s for them to end: {}", live.len(), limit.as_secs(), names.join("; ")));
+    op.log(format!(
+        "the stack is locked by {} process(es) still running on this host; waiting up to {} s for them to end: {}",
+        live.len(),
+        limit.as_secs(),
+        names.join("; ")
+    ));
     let end = tokio::time::Instant::now() + limit;
     loop {
         let host = crate::locks::hostname();
-        let running = live.iter().any(|h| crate::locks::verdict(h, &host, |pid| crate::locks::process_info(Path::new("/proc"), pid)) == crate::locks::Verdict::Alive);
+        let running = live.iter().any(|h| {
+            crate::locks::verdict(h, &host, |pid| crate::locks::process_info(Path::new("/proc"), pid))
+                == crate::locks::Verdict::Alive
+        });
         if !running {
             op.log("the lock holders ended; trying again");
             return true;
@@ -266,12 +309,20 @@ pub(super) async fn release_stale_locks(
     let holders: Vec<String> = stale.iter().map(|(h, why)| format!("{} pid {} ({why})", h.who, h.pid)).collect();
     tracing::warn!(operation = %op.id, epoch = op.epoch(), holders = ?holders, "releasing backend locks whose holders are known dead");
     op.log(format!("releasing {} stale lock(s) whose holder is known dead: {}", stale.len(), holders.join("; ")));
-    let out = pulumi::run(&ctx.pulumi, step.dir, step.env, &["cancel", "--yes", "--non-interactive", "--stack", step.stack])
-        .await
-        .map_err(|e| fail(ErrorReason::Internal, "", format!("running pulumi cancel: {e}")))?;
+    let out =
+        pulumi::run(&ctx.pulumi, step.dir, step.env, &["cancel", "--yes", "--non-interactive", "--stack", step.stack])
+            .await
+            .map_err(|e| fail(ErrorReason::Internal, "", format!("running pulumi cancel: {e}")))?;
     if !out.success {
         let text = masker.mask(&out.stderr);
-        return Err(fail(ErrorReason::UpdateConflict, "", format!("releasing stale locks failed: {}", first_error_line(&text).unwrap_or_else(|| text.trim().to_string()))));
+        return Err(fail(
+            ErrorReason::UpdateConflict,
+            "",
+            format!(
+                "releasing stale locks failed: {}",
+                first_error_line(&text).unwrap_or_else(|| text.trim().to_string())
+            ),
+        ));
     }
     Ok(())
 }
@@ -279,7 +330,13 @@ pub(super) async fn release_stale_locks(
 /// Removes the truncated attribute sidecars a `pulumi` killed mid-write left beside the stack's state in
 /// a `file://` backend ([`crate::sidecars`]), logged on the operation and the agent; a failure is logged
 /// and the operation goes on (Pulumi then reports what it cannot read).
-pub(super) fn repair_sidecars(op: &Arc<Operation>, env: &BTreeMap<String, String>, dir: &Path, project: &str, stack: &str) {
+pub(super) fn repair_sidecars(
+    op: &Arc<Operation>,
+    env: &BTreeMap<String, String>,
+    dir: &Path,
+    project: &str,
+    stack: &str,
+) {
     let home = env.get("HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
     // the operation's variables, else the agent's own environment that `pulumi` inherits
     let url = env.get("PULUMI_BACKEND_URL").cloned().or_else(|| std::env::var("PULUMI_BACKEND_URL").ok());
@@ -289,9 +346,14 @@ pub(super) fn repair_sidecars(op: &Arc<Operation>, env: &BTreeMap<String, String
     match crate::sidecars::repair(&root, project, stack) {
         Ok(removed) if removed.is_empty() => {}
         Ok(removed) => {
-            let names: Vec<String> = removed.iter().map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string()).collect();
+            let names: Vec<String> =
+                removed.iter().map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string()).collect();
             tracing::warn!(operation = %op.id, files = ?names, "removed truncated backend attribute sidecars left by a killed pulumi");
-            op.log(format!("removed {} truncated attribute sidecar(s) a pulumi killed mid-write left in the backend: {}", names.len(), names.join(", ")));
+            op.log(format!(
+                "removed {} truncated attribute sidecar(s) a pulumi killed mid-write left in the backend: {}",
+                names.len(),
+                names.join(", ")
+            ));
         }
         Err(e) => {
             tracing::warn!(operation = %op.id, error = %e, "checking the backend's attribute sidecars");
@@ -319,19 +381,28 @@ pub(super) async fn outputs(
     let event_outputs = match from_events {
         Some(m) => m,
         None => {
-            let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack]).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+            let masked = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--stack", stack])
+                .await
+                .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
             serde_json::from_str::<serde_json::Map<String, Value>>(&masked.stdout)
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(k, v)| if v == "[secret]" { (k, json!({"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270"})) } else { (k, v) })
+                .map(|(k, v)| {
+                    if v == "[secret]" {
+                        (k, json!({"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270"}))
+                    } else {
+                        (k, v)
+                    }
+                })
                 .collect()
         }
     };
     let mut shown = serde_json::Map::new();
     if event_outputs.values().any(is_secret_sig) {
-        let out = pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--show-secrets", "--stack", stack])
-            .await
-            .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+        let out =
+            pulumi::run(&ctx.pulumi, dir, env, &["stack", "output", "--json", "--show-secrets", "--stack", stack])
+                .await
+                .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
         if !out.success {
             return Err(fail(ErrorReason::Internal, "", format!("reading outputs: {}", masker.mask(&out.stderr))));
         }
@@ -441,12 +512,18 @@ mod tests {
 
     #[test]
     fn permalinks_and_errors_are_found() {
-        assert_eq!(find_permalink("View Live: https://app.pulumi.com/o/p/s/updates/12\n").as_deref(), Some("https://app.pulumi.com/o/p/s/updates/12"));
+        assert_eq!(
+            find_permalink("View Live: https://app.pulumi.com/o/p/s/updates/12\n").as_deref(),
+            Some("https://app.pulumi.com/o/p/s/updates/12")
+        );
         assert_eq!(find_permalink("no link"), None);
         assert_eq!(first_error_line("warn\nerror: the stack is locked\n").as_deref(), Some("the stack is locked"));
         // Pulumi YAML's info#err diagnostics
         let yaml = "\nError: resource, variable, or config value \"missing\" not found\n\n  on Pulumi.yaml line 7:\n\n   7:       create: ${missing.value}\n";
-        assert_eq!(first_error_line(yaml).as_deref(), Some("resource, variable, or config value \"missing\" not found (on Pulumi.yaml line 7)"));
+        assert_eq!(
+            first_error_line(yaml).as_deref(),
+            Some("resource, variable, or config value \"missing\" not found (on Pulumi.yaml line 7)")
+        );
     }
 
     #[test]
@@ -463,15 +540,33 @@ mod tests {
             m,
             "command:local:Command (b): command exited with 4: 'exit 4'\n  stdout:\n  stderr: second failure\ncommand:local:Command (a): command exited with 3\ncommand:local:Command (c): command exited with 5\nanother thing"
         );
-        assert_eq!(urn_type("urn:pulumi:dev::p::my:comp:Parent$random:index/randomPet:RandomPet::pet"), "random:index/randomPet:RandomPet");
+        assert_eq!(
+            urn_type("urn:pulumi:dev::p::my:comp:Parent$random:index/randomPet:RandomPet::pet"),
+            "random:index/randomPet:RandomPet"
+        );
         // no resource errors: every error line, Pulumi YAML's locations kept
         let yaml = "Error: a not found\n  on Pulumi.yaml line 7:\nError: b not found\nerror: update failed\n";
-        assert_eq!(failure_message(&[], yaml).unwrap(), "a not found (on Pulumi.yaml line 7)\nb not found", "the closing `update failed` adds nothing");
-        assert_eq!(failure_message(&[], "error: update failed\n").unwrap(), "update failed", "unless it is all there is");
+        assert_eq!(
+            failure_message(&[], yaml).unwrap(),
+            "a not found (on Pulumi.yaml line 7)\nb not found",
+            "the closing `update failed` adds nothing"
+        );
+        assert_eq!(
+            failure_message(&[], "error: update failed\n").unwrap(),
+            "update failed",
+            "unless it is all there is"
+        );
         assert_eq!(failure_message(&[], "").as_deref(), None);
         // bounded, at a character boundary, saying how much is left out
-        let many: Vec<(String, String)> = (0..200).map(|i| (urn(&format!("r{i}")), format!("failé {i} {}", "x".repeat(40)))).collect();
+        let many: Vec<(String, String)> =
+            (0..200).map(|i| (urn(&format!("r{i}")), format!("failé {i} {}", "x".repeat(40)))).collect();
         let m = failure_message(&many, "").unwrap();
-        assert!(m.len() <= MAX_FAILURE_MESSAGE_BYTES && m.ends_with("more bytes)") && m.starts_with("command:local:Command (r0)"), "{} bytes", m.len());
+        assert!(
+            m.len() <= MAX_FAILURE_MESSAGE_BYTES
+                && m.ends_with("more bytes)")
+                && m.starts_with("command:local:Command (r0)"),
+            "{} bytes",
+            m.len()
+        );
     }
 }

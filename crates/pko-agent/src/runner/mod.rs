@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use pko_proto::v1::{ErrorInfo, ErrorReason, OperationRequest, OperationResult, OperationType, ProjectInfo, ResultStatus, operation_event::Event};
+use pko_proto::v1::{
+    ErrorInfo, ErrorReason, OperationRequest, OperationResult, OperationType, ProjectInfo, ResultStatus,
+    operation_event::Event,
+};
 
 use crate::mask::Masker;
 use crate::operation::Operation;
@@ -19,7 +22,10 @@ mod stack_config;
 
 use engine::{Step, operate_through_locks, repair_sidecars};
 use stack_config::*;
-pub use stack_config::{ConfigCommand, MAX_CONFIG_ARG_BYTES, MAX_CONFIG_BATCH_BYTES, MAX_ENV_VAR_BYTES, PlannedConfig, config_commands, structured_config_unsupported};
+pub use stack_config::{
+    ConfigCommand, MAX_CONFIG_ARG_BYTES, MAX_CONFIG_BATCH_BYTES, MAX_ENV_VAR_BYTES, PlannedConfig, config_commands,
+    structured_config_unsupported,
+};
 
 /// What the runner needs from the agent.
 #[derive(Debug, Clone)]
@@ -79,7 +85,11 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
     }
     let start = crate::convert::now();
     let mut masker = Masker::default();
-    let mut result = OperationResult { start_time: Some(start), run_digest: pko_proto::digest::run_digest(&req), ..Default::default() };
+    let mut result = OperationResult {
+        start_time: Some(start),
+        run_digest: pko_proto::digest::run_digest(&req),
+        ..Default::default()
+    };
     let mut pinned = None;
     let mut sandbox = None;
     let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
@@ -87,7 +97,9 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
             sandbox = sb;
             execute(&ctx, &op, &req, sandbox.as_mut(), &mut masker, &mut result, &mut pinned).await
         }
-        Err(e) => Err(fail(ErrorReason::Internal, "", format!("an earlier operation's files could not be removed: {e}"))),
+        Err(e) => {
+            Err(fail(ErrorReason::Internal, "", format!("an earlier operation's files could not be removed: {e}")))
+        }
     };
     if let Some(key) = pinned {
         ctx.sources.release(&key);
@@ -149,7 +161,13 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
     let run_digest = pko_proto::digest::run_digest(req);
     if let Err(f) = check_digest(req, &run_digest) {
         let error = Some(ErrorInfo { reason: f.reason as i32, message: f.message.clone(), field: f.field });
-        let result = OperationResult { status: ResultStatus::Failed as i32, message: f.message, error, run_digest, ..Default::default() };
+        let result = OperationResult {
+            status: ResultStatus::Failed as i32,
+            message: f.message,
+            error,
+            run_digest,
+            ..Default::default()
+        };
         op.publish(Event::Result(result));
         return;
     }
@@ -173,12 +191,21 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
         _ => "hollow agent: simulated operation stopped".to_string(),
     };
     let error = (status != ResultStatus::Succeeded).then(|| ErrorInfo {
-        reason: if status == ResultStatus::Interrupted { ErrorReason::Interrupted } else { ErrorReason::Cancelled } as i32,
+        reason: if status == ResultStatus::Interrupted { ErrorReason::Interrupted } else { ErrorReason::Cancelled }
+            as i32,
         message: message.clone(),
         field: String::new(),
     });
     let end_time = Some(crate::convert::now());
-    let result = OperationResult { status: status as i32, message, error, start_time: Some(start), end_time, run_digest, ..Default::default() };
+    let result = OperationResult {
+        status: status as i32,
+        message,
+        error,
+        start_time: Some(start),
+        end_time,
+        run_digest,
+        ..Default::default()
+    };
     tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
     op.publish(Event::Result(result));
 }
@@ -225,7 +252,11 @@ async fn execute(
     check_digest(req, &result.run_digest)?;
     let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
     if kind == OperationType::Unspecified {
-        return Err(fail(ErrorReason::InvalidRequest, "type", "operation type is required (preview, up, refresh, destroy or initialize)"));
+        return Err(fail(
+            ErrorReason::InvalidRequest,
+            "type",
+            "operation type is required (preview, up, refresh, destroy or initialize)",
+        ));
     }
     let stack = req.stack.clone().unwrap_or_default();
     if stack.name.is_empty() {
@@ -244,7 +275,15 @@ async fn execute(
     }
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
-    let step = Step { kind, stack: &stack.name, dir: &dir, env: &env, options: &options, known_key: &known_key, released: &req.release_locks };
+    let step = Step {
+        kind,
+        stack: &stack.name,
+        dir: &dir,
+        env: &env,
+        options: &options,
+        known_key: &known_key,
+        released: &req.release_locks,
+    };
     operate_through_locks(ctx, op, &step, masker, result).await
 }
 
@@ -254,21 +293,39 @@ fn check_digest(req: &OperationRequest, computed: &str) -> Result<(), Failure> {
     if req.run_digest.is_empty() || req.run_digest == computed {
         return Ok(());
     }
-    let message = format!("the request is not what its Update names: its run digest is {computed}, the Update's {}", req.run_digest);
+    let message = format!(
+        "the request is not what its Update names: its run digest is {computed}, the Update's {}",
+        req.run_digest
+    );
     Err(fail(ErrorReason::RunMismatch, "run_digest", message))
 }
 
 /// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the
 /// operation's own directories, the request's (references resolved, secrets masked), the env file's.
-async fn environment(ctx: &RunnerContext, req: &OperationRequest, sandbox: Option<&crate::sandbox::Sandbox>, masker: &mut Masker) -> Result<BTreeMap<String, String>, Failure> {
+async fn environment(
+    ctx: &RunnerContext,
+    req: &OperationRequest,
+    sandbox: Option<&crate::sandbox::Sandbox>,
+    masker: &mut Masker,
+) -> Result<BTreeMap<String, String>, Failure> {
     let mut env = pulumi::base_env();
     env.extend(ctx.env.clone());
     if let Some(sb) = sandbox {
         env.extend(sb.env());
     }
     for (i, e) in req.env.iter().enumerate() {
-        let Some(r) = &e.value else { return Err(fail(ErrorReason::InvalidRequest, &format!("env[{i}].value"), format!("env {} has no value", e.name))) };
-        let v = ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
+        let Some(r) = &e.value else {
+            return Err(fail(
+                ErrorReason::InvalidRequest,
+                &format!("env[{i}].value"),
+                format!("env {} has no value", e.name),
+            ));
+        };
+        let v = ctx
+            .values
+            .resolve(r)
+            .await
+            .map_err(|m| fail(ErrorReason::InvalidConfig, &format!("env[{i}]"), format!("env {}: {m}", e.name)))?;
         if e.secret || is_secret_name(&e.name) {
             masker.add(&v);
         }
@@ -283,7 +340,10 @@ async fn environment(ctx: &RunnerContext, req: &OperationRequest, sandbox: Optio
         }
     }
     if let Some((name, v)) = env.iter().find(|(k, v)| k.len() + v.len() + 2 > MAX_ENV_VAR_BYTES) {
-        let msg = format!("env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable", v.len());
+        let msg = format!(
+            "env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable",
+            v.len()
+        );
         return Err(fail(ErrorReason::InvalidConfig, "env", msg));
     }
     if sandbox.is_some() {
@@ -307,7 +367,8 @@ async fn project(
     let given = req.source.clone().filter(|s| s.kind.is_some());
     let source = match &given {
         Some(s) => s.clone(),
-        None => workspace_source(ctx.workspace_link.as_deref()).map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
+        None => workspace_source(ctx.workspace_link.as_deref())
+            .map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
     };
     let prepared = ctx.sources.prepare(&source, &ctx.values, env, !req.skip_install).await.map_err(|e| {
         let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
@@ -318,7 +379,8 @@ async fn project(
     let dir = match sandbox {
         Some(sb) => {
             sb.watch_plugins();
-            sb.copy_source(&prepared.root, &prepared.project_dir).map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
+            sb.copy_source(&prepared.root, &prepared.project_dir)
+                .map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
         }
         None => prepared.project_dir.clone(),
     };
@@ -328,7 +390,8 @@ async fn project(
             op.log(format!("pointing {} at the project: {e}", link.display()));
         }
     }
-    let (project, runtime) = pulumi::project_info(&dir).ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
+    let (project, runtime) = pulumi::project_info(&dir)
+        .ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
     Ok((dir, project))
 }
@@ -337,7 +400,11 @@ async fn project(
 /// `IncompatibleConfiguration`); its version (read once per agent) is reported for the Workspace's
 /// `status.pulumiVersion`.
 async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut OperationResult) -> Result<(), Failure> {
-    let version = ctx.pulumi_version.get_or_try_init(|| pulumi::version(&ctx.pulumi)).await.map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
+    let version = ctx
+        .pulumi_version
+        .get_or_try_init(|| pulumi::version(&ctx.pulumi))
+        .await
+        .map_err(|e| fail(ErrorReason::Internal, "", format!("pulumi version: {e}")))?;
     result.pulumi_version = version.clone();
     if let Some(message) = structured_config_unsupported(version).filter(|_| uses_structured_config(&req.config)) {
         return Err(fail(ErrorReason::IncompatibleConfiguration, "config", message));
@@ -359,11 +426,13 @@ async fn prepare_stack(
     let stack = req.stack.clone().unwrap_or_default();
     repair_sidecars(op, env, dir, project, &stack.name);
     if !isolated {
-        reset_stack_config(dir, &stack.name).map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
+        reset_stack_config(dir, &stack.name)
+            .map_err(|e| fail(ErrorReason::Internal, "", format!("resetting stack config: {e}")))?;
     }
     // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
     // `stack select` in whichever directory the operation runs
-    let known_key = format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
+    let known_key =
+        format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
     if !ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&known_key) {
         select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
@@ -403,9 +472,15 @@ fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String
 /// message says where the program was looked for and how to put it there.
 fn workspace_source(link: Option<&Path>) -> Result<pko_proto::v1::Source, String> {
     let hint = "a Workspace without a source (git, flux, local) runs the program that an init container of its pod (spec.podTemplate) puts in /share/workspace";
-    let Some(link) = link else { return Err(format!("the request has no source and this agent has no workspace directory: {hint}")) };
+    let Some(link) = link else {
+        return Err(format!("the request has no source and this agent has no workspace directory: {hint}"));
+    };
     match std::fs::symlink_metadata(link) {
-        Ok(m) if m.is_dir() => Ok(pko_proto::v1::Source { kind: Some(pko_proto::v1::source::Kind::Local(pko_proto::v1::LocalSource { dir: link.display().to_string() })) }),
+        Ok(m) if m.is_dir() => Ok(pko_proto::v1::Source {
+            kind: Some(pko_proto::v1::source::Kind::Local(pko_proto::v1::LocalSource {
+                dir: link.display().to_string(),
+            })),
+        }),
         _ => Err(format!("the request has no source and {} holds no program: {hint}", link.display())),
     }
 }
@@ -438,7 +513,11 @@ fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
             Ok(v) => vars.push(v),
             // the line itself may hold a secret: it is not repeated
             Err(dotenvy::Error::LineParse(_, at)) => {
-                return Err(format!("env file {}: entry {} is not NAME=value (a parse error at character {at} of it)", path.display(), vars.len() + 1));
+                return Err(format!(
+                    "env file {}: entry {} is not NAME=value (a parse error at character {at} of it)",
+                    path.display(),
+                    vars.len() + 1
+                ));
             }
             Err(e) => return Err(format!("env file {}: {e}", path.display())),
         }
@@ -453,15 +532,24 @@ mod tests {
     #[test]
     fn a_backend_in_the_home_stays_in_the_agents_home() {
         let pin = |url: Option<&str>, inherited: Option<&str>| {
-            let mut env: BTreeMap<String, String> = url.map(|u| ("PULUMI_BACKEND_URL".to_string(), u.to_string())).into_iter().collect();
+            let mut env: BTreeMap<String, String> =
+                url.map(|u| ("PULUMI_BACKEND_URL".to_string(), u.to_string())).into_iter().collect();
             pin_home_backend(&mut env, inherited.map(str::to_string), Some("/home/agent/".into()));
             env.get("PULUMI_BACKEND_URL").cloned()
         };
         assert_eq!(pin(Some("file://~"), None).as_deref(), Some("file:///home/agent"));
         assert_eq!(pin(Some("file://~/state"), None).as_deref(), Some("file:///home/agent/state"));
-        assert_eq!(pin(None, Some("file://~/s")).as_deref(), Some("file:///home/agent/s"), "the agent's own URL, made explicit");
+        assert_eq!(
+            pin(None, Some("file://~/s")).as_deref(),
+            Some("file:///home/agent/s"),
+            "the agent's own URL, made explicit"
+        );
         assert_eq!(pin(Some("file:///abs"), Some("file://~")).as_deref(), Some("file:///abs"), "the request's wins");
-        assert_eq!(pin(Some("file://~bob/x"), None).as_deref(), Some("file://~bob/x"), "another user's home is not ours");
+        assert_eq!(
+            pin(Some("file://~bob/x"), None).as_deref(),
+            Some("file://~bob/x"),
+            "another user's home is not ours"
+        );
         assert_eq!(pin(Some("s3://b"), None).as_deref(), Some("s3://b"));
         assert_eq!(pin(None, None), None);
     }
@@ -493,7 +581,10 @@ mod tests {
         }
         let link = dir.path().join("link");
         point_link(&link, &filled).unwrap();
-        assert!(workspace_source(Some(&link)).unwrap_err().contains("holds no program"), "the agent's own link is not a program put there");
+        assert!(
+            workspace_source(Some(&link)).unwrap_err().contains("holds no program"),
+            "the agent's own link is not a program put there"
+        );
         assert!(workspace_source(Some(&dir.path().join("missing"))).unwrap_err().contains("init container"));
         assert!(workspace_source(None).unwrap_err().contains("no workspace directory"));
     }

@@ -24,7 +24,11 @@ pub(super) fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()>
         std::fs::create_dir_all(dir.join(".pko-pristine"))?;
         for e in std::fs::read_dir(dir)?.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("Pulumi.") && n != "Pulumi.yaml" && n != "Pulumi.yml" && (n.ends_with(".yaml") || n.ends_with(".yml")) {
+            if n.starts_with("Pulumi.")
+                && n != "Pulumi.yaml"
+                && n != "Pulumi.yml"
+                && (n.ends_with(".yaml") || n.ends_with(".yml"))
+            {
                 std::fs::copy(e.path(), dir.join(".pko-pristine").join(&n))?;
             }
         }
@@ -64,12 +68,17 @@ pub(super) async fn set_config(
                     Some(pko_proto::v1::value_ref::Kind::Env(name)) => env.get(name).cloned(),
                     _ => None,
                 };
-                let s = match from_op_env {
-                    Some(v) => v,
-                    None => ctx.values.resolve(r).await.map_err(|m| fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key)))?,
-                };
+                let s =
+                    match from_op_env {
+                        Some(v) => v,
+                        None => ctx.values.resolve(r).await.map_err(|m| {
+                            fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key))
+                        })?,
+                    };
                 if item.json {
-                    serde_json::from_str(&s).map_err(|e| fail(ErrorReason::InvalidConfig, &field, format!("config {}: value is not JSON: {e}", item.key)))?
+                    serde_json::from_str(&s).map_err(|e| {
+                        fail(ErrorReason::InvalidConfig, &field, format!("config {}: value is not JSON: {e}", item.key))
+                    })?
                 } else {
                     Value::String(s)
                 }
@@ -84,7 +93,13 @@ pub(super) async fn set_config(
             masker.add(&text);
         }
         let key = if item.key.contains(':') { item.key.clone() } else { format!("{project}:{}", item.key) };
-        planned.push(PlannedConfig { key, text, secret: item.secret, path: item.path, object: (!value.is_string()).then_some(value) });
+        planned.push(PlannedConfig {
+            key,
+            text,
+            secret: item.secret,
+            path: item.path,
+            object: (!value.is_string()).then_some(value),
+        });
     }
     for c in config_commands(stack, &planned) {
         let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
@@ -102,7 +117,11 @@ pub(super) async fn set_config(
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let text = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))).unwrap_or_default();
     if let Some(why) = written_config_mismatch(&text, &planned) {
-        return Err(fail(ErrorReason::RunMismatch, "config", masker.mask(&format!("the stack config written is not the request's: {why}"))));
+        return Err(fail(
+            ErrorReason::RunMismatch,
+            "config",
+            masker.mask(&format!("the stack config written is not the request's: {why}")),
+        ));
     }
     Ok(())
 }
@@ -182,7 +201,10 @@ pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigComman
     let flush_json = |batch: &mut serde_json::Map<String, Value>, bytes: &mut usize, out: &mut Vec<ConfigCommand>| {
         if !batch.is_empty() {
             let doc = Value::Object(std::mem::take(batch)).to_string();
-            out.push(ConfigCommand { args: vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--json".into(), doc], stdin: None });
+            out.push(ConfigCommand {
+                args: vec!["config".into(), "set-all".into(), "--stack".into(), stack.into(), "--json".into(), doc],
+                stdin: None,
+            });
             *bytes = 0;
         }
     };
@@ -248,15 +270,26 @@ pub(super) async fn add_environments(
     }
     let mut args = vec!["config", "env", "add", "--yes", "--non-interactive", "--stack", stack.name.as_str()];
     args.extend(stack.environments.iter().map(String::as_str));
-    let out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    let out =
+        pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
     if !out.success {
         let text = masker.mask(&pulumi::error_text(&out.stderr));
-        return Err(fail(ErrorReason::InitializationFailed, "stack.environments", format!("adding ESC environments {}: {text}", stack.environments.join(", "))));
+        return Err(fail(
+            ErrorReason::InitializationFailed,
+            "stack.environments",
+            format!("adding ESC environments {}: {text}", stack.environments.join(", ")),
+        ));
     }
     Ok(())
 }
 
-pub(super) async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap<String, String>, stack: &pko_proto::v1::StackSettings, masker: &Masker) -> Result<(), Failure> {
+pub(super) async fn select_stack(
+    ctx: &RunnerContext,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+    stack: &pko_proto::v1::StackSettings,
+    masker: &Masker,
+) -> Result<(), Failure> {
     let select = ["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
     let mut args = select.to_vec();
     if stack.create {
@@ -265,11 +298,14 @@ pub(super) async fn select_stack(ctx: &RunnerContext, dir: &Path, env: &BTreeMap
             args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
         }
     }
-    let mut out = pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+    let mut out =
+        pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
     if !out.success && stack.create && out.stderr.contains("already exists") {
         // another operation created it between our select and create (two Workspaces of one stack
         // initialized at once): select what it created
-        out = pulumi::run(&ctx.pulumi, dir, env, &select).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
+        out = pulumi::run(&ctx.pulumi, dir, env, &select)
+            .await
+            .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
     }
     if !out.success {
         let text = masker.mask(out.stderr.trim());
@@ -294,7 +330,10 @@ pub fn structured_config_unsupported(version: &str) -> Option<String> {
     let (a, b, c) = MIN_PULUMI_FOR_STRUCTURED_CONFIG;
     match parse_pulumi_version(version) {
         Some(v) if v >= MIN_PULUMI_FOR_STRUCTURED_CONFIG => None,
-        Some(_) => Some(format!("Pulumi CLI version {} does not support JSON configuration, require >= v{a}.{b}.{c}", version.trim())),
+        Some(_) => Some(format!(
+            "Pulumi CLI version {} does not support JSON configuration, require >= v{a}.{b}.{c}",
+            version.trim()
+        )),
         None => Some(format!("Failed to parse Pulumi version {:?}", version.trim())),
     }
 }
@@ -319,11 +358,16 @@ mod tests {
 
     #[test]
     fn the_config_written_is_checked_against_the_request() {
-        let planned = [item("p:n", "1", false, false), item("p:pw", "hunter2", true, false), item("p:a.b", "x", false, true)];
+        let planned =
+            [item("p:n", "1", false, false), item("p:pw", "hunter2", true, false), item("p:a.b", "x", false, true)];
         let written = "config:\n  p:n: \"1\"\n  p:pw:\n    secure: v1:abc\n  p:a:\n    b: x\n  p:extra: kept\n";
         assert_eq!(written_config_mismatch(written, &planned), None, "as asked (a key of the source's file may stay)");
         let stale = written.replace("\"1\"", "\"0\"");
-        assert_eq!(written_config_mismatch(&stale, &planned).as_deref(), Some("p:n has another value"), "the value is not repeated");
+        assert_eq!(
+            written_config_mismatch(&stale, &planned).as_deref(),
+            Some("p:n has another value"),
+            "the value is not repeated"
+        );
         let plain = written.replace("\n    secure: v1:abc", " hunter2");
         assert_eq!(written_config_mismatch(&plain, &planned).as_deref(), Some("p:pw is not stored encrypted"));
         assert_eq!(written_config_mismatch("config: {}\n", &planned).as_deref(), Some("p:n is not set"));
@@ -336,7 +380,10 @@ mod tests {
 
     #[test]
     fn small_config_is_one_command_per_kind() {
-        let cmds = config_commands("dev", &[item("p:a", "1", false, false), item("p:b", "2", true, false), item("p:c.d", "3", false, true)]);
+        let cmds = config_commands(
+            "dev",
+            &[item("p:a", "1", false, false), item("p:b", "2", true, false), item("p:c.d", "3", false, true)],
+        );
         assert_eq!(cmds.len(), 2);
         assert_eq!(&cmds[0].args[..5], &["config", "set-all", "--stack", "dev", "--json"]);
         let doc: Value = serde_json::from_str(&cmds[0].args[5]).unwrap();
@@ -362,7 +409,11 @@ mod tests {
         assert_eq!(stdin[0].args, ["config", "set", "--stack", "dev", "--secret", "--", "p:big"]);
         assert_eq!(stdin[0].stdin.as_deref().map(str::len), Some(big.len() + 1));
         assert!(stdin[1].args.contains(&"--path".to_string()));
-        let set: usize = cmds.iter().filter(|c| c.stdin.is_none()).map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len()).sum();
+        let set: usize = cmds
+            .iter()
+            .filter(|c| c.stdin.is_none())
+            .map(|c| serde_json::from_str::<serde_json::Map<String, Value>>(&c.args[5]).unwrap().len())
+            .sum();
         assert_eq!(set, 20, "every medium value is set, in batches");
     }
 
@@ -370,12 +421,16 @@ mod tests {
     fn structured_config_needs_pulumi_3_202() {
         let string = ConfigItem {
             key: "a".into(),
-            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::StringValue("x".into())) })),
+            value: Some(config_item::Value::Literal(prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue("x".into())),
+            })),
             ..Default::default()
         };
         let number = ConfigItem {
             key: "n".into(),
-            value: Some(config_item::Value::Literal(prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(2.0)) })),
+            value: Some(config_item::Value::Literal(prost_types::Value {
+                kind: Some(prost_types::value::Kind::NumberValue(2.0)),
+            })),
             ..Default::default()
         };
         let json_ref = ConfigItem { key: "j".into(), json: true, ..Default::default() };
@@ -384,7 +439,10 @@ mod tests {
         assert!(uses_structured_config(&[json_ref]));
         assert_eq!(structured_config_unsupported("v3.202.0"), None);
         assert_eq!(structured_config_unsupported("v3.259.0\n"), None);
-        assert_eq!(structured_config_unsupported("v3.201.9").as_deref(), Some("Pulumi CLI version v3.201.9 does not support JSON configuration, require >= v3.202.0"));
+        assert_eq!(
+            structured_config_unsupported("v3.201.9").as_deref(),
+            Some("Pulumi CLI version v3.201.9 does not support JSON configuration, require >= v3.202.0")
+        );
         assert_eq!(structured_config_unsupported("dev").as_deref(), Some("Failed to parse Pulumi version \"dev\""));
     }
 }

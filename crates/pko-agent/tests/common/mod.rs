@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use pko_proto::v1::agent_client::AgentClient;
 use pko_proto::v1::{
-    ConfigItem, EnvVar, LocalSource, OperationEvent, OperationRequest, OperationResult, OperationType, Source, StackSettings, ValueRef, config_item, operation_event::Event,
-    source, value_ref,
+    ConfigItem, EnvVar, LocalSource, OperationEvent, OperationRequest, OperationResult, OperationType, Source,
+    StackSettings, ValueRef, config_item, operation_event::Event, source, value_ref,
 };
 use pko_testbed::{PulumiEnv, testbed};
 use tonic::transport::Channel;
@@ -83,7 +83,8 @@ impl Agent {
 
     /// SIGTERM (the pod's termination signal).
     pub fn sigterm(&self) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+            .unwrap();
     }
 
     /// SIGKILL to the agent's whole process group — the agent, its `pulumi` and the plugins — as when
@@ -150,7 +151,10 @@ pub fn project(env: &PulumiEnv, name: &str, body: &str) -> PathBuf {
 }
 
 pub fn rand_suffix() -> String {
-    format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 0xffff_ffff)
+    format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 0xffff_ffff
+    )
 }
 
 pub fn literal(v: &str) -> ValueRef {
@@ -163,7 +167,12 @@ pub fn request(env: &PulumiEnv, id: &str, dir: &Path, stack: &str, kind: Operati
         operation_id: id.into(),
         epoch: 1,
         source: Some(Source { kind: Some(source::Kind::Local(LocalSource { dir: dir.display().to_string() })) }),
-        stack: Some(StackSettings { name: stack.into(), create: true, secrets_provider: "passphrase".into(), ..Default::default() }),
+        stack: Some(StackSettings {
+            name: stack.into(),
+            create: true,
+            secrets_provider: "passphrase".into(),
+            ..Default::default()
+        }),
         config: vec![],
         env: vec![
             EnvVar { name: "PULUMI_BACKEND_URL".into(), value: Some(literal(&env.backend_url())), secret: false },
@@ -176,7 +185,13 @@ pub fn request(env: &PulumiEnv, id: &str, dir: &Path, stack: &str, kind: Operati
 }
 
 pub fn config(key: &str, v: serde_json::Value, secret: bool) -> ConfigItem {
-    ConfigItem { key: key.into(), path: false, value: Some(config_item::Value::Literal(pko_agent::convert::to_value(&v))), secret, json: false }
+    ConfigItem {
+        key: key.into(),
+        path: false,
+        value: Some(config_item::Value::Literal(pko_agent::convert::to_value(&v))),
+        secret,
+        json: false,
+    }
 }
 
 /// Runs `req` and collects every event of its stream.

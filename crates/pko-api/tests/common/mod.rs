@@ -19,8 +19,11 @@ fn crate_dir() -> PathBuf {
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<_> =
-        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
     files.sort();
     files
 }

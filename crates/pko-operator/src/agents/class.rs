@@ -14,7 +14,15 @@ pub fn workspace_class(ws: &Workspace) -> String {
     // with PKO's defaults applied: a Workspace that names the `default` service account or the default
     // image gets the same agent as one that leaves them unset
     let s = ws.spec.with_defaults();
-    let key = serde_json::json!([s.image, s.image_pull_policy, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level.filter(|l| *l > 0)]);
+    let key = serde_json::json!([
+        s.image,
+        s.image_pull_policy,
+        s.resources,
+        s.service_account_name,
+        s.security_profile,
+        s.pod_template,
+        s.pulumi_log_level.filter(|l| *l > 0)
+    ]);
     let hash = pko_api::hash::sha256_hex(key.to_string(), 8);
     format!("{}/{hash}", ws.metadata.namespace.as_deref().unwrap_or_default())
 }
@@ -30,13 +38,33 @@ mod tests {
     #[test]
     fn a_class_is_the_namespace_and_what_shapes_an_agent() {
         let a = workspace_class(&ws("team", "a", serde_json::json!({"stacks": [{"name": "dev"}]})));
-        assert_eq!(a, workspace_class(&ws("team", "b", serde_json::json!({"stacks": [{"name": "prod"}]}))), "name and stacks do not matter");
-        assert_eq!(a, workspace_class(&ws("team", "c", serde_json::json!({"serviceAccountName": "default"}))), "defaults applied");
+        assert_eq!(
+            a,
+            workspace_class(&ws("team", "b", serde_json::json!({"stacks": [{"name": "prod"}]}))),
+            "name and stacks do not matter"
+        );
+        assert_eq!(
+            a,
+            workspace_class(&ws("team", "c", serde_json::json!({"serviceAccountName": "default"}))),
+            "defaults applied"
+        );
         assert!(a.starts_with("team/") && a.len() == "team/".len() + 16, "{a}");
         assert_ne!(a, workspace_class(&ws("other", "a", serde_json::json!({}))), "namespace");
-        assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"serviceAccountName": "deployer"}))), "service account");
+        assert_ne!(
+            a,
+            workspace_class(&ws("team", "a", serde_json::json!({"serviceAccountName": "deployer"}))),
+            "service account"
+        );
         assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"image": "pulumi/pulumi:3"}))), "image");
-        assert_eq!(a, workspace_class(&ws("team", "a", serde_json::json!({"env": [{"name": "A", "value": "1"}]}))), "the environment travels with each request");
-        assert_ne!(a, workspace_class(&ws("team", "a", serde_json::json!({"resources": {"limits": {"memory": "1Gi"}}}))), "resources");
+        assert_eq!(
+            a,
+            workspace_class(&ws("team", "a", serde_json::json!({"env": [{"name": "A", "value": "1"}]}))),
+            "the environment travels with each request"
+        );
+        assert_ne!(
+            a,
+            workspace_class(&ws("team", "a", serde_json::json!({"resources": {"limits": {"memory": "1Gi"}}}))),
+            "resources"
+        );
     }
 }

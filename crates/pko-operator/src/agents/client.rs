@@ -26,8 +26,14 @@ pub fn url(address: &str) -> String {
 ///
 /// Errors: the address is not a URI, or the agent could not be reached (the message says which).
 pub async fn control(address: &str) -> Result<Client, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url(address)).map_err(|e| format!("agent address {address:?}: {e}"))?;
-    let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).timeout(CONTROL_TIMEOUT).connect().await.map_err(|e| format!("connecting: {e}"))?;
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(url(address)).map_err(|e| format!("agent address {address:?}: {e}"))?;
+    let channel = endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CONTROL_TIMEOUT)
+        .connect()
+        .await
+        .map_err(|e| format!("connecting: {e}"))?;
     Ok(pko_proto::agent_client(channel))
 }
 
@@ -36,7 +42,8 @@ pub async fn control(address: &str) -> Result<Client, String> {
 ///
 /// Errors: as [`control`].
 pub async fn streaming(address: &str) -> Result<Client, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url(address)).map_err(|e| format!("agent address {address:?}: {e}"))?;
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(url(address)).map_err(|e| format!("agent address {address:?}: {e}"))?;
     let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).connect().await.map_err(|e| e.to_string())?;
     Ok(pko_proto::agent_client(channel))
 }
@@ -58,7 +65,10 @@ pub fn authorized<T>(message: T, token: Option<&str>) -> Result<tonic::Request<T
 /// Errors: it did not answer, or refused (`<code>: <message>`).
 pub async fn status(address: &str, token: Option<&str>) -> Result<StatusResponse, String> {
     let mut c = control(address).await?;
-    c.status(authorized(StatusRequest {}, token)?).await.map(tonic::Response::into_inner).map_err(|s| format!("{}: {}", s.code(), s.message()))
+    c.status(authorized(StatusRequest {}, token)?)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
 }
 
 /// Whether the agent at `address` knows operation `op` (running, or finished and retained) and is the

@@ -32,7 +32,14 @@ impl Agents {
     /// exchanging GitHub App credentials at `github_api_url`, reading Secrets through `secrets`, with
     /// this replica's artifact server `artifact_addr` as a Program artifact's mirror
     /// ([`request::mirror_artifact`]).
-    pub async fn initialize(&self, ws: &Workspace, readiness: &Readiness, github_api_url: &str, artifact_addr: &str, secrets: &crate::secret_cache::SecretCache) -> Initialization {
+    pub async fn initialize(
+        &self,
+        ws: &Workspace,
+        readiness: &Readiness,
+        github_api_url: &str,
+        artifact_addr: &str,
+        secrets: &crate::secret_cache::SecretCache,
+    ) -> Initialization {
         let ns = ws.namespace().unwrap_or_default();
         let mut last = Initialization::Later("the Workspace has no stacks".into());
         for stack in ws.spec.stacks.iter().flatten() {
@@ -46,7 +53,16 @@ impl Agents {
                 }
                 Err(e) => return Initialization::Invalid(e.to_string()),
             };
-            let req = match request::complete(&self.client, secrets, &ns, ws.spec.env_from.as_deref().unwrap_or_default(), github_api_url, built).await {
+            let req = match request::complete(
+                &self.client,
+                secrets,
+                &ns,
+                ws.spec.env_from.as_deref().unwrap_or_default(),
+                github_api_url,
+                built,
+            )
+            .await
+            {
                 Ok(r) => r,
                 Err(Incomplete::User(m)) => return Initialization::Invalid(m),
                 Err(Incomplete::Transient(m)) => return Initialization::Later(m),

@@ -40,7 +40,11 @@ impl IdentityChecks {
         Fut: std::future::Future<Output = Result<(), E>>,
     {
         let ns = ws.metadata.namespace.clone().unwrap_or_default();
-        let sa = ws.spec.with_defaults().service_account_name.unwrap_or_else(|| pko_api::workspace::DEFAULT_SERVICE_ACCOUNT.into());
+        let sa = ws
+            .spec
+            .with_defaults()
+            .service_account_name
+            .unwrap_or_else(|| pko_api::workspace::DEFAULT_SERVICE_ACCOUNT.into());
         let account = format!("{ns}/{sa}");
         if self.fresh(&account, Instant::now()) {
             return Ok(());
@@ -107,7 +111,12 @@ pub enum End {
 
 impl Lent {
     /// An agent at `address` lent as slot `slot` of a pool that takes it back through `pools`.
-    pub fn new(address: String, audience: Option<String>, slot: Option<(String, usize)>, pools: Arc<dyn GiveBack>) -> Self {
+    pub fn new(
+        address: String,
+        audience: Option<String>,
+        slot: Option<(String, usize)>,
+        pools: Arc<dyn GiveBack>,
+    ) -> Self {
         Self { address, audience, token: None, slot, pools: Some(pools), ended: End::Unknown }
     }
 

@@ -24,7 +24,11 @@ pub const AGENT_CHECK: Duration = Duration::from_secs(15);
 /// Stops the agents of `local` whose Workspace is gone from `store`: after the first sync (agents
 /// adopted from an earlier operator), then at every deletion in `changes`; returns when `changes` ends
 /// or the cache cannot sync.
-pub async fn sweep(local: &LocalRuntime, store: kube::runtime::reflector::Store<Workspace>, changes: impl futures::Stream<Item = crate::informer::Change<Workspace>>) {
+pub async fn sweep(
+    local: &LocalRuntime,
+    store: kube::runtime::reflector::Store<Workspace>,
+    changes: impl futures::Stream<Item = crate::informer::Change<Workspace>>,
+) {
     use futures::StreamExt;
     let retain = || local.retain(&store.state().iter().filter_map(|w| w.uid()).collect());
     // read the changes while waiting for the sync: an unread subscription holds the informer back
@@ -126,7 +130,8 @@ impl LocalAgent {
 
 /// Whether `pid` is a running `pko-agent` (a recorded PID may have been reused by another program).
 pub(crate) fn agent_process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists() && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
 }
 
 /// What the local runtime records next to an agent's work directory, so a restarted operator adopts the
@@ -140,7 +145,13 @@ struct AgentRecord {
 
 impl LocalRuntime {
     /// A local runtime starting `agent_bin` under `work_root`.
-    pub fn new(agent_bin: PathBuf, work_root: PathBuf, api_server: String, ca_file: PathBuf, env: Vec<(String, String)>) -> Self {
+    pub fn new(
+        agent_bin: PathBuf,
+        work_root: PathBuf,
+        api_server: String,
+        ca_file: PathBuf,
+        env: Vec<(String, String)>,
+    ) -> Self {
         Self { agent_bin, work_root, api_server, ca_file, env, procs: Mutex::default() }
     }
 
@@ -182,11 +193,15 @@ impl LocalRuntime {
         let running = {
             let mut procs = self.agents();
             if !procs.contains_key(&uid)
-                && let Some(r) = std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
+                && let Some(r) =
+                    std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
                 && agent_process_alive(r.pid)
             {
                 tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address, "adopted a running local agent");
-                procs.insert(uid.clone(), LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision });
+                procs.insert(
+                    uid.clone(),
+                    LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision },
+                );
             }
             let usable = procs.get_mut(&uid).map(|a| (a.revision == revision && a.alive(), a.address.clone()));
             match usable {
@@ -208,10 +223,13 @@ impl LocalRuntime {
         let sa = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
         let kubeconfig = self.prepare_identity(client, &dir, &ns, &sa, false).await?;
         // a Workspace's own agent runs one Stack: its operations share the cached source and HOME (PKO)
-        let (child, address) = self.spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[super::pod::SHARED_OPERATIONS.to_string()]).await?;
+        let (child, address) = self
+            .spawn(&dir, &kubeconfig, &ns, spec.pulumi_log_level, &[super::pod::SHARED_OPERATIONS.to_string()])
+            .await?;
         let pid = child.id().unwrap_or(0);
         let record = AgentRecord { pid, address: address.clone(), revision: revision.clone() };
-        std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()).map_err(|e| LocalError::Agent(e.to_string()))?;
+        std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default())
+            .map_err(|e| LocalError::Agent(e.to_string()))?;
         self.agents().insert(uid, LocalAgent { child: Some(child), pid, address: address.clone(), revision });
         Ok(address)
     }
@@ -229,8 +247,20 @@ fn token_fresh(path: &std::path::Path) -> bool {
 /// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not
 /// request its tokens.
 pub(crate) async fn token_request(client: &kube::Client, ns: &str, sa: &str) -> Result<String, LocalError> {
-    let tr = TokenRequest { spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(LOCAL_TOKEN_SECONDS), ..Default::default() }, ..Default::default() };
-    Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns).create_token_request(sa, &PostParams::default(), &tr).await?.status.map(|s| s.token).unwrap_or_default())
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(LOCAL_TOKEN_SECONDS),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Ok(Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(sa, &PostParams::default(), &tr)
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default())
 }
 
 /// Lifetime of a local agent's service-account token, in seconds; it is renewed after half of it.
@@ -242,21 +272,34 @@ pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
 pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     vars.into_iter()
         .filter(|(k, _)| {
-            ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG", "FLUX_MAX_UNTAR_SIZE_BYTES"].contains(&k.as_str()) || k.starts_with("LC_") || k.starts_with("PULUMI_")
+            ["PATH", "HOME", "TMPDIR", "TZ", "LANG", "RUST_LOG", "FLUX_MAX_UNTAR_SIZE_BYTES"].contains(&k.as_str())
+                || k.starts_with("LC_")
+                || k.starts_with("PULUMI_")
         })
         .collect()
 }
 
 /// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read
 /// by the agent's client every minute), namespace `ns`. Built with kube's own type.
-fn agent_kubeconfig(server: &str, ca: &std::path::Path, token_file: &std::path::Path, ns: &str) -> kube::config::Kubeconfig {
-    use kube::config::{AuthInfo, Cluster, Context as KubeContext, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+fn agent_kubeconfig(
+    server: &str,
+    ca: &std::path::Path,
+    token_file: &std::path::Path,
+    ns: &str,
+) -> kube::config::Kubeconfig {
+    use kube::config::{
+        AuthInfo, Cluster, Context as KubeContext, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    };
     Kubeconfig {
         api_version: Some("v1".into()),
         kind: Some("Config".into()),
         clusters: vec![NamedCluster {
             name: "workspace".into(),
-            cluster: Some(Cluster { server: Some(server.into()), certificate_authority: Some(ca.display().to_string()), ..Default::default() }),
+            cluster: Some(Cluster {
+                server: Some(server.into()),
+                certificate_authority: Some(ca.display().to_string()),
+                ..Default::default()
+            }),
             ..Default::default()
         }],
         auth_infos: vec![NamedAuthInfo {
@@ -266,7 +309,12 @@ fn agent_kubeconfig(server: &str, ca: &std::path::Path, token_file: &std::path::
         }],
         contexts: vec![NamedContext {
             name: "workspace".into(),
-            context: Some(KubeContext { cluster: "workspace".into(), user: Some("workspace".into()), namespace: Some(ns.into()), ..Default::default() }),
+            context: Some(KubeContext {
+                cluster: "workspace".into(),
+                user: Some("workspace".into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            }),
             ..Default::default()
         }],
         current_context: Some("workspace".into()),
@@ -306,7 +354,14 @@ impl LocalRuntime {
     /// `serviceAccountName` may change), so it gets a fresh token each time.
     ///
     /// Errors: the TokenRequest ([`LocalError::Token`]) or a file ([`LocalError::Agent`]).
-    pub(crate) async fn prepare_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str, reuse: bool) -> Result<PathBuf, LocalError> {
+    pub(crate) async fn prepare_identity(
+        &self,
+        client: &kube::Client,
+        dir: &std::path::Path,
+        ns: &str,
+        sa: &str,
+        reuse: bool,
+    ) -> Result<PathBuf, LocalError> {
         create_private_dir(dir).map_err(|e| LocalError::Agent(format!("creating {}: {e}", dir.display())))?;
         // the agent's identity: a token of the service account, in a 0600 file its kubeconfig names
         // (`tokenFile`), renewed before it expires
@@ -316,8 +371,10 @@ impl LocalRuntime {
         }
         let kubeconfig = dir.join("kubeconfig");
         let kc = agent_kubeconfig(&self.api_server, &self.ca_file, &token_path, ns);
-        let kc = serde_yaml_ng::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
-        write_private(&kubeconfig, kc.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
+        let kc =
+            serde_yaml_ng::to_string(&kc).map_err(|e| LocalError::Agent(format!("writing the kubeconfig: {e}")))?;
+        write_private(&kubeconfig, kc.as_bytes())
+            .map_err(|e| LocalError::Agent(format!("writing {}: {e}", kubeconfig.display())))?;
         Ok(kubeconfig)
     }
 
@@ -325,7 +382,13 @@ impl LocalRuntime {
     /// Returns whether it was renewed.
     ///
     /// Errors: as [`Self::prepare_identity`].
-    pub(crate) async fn refresh_identity(&self, client: &kube::Client, dir: &std::path::Path, ns: &str, sa: &str) -> Result<bool, LocalError> {
+    pub(crate) async fn refresh_identity(
+        &self,
+        client: &kube::Client,
+        dir: &std::path::Path,
+        ns: &str,
+        sa: &str,
+    ) -> Result<bool, LocalError> {
         let path = dir.join("token");
         if token_fresh(&path) {
             return Ok(false);
@@ -355,7 +418,16 @@ impl LocalRuntime {
         // the agent's own identity (a Workspace `KUBECONFIG` would). The agent's kubeconfig is a flag.
         cmd.env_clear()
             .envs(self.env.iter().cloned())
-            .args(["serve", "--listen", "127.0.0.1:0", "--auth", "none", "--kube-workspace-namespace", ns, "--kubeconfig"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--auth",
+                "none",
+                "--kube-workspace-namespace",
+                ns,
+                "--kubeconfig",
+            ])
             .arg(kubeconfig)
             .arg("--work-dir")
             .arg(dir.join("work"))
@@ -372,9 +444,14 @@ impl LocalRuntime {
         let mut child = cmd.spawn().map_err(|e| LocalError::Agent(format!("{}: {e}", self.agent_bin.display())))?;
         let stdout = child.stdout.take().ok_or_else(|| LocalError::Agent("the agent's stdout is not piped".into()))?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
-        let address =
-            first.ok().flatten().and_then(|l| pko_proto::listening_address(&l).map(str::to_string)).ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .map_err(|_| LocalError::Agent("agent did not start within 20 s".into()))?;
+        let address = first
+            .ok()
+            .flatten()
+            .and_then(|l| pko_proto::listening_address(&l).map(str::to_string))
+            .ok_or_else(|| LocalError::Agent("agent did not report its address".into()))?;
         // the operations' lines (masked, each naming its namespace, stack and update) join the
         // operator's own log, as a pool pod's reach its container log; a frozen operator stops reading
         // them and the agent drops lines rather than stall (pko_agent::output::Queue)
@@ -387,7 +464,13 @@ impl LocalRuntime {
     }
 
     /// Writes a fresh token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]) to `path`.
-    async fn write_token(&self, client: &kube::Client, ns: &str, sa: &str, path: &std::path::Path) -> Result<(), LocalError> {
+    async fn write_token(
+        &self,
+        client: &kube::Client,
+        ns: &str,
+        sa: &str,
+        path: &std::path::Path,
+    ) -> Result<(), LocalError> {
         let token = token_request(client, ns, sa).await?;
         write_private(path, token.as_bytes()).map_err(|e| LocalError::Agent(format!("writing {}: {e}", path.display())))
     }
@@ -428,7 +511,12 @@ mod tests {
         let writers: Vec<_> = (0..8)
             .map(|i| {
                 let path = path.clone();
-                std::thread::spawn(move || (0..200).map(|_| write_private(&path, format!("writer {i}\n").repeat(64).as_bytes())).filter(Result::is_err).count())
+                std::thread::spawn(move || {
+                    (0..200)
+                        .map(|_| write_private(&path, format!("writer {i}\n").repeat(64).as_bytes()))
+                        .filter(Result::is_err)
+                        .count()
+                })
             })
             .collect();
         let failed: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
@@ -448,7 +536,12 @@ mod tests {
         std::fs::write(&path, b"t").unwrap();
         assert!(token_fresh(&path), "just written");
         let half = std::time::Duration::from_secs(LOCAL_TOKEN_SECONDS as u64 / 2 + 5);
-        std::fs::File::options().write(true).open(&path).unwrap().set_modified(std::time::SystemTime::now() - half).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - half)
+            .unwrap();
         assert!(!token_fresh(&path), "older than half its lifetime");
         std::fs::remove_dir_all(&dir).unwrap();
     }

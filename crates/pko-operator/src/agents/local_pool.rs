@@ -80,7 +80,9 @@ pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
 /// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while
 /// more than `min` usable agents remain.
 pub fn idle_out(slots: &[SlotView], min: usize, idle_timeout: Duration, now: Instant) -> Vec<usize> {
-    let mut candidates: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].free() && now.saturating_duration_since(slots[i].idle_since) >= idle_timeout).collect();
+    let mut candidates: Vec<usize> = (0..slots.len())
+        .filter(|&i| slots[i].free() && now.saturating_duration_since(slots[i].idle_since) >= idle_timeout)
+        .collect();
     candidates.sort_by_key(|&i| slots[i].idle_since);
     let usable = slots.iter().filter(|s| s.usable || s.starting).count();
     candidates.truncate(usable.saturating_sub(min));
@@ -99,7 +101,13 @@ struct Slot {
 impl Slot {
     fn view(&mut self) -> SlotView {
         let usable = !self.draining && self.agent.as_mut().is_some_and(LocalAgent::alive);
-        SlotView { running: self.running.clone(), lent: self.lent, starting: self.agent.is_none() && !self.draining, usable, idle_since: self.idle_since }
+        SlotView {
+            running: self.running.clone(),
+            lent: self.lent,
+            starting: self.agent.is_none() && !self.draining,
+            usable,
+            idle_since: self.idle_since,
+        }
     }
 }
 
@@ -161,7 +169,9 @@ impl LocalPools {
     ///
     /// Errors: [`LocalError::Token`] naming the service account's problem.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), LocalError> {
-        self.identities.check(ws, |ns, sa| async move { super::local::token_request(&self.client, &ns, &sa).await.map(|_| ()) }).await
+        self.identities
+            .check(ws, |ns, sa| async move { super::local::token_request(&self.client, &ns, &sa).await.map(|_| ()) })
+            .await
     }
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the
@@ -170,7 +180,13 @@ impl LocalPools {
     /// every agent is busy and the pool is at its maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
-    pub async fn acquire(self: &Arc<Self>, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, LocalError> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        ws: &Workspace,
+        op: &str,
+        epoch: i64,
+        started: bool,
+    ) -> Result<Option<Lent>, LocalError> {
         let class = workspace_class(ws);
         self.load(&class, ws).await;
         if started && let Some(found) = self.locate(&class, op, epoch).await {
@@ -195,7 +211,14 @@ impl LocalPools {
                     drop_dead(class.as_str(), &mut pool.slots);
                     let live = live_slots(&pool.replica_dir(&self.replica));
                     let n = (0..).find(|n| pool.slot_index(*n).is_none() && !live.contains(n)).unwrap_or(0);
-                    pool.slots.push(Slot { n, agent: None, running: Some(op.to_string()), lent: true, draining: false, idle_since: Instant::now() });
+                    pool.slots.push(Slot {
+                        n,
+                        agent: None,
+                        running: Some(op.to_string()),
+                        lent: true,
+                        draining: false,
+                        idle_since: Instant::now(),
+                    });
                     n
                 }
             }
@@ -247,7 +270,10 @@ impl LocalPools {
             if !agent_process_alive(record.pid) {
                 continue;
             }
-            let answer = super::client::status(&record.address, None).await.ok().map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.current_operation_id));
+            let answer = super::client::status(&record.address, None)
+                .await
+                .ok()
+                .map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.current_operation_id));
             let running = match answer {
                 Some((State::Busy, op)) if !op.is_empty() => Some(op),
                 Some((State::Idle | State::Busy, _)) => None,
@@ -256,7 +282,12 @@ impl LocalPools {
             tracing::info!(class, slot = n, pid = record.pid, address = %record.address, running = ?running, "adopted a pooled agent");
             adopted.push(Slot {
                 n,
-                agent: Some(LocalAgent { child: None, pid: record.pid, address: record.address, revision: String::new() }),
+                agent: Some(LocalAgent {
+                    child: None,
+                    pid: record.pid,
+                    address: record.address,
+                    revision: String::new(),
+                }),
                 running,
                 lent: false,
                 draining: false,
@@ -312,15 +343,20 @@ impl LocalPools {
         let (child, address) = self.runtime.spawn(&slot_dir, &kubeconfig, &ns, log_level, &args).await?;
         let pid = child.id().unwrap_or(0);
         let record = serde_json::to_vec(&Record { pid, address: address.clone() }).unwrap_or_default();
-        std::fs::write(slot_dir.join("agent.json"), record).map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
+        std::fs::write(slot_dir.join("agent.json"), record)
+            .map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
         tracing::info!(class, slot = n, pid, %address, "pool agent started");
         metrics::counter!(crate::metric_names::POOL_AGENTS_STARTED_TOTAL).increment(1);
         let mut pools = self.pools();
         match pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
-            Some(s) => s.agent = Some(LocalAgent { child: Some(child), pid, address: address.clone(), revision: String::new() }),
+            Some(s) => {
+                s.agent =
+                    Some(LocalAgent { child: Some(child), pid, address: address.clone(), revision: String::new() })
+            }
             None => {
                 // the pool was stopped while the agent started
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
             }
         }
         Ok(address)
@@ -363,7 +399,10 @@ impl LocalPools {
         }
         for (class, n, address) in ask {
             let idle = matches!(super::client::status(&address, None).await, Ok(s) if s.state == State::Idle as i32);
-            if idle && let Some(s) = self.pools().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent)) {
+            if idle
+                && let Some(s) =
+                    self.pools().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent))
+            {
                 s.running = None;
                 s.idle_since = Instant::now();
             }
@@ -393,8 +432,10 @@ impl LocalPools {
                 to_start.push((class.clone(), n));
             }
             let busy = pool.slots.iter().filter(|s| s.running.is_some() || s.lent).count();
-            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "busy").set(busy as f64);
-            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "idle").set((pool.slots.len() - busy) as f64);
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "busy")
+                .set(busy as f64);
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "idle")
+                .set((pool.slots.len() - busy) as f64);
             crate::load::set_agents(class, busy, pool.slots.len() - busy);
         }
         for (class, n) in to_start {
@@ -438,7 +479,11 @@ impl LocalPools {
             .iter_mut()
             .map(|(c, p)| {
                 let views: Vec<SlotView> = p.slots.iter_mut().map(Slot::view).collect();
-                (c.clone(), views.iter().filter(|v| v.usable).count(), views.iter().filter(|v| v.usable && (v.lent || v.running.is_some())).count())
+                (
+                    c.clone(),
+                    views.iter().filter(|v| v.usable).count(),
+                    views.iter().filter(|v| v.usable && (v.lent || v.running.is_some())).count(),
+                )
             })
             .collect();
         out.sort();
@@ -501,7 +546,13 @@ mod tests {
     use super::*;
 
     fn view(running: Option<&str>, lent: bool, usable: bool, idle_secs_ago: u64, now: Instant) -> SlotView {
-        SlotView { running: running.map(str::to_string), lent, starting: false, usable, idle_since: now - Duration::from_secs(idle_secs_ago) }
+        SlotView {
+            running: running.map(str::to_string),
+            lent,
+            starting: false,
+            usable,
+            idle_since: now - Duration::from_secs(idle_secs_ago),
+        }
     }
 
     #[test]
@@ -525,19 +576,32 @@ mod tests {
         let busy = view(Some("a"), true, true, 0, now);
         let unfollowed = view(Some("b"), false, true, 0, now);
         assert_eq!(pick(std::slice::from_ref(&busy), "op", 2), Pick::Start);
-        assert_eq!(pick(&[busy.clone(), unfollowed.clone()], "op", 2), Pick::Full, "an agent running an unfollowed operation is not free");
+        assert_eq!(
+            pick(&[busy.clone(), unfollowed.clone()], "op", 2),
+            Pick::Full,
+            "an agent running an unfollowed operation is not free"
+        );
         assert_eq!(pick(&[], "op", 0), Pick::Start, "a maximum of 0 is taken as 1");
         let dead = view(None, false, false, 0, now);
         assert_eq!(pick(&[busy, dead], "op", 2), Pick::Start, "a dead agent does not count");
         let draining = view(Some("op"), false, false, 0, now);
-        assert_eq!(pick(&[draining], "op", 1), Pick::Start, "an interrupted agent is not followed: the operation goes elsewhere");
+        assert_eq!(
+            pick(&[draining], "op", 1),
+            Pick::Start,
+            "an interrupted agent is not followed: the operation goes elsewhere"
+        );
     }
 
     #[test]
     fn idle_agents_stop_after_the_timeout_down_to_the_minimum() {
         let now = Instant::now();
         let t = Duration::from_secs(60);
-        let slots = [view(None, false, true, 90, now), view(None, false, true, 120, now), view(None, false, true, 10, now), view(Some("a"), true, true, 300, now)];
+        let slots = [
+            view(None, false, true, 90, now),
+            view(None, false, true, 120, now),
+            view(None, false, true, 10, now),
+            view(Some("a"), true, true, 300, now),
+        ];
         assert_eq!(idle_out(&slots, 0, t, now), vec![1, 0], "longest idle first; busy and recent stay");
         assert_eq!(idle_out(&slots, 3, t, now), vec![1], "three of four stay");
         assert_eq!(idle_out(&slots, 4, t, now), Vec::<usize>::new());

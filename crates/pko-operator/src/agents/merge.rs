@@ -19,7 +19,13 @@ use serde_json::{Map, Value};
 pub fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
         // PodSpec
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "imagePullSecrets" | "resourceClaims" | "schedulingGates" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
         "hostAliases" => "ip",
         "topologySpreadConstraints" => "topologyKey",
         // Container
@@ -102,24 +108,55 @@ mod tests {
             "nodeSelector": {"pool": "pulumi"}
         });
         strategic_merge(&mut base, &patch);
-        assert_eq!(base["initContainers"], json!([{"name": "bootstrap", "image": "agent", "command": ["cp"]}, {"name": "fetch-extra", "image": "busybox"}]), "built-in first");
+        assert_eq!(
+            base["initContainers"],
+            json!([{"name": "bootstrap", "image": "agent", "command": ["cp"]}, {"name": "fetch-extra", "image": "busybox"}]),
+            "built-in first"
+        );
         let pulumi = &base["containers"][0];
         assert_eq!(pulumi["image"], "pulumi", "fields the patch leaves alone stay");
-        assert_eq!(pulumi["env"], json!([{"name": "A", "value": "1"}, {"name": "B", "value": "two"}, {"name": "C", "value": "3"}]));
-        assert_eq!(pulumi["volumeMounts"], json!([{"name": "share", "mountPath": "/share"}, {"name": "cache", "mountPath": "/cache"}]));
+        assert_eq!(
+            pulumi["env"],
+            json!([{"name": "A", "value": "1"}, {"name": "B", "value": "two"}, {"name": "C", "value": "3"}])
+        );
+        assert_eq!(
+            pulumi["volumeMounts"],
+            json!([{"name": "share", "mountPath": "/share"}, {"name": "cache", "mountPath": "/cache"}])
+        );
         assert_eq!(pulumi["ports"], json!([{"name": "grpc", "containerPort": 50051}]));
-        assert_eq!(pulumi["securityContext"], json!({"runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": true}), "maps merge");
+        assert_eq!(
+            pulumi["securityContext"],
+            json!({"runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": true}),
+            "maps merge"
+        );
         assert_eq!(base["containers"][1], json!({"name": "sidecar", "image": "envoy"}));
-        assert_eq!(base["volumes"], json!([{"name": "share", "emptyDir": {"medium": "Memory"}}, {"name": "cache", "emptyDir": {}}]));
-        assert_eq!(base["tolerations"], json!([{"key": "b", "operator": "Exists"}]), "no merge key: replaced, as Kubernetes does");
-        assert_eq!(base["securityContext"], json!({"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": 1000}));
+        assert_eq!(
+            base["volumes"],
+            json!([{"name": "share", "emptyDir": {"medium": "Memory"}}, {"name": "cache", "emptyDir": {}}])
+        );
+        assert_eq!(
+            base["tolerations"],
+            json!([{"key": "b", "operator": "Exists"}]),
+            "no merge key: replaced, as Kubernetes does"
+        );
+        assert_eq!(
+            base["securityContext"],
+            json!({"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": 1000})
+        );
         assert_eq!(base["nodeSelector"], json!({"pool": "pulumi"}));
     }
 
     #[test]
     fn null_deletes_and_scalars_replace() {
         let mut base = json!({"dnsPolicy": "ClusterFirst", "terminationGracePeriodSeconds": 600, "containers": [{"name": "pulumi", "args": ["serve", "--x"]}]});
-        strategic_merge(&mut base, &json!({"dnsPolicy": null, "terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi", "args": ["serve"]}]}));
-        assert_eq!(base, json!({"terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi", "args": ["serve"]}]}), "args has no merge key: replaced");
+        strategic_merge(
+            &mut base,
+            &json!({"dnsPolicy": null, "terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi", "args": ["serve"]}]}),
+        );
+        assert_eq!(
+            base,
+            json!({"terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi", "args": ["serve"]}]}),
+            "args has no merge key: replaced"
+        );
     }
 }

@@ -210,7 +210,8 @@ impl Agents {
         if self.pooled() {
             return ws.runnable();
         }
-        status.and_then(|s| s.address.as_ref()).is_some() && status.and_then(|s| s.observed_generation) == ws.metadata.generation
+        status.and_then(|s| s.address.as_ref()).is_some()
+            && status.and_then(|s| s.observed_generation) == ws.metadata.generation
     }
 
     /// Brings `ws`'s agent up (its own pod or process) or checks that its class's agents can run with
@@ -219,8 +220,14 @@ impl Agents {
     /// Errors: the API server's, applying a pod's objects (the reconcile is retried); an agent that
     /// cannot be had is a [`Ready::Failed`] readiness, not an error.
     pub async fn prepare(&self, ws: &Workspace) -> Result<Readiness, kube::Error> {
-        let failed = |e: &dyn std::fmt::Display| Readiness { again: Some(Duration::from_secs(5)), ..Readiness::new(Ready::Failed(wc::CONNECTION_FAILED.into(), e.to_string())) };
-        let pooled = |checked: Result<(), AgentsError>| Readiness { pool: Some(self.class(ws)), ..checked.map_or_else(|e| failed(&e), |()| Readiness::new(Ready::Up)) };
+        let failed = |e: &dyn std::fmt::Display| Readiness {
+            again: Some(Duration::from_secs(5)),
+            ..Readiness::new(Ready::Failed(wc::CONNECTION_FAILED.into(), e.to_string()))
+        };
+        let pooled = |checked: Result<(), AgentsError>| Readiness {
+            pool: Some(self.class(ws)),
+            ..checked.map_or_else(|e| failed(&e), |()| Readiness::new(Ready::Up))
+        };
         if !ws.spec.has_source() && matches!(self.runtime, Runtime::OwnProcess(_) | Runtime::ProcessPool(_)) {
             return Ok(Readiness::new(Ready::Failed(wc::NO_SOURCE.into(), NO_SOURCE_LOCALLY.into())));
         }
@@ -229,13 +236,17 @@ impl Agents {
             // looked at again soon: an agent process that died is restarted here (a pod's restart is
             // the kubelet's, and its StatefulSet event wakes the controller)
             Runtime::OwnProcess(local) => match local.ensure_agent(&self.client, ws).await {
-                Ok(address) => Readiness { address: Some(address), again: Some(local::AGENT_CHECK), ..Readiness::new(Ready::Up) },
+                Ok(address) => {
+                    Readiness { address: Some(address), again: Some(local::AGENT_CHECK), ..Readiness::new(Ready::Up) }
+                }
                 Err(e) => failed(&e),
             },
             // pooled: Ready once the class's agents can have the Workspace's identity
             Runtime::ProcessPool(p) => pooled(p.check_identity(ws).await.map_err(AgentsError::from)),
             Runtime::PodPool(p) => pooled(p.check_identity(ws).await.map_err(AgentsError::from)),
-            Runtime::Addressed => Readiness { address: ws.status.as_ref().and_then(|s| s.address.clone()), ..Readiness::new(Ready::Up) },
+            Runtime::Addressed => {
+                Readiness { address: ws.status.as_ref().and_then(|s| s.address.clone()), ..Readiness::new(Ready::Up) }
+            }
         })
     }
 
@@ -251,19 +262,31 @@ impl Agents {
     /// the Workspace's status says it: PKO's initialization of a Workspace not yet Ready).
     ///
     /// Errors: as [`Self::lend`].
-    pub async fn lend_at(&self, ws: &Workspace, op: &str, epoch: i64, started: bool, address: Option<String>) -> Result<Lending, AgentsError> {
+    pub async fn lend_at(
+        &self,
+        ws: &Workspace,
+        op: &str,
+        epoch: i64,
+        started: bool,
+        address: Option<String>,
+    ) -> Result<Lending, AgentsError> {
         let found = match &self.runtime {
             Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started).await?,
             Runtime::PodPool(p) => p.acquire(ws, op, epoch, started).await?,
-            Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
-                Some(address) => Some(Lent::own(address)),
-                None => return Ok(Lending::NoAgent),
-            },
+            Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => {
+                match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
+                    Some(address) => Some(Lent::own(address)),
+                    None => return Ok(Lending::NoAgent),
+                }
+            }
         };
         let Some(mut lent) = found else { return Ok(Lending::Busy) };
         if let Some(tokens) = &self.tokens {
             // a pool of pods names its own audience; else the Workspace's own agent's
-            let audience = lent.audience.clone().unwrap_or_else(|| pko_proto::workspace_audience(&ws.namespace().unwrap_or_default(), &ws.name_any()));
+            let audience = lent
+                .audience
+                .clone()
+                .unwrap_or_else(|| pko_proto::workspace_audience(&ws.namespace().unwrap_or_default(), &ws.name_any()));
             lent.token = Some(tokens.token(&audience).await.map_err(AgentsError::Token)?);
         }
         Ok(Lending::Lent(lent))
@@ -273,8 +296,12 @@ impl Agents {
     /// processes whose Workspace is gone from `workspaces` are stopped (once the cache has synced, then
     /// at each deletion in `changes`, asked for when [`Self::follows_deletions`]) and every one at the
     /// end. Own pods need nothing (a pod goes with its StatefulSet).
-    pub async fn maintain<S>(self: Arc<Self>, workspaces: Store<Workspace>, changes: Option<S>, shutdown: tokio_util::sync::CancellationToken)
-    where
+    pub async fn maintain<S>(
+        self: Arc<Self>,
+        workspaces: Store<Workspace>,
+        changes: Option<S>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) where
         S: futures::Stream<Item = Change<Workspace>> + Send + 'static,
     {
         match &self.runtime {

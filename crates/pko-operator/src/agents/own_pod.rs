@@ -41,14 +41,25 @@ pub fn stateful_set_ready(sts: &StatefulSet) -> Ready {
 /// `tokens`: the operator's, presented to the agent when a new pod is probed.
 ///
 /// Errors: the API server's, on the applies (retried by the reconcile).
-pub async fn prepare(client: &kube::Client, cfg: &PodRuntimeConfig, tokens: Option<&AgentTokens>, ws: &Workspace) -> Result<Readiness, kube::Error> {
+pub async fn prepare(
+    client: &kube::Client,
+    cfg: &PodRuntimeConfig,
+    tokens: Option<&AgentTokens>,
+    ws: &Workspace,
+) -> Result<Readiness, kube::Error> {
     let (ns, name) = (ws.namespace().unwrap_or_default(), ws.name_any());
     let pp = PatchParams::apply(field_manager::OPERATOR).force();
-    Api::<Service>::namespaced(client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::service(ws))).await?;
-    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns).patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::stateful_set(ws, cfg))).await?;
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::service(ws)))
+        .await?;
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .patch(&pod::object_name(&name), &pp, &Patch::Apply(pod::stateful_set(ws, cfg)))
+        .await?;
     let address = pod::address(&name, &ns);
     Ok(match stateful_set_ready(&sts) {
-        Ready::Up if !probe::needed(ws) => Readiness { address: Some(address), again: Some(READY_RECHECK), ..Readiness::new(Ready::Up) },
+        Ready::Up if !probe::needed(ws) => {
+            Readiness { address: Some(address), again: Some(READY_RECHECK), ..Readiness::new(Ready::Up) }
+        }
         Ready::Up => {
             let found = ask(&address, tokens, &pko_proto::workspace_audience(&ns, &name)).await;
             probed(address, found)
@@ -79,7 +90,9 @@ fn probed(address: String, found: Probe) -> Readiness {
             again: Some(READY_RECHECK),
             ..Readiness::new(Ready::Up)
         },
-        (_, again) => Readiness { again, warning: Some(message.clone()), ..Readiness::new(Ready::Failed(reason, message)) },
+        (_, again) => {
+            Readiness { again, warning: Some(message.clone()), ..Readiness::new(Ready::Failed(reason, message)) }
+        }
     }
 }
 
@@ -90,10 +103,16 @@ mod tests {
     #[test]
     fn a_probe_decides_readiness_and_reports_the_cli() {
         let up = probed("a:1".into(), Probe::Answered("v3.259.0".into()));
-        assert_eq!((up.ready, up.address.as_deref(), up.pulumi_version.as_deref()), (Ready::Up, Some("a:1"), Some("3.259.0")));
+        assert_eq!(
+            (up.ready, up.address.as_deref(), up.pulumi_version.as_deref()),
+            (Ready::Up, Some("a:1"), Some("3.259.0"))
+        );
         let down = probed("a:1".into(), Probe::Unreachable("refused".into()));
         assert_eq!(down.ready, Ready::Failed(wc::CONNECTION_FAILED.into(), "refused".into()));
-        assert_eq!((down.address, down.warning.as_deref(), down.again), (None, Some("refused"), Some(probe::UNREACHABLE_RETRY)));
+        assert_eq!(
+            (down.address, down.warning.as_deref(), down.again),
+            (None, Some("refused"), Some(probe::UNREACHABLE_RETRY))
+        );
         let refused = probed("a:1".into(), Probe::Refused("PermissionDenied".into(), "no".into()));
         assert_eq!(refused.ready, Ready::Failed("PermissionDenied".into(), "no".into()));
     }

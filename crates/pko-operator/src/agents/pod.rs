@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use pko_api::Workspace;
@@ -60,7 +61,10 @@ pub fn address(name: &str, namespace: &str) -> String {
 }
 
 fn labels(name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(AUTO_COMPONENT_LABEL.to_string(), "workspace".to_string()), (WORKSPACE_NAME_LABEL.to_string(), name.to_string())])
+    BTreeMap::from([
+        (AUTO_COMPONENT_LABEL.to_string(), "workspace".to_string()),
+        (WORKSPACE_NAME_LABEL.to_string(), name.to_string()),
+    ])
 }
 
 fn owner(ws: &Workspace) -> Option<OwnerReference> {
@@ -109,7 +113,17 @@ fn restricted_container() -> SecurityContext {
 /// Hash of what shapes the pod (see the module docs).
 pub fn revision_hash(ws: &Workspace) -> String {
     let s = &ws.spec;
-    let key = serde_json::json!([s.image, s.image_pull_policy, s.env, s.env_from, s.resources, s.service_account_name, s.security_profile, s.pod_template, s.pulumi_log_level]);
+    let key = serde_json::json!([
+        s.image,
+        s.image_pull_policy,
+        s.env,
+        s.env_from,
+        s.resources,
+        s.service_account_name,
+        s.security_profile,
+        s.pod_template,
+        s.pulumi_log_level
+    ]);
     pko_api::hash::sha256_hex(key.to_string(), 8)
 }
 
@@ -122,12 +136,34 @@ pub const SHARED_OPERATIONS: &str = "--isolate-operations=false";
 /// grace period, PKO's env file and workspace link, its operations shared as PKO's), with the Pulumi
 /// log level when set. Pure.
 fn agent_args(ns: &str, name: &str, log_level: Option<u32>) -> Vec<String> {
-    let mut args: Vec<String> =
-        ["serve", "--listen", &format!("0.0.0.0:{AGENT_PORT}"), "--work-dir", "/share/work", "--auth", "kube", "--kube-audience"].iter().map(|s| s.to_string()).collect();
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        &format!("0.0.0.0:{AGENT_PORT}"),
+        "--work-dir",
+        "/share/work",
+        "--auth",
+        "kube",
+        "--kube-audience",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     args.push(pko_proto::workspace_audience(ns, name));
-    args.extend(["--kube-workspace-namespace".into(), ns.to_string(), "--kube-workspace-name".into(), name.to_string()]);
+    args.extend([
+        "--kube-workspace-namespace".into(),
+        ns.to_string(),
+        "--kube-workspace-name".into(),
+        name.to_string(),
+    ]);
     args.extend(["--grace-seconds".into(), (TERMINATION_GRACE_SECONDS - 10).to_string()]);
-    args.extend(["--env-file".into(), ENV_FILE.into(), "--workspace-link".into(), WORKSPACE_LINK.into(), SHARED_OPERATIONS.into()]);
+    args.extend([
+        "--env-file".into(),
+        ENV_FILE.into(),
+        "--workspace-link".into(),
+        WORKSPACE_LINK.into(),
+        SHARED_OPERATIONS.into(),
+    ]);
     if let Some(level) = log_level.filter(|l| *l > 0) {
         args.extend(["--pulumi-log-level".into(), level.to_string()]);
     }
@@ -137,13 +173,22 @@ fn agent_args(ns: &str, name: &str, log_level: Option<u32>) -> Vec<String> {
 /// The environment of the `pulumi` container: the pod's namespace and service account (downward API),
 /// the Flux untar limit when set, then the Workspace's `env`. Pure.
 fn agent_env(spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> Vec<EnvVar> {
-    let field = |path: &str| Some(EnvVarSource { field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }), ..Default::default() });
+    let field = |path: &str| {
+        Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
+            ..Default::default()
+        })
+    };
     let mut env = vec![
         EnvVar { name: "POD_NAMESPACE".into(), value_from: field("metadata.namespace"), ..Default::default() },
         EnvVar { name: "POD_SA_NAME".into(), value_from: field("spec.serviceAccountName"), ..Default::default() },
     ];
     if let Some(max) = cfg.flux_max_untar_size_bytes {
-        env.push(EnvVar { name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(), value: Some(max.to_string()), ..Default::default() });
+        env.push(EnvVar {
+            name: "FLUX_MAX_UNTAR_SIZE_BYTES".into(),
+            value: Some(max.to_string()),
+            ..Default::default()
+        });
     }
     env.extend(spec.env.clone().unwrap_or_default());
     env
@@ -153,7 +198,11 @@ fn agent_env(spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> Vec<EnvVa
 /// into `/share`) and `fetch` (PKO's name, so podTemplate patches written for PKO's merge into a whole
 /// container: here it prepares the shared volume — sources are fetched per operation), and `pulumi`
 /// (tini, then the agent). Pure.
-fn containers(ws: &Workspace, spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> (Container, Container, Container) {
+fn containers(
+    ws: &Workspace,
+    spec: &pko_api::WorkspaceSpec,
+    cfg: &PodRuntimeConfig,
+) -> (Container, Container, Container) {
     let (name, ns) = (ws.metadata.name.clone().unwrap_or_default(), ws.metadata.namespace.clone().unwrap_or_default());
     let restricted = spec.security_profile == Some(SecurityProfile::Restricted);
     let share = VolumeMount { name: "share".into(), mount_path: "/share".into(), ..Default::default() };
@@ -184,7 +233,11 @@ fn containers(ws: &Workspace, spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeCon
         env: Some(agent_env(spec, cfg)),
         env_from: spec.env_from.clone(),
         resources: spec.resources.clone(),
-        ports: Some(vec![ContainerPort { name: Some("grpc".into()), container_port: AGENT_PORT, ..Default::default() }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("grpc".into()),
+            container_port: AGENT_PORT,
+            ..Default::default()
+        }]),
         volume_mounts: Some(vec![share]),
         working_dir: Some("/share".into()),
         security_context: restricted.then(restricted_container),
@@ -202,7 +255,11 @@ fn pod_spec(ws: &Workspace, spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfi
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         init_containers: Some(vec![bootstrap, fetch]),
         containers: vec![pulumi],
-        volumes: Some(vec![Volume { name: "share".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }]),
+        volumes: Some(vec![Volume {
+            name: "share".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }]),
         security_context: Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
             run_as_non_root: restricted.then_some(true),
@@ -235,7 +292,12 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
             name: Some(object_name(&name)),
             namespace: Some(ns),
             // the Workspace's shard too: the replica holding it watches this StatefulSet
-            labels: Some(labels(&name).into_iter().chain(kube::ResourceExt::labels(ws).get(SHARD_LABEL).map(|s| (SHARD_LABEL.to_string(), s.clone()))).collect()),
+            labels: Some(
+                labels(&name)
+                    .into_iter()
+                    .chain(kube::ResourceExt::labels(ws).get(SHARD_LABEL).map(|s| (SHARD_LABEL.to_string(), s.clone())))
+                    .collect(),
+            ),
             owner_references: owner(ws).map(|o| vec![o]),
             ..Default::default()
         },
@@ -244,7 +306,14 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
             service_name: Some(object_name(&name)),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector { match_labels: Some(labels(&name)), ..Default::default() },
-            template: PodTemplateSpec { metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(annotations), ..Default::default() }), spec: Some(pod) },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
             ..Default::default()
         }),
         ..Default::default()
@@ -261,7 +330,9 @@ pub fn merge_pod_spec(base: &mut PodSpec, user: &PodSpec) {
     match serde_json::from_value(merged) {
         Ok(spec) => *base = spec,
         // both sides are PodSpecs and the merge keeps the shape: not expected
-        Err(e) => tracing::warn!(error = %e, "the merged pod template is not a PodSpec; the user's podTemplate.spec is ignored"),
+        Err(e) => {
+            tracing::warn!(error = %e, "the merged pod template is not a PodSpec; the user's podTemplate.spec is ignored")
+        }
     }
 }
 
@@ -288,14 +359,21 @@ mod tests {
     }
 
     fn cfg() -> PodRuntimeConfig {
-        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: Some("Never".into()), flux_max_untar_size_bytes: Some(-1) }
+        PodRuntimeConfig {
+            agent_image: "pko-agent:test".into(),
+            agent_image_pull_policy: Some("Never".into()),
+            flux_max_untar_size_bytes: Some(-1),
+        }
     }
 
     #[test]
     fn restricted_defaults_match_pko() {
         let s = stateful_set(&ws(json!({"local": {"dir": "/p"}})), &cfg());
         let spec = s.spec.unwrap();
-        assert_eq!((spec.replicas, spec.pod_management_policy.as_deref(), spec.service_name.as_deref()), (Some(1), Some("Parallel"), Some("w-workspace")));
+        assert_eq!(
+            (spec.replicas, spec.pod_management_policy.as_deref(), spec.service_name.as_deref()),
+            (Some(1), Some("Parallel"), Some("w-workspace"))
+        );
         let pod = spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("default"));
         assert_eq!(pod.termination_grace_period_seconds, Some(600));
@@ -308,20 +386,38 @@ mod tests {
         assert_eq!(csc.allow_privilege_escalation, Some(false));
         assert_eq!(csc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
         assert_eq!(c.resources.as_ref().unwrap().requests.as_ref().unwrap()["memory"].0, "64Mi");
-        assert!(c.args.as_ref().unwrap().join(" ").contains("--auth kube --kube-audience w.ns --kube-workspace-namespace ns --kube-workspace-name w"));
+        assert!(
+            c.args
+                .as_ref()
+                .unwrap()
+                .join(" ")
+                .contains("--auth kube --kube-audience w.ns --kube-workspace-namespace ns --kube-workspace-name w")
+        );
         let env = c.env.clone().unwrap_or_default();
-        assert!(env.iter().any(|e| e.name == "FLUX_MAX_UNTAR_SIZE_BYTES" && e.value.as_deref() == Some("-1")), "the operator's FLUX_MAX_UNTAR_SIZE_BYTES reaches the agent");
+        assert!(
+            env.iter().any(|e| e.name == "FLUX_MAX_UNTAR_SIZE_BYTES" && e.value.as_deref() == Some("-1")),
+            "the operator's FLUX_MAX_UNTAR_SIZE_BYTES reaches the agent"
+        );
         let bootstrap = &pod.init_containers.unwrap()[0];
-        assert_eq!((bootstrap.name.as_str(), bootstrap.image_pull_policy.as_deref()), ("bootstrap", Some("Never")), "AGENT_IMAGE_PULL_POLICY");
+        assert_eq!(
+            (bootstrap.name.as_str(), bootstrap.image_pull_policy.as_deref()),
+            ("bootstrap", Some("Never")),
+            "AGENT_IMAGE_PULL_POLICY"
+        );
         assert_eq!(bootstrap.command.clone().unwrap(), vec!["cp", "/pko-agent", "/tini", "/share/"]);
-        assert_eq!(c.command.clone().unwrap(), vec!["/share/tini", "--", "/share/pko-agent"], "tini is PID 1: it reaps zombies and forwards SIGTERM");
+        assert_eq!(
+            c.command.clone().unwrap(),
+            vec!["/share/tini", "--", "/share/pko-agent"],
+            "tini is PID 1: it reaps zombies and forwards SIGTERM"
+        );
         assert_eq!(s.metadata.owner_references.unwrap()[0].kind, "Workspace");
         assert_eq!(address("w", "ns"), "w-workspace.ns:50051");
     }
 
     #[test]
     fn baseline_runs_as_root_with_the_full_image() {
-        let pod = stateful_set(&ws(json!({"securityProfile": "baseline"})), &cfg()).spec.unwrap().template.spec.unwrap();
+        let pod =
+            stateful_set(&ws(json!({"securityProfile": "baseline"})), &cfg()).spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.containers[0].image.as_deref(), Some("pulumi/pulumi:latest"));
         assert_eq!(pod.security_context.as_ref().unwrap().run_as_non_root, None);
         assert!(pod.containers[0].security_context.is_none());
@@ -344,10 +440,17 @@ mod tests {
         let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, vec!["pulumi", "sidecar"]);
         let pulumi = &pod.containers[0];
-        assert!(pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "X") && pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "POD_NAMESPACE"));
+        assert!(
+            pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "X")
+                && pulumi.env.as_ref().unwrap().iter().any(|e| e.name == "POD_NAMESPACE")
+        );
         assert_eq!(pulumi.volume_mounts.as_ref().unwrap().len(), 2);
         let inits: Vec<_> = pod.init_containers.unwrap().iter().map(|c| c.name.clone()).collect();
-        assert_eq!(inits, vec!["bootstrap", "fetch", "fetch-extra"], "user init containers run after the built-in ones");
+        assert_eq!(
+            inits,
+            vec!["bootstrap", "fetch", "fetch-extra"],
+            "user init containers run after the built-in ones"
+        );
         assert_eq!(pod.volumes.unwrap().len(), 2);
         assert!(pod.tolerations.is_some());
     }
@@ -373,24 +476,46 @@ mod tests {
             &cfg(),
         );
         let pod = s.spec.unwrap().template.spec.unwrap();
-        assert_eq!((pod.termination_grace_period_seconds, pod.share_process_namespace, pod.enable_service_links), (Some(3600), Some(true), Some(false)), "every PodSpec field");
+        assert_eq!(
+            (pod.termination_grace_period_seconds, pod.share_process_namespace, pod.enable_service_links),
+            (Some(3600), Some(true), Some(false)),
+            "every PodSpec field"
+        );
         let sc = pod.security_context.unwrap();
-        assert_eq!((sc.fs_group, sc.run_as_user, sc.seccomp_profile.map(|p| p.type_)), (Some(1000), Some(1000), Some("RuntimeDefault".to_string())), "maps merge");
+        assert_eq!(
+            (sc.fs_group, sc.run_as_user, sc.seccomp_profile.map(|p| p.type_)),
+            (Some(1000), Some(1000), Some("RuntimeDefault".to_string())),
+            "maps merge"
+        );
         let pulumi = &pod.containers[0];
         assert_eq!(pulumi.stdin, Some(true), "every field of a generated container");
         let csc = pulumi.security_context.clone().unwrap();
-        assert_eq!((csc.read_only_root_filesystem, csc.allow_privilege_escalation), (Some(true), Some(false)), "the restricted profile stays");
+        assert_eq!(
+            (csc.read_only_root_filesystem, csc.allow_privilege_escalation),
+            (Some(true), Some(false)),
+            "the restricted profile stays"
+        );
         assert_eq!(pulumi.image.as_deref(), Some("pulumi/pulumi:latest-nonroot"));
         let mounts: Vec<_> = pulumi.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
         assert_eq!(mounts, vec!["/share", "/etc/secret-volume"]);
         let inits = pod.init_containers.unwrap();
         for c in pod.containers.iter().chain(inits.iter()) {
-            assert!(c.env.iter().flatten().any(|e| e.name == "PULUMI_ENV" && e.value.as_deref() == Some("/share/.env")), "{} has $PULUMI_ENV", c.name);
+            assert!(
+                c.env.iter().flatten().any(|e| e.name == "PULUMI_ENV" && e.value.as_deref() == Some("/share/.env")),
+                "{} has $PULUMI_ENV",
+                c.name
+            );
         }
         assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["bootstrap", "fetch", "extra"]);
         let args = pulumi.args.clone().unwrap();
-        assert!(args.windows(2).any(|w| w == ["--env-file", "/share/.env"]), "the agent reads it before each operation: {args:?}");
-        assert!(args.windows(2).any(|w| w == ["--workspace-link", "/share/workspace"]), "PKO's /share/workspace: {args:?}");
+        assert!(
+            args.windows(2).any(|w| w == ["--env-file", "/share/.env"]),
+            "the agent reads it before each operation: {args:?}"
+        );
+        assert!(
+            args.windows(2).any(|w| w == ["--workspace-link", "/share/workspace"]),
+            "PKO's /share/workspace: {args:?}"
+        );
     }
 
     /// A podTemplate written for PKO that patches its `fetch` init container merges into ours, a whole
@@ -398,8 +523,10 @@ mod tests {
     #[test]
     fn a_patch_of_pko_s_fetch_container_merges() {
         let s = stateful_set(
-            &ws(json!({"podTemplate": {"spec": {"containers": [], "initContainers": [{"name": "fetch", "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
-                                                                                        "resources": {"limits": {"memory": "128Mi"}}}]}}})),
+            &ws(
+                json!({"podTemplate": {"spec": {"containers": [], "initContainers": [{"name": "fetch", "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                                                                                        "resources": {"limits": {"memory": "128Mi"}}}]}}}),
+            ),
             &cfg(),
         );
         let inits = s.spec.unwrap().template.spec.unwrap().init_containers.unwrap();
@@ -412,8 +539,11 @@ mod tests {
 
     #[test]
     fn config_changes_do_not_roll_the_pod() {
-        let a = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "1"}]}]}));
-        let b = ws(json!({"git": {"url": "u", "ref": "r2"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "2"}]}]}));
+        let a =
+            ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "1"}]}]}));
+        let b = ws(
+            json!({"git": {"url": "u", "ref": "r2"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "2"}]}]}),
+        );
         assert_eq!(revision_hash(&a), revision_hash(&b));
         let c = ws(json!({"local": {"dir": "/p"}, "image": "custom"}));
         assert_ne!(revision_hash(&a), revision_hash(&c));
@@ -421,7 +551,8 @@ mod tests {
 
     #[test]
     fn service_is_headless_with_template_metadata() {
-        let s = service(&ws(json!({"serviceTemplate": {"metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}}}})));
+        let s =
+            service(&ws(json!({"serviceTemplate": {"metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}}}})));
         assert_eq!(s.metadata.name.as_deref(), Some("w-workspace"));
         let spec = s.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));

@@ -111,7 +111,11 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     let class = workspace_class(ws);
     let hash = class.rsplit('/').next().unwrap_or_default().to_string();
     let mut as_pool = ws.clone();
-    as_pool.metadata = kube::api::ObjectMeta { name: Some(pool_name(&class)), namespace: ws.metadata.namespace.clone(), ..Default::default() };
+    as_pool.metadata = kube::api::ObjectMeta {
+        name: Some(pool_name(&class)),
+        namespace: ws.metadata.namespace.clone(),
+        ..Default::default()
+    };
     // the environment travels with each operation's request: a pool pod carries no Workspace's
     as_pool.spec.env = None;
     as_pool.spec.env_from = None;
@@ -121,14 +125,16 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     sts.labels_mut().insert(POOL_LABEL.into(), hash);
     if let Some(spec) = sts.spec.as_mut() {
         spec.replicas = Some(0);
-        if let Some(c) = spec.template.spec.as_mut().and_then(|p| p.containers.iter_mut().find(|c| c.name == "pulumi")) {
+        if let Some(c) = spec.template.spec.as_mut().and_then(|p| p.containers.iter_mut().find(|c| c.name == "pulumi"))
+        {
             let args = c.args.get_or_insert_with(Vec::new);
             // a pool's agents run many Stacks: each operation isolated (the agent's default)
             args.retain(|a| a != pod::SHARED_OPERATIONS);
             args.extend(agent_args.iter().cloned());
         }
     }
-    let template = sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
+    let template =
+        sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
     let template_hash = pko_api::hash::sha256_hex(template, 8);
     sts.annotations_mut().insert(POOL_TEMPLATE_ANNOTATION.into(), template_hash);
     (service, sts)
@@ -149,12 +155,20 @@ pub fn grow_slot(replicas: usize, max: usize, lent: &HashSet<usize>) -> Option<u
 /// The maintainer's decision for a pool of `replicas` pods: raise to `min`; else lower by one when the
 /// highest pod is not lent here and answered idle (`top`: its state and idle seconds) for at least
 /// `idle_timeout`; else nothing. Pure.
-pub fn resize(replicas: usize, min: usize, top: Option<(State, f64)>, top_lent_here: bool, idle_timeout: Duration) -> Option<usize> {
+pub fn resize(
+    replicas: usize,
+    min: usize,
+    top: Option<(State, f64)>,
+    top_lent_here: bool,
+    idle_timeout: Duration,
+) -> Option<usize> {
     if replicas < min {
         return Some(min);
     }
     match top {
-        Some((State::Idle, idle)) if replicas > min && !top_lent_here && idle >= idle_timeout.as_secs_f64() => Some(replicas - 1),
+        Some((State::Idle, idle)) if replicas > min && !top_lent_here && idle >= idle_timeout.as_secs_f64() => {
+            Some(replicas - 1)
+        }
         _ => None,
     }
 }
@@ -183,7 +197,13 @@ pub struct PodPools {
 impl PodPools {
     /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and
     /// maintained by this replica where `ownership` says it holds the pool's shard.
-    pub fn new(client: kube::Client, cfg: PoolConfig, pod: PodRuntimeConfig, tokens: Arc<AgentTokens>, ownership: Arc<dyn Ownership>) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        cfg: PoolConfig,
+        pod: PodRuntimeConfig,
+        tokens: Arc<AgentTokens>,
+        ownership: Arc<dyn Ownership>,
+    ) -> Arc<Self> {
         Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default(), identities: Default::default() })
     }
 
@@ -196,7 +216,8 @@ impl PodPools {
     ///
     /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
-        let pool = format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pool_name(&workspace_class(ws)));
+        let pool =
+            format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pool_name(&workspace_class(ws)));
         self.identities
             .check(ws, |ns, sa| async move {
                 match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
@@ -215,16 +236,24 @@ impl PodPools {
     ///
     /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had
     /// for its agents, or the added pod does not answer.
-    pub async fn acquire(self: &Arc<Self>, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Option<Lent>, PodPoolError> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        ws: &Workspace,
+        op: &str,
+        epoch: i64,
+        started: bool,
+    ) -> Result<Option<Lent>, PodPoolError> {
         let class = workspace_class(ws);
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(&class);
         let id = format!("{ns}/{name}");
         self.ensure(&class, ws).await?;
         let audience = pko_proto::workspace_audience(&ns, &name);
-        let token = self.tokens.token(&audience).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
+        let token =
+            self.tokens.token(&audience).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
-        let mut replicas = replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+        let mut replicas =
+            replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
         if started {
             for i in 0..replicas {
                 let address = agent_address(&name, &ns, i);
@@ -258,7 +287,9 @@ impl PodPools {
                 Ok(false) => {
                     // another replica lent it first: look again
                     self.unmark(&class, i);
-                    replicas = replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+                    replicas = replicas_of(&api, &name)
+                        .await
+                        .map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
                 }
                 Err(last) => {
                     self.unmark(&class, i);
@@ -315,7 +346,12 @@ impl PodPools {
         let name = pool_name(class);
         {
             let mut pools = self.pools();
-            let p = pools.entry(class.to_string()).or_insert_with(|| PodPool { namespace: ns.clone(), name: name.clone(), lent: HashMap::new(), ensured: false });
+            let p = pools.entry(class.to_string()).or_insert_with(|| PodPool {
+                namespace: ns.clone(),
+                name: name.clone(),
+                lent: HashMap::new(),
+                ensured: false,
+            });
             if p.ensured {
                 return Ok(());
             }
@@ -333,7 +369,10 @@ impl PodPools {
                 create(&sets, &sts).await.map_err(api_err)?;
                 tracing::info!(pool = %format!("{ns}/{name}"), "agent pool created (0 pods)");
             }
-            Some(found) if found.annotations().get(POOL_TEMPLATE_ANNOTATION) != sts.annotations().get(POOL_TEMPLATE_ANNOTATION) => {
+            Some(found)
+                if found.annotations().get(POOL_TEMPLATE_ANNOTATION)
+                    != sts.annotations().get(POOL_TEMPLATE_ANNOTATION) =>
+            {
                 let patch = serde_json::json!({
                     "metadata": {"annotations": {POOL_TEMPLATE_ANNOTATION: sts.annotations().get(POOL_TEMPLATE_ANNOTATION)}},
                     "spec": {"template": sts.spec.as_ref().map(|s| &s.template)},
@@ -411,7 +450,9 @@ impl PodPools {
         };
         let mut pools = self.pools();
         for m in found {
-            let (Some(ns), Some(hash)) = (m.metadata.namespace.clone(), m.labels().get(POOL_LABEL).cloned()) else { continue };
+            let (Some(ns), Some(hash)) = (m.metadata.namespace.clone(), m.labels().get(POOL_LABEL).cloned()) else {
+                continue;
+            };
             let class = format!("{ns}/{hash}");
             let name = pool_name(&class);
             pools.entry(class).or_insert(PodPool { namespace: ns, name, lent: HashMap::new(), ensured: false });
@@ -437,22 +478,35 @@ impl PodPools {
         let id = format!("{ns}/{name}");
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         let object = pod::object_name(name);
-        let Some(sts) = api.get_opt(&object).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })? else {
+        let Some(sts) = api.get_opt(&object).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?
+        else {
             // deleted: created again at its next operation
             self.pools().remove(class);
             return Ok(());
         };
         let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize;
-        let token = self.tokens.token(&pko_proto::workspace_audience(ns, name)).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
+        let token = self
+            .tokens
+            .token(&pko_proto::workspace_audience(ns, name))
+            .await
+            .map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
         let mut answers = Vec::with_capacity(replicas);
         for i in 0..replicas {
             answers.push(super::client::status(&agent_address(name, ns, i), Some(&token)).await.ok());
         }
-        let (busy, idle) = answers.iter().flatten().fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
-        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy").set(f64::from(busy));
-        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle").set(f64::from(idle));
+        let (busy, idle) = answers
+            .iter()
+            .flatten()
+            .fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
+        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy")
+            .set(f64::from(busy));
+        metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle")
+            .set(f64::from(idle));
         crate::load::set_agents(class, busy as usize, idle as usize);
-        let top = replicas.checked_sub(1).and_then(|t| answers.get(t).cloned().flatten()).map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.idle_seconds));
+        let top = replicas
+            .checked_sub(1)
+            .and_then(|t| answers.get(t).cloned().flatten())
+            .map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.idle_seconds));
         let top_lent_here = replicas.checked_sub(1).is_some_and(|t| lent.contains(&t));
         let Some(n) = resize(replicas, self.cfg.min, top, top_lent_here, self.cfg.idle_timeout) else { return Ok(()) };
         match set_replicas(&api, &object, sts.resource_version(), n).await {
@@ -470,7 +524,8 @@ impl PodPools {
 
     /// Pods per pool this replica knows: `(class, spec.replicas, lent here)`, sorted by class (tests).
     pub async fn sizes(&self) -> Vec<(String, usize, usize)> {
-        let known: Vec<(String, String, String, usize)> = self.pools().iter().map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.len())).collect();
+        let known: Vec<(String, String, String, usize)> =
+            self.pools().iter().map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.len())).collect();
         let mut out = Vec::new();
         for (class, ns, name, lent) in known {
             let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
@@ -498,7 +553,16 @@ async fn create<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    match api.create(&PostParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() }, obj).await {
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()),
+                ..Default::default()
+            },
+            obj,
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         // another replica created it first
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -516,7 +580,13 @@ async fn replicas_of(api: &Api<StatefulSet>, name: &str) -> Result<usize, kube::
 /// otherwise).
 async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, n: usize) -> Result<(), kube::Error> {
     let patch = serde_json::json!({"metadata": {"resourceVersion": rv}, "spec": {"replicas": n}});
-    api.patch(object, &PatchParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() }, &Patch::Merge(patch)).await.map(|_| ())
+    api.patch(
+        object,
+        &PatchParams { field_manager: Some(pko_api::constants::field_manager::OPERATOR.into()), ..Default::default() },
+        &Patch::Merge(patch),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Waits until the agent at `address` answers: `Ok(true)` idle, `Ok(false)` busy or draining (lent by
@@ -546,7 +616,11 @@ mod tests {
     }
 
     fn cfg() -> PodRuntimeConfig {
-        PodRuntimeConfig { agent_image: "pko-agent:test".into(), agent_image_pull_policy: None, flux_max_untar_size_bytes: None }
+        PodRuntimeConfig {
+            agent_image: "pko-agent:test".into(),
+            agent_image_pull_policy: None,
+            flux_max_untar_size_bytes: None,
+        }
     }
 
     #[test]
@@ -555,7 +629,11 @@ mod tests {
         let b = ws("beta", json!({"image": "img", "git": {"url": "u", "ref": "main"}}));
         let (sa, sta) = pool_objects(&a, &cfg(), &[]);
         let (_, stb) = pool_objects(&b, &cfg(), &[]);
-        assert_eq!(serde_json::to_value(&sta).unwrap(), serde_json::to_value(&stb).unwrap(), "one pool for the class, whatever the stack or source");
+        assert_eq!(
+            serde_json::to_value(&sta).unwrap(),
+            serde_json::to_value(&stb).unwrap(),
+            "one pool for the class, whatever the stack or source"
+        );
         let name = sta.name_any();
         assert!(name.starts_with("pko-pool-") && name.ends_with("-workspace"), "{name}");
         assert_eq!(sa.name_any(), name);
@@ -564,10 +642,22 @@ mod tests {
         assert!(!sta.labels().contains_key(pko_api::constants::SHARD_LABEL), "not one Workspace's shard");
         let pool = name.trim_end_matches("-workspace");
         let args = sta.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
-        assert!(args.contains(&format!("--kube-audience {pool}.team-a --kube-workspace-namespace team-a --kube-workspace-name {pool}")), "{args}");
-        assert!(!args.contains("--isolate-operations"), "a pool's agents isolate each operation (the agent's default): {args}");
-        let own = pod::stateful_set(&a, &cfg()).spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
-        assert!(own.contains(&pod::SHARED_OPERATIONS.to_string()), "a Workspace's own pod runs its Stack's operations as PKO's: {own:?}");
+        assert!(
+            args.contains(&format!(
+                "--kube-audience {pool}.team-a --kube-workspace-namespace team-a --kube-workspace-name {pool}"
+            )),
+            "{args}"
+        );
+        assert!(
+            !args.contains("--isolate-operations"),
+            "a pool's agents isolate each operation (the agent's default): {args}"
+        );
+        let own =
+            pod::stateful_set(&a, &cfg()).spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+        assert!(
+            own.contains(&pod::SHARED_OPERATIONS.to_string()),
+            "a Workspace's own pod runs its Stack's operations as PKO's: {own:?}"
+        );
         let c = ws("gamma", json!({"image": "other"}));
         assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
         // one Stack's environment never rides in the pool's pods (it travels with each request)
@@ -577,7 +667,10 @@ mod tests {
         );
         let (_, std_) = pool_objects(&d, &cfg(), &[]);
         assert_eq!(std_.name_any(), name, "the same class");
-        assert!(!serde_json::to_string(&std_).unwrap().contains("delta-"), "no Workspace's env or envFrom in the pool's pods");
+        assert!(
+            !serde_json::to_string(&std_).unwrap().contains("delta-"),
+            "no Workspace's env or envFrom in the pool's pods"
+        );
         assert_eq!(agent_address(pool, "team-a", 2), format!("{name}-2.{name}.team-a:50051"));
     }
 
@@ -605,7 +698,11 @@ mod tests {
         assert_eq!(resize(3, 0, Some((State::Idle, 61.0)), false, t), Some(2));
         assert_eq!(resize(3, 0, Some((State::Idle, 59.0)), false, t), None, "not idle long enough");
         assert_eq!(resize(3, 0, Some((State::Busy, 0.0)), false, t), None, "the highest pod works: it stays");
-        assert_eq!(resize(3, 0, Some((State::Idle, 600.0)), true, t), None, "lent here, its Run may not have arrived yet");
+        assert_eq!(
+            resize(3, 0, Some((State::Idle, 600.0)), true, t),
+            None,
+            "lent here, its Run may not have arrived yet"
+        );
         assert_eq!(resize(3, 0, None, false, t), None, "not answering (starting): left alone");
         assert_eq!(resize(2, 2, Some((State::Idle, 600.0)), false, t), None, "the minimum stays");
         assert_eq!(resize(0, 2, None, false, t), Some(2), "raised to the minimum");

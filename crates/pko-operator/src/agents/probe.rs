@@ -50,8 +50,11 @@ pub fn ready_of(p: &Probe) -> ((&'static str, String, String), Option<Duration>)
 /// Whether `ws` needs its agent probed: it is not Ready (`True`, `Succeeded`) for its current
 /// generation. Pure.
 pub fn needed(ws: &Workspace) -> bool {
-    let ready = ws.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == wc::READY));
-    !ready.is_some_and(|c| c.status == "True" && c.reason == wc::SUCCEEDED && c.observed_generation == ws.metadata.generation)
+    let ready =
+        ws.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == wc::READY));
+    !ready.is_some_and(|c| {
+        c.status == "True" && c.reason == wc::SUCCEEDED && c.observed_generation == ws.metadata.generation
+    })
 }
 
 /// `e` and each of its causes, joined by ": " (tonic's transport errors say what failed only in their
@@ -92,7 +95,9 @@ pub async fn probe(address: &str, token: Option<&str>) -> Probe {
     }
     match pko_proto::agent_client(channel).pulumi_version(request).await {
         Ok(r) => Probe::Answered(r.into_inner().version),
-        Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::DeadlineExceeded => Probe::Unreachable(format!("the agent at {address}: {}", s.message())),
+        Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::DeadlineExceeded => {
+            Probe::Unreachable(format!("the agent at {address}: {}", s.message()))
+        }
         Err(s) => Probe::Refused(format!("{:?}", s.code()), s.message().to_string()),
     }
 }
@@ -104,7 +109,10 @@ mod tests {
     use pko_api::workspace::WorkspaceStatus;
 
     fn ws(generation: i64, ready: Option<(&str, &str, i64)>) -> Workspace {
-        let mut w: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "namespace": "ns", "generation": generation}, "spec": {}})).unwrap();
+        let mut w: Workspace = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "w", "namespace": "ns", "generation": generation}, "spec": {}}),
+        )
+        .unwrap();
         w.status = ready.map(|(status, reason, observed)| WorkspaceStatus {
             conditions: Some(vec![Condition {
                 type_: wc::READY.into(),
@@ -112,7 +120,9 @@ mod tests {
                 reason: reason.into(),
                 message: String::new(),
                 observed_generation: Some(observed),
-                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
             }]),
             ..Default::default()
         });
@@ -122,11 +132,16 @@ mod tests {
     #[test]
     fn a_probe_gives_pko_s_ready_condition() {
         assert_eq!(ready_of(&Probe::Answered("v3.259.0".into())), (("True", "Succeeded".into(), String::new()), None));
-        let ((status, reason, message), again) = ready_of(&Probe::Unreachable("connecting to the agent at w-workspace.ns:50051: dns error".into()));
+        let ((status, reason, message), again) =
+            ready_of(&Probe::Unreachable("connecting to the agent at w-workspace.ns:50051: dns error".into()));
         assert_eq!((status, reason.as_str(), again), ("False", "ConnectionFailed", Some(Duration::from_secs(5))));
         assert!(message.contains("dns error"));
-        let ((status, reason, message), again) = ready_of(&Probe::Refused("Unauthenticated".into(), "TokenReview failed: forbidden".into()));
-        assert_eq!((status, reason.as_str(), message.as_str(), again), ("False", "Unauthenticated", "TokenReview failed: forbidden", Some(REFUSED_RETRY)));
+        let ((status, reason, message), again) =
+            ready_of(&Probe::Refused("Unauthenticated".into(), "TokenReview failed: forbidden".into()));
+        assert_eq!(
+            (status, reason.as_str(), message.as_str(), again),
+            ("False", "Unauthenticated", "TokenReview failed: forbidden", Some(REFUSED_RETRY))
+        );
     }
 
     #[test]
@@ -152,7 +167,10 @@ mod tests {
                 self.1.as_deref().map(|e| e as _)
             }
         }
-        let e = E("transport error", Some(Box::new(E("dns error", Some(Box::new(E("failed to lookup address information", None)))))));
+        let e = E(
+            "transport error",
+            Some(Box::new(E("dns error", Some(Box::new(E("failed to lookup address information", None)))))),
+        );
         assert_eq!(chain(&e), "transport error: dns error: failed to lookup address information");
     }
 }

@@ -20,7 +20,10 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> RequestError {
 }
 
 fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef {
-    pb::ValueRef { kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })), origin: String::new() }
+    pb::ValueRef {
+        kind: Some(pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })),
+        origin: String::new(),
+    }
 }
 
 /// The program source of a Workspace: at most one of git, flux, local, projectInfo; `None` for a
@@ -30,11 +33,19 @@ fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef
 /// Errors: two sources or more (field `spec`), a source missing its required field.
 pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
     use pb::source::Kind;
-    let kinds = [ws.git.is_some(), ws.flux.is_some(), ws.local.is_some(), ws.project_info.is_some()].iter().filter(|b| **b).count();
+    let kinds = [ws.git.is_some(), ws.flux.is_some(), ws.local.is_some(), ws.project_info.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
     match kinds {
         0 => return Ok(None),
         1 => {}
-        _ => return Err(err("spec", format!("at most one source (git, flux, local, projectInfo) may be set, found {kinds}"))),
+        _ => {
+            return Err(err(
+                "spec",
+                format!("at most one source (git, flux, local, projectInfo) may be set, found {kinds}"),
+            ));
+        }
     }
     let kind = if let Some(g) = &ws.git {
         let auth = g.auth.as_ref().map(|a| pb::GitAuth {
@@ -84,7 +95,9 @@ pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
 pub fn mirror_artifact(r: &mut pb::OperationRequest, namespace: &str, artifact_addr: &str) {
     let Some(pb::Source { kind: Some(pb::source::Kind::Artifact(a)) }) = r.source.as_mut() else { return };
     let Ok(uri) = a.url.parse::<http::Uri>() else { return };
-    let ours = uri.scheme_str() == Some("http") && uri.path().starts_with(&format!("/programs/{namespace}/")) && uri.query().is_none();
+    let ours = uri.scheme_str() == Some("http")
+        && uri.path().starts_with(&format!("/programs/{namespace}/"))
+        && uri.query().is_none();
     let elsewhere = uri.authority().is_some_and(|h| h.as_str() != artifact_addr);
     if ours && elsewhere && !a.digest.is_empty() && !artifact_addr.is_empty() {
         a.mirrors.push(format!("http://{artifact_addr}{}", uri.path()));
@@ -120,10 +133,17 @@ fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem
 /// (`metadata.name`, `status.podIP`, labels, …) and every `resourceFieldRef` are what the kubelet put
 /// into the environment of the agent's pod, so they are read there ([`pb::value_ref::Kind::Env`] of the
 /// same name); an agent outside a pod (`--runtime local`) fails the Update naming the variable.
-fn downward(ws: &WorkspaceSpec, namespace: &str, var: &str, from: &k8s_openapi::api::core::v1::EnvVarSource) -> pb::value_ref::Kind {
+fn downward(
+    ws: &WorkspaceSpec,
+    namespace: &str,
+    var: &str,
+    from: &k8s_openapi::api::core::v1::EnvVarSource,
+) -> pb::value_ref::Kind {
     match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
         Some("metadata.namespace") => pb::value_ref::Kind::Literal(namespace.into()),
-        Some("spec.serviceAccountName") => pb::value_ref::Kind::Literal(ws.service_account_name.clone().unwrap_or_else(|| "default".into())),
+        Some("spec.serviceAccountName") => {
+            pb::value_ref::Kind::Literal(ws.service_account_name.clone().unwrap_or_else(|| "default".into()))
+        }
         _ => pb::value_ref::Kind::Env(var.into()),
     }
 }
@@ -140,17 +160,32 @@ pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, Reque
         let field = format!("spec.env[{}]", e.name);
         let value = match (&e.value, &e.value_from) {
             (Some(v), None) => pb::value_ref::Kind::Literal(v.clone()),
-            (None, Some(from)) => match (&from.secret_key_ref, &from.config_map_key_ref, &from.field_ref, &from.resource_field_ref) {
-                (Some(s), None, None, None) => pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() }),
-                (None, Some(c), None, None) => pb::value_ref::Kind::ConfigMap(pb::KeyRef { name: c.name.clone(), key: c.key.clone() }),
-                (None, None, Some(_), None) | (None, None, None, Some(_)) => downward(ws, namespace, &e.name, from),
-                _ => return Err(err(format!("{field}.valueFrom"), "exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef is required")),
-            },
+            (None, Some(from)) => {
+                match (&from.secret_key_ref, &from.config_map_key_ref, &from.field_ref, &from.resource_field_ref) {
+                    (Some(s), None, None, None) => {
+                        pb::value_ref::Kind::Secret(pb::KeyRef { name: s.name.clone(), key: s.key.clone() })
+                    }
+                    (None, Some(c), None, None) => {
+                        pb::value_ref::Kind::ConfigMap(pb::KeyRef { name: c.name.clone(), key: c.key.clone() })
+                    }
+                    (None, None, Some(_), None) | (None, None, None, Some(_)) => downward(ws, namespace, &e.name, from),
+                    _ => {
+                        return Err(err(
+                            format!("{field}.valueFrom"),
+                            "exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef is required",
+                        ));
+                    }
+                }
+            }
             (None, None) => pb::value_ref::Kind::Literal(String::new()),
             (Some(_), Some(_)) => return Err(err(field, "value and valueFrom are exclusive")),
         };
         let secret = matches!(value, pb::value_ref::Kind::Secret(_));
-        out.push(pb::EnvVar { name: e.name.clone(), value: Some(pb::ValueRef { kind: Some(value), origin: String::new() }), secret });
+        out.push(pb::EnvVar {
+            name: e.name.clone(),
+            value: Some(pb::ValueRef { kind: Some(value), origin: String::new() }),
+            secret,
+        });
     }
     Ok(out)
 }
@@ -160,14 +195,23 @@ pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, Reque
 ///
 /// Errors: a missing or unknown `spec.type`/`spec.stackName`, a Workspace field the request cannot
 /// carry ([`RequestError`] names it).
-pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<pb::OperationRequest, RequestError> {
-    let stack_name = update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
+pub fn build(
+    operation_id: &str,
+    epoch: i64,
+    namespace: &str,
+    workspace: &WorkspaceSpec,
+    update: &UpdateSpec,
+) -> Result<pb::OperationRequest, RequestError> {
+    let stack_name =
+        update.stack_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| err("spec.stackName", "required"))?;
     let kind = match update.update_type.as_ref().ok_or_else(|| err("spec.type", "required"))? {
         UpdateType::Preview => pb::OperationType::Preview,
         UpdateType::Up => pb::OperationType::Up,
         UpdateType::Refresh => pb::OperationType::Refresh,
         UpdateType::Destroy => pb::OperationType::Destroy,
-        UpdateType::Unknown(t) => return Err(err("spec.type", format!("unsupported update type {t:?}; one of {}", UpdateType::expected()))),
+        UpdateType::Unknown(t) => {
+            return Err(err("spec.type", format!("unsupported update type {t:?}; one of {}", UpdateType::expected())));
+        }
     };
     let mut r = on_workspace(operation_id, epoch, namespace, workspace, stack_name, kind)?;
     r.options = Some(pb::OperationOptions {
@@ -190,7 +234,10 @@ pub fn build(operation_id: &str, epoch: i64, namespace: &str, workspace: &Worksp
 /// by the Stack controller on an accepted unlock request) lets its agent release
 /// (`OperationRequest.release_locks`); none without it. Pure.
 pub fn release_locks(annotation: Option<&str>) -> Vec<pb::LockHolder> {
-    pko_proto::locks::holders(annotation.unwrap_or_default()).into_iter().map(|h| pb::LockHolder { who: h.who, pid: h.pid }).collect()
+    pko_proto::locks::holders(annotation.unwrap_or_default())
+        .into_iter()
+        .map(|h| pb::LockHolder { who: h.who, pid: h.pid })
+        .collect()
 }
 
 /// The request initializing stack `stack_name` of `workspace` in `namespace` (PKO's workspace
@@ -198,7 +245,12 @@ pub fn release_locks(annotation: Option<&str>) -> Vec<pb::LockHolder> {
 /// operation), with id `operation_id` at epoch 0 (it changes nothing a fence guards).
 ///
 /// Errors: as [`build`]'s for the Workspace's fields.
-pub fn initialization(operation_id: &str, namespace: &str, workspace: &WorkspaceSpec, stack_name: &str) -> Result<pb::OperationRequest, RequestError> {
+pub fn initialization(
+    operation_id: &str,
+    namespace: &str,
+    workspace: &WorkspaceSpec,
+    stack_name: &str,
+) -> Result<pb::OperationRequest, RequestError> {
     on_workspace(operation_id, 0, namespace, workspace, stack_name.to_string(), pb::OperationType::Initialize)
 }
 
@@ -214,7 +266,13 @@ fn on_workspace(
 ) -> Result<pb::OperationRequest, RequestError> {
     let ws_stack = workspace.stacks.iter().flatten().find(|s| s.name == stack_name);
     let config = match ws_stack {
-        Some(s) => s.config.iter().flatten().enumerate().map(|(i, c)| config_item(&s.name, i, c)).collect::<Result<Vec<_>, _>>()?,
+        Some(s) => s
+            .config
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, c)| config_item(&s.name, i, c))
+            .collect::<Result<Vec<_>, _>>()?,
         None => Vec::new(),
     };
     Ok(pb::OperationRequest {
@@ -296,9 +354,13 @@ pub async fn complete(
     github_api_url: &str,
     mut r: pb::OperationRequest,
 ) -> Result<pb::OperationRequest, Incomplete> {
-    let sort = |transient: bool, e: &dyn std::fmt::Display| if transient { Incomplete::Transient(e.to_string()) } else { Incomplete::User(e.to_string()) };
+    let sort = |transient: bool, e: &dyn std::fmt::Display| {
+        if transient { Incomplete::Transient(e.to_string()) } else { Incomplete::User(e.to_string()) }
+    };
     super::values::resolve(client, secrets, namespace, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
-    let skipped = super::values::expand_env_from(client, secrets, namespace, env_from, &mut r).await.map_err(|e| sort(e.is_transient(), &e))?;
+    let skipped = super::values::expand_env_from(client, secrets, namespace, env_from, &mut r)
+        .await
+        .map_err(|e| sort(e.is_transient(), &e))?;
     if !skipped.is_empty() {
         tracing::info!(?skipped, "envFrom keys skipped: not environment variable names (as the kubelet does)");
     }
@@ -332,12 +394,27 @@ mod tests {
             a.mirrors
         };
         let url = "http://10.0.0.2:9090/programs/ns/p/3/ab12.tar.gz";
-        assert_eq!(with(url, Some("sha256:ab12"), "ns", "10.0.0.1:9090"), ["http://10.0.0.1:9090/programs/ns/p/3/ab12.tar.gz"]);
-        assert!(with(url, Some("sha256:ab12"), "ns", "10.0.0.2:9090").is_empty(), "its own URL (or the Service every replica advertises)");
-        assert!(with(url, None, "ns", "10.0.0.1:9090").is_empty(), "no digest: nothing would verify the mirror's bytes");
+        assert_eq!(
+            with(url, Some("sha256:ab12"), "ns", "10.0.0.1:9090"),
+            ["http://10.0.0.1:9090/programs/ns/p/3/ab12.tar.gz"]
+        );
+        assert!(
+            with(url, Some("sha256:ab12"), "ns", "10.0.0.2:9090").is_empty(),
+            "its own URL (or the Service every replica advertises)"
+        );
+        assert!(
+            with(url, None, "ns", "10.0.0.1:9090").is_empty(),
+            "no digest: nothing would verify the mirror's bytes"
+        );
         assert!(with(url, Some("sha256:ab12"), "other", "10.0.0.1:9090").is_empty(), "another namespace's Program");
-        assert!(with("https://flux/artifacts/x.tgz", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(), "a Flux source's artifact");
-        assert!(with("http://h/programs/ns/p/3/ab12.tar.gz?t=1", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(), "not the operator's URL");
+        assert!(
+            with("https://flux/artifacts/x.tgz", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(),
+            "a Flux source's artifact"
+        );
+        assert!(
+            with("http://h/programs/ns/p/3/ab12.tar.gz?t=1", Some("sha256:ab12"), "ns", "10.0.0.1:9090").is_empty(),
+            "not the operator's URL"
+        );
         let mut git = initialization("id", "ns", &ws(json!({"git": {"url": "https://g/r.git"}})), "dev").unwrap();
         mirror_artifact(&mut git, "ns", "10.0.0.1:9090");
         assert!(matches!(git.source.unwrap().kind, Some(pb::source::Kind::Git(_))));
@@ -347,8 +424,15 @@ mod tests {
     fn release_locks_come_only_from_the_annotation() {
         assert!(release_locks(None).is_empty());
         assert!(release_locks(Some("not a holder")).is_empty());
-        let two = "lock: created by root@pko-pool-a-3 (pid 17) at 2026-11-26T09:00:00Z\nlock: created by ci@x@h (pid 4)";
-        assert_eq!(release_locks(Some(two)), vec![pb::LockHolder { who: "root@pko-pool-a-3".into(), pid: 17 }, pb::LockHolder { who: "ci@x@h".into(), pid: 4 }]);
+        let two =
+            "lock: created by root@pko-pool-a-3 (pid 17) at 2026-11-26T09:00:00Z\nlock: created by ci@x@h (pid 4)";
+        assert_eq!(
+            release_locks(Some(two)),
+            vec![
+                pb::LockHolder { who: "root@pko-pool-a-3".into(), pid: 17 },
+                pb::LockHolder { who: "ci@x@h".into(), pid: 4 }
+            ]
+        );
     }
 
     #[test]
@@ -360,14 +444,23 @@ mod tests {
                 {"key": "a", "value": "x"}, {"key": "b", "value": {"n": 1}, "secret": true}, {"key": "c", "valueFrom": {"path": "/f", "json": true}}
             ]}]
         }));
-        let u = upd(json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"], "refresh": true}));
+        let u = upd(
+            json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"], "refresh": true}),
+        );
         let r = build("ns/u1/uid", 7, "ns", &w, &u).unwrap();
         assert_eq!((r.operation_id.as_str(), r.epoch, r.r#type), ("ns/u1/uid", 7, pb::OperationType::Up as i32));
         let Some(pb::source::Kind::Git(g)) = r.source.unwrap().kind else { panic!() };
-        assert_eq!((g.url.as_str(), g.revision.as_str(), g.dir.as_str(), g.shallow), ("https://g/r.git", "abc", "app", true));
+        assert_eq!(
+            (g.url.as_str(), g.revision.as_str(), g.dir.as_str(), g.shallow),
+            ("https://g/r.git", "abc", "app", true)
+        );
         assert!(g.auth.unwrap().token.is_some());
         assert_eq!(r.stack.as_ref().unwrap().secrets_provider, "passphrase");
-        assert_eq!(r.stack.as_ref().unwrap().environments, vec!["team/base", "team/prod"], "PKO's spec.environment, in order");
+        assert_eq!(
+            r.stack.as_ref().unwrap().environments,
+            vec!["team/base", "team/prod"],
+            "PKO's spec.environment, in order"
+        );
         assert_eq!(r.config.len(), 3);
         assert!(r.config[1].secret && r.config[2].json);
         assert_eq!(r.env.len(), 2);
@@ -378,12 +471,23 @@ mod tests {
 
     #[test]
     fn flux_local_and_project_info_sources() {
-        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}}))).unwrap().unwrap();
+        let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz", "digest": "sha256:00", "dir": "d"}})))
+            .unwrap()
+            .unwrap();
         assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.dir == "d"));
         let f = source(&ws(json!({"flux": {"url": "http://a/x.tgz"}}))).unwrap().unwrap();
-        assert!(matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.digest.is_empty()), "a digest is optional (PKO)");
-        assert!(matches!(source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().unwrap().kind, Some(pb::source::Kind::Local(_))));
-        assert!(matches!(source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().unwrap().kind, Some(pb::source::Kind::ProjectInfo(_))));
+        assert!(
+            matches!(f.kind, Some(pb::source::Kind::Artifact(ref a)) if a.digest.is_empty()),
+            "a digest is optional (PKO)"
+        );
+        assert!(matches!(
+            source(&ws(json!({"local": {"dir": "/p"}}))).unwrap().unwrap().kind,
+            Some(pb::source::Kind::Local(_))
+        ));
+        assert!(matches!(
+            source(&ws(json!({"projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap().unwrap().kind,
+            Some(pb::source::Kind::ProjectInfo(_))
+        ));
     }
 
     #[test]
@@ -394,7 +498,11 @@ mod tests {
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}
         ]}));
-        let kinds: Vec<_> = env(&w, "team-a").unwrap().into_iter().map(|e| (e.name, e.value.unwrap().kind.unwrap(), e.secret)).collect();
+        let kinds: Vec<_> = env(&w, "team-a")
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap().kind.unwrap(), e.secret))
+            .collect();
         use pb::value_ref::Kind::{Env, Literal};
         assert_eq!(
             kinds,
@@ -405,23 +513,43 @@ mod tests {
                 ("MEM".into(), Env("MEM".into()), false),
             ]
         );
-        let default_sa = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}));
+        let default_sa = ws(
+            json!({"local": {"dir": "/p"}, "env": [{"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}),
+        );
         assert_eq!(env(&default_sa, "n").unwrap()[0].value.as_ref().unwrap().kind, Some(Literal("default".into())));
     }
 
     #[test]
     fn bad_specs_name_the_field() {
-        assert_eq!(source(&ws(json!({}))).unwrap(), None, "PKO's source-less Workspace: the pod's init container brings the program");
-        assert_eq!(source(&ws(json!({"local": {"dir": "/p"}, "projectInfo": {"name": "p", "runtime": "yaml"}}))).unwrap_err().field, "spec");
+        assert_eq!(
+            source(&ws(json!({}))).unwrap(),
+            None,
+            "PKO's source-less Workspace: the pod's init container brings the program"
+        );
+        assert_eq!(
+            source(&ws(json!({"local": {"dir": "/p"}, "projectInfo": {"name": "p", "runtime": "yaml"}})))
+                .unwrap_err()
+                .field,
+            "spec"
+        );
         assert_eq!(source(&ws(json!({"git": {"ref": "x"}}))).unwrap_err().field, "spec.git.url");
         let w = ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a"}]}]}));
-        assert_eq!(build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.stacks[dev].config[0]");
+        assert_eq!(
+            build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field,
+            "spec.stacks[dev].config[0]"
+        );
         assert_eq!(build("o", 1, "ns", &w, &upd(json!({"type": "up"}))).unwrap_err().field, "spec.stackName");
         let w = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "X", "valueFrom": {}}]}));
-        assert_eq!(build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field, "spec.env[X].valueFrom");
+        assert_eq!(
+            build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "up"}))).unwrap_err().field,
+            "spec.env[X].valueFrom"
+        );
         // PKO admits any type (a Go string); the Update fails naming it and the types there are
         let w = ws(json!({"local": {"dir": "/p"}}));
         let e = build("o", 1, "ns", &w, &upd(json!({"stackName": "dev", "type": "deploy"}))).unwrap_err();
-        assert_eq!(e.to_string(), r#"spec.type: unsupported update type "deploy"; one of "preview", "up", "destroy" or "refresh""#);
+        assert_eq!(
+            e.to_string(),
+            r#"spec.type: unsupported update type "deploy"; one of "preview", "up", "destroy" or "refresh""#
+        );
     }
 }

@@ -28,7 +28,9 @@ pub struct AgentTokens {
 impl std::fmt::Debug for AgentTokens {
     /// Names the service account; never shows a token.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentTokens").field("service_account", &format!("{}/{}", self.namespace, self.service_account)).finish()
+        f.debug_struct("AgentTokens")
+            .field("service_account", &format!("{}/{}", self.namespace, self.service_account))
+            .finish()
     }
 }
 
@@ -47,13 +49,22 @@ impl AgentTokens {
             return Ok(t.clone());
         }
         let req = TokenRequest {
-            spec: TokenRequestSpec { audiences: vec![audience.to_string()], expiration_seconds: Some(TOKEN_LIFETIME_SECONDS), ..Default::default() },
+            spec: TokenRequestSpec {
+                audiences: vec![audience.to_string()],
+                expiration_seconds: Some(TOKEN_LIFETIME_SECONDS),
+                ..Default::default()
+            },
             ..Default::default()
         };
-        let issued = Api::<ServiceAccount>::namespaced(self.client.clone(), &self.namespace).create_token_request(&self.service_account, &PostParams::default(), &req).await?;
+        let issued = Api::<ServiceAccount>::namespaced(self.client.clone(), &self.namespace)
+            .create_token_request(&self.service_account, &PostParams::default(), &req)
+            .await?;
         let token = issued.status.map(|s| s.token).unwrap_or_default();
         let expires = Instant::now() + Duration::from_secs(TOKEN_LIFETIME_SECONDS as u64);
-        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(audience.to_string(), (token.clone(), expires));
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(audience.to_string(), (token.clone(), expires));
         Ok(token)
     }
 }

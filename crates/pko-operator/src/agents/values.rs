@@ -147,14 +147,22 @@ pub fn value_in(data: &Data, reference: &Reference) -> Result<String, ValuesErro
 }
 
 /// The data of a Secret (through `secrets`, [`SecretCache`]) or a ConfigMap (read).
-async fn read(client: &kube::Client, secrets: &SecretCache, namespace: &str, kind: ObjectKind, name: &str) -> Result<std::sync::Arc<Data>, kube::Error> {
+async fn read(
+    client: &kube::Client,
+    secrets: &SecretCache,
+    namespace: &str,
+    kind: ObjectKind,
+    name: &str,
+) -> Result<std::sync::Arc<Data>, kube::Error> {
     Ok(match kind {
         ObjectKind::Secret => secrets.read(client, namespace, name).await?,
         ObjectKind::ConfigMap => {
             let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?;
             let text = cm.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes()));
             // binaryData as PKO's kubelet would mount it (a key is in one of the two maps)
-            std::sync::Arc::new(text.chain(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0))).collect())
+            std::sync::Arc::new(
+                text.chain(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0))).collect(),
+            )
         }
     })
 }
@@ -180,7 +188,12 @@ fn short(e: &kube::Error) -> String {
 ///
 /// Errors: the first reference that cannot be resolved ([`ValuesError`]); `req` is then partly
 /// resolved and must not be sent.
-pub async fn resolve(client: &kube::Client, secrets: &SecretCache, namespace: &str, req: &mut pb::OperationRequest) -> Result<usize, ValuesError> {
+pub async fn resolve(
+    client: &kube::Client,
+    secrets: &SecretCache,
+    namespace: &str,
+    req: &mut pb::OperationRequest,
+) -> Result<usize, ValuesError> {
     for e in &mut req.env {
         if e.value.as_ref().and_then(object_of).is_some_and(|(k, _)| k == ObjectKind::Secret) {
             e.secret = true;
@@ -190,13 +203,16 @@ pub async fn resolve(client: &kube::Client, secrets: &SecretCache, namespace: &s
     let mut resolved = 0;
     for (field, r) in references(req) {
         let Some((kind, key)) = object_of(r) else { continue };
-        let reference = Reference { field, kind, namespace: namespace.into(), name: key.name.clone(), key: key.key.clone() };
+        let reference =
+            Reference { field, kind, namespace: namespace.into(), name: key.name.clone(), key: key.key.clone() };
         // each object once per request
         let data = match read_objects.entry((kind, reference.name.clone())) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(read(client, secrets, namespace, kind, &reference.name).await.map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?)
-            }
+            std::collections::btree_map::Entry::Vacant(v) => v.insert(
+                read(client, secrets, namespace, kind, &reference.name)
+                    .await
+                    .map_err(|e| ValuesError::Read(Box::new(reference.clone()), short(&e), code(&e)))?,
+            ),
         };
         let value = value_in(data, &reference)?;
         // the run digest covers where the value came from, never the value
@@ -239,7 +255,13 @@ pub fn env_sources(env_from: &[k8s_openapi::api::core::v1::EnvFromSource]) -> Re
                 (None, Some(s)) => (ObjectKind::Secret, s.name.clone(), s.optional),
                 _ => return Err(format!("{field}: exactly one of configMapRef or secretRef is required")),
             };
-            Ok(EnvSource { field, kind, name, prefix: e.prefix.clone().unwrap_or_default(), optional: optional.unwrap_or(false) })
+            Ok(EnvSource {
+                field,
+                kind,
+                name,
+                prefix: e.prefix.clone().unwrap_or_default(),
+                optional: optional.unwrap_or(false),
+            })
         })
         .collect()
 }
@@ -257,7 +279,10 @@ pub fn is_env_var_name(name: &str) -> bool {
 /// kubelet skips them too, with an event).
 ///
 /// Errors: [`ValuesError::NotUtf8`] for a value that is not text.
-pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) -> Result<(Vec<pb::EnvVar>, Vec<String>), ValuesError> {
+pub fn merge_env(
+    sources: &[(EnvSource, Option<Data>)],
+    env: Vec<pb::EnvVar>,
+) -> Result<(Vec<pb::EnvVar>, Vec<String>), ValuesError> {
     let mut vars: BTreeMap<String, pb::EnvVar> = BTreeMap::new();
     let mut skipped = Vec::new();
     for (source, data) in sources {
@@ -267,10 +292,19 @@ pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) ->
                 skipped.push(format!("{} {}/{key}", source.kind, source.name));
                 continue;
             }
-            let reference = || Box::new(Reference { field: source.field.clone(), kind: source.kind, namespace: String::new(), name: source.name.clone(), key: key.clone() });
+            let reference = || {
+                Box::new(Reference {
+                    field: source.field.clone(),
+                    kind: source.kind,
+                    namespace: String::new(),
+                    name: source.name.clone(),
+                    key: key.clone(),
+                })
+            };
             let value = String::from_utf8(bytes.clone()).map_err(|_| ValuesError::NotUtf8(reference()))?;
             let secret = source.kind == ObjectKind::Secret;
-            let value = pb::ValueRef { kind: Some(Kind::Literal(value)), origin: pko_proto::digest::ENV_FROM_ORIGIN.into() };
+            let value =
+                pb::ValueRef { kind: Some(Kind::Literal(value)), origin: pko_proto::digest::ENV_FROM_ORIGIN.into() };
             vars.insert(name.clone(), pb::EnvVar { name, value: Some(value), secret });
         }
     }
@@ -280,13 +314,24 @@ pub fn merge_env(sources: &[(EnvSource, Option<Data>)], env: Vec<pb::EnvVar>) ->
     Ok((vars.into_values().chain(env).collect(), skipped))
 }
 
-async fn read_env_source(client: &kube::Client, secrets: &SecretCache, namespace: &str, kind: ObjectKind, name: &str) -> Result<Data, kube::Error> {
+async fn read_env_source(
+    client: &kube::Client,
+    secrets: &SecretCache,
+    namespace: &str,
+    kind: ObjectKind,
+    name: &str,
+) -> Result<Data, kube::Error> {
     Ok(match kind {
         ObjectKind::Secret => Data::clone(&*secrets.read(client, namespace, name).await?),
         // the kubelet takes `data` only for envFrom (not binaryData)
-        ObjectKind::ConfigMap => {
-            Api::<ConfigMap>::namespaced(client.clone(), namespace).get(name).await?.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
-        }
+        ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await?
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes()))
+            .collect(),
     })
 }
 
@@ -311,7 +356,13 @@ pub async fn expand_env_from(
             Ok(d) => Some(d),
             Err(kube::Error::Api(s)) if s.code == 404 && source.optional => None,
             Err(e) => {
-                let reference = Reference { field: source.field.clone(), kind: source.kind, namespace: namespace.into(), name: source.name.clone(), key: String::new() };
+                let reference = Reference {
+                    field: source.field.clone(),
+                    kind: source.kind,
+                    namespace: namespace.into(),
+                    name: source.name.clone(),
+                    key: String::new(),
+                };
                 return Err(ValuesError::Read(Box::new(reference), short(&e), code(&e)));
             }
         };
@@ -350,7 +401,13 @@ pub async fn exchange_github_app(req: &mut pb::OperationRequest, api_url: &str) 
         Some(Kind::Literal(s)) => s.clone(),
         _ => String::new(),
     };
-    let token = pko_git::github_app::installation_token(api_url, &literal(&a.github_app_id), &literal(&a.github_app_installation_id), &literal(&a.github_app_private_key)).await?;
+    let token = pko_git::github_app::installation_token(
+        api_url,
+        &literal(&a.github_app_id),
+        &literal(&a.github_app_installation_id),
+        &literal(&a.github_app_private_key),
+    )
+    .await?;
     a.token = Some(pb::ValueRef { kind: Some(Kind::Literal(token)), origin: "github-app".into() });
     (a.github_app_id, a.github_app_installation_id, a.github_app_private_key) = (None, None, None);
     Ok(())
@@ -373,16 +430,27 @@ mod tests {
         let mut req = pb::OperationRequest {
             env: vec![pb::EnvVar { name: "A".into(), value: r(Kind::Secret(key("s", "a"))), secret: false }],
             config: vec![
-                pb::ConfigItem { key: "lit".into(), value: Some(pb::config_item::Value::Literal(Default::default())), ..Default::default() },
+                pb::ConfigItem {
+                    key: "lit".into(),
+                    value: Some(pb::config_item::Value::Literal(Default::default())),
+                    ..Default::default()
+                },
                 pb::ConfigItem {
                     key: "cm".into(),
-                    value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef { kind: Some(Kind::ConfigMap(key("c", "k"))), origin: String::new() })),
+                    value: Some(pb::config_item::Value::ValueFrom(pb::ValueRef {
+                        kind: Some(Kind::ConfigMap(key("c", "k"))),
+                        origin: String::new(),
+                    })),
                     ..Default::default()
                 },
             ],
             source: Some(pb::Source {
                 kind: Some(pb::source::Kind::Git(pb::GitSource {
-                    auth: Some(pb::GitAuth { token: r(Kind::Secret(key("git", "t"))), username: r(Kind::Literal("u".into())), ..Default::default() }),
+                    auth: Some(pb::GitAuth {
+                        token: r(Kind::Secret(key("git", "t"))),
+                        username: r(Kind::Literal("u".into())),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 })),
             }),
@@ -413,13 +481,28 @@ mod tests {
     fn env_from_is_merged_as_the_kubelet_does() {
         use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource, SecretEnvSource};
         let from = [
-            EnvFromSource { config_map_ref: Some(ConfigMapEnvSource { name: "cm".into(), optional: None }), ..Default::default() },
-            EnvFromSource { prefix: Some("S_".into()), secret_ref: Some(SecretEnvSource { name: "sec".into(), optional: Some(true) }), ..Default::default() },
-            EnvFromSource { secret_ref: Some(SecretEnvSource { name: "later".into(), optional: None }), ..Default::default() },
+            EnvFromSource {
+                config_map_ref: Some(ConfigMapEnvSource { name: "cm".into(), optional: None }),
+                ..Default::default()
+            },
+            EnvFromSource {
+                prefix: Some("S_".into()),
+                secret_ref: Some(SecretEnvSource { name: "sec".into(), optional: Some(true) }),
+                ..Default::default()
+            },
+            EnvFromSource {
+                secret_ref: Some(SecretEnvSource { name: "later".into(), optional: None }),
+                ..Default::default()
+            },
         ];
         let sources = env_sources(&from).unwrap();
-        assert_eq!((sources[1].prefix.as_str(), sources[1].optional, sources[1].kind), ("S_", true, ObjectKind::Secret));
-        let data = |kv: &[(&str, &str)]| Some(kv.iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect::<Data>());
+        assert_eq!(
+            (sources[1].prefix.as_str(), sources[1].optional, sources[1].kind),
+            ("S_", true, ObjectKind::Secret)
+        );
+        let data = |kv: &[(&str, &str)]| {
+            Some(kv.iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect::<Data>())
+        };
         let read = vec![
             (sources[0].clone(), data(&[("A", "cm-a"), ("B", "cm-b"), ("1bad", "x"), ("OVER", "cm")])),
             (sources[1].clone(), None),
@@ -435,15 +518,24 @@ mod tests {
             })
             .collect();
         let want = [("A", "cm-a", false), ("B", "later-b", true), ("K", "s3cret", true), ("OVER", "env", false)];
-        assert_eq!(got, want.map(|(n, v, s)| (n.to_string(), v.to_string(), s)), "a later source wins, env wins over envFrom, Secret values stay masked");
+        assert_eq!(
+            got,
+            want.map(|(n, v, s)| (n.to_string(), v.to_string(), s)),
+            "a later source wins, env wins over envFrom, Secret values stay masked"
+        );
         assert_eq!(skipped, ["ConfigMap cm/1bad"]);
         let both = [EnvFromSource {
             config_map_ref: Some(ConfigMapEnvSource { name: "a".into(), optional: None }),
             secret_ref: Some(SecretEnvSource { name: "b".into(), optional: None }),
             ..Default::default()
         }];
-        assert_eq!(env_sources(&both).unwrap_err(), "spec.envFrom[0]: exactly one of configMapRef or secretRef is required");
-        assert!(is_env_var_name("_a.b-c1") && !is_env_var_name("") && !is_env_var_name("a b") && !is_env_var_name("9x"));
+        assert_eq!(
+            env_sources(&both).unwrap_err(),
+            "spec.envFrom[0]: exactly one of configMapRef or secretRef is required"
+        );
+        assert!(
+            is_env_var_name("_a.b-c1") && !is_env_var_name("") && !is_env_var_name("a b") && !is_env_var_name("9x")
+        );
     }
 
     #[test]

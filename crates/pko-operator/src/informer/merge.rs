@@ -181,7 +181,12 @@ impl<K: Watched> Merge<K> {
     }
 
     /// Removes `src`: its objects leave the store as deleted.
-    pub(super) fn remove_source(&mut self, src: Src, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+    pub(super) fn remove_source(
+        &mut self,
+        src: Src,
+        lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>,
+        all: &impl Fn() -> Vec<K>,
+    ) -> Vec<Step<K>> {
         let mut steps = Vec::new();
         if let Some(gone) = self.sources.remove(&src) {
             for o in gone.known.iter().filter_map(lookup) {
@@ -211,7 +216,11 @@ impl<K: Watched> Merge<K> {
     }
 
     /// Drops from the store (as deleted) every object `gone` picks, whichever source has it.
-    pub(super) fn forget(&mut self, gone: impl Fn(&K) -> bool, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>) -> Vec<Step<K>> {
+    pub(super) fn forget(
+        &mut self,
+        gone: impl Fn(&K) -> bool,
+        lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>,
+    ) -> Vec<Step<K>> {
         let mut steps = Vec::new();
         for source in self.sources.values_mut() {
             source.known.retain(|r| {
@@ -248,7 +257,13 @@ impl<K: Watched> Merge<K> {
 
     /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
     /// An event of a source no longer there (closed meanwhile) changes nothing.
-    pub(super) fn handle(&mut self, source: Src, event: watcher::Event<K>, lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
+    pub(super) fn handle(
+        &mut self,
+        source: Src,
+        event: watcher::Event<K>,
+        lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>,
+        all: &impl Fn() -> Vec<K>,
+    ) -> Vec<Step<K>> {
         let Some(state) = self.sources.get_mut(&source) else { return Vec::new() };
         match event {
             watcher::Event::Apply(o) => {
@@ -277,7 +292,9 @@ impl<K: Watched> Merge<K> {
             watcher::Event::InitApply(o) => {
                 let r = ObjectRef::from_obj(&o);
                 let stored = lookup(&r);
-                let unchanged = state.skip_unchanged && state.known.contains(&r) && stored.as_deref().is_some_and(|old| same_version(old, &o));
+                let unchanged = state.skip_unchanged
+                    && state.known.contains(&r)
+                    && stored.as_deref().is_some_and(|old| same_version(old, &o));
                 state.listing.get_or_insert_with(HashSet::new).insert(r.clone());
                 state.known.insert(r);
                 // a list from the API server's watch cache (`resourceVersion=0`) may be older than
@@ -311,7 +328,10 @@ impl<K: Watched> Merge<K> {
 pub(super) fn older_than_stored<K: kube::Resource>(stored: Option<&K>, incoming: &K) -> bool {
     let Some(stored) = stored else { return false };
     let same_object = stored.meta().uid.is_some() && stored.meta().uid == incoming.meta().uid;
-    let (Some(a), Some(b)) = (incoming.meta().resource_version.as_deref(), stored.meta().resource_version.as_deref()) else { return false };
+    let (Some(a), Some(b)) = (incoming.meta().resource_version.as_deref(), stored.meta().resource_version.as_deref())
+    else {
+        return false;
+    };
     same_object && compare_resource_versions(a, b) == Some(std::cmp::Ordering::Less)
 }
 
@@ -358,7 +378,9 @@ mod tests {
 
         fn feed_from(&mut self, source: Src, event: watcher::Event<ConfigMap>) -> Vec<String> {
             let reader = self.writer.as_reader();
-            let steps = self.merge.handle(source, event, &|r| reader.get(r), &|| reader.state().iter().map(|o| (**o).clone()).collect());
+            let steps = self
+                .merge
+                .handle(source, event, &|r| reader.get(r), &|| reader.state().iter().map(|o| (**o).clone()).collect());
             self.apply(steps)
         }
 
@@ -368,15 +390,25 @@ mod tests {
             for s in steps {
                 match s {
                     Step::Store(e) => self.writer.apply_watcher_event(&e),
-                    Step::Notify(Change::Applied(o)) => notified.push(format!("+{}/{}", o.namespace().unwrap_or_default(), o.name_any())),
-                    Step::Notify(Change::Deleted(o)) => notified.push(format!("-{}/{}", o.namespace().unwrap_or_default(), o.name_any())),
+                    Step::Notify(Change::Applied(o)) => {
+                        notified.push(format!("+{}/{}", o.namespace().unwrap_or_default(), o.name_any()))
+                    }
+                    Step::Notify(Change::Deleted(o)) => {
+                        notified.push(format!("-{}/{}", o.namespace().unwrap_or_default(), o.name_any()))
+                    }
                 }
             }
             notified
         }
 
         fn names(&self) -> Vec<String> {
-            let mut v: Vec<String> = self.writer.as_reader().state().iter().map(|o| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())).collect();
+            let mut v: Vec<String> = self
+                .writer
+                .as_reader()
+                .state()
+                .iter()
+                .map(|o| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()))
+                .collect();
             v.sort();
             v
         }
@@ -410,7 +442,9 @@ mod tests {
                 }
                 Regroup::Unwatch(group) => self.merge.remove_source((group, 0), &lookup, &all),
                 Regroup::Forget(lost) => self.merge.forget(|o| shard_of(o).is_some_and(|k| lost.contains(&k)), &lookup),
-                Regroup::Rebuild { group, replaces, .. } => self.merge.carry(replaces.iter().map(|g| (*g, 0)).collect(), (group, 0), &all),
+                Regroup::Rebuild { group, replaces, .. } => {
+                    self.merge.carry(replaces.iter().map(|g| (*g, 0)).collect(), (group, 0), &all)
+                }
             };
             self.apply(steps)
         }
@@ -431,7 +465,11 @@ mod tests {
     #[test]
     fn a_gain_watches_only_the_gained_shards_a_loss_lists_nothing_and_groups_fold_when_many_or_wide() {
         let mut g = Groups::default();
-        assert_eq!(g.follow(&set(&[])), [Regroup::Watch { group: 0, shards: set(&[]) }], "the first watch, even of nothing");
+        assert_eq!(
+            g.follow(&set(&[])),
+            [Regroup::Watch { group: 0, shards: set(&[]) }],
+            "the first watch, even of nothing"
+        );
         assert_eq!(g.follow(&set(&[1, 2])), [Regroup::Unwatch(0), Regroup::Watch { group: 1, shards: set(&[1, 2]) }]);
         assert_eq!(g.follow(&set(&[1, 2])), [], "no change");
         // a takeover: only the gained shards are listed
@@ -444,13 +482,19 @@ mod tests {
         // more than MAX_WATCH_GROUPS: one re-list of everything held in their place
         assert_eq!(g.follow(&set(&[1, 3, 4, 6])), [Regroup::Watch { group: 4, shards: set(&[6]) }]);
         assert_eq!(g.follow(&set(&[1, 3, 4, 6, 7])), [Regroup::Watch { group: 5, shards: set(&[7]) }]);
-        assert_eq!(g.follow(&set(&[1, 3, 4, 6, 7, 8])), [Regroup::Rebuild { group: 6, shards: set(&[1, 3, 4, 6, 7, 8]), replaces: vec![1, 3, 4, 5] }]);
+        assert_eq!(
+            g.follow(&set(&[1, 3, 4, 6, 7, 8])),
+            [Regroup::Rebuild { group: 6, shards: set(&[1, 3, 4, 6, 7, 8]), replaces: vec![1, 3, 4, 5] }]
+        );
         // selectors covering more than twice what is held (a replica that held everything, then
         // handed most over as others joined): one re-list of what is held
         let mut g = Groups::default();
         g.follow(&set(&[0, 1, 2, 3, 4, 5, 6, 7]));
         assert_eq!(g.follow(&set(&[0, 1, 2, 3])), [Regroup::Forget(set(&[4, 5, 6, 7]))], "twice: still one watch");
-        assert_eq!(g.follow(&set(&[0, 1, 2])), [Regroup::Forget(set(&[3])), Regroup::Rebuild { group: 1, shards: set(&[0, 1, 2]), replaces: vec![0] }]);
+        assert_eq!(
+            g.follow(&set(&[0, 1, 2])),
+            [Regroup::Forget(set(&[3])), Regroup::Rebuild { group: 1, shards: set(&[0, 1, 2]), replaces: vec![0] }]
+        );
         // everything lost: no watch at all, until a gain
         assert_eq!(g.follow(&set(&[])), [Regroup::Forget(set(&[0, 1, 2])), Regroup::Unwatch(1)]);
         assert_eq!(g.follow(&set(&[9])), [Regroup::Watch { group: 2, shards: set(&[9]) }]);
@@ -472,7 +516,11 @@ mod tests {
             assert_eq!(h.regroup(r), Vec::<String>::new());
         }
         assert_eq!(h.list_from((1, 0), &[sharded("y", 2, "2")]), ["+a/y"]);
-        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(sharded("x", 1, "3"))), ["+a/x"], "shard 1's watch never stopped");
+        assert_eq!(
+            h.feed_from((0, 0), watcher::Event::Apply(sharded("x", 1, "3"))),
+            ["+a/x"],
+            "shard 1's watch never stopped"
+        );
         // lose shard 2: its objects leave the store as deleted, without a list
         let mut notified = Vec::new();
         for r in g.follow(&set(&[1])) {
@@ -482,9 +530,17 @@ mod tests {
         assert_eq!(h.names(), ["a/x"]);
         // a rebuild carries the objects over: its list hands on only the new and the changed
         let one = |k: u32| (set(&[k]), set(&[k]));
-        let mut g = Groups { groups: [(0, one(1)), (1, one(4)), (2, one(5)), (3, one(6))].into(), held: Some(set(&[1, 4, 5, 6])), next: 7 };
+        let mut g = Groups {
+            groups: [(0, one(1)), (1, one(4)), (2, one(5)), (3, one(6))].into(),
+            held: Some(set(&[1, 4, 5, 6])),
+            next: 7,
+        };
         let steps = g.follow(&set(&[1, 3, 4, 5, 6]));
-        assert_eq!(steps, [Regroup::Rebuild { group: 7, shards: set(&[1, 3, 4, 5, 6]), replaces: vec![0, 1, 2, 3] }], "a fifth group");
+        assert_eq!(
+            steps,
+            [Regroup::Rebuild { group: 7, shards: set(&[1, 3, 4, 5, 6]), replaces: vec![0, 1, 2, 3] }],
+            "a fifth group"
+        );
         for r in steps {
             h.regroup(r);
         }
@@ -501,7 +557,12 @@ mod tests {
             c.metadata.uid = Some(uid.into());
             c
         };
-        let rv = |h: &Harness, name: &str| h.writer.as_reader().get(&ObjectRef::new(name).within("a")).and_then(|o| o.metadata.resource_version.clone());
+        let rv = |h: &Harness, name: &str| {
+            h.writer
+                .as_reader()
+                .get(&ObjectRef::new(name).within("a"))
+                .and_then(|o| o.metadata.resource_version.clone())
+        };
         // shard 5 lost and regained while the first group, covering 1 and 5, stayed open for shard 1:
         // the new group lists it fresh, then the first group's watch delivers what it had buffered
         let mut h = Harness { merge: Merge::default(), writer: Writer::default() };
@@ -509,9 +570,17 @@ mod tests {
         h.merge.add_source((1, 0));
         h.list_from((0, 0), &[with("x", "u1", "7")]);
         assert_eq!(h.list_from((1, 0), &[with("x", "u1", "10")]), ["+a/x"]);
-        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "8"))), Vec::<String>::new(), "an older version: not stored, not handed on");
+        assert_eq!(
+            h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "8"))),
+            Vec::<String>::new(),
+            "an older version: not stored, not handed on"
+        );
         assert_eq!(rv(&h, "x").as_deref(), Some("10"));
-        assert_eq!(h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "11"))), ["+a/x"], "a newer one from either watch");
+        assert_eq!(
+            h.feed_from((0, 0), watcher::Event::Apply(with("x", "u1", "11"))),
+            ["+a/x"],
+            "a newer one from either watch"
+        );
         // a re-list from the watch cache older than the store keeps the newer version
         h.list_from((1, 0), &[with("x", "u1", "9")]);
         assert_eq!(rv(&h, "x").as_deref(), Some("11"));
@@ -580,7 +649,10 @@ mod tests {
         h.merge.skip_unchanged_in_next_lists();
         assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/y", "+a/z", "-a/w"]);
         assert_eq!(h.names(), ["a/x", "a/y", "a/z"], "the unchanged object stays in the store");
-        assert_eq!(h.writer.as_reader().get(&ObjectRef::new("y").within("a")).unwrap().metadata.resource_version.as_deref(), Some("3"));
+        assert_eq!(
+            h.writer.as_reader().get(&ObjectRef::new("y").within("a")).unwrap().metadata.resource_version.as_deref(),
+            Some("3")
+        );
         // a failed watch's re-list (no new selector) hands on everything, as kube's reflector does
         assert_eq!(h.list(0, &[at("x", "1"), at("y", "3"), at("z", "3")]), ["+a/x", "+a/y", "+a/z"]);
         // an object that left (another shard's) and came back is new again

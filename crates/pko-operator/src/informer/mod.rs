@@ -71,8 +71,26 @@ impl<K> Change<K> {
 }
 
 /// The bound on what kinds an informer watches: namespaced, statically typed Kubernetes objects.
-pub trait Watched: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
-impl<K> Watched for K where K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
+pub trait Watched:
+    kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// Changes a subscriber may hold before the informer waits for it (backpressure, never loss).
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -235,7 +253,8 @@ impl<K: Watched> Informer<K> {
                 });
             }
             for (i, api) in apis.iter().enumerate() {
-                streams.insert((group, i), watcher(api.clone(), config.clone()).default_backoff().modify(prune).boxed());
+                streams
+                    .insert((group, i), watcher(api.clone(), config.clone()).default_backoff().modify(prune).boxed());
             }
         };
         match step {
@@ -289,7 +308,12 @@ fn shard_of<K: kube::Resource>(object: &K) -> Option<u32> {
 
 /// Writes `steps` into the store and hands their changes to `subscribers` (dropping the closed
 /// ones); `false` once `shutdown` is cancelled while a subscriber was full.
-async fn deliver<K: Watched>(steps: Vec<Step<K>>, writer: &mut Writer<K>, subscribers: &mut Vec<mpsc::Sender<Box<Change<K>>>>, shutdown: &CancellationToken) -> bool {
+async fn deliver<K: Watched>(
+    steps: Vec<Step<K>>,
+    writer: &mut Writer<K>,
+    subscribers: &mut Vec<mpsc::Sender<Box<Change<K>>>>,
+    shutdown: &CancellationToken,
+) -> bool {
     for step in steps {
         match step {
             Step::Store(e) => writer.apply_watcher_event(&e),
@@ -360,7 +384,12 @@ impl<K: Watched> Slot<K> {
         Self { config, sharded, informer: None }
     }
 
-    fn get(&mut self, client: &kube::Client, scope: &WatchScope, shards: Option<&watch::Receiver<HeldShards>>) -> &mut Informer<K> {
+    fn get(
+        &mut self,
+        client: &kube::Client,
+        scope: &WatchScope,
+        shards: Option<&watch::Receiver<HeldShards>>,
+    ) -> &mut Informer<K> {
         let config = self.config.clone();
         let shards = shards.filter(|_| self.sharded).cloned();
         self.informer.get_or_insert_with(|| {
@@ -451,7 +480,10 @@ impl Informers {
     /// Runs the informers made so far beside `controllers` (the futures their subscribers' controllers
     /// return) until `controllers` ends: for tests and tools that run some controllers without the
     /// whole assembly.
-    pub fn drive(self, controllers: impl std::future::Future<Output = ()> + Send + 'static) -> impl std::future::Future<Output = ()> + Send + 'static {
+    pub fn drive(
+        self,
+        controllers: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let (_, watches) = self.run(CancellationToken::new());
         async move {
             futures::pin_mut!(controllers, watches);
@@ -460,10 +492,18 @@ impl Informers {
     }
 
     /// Runs every informer made so far until `shutdown`; `synced` is set once each has listed.
-    pub fn run(mut self, shutdown: CancellationToken) -> (Synced, impl std::future::Future<Output = ()> + Send + 'static) {
+    pub fn run(
+        mut self,
+        shutdown: CancellationToken,
+    ) -> (Synced, impl std::future::Future<Output = ()> + Send + 'static) {
         let mut waits: Vec<SyncWait> = Vec::new();
         let mut runs: Vec<InformerRun> = Vec::new();
-        fn add<K: Watched>(slot: &mut Slot<K>, waits: &mut Vec<SyncWait>, runs: &mut Vec<InformerRun>, shutdown: &CancellationToken) {
+        fn add<K: Watched>(
+            slot: &mut Slot<K>,
+            waits: &mut Vec<SyncWait>,
+            runs: &mut Vec<InformerRun>,
+            shutdown: &CancellationToken,
+        ) {
             if let Some(i) = slot.informer.take() {
                 let store = i.store();
                 waits.push(async move { store.wait_until_ready().await.is_ok() }.boxed());
@@ -534,6 +574,9 @@ mod tests {
     #[test]
     fn scope_from_namespaces() {
         assert_eq!(WatchScope::from_namespaces(&[]), WatchScope::Cluster);
-        assert_eq!(WatchScope::from_namespaces(&["a".into(), "b".into(), "a".into()]), WatchScope::Namespaces(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            WatchScope::from_namespaces(&["a".into(), "b".into(), "a".into()]),
+            WatchScope::Namespaces(vec!["a".into(), "b".into()])
+        );
     }
 }

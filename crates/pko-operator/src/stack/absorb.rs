@@ -40,9 +40,10 @@ pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), S
     let Some(expected) = update.spec.run_digest.as_deref().filter(|_| update.succeeded()) else { return Ok(()) };
     match update.status.as_ref().and_then(|s| s.run_digest.as_deref()) {
         Some(ran) if ran == expected => Ok(()),
-        ran => {
-            Err(format!("the Update reported success but did not run what it was made for: its agent ran {}, the Update names {expected}", ran.unwrap_or("an unrecorded request")))
-        }
+        ran => Err(format!(
+            "the Update reported success but did not run what it was made for: its agent ran {}, the Update names {expected}",
+            ran.unwrap_or("an unrecorded request")
+        )),
     }
 }
 
@@ -52,14 +53,22 @@ pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), S
 /// update holds it) is not the program's failure: it backs off like one but never reaches the stall
 /// count (`max_failures`, the Stack's `maxUpdateFailures`), so the Stack keeps retrying until the
 /// holder is gone.
-pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, update: &Update, now: &Time, max_failures: i64) -> Absorbed {
+pub fn absorb(
+    prev: Option<&StackUpdateState>,
+    current: &CurrentStackUpdate,
+    update: &Update,
+    now: &Time,
+    max_failures: i64,
+) -> Absorbed {
     let mismatch = verify_run(update, current).err();
     let ok = update.succeeded() && mismatch.is_none();
     // not the program's failure: backs off like one, never reaches the stall count
     let conflict = update.failed_reason() == Some(uc::UPDATE_CONFLICT);
     let not_programs = conflict || mismatch.is_some() || update.failed_reason() == Some(uc::RUN_MISMATCH);
     let prev = prev.cloned().unwrap_or_default();
-    let same_request = prev.generation == current.generation && prev.reconcile_request == current.reconcile_request && prev.state == Some(StackUpdateStateMessage::Failed);
+    let same_request = prev.generation == current.generation
+        && prev.reconcile_request == current.reconcile_request
+        && prev.state == Some(StackUpdateStateMessage::Failed);
     let us = update.status.clone().unwrap_or_default();
     let failures = if ok {
         0
@@ -85,7 +94,9 @@ pub fn absorb(prev: Option<&StackUpdateState>, current: &CurrentStackUpdate, upd
             failures: Some(failures),
             change_summary: us.change_summary.clone(),
             // canceled on request: the Stack waits for a change instead of retrying
-            cancel_request: (update.failed_reason() == Some(uc::CANCELED)).then(|| update.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned()).flatten(),
+            cancel_request: (update.failed_reason() == Some(uc::CANCELED))
+                .then(|| update.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned())
+                .flatten(),
             run_digest: us.run_digest.clone(),
         },
         succeeded: ok,
@@ -124,31 +135,58 @@ mod tests {
     }
 
     fn current(generation: i64, commit: &str) -> CurrentStackUpdate {
-        CurrentStackUpdate { generation: Some(generation), reconcile_request: None, name: Some("u".into()), commit: Some(commit.into()) }
+        CurrentStackUpdate {
+            generation: Some(generation),
+            reconcile_request: None,
+            name: Some("u".into()),
+            commit: Some(commit.into()),
+        }
     }
 
     #[test]
     fn a_success_records_the_commit_outputs_and_project() {
-        let a = absorb(None, &current(2, "abc"), &finished("u", true, uc::UPDATE_SUCCEEDED), &t(9), MAX_UPDATE_FAILURES);
+        let a =
+            absorb(None, &current(2, "abc"), &finished("u", true, uc::UPDATE_SUCCEEDED), &t(9), MAX_UPDATE_FAILURES);
         assert!(a.succeeded && !a.conflict);
         assert_eq!(a.last_update.state, Some(StackUpdateStateMessage::Succeeded));
         assert_eq!((a.last_update.last_successful_commit.as_deref(), a.last_update.failures), (Some("abc"), Some(0)));
         assert_eq!(a.outputs_secret.as_deref(), Some("u-stack-outputs"));
         assert_eq!(a.project_info.and_then(|p| p.name).as_deref(), Some("p"));
         assert_eq!(a.last_update.last_resync_time, Some(t(9)));
-        assert_eq!(a.last_update.change_summary, Some([("create".to_string(), 2), ("same".to_string(), 1)].into()), "the resource change counts");
+        assert_eq!(
+            a.last_update.change_summary,
+            Some([("create".to_string(), 2), ("same".to_string(), 1)].into()),
+            "the resource change counts"
+        );
     }
 
     #[test]
     fn failures_count_only_for_the_same_request() {
-        let first = absorb(None, &current(2, "abc"), &finished("u1", false, uc::UPDATE_FAILED), &t(1), MAX_UPDATE_FAILURES);
+        let first =
+            absorb(None, &current(2, "abc"), &finished("u1", false, uc::UPDATE_FAILED), &t(1), MAX_UPDATE_FAILURES);
         assert_eq!((first.last_update.failures, first.outputs_secret.clone()), (Some(0), None));
         let prev = StackUpdateState { last_successful_commit: Some("old".into()), ..first.last_update.clone() };
-        let second = absorb(Some(&prev), &current(2, "abc"), &finished("u2", false, uc::UPDATE_CONFLICT), &t(2), MAX_UPDATE_FAILURES);
+        let second = absorb(
+            Some(&prev),
+            &current(2, "abc"),
+            &finished("u2", false, uc::UPDATE_CONFLICT),
+            &t(2),
+            MAX_UPDATE_FAILURES,
+        );
         assert_eq!(second.last_update.failures, Some(1));
         assert!(second.conflict);
-        assert_eq!(second.last_update.last_successful_commit.as_deref(), Some("old"), "a failure keeps the last success");
-        let new_generation = absorb(Some(&second.last_update), &current(3, "def"), &finished("u3", false, uc::UPDATE_FAILED), &t(3), MAX_UPDATE_FAILURES);
+        assert_eq!(
+            second.last_update.last_successful_commit.as_deref(),
+            Some("old"),
+            "a failure keeps the last success"
+        );
+        let new_generation = absorb(
+            Some(&second.last_update),
+            &current(3, "def"),
+            &finished("u3", false, uc::UPDATE_FAILED),
+            &t(3),
+            MAX_UPDATE_FAILURES,
+        );
         assert_eq!(new_generation.last_update.failures, Some(0), "a new generation starts counting again");
     }
 
@@ -161,34 +199,85 @@ mod tests {
             u.status.as_mut().unwrap().run_digest = ran.map(str::to_string);
             u
         };
-        let a = absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:aa")), &t(1), MAX_UPDATE_FAILURES);
+        let a = absorb(
+            None,
+            &current(2, "abc"),
+            &made(2, Some("sha256:aa"), Some("sha256:aa")),
+            &t(1),
+            MAX_UPDATE_FAILURES,
+        );
         assert!(a.succeeded && a.mismatch.is_none());
         assert_eq!(a.last_update.run_digest.as_deref(), Some("sha256:aa"), "what ran, on the Stack");
-        let stale = absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:bb")), &t(1), MAX_UPDATE_FAILURES);
+        let stale = absorb(
+            None,
+            &current(2, "abc"),
+            &made(2, Some("sha256:aa"), Some("sha256:bb")),
+            &t(1),
+            MAX_UPDATE_FAILURES,
+        );
         assert!(!stale.succeeded, "another request ran: never a success");
         assert_eq!(stale.last_update.state, Some(StackUpdateStateMessage::Failed));
         assert!(stale.outputs_secret.is_none(), "its outputs are not taken");
         assert!(stale.message.contains("sha256:bb") && stale.message.contains("sha256:aa"), "{}", stale.message);
-        assert!(!absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), None), &t(1), MAX_UPDATE_FAILURES).succeeded, "an agent that recorded nothing");
-        let other_generation = absorb(None, &current(3, "abc"), &made(2, Some("sha256:aa"), Some("sha256:aa")), &t(1), MAX_UPDATE_FAILURES);
-        assert!(!other_generation.succeeded && other_generation.message.contains("generation 2"), "{}", other_generation.message);
-        assert!(absorb(None, &current(2, "abc"), &made(2, None, None), &t(1), MAX_UPDATE_FAILURES).succeeded, "an Update that names no digest (an earlier version's)");
+        assert!(
+            !absorb(None, &current(2, "abc"), &made(2, Some("sha256:aa"), None), &t(1), MAX_UPDATE_FAILURES).succeeded,
+            "an agent that recorded nothing"
+        );
+        let other_generation = absorb(
+            None,
+            &current(3, "abc"),
+            &made(2, Some("sha256:aa"), Some("sha256:aa")),
+            &t(1),
+            MAX_UPDATE_FAILURES,
+        );
+        assert!(
+            !other_generation.succeeded && other_generation.message.contains("generation 2"),
+            "{}",
+            other_generation.message
+        );
+        assert!(
+            absorb(None, &current(2, "abc"), &made(2, None, None), &t(1), MAX_UPDATE_FAILURES).succeeded,
+            "an Update that names no digest (an earlier version's)"
+        );
         let mut last = stale.last_update;
         for i in 0..10 {
-            last = absorb(Some(&last), &current(2, "abc"), &made(2, Some("sha256:aa"), Some("sha256:bb")), &t(i), MAX_UPDATE_FAILURES).last_update;
+            last = absorb(
+                Some(&last),
+                &current(2, "abc"),
+                &made(2, Some("sha256:aa"), Some("sha256:bb")),
+                &t(i),
+                MAX_UPDATE_FAILURES,
+            )
+            .last_update;
         }
         assert!(last.failures < Some(MAX_UPDATE_FAILURES), "a mismatch backs off, never stalls the Stack");
     }
 
     #[test]
     fn conflicts_back_off_but_never_reach_the_stall_count() {
-        let mut last = absorb(None, &current(2, "abc"), &finished("u0", false, uc::UPDATE_CONFLICT), &t(0), MAX_UPDATE_FAILURES).last_update;
+        let mut last =
+            absorb(None, &current(2, "abc"), &finished("u0", false, uc::UPDATE_CONFLICT), &t(0), MAX_UPDATE_FAILURES)
+                .last_update;
         for i in 1..10 {
-            last = absorb(Some(&last), &current(2, "abc"), &finished(&format!("u{i}"), false, uc::UPDATE_CONFLICT), &t(i), MAX_UPDATE_FAILURES).last_update;
+            last = absorb(
+                Some(&last),
+                &current(2, "abc"),
+                &finished(&format!("u{i}"), false, uc::UPDATE_CONFLICT),
+                &t(i),
+                MAX_UPDATE_FAILURES,
+            )
+            .last_update;
             assert!(last.failures.unwrap() < MAX_UPDATE_FAILURES, "conflict {i}: {:?}", last.failures);
         }
         assert_eq!(last.failures, Some(MAX_UPDATE_FAILURES - 1), "the longest back-off short of stalling");
-        let failed = absorb(Some(&last), &current(2, "abc"), &finished("u", false, uc::UPDATE_FAILED), &t(20), MAX_UPDATE_FAILURES).last_update;
+        let failed = absorb(
+            Some(&last),
+            &current(2, "abc"),
+            &finished("u", false, uc::UPDATE_FAILED),
+            &t(20),
+            MAX_UPDATE_FAILURES,
+        )
+        .last_update;
         assert_eq!(failed.failures, Some(MAX_UPDATE_FAILURES), "a real failure after them stalls");
     }
 }

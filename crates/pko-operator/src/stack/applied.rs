@@ -37,12 +37,17 @@ pub fn fingerprint(desired: &Workspace) -> u64 {
 
 /// Whether `cached` still carries the labels, annotations and owner references of `desired`. Pure.
 pub fn metadata_kept(desired: &Workspace, cached: &Workspace) -> bool {
-    let has_all = |want: &Option<std::collections::BTreeMap<String, String>>, got: &Option<std::collections::BTreeMap<String, String>>| {
+    let has_all = |want: &Option<std::collections::BTreeMap<String, String>>,
+                   got: &Option<std::collections::BTreeMap<String, String>>| {
         want.iter().flatten().all(|(k, v)| got.as_ref().and_then(|g| g.get(k)) == Some(v))
     };
     has_all(&desired.metadata.labels, &cached.metadata.labels)
         && has_all(&desired.metadata.annotations, &cached.metadata.annotations)
-        && desired.metadata.owner_references.as_ref().is_none_or(|o| cached.metadata.owner_references.as_ref() == Some(o))
+        && desired
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_none_or(|o| cached.metadata.owner_references.as_ref() == Some(o))
 }
 
 impl AppliedWorkspaces {
@@ -53,18 +58,33 @@ impl AppliedWorkspaces {
     /// The cached Workspace of Stack `ns/name`, its shard held at `epoch`, when applying `desired`
     /// would change nothing (the rules in the module's documentation; an apply recorded at another
     /// epoch says nothing: the shard's holders in between may have applied); `None`: apply.
-    pub fn unchanged(&self, ns: &str, name: &str, desired: &Workspace, cached: Option<&Workspace>, epoch: i64) -> Option<Workspace> {
+    pub fn unchanged(
+        &self,
+        ns: &str,
+        name: &str,
+        desired: &Workspace,
+        cached: Option<&Workspace>,
+        epoch: i64,
+    ) -> Option<Workspace> {
         let cached = cached?;
         let applied = self.map().get(&(ns.to_string(), name.to_string())).filter(|a| a.epoch == epoch).cloned()?;
-        let same_object = cached.metadata.uid.as_deref() == Some(applied.uid.as_str()) && cached.metadata.generation == Some(applied.generation);
-        (same_object && cached.metadata.deletion_timestamp.is_none() && applied.fingerprint == fingerprint(desired) && metadata_kept(desired, cached)).then(|| cached.clone())
+        let same_object = cached.metadata.uid.as_deref() == Some(applied.uid.as_str())
+            && cached.metadata.generation == Some(applied.generation);
+        (same_object
+            && cached.metadata.deletion_timestamp.is_none()
+            && applied.fingerprint == fingerprint(desired)
+            && metadata_kept(desired, cached))
+        .then(|| cached.clone())
     }
 
     /// Records that `desired` was applied to Stack `ns/name`'s Workspace, its shard held at `epoch`,
     /// which the apply returned as `written`.
     pub fn record(&self, ns: &str, name: &str, desired: &Workspace, written: &Workspace, epoch: i64) {
         let (Some(uid), Some(generation)) = (written.metadata.uid.clone(), written.metadata.generation) else { return };
-        self.map().insert((ns.to_string(), name.to_string()), Applied { fingerprint: fingerprint(desired), uid, generation, epoch });
+        self.map().insert(
+            (ns.to_string(), name.to_string()),
+            Applied { fingerprint: fingerprint(desired), uid, generation, epoch },
+        );
     }
 }
 
@@ -87,17 +107,41 @@ mod tests {
         let applied = AppliedWorkspaces::default();
         let desired = ws("", 0, "pulumi:1");
         let written = ws("u-1", 3, "pulumi:1");
-        assert!(applied.unchanged("a", "web", &desired, Some(&written), 1).is_none(), "nothing recorded (a restart): apply");
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&written), 1).is_none(),
+            "nothing recorded (a restart): apply"
+        );
         applied.record("a", "web", &desired, &written, 1);
-        assert!(applied.unchanged("a", "web", &desired, Some(&written), 1).is_some(), "the same Workspace, cached as written: skip");
-        assert!(applied.unchanged("a", "web", &desired, None, 1).is_none(), "not cached (deleted, or the cache is behind): apply");
-        assert!(applied.unchanged("a", "web", &ws("", 0, "pulumi:2"), Some(&written), 1).is_none(), "a new spec: apply");
-        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-1", 4, "pulumi:1")), 1).is_none(), "edited by someone since: apply");
-        assert!(applied.unchanged("a", "web", &desired, Some(&ws("u-2", 3, "pulumi:1")), 1).is_none(), "a new object (recreated): apply");
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&written), 1).is_some(),
+            "the same Workspace, cached as written: skip"
+        );
+        assert!(
+            applied.unchanged("a", "web", &desired, None, 1).is_none(),
+            "not cached (deleted, or the cache is behind): apply"
+        );
+        assert!(
+            applied.unchanged("a", "web", &ws("", 0, "pulumi:2"), Some(&written), 1).is_none(),
+            "a new spec: apply"
+        );
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&ws("u-1", 4, "pulumi:1")), 1).is_none(),
+            "edited by someone since: apply"
+        );
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&ws("u-2", 3, "pulumi:1")), 1).is_none(),
+            "a new object (recreated): apply"
+        );
         let mut stripped = written.clone();
         stripped.metadata.labels = None;
-        assert!(applied.unchanged("a", "web", &desired, Some(&stripped), 1).is_none(), "its label removed by hand: apply");
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&stripped), 1).is_none(),
+            "its label removed by hand: apply"
+        );
         assert!(applied.unchanged("b", "web", &desired, Some(&written), 1).is_none(), "another namespace's Stack");
-        assert!(applied.unchanged("a", "web", &desired, Some(&written), 2).is_none(), "applied before the shard was lost: apply");
+        assert!(
+            applied.unchanged("a", "web", &desired, Some(&written), 2).is_none(),
+            "applied before the shard was lost: apply"
+        );
     }
 }

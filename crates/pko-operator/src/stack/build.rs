@@ -4,10 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, SecretEnvSource, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, SecretEnvSource, SecretKeySelector,
+};
 use pko_api::shared::{ResourceRef, ResourceSelectorType};
 use pko_api::stack::StackSpec;
-use pko_api::workspace::{ConfigItem, ConfigValueFrom, FluxSource, GitAuth, GitSource, ProjectInfo, WorkspaceSpec, WorkspaceStack};
+use pko_api::workspace::{
+    ConfigItem, ConfigValueFrom, FluxSource, GitAuth, GitSource, ProjectInfo, WorkspaceSpec, WorkspaceStack,
+};
 use pko_api::{UpdateSpec, UpdateType};
 
 /// Where the program of a Stack comes from, resolved to a revision.
@@ -81,7 +85,9 @@ pub const CONFIGMAP_ENV_PREFIX: &str = "PKO_CONFIGMAP";
 
 fn ref_env(name: &str, r: &ResourceRef) -> Option<EnvVar> {
     match &r.selector_type {
-        ResourceSelectorType::Literal => Some(EnvVar { name: name.into(), value: r.literal.as_ref().map(|l| l.value.clone()), value_from: None }),
+        ResourceSelectorType::Literal => {
+            Some(EnvVar { name: name.into(), value: r.literal.as_ref().map(|l| l.value.clone()), value_from: None })
+        }
         ResourceSelectorType::Secret => r.secret.as_ref().map(|s| EnvVar {
             name: name.into(),
             value: None,
@@ -105,7 +111,12 @@ pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BT
     if let Some(a) = &spec.git_auth {
         return Some(GitAuth {
             ssh_private_key: a.ssh_auth.as_ref().and_then(|s| secret_selector(&s.ssh_private_key)),
-            password: a.ssh_auth.as_ref().and_then(|s| s.password.as_ref()).and_then(secret_selector).or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
+            password: a
+                .ssh_auth
+                .as_ref()
+                .and_then(|s| s.password.as_ref())
+                .and_then(secret_selector)
+                .or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
             token: a.access_token.as_ref().and_then(secret_selector),
             username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
             github_app: a.github_app.as_ref().map(|g| pko_api::workspace::GitHubAppSecretAuth {
@@ -146,8 +157,14 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
         env.extend(ref_env(name, r));
     }
     let mut env_from: Vec<EnvFromSource> = Vec::new();
-    env_from.extend(spec.envs.iter().flatten().map(|n| EnvFromSource { config_map_ref: Some(ConfigMapEnvSource { name: n.clone(), optional: None }), ..Default::default() }));
-    env_from.extend(spec.env_secrets.iter().flatten().map(|n| EnvFromSource { secret_ref: Some(SecretEnvSource { name: n.clone(), optional: None }), ..Default::default() }));
+    env_from.extend(spec.envs.iter().flatten().map(|n| EnvFromSource {
+        config_map_ref: Some(ConfigMapEnvSource { name: n.clone(), optional: None }),
+        ..Default::default()
+    }));
+    env_from.extend(spec.env_secrets.iter().flatten().map(|n| EnvFromSource {
+        secret_ref: Some(SecretEnvSource { name: n.clone(), optional: None }),
+        ..Default::default()
+    }));
 
     // config: inline (sorted), configRef, secrets, secretsRef (PKO's order)
     let mut config: Vec<ConfigItem> = Vec::new();
@@ -160,24 +177,45 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
             name: var.clone(),
             value: None,
             value_from: Some(EnvVarSource {
-                config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector { name: r.name.clone(), key: r.key.clone(), optional: None }),
+                config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector {
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                    optional: None,
+                }),
                 ..Default::default()
             }),
         });
-        config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: r.json }), ..Default::default() });
+        config.push(ConfigItem {
+            key: k.clone(),
+            value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: r.json }),
+            ..Default::default()
+        });
     }
     for (k, v) in spec.secrets.iter().flatten() {
-        config.push(ConfigItem { key: k.clone(), value: Some(serde_json::Value::String(v.clone())), secret: Some(true), ..Default::default() });
+        config.push(ConfigItem {
+            key: k.clone(),
+            value: Some(serde_json::Value::String(v.clone())),
+            secret: Some(true),
+            ..Default::default()
+        });
     }
     for (k, r) in spec.secrets_ref.iter().flatten() {
         match r.selector_type {
-            ResourceSelectorType::Literal => {
-                config.push(ConfigItem { key: k.clone(), value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())), secret: Some(true), ..Default::default() })
-            }
+            ResourceSelectorType::Literal => config.push(ConfigItem {
+                key: k.clone(),
+                value: r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone())),
+                secret: Some(true),
+                ..Default::default()
+            }),
             _ => {
                 let var = config_env(SECRET_CONFIG_ENV_PREFIX, k);
                 env.extend(ref_env(&var, r));
-                config.push(ConfigItem { key: k.clone(), value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: None }), secret: Some(true), ..Default::default() });
+                config.push(ConfigItem {
+                    key: k.clone(),
+                    value_from: Some(ConfigValueFrom { env: Some(var), path: None, json: None }),
+                    secret: Some(true),
+                    ..Default::default()
+                });
             }
         }
     }
@@ -197,9 +235,17 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> WorkspaceSpe
     };
     match source {
         ResolvedSource::Git { url, commit, auth } => {
-            ws.git = Some(GitSource { url: Some(url.clone()), git_ref: Some(commit.clone()), dir: spec.repo_dir.clone(), auth: auth.as_deref().cloned(), shallow: spec.shallow });
+            ws.git = Some(GitSource {
+                url: Some(url.clone()),
+                git_ref: Some(commit.clone()),
+                dir: spec.repo_dir.clone(),
+                auth: auth.as_deref().cloned(),
+                shallow: spec.shallow,
+            });
         }
-        ResolvedSource::Artifact { url, digest, dir, .. } => ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() }),
+        ResolvedSource::Artifact { url, digest, dir, .. } => {
+            ws.flux = Some(FluxSource { url: Some(url.clone()), digest: Some(digest.clone()), dir: dir.clone() })
+        }
         ResolvedSource::ProjectInfo(p) => ws.project_info = Some(p.clone()),
         ResolvedSource::Template => {}
     }
@@ -296,7 +342,14 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
 /// failure count). Deterministic: a pass that retries a failed create chooses the same name, so writing
 /// it to `currentUpdate` again changes nothing (and wakes no watch); every new sync differs from the
 /// last Update, so it never collides with one that still exists.
-pub fn update_name(stack: &str, generation: Option<i64>, request: Option<&str>, revision: &str, deleting: bool, last: Option<&pko_api::stack::StackUpdateState>) -> String {
+pub fn update_name(
+    stack: &str,
+    generation: Option<i64>,
+    request: Option<&str>,
+    revision: &str,
+    deleting: bool,
+    last: Option<&pko_api::stack::StackUpdateState>,
+) -> String {
     let key = format!(
         "{}\n{}\n{revision}\n{deleting}\n{}\n{}",
         generation.unwrap_or(0),
@@ -315,7 +368,10 @@ pub enum BuildError {
     NoUid(&'static str),
 }
 
-fn owner_ref<K: kube::Resource<DynamicType = ()>>(owner: &K, what: &'static str) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference, BuildError> {
+fn owner_ref<K: kube::Resource<DynamicType = ()>>(
+    owner: &K,
+    what: &'static str,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference, BuildError> {
     owner.controller_owner_ref(&()).ok_or(BuildError::NoUid(what))
 }
 
@@ -340,12 +396,19 @@ pub fn workspace(stack: &pko_api::Stack, source: &ResolvedSource) -> Result<pko_
 /// The Update `name` of `stack` on `workspace`: PKO's labels plus `updateTemplate.metadata`, the
 /// Workspace as controlling owner and the Stack as a second owner (blocking its deletion), the Stack
 /// finalizer (released once the result is absorbed), and [`update_spec`].
-pub fn update(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str, deleting: bool, reason: &str) -> Result<pko_api::Update, BuildError> {
+pub fn update(
+    stack: &pko_api::Stack,
+    workspace: &pko_api::Workspace,
+    name: &str,
+    deleting: bool,
+    reason: &str,
+) -> Result<pko_api::Update, BuildError> {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::ResourceExt;
     let stack_name = stack.name_any();
     let ws_owner = OwnerReference { controller: Some(true), ..owner_ref(workspace, "workspace")? };
-    let stack_owner = OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner_ref(stack, "stack")? };
+    let stack_owner =
+        OwnerReference { controller: Some(false), block_owner_deletion: Some(true), ..owner_ref(stack, "stack")? };
     let template = stack.spec.update_template.as_ref().and_then(|t| t.metadata.clone()).unwrap_or_default();
     let labels = child_labels(stack, template.labels);
     let annotations = template.annotations.filter(|a| !a.is_empty());
@@ -371,7 +434,8 @@ pub fn pin_run(u: &mut pko_api::Update, stack: &pko_api::Stack, workspace: &pko_
     u.spec.stack_generation = stack.metadata.generation;
     u.spec.workspace_generation = workspace.metadata.generation;
     u.spec.revision = Some(revision.to_string()).filter(|r| !r.is_empty());
-    u.spec.run_digest = crate::agents::request::run_digest(&stack.namespace().unwrap_or_default(), &workspace.spec, &u.spec).ok();
+    u.spec.run_digest =
+        crate::agents::request::run_digest(&stack.namespace().unwrap_or_default(), &workspace.spec, &u.spec).ok();
 }
 
 /// Time to live of a finished drift check's Update (a schedule every 15 minutes keeps 4, not 96 as
@@ -383,9 +447,20 @@ pub const DRIFT_CHECK_TTL: &str = "1h";
 /// update template's other settings; annotated when its schedule remediates. Owned as [`update`]'s.
 ///
 /// Errors: [`BuildError::NoUid`].
-pub fn drift_check(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name: &str, auto_remediate: bool) -> Result<pko_api::Update, BuildError> {
+pub fn drift_check(
+    stack: &pko_api::Stack,
+    workspace: &pko_api::Workspace,
+    name: &str,
+    auto_remediate: bool,
+) -> Result<pko_api::Update, BuildError> {
     let mut u = update(stack, workspace, name, false, "Drift detection")?;
-    let ttl_set = stack.spec.update_template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.ttl_after_completed.as_ref()).is_some();
+    let ttl_set = stack
+        .spec
+        .update_template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.ttl_after_completed.as_ref())
+        .is_some();
     u.spec.update_type = Some(UpdateType::Refresh);
     u.spec.preview_only = Some(true);
     u.spec.refresh = None;
@@ -394,7 +469,10 @@ pub fn drift_check(stack: &pko_api::Stack, workspace: &pko_api::Workspace, name:
         u.spec.ttl_after_completed = Some(DRIFT_CHECK_TTL.into());
     }
     if auto_remediate {
-        u.metadata.annotations.get_or_insert_default().insert(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION.into(), "true".into());
+        u.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION.into(), "true".into());
     }
     Ok(u)
 }
@@ -417,7 +495,10 @@ fn child_labels(stack: &pko_api::Stack, template: Option<BTreeMap<String, String
 
 /// Labels PKO puts on objects generated for a Stack.
 pub fn stack_labels(stack: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()), (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string())])
+    BTreeMap::from([
+        (pko_api::constants::STACK_COMPONENT_LABEL.to_string(), "stack".to_string()),
+        (pko_api::constants::STACK_NAME_LABEL.to_string(), stack.to_string()),
+    ])
 }
 
 #[cfg(test)]
@@ -431,17 +512,29 @@ mod tests {
 
     #[test]
     fn a_drift_check_is_a_preview_only_refresh_with_a_short_ttl() {
-        let mut stack = pko_api::Stack::new("web", spec(json!({"stack": "dev", "refresh": true, "targets": ["urn:a"], "updateTemplate": {"spec": {"parallel": 3}}})));
+        let mut stack = pko_api::Stack::new(
+            "web",
+            spec(
+                json!({"stack": "dev", "refresh": true, "targets": ["urn:a"], "updateTemplate": {"spec": {"parallel": 3}}}),
+            ),
+        );
         stack.metadata.uid = Some("u1".into());
         stack.metadata.namespace = Some("ns".into());
         let mut ws = pko_api::Workspace::new("web", Default::default());
         ws.metadata.uid = Some("u2".into());
         let u = drift_check(&stack, &ws, "web-drift-01020304", true).unwrap();
-        assert_eq!((u.spec.update_type, u.spec.preview_only, u.spec.refresh), (Some(UpdateType::Refresh), Some(true), None));
-        assert_eq!((u.spec.ttl_after_completed.as_deref(), u.spec.parallel, u.spec.message.as_deref()), (Some("1h"), Some(3), Some("Drift detection")));
+        assert_eq!(
+            (u.spec.update_type, u.spec.preview_only, u.spec.refresh),
+            (Some(UpdateType::Refresh), Some(true), None)
+        );
+        assert_eq!(
+            (u.spec.ttl_after_completed.as_deref(), u.spec.parallel, u.spec.message.as_deref()),
+            (Some("1h"), Some(3), Some("Drift detection"))
+        );
         assert_eq!(u.spec.target, Some(vec!["urn:a".to_string()]));
         assert_eq!(u.metadata.annotations.unwrap()[pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION], "true");
-        stack.spec.update_template = Some(serde_json::from_value(json!({"spec": {"ttlAfterCompleted": "5m"}})).unwrap());
+        stack.spec.update_template =
+            Some(serde_json::from_value(json!({"spec": {"ttlAfterCompleted": "5m"}})).unwrap());
         let u = drift_check(&stack, &ws, "web-drift-01020304", false).unwrap();
         assert_eq!(u.spec.ttl_after_completed.as_deref(), Some("5m"), "the template's TTL wins");
         assert!(u.metadata.annotations.is_none());
@@ -458,23 +551,58 @@ mod tests {
             "gitAuth": {"accessToken": {"type": "Secret", "secret": {"name": "git", "key": "token"}}},
             "workspaceTemplate": {"spec": {"image": "custom", "env": [{"name": "B", "value": "override"}], "skipInstall": true, "pulumiLogLevel": 3}}
         }));
-        let ws = workspace_spec(&s, &ResolvedSource::Git { url: "https://g/r.git".into(), commit: "abc".into(), auth: git_auth(&s, None).map(Box::new) });
+        let ws = workspace_spec(
+            &s,
+            &ResolvedSource::Git {
+                url: "https://g/r.git".into(),
+                commit: "abc".into(),
+                auth: git_auth(&s, None).map(Box::new),
+            },
+        );
         let env: Vec<_> = ws.env.as_ref().unwrap().iter().map(|e| e.name.clone()).collect();
         assert_eq!(&env[..4], &["PULUMI_BACKEND_URL", "PULUMI_ACCESS_TOKEN", "A", "PKO_CONFIGMAP_fromCm"], "{env:?}");
-        assert_eq!(ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(), Some("override"), "template env wins");
+        assert_eq!(
+            ws.env.as_ref().unwrap().iter().find(|e| e.name == "B").unwrap().value.as_deref(),
+            Some("override"),
+            "template env wins"
+        );
         assert_eq!(ws.env_from.as_ref().unwrap().len(), 2);
         assert_eq!(ws.image.as_deref(), Some("custom"));
-        assert_eq!((ws.skip_install, ws.pulumi_log_level), (Some(true), Some(3)), "every template field reaches the Workspace");
+        assert_eq!(
+            (ws.skip_install, ws.pulumi_log_level),
+            (Some(true), Some(3)),
+            "every template field reaches the Workspace"
+        );
         assert_eq!(ws.service_account_name.as_deref(), Some("runner"));
         let st = &ws.stacks.as_ref().unwrap()[0];
-        assert_eq!((st.name.as_str(), st.create, st.secrets_provider.as_deref()), ("dev", Some(false), Some("passphrase")));
-        let keys: Vec<_> = st.config.as_ref().unwrap().iter().map(|c| (c.key.clone(), c.secret.unwrap_or(false))).collect();
-        assert_eq!(keys, vec![("a".into(), false), ("z".into(), false), ("fromCm".into(), false), ("legacy".into(), true), ("lit".into(), true), ("pw".into(), true)]);
+        assert_eq!(
+            (st.name.as_str(), st.create, st.secrets_provider.as_deref()),
+            ("dev", Some(false), Some("passphrase"))
+        );
+        let keys: Vec<_> =
+            st.config.as_ref().unwrap().iter().map(|c| (c.key.clone(), c.secret.unwrap_or(false))).collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("a".into(), false),
+                ("z".into(), false),
+                ("fromCm".into(), false),
+                ("legacy".into(), true),
+                ("lit".into(), true),
+                ("pw".into(), true)
+            ]
+        );
         let pw = st.config.as_ref().unwrap().iter().find(|c| c.key == "pw").unwrap();
         assert_eq!(pw.value_from.as_ref().unwrap().env.as_deref(), Some("PKO_SECRET_CONFIG_pw"));
-        assert!(ws.env.as_ref().unwrap().iter().any(|e| e.name == "PKO_SECRET_CONFIG_pw" && e.value_from.is_some()), "the secret value stays in the Secret");
+        assert!(
+            ws.env.as_ref().unwrap().iter().any(|e| e.name == "PKO_SECRET_CONFIG_pw" && e.value_from.is_some()),
+            "the secret value stays in the Secret"
+        );
         let git = ws.git.unwrap();
-        assert_eq!((git.url.as_deref(), git.git_ref.as_deref(), git.dir.as_deref(), git.shallow), (Some("https://g/r.git"), Some("abc"), Some("app"), Some(true)));
+        assert_eq!(
+            (git.url.as_deref(), git.git_ref.as_deref(), git.dir.as_deref(), git.shallow),
+            (Some("https://g/r.git"), Some("abc"), Some("app"), Some(true))
+        );
         assert_eq!(git.auth.unwrap().token.unwrap().name, "git");
     }
 
@@ -487,7 +615,11 @@ mod tests {
         }))
         .unwrap();
         let src = ResolvedSource::ProjectInfo(ProjectInfo::default());
-        assert_eq!(workspace(&stack, &src).unwrap_err(), BuildError::NoUid("stack"), "no owner reference without a uid");
+        assert_eq!(
+            workspace(&stack, &src).unwrap_err(),
+            BuildError::NoUid("stack"),
+            "no owner reference without a uid"
+        );
         stack.metadata.uid = Some("s-uid".into());
         let mut ws = workspace(&stack, &src).unwrap();
         let labels = ws.metadata.labels.clone().unwrap();
@@ -497,7 +629,11 @@ mod tests {
         let mut unlabelled = stack.clone();
         unlabelled.metadata.labels = None;
         let labels = workspace(&unlabelled, &src).unwrap().metadata.labels.unwrap();
-        assert!(!labels.contains_key(pko_api::constants::SHARD_LABEL) && !labels.contains_key(pko_api::constants::SHARDS_LABEL), "a template never shards an object: {labels:?}");
+        assert!(
+            !labels.contains_key(pko_api::constants::SHARD_LABEL)
+                && !labels.contains_key(pko_api::constants::SHARDS_LABEL),
+            "a template never shards an object: {labels:?}"
+        );
         assert_eq!(ws.metadata.annotations.clone().unwrap()["n"], "1");
         assert_eq!(ws.metadata.owner_references.clone().unwrap()[0].uid, "s-uid");
         assert!(update(&stack, &ws, "web-1", false, "m").is_err(), "the Workspace needs a uid too");
@@ -505,7 +641,10 @@ mod tests {
         let u = update(&stack, &ws, "web-1", false, "m").unwrap();
         let owners = u.metadata.owner_references.unwrap();
         assert_eq!((owners[0].uid.as_str(), owners[0].controller), ("w-uid", Some(true)));
-        assert_eq!((owners[1].uid.as_str(), owners[1].controller, owners[1].block_owner_deletion), ("s-uid", Some(false), Some(true)));
+        assert_eq!(
+            (owners[1].uid.as_str(), owners[1].controller, owners[1].block_owner_deletion),
+            ("s-uid", Some(false), Some(true))
+        );
         assert_eq!(u.metadata.labels.unwrap()["kind"], "u");
         assert_eq!(u.metadata.finalizers.unwrap(), [pko_api::constants::STACK_FINALIZER]);
         assert_eq!(u.metadata.namespace.as_deref(), Some("team"));
@@ -536,30 +675,55 @@ mod tests {
     #[test]
     fn config_variables_never_collide() {
         let keys = ["dbpass", "dbPass", "DBPASS", "db.pass", "db_pass", "db-pass", "db_2epass", "aws:region", "ünï"];
-        let vars: std::collections::BTreeSet<String> = keys.iter().map(|k| config_env(SECRET_CONFIG_ENV_PREFIX, k)).collect();
+        let vars: std::collections::BTreeSet<String> =
+            keys.iter().map(|k| config_env(SECRET_CONFIG_ENV_PREFIX, k)).collect();
         assert_eq!(vars.len(), keys.len(), "{vars:?}");
         assert_eq!(config_env(SECRET_CONFIG_ENV_PREFIX, "db.pass"), "PKO_SECRET_CONFIG_db_2epass");
-        assert!(vars.iter().all(|v| v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')), "valid variable names: {vars:?}");
+        assert!(
+            vars.iter().all(|v| v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')),
+            "valid variable names: {vars:?}"
+        );
         let s = spec(json!({"stack": "dev", "secretsRef": {
             "dbpass": {"type": "Secret", "secret": {"name": "s", "key": "a"}},
             "dbPass": {"type": "Secret", "secret": {"name": "s", "key": "b"}}}}));
         let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo::default()));
-        let env: Vec<_> = ws.env.unwrap().into_iter().map(|e| (e.name, e.value_from.unwrap().secret_key_ref.unwrap().key)).collect();
-        assert_eq!(env, vec![("PKO_SECRET_CONFIG_dbPass".to_string(), "b".to_string()), ("PKO_SECRET_CONFIG_dbpass".to_string(), "a".to_string())]);
+        let env: Vec<_> =
+            ws.env.unwrap().into_iter().map(|e| (e.name, e.value_from.unwrap().secret_key_ref.unwrap().key)).collect();
+        assert_eq!(
+            env,
+            vec![
+                ("PKO_SECRET_CONFIG_dbPass".to_string(), "b".to_string()),
+                ("PKO_SECRET_CONFIG_dbpass".to_string(), "a".to_string())
+            ]
+        );
     }
 
     #[test]
     fn artifact_and_project_sources() {
         let s = spec(json!({"stack": "dev"}));
-        let ws = workspace_spec(&s, &ResolvedSource::Artifact { url: "http://a".into(), digest: "sha256:0".into(), revision: "3".into(), dir: Some("d".into()) });
+        let ws = workspace_spec(
+            &s,
+            &ResolvedSource::Artifact {
+                url: "http://a".into(),
+                digest: "sha256:0".into(),
+                revision: "3".into(),
+                dir: Some("d".into()),
+            },
+        );
         assert_eq!(ws.flux.unwrap().dir.as_deref(), Some("d"));
-        let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }));
+        let ws = workspace_spec(
+            &s,
+            &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }),
+        );
         assert!(ws.project_info.is_some() && ws.git.is_none());
     }
 
     #[test]
     fn a_stack_without_a_source_runs_on_its_templates_own() {
-        let none = workspace_spec(&spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"image": "mine"}}})), &ResolvedSource::Template);
+        let none = workspace_spec(
+            &spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"image": "mine"}}})),
+            &ResolvedSource::Template,
+        );
         assert!(!none.has_source(), "PKO's source-less Workspace: its pod's init container brings the program");
         let s = spec(json!({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "/share/program"}}}}));
         let ws = workspace_spec(&s, &ResolvedSource::Template);
@@ -568,24 +732,46 @@ mod tests {
         assert_eq!(ResolvedSource::Template.revision(), "", "PKO's commit of a Stack without a source");
         // destroyed from its cached project info (the source may be gone): the template's local source
         // still replaces it — one source, which the agent accepts (PKO #1300/#1327)
-        let ws = workspace_spec(&s, &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }));
+        let ws = workspace_spec(
+            &s,
+            &ResolvedSource::ProjectInfo(ProjectInfo { name: Some("p".into()), runtime: Some("yaml".into()) }),
+        );
         assert!(ws.local.is_some() && ws.project_info.is_none(), "{ws:?}");
     }
 
     #[test]
     fn update_kind_options_and_template() {
-        let s = spec(json!({"stack": "dev", "targets": ["urn:a"], "refresh": true, "runProgram": true, "updateTemplate": {"spec": {"ttlAfterCompleted": "1h", "parallel": 2}}}));
+        let s = spec(
+            json!({"stack": "dev", "targets": ["urn:a"], "refresh": true, "runProgram": true, "updateTemplate": {"spec": {"ttlAfterCompleted": "1h", "parallel": 2}}}),
+        );
         let up = update_spec(&s, "ws", false, "Initial stack update");
-        assert_eq!((up.update_type, up.ttl_after_completed.as_deref(), up.parallel, up.refresh), (Some(UpdateType::Up), Some("1h"), Some(2), Some(true)));
+        assert_eq!(
+            (up.update_type, up.ttl_after_completed.as_deref(), up.parallel, up.refresh),
+            (Some(UpdateType::Up), Some("1h"), Some(2), Some(true))
+        );
         assert_eq!(up.target, Some(vec!["urn:a".to_string()]));
         let d = update_spec(&s, "ws", true, "Stack marked for deletion");
         assert_eq!((d.update_type, d.run_program, d.target.clone()), (Some(UpdateType::Destroy), Some(true), None));
         let p = update_spec(&spec(json!({"stack": "dev", "preview": true})), "ws", false, "m");
-        assert_eq!((p.update_type, p.ttl_after_completed.as_deref(), p.timeout), (Some(UpdateType::Preview), Some("24h"), None));
+        assert_eq!(
+            (p.update_type, p.ttl_after_completed.as_deref(), p.timeout),
+            (Some(UpdateType::Preview), Some("24h"), None)
+        );
         let t = update_spec(&spec(json!({"stack": "dev", "operationTimeoutSeconds": 90})), "ws", false, "m");
         assert_eq!(t.timeout.as_deref(), Some("90s"), "the Stack's deadline reaches its Updates");
-        let t = update_spec(&spec(json!({"stack": "dev", "operationTimeoutSeconds": 90, "updateTemplate": {"spec": {"timeout": "1h", "idleTimeout": "5m"}}})), "ws", false, "m");
-        assert_eq!((t.timeout.as_deref(), t.idle_timeout.as_deref()), (Some("1h"), Some("5m")), "the update template wins");
+        let t = update_spec(
+            &spec(
+                json!({"stack": "dev", "operationTimeoutSeconds": 90, "updateTemplate": {"spec": {"timeout": "1h", "idleTimeout": "5m"}}}),
+            ),
+            "ws",
+            false,
+            "m",
+        );
+        assert_eq!(
+            (t.timeout.as_deref(), t.idle_timeout.as_deref()),
+            (Some("1h"), Some("5m")),
+            "the update template wins"
+        );
     }
 
     #[test]
@@ -593,7 +779,10 @@ mod tests {
         let s = spec(json!({"stack": "dev", "gitAuthSecret": "creds"}));
         let keys = |k: &[&str]| k.iter().map(|x| x.to_string()).collect::<std::collections::BTreeSet<_>>();
         let ssh = git_auth(&s, Some(&keys(&["sshPrivateKey", "password", "accessToken"]))).unwrap();
-        assert_eq!((ssh.ssh_private_key.unwrap().key, ssh.password.unwrap().key, ssh.token), ("sshPrivateKey".into(), "password".into(), None));
+        assert_eq!(
+            (ssh.ssh_private_key.unwrap().key, ssh.password.unwrap().key, ssh.token),
+            ("sshPrivateKey".into(), "password".into(), None)
+        );
         let tok = git_auth(&s, Some(&keys(&["accessToken", "username", "password"]))).unwrap();
         assert_eq!((tok.token.unwrap().name, tok.username), ("creds".into(), None));
         let basic = git_auth(&s, Some(&keys(&["username", "password"]))).unwrap();

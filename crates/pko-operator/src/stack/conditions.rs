@@ -15,7 +15,13 @@ pub fn mark_ready(conditions: &mut Vec<Condition>, generation: Option<i64>, now:
 }
 
 /// Ready=False `NotReadyInProgress` + Reconciling=True with `reason`; Stalled removed.
-pub fn mark_reconciling(conditions: &mut Vec<Condition>, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
+pub fn mark_reconciling(
+    conditions: &mut Vec<Condition>,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
     remove(conditions, sc::STALLED);
     set(conditions, sc::READY, "False", sc::NOT_READY_IN_PROGRESS, sc::NOT_READY_IN_PROGRESS_MESSAGE, generation, now);
     set(conditions, sc::RECONCILING, "True", reason, message, generation, now);
@@ -31,7 +37,9 @@ pub fn mark_stalled(conditions: &mut Vec<Condition>, reason: &str, message: &str
 /// Whether `conditions` already say Stalled=True with `reason` and `message` (an event for the same
 /// stall was published when it began). Pure.
 pub fn is_stalled_with(conditions: &[Condition], reason: &str, message: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == sc::STALLED && c.status == "True" && c.reason == reason && c.message == message)
+    conditions
+        .iter()
+        .any(|c| c.type_ == sc::STALLED && c.status == "True" && c.reason == reason && c.message == message)
 }
 
 #[cfg(test)]
@@ -60,9 +68,21 @@ mod tests {
     fn ready_protocol_holds_exactly_one_companion() {
         let mut c = Vec::new();
         mark_reconciling(&mut c, sc::STACK_PROCESSING, "stack is being processed", Some(1), &t(1));
-        assert_eq!(types(&c), vec![("Ready".into(), "False".into(), "NotReadyInProgress".into()), ("Reconciling".into(), "True".into(), "StackProcessing".into())]);
+        assert_eq!(
+            types(&c),
+            vec![
+                ("Ready".into(), "False".into(), "NotReadyInProgress".into()),
+                ("Reconciling".into(), "True".into(), "StackProcessing".into())
+            ]
+        );
         mark_stalled(&mut c, sc::UPDATE_FAILED, "up failed 3 times", Some(1), &t(2));
-        assert_eq!(types(&c), vec![("Ready".into(), "False".into(), "NotReadyStalled".into()), ("Stalled".into(), "True".into(), "UpdateFailed".into())]);
+        assert_eq!(
+            types(&c),
+            vec![
+                ("Ready".into(), "False".into(), "NotReadyStalled".into()),
+                ("Stalled".into(), "True".into(), "UpdateFailed".into())
+            ]
+        );
         mark_ready(&mut c, Some(2), &t(3));
         assert_eq!(types(&c), vec![("Ready".into(), "True".into(), "ProcessingCompleted".into())]);
         assert_eq!(c[0].observed_generation, Some(2));

@@ -19,7 +19,10 @@ use crate::k8s;
 /// `informers`: Stacks (itself, and the Stacks whose prerequisites a change may satisfy), the
 /// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
 /// ([`super::flux`]). Run the future until shutdown.
-pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
+pub fn controller(
+    ctx: Arc<Context>,
+    informers: &mut Informers,
+) -> (Store<Stack>, impl std::future::Future<Output = ()> + Send + 'static) {
     let state = Arc::new(super::reconcile::StackController {
         ctx: ctx.clone(),
         updates: informers.updates().store(),
@@ -36,23 +39,40 @@ pub fn controller(ctx: Arc<Context>, informers: &mut Informers) -> (Store<Stack>
     let dependents = store.clone();
     let by_program = store.clone();
     let controller = controller
-        .watches_stream(informers.updates().objects(), move |u: Update| by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone()))
-        .watches_stream(informers.workspaces().objects(), move |w: Workspace| by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone()))
+        .watches_stream(informers.updates().objects(), move |u: Update| {
+            by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
+        })
+        .watches_stream(informers.workspaces().objects(), move |w: Workspace| {
+            by_label(w.metadata.labels.as_ref(), w.metadata.namespace.clone())
+        })
         .watches_stream(informers.stacks().objects(), move |s: Stack| {
             let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-            dependents.state_filter(|s| prerequisites::depends_on(s, &ns, &name)).iter().map(|s| ObjectRef::from_obj(&**s)).collect::<Vec<_>>()
+            dependents
+                .state_filter(|s| prerequisites::depends_on(s, &ns, &name))
+                .iter()
+                .map(|s| ObjectRef::from_obj(&**s))
+                .collect::<Vec<_>>()
         })
         .watches_stream(informers.programs().objects(), move |p: Program| {
             let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
             by_program
-                .state_filter(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name))
+                .state_filter(|s| {
+                    s.namespace().as_deref() == Some(ns.as_str())
+                        && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name)
+                })
                 .iter()
                 .map(|s| ObjectRef::from_obj(&**s))
                 .collect::<Vec<_>>()
         });
     // Flux sources: a new artifact revision reconciles the Stacks that refer to it
     let (flux_tx, flux_rx) = tokio::sync::mpsc::channel(1024);
-    let flux = super::flux::run(informers.client().clone(), informers.scope().clone(), informers.stacks().subscribe(), store.clone(), flux_tx);
+    let flux = super::flux::run(
+        informers.client().clone(),
+        informers.scope().clone(),
+        informers.stacks().subscribe(),
+        store.clone(),
+        flux_tx,
+    );
     let controller = controller.reconcile_on(tokio_stream::wrappers::ReceiverStream::new(flux_rx));
     let run = async move {
         let own = ctx.clone();

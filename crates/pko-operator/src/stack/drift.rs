@@ -30,7 +30,11 @@ impl FromStr for Schedule {
     /// A cron expression as [`pko_api::stack::DriftSchedule::cron`] documents it; the error is the
     /// parser's message.
     fn from_str(s: &str) -> Result<Self, String> {
-        let cron = croner::parser::CronParser::builder().seconds(croner::parser::Seconds::Optional).build().parse(s.trim()).map_err(|e| e.to_string())?;
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Optional)
+            .build()
+            .parse(s.trim())
+            .map_err(|e| e.to_string())?;
         Ok(Schedule { cron, auto_remediate: false })
     }
 }
@@ -42,7 +46,9 @@ pub fn schedules(stack: &Stack) -> Result<Vec<Schedule>, String> {
     list.iter()
         .enumerate()
         .map(|(i, s)| {
-            let parsed: Schedule = s.cron.parse().map_err(|e| format!("spec.driftDetection.schedules[{i}].cron: invalid cron expression {:?}: {e}", s.cron))?;
+            let parsed: Schedule = s.cron.parse().map_err(|e| {
+                format!("spec.driftDetection.schedules[{i}].cron: invalid cron expression {:?}: {e}", s.cron)
+            })?;
             Ok(Schedule { auto_remediate: s.auto_remediate == Some(true), ..parsed })
         })
         .collect()
@@ -60,7 +66,10 @@ fn from_chrono(t: chrono::DateTime<chrono::Utc>) -> Option<Timestamp> {
 /// remediates. None: no schedule ticks again.
 pub fn next_tick(schedules: &[Schedule], after: Timestamp) -> Option<(Timestamp, bool)> {
     let after = to_chrono(after)?;
-    let ticks: Vec<(Timestamp, bool)> = schedules.iter().filter_map(|s| Some((from_chrono(s.cron.find_next_occurrence(&after, false).ok()?)?, s.auto_remediate))).collect();
+    let ticks: Vec<(Timestamp, bool)> = schedules
+        .iter()
+        .filter_map(|s| Some((from_chrono(s.cron.find_next_occurrence(&after, false).ok()?)?, s.auto_remediate)))
+        .collect();
     let first = ticks.iter().map(|(t, _)| *t).min()?;
     Some((first, ticks.iter().any(|(t, r)| *t == first && *r)))
 }
@@ -102,7 +111,10 @@ pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: st
     let created = stack.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let mut anchor = last_check.or(last_update).or(created).unwrap_or(now);
     // the first tick at or after `last check + min_interval` (ticks are whole seconds)
-    if let Some(floor) = last_check.and_then(|c| c.checked_add(min_interval).ok()).and_then(|f| f.checked_sub(std::time::Duration::from_secs(1)).ok()) {
+    if let Some(floor) = last_check
+        .and_then(|c| c.checked_add(min_interval).ok())
+        .and_then(|f| f.checked_sub(std::time::Duration::from_secs(1)).ok())
+    {
         anchor = anchor.max(floor);
     }
     match next_tick(&schedules, anchor) {
@@ -143,8 +155,14 @@ pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duratio
         })
         .map(|(i, _)| format!("spec.driftDetection.schedules[{i}].cron"))
         .collect();
-    (!fast.is_empty())
-        .then(|| format!("{} tick(s) more often than every {} s: checks run at most once every {} s", fast.join(", "), min_interval.as_secs(), min_interval.as_secs()))
+    (!fast.is_empty()).then(|| {
+        format!(
+            "{} tick(s) more often than every {} s: checks run at most once every {} s",
+            fast.join(", "),
+            min_interval.as_secs(),
+            min_interval.as_secs()
+        )
+    })
 }
 
 /// Name of the check's Update for `tick`: `<stack>-drift-<8 hex>` (deterministic: a pass that ends
@@ -180,10 +198,21 @@ pub fn outcome(update: &Update) -> Outcome {
     let st = update.status.clone().unwrap_or_default();
     if !update.succeeded() {
         let why = st.message.unwrap_or_else(|| "no message".into());
-        return Outcome { status: "Unknown", reason: sc::DRIFT_CHECK_FAILED, message: format!("drift check failed: {why}"), drifted: Vec::new() };
+        return Outcome {
+            status: "Unknown",
+            reason: sc::DRIFT_CHECK_FAILED,
+            message: format!("drift check failed: {why}"),
+            drifted: Vec::new(),
+        };
     }
     let drifted = st.resource_changes.unwrap_or_default();
-    let counted: i64 = st.change_summary.unwrap_or_default().iter().filter(|(op, _)| op.as_str() != "same").map(|(_, n)| i64::from(*n)).sum();
+    let counted: i64 = st
+        .change_summary
+        .unwrap_or_default()
+        .iter()
+        .filter(|(op, _)| op.as_str() != "same")
+        .map(|(_, n)| i64::from(*n))
+        .sum();
     let total = counted.max(drifted.len() as i64);
     if total == 0 {
         return Outcome { status: "False", reason: sc::DRIFT_NO_CHANGES, message: "no drift detected".into(), drifted };
@@ -200,13 +229,19 @@ pub fn outcome(update: &Update) -> Outcome {
     if more > 0 {
         listed.push(format!("and {more} more"));
     }
-    Outcome { status: "True", reason: sc::DRIFT_CHANGES, message: format!("{total} resource(s) drifted: {}", listed.join("; ")), drifted }
+    Outcome {
+        status: "True",
+        reason: sc::DRIFT_CHANGES,
+        message: format!("{total} resource(s) drifted: {}", listed.join("; ")),
+        drifted,
+    }
 }
 
 /// Whether drift found by an `autoRemediate` schedule is still to be remediated: `DriftDetected` is
 /// True and the last check's schedule remediates. An `up` built meanwhile refreshes first.
 pub fn remediating(status: &StackStatus) -> bool {
-    drift_condition(status) == Some("True") && status.drift_detection.as_ref().and_then(|d| d.auto_remediate) == Some(true)
+    drift_condition(status) == Some("True")
+        && status.drift_detection.as_ref().and_then(|d| d.auto_remediate) == Some(true)
 }
 
 fn drift_condition(status: &StackStatus) -> Option<&str> {
@@ -238,20 +273,33 @@ pub fn remediation(status: &StackStatus) -> Remediation {
     let last = status.last_update.as_ref();
     let since = last.and_then(|l| l.last_resync_time.as_ref()).map(|t| t.0).filter(|t| *t >= checked);
     match (since, last) {
-        (Some(_), Some(l)) if l.state == Some(StackUpdateStateMessage::Succeeded) && l.update_type == Some(UpdateType::Up) => {
+        (Some(_), Some(l))
+            if l.state == Some(StackUpdateStateMessage::Succeeded) && l.update_type == Some(UpdateType::Up) =>
+        {
             Remediation::Done(format!("drift remediated by update {}", l.name.as_deref().unwrap_or_default()))
         }
         // an update ran since the check and failed: the failure's backoff retries it (refreshing first)
         (Some(_), _) => Remediation::None,
         (None, _) => {
-            let n = status.drift_detection.as_ref().and_then(|d| d.drifted_resources.as_ref()).map(Vec::len).unwrap_or(0);
-            Remediation::Run(if n > 0 { format!("Drift detected: {n} resource(s) drifted") } else { "Drift detected".into() })
+            let n =
+                status.drift_detection.as_ref().and_then(|d| d.drifted_resources.as_ref()).map(Vec::len).unwrap_or(0);
+            Remediation::Run(if n > 0 {
+                format!("Drift detected: {n} resource(s) drifted")
+            } else {
+                "Drift detected".into()
+            })
         }
     }
 }
 
 /// `status.driftDetection` after the check `update` ended at `now` on a schedule with `auto_remediate`.
-pub fn checked(prev: Option<&DriftDetectionStatus>, update: &Update, outcome: &Outcome, now: Timestamp, auto_remediate: bool) -> DriftDetectionStatus {
+pub fn checked(
+    prev: Option<&DriftDetectionStatus>,
+    update: &Update,
+    outcome: &Outcome,
+    now: Timestamp,
+    auto_remediate: bool,
+) -> DriftDetectionStatus {
     DriftDetectionStatus {
         last_check: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
         last_check_update: update.metadata.name.clone(),
@@ -274,16 +322,26 @@ mod tests {
     }
 
     fn stack(schedules: &[(&str, bool)]) -> Stack {
-        let drift = DriftDetection { schedules: Some(schedules.iter().map(|(c, r)| DriftSchedule { cron: c.to_string(), auto_remediate: Some(*r) }).collect()) };
-        let mut s = Stack::new("s", StackSpec { stack: "dev".into(), drift_detection: Some(drift), ..Default::default() });
+        let drift = DriftDetection {
+            schedules: Some(
+                schedules
+                    .iter()
+                    .map(|(c, r)| DriftSchedule { cron: c.to_string(), auto_remediate: Some(*r) })
+                    .collect(),
+            ),
+        };
+        let mut s =
+            Stack::new("s", StackSpec { stack: "dev".into(), drift_detection: Some(drift), ..Default::default() });
         s.metadata.creation_timestamp = Some(Time(t("2026-11-24T10:00:00Z")));
         s
     }
 
     fn status(last_check: Option<&str>, last_update: Option<&str>) -> StackStatus {
         StackStatus {
-            drift_detection: last_check.map(|c| DriftDetectionStatus { last_check: Some(Time(t(c))), ..Default::default() }),
-            last_update: last_update.map(|u| StackUpdateState { last_resync_time: Some(Time(t(u))), ..Default::default() }),
+            drift_detection: last_check
+                .map(|c| DriftDetectionStatus { last_check: Some(Time(t(c))), ..Default::default() }),
+            last_update: last_update
+                .map(|u| StackUpdateState { last_resync_time: Some(Time(t(u))), ..Default::default() }),
             ..Default::default()
         }
     }
@@ -296,19 +354,39 @@ mod tests {
         let e = schedules(&stack(&[("@hourly", false), ("61 * * * *", false)])).unwrap_err();
         assert!(e.starts_with("spec.driftDetection.schedules[1].cron: invalid cron expression \"61 * * * *\""), "{e}");
         assert_eq!(due(&stack(&[]), &StackStatus::default(), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), Due::Off);
-        assert!(matches!(due(&stack(&[("nope", false)]), &StackStatus::default(), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), Due::Invalid(_)));
+        assert!(matches!(
+            due(&stack(&[("nope", false)]), &StackStatus::default(), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL),
+            Due::Invalid(_)
+        ));
     }
 
     #[test]
     fn ticks_count_from_the_last_check_then_the_last_update_then_creation() {
         let s = stack(&[("*/15 * * * *", false)]);
         // never ran: from creation (10:00) the first tick is 10:15
-        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:14:00Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:15:00Z")));
-        assert_eq!(due(&s, &StackStatus::default(), t("2026-11-24T10:15:00Z"), MIN_CHECK_INTERVAL), Due::Check { tick: t("2026-11-24T10:15:00Z"), auto_remediate: false });
+        assert_eq!(
+            due(&s, &StackStatus::default(), t("2026-11-24T10:14:00Z"), MIN_CHECK_INTERVAL),
+            Due::At(t("2026-11-24T10:15:00Z"))
+        );
+        assert_eq!(
+            due(&s, &StackStatus::default(), t("2026-11-24T10:15:00Z"), MIN_CHECK_INTERVAL),
+            Due::Check { tick: t("2026-11-24T10:15:00Z"), auto_remediate: false }
+        );
         // the last update at 10:20: the next tick is 10:30
-        assert_eq!(due(&s, &status(None, Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:29:59Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:30:00Z")));
+        assert_eq!(
+            due(&s, &status(None, Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:29:59Z"), MIN_CHECK_INTERVAL),
+            Due::At(t("2026-11-24T10:30:00Z"))
+        );
         // checked at 10:30:05: 10:45 next
-        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), Some("2026-11-24T10:20:00Z")), t("2026-11-24T10:31:00Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:45:00Z")));
+        assert_eq!(
+            due(
+                &s,
+                &status(Some("2026-11-24T10:30:05Z"), Some("2026-11-24T10:20:00Z")),
+                t("2026-11-24T10:31:00Z"),
+                MIN_CHECK_INTERVAL
+            ),
+            Due::At(t("2026-11-24T10:45:00Z"))
+        );
         // a day down: one check (for the first missed tick), not 96
         let d = due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-25T10:31:00Z"), MIN_CHECK_INTERVAL);
         assert_eq!(d, Due::Check { tick: t("2026-11-24T10:45:00Z"), auto_remediate: false });
@@ -318,22 +396,49 @@ mod tests {
     fn a_schedule_faster_than_the_floor_is_checked_at_the_floors_pace_and_named() {
         let s = stack(&[("@hourly", false), ("* * * * * *", false)]);
         // checked at 10:30:05: every second ticks, but the next check is 60 s later
-        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:30Z"), MIN_CHECK_INTERVAL), Due::At(t("2026-11-24T10:31:05Z")));
-        assert!(matches!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:31:05Z"), MIN_CHECK_INTERVAL), Due::Check { .. }));
+        assert_eq!(
+            due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:30Z"), MIN_CHECK_INTERVAL),
+            Due::At(t("2026-11-24T10:31:05Z"))
+        );
+        assert!(matches!(
+            due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:31:05Z"), MIN_CHECK_INTERVAL),
+            Due::Check { .. }
+        ));
         let short = std::time::Duration::from_secs(5);
-        assert_eq!(due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:06Z"), short), Due::At(t("2026-11-24T10:30:10Z")), "the floor is a setting");
+        assert_eq!(
+            due(&s, &status(Some("2026-11-24T10:30:05Z"), None), t("2026-11-24T10:30:06Z"), short),
+            Due::At(t("2026-11-24T10:30:10Z")),
+            "the floor is a setting"
+        );
         let note = tightened(&s, t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL).unwrap();
-        assert_eq!(note, "spec.driftDetection.schedules[1].cron tick(s) more often than every 60 s: checks run at most once every 60 s");
-        assert_eq!(tightened(&stack(&[("* * * * *", false)]), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL), None, "once a minute is not tightened");
+        assert_eq!(
+            note,
+            "spec.driftDetection.schedules[1].cron tick(s) more often than every 60 s: checks run at most once every 60 s"
+        );
+        assert_eq!(
+            tightened(&stack(&[("* * * * *", false)]), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL),
+            None,
+            "once a minute is not tightened"
+        );
     }
 
     #[test]
     fn the_earliest_schedule_wins_and_brings_its_remediation() {
         let s = stack(&[("0 * * * *", false), ("30 * * * *", true)]);
-        assert_eq!(next_tick(&schedules(&s).unwrap(), t("2026-11-24T10:10:00Z")), Some((t("2026-11-24T10:30:00Z"), true)));
-        assert_eq!(next_tick(&schedules(&s).unwrap(), t("2026-11-24T10:40:00Z")), Some((t("2026-11-24T11:00:00Z"), false)));
+        assert_eq!(
+            next_tick(&schedules(&s).unwrap(), t("2026-11-24T10:10:00Z")),
+            Some((t("2026-11-24T10:30:00Z"), true))
+        );
+        assert_eq!(
+            next_tick(&schedules(&s).unwrap(), t("2026-11-24T10:40:00Z")),
+            Some((t("2026-11-24T11:00:00Z"), false))
+        );
         let both = stack(&[("0 * * * *", false), ("@hourly", true)]);
-        assert_eq!(next_tick(&schedules(&both).unwrap(), t("2026-11-24T10:40:00Z")), Some((t("2026-11-24T11:00:00Z"), true)), "one of the two ticking then remediates");
+        assert_eq!(
+            next_tick(&schedules(&both).unwrap(), t("2026-11-24T10:40:00Z")),
+            Some((t("2026-11-24T11:00:00Z"), true)),
+            "one of the two ticking then remediates"
+        );
     }
 
     #[test]
@@ -368,12 +473,21 @@ mod tests {
     }
 
     fn change(urn: &str, op: &str, props: &[&str]) -> ResourceChange {
-        ResourceChange { urn: urn.into(), op: op.into(), properties: Some(props.iter().map(|p| p.to_string()).collect()).filter(|p: &Vec<String>| !p.is_empty()) }
+        ResourceChange {
+            urn: urn.into(),
+            op: op.into(),
+            properties: Some(props.iter().map(|p| p.to_string()).collect()).filter(|p: &Vec<String>| !p.is_empty()),
+        }
     }
 
     #[test]
     fn a_check_reports_drift_no_drift_or_its_failure() {
-        let u = finished(true, vec![change("urn:a", "update", &["content"]), change("urn:b", "delete", &[])], &[("same", 3), ("update", 1), ("delete", 1)], None);
+        let u = finished(
+            true,
+            vec![change("urn:a", "update", &["content"]), change("urn:b", "delete", &[])],
+            &[("same", 3), ("update", 1), ("delete", 1)],
+            None,
+        );
         assert!(is_check(&u));
         let o = outcome(&u);
         assert_eq!((o.status, o.reason), ("True", sc::DRIFT_CHANGES));
@@ -381,11 +495,18 @@ mod tests {
         let o = outcome(&finished(true, vec![], &[("same", 3)], None));
         assert_eq!((o.status, o.reason, o.message.as_str()), ("False", sc::DRIFT_NO_CHANGES, "no drift detected"));
         let o = outcome(&finished(false, vec![], &[], Some("refresh failed: boom")));
-        assert_eq!((o.status, o.reason, o.message.as_str()), ("Unknown", sc::DRIFT_CHECK_FAILED, "drift check failed: refresh failed: boom"));
+        assert_eq!(
+            (o.status, o.reason, o.message.as_str()),
+            ("Unknown", sc::DRIFT_CHECK_FAILED, "drift check failed: refresh failed: boom")
+        );
         // more than listed: counted from the summary
         let many: Vec<ResourceChange> = (0..12).map(|i| change(&format!("urn:{i}"), "update", &[])).collect();
         let o = outcome(&finished(true, many, &[("update", 150)], None));
-        assert!(o.message.starts_with("150 resource(s) drifted: urn:0 (update);") && o.message.ends_with("; and 140 more"), "{}", o.message);
+        assert!(
+            o.message.starts_with("150 resource(s) drifted: urn:0 (update);") && o.message.ends_with("; and 140 more"),
+            "{}",
+            o.message
+        );
         let mut up = u.clone();
         up.spec.preview_only = None;
         assert!(!is_check(&up), "a plain refresh is not a drift check");
@@ -424,11 +545,21 @@ mod tests {
         use StackUpdateStateMessage::*;
         assert_eq!(remediation(&drifted(false, "2026-11-24T10:15:00Z", None)), Remediation::None, "report only");
         let before = Some(("2026-11-24T10:00:00Z", UpdateType::Up, Succeeded));
-        assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", before)), Remediation::Run("Drift detected: 1 resource(s) drifted".into()));
+        assert_eq!(
+            remediation(&drifted(true, "2026-11-24T10:15:00Z", before)),
+            Remediation::Run("Drift detected: 1 resource(s) drifted".into())
+        );
         let after = Some(("2026-11-24T10:16:00Z", UpdateType::Up, Succeeded));
-        assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", after)), Remediation::Done("drift remediated by update s-1".into()));
+        assert_eq!(
+            remediation(&drifted(true, "2026-11-24T10:15:00Z", after)),
+            Remediation::Done("drift remediated by update s-1".into())
+        );
         let failed = Some(("2026-11-24T10:16:00Z", UpdateType::Up, Failed));
-        assert_eq!(remediation(&drifted(true, "2026-11-24T10:15:00Z", failed.clone())), Remediation::None, "the failure's backoff retries");
+        assert_eq!(
+            remediation(&drifted(true, "2026-11-24T10:15:00Z", failed.clone())),
+            Remediation::None,
+            "the failure's backoff retries"
+        );
         assert!(remediating(&drifted(true, "2026-11-24T10:15:00Z", failed)), "and the retry refreshes first");
     }
 

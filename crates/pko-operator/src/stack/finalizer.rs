@@ -22,7 +22,8 @@ where
     if patch.is_empty() {
         return Ok(None);
     }
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(patch)).map_err(kube::Error::SerdeError)?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(patch)).map_err(kube::Error::SerdeError)?;
     let written = api.patch(&object.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
     Ok(written.resource_version())
 }

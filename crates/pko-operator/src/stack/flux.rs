@@ -50,11 +50,21 @@ pub fn source_kind(stack: &Stack) -> Option<SourceKind> {
 
 /// The Stacks among `stacks` that refer to the source `ns`/`name` of `kind` (a Flux source is
 /// referred to from its own namespace only). Pure.
-pub fn referring<'a>(stacks: impl IntoIterator<Item = &'a Stack>, kind: &SourceKind, ns: &str, name: &str) -> Vec<ObjectRef<Stack>> {
+pub fn referring<'a>(
+    stacks: impl IntoIterator<Item = &'a Stack>,
+    kind: &SourceKind,
+    ns: &str,
+    name: &str,
+) -> Vec<ObjectRef<Stack>> {
     stacks
         .into_iter()
         .filter(|s| s.namespace().as_deref() == Some(ns))
-        .filter(|s| s.spec.flux_source.as_ref().is_some_and(|f| f.source_ref.name == name && SourceKind::of(&f.source_ref) == *kind))
+        .filter(|s| {
+            s.spec
+                .flux_source
+                .as_ref()
+                .is_some_and(|f| f.source_ref.name == name && SourceKind::of(&f.source_ref) == *kind)
+        })
         .map(ObjectRef::from_obj)
         .collect()
 }
@@ -83,7 +93,11 @@ impl Revisions {
 }
 
 /// The watch streams of `kind` over `scope`: one cluster-wide, or one per namespace.
-fn watches(client: &kube::Client, scope: &WatchScope, kind: &SourceKind) -> Vec<BoxStream<'static, (SourceKind, Result<DynamicObject, watcher::Error>)>> {
+fn watches(
+    client: &kube::Client,
+    scope: &WatchScope,
+    kind: &SourceKind,
+) -> Vec<BoxStream<'static, (SourceKind, Result<DynamicObject, watcher::Error>)>> {
     let ar = kind.api_resource();
     let apis: Vec<Api<DynamicObject>> = match scope {
         WatchScope::Cluster => vec![Api::all_with(client.clone(), &ar)],
@@ -92,7 +106,11 @@ fn watches(client: &kube::Client, scope: &WatchScope, kind: &SourceKind) -> Vec<
     apis.into_iter()
         .map(|api| {
             let kind = kind.clone();
-            watcher(api, watcher::Config::default()).default_backoff().applied_objects().map(move |r| (kind.clone(), r)).boxed()
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .map(move |r| (kind.clone(), r))
+                .boxed()
         })
         .collect()
 }
@@ -101,10 +119,17 @@ fn watches(client: &kube::Client, scope: &WatchScope, kind: &SourceKind) -> Vec<
 /// informer's changes) names, and sends to `reconcile` the Stacks of `store` that refer to a source
 /// whose artifact revision changed. Watch errors (for instance a Flux CRD not installed) are logged
 /// and retried with backoff.
-pub async fn run(client: kube::Client, scope: WatchScope, stacks: impl Stream<Item = Change<Stack>> + Send, store: Store<Stack>, reconcile: mpsc::Sender<ObjectRef<Stack>>) {
+pub async fn run(
+    client: kube::Client,
+    scope: WatchScope,
+    stacks: impl Stream<Item = Change<Stack>> + Send,
+    store: Store<Stack>,
+    reconcile: mpsc::Sender<ObjectRef<Stack>>,
+) {
     let mut stacks = std::pin::pin!(stacks);
     let mut watched: HashSet<SourceKind> = HashSet::new();
-    let mut events: SelectAll<BoxStream<'static, (SourceKind, Result<DynamicObject, watcher::Error>)>> = SelectAll::new();
+    let mut events: SelectAll<BoxStream<'static, (SourceKind, Result<DynamicObject, watcher::Error>)>> =
+        SelectAll::new();
     let mut revisions = Revisions::default();
     loop {
         tokio::select! {
@@ -157,7 +182,10 @@ mod tests {
         let s = stack("a", "s", Some(("source.toolkit.fluxcd.io/v1", "GitRepository", "infra")));
         assert_eq!(source_kind(&s), Some(git()));
         let ar = git().api_resource();
-        assert_eq!((ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()), ("source.toolkit.fluxcd.io", "v1", "gitrepositories"));
+        assert_eq!(
+            (ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()),
+            ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
+        );
         assert_eq!(source_kind(&stack("a", "s", None)), None);
     }
 
@@ -187,11 +215,16 @@ mod tests {
 
     #[test]
     fn the_revision_is_read_from_the_artifact() {
-        let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": "g"},
-            "status": {"artifact": {"revision": "main@sha1:abc", "url": "http://x/a.tar.gz"}}}))
+        let obj: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "metadata": {"name": "g"},
+            "status": {"artifact": {"revision": "main@sha1:abc", "url": "http://x/a.tar.gz"}}}),
+        )
         .unwrap();
         assert_eq!(revision(&obj).as_deref(), Some("main@sha1:abc"));
-        let none: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "GitRepository", "metadata": {"name": "g"}, "status": {}})).unwrap();
+        let none: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "GitRepository", "metadata": {"name": "g"}, "status": {}}),
+        )
+        .unwrap();
         assert_eq!(revision(&none), None);
     }
 }

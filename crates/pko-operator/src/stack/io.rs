@@ -14,7 +14,12 @@ use crate::k8s::{self, Severity};
 
 /// Writes the Stack's status, pinned to `resource_version` when given (409 when the Stack is no
 /// longer at it); returns the `resourceVersion` it gave the Stack.
-pub(super) async fn write_status(api: &Api<Stack>, name: &str, st: &StackStatus, resource_version: Option<&str>) -> Result<Option<String>, kube::Error> {
+pub(super) async fn write_status(
+    api: &Api<Stack>,
+    name: &str,
+    st: &StackStatus,
+    resource_version: Option<&str>,
+) -> Result<Option<String>, kube::Error> {
     k8s::apply_status_versioned(api, name, field_manager::STACK_STATUS, st, resource_version).await
 }
 
@@ -33,7 +38,14 @@ pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<()
     match workspaces.get_opt(&stack.name_any()).await? {
         Some(ws) if ws.metadata.deletion_timestamp.is_none() => {
             workspaces.delete(&stack.name_any(), &kube::api::DeleteParams::background()).await?;
-            k8s::publish(&ctx.events.stack, stack, Severity::Normal, ev::WORKSPACE_DELETED, "Workspace deleted per reclaim policy".into()).await;
+            k8s::publish(
+                &ctx.events.stack,
+                stack,
+                Severity::Normal,
+                ev::WORKSPACE_DELETED,
+                "Workspace deleted per reclaim policy".into(),
+            )
+            .await;
         }
         _ => {}
     }
@@ -94,7 +106,10 @@ mod tests {
             u
         };
         assert!(in_flight_for(&update("a", Some("web"), false, false), "a", "web"));
-        assert!(!in_flight_for(&update("b", Some("web"), false, false), "a", "web"), "another namespace's Stack of that name");
+        assert!(
+            !in_flight_for(&update("b", Some("web"), false, false), "a", "web"),
+            "another namespace's Stack of that name"
+        );
         assert!(!in_flight_for(&update("a", Some("api"), false, false), "a", "web"), "another Stack's");
         assert!(!in_flight_for(&update("a", None, false, false), "a", "web"), "no Stack's");
         assert!(!in_flight_for(&update("a", Some("web"), true, false), "a", "web"), "complete");
@@ -105,11 +120,24 @@ mod tests {
     fn only_a_succeeded_stack_with_the_delete_policy_reclaims_its_workspace() {
         use pko_api::stack::WorkspaceReclaimPolicy;
         let mut stack = Stack::new("s", pko_api::StackSpec { stack: "dev".into(), ..Default::default() });
-        let ok = StackStatus { last_update: Some(StackUpdateState { state: Some(StackUpdateStateMessage::Succeeded), ..Default::default() }), ..Default::default() };
+        let ok = StackStatus {
+            last_update: Some(StackUpdateState {
+                state: Some(StackUpdateStateMessage::Succeeded),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         assert!(!ready_and_reclaimable(&stack, &ok), "Retain is the default");
         stack.spec.workspace_reclaim_policy = Some(WorkspaceReclaimPolicy::Delete);
         assert!(ready_and_reclaimable(&stack, &ok));
-        let failed = StackStatus { last_update: Some(StackUpdateState { failures: Some(0), message: Some("failed".into()), ..Default::default() }), ..Default::default() };
+        let failed = StackStatus {
+            last_update: Some(StackUpdateState {
+                failures: Some(0),
+                message: Some("failed".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         assert!(!ready_and_reclaimable(&stack, &failed), "a failed Stack keeps its Workspace for debugging");
         let running = StackStatus { current_update: Some(Default::default()), ..ok };
         assert!(!ready_and_reclaimable(&stack, &running));
@@ -120,13 +148,24 @@ mod tests {
 /// whose Workspace is `workspace` ([`super::unlock::Facts`]): per distinct host other than this one, a
 /// Pod GET in the Stack's namespace and in the operator's, and the fleet's membership Lease of a
 /// replica of that id. A handful of reads, only when a user asks for an unlock.
-pub(super) async fn unlock_facts(ctx: &Context, ns: &str, workspace: &str, holders: &[pko_proto::locks::Holder]) -> Result<super::unlock::Facts, kube::Error> {
+pub(super) async fn unlock_facts(
+    ctx: &Context,
+    ns: &str,
+    workspace: &str,
+    holders: &[pko_proto::locks::Holder],
+) -> Result<super::unlock::Facts, kube::Error> {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Pod;
     let place = &ctx.placement;
-    let mut facts = super::unlock::Facts { this_host: place.hostname.clone(), agent_sets: vec![format!("{workspace}-workspace"), "pko-pool-".into()], ..Default::default() };
-    let hosts: std::collections::BTreeSet<&str> = holders.iter().map(|h| h.hostname.as_str()).filter(|h| *h != place.hostname && !h.is_empty()).collect();
-    let namespaces: std::collections::BTreeSet<&str> = [Some(ns), place.namespace.as_deref()].into_iter().flatten().collect();
+    let mut facts = super::unlock::Facts {
+        this_host: place.hostname.clone(),
+        agent_sets: vec![format!("{workspace}-workspace"), "pko-pool-".into()],
+        ..Default::default()
+    };
+    let hosts: std::collections::BTreeSet<&str> =
+        holders.iter().map(|h| h.hostname.as_str()).filter(|h| *h != place.hostname && !h.is_empty()).collect();
+    let namespaces: std::collections::BTreeSet<&str> =
+        [Some(ns), place.namespace.as_deref()].into_iter().flatten().collect();
     for host in hosts {
         for n in &namespaces {
             if Api::<Pod>::namespaced(ctx.client.clone(), n).get_opt(host).await?.is_some() {
@@ -150,7 +189,9 @@ pub(super) async fn unlock_facts(ctx: &Context, ns: &str, workspace: &str, holde
 
 /// Whether a membership Lease was renewed within its duration at `now` (and names a holder). Pure.
 fn membership_live(lease: &k8s_openapi::api::coordination::v1::Lease, now: k8s_openapi::jiff::Timestamp) -> bool {
-    let Some(spec) = lease.spec.as_ref().filter(|s| s.holder_identity.as_deref().is_some_and(|h| !h.is_empty())) else { return false };
+    let Some(spec) = lease.spec.as_ref().filter(|s| s.holder_identity.as_deref().is_some_and(|h| !h.is_empty())) else {
+        return false;
+    };
     let duration = std::time::Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(0) as u64);
     spec.renew_time.as_ref().is_some_and(|t| t.0 + duration >= now)
 }

@@ -33,7 +33,8 @@ pub(super) fn workspace_wait_message(ws: &Workspace) -> String {
 pub(super) fn workspace_stall(ws: &Workspace) -> Option<(&'static str, String)> {
     use pko_api::constants::workspace_condition as wc;
     let c = ws.stalled()?;
-    let reason = if c.reason == wc::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
+    let reason =
+        if c.reason == wc::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
     Some((reason, format!("{}: {}", c.reason, c.message)))
 }
 
@@ -47,7 +48,9 @@ pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::R
     } else {
         format!("retrying in {} s", policy.cooldown(failures).as_secs())
     };
-    format!("Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`.")
+    format!(
+        "Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`."
+    )
 }
 
 /// A request annotation `asked` (the Stack's `pulumi.com/cancel-request` or `pulumi.com/unlock-request`) when it is new: set, not empty
@@ -58,7 +61,8 @@ pub(super) fn new_request<'a>(asked: Option<&'a str>, observed: Option<&str>) ->
 
 /// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
 /// Why an Update runs after an accepted unlock request (its `message`).
-pub(super) const UNLOCK_REASON: &str = "unlock requested (pulumi.com/unlock-request): releasing backend locks whose holders are known dead";
+pub(super) const UNLOCK_REASON: &str =
+    "unlock requested (pulumi.com/unlock-request): releasing backend locks whose holders are known dead";
 
 pub(super) const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API server refused the Workspace";
 
@@ -75,7 +79,10 @@ pub(super) fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
 }
 
 /// Whether the Stack is Stalled because the API server refused a generated object of this generation.
-pub(super) fn refused_this_generation(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], generation: Option<i64>) -> bool {
+pub(super) fn refused_this_generation(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    generation: Option<i64>,
+) -> bool {
     conds.iter().any(|c| {
         c.type_ == sc::STALLED
             && c.status == "True"
@@ -106,7 +113,10 @@ mod tests {
             }]),
             ..Default::default()
         });
-        assert_eq!(workspace_wait_message(&ws), "waiting for workspace readiness: ConnectionFailed: serviceaccounts \"deployer\" not found");
+        assert_eq!(
+            workspace_wait_message(&ws),
+            "waiting for workspace readiness: ConnectionFailed: serviceaccounts \"deployer\" not found"
+        );
     }
 
     #[test]
@@ -128,9 +138,19 @@ mod tests {
             });
             ws
         };
-        assert_eq!(workspace_stall(&stalled("InitializationFailed", 2)), Some((sc::WORKSPACE_FAILED, "InitializationFailed: stack dev not found".into())));
-        assert_eq!(workspace_stall(&stalled("IncompatibleConfiguration", 2)).map(|s| s.0), Some(sc::PULUMI_VERSION_TOO_LOW));
-        assert_eq!(workspace_stall(&stalled("InitializationFailed", 1)), None, "of an earlier generation: being cleared");
+        assert_eq!(
+            workspace_stall(&stalled("InitializationFailed", 2)),
+            Some((sc::WORKSPACE_FAILED, "InitializationFailed: stack dev not found".into()))
+        );
+        assert_eq!(
+            workspace_stall(&stalled("IncompatibleConfiguration", 2)).map(|s| s.0),
+            Some(sc::PULUMI_VERSION_TOO_LOW)
+        );
+        assert_eq!(
+            workspace_stall(&stalled("InitializationFailed", 1)),
+            None,
+            "of an earlier generation: being cleared"
+        );
         assert!(workspace_stall(&stalled("SpecInvalid", 2)).is_some(), "a spec it cannot run");
         assert_eq!(workspace_stall(&Workspace::new("w", Default::default())), None);
     }
@@ -146,9 +166,18 @@ mod tests {
     #[test]
     fn a_refused_template_stalls_for_its_generation_only() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-        let api = |code: u16| kube::Error::Api(kube::core::Status::failure("metadata.labels: Invalid value: \"bad!\"", "Invalid").with_code(code).boxed());
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("metadata.labels: Invalid value: \"bad!\"", "Invalid")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
         let (stall, msg) = refusal(REFUSED_UPDATE, &api(422));
-        assert!(stall && msg.starts_with("spec.updateTemplate: the API server refused the Update: metadata.labels"), "{msg}");
+        assert!(
+            stall && msg.starts_with("spec.updateTemplate: the API server refused the Update: metadata.labels"),
+            "{msg}"
+        );
         assert!(!refusal(REFUSED_UPDATE, &api(500)).0, "a server error is retried");
         let stalled = |message: &str, generation: i64| Condition {
             type_: sc::STALLED.into(),
@@ -160,7 +189,10 @@ mod tests {
         };
         assert!(refused_this_generation(&[stalled(&msg, 3)], Some(3)));
         assert!(!refused_this_generation(&[stalled(&msg, 3)], Some(4)), "a new generation tries again");
-        assert!(!refused_this_generation(&[stalled("spec.envRefs.X: bad", 3)], Some(3)), "other stalls are decided afresh");
+        assert!(
+            !refused_this_generation(&[stalled("spec.envRefs.X: bad", 3)], Some(3)),
+            "other stalls are decided afresh"
+        );
     }
 
     #[test]
@@ -185,6 +217,10 @@ mod tests {
     }
 
     fn failed(failures: i64) -> StackUpdateState {
-        StackUpdateState { failures: Some(failures), message: Some("the stack is currently locked by 1 lock(s)".into()), ..Default::default() }
+        StackUpdateState {
+            failures: Some(failures),
+            message: Some("the stack is currently locked by 1 lock(s)".into()),
+            ..Default::default()
+        }
     }
 }

@@ -37,9 +37,15 @@ impl RetryPolicy {
     pub fn of(spec: &pko_api::stack::StackSpec) -> RetryPolicy {
         RetryPolicy {
             max_failures: spec.max_update_failures.unwrap_or(MAX_UPDATE_FAILURES).max(1),
-            base: spec.retry_backoff_base_seconds.filter(|b| *b >= 1).map(|b| Duration::from_secs(b as u64)).unwrap_or(BASE_COOLDOWN),
+            base: spec
+                .retry_backoff_base_seconds
+                .filter(|b| *b >= 1)
+                .map(|b| Duration::from_secs(b as u64))
+                .unwrap_or(BASE_COOLDOWN),
             factor: spec.retry_backoff_factor.filter(|f| f.is_finite() && *f >= 1.0).unwrap_or(COOLDOWN_FACTOR),
-            cap: Duration::from_secs(spec.retry_max_backoff_duration_seconds.unwrap_or(DEFAULT_RETRY_MAX_BACKOFF_SECONDS).max(0) as u64),
+            cap: Duration::from_secs(
+                spec.retry_max_backoff_duration_seconds.unwrap_or(DEFAULT_RETRY_MAX_BACKOFF_SECONDS).max(0) as u64,
+            ),
         }
     }
 
@@ -61,7 +67,9 @@ impl RetryPolicy {
 /// The condition message of a Stack whose update was canceled on `request` (`Stalled`
 /// `UpdateCanceled`). Pure.
 pub fn canceled_message(request: &str) -> String {
-    format!("update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source changes or a sync is requested")
+    format!(
+        "update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source changes or a sync is requested"
+    )
 }
 
 /// Resync and branch-poll period: `resyncFrequencySeconds`, at least 60 s (unset or 0 mean 60 s).
@@ -133,13 +141,28 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
 /// message). A failed update whose Workspace stalled is not retried (PKO): the Stack is Stalled
 /// `WorkspaceFailed` — `PulumiVersionTooLow` for `IncompatibleConfiguration` — with `"<reason>:
 /// <message>"`, until the spec, the source or the sync request changes.
-pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool, deleting: bool, workspace_stall: Option<(&str, &str)>) -> Sync {
+pub fn decide_with_workspace(
+    stack: &Stack,
+    commit: &str,
+    now: Timestamp,
+    branch_tracking: bool,
+    deleting: bool,
+    workspace_stall: Option<(&str, &str)>,
+) -> Sync {
     let status = stack.status.clone().unwrap_or_default();
     let Some(last) = status.last_update else {
-        return Sync::NeedsUpdate { reason: if deleting { "Stack marked for deletion".into() } else { "Initial stack update".into() } };
+        return Sync::NeedsUpdate {
+            reason: if deleting { "Stack marked for deletion".into() } else { "Initial stack update".into() },
+        };
     };
     let generation = stack.metadata.generation.unwrap_or(0);
-    let request = stack.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION)).cloned().unwrap_or_default();
+    let request = stack
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
     if deleting && last.update_type != Some(UpdateType::Destroy) {
         return Sync::NeedsUpdate { reason: "Stack marked for deletion".into() };
     }
@@ -151,7 +174,8 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
             return Sync::NeedsUpdate { reason: format!("Sync request: {}", go_quote(&request)) };
         }
     }
-    let since_resync = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs()).unwrap_or(Duration::MAX);
+    let since_resync =
+        last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs()).unwrap_or(Duration::MAX);
     let period = resync_period(stack);
     let mut requeue: Vec<Duration> = Vec::new();
     if branch_tracking {
@@ -179,12 +203,19 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
             if let Some(request) = last.cancel_request.as_deref().filter(|_| !deleting) {
                 Conditions::Stalled(sc::UPDATE_CANCELED, canceled_message(request))
             } else if let Some((reason, message)) = workspace_stall {
-                let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
+                let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION {
+                    sc::PULUMI_VERSION_TOO_LOW
+                } else {
+                    sc::WORKSPACE_FAILED
+                };
                 Conditions::Stalled(stall, format!("{reason}: {message}"))
             } else if RetryPolicy::of(&stack.spec).stalls(failures, last.update_type.as_ref()) && !deleting {
                 Conditions::Stalled(
                     sc::UPDATE_FAILED,
-                    with_last_error(format!("{kind} failed {failures} times; not retrying until the spec or source changes"), last.message.as_deref()),
+                    with_last_error(
+                        format!("{kind} failed {failures} times; not retrying until the spec or source changes"),
+                        last.message.as_deref(),
+                    ),
                 )
             } else {
                 let wait = RetryPolicy::of(&stack.spec).cooldown(failures);
@@ -193,9 +224,15 @@ pub fn decide_with_workspace(stack: &Stack, commit: &str, now: Timestamp, branch
                 }
                 requeue.push(wait - since_resync);
                 if last.update_type == Some(UpdateType::Preview) {
-                    Conditions::Reconciling(sc::PREVIEW_FAILED, with_last_error(format!("preview failed ({failures} attempt(s))"), last.message.as_deref()))
+                    Conditions::Reconciling(
+                        sc::PREVIEW_FAILED,
+                        with_last_error(format!("preview failed ({failures} attempt(s))"), last.message.as_deref()),
+                    )
                 } else {
-                    Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, with_last_error(format!("{failures} update failure(s)"), last.message.as_deref()))
+                    Conditions::Reconciling(
+                        sc::RETRYING_AFTER_FAILURE,
+                        with_last_error(format!("{failures} update failure(s)"), last.message.as_deref()),
+                    )
                 }
             }
         }
@@ -262,7 +299,16 @@ mod tests {
         assert_eq!(go_quote("abc"), "\"abc\"");
         assert_eq!(go_quote("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\x01\"");
         assert_eq!(go_quote("main@sha1:0f"), "\"main@sha1:0f\"");
-        for (secs, go) in [(0, "0s"), (10, "10s"), (60, "1m0s"), (90, "1m30s"), (270, "4m30s"), (3600, "1h0m0s"), (86_400, "24h0m0s"), (3723, "1h2m3s")] {
+        for (secs, go) in [
+            (0, "0s"),
+            (10, "10s"),
+            (60, "1m0s"),
+            (90, "1m30s"),
+            (270, "4m30s"),
+            (3600, "1h0m0s"),
+            (86_400, "24h0m0s"),
+            (3723, "1h2m3s"),
+        ] {
             assert_eq!(go_duration(Duration::from_secs(secs)), go, "{secs} s");
         }
     }
@@ -270,7 +316,10 @@ mod tests {
     #[test]
     fn cooldown_grows_tenfold_by_three_and_is_capped() {
         let pko = RetryPolicy::of(&stack(1, None).spec);
-        assert_eq!((pko.cooldown(0), pko.cooldown(1), pko.cooldown(2)), (Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(90)));
+        assert_eq!(
+            (pko.cooldown(0), pko.cooldown(1), pko.cooldown(2)),
+            (Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(90))
+        );
         assert_eq!(pko.cooldown(30), Duration::from_secs(86_400));
         assert_eq!(pko.cooldown(5_000), Duration::from_secs(86_400), "no overflow");
         let mut s = stack(1, None).spec;
@@ -288,11 +337,17 @@ mod tests {
     fn the_retry_budget_stalls_at_max_update_failures_a_preview_one_later() {
         let mut s = stack(1, None).spec;
         let pko = RetryPolicy::of(&s);
-        assert!(!pko.stalls(2, Some(&UpdateType::Up)) && pko.stalls(3, Some(&UpdateType::Up)), "PKO: the 4th failed attempt stalls");
+        assert!(
+            !pko.stalls(2, Some(&UpdateType::Up)) && pko.stalls(3, Some(&UpdateType::Up)),
+            "PKO: the 4th failed attempt stalls"
+        );
         assert!(!pko.stalls(3, Some(&UpdateType::Preview)) && pko.stalls(4, Some(&UpdateType::Preview)));
         s.max_update_failures = Some(1);
         let one = RetryPolicy::of(&s);
-        assert!(!one.stalls(0, Some(&UpdateType::Up)) && one.stalls(1, Some(&UpdateType::Up)), "one retry, then stalled");
+        assert!(
+            !one.stalls(0, Some(&UpdateType::Up)) && one.stalls(1, Some(&UpdateType::Up)),
+            "one retry, then stalled"
+        );
         s.max_update_failures = Some(0);
         assert_eq!(RetryPolicy::of(&s).max_failures, 1, "minimum 1, as PR #1322");
     }
@@ -315,22 +370,34 @@ mod tests {
         let mut s = stack(1, Some(ok.clone()));
         s.metadata.annotations = Some(BTreeMap::from([(RECONCILE_REQUEST_ANNOTATION.to_string(), "now".to_string())]));
         assert_eq!(needs(decide(&s, "c1", at(1), false, false)), "Sync request: \"now\"", "Go-quoted, as PKO");
-        assert_eq!(needs(decide(&stack(1, Some(ok.clone())), "c2", at(1), false, false)), "New commit detected: \"c2\"");
+        assert_eq!(
+            needs(decide(&stack(1, Some(ok.clone())), "c2", at(1), false, false)),
+            "New commit detected: \"c2\""
+        );
         assert_eq!(needs(decide(&stack(1, Some(ok)), "c1", at(1), false, true)), "Stack marked for deletion");
     }
 
     #[test]
     fn a_synced_stack_is_ready_and_polls_its_branch() {
         let s = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
-        assert_eq!(decide(&s, "c1", at(5), false, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: None });
-        assert_eq!(decide(&s, "c1", at(5), true, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(60)) });
+        assert_eq!(
+            decide(&s, "c1", at(5), false, false),
+            Sync::Synced { conditions: Conditions::Ready, requeue_after: None }
+        );
+        assert_eq!(
+            decide(&s, "c1", at(5), true, false),
+            Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(60)) }
+        );
     }
 
     #[test]
     fn continue_resync_reruns_after_the_period() {
         let mut s = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
         s.spec.continue_resync_on_commit_match = Some(true);
-        assert_eq!(decide(&s, "c1", at(20), false, false), Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(40)) });
+        assert_eq!(
+            decide(&s, "c1", at(20), false, false),
+            Sync::Synced { conditions: Conditions::Ready, requeue_after: Some(Duration::from_secs(40)) }
+        );
         assert_eq!(needs(decide(&s, "c1", at(60), false, false)), "Resync time elapsed: 1m0s", "a Go duration, as PKO");
     }
 
@@ -346,7 +413,9 @@ mod tests {
         assert!(m.len() <= 3 + LAST_ERROR_BYTES + "…".len() && m.ends_with('…'), "{m}");
         let mut s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
         s.status.as_mut().unwrap().last_update.as_mut().unwrap().message = Some("boom".into());
-        assert!(matches!(decide(&s, "c1", at(4), false, false), Sync::Synced { conditions: Conditions::Reconciling(_, m), .. } if m == "0 update failure(s): boom"));
+        assert!(
+            matches!(decide(&s, "c1", at(4), false, false), Sync::Synced { conditions: Conditions::Reconciling(_, m), .. } if m == "0 update failure(s): boom")
+        );
     }
 
     #[test]
@@ -362,7 +431,9 @@ mod tests {
         }
         assert_eq!(needs(decide(&s, "c1", at(10), false, false)), "Backoff time elapsed: 10s");
         let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 2, "c1", 0)));
-        assert!(matches!(decide(&s, "c1", at(89), false, false), Sync::Synced { requeue_after: Some(d), .. } if d == Duration::from_secs(1)));
+        assert!(
+            matches!(decide(&s, "c1", at(89), false, false), Sync::Synced { requeue_after: Some(d), .. } if d == Duration::from_secs(1))
+        );
         let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 3, "c1", 0)));
         match decide(&s, "c1", at(100_000), false, false) {
             Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {
@@ -381,18 +452,41 @@ mod tests {
         let stall = Some(("InstallationFailed", "pulumi install failed: no plugin"));
         match decide_with_workspace(&s, "c1", at(100_000), false, false, stall) {
             Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {
-                assert_eq!((reason, msg.as_str()), (sc::WORKSPACE_FAILED, "InstallationFailed: pulumi install failed: no plugin"), "PKO's text: reason, then message");
+                assert_eq!(
+                    (reason, msg.as_str()),
+                    (sc::WORKSPACE_FAILED, "InstallationFailed: pulumi install failed: no plugin"),
+                    "PKO's text: reason, then message"
+                );
             }
             other => panic!("{other:?}"),
         }
-        let old_cli = Some(("IncompatibleConfiguration", "Pulumi CLI version v3.180.0 does not support JSON configuration, require >= v3.202.0"));
-        assert!(matches!(decide_with_workspace(&s, "c1", at(1), false, false, old_cli), Sync::Synced { conditions: Conditions::Stalled(sc::PULUMI_VERSION_TOO_LOW, _), .. }));
+        let old_cli = Some((
+            "IncompatibleConfiguration",
+            "Pulumi CLI version v3.180.0 does not support JSON configuration, require >= v3.202.0",
+        ));
+        assert!(matches!(
+            decide_with_workspace(&s, "c1", at(1), false, false, old_cli),
+            Sync::Synced { conditions: Conditions::Stalled(sc::PULUMI_VERSION_TOO_LOW, _), .. }
+        ));
         // a new commit, generation or sync request tries again
         assert_eq!(needs(decide_with_workspace(&s, "c2", at(1), false, false, stall)), "New commit detected: \"c2\"");
-        assert_eq!(needs(decide_with_workspace(&stack(2, s.status.clone().unwrap().last_update), "c1", at(1), false, false, stall)), "New stack generation: 2");
+        assert_eq!(
+            needs(decide_with_workspace(
+                &stack(2, s.status.clone().unwrap().last_update),
+                "c1",
+                at(1),
+                false,
+                false,
+                stall
+            )),
+            "New stack generation: 2"
+        );
         // a succeeded stack does not care
         let ok = stack(1, Some(done(StackUpdateStateMessage::Succeeded, 0, "c1", 0)));
-        assert_eq!(decide_with_workspace(&ok, "c1", at(1), false, false, stall), Sync::Synced { conditions: Conditions::Ready, requeue_after: None });
+        assert_eq!(
+            decide_with_workspace(&ok, "c1", at(1), false, false, stall),
+            Sync::Synced { conditions: Conditions::Ready, requeue_after: None }
+        );
     }
 
     #[test]
@@ -404,7 +498,10 @@ mod tests {
         assert_eq!(
             decide(&s, "c1", at(1), false, false),
             Sync::Synced {
-                conditions: Conditions::Reconciling(sc::PREVIEW_FAILED, "preview failed (0 attempt(s)): preview failed: x".into()),
+                conditions: Conditions::Reconciling(
+                    sc::PREVIEW_FAILED,
+                    "preview failed (0 attempt(s)): preview failed: x".into()
+                ),
                 requeue_after: Some(Duration::from_secs(9))
             }
         );
@@ -414,7 +511,10 @@ mod tests {
     fn deleting_waits_for_a_successful_destroy() {
         let mut destroyed = done(StackUpdateStateMessage::Succeeded, 0, "c1", 0);
         destroyed.update_type = Some(UpdateType::Destroy);
-        assert!(matches!(decide(&stack(1, Some(destroyed)), "c1", at(1), false, true), Sync::Synced { conditions: Conditions::Ready, .. }));
+        assert!(matches!(
+            decide(&stack(1, Some(destroyed)), "c1", at(1), false, true),
+            Sync::Synced { conditions: Conditions::Ready, .. }
+        ));
         let mut failed = done(StackUpdateStateMessage::Failed, 0, "c1", 0);
         failed.update_type = Some(UpdateType::Destroy);
         assert_eq!(needs(decide(&stack(1, Some(failed)), "c1", at(11), false, true)), "Backoff time elapsed: 10s");

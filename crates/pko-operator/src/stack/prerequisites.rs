@@ -38,7 +38,14 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
     let unsatisfied = |name: &str, why: &str| format!("prerequisite not satisfied for {}: {why}", go_quote(name));
     for p in prerequisites {
         let Some(s) = found.get(&p.name) else {
-            failed.push((p.name.clone(), format!("unable to fetch prerequisite {}: stacks.pulumi.com {} not found", go_quote(&p.name), go_quote(&p.name))));
+            failed.push((
+                p.name.clone(),
+                format!(
+                    "unable to fetch prerequisite {}: stacks.pulumi.com {} not found",
+                    go_quote(&p.name),
+                    go_quote(&p.name)
+                ),
+            ));
             continue;
         };
         let Some(last) = s.status.as_ref().and_then(|st| st.last_update.as_ref()) else {
@@ -46,8 +53,13 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
             continue;
         };
         let request = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION)).cloned();
-        if last.generation != s.metadata.generation || last.reconcile_request.clone().unwrap_or_default() != request.clone().unwrap_or_default() {
-            failed.push((p.name.clone(), unsatisfied(&p.name, "prerequisite has not run to completion (not in sync with its spec yet)")));
+        if last.generation != s.metadata.generation
+            || last.reconcile_request.clone().unwrap_or_default() != request.clone().unwrap_or_default()
+        {
+            failed.push((
+                p.name.clone(),
+                unsatisfied(&p.name, "prerequisite has not run to completion (not in sync with its spec yet)"),
+            ));
             continue;
         }
         if last.state != Some(StackUpdateStateMessage::Succeeded) {
@@ -57,12 +69,21 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
         let within = p.requirement.as_ref().and_then(|r| r.succeeded_within_duration.as_deref());
         if let Some(d) = within {
             let Ok(limit) = pko_api::duration::parse_go_duration_or_zero(d) else {
-                failed.push((p.name.clone(), unsatisfied(&p.name, &format!("succeededWithinDuration {d:?} is not a duration"))));
+                failed.push((
+                    p.name.clone(),
+                    unsatisfied(&p.name, &format!("succeededWithinDuration {d:?} is not a duration")),
+                ));
                 continue;
             };
             let age = last.last_resync_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs());
             if age.is_none_or(|a| a > limit) {
-                failed.push((p.name.clone(), unsatisfied(&p.name, &format!("prerequisite is out of date (did not succeed within {d}; requested its resync)"))));
+                failed.push((
+                    p.name.clone(),
+                    unsatisfied(
+                        &p.name,
+                        &format!("prerequisite is out of date (did not succeed within {d}; requested its resync)"),
+                    ),
+                ));
                 let value = format!("after-{}", last.name.clone().unwrap_or_default());
                 if request.as_deref() != Some(value.as_str()) {
                     resync.push((p.name.clone(), value));
@@ -86,7 +107,8 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
 /// look at again when that Stack changes (tested on each Stack of the cache in place, never a copy of
 /// it: the watch runs for every Stack event).
 pub fn depends_on(stack: &Stack, namespace: &str, prerequisite: &str) -> bool {
-    stack.metadata.namespace.as_deref() == Some(namespace) && stack.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)
+    stack.metadata.namespace.as_deref() == Some(namespace)
+        && stack.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)
 }
 
 #[cfg(test)]
@@ -118,7 +140,10 @@ mod tests {
     }
 
     fn prereq(name: &str, within: Option<&str>) -> PrerequisiteRef {
-        PrerequisiteRef { name: name.into(), requirement: within.map(|d| RequirementSpec { succeeded_within_duration: Some(d.into()) }) }
+        PrerequisiteRef {
+            name: name.into(),
+            requirement: within.map(|d| RequirementSpec { succeeded_within_duration: Some(d.into()) }),
+        }
     }
 
     fn found(stacks: Vec<Stack>) -> BTreeMap<String, Stack> {
@@ -139,9 +164,16 @@ mod tests {
             stack("behind", 3, Some((2, StackUpdateStateMessage::Succeeded, 0))),
             stack("broken", 1, Some((1, StackUpdateStateMessage::Failed, 0))),
         ]);
-        let v = check(&[prereq("gone", None), prereq("fresh", None), prereq("behind", None), prereq("broken", None)], &f, at(1));
+        let v = check(
+            &[prereq("gone", None), prereq("fresh", None), prereq("behind", None), prereq("broken", None)],
+            &f,
+            at(1),
+        );
         let Verdict::NotSatisfied { message, resync } = v else { panic!("satisfied") };
-        assert!(message.starts_with("multiple prerequisites were not satisfied gone, fresh, behind, broken ("), "PKO's text first: {message}");
+        assert!(
+            message.starts_with("multiple prerequisites were not satisfied gone, fresh, behind, broken ("),
+            "PKO's text first: {message}"
+        );
         for want in [
             r#"unable to fetch prerequisite "gone": stacks.pulumi.com "gone" not found"#,
             r#"prerequisite not satisfied for "fresh": prerequisite has not run to completion"#,
@@ -157,13 +189,23 @@ mod tests {
     fn a_stale_success_is_asked_to_resync_once() {
         let f = found(vec![stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)))]);
         assert_eq!(check(&[prereq("db", Some("1h"))], &f, at(3_000)), Verdict::Satisfied, "within the hour");
-        let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &f, at(4_000)) else { panic!("satisfied") };
-        assert_eq!(message, r#"prerequisite not satisfied for "db": prerequisite is out of date (did not succeed within 1h; requested its resync)"#);
+        let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &f, at(4_000)) else {
+            panic!("satisfied")
+        };
+        assert_eq!(
+            message,
+            r#"prerequisite not satisfied for "db": prerequisite is out of date (did not succeed within 1h; requested its resync)"#
+        );
         assert_eq!(resync, vec![("db".to_string(), "after-db-u1".to_string())]);
         // already requested: no second annotation (its lastUpdate then no longer matches the request, so it waits)
         let mut requested = stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)));
-        requested.metadata.annotations = Some([(RECONCILE_REQUEST_ANNOTATION.to_string(), "after-db-u1".to_string())].into());
-        let Verdict::NotSatisfied { message, resync } = check(&[prereq("db", Some("1h"))], &found(vec![requested]), at(4_000)) else { panic!("satisfied") };
+        requested.metadata.annotations =
+            Some([(RECONCILE_REQUEST_ANNOTATION.to_string(), "after-db-u1".to_string())].into());
+        let Verdict::NotSatisfied { message, resync } =
+            check(&[prereq("db", Some("1h"))], &found(vec![requested]), at(4_000))
+        else {
+            panic!("satisfied")
+        };
         assert!(message.contains("not in sync"), "{message}");
         assert!(resync.is_empty());
     }
@@ -171,7 +213,9 @@ mod tests {
     #[test]
     fn a_malformed_duration_is_reported() {
         let f = found(vec![stack("db", 1, Some((1, StackUpdateStateMessage::Succeeded, 0)))]);
-        let Verdict::NotSatisfied { message, .. } = check(&[prereq("db", Some("soon"))], &f, at(0)) else { panic!("satisfied") };
+        let Verdict::NotSatisfied { message, .. } = check(&[prereq("db", Some("soon"))], &f, at(0)) else {
+            panic!("satisfied")
+        };
         assert!(message.contains("\"soon\" is not a duration"), "{message}");
     }
 

@@ -29,7 +29,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
-use pko_api::constants::{RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, event_reason as ev, field_manager, stack_condition as sc};
+use pko_api::constants::{
+    RECONCILE_REQUEST_ANNOTATION, STACK_FINALIZER, event_reason as ev, field_manager, stack_condition as sc,
+};
 use pko_api::stack::{CurrentStackUpdate, StackStatus, StackUpdateStateMessage};
 use pko_api::{Stack, Update, UpdateType, Workspace};
 use serde_json::json;
@@ -200,10 +202,12 @@ impl Pass {
         status.observed_generation = generation;
         status.observed_reconcile_request = request.clone();
         let asked = stack.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).cloned();
-        let cancel = messages::new_request(asked.as_deref(), status.observed_cancel_request.as_deref()).map(str::to_string);
+        let cancel =
+            messages::new_request(asked.as_deref(), status.observed_cancel_request.as_deref()).map(str::to_string);
         status.observed_cancel_request = asked;
         let unlock_asked = stack.annotations().get(pko_api::constants::UNLOCK_REQUEST_ANNOTATION);
-        let unlock = messages::new_request(unlock_asked.map(String::as_str), status.observed_unlock_request.as_deref()).map(str::to_string);
+        let unlock = messages::new_request(unlock_asked.map(String::as_str), status.observed_unlock_request.as_deref())
+            .map(str::to_string);
         let conditions = status.conditions.clone().unwrap_or_default();
         Pass {
             ownership: ctx.ownership.clone(),
@@ -283,7 +287,11 @@ impl Pass {
         let pinned = self.unverified.take();
         self.version = match io::write_status(&self.api, &self.name, &self.status, pinned.as_deref()).await {
             Ok(v) => v,
-            Err(e) if pinned.is_some() && (k8s::is_conflict(&e) || matches!(&e, kube::Error::Api(r) if r.code == 404)) => return Err(Error::Stale),
+            Err(e)
+                if pinned.is_some() && (k8s::is_conflict(&e) || matches!(&e, kube::Error::Api(r) if r.code == 404)) =>
+            {
+                return Err(Error::Stale);
+            }
             Err(e) => return Err(Error::Status(e)),
         };
         self.written = Some(self.status.clone());
@@ -309,8 +317,12 @@ impl Pass {
         for effect in std::mem::take(&mut self.effects) {
             self.fence()?;
             match effect {
-                Effect::Event(severity, reason, note) => k8s::publish(&ctx.events.stack, &*self.stack, severity, reason, note).await,
-                Effect::ReleaseUpdate(u) => finalizer::release_update(&self.updates, &u).await.map_err(Error::CurrentUpdate)?,
+                Effect::Event(severity, reason, note) => {
+                    k8s::publish(&ctx.events.stack, &*self.stack, severity, reason, note).await
+                }
+                Effect::ReleaseUpdate(u) => {
+                    finalizer::release_update(&self.updates, &u).await.map_err(Error::CurrentUpdate)?
+                }
                 Effect::RemoveFinalizer => {
                     finalizer::set_finalizers(&self.api, &self.stack, false).await.map_err(Error::Finalizer)?;
                     // going away: nothing more of it to read
@@ -326,15 +338,21 @@ impl Pass {
                     }
                 }
                 Effect::ForwardCancel(name, request) => {
-                    let patch = json!({"metadata": {"annotations": {pko_api::constants::CANCEL_REQUEST_ANNOTATION: request}}});
-                    self.updates.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(Error::CurrentUpdate)?;
+                    let patch =
+                        json!({"metadata": {"annotations": {pko_api::constants::CANCEL_REQUEST_ANNOTATION: request}}});
+                    self.updates
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                        .map_err(Error::CurrentUpdate)?;
                 }
                 Effect::DeleteUpdate(name) => {
                     // its TTL deletes it later anyway: a failure only delays that
                     match self.updates.delete(&name, &Default::default()).await {
                         Ok(_) => {}
                         Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => tracing::warn!(update = %name, error = %e, "deleting an earlier drift check's Update"),
+                        Err(e) => {
+                            tracing::warn!(update = %name, error = %e, "deleting an earlier drift check's Update")
+                        }
                     }
                 }
             }
@@ -412,10 +430,12 @@ impl OwnWrites {
         let own = self.map().get(&key).filter(|w| w.epoch == epoch).cloned();
         match (own, rv) {
             (Some(own), Some(rv)) if own.version == rv => Cached::Current,
-            (Some(OwnWrite { at, .. }), rv) => match CACHE_CATCH_UP.checked_sub(now.saturating_duration_since(at)).filter(|d| !d.is_zero()) {
-                Some(wait) => Cached::CatchingUp(wait),
-                None => Cached::Unverified(rv),
-            },
+            (Some(OwnWrite { at, .. }), rv) => {
+                match CACHE_CATCH_UP.checked_sub(now.saturating_duration_since(at)).filter(|d| !d.is_zero()) {
+                    Some(wait) => Cached::CatchingUp(wait),
+                    None => Cached::Unverified(rv),
+                }
+            }
             (None, rv) => Cached::Unverified(rv),
         }
     }
@@ -462,7 +482,12 @@ pub const STALE_RETRY: Duration = Duration::from_secs(2);
 
 /// The pass over `cached` (unverified at its `resourceVersion` when given): the finalizer, then the
 /// steps, one status write, the effects.
-async fn pass(state: &StackController, api: Api<Stack>, cached: Arc<Stack>, unverified: Option<String>) -> Result<Action, Error> {
+async fn pass(
+    state: &StackController,
+    api: Api<Stack>,
+    cached: Arc<Stack>,
+    unverified: Option<String>,
+) -> Result<Action, Error> {
     let ctx = &state.ctx;
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
     let stack = (*cached).clone();
@@ -536,7 +561,9 @@ async fn steps(ctx: &Context, p: &mut Pass) -> Step {
     };
     match work {
         Work::Update(reason) => update(p, &ws, &source, reason).await.map(ControlFlow::Break),
-        Work::DriftCheck { tick, auto_remediate } => drift_check(ctx, p, &ws, &source, tick, auto_remediate).await.map(ControlFlow::Break),
+        Work::DriftCheck { tick, auto_remediate } => {
+            drift_check(ctx, p, &ws, &source, tick, auto_remediate).await.map(ControlFlow::Break)
+        }
     }
 }
 
@@ -553,7 +580,9 @@ fn cache_will_do(u: &Update) -> bool {
 async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     let Some(cur) = p.status.current_update.clone() else { return Ok(ControlFlow::Continue(())) };
     let name = cur.name.as_deref().unwrap_or_default();
-    let Some(u) = k8s::cached_or_get(&p.cached_updates, &p.updates, name, cache_will_do).await.map_err(Error::CurrentUpdate)? else {
+    let Some(u) =
+        k8s::cached_or_get(&p.cached_updates, &p.updates, name, cache_will_do).await.map_err(Error::CurrentUpdate)?
+    else {
         p.status.current_update = None;
         return Ok(ControlFlow::Continue(()));
     };
@@ -575,7 +604,13 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
-    let a = absorb::absorb(p.status.last_update.as_ref(), &cur, &u, &p.now, super::plan::RetryPolicy::of(&p.stack.spec).max_failures);
+    let a = absorb::absorb(
+        p.status.last_update.as_ref(),
+        &cur,
+        &u,
+        &p.now,
+        super::plan::RetryPolicy::of(&p.stack.spec).max_failures,
+    );
     if let Some(why) = &a.mismatch {
         tracing::error!(update = %u.name_any(), %why, "a finished Update is not taken as a success");
         metrics::counter!(crate::metric_names::RUN_MISMATCHES_TOTAL, "check" => "absorb").increment(1);
@@ -591,7 +626,11 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
         } else {
             metrics::counter!(crate::metric_names::OUTPUTS_READS_TOTAL, "source" => "api").increment(1);
             tracing::debug!(update = %u.name_any(), uid = ?u.metadata.uid, "outputs not handed over: reading the outputs Secret");
-            if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns).get_opt(secret).await.map_err(Error::CurrentUpdate)? {
+            if let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), &p.ns)
+                .get_opt(secret)
+                .await
+                .map_err(Error::CurrentUpdate)?
+            {
                 p.status.outputs = Some(crate::outputs::stack_outputs(&s));
             }
         }
@@ -603,7 +642,8 @@ async fn current_update(ctx: &Context, p: &mut Pass) -> Step {
     } else {
         p.event(Severity::Warning, ev::STACK_UPDATE_FAILURE, format!("Failed to update stack: {}", a.message));
         if a.conflict {
-            let msg = messages::conflict_message(p.status.last_update.as_ref(), &super::plan::RetryPolicy::of(&p.stack.spec));
+            let msg =
+                messages::conflict_message(p.status.last_update.as_ref(), &super::plan::RetryPolicy::of(&p.stack.spec));
             p.event(Severity::Warning, ev::STACK_UPDATE_CONFLICT_DETECTED, msg);
         }
     }
@@ -622,9 +662,15 @@ async fn drift_checked(ctx: &Context, p: &mut Pass, u: Update) -> Step {
         return Ok(ControlFlow::Break(Exit::Done(Action::requeue(Duration::from_secs(30)))));
     }
     let o = drift::outcome(&u);
-    let auto_remediate = u.annotations().get(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION).is_some_and(|v| v == "true");
+    let auto_remediate =
+        u.annotations().get(pko_api::constants::DRIFT_AUTO_REMEDIATE_ANNOTATION).is_some_and(|v| v == "true");
     // one check's Update is kept (the last), not one per check until its TTL
-    let previous = p.status.drift_detection.as_ref().and_then(|d| d.last_check_update.clone()).filter(|n| Some(n) != u.metadata.name.as_ref());
+    let previous = p
+        .status
+        .drift_detection
+        .as_ref()
+        .and_then(|d| d.last_check_update.clone())
+        .filter(|n| Some(n) != u.metadata.name.as_ref());
     p.status.drift_detection = Some(drift::checked(p.status.drift_detection.as_ref(), &u, &o, p.now.0, auto_remediate));
     match drift::tightened(&p.stack, p.now.0, ctx.drift_min_interval) {
         Some(note) => p.set_drift(o.status, o.reason, &format!("{} ({note})", o.message)),
@@ -659,7 +705,10 @@ async fn deletion(ctx: &Context, p: &mut Pass) -> Step {
     }
     let spec = &p.stack.spec;
     // not asked for, or nothing ever ran (PKO: no prior update)
-    if spec.destroy_on_finalize != Some(true) || spec.preview == Some(true) || (p.status.last_update.is_none() && p.status.current_update.is_none()) {
+    if spec.destroy_on_finalize != Some(true)
+        || spec.preview == Some(true)
+        || (p.status.last_update.is_none() && p.status.current_update.is_none())
+    {
         p.effects.push(Effect::RemoveFinalizer);
         return Ok(ControlFlow::Break(Exit::Done(Action::await_change())));
     }
@@ -727,7 +776,8 @@ async fn workspace_stall(ctx: &Context, p: &Pass) -> Result<Option<(String, Stri
     if p.status.last_update.as_ref().and_then(|l| l.state) != Some(StackUpdateStateMessage::Failed) {
         return Ok(None);
     }
-    let ws = Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).get_opt(&p.name).await.map_err(Error::Workspace)?;
+    let ws =
+        Api::<Workspace>::namespaced(ctx.client.clone(), &p.ns).get_opt(&p.name).await.map_err(Error::Workspace)?;
     Ok(ws.as_ref().and_then(Workspace::stalled).map(|c| (c.reason.clone(), c.message.clone())))
 }
 
@@ -739,7 +789,14 @@ fn sync(p: &mut Pass, source: &ResolvedSource, workspace_stall: Option<(&str, &s
         return ControlFlow::Continue(Work::Update(messages::UNLOCK_REASON.into()));
     }
     let checked = Stack { status: Some(p.status.clone()), ..(*p.stack).clone() };
-    let (c, mut requeue_after) = match plan::decide_with_workspace(&checked, &source.revision(), p.now.0, p.stack.spec.branch.is_some(), p.deleting, workspace_stall) {
+    let (c, mut requeue_after) = match plan::decide_with_workspace(
+        &checked,
+        &source.revision(),
+        p.now.0,
+        p.stack.spec.branch.is_some(),
+        p.deleting,
+        workspace_stall,
+    ) {
         Sync::NeedsUpdate { reason } => return ControlFlow::Continue(Work::Update(reason)),
         Sync::Synced { conditions: c, requeue_after } => (c, requeue_after),
     };
@@ -756,7 +813,9 @@ fn sync(p: &mut Pass, source: &ResolvedSource, workspace_stall: Option<(&str, &s
             ControlFlow::Continue(None) => {}
         }
     }
-    let destroyed = p.status.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded));
+    let destroyed = p.status.last_update.as_ref().is_some_and(|l| {
+        l.update_type == Some(UpdateType::Destroy) && l.state == Some(StackUpdateStateMessage::Succeeded)
+    });
     if p.deleting && destroyed {
         p.effects.push(Effect::RemoveFinalizer);
     } else if !p.deleting && io::ready_and_reclaimable(&p.stack, &p.status) {
@@ -785,7 +844,8 @@ fn drift_due(p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
             ControlFlow::Continue(None)
         }
         drift::Due::Invalid(message) => {
-            let known = pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED).is_some_and(|c| c.message == message);
+            let known =
+                pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED).is_some_and(|c| c.message == message);
             if !known {
                 p.event(Severity::Warning, ev::STACK_CONFIG_INVALID, message.clone());
             }
@@ -805,17 +865,25 @@ fn drift_due(p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
 
 /// Step 6: prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751).
 async fn prerequisites(p: &mut Pass) -> Step {
-    let Some(prereqs) = p.stack.spec.prerequisites.clone().filter(|pre| !pre.is_empty() && !p.deleting) else { return Ok(ControlFlow::Continue(())) };
+    let Some(prereqs) = p.stack.spec.prerequisites.clone().filter(|pre| !pre.is_empty() && !p.deleting) else {
+        return Ok(ControlFlow::Continue(()));
+    };
     let mut found = std::collections::BTreeMap::new();
     for pre in &prereqs {
         if let Some(s) = p.api.get_opt(&pre.name).await.map_err(Error::Prerequisites)? {
             found.insert(pre.name.clone(), s);
         }
     }
-    let prerequisites::Verdict::NotSatisfied { message, resync } = prerequisites::check(&prereqs, &found, p.now.0) else { return Ok(ControlFlow::Continue(())) };
+    let prerequisites::Verdict::NotSatisfied { message, resync } = prerequisites::check(&prereqs, &found, p.now.0)
+    else {
+        return Ok(ControlFlow::Continue(()));
+    };
     for (prereq, value) in resync {
         let patch = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": prereq, "annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
-        p.api.patch(&prereq, &PatchParams::apply(field_manager::PREREQUISITE_REQUEST).force(), &Patch::Apply(&patch)).await.map_err(Error::Prerequisites)?;
+        p.api
+            .patch(&prereq, &PatchParams::apply(field_manager::PREREQUISITE_REQUEST).force(), &Patch::Apply(&patch))
+            .await
+            .map_err(Error::Prerequisites)?;
     }
     p.reconciling(sc::PREREQUISITE_NOT_SATISFIED, &message);
     // woken by the prerequisites' changes (see the controller's watches); the requeue covers a missed event
@@ -873,10 +941,22 @@ pub fn ready_for_update(ws: &Workspace) -> bool {
 
 /// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in [`DRIFT_SLOT_RETRY`]), write
 /// `currentUpdate`, create the check's Update. The Stack stays Ready.
-async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &ResolvedSource, tick: k8s_openapi::jiff::Timestamp, auto_remediate: bool) -> Result<Exit, Error> {
+async fn drift_check(
+    ctx: &Context,
+    p: &mut Pass,
+    ws: &Workspace,
+    source: &ResolvedSource,
+    tick: k8s_openapi::jiff::Timestamp,
+    auto_remediate: bool,
+) -> Result<Exit, Error> {
     let (generation, request, revision) = (p.generation, p.request.clone(), source.revision());
     if let Some(running) = io::in_flight_update(&p.cached_updates, &p.ns, &p.name) {
-        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(running), commit: Some(revision) });
+        p.status.current_update = Some(CurrentStackUpdate {
+            generation,
+            reconcile_request: request,
+            name: Some(running),
+            commit: Some(revision),
+        });
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
     match ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
@@ -884,8 +964,11 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
         Ok(false) => {
             metrics::counter!(crate::metric_names::DRIFT_CHECKS_DEFERRED_TOTAL).increment(1);
             // said once on DriftDetected (`kubectl pko status -o wide`); the check's result replaces it
-            let current = pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
-            if let Some((status, reason, message)) = drift::deferred(current.as_ref().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))) {
+            let current = pko_api::conditions::find(&p.conditions, sc::DRIFT_DETECTED)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+            if let Some((status, reason, message)) =
+                drift::deferred(current.as_ref().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())))
+            {
                 p.set_drift(&status, &reason, &message);
             }
             // looked at again soon (a pass that changes nothing writes nothing), keeping its place in
@@ -902,7 +985,12 @@ async fn drift_check(ctx: &Context, p: &mut Pass, ws: &Workspace, source: &Resol
     let name = drift::check_name(&p.name, tick);
     let mut check = build::drift_check(&p.stack, ws, &name, auto_remediate)?;
     build::pin_run(&mut check, &p.stack, ws, &revision);
-    p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(name.clone()), commit: Some(revision) });
+    p.status.current_update = Some(CurrentStackUpdate {
+        generation,
+        reconcile_request: request,
+        name: Some(name.clone()),
+        commit: Some(revision),
+    });
     p.write_status().await?;
     p.ensure_current().await?;
     p.fence()?;
@@ -927,21 +1015,40 @@ async fn update(p: &mut Pass, ws: &Workspace, source: &ResolvedSource, reason: S
     let (generation, request) = (p.generation, p.request.clone());
     if let Some(running) = io::in_flight_update(&p.cached_updates, &p.ns, &p.name) {
         tracing::info!(update = %running, "an update is already in flight; following it");
-        p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(running), commit: Some(revision) });
+        p.status.current_update = Some(CurrentStackUpdate {
+            generation,
+            reconcile_request: request,
+            name: Some(running),
+            commit: Some(revision),
+        });
         p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
         return Ok(Exit::Done(Action::requeue(Duration::from_secs(30))));
     }
-    let update_name = build::update_name(&p.name, generation, request.as_deref(), &revision, p.deleting, p.status.last_update.as_ref());
+    let update_name = build::update_name(
+        &p.name,
+        generation,
+        request.as_deref(),
+        &revision,
+        p.deleting,
+        p.status.last_update.as_ref(),
+    );
     let mut update = build::update(&p.stack, ws, &update_name, p.deleting, &reason)?;
     if let Some(holders) = &p.release {
-        update.annotations_mut().insert(pko_api::constants::RELEASE_LOCKS_ANNOTATION.into(), pko_proto::locks::describe(holders));
+        update
+            .annotations_mut()
+            .insert(pko_api::constants::RELEASE_LOCKS_ANNOTATION.into(), pko_proto::locks::describe(holders));
     }
     // drift found by an autoRemediate schedule: the up (and its retries) refresh first
     if !p.deleting && update.spec.update_type == Some(UpdateType::Up) && drift::remediating(&p.view()) {
         update.spec.refresh = Some(true);
     }
     build::pin_run(&mut update, &p.stack, ws, &revision);
-    p.status.current_update = Some(CurrentStackUpdate { generation, reconcile_request: request, name: Some(update_name.clone()), commit: Some(revision) });
+    p.status.current_update = Some(CurrentStackUpdate {
+        generation,
+        reconcile_request: request,
+        name: Some(update_name.clone()),
+        commit: Some(revision),
+    });
     p.reconciling(sc::STACK_PROCESSING, sc::STACK_BEING_PROCESSED_MESSAGE);
     // the intent first: a crash between the two writes leaves a name the next pass heals, never an
     // Update the Stack does not know
@@ -984,7 +1091,15 @@ mod tests {
         u.spec.preview_only = Some(preview_only);
         let mut conds = Vec::new();
         let at = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap_or_default());
-        pko_api::conditions::set(&mut conds, uc::COMPLETE, if complete { "True" } else { "False" }, uc::UPDATED, "", None, &at);
+        pko_api::conditions::set(
+            &mut conds,
+            uc::COMPLETE,
+            if complete { "True" } else { "False" },
+            uc::UPDATED,
+            "",
+            None,
+            &at,
+        );
         u.status = Some(UpdateStatus { conditions: Some(conds), ..Default::default() });
         u
     }
@@ -1001,9 +1116,20 @@ mod tests {
     #[test]
     fn an_own_agent_workspace_is_waited_for_at_its_generation_a_pooled_one_is_not() {
         let ws = |generation: i64, observed: i64, pool: Option<&str>| {
-            let mut w: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": generation}, "spec": {}})).unwrap();
+            let mut w: Workspace = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "w", "generation": generation}, "spec": {}}),
+            )
+            .unwrap();
             let mut conditions = Vec::new();
-            pko_api::conditions::set(&mut conditions, "Ready", "True", "Succeeded", "", Some(observed), &pko_api::conditions::now());
+            pko_api::conditions::set(
+                &mut conditions,
+                "Ready",
+                "True",
+                "Succeeded",
+                "",
+                Some(observed),
+                &pko_api::conditions::now(),
+            );
             w.status = Some(pko_api::workspace::WorkspaceStatus {
                 observed_generation: Some(observed),
                 pool: pool.map(str::to_string),
@@ -1027,15 +1153,34 @@ mod tests {
         };
         let own = OwnWrites::default();
         let now = std::time::Instant::now();
-        assert_eq!(own.judge(&stack(Some("5")), now, 1), Cached::Unverified(Some("5".into())), "never written here: pinned to its version");
+        assert_eq!(
+            own.judge(&stack(Some("5")), now, 1),
+            Cached::Unverified(Some("5".into())),
+            "never written here: pinned to its version"
+        );
         own.record("team-a", "web", Some("5".into()), 1);
-        assert_eq!(own.judge(&stack(Some("5")), now, 2), Cached::Unverified(Some("5".into())), "written before its shard was lost: says nothing now");
+        assert_eq!(
+            own.judge(&stack(Some("5")), now, 2),
+            Cached::Unverified(Some("5".into())),
+            "written before its shard was lost: says nothing now"
+        );
         assert_eq!(own.judge(&stack(Some("5")), now, 1), Cached::Current, "the cache shows our own write");
         let soon = std::time::Instant::now();
-        assert!(matches!(own.judge(&stack(Some("4")), soon, 1), Cached::CatchingUp(d) if d <= CACHE_CATCH_UP), "just after our write: the cache catching up, awaited");
+        assert!(
+            matches!(own.judge(&stack(Some("4")), soon, 1), Cached::CatchingUp(d) if d <= CACHE_CATCH_UP),
+            "just after our write: the cache catching up, awaited"
+        );
         let later = soon + CACHE_CATCH_UP;
-        assert_eq!(own.judge(&stack(Some("4")), later, 1), Cached::Unverified(Some("4".into())), "still behind after a second: pinned (409 if stale)");
-        assert_eq!(own.judge(&stack(Some("6")), later, 1), Cached::Unverified(Some("6".into())), "someone else wrote since");
+        assert_eq!(
+            own.judge(&stack(Some("4")), later, 1),
+            Cached::Unverified(Some("4".into())),
+            "still behind after a second: pinned (409 if stale)"
+        );
+        assert_eq!(
+            own.judge(&stack(Some("6")), later, 1),
+            Cached::Unverified(Some("6".into())),
+            "someone else wrote since"
+        );
         assert_eq!(own.judge(&stack(None), later, 1), Cached::Unverified(None));
         own.record("team-a", "web", None, 1);
         assert_eq!(own.judge(&stack(Some("5")), soon, 1), Cached::Unverified(Some("5".into())), "forgotten once gone");

@@ -38,11 +38,21 @@ impl From<kube::Error> for CredentialError {
 
 /// The Stack's git credentials as Secret key references ([`build::git_auth`]), reading which keys the
 /// deprecated `gitAuthSecret` holds.
-async fn git_auth_refs(ctx: &Context, ns: &str, spec: &pko_api::StackSpec) -> Result<Option<pko_api::workspace::GitAuth>, CredentialError> {
+async fn git_auth_refs(
+    ctx: &Context,
+    ns: &str,
+    spec: &pko_api::StackSpec,
+) -> Result<Option<pko_api::workspace::GitAuth>, CredentialError> {
     let keys = match (&spec.git_auth, &spec.git_auth_secret) {
         (None, Some(name)) => match Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? {
-            Some(s) => Some(s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect()),
-            None => return Err(CredentialError::Invalid(format!("unable to get secret {ns}/{name}: secrets {name:?} not found (spec.gitAuthSecret)"))),
+            Some(s) => Some(
+                s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect(),
+            ),
+            None => {
+                return Err(CredentialError::Invalid(format!(
+                    "unable to get secret {ns}/{name}: secrets {name:?} not found (spec.gitAuthSecret)"
+                )));
+            }
         },
         _ => None,
     };
@@ -62,23 +72,34 @@ async fn secret_value(
         secrets.insert(sel.name.clone(), api.get_opt(&sel.name).await?);
     }
     // PKO's text (`resolveGitAuth`), then ours
-    let secret = secrets[&sel.name]
-        .as_ref()
-        .ok_or_else(|| CredentialError::Invalid(format!("unable to get secret {ns}/{name}: secrets {name:?} not found (git credentials)", name = sel.name)))?;
+    let secret = secrets[&sel.name].as_ref().ok_or_else(|| {
+        CredentialError::Invalid(format!(
+            "unable to get secret {ns}/{name}: secrets {name:?} not found (git credentials)",
+            name = sel.name
+        ))
+    })?;
     let bytes = secret
         .data
         .as_ref()
         .and_then(|d| d.get(&sel.key))
         .map(|b| b.0.clone())
         .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(&sel.key)).map(|s| s.clone().into_bytes()))
-        .ok_or_else(|| CredentialError::Invalid(format!("git credentials: Secret {} has no key {}", sel.name, sel.key)))?;
-    String::from_utf8(bytes).map(Some).map_err(|_| CredentialError::Invalid(format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name)))
+        .ok_or_else(|| {
+            CredentialError::Invalid(format!("git credentials: Secret {} has no key {}", sel.name, sel.key))
+        })?;
+    String::from_utf8(bytes).map(Some).map_err(|_| {
+        CredentialError::Invalid(format!("git credentials: key {} of Secret {} is not UTF-8", sel.key, sel.name))
+    })
 }
 
 /// Every Secret key `auth` names exists (read with the operator's identity, each Secret once).
 ///
 /// Errors: [`CredentialError::Invalid`] naming the first missing Secret or key.
-async fn check_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<(), CredentialError> {
+async fn check_credentials(
+    ctx: &Context,
+    ns: &str,
+    auth: Option<&pko_api::workspace::GitAuth>,
+) -> Result<(), CredentialError> {
     let Some(auth) = auth else { return Ok(()) };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let mut secrets = std::collections::BTreeMap::new();
@@ -86,7 +107,9 @@ async fn check_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::works
     for sel in [&auth.token, &auth.ssh_private_key, &auth.username, &auth.password] {
         secret_value(&api, &mut secrets, ns, sel).await?;
     }
-    for sel in [app.map(|a| &a.app_id), app.map(|a| &a.installation_id), app.map(|a| &a.private_key)].into_iter().flatten() {
+    for sel in
+        [app.map(|a| &a.app_id), app.map(|a| &a.installation_id), app.map(|a| &a.private_key)].into_iter().flatten()
+    {
         secret_value(&api, &mut secrets, ns, sel).await?;
     }
     Ok(())
@@ -94,7 +117,11 @@ async fn check_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::works
 
 /// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves
 /// git auth in the operator too).
-async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspace::GitAuth>) -> Result<pko_git::GitCredentials, CredentialError> {
+async fn git_credentials(
+    ctx: &Context,
+    ns: &str,
+    auth: Option<&pko_api::workspace::GitAuth>,
+) -> Result<pko_git::GitCredentials, CredentialError> {
     let Some(auth) = auth else { return Ok(Default::default()) };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let mut secrets = std::collections::BTreeMap::new();
@@ -104,9 +131,12 @@ async fn git_credentials(ctx: &Context, ns: &str, auth: Option<&pko_api::workspa
         let app_id = secret_value(&api, &mut secrets, ns, &app.app_id).await?.unwrap_or_default();
         let installation = secret_value(&api, &mut secrets, ns, &app.installation_id).await?.unwrap_or_default();
         let key = secret_value(&api, &mut secrets, ns, &app.private_key).await?.unwrap_or_default();
-        let exchanged = pko_git::github_app::installation_token(&ctx.github_api_url, &app_id, &installation, &key).await;
+        let exchanged =
+            pko_git::github_app::installation_token(&ctx.github_api_url, &app_id, &installation, &key).await;
         token = Some(exchanged.map_err(|e| match e {
-            pko_git::github_app::GitHubAppError::NotANumber(..) | pko_git::github_app::GitHubAppError::Key(_) => CredentialError::Invalid(format!("spec.gitAuth.githubApp: {e}")),
+            pko_git::github_app::GitHubAppError::NotANumber(..) | pko_git::github_app::GitHubAppError::Key(_) => {
+                CredentialError::Invalid(format!("spec.gitAuth.githubApp: {e}"))
+            }
             _ => CredentialError::Unavailable(format!("spec.gitAuth.githubApp: {e}")),
         })?);
     }
@@ -131,10 +161,16 @@ fn git_ref_error(spec: &pko_api::StackSpec) -> Option<&'static str> {
 
 /// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with
 /// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
-async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &str) -> Result<Resolved, CredentialError> {
+async fn resolve_git(
+    ctx: &Context,
+    ns: &str,
+    spec: &pko_api::StackSpec,
+    repo: &str,
+) -> Result<Resolved, CredentialError> {
     // tenant input never reaches git as an option (docs/security.md)
     // PKO's text (`NewGitSource`: `parsing "<url>": invalid Git URL`), then what is wrong
-    pko_git::validate_url(repo).map_err(|e| CredentialError::Invalid(format!("parsing {repo:?}: invalid Git URL: spec.projectRepo: {e}")))?;
+    pko_git::validate_url(repo)
+        .map_err(|e| CredentialError::Invalid(format!("parsing {repo:?}: invalid Git URL: spec.projectRepo: {e}")))?;
     // PKO's `NewGitSource` checks and texts (admission accepts these specs, as PKO's CRD does)
     if let Some(e) = git_ref_error(spec) {
         return Err(CredentialError::Invalid(e.into()));
@@ -165,7 +201,12 @@ async fn resolve_git(ctx: &Context, ns: &str, spec: &pko_api::StackSpec, repo: &
 /// otherwise, as at a start before that cache has listed, from the API server.
 ///
 /// Errors: an API read failed.
-pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &Stack, deleting: bool) -> Result<Resolved, kube::Error> {
+pub(super) async fn resolve(
+    ctx: &Context,
+    programs: &Store<Program>,
+    stack: &Stack,
+    deleting: bool,
+) -> Result<Resolved, kube::Error> {
     let ns = stack.namespace().unwrap_or_default();
     let spec = &stack.spec;
     let cached = stack.status.as_ref().and_then(|s| s.project_info.clone());
@@ -187,19 +228,38 @@ pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &St
         let (kind, name) = (&f.source_ref.kind, &f.source_ref.name);
         return Ok(match Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar).get_opt(name).await {
             // PKO's text, then the API server's answer
-            Ok(None) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("could not resolve sourceRef: {} {name:?} not found", ar.plural)),
-            Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("could not resolve sourceRef: {kind} {name}: {e}")),
-            Ok(Some(o)) => flux_artifact(o.data.get("status").and_then(|s| s.get("artifact")), kind, name, f.dir.clone()),
+            Ok(None) => Resolved::Stalled(
+                sc::SOURCE_UNAVAILABLE,
+                format!("could not resolve sourceRef: {} {name:?} not found", ar.plural),
+            ),
+            Err(e) => {
+                Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("could not resolve sourceRef: {kind} {name}: {e}"))
+            }
+            Ok(Some(o)) => {
+                flux_artifact(o.data.get("status").and_then(|s| s.get("artifact")), kind, name, f.dir.clone())
+            }
         });
     }
     if let Some(p) = &spec.program_ref {
         let has_artifact = |p: &Program| p.status.as_ref().is_some_and(|s| s.artifact.is_some());
-        let program = k8s::cached_or_get(programs, &Api::namespaced(ctx.client.clone(), &ns), &p.name, has_artifact).await?;
+        let program =
+            k8s::cached_or_get(programs, &Api::namespaced(ctx.client.clone(), &ns), &p.name, has_artifact).await?;
         // PKO's texts (`errProgramNotFound`, "Program has no artifact"), then which Program
         return Ok(match program.map(|p| p.status.and_then(|s| s.artifact)) {
-            Some(Some(a)) => Resolved::Source(ResolvedSource::Artifact { url: a.url, digest: a.digest.unwrap_or_default(), revision: a.revision.unwrap_or_default(), dir: None }),
-            Some(None) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("Program has no artifact (program {} has no status.artifact yet)", p.name)),
-            None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("unable to retrieve program for stack (program {} not found)", p.name)),
+            Some(Some(a)) => Resolved::Source(ResolvedSource::Artifact {
+                url: a.url,
+                digest: a.digest.unwrap_or_default(),
+                revision: a.revision.unwrap_or_default(),
+                dir: None,
+            }),
+            Some(None) => Resolved::Stalled(
+                sc::SOURCE_UNAVAILABLE,
+                format!("Program has no artifact (program {} has no status.artifact yet)", p.name),
+            ),
+            None => Resolved::Stalled(
+                sc::SOURCE_UNAVAILABLE,
+                format!("unable to retrieve program for stack (program {} not found)", p.name),
+            ),
         });
     }
     Ok(match cached {
@@ -215,17 +275,25 @@ pub(super) async fn resolve(ctx: &Context, programs: &Store<Program>, stack: &St
 /// artifact without `digest` stalls too, saying so: this operator verifies every download (PKO fetches
 /// such an artifact unverified; source-controller has written a digest since Flux 2.0). Pure.
 fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, dir: Option<String>) -> Resolved {
-    let field = |a: &serde_json::Value, k: &str| a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string);
+    let field = |a: &serde_json::Value, k: &str| {
+        a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string)
+    };
     match artifact {
         // as PKO: an artifact without a digest is downloaded unverified (source-controller has written
         // digests since Flux 2.0; other producers may not)
         Some(a) => match field(a, "url") {
-            Some(url) => {
-                Resolved::Source(ResolvedSource::Artifact { url, digest: field(a, "digest").unwrap_or_default(), revision: field(a, "revision").unwrap_or_default(), dir })
-            }
+            Some(url) => Resolved::Source(ResolvedSource::Artifact {
+                url,
+                digest: field(a, "digest").unwrap_or_default(),
+                revision: field(a, "revision").unwrap_or_default(),
+                dir,
+            }),
             None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("{kind} {name} has an artifact without a url")),
         },
-        None => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("Flux source has no artifact ({kind} {name} has no status.artifact)")),
+        None => Resolved::Stalled(
+            sc::SOURCE_UNAVAILABLE,
+            format!("Flux source has no artifact ({kind} {name} has no status.artifact)"),
+        ),
     }
 }
 
@@ -243,31 +311,57 @@ mod tests {
         let ok = json!({"url": "http://sc/a.tar.gz", "digest": "sha256:ab", "revision": "main@sha1:1"});
         match flux_artifact(Some(&ok), "GitRepository", "infra", Some("app".into())) {
             Resolved::Source(ResolvedSource::Artifact { url, digest, revision, dir }) => {
-                assert_eq!((url.as_str(), digest.as_str(), revision.as_str(), dir.as_deref()), ("http://sc/a.tar.gz", "sha256:ab", "main@sha1:1", Some("app")));
+                assert_eq!(
+                    (url.as_str(), digest.as_str(), revision.as_str(), dir.as_deref()),
+                    ("http://sc/a.tar.gz", "sha256:ab", "main@sha1:1", Some("app"))
+                );
             }
             _ => panic!("expected the artifact"),
         }
         assert_eq!(
             stalled(flux_artifact(None, "GitRepository", "infra", None)),
-            (sc::SOURCE_UNAVAILABLE, "Flux source has no artifact (GitRepository infra has no status.artifact)".to_string())
+            (
+                sc::SOURCE_UNAVAILABLE,
+                "Flux source has no artifact (GitRepository infra has no status.artifact)".to_string()
+            )
         );
         // as PKO: no digest, downloaded unverified
-        match flux_artifact(Some(&json!({"url": "http://sc/a.tar.gz", "digest": "", "revision": "r1"})), "Bucket", "b", None) {
-            Resolved::Source(ResolvedSource::Artifact { digest, revision, .. }) => assert_eq!((digest.as_str(), revision.as_str()), ("", "r1")),
+        match flux_artifact(
+            Some(&json!({"url": "http://sc/a.tar.gz", "digest": "", "revision": "r1"})),
+            "Bucket",
+            "b",
+            None,
+        ) {
+            Resolved::Source(ResolvedSource::Artifact { digest, revision, .. }) => {
+                assert_eq!((digest.as_str(), revision.as_str()), ("", "r1"))
+            }
             _ => panic!("an artifact without a digest is used"),
         }
-        assert!(stalled(flux_artifact(Some(&json!({"digest": "sha256:ab"})), "Bucket", "b", None)).1.contains("without a url"));
+        assert!(
+            stalled(flux_artifact(Some(&json!({"digest": "sha256:ab"})), "Bucket", "b", None))
+                .1
+                .contains("without a url")
+        );
     }
 
     #[test]
     fn git_refs_are_judged_in_pkos_words() {
         let spec = |v: serde_json::Value| serde_json::from_value::<pko_api::StackSpec>(v).unwrap();
-        assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r"}))), Some(r#"missing "commit" or "branch""#));
         assert_eq!(
-            git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a", "branch": "main"}))),
+            git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r"}))),
+            Some(r#"missing "commit" or "branch""#)
+        );
+        assert_eq!(
+            git_ref_error(&spec(
+                json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a", "branch": "main"})
+            )),
             Some(r#"only one of "commit" or "branch" should be specified"#)
         );
-        assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "", "branch": "main"}))), None, "empty is unset");
+        assert_eq!(
+            git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "", "branch": "main"}))),
+            None,
+            "empty is unset"
+        );
         assert_eq!(git_ref_error(&spec(json!({"stack": "dev", "projectRepo": "https://g/r", "commit": "a"}))), None);
     }
 }

@@ -47,7 +47,9 @@ pub enum Judged {
 /// pools' prefix).
 fn agent_pod(host: &str, sets: &[String]) -> bool {
     let Some((set, ordinal)) = host.rsplit_once('-') else { return false };
-    !ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()) && sets.iter().any(|s| set == s || (s.ends_with('-') && set.starts_with(s.as_str())))
+    !ordinal.is_empty()
+        && ordinal.bytes().all(|b| b.is_ascii_digit())
+        && sets.iter().any(|s| set == s || (s.ends_with('-') && set.starts_with(s.as_str())))
 }
 
 /// Judges `holder` from `facts`; `process_alive` tells whether a pid runs on this host. Pure.
@@ -61,11 +63,16 @@ pub fn judge(holder: &Holder, facts: &Facts, process_alive: impl Fn(i32) -> bool
         };
     }
     if facts.pods.contains(host) {
-        return Judged::MayBeAlive(format!("pod {host} exists (its agent releases the lock itself once process {} has ended)", holder.pid));
+        return Judged::MayBeAlive(format!(
+            "pod {host} exists (its agent releases the lock itself once process {} has ended)",
+            holder.pid
+        ));
     }
     match facts.replicas.get(host) {
         Some(true) => Judged::MayBeAlive(format!("replica {host} is live")),
-        Some(false) => Judged::Dead(format!("replica {host} is gone (its membership Lease is not renewed and no pod {host} exists)")),
+        Some(false) => Judged::Dead(format!(
+            "replica {host} is gone (its membership Lease is not renewed and no pod {host} exists)"
+        )),
         None if agent_pod(host, &facts.agent_sets) => Judged::Dead(format!("agent pod {host} no longer exists")),
         None => Judged::MayBeAlive(format!("host {host} is not one of this operator's replicas or agent pods")),
     }
@@ -85,7 +92,10 @@ pub enum Decision {
 pub fn decide(message: Option<&str>, facts: &Facts, process_alive: impl Fn(i32) -> bool) -> Decision {
     let holders = pko_proto::locks::holders(message.unwrap_or_default());
     if holders.is_empty() {
-        return Decision::Refuse("no backend lock holder is known: the Stack's last update did not fail on a lock that names its holder".into());
+        return Decision::Refuse(
+            "no backend lock holder is known: the Stack's last update did not fail on a lock that names its holder"
+                .into(),
+        );
     }
     let mut dead = Vec::new();
     for h in &holders {
@@ -94,7 +104,10 @@ pub fn decide(message: Option<&str>, facts: &Facts, process_alive: impl Fn(i32) 
             Judged::MayBeAlive(why) => return Decision::Refuse(format!("the lock held by {h} is kept: {why}")),
         }
     }
-    Decision::Release(holders, format!("releasing {} backend lock(s) with the next update: {}", dead.len(), dead.join("; ")))
+    Decision::Release(
+        holders,
+        format!("releasing {} backend lock(s) with the next update: {}", dead.len(), dead.join("; ")),
+    )
 }
 
 /// Whether process `pid` runs on this host (`/proc/<pid>` exists).
@@ -113,7 +126,12 @@ mod tests {
     fn facts() -> Facts {
         Facts {
             this_host: "replica-a".into(),
-            replicas: [("replica-a".to_string(), true), ("replica-b".to_string(), true), ("replica-gone".to_string(), false)].into(),
+            replicas: [
+                ("replica-a".to_string(), true),
+                ("replica-b".to_string(), true),
+                ("replica-gone".to_string(), false),
+            ]
+            .into(),
             pods: ["pko-pool-abc-0".to_string(), "replica-b".to_string()].into(),
             agent_sets: vec!["web-workspace".into(), "pko-pool-".into()],
         }
@@ -139,20 +157,31 @@ mod tests {
     #[test]
     fn a_request_releases_only_when_every_holder_is_dead_and_names_the_one_kept() {
         let f = facts();
-        let two = format!("{}\n{}", "lock: created by root@replica-gone (pid 5) at 2026-11-26T10:00:00Z", "lock: created by root@pko-pool-abc-3 (pid 6)");
+        let two = format!(
+            "{}\n{}",
+            "lock: created by root@replica-gone (pid 5) at 2026-11-26T10:00:00Z",
+            "lock: created by root@pko-pool-abc-3 (pid 6)"
+        );
         match decide(Some(&two), &f, |_| false) {
             Decision::Release(h, note) => {
                 assert_eq!(h.len(), 2);
-                assert!(note.contains("root@replica-gone (pid 5)") && note.contains("pko-pool-abc-3 no longer exists"), "{note}");
+                assert!(
+                    note.contains("root@replica-gone (pid 5)") && note.contains("pko-pool-abc-3 no longer exists"),
+                    "{note}"
+                );
             }
             other => panic!("{other:?}"),
         }
         let with_laptop = format!("{two}\nlock: created by me@laptop (pid 7)");
         match decide(Some(&with_laptop), &f, |_| false) {
-            Decision::Refuse(note) => assert!(note.contains("me@laptop (pid 7)") && note.contains("not one of"), "{note}"),
+            Decision::Refuse(note) => {
+                assert!(note.contains("me@laptop (pid 7)") && note.contains("not one of"), "{note}")
+            }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(decide(Some("error: boom"), &f, |_| false), Decision::Refuse(n) if n.contains("no backend lock holder")));
+        assert!(
+            matches!(decide(Some("error: boom"), &f, |_| false), Decision::Refuse(n) if n.contains("no backend lock holder"))
+        );
         assert!(matches!(decide(None, &f, |_| false), Decision::Refuse(_)));
     }
 

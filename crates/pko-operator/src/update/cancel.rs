@@ -12,7 +12,11 @@ use pko_api::Update;
 
 /// The cancel request an Update carries (`pulumi.com/cancel-request`, set by its Stack), if any. Pure.
 pub fn requested(update: &Update) -> Option<&str> {
-    update.annotations().get(pko_api::constants::CANCEL_REQUEST_ANNOTATION).map(String::as_str).filter(|v| !v.is_empty())
+    update
+        .annotations()
+        .get(pko_api::constants::CANCEL_REQUEST_ANNOTATION)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
 }
 
 /// The Update's `status.message` when it is canceled on `request`. Pure.
@@ -49,7 +53,8 @@ mod tests {
     fn a_request_is_read_from_the_update_and_handed_over_by_operation() {
         let mut u = Update::new("u", Default::default());
         assert_eq!(requested(&u), None);
-        u.metadata.annotations = Some([(pko_api::constants::CANCEL_REQUEST_ANNOTATION.to_string(), "t1".to_string())].into());
+        u.metadata.annotations =
+            Some([(pko_api::constants::CANCEL_REQUEST_ANNOTATION.to_string(), "t1".to_string())].into());
         assert_eq!(requested(&u), Some("t1"));
         let r = CancelRequests::default();
         r.request("ns/u/uid", "t1");

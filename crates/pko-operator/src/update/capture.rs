@@ -43,7 +43,10 @@ pub struct Capture<'a> {
 impl<'a> Capture<'a> {
     /// Lines of Update `update` (of type `operation`) of Workspace `ns/workspace`, into `store`.
     pub fn new(store: &'a dyn OutputStore, ns: &str, workspace: &str, update: &str, operation: &str) -> Self {
-        let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
         let info = OperationInfo { update: update.to_string(), operation: operation.to_string(), started_ms };
         Capture { store, stack: format!("{ns}/{workspace}"), info, pending: Vec::new(), since: Instant::now() }
     }
@@ -86,7 +89,11 @@ mod tests {
     use pko_queue::output::{Limits, MemoryOutput};
 
     fn log(seq: u64, text: &str) -> OperationEvent {
-        OperationEvent { sequence: seq, event: Some(Event::Log(LogLine { stream: log_line::Stream::Stdout as i32, text: text.into() })), ..Default::default() }
+        OperationEvent {
+            sequence: seq,
+            event: Some(Event::Log(LogLine { stream: log_line::Stream::Stdout as i32, text: text.into() })),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -106,7 +113,11 @@ mod tests {
         let mut c = Capture::new(&store, "team-a", "web", "web-1", "up");
         c.take(&log(0, "one")).await;
         assert_eq!(store.read("team-a/web", "web-1", None).await.unwrap(), None, "gathered, not yet appended");
-        let result = OperationEvent { sequence: 1, event: Some(Event::Result(OperationResult { status: 1, ..Default::default() })), ..Default::default() };
+        let result = OperationEvent {
+            sequence: 1,
+            event: Some(Event::Result(OperationResult { status: 1, ..Default::default() })),
+            ..Default::default()
+        };
         c.take(&result).await;
         let out = store.read("team-a/web", "web-1", None).await.unwrap().unwrap();
         assert_eq!(out.lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), ["one", "succeeded"]);

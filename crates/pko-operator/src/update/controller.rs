@@ -45,7 +45,10 @@ pub struct UpdateController {
 
 impl std::fmt::Debug for UpdateController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpdateController").field("queued", &self.queue.queued()).field("in_flight", &self.queue.in_flight()).finish()
+        f.debug_struct("UpdateController")
+            .field("queued", &self.queue.queued())
+            .field("in_flight", &self.queue.in_flight())
+            .finish()
     }
 }
 
@@ -76,8 +79,7 @@ impl QueueGauges {
 }
 
 /// The message of an Update canceled for having no controller owner.
-pub const ORPHANED_MESSAGE: &str =
-    "canceled: the Update has no controller owner; as in PKO, an Update runs only with an ownerReference (controller: true) to its Workspace or Stack";
+pub const ORPHANED_MESSAGE: &str = "canceled: the Update has no controller owner; as in PKO, an Update runs only with an ownerReference (controller: true) to its Workspace or Stack";
 
 /// Whether a job's claim may take the cached Update as it is: one neither started (whose agent must
 /// be looked for with what is stored) nor complete nor being deleted. Pure.
@@ -96,7 +98,9 @@ pub fn orphaned(update: &Update) -> bool {
 /// Why a queued Update of namespace `ns` waits: the namespace runs `running` operations, its `limit`
 /// (`--namespace-share-percent` of `--max-operations`, or `--max-operations-per-namespace`). Pure.
 pub fn queued_message(ns: &str, running: usize, limit: usize) -> String {
-    format!("waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's workers is {limit}")
+    format!(
+        "waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's workers is {limit}"
+    )
 }
 
 /// Why a queued Update of workspace class `class` waits: the class runs `running` operations, its
@@ -176,7 +180,14 @@ impl UpdateController {
             // at zero from the start: a rate of deferrals reads 0, not "no data", before the first one
             metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(0);
             let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
-            crate::k8s::run_controller(controller, this.ctx.running(), "update", |u, c: Arc<Self>| c.reconcile(u), this.clone()).await;
+            crate::k8s::run_controller(
+                controller,
+                this.ctx.running(),
+                "update",
+                |u, c: Arc<Self>| c.reconcile(u),
+                this.clone(),
+            )
+            .await;
             for w in workers {
                 w.abort();
             }
@@ -196,7 +207,9 @@ impl UpdateController {
         let name = update.spec.workspace_name.clone().unwrap_or_default();
         let api = Api::<Workspace>::namespaced(self.ctx.client.clone(), &ns);
         match &self.workspaces {
-            Some(store) => crate::k8s::cached_or_get(store, &api, &name, |w| self.agents.usable(w) && made_for(update, w)).await,
+            Some(store) => {
+                crate::k8s::cached_or_get(store, &api, &name, |w| self.agents.usable(w) && made_for(update, w)).await
+            }
             None => api.get_opt(&name).await,
         }
     }
@@ -252,8 +265,13 @@ impl UpdateController {
             let (reason, message) = match workspace {
                 None => (uc::WORKSPACE_NOT_FOUND, format!("workspace {ws_name:?} not found")),
                 Some(w) => match w.not_ready_reason() {
-                    Some(c) => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready: {}: {}", c.reason, c.message)),
-                    None => (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)")),
+                    Some(c) => (
+                        uc::WORKSPACE_NOT_READY,
+                        format!("workspace {ws_name} is not ready: {}: {}", c.reason, c.message),
+                    ),
+                    None => {
+                        (uc::WORKSPACE_NOT_READY, format!("workspace {ws_name} is not ready (no agent address yet)"))
+                    }
                 },
             };
             self.wait(&api, &update, self.owns(&update), reason, message).await?;
@@ -265,8 +283,13 @@ impl UpdateController {
             return Ok(Action::requeue(wait));
         }
         let key = update.operation_id();
-        let job =
-            Job { key: key.clone(), namespace: ns.clone(), name: name.clone(), epoch: self.ctx.ownership.epoch(&ns, &shard_key), shard: self.ctx.ownership.shard(&ns, &shard_key) };
+        let job = Job {
+            key: key.clone(),
+            namespace: ns.clone(),
+            name: name.clone(),
+            epoch: self.ctx.ownership.epoch(&ns, &shard_key),
+            shard: self.ctx.ownership.shard(&ns, &shard_key),
+        };
         match self.queue.push(job).await {
             Ok(true) => {
                 tracing::debug!(update = %name, "queued");
@@ -276,7 +299,8 @@ impl UpdateController {
             Err(e) => tracing::warn!(update = %name, error = %e, "not queued; retrying"),
         }
         // held back by its namespace's share: said once on the Update (its Stack shows it)
-        if let Some(message) = self.queue.local().held_by_limit(&key).map(|(running, limit)| queued_message(&ns, running, limit))
+        if let Some(message) =
+            self.queue.local().held_by_limit(&key).map(|(running, limit)| queued_message(&ns, running, limit))
             && update.queued_message() != Some(message.as_str())
         {
             self.wait(&api, &update, self.owns(&update), uc::QUEUED, message).await?;
@@ -288,7 +312,14 @@ impl UpdateController {
     /// Writes the Update's status as waiting (`reason`, `message`) — unless fenced (`holds` false: the
     /// shard is not held any more or, for a job's dispatch, not at the job's epoch), e.g. because this
     /// replica was frozen while it read the API; then nothing is written.
-    pub(super) async fn wait(&self, api: &Api<Update>, update: &Update, holds: bool, reason: &'static str, message: String) -> Result<(), kube::Error> {
+    pub(super) async fn wait(
+        &self,
+        api: &Api<Update>,
+        update: &Update,
+        holds: bool,
+        reason: &'static str,
+        message: String,
+    ) -> Result<(), kube::Error> {
         self.wait_at(api, update, holds, reason, message, None).await
     }
 
@@ -311,8 +342,21 @@ impl UpdateController {
         }
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
-        st.conditions = Some(status::conditions(&Phase::Waiting { reason, message }, update.meta().generation, &pko_api::conditions::now(), &old));
-        crate::k8s::apply_status_versioned(api, &update.name_any(), pko_api::constants::field_manager::UPDATE_STATUS, &st, resource_version).await.map(|_| ())
+        st.conditions = Some(status::conditions(
+            &Phase::Waiting { reason, message },
+            update.meta().generation,
+            &pko_api::conditions::now(),
+            &old,
+        ));
+        crate::k8s::apply_status_versioned(
+            api,
+            &update.name_any(),
+            pko_api::constants::field_manager::UPDATE_STATUS,
+            &st,
+            resource_version,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Marks an Update that never started Failed `Canceled` with `message` — [`orphaned`] (PKO's
@@ -324,7 +368,12 @@ impl UpdateController {
         let mut st = update.status.clone().unwrap_or_default();
         let old = st.conditions.clone().unwrap_or_default();
         let now = pko_api::conditions::now();
-        st.conditions = Some(status::conditions(&Phase::Failed { reason: uc::CANCELED.into(), message: message.clone() }, update.meta().generation, &now, &old));
+        st.conditions = Some(status::conditions(
+            &Phase::Failed { reason: uc::CANCELED.into(), message: message.clone() },
+            update.meta().generation,
+            &now,
+            &old,
+        ));
         st.observed_generation = update.meta().generation;
         tracing::info!(update = %update.name_any(), %message, "canceled before it started");
         st.message = Some(message);
@@ -333,8 +382,17 @@ impl UpdateController {
     }
 
     async fn expire(&self, api: &Api<Update>, update: &Update) -> Result<Action, Error> {
-        let Some(ttl) = update.spec.ttl_after_completed.as_deref().and_then(|d| pko_api::duration::parse_go_duration_or_zero(d).ok()) else { return Ok(Action::await_change()) };
-        let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else { return Ok(Action::await_change()) };
+        let Some(ttl) = update
+            .spec
+            .ttl_after_completed
+            .as_deref()
+            .and_then(|d| pko_api::duration::parse_go_duration_or_zero(d).ok())
+        else {
+            return Ok(Action::await_change());
+        };
+        let Some(end) = update.status.as_ref().and_then(|s| s.end_time.clone()) else {
+            return Ok(Action::await_change());
+        };
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(end.0).unsigned_abs();
         if age >= ttl {
             // fenced: the event and the delete are writes
@@ -371,7 +429,13 @@ pub const TRANSIENT_RETRY: Duration = Duration::from_secs(5);
 /// condition has said `TransientFailure` for less than [`TRANSIENT_RETRY`] (an agent refusing or
 /// unreachable is not called in a tight loop), else none. Pure.
 pub fn transient_retry_in(update: &Update, now: k8s_openapi::jiff::Timestamp) -> Option<Duration> {
-    let c = update.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == uc::PROGRESSING && c.reason == uc::TRANSIENT_FAILURE)?;
+    let c = update
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == uc::PROGRESSING && c.reason == uc::TRANSIENT_FAILURE)?;
     let since = now.duration_since(c.last_transition_time.0).unsigned_abs();
     TRANSIENT_RETRY.checked_sub(since).filter(|d| !d.is_zero())
 }
@@ -391,14 +455,17 @@ mod tests {
             controller,
             ..Default::default()
         };
-        let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {"workspaceName": "w"}})).unwrap();
+        let mut u: Update =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {"workspaceName": "w"}}))
+                .unwrap();
         assert!(orphaned(&u), "created by hand");
         u.metadata.owner_references = Some(vec![owner(None)]);
         assert!(orphaned(&u), "an owner that is not the controller");
         u.metadata.owner_references = Some(vec![owner(Some(true))]);
         assert!(!orphaned(&u));
         u.metadata.owner_references = None;
-        u.status = Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
+        u.status =
+            Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
         assert!(!orphaned(&u), "started: followed to its result");
     }
 
@@ -408,12 +475,23 @@ mod tests {
         let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {}})).unwrap();
         assert_eq!(transient_retry_in(&u, at(100)), None, "never attempted");
         let conditions = |reason: &'static str| {
-            status::conditions(&Phase::Waiting { reason, message: "refused".into() }, Some(1), &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(100)), &[])
+            status::conditions(
+                &Phase::Waiting { reason, message: "refused".into() },
+                Some(1),
+                &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(100)),
+                &[],
+            )
         };
-        u.status = Some(pko_api::update::UpdateStatus { conditions: Some(conditions(uc::TRANSIENT_FAILURE)), ..Default::default() });
+        u.status = Some(pko_api::update::UpdateStatus {
+            conditions: Some(conditions(uc::TRANSIENT_FAILURE)),
+            ..Default::default()
+        });
         assert_eq!(transient_retry_in(&u, at(101)), Some(Duration::from_secs(4)));
         assert_eq!(transient_retry_in(&u, at(105)), None, "the pause is over");
-        u.status = Some(pko_api::update::UpdateStatus { conditions: Some(conditions(uc::WORKSPACE_NOT_READY)), ..Default::default() });
+        u.status = Some(pko_api::update::UpdateStatus {
+            conditions: Some(conditions(uc::WORKSPACE_NOT_READY)),
+            ..Default::default()
+        });
         assert_eq!(transient_retry_in(&u, at(101)), None, "only after a failed attempt");
     }
 }

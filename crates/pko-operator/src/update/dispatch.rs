@@ -174,7 +174,8 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
 /// start), so an overall deadline counts from the operation's start across a handoff; now when unset.
 fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Instant {
     let now = Instant::now();
-    let age = start.and_then(|t| std::time::Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0)).ok());
+    let age =
+        start.and_then(|t| std::time::Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0)).ok());
     age.and_then(|a| now.checked_sub(a)).unwrap_or(now)
 }
 
@@ -186,14 +187,27 @@ fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Tim
 /// Errors: [`DispatchError::Values`], transient.
 async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, String>, DispatchError> {
     let ns = op.update.namespace().unwrap_or_default();
-    let mut r = match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec) {
-        Ok(r) => r,
-        Err(e) => return Ok(Err(e.to_string())),
-    };
+    let mut r =
+        match request::build(&op.update.operation_id(), op.fence.job().epoch, &ns, &op.workspace.spec, &op.update.spec)
+        {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
     request::mirror_artifact(&mut r, &ns, op.artifact_addr);
     r.run_digest = op.update.spec.run_digest.clone().unwrap_or_default();
-    r.release_locks = request::release_locks(op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str));
-    match request::complete(op.client, op.secrets, &ns, op.workspace.spec.env_from.as_deref().unwrap_or_default(), op.github_api_url, r).await {
+    r.release_locks = request::release_locks(
+        op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str),
+    );
+    match request::complete(
+        op.client,
+        op.secrets,
+        &ns,
+        op.workspace.spec.env_from.as_deref().unwrap_or_default(),
+        op.github_api_url,
+        r,
+    )
+    .await
+    {
         Ok(r) => Ok(Ok(r)),
         Err(Incomplete::User(message)) => Ok(Err(message)),
         Err(Incomplete::Transient(message)) => Err(DispatchError::Values(message)),
@@ -233,10 +247,17 @@ enum Pin {
 /// came first (`Canceled`): the Update ends `Failed` with `reason` and `message`, returned as a failed
 /// result. Before *mark started* the write is pinned ([`Pin`]): on a conflict nothing is written
 /// ([`DispatchError::Stale`]) and the Update's next reconcile decides again on what is stored.
-async fn refuse(op: &Operation<'_>, mut st: UpdateStatus, reason: &str, message: String, pin: Pin) -> Result<OperationResult, DispatchError> {
+async fn refuse(
+    op: &Operation<'_>,
+    mut st: UpdateStatus,
+    reason: &str,
+    message: String,
+    pin: Pin,
+) -> Result<OperationResult, DispatchError> {
     let now = pko_api::conditions::now();
     let phase = Phase::Failed { reason: reason.into(), message: message.clone() };
-    st.conditions = Some(status::conditions(&phase, st.observed_generation, &now, st.conditions.as_deref().unwrap_or_default()));
+    st.conditions =
+        Some(status::conditions(&phase, st.observed_generation, &now, st.conditions.as_deref().unwrap_or_default()));
     st.message = Some(message.clone());
     st.end_time = Some(now);
     op.fence.check()?;
@@ -259,7 +280,8 @@ async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), D
         return Ok(());
     }
     st.start_time.get_or_insert_with(pko_api::conditions::now);
-    let mut conditions = status::conditions(&Phase::Progressing, st.observed_generation, &pko_api::conditions::now(), &old);
+    let mut conditions =
+        status::conditions(&Phase::Progressing, st.observed_generation, &pko_api::conditions::now(), &old);
     status::name_agent(&mut conditions, &op.agent.address);
     st.conditions = Some(conditions);
     op.fence.check()?;
@@ -280,12 +302,18 @@ async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), D
 /// Step **call**: `Run` on the agent, the last moment before the operation can start. This replica may
 /// still be frozen right after the fence's check; the agent then refuses the call by the deadline it
 /// carries (the shard's new holder may run the operation on another agent meanwhile).
-async fn call(op: &Operation<'_>, agent: &mut Client, mut req: OperationRequest) -> Result<tonic::Streaming<pko_proto::v1::OperationEvent>, DispatchError> {
+async fn call(
+    op: &Operation<'_>,
+    agent: &mut Client,
+    mut req: OperationRequest,
+) -> Result<tonic::Streaming<pko_proto::v1::OperationEvent>, DispatchError> {
     op.fence.check()?;
     req.not_after = op.fence.not_after().map(timestamp);
     let call = client::authorized(req, op.agent.token.as_deref()).map_err(|e| op.agent_error(e))?;
     let stream = agent.run(call).await.map_err(|s| match s.code() {
-        tonic::Code::Unavailable => DispatchError::Busy(op.agent.address.clone(), format!("{}: {}", s.code(), s.message())),
+        tonic::Code::Unavailable => {
+            DispatchError::Busy(op.agent.address.clone(), format!("{}: {}", s.code(), s.message()))
+        }
         tonic::Code::InvalidArgument => DispatchError::Refused(op.agent.address.clone(), s.message().to_string()),
         _ => op.agent_error(format!("{}: {}", s.code(), s.message())),
     })?;
@@ -301,7 +329,12 @@ struct Followed {
 /// Step **follow**: the operation's events until its result; [`Operation::started`] at the first;
 /// the lines they read as kept in the output store as they come ([`Capture`]); a limit reached stops
 /// it ([`limit`]).
-async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>, limits: &Limits, started: Instant) -> Result<Followed, DispatchError> {
+async fn follow(
+    op: &Operation<'_>,
+    mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>,
+    limits: &Limits,
+    started: Instant,
+) -> Result<Followed, DispatchError> {
     let ns = op.update.namespace().unwrap_or_default();
     let kind = op.update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
     let mut capture = Capture::new(op.output, &ns, op.workspace.name_any().as_str(), &op.update.name_any(), kind);
@@ -341,14 +374,26 @@ async fn follow(op: &Operation<'_>, mut stream: tonic::Streaming<pko_proto::v1::
 /// Step **limit** (on a timer while following): a limit reached stops the operation on its agent
 /// ([`stop`]); one asked to stop that has not ended after [`limits::STOP_WAIT`] is given up — the
 /// Update is recorded failed by the limit without the agent's result.
-async fn limit(op: &Operation<'_>, limits: &Limits, started: Instant, last_event: Instant, stopping: &mut Option<(Limit, Instant)>) -> Result<Option<Followed>, DispatchError> {
+async fn limit(
+    op: &Operation<'_>,
+    limits: &Limits,
+    started: Instant,
+    last_event: Instant,
+    stopping: &mut Option<(Limit, Instant)>,
+) -> Result<Option<Followed>, DispatchError> {
     let now = Instant::now();
     if let Some((limit, give_up)) = stopping.as_ref() {
         if now < *give_up {
             return Ok(None);
         }
-        let message = format!("the agent did not end the operation within {} s of being asked to stop", limits::STOP_WAIT.as_secs());
-        return Ok(Some(Followed { result: OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() }, limit: Some(limit.clone()) }));
+        let message = format!(
+            "the agent did not end the operation within {} s of being asked to stop",
+            limits::STOP_WAIT.as_secs()
+        );
+        return Ok(Some(Followed {
+            result: OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() },
+            limit: Some(limit.clone()),
+        }));
     }
     let reached = match (op.cancel)() {
         Some(request) => Some(Limit::Requested(request)),
@@ -371,7 +416,11 @@ async fn limit(op: &Operation<'_>, limits: &Limits, started: Instant, last_event
 async fn stop(op: &Operation<'_>) -> Result<(), DispatchError> {
     op.fence.check()?;
     let mut agent = client::control(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
-    let req = CancelRequest { operation_id: op.update.operation_id(), epoch: op.fence.job().epoch, grace_seconds: limits::STOP_GRACE_SECONDS };
+    let req = CancelRequest {
+        operation_id: op.update.operation_id(),
+        epoch: op.fence.job().epoch,
+        grace_seconds: limits::STOP_GRACE_SECONDS,
+    };
     let call = client::authorized(req, op.agent.token.as_deref()).map_err(|e| op.agent_error(e))?;
     agent.cancel(call).await.map_err(|s| op.agent_error(format!("cancel: {}: {}", s.code(), s.message())))?;
     Ok(())
@@ -379,21 +428,44 @@ async fn stop(op: &Operation<'_>) -> Result<(), DispatchError> {
 
 /// Step **record**: the outputs Secret of a succeeded `up`, the Update's status in one write, then the
 /// effects (event, the Workspace's Stalled verdict and `pulumiVersion`).
-async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult, limit: Option<Limit>) -> Result<(), DispatchError> {
+async fn record(
+    op: &Operation<'_>,
+    st: UpdateStatus,
+    result: &OperationResult,
+    limit: Option<Limit>,
+) -> Result<(), DispatchError> {
     let (phase, message) = match &limit {
         Some(l) => (Phase::Failed { reason: l.reason().into(), message: l.message() }, l.message()),
         None => status::phase_of(&op.update.spec, result),
     };
-    let outputs = if phase == Phase::Succeeded && op.update.spec.update_type == Some(pko_api::UpdateType::Up) { write_outputs(op, result).await? } else { None };
-    let st = status::finished(st, (&phase, message), result, op.update.meta().generation, outputs, &pko_api::conditions::now());
+    let outputs = if phase == Phase::Succeeded && op.update.spec.update_type == Some(pko_api::UpdateType::Up) {
+        write_outputs(op, result).await?
+    } else {
+        None
+    };
+    let st = status::finished(
+        st,
+        (&phase, message),
+        result,
+        op.update.meta().generation,
+        outputs,
+        &pko_api::conditions::now(),
+    );
     op.fence.check()?;
     write_status(&op.api(), op.update, &st).await?;
     op.fence.check()?;
     let succeeded = phase == Phase::Succeeded;
-    let (severity, reason) = if succeeded { (crate::k8s::Severity::Normal, event_reason::UPDATE_SUCCEEDED) } else { (crate::k8s::Severity::Warning, event_reason::UPDATE_FAILED) };
+    let (severity, reason) = if succeeded {
+        (crate::k8s::Severity::Normal, event_reason::UPDATE_SUCCEEDED)
+    } else {
+        (crate::k8s::Severity::Warning, event_reason::UPDATE_FAILED)
+    };
     let stack = op.update.spec.stack_name.as_deref().unwrap_or_default();
     // the first error, as today: the Update's message carries all of them
-    let first = limit.as_ref().map(Limit::message).unwrap_or_else(|| result.message.lines().next().unwrap_or_default().to_string());
+    let first = limit
+        .as_ref()
+        .map(Limit::message)
+        .unwrap_or_else(|| result.message.lines().next().unwrap_or_default().to_string());
     let note = status::event_note(op.update.spec.update_type.as_ref(), stack, succeeded, &first);
     crate::k8s::publish(&op.events.update, op.update, severity, reason, note).await;
     // PKO's Workspace lifecycle: an operation that could not prepare its workspace stalls it (Ready
@@ -408,8 +480,11 @@ async fn record(op: &Operation<'_>, st: UpdateStatus, result: &OperationResult, 
 /// The outputs Secret of the Update (immutable; one written before a restart is kept), owned by the
 /// Update's owner; its name, or `None` when the Update has no controller owner.
 async fn write_outputs(op: &Operation<'_>, result: &OperationResult) -> Result<Option<String>, DispatchError> {
-    let values: BTreeMap<String, (serde_json::Value, bool)> =
-        result.outputs.iter().map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret))).collect();
+    let values: BTreeMap<String, (serde_json::Value, bool)> = result
+        .outputs
+        .iter()
+        .map(|(k, v)| (k.clone(), (serde_json::from_slice(&v.value).unwrap_or(serde_json::Value::Null), v.secret)))
+        .collect();
     let Some(mut owner) = op.update.controller_owner_ref(&()) else { return Ok(None) };
     owner.controller = Some(false);
     let ns = op.update.namespace().unwrap_or_default();
@@ -464,7 +539,10 @@ mod tests {
                 "spec": {"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "n", "value": n}]}]}}))
             .unwrap()
         };
-        let mut u: Update = serde_json::from_value(serde_json::json!({"metadata": {"name": "u"}, "spec": {"stackName": "dev", "type": "up"}})).unwrap();
+        let mut u: Update = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "u"}, "spec": {"stackName": "dev", "type": "up"}}),
+        )
+        .unwrap();
         let spec = u.spec.clone();
         let req = |w: &Workspace| request::build("id", 1, "ns", &w.spec, &spec).unwrap();
         assert!(check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).is_ok(), "an Update that names no digest (made by hand)");
@@ -472,9 +550,17 @@ mod tests {
         u.spec.run_digest = Some(request::run_digest("ns", &ws(2, "1").spec, &u.spec).unwrap());
         assert!(check_run(&u, &ws(2, "1"), &req(&ws(2, "1"))).is_ok(), "the Workspace it was made for");
         let stale = check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).unwrap_err();
-        assert!(stale.contains("made for Workspace w at generation 2") && stale.contains("is at generation 1 now (run digest"), "{stale}");
-        u.status = Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
-        assert!(check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).is_ok(), "started: its agent re-attaches or checks the request itself");
+        assert!(
+            stale.contains("made for Workspace w at generation 2")
+                && stale.contains("is at generation 1 now (run digest"),
+            "{stale}"
+        );
+        u.status =
+            Some(pko_api::update::UpdateStatus { start_time: Some(pko_api::conditions::now()), ..Default::default() });
+        assert!(
+            check_run(&u, &ws(1, "0"), &req(&ws(1, "0"))).is_ok(),
+            "started: its agent re-attaches or checks the request itself"
+        );
     }
 
     #[test]

@@ -35,8 +35,14 @@ impl Limit {
     /// abandoning the operation).
     pub fn message(&self) -> String {
         match self {
-            Limit::Idle(d) => format!("The update produced no output for {} and was stopped (CTRL-C on its agent).", pko_api::duration::format_go_duration(*d)),
-            Limit::Overall(d) => format!("The update ran longer than its timeout of {} and was stopped (CTRL-C on its agent).", pko_api::duration::format_go_duration(*d)),
+            Limit::Idle(d) => format!(
+                "The update produced no output for {} and was stopped (CTRL-C on its agent).",
+                pko_api::duration::format_go_duration(*d)
+            ),
+            Limit::Overall(d) => format!(
+                "The update ran longer than its timeout of {} and was stopped (CTRL-C on its agent).",
+                pko_api::duration::format_go_duration(*d)
+            ),
             Limit::Requested(r) => super::cancel::message(r),
         }
     }
@@ -66,14 +72,23 @@ pub const STOP_WAIT: Duration = Duration::from_secs(STOP_GRACE_SECONDS as u64 + 
 /// its `spec.timeout` (a zero disables it; unset: `default_overall`), Go durations.
 ///
 /// Errors: a malformed duration, naming the field (the Update fails with it before it runs).
-pub fn of(spec: &pko_api::update::UpdateSpec, default_idle: Option<Duration>, default_overall: Option<Duration>) -> Result<Limits, String> {
+pub fn of(
+    spec: &pko_api::update::UpdateSpec,
+    default_idle: Option<Duration>,
+    default_overall: Option<Duration>,
+) -> Result<Limits, String> {
     let read = |field: &str, v: Option<&String>, default: Option<Duration>| -> Result<Option<Duration>, String> {
         match v {
             None => Ok(default),
-            Some(s) => pko_api::duration::parse_go_duration_or_zero(s).map(|d| Some(d).filter(|d| !d.is_zero())).map_err(|e| format!("spec.{field}: {s:?}: {e}")),
+            Some(s) => pko_api::duration::parse_go_duration_or_zero(s)
+                .map(|d| Some(d).filter(|d| !d.is_zero()))
+                .map_err(|e| format!("spec.{field}: {s:?}: {e}")),
         }
     };
-    Ok(Limits { idle: read("idleTimeout", spec.idle_timeout.as_ref(), default_idle)?, overall: read("timeout", spec.timeout.as_ref(), default_overall)? })
+    Ok(Limits {
+        idle: read("idleTimeout", spec.idle_timeout.as_ref(), default_idle)?,
+        overall: read("timeout", spec.timeout.as_ref(), default_overall)?,
+    })
 }
 
 impl Limits {
@@ -99,8 +114,15 @@ mod tests {
         };
         let m = Duration::from_secs(60);
         assert_eq!(of(&spec(None, None), Some(30 * m), None), Ok(Limits { idle: Some(30 * m), overall: None }));
-        assert_eq!(of(&spec(Some("5s"), Some("1h")), Some(30 * m), None), Ok(Limits { idle: Some(Duration::from_secs(5)), overall: Some(60 * m) }));
-        assert_eq!(of(&spec(Some("0s"), None), Some(30 * m), Some(m)), Ok(Limits { idle: None, overall: Some(m) }), "a zero disables it");
+        assert_eq!(
+            of(&spec(Some("5s"), Some("1h")), Some(30 * m), None),
+            Ok(Limits { idle: Some(Duration::from_secs(5)), overall: Some(60 * m) })
+        );
+        assert_eq!(
+            of(&spec(Some("0s"), None), Some(30 * m), Some(m)),
+            Ok(Limits { idle: None, overall: Some(m) }),
+            "a zero disables it"
+        );
         assert!(of(&spec(Some("soon"), None), None, None).unwrap_err().starts_with("spec.idleTimeout: \"soon\""));
     }
 
@@ -110,9 +132,16 @@ mod tests {
         let s = Duration::from_secs(1);
         let l = Limits { idle: Some(10 * s), overall: Some(25 * s) };
         assert_eq!(l.next(t0, t0), Some((t0 + 10 * s, Limit::Idle(10 * s))));
-        assert_eq!(l.next(t0, t0 + 20 * s), Some((t0 + 25 * s, Limit::Overall(25 * s))), "events keep the idle limit away, not the deadline");
+        assert_eq!(
+            l.next(t0, t0 + 20 * s),
+            Some((t0 + 25 * s, Limit::Overall(25 * s))),
+            "events keep the idle limit away, not the deadline"
+        );
         assert_eq!(Limits::default().next(t0, t0), None);
-        assert_eq!(Limit::Idle(30 * 60 * s).message(), "The update produced no output for 30m0s and was stopped (CTRL-C on its agent).");
+        assert_eq!(
+            Limit::Idle(30 * 60 * s).message(),
+            "The update produced no output for 30m0s and was stopped (CTRL-C on its agent)."
+        );
         assert_eq!((Limit::Idle(s).reason(), Limit::Overall(s).reason()), ("IdleTimeout", "DeadlineExceeded"));
     }
 }

@@ -34,13 +34,29 @@ pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Con
     // (status, reason, message) of Progressing, Complete and Failed
     type Triple<'a> = (&'a str, &'a str, &'a str);
     let (progressing, complete, failed): (Triple, Triple, Triple) = match phase {
-        Phase::Progressing => (("True", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, "")),
-        Phase::Succeeded => (("False", uc::REASON_COMPLETE, ""), ("True", uc::UPDATED, ""), ("False", uc::UPDATE_SUCCEEDED, "")),
-        Phase::Failed { reason, message } => (("False", uc::REASON_FAILED, ""), ("True", uc::REASON_FAILED, ""), ("True", reason, message)),
-        Phase::Waiting { reason, message } => (("False", reason, message), ("False", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, "")),
+        Phase::Progressing => (
+            ("True", uc::REASON_PROGRESSING, ""),
+            ("False", uc::REASON_PROGRESSING, ""),
+            ("False", uc::REASON_PROGRESSING, ""),
+        ),
+        Phase::Succeeded => {
+            (("False", uc::REASON_COMPLETE, ""), ("True", uc::UPDATED, ""), ("False", uc::UPDATE_SUCCEEDED, ""))
+        }
+        Phase::Failed { reason, message } => {
+            (("False", uc::REASON_FAILED, ""), ("True", uc::REASON_FAILED, ""), ("True", reason, message))
+        }
+        Phase::Waiting { reason, message } => {
+            (("False", reason, message), ("False", uc::REASON_PROGRESSING, ""), ("False", uc::REASON_PROGRESSING, ""))
+        }
     };
-    let mut v: Vec<Condition> = old.iter().filter(|c| [uc::PROGRESSING, uc::COMPLETE, uc::FAILED].contains(&c.type_.as_str())).cloned().collect();
-    for (type_, (status, reason, message)) in [(uc::PROGRESSING, progressing), (uc::COMPLETE, complete), (uc::FAILED, failed)] {
+    let mut v: Vec<Condition> = old
+        .iter()
+        .filter(|c| [uc::PROGRESSING, uc::COMPLETE, uc::FAILED].contains(&c.type_.as_str()))
+        .cloned()
+        .collect();
+    for (type_, (status, reason, message)) in
+        [(uc::PROGRESSING, progressing), (uc::COMPLETE, complete), (uc::FAILED, failed)]
+    {
         pko_api::conditions::set(&mut v, type_, status, reason, message, generation, now);
     }
     v
@@ -68,7 +84,8 @@ pub fn failure(reason: Reason, update_type: &str, message: &str) -> (&'static st
         Reason::RunMismatch => (uc::RUN_MISMATCH, message.to_string()),
         Reason::UpdateFailed | Reason::Other => {
             let prefix = format!("{update_type} failed");
-            let message = if message.starts_with(&prefix) { message.to_string() } else { format!("{prefix}: {message}") };
+            let message =
+                if message.starts_with(&prefix) { message.to_string() } else { format!("{prefix}: {message}") };
             (uc::UNKNOWN, message)
         }
     }
@@ -145,11 +162,21 @@ pub fn finished(
     st.end_time = time_of(r.end_time.as_ref()).or_else(|| Some(now.clone()));
     st.message = Some(message).filter(|m| !m.is_empty());
     st.permalink = Some(r.permalink.clone()).filter(|p| !p.is_empty());
-    st.project_info = r.project_info.as_ref().map(|p| pko_api::workspace::ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
-    st.change_summary = Some(r.change_summary.iter().map(|(k, v)| (k.clone(), *v)).collect()).filter(|m: &BTreeMap<String, i32>| !m.is_empty());
+    st.project_info = r
+        .project_info
+        .as_ref()
+        .map(|p| pko_api::workspace::ProjectInfo { name: Some(p.name.clone()), runtime: Some(p.runtime.clone()) });
+    st.change_summary = Some(r.change_summary.iter().map(|(k, v)| (k.clone(), *v)).collect())
+        .filter(|m: &BTreeMap<String, i32>| !m.is_empty());
     st.resource_changes = (!r.changes.is_empty()).then(|| {
         let changes = r.changes.iter().take(pko_api::update::MAX_RESOURCE_CHANGES);
-        changes.map(|c| pko_api::update::ResourceChange { urn: c.urn.clone(), op: c.op.clone(), properties: Some(c.properties.clone()).filter(|p| !p.is_empty()) }).collect()
+        changes
+            .map(|c| pko_api::update::ResourceChange {
+                urn: c.urn.clone(),
+                op: c.op.clone(),
+                properties: Some(c.properties.clone()).filter(|p| !p.is_empty()),
+            })
+            .collect()
     });
     st.run_digest = Some(r.run_digest.clone()).filter(|d| !d.is_empty());
     let current = st.conditions.clone().unwrap_or_default();
@@ -189,7 +216,10 @@ mod tests {
         assert_eq!(event_note(Some(&T::Refresh), "dev", true, ""), r#"Refreshed stack "dev""#);
         assert_eq!(event_note(Some(&T::Destroy), "dev", true, ""), r#"Destroyed stack "dev""#);
         assert_eq!(event_note(Some(&T::Up), "dev", false, ""), r#"Failed to update stack "dev""#);
-        assert_eq!(event_note(Some(&T::Destroy), "org/p/dev", false, "error: boom"), r#"Failed to destroy stack "org/p/dev": error: boom"#);
+        assert_eq!(
+            event_note(Some(&T::Destroy), "org/p/dev", false, "error: boom"),
+            r#"Failed to destroy stack "org/p/dev": error: boom"#
+        );
     }
 
     use super::*;
@@ -204,9 +234,19 @@ mod tests {
 
     #[test]
     fn failures_are_reported_as_pko_does() {
-        assert_eq!(failure(Reason::UpdateFailed, "up", "exit status 255"), ("Unknown", "up failed: exit status 255".to_string()));
-        assert_eq!(failure(Reason::Other, "destroy", "no Pulumi.yaml"), ("Unknown", "destroy failed: no Pulumi.yaml".to_string()));
-        assert_eq!(failure(Reason::UpdateFailed, "preview", "preview failed: x").1, "preview failed: x", "never doubled");
+        assert_eq!(
+            failure(Reason::UpdateFailed, "up", "exit status 255"),
+            ("Unknown", "up failed: exit status 255".to_string())
+        );
+        assert_eq!(
+            failure(Reason::Other, "destroy", "no Pulumi.yaml"),
+            ("Unknown", "destroy failed: no Pulumi.yaml".to_string())
+        );
+        assert_eq!(
+            failure(Reason::UpdateFailed, "preview", "preview failed: x").1,
+            "preview failed: x",
+            "never doubled"
+        );
         assert_eq!(failure(Reason::UpdateConflict, "up", "locked"), ("UpdateConflict", "locked".to_string()));
         assert_eq!(failure(Reason::InvalidAccessToken, "up", "401"), ("InvalidAccessToken", "401".to_string()));
         assert_eq!(failure(Reason::Cancelled, "up", "cancelled: x").0, "Canceled");
@@ -217,19 +257,48 @@ mod tests {
         let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
         assert_eq!(
             view(&conditions(&Phase::Progressing, Some(1), &t(0), &[])),
-            vec![s("Complete", "False", "Progressing"), s("Failed", "False", "Progressing"), s("Progressing", "True", "Progressing")]
+            vec![
+                s("Complete", "False", "Progressing"),
+                s("Failed", "False", "Progressing"),
+                s("Progressing", "True", "Progressing")
+            ]
         );
         assert_eq!(
             view(&conditions(&Phase::Succeeded, Some(1), &t(0), &[])),
-            vec![s("Complete", "True", "Updated"), s("Failed", "False", "UpdateSucceeded"), s("Progressing", "False", "Complete")]
+            vec![
+                s("Complete", "True", "Updated"),
+                s("Failed", "False", "UpdateSucceeded"),
+                s("Progressing", "False", "Complete")
+            ]
         );
-        let failed = conditions(&Phase::Failed { reason: failure(Reason::UpdateConflict, "up", "locked").0.into(), message: "locked".into() }, Some(1), &t(0), &[]);
-        assert_eq!(view(&failed), vec![s("Complete", "True", "Failed"), s("Failed", "True", "UpdateConflict"), s("Progressing", "False", "Failed")]);
+        let failed = conditions(
+            &Phase::Failed {
+                reason: failure(Reason::UpdateConflict, "up", "locked").0.into(),
+                message: "locked".into(),
+            },
+            Some(1),
+            &t(0),
+            &[],
+        );
+        assert_eq!(
+            view(&failed),
+            vec![
+                s("Complete", "True", "Failed"),
+                s("Failed", "True", "UpdateConflict"),
+                s("Progressing", "False", "Failed")
+            ]
+        );
         assert_eq!(failed[1].message, "locked");
         let mut running = conditions(&Phase::Progressing, Some(1), &t(0), &[]);
         name_agent(&mut running, "127.0.0.1:4000");
-        assert_eq!(running.iter().find(|c| c.type_ == "Progressing").map(|c| c.message.as_str()), Some("running on agent 127.0.0.1:4000"));
-        assert!(running.iter().filter(|c| c.type_ != "Progressing").all(|c| c.message.is_empty()), "only Progressing=True names it");
+        assert_eq!(
+            running.iter().find(|c| c.type_ == "Progressing").map(|c| c.message.as_str()),
+            Some("running on agent 127.0.0.1:4000")
+        );
+        assert!(
+            running.iter().filter(|c| c.type_ != "Progressing").all(|c| c.message.is_empty()),
+            "only Progressing=True names it"
+        );
         let mut done = failed.clone();
         name_agent(&mut done, "127.0.0.1:4000");
         assert_eq!(done, failed, "a finished Update's conditions are left alone");
@@ -238,9 +307,17 @@ mod tests {
     #[test]
     fn a_finished_operation_fills_the_status_as_pko() {
         use pko_proto::v1::{ErrorInfo, OperationResult, ResultStatus};
-        let spec = pko_api::update::UpdateSpec { message: Some("deploy v2".into()), update_type: Some(pko_api::UpdateType::Up), ..Default::default() };
-        let ok =
-            OperationResult { status: ResultStatus::Succeeded as i32, permalink: "file:///p".into(), change_summary: [("create".to_string(), 2)].into(), ..Default::default() };
+        let spec = pko_api::update::UpdateSpec {
+            message: Some("deploy v2".into()),
+            update_type: Some(pko_api::UpdateType::Up),
+            ..Default::default()
+        };
+        let ok = OperationResult {
+            status: ResultStatus::Succeeded as i32,
+            permalink: "file:///p".into(),
+            change_summary: [("create".to_string(), 2)].into(),
+            ..Default::default()
+        };
         let (phase, message) = phase_of(&spec, &ok);
         assert_eq!((&phase, message.as_str()), (&Phase::Succeeded, "deploy v2"));
         let st = finished(Default::default(), (&phase, message), &ok, Some(3), Some("u-stack-outputs".into()), &t(7));
@@ -259,7 +336,9 @@ mod tests {
         assert_eq!(phase, Phase::Failed { reason: "Unknown".into(), message: "up failed: exit status 1".into() });
         let st = finished(Default::default(), (&phase, message), &failed, Some(3), None, &t(7));
         assert_eq!((st.message.as_deref(), st.permalink, st.outputs), (Some("up failed: exit status 1"), None, None));
-        assert!(st.conditions.unwrap().iter().any(|c| c.type_ == "Failed" && c.status == "True" && c.reason == "Unknown"));
+        assert!(
+            st.conditions.unwrap().iter().any(|c| c.type_ == "Failed" && c.status == "True" && c.reason == "Unknown")
+        );
     }
 
     #[test]

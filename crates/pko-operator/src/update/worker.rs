@@ -91,7 +91,8 @@ impl UpdateController {
             let claimed = self.queue.pop().await;
             let popped = Instant::now();
             let job = claimed.job;
-            metrics::histogram!(crate::metric_names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone()).record(claimed.waited.as_secs_f64());
+            metrics::histogram!(crate::metric_names::DISPATCH_WAIT_SECONDS, "namespace" => job.namespace.clone())
+                .record(claimed.waited.as_secs_f64());
             self.gauges.record(&*self.queue);
             // boxed: an idle worker waiting in `pop` keeps no room for an operation's state (tens of
             // KiB each, times --max-operations workers)
@@ -131,11 +132,23 @@ impl UpdateController {
         }
         let stack = update.spec.stack_name.clone().unwrap_or_default();
         let span = tracing::info_span!("operation", namespace = %job.namespace, stack = %stack, update = %job.name, epoch = job.epoch, agent = %lent.address);
-        let Some(outcome) = self.run_operation(&fence, &update, &workspace, &lent, waited + popped.elapsed()).instrument(span).await else { return Drive::Done };
+        let Some(outcome) =
+            self.run_operation(&fence, &update, &workspace, &lent, waited + popped.elapsed()).instrument(span).await
+        else {
+            return Drive::Done;
+        };
         lent.finish(end_of(&outcome));
         let settled = settle(&outcome, self.agents.pooled());
         if let Some(message) = settled.wait {
-            let _ = self.wait(&Api::namespaced(self.ctx.client.clone(), &job.namespace), &update, fence.holds(), uc::TRANSIENT_FAILURE, message).await;
+            let _ = self
+                .wait(
+                    &Api::namespaced(self.ctx.client.clone(), &job.namespace),
+                    &update,
+                    fence.holds(),
+                    uc::TRANSIENT_FAILURE,
+                    message,
+                )
+                .await;
         }
         settled.drive
     }
@@ -175,7 +188,16 @@ impl UpdateController {
             Err(e) => {
                 tracing::warn!(update = %job.name, error = %e, "no agent; retrying");
                 let api = Api::namespaced(self.ctx.client.clone(), &job.namespace);
-                let _ = self.wait_at(&api, update, fence.holds(), uc::TRANSIENT_FAILURE, e.to_string(), update.metadata.resource_version.as_deref()).await;
+                let _ = self
+                    .wait_at(
+                        &api,
+                        update,
+                        fence.holds(),
+                        uc::TRANSIENT_FAILURE,
+                        e.to_string(),
+                        update.metadata.resource_version.as_deref(),
+                    )
+                    .await;
                 Err(Drive::Done)
             }
         }
@@ -184,12 +206,20 @@ impl UpdateController {
     /// Step **run**: the operation on `lent`, counted (`pko_update_operations_total`, its duration,
     /// the dispatch latency `queued` + to its first event, failures by step), raced against the fence.
     /// `None`: the fence was lost while it ran (handed to the shard's new holder).
-    async fn run_operation(&self, fence: &Fence<'_>, update: &Update, workspace: &Workspace, lent: &Lent, queued: Duration) -> Option<Result<OperationResult, DispatchError>> {
+    async fn run_operation(
+        &self,
+        fence: &Fence<'_>,
+        update: &Update,
+        workspace: &Workspace,
+        lent: &Lent,
+        queued: Duration,
+    ) -> Option<Result<OperationResult, DispatchError>> {
         let job = fence.job();
         let began = Instant::now();
         let operation_id = update.operation_id();
         let started = || {
-            metrics::histogram!(crate::metric_names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone()).record((queued + began.elapsed()).as_secs_f64());
+            metrics::histogram!(crate::metric_names::DISPATCH_LATENCY_SECONDS, "namespace" => job.namespace.clone())
+                .record((queued + began.elapsed()).as_secs_f64());
         };
         let op = dispatch::Operation {
             client: &self.ctx.client,
@@ -221,8 +251,10 @@ impl UpdateController {
         let kind = update.spec.update_type.as_ref().map(pko_api::UpdateType::label).unwrap_or("up");
         match &outcome {
             Ok(r) => {
-                metrics::counter!(crate::metric_names::OPERATIONS_TOTAL, "type" => kind, "result" => result_label(r)).increment(1);
-                metrics::histogram!(crate::metric_names::OPERATION_DURATION_SECONDS, "type" => kind).record(began.elapsed().as_secs_f64());
+                metrics::counter!(crate::metric_names::OPERATIONS_TOTAL, "type" => kind, "result" => result_label(r))
+                    .increment(1);
+                metrics::histogram!(crate::metric_names::OPERATION_DURATION_SECONDS, "type" => kind)
+                    .record(began.elapsed().as_secs_f64());
                 if r.status == ResultStatus::Interrupted as i32 {
                     tracing::info!("operation interrupted by agent shutdown; will run again");
                 }
@@ -235,7 +267,9 @@ impl UpdateController {
                 metrics::counter!(crate::metric_names::DISPATCH_ERRORS_TOTAL, "step" => e.step()).increment(1);
                 match e {
                     DispatchError::Fenced(_) => tracing::info!("shard lost: stopped following; nothing written"),
-                    DispatchError::Stale => tracing::info!("the Update changed since its claim and is not to start here; nothing written"),
+                    DispatchError::Stale => {
+                        tracing::info!("the Update changed since its claim and is not to start here; nothing written")
+                    }
                     DispatchError::Busy(agent, why) => tracing::debug!(%agent, %why, "agent refused the operation"),
                     e => tracing::warn!(error = %e, step = e.step(), "dispatch failed; retrying"),
                 }
@@ -254,12 +288,17 @@ impl UpdateController {
         if update.was_started() {
             return;
         }
-        let message = super::controller::class_queued_message(class, self.class_limits.running(class), self.class_limits.limit());
+        let message =
+            super::controller::class_queued_message(class, self.class_limits.running(class), self.class_limits.limit());
         if update.queued_message() == Some(message.as_str()) {
             return;
         }
-        let api: Api<Update> = Api::namespaced(self.ctx.client.clone(), update.meta().namespace.as_deref().unwrap_or_default());
-        if let Err(e) = self.wait_at(&api, update, fence.holds(), uc::QUEUED, message, update.metadata.resource_version.as_deref()).await {
+        let api: Api<Update> =
+            Api::namespaced(self.ctx.client.clone(), update.meta().namespace.as_deref().unwrap_or_default());
+        if let Err(e) = self
+            .wait_at(&api, update, fence.holds(), uc::QUEUED, message, update.metadata.resource_version.as_deref())
+            .await
+        {
             tracing::warn!(update = ?update.meta().name, error = %e, "writing the class wait");
         }
     }
@@ -287,13 +326,35 @@ mod tests {
     fn an_outcome_settles_the_job() {
         let s = |drive, wait: Option<&str>| Settled { drive, wait: wait.map(str::to_string) };
         assert_eq!(settle(&result(ResultStatus::Succeeded), true), s(Drive::Done, None));
-        assert_eq!(settle(&result(ResultStatus::Interrupted), true), s(Drive::Again, None), "a pool runs it on another agent at once");
-        assert_eq!(settle(&result(ResultStatus::Interrupted), false), s(Drive::Done, None), "its own agent: the reconcile pushes it again");
+        assert_eq!(
+            settle(&result(ResultStatus::Interrupted), true),
+            s(Drive::Again, None),
+            "a pool runs it on another agent at once"
+        );
+        assert_eq!(
+            settle(&result(ResultStatus::Interrupted), false),
+            s(Drive::Done, None),
+            "its own agent: the reconcile pushes it again"
+        );
         assert_eq!(settle(&Err(DispatchError::Busy("a".into(), "busy".into())), true), s(Drive::Deferred, None));
-        assert_eq!(settle(&Err(DispatchError::Busy("a".into(), "busy".into())), false), s(Drive::Done, Some("agent a: busy")));
-        assert_eq!(settle(&Err(DispatchError::Fenced(Fenced)), true), s(Drive::Done, None), "nothing written once fenced");
-        assert_eq!(settle(&Err(DispatchError::Stale), true), s(Drive::Done, None), "a stale claim: nothing written, its reconcile decides");
+        assert_eq!(
+            settle(&Err(DispatchError::Busy("a".into(), "busy".into())), false),
+            s(Drive::Done, Some("agent a: busy"))
+        );
+        assert_eq!(
+            settle(&Err(DispatchError::Fenced(Fenced)), true),
+            s(Drive::Done, None),
+            "nothing written once fenced"
+        );
+        assert_eq!(
+            settle(&Err(DispatchError::Stale), true),
+            s(Drive::Done, None),
+            "a stale claim: nothing written, its reconcile decides"
+        );
         assert_eq!(end_of(&Err(DispatchError::Stale)), End::Result, "nothing was asked of the agent");
-        assert_eq!(settle(&Err(DispatchError::NoResult), true), s(Drive::Done, Some("the operation stream ended without a result")));
+        assert_eq!(
+            settle(&Err(DispatchError::NoResult), true),
+            s(Drive::Done, Some("the operation stream ended without a result"))
+        );
     }
 }

@@ -48,13 +48,23 @@ type ReadyCondition = (String, String, String);
 /// Whether the status to write — `new` (address, pool, observedGeneration) with the Ready condition
 /// `ready` — is what `stored` already says; then nothing is written (a runtime that looks every few
 /// seconds must not write each time). Pure.
-fn status_unchanged(stored: &WorkspaceStatus, new: &WorkspaceStatus, (status, reason, message): (&str, &str, &str)) -> bool {
+fn status_unchanged(
+    stored: &WorkspaceStatus,
+    new: &WorkspaceStatus,
+    (status, reason, message): (&str, &str, &str),
+) -> bool {
     let conds = stored.conditions.as_deref().unwrap_or_default();
     stored.address == new.address
         && stored.pool == new.pool
         && stored.observed_generation == new.observed_generation
         && conds.iter().filter(|c| c.type_ == wc::READY).count() == 1
-        && conds.iter().any(|c| c.type_ == wc::READY && c.status == status && c.reason == reason && c.message == message && c.observed_generation == new.observed_generation)
+        && conds.iter().any(|c| {
+            c.type_ == wc::READY
+                && c.status == status
+                && c.reason == reason
+                && c.message == message
+                && c.observed_generation == new.observed_generation
+        })
 }
 
 /// The `Ready` condition of `ws` whose runtime says `ready`: up or waiting, False with the stall's
@@ -117,7 +127,9 @@ pub const INITIALIZING_MESSAGE: &str = "Initializing and selecting a Pulumi stac
 fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now: std::time::Instant) -> bool {
     let generation = ws.meta().generation;
     let stacks = ws.spec.stacks.as_deref().unwrap_or_default();
-    let stalled = ws.stalled().is_some_and(|c| c.observed_generation == generation && wc::OPERATION_STALLS.contains(&c.reason.as_str()));
+    let stalled = ws
+        .stalled()
+        .is_some_and(|c| c.observed_generation == generation && wc::OPERATION_STALLS.contains(&c.reason.as_str()));
     match last {
         Some(Attempt::Stalled(g, at)) if g == generation && now.duration_since(at) < INITIALIZE_AGAIN => false,
         _ if stacks.is_empty() || ws.meta().deletion_timestamp.is_some() => false,
@@ -160,12 +172,23 @@ impl WorkspaceController {
     pub fn run(self: Arc<Self>, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
         let store = informers.workspaces().store();
         let controller = Controller::for_stream(informers.workspaces().objects(), store.clone());
-        let controller = if self.agents.owns_stateful_sets() { controller.owns_stream(informers.stateful_sets().objects()) } else { controller };
+        let controller = if self.agents.owns_stateful_sets() {
+            controller.owns_stream(informers.stateful_sets().objects())
+        } else {
+            controller
+        };
         let deletions = self.agents.follows_deletions().then(|| informers.workspaces().subscribe());
         let this = self.clone();
         async move {
             let maintain = tokio::spawn(this.agents.clone().maintain(store, deletions, this.ctx.shutdown.clone()));
-            crate::k8s::run_controller(controller, this.ctx.running(), "workspace", |w, c: Arc<Self>| c.reconcile(w), this.clone()).await;
+            crate::k8s::run_controller(
+                controller,
+                this.ctx.running(),
+                "workspace",
+                |w, c: Arc<Self>| c.reconcile(w),
+                this.clone(),
+            )
+            .await;
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), maintain).await;
         }
     }
@@ -181,7 +204,10 @@ impl WorkspaceController {
         let api: Api<Workspace> = Api::namespaced(self.ctx.client.clone(), &ws.namespace().unwrap_or_default());
         let stored = ws.status.clone().unwrap_or_default();
         if ws.meta().deletion_timestamp.is_some() {
-            self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&ws.uid().unwrap_or_default());
+            self.attempts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&ws.uid().unwrap_or_default());
             let deleting = Readiness::new(Ready::Failed(wc::DELETING.into(), "workspace is being deleted".into()));
             let st = WorkspaceStatus { observed_generation: ws.meta().generation, ..stored };
             self.write(&api, &ws, st, &with_stall(&ws, &deleting.ready)).await?;
@@ -195,7 +221,14 @@ impl WorkspaceController {
         if let Some(message) = &readiness.warning {
             tracing::info!(workspace = %ws.name_any(), namespace = ?ws.namespace(), %message, "workspace agent not answering; looking again");
             let reason = pko_api::constants::event_reason::CONNECTION_FAILURE;
-            crate::k8s::publish(&self.ctx.events.workspace, ws.as_ref(), crate::k8s::Severity::Warning, reason, message.clone()).await;
+            crate::k8s::publish(
+                &self.ctx.events.workspace,
+                ws.as_ref(),
+                crate::k8s::Severity::Warning,
+                reason,
+                message.clone(),
+            )
+            .await;
         }
         let st = reported(&stored, &readiness, ws.meta().generation);
         self.write(&api, &ws, st, &with_stall(&ws, &readiness.ready)).await?;
@@ -216,7 +249,11 @@ impl WorkspaceController {
             let due = retry_due(ws, last, now);
             return Readiness { again: readiness.again.into_iter().chain(due).min(), ..readiness };
         }
-        let verdict = match self.agents.initialize(ws, &readiness, &self.ctx.github_api_url, &self.ctx.advertised_addr, &self.ctx.secrets).await {
+        let verdict = match self
+            .agents
+            .initialize(ws, &readiness, &self.ctx.github_api_url, &self.ctx.advertised_addr, &self.ctx.secrets)
+            .await
+        {
             Initialization::Ran(r) => crate::stalled::verdict(&r),
             Initialization::Invalid(message) => Verdict::Stalled { reason: wc::INITIALIZATION_FAILED, message },
             Initialization::Later(m) => {
@@ -234,7 +271,10 @@ impl WorkspaceController {
         let (attempt, readiness) = match verdict {
             Verdict::Stalled { reason, message } => (
                 Attempt::Stalled(generation, std::time::Instant::now()),
-                Readiness { again: Some(INITIALIZE_AGAIN), ..Readiness { ready: Ready::Failed(reason.into(), message), ..readiness } },
+                Readiness {
+                    again: Some(INITIALIZE_AGAIN),
+                    ..Readiness { ready: Ready::Failed(reason.into(), message), ..readiness }
+                },
             ),
             Verdict::Initialized | Verdict::Unknown => (Attempt::Done, readiness),
         };
@@ -245,7 +285,12 @@ impl WorkspaceController {
     /// A spec this version cannot run (PKO's schema admits any string for these): Stalled
     /// `SpecInvalid` until it changes; a stall of an earlier generation, or of a spec since mended, is
     /// cleared. `Some`: the pass ends here.
-    async fn spec_stall(&self, api: &Api<Workspace>, ws: &Workspace, stored: &WorkspaceStatus) -> Result<Option<Action>, Error> {
+    async fn spec_stall(
+        &self,
+        api: &Api<Workspace>,
+        ws: &Workspace,
+        stored: &WorkspaceStatus,
+    ) -> Result<Option<Action>, Error> {
         let error = crate::stalled::spec_error(&ws.spec);
         if error.is_none() && !crate::stalled::outdated(ws) {
             return Ok(None);
@@ -268,7 +313,13 @@ impl WorkspaceController {
 
     /// Writes `st` with the Ready condition `ready` unless that is what is stored, or this replica no
     /// longer owns `ws`.
-    async fn write(&self, api: &Api<Workspace>, ws: &Workspace, mut st: WorkspaceStatus, (status, reason, message): &ReadyCondition) -> Result<(), Error> {
+    async fn write(
+        &self,
+        api: &Api<Workspace>,
+        ws: &Workspace,
+        mut st: WorkspaceStatus,
+        (status, reason, message): &ReadyCondition,
+    ) -> Result<(), Error> {
         if status_unchanged(&ws.status.clone().unwrap_or_default(), &st, (status, reason, message)) {
             return Ok(());
         }
@@ -277,7 +328,8 @@ impl WorkspaceController {
             return Ok(());
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let mut conditions: Vec<Condition> = st.conditions.take().unwrap_or_default().into_iter().filter(|c| c.type_ == wc::READY).collect();
+        let mut conditions: Vec<Condition> =
+            st.conditions.take().unwrap_or_default().into_iter().filter(|c| c.type_ == wc::READY).collect();
         pko_api::conditions::set(&mut conditions, wc::READY, status, reason, message, st.observed_generation, &now);
         st.conditions = Some(conditions);
         crate::k8s::apply_status(api, &ws.name_any(), field_manager::WORKSPACE_STATUS, &st).await?;
@@ -316,8 +368,15 @@ mod tests {
         stall.conditions.as_mut().unwrap()[0].message = "pulumi install failed".into();
         ws.status = Some(stall);
         assert_eq!(with_stall(&ws, &Ready::Up), own("False", wc::INSTALLATION_FAILED, "pulumi install failed"));
-        assert_eq!(with_stall(&ws, &Ready::Waiting(wc::WAITING_FOR_REPLICAS, "w".into())), own("False", wc::INSTALLATION_FAILED, "pulumi install failed"));
-        assert_eq!(with_stall(&ws, &Ready::Failed(wc::CONNECTION_FAILED.into(), "down".into())), own("False", wc::CONNECTION_FAILED, "down"), "a failed agent says so");
+        assert_eq!(
+            with_stall(&ws, &Ready::Waiting(wc::WAITING_FOR_REPLICAS, "w".into())),
+            own("False", wc::INSTALLATION_FAILED, "pulumi install failed")
+        );
+        assert_eq!(
+            with_stall(&ws, &Ready::Failed(wc::CONNECTION_FAILED.into(), "down".into())),
+            own("False", wc::CONNECTION_FAILED, "down"),
+            "a failed agent says so"
+        );
         ws.metadata.generation = Some(4);
         assert_eq!(with_stall(&ws, &Ready::Up), own("True", wc::SUCCEEDED, ""), "a new generation is tried again");
     }
@@ -337,22 +396,42 @@ mod tests {
         };
         let (own, pooled) = (false, true);
         assert!(wants_initialization(&ws(None, None), own, None, now), "its own agent: as PKO's pod");
-        assert!(!wants_initialization(&ws(None, None), own, Some(Attempt::Done), now), "once: a new generation is prepared by its operations");
+        assert!(
+            !wants_initialization(&ws(None, None), own, Some(Attempt::Done), now),
+            "once: a new generation is prepared by its operations"
+        );
         let mut ready = ws(None, None);
         ready.status = Some(stored(None, 1, "True", wc::SUCCEEDED));
-        assert!(!wants_initialization(&ready, own, None, now), "Ready before (another replica, an earlier run): not again");
+        assert!(
+            !wants_initialization(&ready, own, None, now),
+            "Ready before (another replica, an earlier run): not again"
+        );
         assert!(!wants_initialization(&ws(None, None), pooled, None, now), "pooled: every operation selects its stack");
-        assert!(wants_initialization(&ws(Some(false), None), pooled, None, now), "pooled, a stack that must exist already");
+        assert!(
+            wants_initialization(&ws(Some(false), None), pooled, None, now),
+            "pooled, a stack that must exist already"
+        );
         let stalled = ws(None, Some((wc::INITIALIZATION_FAILED, 2)));
-        assert!(wants_initialization(&stalled, pooled, Some(Attempt::Done), now), "stalled by an operation: mended by an initialization");
+        assert!(
+            wants_initialization(&stalled, pooled, Some(Attempt::Done), now),
+            "stalled by an operation: mended by an initialization"
+        );
         let just_now = Some(Attempt::Stalled(Some(2), now));
         assert!(!wants_initialization(&stalled, own, just_now, now + std::time::Duration::from_secs(59)));
         assert!(wants_initialization(&stalled, own, just_now, now + INITIALIZE_AGAIN), "tried again after a while");
-        assert_eq!(retry_due(&stalled, just_now, now + std::time::Duration::from_secs(20)), Some(std::time::Duration::from_secs(40)), "whatever woke it, looked at again when due");
+        assert_eq!(
+            retry_due(&stalled, just_now, now + std::time::Duration::from_secs(20)),
+            Some(std::time::Duration::from_secs(40)),
+            "whatever woke it, looked at again when due"
+        );
         assert_eq!(retry_due(&ws(None, None), just_now, now), None, "no longer stalled");
         assert_eq!(retry_due(&stalled, Some(Attempt::Done), now), None);
-        assert!(!wants_initialization(&ws(None, Some((wc::SPEC_INVALID, 2))), pooled, None, now), "a spec it cannot run is not initialized");
-        let none: Workspace = serde_json::from_value(serde_json::json!({"metadata": {"name": "w"}, "spec": {}})).unwrap();
+        assert!(
+            !wants_initialization(&ws(None, Some((wc::SPEC_INVALID, 2))), pooled, None, now),
+            "a spec it cannot run is not initialized"
+        );
+        let none: Workspace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "w"}, "spec": {}})).unwrap();
         assert!(!wants_initialization(&none, own, None, now), "no stacks");
     }
 
@@ -370,11 +449,23 @@ mod tests {
 
     #[test]
     fn a_readiness_reports_address_pool_and_cli_and_keeps_what_it_does_not_know() {
-        let stored = WorkspaceStatus { pulumi_version: Some("3.1.0".into()), address: Some("old:1".into()), ..Default::default() };
+        let stored = WorkspaceStatus {
+            pulumi_version: Some("3.1.0".into()),
+            address: Some("old:1".into()),
+            ..Default::default()
+        };
         let pooled = Readiness { pool: Some("ns/abc".into()), ..Readiness::new(Ready::Up) };
         let st = reported(&stored, &pooled, Some(2));
-        assert_eq!((st.address, st.pool.as_deref(), st.pulumi_version.as_deref(), st.observed_generation), (None, Some("ns/abc"), Some("3.1.0"), Some(2)));
-        let probed = Readiness { address: Some("a:1".into()), pulumi_version: Some("3.2.0".into()), again: Some(std::time::Duration::from_secs(300)), ..Readiness::new(Ready::Up) };
+        assert_eq!(
+            (st.address, st.pool.as_deref(), st.pulumi_version.as_deref(), st.observed_generation),
+            (None, Some("ns/abc"), Some("3.1.0"), Some(2))
+        );
+        let probed = Readiness {
+            address: Some("a:1".into()),
+            pulumi_version: Some("3.2.0".into()),
+            again: Some(std::time::Duration::from_secs(300)),
+            ..Readiness::new(Ready::Up)
+        };
         assert_eq!(reported(&stored, &probed, Some(2)).pulumi_version.as_deref(), Some("3.2.0"));
         assert_eq!(next(&probed), Action::requeue(std::time::Duration::from_secs(300)));
         assert_eq!(next(&pooled), Action::await_change());

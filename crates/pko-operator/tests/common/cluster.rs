@@ -28,7 +28,8 @@ pub async fn node_test(client: &kube::Client, prefix: &str, release_prefix: &str
     let op_ns = format!("{}-op", ns.name());
     let release = format!("{release_prefix}-{}", &ns.name()[ns.name().len() - 6..]);
     let cleanup = Cleanup { release: release.clone(), op_ns: op_ns.clone() };
-    let op: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap();
+    let op: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": op_ns}})).unwrap();
     Api::all(client.clone()).create(&PostParams::default(), &op).await.unwrap();
     let env = testbed().pulumi_env().unwrap();
     let state = env.dir().join("node-state");
@@ -50,7 +51,11 @@ pub fn helm(args: &[&str]) -> (bool, String, String) {
         .env("KUBECONFIG", testbed().kubeconfig())
         .output()
         .expect("the bed's helm (make testbed)");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 pub fn kubectl(args: &[&str]) -> String {
@@ -61,7 +66,11 @@ pub fn kubectl(args: &[&str]) -> String {
 
 /// The operator's logs (for a failing assertion's message).
 pub fn operator_logs(ns: &str) -> String {
-    let out = testbed().kubectl().args(["logs", "-n", ns, "-l", "app.kubernetes.io/name=pko-operator", "--prefix", "--tail", "-1"]).output().unwrap();
+    let out = testbed()
+        .kubectl()
+        .args(["logs", "-n", ns, "-l", "app.kubernetes.io/name=pko-operator", "--prefix", "--tail", "-1"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
@@ -69,14 +78,43 @@ pub fn operator_logs(ns: &str) -> String {
 pub fn diagnostics(ns: &str, op_ns: &str) -> String {
     let run = |args: &[&str]| {
         let out = testbed().kubectl().args(args).output().unwrap();
-        format!("$ kubectl {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        format!(
+            "$ kubectl {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     };
     let mut s = String::new();
     s += &run(&["get", "stacks,workspaces,updates,statefulsets,pods,services", "-n", ns, "-o", "wide"]);
-    s += &run(&["get", "updates", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status}{\"\\n\"}{end}"]);
-    s += &run(&["get", "stacks", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"]);
+    s += &run(&[
+        "get",
+        "updates",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}: {.status}{\"\\n\"}{end}",
+    ]);
+    s += &run(&[
+        "get",
+        "stacks",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}",
+    ]);
     s += &run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
-    s += &run(&["logs", "-n", ns, "-l", "auto.pulumi.com/component=workspace", "--all-containers", "--prefix", "--tail", "40"]);
+    s += &run(&[
+        "logs",
+        "-n",
+        ns,
+        "-l",
+        "auto.pulumi.com/component=workspace",
+        "--all-containers",
+        "--prefix",
+        "--tail",
+        "40",
+    ]);
     s += &run(&["logs", "-n", op_ns, "-l", "app.kubernetes.io/name=pko-operator", "--prefix", "--tail", "60"]);
     s
 }
@@ -105,7 +143,10 @@ pub async fn updates_of(api: &kube::Api<pko_api::Update>, stack: &str) -> Vec<pk
         .unwrap()
         .items
         .into_iter()
-        .filter(|u| u.spec.stack_name.as_deref().is_some_and(|s| s.ends_with(stack)) || u.metadata.owner_references.iter().flatten().any(|o| o.name == stack))
+        .filter(|u| {
+            u.spec.stack_name.as_deref().is_some_and(|s| s.ends_with(stack))
+                || u.metadata.owner_references.iter().flatten().any(|o| o.name == stack)
+        })
         .collect();
     v.sort_by_key(|u| u.metadata.creation_timestamp.clone().map(|t| t.0));
     v
@@ -117,7 +158,14 @@ pub async fn updates_of(api: &kube::Api<pko_api::Update>, stack: &str) -> Vec<pk
 /// and that same Update completes on another pod without failing, with no second Update
 /// (`before`: the Stack's Updates before this one). Returns (the Update's name, seconds until the pod
 /// was gone).
-pub async fn delete_pod_mid_up(updates: &kube::Api<pko_api::Update>, ns: &str, op_ns: &str, pod: &str, stack: &str, before: usize) -> (String, f64) {
+pub async fn delete_pod_mid_up(
+    updates: &kube::Api<pko_api::Update>,
+    ns: &str,
+    op_ns: &str,
+    pod: &str,
+    stack: &str,
+    before: usize,
+) -> (String, f64) {
     use kube::ResourceExt as _;
     let running = updates_of(updates, stack).await.pop().expect("the running Update").name_any();
     let t = Instant::now();
@@ -130,8 +178,16 @@ pub async fn delete_pod_mid_up(updates: &kube::Api<pko_api::Update>, ns: &str, o
     })
     .await;
     let u = updates.get(&running).await.unwrap();
-    assert!(super::condition(&u, "Failed").is_none_or(|c| c.0 != "True"), "the interrupted Update completed without failing: {:?}", u.status);
-    assert_eq!(updates_of(updates, stack).await.len(), before + 1, "no second Update: the interrupted one was handed over");
+    assert!(
+        super::condition(&u, "Failed").is_none_or(|c| c.0 != "True"),
+        "the interrupted Update completed without failing: {:?}",
+        u.status
+    );
+    assert_eq!(
+        updates_of(updates, stack).await.len(),
+        before + 1,
+        "no second Update: the interrupted one was handed over"
+    );
     (running, gone)
 }
 
@@ -145,9 +201,15 @@ pub struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = helm(&["uninstall", &self.release, "--namespace", &self.op_ns, "--ignore-not-found"]);
-        let _ = testbed().kubectl().args(["delete", "namespace", &self.op_ns, "--wait=false", "--ignore-not-found"]).output();
+        let _ = testbed()
+            .kubectl()
+            .args(["delete", "namespace", &self.op_ns, "--wait=false", "--ignore-not-found"])
+            .output();
         for binding in ["ws-auth", "deployer-auth"] {
-            let _ = testbed().kubectl().args(["delete", "clusterrolebinding", &format!("{}-{binding}", self.release), "--ignore-not-found"]).output();
+            let _ = testbed()
+                .kubectl()
+                .args(["delete", "clusterrolebinding", &format!("{}-{binding}", self.release), "--ignore-not-found"])
+                .output();
         }
     }
 }

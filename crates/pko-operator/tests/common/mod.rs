@@ -127,7 +127,11 @@ pub fn run_args_with(env: &pko_testbed::PulumiEnv, namespace: &str, extra: &[&st
         run: pko_operator::args::RunArgs,
     }
     let bed = testbed();
-    let (agent_bin, work, ca) = (agent_bin().display().to_string(), env.dir().join("agents").display().to_string(), bed.ca_file().display().to_string());
+    let (agent_bin, work, ca) = (
+        agent_bin().display().to_string(),
+        env.dir().join("agents").display().to_string(),
+        bed.ca_file().display().to_string(),
+    );
     let args = [
         "test",
         "--runtime",
@@ -154,7 +158,11 @@ pub fn run_args_with(env: &pko_testbed::PulumiEnv, namespace: &str, extra: &[&st
     ];
     // an `extra` `--max-operations` replaces the default 8
     let overridden = extra.contains(&"--max-operations");
-    let base = args.iter().enumerate().filter(|(i, a)| !(overridden && (**a == "--max-operations" || (*i > 0 && args[i - 1] == "--max-operations")))).map(|(_, a)| a);
+    let base = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| !(overridden && (**a == "--max-operations" || (*i > 0 && args[i - 1] == "--max-operations"))))
+        .map(|(_, a)| a);
     Cli::parse_from(base.chain(extra)).run
 }
 
@@ -164,9 +172,17 @@ impl InProcessOperator {
     }
 
     /// An operator with `args`.
-    pub async fn start_with(client: &kube::Client, env: &pko_testbed::PulumiEnv, args: pko_operator::args::RunArgs) -> Self {
+    pub async fn start_with(
+        client: &kube::Client,
+        env: &pko_testbed::PulumiEnv,
+        args: pko_operator::args::RunArgs,
+    ) -> Self {
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = pko_operator::run::Operator::new(client.clone(), args).local_agent_env(env.vars()).start(shutdown.clone()).await.unwrap();
+        let running = pko_operator::run::Operator::new(client.clone(), args)
+            .local_agent_env(env.vars())
+            .start(shutdown.clone())
+            .await
+            .unwrap();
         let metrics_url = format!("http://{}/metrics", running.metrics_addr.unwrap());
         Self { running: Some(running), shutdown, metrics_url }
     }
@@ -195,7 +211,13 @@ impl Drop for InProcessOperator {
 
 /// `(status, reason)` of the Stack condition `type_`.
 pub fn stack_condition(s: &pko_api::Stack, type_: &str) -> Option<(String, String, String)> {
-    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    s.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 /// Prints every Stack (generation, observed, conditions, outputs, current and last Update) and every
@@ -214,31 +236,53 @@ pub async fn dump_stacks_and_updates(ns: &pko_testbed::TestNamespace) {
             st.and_then(|x| x.outputs.as_ref()),
             st.and_then(|x| x.current_update.as_ref()).map(|u| &u.name),
             st.and_then(|x| x.last_update.as_ref()).map(|u| (&u.name, &u.state, &u.generation)),
-            st.and_then(|x| x.conditions.as_ref()).map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason, &c.message)).collect::<Vec<_>>()),
+            st.and_then(|x| x.conditions.as_ref())
+                .map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason, &c.message)).collect::<Vec<_>>()),
         );
     }
     for u in ns.api::<Update>().list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
-        let conditions = u.status.as_ref().and_then(|x| x.conditions.as_ref()).map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason)).collect::<Vec<_>>());
+        let conditions = u
+            .status
+            .as_ref()
+            .and_then(|x| x.conditions.as_ref())
+            .map(|c| c.iter().map(|c| (&c.type_, &c.status, &c.reason)).collect::<Vec<_>>());
         let message = u.status.as_ref().and_then(|x| x.message.as_deref()).unwrap_or_default();
-        eprintln!("update {} labels={:?} finalizers={:?} conditions={conditions:?} message={message:?}", u.name_any(), u.labels(), u.finalizers());
+        eprintln!(
+            "update {} labels={:?} finalizers={:?} conditions={conditions:?} message={message:?}",
+            u.name_any(),
+            u.labels(),
+            u.finalizers()
+        );
     }
 }
 
 /// `(reason, message)` of the Stack's `Stalled` condition when it is True.
 pub fn stalled(s: &pko_api::Stack) -> Option<(String, String)> {
-    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Stalled" && c.status == "True").map(|c| (c.reason.clone(), c.message.clone()))
+    s.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Stalled" && c.status == "True")
+        .map(|c| (c.reason.clone(), c.message.clone()))
 }
 
 /// `(reason, message)` of the Stack's `Reconciling` condition when it is True.
 pub fn reconciling(s: &pko_api::Stack) -> Option<(String, String)> {
-    stack_condition(s, "Reconciling").filter(|(status, ..)| status == "True").map(|(_, reason, message)| (reason, message))
+    stack_condition(s, "Reconciling")
+        .filter(|(status, ..)| status == "True")
+        .map(|(_, reason, message)| (reason, message))
 }
 
 /// Runs only the Stack controller, owning `namespace` (tests of what it decides before any Workspace).
 pub fn start_stack_controller(client: &kube::Client, namespace: &str) -> tokio::task::JoinHandle<()> {
     use pko_operator::context::Context;
     use pko_operator::ownership::Namespaces;
-    let ctx = std::sync::Arc::new(Context::new(client.clone(), String::new(), std::sync::Arc::new(Namespaces::one(namespace))));
+    let ctx = std::sync::Arc::new(Context::new(
+        client.clone(),
+        String::new(),
+        std::sync::Arc::new(Namespaces::one(namespace)),
+    ));
     let mut informers = pko_operator::informer::Informers::new(client.clone(), scoped(namespace));
     let (_, controller) = pko_operator::stack::controller::controller(ctx, &mut informers);
     tokio::spawn(informers.drive(controller))
@@ -304,7 +348,12 @@ pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: se
 
 /// Stack `name` (also its stack name) of Program `prog` on `env`'s backend, with the passphrase of
 /// [`passphrase_and_program`], and `config`.
-pub async fn prog_stack(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str, config: serde_json::Value) {
+pub async fn prog_stack(
+    ns: &pko_testbed::TestNamespace,
+    env: &pko_testbed::PulumiEnv,
+    name: &str,
+    config: serde_json::Value,
+) {
     create(
         &ns.api::<pko_api::Stack>(),
         serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
@@ -345,7 +394,13 @@ pub fn operator_command(env: &pko_testbed::PulumiEnv, ns: &str, port: u16) -> Co
     let mut c = Command::new(env!("CARGO_BIN_EXE_pko-operator"));
     c.args(["run", "--runtime", "local", "--namespaces", ns, "--agent-bin"])
         .arg(agent_bin())
-        .args(["--program-fs-addr", &format!("127.0.0.1:{port}"), "--local-api-server", &bed.api_server_url(), "--local-ca-file"])
+        .args([
+            "--program-fs-addr",
+            &format!("127.0.0.1:{port}"),
+            "--local-api-server",
+            &bed.api_server_url(),
+            "--local-ca-file",
+        ])
         .arg(bed.ca_file())
         .arg("--local-work-dir")
         .arg(env.dir().join("agents"))
@@ -362,7 +417,15 @@ pub fn operator_command(env: &pko_testbed::PulumiEnv, ns: &str, port: u16) -> Co
 /// 6 s lease renewed every 2 s, 4 s renew deadline) in `ns`, `extra` flags (Redis, pools) last;
 /// credentials from `kubeconfig`; logs in `<env dir>/<name>.{out,err}.log` (its agents inherit them).
 #[allow(dead_code)]
-pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str, name: &str, kubeconfig: &std::path::Path, port: u16, extra: &[&str]) -> std::process::Child {
+pub fn start_replica_process(
+    env: &pko_testbed::PulumiEnv,
+    ns: &str,
+    fleet: &str,
+    name: &str,
+    kubeconfig: &std::path::Path,
+    port: u16,
+    extra: &[&str],
+) -> std::process::Child {
     let log = |s: &str| std::fs::File::create(env.dir().join(format!("{name}.{s}.log"))).unwrap();
     operator_command(env, ns, port)
         .args(["--fleet", "--fleet-namespace", ns, "--fleet-name", fleet, "--replica-id", name, "--shards", "64"])
@@ -379,19 +442,31 @@ pub fn start_replica_process(env: &pko_testbed::PulumiEnv, ns: &str, fleet: &str
 /// Shard number → holder, from the shard table of fleet `fleet` (`<fleet>-shards-<S>`; the tables of
 /// every count, should there be several).
 #[allow(dead_code)]
-pub async fn shard_holders(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>, fleet: &str) -> std::collections::BTreeMap<u32, String> {
+pub async fn shard_holders(
+    leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    fleet: &str,
+) -> std::collections::BTreeMap<u32, String> {
     let lp = kube::api::ListParams::default().labels(&format!("pulumi.com/fleet={fleet},pulumi.com/lease=table"));
-    leases.list(&lp).await.unwrap().items.iter().flat_map(|l| pko_fleet::table::ShardTable::of(l).expect("a readable shard table").holders()).collect()
+    leases
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|l| pko_fleet::table::ShardTable::of(l).expect("a readable shard table").holders())
+        .collect()
 }
 
 /// The Update manifest `update` with its Workspace (`spec.workspaceName`, read from `workspaces`) as
 /// controlling owner: as in PKO, an Update runs only with one (an Update created by hand without a
 /// controller owner is canceled).
-pub async fn owned_update(workspaces: &kube::Api<pko_api::Workspace>, mut update: serde_json::Value) -> serde_json::Value {
+pub async fn owned_update(
+    workspaces: &kube::Api<pko_api::Workspace>,
+    mut update: serde_json::Value,
+) -> serde_json::Value {
     let name = update["spec"]["workspaceName"].as_str().unwrap_or_default().to_string();
     let ws = workspaces.get(&name).await.unwrap_or_else(|e| panic!("the Workspace {name} of an Update: {e}"));
-    update["metadata"]["ownerReferences"] =
-        serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
+    update["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
     update
 }
 
@@ -410,7 +485,9 @@ impl<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> std::fmt:
     }
 }
 
-impl<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> pko_operator::ownership::Ownership for TestHold<F> {
+impl<F: Fn() -> Option<std::time::SystemTime> + Send + Sync + 'static> pko_operator::ownership::Ownership
+    for TestHold<F>
+{
     fn owns(&self, _namespace: &str, _name: &str) -> bool {
         !self.fenced
     }
@@ -452,8 +529,15 @@ pub async fn dispatch_into(
     use kube::ResourceExt;
     let queue = pko_operator::queue::InMemoryQueue::default();
     let ns = update.namespace().unwrap_or_default();
-    let job = pko_operator::queue::Job { key: update.operation_id(), namespace: ns, name: update.name_any(), epoch: 1, shard: 0 };
-    let fence = pko_operator::update::fence::Fence::new(hold, &queue, &job, pko_api::shard::ShardKey::shard_key(update));
+    let job = pko_operator::queue::Job {
+        key: update.operation_id(),
+        namespace: ns,
+        name: update.name_any(),
+        epoch: 1,
+        shard: 0,
+    };
+    let fence =
+        pko_operator::update::fence::Fence::new(hold, &queue, &job, pko_api::shard::ShardKey::shard_key(update));
     let lent = pko_operator::agents::Lent::own(address.to_string());
     let events = pko_operator::k8s::Events::new(client);
     let op = pko_operator::update::dispatch::Operation {
