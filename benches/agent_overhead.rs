@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use pko_proto::v1::{GitSource, OperationType, ResultStatus, Source, source};
 
-const PROGRAM: &str = "resources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo hi\noutputs:\n  out: ${c.stdout}\n";
+const PROGRAM: &str = "resources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo \
+    hi\noutputs:\n  out: ${c.stdout}\n";
 const RUNS: usize = 10;
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -178,7 +179,8 @@ async fn isolation_cost(env: &pko_testbed::PulumiEnv) {
         sampler.join().unwrap();
         let (mi, ms) = (median(ti), median(ts));
         println!(
-            "isolation, {label}: isolated up median {mi:?}, shared {ms:?}, cost {:?} ({:.2}x); largest operation directory {:.0} KiB ({TURNS} runs each)",
+            "isolation, {label}: isolated up median {mi:?}, shared {ms:?}, cost {:?} ({:.2}x); largest operation \
+                directory {:.0} KiB ({TURNS} runs each)",
             mi.saturating_sub(ms),
             mi.as_secs_f64() / ms.as_secs_f64(),
             peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0

@@ -110,12 +110,18 @@ async fn main() {
     let ns = bed.namespace("bench-output").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
-        .await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"},
+        "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}),
+    )
+    .await;
     let dir = project(
         &env,
         "out",
-        "config:\n  n:\n    type: string\nresources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ${n}\n      triggers: [\"${n}\"]\n  b:\n    type: command:local:Command\n    properties:\n      create: echo steady\noutputs:\n  a: ${a.stdout}\n",
+        "config:\n  n:\n    type: string\nresources:\n  a:\n    type: command:local:Command\n    properties:\n      \
+            create: echo ${n}\n      triggers: [\"${n}\"]\n  b:\n    type: command:local:Command\n    \
+                properties:\n      create: echo steady\noutputs:\n  a: ${a.stdout}\n",
     );
     let prefix = bed.redis_prefix("bench-output");
     let redis_queue = pko_operator::queue::redis::RedisQueue::new(bed.redis_url(), &prefix, "bench", 0).unwrap();
@@ -132,13 +138,21 @@ async fn main() {
             json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": ws_name},
                    "spec": {"local": {"dir": dir.display().to_string()},
                             "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()},
-                                    {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase", "key": "value"}}}],
-                            "stacks": [{"name": "dev", "create": true, "config": [{"key": "n", "value": format!("{i}")}]}]}}),
+                                    {"name": "PULUMI_CONFIG_PASSPHRASE",
+                                        "valueFrom": {"secretKeyRef": {"name": "passphrase", "key": "value"}}}],
+                            "stacks": [{"name": "dev", "create": true, "config": [{"key": "n",
+                                "value": format!("{i}")}]}]}}),
         )
         .await;
         let update: Update = create(
             &ns.api::<Update>(),
-            owned_update(&ns.api::<Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": format!("u{i}")}, "spec": {"workspaceName": ws_name, "stackName": "dev", "type": "up"}})).await,
+            owned_update(
+                &ns.api::<Workspace>(),
+                json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
+                "metadata": {"name": format!("u{i}")}, "spec": {"workspaceName": ws_name, "stackName": "dev",
+                    "type": "up"}}),
+            )
+            .await,
         )
         .await;
         let store = if keep { kept.clone() } else { dropped.clone() };
@@ -167,7 +181,8 @@ async fn main() {
     }
     let (mw, mo) = (median(with), median(without));
     println!(
-        "added latency per operation (median of {RUNS} `up`s each, interleaved): kept in Redis {:.3} s, dropped {:.3} s, difference {:+.1} ms",
+        "added latency per operation (median of {RUNS} `up`s each, interleaved): kept in Redis {:.3} s, dropped {:.3} \
+            s, difference {:+.1} ms",
         mw.as_secs_f64(),
         mo.as_secs_f64(),
         (mw.as_secs_f64() - mo.as_secs_f64()) * 1000.0
@@ -177,7 +192,8 @@ async fn main() {
     let mut d = delays.lock().unwrap().clone();
     d.sort();
     println!(
-        "line on the agent -> readable in the store: median {:.0} ms, max {:.0} ms over {} lines (kubectl pko logs -f polls every 1 s on top)",
+        "line on the agent -> readable in the store: median {:.0} ms, max {:.0} ms over {} lines (kubectl pko logs -f \
+            polls every 1 s on top)",
         d[d.len() / 2].as_secs_f64() * 1000.0,
         d[d.len() - 1].as_secs_f64() * 1000.0,
         d.len()

@@ -275,10 +275,13 @@ async fn main() {
     }
     let only = std::env::var("LANGUAGES").ok();
     println!(
-        "real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs each:"
+        "real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs \
+            each:"
     );
     println!(
-        "| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare pulumi tree |"
+        "| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, \
+            shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare \
+            pulumi tree |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for lang in languages().into_iter().filter(|l| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == l.name))) {

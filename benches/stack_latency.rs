@@ -16,7 +16,8 @@ use pko_api::{Program, Stack};
 use serde_json::json;
 
 const RUNS: usize = 10;
-const PROGRAM: &str = "configuration:\n  greeting:\n    type: String\nresources:\n  greet:\n    type: command:local:Command\n    properties:\n      create: echo ${greeting}\noutputs:\n  message: ${greet.stdout}\n";
+const PROGRAM: &str = "configuration:\n  greeting:\n    type: String\nresources:\n  greet:\n    type: \
+    command:local:Command\n    properties:\n      create: echo ${greeting}\noutputs:\n  message: ${greet.stdout}\n";
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -57,7 +58,8 @@ async fn main() {
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bench"},
-        "spec": {"stack": "dev", "programRef": {"name": "bench"}, "backend": env.backend_url(), "config": {"greeting": "v0"}}}),
+        "spec": {"stack": "dev", "programRef": {"name": "bench"}, "backend": env.backend_url(),
+            "config": {"greeting": "v0"}}}),
     )
     .await;
     wait_ready(&stacks, 1).await;
@@ -96,7 +98,8 @@ async fn main() {
     let (o, b) = (median(operator_times), median(bare_times));
     println!("first apply -> Ready (new agent): {cold:?}");
     println!(
-        "apply -> Ready median {o:?}, bare pulumi up median {b:?}, operator overhead {:?} ({RUNS} runs each, warm agent)",
+        "apply -> Ready median {o:?}, bare pulumi up median {b:?}, operator overhead {:?} ({RUNS} runs each, warm \
+            agent)",
         o.saturating_sub(b)
     );
 }

@@ -14,7 +14,6 @@
 //!   [`Limits::max_bytes`] before it is read; a PAX `size` that disagrees with the header's is refused
 //!   (the two parsers would see different archives); at most [`Limits::max_entries`] entries.
 
-use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -249,8 +248,8 @@ fn write_file<R: Read>(entry: &mut tar::Entry<'_, R>, into: &Path, rel: &Path, s
     let mut file =
         std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&dest).map_err(write_err)?;
     copy_entry(entry, size, &mut file).map_err(|e| match e {
-        Copy::Read(e) => ArchiveError::Read(e),
-        Copy::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
+        CopyError::Read(e) => ArchiveError::Read(e),
+        CopyError::Write(source) => ArchiveError::Write { path: rel.display().to_string(), source },
     })
 }
 
@@ -339,13 +338,13 @@ pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result
 }
 
 /// Which side of a copy failed.
-enum Copy {
+enum CopyError {
     Read(std::io::Error),
     Write(std::io::Error),
 }
 
 /// Copies at most `size` bytes of `from` to `to`; returns the bytes copied.
-fn copy_entry(from: &mut impl Read, size: u64, to: &mut impl std::io::Write) -> Result<u64, Copy> {
+fn copy_entry(from: &mut impl Read, size: u64, to: &mut impl std::io::Write) -> Result<u64, CopyError> {
     let mut buf = vec![0u8; 64 << 10];
     let mut from = from.take(size);
     let mut total = 0u64;
@@ -354,173 +353,22 @@ fn copy_entry(from: &mut impl Read, size: u64, to: &mut impl std::io::Write) -> 
             Ok(0) => return Ok(total),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Copy::Read(e)),
+            Err(e) => return Err(CopyError::Read(e)),
         };
-        to.write_all(&buf[..n]).map_err(Copy::Write)?;
+        to.write_all(&buf[..n]).map_err(CopyError::Write)?;
         total += n as u64;
     }
 }
 
-/// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most
-/// [`MAX_LINK_HOPS`] — and returns the real path relative to `root`. Components that do not exist are
-/// taken as written. Errors (`()`): the path leaves `root`, a link is absolute, or too many hops.
-fn resolve_inside(root: &Path, rel: &Path, hops: usize) -> Result<PathBuf, ()> {
-    let mut todo: VecDeque<std::ffi::OsString> = VecDeque::new();
-    let mut done: Vec<std::ffi::OsString> = Vec::new();
-    let mut hops = hops;
-    for c in rel.components() {
-        match c {
-            Component::RootDir | Component::Prefix(_) => return Err(()),
-            other => todo.push_back(other.as_os_str().to_owned()),
-        }
-    }
-    while let Some(c) = todo.pop_front() {
-        if c == ".." {
-            done.pop().ok_or(())?;
-            continue;
-        }
-        if c == "." {
-            continue;
-        }
-        let mut here: PathBuf = root.to_path_buf();
-        here.extend(&done);
-        here.push(&c);
-        match std::fs::symlink_metadata(&here) {
-            Ok(m) if m.file_type().is_symlink() => {
-                hops += 1;
-                if hops > MAX_LINK_HOPS {
-                    return Err(());
-                }
-                let target = std::fs::read_link(&here).map_err(|_| ())?;
-                if target.is_absolute() {
-                    return Err(());
-                }
-                for t in target.components().rev() {
-                    todo.push_front(t.as_os_str().to_owned());
-                }
-            }
-            _ => done.push(c),
-        }
-    }
-    Ok(done.iter().collect())
-}
-
-/// Checks every symlink under `root` (a checkout or an extracted artifact; `.git` skipped): each must
-/// resolve inside `root` ([`resolve_inside`]). Errors: [`ArchiveError::UnsafeLink`] naming the first
-/// link that leaves, or [`ArchiveError::Write`] when the tree cannot be read.
-pub fn check_links_inside(root: &Path) -> Result<(), ArchiveError> {
-    let mut stack = vec![PathBuf::new()];
-    while let Some(dir) = stack.pop() {
-        let read = std::fs::read_dir(root.join(&dir))
-            .map_err(|source| ArchiveError::Write { path: dir.display().to_string(), source })?;
-        for e in read.flatten() {
-            let rel = dir.join(e.file_name());
-            let Ok(t) = e.file_type() else { continue };
-            if t.is_dir() && rel != Path::new(".git") {
-                stack.push(rel);
-            } else if t.is_symlink() && resolve_inside(root, &rel, 0).is_err() {
-                let target = std::fs::read_link(root.join(&rel)).map(|p| p.display().to_string()).unwrap_or_default();
-                return Err(ArchiveError::UnsafeLink { path: rel.display().to_string(), target });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Archive builders for tests of this crate and of its users (the hostile corpus among them): each
-/// returns a gzipped tarball whose headers are written raw, so unsafe names reach the archive.
-pub mod testing {
-    /// One entry of [`build`].
-    #[derive(Debug, Clone)]
-    pub enum Item<'a> {
-        /// A regular file.
-        File(&'a str, &'a [u8]),
-        /// A directory.
-        Dir(&'a str),
-        /// A symlink `(path, target)`.
-        Symlink(&'a str, &'a str),
-        /// A hard link `(path, target)`.
-        HardLink(&'a str, &'a str),
-        /// A header of `entry_type` (e.g. `b'L'`, `b'x'`, `b'S'`) with `name`, `data`, and a declared size
-        /// that may differ from the data's length (`None`: the data's length). Data is padded as tar pads.
-        Raw {
-            /// Entry type byte.
-            entry_type: u8,
-            /// Name field.
-            name: &'a str,
-            /// Data following the header.
-            data: Vec<u8>,
-            /// Size written in the header.
-            declared: Option<u64>,
-        },
-    }
+/// returns a gzipped tarball whose headers are written raw, so unsafe names reach the archive. Not in
+/// the binary: only with the `testing` feature (this crate's tests enable it).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
-    fn header(name: &str, kind: tar::EntryType, size: u64) -> tar::Header {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_size(size);
-        h.set_mode(0o644);
-        let field = h.as_old_mut().name.as_mut();
-        let n = name.len().min(field.len());
-        field[..n].copy_from_slice(&name.as_bytes()[..n]);
-        h
-    }
-
-    fn link_header(name: &str, kind: tar::EntryType, target: &str) -> tar::Header {
-        let mut h = header(name, kind, 0);
-        let field = h.as_old_mut().linkname.as_mut();
-        let n = target.len().min(field.len());
-        field[..n].copy_from_slice(&target.as_bytes()[..n]);
-        h.set_cksum();
-        h
-    }
-
-    /// The uncompressed tar stream of `items` (with its end-of-archive blocks).
-    pub fn tar(items: &[Item<'_>]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for item in items {
-            let (mut h, data): (tar::Header, Vec<u8>) = match item {
-                Item::File(p, d) => (header(p, tar::EntryType::Regular, d.len() as u64), d.to_vec()),
-                Item::Dir(p) => (header(p, tar::EntryType::Directory, 0), Vec::new()),
-                Item::Symlink(p, t) => (link_header(p, tar::EntryType::Symlink, t), Vec::new()),
-                Item::HardLink(p, t) => (link_header(p, tar::EntryType::Link, t), Vec::new()),
-                Item::Raw { entry_type, name, data, declared } => (
-                    header(name, tar::EntryType::new(*entry_type), declared.unwrap_or(data.len() as u64)),
-                    data.clone(),
-                ),
-            };
-            h.set_cksum();
-            out.extend_from_slice(h.as_bytes());
-            out.extend_from_slice(&data);
-            out.resize(out.len().div_ceil(512) * 512, 0);
-        }
-        out.extend_from_slice(&[0u8; 1024]);
-        out
-    }
-
-    /// `tar(items)`, gzipped.
-    pub fn build(items: &[Item<'_>]) -> Vec<u8> {
-        gzip(&tar(items))
-    }
-
-    /// Gzips `data`.
-    pub fn gzip(data: &[u8]) -> Vec<u8> {
-        use std::io::Write;
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        gz.write_all(data).expect("writing to memory");
-        gz.finish().expect("writing to memory")
-    }
-
-    /// A PAX record `"<len> <key>=<value>\n"`.
-    pub fn pax_record(key: &str, value: &str) -> Vec<u8> {
-        let body = format!(" {key}={value}\n");
-        let mut len = body.len() + 1;
-        while format!("{len}").len() + body.len() != len {
-            len += 1;
-        }
-        format!("{len}{body}").into_bytes()
-    }
-}
+mod links;
+pub use links::check_links_inside;
+use links::resolve_inside;
 
 #[cfg(test)]
 mod tests {
@@ -671,15 +519,5 @@ mod tests {
             Err(ArchiveError::Read(_))
         ));
         assert!(extract_tar_gz(&b"not gzip at all"[..], d.path(), &Limits::new(1 << 20)).is_err());
-    }
-
-    #[test]
-    fn a_checkout_with_a_link_out_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir(d.path().join(".git")).unwrap();
-        std::os::unix::fs::symlink("/etc", d.path().join(".git/ok-inside-git-dir")).unwrap();
-        check_links_inside(d.path()).unwrap();
-        std::os::unix::fs::symlink("../../etc/passwd", d.path().join("Pulumi.dev.yaml")).unwrap();
-        assert!(matches!(check_links_inside(d.path()), Err(ArchiveError::UnsafeLink { .. })));
     }
 }

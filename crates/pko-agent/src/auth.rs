@@ -97,7 +97,8 @@ impl Auth {
 fn review_failed(kind: &str, e: kube::Error) -> Status {
     match e {
         kube::Error::Api(ae) if ae.code == 403 => Status::unauthenticated(format!(
-            "{kind} forbidden: the workspace's service account may not review tokens; bind it to the ClusterRole system:auth-delegator ({})",
+            "{kind} forbidden: the workspace's service account may not review tokens; bind it to the ClusterRole \
+                system:auth-delegator ({})",
             ae.message
         )),
         e => Status::unavailable(format!("{kind} failed: {e}")),

@@ -9,8 +9,8 @@
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
 //! - [`sandbox`]: per-operation directories, so nothing of one operation reaches the next on a pooled
 //!   agent; [`supervise`]: every process of an operation ends with it and with its agent;
-//! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders; [`sidecars`]: truncated `file://` attribute
-//!   sidecars a killed `pulumi` leaves.
+//! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders;
+//!   [`sidecars`]: truncated `file://` attribute sidecars a killed `pulumi` leaves.
 #![forbid(unsafe_code)]
 
 pub mod archive;

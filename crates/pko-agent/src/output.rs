@@ -60,8 +60,16 @@ impl Context {
     /// (RFC 3339). Pure.
     pub fn line(&self, time: &str, stream: &str, text: &str) -> String {
         match self.format {
-            Format::Text => format!("{time} {stream} namespace={} stack={} update={} operation={} | {}", self.namespace, self.stack, self.update, self.operation, text.trim_end()),
-            Format::Json => json!({"time": time, "stream": stream, "namespace": self.namespace, "stack": self.stack, "update": self.update,
+            Format::Text => format!(
+                "{time} {stream} namespace={} stack={} update={} operation={} | {}",
+                self.namespace,
+                self.stack,
+                self.update,
+                self.operation,
+                text.trim_end()
+            ),
+            Format::Json => json!({"time": time, "stream": stream, "namespace": self.namespace, "stack": self.stack,
+                "update": self.update,
                                    "operation": self.operation, "msg": text.trim_end()})
             .to_string(),
         }
@@ -147,7 +155,8 @@ mod tests {
                 .unwrap();
         assert_eq!(
             json,
-            json!({"time": "t", "stream": "engine", "namespace": "team-a", "stack": "dev", "update": "web-1a2b", "operation": "up", "msg": "+ a b creating"})
+            json!({"time": "t", "stream": "engine", "namespace": "team-a", "stack": "dev", "update": "web-1a2b",
+                "operation": "up", "msg": "+ a b creating"})
         );
         assert_eq!(Context::of("plain-id", "s", "preview", Format::Text).update, "plain-id");
         assert_eq!(Format::chosen(Format::Text, Some("true")), Format::Json, "PKO's AGENT_JSON_LOG");

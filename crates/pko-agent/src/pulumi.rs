@@ -386,7 +386,8 @@ mod tests {
         let a = operation_args(OperationType::Up, "dev", &o).join(" ");
         assert_eq!(
             a,
-            "up --yes --skip-preview --json --non-interactive --color never --stack dev --parallel 4 --message sync --expect-no-changes --target urn:b --target-dependents --replace urn:a --refresh --continue-on-error"
+            "up --yes --skip-preview --json --non-interactive --color never --stack dev --parallel 4 --message sync \
+                --expect-no-changes --target urn:b --target-dependents --replace urn:a --refresh --continue-on-error"
         );
     }
 

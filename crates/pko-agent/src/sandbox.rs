@@ -15,7 +15,8 @@
 //!
 //! The directory is removed before the operation's result is published; any left by an agent that
 //! died is removed when the agent starts, and any not in use before each operation starts (an
-//! operation refuses to start while one cannot be removed). The shared plugin cache is fingerprinted (path, size, mode, modification time) before
+//! operation refuses to start while one cannot be removed). The shared plugin cache is fingerprinted (path, size, mode,
+//! modification time) before
 //! the operation and compared after: a plugin the operation added, changed or planted is removed, and
 //! named on the operation's log, so the next operation never runs it. The agent's own environment (the
 //! workspace class's) and the request's are all an operation's process sees; processes do not outlive

@@ -222,9 +222,11 @@ impl Agent for AgentService {
         // fenced by time: the sender checked its hold on the shard before the call, but may have been
         // frozen since, and the shard's new holder may run this operation on another agent
         if let Some(late) = late_by(req.not_after.as_ref(), std::time::SystemTime::now()) {
-            tracing::warn!(operation = %req.operation_id, epoch = req.epoch, call = "run", late_s = late.as_secs_f64(), "agent call refused: past its sender's fence deadline");
+            tracing::warn!(operation = %req.operation_id, epoch = req.epoch, call = "run", late_s = late.as_secs_f64(),
+                "agent call refused: past its sender's fence deadline");
             return Err(Status::failed_precondition(format!(
-                "operation {}: the request arrived {:.3} s after its sender's hold on the shard lapsed (not_after); the shard may have a newer holder",
+                "operation {}: the request arrived {:.3} s after its sender's hold on the shard lapsed (not_after); \
+                    the shard may have a newer holder",
                 req.operation_id,
                 late.as_secs_f64()
             )));
@@ -252,7 +254,8 @@ impl Agent for AgentService {
             .insert(&req.operation_id, req.epoch)
             .ok_or_else(|| Status::already_exists("operation id in use"))?;
         let stack = req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or("");
-        tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %stack, "agent call: operation accepted");
+        tracing::info!(operation = %op.id, epoch = req.epoch, call = "run", stack = %stack,
+            "agent call: operation accepted");
         op.print_to(crate::output::Context::of(&op.id, stack, runner::kind_name(&req), self.inner.cfg.log_format));
         op.log("operation accepted");
         tokio::spawn(runner::run(self.inner.ctx.clone(), op.clone(), req));

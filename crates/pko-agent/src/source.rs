@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use pko_proto::v1::{ArtifactSource, GitSource, Source, source::Kind};
+use pko_proto::v1::{ArtifactSource, Source, source::Kind};
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
 
 use crate::values::ValueResolver;
 
@@ -125,13 +124,38 @@ impl SourceCache {
         install: bool,
     ) -> Result<Prepared, SourceError> {
         let kind = source.kind.as_ref().ok_or_else(|| err("the request has no source"))?;
-        let (key, dir, revision) = match kind {
+        if let Some(prepared) = self.unfetched(kind)? {
+            return Ok(prepared);
+        }
+        let (key, dir, revision) = fetched_key(kind, values).await?;
+        let key = if install { key } else { format!("{key}-noinstall") };
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _guard = lock.lock().await;
+        let path = self.cfg.root.join(&key);
+        if !path.join(READY).exists() {
+            self.fetch_and_install(kind, values, env, (&revision, &dir), install, &path).await?;
+        }
+        touch(&path.join(READY));
+        let project = safe_join(&path, &dir)?;
+        self.finish(key, path, project, revision, Some(()))
+    }
+
+    /// A source that is not fetched — a local directory, or a project synthesised from its info — as
+    /// prepared; `None` for one that is.
+    fn unfetched(&self, kind: &Kind) -> Result<Option<Prepared>, SourceError> {
+        match kind {
             Kind::Local(l) => {
                 let p = PathBuf::from(&l.dir);
                 if !p.is_dir() {
                     return Err(err(format!("local source directory {} does not exist", l.dir)));
                 }
-                return self.finish(format!("local:{}", l.dir), p.clone(), p, l.dir.clone(), None);
+                self.finish(format!("local:{}", l.dir), p.clone(), p, l.dir.clone(), None).map(Some)
             }
             Kind::ProjectInfo(pi) => {
                 if pi.name.is_empty() || pi.runtime.is_empty() {
@@ -145,89 +169,63 @@ impl SourceCache {
                         .map_err(|e| err(e.to_string()))?;
                     std::fs::write(path.join(READY), "").map_err(|e| err(e.to_string()))?;
                 }
-                return self.finish(key, path.clone(), path, format!("project:{}", pi.name), None);
+                self.finish(key, path.clone(), path, format!("project:{}", pi.name), None).map(Some)
             }
+            Kind::Git(_) | Kind::Artifact(_) => Ok(None),
+        }
+    }
+
+    /// Fetches `kind` at `revision` into a temporary directory, checks it holds a project at `dir`, runs
+    /// `pulumi install` there when `install` asks for it, and moves it to `path`, marked ready.
+    async fn fetch_and_install(
+        &self,
+        kind: &Kind,
+        values: &ValueResolver,
+        env: &BTreeMap<String, String>,
+        (revision, dir): (&str, &str),
+        install: bool,
+        path: &Path,
+    ) -> Result<(), SourceError> {
+        let tmp =
+            tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.cfg.root).map_err(|e| err(e.to_string()))?;
+        match kind {
             Kind::Git(g) => {
                 let auth = GitAuthArgs::resolve(g, values).await?;
-                let sha = resolve_git_revision(g, &auth).await?;
-                let key = format!("git-{}-{}", hex(&Sha256::digest(g.url.as_bytes())[..6]), sha);
-                (key, g.dir.clone(), sha)
+                clone(g, revision, &auth, tmp.path()).await?;
             }
-            // PKO downloads an artifact without a digest unverified; it is cached by its URL (a Flux
-            // artifact URL names its revision)
-            Kind::Artifact(a) if a.digest.is_empty() => {
-                (format!("artifact-url-{}", hex(&Sha256::digest(a.url.as_bytes())[..16])), a.dir.clone(), String::new())
-            }
-            Kind::Artifact(a) => {
-                let hexd = a
-                    .digest
-                    .strip_prefix("sha256:")
-                    .ok_or_else(|| err(format!("artifact digest {:?} is not of the form sha256:<hex>", a.digest)))?;
-                if hexd.len() != 64 || !hexd.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err(err(format!(
-                        "artifact digest {:?} is not of the form sha256:<64 hex digits>",
-                        a.digest
-                    )));
-                }
-                (format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone())
-            }
-        };
-        let key = if install { key } else { format!("{key}-noinstall") };
-        let lock = self
-            .locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let _guard = lock.lock().await;
-        let path = self.cfg.root.join(&key);
-        if !path.join(READY).exists() {
-            let tmp =
-                tempfile::Builder::new().prefix(".tmp-").tempdir_in(&self.cfg.root).map_err(|e| err(e.to_string()))?;
-            match kind {
-                Kind::Git(g) => {
-                    let auth = GitAuthArgs::resolve(g, values).await?;
-                    clone(g, &revision, &auth, tmp.path()).await?;
-                }
-                Kind::Artifact(a) => self.download(a, tmp.path()).await?,
-                Kind::Local(_) | Kind::ProjectInfo(_) => {
-                    return Err(err("a local or projectInfo source is never fetched"));
-                }
-            }
-            let project = safe_join(tmp.path(), &dir)?;
-            if project_file(&project).is_none() {
-                return Err(err(format!(
-                    "no Pulumi.yaml in {} of the source",
-                    if dir.is_empty() { "the root" } else { &dir }
-                )));
-            }
-            // `pulumi install` once per source revision, for every runtime as PKO's workspaces do:
-            // language dependencies (npm, pip, go modules), provider plugins and `packages`.
-            let runtime = crate::pulumi::project_info(&project).map(|(_, r)| r).unwrap_or_default();
-            let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
-            if install
-                && install_needed(&runtime, crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref()))
-                && !crate::pulumi::prebuilt_binary(&project)
-            {
-                let out = crate::pulumi::run(&self.cfg.pulumi, &project, env, &["install"])
-                    .await
-                    .map_err(|e| install_err(format!("pulumi install: {e}")))?;
-                if !out.success {
-                    return Err(install_err(format!(
-                        "pulumi install failed: {}",
-                        crate::pulumi::error_text(&out.stderr)
-                    )));
-                }
-            }
-            std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
-            let _ = std::fs::remove_dir_all(&path);
-            let tmp_path = tmp.keep();
-            std::fs::rename(&tmp_path, &path).map_err(|e| err(format!("caching the source: {e}")))?;
+            Kind::Artifact(a) => self.download(a, tmp.path()).await?,
+            Kind::Local(_) | Kind::ProjectInfo(_) => return Err(err("a local or projectInfo source is never fetched")),
         }
-        touch(&path.join(READY));
-        let project = safe_join(&path, &dir)?;
-        self.finish(key, path, project, revision, Some(()))
+        let project = safe_join(tmp.path(), dir)?;
+        if project_file(&project).is_none() {
+            let where_ = if dir.is_empty() { "the root" } else { dir };
+            return Err(err(format!("no Pulumi.yaml in {where_} of the source")));
+        }
+        if install {
+            self.install(&project, env).await?;
+        }
+        std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
+        let _ = std::fs::remove_dir_all(path);
+        let tmp_path = tmp.keep();
+        std::fs::rename(&tmp_path, path).map_err(|e| err(format!("caching the source: {e}")))
+    }
+
+    /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies,
+    /// provider plugins, `packages`), unless there is nothing it could install.
+    async fn install(&self, project: &Path, env: &BTreeMap<String, String>) -> Result<(), SourceError> {
+        let runtime = crate::pulumi::project_info(project).map(|(_, r)| r).unwrap_or_default();
+        let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
+        let downloads_off = crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref());
+        if !install_needed(&runtime, downloads_off) || crate::pulumi::prebuilt_binary(project) {
+            return Ok(());
+        }
+        let out = crate::pulumi::run(&self.cfg.pulumi, project, env, &["install"])
+            .await
+            .map_err(|e| install_err(format!("pulumi install: {e}")))?;
+        if !out.success {
+            return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
+        }
+        Ok(())
     }
 
     fn finish(
@@ -332,7 +330,8 @@ impl SourceCache {
                 return Err(e);
             }
             let wait = Duration::from_secs(1 << attempt.min(5));
-            tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(), "artifact download failed; retrying");
+            tracing::info!(url = %a.url, error = %e, attempt = attempt + 1, wait_s = wait.as_secs(),
+                "artifact download failed; retrying");
             attempt += 1;
             tokio::time::sleep(wait).await;
         }
@@ -393,7 +392,8 @@ pub fn deadline_message(url: &str, total: Duration) -> String {
         .ok()
         .and_then(|u| Some(format!("{}{}", u.host_str()?, u.port().map(|p| format!(":{p}")).unwrap_or_default())));
     format!(
-        "downloading the artifact from {}: not complete within {} s, all attempts included (agent flag --artifact-timeout-seconds)",
+        "downloading the artifact from {}: not complete within {} s, all attempts included (agent flag \
+            --artifact-timeout-seconds)",
         host.unwrap_or_else(|| "an unparsable URL".into()),
         total.as_secs()
     )
@@ -440,6 +440,34 @@ fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
     Ok(root.join(d))
 }
 
+/// The cache key, the project's directory in the source and the revision of a fetched source (git: its
+/// commit, resolved from the ref; an artifact: its digest, or its URL when it has none — PKO downloads
+/// such an artifact unverified, and a Flux artifact URL names its revision).
+///
+/// Errors: the ref cannot be resolved, a digest not of the form `sha256:<64 hex digits>`.
+async fn fetched_key(kind: &Kind, values: &ValueResolver) -> Result<(String, String, String), SourceError> {
+    match kind {
+        Kind::Git(g) => {
+            let auth = GitAuthArgs::resolve(g, values).await?;
+            let sha = resolve_git_revision(g, &auth).await?;
+            Ok((format!("git-{}-{}", hex(&Sha256::digest(g.url.as_bytes())[..6]), sha), g.dir.clone(), sha))
+        }
+        Kind::Artifact(a) if a.digest.is_empty() => {
+            let key = format!("artifact-url-{}", hex(&Sha256::digest(a.url.as_bytes())[..16]));
+            Ok((key, a.dir.clone(), String::new()))
+        }
+        Kind::Artifact(a) => {
+            let hexd =
+                a.digest.strip_prefix("sha256:").filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()));
+            let hexd = hexd.ok_or_else(|| {
+                err(format!("artifact digest {:?} is not of the form sha256:<64 hex digits>", a.digest))
+            })?;
+            Ok((format!("artifact-{}", hexd.to_ascii_lowercase()), a.dir.clone(), a.digest.clone()))
+        }
+        Kind::Local(_) | Kind::ProjectInfo(_) => Err(err("a local or projectInfo source has no fetched revision")),
+    }
+}
+
 /// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO (but never for a
 /// prebuilt `runtime.options.binary`, [`crate::pulumi::prebuilt_binary`]), except YAML when
 /// plugin acquisition is disabled (the air-gapped setting): for YAML `pulumi install` only downloads
@@ -476,121 +504,12 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Credentials for git, resolved from the request's references (the values through `values`, so Secrets
-/// are read with the agent's identity) into the git process's environment ([`pko_git::GitAuthEnv`]).
-struct GitAuthArgs(pko_git::GitAuthEnv);
+mod git;
+pub use git::GIT_TIMEOUT;
+use git::{GitAuthArgs, clone, resolve_git_revision};
 
-impl GitAuthArgs {
-    async fn resolve(g: &GitSource, values: &ValueResolver) -> Result<Self, SourceError> {
-        let Some(auth) = &g.auth else { return Ok(Self(pko_git::GitAuthEnv::default())) };
-        // the operator exchanges GitHub App credentials for a token; a request still carrying them was
-        // not prepared (the private key is not ours to hold)
-        if auth.github_app_id.is_some()
-            || auth.github_app_installation_id.is_some()
-            || auth.github_app_private_key.is_some()
-        {
-            return Err(err(
-                "git credentials: GitHub App credentials reach the agent only as an installation token (source.git.auth.token); the caller exchanges them",
-            ));
-        }
-        let get = |r: &Option<pko_proto::v1::ValueRef>| {
-            let r = r.clone();
-            async move {
-                match r {
-                    Some(r) => values.resolve(&r).await.map(Some).map_err(|e| err(format!("git credentials: {e}"))),
-                    None => Ok(None),
-                }
-            }
-        };
-        let creds = pko_git::GitCredentials {
-            ssh_private_key: get(&auth.ssh_private_key).await?,
-            token: get(&auth.token).await?,
-            username: get(&auth.username).await?,
-            password: get(&auth.password).await?,
-        };
-        pko_git::GitAuthEnv::new(&creds).map(Self).map_err(err)
-    }
-
-    fn command(&self) -> Command {
-        self.0.command()
-    }
-}
-
-/// How long one git command of the agent may take (a clone of a large repository included).
-pub const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-
-async fn git(auth: &GitAuthArgs, args: &[&str], cwd: Option<&Path>) -> Result<String, SourceError> {
-    let mut c = auth.command();
-    c.args(args);
-    if let Some(d) = cwd {
-        c.current_dir(d);
-    }
-    let what = args.first().copied().unwrap_or("");
-    let out = pko_git::run(c, what, GIT_TIMEOUT).await.map_err(err)?;
-    if !out.status.success() {
-        return Err(err(format!("git {what}: {}", String::from_utf8_lossy(&out.stderr).trim())));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Refuses a git source whose URL or revision git could read as an option ([`pko_git::validate_url`],
-/// [`pko_git::validate_ref`]); the Workspace is tenant input, as is the Stack it may come from.
-fn validate_git(g: &GitSource) -> Result<(), SourceError> {
-    pko_git::validate_url(&g.url).map_err(|e| err(format!("source.git.url: {e}")))?;
-    if !g.revision.is_empty() {
-        pko_git::validate_ref("source.git.revision", &g.revision).map_err(err)?;
-    }
-    Ok(())
-}
-
-async fn resolve_git_revision(g: &GitSource, auth: &GitAuthArgs) -> Result<String, SourceError> {
-    validate_git(g)?;
-    let rev = if g.revision.is_empty() { "HEAD" } else { g.revision.as_str() };
-    if pko_git::is_sha(rev) {
-        return Ok(rev.to_ascii_lowercase());
-    }
-    // any ref by full or short name, as PKO's operator resolves a branch (an annotated tag: its commit)
-    let out = git(auth, &["ls-remote", "--end-of-options", &g.url], None).await?;
-    pko_git::pick_ref(&out, rev)
-        .filter(|sha| pko_git::is_sha(sha))
-        .ok_or_else(|| err(format!("revision {rev:?} not found in {}", g.url)))
-}
-
-async fn clone(g: &GitSource, sha: &str, auth: &GitAuthArgs, into: &Path) -> Result<(), SourceError> {
-    validate_git(g)?;
-    if !pko_git::is_sha(sha) {
-        return Err(err(format!("revision {sha:?} is not a commit SHA")));
-    }
-    let dir = into.to_str().ok_or_else(|| err("non UTF-8 cache path"))?;
-    git(auth, &["init", "-q", "--", dir], None).await?;
-    git(auth, &["remote", "add", "--end-of-options", "origin", &g.url], Some(into)).await?;
-    // Fetch exactly the commit (protocol v2 servers allow it); fall back to a full fetch.
-    let depth: &[&str] = if g.shallow { &["--depth", "1"] } else { &[] };
-    let mut args = vec!["fetch", "-q"];
-    args.extend_from_slice(depth);
-    args.extend_from_slice(&["--end-of-options", "origin", sha]);
-    if git(auth, &args, Some(into)).await.is_err() {
-        git(
-            auth,
-            &[
-                "fetch",
-                "-q",
-                "--end-of-options",
-                "origin",
-                "+refs/heads/*:refs/remotes/origin/*",
-                "+refs/tags/*:refs/tags/*",
-            ],
-            Some(into),
-        )
-        .await?;
-    }
-    git(auth, &["-c", "advice.detachedHead=false", "checkout", "-q", sha], Some(into)).await?;
-    // a repository may hold symlinks to anywhere: none may lead out of the checkout
-    crate::archive::check_links_inside(into).map_err(|e| err(e.to_string()))?;
-    Ok(())
-}
-
-/// Archive builders for tests of this crate and of its users.
+/// Archive builders for tests of this crate and of its users; only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the
     /// archive), plus an optional symlink `(path, target)`.

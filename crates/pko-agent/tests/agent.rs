@@ -766,11 +766,16 @@ async fn typescript_program_from_an_artifact() {
         ("Pulumi.yaml", b"name: tsapp\nruntime: nodejs\n"),
         (
             "package.json",
-            br#"{"name": "tsapp", "main": "index.ts", "dependencies": {"@pulumi/pulumi": "3.259.0"}, "devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"}}"#,
+            concat!(
+                r#"{"name": "tsapp", "main": "index.ts", "dependencies": {"@pulumi/pulumi": "3.259.0"}, "#,
+                r#""devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"}}"#
+            )
+            .as_bytes(),
         ),
         (
             "index.ts",
-            b"import * as pulumi from \"@pulumi/pulumi\";\nconst config = new pulumi.Config();\nexport const greeting = `hello ${config.require(\"name\")}`;\nexport const token = pulumi.secret(\"ts-secret-value\");\n",
+            b"import * as pulumi from \"@pulumi/pulumi\";\nconst config = new pulumi.Config();\nexport const greeting \
+                = `hello ${config.require(\"name\")}`;\nexport const token = pulumi.secret(\"ts-secret-value\");\n",
         ),
     ];
     let tar = tarball(&files);
@@ -1035,7 +1040,9 @@ async fn the_env_file_reaches_each_operation() {
     let dir = project(
         &env,
         "dynenv",
-        "resources:\n  echo:\n    type: command:local:Command\n    properties:\n      create: echo \"$FROM_ENV_FILE\"\n      triggers: [\"${run}\"]\nconfig:\n  run: {type: string}\noutputs:\n  out: ${echo.stdout}\n",
+        "resources:\n  echo:\n    type: command:local:Command\n    properties:\n      create: echo \
+            \"$FROM_ENV_FILE\"\n      triggers: [\"${run}\"]\nconfig:\n  run: {type: string}\noutputs:\n  out: \
+                ${echo.stdout}\n",
     );
     let run_with = |id: &str, run: &str| {
         let mut r = request(&env, id, &dir, "dev", OperationType::Up);

@@ -118,7 +118,8 @@ proptest! {
     }
 
     #[test]
-    fn random_bytes_are_an_error_not_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..4096), compressed in any::<bool>()) {
+    fn random_bytes_are_an_error_not_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..4096),
+        compressed in any::<bool>()) {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         std::fs::create_dir(&root).unwrap();
@@ -135,7 +136,8 @@ proptest! {
     }
 
     #[test]
-    fn validated_git_input_never_reads_as_an_option(url in "\\PC{0,40}", rev in "\\PC{0,20}", prefix in prop_oneof![Just(""), Just("-"), Just("--upload-pack="), Just("ext::"), Just("ssh://-")]) {
+    fn validated_git_input_never_reads_as_an_option(url in "\\PC{0,40}", rev in "\\PC{0,20}",
+        prefix in prop_oneof![Just(""), Just("-"), Just("--upload-pack="), Just("ext::"), Just("ssh://-")]) {
         let url = format!("{prefix}{url}");
         let rev = format!("{prefix}{rev}");
         if pko_git::validate_url(&url).is_ok() {

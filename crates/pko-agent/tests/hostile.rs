@@ -345,7 +345,8 @@ async fn config_larger_than_a_command_line_is_applied_and_a_huge_env_value_is_a_
     let dir = project(
         &env,
         "bigcfg",
-        "config:\n  big:\n    type: string\n  secretBig:\n    type: string\noutputs:\n  big: ${big}\n  secretBig: ${secretBig}\n",
+        "config:\n  big:\n    type: string\n  secretBig:\n    type: string\noutputs:\n  big: ${big}\n  secretBig: \
+            ${secretBig}\n",
     );
     let big = "b".repeat(300 << 10);
     let secret_big = "s".repeat(200 << 10);
@@ -400,7 +401,11 @@ async fn secret_values_never_reach_the_output_in_any_form() {
     let dir = project(
         &env,
         "leaks",
-        "config:\n  pw:\n    type: string\n  pem:\n    type: string\n  quoted:\n    type: string\nresources:\n  boom:\n    type: command:local:Command\n    properties:\n      environment:\n        PW: ${pw}\n        PEM: ${pem}\n        Q: ${quoted}\n      create: |\n        echo \"plain $PW\"; echo \"$PEM\" >&2; echo \"$PEM\" | sed -n 3p >&2; printf 'q=%s\\n' \"$Q\" >&2; echo \"url=https://user:$PW@example.invalid/x\" >&2; exit 4\n",
+        "config:\n  pw:\n    type: string\n  pem:\n    type: string\n  quoted:\n    type: string\nresources:\n  \
+            boom:\n    type: command:local:Command\n    properties:\n      environment:\n        PW: ${pw}\n        \
+            PEM: ${pem}\n        Q: ${quoted}\n      create: |\n        echo \"plain $PW\"; echo \"$PEM\" >&2; echo \
+            \"$PEM\" | sed -n 3p >&2; printf 'q=%s\\n' \"$Q\" >&2; echo \"url=https://user:$PW@example.invalid/x\" \
+            >&2; exit 4\n",
     );
     let mut req = request(&env, "team-a/leaks-1/uid-1", &dir, "dev", OperationType::Up);
     req.config = vec![

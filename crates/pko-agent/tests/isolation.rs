@@ -14,7 +14,9 @@ use pko_proto::v1::{EnvVar, OperationType, ResultStatus};
 fn probe_program() -> String {
     let script: String = pko_testbed::probe::ISOLATION_PROBE.lines().map(|l| format!("        {l}\n")).collect();
     format!(
-        "config:\n  pw:\n    type: string\n    secret: true\nresources:\n  probe:\n    type: command:local:Command\n    properties:\n      dir: ${{pulumi.cwd}}\n      environment:\n        STACK: ${{pulumi.stack}}\n      create: |\n{script}outputs:\n  report: ${{probe.stdout}}\n"
+        "config:\n  pw:\n    type: string\n    secret: true\nresources:\n  probe:\n    type: \
+            command:local:Command\n    properties:\n      dir: ${{pulumi.cwd}}\n      environment:\n        STACK: \
+            ${{pulumi.stack}}\n      create: |\n{script}outputs:\n  report: ${{probe.stdout}}\n"
     )
 }
 
@@ -100,7 +102,8 @@ async fn an_agent_killed_alone_mid_up_leaves_no_process_and_the_next_agent_compl
     let dir = project(
         &env,
         "killed-alone",
-        "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 37; echo done\noutputs:\n  out: ${slow.stdout}\n",
+        "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 37; echo \
+            done\noutputs:\n  out: ${slow.stdout}\n",
     );
     let mut stream = ca.run(request(&env, "alone-1", &dir, "dev", OperationType::Up)).await.unwrap().into_inner();
     // until the command runs: pulumi, its language host, the provider and the command's shell all live
@@ -132,7 +135,12 @@ async fn an_agent_killed_alone_mid_up_leaves_no_process_and_the_next_agent_compl
     let mut cb = b.client().await;
     let mut again = request(&env, "alone-1", &dir, "dev", OperationType::Up);
     again.epoch = 2;
-    std::fs::write(dir.join("Pulumi.yaml"), "name: killed-alone\nruntime: yaml\nresources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 1; echo done\noutputs:\n  out: ${slow.stdout}\n").unwrap();
+    std::fs::write(
+        dir.join("Pulumi.yaml"),
+        "name: killed-alone\nruntime: yaml\nresources:\n  slow:\n    type: command:local:Command\n    \
+            properties:\n      create: sleep 1; echo done\noutputs:\n  out: ${slow.stdout}\n",
+    )
+    .unwrap();
     let events = run(&mut cb, again).await;
     let r = result(&events);
     let text = all_text(&events);
@@ -152,7 +160,8 @@ async fn an_operation_waits_for_a_lock_holder_still_running_on_this_host_then_ru
     let a = Agent::start(&env, &["--auth", "none"], &[]);
     let b = Agent::start(&env, &["--auth", "none"], &[]);
     let (mut ca, mut cb) = (a.client().await, b.client().await);
-    let body = "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 4; echo done\noutputs:\n  out: ${slow.stdout}\n";
+    let body = "resources:\n  slow:\n    type: command:local:Command\n    properties:\n      create: sleep 4; echo \
+        done\noutputs:\n  out: ${slow.stdout}\n";
     let dir = project(&env, "wait", body);
     let r = result(&run(&mut ca, request(&env, "create", &dir, "dev", OperationType::Preview)).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);

@@ -115,7 +115,8 @@ mod tests {
         assert_eq!(spec["serviceAccountName"]["default"], "default");
         assert_eq!(spec["securityProfile"]["default"], "restricted");
         let stack = serde_json::to_value(stack_crd()).unwrap();
-        let tmpl = stack.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/workspaceTemplate/properties/spec/properties").unwrap();
+        let spec = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties";
+        let tmpl = stack.pointer(&format!("{spec}/workspaceTemplate/properties/spec/properties")).unwrap();
         assert!(tmpl["serviceAccountName"].get("default").is_none(), "a template must not default fields");
     }
 

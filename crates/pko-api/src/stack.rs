@@ -32,13 +32,16 @@ pub const MAX_STACK_NAME_LENGTH: usize = 42;
     derive = "PartialEq",
     derive = "Default",
     doc = "A Stack is a Pulumi stack the operator keeps deployed from a program source.",
-    validation = Rule::new("size(self.metadata.name) <= 42").message("Stack name must be no more than 42 characters in length."),
+    validation = Rule::new("size(self.metadata.name) <= 42").message("Stack name must be no more than 42 characters in \
+        length."),
     printcolumn(name = "Stack", type_ = "string", json_path = ".spec.stack", priority = 10),
     printcolumn(name = "Last Update", type_ = "string", json_path = ".status.lastUpdate.state"),
     printcolumn(name = "Age", type_ = "date", json_path = ".status.lastUpdate.lastResyncTime"),
-    printcolumn(name = "Last Commit", type_ = "string", json_path = ".status.lastUpdate.lastAttemptedCommit", priority = 10),
+    printcolumn(name = "Last Commit", type_ = "string", json_path = ".status.lastUpdate.lastAttemptedCommit",
+        priority = 10),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Reconciling", type_ = "string", json_path = ".status.conditions[?(@.type==\"Reconciling\")].reason"),
+    printcolumn(name = "Reconciling", type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Reconciling\")].reason"),
     printcolumn(name = "Stalled", type_ = "string", json_path = ".status.conditions[?(@.type==\"Stalled\")].reason"),
     printcolumn(name = "Permalink", type_ = "string", json_path = ".status.lastUpdate.permalink")
 )]
@@ -519,7 +522,8 @@ pub struct StackStatus {
     pub drift_detection: Option<DriftDetectionStatus>,
 }
 
-/// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as v1; its
+/// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as
+/// v1; its
 /// status holds only `outputs` and `lastUpdate`. Both versions are served from the same stored object
 /// (no conversion webhook), so reading a v1 object as v1alpha1 drops the other status fields.
 pub mod v1alpha1 {

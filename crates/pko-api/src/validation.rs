@@ -114,7 +114,12 @@ fn is_dns_subdomain(s: &str) -> bool {
 /// Why `name` cannot name a ServiceAccount (Kubernetes `ValidateServiceAccountName`: a lower-case DNS
 /// subdomain of at most 253 characters), checked before any request names it; `None` when it can.
 pub fn service_account_name_error(name: &str) -> Option<String> {
-    (!is_dns_subdomain(name)).then(|| format!("{name:?} is not a valid service account name: a lower-case DNS subdomain (a-z, 0-9, '-', '.') of at most 253 characters"))
+    (!is_dns_subdomain(name)).then(|| {
+        format!(
+            "{name:?} is not a valid service account name: a lower-case DNS \
+        subdomain (a-z, 0-9, '-', '.') of at most 253 characters"
+        )
+    })
 }
 
 /// A label or annotation key (`[prefix/]name`, Kubernetes `IsQualifiedName`): why it is invalid.
@@ -127,7 +132,11 @@ pub fn qualified_name_error(key: &str) -> Option<String> {
         return Some("the prefix before '/' must be a lower-case DNS subdomain of at most 253 characters".into());
     }
     if !is_name_part(name) {
-        return Some("the name must be 1-63 characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric".into());
+        return Some(
+            "the name must be 1-63 characters: alphanumerics, '-', '_' or '.', starting and ending with an \
+            alphanumeric"
+                .into(),
+        );
     }
     None
 }
@@ -146,7 +155,10 @@ fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &m
         if !v.is_empty() && !is_name_part(v) {
             errors.push(FieldError {
                 field: format!("{field}.labels[{k:?}]"),
-                message: format!("invalid label value {v:?}: at most 63 characters, alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"),
+                message: format!(
+                    "invalid label value {v:?}: at most 63 characters, alphanumerics, '-', '_' or '.', \
+                    starting and ending with an alphanumeric"
+                ),
             });
         }
     }
@@ -188,7 +200,8 @@ fn check_ref(field: &str, r: &ResourceRef, namespace: &str, errors: &mut Vec<Fie
             Some(s) => {
                 if s.namespace.as_deref().is_some_and(|ns| !ns.is_empty() && ns != namespace) {
                     err(format!(
-                        "cross-namespace refs are not allowed: secret namespace {:?} is not the stack's namespace {namespace:?}",
+                        "cross-namespace refs are not allowed: secret namespace {:?} is not the stack's namespace \
+                            {namespace:?}",
                         s.namespace.as_deref().unwrap_or_default()
                     ));
                 }

@@ -102,9 +102,8 @@ mod tests {
             None,
             "the earlier request's verdict is not this one's"
         );
-        let accepted = [
-            json!({"reason": UNLOCK_ACCEPTED, "lastTimestamp": "2026-11-26T10:05:02Z", "message": "releasing 1 backend lock(s)"}),
-        ];
+        let accepted = [json!({"reason": UNLOCK_ACCEPTED, "lastTimestamp": "2026-11-26T10:05:02Z",
+                "message": "releasing 1 backend lock(s)"})];
         assert_eq!(unlock_verdict(&accepted, "2026-11-26T10:05:00Z").map(|v| v.0), Some(true));
     }
 

@@ -210,8 +210,12 @@ mod tests {
     use serde_json::json;
 
     fn member(id: &str, renewed: &str) -> Value {
-        let load = r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#;
-        json!({"metadata": {"labels": {"pulumi.com/lease": "member"}, "annotations": {"pulumi.com/shards": "64", "pulumi.com/load": load}},
+        let load = concat!(
+            r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"#,
+            r#""agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#
+        );
+        json!({"metadata": {"labels": {"pulumi.com/lease": "member"}, "annotations": {"pulumi.com/shards": "64",
+            "pulumi.com/load": load}},
                "spec": {"holderIdentity": id, "renewTime": renewed, "leaseDurationSeconds": 15}})
     }
 
@@ -225,7 +229,8 @@ mod tests {
                 })
                 .collect(),
         );
-        json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table", "pulumi.com/fleet": "pko"}, "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
+        json!({"metadata": {"name": "pko-shards-64", "labels": {"pulumi.com/lease": "table", "pulumi.com/fleet": "pko"},
+            "annotations": {pko_fleet::table::TABLE_ANNOTATION: table.encode()}}})
     }
 
     #[test]

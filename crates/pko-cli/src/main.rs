@@ -189,7 +189,8 @@ async fn logs_command(a: LogsArgs) -> anyhow::Result<()> {
             Some(info) => break info,
             None if a.follow => tokio::time::sleep(logs::POLL).await,
             None => anyhow::bail!(
-                "no output of stack {ns}/{stack} is kept (no operation since it was stored, or it was given up: --output-operations)"
+                "no output of stack {ns}/{stack} is kept (no operation since it was stored, or it was given up: \
+                    --output-operations)"
             ),
         }
     };
@@ -261,7 +262,8 @@ async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
             Some((false, note)) => anyhow::bail!("refused: {note}"),
             None if std::time::Instant::now() >= deadline => {
                 anyhow::bail!(
-                    "no verdict within {} s: is the operator running and does it own stack {ns}/{stack}? (`kubectl pko status {stack}`)",
+                    "no verdict within {} s: is the operator running and does it own stack {ns}/{stack}? (`kubectl pko \
+                        status {stack}`)",
                     a.timeout
                 )
             }

@@ -169,14 +169,20 @@ mod tests {
     fn stack() -> Value {
         json!({"metadata": {"namespace": "team-a", "name": "web", "labels": {"pulumi.com/shard": "7"}},
                "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NotReady", "message": ""},
-                                          {"type": "Stalled", "status": "True", "reason": "UpdateCanceled", "message": "update canceled by request"},
+                                          {"type": "Stalled", "status": "True", "reason": "UpdateCanceled",
+                                              "message": "update canceled by request"},
                                           {"type": "Reconciling", "status": "False", "reason": "x", "message": ""}],
-                          "lastUpdate": {"name": "web-1", "state": "failed", "lastSuccessfulCommit": "0123456789abcdef"}}})
+                          "lastUpdate": {"name": "web-1", "state": "failed",
+                              "lastSuccessfulCommit": "0123456789abcdef"}}})
     }
 
     #[test]
     fn a_row_says_why_and_where() {
-        let queued = |name: &str, ns: &str, t: &str| json!({"metadata": {"name": name, "namespace": ns, "creationTimestamp": t}, "status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "Queued"}]}});
+        let queued = |name: &str, ns: &str, t: &str| {
+            json!({"metadata": {"name": name, "namespace": ns,
+            "creationTimestamp": t}, "status": {"conditions": [{"type": "Progressing", "status": "False",
+                "reason": "Queued"}]}})
+        };
         let u = queued("web-2", "team-a", "2026-11-26T10:00:05Z");
         let all = [
             queued("a", "team-a", "2026-11-26T10:00:01Z"),
@@ -195,7 +201,8 @@ mod tests {
             ("0123456789ab", "web-1 (failed)", "web-2 (Queued #2)")
         );
         assert_eq!((r.shard.as_str(), r.owner.as_str(), r.pool.as_str()), ("7", "replica-1", "pool-abc"));
-        let running = json!({"metadata": {"name": "web-3"}, "status": {"conditions": [{"type": "Progressing", "status": "True", "reason": "Progressing", "message": "running on agent 127.0.0.1:4000"}]}});
+        let running = json!({"metadata": {"name": "web-3"}, "status": {"conditions": [{"type": "Progressing",
+            "status": "True", "reason": "Progressing", "message": "running on agent 127.0.0.1:4000"}]}});
         assert_eq!(queue_position(&all, &running), None);
         let r = row(&stack(), Some(&running), None, None, None);
         assert_eq!((r.current.as_str(), r.agent.as_str()), ("web-3 (Progressing)", "127.0.0.1:4000"));
@@ -204,7 +211,8 @@ mod tests {
         drifting["status"]["conditions"]
             .as_array_mut()
             .unwrap()
-            .push(json!({"type": "DriftDetected", "status": "False", "reason": "NoChanges", "message": "no drift (a check is due and waits for a drift-check slot)"}));
+            .push(json!({"type": "DriftDetected", "status": "False", "reason": "NoChanges",
+                "message": "no drift (a check is due and waits for a drift-check slot)"}));
         assert_eq!(
             row(&drifting, None, None, None, None).drift,
             "NoChanges: no drift (a check is due and waits for a drift-check slot)"

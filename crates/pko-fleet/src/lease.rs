@@ -12,7 +12,7 @@
 //!
 //! Versions before the table held shards through one Lease per shard (`<fleet>-shard-<k>`, its
 //! `leaseTransitions` the epoch) beside a membership named `<fleet>-member-<replica>`: their kinds
-//! are still read ([`LeaseKind::Member`], [`LeaseKind::Shard`]) so that a rolling upgrade from them
+//! are still read ([`LeaseKind::LegacyMember`], [`LeaseKind::Shard`]) so that a rolling upgrade from them
 //! never has two replicas act on one shard (`planning::Standing::Earlier`), and so that epochs keep
 //! rising across it. A replica of this version is invisible to them: they know neither name.
 //!
@@ -66,10 +66,10 @@ pub enum LeaseKind {
     Replica,
     /// The shard table of this shard count ([`table_name`]).
     Table(u32),
-    /// The membership Lease of a replica of an earlier version ([`member_name`]).
-    Member,
-    /// The Lease of this shard, written by an earlier version ([`shard_name`]).
-    Shard(u32),
+    /// The membership Lease of a replica of the earlier protocol ([`member_name`]: one Lease per shard).
+    LegacyMember,
+    /// The Lease of this shard, written by the earlier protocol ([`shard_name`]).
+    LegacyShard(u32),
 }
 
 /// `s` as a number exactly as `format!` writes one: no sign, no leading zero.
@@ -85,20 +85,20 @@ impl LeaseKind {
             return Some(Self::Replica);
         }
         if rest.strip_prefix("member-").is_some_and(|r| !r.is_empty()) {
-            return Some(Self::Member);
+            return Some(Self::LegacyMember);
         }
         if let Some(count) = rest.strip_prefix("shards-") {
             return number(count).filter(|n| *n > 0).map(Self::Table);
         }
-        number(rest.strip_prefix("shard-")?).map(Self::Shard)
+        number(rest.strip_prefix("shard-")?).map(Self::LegacyShard)
     }
 
     /// The [`KIND_LABEL`] value of this kind (`member`, `table` or `shard`).
     pub fn label(self) -> &'static str {
         match self {
-            Self::Replica | Self::Member => "member",
+            Self::Replica | Self::LegacyMember => "member",
             Self::Table(_) => "table",
-            Self::Shard(_) => "shard",
+            Self::LegacyShard(_) => "shard",
         }
     }
 }
@@ -363,17 +363,17 @@ mod tests {
         }
         assert_eq!(LeaseKind::Replica.label(), "member");
         assert_eq!(LeaseKind::Table(8).label(), "table");
-        assert_eq!(LeaseKind::of("pko", &member_name("pko", "r-0")), Some(LeaseKind::Member));
+        assert_eq!(LeaseKind::of("pko", &member_name("pko", "r-0")), Some(LeaseKind::LegacyMember));
         assert_eq!(
             LeaseKind::of("pko", &member_name("pko", "load-shard-3")),
-            Some(LeaseKind::Member),
+            Some(LeaseKind::LegacyMember),
             "a replica named like a shard"
         );
-        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 0)), Some(LeaseKind::Shard(0)));
-        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 2047)), Some(LeaseKind::Shard(2047)));
+        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 0)), Some(LeaseKind::LegacyShard(0)));
+        assert_eq!(LeaseKind::of("pko", &shard_name("pko", 2047)), Some(LeaseKind::LegacyShard(2047)));
         assert_eq!(
             LeaseKind::of("pko-a", &shard_name("pko-a", 5)),
-            Some(LeaseKind::Shard(5)),
+            Some(LeaseKind::LegacyShard(5)),
             "a fleet name with a dash"
         );
         for other in [
@@ -390,8 +390,8 @@ mod tests {
         ] {
             assert_eq!(LeaseKind::of("pko", other), None, "{other}");
         }
-        assert_eq!(LeaseKind::Member.label(), "member");
-        assert_eq!(LeaseKind::Shard(3).label(), "shard");
+        assert_eq!(LeaseKind::LegacyMember.label(), "member");
+        assert_eq!(LeaseKind::LegacyShard(3).label(), "shard");
     }
 
     #[test]

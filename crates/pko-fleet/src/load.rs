@@ -70,7 +70,11 @@ mod tests {
 
     #[test]
     fn loads_parse_from_their_json_and_add_up() {
-        let a = Load::parse(r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#).unwrap();
+        let a = Load::parse(concat!(
+            r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"#,
+            r#""agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#
+        ))
+        .unwrap();
         assert_eq!(
             (a.queued["team-a"], a.in_flight, a.agents["c1"], a.pool_bounds),
             (3, 2, Agents { busy: 2, idle: 1 }, Some((0, 4)))

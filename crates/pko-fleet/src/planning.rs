@@ -174,7 +174,8 @@ pub struct OwnWrite {
 
 /// The Leases a plan reads, by key (the shard tables, by shard count) (pure): `cached`, except where
 /// this replica wrote a Lease the cache still shows as it was before that write (`own`, whose entries
-/// the cache has caught up with are retired). Watch events arrive in order, so a cache showing any other version than the one a write
+/// the cache has caught up with are retired). Watch events arrive in order, so a cache showing any other version than
+/// the one a write
 /// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
 /// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
 /// at a new epoch (fencing their running operations), in every formation and takeover.

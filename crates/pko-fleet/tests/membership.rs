@@ -210,7 +210,7 @@ async fn a_replica_of_an_earlier_version_is_waited_for_and_its_epochs_are_exceed
     while t.elapsed() < Duration::from_secs(8) {
         lease::slim(&mut old);
         let Written::Done(renewed) =
-            lease::replace(&api, &old, LeaseKind::Member, |s| lease::renew(s, "old", 6)).await.unwrap()
+            lease::replace(&api, &old, LeaseKind::LegacyMember, |s| lease::renew(s, "old", 6)).await.unwrap()
         else {
             panic!("renewed")
         };
@@ -226,7 +226,10 @@ async fn a_replica_of_an_earlier_version_is_waited_for_and_its_epochs_are_exceed
     );
     // the earlier replica stops gracefully: its membership released
     lease::slim(&mut old);
-    assert!(matches!(lease::replace(&api, &old, LeaseKind::Member, lease::release).await.unwrap(), Written::Done(_)));
+    assert!(matches!(
+        lease::replace(&api, &old, LeaseKind::LegacyMember, lease::release).await.unwrap(),
+        Written::Done(_)
+    ));
     eventually("a holds every shard", 20, || async { held(&a) == SHARDS as usize }).await;
     assert_eq!(*a.ownership.standing().borrow(), Standing::Active);
     let h = holders(&[&a]);
@@ -299,7 +302,8 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     let mut stale = *created;
     lease::slim(&mut stale);
 
-    let Written::Done(released) = lease::replace(&api, &stale, LeaseKind::Shard(3), lease::release).await.unwrap()
+    let Written::Done(released) =
+        lease::replace(&api, &stale, LeaseKind::LegacyShard(3), lease::release).await.unwrap()
     else {
         panic!("a fresh read is written")
     };
@@ -308,7 +312,7 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     assert_eq!(released.metadata.labels.as_ref(), Some(&labels), "the labels as stored");
 
     // the same read again: someone (this write) changed the Lease since
-    let again = lease::replace(&api, &stale, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap();
+    let again = lease::replace(&api, &stale, LeaseKind::LegacyShard(3), |s| lease::take(s, "r-1")).await.unwrap();
     assert_eq!(again, Written::Conflict);
     let stored = api.get(&name).await.unwrap();
     assert_eq!(lease::holder(&stored), None, "the stale write changed nothing");
@@ -316,7 +320,7 @@ async fn a_lease_write_from_a_stale_read_changes_nothing_and_a_fresh_one_keeps_t
     let mut fresh = stored.clone();
     lease::slim(&mut fresh);
     let Written::Done(taken) =
-        lease::replace(&api, &fresh, LeaseKind::Shard(3), |s| lease::take(s, "r-1")).await.unwrap()
+        lease::replace(&api, &fresh, LeaseKind::LegacyShard(3), |s| lease::take(s, "r-1")).await.unwrap()
     else {
         panic!("taken")
     };

@@ -127,7 +127,8 @@ pub const HTTP_LOW_SPEED_SECONDS: u64 = 30;
 
 /// Options of every `ssh` that git starts: never prompt, give up on an unanswered connection (10 s) or a
 /// silent server (3 × 10 s), accept a host key seen for the first time.
-pub const SSH_OPTIONS: &str = "-o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=10 -o ServerAliveInterval=10 -o ServerAliveCountMax=3";
+pub const SSH_OPTIONS: &str = "-o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=10 -o \
+    ServerAliveInterval=10 -o ServerAliveCountMax=3";
 
 /// How long [`ls_remote`] may take in all, in seconds.
 pub const LS_REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -196,7 +197,8 @@ pub fn validate_url(url: &str) -> Result<(), String> {
             Ok(())
         }
         _ => Err(format!(
-            "the repository URL {url:?} is not a URL (https://, ssh://, git://, file://), an absolute path or user@host:path"
+            "the repository URL {url:?} is not a URL (https://, ssh://, git://, file://), an absolute path or \
+                user@host:path"
         )),
     }
 }
@@ -289,7 +291,8 @@ mod tests {
 
     #[test]
     fn refs_resolve_by_full_or_short_name_as_pko_does() {
-        let listing = "aaa\tHEAD\nbbb\trefs/heads/main\nccc\trefs/heads/feature/x\nddd\trefs/tags/v1\neee\trefs/tags/v1^{}\nfff\trefs/tags/light\n111\trefs/pull/7/head\n";
+        let listing = "aaa\tHEAD\nbbb\trefs/heads/main\nccc\trefs/heads/feature/x\nddd\trefs/tags/v1\n\
+                       eee\trefs/tags/v1^{}\nfff\trefs/tags/light\n111\trefs/pull/7/head\n";
         assert_eq!(pick_ref(listing, "main").as_deref(), Some("bbb"));
         assert_eq!(pick_ref(listing, "refs/heads/main").as_deref(), Some("bbb"));
         assert_eq!(pick_ref(listing, "feature/x").as_deref(), Some("ccc"));

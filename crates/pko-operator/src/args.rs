@@ -45,7 +45,8 @@ pub struct ManagerArgs {
     /// Act only while holding the Lease `operator.pulumi.com` in the operator's namespace (PKO
     /// `--leader-elect`): one active replica, the others wait. With `--fleet` every replica is active
     /// (shard Leases decide what each acts on) and this flag changes nothing.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false,
+        action = clap::ArgAction::Set)]
     pub leader_elect: bool,
     /// How long the leader Lease lasts without renewal (PKO; env `LEADER_ELECTION_LEASE_DURATION`).
     #[arg(long, default_value = "60s", value_parser = go_duration, env = "LEADER_ELECTION_LEASE_DURATION")]
@@ -64,7 +65,8 @@ pub struct ManagerArgs {
     pub kube_api_timeout: std::time::Duration,
     /// Accepted for PKO's manifests: the metrics endpoint speaks HTTP/1.1 (PKO's default, for the
     /// HTTP/2 rapid-reset CVEs).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false,
+        action = clap::ArgAction::Set)]
     pub enable_http2: bool,
 }
 
@@ -79,7 +81,8 @@ pub struct FleetArgs {
     /// live member's stands by (holds nothing) until the other count has gone; changing it relabels
     /// and moves every Stack once. At most 8,192 (`pko_fleet::table::MAX_SHARDS`: the shard table must
     /// fit in one object's annotations).
-    #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS", value_parser = clap::value_parser!(u32).range(1..=pko_fleet::table::MAX_SHARDS as i64))]
+    #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS",
+        value_parser = clap::value_parser!(u32).range(1..=pko_fleet::table::MAX_SHARDS as i64))]
     pub shards: u32,
     /// Name of the fleet: prefix of its Leases.
     #[arg(long, default_value = "pko", env = "PKO_FLEET_NAME")]
@@ -213,7 +216,8 @@ pub struct OperationArgs {
     /// least one operation; 100: no share). With the default 50 no namespace can hold every worker, so
     /// another namespace's operation starts at once even while long ones run; a Stack held back says
     /// so in its `Reconciling` condition.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100), env = "NAMESPACE_SHARE_PERCENT")]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100),
+        env = "NAMESPACE_SHARE_PERCENT")]
     pub namespace_share_percent: u8,
     /// Drift checks (`spec.driftDetection`) running at once across the fleet (counted in Redis with
     /// `--redis-url`); a due check waits for a free slot. 0: no limit.
@@ -221,7 +225,8 @@ pub struct OperationArgs {
     pub max_concurrent_drift_checks: usize,
     /// The shortest time between two drift checks of one Stack, in seconds: a schedule that ticks more
     /// often is checked at this pace, and its `DriftDetected` condition says so (PKO's resync floor).
-    #[arg(long, default_value_t = crate::context::DEFAULT_DRIFT_MIN_INTERVAL.as_secs(), env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
+    #[arg(long, default_value_t = crate::context::DEFAULT_DRIFT_MIN_INTERVAL.as_secs(),
+        env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
     pub min_drift_check_interval_seconds: u64,
     /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged
     /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
@@ -269,7 +274,8 @@ pub struct MetricsArgs {
     /// Serve `/metrics` over HTTPS to callers allowed `get` on the non-resource URL `/metrics`
     /// (TokenReview + SubjectAccessReview), as PKO does by default; `--metrics-secure=false` serves plain
     /// HTTP to anyone.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+        default_missing_value = "true")]
     pub metrics_secure: bool,
     /// Directory with `tls.crt` and `tls.key` for the secure metrics endpoint (controller-runtime's
     /// `CertDir`); default: a self-signed certificate made at start.
@@ -302,7 +308,8 @@ pub struct LoggingArgs {
     #[arg(long, alias = "zap-log-level", default_value = "info", value_parser = log_level)]
     pub log_level: String,
     /// PKO `--zap-devel`: debug level unless `--zap-log-level` says otherwise.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false,
+        action = clap::ArgAction::Set)]
     pub zap_devel: bool,
     /// Accepted for PKO's manifests (`--zap-stacktrace-level`): errors carry their cause chain instead.
     #[arg(long)]

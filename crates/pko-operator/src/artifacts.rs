@@ -6,7 +6,8 @@
 //! nothing) and answers 404 unless the Program is in that cache (the replica's watch scope, e.g.
 //! `--namespaces`), at that generation, with that digest. In a fleet every replica serves every Program
 //! of its scope, not only those of its shards: any replica behind the operator's Service answers, and a
-//! Program's URL keeps working while its shard moves. The digest (sha256 of the tarball) makes the URL a capability: it can be had only from the
+//! Program's URL keeps working while its shard moves. The digest (sha256 of the tarball) makes the URL a capability: it
+//! can be had only from the
 //! Program's status (RBAC on Programs of its namespace) or from the content itself, so a caller cannot
 //! fetch another tenant's Program by guessing names (PKO serves `/programs/<ns>/<name>` to anyone).
 //! Agents verify the digest of what they download, so the endpoint needs no other authentication
@@ -120,8 +121,10 @@ mod tests {
     use super::*;
 
     fn program(generation: i64, revision: &str, digest: &str) -> Program {
-        serde_json::from_value(serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p", "namespace": "n", "generation": generation},
-            "program": {}, "status": {"artifact": {"path": "x", "url": "u", "revision": revision, "digest": digest, "lastUpdateTime": "2026-11-25T00:00:00Z"}}}))
+        serde_json::from_value(serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program",
+            "metadata": {"name": "p", "namespace": "n", "generation": generation},
+            "program": {}, "status": {"artifact": {"path": "x", "url": "u", "revision": revision, "digest": digest,
+                "lastUpdateTime": "2026-11-25T00:00:00Z"}}}))
         .unwrap()
     }
 

@@ -28,6 +28,11 @@ pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 409)
 }
 
+/// Whether `e` is the API server's 404 Not Found.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(r) if r.code == 404)
+}
+
 /// [`apply_status`] while the object is still at `resource_version`, when one is given: the apply
 /// carries it as a precondition (Kubernetes optimistic concurrency), so a write decided on a cached
 /// read that has gone stale is refused with 409 Conflict instead of overwriting what changed since.
@@ -176,7 +181,9 @@ where
     metrics::counter!(n::RECONCILES_TOTAL, "controller" => controller).increment(1);
     metrics::histogram!(n::RECONCILE_DURATION_SECONDS, "controller" => controller).record(seconds);
     // controller-runtime's and client-go's series, as PKO's manager exports them
-    metrics::counter!(n::CR_RECONCILE_TOTAL, "controller" => controller, "result" => if result.is_ok() { "success" } else { "error" }).increment(1);
+    metrics::counter!(n::CR_RECONCILE_TOTAL, "controller" => controller,
+        "result" => if result.is_ok() { "success" } else { "error" })
+    .increment(1);
     metrics::histogram!(n::CR_RECONCILE_TIME_SECONDS, "controller" => controller).record(seconds);
     metrics::histogram!(n::WORKQUEUE_WORK_DURATION_SECONDS, "name" => controller).record(seconds);
     result

@@ -70,7 +70,8 @@ pub async fn acquire(
             .with_field_manager(format!("pko-leader-{identity}"))
             .build()
     };
-    tracing::info!(lease = %format!("{namespace}/{LEADER_LEASE}"), %identity, duration_s = duration, "waiting for leadership (--leader-elect)");
+    tracing::info!(lease = %format!("{namespace}/{LEADER_LEASE}"), %identity, duration_s = duration,
+        "waiting for leadership (--leader-elect)");
     let retry = timing.retry_period.max(Duration::from_millis(200));
     let manager = loop {
         // a manager's `changed` sleeps until another holder's Lease would run out and keeps what it

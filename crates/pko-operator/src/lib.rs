@@ -24,6 +24,7 @@ pub use pko_queue as queue;
 pub mod metric_names;
 pub mod metrics;
 pub mod outputs;
+pub mod own_writes;
 pub mod program;
 pub mod run;
 pub mod secret_cache;

@@ -7,8 +7,9 @@
 //! One board per process, like the metrics registry, written beside the gauges of the same numbers
 //! (`pko_queue_depth`, `pko_update_operations_in_flight`, `pko_operations_running`,
 //! `pko_pool_agents`): the queue's gauges ([`crate::update::controller::QueueGauges`]), the class
-//! limits ([`crate::agents::limits`]) and the pools ([`crate::agents::local_pool`],
-//! [`crate::agents::pod_pool`]). A leaf: it imports nothing of the crate; the types are the contract of `pko_fleet::load`, which
+//! limits ([`crate::agents::limits`]) and the pools ([`crate::agents::pool::processes`],
+//! [`crate::agents::pool::pods`]). A leaf: it imports nothing of the crate; the types are the contract of
+//! `pko_fleet::load`, which
 //! `kubectl pko fleet` reads.
 
 use std::collections::BTreeMap;

@@ -44,6 +44,9 @@ pub const DISPATCH_LATENCY_SECONDS: &str = "pko_dispatch_latency_seconds";
 /// Counter, label `step` (`prepare`, `connect`, `busy`, `follow`, `record`, `fenced`): operations
 /// whose run on an agent ended without a result, by the step that failed.
 pub const DISPATCH_ERRORS_TOTAL: &str = "pko_dispatch_errors_total";
+/// Counter, label `kind`: objects listed or changed that do not decode as their kind's type (left out
+/// of the cache; a Stack is marked Stalled `SpecInvalid` naming the field).
+pub const UNDECODABLE_OBJECTS_TOTAL: &str = "pko_undecodable_objects_total";
 /// Counter, label `check` (`dispatch`: the Workspace read for an Update would run another digest than
 /// its `spec.runDigest`; `agent`: an agent refused a request or the stack config it wrote; `absorb`: a
 /// Stack found a successful Update without the digest it was made for): runs refused because they were

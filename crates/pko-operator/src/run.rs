@@ -10,9 +10,9 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::local::LocalRuntime;
-use crate::agents::local_pool::LocalPools;
 use crate::agents::pod::PodRuntimeConfig;
-use crate::agents::pod_pool::PodPools;
+use crate::agents::pool::pods::PodPools;
+use crate::agents::pool::processes::LocalPools;
 use crate::agents::tokens::AgentTokens;
 use crate::agents::{Agents, PoolConfig};
 use crate::args::{RunArgs, RuntimeKind, listen_address};
@@ -52,6 +52,14 @@ pub struct Running {
     /// The controllers' shared context.
     pub ctx: Arc<Context>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What [`Operator::start`] sets up before the context and hands to it.
+struct ContextParts {
+    drift_slots: Arc<dyn pko_queue::slots::Slots>,
+    output: Arc<dyn pko_queue::output::OutputStore>,
+    secrets: crate::secret_cache::SecretCache,
+    gained: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Running {
@@ -128,34 +136,16 @@ impl Operator {
             Some(m) => m.ownership.clone(),
             None => Self::single_ownership(&operations.namespaces),
         };
-        let ctx = Arc::new(Context {
-            reconcile_concurrency: operations.max_concurrent_reconciles,
-            shutdown: shutdown.clone(),
-            shards_gained: member.as_ref().map(|m| m.gained.clone()),
-            drift_slots,
-            drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
-            github_api_url: operations.github_api_url.clone(),
-            output,
-            update_idle_timeout: Some(operations.update_idle_timeout).filter(|d| !d.is_zero()),
-            operation_timeout: Some(operations.operation_timeout).filter(|d| !d.is_zero()),
-            placement: fleet.placement(),
-            secrets,
-            ..Context::new(client.clone(), advertised, ownership)
-        });
+        let parts = ContextParts { drift_slots, output, secrets, gained: member.as_ref().map(|m| m.gained.clone()) };
+        let ctx = Self::context(&client, advertised, ownership, &operations, &fleet, parts, &shutdown);
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
         let mut informers = Informers::new(watch_client.clone(), scope.clone());
         if let Some(m) = member {
             informers = informers.with_shards(m.held.clone());
             membership.extend(m.tasks);
-            servers.extend(Self::labellers(
-                &client,
-                &watch_client,
-                scope,
-                fleet.shards,
-                &m.ownership,
-                &mut informers,
-                &shutdown,
-            ));
+            let labellers =
+                Self::labellers(&client, &watch_client, scope, fleet.shards, &m.ownership, &mut informers, &shutdown);
+            servers.extend(labellers);
         }
         let agents = Arc::new(Self::agents(
             &client,
@@ -165,16 +155,7 @@ impl Operator {
             local_agent_env,
             ctx.ownership.clone(),
         )?);
-        let (programs, program_controller) = crate::program::program_controller(ctx.clone(), &mut informers);
-        let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), &mut informers);
-        let workspace_controller = WorkspaceController::new(ctx.clone(), agents.clone()).run(&mut informers);
-        let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations).with_agents(agents);
-        let updates = if operations.max_operations_per_class > 0 {
-            updates.with_class_limit(operations.max_operations_per_class)
-        } else {
-            updates
-        };
-        let update_controller = updates.run(&mut informers);
+        let (programs, stacks, controllers) = Self::controllers(&ctx, agents, queue, &operations, &mut informers);
         // every kind is watched once, by its informer; ready once every cache has synced
         let (ready, watches) = informers.run(shutdown.clone());
         servers.push(tokio::spawn(watches));
@@ -191,16 +172,79 @@ impl Operator {
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, crate::artifacts::ArtifactState::new(programs)).await;
         }));
-        tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime, "operator starting");
-        let task = tokio::spawn(async move {
-            tokio::join!(program_controller, stack_controller, workspace_controller, update_controller);
-            // the membership ends by releasing its Lease (successors take the shards at once)
-            let _ =
-                tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
-            servers.iter().for_each(tokio::task::JoinHandle::abort);
-            tracing::info!("operator stopped");
-        });
+        tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime,
+            "operator starting");
+        let task = tokio::spawn(Self::until_stopped(controllers, membership, servers));
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+    }
+
+    /// Runs the controllers until shutdown, then lets the membership end — it releases its Lease, so its
+    /// successors take the shards at once (5 s at most) — and stops the servers.
+    async fn until_stopped(
+        controllers: futures::future::BoxFuture<'static, ()>,
+        membership: Vec<tokio::task::JoinHandle<()>>,
+        servers: Vec<tokio::task::JoinHandle<()>>,
+    ) {
+        controllers.await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures::future::join_all(membership)).await;
+        servers.iter().for_each(tokio::task::JoinHandle::abort);
+        tracing::info!("operator stopped");
+    }
+
+    /// The context every reconcile gets, from the flags and what `start` set up before it.
+    fn context(
+        client: &kube::Client,
+        advertised: String,
+        ownership: Arc<dyn Ownership>,
+        operations: &crate::args::OperationArgs,
+        fleet: &crate::args::FleetArgs,
+        parts: ContextParts,
+        shutdown: &CancellationToken,
+    ) -> Arc<Context> {
+        let ContextParts { drift_slots, output, secrets, gained } = parts;
+        Arc::new(Context {
+            reconcile_concurrency: operations.max_concurrent_reconciles,
+            shutdown: shutdown.clone(),
+            shards_gained: gained,
+            drift_slots,
+            drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
+            github_api_url: operations.github_api_url.clone(),
+            output,
+            update_idle_timeout: Some(operations.update_idle_timeout).filter(|d| !d.is_zero()),
+            operation_timeout: Some(operations.operation_timeout).filter(|d| !d.is_zero()),
+            placement: fleet.placement(),
+            secrets,
+            ..Context::new(client.clone(), advertised, ownership)
+        })
+    }
+
+    /// The four controllers, watching through `informers`: the Program and Stack caches (the metrics
+    /// read them) and one future running every controller until shutdown.
+    fn controllers(
+        ctx: &Arc<Context>,
+        agents: Arc<Agents>,
+        queue: Arc<dyn crate::queue::WorkQueue>,
+        operations: &crate::args::OperationArgs,
+        informers: &mut Informers,
+    ) -> (
+        kube::runtime::reflector::Store<pko_api::Program>,
+        kube::runtime::reflector::Store<pko_api::Stack>,
+        futures::future::BoxFuture<'static, ()>,
+    ) {
+        use futures::FutureExt;
+        let (programs, program_controller) = crate::program::program_controller(ctx.clone(), informers);
+        let (stacks, stack_controller) = crate::stack::controller::controller(ctx.clone(), informers);
+        let workspace_controller = WorkspaceController::new(ctx.clone(), agents.clone()).run(informers);
+        let updates = UpdateController::with_queue(ctx.clone(), queue, operations.max_operations).with_agents(agents);
+        let updates = match operations.max_operations_per_class {
+            0 => updates,
+            limit => updates.with_class_limit(limit),
+        };
+        let update_controller = updates.run(informers);
+        let all = async move {
+            tokio::join!(program_controller, stack_controller, workspace_controller, update_controller);
+        };
+        (programs, stacks, all.boxed())
     }
 
     /// This replica's fleet id, once (the host name when not given); `None` outside a fleet. A fleet
@@ -305,7 +349,8 @@ impl Operator {
                 });
                 let Some((ns, sa)) = service_account.as_deref().and_then(|s| s.split_once('/')) else {
                     anyhow::bail!(
-                        "--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents in pods authenticate the operator with its tokens"
+                        "--runtime pod needs --service-account namespace/name (env OPERATOR_SERVICE_ACCOUNT): agents \
+                            in pods authenticate the operator with its tokens"
                     )
                 };
                 let tokens = Arc::new(AgentTokens::new(client.clone(), ns, sa));

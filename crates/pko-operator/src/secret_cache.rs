@@ -107,7 +107,9 @@ impl SecretCache {
                     if warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         tracing::debug!(error = %e, %namespace, "secret versions: watch error (retried)");
                     } else {
-                        tracing::warn!(error = %e, %namespace, "secret versions: watch failed (retried; until it lists, every use of a Secret here reads it)");
+                        tracing::warn!(error = %e, %namespace,
+                            "secret versions: watch failed (retried; until it lists, every use of a Secret here reads \
+                                it)");
                     }
                 }
             }));

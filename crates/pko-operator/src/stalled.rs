@@ -279,9 +279,10 @@ mod tests {
         };
         assert_eq!(
             spec_error(&s).as_deref(),
-            Some(
-                r#"spec.securityProfile: unsupported value "privileged"; one of "baseline" or "restricted"; spec.imagePullPolicy: unsupported value "Sometimes"; one of "Always", "Never" or "IfNotPresent""#
-            )
+            Some(concat!(
+                r#"spec.securityProfile: unsupported value "privileged"; one of "baseline" or "restricted"; "#,
+                r#"spec.imagePullPolicy: unsupported value "Sometimes"; one of "Always", "Never" or "IfNotPresent""#
+            ))
         );
         let ok = WorkspaceSpec {
             security_profile: Some(SecurityProfile::Baseline),
@@ -290,7 +291,14 @@ mod tests {
         };
         assert_eq!(spec_error(&ok), None);
         let sa = WorkspaceSpec { service_account_name: Some("../x".into()), ..Default::default() };
-        assert!(spec_error(&sa).is_some_and(|e| e.starts_with("spec.serviceAccountName: \"../x\" is not a valid service account name")), "{:?}", spec_error(&sa));
+        assert!(
+            spec_error(&sa).is_some_and(|e| e.starts_with(
+                "spec.serviceAccountName: \"../x\" is not a valid \
+            service account name"
+            )),
+            "{:?}",
+            spec_error(&sa)
+        );
         let sa = WorkspaceSpec { service_account_name: Some("deployer.team-a".into()), ..Default::default() };
         assert_eq!(spec_error(&sa), None, "a DNS subdomain is a valid name");
     }

@@ -92,7 +92,12 @@ async fn every_dashboard_expression_evaluates_to_series_on_a_real_prometheus() {
     assert!(alerts.len() >= 6 && alerts.iter().any(|(a, _)| a == "PkoShardsUnheld"), "{alerts:?}");
 
     let (client, ns, env) = setup("dashboard").await;
-    passphrase_and_program(&ns, json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": "sleep 1; echo ${pulumi.stack}"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"r": {"type": "command:local:Command",
+        "properties": {"create": "sleep 1; echo ${pulumi.stack}"}}}}),
+    )
+    .await;
     let prefix = pko_testbed::testbed().redis_prefix("dashboard");
     let redis = [
         "--redis-url",
@@ -127,7 +132,8 @@ async fn every_dashboard_expression_evaluates_to_series_on_a_real_prometheus() {
         .map(|r| r.metrics_url.trim_start_matches("http://").trim_end_matches("/metrics").to_string())
         .collect();
     let config = format!(
-        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n  - job_name: pko\n    static_configs:\n      - targets: {targets:?}\n"
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n  - job_name: pko\n    \
+            static_configs:\n      - targets: {targets:?}\n"
     );
     std::fs::write(dir.join("prometheus.yml"), config).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -178,7 +178,8 @@ async fn an_invalid_schedule_is_reported_and_the_stack_still_deploys() {
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bad-cron"},
-               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                   "envRefs": passphrase_env_refs(),
                         "driftDetection": {"schedules": [{"cron": "@hourly"}, {"cron": "61 * * * *"}]}}}),
     )
     .await;
@@ -212,7 +213,8 @@ async fn a_schedule_faster_than_the_floor_is_checked_at_its_pace_and_keeps_one_c
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "busy"},
-               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                   "envRefs": passphrase_env_refs(),
                         "driftDetection": {"schedules": [{"cron": "* * * * * *"}]}}}),
     )
     .await;
@@ -280,7 +282,8 @@ async fn a_check_waiting_for_the_fleet_wide_cap_says_so() {
         create(
             &stacks,
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
-                   "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+                   "spec": {"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                       "envRefs": passphrase_env_refs(),
                             "driftDetection": {"schedules": [{"cron": "* * * * * *"}]}}}),
         )
         .await;

@@ -69,7 +69,9 @@ async fn replica_identity(client: &kube::Client, dir: &Path, name: &str) -> Path
     let bed = testbed();
     let path = dir.join(format!("{name}.kubeconfig"));
     let kc = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster: {{server: \"{}\", certificate-authority: \"{}\"}}\nusers:\n- name: r\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: c\n  context: {{cluster: bed, user: r}}\ncurrent-context: c\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: bed\n  cluster: {{server: \"{}\", certificate-authority: \
+            \"{}\"}}\nusers:\n- name: r\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: c\n  context: {{cluster: \
+                bed, user: r}}\ncurrent-context: c\n",
         bed.api_server_url(),
         bed.ca_file().display()
     );
@@ -220,7 +222,8 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     create(
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"},
-               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 12; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
+               "program": {"resources": {"r": {"type": "command:local:Command",
+                   "properties": {"create": format!("sleep 12; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
     )
     .await;
     let suffix = ns.name().rsplit('-').next().unwrap().to_string();
@@ -502,7 +505,8 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
     create(
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"},
-               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 30; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
+               "program": {"resources": {"r": {"type": "command:local:Command",
+                   "properties": {"create": format!("sleep 30; echo ${{pulumi.stack}} >> {}", runs.display())}}}}}),
     )
     .await;
     let suffix = ns.name().rsplit('-').next().unwrap().to_string();
@@ -525,7 +529,8 @@ async fn a_replica_resumed_after_a_freeze_takes_no_shard_from_a_live_replica_and
         create(
             &ns.api::<Stack>(),
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
-                   "spec": {"stack": format!("s{i}"), "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()}}),
+                   "spec": {"stack": format!("s{i}"), "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                       "envRefs": passphrase_env_refs()}}),
         )
         .await;
     }

@@ -52,13 +52,16 @@ async fn three_replicas_split_the_stacks_and_take_over_a_stopped_one() {
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
                "configuration": {"n": {"type": "String", "default": "0"}},
-               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo ${n}"}}}, "outputs": {"out": "${r.stdout}"}}}),
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo ${n}"}}},
+                   "outputs": {"out": "${r.stdout}"}}}),
     )
     .await;
     let stack = |i: usize, n: &str| {
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": format!("s{i}")},
-               "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url(), "config": {"n": n},
-                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}})
+               "spec": {"stack": format!("s{i}"), "programRef": {"name": "p"}, "backend": env.backend_url(),
+                   "config": {"n": n},
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                            "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}})
     };
     for i in 0..STACKS {
         create(&ns.api::<Stack>(), stack(i, "0")).await;
@@ -208,7 +211,8 @@ async fn stacks_with_copied_forged_or_garbage_shard_labels_are_relabelled_and_re
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}, "outputs": {"out": "${r.stdout}"}}}),
+               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo hi"}}},
+                   "outputs": {"out": "${r.stdout}"}}}),
     )
     .await;
     let shard = |name: &str| pko_fleet::ring::shard_of(&format!("{}/{name}", ns.name()), 64);
@@ -226,7 +230,8 @@ async fn stacks_with_copied_forged_or_garbage_shard_labels_are_relabelled_and_re
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
                    "metadata": {"name": name, "labels": {"pulumi.com/shard": label, "pulumi.com/shards": "64"}},
                    "spec": {"stack": name, "programRef": {"name": "p"}, "backend": env.backend_url(),
-                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
+                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                                "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
         )
         .await;
     }
@@ -277,7 +282,8 @@ async fn a_program_url_naming_a_gone_replica_is_served_by_the_dispatching_one() 
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-               "program": {"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo mirrored"}}}, "outputs": {"out": "${r.stdout}"}}}),
+               "program": {"resources": {"r": {"type": "command:local:Command",
+                   "properties": {"create": "echo mirrored"}}}, "outputs": {"out": "${r.stdout}"}}}),
     )
     .await;
     let programs = ns.api::<Program>();
@@ -292,11 +298,13 @@ async fn a_program_url_naming_a_gone_replica_is_served_by_the_dispatching_one() 
         &ns.api::<pko_api::Workspace>(),
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w"},
                "spec": {"flux": {"url": url, "digest": artifact.digest},
-                        "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
+                        "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()},
+                            {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
                         "stacks": [{"name": "dev", "create": true}]}}),
     )
     .await;
-    let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "w", "stackName": "dev", "type": "up"}});
+    let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"},
+        "spec": {"workspaceName": "w", "stackName": "dev", "type": "up"}});
     create(&ns.api::<Update>(), owned_update(&ns.api::<pko_api::Workspace>(), update).await).await;
     let updates = ns.api::<Update>();
     eventually("the Update completes from the mirror", 120, || async {
@@ -342,10 +350,16 @@ async fn a_second_replica_without_redis_is_refused() {
 
     // the labeller: a Workspace and an Update made by hand (PKO's auto.pulumi.com API, no Stack) get
     // the shard of the Workspace, so one replica owns both
-    create(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "hand"}, "spec": {}})).await;
+    create(
+        &ns.api::<pko_api::Workspace>(),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": "hand"}, "spec": {}}),
+    )
+    .await;
     create(
         &ns.api::<Update>(),
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "hand-1"}, "spec": {"workspaceName": "hand", "stackName": "dev", "type": "up"}}),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "hand-1"},
+            "spec": {"workspaceName": "hand", "stackName": "dev", "type": "up"}}),
     )
     .await;
     let want = pko_fleet::ring::shard_of(&format!("{}/hand", ns.name()), 64).to_string();

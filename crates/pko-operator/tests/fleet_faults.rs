@@ -18,7 +18,8 @@ use serde_json::json;
 fn traced_program(trace: &Path, secs: u32) -> serde_json::Value {
     json!({"configuration": {"n": {"type": "String", "default": "0"}},
            "resources": {"r": {"type": "command:local:Command",
-                               "properties": {"create": format!("sleep {secs}; echo ${{pulumi.stack}} ${{n}} >> {}", trace.display()),
+                               "properties": {"create": format!("sleep {secs}; echo ${{pulumi.stack}} ${{n}} >> {}",
+                                   trace.display()),
                                               "triggers": ["${n}"]}}}})
 }
 

@@ -89,7 +89,8 @@ fn git(args: &[&str], cwd: &std::path::Path) {
 
 fn pulumi_yaml(greeting: &str) -> String {
     format!(
-        "name: fluxed\nruntime: yaml\nresources:\n  greet:\n    type: command:local:Command\n    properties:\n      create: echo {greeting}\noutputs:\n  greeting: ${{greet.stdout}}\n"
+        "name: fluxed\nruntime: yaml\nresources:\n  greet:\n    type: command:local:Command\n    properties:\n      \
+            create: echo {greeting}\noutputs:\n  greeting: ${{greet.stdout}}\n"
     )
 }
 
@@ -113,7 +114,8 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "fluxed"},
                "spec": {"stack": "dev", "backend": env.backend_url(),
-                        "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "infra"}, "dir": "."},
+                        "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1",
+                            "kind": "GitRepository", "name": "infra"}, "dir": "."},
                         "envRefs": passphrase_env_refs()}}),
     )
     .await;
@@ -134,7 +136,8 @@ async fn a_new_flux_artifact_revision_runs_a_new_update() {
                 .unwrap();
             let log = std::fs::read_to_string(env.dir().join("source-controller.log")).unwrap_or_default();
             panic!(
-                "the first artifact was not deployed in 180 s (source-controller exited: {exited:?}):\n{}\nsource-controller:\n{log}",
+                "the first artifact was not deployed in 180 s (source-controller exited: \
+                    {exited:?}):\n{}\nsource-controller:\n{log}",
                 String::from_utf8_lossy(&out.stdout)
             );
         }
@@ -217,7 +220,8 @@ async fn a_typescript_program_from_a_flux_source_deploys_on_a_pool_with_the_real
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "tsapp"},
                "spec": {"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs,
                         "config": {"ns": ns.name(), "greeting": "hej"},
-                        "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "app"}, "dir": "."}}}),
+                        "fluxSource": {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1",
+                            "kind": "GitRepository", "name": "app"}, "dir": "."}}}),
     )
     .await;
     eventually("the Stack is Ready", 300, || async { ready(&stacks.get("tsapp").await.unwrap()) }).await;

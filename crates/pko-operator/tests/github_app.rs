@@ -101,7 +101,8 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
     let (api, seen) = github_api(public_pem).await;
     let root = env.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();
-    let program = "name: app\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo via-app\noutputs:\n  out: ${c.stdout}\n";
+    let program = "name: app\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      \
+        create: echo via-app\noutputs:\n  out: ${c.stdout}\n";
     let commit = pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
     let git =
         pko_testbed::git::GitHttpServer::start(&root, "127.0.0.1:0", Some(("git".into(), TOKEN.into()))).await.unwrap();
@@ -110,7 +111,8 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
         create(
             &ns.api::<Secret>(),
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
-                   "stringData": {"appID": format!("{app_id}\n"), "installationID": INSTALLATION, "privateKey": private_pem}}),
+                   "stringData": {"appID": format!("{app_id}\n"), "installationID": INSTALLATION,
+                       "privateKey": private_pem}}),
         )
         .await;
     }
@@ -122,8 +124,11 @@ async fn github_app_credentials_buy_an_installation_token_for_the_private_reposi
         create(
             &stacks,
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": stack},
-                   "spec": {"stack": stack, "projectRepo": git.url("app.git"), "branch": "main", "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
-                            "gitAuth": {"githubApp": {"appID": secret(secret_name, "appID"), "installationID": secret(secret_name, "installationID"), "privateKey": secret(secret_name, "privateKey")}}}}),
+                   "spec": {"stack": stack, "projectRepo": git.url("app.git"), "branch": "main",
+                       "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+                            "gitAuth": {"githubApp": {"appID": secret(secret_name, "appID"),
+                                "installationID": secret(secret_name, "installationID"),
+                                    "privateKey": secret(secret_name, "privateKey")}}}}),
         )
         .await;
     }

@@ -47,8 +47,8 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
 }
 
 fn container(docs: &[Value]) -> &Value {
-    &find(docs, "Deployment", "pko-operator").expect("the operator Deployment")["spec"]["template"]["spec"]["containers"]
-        [0]
+    let deployment = find(docs, "Deployment", "pko-operator").expect("the operator Deployment");
+    &deployment["spec"]["template"]["spec"]["containers"][0]
 }
 
 fn args(docs: &[Value]) -> Vec<String> {

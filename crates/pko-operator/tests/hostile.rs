@@ -83,7 +83,8 @@ async fn option_like_repositories_and_refs_stall_and_run_nothing() {
         ),
         (
             "ext",
-            json!({"stack": "dev", "projectRepo": format!("ext::touch%S{}", marks.join("ext").display()), "branch": "main"}),
+            json!({"stack": "dev", "projectRepo": format!("ext::touch%S{}", marks.join("ext").display()),
+                "branch": "main"}),
             "remote helper",
         ),
     ];
@@ -99,7 +100,10 @@ async fn option_like_repositories_and_refs_stall_and_run_nothing() {
     task.abort();
 }
 
-const PROGRAM: &str = r#"{"resources": {"hi": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}, "outputs": {"out": "${hi.stdout}"}}"#;
+const PROGRAM: &str = concat!(
+    r#"{"resources": {"hi": {"type": "command:local:Command", "properties": {"create": "echo hi"}}}, "#,
+    r#""outputs": {"out": "${hi.stdout}"}}"#
+);
 
 #[tokio::test]
 async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
@@ -107,31 +111,39 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     create(
         &ns.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": serde_json::from_str::<serde_json::Value>(PROGRAM).unwrap()}),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+            "program": serde_json::from_str::<serde_json::Value>(PROGRAM).unwrap()}),
     )
     .await;
     let stacks = ns.api::<Stack>();
     let base = |extra: serde_json::Value| {
         let mut spec = json!({"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
-            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}});
+            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}});
         spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         spec
     };
 
     // an admission policy of this namespace refuses Updates with a label our validation accepts
     let vap_name = format!("pko-hostile-{}", ns.name());
-    let policy: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": vap_name},
-        "spec": {"failurePolicy": "Fail",
-                 "matchConstraints": {"resourceRules": [{"apiGroups": ["auto.pulumi.com"], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["updates", "workspaces"]}]},
-                 "validations": [{"expression": "!has(object.metadata.labels) || !('pko-hostile-refuse' in object.metadata.labels)",
-                                  "message": "objects labelled pko-hostile-refuse are not allowed here"}]}
-    }))
-    .unwrap();
+    let policy: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
+        serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": vap_name},
+            "spec": {"failurePolicy": "Fail",
+                     "matchConstraints": {"resourceRules": [{"apiGroups": ["auto.pulumi.com"], "apiVersions": ["*"],
+                         "operations": ["CREATE"], "resources": ["updates", "workspaces"]}]},
+                     "validations": [{"expression": "!has(object.metadata.labels) || !('pko-hostile-refuse' in \
+                         object.metadata.labels)",
+                                      "message": "objects labelled pko-hostile-refuse are not allowed here"}]}
+        }))
+        .unwrap();
     let policies = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(client.clone());
     policies.create(&PostParams::default(), &policy).await.unwrap();
-    let binding: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": vap_name},
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": vap_name},
         "spec": {"policyName": vap_name, "validationActions": ["Deny"],
                  "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}}}}
     }))
@@ -141,7 +153,8 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
     bindings.create(&PostParams::default(), &binding).await.unwrap();
     // the policy is enforced once the API server has loaded it
     let probe: Update = serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
-        "metadata": {"name": "probe", "labels": {"pko-hostile-refuse": "yes"}}, "spec": {"workspaceName": "none", "stackName": "dev", "type": "preview"}}))
+        "metadata": {"name": "probe", "labels": {"pko-hostile-refuse": "yes"}}, "spec": {"workspaceName": "none",
+            "stackName": "dev", "type": "preview"}}))
     .unwrap();
     eventually("the admission policy is enforced", 30, || async {
         match ns.api::<Update>().create(&PostParams::default(), &probe).await {
@@ -202,7 +215,8 @@ async fn refused_templates_stall_naming_the_field_without_a_write_loop() {
         .patch(
             "refused-by-policy",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"updateTemplate": {"metadata": {"labels": {"pko-hostile-refuse": null, "fine": "yes"}}}}})),
+            &kube::api::Patch::Merge(json!({"spec": {"updateTemplate": {"metadata":
+                {"labels": {"pko-hostile-refuse": null, "fine": "yes"}}}}})),
         )
         .await
         .unwrap();
@@ -226,11 +240,17 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     let out = env.dir().join("out");
     std::fs::create_dir_all(&out).unwrap();
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"lower": "value-of-lower", "upper": "VALUE-OF-UPPER"}}))
-        .await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"},
+        "stringData": {"lower": "value-of-lower", "upper": "VALUE-OF-UPPER"}}),
+    )
+    .await;
     let program = json!({
         "configuration": {"dbpass": {"type": "String"}, "dbPass": {"type": "String"}},
-        "resources": {"w": {"type": "command:local:Command", "properties": {"create": format!("echo ${{dbpass}} > {0}/lower; echo ${{dbPass}} > {0}/upper", out.display())}}}
+        "resources": {"w": {"type": "command:local:Command",
+            "properties": {"create": format!("echo ${{dbpass}} > {0}/lower; echo ${{dbPass}} > {0}/upper",
+                out.display())}}}
     });
     create(
         &ns.api::<Program>(),
@@ -243,7 +263,8 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
         stack(
             "collide",
             json!({"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
-               "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}},
+               "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                   "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}},
                "secretsRef": {"dbpass": {"type": "Secret", "secret": {"name": "db", "key": "lower"}},
                               "dbPass": {"type": "Secret", "secret": {"name": "db", "key": "upper"}}}}),
         ),
@@ -297,7 +318,8 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
     let op2 = InProcessOperator::start(&client, &env, ns2.name()).await;
     create(
         &ns2.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": serde_json::from_str::<serde_json::Value>(PROGRAM).unwrap()}),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+            "program": serde_json::from_str::<serde_json::Value>(PROGRAM).unwrap()}),
     )
     .await;
     create(
@@ -305,8 +327,10 @@ async fn case_colliding_secret_keys_reach_the_program_apart_and_a_secret_is_read
         stack(
             "bypass",
             json!({"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
-               "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}},
-                           "KUBECONFIG": {"type": "Literal", "literal": {"value": testbed().kubeconfig().display().to_string()}}},
+               "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                   "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}},
+                           "KUBECONFIG": {"type": "Literal",
+                               "literal": {"value": testbed().kubeconfig().display().to_string()}}},
                "secretsRef": {"pw": {"type": "Secret", "secret": {"name": "db", "key": "lower"}}}}),
         ),
     )
@@ -478,7 +502,8 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     let crbs = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone());
     crbs.create(
         &PostParams::default(),
-        &serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        &serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns.name()}]}))
         .unwrap(),

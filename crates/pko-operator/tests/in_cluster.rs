@@ -117,7 +117,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     common::passphrase_secret(ns).await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "api"}, "stringData": {"token": "t0ken-Secret-val"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "api"},
+            "stringData": {"token": "t0ken-Secret-val"}}),
     )
     .await;
 
@@ -125,12 +126,15 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     create(
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": {
-            "configuration": {"greeting": {"type": "String"}, "token": {"type": "String"}, "pause": {"type": "String", "default": "0"}},
+            "configuration": {"greeting": {"type": "String"}, "token": {"type": "String"}, "pause": {"type": "String",
+                "default": "0"}},
             "resources": {
-                "hello": {"type": "command:local:Command", "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}},
+                "hello": {"type": "command:local:Command",
+                    "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}},
                 "tok": {"type": "command:local:Command", "properties": {"create": "echo ${token}"}},
                 // envSecrets (envFrom) and the downward API reach the program in the pod
-                "envs": {"type": "command:local:Command", "properties": {"create": "printf '%s:%s:%s' \"$(printenv token | wc -c)\" \"$MY_NS\" \"$MY_IP\""}}
+                "envs": {"type": "command:local:Command",
+                    "properties": {"create": "printf '%s:%s:%s' \"$(printenv token | wc -c)\" \"$MY_NS\" \"$MY_IP\""}}
             },
             "outputs": {"said": "${hello.stdout}", "tokenLength": "${tok.stdout}", "envs": "${envs.stdout}"}
         }}),
@@ -142,7 +146,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         "prog-stack",
         tag,
         state_dir,
-        json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "envSecrets": ["api"], "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
+        json!({"programRef": {"name": "prog"}, "config": {"greeting": "hello"}, "envSecrets": ["api"],
+            "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}),
     );
     let ws_env = prog_stack["spec"]["workspaceTemplate"]["spec"]["env"].as_array_mut().unwrap();
     ws_env.push(json!({"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}));
@@ -236,7 +241,8 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
         "proj.git",
         &[(
             "app/Pulumi.yaml",
-            "name: gitproj\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo from-git\noutputs:\n  out: ${c.stdout}\n",
+            "name: gitproj\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      \
+                create: echo from-git\noutputs:\n  out: ${c.stdout}\n",
         )],
     );
     let server = pko_testbed::git::GitHttpServer::start(&git_root, &format!("{}:0", node.ip), None).await.unwrap();
@@ -263,10 +269,12 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     // PKO's "fetch the source yourself": a Stack with no source gets a source-less Workspace, whose
     // pod's own init container puts the program in /share/workspace; the agent runs it there
     let mut bare = stack_spec("bare-stack", tag, state_dir, json!({}));
-    let program = "name: bare\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo from-init-container\noutputs:\n  out: ${c.stdout}\n";
+    let program = "name: bare\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    \
+        properties:\n      create: echo from-init-container\noutputs:\n  out: ${c.stdout}\n";
     bare["spec"]["workspaceTemplate"]["spec"]["podTemplate"]["spec"]["initContainers"] = json!([{
         "name": "fetch-source", "image": format!("pko-workspace:{tag}"), "imagePullPolicy": "IfNotPresent",
-        "command": ["sh", "-c", format!("mkdir -p /share/workspace && printf '{program}' > /share/workspace/Pulumi.yaml")],
+        "command": ["sh", "-c",
+            format!("mkdir -p /share/workspace && printf '{program}' > /share/workspace/Pulumi.yaml")],
         "volumeMounts": [{"name": "share", "mountPath": "/share"}]
     }]);
     create(&stacks, bare).await;
@@ -301,7 +309,18 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     // pod's agent refuses the operator's check: Workspace Ready False Unauthenticated naming the fix,
     // a ConnectionFailure event, the Stack waiting with that reason; the binding mends it.
     kubectl(&["create", "serviceaccount", "-n", ns.name(), "deployer"]);
-    create(&stacks, stack_spec("unauth-stack", tag, state_dir, json!({"programRef": {"name": "prog"}, "serviceAccountName": "deployer", "config": {"greeting": "hi"}, "secretsRef": {"token": {"type": "Secret", "secret": {"name": "api", "key": "token"}}}}))).await;
+    create(
+        &stacks,
+        stack_spec(
+            "unauth-stack",
+            tag,
+            state_dir,
+            json!({"programRef": {"name": "prog"},
+        "serviceAccountName": "deployer", "config": {"greeting": "hi"}, "secretsRef": {"token": {"type": "Secret",
+            "secret": {"name": "api", "key": "token"}}}}),
+        ),
+    )
+    .await;
     wait_for("the Workspace Unauthenticated", 180, ns.name(), op_ns, || async {
         workspaces.get("unauth-stack").await.is_ok_and(|w| {
             w.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {

@@ -253,7 +253,8 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     .await;
     assert_eq!(of_beta().await, before + 1, "the change ran exactly once");
     eprintln!(
-        "operator container of {holder} SIGKILLed: beta's change Ready {:.1} s after the kill (shard {shard} now held by {:?})",
+        "operator container of {holder} SIGKILLed: beta's change Ready {:.1} s after the kill (shard {shard} now held \
+            by {:?})",
         t.elapsed().as_secs_f64(),
         shard_holders(&leases, "pko").await.get(&shard)
     );

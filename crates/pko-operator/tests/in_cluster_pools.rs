@@ -44,7 +44,8 @@ async fn isolation_turns(ns: &pko_testbed::TestNamespace, op_ns: &str, tag: &str
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "probe"}, "program": {
             "resources": {
-                "probe": {"type": "command:local:Command", "properties": {"dir": "${pulumi.cwd}", "environment": {"STACK": "${pulumi.stack}"}, "create": pko_testbed::probe::ISOLATION_PROBE}},
+                "probe": {"type": "command:local:Command", "properties": {"dir": "${pulumi.cwd}",
+                    "environment": {"STACK": "${pulumi.stack}"}, "create": pko_testbed::probe::ISOLATION_PROBE}},
                 "host": {"type": "command:local:Command", "properties": {"create": "hostname"}}},
             "outputs": {"report": "${probe.stdout}", "host": "${host.stdout}"}
         }}),
@@ -113,7 +114,8 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
         &ns.api::<pko_api::Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": {
             "configuration": {"greeting": {"type": "String"}, "pause": {"type": "String", "default": "0"}},
-            "resources": {"hello": {"type": "command:local:Command", "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}}},
+            "resources": {"hello": {"type": "command:local:Command",
+                "properties": {"create": "sleep ${pause}; echo ${greeting} from $(hostname)"}}},
             "outputs": {"said": "${hello.stdout}"}
         }}),
     )

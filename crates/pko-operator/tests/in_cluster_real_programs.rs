@@ -27,14 +27,17 @@ fn program() -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "web"}, "program": {
         "configuration": {"ns": {"type": "String"}, "greeting": {"type": "String"}},
         "resources": {
-            "config": {"type": "kubernetes:core/v1:ConfigMap", "properties": {"metadata": {"name": "web-config", "namespace": "${ns}"}, "data": {"greeting": "${greeting}"}}},
+            "config": {"type": "kubernetes:core/v1:ConfigMap", "properties": {"metadata": {"name": "web-config",
+                "namespace": "${ns}"}, "data": {"greeting": "${greeting}"}}},
             "app": {"type": "kubernetes:apps/v1:Deployment", "properties": {
                 "metadata": {"name": "web", "namespace": "${ns}"},
                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
                          "template": {"metadata": {"labels": {"app": "web"}},
-                                      "spec": {"containers": [{"name": "web", "image": "nginx:1.27-alpine", "envFrom": [{"configMapRef": {"name": "${config.metadata.name}"}}]}]}}}}},
+                                      "spec": {"containers": [{"name": "web", "image": "nginx:1.27-alpine",
+                                          "envFrom": [{"configMapRef": {"name": "${config.metadata.name}"}}]}]}}}}},
             "svc": {"type": "kubernetes:core/v1:Service", "properties": {
-                "metadata": {"name": "web", "namespace": "${ns}"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}}}
+                "metadata": {"name": "web", "namespace": "${ns}"}, "spec": {"selector": {"app": "web"},
+                    "ports": [{"port": 80}]}}}
         },
         "outputs": {"deployment": "${app.metadata.name}", "clusterIP": "${svc.spec.clusterIP}"}
     }})
@@ -121,7 +124,8 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
         "web",
         tag,
         state_dir,
-        json!({"programRef": {"name": "web"}, "config": {"ns": ns.name(), "greeting": "hello"}, "destroyOnFinalize": true}),
+        json!({"programRef": {"name": "web"}, "config": {"ns": ns.name(), "greeting": "hello"},
+            "destroyOnFinalize": true}),
     );
     stack["spec"]["workspaceTemplate"]["spec"]["resources"] = json!({"limits": {"memory": "2Gi"}});
     create(&stacks, stack).await;
@@ -166,7 +170,8 @@ async fn a_program_of_kubernetes_resources_deploys_from_a_workspace_pod_with_its
 
     let peak = workspace_peak_memory(ns.name(), "web-workspace-0");
     eprintln!(
-        "workspace container peak memory usage during up (agent, pulumi, YAML host, kubernetes provider; page cache included): {} MiB",
+        "workspace container peak memory usage during up (agent, pulumi, YAML host, kubernetes provider; page cache \
+            included): {} MiB",
         peak >> 20
     );
     assert!(peak < 2 << 30, "within the 2 GiB limit");
@@ -206,7 +211,8 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster:
         "goapp",
         tag,
         state_dir,
-        json!({"projectRepo": git.url("goapp.git"), "branch": "main", "config": {"ns": ns.name(), "greeting": "hej"}, "destroyOnFinalize": true}),
+        json!({"projectRepo": git.url("goapp.git"), "branch": "main", "config": {"ns": ns.name(), "greeting": "hej"},
+            "destroyOnFinalize": true}),
     );
     let ws = &mut stack["spec"]["workspaceTemplate"]["spec"];
     ws["resources"] = json!({"limits": {"memory": "3Gi"}});
@@ -246,7 +252,8 @@ async fn a_go_program_builds_and_deploys_in_a_workspace_pod(t: &common::cluster:
     // the Go build cache it writes fills the page cache up to the limit: usage, not the build's RSS
     // (1.3 GiB for the agent's tree on the host, benches/real_kubernetes.rs)
     eprintln!(
-        "workspace container peak memory usage, Go program (go build of the SDK, page cache included; limit 3 GiB): {} MiB",
+        "workspace container peak memory usage, Go program (go build of the SDK, page cache included; limit 3 GiB): {} \
+            MiB",
         peak >> 20
     );
 

@@ -121,7 +121,8 @@ async fn a_rollout_during_a_running_up_has_one_dispatcher_at_a_time() {
     let trace = env.dir().join("trace.txt");
     let lock = env.dir().join("run.lock");
     let create = format!(
-        "exec 9>>{lock}; flock -n 9 || echo overlap >> {trace}; flock 9; echo start >> {trace}; sleep 8; echo end >> {trace}",
+        "exec 9>>{lock}; flock -n 9 || echo overlap >> {trace}; flock 9; echo start >> {trace}; sleep 8; echo end >> \
+            {trace}",
         lock = lock.display(),
         trace = trace.display()
     );

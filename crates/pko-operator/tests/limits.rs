@@ -31,7 +31,8 @@ async fn failed_update(updates: &kube::Api<Update>, stack: &str) -> Update {
 
 /// Stack `name` (also its stack name) of Program `prog` ([`passphrase_and_program`]) with `extra` spec fields.
 async fn stack_of(ns: &pko_testbed::TestNamespace, env: &pko_testbed::PulumiEnv, name: &str, extra: serde_json::Value) {
-    let mut spec = json!({"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs()});
+    let mut spec = json!({"stack": name, "programRef": {"name": "prog"}, "backend": env.backend_url(),
+        "envRefs": passphrase_env_refs()});
     spec.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
     create(
         &ns.api::<Stack>(),

@@ -22,7 +22,8 @@ fn workspace(name: &str, sa: &str, dir: &std::path::Path, backend: &str) -> serd
     json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
            "spec": {"serviceAccountName": sa, "local": {"dir": dir.display().to_string()},
                     "env": [{"name": "PULUMI_BACKEND_URL", "value": backend},
-                            {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase", "key": "value"}}}],
+                            {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase",
+                                "key": "value"}}}],
                     "stacks": [{"name": "dev", "create": true}]}})
 }
 
@@ -40,8 +41,12 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
         )
         .await;
     }
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
-        .await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"},
+        "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}),
+    )
+    .await;
     // no Role for either account: Secret references are resolved by the operator (PKO's RBAC)
     for sa in ["runner", "nobody"] {
         let out = bed
@@ -64,7 +69,8 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     let dir = project(
         &env,
         "local",
-        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  out: ${a.stdout}\n",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo local\noutputs:\n  \
+            out: ${a.stdout}\n",
     );
     let agent_bin = agent_bin();
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
@@ -100,7 +106,8 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
             &updates,
             owned_update(
                 &ns.api::<pko_api::Workspace>(),
-                json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u}, "spec": {"workspaceName": w, "stackName": stack, "type": "up"}}),
+                json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": u},
+                    "spec": {"workspaceName": w, "stackName": stack, "type": "up"}}),
             )
             .await,
         )
@@ -118,7 +125,9 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
         let review: k8s_openapi::api::authentication::v1::TokenReview = kube::Api::all(client.clone())
             .create(
                 &Default::default(),
-                &serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token.trim()}})).unwrap(),
+                &serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                    "spec": {"token": token.trim()}}))
+                .unwrap(),
             )
             .await
             .unwrap();
@@ -138,7 +147,17 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
         wss.get("allowed").await.unwrap().status.unwrap().address.is_some_and(|a| a != address)
     })
     .await;
-    create(&updates, owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed", "stackName": "dev", "type": "up"}})).await).await;
+    create(
+        &updates,
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1",
+        "kind": "Update", "metadata": {"name": "after-restart"}, "spec": {"workspaceName": "allowed",
+            "stackName": "dev", "type": "up"}}),
+        )
+        .await,
+    )
+    .await;
     eventually("the next update completes on the new agent", 90, || async {
         condition(&updates.get("after-restart").await.unwrap(), "Complete") == Some(("True".into(), "Updated".into()))
     })

@@ -59,7 +59,8 @@ async fn account(client: &kube::Client, ns: &str, name: &str, allowed_in: &str) 
         .create(&PostParams::default(), &serde_json::from_value(role).unwrap())
         .await
         .unwrap();
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name},
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name},
                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]});
     Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), allowed_in)
@@ -101,15 +102,18 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
-               "program": {"resources": {"first": {"type": "command:local:Command", "properties": {"create": "echo first"}},
-                                         "slow": {"type": "command:local:Command", "properties": {"create": "sleep 20; echo done"},
+               "program": {"resources": {"first": {"type": "command:local:Command",
+                   "properties": {"create": "echo first"}},
+                                         "slow": {"type": "command:local:Command",
+                                             "properties": {"create": "sleep 20; echo done"},
                                                   "options": {"dependsOn": ["${first}"]}}}}}),
     )
     .await;
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "leaky"},
-               "program": {"configuration": {"pw": {"type": "String"}}, "resources": {"boom": {"type": "command:local:Command",
+               "program": {"configuration": {"pw": {"type": "String"}},
+                   "resources": {"boom": {"type": "command:local:Command",
                            "properties": {"create": "echo \"pw=$PW\" >&2; exit 3", "environment": {"PW": "${pw}"}}}}}}),
     )
     .await;
@@ -129,8 +133,10 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
         create(
             &ns.api::<Stack>(),
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
-                   "spec": {"stack": "dev", "programRef": {"name": name}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
-                            "secretsRef": if name == "leaky" { json!({"pw": {"type": "Literal", "literal": {"value": secret}}}) } else { json!({}) }}}),
+                   "spec": {"stack": "dev", "programRef": {"name": name}, "backend": env.backend_url(),
+                       "envRefs": passphrase_env_refs(),
+                            "secretsRef": if name == "leaky" { json!({"pw": {"type": "Literal",
+                                "literal": {"value": secret}}}) } else { json!({}) }}}),
         )
         .await;
     }

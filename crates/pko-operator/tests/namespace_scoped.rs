@@ -46,9 +46,12 @@ async fn client_as(token: &str) -> kube::Client {
 async fn grant_operator_role(ns: &pko_testbed::TestNamespace, account_ns: &str) {
     create(
         &ns.api::<k8s_openapi::api::rbac::v1::Role>(),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "operator"}, "rules": [
-            {"apiGroups": ["pulumi.com"], "resources": ["stacks", "programs", "stacks/status", "programs/status", "stacks/finalizers"], "verbs": ["get", "list", "watch", "patch", "update"]},
-            {"apiGroups": ["auto.pulumi.com"], "resources": ["workspaces", "updates", "workspaces/status", "updates/status"], "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "operator"},
+            "rules": [
+            {"apiGroups": ["pulumi.com"], "resources": ["stacks", "programs", "stacks/status", "programs/status",
+                "stacks/finalizers"], "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["auto.pulumi.com"], "resources": ["workspaces", "updates", "workspaces/status",
+                "updates/status"], "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
             {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "list", "watch", "create"]},
             {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
@@ -98,14 +101,16 @@ async fn an_operator_with_only_namespaced_roles_runs_stacks_in_two_namespaces() 
         create(
             &n.api::<Program>(),
             json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-                   "program": {"resources": {"hi": {"type": "command:local:Command", "properties": {"create": format!("echo scoped-{i}")}}}, "outputs": {"out": "${hi.stdout}"}}}),
+                   "program": {"resources": {"hi": {"type": "command:local:Command",
+                       "properties": {"create": format!("echo scoped-{i}")}}}, "outputs": {"out": "${hi.stdout}"}}}),
         )
         .await;
         create(
             &n.api::<Stack>(),
             json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"},
                    "spec": {"stack": format!("dev-{i}"), "programRef": {"name": "p"}, "backend": env.backend_url(),
-                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
+                            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                                "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
         )
         .await;
     }

@@ -73,7 +73,8 @@ async fn sigkilled_operator_reattaches(
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "slow"},
-        "program": {"resources": {"s": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo run >> {}", runs.display())}}}}}),
+        "program": {"resources": {"s": {"type": "command:local:Command",
+            "properties": {"create": format!("sleep 8; echo run >> {}", runs.display())}}}}}),
     )
     .await;
     create(

@@ -103,7 +103,8 @@ async fn example_secrets(ns: &pko_testbed::TestNamespace) {
     passphrase_secret(ns).await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"}, "stringData": {"accessToken": "unused-with-a-file-backend"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi-api-secret"},
+            "stringData": {"accessToken": "unused-with-a-file-backend"}}),
     )
     .await;
 }

@@ -89,12 +89,14 @@ fn stack(env: &pko_testbed::PulumiEnv, name: &str, program: &str, server: &str) 
                     "workspaceTemplate": {"spec": {"env": [
                         {"name": "PULUMI_IGNORE_AMBIENT_PLUGINS", "value": "true"},
                         {"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "false"},
-                        {"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", "value": format!("^github://api.github.com/pulumi={server}")}]}}}})
+                        {"name": "PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES",
+                            "value": format!("^github://api.github.com/pulumi={server}")}]}}}})
 }
 
 fn program(name: &str, version: &str) -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
-           "program": {"resources": {"hello": {"type": "command:local:Command", "properties": {"create": "echo plugged in"}, "options": {"version": version}}},
+           "program": {"resources": {"hello": {"type": "command:local:Command",
+               "properties": {"create": "echo plugged in"}, "options": {"version": version}}},
                        "outputs": {"out": "${hello.stdout}"}}})
 }
 

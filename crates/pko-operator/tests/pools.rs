@@ -94,7 +94,8 @@ async fn stacks_share_a_pool_that_grows_to_its_maximum_and_empties_when_idle() {
     let runs = env.dir().join("runs.txt");
     passphrase_and_program(
         &ns,
-        json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": format!("sleep 2; echo ${{pulumi.stack}} >> {}", runs.display())}}}}),
+        json!({"resources": {"r": {"type": "command:local:Command",
+            "properties": {"create": format!("sleep 2; echo ${{pulumi.stack}} >> {}", runs.display())}}}}),
     )
     .await;
     let args = run_args_with(
@@ -190,7 +191,8 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "probe"},
                "configuration": {"n": {"type": "String", "default": "0"}},
                "program": {"resources": {"probe": {"type": "command:local:Command", "properties": {
-                   "dir": "${pulumi.cwd}", "environment": {"STACK": "${pulumi.stack}", "N": "${n}"}, "create": pko_testbed::probe::ISOLATION_PROBE}}},
+                   "dir": "${pulumi.cwd}", "environment": {"STACK": "${pulumi.stack}", "N": "${n}"},
+                       "create": pko_testbed::probe::ISOLATION_PROBE}}},
                  "outputs": {"report": "${probe.stdout}"}}}),
     )
     .await;
@@ -207,7 +209,8 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
         let mut refs = passphrase_env_refs();
         refs[format!("ONLY_{name}")] = json!({"type": "Literal", "literal": {"value": "1"}});
         refs["OP_SECRET"] = json!({"type": "Literal", "literal": {"value": format!("secret-of-{name}")}});
-        let spec = json!({"stack": name, "programRef": {"name": "probe"}, "backend": env.backend_url(), "config": {"n": turn.to_string()}, "envRefs": refs});
+        let spec = json!({"stack": name, "programRef": {"name": "probe"}, "backend": env.backend_url(),
+            "config": {"n": turn.to_string()}, "envRefs": refs});
         if turn < 2 {
             create(
                 &stacks,
@@ -259,8 +262,10 @@ async fn two_step_up_in_flight(
     passphrase_and_program(
         ns,
         json!({"resources": {
-            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}", runs.display())}},
-            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())}, "options": {"dependsOn": ["${a}"]}}}}),
+            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 6; echo a >> {}",
+                runs.display())}},
+            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", runs.display())},
+                "options": {"dependsOn": ["${a}"]}}}}),
     )
     .await;
     let args = run_args_with(

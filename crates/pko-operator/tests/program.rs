@@ -60,7 +60,8 @@ fn program_named(name: &str) -> Program {
         "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
         "program": {
             "configuration": {"greeting": {"type": "String", "default": "hi"}},
-            "resources": {"greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting} there"}}},
+            "resources": {"greet": {"type": "command:local:Command",
+                "properties": {"create": "echo ${greeting} there"}}},
             "outputs": {"message": "${greet.stdout}"}
         }
     }))

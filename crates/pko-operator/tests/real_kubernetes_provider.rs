@@ -29,18 +29,22 @@ fn program() -> serde_json::Value {
         "configuration": {"ns": {"type": "String"}, "greeting": {"type": "String"}},
         "resources": {
             "config": {"type": "kubernetes:core/v1:ConfigMap",
-                       "properties": {"metadata": {"name": "app-config", "namespace": "${ns}"}, "data": {"greeting": "${greeting}"}}},
+                       "properties": {"metadata": {"name": "app-config", "namespace": "${ns}"},
+                           "data": {"greeting": "${greeting}"}}},
             "app": {"type": "kubernetes:apps/v1:Deployment",
                     "properties": {"metadata": {"name": "app", "namespace": "${ns}", "annotations": skip_await},
                                    "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "app"}},
                                             "template": {"metadata": {"labels": {"app": "app"}},
-                                                         "spec": {"containers": [{"name": "app", "image": "pko.local/app:1",
-                                                                                  "envFrom": [{"configMapRef": {"name": "${config.metadata.name}"}}]}]}}}}},
+                                                         "spec": {"containers": [{"name": "app",
+                                                             "image": "pko.local/app:1",
+                                                             "envFrom": [{"configMapRef":
+                                                                 {"name": "${config.metadata.name}"}}]}]}}}}},
             "web": {"type": "kubernetes:core/v1:Service",
                     "properties": {"metadata": {"name": "web", "namespace": "${ns}", "annotations": skip_await},
                                    "spec": {"selector": {"app": "app"}, "ports": [{"port": 80, "targetPort": 8080}]}}}
         },
-        "outputs": {"configMap": "${config.metadata.name}", "deployment": "${app.metadata.name}", "clusterIP": "${web.spec.clusterIP}"}
+        "outputs": {"configMap": "${config.metadata.name}", "deployment": "${app.metadata.name}",
+            "clusterIP": "${web.spec.clusterIP}"}
     }})
 }
 
@@ -87,7 +91,8 @@ async fn a_program_of_kubernetes_resources_deploys_drifts_is_remediated_and_is_d
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
-               "spec": {"stack": "dev", "programRef": {"name": "app"}, "backend": env.backend_url(), "destroyOnFinalize": true,
+               "spec": {"stack": "dev", "programRef": {"name": "app"}, "backend": env.backend_url(),
+                   "destroyOnFinalize": true,
                         "envRefs": env_refs(), "config": {"ns": ns.name(), "greeting": "hello"}}}),
     )
     .await;
@@ -205,7 +210,8 @@ async fn deploy_check_destroy(
     passphrase_secret(&ns).await;
     let op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
-    let mut full = json!({"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true, "envRefs": env_refs(), "config": {"ns": ns.name(), "greeting": "hallo"}});
+    let mut full = json!({"stack": "dev", "backend": env.backend_url(), "destroyOnFinalize": true,
+        "envRefs": env_refs(), "config": {"ns": ns.name(), "greeting": "hallo"}});
     for (k, v) in spec.as_object().unwrap() {
         match (full.get_mut(k), v) {
             (Some(serde_json::Value::Object(have)), serde_json::Value::Object(more)) => have.extend(more.clone()),

@@ -63,8 +63,10 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     passphrase_and_program(
         &ns,
         json!({"resources": {
-            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo a >> {}", trace.display())}},
-            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", trace.display())}, "options": {"dependsOn": ["${a}"]}}}}),
+            "a": {"type": "command:local:Command", "properties": {"create": format!("sleep 8; echo a >> {}",
+                trace.display())}},
+            "b": {"type": "command:local:Command", "properties": {"create": format!("echo b >> {}", trace.display())},
+                "options": {"dependsOn": ["${a}"]}}}}),
     )
     .await;
     let prefix = testbed().redis_prefix("crash");

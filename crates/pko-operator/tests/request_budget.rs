@@ -157,7 +157,12 @@ fn requests_are_classified_as_the_api_server_names_them() {
 #[tokio::test]
 async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     let (_client, ns, env) = setup("budget").await;
-    passphrase_and_program(&ns, json!({"resources": {"r": {"type": "command:local:Command", "properties": {"create": "echo ${n}"}}}, "config": {"n": {"type": "string"}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"r": {"type": "command:local:Command",
+        "properties": {"create": "echo ${n}"}}}, "config": {"n": {"type": "string"}}}),
+    )
+    .await;
     let counts: Counts = Arc::default();
     let operator_client = counting_client(counts.clone()).await;
     let op = InProcessOperator::start(&operator_client, &env, ns.name()).await;
@@ -199,7 +204,8 @@ async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     assert!(total <= BUDGET, "an operation costs {total:.2} API requests, over the budget of {BUDGET}");
     assert!(
         total >= 5.0,
-        "an operation makes at least its writes (Update created, its status twice, the Stack's status, the outputs Secret)"
+        "an operation makes at least its writes (Update created, its status twice, the Stack's status, the outputs \
+            Secret)"
     );
     // the hot path reads its Stacks, Updates and Secrets from the caches (measured 0.26 of 50
     // operations' GETs and first LISTs together, each Secret read once; before the cuts 11.6)
@@ -250,7 +256,8 @@ async fn an_operation_costs_at_most_the_budget_in_api_requests() {
     );
 }
 
-/// Prints the per-operation table of `run` (`operations` operations; WATCHes and the count of refusals left out) under `title`;
+/// Prints the per-operation table of `run` (`operations` operations; WATCHes and the count of refusals left out) under
+/// `title`;
 /// returns the total per operation.
 fn table(title: &str, run: &BTreeMap<(String, String), f64>, operations: f64, budget: f64) -> f64 {
     let mut per_op: Vec<(String, String, f64)> = run

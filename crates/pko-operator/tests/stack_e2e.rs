@@ -54,16 +54,22 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
             "the workspace's service account may not get {resource}"
         );
     }
-    create(&ns.api::<k8s_openapi::api::core::v1::ConfigMap>(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}))
-        .await;
     create(
         &ns.api::<k8s_openapi::api::core::v1::ConfigMap>(),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "zones"}, "data": {"zone": "z1", "region": "overridden", "1st": "skipped, as the kubelet does"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings"}, "data": {"region": "eu-west-9"}}),
+    )
+    .await;
+    create(
+        &ns.api::<k8s_openapi::api::core::v1::ConfigMap>(),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "zones"}, "data": {"zone": "z1",
+            "region": "overridden", "1st": "skipped, as the kubelet does"}}),
     )
     .await;
     create(
         &ns.api::<Secret>(),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"}, "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pulumi"},
+            "stringData": {"passphrase": pko_testbed::PulumiEnv::PASSPHRASE, "apiKey": "k3y-Secret-val"}}),
     )
     .await;
     create(
@@ -72,11 +78,14 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
         "program": {
             "configuration": {"greeting": {"type": "String"}, "apiKey": {"type": "String"}},
             "resources": {
-                "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}", "delete": format!("echo destroyed > {}", marker.display())}},
+                "greet": {"type": "command:local:Command", "properties": {"create": "echo ${greeting}",
+                    "delete": format!("echo destroyed > {}", marker.display())}},
                 "key": {"type": "command:local:Command", "properties": {"create": "echo ${apiKey}"}},
                 // Workspace env (key refs, the downward API) and Stack envs/envSecrets (envFrom) reach the program
                 "env": {"type": "command:local:Command", "properties": {"create": format!(
-                    "test \"$FROM_SECRET\" = k3y-Secret-val && test \"$apiKey\" = k3y-Secret-val && test \"$zone\" = z1 && test \"$MY_NS\" = {} && test \"$MY_SA\" = default && test \"$region\" = overridden && echo \"$FROM_CM\"",
+                    "test \"$FROM_SECRET\" = k3y-Secret-val && test \"$apiKey\" = k3y-Secret-val && test \"$zone\" = \
+                        z1 && test \"$MY_NS\" = {} && test \"$MY_SA\" = default && test \"$region\" = overridden && \
+                            echo \"$FROM_CM\"",
                     ns.name())}}
             },
             "outputs": {"message": "${greet.stdout}", "key": "${key.stdout}", "fromEnv": "${env.stdout}"}
@@ -86,17 +95,21 @@ async fn program_stack_becomes_ready_and_is_destroyed_on_delete() {
     create(
         &ns.api::<Stack>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "hello"},
-               "spec": {"stack": "dev", "programRef": {"name": "hello"}, "backend": env.backend_url(), "destroyOnFinalize": true,
-                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}},
+               "spec": {"stack": "dev", "programRef": {"name": "hello"}, "backend": env.backend_url(),
+                   "destroyOnFinalize": true,
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
+                            "key": "passphrase"}}},
                         "config": {"greeting": "bonjour"},
                         "envs": ["settings", "zones"],
                         "envSecrets": ["pulumi"],
                         "secretsRef": {"apiKey": {"type": "Secret", "secret": {"name": "pulumi", "key": "apiKey"}}},
                         "workspaceTemplate": {"spec": {"env": [
-                            {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
+                            {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "settings",
+                                "key": "region"}}},
                             {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "pulumi", "key": "apiKey"}}},
                             {"name": "MY_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                            {"name": "MY_SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}}}}),
+                            {"name": "MY_SA",
+                                "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}}}}),
     )
     .await;
     let stacks = ns.api::<Stack>();
@@ -193,7 +206,10 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     let (client, ns, _env) = setup("stall").await;
     let task = start_stack_controller(&client, ns.name());
     let stacks = ns.api::<Stack>();
-    let stack = |name: &str, spec: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
+    let stack = |name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+        "metadata": {"name": name}, "spec": spec})
+    };
     create(&stacks, stack("no-program", json!({"stack": "dev", "programRef": {"name": "missing"}}))).await;
     create(
         &stacks,
@@ -204,7 +220,8 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
         &stacks,
         stack(
             "env-ref",
-            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git",
+                "commit": "0123456789abcdef0123456789abcdef01234567",
                                 "envRefs": {"TOKEN": {"type": "Env", "env": {"name": "HOME"}}}}),
         ),
     )
@@ -214,16 +231,29 @@ async fn unavailable_sources_and_invalid_specs_stall_the_stack() {
     create(&stacks, stack("no-ref", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git"}))).await;
     create(
         &stacks,
-        stack("both-refs", json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main"})),
+        stack(
+            "both-refs",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git",
+            "commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main"}),
+        ),
     )
     .await;
-    create(&stacks, stack("git-wins", json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git", "branch": "main", "programRef": {"name": "missing"}}))).await;
+    create(
+        &stacks,
+        stack(
+            "git-wins",
+            json!({"stack": "dev", "projectRepo": "git://127.0.0.1:1/nothing.git",
+        "branch": "main", "programRef": {"name": "missing"}}),
+        ),
+    )
+    .await;
     // a service account name that cannot exist: judged before any request names it
     create(
         &stacks,
         stack(
             "bad-sa",
-            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git", "commit": "0123456789abcdef0123456789abcdef01234567",
+            json!({"stack": "dev", "projectRepo": "https://git.example.invalid/r.git",
+                "commit": "0123456789abcdef0123456789abcdef01234567",
                                "workspaceTemplate": {"spec": {"serviceAccountName": "../x"}}}),
         ),
     )
@@ -322,7 +352,8 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     let (client, ns, env) = setup("custom-source").await;
     let destroyed = env.dir().join("destroyed.txt");
     let body = format!(
-        "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\n      delete: echo gone > {}\noutputs:\n  said: ${{hi.stdout}}\n",
+        "resources:\n  hi:\n    type: command:local:Command\n    properties:\n      create: echo baked in\n      \
+            delete: echo gone > {}\noutputs:\n  said: ${{hi.stdout}}\n",
         destroyed.display()
     );
     let dir = project(&env, "baked", &body);
@@ -356,7 +387,12 @@ async fn a_stack_without_a_source_runs_the_program_of_its_workspace_template() {
     // no source at all (PKO's "fetch the source yourself"): only a workspace pod's init container can
     // bring the program, so on the local runtime the Workspace says why it is not Ready and the Stack
     // waits with that, never an Update
-    create(&stacks, json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bare"}, "spec": {"stack": "dev", "backend": env.backend_url()}})).await;
+    create(
+        &stacks,
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "bare"},
+        "spec": {"stack": "dev", "backend": env.backend_url()}}),
+    )
+    .await;
     eventually("the source-less Stack waits, saying why", 60, || async {
         reconciling(&stacks.get("bare").await.unwrap()).is_some_and(|(r, m)| {
             r == "StackProcessing"
@@ -388,7 +424,8 @@ async fn esc_environments_reach_pulumi_and_a_backend_without_esc_says_so() {
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "esc"},
-               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(), "environment": ["team/prod"]}}),
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                   "envRefs": passphrase_env_refs(), "environment": ["team/prod"]}}),
     )
     .await;
     eventually("the Update fails", 120, || async {
@@ -417,7 +454,8 @@ async fn many_stacks_applied_at_once_each_run_exactly_one_update() {
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}}}),
+        "program": {"resources": {"c": {"type": "command:local:Command",
+            "properties": {"create": "echo ${pulumi.stack}"}}}}}),
     )
     .await;
     const N: usize = 20;
@@ -460,7 +498,8 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     let (client, ns, env) = setup("privgit").await;
     let root = env.dir().join("git-root");
     std::fs::create_dir_all(&root).unwrap();
-    let program = "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n";
+    let program = "name: private\nruntime: yaml\nresources:\n  c:\n    type: command:local:Command\n    \
+        properties:\n      create: echo private\noutputs:\n  out: ${c.stdout}\n";
     let commit = pko_testbed::git::bare_repo_with(&root, "app.git", &[("Pulumi.yaml", program)]);
     // an annotated tag: PKO resolves `branch` against every ref, tags included
     let out = std::process::Command::new("git")
@@ -476,7 +515,8 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
     let stacks = ns.api::<Stack>();
     let stack = |name: &str, auth: serde_json::Value| {
-        let mut spec = json!({"stack": name, "projectRepo": server.url("app.git"), "branch": "main", "backend": env.backend_url()});
+        let mut spec = json!({"stack": name, "projectRepo": server.url("app.git"), "branch": "main",
+            "backend": env.backend_url()});
         spec.as_object_mut().unwrap().extend(auth.as_object().unwrap().clone());
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
     };
@@ -514,7 +554,12 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git"}, "stringData": {"token": token}}),
     )
     .await;
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-legacy"}, "stringData": {"accessToken": token}})).await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-legacy"},
+        "stringData": {"accessToken": token}}),
+    )
+    .await;
     for name in ["by-token", "by-secret", "by-tag"] {
         eventually(&format!("{name} is Ready"), 120, || async {
             ready(&stacks.get(name).await.unwrap()).is_some_and(|(s, _)| s == "True")
@@ -542,7 +587,12 @@ async fn private_git_branch_with_gitauth_and_gitauthsecret() {
 async fn an_engine_event_larger_than_4_mib_reaches_the_operator() {
     let (client, ns, env) = setup("bigevent").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    passphrase_and_program(&ns, json!({"resources": {"big": {"type": "command:local:Command", "properties": {"create": "head -c 5000000 /dev/zero | tr '\\0' a"}}}})).await;
+    passphrase_and_program(
+        &ns,
+        json!({"resources": {"big": {"type": "command:local:Command",
+        "properties": {"create": "head -c 5000000 /dev/zero | tr '\\0' a"}}}}),
+    )
+    .await;
     prog_stack(&ns, &env, "big", json!({})).await;
     let stacks = ns.api::<Stack>();
     eventually("the Stack with a 5 MB engine event is Ready", 180, || async {
@@ -574,7 +624,8 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
         &ns,
         json!({"configuration": {"want": {"type": "String"}, "n": {"type": "String", "default": "0"}},
                "resources": {"r": {"type": "command:local:Command",
-                                   "properties": {"create": "test \"$TOKEN\" = \"${want}\" && echo ok ${n}", "triggers": ["${want}", "${n}"]}}},
+                                   "properties": {"create": "test \"$TOKEN\" = \"${want}\" && echo ok ${n}",
+                                       "triggers": ["${want}", "${n}"]}}},
                "outputs": {"out": "${r.stdout}"}}),
     )
     .await;
@@ -589,9 +640,11 @@ async fn a_changed_secret_reaches_the_next_operation_and_an_unchanged_one_is_not
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"},
-               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(), "envRefs": passphrase_env_refs(),
+               "spec": {"stack": "dev", "programRef": {"name": "prog"}, "backend": env.backend_url(),
+                   "envRefs": passphrase_env_refs(),
                         "config": {"want": "one"},
-                        "workspaceTemplate": {"spec": {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "value"}}}]}}}}),
+                        "workspaceTemplate": {"spec": {"env": [{"name": "TOKEN",
+                            "valueFrom": {"secretKeyRef": {"name": "tok", "key": "value"}}}]}}}}),
     )
     .await;
     let converged = |out: &'static str| {

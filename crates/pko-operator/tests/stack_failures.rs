@@ -18,12 +18,14 @@ use serde_json::json;
 
 fn program(name: &str, create_cmd: &str) -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
-           "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": create_cmd}}}, "outputs": {"out": "${c.stdout}"}}})
+           "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": create_cmd}}},
+               "outputs": {"out": "${c.stdout}"}}})
 }
 
 fn stack(name: &str, backend: &str, max_backoff: i64) -> serde_json::Value {
     json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
-           "spec": {"stack": "dev", "programRef": {"name": name}, "backend": backend, "retryMaxBackoffDurationSeconds": max_backoff}})
+           "spec": {"stack": "dev", "programRef": {"name": name}, "backend": backend,
+               "retryMaxBackoffDurationSeconds": max_backoff}})
 }
 
 /// Events of `kind` with `reason` in the namespace: `(note, occurrences)` per Event object (an aggregated
@@ -164,8 +166,12 @@ async fn locked_stack_reports_update_conflict_and_recovers_when_the_lock_is_gone
     // (retries come after 10 s)
     let dir = env.dir().join("outside");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("Pulumi.yaml"), "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      create: sleep 45\n")
-        .unwrap();
+    std::fs::write(
+        dir.join("Pulumi.yaml"),
+        "name: locked\nruntime: yaml\nresources:\n  held:\n    type: command:local:Command\n    properties:\n      \
+            create: sleep 45\n",
+    )
+    .unwrap();
     let init = env.pulumi(&dir).args(["stack", "init", "dev"]).output().unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
     let mut outside = env
@@ -314,8 +320,10 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
     passphrase_secret(&ns).await;
     create(&stacks, s).await;
     eventually("the Stack is Stalled WorkspaceFailed: SpecInvalid", 60, || async {
-        stalled(&stacks.get("odd").await.unwrap())
-            .is_some_and(|(r, m)| r == "WorkspaceFailed" && m == r#"SpecInvalid: spec.securityProfile: unsupported value "privileged"; one of "baseline" or "restricted""#)
+        stalled(&stacks.get("odd").await.unwrap()).is_some_and(|(r, m)| {
+            let want = r#"SpecInvalid: spec.securityProfile: unsupported value "privileged"; "#;
+            r == "WorkspaceFailed" && m == format!(r#"{want}one of "baseline" or "restricted""#)
+        })
     })
     .await;
     let ws = workspaces.get("odd").await.unwrap();
@@ -385,12 +393,16 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
 async fn every_error_of_a_failing_program_reaches_the_update_and_counts_reach_the_stack() {
     let (client, ns, env) = setup("errors").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
-    let failing = |i: u32| json!({"type": "command:local:Command", "properties": {"create": format!("echo failure-{i} >&2; exit {i}")}});
+    let failing = |i: u32| {
+        json!({"type": "command:local:Command",
+        "properties": {"create": format!("echo failure-{i} >&2; exit {i}")}})
+    };
     let programs = ns.api::<Program>();
     create(
         &programs,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "three"},
-        "program": {"resources": {"a": failing(3), "b": failing(4), "c": failing(5), "ok": {"type": "command:local:Command", "properties": {"create": "echo fine"}}}}}),
+        "program": {"resources": {"a": failing(3), "b": failing(4), "c": failing(5),
+            "ok": {"type": "command:local:Command", "properties": {"create": "echo fine"}}}}}),
     )
     .await;
     let stacks = ns.api::<Stack>();

@@ -20,7 +20,8 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-        "program": {"resources": {"c": {"type": "command:local:Command", "properties": {"create": "echo ${pulumi.stack}"}}}, "outputs": {"out": "${c.stdout}"}}}),
+        "program": {"resources": {"c": {"type": "command:local:Command",
+            "properties": {"create": "echo ${pulumi.stack}"}}}, "outputs": {"out": "${c.stdout}"}}}),
     )
     .await;
     let stacks = ns.api::<Stack>();
@@ -34,7 +35,8 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
-        "spec": {"stack": "app", "programRef": {"name": "p"}, "backend": env.backend_url(), "prerequisites": [{"name": "db"}]}}),
+        "spec": {"stack": "app", "programRef": {"name": "p"}, "backend": env.backend_url(),
+            "prerequisites": [{"name": "db"}]}}),
     )
     .await;
     eventually("app waits for its missing prerequisite", 60, || async {
@@ -54,7 +56,8 @@ async fn prerequisites_gate_updates_and_reclaimed_workspaces_come_back() {
     create(
         &stacks,
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "db"},
-        "spec": {"stack": "db", "programRef": {"name": "p"}, "backend": env.backend_url(), "workspaceReclaimPolicy": "Delete"}}),
+        "spec": {"stack": "db", "programRef": {"name": "p"}, "backend": env.backend_url(),
+            "workspaceReclaimPolicy": "Delete"}}),
     )
     .await;
     eventually("db is Ready", 90, || ready("db")).await;

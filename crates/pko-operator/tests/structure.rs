@@ -1,14 +1,22 @@
 //! The structure rules of `docs/architecture.md`, checked on the source (no test bed): the controllers
 //! are peers, the agent runtime imports none of them, the shared modules import no controller, no
 //! circle of imports between the operator's files, the shared contracts name their writer and reader,
-//! and no non-test function in any crate is longer than 80 lines. A rule that breaks fails `make test`
-//! with the file and the import (or function) that broke it.
+//! no non-test function in any crate is longer than 80 lines, no source file longer than 600 lines, and
+//! no line of Rust anywhere in the workspace wider than 120 columns. A rule that breaks fails `make
+//! test` with the file and the import, function or line that broke it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The longest a non-test function may be (lines, from `fn` to its closing brace).
 const MAX_FUNCTION_LINES: usize = 80;
+
+/// The longest a source file under a crate's `src/` may be (lines): a file past it usually holds two
+/// concerns.
+const MAX_FILE_LINES: usize = 600;
+
+/// The widest a line of Rust may be (columns, counted in characters; rustfmt's `max_width`).
+const MAX_COLUMNS: usize = 120;
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -40,39 +48,77 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 fn code_of(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut lines = Vec::new();
+    let mut state = Literal::None;
     for l in text.lines() {
-        if l.trim_start().starts_with("#[cfg(test)]") {
+        if state == Literal::None && l.trim_start().starts_with("#[cfg(test)]") {
             break;
         }
-        lines.push(strip(l));
+        lines.push(strip(l, &mut state));
     }
     lines
 }
 
-/// `line` without string literals' contents and without its `//` comment.
-fn strip(line: &str) -> String {
+/// Where a line of code starts: outside any literal, inside a string literal, or inside a raw string
+/// literal closed by `"` and this many `#` (literals may span lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Literal {
+    None,
+    Str,
+    Raw(usize),
+}
+
+/// `line` without string literals' contents and without its `//` comment, starting in `state` and
+/// leaving in it the state the next line starts in.
+fn strip(line: &str, state: &mut Literal) -> String {
     let mut out = String::new();
-    let mut chars = line.chars().peekable();
-    let mut in_str = false;
-    while let Some(c) = chars.next() {
-        match (in_str, c) {
-            (true, '\\') => {
-                chars.next();
-            }
-            (true, '"') => {
-                in_str = false;
+    let chars: Vec<char> = line.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match *state {
+            Literal::Str if c == '\\' => i += 1,
+            Literal::Str if c == '"' => {
+                *state = Literal::None;
                 out.push('"');
             }
-            (true, _) => {}
-            (false, '"') => {
-                in_str = true;
+            Literal::Raw(n) if c == '"' && chars[i + 1..].iter().take(n).filter(|h| **h == '#').count() == n => {
+                *state = Literal::None;
+                out.push('"');
+                i += n;
+            }
+            Literal::Str | Literal::Raw(_) => {}
+            Literal::None if c == '/' && chars.get(i + 1) == Some(&'/') => break,
+            // a char literal (`'"'`, `'\\''`), not a lifetime: skipped whole
+            Literal::None if c == '\'' && char_literal_len(&chars[i..]).is_some() => {
+                i += char_literal_len(&chars[i..]).unwrap_or(1) - 1;
+            }
+            Literal::None if c == '"' => {
+                *state = Literal::Str;
                 out.push('"');
             }
-            (false, '/') if chars.peek() == Some(&'/') => break,
-            (false, _) => out.push(c),
+            Literal::None if c == 'r' && (i == 0 || !chars[i - 1].is_alphanumeric() && chars[i - 1] != '_') => {
+                let hashes = chars[i + 1..].iter().take_while(|h| **h == '#').count();
+                if chars.get(i + 1 + hashes) == Some(&'"') {
+                    *state = Literal::Raw(hashes);
+                    out.push('"');
+                    i += 1 + hashes;
+                } else {
+                    out.push(c);
+                }
+            }
+            Literal::None => out.push(c),
         }
+        i += 1;
     }
     out
+}
+
+/// The length of the char literal `chars` starts with (`'x'`, `'\\n'`, `'\\u{1F600}'`), if it is one.
+fn char_literal_len(chars: &[char]) -> Option<usize> {
+    match chars.get(1)? {
+        '\\' => chars.iter().skip(2).position(|c| *c == '\'').map(|p| p + 3),
+        _ => (chars.get(2) == Some(&'\'')).then_some(3),
+    }
 }
 
 /// The operator's module of `file` (`stack/reconcile.rs` → `["stack", "reconcile"]`, `agents/mod.rs`
@@ -317,6 +363,38 @@ fn no_non_test_function_is_longer_than_80_lines() {
         }
     }
     assert!(long.is_empty(), "functions over {MAX_FUNCTION_LINES} lines:\n{}", long.join("\n"));
+}
+
+#[test]
+fn no_source_file_is_longer_than_600_lines() {
+    let mut long = Vec::new();
+    for krate in std::fs::read_dir(crates_dir()).unwrap().flatten() {
+        let src = krate.path().join("src");
+        for file in rust_files(&src).into_iter().filter(|_| src.is_dir()) {
+            let n = std::fs::read_to_string(&file).unwrap().lines().count();
+            if n > MAX_FILE_LINES {
+                long.push(format!("{}: {n} lines", file.strip_prefix(crates_dir()).unwrap_or(&file).display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "source files over {MAX_FILE_LINES} lines:\n{}", long.join("\n"));
+}
+
+#[test]
+fn no_line_of_rust_is_wider_than_120_columns() {
+    let root = crates_dir().join("..");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(crates_dir()).unwrap().flatten().map(|e| e.path()).collect();
+    dirs.push(root.join("benches"));
+    let mut wide = Vec::new();
+    for file in dirs.iter().filter(|d| d.is_dir()).flat_map(|d| rust_files(d)) {
+        for (i, line) in std::fs::read_to_string(&file).unwrap().lines().enumerate() {
+            let n = line.chars().count();
+            if n > MAX_COLUMNS {
+                wide.push(format!("{}:{}: {n} columns", file.strip_prefix(&root).unwrap_or(&file).display(), i + 1));
+            }
+        }
+    }
+    assert!(wide.is_empty(), "{} lines over {MAX_COLUMNS} columns:\n{}", wide.len(), wide.join("\n"));
 }
 
 #[test]

@@ -25,15 +25,22 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     let ns = bed.namespace("update").await.unwrap();
     let env = bed.pulumi_env().unwrap();
     let agent = start_agent(&env, ns.name());
-    create(&ns.api::<Secret>(), json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}))
-        .await;
+    create(
+        &ns.api::<Secret>(),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"},
+        "stringData": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}),
+    )
+    .await;
 
     let marker = env.dir().join("runs.txt");
     let dir = project(
         &env,
         "upd",
         &format!(
-            "config:\n  greeting:\n    type: string\n  pw:\n    type: string\n    secret: true\nresources:\n  a:\n    type: command:local:Command\n    properties:\n      create: sleep 3; echo run >> {}; echo ${{greeting}}\n  s:\n    type: command:local:Command\n    properties:\n      create: echo ${{pw}}\noutputs:\n  greeting: ${{a.stdout}}\n  password: ${{s.stdout}}\n",
+            "config:\n  greeting:\n    type: string\n  pw:\n    type: string\n    secret: true\nresources:\n  a:\n    \
+                type: command:local:Command\n    properties:\n      create: sleep 3; echo run >> {}; echo \
+                ${{greeting}}\n  s:\n    type: command:local:Command\n    properties:\n      create: echo \
+                ${{pw}}\noutputs:\n  greeting: ${{a.stdout}}\n  password: ${{s.stdout}}\n",
             marker.display()
         ),
     );
@@ -45,9 +52,11 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
                 "local": {"dir": dir.display().to_string()},
                 "env": [
                     {"name": "PULUMI_BACKEND_URL", "value": env.backend_url()},
-                    {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase", "key": "value"}}}
+                    {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "passphrase",
+                        "key": "value"}}}
                 ],
-                "stacks": [{"name": "dev", "create": true, "config": [{"key": "greeting", "value": "hello"}, {"key": "pw", "value": "pa55-word", "secret": true}]}]
+                "stacks": [{"name": "dev", "create": true, "config": [{"key": "greeting", "value": "hello"},
+                    {"key": "pw", "value": "pa55-word", "secret": true}]}]
             }
         }),
     )
@@ -57,7 +66,8 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         &updates,
         owned_update(
             &ns.api::<pko_api::Workspace>(),
-            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"},
+                "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
         )
         .await,
     )
@@ -112,7 +122,8 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
         &updates,
         owned_update(
             &ns.api::<pko_api::Workspace>(),
-            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"},
+                "spec": {"workspaceName": "ws", "stackName": "dev2", "type": "up"}}),
         )
         .await,
     )
@@ -132,7 +143,13 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // dispatcher killed right after the call leaves an Update its successor knows to look for
     let u4: Update = create(
         &updates,
-        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4", "type": "preview"}})).await,
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
+            "metadata": {"name": "u4"}, "spec": {"workspaceName": "ws", "stackName": "dev4",
+                "type": "preview"}}),
+        )
+        .await,
     )
     .await;
     let at_run = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -157,7 +174,13 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // check) is refused and starts nothing
     let u5: Update = create(
         &updates,
-        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u5"}, "spec": {"workspaceName": "ws", "stackName": "dev5", "type": "preview"}})).await,
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
+            "metadata": {"name": "u5"}, "spec": {"workspaceName": "ws", "stackName": "dev5",
+                "type": "preview"}}),
+        )
+        .await,
     )
     .await;
     let past = || Some(std::time::SystemTime::now() - Duration::from_secs(1));
@@ -168,7 +191,13 @@ async fn update_runs_on_an_agent_and_reattaches_after_a_dispatcher_crash() {
     // runs, and nothing is written to the Update
     let u3: Update = create(
         &updates,
-        owned_update(&ns.api::<pko_api::Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3", "type": "preview"}})).await,
+        owned_update(
+            &ns.api::<pko_api::Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
+            "metadata": {"name": "u3"}, "spec": {"workspaceName": "ws", "stackName": "dev3",
+                "type": "preview"}}),
+        )
+        .await,
     )
     .await;
     let r = dispatch_on(&client, &agent.1, &u3, &workspace, &TestHold { fenced: true, not_after: || None }).await;

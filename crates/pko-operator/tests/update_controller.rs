@@ -33,7 +33,8 @@ use serde_json::json;
 fn local_workspace(name: &str, dir: &std::path::Path, env: &pko_testbed::PulumiEnv, stack: &str) -> serde_json::Value {
     json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
            "spec": {"local": {"dir": dir.display().to_string()},
-                    "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()}, {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
+                    "env": [{"name": "PULUMI_BACKEND_URL", "value": env.backend_url()},
+                        {"name": "PULUMI_CONFIG_PASSPHRASE", "value": pko_testbed::PulumiEnv::PASSPHRASE}],
                     "stacks": [{"name": stack, "create": true}]}})
 }
 
@@ -60,7 +61,8 @@ async fn updates_are_dispatched_completed_and_expired() {
     let dir = project(
         &env,
         "ctl",
-        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: ${a.stdout}\n",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo ok\noutputs:\n  out: \
+            ${a.stdout}\n",
     );
     create(&ns.api::<Workspace>(), local_workspace("ws", &dir, &env, "dev")).await;
     let ctx = Arc::new(Context::new(client.clone(), String::new(), Arc::new(Namespaces::one(ns.name()))));
@@ -68,7 +70,17 @@ async fn updates_are_dispatched_completed_and_expired() {
     let updates = ns.api::<Update>();
 
     // no agent address yet: the Update waits
-    create(&updates, owned_update(&ns.api::<Workspace>(), json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "3s"}})).await).await;
+    create(
+        &updates,
+        owned_update(
+            &ns.api::<Workspace>(),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1",
+        "kind": "Update", "metadata": {"name": "u1"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up",
+            "ttlAfterCompleted": "3s"}}),
+        )
+        .await,
+    )
+    .await;
     eventually("u1 waits for the workspace", 20, || async {
         condition(&updates.get("u1").await.unwrap(), "Progressing")
             == Some(("False".into(), "WorkspaceNotReady".into()))
@@ -87,7 +99,8 @@ async fn updates_are_dispatched_completed_and_expired() {
     // a missing workspace (its owner a Workspace that exists)
     let mut u2 = owned_update(
         &ns.api::<Workspace>(),
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "preview"}}),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u2"},
+            "spec": {"workspaceName": "ws", "stackName": "dev", "type": "preview"}}),
     )
     .await;
     u2["spec"]["workspaceName"] = json!("nope");
@@ -95,7 +108,8 @@ async fn updates_are_dispatched_completed_and_expired() {
     // PKO's `isOrphaned`: an Update created by hand with no controller owner is canceled, never run
     create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "orphan"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "orphan"},
+            "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
     )
     .await;
     eventually("the orphan is canceled", 20, || async {
@@ -148,7 +162,8 @@ async fn a_workspace_class_limit_serialises_its_operations() {
         })
     };
     for ws in ["a", "b"] {
-        let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws}, "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}});
+        let update = json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": ws},
+            "spec": {"workspaceName": ws, "stackName": format!("s-{ws}"), "type": "up"}});
         create(&updates, owned_update(&ns.api::<Workspace>(), update).await).await;
     }
     eventually("both Updates complete", 120, || async {
@@ -184,7 +199,8 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     let dir = project(
         &env,
         "tok",
-        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo authenticated\noutputs:\n  out: ${a.stdout}\n",
+        "resources:\n  a:\n    type: command:local:Command\n    properties:\n      create: echo \
+            authenticated\noutputs:\n  out: ${a.stdout}\n",
     );
     for sa in ["operator", "stranger"] {
         create(
@@ -201,7 +217,8 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
     .await;
     create(
         &ns.api::<RoleBinding>(),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "operator-rpc"},
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "operator-rpc"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-rpc"},
         "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns.name()}]}),
     )
@@ -239,7 +256,8 @@ async fn agents_with_kube_auth_accept_the_operators_service_account_token() {
         &updates,
         owned_update(
             &ns.api::<Workspace>(),
-            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
+            json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"},
+                "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}}),
         )
         .await,
     )
@@ -280,7 +298,8 @@ async fn a_status_write_pinned_to_a_stale_version_is_refused_and_writes_nothing(
     let updates = ns.api::<Update>();
     create(
         &updates,
-        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"}, "spec": {"workspaceName": "w", "stackName": "dev", "type": "up"}}),
+        json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "u"},
+            "spec": {"workspaceName": "w", "stackName": "dev", "type": "up"}}),
     )
     .await;
     let cached = updates.get("u").await.unwrap();

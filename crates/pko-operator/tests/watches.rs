@@ -59,14 +59,16 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     create(
         &ns.api::<Program>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
-               "program": {"resources": {"hi": {"type": "command:local:Command", "properties": {"create": "echo once"}}}}}),
+               "program": {"resources": {"hi": {"type": "command:local:Command",
+                   "properties": {"create": "echo once"}}}}}),
     )
     .await;
     create(
         &ns.api::<Stack>(),
         json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"},
                "spec": {"stack": "dev", "programRef": {"name": "p"}, "backend": env.backend_url(),
-                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
+                        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Literal",
+                            "literal": {"value": pko_testbed::PulumiEnv::PASSPHRASE}}}}}),
     )
     .await;
     let stacks = kube::Api::<Stack>::namespaced(admin.clone(), ns.name());
@@ -124,7 +126,8 @@ async fn a_stack_skipped_while_not_owned_is_reconciled_once_owned_again_without_
     let run = tokio::spawn(informers.drive(controller));
     create(
         &ns.api::<Stack>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "s"}, "spec": {"stack": "dev",
+            "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
     )
     .await;
     let stacks = ns.api::<Stack>();
@@ -157,7 +160,8 @@ async fn a_program_skipped_while_not_owned_is_reconciled_again_when_shards_are_g
     let run = tokio::spawn(informers.drive(controller));
     create(
         &ns.api::<Program>(),
-        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"}, "program": {"resources": {"r": {"type": "random:RandomPet"}}}}),
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "p"},
+            "program": {"resources": {"r": {"type": "random:RandomPet"}}}}),
     )
     .await;
     let programs = ns.api::<Program>();
@@ -276,7 +280,9 @@ async fn a_gain_lists_only_the_gained_shards_and_a_loss_lists_nothing() {
     for (name, shard) in [("a", 1), ("b", 2)] {
         create(
             &ns.api::<Stack>(),
-            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": {SHARD_LABEL: shard.to_string()}}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
+            json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name,
+                "labels": {SHARD_LABEL: shard.to_string()}}, "spec": {"stack": "dev",
+                    "projectRepo": "https://example.invalid/r.git", "branch": "main"}}),
         )
         .await;
     }
@@ -346,7 +352,11 @@ async fn the_labeller_relabels_stacks_of_another_shard_count_only_while_its_coun
     use pko_fleet::planning::Standing;
     use pko_operator::fleet::{label_unsharded, shard_labels};
     let (client, ns, _env) = setup("relabel").await;
-    let stack = |name: &str, labels: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": labels}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}});
+    let stack = |name: &str, labels: serde_json::Value| {
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+        "metadata": {"name": name, "labels": labels}, "spec": {"stack": "dev",
+            "projectRepo": "https://example.invalid/r.git", "branch": "main"}})
+    };
     let stacks = ns.api::<Stack>();
     create(&stacks, stack("fresh", json!({}))).await;
     create(&stacks, stack("legacy", json!({SHARD_LABEL: "5"}))).await;
@@ -421,7 +431,11 @@ async fn a_new_stack_gets_its_labels_and_finalizer_in_one_write_from_its_holder_
     use pko_fleet::planning::Standing;
     use pko_operator::fleet::label_unsharded;
     let (client, ns, _env) = setup("label-final").await;
-    let stack = |name: &str, finalizers: serde_json::Value| json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "finalizers": finalizers}, "spec": {"stack": "dev", "projectRepo": "https://example.invalid/r.git", "branch": "main"}});
+    let stack = |name: &str, finalizers: serde_json::Value| {
+        json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+        "metadata": {"name": name, "finalizers": finalizers}, "spec": {"stack": "dev",
+            "projectRepo": "https://example.invalid/r.git", "branch": "main"}})
+    };
     let stacks = ns.api::<Stack>();
     create(&stacks, stack("leaving", json!(["example.com/hold"]))).await;
     stacks.delete("leaving", &DeleteParams::default()).await.unwrap();
@@ -492,8 +506,12 @@ async fn the_secret_versions_watch_leaves_out_outputs_secrets() {
     use pko_operator::secret_cache::SecretCache;
     let (client, ns, _env) = setup("secret-watch").await;
     let secrets = ns.api::<Secret>();
-    create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "outputs", "labels": {"auto.pulumi.com/component": "update"}}, "stringData": {"o": "1"}}))
-        .await;
+    create(
+        &secrets,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "outputs",
+        "labels": {"auto.pulumi.com/component": "update"}}, "stringData": {"o": "1"}}),
+    )
+    .await;
     create(
         &secrets,
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "passphrase"}, "stringData": {"p": "x"}}),

@@ -22,7 +22,8 @@ async fn pod_runtime_objects_are_accepted_and_collected() {
         &ns.api::<Workspace>(),
         json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w"},
                "spec": {"git": {"url": "https://git.example.invalid/r.git", "ref": "main"}, "pulumiLogLevel": 3,
-                        "podTemplate": {"spec": {"containers": [{"name": "pulumi", "env": [{"name": "A", "value": "b"}]}]}}}}),
+                        "podTemplate": {"spec": {"containers": [{"name": "pulumi", "env": [{"name": "A",
+                            "value": "b"}]}]}}}}),
     )
     .await;
     let pp = PatchParams::apply(pko_api::constants::field_manager::OPERATOR).force();

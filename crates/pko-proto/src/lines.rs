@@ -107,9 +107,11 @@ mod tests {
 
     #[test]
     fn engine_events_read_as_pulumi_prints_them() {
-        let pre = json!({"resourcePreEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
+        let pre = json!({"resourcePreEvent": {"metadata": {"op": "create",
+            "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
         assert_eq!(render(pre.as_object().unwrap()).as_deref(), Some("+ command:local:Command hello creating"));
-        let out = json!({"resOutputsEvent": {"metadata": {"op": "create", "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
+        let out = json!({"resOutputsEvent": {"metadata": {"op": "create",
+            "urn": "urn:pulumi:dev::p::command:local:Command::hello", "type": "command:local:Command"}}});
         assert_eq!(render(out.as_object().unwrap()).as_deref(), Some("+ command:local:Command hello created"));
         let same = json!({"resourcePreEvent": {"metadata": {"op": "same", "urn": "u", "type": "t"}}});
         assert_eq!(

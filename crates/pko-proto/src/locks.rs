@@ -63,7 +63,8 @@ pub fn describe(holders: &[Holder]) -> String {
 mod tests {
     use super::*;
 
-    const CONFLICT: &str = "error: the stack is currently locked by 2 lock(s). Either wait for the other process(es) to end or delete the lock file with `pulumi cancel`.
+    const CONFLICT: &str = "error: the stack is currently locked by 2 lock(s). Either wait for the other process(es) \
+        to end or delete the lock file with `pulumi cancel`.
   file:///tmp/b/.pulumi/locks/organization/p/dev/1.json: created by root@node-a (pid 4242) at 2026-11-23T11:00:00Z
   file:///tmp/b/.pulumi/locks/organization/p/dev/2.json: created by ci@corp@node-a (pid 77) at 2026-11-23T12:00:00+01:00
 ";

@@ -1,4 +1,5 @@
-//! The order in which a replica starts jobs (no locking; the caller passes the clock to [`Fair::take`]): deduplicated by
+//! The order in which a replica starts jobs (no locking; the caller passes the clock to [`Fair::take`]): deduplicated
+//! by
 //! key, round-robin across namespaces, at most `per_namespace` jobs of one namespace in flight, and
 //! delayed jobs held until they are due. A namespace with 1,000 queued jobs gets one turn in each
 //! round, like a namespace with 3, so it cannot starve it.

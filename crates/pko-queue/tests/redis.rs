@@ -248,7 +248,8 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     let sentinel = Server::start(
         &[],
         Some(format!(
-            "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\nsentinel failover-timeout m 10000\nsentinel parallel-syncs m 1\n",
+            "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\nsentinel failover-timeout m \
+                10000\nsentinel parallel-syncs m 1\n",
             master.port
         )),
     );

@@ -170,7 +170,8 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
     {
         let msg = b"authentication required";
         let head = format!(
-            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: {}\r\nConnection: \
+                close\r\n\r\n",
             msg.len()
         );
         let mut sock = reader.into_inner();

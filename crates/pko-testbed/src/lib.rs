@@ -379,9 +379,12 @@ const RELEASE_NAMESPACE: &str = r#"
 for _ in $(seq 1 30); do
   "$0" get namespace "$1" >/dev/null 2>&1 || exit 0
   for kind in stacks.pulumi.com programs.pulumi.com workspaces.auto.pulumi.com updates.auto.pulumi.com \
-      gitrepositories.source.toolkit.fluxcd.io ocirepositories.source.toolkit.fluxcd.io buckets.source.toolkit.fluxcd.io; do
+      gitrepositories.source.toolkit.fluxcd.io ocirepositories.source.toolkit.fluxcd.io \
+      buckets.source.toolkit.fluxcd.io; do
     "$0" -n "$1" get "$kind" -o name 2>/dev/null
-  done | while read -r o; do "$0" -n "$1" patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1; done
+  done | while read -r o; do
+    "$0" -n "$1" patch "$o" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1
+  done
   sleep 2
 done
 "#;

@@ -50,7 +50,8 @@ pub async fn serve_files_on(ip: &str, files: HashMap<String, Vec<u8>>) -> HttpSe
                     None => ("404 Not Found", b"not found".to_vec()),
                 };
                 let head = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: \
+                        close\r\n\r\n",
                     body.len()
                 );
                 let _ = sock.write_all(head.as_bytes()).await;

@@ -10,11 +10,13 @@
 /// operation: `$OP_SECRET` in those files, a line in `resource-fake-v1.0.0/marker`, a planted
 /// `resource-planted-v9.9.9`, and a daemon (`sleep 3001` in a session of its own; the number is
 /// computed, so the script's own command line never matches it). Needs only a POSIX shell, `tr`,
-/// `grep` and `setsid` (a slim Debian image has them), and no `${…}` (Pulumi YAML would read it as its own). An isolated agent makes it print exactly
+/// `grep` and `setsid` (a slim Debian image has them), and no `${…}` (Pulumi YAML would read it as its own). An
+/// isolated agent makes it print exactly
 /// `found:` every time.
 pub const ISOLATION_PROBE: &str = r#"found=""
 t=$TMPDIR; [ -n "$t" ] || t=/tmp
-for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$t/leak.txt"; do [ -e "$p" ] && found="$found file:$p"; done
+for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$t/leak.txt"; do [ -e "$p" ] && found="$found \
+    file:$p"; done
 for f in Pulumi.*.yaml; do [ -e "$f" ] && [ "$f" != "Pulumi.$STACK.yaml" ] && found="$found stack-settings:$f"; done
 env | grep '^ONLY_' | grep -qv "^ONLY_$STACK=" && found="$found env"
 n=$((3000+1))

@@ -268,7 +268,8 @@ fn python_program_runs_offline() {
         project.join("__main__.py"),
         r#"import pulumi
 cfg = pulumi.Config()
-cmd = pulumi.CustomResource("command:local:Command", "hello", {"create": "echo hello " + cfg.require("who"), "stdout": None})
+cmd = pulumi.CustomResource("command:local:Command", "hello",
+                            {"create": "echo hello " + cfg.require("who"), "stdout": None})
 pulumi.export("who", cfg.require("who"))
 pulumi.export("said", cmd.stdout)
 "#,

@@ -272,7 +272,8 @@ pub(super) async fn wait_for_holders(
     limit: std::time::Duration,
 ) -> bool {
     let names: Vec<String> = live.iter().map(|h| format!("{} pid {}", h.who, h.pid)).collect();
-    tracing::info!(operation = %op.id, holders = ?names, limit_s = limit.as_secs(), "stack locked by a process on this host: waiting for it to end");
+    tracing::info!(operation = %op.id, holders = ?names, limit_s = limit.as_secs(),
+        "stack locked by a process on this host: waiting for it to end");
     op.log(format!(
         "the stack is locked by {} process(es) still running on this host; waiting up to {} s for them to end: {}",
         live.len(),
@@ -307,7 +308,8 @@ pub(super) async fn release_stale_locks(
     masker: &Masker,
 ) -> Result<(), Failure> {
     let holders: Vec<String> = stale.iter().map(|(h, why)| format!("{} pid {} ({why})", h.who, h.pid)).collect();
-    tracing::warn!(operation = %op.id, epoch = op.epoch(), holders = ?holders, "releasing backend locks whose holders are known dead");
+    tracing::warn!(operation = %op.id, epoch = op.epoch(), holders = ?holders,
+        "releasing backend locks whose holders are known dead");
     op.log(format!("releasing {} stale lock(s) whose holder is known dead: {}", stale.len(), holders.join("; ")));
     let out =
         pulumi::run(&ctx.pulumi, step.dir, step.env, &["cancel", "--yes", "--non-interactive", "--stack", step.stack])
@@ -348,7 +350,8 @@ pub(super) fn repair_sidecars(
         Ok(removed) => {
             let names: Vec<String> =
                 removed.iter().map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string()).collect();
-            tracing::warn!(operation = %op.id, files = ?names, "removed truncated backend attribute sidecars left by a killed pulumi");
+            tracing::warn!(operation = %op.id, files = ?names,
+                "removed truncated backend attribute sidecars left by a killed pulumi");
             op.log(format!(
                 "removed {} truncated attribute sidecar(s) a pulumi killed mid-write left in the backend: {}",
                 names.len(),
@@ -519,7 +522,8 @@ mod tests {
         assert_eq!(find_permalink("no link"), None);
         assert_eq!(first_error_line("warn\nerror: the stack is locked\n").as_deref(), Some("the stack is locked"));
         // Pulumi YAML's info#err diagnostics
-        let yaml = "\nError: resource, variable, or config value \"missing\" not found\n\n  on Pulumi.yaml line 7:\n\n   7:       create: ${missing.value}\n";
+        let yaml = "\nError: resource, variable, or config value \"missing\" not found\n\n  on Pulumi.yaml line \
+            7:\n\n   7:       create: ${missing.value}\n";
         assert_eq!(
             first_error_line(yaml).as_deref(),
             Some("resource, variable, or config value \"missing\" not found (on Pulumi.yaml line 7)")
@@ -538,7 +542,9 @@ mod tests {
         let m = failure_message(&resources, text).unwrap();
         assert_eq!(
             m,
-            "command:local:Command (b): command exited with 4: 'exit 4'\n  stdout:\n  stderr: second failure\ncommand:local:Command (a): command exited with 3\ncommand:local:Command (c): command exited with 5\nanother thing"
+            "command:local:Command (b): command exited with 4: 'exit 4'\n  stdout:\n  stderr: second \
+                failure\ncommand:local:Command (a): command exited with 3\ncommand:local:Command (c): command exited \
+                with 5\nanother thing"
         );
         assert_eq!(
             urn_type("urn:pulumi:dev::p::my:comp:Parent$random:index/randomPet:RandomPet::pet"),

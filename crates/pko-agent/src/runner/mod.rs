@@ -18,14 +18,18 @@ use crate::source::SourceCache;
 use crate::values::ValueResolver;
 
 mod engine;
+mod env;
 mod stack_config;
+mod workspace_dir;
 
 use engine::{Step, operate_through_locks, repair_sidecars};
+use env::{is_secret_name, pin_home_backend, read_env_file};
 use stack_config::*;
 pub use stack_config::{
     ConfigCommand, MAX_CONFIG_ARG_BYTES, MAX_CONFIG_BATCH_BYTES, MAX_ENV_VAR_BYTES, PlannedConfig, config_commands,
     structured_config_unsupported,
 };
+use workspace_dir::{point_link, workspace_source};
 
 /// What the runner needs from the agent.
 #[derive(Debug, Clone)]
@@ -144,8 +148,13 @@ fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
     match sb.finish() {
         Ok(f) if f.plugins_removed.is_empty() => {}
         Ok(f) => {
-            tracing::warn!(operation = %op.id, plugins = ?f.plugins_removed, "the operation added or changed plugins in the shared cache: removed");
-            op.log(format!("removed plugins this operation added to or changed in the agent's shared cache (never run by another operation): {}", f.plugins_removed.join(", ")));
+            tracing::warn!(operation = %op.id, plugins = ?f.plugins_removed,
+                "the operation added or changed plugins in the shared cache: removed");
+            op.log(format!(
+                "removed plugins this operation added to or changed in the agent's shared cache (never run \
+                by another operation): {}",
+                f.plugins_removed.join(", ")
+            ));
         }
         Err(e) => {
             tracing::warn!(operation = %op.id, error = %e, "removing the operation's directories");
@@ -341,7 +350,8 @@ async fn environment(
     }
     if let Some((name, v)) = env.iter().find(|(k, v)| k.len() + v.len() + 2 > MAX_ENV_VAR_BYTES) {
         let msg = format!(
-            "env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment variable",
+            "env {name}: the value is {} bytes; Linux allows at most {MAX_ENV_VAR_BYTES} bytes in one environment \
+                variable",
             v.len()
         );
         return Err(fail(ErrorReason::InvalidConfig, "env", msg));
@@ -438,166 +448,15 @@ async fn prepare_stack(
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
     }
     // a stack removed elsewhere since we last saw it is selected/created again, once
-    if let Err(f) = set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await {
+    if let Err(f) = set_config(ctx, dir, env, (&stack.name, project), &req.config, masker).await {
         if !f.message.contains("no stack named") {
             return Err(f);
         }
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&known_key);
         select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
-        set_config(ctx, dir, env, &stack.name, project, &req.config, masker).await?;
+        set_config(ctx, dir, env, (&stack.name, project), &req.config, masker).await?;
     }
     add_environments(ctx, dir, env, &stack, masker).await?;
     Ok(known_key)
-}
-
-/// A `file://~` backend (Pulumi expands `~` with `HOME`) names the agent's home, not the operation's
-/// fresh one: the URL of the operation's environment, else the agent's (`inherited`), is rewritten with
-/// the agent's `home`. Otherwise every operation would find an empty backend in its own home.
-fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String>, home: Option<String>) {
-    let Some(url) = env.get("PULUMI_BACKEND_URL").cloned().or(inherited) else { return };
-    let (Some(rest), Some(home)) = (url.strip_prefix("file://~"), home) else { return };
-    if rest.is_empty() || rest.starts_with('/') {
-        env.insert("PULUMI_BACKEND_URL".into(), format!("file://{}{rest}", home.trim_end_matches('/')));
-    }
-}
-
-/// Points the symbolic link `link` at `target`, atomically (a new link renamed over the old one).
-/// The source of a request that names none (a Workspace without git, flux, local or projectInfo —
-/// PKO's "fetch the source yourself" Stack): the program an init container of the workspace pod put
-/// in the workspace directory `link` (PKO's `/share/workspace`), when that is a directory of its own
-/// rather than the link this agent points at each operation's project.
-///
-/// Errors: no `--workspace-link`, or nothing but the agent's link (or nothing at all) there — the
-/// message says where the program was looked for and how to put it there.
-fn workspace_source(link: Option<&Path>) -> Result<pko_proto::v1::Source, String> {
-    let hint = "a Workspace without a source (git, flux, local) runs the program that an init container of its pod (spec.podTemplate) puts in /share/workspace";
-    let Some(link) = link else {
-        return Err(format!("the request has no source and this agent has no workspace directory: {hint}"));
-    };
-    match std::fs::symlink_metadata(link) {
-        Ok(m) if m.is_dir() => Ok(pko_proto::v1::Source {
-            kind: Some(pko_proto::v1::source::Kind::Local(pko_proto::v1::LocalSource {
-                dir: link.display().to_string(),
-            })),
-        }),
-        _ => Err(format!("the request has no source and {} holds no program: {hint}", link.display())),
-    }
-}
-
-fn point_link(link: &Path, target: &Path) -> std::io::Result<()> {
-    let tmp = link.with_extension(format!("tmp-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp)?;
-    std::fs::rename(&tmp, link).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
-/// Whether an environment variable's name says it holds a secret (masked in every log line).
-fn is_secret_name(name: &str) -> bool {
-    ["PASSPHRASE", "TOKEN", "SECRET", "PASSWORD"].iter().any(|s| name.contains(s))
-}
-
-/// The variables of the dotenv file `path` (dotenv syntax: `NAME=value`, quotes, `export`, comments),
-/// none when it does not exist. Errors: the file named with what is wrong in it.
-fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let iter = match dotenvy::from_path_iter(path) {
-        Ok(i) => i,
-        Err(dotenvy::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("env file {}: {e}", path.display())),
-    };
-    let mut vars = Vec::new();
-    for r in iter {
-        match r {
-            Ok(v) => vars.push(v),
-            // the line itself may hold a secret: it is not repeated
-            Err(dotenvy::Error::LineParse(_, at)) => {
-                return Err(format!(
-                    "env file {}: entry {} is not NAME=value (a parse error at character {at} of it)",
-                    path.display(),
-                    vars.len() + 1
-                ));
-            }
-            Err(e) => return Err(format!("env file {}: {e}", path.display())),
-        }
-    }
-    Ok(vars)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_backend_in_the_home_stays_in_the_agents_home() {
-        let pin = |url: Option<&str>, inherited: Option<&str>| {
-            let mut env: BTreeMap<String, String> =
-                url.map(|u| ("PULUMI_BACKEND_URL".to_string(), u.to_string())).into_iter().collect();
-            pin_home_backend(&mut env, inherited.map(str::to_string), Some("/home/agent/".into()));
-            env.get("PULUMI_BACKEND_URL").cloned()
-        };
-        assert_eq!(pin(Some("file://~"), None).as_deref(), Some("file:///home/agent"));
-        assert_eq!(pin(Some("file://~/state"), None).as_deref(), Some("file:///home/agent/state"));
-        assert_eq!(
-            pin(None, Some("file://~/s")).as_deref(),
-            Some("file:///home/agent/s"),
-            "the agent's own URL, made explicit"
-        );
-        assert_eq!(pin(Some("file:///abs"), Some("file://~")).as_deref(), Some("file:///abs"), "the request's wins");
-        assert_eq!(
-            pin(Some("file://~bob/x"), None).as_deref(),
-            Some("file://~bob/x"),
-            "another user's home is not ours"
-        );
-        assert_eq!(pin(Some("s3://b"), None).as_deref(), Some("s3://b"));
-        assert_eq!(pin(None, None), None);
-    }
-
-    #[test]
-    fn the_workspace_link_follows_the_latest_project() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b, link) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("workspace"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        point_link(&link, &a).unwrap();
-        assert_eq!(std::fs::read_link(&link).unwrap(), a);
-        point_link(&link, &b).unwrap();
-        assert_eq!(std::fs::read_link(&link).unwrap(), b, "replaced in place");
-        let real_dir = dir.path().join("real");
-        std::fs::create_dir_all(real_dir.join("x")).unwrap();
-        assert!(point_link(&real_dir, &a).is_err(), "a directory in the way is not replaced");
-        assert!(real_dir.join("x").is_dir());
-    }
-
-    #[test]
-    fn a_request_without_a_source_runs_what_an_init_container_put_in_the_workspace_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let filled = dir.path().join("workspace");
-        std::fs::create_dir_all(&filled).unwrap();
-        match workspace_source(Some(&filled)).unwrap().kind {
-            Some(pko_proto::v1::source::Kind::Local(l)) => assert_eq!(l.dir, filled.display().to_string()),
-            other => panic!("expected the workspace directory as a local source: {other:?}"),
-        }
-        let link = dir.path().join("link");
-        point_link(&link, &filled).unwrap();
-        assert!(
-            workspace_source(Some(&link)).unwrap_err().contains("holds no program"),
-            "the agent's own link is not a program put there"
-        );
-        assert!(workspace_source(Some(&dir.path().join("missing"))).unwrap_err().contains("init container"));
-        assert!(workspace_source(None).unwrap_err().contains("no workspace directory"));
-    }
-
-    #[test]
-    fn env_files_are_read_as_dotenv_without_repeating_a_bad_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(".env");
-        assert_eq!(read_env_file(&path), Ok(vec![]), "no file yet: nothing");
-        std::fs::write(&path, "# written by an init container\nA=1\nexport B=\"two words\"\n").unwrap();
-        assert_eq!(read_env_file(&path), Ok(vec![("A".into(), "1".into()), ("B".into(), "two words".into())]));
-        std::fs::write(&path, "A=1\nPULUMI_CONFIG_PASSPHRASE=\"hunter2\n").unwrap();
-        let e = read_env_file(&path).unwrap_err();
-        assert!(e.contains("entry 2 is not NAME=value") && !e.contains("hunter2"), "{e}");
-    }
 }

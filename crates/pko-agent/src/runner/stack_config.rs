@@ -41,12 +41,16 @@ pub(super) fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()>
     Ok(())
 }
 
+/// Sets the request's config `items` on `stack` in `dir` (values resolved, secrets masked from then on),
+/// then reads the stack config file back: what Pulumi will read is what the request asked for.
+///
+/// Errors: a value that cannot be resolved (`INVALID_CONFIG`), a Pulumi command that failed
+/// (`INITIALIZATION_FAILED`), a file that differs from the request (`RUN_MISMATCH`).
 pub(super) async fn set_config(
     ctx: &RunnerContext,
     dir: &Path,
     env: &BTreeMap<String, String>,
-    stack: &str,
-    project: &str,
+    (stack, project): (&str, &str),
     items: &[ConfigItem],
     masker: &mut Masker,
 ) -> Result<(), Failure> {
@@ -55,51 +59,7 @@ pub(super) async fn set_config(
     }
     let mut planned = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let field = format!("config[{i}]");
-        if item.key.is_empty() {
-            return Err(fail(ErrorReason::InvalidConfig, &field, "config key is empty"));
-        }
-        let value: Value = match &item.value {
-            Some(config_item::Value::Literal(v)) => crate::convert::from_value(v),
-            Some(config_item::Value::ValueFrom(r)) => {
-                // `env` names a variable of the Pulumi process: the operation's own environment first
-                // (e.g. a Secret reference resolved above), then the agent's.
-                let from_op_env = match &r.kind {
-                    Some(pko_proto::v1::value_ref::Kind::Env(name)) => env.get(name).cloned(),
-                    _ => None,
-                };
-                let s =
-                    match from_op_env {
-                        Some(v) => v,
-                        None => ctx.values.resolve(r).await.map_err(|m| {
-                            fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key))
-                        })?,
-                    };
-                if item.json {
-                    serde_json::from_str(&s).map_err(|e| {
-                        fail(ErrorReason::InvalidConfig, &field, format!("config {}: value is not JSON: {e}", item.key))
-                    })?
-                } else {
-                    Value::String(s)
-                }
-            }
-            None => return Err(fail(ErrorReason::InvalidConfig, &field, format!("config {} has no value", item.key))),
-        };
-        let text = match &value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        if item.secret {
-            masker.add(&text);
-        }
-        let key = if item.key.contains(':') { item.key.clone() } else { format!("{project}:{}", item.key) };
-        planned.push(PlannedConfig {
-            key,
-            text,
-            secret: item.secret,
-            path: item.path,
-            object: (!value.is_string()).then_some(value),
-        });
+        planned.push(plan_item(ctx, env, project, i, item, masker).await?);
     }
     for c in config_commands(stack, &planned) {
         let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
@@ -112,18 +72,64 @@ pub(super) async fn set_config(
             return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
         }
     }
-    // what Pulumi will read is what the request asked for (a config file reused, or written by a
-    // plugin or an earlier command, never stands in for it)
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let text = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))).unwrap_or_default();
-    if let Some(why) = written_config_mismatch(&text, &planned) {
-        return Err(fail(
+    match written_config_mismatch(&text, &planned) {
+        Some(why) => Err(fail(
             ErrorReason::RunMismatch,
             "config",
             masker.mask(&format!("the stack config written is not the request's: {why}")),
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env`
+/// names a variable of the Pulumi process (the operation's own environment first, then the agent's).
+///
+/// Errors: an empty key, no value, a reference that cannot be resolved, JSON that does not parse.
+async fn plan_item(
+    ctx: &RunnerContext,
+    env: &BTreeMap<String, String>,
+    project: &str,
+    i: usize,
+    item: &ConfigItem,
+    masker: &mut Masker,
+) -> Result<PlannedConfig, Failure> {
+    let field = format!("config[{i}]");
+    let bad = |m: String| fail(ErrorReason::InvalidConfig, &field, format!("config {}: {m}", item.key));
+    if item.key.is_empty() {
+        return Err(fail(ErrorReason::InvalidConfig, &field, "config key is empty"));
+    }
+    let value: Value = match &item.value {
+        Some(config_item::Value::Literal(v)) => crate::convert::from_value(v),
+        Some(config_item::Value::ValueFrom(r)) => {
+            let from_op_env = match &r.kind {
+                Some(pko_proto::v1::value_ref::Kind::Env(name)) => env.get(name).cloned(),
+                _ => None,
+            };
+            let s = match from_op_env {
+                Some(v) => v,
+                None => ctx.values.resolve(r).await.map_err(bad)?,
+            };
+            if item.json {
+                serde_json::from_str(&s).map_err(|e| bad(format!("value is not JSON: {e}")))?
+            } else {
+                Value::String(s)
+            }
+        }
+        None => return Err(fail(ErrorReason::InvalidConfig, &field, format!("config {} has no value", item.key))),
+    };
+    let text = match &value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if item.secret {
+        masker.add(&text);
+    }
+    let key = if item.key.contains(':') { item.key.clone() } else { format!("{project}:{}", item.key) };
+    let object = (!value.is_string()).then_some(value);
+    Ok(PlannedConfig { key, text, secret: item.secret, path: item.path, object })
 }
 
 /// Where the stack config file `text` (`Pulumi.<stack>.yaml`, as Pulumi wrote it) differs from `planned`
@@ -321,7 +327,11 @@ pub(super) async fn select_stack(
 /// Whether `config` holds a structured value: a literal that is not a string, or a value parsed as
 /// JSON.
 pub(super) fn uses_structured_config(config: &[ConfigItem]) -> bool {
-    config.iter().any(|c| c.json || matches!(&c.value, Some(config_item::Value::Literal(v)) if !matches!(v.kind, Some(prost_types::value::Kind::StringValue(_)))))
+    config.iter().any(|c| {
+        c.json
+            || matches!(&c.value, Some(config_item::Value::Literal(v)) if !matches!(v.kind,
+        Some(prost_types::value::Kind::StringValue(_))))
+    })
 }
 
 /// PKO's message when the CLI `version` (`v3.180.0`) is older than

@@ -72,8 +72,8 @@ pub struct PoolConfig {
 
 /// Where a [`Lent`] agent goes back to when its operation ends (each kind of pool).
 pub trait GiveBack: Send + Sync {
-    /// Agent `n` of `class`, lent before, is given back after its operation ended as `end`.
-    fn give_back(&self, class: &str, n: usize, end: End);
+    /// Agent `n` of pool `pool`, lent before, is given back after its operation ended as `end`.
+    fn give_back(&self, pool: &super::pool::PoolId, n: usize, end: End);
 }
 
 /// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the
@@ -90,7 +90,7 @@ pub struct Lent {
     pub token: Option<String>,
     /// `(class, slot)` when the agent is one of this replica's pool; `None` for a Workspace's own agent
     /// or another replica's agent found running the operation (followed, not lent).
-    slot: Option<(String, usize)>,
+    slot: Option<(super::pool::PoolId, usize)>,
     pools: Option<Arc<dyn GiveBack>>,
     ended: End,
 }
@@ -114,7 +114,7 @@ impl Lent {
     pub fn new(
         address: String,
         audience: Option<String>,
-        slot: Option<(String, usize)>,
+        slot: Option<(super::pool::PoolId, usize)>,
         pools: Arc<dyn GiveBack>,
     ) -> Self {
         Self { address, audience, token: None, slot, pools: Some(pools), ended: End::Unknown }

@@ -197,7 +197,8 @@ impl LocalRuntime {
                     std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice::<AgentRecord>(&b).ok())
                 && agent_process_alive(r.pid)
             {
-                tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address, "adopted a running local agent");
+                tracing::info!(workspace = %format!("{ns}/{name}"), pid = r.pid, address = %r.address,
+                    "adopted a running local agent");
                 procs.insert(
                     uid.clone(),
                     LocalAgent { child: None, pid: r.pid, address: r.address, revision: r.revision },
@@ -329,11 +330,9 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
-/// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name
-/// of its own in the same directory (`tempfile`, created 0600), renamed. Writers of one path at once
-/// (a pool starting several agents of one class share its identity) each rename a whole file; with
-/// one fixed temporary name, one writer removed the other's file before its rename (ENOENT: seen in
-/// the 10k load test of 2026-11-27 as `no agent; retrying … writing …/identity/kubeconfig`).
+/// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name of
+/// its own in the same directory (`tempfile`, created 0600), renamed — so writers of one path at once (a
+/// pool starting several agents of one class share its identity) each rename a whole file.
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -345,14 +344,9 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 impl LocalRuntime {
-    /// Writes the identity of agents working in `dir` for service account `ns/sa`: a 0600 token file
-    /// and a 0600 kubeconfig naming it (in `dir`, created 0700). Returns the kubeconfig's path.
-    ///
-    /// `reuse`: a token already in `dir` that is less than half its lifetime old is kept (no
-    /// TokenRequest) — for a directory only ever used with one service account, as a pool class's
-    /// (the class includes the service account); a Workspace's own directory is not (its
-    /// `serviceAccountName` may change), so it gets a fresh token each time.
-    ///
+    /// Writes the identity of agents working in `dir` for service account `ns/sa` (0600 token and
+    /// kubeconfig in `dir`, 0700) and returns the kubeconfig's path; with `reuse` (a directory of one
+    /// service account only: a pool class's) a token younger than half its lifetime is kept.
     /// Errors: the TokenRequest ([`LocalError::Token`]) or a file ([`LocalError::Agent`]).
     pub(crate) async fn prepare_identity(
         &self,

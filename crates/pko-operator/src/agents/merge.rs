@@ -89,8 +89,10 @@ mod tests {
     fn lists_with_a_merge_key_merge_element_by_element_and_others_are_replaced() {
         let mut base = json!({
             "initContainers": [{"name": "bootstrap", "image": "agent", "command": ["cp"]}],
-            "containers": [{"name": "pulumi", "image": "pulumi", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                            "ports": [{"name": "grpc", "containerPort": 50051}], "volumeMounts": [{"name": "share", "mountPath": "/share"}],
+            "containers": [{"name": "pulumi", "image": "pulumi", "env": [{"name": "A", "value": "1"}, {"name": "B",
+                "value": "2"}],
+                            "ports": [{"name": "grpc", "containerPort": 50051}], "volumeMounts": [{"name": "share",
+                                "mountPath": "/share"}],
                             "securityContext": {"runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}}}],
             "volumes": [{"name": "share", "emptyDir": {}}],
             "tolerations": [{"key": "a", "operator": "Exists"}],
@@ -110,7 +112,8 @@ mod tests {
         strategic_merge(&mut base, &patch);
         assert_eq!(
             base["initContainers"],
-            json!([{"name": "bootstrap", "image": "agent", "command": ["cp"]}, {"name": "fetch-extra", "image": "busybox"}]),
+            json!([{"name": "bootstrap", "image": "agent", "command": ["cp"]}, {"name": "fetch-extra",
+                "image": "busybox"}]),
             "built-in first"
         );
         let pulumi = &base["containers"][0];
@@ -148,10 +151,12 @@ mod tests {
 
     #[test]
     fn null_deletes_and_scalars_replace() {
-        let mut base = json!({"dnsPolicy": "ClusterFirst", "terminationGracePeriodSeconds": 600, "containers": [{"name": "pulumi", "args": ["serve", "--x"]}]});
+        let mut base = json!({"dnsPolicy": "ClusterFirst", "terminationGracePeriodSeconds": 600,
+            "containers": [{"name": "pulumi", "args": ["serve", "--x"]}]});
         strategic_merge(
             &mut base,
-            &json!({"dnsPolicy": null, "terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi", "args": ["serve"]}]}),
+            &json!({"dnsPolicy": null, "terminationGracePeriodSeconds": 30, "containers": [{"name": "pulumi",
+                "args": ["serve"]}]}),
         );
         assert_eq!(
             base,

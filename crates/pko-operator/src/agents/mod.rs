@@ -2,13 +2,14 @@
 //! runtimes behind one interface ([`Agents`]):
 //! - a Workspace's own pod ([`pod`]: its Service and StatefulSet, PKO's layout);
 //! - a Workspace's own process on this machine ([`local`], development and tests);
-//! - a pool of agent processes per workspace class ([`local_pool`], the local default);
-//! - a pool of workspace pods per class ([`pod_pool`]);
+//! - a pool of agent processes per workspace class ([`pool::processes`], the local default);
+//! - a pool of workspace pods per class ([`pool::pods`]);
 //!
 //! (the hollow agents of the load tests are either pool, with the agent's simulate flag). Shared
 //! pieces: the one definition of a workspace class ([`class`]) and its operation limits ([`limits`]),
 //! what lending an agent means ([`lend`]), the operator's tokens towards agents ([`tokens`]), the gRPC
-//! client ([`client`]), PKO's workspace initialization on an agent ([`initialize`]), the agent request of an operation or an initialization with its values
+//! client ([`client`]), PKO's workspace initialization on an agent ([`initialize`]), the agent request of an operation
+//! or an initialization with its values
 //! resolved ([`request`], [`values`]), the readiness probe of a new pod's agent ([`probe`]) and the
 //! strategic merge of `podTemplate` ([`merge`]).
 
@@ -18,11 +19,10 @@ pub mod initialize;
 pub mod lend;
 pub mod limits;
 pub mod local;
-pub mod local_pool;
 pub mod merge;
 pub mod own_pod;
 pub mod pod;
-pub mod pod_pool;
+pub mod pool;
 pub mod probe;
 pub mod request;
 pub mod tokens;
@@ -39,9 +39,9 @@ use pko_api::constants::workspace_condition as wc;
 use crate::informer::Change;
 pub use lend::{End, Lent, PoolConfig};
 use local::{LocalError, LocalRuntime};
-use local_pool::LocalPools;
 use pod::PodRuntimeConfig;
-use pod_pool::{PodPoolError, PodPools};
+use pool::pods::{PodPoolError, PodPools};
+use pool::processes::LocalPools;
 use tokens::AgentTokens;
 
 /// Whether a Workspace's agents can run operations, as its `Ready` condition says it (PKO's reasons).
@@ -83,7 +83,8 @@ impl Readiness {
 }
 
 /// Why a Workspace without a source cannot run on agents that are processes of the operator's host.
-pub const NO_SOURCE_LOCALLY: &str = "the Workspace has no source (git, flux, local): its program is put in /share/workspace by an init container of its pod (spec.podTemplate), \
+pub const NO_SOURCE_LOCALLY: &str = "the Workspace has no source (git, flux, local): its program is put in \
+    /share/workspace by an init container of its pod (spec.podTemplate), \
      and the operator's local runtime runs no workspace pod; set a source, or run the operator with --runtime pod";
 
 /// What [`Agents::lend`] found for an operation.
@@ -116,9 +117,9 @@ enum Runtime {
     OwnPod(PodRuntimeConfig),
     /// A Workspace's own process on this machine ([`local`]).
     OwnProcess(LocalRuntime),
-    /// Pools of agent processes per class ([`local_pool`]).
+    /// Pools of agent processes per class ([`pool::processes`]).
     ProcessPool(Arc<LocalPools>),
-    /// Pools of workspace pods per class ([`pod_pool`]).
+    /// Pools of workspace pods per class ([`pool::pods`]).
     PodPool(Arc<PodPools>),
     /// Agents someone else runs, at the Workspace's `status.address` (tests drive the Update
     /// controller alone with agents they started).

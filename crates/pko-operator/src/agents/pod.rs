@@ -331,7 +331,8 @@ pub fn merge_pod_spec(base: &mut PodSpec, user: &PodSpec) {
         Ok(spec) => *base = spec,
         // both sides are PodSpecs and the merge keeps the shape: not expected
         Err(e) => {
-            tracing::warn!(error = %e, "the merged pod template is not a PodSpec; the user's podTemplate.spec is ignored")
+            tracing::warn!(error = %e,
+                "the merged pod template is not a PodSpec; the user's podTemplate.spec is ignored")
         }
     }
 }
@@ -354,8 +355,9 @@ mod tests {
     use serde_json::json;
 
     fn ws(spec: serde_json::Value) -> Workspace {
-        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "w", "namespace": "ns", "uid": "u1"}, "spec": spec}))
-            .unwrap()
+        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u1"}, "spec": spec}))
+        .unwrap()
     }
 
     fn cfg() -> PodRuntimeConfig {
@@ -427,7 +429,9 @@ mod tests {
     fn pod_template_is_merged() {
         let s = stateful_set(
             &ws(json!({"podTemplate": {"metadata": {"labels": {"team": "a"}}, "spec": {
-                "containers": [{"name": "pulumi", "env": [{"name": "X", "value": "1"}], "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}, {"name": "sidecar", "image": "busybox"}],
+                "containers": [{"name": "pulumi", "env": [{"name": "X", "value": "1"}],
+                    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}, {"name": "sidecar",
+                        "image": "busybox"}],
                 "initContainers": [{"name": "fetch-extra", "image": "busybox"}],
                 "volumes": [{"name": "cache", "emptyDir": {}}],
                 "tolerations": [{"key": "k", "operator": "Exists"}]
@@ -467,10 +471,12 @@ mod tests {
                 "enableServiceLinks": false,
                 "securityContext": {"fsGroup": 1000},
                 "tolerations": [{"key": "example.com/foo", "operator": "Exists", "effect": "NoSchedule"}],
-                "initContainers": [{"name": "extra", "image": "busybox", "command": ["sh", "-c", "echo 'PULUMI_CONFIG_PASSPHRASE=test' >> $PULUMI_ENV"],
+                "initContainers": [{"name": "extra", "image": "busybox", "command": ["sh", "-c",
+                    "echo 'PULUMI_CONFIG_PASSPHRASE=test' >> $PULUMI_ENV"],
                                     "volumeMounts": [{"name": "share", "mountPath": "/share"}]}],
                 "containers": [{"name": "pulumi", "stdin": true, "securityContext": {"readOnlyRootFilesystem": true},
-                                "volumeMounts": [{"name": "secret-volume", "mountPath": "/etc/secret-volume", "readOnly": true}]}],
+                                "volumeMounts": [{"name": "secret-volume", "mountPath": "/etc/secret-volume",
+                                    "readOnly": true}]}],
                 "volumes": [{"name": "secret-volume", "secret": {"secretName": "test-secret"}}]
             }}})),
             &cfg(),
@@ -523,10 +529,9 @@ mod tests {
     #[test]
     fn a_patch_of_pko_s_fetch_container_merges() {
         let s = stateful_set(
-            &ws(
-                json!({"podTemplate": {"spec": {"containers": [], "initContainers": [{"name": "fetch", "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
-                                                                                        "resources": {"limits": {"memory": "128Mi"}}}]}}}),
-            ),
+            &ws(json!({"podTemplate": {"spec": {"containers": [], "initContainers": [{"name": "fetch",
+                    "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                    "resources": {"limits": {"memory": "128Mi"}}}]}}})),
             &cfg(),
         );
         let inits = s.spec.unwrap().template.spec.unwrap().init_containers.unwrap();
@@ -541,9 +546,8 @@ mod tests {
     fn config_changes_do_not_roll_the_pod() {
         let a =
             ws(json!({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "1"}]}]}));
-        let b = ws(
-            json!({"git": {"url": "u", "ref": "r2"}, "stacks": [{"name": "dev", "config": [{"key": "a", "value": "2"}]}]}),
-        );
+        let b = ws(json!({"git": {"url": "u", "ref": "r2"}, "stacks": [{"name": "dev", "config": [{"key": "a",
+                "value": "2"}]}]}));
         assert_eq!(revision_hash(&a), revision_hash(&b));
         let c = ws(json!({"local": {"dir": "/p"}, "image": "custom"}));
         assert_ne!(revision_hash(&a), revision_hash(&c));

@@ -438,15 +438,18 @@ mod tests {
     #[test]
     fn builds_a_git_up_with_config_env_and_options() {
         let w = ws(json!({
-            "git": {"url": "https://g/r.git", "ref": "abc", "dir": "app", "shallow": true, "auth": {"token": {"name": "git", "key": "t"}}},
-            "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///s"}, {"name": "PULUMI_CONFIG_PASSPHRASE", "valueFrom": {"secretKeyRef": {"name": "p", "key": "k"}}}],
-            "stacks": [{"name": "dev", "create": true, "secretsProvider": "passphrase", "environment": ["team/base", "team/prod"], "config": [
-                {"key": "a", "value": "x"}, {"key": "b", "value": {"n": 1}, "secret": true}, {"key": "c", "valueFrom": {"path": "/f", "json": true}}
+            "git": {"url": "https://g/r.git", "ref": "abc", "dir": "app", "shallow": true,
+                "auth": {"token": {"name": "git", "key": "t"}}},
+            "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///s"}, {"name": "PULUMI_CONFIG_PASSPHRASE",
+                "valueFrom": {"secretKeyRef": {"name": "p", "key": "k"}}}],
+            "stacks": [{"name": "dev", "create": true, "secretsProvider": "passphrase", "environment": ["team/base",
+                "team/prod"], "config": [
+                {"key": "a", "value": "x"}, {"key": "b", "value": {"n": 1}, "secret": true}, {"key": "c",
+                    "valueFrom": {"path": "/f", "json": true}}
             ]}]
         }));
-        let u = upd(
-            json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"], "refresh": true}),
-        );
+        let u = upd(json!({"workspaceName": "w", "stackName": "dev", "type": "up", "parallel": 3, "target": ["urn:a"],
+                "refresh": true}));
         let r = build("ns/u1/uid", 7, "ns", &w, &u).unwrap();
         assert_eq!((r.operation_id.as_str(), r.epoch, r.r#type), ("ns/u1/uid", 7, pb::OperationType::Up as i32));
         let Some(pb::source::Kind::Git(g)) = r.source.unwrap().kind else { panic!() };
@@ -513,9 +516,8 @@ mod tests {
                 ("MEM".into(), Env("MEM".into()), false),
             ]
         );
-        let default_sa = ws(
-            json!({"local": {"dir": "/p"}, "env": [{"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}),
-        );
+        let default_sa = ws(json!({"local": {"dir": "/p"}, "env": [{"name": "SA",
+                "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}));
         assert_eq!(env(&default_sa, "n").unwrap()[0].value.as_ref().unwrap().kind, Some(Literal("default".into())));
     }
 

@@ -28,9 +28,14 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamMap;
 use tokio_util::sync::CancellationToken;
 
+mod groups;
+pub mod lenient;
 mod merge;
+mod watches;
+pub use groups::{Groups, MAX_WATCH_GROUPS, Regroup};
+use lenient::{Lenient, Undecodable};
 use merge::*;
-pub use merge::{Groups, MAX_WATCH_GROUPS, Regroup};
+use watches::{Reads, Watches};
 
 /// Where a replica watches (the operator's `--namespaces`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -97,11 +102,13 @@ const SUBSCRIBER_BUFFER: usize = 1024;
 
 /// One kind's shared watch: its sources, its store, its subscribers.
 pub struct Informer<K: Watched> {
-    apis: Vec<Api<K>>,
+    apis: Vec<Api<Lenient<K>>>,
     config: watcher::Config,
     writer: Writer<K>,
     /// Boxed: a channel allocates its slots in blocks of 32, and a `Stack` is kilobytes inline.
     subscribers: Vec<mpsc::Sender<Box<Change<K>>>>,
+    /// Who is told of objects that do not decode ([`Informer::undecodable`]).
+    reporters: Vec<mpsc::Sender<Undecodable>>,
     shards: Option<watch::Receiver<HeldShards>>,
 }
 
@@ -123,7 +130,8 @@ impl<K: Watched> Informer<K> {
             WatchScope::Cluster => vec![Api::all(client.clone())],
             WatchScope::Namespaces(list) => list.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect(),
         };
-        Self { apis, config, writer: Writer::default(), subscribers: Vec::new(), shards: None }
+        let (writer, subscribers, reporters) = (Writer::default(), Vec::new(), Vec::new());
+        Self { apis, config, writer, subscribers, reporters, shards: None }
     }
 
     /// Watches and keeps only the objects of the shards `held` names (the fleet: the shards this
@@ -142,7 +150,7 @@ impl<K: Watched> Informer<K> {
 
     /// Every change from now on. Subscribe before [`Self::run`] to see the first list; a subscriber
     /// that is not read holds the informer back (bounded buffer), a dropped one is forgotten.
-    pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static {
+    pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static + use<K> {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.subscribers.push(tx);
         tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| *c)
@@ -153,198 +161,107 @@ impl<K: Watched> Informer<K> {
         self.subscribe().map(|c| Ok(c.into_object())).boxed()
     }
 
-    /// Watches until `shutdown` is cancelled: keeps the store and hands every change to the
-    /// subscribers. Watch errors are logged and retried with kube's default backoff.
+    /// Every object listed or changed from now on that does not decode as `K` ([`Undecodable`]): it is
+    /// in no store and reaches no controller, so its controller says so on it. Backpressure as
+    /// [`Self::subscribe`]'s.
+    pub fn undecodable(&mut self) -> impl Stream<Item = Undecodable> + Send + 'static + use<K> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        self.reporters.push(tx);
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+
+    /// Watches until `shutdown` is cancelled: keeps the store, hands every change to the subscribers
+    /// and every undecodable object to the reporters. Watch errors are logged and retried with kube's
+    /// default backoff.
     pub async fn run(self, shutdown: CancellationToken) {
-        let Informer { apis, config, mut writer, mut subscribers, mut shards } = self;
-        let kind = K::kind(&());
+        let Informer { apis, config, writer, subscribers, reporters, mut shards } = self;
         let reader = writer.as_reader();
         let lookup = |r: &ObjectRef<K>| reader.get(r);
         let all = || reader.state().iter().map(|o| (**o).clone()).collect::<Vec<K>>();
-        let mut merge = Merge::default();
-        let mut streams: StreamMap<Src, SourceStream<K>> = StreamMap::new();
-        let mut groups = Groups::default();
-        // the held shards the watches follow (sharded kinds), and what an event must be of to count
-        let mut held: Option<HeldShards> = None;
-        let first = match shards.as_mut() {
-            None => vec![Regroup::Watch { group: 0, shards: BTreeSet::new() }],
-            Some(rx) => {
-                let now = rx.borrow_and_update().clone();
-                let steps = groups.follow(&now.shards);
-                held = Some(now);
-                steps
-            }
-        };
-        let mut pending: Vec<Step<K>> = Vec::new();
-        for r in first {
-            pending.extend(Self::regroup(r, &apis, &config, held.as_ref(), &mut merge, &mut streams, &lookup, &all));
-        }
-        if !deliver(pending, &mut writer, &mut subscribers, &shutdown).await {
+        let reads = Reads { lookup: &lookup, all: &all };
+        let mut out = Out { writer, subscribers, reporters };
+        let mut w = Watches::new(apis, config);
+        let first = w.follow(shards.as_mut().map(|rx| rx.borrow_and_update().clone()), &reads);
+        if !out.deliver(first, Vec::new(), &shutdown).await {
             return;
         }
         loop {
-            let next = tokio::select! {
+            let changed = async {
+                match shards.as_mut() {
+                    Some(s) => s.changed().await.map(|()| s.borrow_and_update().clone()),
+                    None => std::future::pending().await,
+                }
+            };
+            let (steps, bad) = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                e = streams.next(), if !streams.is_empty() => e,
-                Ok(()) = async { match shards.as_mut() { Some(s) => s.changed().await, None => std::future::pending().await } } => {
-                    let Some(rx) = shards.as_mut() else { continue };
-                    let now = rx.borrow_and_update().clone();
-                    let regroups = groups.follow(&now.shards);
-                    for r in &regroups {
-                        match r {
-                            Regroup::Forget(lost) => tracing::info!(kind = %kind, shards = lost.len(), "shards lost: their objects leave the cache, nothing is listed"),
-                            Regroup::Unwatch(group) => tracing::info!(kind = %kind, group, "watch group closed: none of its shards is held"),
-                            Regroup::Watch { group, shards } => tracing::info!(kind = %kind, group, shards = shards.len(), "shards gained: listing and watching only them"),
-                            Regroup::Rebuild { group, shards, replaces } => tracing::info!(kind = %kind, group, shards = shards.len(), replaced = replaces.len(), "watch groups folded into one: listing every held shard again"),
-                        }
+                Some((source, event)) = w.streams.next(), if !w.streams.is_empty() => match event {
+                    Ok(e) => w.on_event(source, e, &reads),
+                    Err(e) => {
+                        tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying");
+                        continue;
                     }
-                    held = Some(now);
-                    let mut steps = Vec::new();
-                    for r in regroups {
-                        steps.extend(Self::regroup(r, &apis, &config, held.as_ref(), &mut merge, &mut streams, &lookup, &all));
-                    }
-                    if !deliver(steps, &mut writer, &mut subscribers, &shutdown).await {
-                        return;
-                    }
-                    continue;
-                }
+                },
+                Ok(now) = changed => (w.follow(Some(now), &reads), Vec::new()),
             };
-            let Some((source, event)) = next else { continue };
-            let event = match event {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
-                    continue;
-                }
-            };
-            // a watch whose selector covers shards no longer held (a group that lost some): not ours
-            if let Some(h) = &held
-                && event_object(&event).is_some_and(|o| shard_of(o).is_some_and(|k| !h.shards.contains(&k)))
-            {
-                continue;
-            }
-            let steps = merge.handle(source, event, &lookup, &all);
-            if !deliver(steps, &mut writer, &mut subscribers, &shutdown).await {
+            if !out.deliver(steps, bad, &shutdown).await {
                 return;
             }
         }
     }
+}
 
-    /// Carries out one [`Regroup`]: opens or closes a group's watches (one per source), drops the
-    /// objects of lost shards; returns the store writes and changes to hand on.
-    #[allow(clippy::too_many_arguments)]
-    fn regroup(
-        step: Regroup,
-        apis: &[Api<K>],
-        config: &watcher::Config,
-        held: Option<&HeldShards>,
-        merge: &mut Merge<K>,
-        streams: &mut StreamMap<Src, SourceStream<K>>,
-        lookup: &impl Fn(&ObjectRef<K>) -> Option<Arc<K>>,
-        all: &impl Fn() -> Vec<K>,
-    ) -> Vec<Step<K>> {
-        let open = |group: u64, shards: &BTreeSet<u32>, streams: &mut StreamMap<Src, SourceStream<K>>| {
-            let mut config = config.clone();
-            if let Some(h) = held {
-                let selector = shard_selector(shards, h.total);
-                config.label_selector = Some(match config.label_selector.take() {
-                    Some(own) if !own.is_empty() => format!("{own},{selector}"),
-                    _ => selector,
-                });
-            }
-            for (i, api) in apis.iter().enumerate() {
-                streams
-                    .insert((group, i), watcher(api.clone(), config.clone()).default_backoff().modify(prune).boxed());
-            }
-        };
-        match step {
-            Regroup::Watch { group, shards } => {
-                open(group, &shards, streams);
-                for i in 0..apis.len() {
-                    merge.add_source((group, i));
-                }
-                Vec::new()
-            }
-            Regroup::Unwatch(group) => {
-                let mut steps = Vec::new();
-                for i in 0..apis.len() {
-                    streams.remove(&(group, i));
-                    steps.extend(merge.remove_source((group, i), lookup, all));
-                }
-                steps
-            }
-            Regroup::Forget(lost) => merge.forget(|o| shard_of(o).is_some_and(|k| lost.contains(&k)), lookup),
-            Regroup::Rebuild { group, shards, replaces } => {
-                open(group, &shards, streams);
-                let mut steps = Vec::new();
-                for i in 0..apis.len() {
-                    for old in &replaces {
-                        streams.remove(&(*old, i));
+/// Where an informer's results go: its store, its subscribers, its reporters.
+struct Out<K: Watched> {
+    writer: Writer<K>,
+    subscribers: Vec<mpsc::Sender<Box<Change<K>>>>,
+    reporters: Vec<mpsc::Sender<Undecodable>>,
+}
+
+impl<K: Watched> Out<K> {
+    /// Writes `steps` into the store, hands their changes to the subscribers and `bad` to the
+    /// reporters (dropping the closed ones); `false` once `shutdown` is cancelled while one was full.
+    async fn deliver(&mut self, steps: Vec<Step<K>>, bad: Vec<Undecodable>, shutdown: &CancellationToken) -> bool {
+        for step in steps {
+            match step {
+                Step::Store(e) => self.writer.apply_watcher_event(&e),
+                Step::Notify(change) => {
+                    if !send_all(&self.subscribers, || Box::new(change.clone()), shutdown).await {
+                        return false;
                     }
-                    steps.extend(merge.carry(replaces.iter().map(|old| (*old, i)).collect(), (group, i), all));
+                    self.subscribers.retain(|tx| !tx.is_closed());
                 }
-                steps
             }
         }
-    }
-}
-
-/// The events of one source's watch.
-type SourceStream<K> = BoxStream<'static, watcher::Result<watcher::Event<K>>>;
-
-/// The object an event is about (none for the markers of a list).
-fn event_object<K>(event: &watcher::Event<K>) -> Option<&K> {
-    match event {
-        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => Some(o),
-        watcher::Event::Init | watcher::Event::InitDone => None,
-    }
-}
-
-/// The shard an object is labelled with ([`pko_api::constants::SHARD_LABEL`]); `None` without a
-/// label, or with one that is no shard number.
-fn shard_of<K: kube::Resource>(object: &K) -> Option<u32> {
-    object.meta().labels.as_ref()?.get(pko_api::constants::SHARD_LABEL)?.parse().ok()
-}
-
-/// Writes `steps` into the store and hands their changes to `subscribers` (dropping the closed
-/// ones); `false` once `shutdown` is cancelled while a subscriber was full.
-async fn deliver<K: Watched>(
-    steps: Vec<Step<K>>,
-    writer: &mut Writer<K>,
-    subscribers: &mut Vec<mpsc::Sender<Box<Change<K>>>>,
-    shutdown: &CancellationToken,
-) -> bool {
-    for step in steps {
-        match step {
-            Step::Store(e) => writer.apply_watcher_event(&e),
-            Step::Notify(change) => {
-                for tx in subscribers.iter() {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return false,
-                        _ = tx.send(Box::new(change.clone())) => {}
-                    }
-                }
-                subscribers.retain(|tx| !tx.is_closed());
+        for u in bad {
+            tracing::warn!(kind = %K::kind(&()), name = ?u.meta.name, namespace = ?u.meta.namespace, error = %u.error,
+                "an object does not decode: left out of the cache");
+            metrics::counter!(crate::metric_names::UNDECODABLE_OBJECTS_TOTAL, "kind" => K::kind(&()).to_string())
+                .increment(1);
+            if !send_all(&self.reporters, || u.clone(), shutdown).await {
+                return false;
             }
+            self.reporters.retain(|tx| !tx.is_closed());
+        }
+        true
+    }
+}
+
+/// Sends what `item` makes to each of `to`, waiting for a full one; `false` once `shutdown` is
+/// cancelled meanwhile.
+async fn send_all<T>(to: &[mpsc::Sender<T>], item: impl Fn() -> T, shutdown: &CancellationToken) -> bool {
+    for tx in to {
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tx.send(item()) => {}
         }
     }
     true
 }
 
-/// The watch configuration every informer starts from: its lists are served from the API server's
-/// watch cache (`resourceVersion=0`, client-go's reflector default; kube's `any_semantic`) instead of
-/// a quorum read from etcd in pages of 500. A list may then be a moment older than the store; the watch
-/// resumes from that list's `resourceVersion`, so the events between bring the store forward again.
-/// At 10,000 Stacks a re-list from etcd costs the API server seconds per kind, and a selector that
-/// matches few objects (a watch group's shards, the labeller's `!pulumi.com/shard`) scans them all.
-///
-/// Unpaged (`page_size` none): kube-core 5.0 (`ListParams::populate_qp`) leaves `resourceVersion=0` out
-/// of a list that has a `limit`, which makes it a consistent read — from etcd unless the API server
-/// serves consistent lists from its cache (Kubernetes 1.31+ with etcd 3.4.31+ / 3.5.13+). The watch
-/// cache ignores `limit` anyway and answers a `resourceVersion=0` list in one response. Measured
-/// 2026-11-27 (3,000 hollow Stacks, 4 replicas, etcd 3.4.23): with pages, each shard movement's lists
-/// fetched ~18,000–33,000 objects from etcd, its request latency rose from ~20 ms to ~115–150 ms and
-/// every client of the API server slowed to a fifth for ~15 s.
+/// The watch configuration every informer starts from: lists served from the API server's watch cache
+/// (`resourceVersion=0`, kube's `any_semantic`), unpaged — kube-core leaves `resourceVersion=0` out of a
+/// list with a `limit`, which would make it a consistent read from etcd of every object of the kind. A
+/// list may be a moment older than the store: the store keeps the newer version ([`merge`]).
 pub fn list_config() -> watcher::Config {
     let mut config = watcher::Config::default().any_semantic();
     config.page_size = None;

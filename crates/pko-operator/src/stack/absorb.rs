@@ -41,7 +41,8 @@ pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), S
     match update.status.as_ref().and_then(|s| s.run_digest.as_deref()) {
         Some(ran) if ran == expected => Ok(()),
         ran => Err(format!(
-            "the Update reported success but did not run what it was made for: its agent ran {}, the Update names {expected}",
+            "the Update reported success but did not run what it was made for: its agent ran {}, the Update names \
+                {expected}",
             ran.unwrap_or("an unrecorded request")
         )),
     }

@@ -74,11 +74,13 @@ pub fn controller(
         flux_tx,
     );
     let controller = controller.reconcile_on(tokio_stream::wrappers::ReceiverStream::new(flux_rx));
+    let undecodable = super::undecodable::report(ctx.clone(), informers.stacks().undecodable());
     let run = async move {
         let own = ctx.clone();
         tokio::select! {
             () = k8s::run_controller(controller, own.running(), "stack", super::reconcile::reconcile, state) => {}
             () = async { flux.await; std::future::pending::<()>().await } => {}
+            () = async { undecodable.await; std::future::pending::<()>().await } => {}
         }
     };
     (store, run)

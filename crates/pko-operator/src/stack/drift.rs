@@ -126,7 +126,8 @@ pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: st
 
 /// What a Stack's `DriftDetected` message says while a due check waits for a fleet-wide slot
 /// (`--max-concurrent-drift-checks`).
-pub const DEFERRED_NOTE: &str = "a check is due and waits for a drift-check slot: the fleet runs its maximum at once (--max-concurrent-drift-checks)";
+pub const DEFERRED_NOTE: &str = "a check is due and waits for a drift-check slot: the fleet runs its maximum at once \
+    (--max-concurrent-drift-checks)";
 
 /// The `DriftDetected` condition `(status, reason, message)` while a due check waits for a slot, given
 /// the current one (`None`: no check ran yet): its status and reason kept, [`DEFERRED_NOTE`] added to
@@ -413,7 +414,8 @@ mod tests {
         let note = tightened(&s, t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL).unwrap();
         assert_eq!(
             note,
-            "spec.driftDetection.schedules[1].cron tick(s) more often than every 60 s: checks run at most once every 60 s"
+            "spec.driftDetection.schedules[1].cron tick(s) more often than every 60 s: checks run at most once every \
+                60 s"
         );
         assert_eq!(
             tightened(&stack(&[("* * * * *", false)]), t("2026-11-24T10:00:00Z"), MIN_CHECK_INTERVAL),

@@ -147,14 +147,16 @@ pub async fn run(
                     if revisions.changed(&kind, &ns, &name, revision(&obj)) {
                         let state = store.state();
                         for stack in referring(state.iter().map(|s| &**s), &kind, &ns, &name) {
-                            tracing::debug!(stack = %stack, source = %name, kind = %kind.kind, "Flux source revision changed");
+                            tracing::debug!(stack = %stack, source = %name, kind = %kind.kind,
+                                "Flux source revision changed");
                             if reconcile.send(stack).await.is_err() {
                                 return;
                             }
                         }
                     }
                 }
-                Err(e) => tracing::warn!(kind = %kind.kind, api_version = %kind.api_version, error = %e, "watching a Flux source kind"),
+                Err(e) => tracing::warn!(kind = %kind.kind, api_version = %kind.api_version, error = %e,
+                    "watching a Flux source kind"),
             },
         }
     }
@@ -170,7 +172,9 @@ mod tests {
         if let Some((api_version, kind, src)) = source {
             spec["fluxSource"] = json!({"sourceRef": {"apiVersion": api_version, "kind": kind, "name": src}});
         }
-        serde_json::from_value(json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "namespace": ns}, "spec": spec})).unwrap()
+        serde_json::from_value(json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name,
+            "namespace": ns}, "spec": spec}))
+        .unwrap()
     }
 
     fn git() -> SourceKind {

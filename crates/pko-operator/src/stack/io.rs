@@ -52,15 +52,9 @@ pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<()
     Ok(())
 }
 
-/// The name of an Update of Stack `ns/name` that is not complete yet, read from the Update informer's
-/// cache `updates`; `None` when there is none.
-///
-/// The Stack's `status.currentUpdate`, read fresh by each pass and written before its Update is created,
-/// is what keeps one Update per Stack; this is the second guard, for a race across a shard move (an
-/// Update created by the replica that held the shard, whose status write this pass could not see).
-/// The cache can lag the API server by a watch event, which only narrows that guard for the moment an
-/// Update is being created; a LIST of the namespace's Updates here made creating N Updates in one
-/// namespace cost O(N²) (it stalled the 10k-Stack load test at ~2,100 Stacks).
+/// The name of an Update of Stack `ns/name` not complete yet, from the Update informer's cache `updates`
+/// (`None`: there is none): the second guard of one Update per Stack after `currentUpdate`, for an Update
+/// another replica created before a shard move. From the cache, never a LIST (O(N²) per namespace).
 pub(super) fn in_flight_update(updates: &Store<Update>, ns: &str, name: &str) -> Option<String> {
     updates.find(|u| in_flight_for(u, ns, name)).map(|u| u.name_any())
 }
@@ -94,7 +88,8 @@ mod tests {
                 "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
                 "metadata": {"name": "u", "namespace": ns},
                 "spec": {},
-                "status": {"conditions": [{"type": "Complete", "status": if complete { "True" } else { "False" }, "reason": "r", "message": "", "lastTransitionTime": "2026-11-24T00:00:00Z"}]},
+                "status": {"conditions": [{"type": "Complete", "status": if complete { "True" } else { "False" },
+                    "reason": "r", "message": "", "lastTransitionTime": "2026-11-24T00:00:00Z"}]},
             }))
             .unwrap();
             if let Some(s) = stack {

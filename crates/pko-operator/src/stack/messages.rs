@@ -10,9 +10,11 @@ use super::plan;
 /// The Stalled `NamespaceTerminating` message: why the destroy cannot run and how to let the Stack go.
 pub(super) fn namespace_terminating_message(ns: &str, name: &str) -> String {
     format!(
-        "namespace {ns} is being deleted, so the destroy of this Stack (destroyOnFinalize) cannot run: no Workspace or Update can be created in it. \
+        "namespace {ns} is being deleted, so the destroy of this Stack (destroyOnFinalize) cannot run: no Workspace or \
+            Update can be created in it. \
          Either destroy the stack's resources yourself and remove the finalizer with \
-         `kubectl -n {ns} patch stack {name} --type=json -p '[{{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}}]'`, \
+         `kubectl -n {ns} patch stack {name} --type=json -p \
+         '[{{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}}]'`, \
          or apply a Stack with the same spec in another namespace to destroy them."
     )
 }
@@ -49,11 +51,13 @@ pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::R
         format!("retrying in {} s", policy.cooldown(failures).as_secs())
     };
     format!(
-        "Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi cancel`."
+        "Another update holds the stack lock ({cause}); {next}. A lock left by a dead process is cleared with `pulumi \
+            cancel`."
     )
 }
 
-/// A request annotation `asked` (the Stack's `pulumi.com/cancel-request` or `pulumi.com/unlock-request`) when it is new: set, not empty
+/// A request annotation `asked` (the Stack's `pulumi.com/cancel-request` or `pulumi.com/unlock-request`) when it is
+/// new: set, not empty
 /// and not the value last seen (`observed`). A value is acted on once. Pure.
 pub(super) fn new_request<'a>(asked: Option<&'a str>, observed: Option<&str>) -> Option<&'a str> {
     asked.filter(|a| !a.is_empty() && Some(*a) != observed)

@@ -20,4 +20,5 @@ pub mod plan;
 pub mod prerequisites;
 pub mod reconcile;
 pub mod source;
+pub mod undecodable;
 pub mod unlock;

@@ -68,7 +68,8 @@ impl RetryPolicy {
 /// `UpdateCanceled`). Pure.
 pub fn canceled_message(request: &str) -> String {
     format!(
-        "update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source changes or a sync is requested"
+        "update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source \
+            changes or a sync is requested"
     )
 }
 
@@ -181,63 +182,84 @@ pub fn decide_with_workspace(
     if branch_tracking {
         requeue.push(period);
     }
-    let kind = last.update_type.as_ref().map(UpdateType::as_str).unwrap_or("update");
+    let seen = Seen { stack, last: &last, commit, deleting, since_resync };
     let conditions = match last.state {
-        Some(StackUpdateStateMessage::Succeeded) => {
-            if !deleting && last.last_successful_commit.as_deref() != Some(commit) {
-                return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
-            }
-            if !deleting && stack.spec.continue_resync_on_commit_match == Some(true) {
-                if since_resync >= period {
-                    return Sync::NeedsUpdate { reason: format!("Resync time elapsed: {}", go_duration(period)) };
-                }
-                requeue.push(period - since_resync);
-            }
-            Conditions::Ready
-        }
-        Some(StackUpdateStateMessage::Failed) | None => {
-            if !deleting && last.last_attempted_commit.as_deref() != Some(commit) {
-                return Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(commit)) };
-            }
-            let failures = last.failures.unwrap_or(0);
-            if let Some(request) = last.cancel_request.as_deref().filter(|_| !deleting) {
-                Conditions::Stalled(sc::UPDATE_CANCELED, canceled_message(request))
-            } else if let Some((reason, message)) = workspace_stall {
-                let stall = if reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION {
-                    sc::PULUMI_VERSION_TOO_LOW
-                } else {
-                    sc::WORKSPACE_FAILED
-                };
-                Conditions::Stalled(stall, format!("{reason}: {message}"))
-            } else if RetryPolicy::of(&stack.spec).stalls(failures, last.update_type.as_ref()) && !deleting {
-                Conditions::Stalled(
-                    sc::UPDATE_FAILED,
-                    with_last_error(
-                        format!("{kind} failed {failures} times; not retrying until the spec or source changes"),
-                        last.message.as_deref(),
-                    ),
-                )
-            } else {
-                let wait = RetryPolicy::of(&stack.spec).cooldown(failures);
-                if since_resync >= wait {
-                    return Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}", go_duration(wait)) };
-                }
-                requeue.push(wait - since_resync);
-                if last.update_type == Some(UpdateType::Preview) {
-                    Conditions::Reconciling(
-                        sc::PREVIEW_FAILED,
-                        with_last_error(format!("preview failed ({failures} attempt(s))"), last.message.as_deref()),
-                    )
-                } else {
-                    Conditions::Reconciling(
-                        sc::RETRYING_AFTER_FAILURE,
-                        with_last_error(format!("{failures} update failure(s)"), last.message.as_deref()),
-                    )
-                }
-            }
-        }
+        Some(StackUpdateStateMessage::Succeeded) => seen.after_success(period, &mut requeue),
+        Some(StackUpdateStateMessage::Failed) | None => seen.after_failure(workspace_stall, &mut requeue),
     };
-    Sync::Synced { conditions, requeue_after: requeue.into_iter().min().map(|d| d.max(Duration::from_secs(1))) }
+    match conditions {
+        Ok(conditions) => {
+            Sync::Synced { conditions, requeue_after: requeue.into_iter().min().map(|d| d.max(Duration::from_secs(1))) }
+        }
+        Err(needs_update) => needs_update,
+    }
+}
+
+/// What the sync decision reads of a Stack whose last update is known.
+struct Seen<'a> {
+    stack: &'a Stack,
+    last: &'a pko_api::stack::StackUpdateState,
+    commit: &'a str,
+    deleting: bool,
+    since_resync: Duration,
+}
+
+impl Seen<'_> {
+    /// After a successful update: a new commit, or a resync due (`continueResyncOnCommitMatch`, every
+    /// `period`), needs an update (`Err`); else Ready, looked at again when the resync is due.
+    fn after_success(&self, period: Duration, requeue: &mut Vec<Duration>) -> Result<Conditions, Sync> {
+        if !self.deleting && self.last.last_successful_commit.as_deref() != Some(self.commit) {
+            return Err(Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(self.commit)) });
+        }
+        if !self.deleting && self.stack.spec.continue_resync_on_commit_match == Some(true) {
+            if self.since_resync >= period {
+                return Err(Sync::NeedsUpdate { reason: format!("Resync time elapsed: {}", go_duration(period)) });
+            }
+            requeue.push(period - self.since_resync);
+        }
+        Ok(Conditions::Ready)
+    }
+
+    /// After a failed update: a new commit, or the backoff elapsed, needs an update (`Err`); a cancel
+    /// request, a stalled Workspace or the retry budget spent stall the Stack; else it is Reconciling,
+    /// looked at again when the backoff ends.
+    fn after_failure(
+        &self,
+        workspace_stall: Option<(&str, &str)>,
+        requeue: &mut Vec<Duration>,
+    ) -> Result<Conditions, Sync> {
+        let (last, deleting) = (self.last, self.deleting);
+        if !deleting && last.last_attempted_commit.as_deref() != Some(self.commit) {
+            return Err(Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(self.commit)) });
+        }
+        let failures = last.failures.unwrap_or(0);
+        let kind = last.update_type.as_ref().map(UpdateType::as_str).unwrap_or("update");
+        let policy = RetryPolicy::of(&self.stack.spec);
+        if let Some(request) = last.cancel_request.as_deref().filter(|_| !deleting) {
+            return Ok(Conditions::Stalled(sc::UPDATE_CANCELED, canceled_message(request)));
+        }
+        if let Some((reason, message)) = workspace_stall {
+            let incompatible = reason == pko_api::constants::workspace_condition::INCOMPATIBLE_CONFIGURATION;
+            let stall = if incompatible { sc::PULUMI_VERSION_TOO_LOW } else { sc::WORKSPACE_FAILED };
+            return Ok(Conditions::Stalled(stall, format!("{reason}: {message}")));
+        }
+        if policy.stalls(failures, last.update_type.as_ref()) && !deleting {
+            let text = format!("{kind} failed {failures} times; not retrying until the spec or source changes");
+            return Ok(Conditions::Stalled(sc::UPDATE_FAILED, with_last_error(text, last.message.as_deref())));
+        }
+        let wait = policy.cooldown(failures);
+        if self.since_resync >= wait {
+            return Err(Sync::NeedsUpdate { reason: format!("Backoff time elapsed: {}", go_duration(wait)) });
+        }
+        requeue.push(wait - self.since_resync);
+        Ok(if last.update_type == Some(UpdateType::Preview) {
+            let text = format!("preview failed ({failures} attempt(s))");
+            Conditions::Reconciling(sc::PREVIEW_FAILED, with_last_error(text, last.message.as_deref()))
+        } else {
+            let text = format!("{failures} update failure(s)");
+            Conditions::Reconciling(sc::RETRYING_AFTER_FAILURE, with_last_error(text, last.message.as_deref()))
+        })
+    }
 }
 
 /// Longest part of the last failure's message a Stack condition repeats, in bytes.
@@ -414,7 +436,8 @@ mod tests {
         let mut s = stack(1, Some(done(StackUpdateStateMessage::Failed, 0, "c1", 0)));
         s.status.as_mut().unwrap().last_update.as_mut().unwrap().message = Some("boom".into());
         assert!(
-            matches!(decide(&s, "c1", at(4), false, false), Sync::Synced { conditions: Conditions::Reconciling(_, m), .. } if m == "0 update failure(s): boom")
+            matches!(decide(&s, "c1", at(4), false, false), Sync::Synced { conditions: Conditions::Reconciling(_, m),
+                .. } if m == "0 update failure(s): boom")
         );
     }
 
@@ -431,9 +454,8 @@ mod tests {
         }
         assert_eq!(needs(decide(&s, "c1", at(10), false, false)), "Backoff time elapsed: 10s");
         let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 2, "c1", 0)));
-        assert!(
-            matches!(decide(&s, "c1", at(89), false, false), Sync::Synced { requeue_after: Some(d), .. } if d == Duration::from_secs(1))
-        );
+        assert!(matches!(decide(&s, "c1", at(89), false, false), Sync::Synced { requeue_after: Some(d),
+                .. } if d == Duration::from_secs(1)));
         let s = stack(1, Some(done(StackUpdateStateMessage::Failed, 3, "c1", 0)));
         match decide(&s, "c1", at(100_000), false, false) {
             Sync::Synced { conditions: Conditions::Stalled(reason, msg), requeue_after: None } => {

@@ -194,7 +194,10 @@ mod tests {
         };
         assert_eq!(
             message,
-            r#"prerequisite not satisfied for "db": prerequisite is out of date (did not succeed within 1h; requested its resync)"#
+            concat!(
+                r#"prerequisite not satisfied for "db": prerequisite is out of date "#,
+                "(did not succeed within 1h; requested its resync)"
+            )
         );
         assert_eq!(resync, vec![("db".to_string(), "after-db-u1".to_string())]);
         // already requested: no second annotation (its lastUpdate then no longer matches the request, so it waits)

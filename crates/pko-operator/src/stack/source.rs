@@ -1,4 +1,5 @@
-//! Source resolution for a Stack pass (PKO `stack_controller.go`): a Program's artifact, a git
+//! The source model of a Stack ([`ResolvedSource`], its git credentials as Secret references
+//! [`git_auth`]) and its resolution for a pass (PKO `stack_controller.go`): a Program's artifact, a git
 //! branch resolved with `ls-remote` and the Stack's credentials (Secrets, SSH keys, GitHub App), a Flux
 //! source's `status.artifact`, or the Workspace template's own source; or why the Stack stalls.
 
@@ -9,9 +10,101 @@ use kube::runtime::reflector::Store;
 use pko_api::constants::stack_condition as sc;
 use pko_api::{Program, Stack};
 
-use super::build::{self, ResolvedSource};
 use crate::context::Context;
 use crate::k8s;
+use k8s_openapi::api::core::v1::SecretKeySelector;
+use pko_api::shared::ResourceRef;
+use pko_api::stack::StackSpec;
+use pko_api::workspace::{GitAuth, ProjectInfo};
+
+/// Where the program of a Stack comes from, resolved to a revision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResolvedSource {
+    /// A git repository at a commit.
+    Git {
+        /// Repository URL.
+        url: String,
+        /// Commit SHA.
+        commit: String,
+        /// Credentials as Secret key references ([`git_auth`]).
+        auth: Option<Box<GitAuth>>,
+    },
+    /// A Flux-style artifact (a Program's or a Flux source's).
+    Artifact {
+        /// Tarball URL.
+        url: String,
+        /// `sha256:<hex>`.
+        digest: String,
+        /// Revision string (the Program generation, or the Flux artifact revision).
+        revision: String,
+        /// Directory in the artifact.
+        dir: Option<String>,
+    },
+    /// No source: destroy from state with a synthesised project.
+    ProjectInfo(ProjectInfo),
+    /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a
+    /// program baked into the image — PKO's `examples/custom-source`), or none at all (PKO's
+    /// source-less Workspace, whose pod's init container puts the program in `/share/workspace`); its
+    /// revision is empty, as PKO's commit is for a Stack without a source.
+    Template,
+}
+
+impl ResolvedSource {
+    /// The revision recorded as `lastAttemptedCommit`/`lastSuccessfulCommit`.
+    pub fn revision(&self) -> String {
+        match self {
+            ResolvedSource::Git { commit, .. } => commit.clone(),
+            ResolvedSource::Artifact { revision, .. } => revision.clone(),
+            ResolvedSource::ProjectInfo(p) => format!("project:{}", p.name.clone().unwrap_or_default()),
+            ResolvedSource::Template => String::new(),
+        }
+    }
+}
+
+pub(crate) fn secret_key(name: &str, key: &str) -> SecretKeySelector {
+    SecretKeySelector { name: name.into(), key: key.into(), optional: None }
+}
+
+fn secret_selector(r: &ResourceRef) -> Option<SecretKeySelector> {
+    r.secret.as_ref().map(|s| secret_key(&s.name, &s.key))
+}
+
+/// Git credentials of a Stack as Secret key references (the Workspace's `git.auth`): from `gitAuth`, or
+/// else from the deprecated `gitAuthSecret`, whose Secret holds the keys `auth_secret_keys` (PKO's
+/// precedence: `sshPrivateKey` (+ `password`) > `accessToken` > `username` + `password`). `None`: no
+/// credentials. `gitAuth.githubApp` is carried as Secret references too; the operator exchanges it for
+/// an installation token for each operation (`update::values`).
+pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BTreeSet<String>>) -> Option<GitAuth> {
+    if let Some(a) = &spec.git_auth {
+        return Some(GitAuth {
+            ssh_private_key: a.ssh_auth.as_ref().and_then(|s| secret_selector(&s.ssh_private_key)),
+            password: a
+                .ssh_auth
+                .as_ref()
+                .and_then(|s| s.password.as_ref())
+                .and_then(secret_selector)
+                .or_else(|| a.basic_auth.as_ref().and_then(|b| secret_selector(&b.password))),
+            token: a.access_token.as_ref().and_then(secret_selector),
+            username: a.basic_auth.as_ref().and_then(|b| secret_selector(&b.user_name)),
+            github_app: a.github_app.as_ref().map(|g| pko_api::workspace::GitHubAppSecretAuth {
+                app_id: secret_selector(&g.app_id),
+                installation_id: secret_selector(&g.installation_id),
+                private_key: secret_selector(&g.private_key),
+            }),
+        });
+    }
+    let (name, keys) = (spec.git_auth_secret.as_ref()?, auth_secret_keys?);
+    let sel = |k: &str| keys.contains(k).then(|| secret_key(name, k));
+    if keys.contains("sshPrivateKey") {
+        Some(GitAuth { ssh_private_key: sel("sshPrivateKey"), password: sel("password"), ..Default::default() })
+    } else if keys.contains("accessToken") {
+        Some(GitAuth { token: sel("accessToken"), ..Default::default() })
+    } else if keys.contains("username") && keys.contains("password") {
+        Some(GitAuth { username: sel("username"), password: sel("password"), ..Default::default() })
+    } else {
+        None
+    }
+}
 
 /// A source at a revision, or why the Stack stalls.
 pub(super) enum Resolved {
@@ -36,7 +129,7 @@ impl From<kube::Error> for CredentialError {
     }
 }
 
-/// The Stack's git credentials as Secret key references ([`build::git_auth`]), reading which keys the
+/// The Stack's git credentials as Secret key references ([`git_auth`]), reading which keys the
 /// deprecated `gitAuthSecret` holds.
 async fn git_auth_refs(
     ctx: &Context,
@@ -56,7 +149,7 @@ async fn git_auth_refs(
         },
         _ => None,
     };
-    Ok(build::git_auth(spec, keys.as_ref()))
+    Ok(git_auth(spec, keys.as_ref()))
 }
 
 /// The value of the Secret key `sel` (none: no selector), from `secrets` (the Secrets of the Stack's
@@ -195,6 +288,19 @@ async fn resolve_git(
     })
 }
 
+/// Whether `spec` has a git source: any of PKO's inlined `GitSource` fields is set (`projectRepo`,
+/// `gitAuthSecret`, `gitAuth`, `repoDir`, `commit`, `branch`, `shallow`) — Go allocates the embedded
+/// struct when any of them is in the object, and PKO then takes the Stack for a git Stack. Pure.
+pub fn git_source_given(spec: &StackSpec) -> bool {
+    spec.project_repo.is_some()
+        || spec.git_auth_secret.is_some()
+        || spec.git_auth.is_some()
+        || spec.repo_dir.is_some()
+        || spec.commit.is_some()
+        || spec.branch.is_some()
+        || spec.shallow.is_some()
+}
+
 /// The source of `stack` at a revision (git resolved with `ls-remote`, a Flux artifact, a Program's
 /// artifact), or why it stalls. A Program is read from the Program informer's cache `programs` when
 /// it is there with an artifact (a newer artifact wakes the Stack again through the Program's watch);
@@ -215,7 +321,11 @@ pub(super) async fn resolve(
         return Ok(Resolved::Source(ResolvedSource::ProjectInfo(cached.unwrap_or_default())));
     }
     // PKO's precedence when several are set: git, then Flux, then a Program
-    if let Some(repo) = &spec.project_repo {
+    if git_source_given(spec) {
+        // PKO's `NewGitSource` text: git fields without a repository create nothing
+        let Some(repo) = spec.project_repo.as_deref().filter(|r| !r.is_empty()) else {
+            return Ok(Resolved::Stalled(sc::SPEC_INVALID, r#"missing "projectRepo""#.into()));
+        };
         return match resolve_git(ctx, &ns, spec, repo).await {
             Ok(r) => Ok(r),
             Err(CredentialError::Invalid(e)) => Ok(Resolved::Stalled(sc::SPEC_INVALID, e)),
@@ -301,6 +411,37 @@ fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, d
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn git_auth_secret_follows_pko_precedence() {
+        let spec = |v: serde_json::Value| serde_json::from_value::<pko_api::StackSpec>(v).unwrap();
+        let s = spec(json!({"stack": "dev", "gitAuthSecret": "creds"}));
+        let keys = |k: &[&str]| k.iter().map(|x| x.to_string()).collect::<std::collections::BTreeSet<_>>();
+        let ssh = git_auth(&s, Some(&keys(&["sshPrivateKey", "password", "accessToken"]))).unwrap();
+        assert_eq!(
+            (ssh.ssh_private_key.unwrap().key, ssh.password.unwrap().key, ssh.token),
+            ("sshPrivateKey".into(), "password".into(), None)
+        );
+        let tok = git_auth(&s, Some(&keys(&["accessToken", "username", "password"]))).unwrap();
+        assert_eq!((tok.token.unwrap().name, tok.username), ("creds".into(), None));
+        let basic = git_auth(&s, Some(&keys(&["username", "password"]))).unwrap();
+        assert_eq!((basic.username.unwrap().key, basic.password.unwrap().key), ("username".into(), "password".into()));
+        assert_eq!(git_auth(&s, Some(&keys(&["username"]))), None, "a user name alone is no credential");
+        assert_eq!(git_auth(&spec(json!({"stack": "dev"})), None), None);
+    }
+
+    #[test]
+    fn any_git_field_makes_a_git_stack_as_in_pko() {
+        let spec = |v: serde_json::Value| serde_json::from_value::<pko_api::StackSpec>(v).unwrap();
+        assert!(!git_source_given(&spec(json!({"stack": "dev"}))), "no source fields: source-less, as before");
+        assert!(!git_source_given(&spec(json!({"stack": "dev", "programRef": {"name": "p"}}))));
+        for field in [json!({"branch": "main", "repoDir": "app"}), json!({"commit": "abc"}), json!({"repoDir": "app"})]
+        {
+            let mut v = json!({"stack": "dev"});
+            v.as_object_mut().unwrap().extend(field.as_object().unwrap().clone());
+            assert!(git_source_given(&spec(v.clone())), "{v}: a git Stack without projectRepo (stalled, PKO)");
+        }
+    }
 
     #[test]
     fn flux_artifacts_need_a_url_and_may_lack_a_digest() {

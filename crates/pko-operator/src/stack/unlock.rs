@@ -179,9 +179,8 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(
-            matches!(decide(Some("error: boom"), &f, |_| false), Decision::Refuse(n) if n.contains("no backend lock holder"))
-        );
+        assert!(matches!(decide(Some("error: boom"), &f, |_| false),
+                Decision::Refuse(n) if n.contains("no backend lock holder")));
         assert!(matches!(decide(None, &f, |_| false), Decision::Refuse(_)));
     }
 

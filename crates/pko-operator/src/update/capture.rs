@@ -76,7 +76,8 @@ impl<'a> Capture<'a> {
         }
         let lines = std::mem::take(&mut self.pending);
         if let Err(e) = self.store.append(&self.stack, &self.info, &lines).await {
-            tracing::warn!(stack = %self.stack, update = %self.info.update, error = %e, lines = lines.len(), "operation output not stored");
+            tracing::warn!(stack = %self.stack, update = %self.info.update, error = %e, lines = lines.len(),
+                "operation output not stored");
             metrics::counter!(crate::metric_names::OUTPUT_LINES_LOST_TOTAL).increment(lines.len() as u64);
         }
     }

@@ -79,7 +79,8 @@ impl QueueGauges {
 }
 
 /// The message of an Update canceled for having no controller owner.
-pub const ORPHANED_MESSAGE: &str = "canceled: the Update has no controller owner; as in PKO, an Update runs only with an ownerReference (controller: true) to its Workspace or Stack";
+pub const ORPHANED_MESSAGE: &str = "canceled: the Update has no controller owner; as in PKO, an Update runs only with \
+    an ownerReference (controller: true) to its Workspace or Stack";
 
 /// Whether a job's claim may take the cached Update as it is: one neither started (whose agent must
 /// be looked for with what is stored) nor complete nor being deleted. Pure.
@@ -99,7 +100,8 @@ pub fn orphaned(update: &Update) -> bool {
 /// (`--namespace-share-percent` of `--max-operations`, or `--max-operations-per-namespace`). Pure.
 pub fn queued_message(ns: &str, running: usize, limit: usize) -> String {
     format!(
-        "waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's workers is {limit}"
+        "waiting for an operation slot: namespace {ns} runs {running} operation(s), its share of this replica's \
+            workers is {limit}"
     )
 }
 
@@ -337,7 +339,8 @@ impl UpdateController {
         resource_version: Option<&str>,
     ) -> Result<(), kube::Error> {
         if !holds {
-            tracing::info!(update = %update.name_any(), %reason, "shard not held (at this epoch): waiting status not written");
+            tracing::info!(update = %update.name_any(), %reason,
+                "shard not held (at this epoch): waiting status not written");
             return Ok(());
         }
         let mut st = update.status.clone().unwrap_or_default();

@@ -225,7 +225,8 @@ pub fn check_run(update: &Update, workspace: &Workspace, req: &OperationRequest)
     }
     let (want, have) = (update.spec.workspace_generation, workspace.metadata.generation);
     Err(format!(
-        "not run: the Update was made for Workspace {} at generation {} (run digest {expected}); the Workspace is at generation {} now \
+        "not run: the Update was made for Workspace {} at generation {} (run digest {expected}); the Workspace is at \
+            generation {} now \
          (run digest {found}); its Stack makes a new Update for what it asks now",
         workspace.name_any(),
         want.map_or("?".into(), |g| g.to_string()),

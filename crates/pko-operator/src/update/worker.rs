@@ -126,12 +126,14 @@ impl UpdateController {
         // agent started, or this replica frozen), and the queue knows whether the shard's new holder
         // has raised its fence since (a stale `Run` on a new agent would start the operation twice)
         if !fence.confirmed().await {
-            tracing::info!(update = %job.name, epoch = job.epoch, "shard lost before the operation started: not started here");
+            tracing::info!(update = %job.name, epoch = job.epoch,
+                "shard lost before the operation started: not started here");
             lent.finish(End::Result);
             return Drive::Done;
         }
         let stack = update.spec.stack_name.clone().unwrap_or_default();
-        let span = tracing::info_span!("operation", namespace = %job.namespace, stack = %stack, update = %job.name, epoch = job.epoch, agent = %lent.address);
+        let span = tracing::info_span!("operation", namespace = %job.namespace, stack = %stack, update = %job.name,
+            epoch = job.epoch, agent = %lent.address);
         let Some(outcome) =
             self.run_operation(&fence, &update, &workspace, &lent, waited + popped.elapsed()).instrument(span).await
         else {

@@ -219,7 +219,8 @@ impl WorkspaceController {
         let readiness = self.agents.prepare(&ws).await?;
         let readiness = if readiness.ready == Ready::Up { self.initialize(&ws, readiness).await } else { readiness };
         if let Some(message) = &readiness.warning {
-            tracing::info!(workspace = %ws.name_any(), namespace = ?ws.namespace(), %message, "workspace agent not answering; looking again");
+            tracing::info!(workspace = %ws.name_any(), namespace = ?ws.namespace(), %message,
+                "workspace agent not answering; looking again");
             let reason = pko_api::constants::event_reason::CONNECTION_FAILURE;
             crate::k8s::publish(
                 &self.ctx.events.workspace,
@@ -386,7 +387,9 @@ mod tests {
         let now = std::time::Instant::now();
         let ws = |create: Option<bool>, stall: Option<(&str, i64)>| {
             let mut w: Workspace =
-                serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": 2}, "spec": {"stacks": [{"name": "dev", "create": create}]}})).unwrap();
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "w", "generation": 2},
+                    "spec": {"stacks": [{"name": "dev", "create": create}]}}))
+                .unwrap();
             if let Some((reason, generation)) = stall {
                 let mut st = stored(None, generation, "True", reason);
                 st.conditions.as_mut().unwrap()[0].type_ = wc::STALLED.into();

@@ -225,7 +225,8 @@ pub fn stack_spec(name: &str, tag: &str, state_dir: &str, extra: serde_json::Val
             "image": format!("pko-workspace:{tag}"),
             "imagePullPolicy": "IfNotPresent",
             // the bed is offline: the image's plugins only (PKO users' pods download them)
-            "env": [{"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "true"}, {"name": "PULUMI_DISABLE_REGISTRY_RESOLVE", "value": "true"}],
+            "env": [{"name": "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "value": "true"},
+                {"name": "PULUMI_DISABLE_REGISTRY_RESOLVE", "value": "true"}],
             "podTemplate": {"spec": {
                 "volumes": [{"name": "state", "hostPath": {"path": state_dir, "type": "Directory"}}],
                 "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]

@@ -329,7 +329,8 @@ pub fn ready(s: &pko_api::Stack) -> bool {
 pub async fn passphrase_secret(ns: &pko_testbed::TestNamespace) {
     create(
         &ns.api::<k8s_openapi::api::core::v1::Secret>(),
-        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"}, "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p"},
+            "stringData": {"v": pko_testbed::PulumiEnv::PASSPHRASE}}),
     )
     .await;
 }
@@ -343,7 +344,12 @@ pub fn passphrase_env_refs() -> serde_json::Value {
 /// for the workspace's service account: the operator resolves Secret references, as PKO's RBAC needs).
 pub async fn passphrase_and_program(ns: &pko_testbed::TestNamespace, program: serde_json::Value) {
     passphrase_secret(ns).await;
-    create(&ns.api::<pko_api::Program>(), serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "prog"}, "program": program})).await;
+    create(
+        &ns.api::<pko_api::Program>(),
+        serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Program",
+        "metadata": {"name": "prog"}, "program": program}),
+    )
+    .await;
 }
 
 /// Stack `name` (also its stack name) of Program `prog` on `env`'s backend, with the passphrase of
@@ -466,7 +472,8 @@ pub async fn owned_update(
 ) -> serde_json::Value {
     let name = update["spec"]["workspaceName"].as_str().unwrap_or_default().to_string();
     let ws = workspaces.get(&name).await.unwrap_or_else(|e| panic!("the Workspace {name} of an Update: {e}"));
-    update["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
+    update["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "auto.pulumi.com/v1alpha1",
+        "kind": "Workspace", "name": name, "uid": ws.metadata.uid, "controller": true}]);
     update
 }
 

@@ -9,7 +9,7 @@
 //! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods
 //! themselves are the truth about who runs what — an agent refuses a second operation
 //! (`UNAVAILABLE: agent busy`), so two replicas that pick the same idle pod at once lose nothing (the
-//! one refused defers its operation: [`super::local_pool::End::Busy`]). Growing is done by any replica that
+//! one refused defers its operation: [`crate::agents::lend::End::Busy`]). Growing is done by any replica that
 //! finds no idle pod (a resourceVersion-guarded raise of `spec.replicas`, never a lowering); shrinking
 //! by one replica only, the holder of the pool's own shard (`<namespace>/<pool name>`, as any object's):
 //! it lowers `spec.replicas` by one when the highest pod answers idle for at least the idle timeout —
@@ -27,7 +27,7 @@
 //! running on a pod (`started`) is followed there, never started on another.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -37,11 +37,14 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
-use super::class::workspace_class;
-use super::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
-use super::pod::{self, PodRuntimeConfig};
-use super::tokens::AgentTokens;
+use super::{Ledger, PoolId};
+use crate::agents::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
+use crate::agents::pod::{self, PodRuntimeConfig};
+use crate::agents::tokens::AgentTokens;
 use crate::ownership::Ownership;
+
+mod objects;
+pub use objects::{agent_address, candidates, grow_slot, pool_name, pool_objects, resize};
 
 /// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the
 /// namespace). Replicas find the pools they maintain by it after a restart.
@@ -92,90 +95,10 @@ pub enum PodPoolError {
     },
 }
 
-/// Name of the pool of `class` (`<namespace>/<hash>`): `pko-pool-<hash>`. Its StatefulSet and Service
-/// are `pko-pool-<hash>-workspace`, its pods `pko-pool-<hash>-workspace-<ordinal>`.
-pub fn pool_name(class: &str) -> String {
-    format!("pko-pool-{}", class.rsplit('/').next().unwrap_or(class))
-}
-
-/// gRPC address of pod `ordinal` of pool `pool` in `namespace`: its name under the headless Service.
-pub fn agent_address(pool: &str, namespace: &str, ordinal: usize) -> String {
-    let obj = pod::object_name(pool);
-    format!("{obj}-{ordinal}.{obj}.{namespace}:{}", pko_api::workspace::AGENT_PORT)
-}
-
-/// The Service and StatefulSet (at 0 replicas) of the pool of `ws`'s class: `ws`'s pod
-/// ([`pod::stateful_set`]) under the pool's name, its agent isolating each operation, with `agent_args`
-/// added to the agent's (hollow agents of a load test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
-pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String]) -> (Service, StatefulSet) {
-    let class = workspace_class(ws);
-    let hash = class.rsplit('/').next().unwrap_or_default().to_string();
-    let mut as_pool = ws.clone();
-    as_pool.metadata = kube::api::ObjectMeta {
-        name: Some(pool_name(&class)),
-        namespace: ws.metadata.namespace.clone(),
-        ..Default::default()
-    };
-    // the environment travels with each operation's request: a pool pod carries no Workspace's
-    as_pool.spec.env = None;
-    as_pool.spec.env_from = None;
-    let mut service = pod::service(&as_pool);
-    service.labels_mut().insert(POOL_LABEL.into(), hash.clone());
-    let mut sts = pod::stateful_set(&as_pool, cfg);
-    sts.labels_mut().insert(POOL_LABEL.into(), hash);
-    if let Some(spec) = sts.spec.as_mut() {
-        spec.replicas = Some(0);
-        if let Some(c) = spec.template.spec.as_mut().and_then(|p| p.containers.iter_mut().find(|c| c.name == "pulumi"))
-        {
-            let args = c.args.get_or_insert_with(Vec::new);
-            // a pool's agents run many Stacks: each operation isolated (the agent's default)
-            args.retain(|a| a != pod::SHARED_OPERATIONS);
-            args.extend(agent_args.iter().cloned());
-        }
-    }
-    let template =
-        sts.spec.as_ref().map(|s| serde_json::to_string(&s.template).unwrap_or_default()).unwrap_or_default();
-    let template_hash = pko_api::hash::sha256_hex(template, 8);
-    sts.annotations_mut().insert(POOL_TEMPLATE_ANNOTATION.into(), template_hash);
-    (service, sts)
-}
-
-/// The pods to ask for an idle agent, lowest ordinal first, among `replicas`, leaving out those this
-/// replica has lent. Pure.
-pub fn candidates(replicas: usize, lent: &HashSet<usize>) -> Vec<usize> {
-    (0..replicas).filter(|i| !lent.contains(i)).collect()
-}
-
-/// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has
-/// not reserved already, below `max`; `None`: the pool is full. Pure.
-pub fn grow_slot(replicas: usize, max: usize, lent: &HashSet<usize>) -> Option<usize> {
-    (replicas..max.max(1)).find(|i| !lent.contains(i))
-}
-
-/// The maintainer's decision for a pool of `replicas` pods: raise to `min`; else lower by one when the
-/// highest pod is not lent here and answered idle (`top`: its state and idle seconds) for at least
-/// `idle_timeout`; else nothing. Pure.
-pub fn resize(
-    replicas: usize,
-    min: usize,
-    top: Option<(State, f64)>,
-    top_lent_here: bool,
-    idle_timeout: Duration,
-) -> Option<usize> {
-    if replicas < min {
-        return Some(min);
-    }
-    match top {
-        Some((State::Idle, idle)) if replicas > min && !top_lent_here && idle >= idle_timeout.as_secs_f64() => {
-            Some(replicas - 1)
-        }
-        _ => None,
-    }
-}
-
 /// What this replica knows of one pool.
 struct PodPool {
     namespace: String,
+    /// Its name ([`pool_name`]).
     name: String,
     /// Pods lent by this replica now: ordinal → operation (also pods reserved while they start).
     lent: HashMap<usize, String>,
@@ -190,8 +113,10 @@ pub struct PodPools {
     pod: PodRuntimeConfig,
     tokens: Arc<AgentTokens>,
     ownership: Arc<dyn Ownership>,
-    pools: Mutex<HashMap<String, PodPool>>,
+    pools: Ledger<PodPool>,
     identities: IdentityChecks,
+    /// When the cluster's pools were last listed ([`DISCOVER_EVERY`]).
+    discovered: std::sync::Mutex<Option<Instant>>,
 }
 
 impl PodPools {
@@ -204,20 +129,24 @@ impl PodPools {
         tokens: Arc<AgentTokens>,
         ownership: Arc<dyn Ownership>,
     ) -> Arc<Self> {
-        Arc::new(Self { client, cfg, pod, tokens, ownership, pools: Mutex::default(), identities: Default::default() })
-    }
-
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodPool>> {
-        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        Arc::new(Self {
+            client,
+            cfg,
+            pod,
+            tokens,
+            ownership,
+            pools: Ledger::default(),
+            identities: Default::default(),
+            discovered: Default::default(),
+        })
     }
 
     /// Whether the pods of `ws`'s class can be created: its service account exists. A pass stands for
-    /// [`super::lend::IDENTITY_CHECK_TTL`].
+    /// [`crate::agents::lend::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`PodPoolError::ServiceAccount`] naming it; [`PodPoolError::Api`] when it cannot be read.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), PodPoolError> {
-        let pool =
-            format!("{}/{}", ws.metadata.namespace.as_deref().unwrap_or_default(), pool_name(&workspace_class(ws)));
+        let pool = pool_label(ws.metadata.namespace.as_deref().unwrap_or_default(), &pool_name(&PoolId::of(ws)));
         self.identities
             .check(ws, |ns, sa| async move {
                 match Api::<ServiceAccount>::namespaced(self.client.clone(), &ns).get_opt(&sa).await {
@@ -243,22 +172,22 @@ impl PodPools {
         epoch: i64,
         started: bool,
     ) -> Result<Option<Lent>, PodPoolError> {
-        let class = workspace_class(ws);
+        let class = PoolId::of(ws);
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(&class);
-        let id = format!("{ns}/{name}");
+        let id = pool_label(&ns, &name);
         self.ensure(&class, ws).await?;
         let audience = pko_proto::workspace_audience(&ns, &name);
         let token =
             self.tokens.token(&audience).await.map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
-        let mut replicas =
-            replicas_of(&api, &name).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+        let mut replicas = replicas_of(&api, &name).await.map_err(|source| api_error(&id)(source))?;
         if started {
             for i in 0..replicas {
                 let address = agent_address(&name, &ns, i);
-                if super::client::knows(&address, Some(&token), op, epoch).await {
-                    tracing::info!(pool = %id, operation = op, %address, "found the pod running the operation; following it");
+                if crate::agents::client::knows(&address, Some(&token), op, epoch).await {
+                    tracing::info!(pool = %id, operation = op, %address,
+                        "found the pod running the operation; following it");
                     self.mark(&class, i, op);
                     return Ok(Some(self.lent(&class, i, address, audience)));
                 }
@@ -268,7 +197,8 @@ impl PodPools {
         loop {
             for i in candidates(replicas, &self.lent_of(&class)) {
                 let address = agent_address(&name, &ns, i);
-                let idle = matches!(super::client::status(&address, Some(&token)).await, Ok(s) if s.state == State::Idle as i32);
+                let idle = matches!(crate::agents::client::status(&address, Some(&token)).await,
+                    Ok(s) if s.state == State::Idle as i32);
                 if idle && self.try_mark(&class, i, op) {
                     return Ok(Some(self.lent(&class, i, address, audience)));
                 }
@@ -279,7 +209,7 @@ impl PodPools {
             let Some(i) = self.reserve(&class, replicas, op) else { return Ok(None) };
             if let Err(source) = self.scale_up(&api, &name, i + 1).await {
                 self.unmark(&class, i);
-                return Err(PodPoolError::Api { pool: id, source });
+                return Err(api_error(&id)(source));
             }
             let address = agent_address(&name, &ns, i);
             match wait_idle(&address, &token, deadline).await {
@@ -287,9 +217,7 @@ impl PodPools {
                 Ok(false) => {
                     // another replica lent it first: look again
                     self.unmark(&class, i);
-                    replicas = replicas_of(&api, &name)
-                        .await
-                        .map_err(|source| PodPoolError::Api { pool: id.clone(), source })?;
+                    replicas = replicas_of(&api, &name).await.map_err(|source| api_error(&id)(source))?;
                 }
                 Err(last) => {
                     self.unmark(&class, i);
@@ -299,23 +227,23 @@ impl PodPools {
         }
     }
 
-    fn lent(self: &Arc<Self>, class: &str, n: usize, address: String, audience: String) -> Lent {
-        Lent::new(address, Some(audience), Some((class.to_string(), n)), self.clone())
+    fn lent(self: &Arc<Self>, class: &PoolId, n: usize, address: String, audience: String) -> Lent {
+        Lent::new(address, Some(audience), Some((class.clone(), n)), self.clone())
     }
 
-    fn lent_of(&self, class: &str) -> HashSet<usize> {
-        self.pools().get(class).map(|p| p.lent.keys().copied().collect()).unwrap_or_default()
+    fn lent_of(&self, class: &PoolId) -> HashSet<usize> {
+        self.pools.lock().get(class).map(|p| p.lent.keys().copied().collect()).unwrap_or_default()
     }
 
-    fn mark(&self, class: &str, n: usize, op: &str) {
-        if let Some(p) = self.pools().get_mut(class) {
+    fn mark(&self, class: &PoolId, n: usize, op: &str) {
+        if let Some(p) = self.pools.lock().get_mut(class) {
             p.lent.insert(n, op.to_string());
         }
     }
 
     /// Lends pod `n` unless this replica lent it meanwhile.
-    fn try_mark(&self, class: &str, n: usize, op: &str) -> bool {
-        let mut pools = self.pools();
+    fn try_mark(&self, class: &PoolId, n: usize, op: &str) -> bool {
+        let mut pools = self.pools.lock();
         let Some(p) = pools.get_mut(class) else { return false };
         if p.lent.contains_key(&n) {
             return false;
@@ -324,15 +252,15 @@ impl PodPools {
         true
     }
 
-    fn unmark(&self, class: &str, n: usize) {
-        if let Some(p) = self.pools().get_mut(class) {
+    fn unmark(&self, class: &PoolId, n: usize) {
+        if let Some(p) = self.pools.lock().get_mut(class) {
             p.lent.remove(&n);
         }
     }
 
     /// Reserves the ordinal to add for `op` ([`grow_slot`]).
-    fn reserve(&self, class: &str, replicas: usize, op: &str) -> Option<usize> {
-        let mut pools = self.pools();
+    fn reserve(&self, class: &PoolId, replicas: usize, op: &str) -> Option<usize> {
+        let mut pools = self.pools.lock();
         let p = pools.get_mut(class)?;
         let i = grow_slot(replicas, self.cfg.max, &p.lent.keys().copied().collect())?;
         p.lent.insert(i, op.to_string());
@@ -341,12 +269,12 @@ impl PodPools {
 
     /// Creates the pool's Service and StatefulSet (at 0 pods) if they are missing, and replaces the
     /// StatefulSet's pod template if it was generated differently (another operator version).
-    async fn ensure(&self, class: &str, ws: &Workspace) -> Result<(), PodPoolError> {
+    async fn ensure(&self, class: &PoolId, ws: &Workspace) -> Result<(), PodPoolError> {
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(class);
         {
-            let mut pools = self.pools();
-            let p = pools.entry(class.to_string()).or_insert_with(|| PodPool {
+            let mut pools = self.pools.lock();
+            let p = pools.entry(class.clone()).or_insert_with(|| PodPool {
                 namespace: ns.clone(),
                 name: name.clone(),
                 lent: HashMap::new(),
@@ -356,7 +284,8 @@ impl PodPools {
                 return Ok(());
             }
         }
-        let api_err = |source| PodPoolError::Api { pool: format!("{ns}/{name}"), source };
+        let label = pool_label(&ns, &name);
+        let api_err = api_error(&label);
         let (service, sts) = pool_objects(ws, &self.pod, &self.cfg.agent_args);
         let object = pod::object_name(&name);
         let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
@@ -367,22 +296,23 @@ impl PodPools {
         match sets.get_opt(&object).await.map_err(api_err)? {
             None => {
                 create(&sets, &sts).await.map_err(api_err)?;
-                tracing::info!(pool = %format!("{ns}/{name}"), "agent pool created (0 pods)");
+                tracing::info!(pool = %label, "agent pool created (0 pods)");
             }
             Some(found)
                 if found.annotations().get(POOL_TEMPLATE_ANNOTATION)
                     != sts.annotations().get(POOL_TEMPLATE_ANNOTATION) =>
             {
                 let patch = serde_json::json!({
-                    "metadata": {"annotations": {POOL_TEMPLATE_ANNOTATION: sts.annotations().get(POOL_TEMPLATE_ANNOTATION)}},
+                    "metadata": {"annotations":
+                        {POOL_TEMPLATE_ANNOTATION: sts.annotations().get(POOL_TEMPLATE_ANNOTATION)}},
                     "spec": {"template": sts.spec.as_ref().map(|s| &s.template)},
                 });
                 sets.patch(&object, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(api_err)?;
-                tracing::info!(pool = %format!("{ns}/{name}"), "agent pool's pod template replaced (generated differently)");
+                tracing::info!(pool = %label, "agent pool's pod template replaced (generated differently)");
             }
             Some(_) => {}
         }
-        if let Some(p) = self.pools().get_mut(class) {
+        if let Some(p) = self.pools.lock().get_mut(class) {
             p.ensured = true;
         }
         Ok(())
@@ -396,13 +326,14 @@ impl PodPools {
         let mut last = None;
         for _ in 0..5 {
             let sts = api.get(&object).await?;
-            let current = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize;
+            let current = replicas(&sts);
             if current >= n {
                 return Ok(());
             }
             match set_replicas(api, &object, sts.resource_version(), n).await {
                 Ok(()) => {
-                    tracing::info!(pool = %format!("{}/{name}", api_namespace(&sts)), from = current, to = n, "agent pool grows");
+                    tracing::info!(pool = %pool_label(&api_namespace(&sts), name), from = current, to = n,
+                        "agent pool grows");
                     metrics::counter!(crate::metric_names::POOL_AGENTS_STARTED_TOTAL).increment((n - current) as u64);
                     return Ok(());
                 }
@@ -418,21 +349,24 @@ impl PodPools {
     /// the cluster are listed (pools created before a restart, or by another replica). At shutdown the
     /// pods stay: the next maintainer scales them down.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(MAINTAIN_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_discovery: Option<Instant> = None;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    if last_discovery.is_none_or(|t| t.elapsed() >= DISCOVER_EVERY) {
-                        last_discovery = Some(Instant::now());
-                        self.discover().await;
-                    }
-                    self.maintain().await;
-                }
-                () = shutdown.cancelled() => return,
+        super::every(MAINTAIN_EVERY, &shutdown, || self.tick()).await;
+    }
+
+    /// One look after the pools: the cluster's pools listed when [`DISCOVER_EVERY`] has passed, then
+    /// those this replica maintains resized.
+    async fn tick(&self) {
+        let due = {
+            let mut last = self.discovered.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let due = last.is_none_or(|t| t.elapsed() >= DISCOVER_EVERY);
+            if due {
+                *last = Some(Instant::now());
             }
+            due
+        };
+        if due {
+            self.discover().await;
         }
+        self.maintain().await;
     }
 
     /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]). The list is
@@ -448,43 +382,49 @@ impl PodPools {
                 return;
             }
         };
-        let mut pools = self.pools();
+        let mut pools = self.pools.lock();
         for m in found {
             let (Some(ns), Some(hash)) = (m.metadata.namespace.clone(), m.labels().get(POOL_LABEL).cloned()) else {
                 continue;
             };
-            let class = format!("{ns}/{hash}");
+            let class = PoolId::from_class(format!("{ns}/{hash}"));
             let name = pool_name(&class);
             pools.entry(class).or_insert(PodPool { namespace: ns, name, lent: HashMap::new(), ensured: false });
         }
     }
 
     async fn maintain(&self) {
-        let owned: Vec<(String, String, String, HashSet<usize>)> = self
-            .pools()
+        let owned: Vec<(PoolId, String, String, HashSet<usize>)> = self
+            .pools
+            .lock()
             .iter()
             .filter(|(_, p)| self.ownership.owns(&p.namespace, &p.name))
             .map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.keys().copied().collect()))
             .collect();
         for (class, ns, name, lent) in owned {
             if let Err(e) = self.maintain_one(&class, &ns, &name, &lent).await {
-                tracing::warn!(pool = %format!("{ns}/{name}"), error = %e, "looking after the agent pool");
+                tracing::warn!(pool = %pool_label(&ns, &name), error = %e, "looking after the agent pool");
             }
         }
     }
 
     /// Resizes one pool and publishes its gauges (pods busy and idle, as they answer).
-    async fn maintain_one(&self, class: &str, ns: &str, name: &str, lent: &HashSet<usize>) -> Result<(), PodPoolError> {
-        let id = format!("{ns}/{name}");
+    async fn maintain_one(
+        &self,
+        class: &PoolId,
+        ns: &str,
+        name: &str,
+        lent: &HashSet<usize>,
+    ) -> Result<(), PodPoolError> {
+        let id = pool_label(ns, name);
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         let object = pod::object_name(name);
-        let Some(sts) = api.get_opt(&object).await.map_err(|source| PodPoolError::Api { pool: id.clone(), source })?
-        else {
+        let Some(sts) = api.get_opt(&object).await.map_err(|source| api_error(&id)(source))? else {
             // deleted: created again at its next operation
-            self.pools().remove(class);
+            self.pools.lock().remove(class);
             return Ok(());
         };
-        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize;
+        let replicas = replicas(&sts);
         let token = self
             .tokens
             .token(&pko_proto::workspace_audience(ns, name))
@@ -492,17 +432,17 @@ impl PodPools {
             .map_err(|source| PodPoolError::Token { pool: id.clone(), source })?;
         let mut answers = Vec::with_capacity(replicas);
         for i in 0..replicas {
-            answers.push(super::client::status(&agent_address(name, ns, i), Some(&token)).await.ok());
+            answers.push(crate::agents::client::status(&agent_address(name, ns, i), Some(&token)).await.ok());
         }
         let (busy, idle) = answers
             .iter()
             .flatten()
-            .fold((0, 0), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
+            .fold((0u32, 0u32), |(b, i), s| if s.state == State::Idle as i32 { (b, i + 1) } else { (b + 1, i) });
         metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy")
             .set(f64::from(busy));
         metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle")
             .set(f64::from(idle));
-        crate::load::set_agents(class, busy as usize, idle as usize);
+        crate::load::set_agents(class.as_str(), busy as usize, idle as usize);
         let top = replicas
             .checked_sub(1)
             .and_then(|t| answers.get(t).cloned().flatten())
@@ -517,20 +457,24 @@ impl PodPools {
             Ok(()) => tracing::info!(pool = %id, from = replicas, to = n, "agent pool raised to its minimum"),
             // a lender raised it meanwhile: looked at again at the next tick
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(source) => return Err(PodPoolError::Api { pool: id, source }),
+            Err(source) => return Err(api_error(&id)(source)),
         }
         Ok(())
     }
 
     /// Pods per pool this replica knows: `(class, spec.replicas, lent here)`, sorted by class (tests).
     pub async fn sizes(&self) -> Vec<(String, usize, usize)> {
-        let known: Vec<(String, String, String, usize)> =
-            self.pools().iter().map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.len())).collect();
+        let known: Vec<(PoolId, String, String, usize)> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|(c, p)| (c.clone(), p.namespace.clone(), p.name.clone(), p.lent.len()))
+            .collect();
         let mut out = Vec::new();
         for (class, ns, name, lent) in known {
             let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &ns);
             let replicas = replicas_of(&api, &name).await.unwrap_or(0);
-            out.push((class, replicas, lent));
+            out.push((class.to_string(), replicas, lent));
         }
         out.sort();
         out
@@ -540,7 +484,7 @@ impl PodPools {
 impl GiveBack for PodPools {
     /// The pod is free here whatever the end: its own Status says whether it is idle when it is next
     /// asked (an interrupted pod answers draining, and is replaced by the StatefulSet).
-    fn give_back(&self, class: &str, n: usize, _end: End) {
+    fn give_back(&self, class: &PoolId, n: usize, _end: End) {
         self.unmark(class, n);
     }
 }
@@ -572,8 +516,22 @@ where
 
 /// `spec.replicas` of the pool `name` (0 when unset).
 async fn replicas_of(api: &Api<StatefulSet>, name: &str) -> Result<usize, kube::Error> {
-    let sts = api.get(&pod::object_name(name)).await?;
-    Ok(sts.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as usize)
+    Ok(replicas(&api.get(&pod::object_name(name)).await?))
+}
+
+/// `spec.replicas` of `sts` (0 when unset or negative). Pure.
+fn replicas(sts: &StatefulSet) -> usize {
+    sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0).max(0) as usize
+}
+
+/// How a pool is named in messages: `<namespace>/<name>`. Pure.
+fn pool_label(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// [`PodPoolError::Api`] of pool `pool` (its label).
+fn api_error(pool: &str) -> impl Fn(kube::Error) -> PodPoolError + Copy + '_ {
+    move |source| PodPoolError::Api { pool: pool.to_string(), source }
 }
 
 /// Sets `spec.replicas` of StatefulSet `object` to `n` if its resourceVersion is still `rv` (409
@@ -593,7 +551,7 @@ async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, 
 /// another replica first), `Err` with the last error once `deadline` passes.
 async fn wait_idle(address: &str, token: &str, deadline: Instant) -> Result<bool, String> {
     loop {
-        let last = match super::client::status(address, Some(token)).await {
+        let last = match crate::agents::client::status(address, Some(token)).await {
             Ok(s) => return Ok(s.state == State::Idle as i32),
             Err(e) => e,
         };
@@ -601,111 +559,5 @@ async fn wait_idle(address: &str, token: &str, deadline: Instant) -> Result<bool
             return Err(last);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn ws(name: &str, spec: serde_json::Value) -> Workspace {
-        serde_json::from_value(json!({"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace",
-            "metadata": {"name": name, "namespace": "team-a", "uid": "u1", "labels": {"pulumi.com/shard": "7"}}, "spec": spec}))
-        .unwrap()
-    }
-
-    fn cfg() -> PodRuntimeConfig {
-        PodRuntimeConfig {
-            agent_image: "pko-agent:test".into(),
-            agent_image_pull_policy: None,
-            flux_max_untar_size_bytes: None,
-        }
-    }
-
-    #[test]
-    fn workspaces_of_one_class_share_one_pool_with_its_own_identity() {
-        let a = ws("alpha", json!({"image": "img", "stacks": [{"name": "dev"}], "local": {"dir": "/a"}}));
-        let b = ws("beta", json!({"image": "img", "git": {"url": "u", "ref": "main"}}));
-        let (sa, sta) = pool_objects(&a, &cfg(), &[]);
-        let (_, stb) = pool_objects(&b, &cfg(), &[]);
-        assert_eq!(
-            serde_json::to_value(&sta).unwrap(),
-            serde_json::to_value(&stb).unwrap(),
-            "one pool for the class, whatever the stack or source"
-        );
-        let name = sta.name_any();
-        assert!(name.starts_with("pko-pool-") && name.ends_with("-workspace"), "{name}");
-        assert_eq!(sa.name_any(), name);
-        assert_eq!(sta.spec.as_ref().unwrap().replicas, Some(0), "created empty: idle costs no pod");
-        assert!(sta.metadata.owner_references.is_none(), "outlives any one Workspace");
-        assert!(!sta.labels().contains_key(pko_api::constants::SHARD_LABEL), "not one Workspace's shard");
-        let pool = name.trim_end_matches("-workspace");
-        let args = sta.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
-        assert!(
-            args.contains(&format!(
-                "--kube-audience {pool}.team-a --kube-workspace-namespace team-a --kube-workspace-name {pool}"
-            )),
-            "{args}"
-        );
-        assert!(
-            !args.contains("--isolate-operations"),
-            "a pool's agents isolate each operation (the agent's default): {args}"
-        );
-        let own =
-            pod::stateful_set(&a, &cfg()).spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
-        assert!(
-            own.contains(&pod::SHARED_OPERATIONS.to_string()),
-            "a Workspace's own pod runs its Stack's operations as PKO's: {own:?}"
-        );
-        let c = ws("gamma", json!({"image": "other"}));
-        assert_ne!(pool_objects(&c, &cfg(), &[]).1.name_any(), name, "another image is another class");
-        // one Stack's environment never rides in the pool's pods (it travels with each request)
-        let d = ws(
-            "delta",
-            json!({"image": "img", "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "delta-secret", "key": "t"}}}], "envFrom": [{"secretRef": {"name": "delta-all"}}]}),
-        );
-        let (_, std_) = pool_objects(&d, &cfg(), &[]);
-        assert_eq!(std_.name_any(), name, "the same class");
-        assert!(
-            !serde_json::to_string(&std_).unwrap().contains("delta-"),
-            "no Workspace's env or envFrom in the pool's pods"
-        );
-        assert_eq!(agent_address(pool, "team-a", 2), format!("{name}-2.{name}.team-a:50051"));
-    }
-
-    #[test]
-    fn hollow_agent_arguments_reach_the_pool_pods() {
-        let (_, sts) = pool_objects(&ws("a", json!({})), &cfg(), &["--hollow-seconds".into(), "1".into()]);
-        let args = sts.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
-        assert_eq!(args[args.len() - 2..], ["--hollow-seconds".to_string(), "1".into()]);
-    }
-
-    #[test]
-    fn lenders_take_the_lowest_free_pod_and_grow_below_the_maximum() {
-        let lent: HashSet<usize> = [0, 2].into();
-        assert_eq!(candidates(4, &lent), vec![1, 3]);
-        assert_eq!(grow_slot(4, 8, &lent), Some(4));
-        assert_eq!(grow_slot(2, 4, &[2, 3].into()), None, "the slots above are being started by this replica already");
-        assert_eq!(grow_slot(3, 4, &[3].into()), None);
-        assert_eq!(grow_slot(0, 0, &HashSet::new()), Some(0), "a maximum of 0 is taken as 1");
-        assert_eq!(grow_slot(1, 1, &HashSet::new()), None);
-    }
-
-    #[test]
-    fn the_maintainer_lowers_one_pod_idle_past_the_timeout_down_to_the_minimum() {
-        let t = Duration::from_secs(60);
-        assert_eq!(resize(3, 0, Some((State::Idle, 61.0)), false, t), Some(2));
-        assert_eq!(resize(3, 0, Some((State::Idle, 59.0)), false, t), None, "not idle long enough");
-        assert_eq!(resize(3, 0, Some((State::Busy, 0.0)), false, t), None, "the highest pod works: it stays");
-        assert_eq!(
-            resize(3, 0, Some((State::Idle, 600.0)), true, t),
-            None,
-            "lent here, its Run may not have arrived yet"
-        );
-        assert_eq!(resize(3, 0, None, false, t), None, "not answering (starting): left alone");
-        assert_eq!(resize(2, 2, Some((State::Idle, 600.0)), false, t), None, "the minimum stays");
-        assert_eq!(resize(0, 2, None, false, t), Some(2), "raised to the minimum");
-        assert_eq!(resize(1, 0, Some((State::Draining, 600.0)), false, t), None);
     }
 }

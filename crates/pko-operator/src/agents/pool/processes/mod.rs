@@ -1,5 +1,5 @@
 //! Agent pools of the local runtime (`--agent-pools`): the agents of one workspace class (namespace,
-//! service account, image, pod template, log level — [`crate::agents::limits::workspace_class`]) are
+//! service account, image, pod template, log level — [`crate::agents::class::workspace_class`]) are
 //! interchangeable, because every operation request carries its whole source, settings and environment.
 //! So an operation goes to any idle agent of its class, not to an agent per Workspace: a pool per class
 //! grows with demand up to `max` agents, and agents idle for `idle_timeout` are stopped down to `min`
@@ -17,77 +17,20 @@
 //! agent that reported `INTERRUPTED` (it is shutting down) is never lent again. Agents get
 //! `--exit-when-idle-seconds` as a backstop, so an agent whose replica died does not run forever.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
-use super::class::workspace_class;
-use super::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
-use super::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
+use super::{Ledger, PoolId};
+use crate::agents::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
+use crate::agents::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
 
-/// What an agent slot looks like to the pure decisions ([`pick`], [`idle_out`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotView {
-    /// The operation the agent is known to run (lent, or found running and not yet seen idle).
-    pub running: Option<String>,
-    /// Lent to a dispatcher now.
-    pub lent: bool,
-    /// Still starting (no address yet).
-    pub starting: bool,
-    /// Alive and not shutting down.
-    pub usable: bool,
-    /// Since when it has been free.
-    pub idle_since: Instant,
-}
-
-impl SlotView {
-    fn free(&self) -> bool {
-        self.usable && !self.lent && !self.starting && self.running.is_none()
-    }
-}
-
-/// Where an operation goes, decided from the pool's slots.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pick {
-    /// Slot `i` runs this operation already: follow it there.
-    Follow(usize),
-    /// Slot `i` is free: lend it.
-    Lend(usize),
-    /// None is free and the pool may grow: start an agent.
-    Start,
-    /// Every agent is busy and the pool is at its maximum: the operation waits.
-    Full,
-}
-
-/// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that
-/// runs it already, else the free agent used most recently (so the others reach their idle timeout),
-/// else a new one while fewer than `max` exist (dead ones do not count), else none.
-pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
-    if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
-        return Pick::Follow(i);
-    }
-    if let Some((i, _)) = slots.iter().enumerate().filter(|(_, s)| s.free()).max_by_key(|(_, s)| s.idle_since) {
-        return Pick::Lend(i);
-    }
-    if slots.iter().filter(|s| s.usable || s.starting).count() < max.max(1) { Pick::Start } else { Pick::Full }
-}
-
-/// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while
-/// more than `min` usable agents remain.
-pub fn idle_out(slots: &[SlotView], min: usize, idle_timeout: Duration, now: Instant) -> Vec<usize> {
-    let mut candidates: Vec<usize> = (0..slots.len())
-        .filter(|&i| slots[i].free() && now.saturating_duration_since(slots[i].idle_since) >= idle_timeout)
-        .collect();
-    candidates.sort_by_key(|&i| slots[i].idle_since);
-    let usable = slots.iter().filter(|s| s.usable || s.starting).count();
-    candidates.truncate(usable.saturating_sub(min));
-    candidates
-}
+mod slots;
+pub use slots::{Pick, SlotView, idle_out, pick};
 
 struct Slot {
     n: usize,
@@ -118,10 +61,8 @@ struct Pool {
     /// `pools/<namespace>/<hash>` under the work root.
     dir: PathBuf,
     slots: Vec<Slot>,
-    /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none
-    /// picks a slot while adoption is still asking the recorded agents (it started a second agent in
-    /// a slot whose live agent was being adopted: two agents in one work directory, each removing the
-    /// other's operation directories — found by `loadtest/chaos.sh`, 2026-11-26).
+    /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none picks
+    /// a slot while adoption is still asking the recorded agents (one live agent per work directory).
     loaded: Arc<tokio::sync::OnceCell<()>>,
 }
 
@@ -134,6 +75,10 @@ impl Pool {
         self.slots.iter().position(|s| s.n == n)
     }
 }
+
+/// How often the pools are looked after: every second (an agent process starts and stops in
+/// milliseconds; a dead one is forgotten at the next tick).
+pub const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The agent record written next to a pool agent's work directory.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -148,7 +93,7 @@ pub struct LocalPools {
     client: kube::Client,
     replica: String,
     cfg: PoolConfig,
-    pools: Mutex<HashMap<String, Pool>>,
+    pools: Ledger<Pool>,
     identities: IdentityChecks,
 }
 
@@ -156,21 +101,27 @@ impl LocalPools {
     /// Pools of agents started with `runtime` (binary, work root, environment), recorded under
     /// `<work root>/pools/…/<replica>/`.
     pub fn new(runtime: LocalRuntime, client: kube::Client, replica: String, cfg: PoolConfig) -> Arc<Self> {
-        Arc::new(Self { runtime, client, replica, cfg, pools: Mutex::default(), identities: IdentityChecks::default() })
-    }
-
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pool>> {
-        self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        Arc::new(Self {
+            runtime,
+            client,
+            replica,
+            cfg,
+            pools: Ledger::default(),
+            identities: IdentityChecks::default(),
+        })
     }
 
     /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
     /// Workspace is not Ready otherwise, and says why, as with an agent of its own). A pass stands for
-    /// [`super::lend::IDENTITY_CHECK_TTL`].
+    /// [`crate::agents::lend::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`LocalError::Token`] naming the service account's problem.
     pub async fn check_identity(&self, ws: &Workspace) -> Result<(), LocalError> {
         self.identities
-            .check(ws, |ns, sa| async move { super::local::token_request(&self.client, &ns, &sa).await.map(|_| ()) })
+            .check(
+                ws,
+                |ns, sa| async move { crate::agents::local::token_request(&self.client, &ns, &sa).await.map(|_| ()) },
+            )
             .await
     }
 
@@ -187,13 +138,13 @@ impl LocalPools {
         epoch: i64,
         started: bool,
     ) -> Result<Option<Lent>, LocalError> {
-        let class = workspace_class(ws);
+        let class = PoolId::of(ws);
         self.load(&class, ws).await;
         if started && let Some(found) = self.locate(&class, op, epoch).await {
             return Ok(Some(found));
         }
         let n = {
-            let mut pools = self.pools();
+            let mut pools = self.pools.lock();
             let Some(pool) = pools.get_mut(&class) else { return Ok(None) };
             let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
             match pick(&views, op, self.cfg.max) {
@@ -208,7 +159,7 @@ impl LocalPools {
                 Pick::Start => {
                     // drop dead slots; reuse the lowest free slot number (its source cache stays) whose
                     // recorded agent is not alive: one live agent per work directory, ever
-                    drop_dead(class.as_str(), &mut pool.slots);
+                    drop_dead(&class, &mut pool.slots);
                     let live = live_slots(&pool.replica_dir(&self.replica));
                     let n = (0..).find(|n| pool.slot_index(*n).is_none() && !live.contains(n)).unwrap_or(0);
                     pool.slots.push(Slot {
@@ -232,28 +183,28 @@ impl LocalPools {
         }
     }
 
-    fn lent(self: &Arc<Self>, class: &str, n: usize, address: String) -> Lent {
-        Lent::new(address, None, Some((class.to_string(), n)), self.clone())
+    fn lent(self: &Arc<Self>, class: &PoolId, n: usize, address: String) -> Lent {
+        Lent::new(address, None, Some((class.clone(), n)), self.clone())
     }
 
-    fn remove_slot(&self, class: &str, n: usize) {
-        if let Some(pool) = self.pools().get_mut(class) {
+    fn remove_slot(&self, class: &PoolId, n: usize) {
+        if let Some(pool) = self.pools.lock().get_mut(class) {
             pool.slots.retain(|s| s.n != n);
         }
     }
 
     /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it
     /// (a restart), each with the operation it runs.
-    async fn load(&self, class: &str, ws: &Workspace) {
+    async fn load(&self, class: &PoolId, ws: &Workspace) {
         let (loaded, dir) = {
-            let mut pools = self.pools();
-            let pool = pools.entry(class.to_string()).or_insert_with(|| {
+            let mut pools = self.pools.lock();
+            let pool = pools.entry(class.clone()).or_insert_with(|| {
                 let spec = ws.spec.with_defaults();
                 Pool {
                     namespace: ws.namespace().unwrap_or_default(),
                     service_account: spec.service_account_name.unwrap_or_else(|| "default".into()),
                     log_level: spec.pulumi_log_level,
-                    dir: self.runtime.work_root.join("pools").join(class),
+                    dir: self.runtime.work_root.join("pools").join(class.as_str()),
                     slots: Vec::new(),
                     loaded: Arc::default(),
                 }
@@ -264,13 +215,13 @@ impl LocalPools {
     }
 
     /// Adopts the live agents recorded in `dir` (this replica's directory of `class`).
-    async fn adopt(&self, class: &str, dir: PathBuf) {
+    async fn adopt(&self, class: &PoolId, dir: PathBuf) {
         let mut adopted = Vec::new();
         for (n, record) in records(&dir) {
             if !agent_process_alive(record.pid) {
                 continue;
             }
-            let answer = super::client::status(&record.address, None)
+            let answer = crate::agents::client::status(&record.address, None)
                 .await
                 .ok()
                 .map(|s| (State::try_from(s.state).unwrap_or(State::Unspecified), s.current_operation_id));
@@ -279,7 +230,8 @@ impl LocalPools {
                 Some((State::Idle | State::Busy, _)) => None,
                 _ => continue,
             };
-            tracing::info!(class, slot = n, pid = record.pid, address = %record.address, running = ?running, "adopted a pooled agent");
+            tracing::info!(class = %class, slot = n, pid = record.pid, address = %record.address, running = ?running,
+                "adopted a pooled agent");
             adopted.push(Slot {
                 n,
                 agent: Some(LocalAgent {
@@ -294,24 +246,27 @@ impl LocalPools {
                 idle_since: Instant::now(),
             });
         }
-        if let Some(pool) = self.pools().get_mut(class) {
+        if let Some(pool) = self.pools.lock().get_mut(class) {
             pool.slots.extend(adopted);
         }
     }
 
     /// The agent recorded for `class` (by any replica) that knows operation `op`, asked with `Attach`.
-    async fn locate(self: &Arc<Self>, class: &str, op: &str, epoch: i64) -> Option<Lent> {
-        let dir = self.pools().get(class).map(|p| p.dir.clone())?;
+    async fn locate(self: &Arc<Self>, class: &PoolId, op: &str, epoch: i64) -> Option<Lent> {
+        let dir = self.pools.lock().get(class).map(|p| p.dir.clone())?;
         let replicas = std::fs::read_dir(&dir).ok()?;
         for replica in replicas.flatten() {
             let replica_name = replica.file_name().to_string_lossy().to_string();
             for (n, record) in records(&replica.path()) {
-                if !agent_process_alive(record.pid) || !super::client::knows(&record.address, None, op, epoch).await {
+                if !agent_process_alive(record.pid)
+                    || !crate::agents::client::knows(&record.address, None, op, epoch).await
+                {
                     continue;
                 }
-                tracing::info!(class, operation = op, address = %record.address, replica = %replica_name, "found the agent running the operation; following it");
+                tracing::info!(class = %class, operation = op, address = %record.address, replica = %replica_name,
+                    "found the agent running the operation; following it");
                 if replica_name == self.replica {
-                    let mut pools = self.pools();
+                    let mut pools = self.pools.lock();
                     if let Some(s) = pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
                         s.lent = true;
                         s.running = Some(op.to_string());
@@ -326,9 +281,9 @@ impl LocalPools {
     }
 
     /// Starts the agent of slot `n` of `class` and records it. Returns its address.
-    async fn start(&self, class: &str, n: usize) -> Result<String, LocalError> {
+    async fn start(&self, class: &PoolId, n: usize) -> Result<String, LocalError> {
         let (ns, sa, log_level, replica_dir) = {
-            let pools = self.pools();
+            let pools = self.pools.lock();
             let p = pools.get(class).ok_or_else(|| LocalError::Agent(format!("pool {class} is gone")))?;
             (p.namespace.clone(), p.service_account.clone(), p.log_level, p.replica_dir(&self.replica))
         };
@@ -345,9 +300,9 @@ impl LocalPools {
         let record = serde_json::to_vec(&Record { pid, address: address.clone() }).unwrap_or_default();
         std::fs::write(slot_dir.join("agent.json"), record)
             .map_err(|e| LocalError::Agent(format!("recording the agent: {e}")))?;
-        tracing::info!(class, slot = n, pid, %address, "pool agent started");
+        tracing::info!(class = %class, slot = n, pid, %address, "pool agent started");
         metrics::counter!(crate::metric_names::POOL_AGENTS_STARTED_TOTAL).increment(1);
-        let mut pools = self.pools();
+        let mut pools = self.pools.lock();
         match pools.get_mut(class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n)) {
             Some(s) => {
                 s.agent =
@@ -368,14 +323,7 @@ impl LocalPools {
     /// gauges. At shutdown, stops the idle agents; busy ones finish their operation (a successor
     /// follows it) and then stop by their idle backstop.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => self.maintain().await,
-                () = shutdown.cancelled() => break,
-            }
-        }
+        super::every(MAINTAIN_EVERY, &shutdown, || self.maintain()).await;
         self.stop_idle();
     }
 
@@ -389,7 +337,7 @@ impl LocalPools {
     /// are idle now.
     async fn forget_dead_and_ask_unfollowed(&self) {
         let mut ask = Vec::new();
-        for (class, pool) in self.pools().iter_mut() {
+        for (class, pool) in self.pools.lock().iter_mut() {
             drop_dead(class, &mut pool.slots);
             for s in pool.slots.iter().filter(|s| !s.lent && s.running.is_some()) {
                 if let Some(a) = &s.agent {
@@ -398,10 +346,11 @@ impl LocalPools {
             }
         }
         for (class, n, address) in ask {
-            let idle = matches!(super::client::status(&address, None).await, Ok(s) if s.state == State::Idle as i32);
+            let idle =
+                matches!(crate::agents::client::status(&address, None).await, Ok(s) if s.state == State::Idle as i32);
             if idle
                 && let Some(s) =
-                    self.pools().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent))
+                    self.pools.lock().get_mut(&class).and_then(|p| p.slots.iter_mut().find(|s| s.n == n && !s.lent))
             {
                 s.running = None;
                 s.idle_since = Instant::now();
@@ -413,7 +362,7 @@ impl LocalPools {
     async fn resize(&self) {
         let now = Instant::now();
         let mut to_start = Vec::new();
-        for (class, pool) in self.pools().iter_mut() {
+        for (class, pool) in self.pools.lock().iter_mut() {
             let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
             for i in idle_out(&views, self.cfg.min, self.cfg.idle_timeout, now) {
                 let s = &mut pool.slots[i];
@@ -432,11 +381,11 @@ impl LocalPools {
                 to_start.push((class.clone(), n));
             }
             let busy = pool.slots.iter().filter(|s| s.running.is_some() || s.lent).count();
-            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "busy")
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "busy")
                 .set(busy as f64);
-            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.clone(), "state" => "idle")
+            metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle")
                 .set((pool.slots.len() - busy) as f64);
-            crate::load::set_agents(class, busy, pool.slots.len() - busy);
+            crate::load::set_agents(class.as_str(), busy, pool.slots.len() - busy);
         }
         for (class, n) in to_start {
             if let Err(e) = self.start(&class, n).await {
@@ -449,7 +398,8 @@ impl LocalPools {
     /// The tokens of the classes with agents are renewed after half their lifetime.
     async fn renew_tokens(&self) {
         let identities: Vec<(PathBuf, String, String)> = self
-            .pools()
+            .pools
+            .lock()
             .values()
             .filter(|p| !p.slots.is_empty())
             .map(|p| (p.replica_dir(&self.replica).join("identity"), p.namespace.clone(), p.service_account.clone()))
@@ -463,7 +413,7 @@ impl LocalPools {
 
     /// Stops every agent not running an operation (replica shutdown).
     pub fn stop_idle(&self) {
-        for pool in self.pools().values_mut() {
+        for pool in self.pools.lock().values_mut() {
             for s in pool.slots.iter_mut().filter(|s| !s.lent && s.running.is_none()) {
                 if let Some(a) = &s.agent {
                     a.terminate();
@@ -475,12 +425,13 @@ impl LocalPools {
     /// Agents per class now: `(class, usable agents, of which busy)`, sorted by class (tests, the demo).
     pub fn sizes(&self) -> Vec<(String, usize, usize)> {
         let mut out: Vec<_> = self
-            .pools()
+            .pools
+            .lock()
             .iter_mut()
             .map(|(c, p)| {
                 let views: Vec<SlotView> = p.slots.iter_mut().map(Slot::view).collect();
                 (
-                    c.clone(),
+                    c.to_string(),
                     views.iter().filter(|v| v.usable).count(),
                     views.iter().filter(|v| v.usable && (v.lent || v.running.is_some())).count(),
                 )
@@ -492,8 +443,8 @@ impl LocalPools {
 }
 
 impl GiveBack for LocalPools {
-    fn give_back(&self, class: &str, n: usize, end: End) {
-        let mut pools = self.pools();
+    fn give_back(&self, class: &PoolId, n: usize, end: End) {
+        let mut pools = self.pools.lock();
         let Some(pool) = pools.get_mut(class) else { return };
         let Some(s) = pool.slots.iter_mut().find(|s| s.n == n) else { return };
         s.lent = false;
@@ -509,7 +460,7 @@ impl GiveBack for LocalPools {
 
 /// Forgets the slots whose agent died (a lent slot stays until its lender gives it back), killing what
 /// a dead agent left of its process group ([`LocalAgent::reap_group`]).
-fn drop_dead(class: &str, slots: &mut Vec<Slot>) {
+fn drop_dead(class: &PoolId, slots: &mut Vec<Slot>) {
     slots.retain_mut(|s| {
         let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive);
         if !keep {
@@ -539,72 +490,4 @@ fn records(replica_dir: &Path) -> Vec<(usize, Record)> {
             Some((n, record))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn view(running: Option<&str>, lent: bool, usable: bool, idle_secs_ago: u64, now: Instant) -> SlotView {
-        SlotView {
-            running: running.map(str::to_string),
-            lent,
-            starting: false,
-            usable,
-            idle_since: now - Duration::from_secs(idle_secs_ago),
-        }
-    }
-
-    #[test]
-    fn an_operation_is_followed_where_it_runs_before_anything_else() {
-        let now = Instant::now();
-        let slots = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
-        assert_eq!(pick(&slots, "op", 2), Pick::Follow(1));
-        assert_eq!(pick(&slots, "other", 2), Pick::Lend(0));
-    }
-
-    #[test]
-    fn the_most_recently_used_free_agent_is_lent_so_others_can_idle_out() {
-        let now = Instant::now();
-        let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
-        assert_eq!(pick(&slots, "op", 3), Pick::Lend(1));
-    }
-
-    #[test]
-    fn a_busy_pool_grows_to_its_maximum_and_then_makes_operations_wait() {
-        let now = Instant::now();
-        let busy = view(Some("a"), true, true, 0, now);
-        let unfollowed = view(Some("b"), false, true, 0, now);
-        assert_eq!(pick(std::slice::from_ref(&busy), "op", 2), Pick::Start);
-        assert_eq!(
-            pick(&[busy.clone(), unfollowed.clone()], "op", 2),
-            Pick::Full,
-            "an agent running an unfollowed operation is not free"
-        );
-        assert_eq!(pick(&[], "op", 0), Pick::Start, "a maximum of 0 is taken as 1");
-        let dead = view(None, false, false, 0, now);
-        assert_eq!(pick(&[busy, dead], "op", 2), Pick::Start, "a dead agent does not count");
-        let draining = view(Some("op"), false, false, 0, now);
-        assert_eq!(
-            pick(&[draining], "op", 1),
-            Pick::Start,
-            "an interrupted agent is not followed: the operation goes elsewhere"
-        );
-    }
-
-    #[test]
-    fn idle_agents_stop_after_the_timeout_down_to_the_minimum() {
-        let now = Instant::now();
-        let t = Duration::from_secs(60);
-        let slots = [
-            view(None, false, true, 90, now),
-            view(None, false, true, 120, now),
-            view(None, false, true, 10, now),
-            view(Some("a"), true, true, 300, now),
-        ];
-        assert_eq!(idle_out(&slots, 0, t, now), vec![1, 0], "longest idle first; busy and recent stay");
-        assert_eq!(idle_out(&slots, 3, t, now), vec![1], "three of four stay");
-        assert_eq!(idle_out(&slots, 4, t, now), Vec::<usize>::new());
-        assert_eq!(idle_out(&slots, 0, Duration::ZERO, now), vec![1, 0, 2]);
-    }
 }

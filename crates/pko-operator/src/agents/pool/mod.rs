@@ -1,0 +1,122 @@
+//! Agent pools: the agents of one workspace class are interchangeable (every operation request carries
+//! its whole source, settings and environment), so an operation goes to any idle agent of its class,
+//! not to an agent per Workspace. Two kinds share this skeleton — a pool's identity ([`PoolId`]), the
+//! ledger of what a replica knows of each pool ([`Ledger`]), the maintenance loop ([`every`]) — and
+//! lend agents as [`super::lend::Lent`], taken back through [`super::lend::GiveBack`]:
+//!
+//! - [`processes`]: agent processes on the operator's host (the local runtime's default);
+//! - [`pods`]: workspace pods of a StatefulSet per class (`--runtime pod --agent-pools`).
+
+pub mod pods;
+pub mod processes;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// A pool's identity: its workspace class, `<namespace>/<hash>` ([`super::class::workspace_class`]),
+/// the same on every replica and for every runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(String);
+
+impl PoolId {
+    /// The pool of `ws`'s class.
+    pub fn of(ws: &pko_api::Workspace) -> Self {
+        Self(super::class::workspace_class(ws))
+    }
+
+    /// The pool of class `class` (`<namespace>/<hash>`, as a pod pool's label and name carry it).
+    pub fn from_class(class: String) -> Self {
+        Self(class)
+    }
+
+    /// The class, `<namespace>/<hash>`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The namespace of the class.
+    pub fn namespace(&self) -> &str {
+        self.0.split('/').next().unwrap_or_default()
+    }
+
+    /// The class's hash (the part after the namespace): a pod pool's name and label.
+    pub fn hash(&self) -> &str {
+        self.0.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for PoolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a replica knows of each pool of one runtime (`P`), by [`PoolId`]. Every critical section is one
+/// lookup, insert or removal (the crate's lock rule: a poisoned lock is taken as it is).
+#[derive(Debug)]
+pub struct Ledger<P>(Mutex<HashMap<PoolId, P>>);
+
+impl<P> Default for Ledger<P> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<P> Ledger<P> {
+    /// Every pool, locked.
+    pub fn lock(&self) -> MutexGuard<'_, HashMap<PoolId, P>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `f` of pool `id`, if known.
+    pub fn with<T>(&self, id: &PoolId, f: impl FnOnce(&mut P) -> T) -> Option<T> {
+        self.lock().get_mut(id).map(f)
+    }
+
+    /// `f` of pool `id`, known from now on (`make` when it was not).
+    pub fn with_or_insert<T>(&self, id: &PoolId, make: impl FnOnce() -> P, f: impl FnOnce(&mut P) -> T) -> T {
+        f(self.lock().entry(id.clone()).or_insert_with(make))
+    }
+
+    /// Forgets pool `id`.
+    pub fn remove(&self, id: &PoolId) {
+        self.lock().remove(id);
+    }
+}
+
+/// Runs `tick` every `period` until `shutdown` (a tick that overran delays the next, never bunches).
+pub async fn every<F, Fut>(period: Duration, shutdown: &CancellationToken, mut tick: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => tick().await,
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_is_known_by_its_class_and_its_namespace_is_the_class_s() {
+        let id = PoolId::from_class("team-a/3f9a".into());
+        assert_eq!((id.as_str(), id.namespace(), id.hash()), ("team-a/3f9a", "team-a", "3f9a"));
+        assert_eq!(id.to_string(), "team-a/3f9a");
+        let ledger = Ledger::<u32>::default();
+        assert_eq!(ledger.with(&id, |n| *n), None);
+        assert_eq!(ledger.with_or_insert(&id, || 1, |n| std::mem::replace(n, 2)), 1);
+        assert_eq!(ledger.with(&id, |n| *n), Some(2));
+        ledger.remove(&id);
+        assert!(ledger.lock().is_empty());
+    }
+}
