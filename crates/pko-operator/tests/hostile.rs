@@ -523,3 +523,72 @@ async fn unknown_artifacts_cost_no_api_reads_and_metrics_need_an_authorized_toke
     server.abort();
     controller.abort();
 }
+
+/// The stall of a Stack read as a dynamic object: `(reason, message)` when `Stalled` is True (a Stack
+/// that does not decode as `Stack` cannot be read through the typed API).
+async fn dynamic_stalled(stacks: &Api<kube::api::DynamicObject>, name: &str) -> Option<(String, String)> {
+    let s = stacks.get(name).await.unwrap();
+    let conditions = s.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conditions.iter().find(|c| c["type"] == "Stalled" && c["status"] == "True").map(|c| {
+        (c["reason"].as_str().unwrap_or_default().to_string(), c["message"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+/// Two specs PKO's schema admits that cannot run, each Stalled `SpecInvalid` naming the field with a
+/// Warning `StackConfigInvalid`, no Workspace made, and the Stacks beside them reconciled as usual:
+/// - git fields without `projectRepo` (PKO's `NewGitSource`: `missing "projectRepo"`), while a Stack
+///   with no source field at all is source-less as before (its Workspace is made);
+/// - a value the Stack's type cannot hold (`parallel` beyond int32, which the API server does not
+///   enforce): the Stack decodes in no cache, yet it is reported, and the list it is in still syncs;
+///   mending it clears the stall.
+#[tokio::test]
+async fn specs_that_cannot_run_stall_naming_the_field_and_the_others_reconcile() {
+    let (client, ns, _env) = setup("hostile-spec").await;
+    let task = start_stack_controller(&client, ns.name());
+    let stacks = ns.api::<Stack>();
+    let workspaces = ns.api::<pko_api::Workspace>();
+    let resource = kube::api::ApiResource::erase::<Stack>(&());
+    let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns.name(), &resource);
+    let too_big =
+        stack("too-big", json!({"stack": "dev", "updateTemplate": {"spec": {"parallel": 99_999_999_999_i64}}}));
+    dynamic.create(&PostParams::default(), &serde_json::from_value(too_big).unwrap()).await.unwrap();
+    create(&stacks, stack("no-repo", json!({"stack": "dev", "branch": "main", "repoDir": "infra"}))).await;
+    create(&stacks, stack("source-less", json!({"stack": "dev"}))).await;
+
+    let (reason, message) = wait_stalled(&stacks, "no-repo").await;
+    assert_eq!((reason.as_str(), message.as_str()), ("SpecInvalid", r#"missing "projectRepo""#));
+    let (reason, message) =
+        poll("too-big is Stalled", 60, || async { dynamic_stalled(&dynamic, "too-big").await }).await;
+    assert_eq!(reason, "SpecInvalid", "{message}");
+    assert!(message.contains("spec.updateTemplate.spec.parallel"), "the field is named: {message}");
+    eventually("the source-less Stack's Workspace is made", 60, || async {
+        workspaces.get_opt("source-less").await.unwrap().is_some()
+    })
+    .await;
+    for name in ["no-repo", "too-big"] {
+        assert!(workspaces.get_opt(name).await.unwrap().is_none(), "{name}: no Workspace for a spec that cannot run");
+    }
+    eventually("a Warning StackConfigInvalid for each", 30, || async {
+        let events = ns.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap();
+        let warned = |name: &str| {
+            events.items.iter().any(|e| {
+                e.reason.as_deref() == Some("StackConfigInvalid")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        };
+        warned("no-repo") && warned("too-big")
+    })
+    .await;
+    let writes = writes_during(&stacks, "no-repo", 3).await;
+    assert!(writes <= 1, "no-repo was written {writes} times in 3 s");
+
+    let mend = json!({"spec": {"updateTemplate": {"spec": {"parallel": 2}}}});
+    stacks.patch("too-big", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&mend)).await.unwrap();
+    eventually("the mended Stack is reconciled", 60, || async {
+        stalled(&stacks.get("too-big").await.unwrap()).is_none()
+            && workspaces.get_opt("too-big").await.unwrap().is_some()
+    })
+    .await;
+    task.abort();
+}

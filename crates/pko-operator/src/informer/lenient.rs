@@ -27,6 +27,9 @@ pub struct Undecodable {
     pub meta: ObjectMeta,
     /// Its `status.conditions`, when they decode (so a reporter writes its condition once).
     pub conditions: Vec<Condition>,
+    /// Its whole `status` as stored (`Null`: none), so a reporter can write it back with one condition
+    /// changed and lose nothing.
+    pub status: serde_json::Value,
     /// Where and why it does not decode: `spec.updateTemplate.spec.parallel: invalid value: …`.
     pub error: String,
 }
@@ -49,18 +52,16 @@ fn undecodable(text: &str, e: &serde_path_to_error::Error<serde_json::Error>) ->
         #[serde(default)]
         metadata: ObjectMeta,
         #[serde(default)]
-        status: Option<PartialStatus>,
-    }
-    #[derive(Deserialize, Default)]
-    struct PartialStatus {
-        #[serde(default)]
-        conditions: Option<Vec<Condition>>,
+        status: serde_json::Value,
     }
     let partial: Partial = serde_json::from_str(text).unwrap_or_default();
-    let conditions = partial.status.and_then(|s| s.conditions).unwrap_or_default();
+    let conditions = serde_json::from_value(partial.status["conditions"].clone()).unwrap_or_default();
     let path = e.path().to_string();
-    let error = if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) };
-    Undecodable { meta: partial.metadata, conditions, error }
+    // the position in the list's text says nothing to the Stack's owner
+    let inner = e.inner().to_string();
+    let inner = inner.rsplit_once(" at line ").map_or(inner.as_str(), |(what, _)| what);
+    let error = if path == "." { inner.to_string() } else { format!("{path}: {inner}") };
+    Undecodable { meta: partial.metadata, conditions, status: partial.status, error }
 }
 
 impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
@@ -121,6 +122,8 @@ mod tests {
         assert_eq!((u.meta.name.as_deref(), u.meta.generation), (Some("big"), Some(3)));
         assert!(u.error.starts_with("spec.updateTemplate.spec.parallel: "), "{}", u.error);
         assert!(u.error.contains("99999999999"), "{}", u.error);
+        assert!(!u.error.contains(" at line "), "no position in the list's text: {}", u.error);
         assert_eq!(u.conditions.len(), 1, "its conditions, read on their own");
+        assert_eq!(u.status["conditions"][0]["reason"], "X", "its whole status, as stored");
     }
 }
