@@ -1,18 +1,18 @@
-//! Safe extraction of gzipped tarballs (Flux artifacts, Program artifacts) into a directory the agent
-//! owns. Artifacts are tenant input, so extraction assumes a hostile archive (docs/security.md):
+//! Safe extraction of gzipped tarballs (Flux artifacts, Program artifacts) into a directory the agent owns. Artifacts
+//! are tenant input, so extraction assumes a hostile archive (docs/security.md):
 //!
-//! - **nothing is written through a link**: every parent directory of an entry must be a real directory
-//!   inside the root (a symlink on the way is refused), files are created with `O_EXCL` (a link already
-//!   at the final path is replaced, never followed), and entry paths are relative with no `..`;
-//! - **links never lead out**: symlink targets are relative, and once every entry is in place each link
-//!   is resolved as the kernel would (following the links it passes, [`MAX_LINK_HOPS`] at most) and
-//!   refused if it ends outside the root — chains (`a -> .`, `b -> a/..`) included ([`check_links_inside`]);
-//!   hard links, devices, FIFOs and sparse files are refused;
-//! - **bounded work and memory**: the archive is read entry by entry in raw mode, so GNU long names and
-//!   PAX headers are read by this module with a [`Limits::max_metadata_bytes`] cap (default 64 KiB)
-//!   instead of whole into memory; every entry's declared size — data skipped included — counts toward
-//!   [`Limits::max_bytes`] before it is read; a PAX `size` that disagrees with the header's is refused
-//!   (the two parsers would see different archives); at most [`Limits::max_entries`] entries.
+//! - **nothing is written through a link**: every parent directory of an entry must be a real directory inside the root
+//!   (a symlink on the way is refused), files are created with `O_EXCL` (a link already at the final path is replaced,
+//!   never followed), and entry paths are relative with no `..`;
+//! - **links never lead out**: symlink targets are relative, and once every entry is in place each link is resolved as
+//!   the kernel would (following the links it passes, [`MAX_LINK_HOPS`] at most) and refused if it ends outside the
+//!   root — chains (`a -> .`, `b -> a/..`) included ([`check_links_inside`]); hard links, devices, FIFOs and sparse
+//!   files are refused;
+//! - **bounded work and memory**: the archive is read entry by entry in raw mode, so GNU long names and PAX headers are
+//!   read by this module with a [`Limits::max_metadata_bytes`] cap (default 64 KiB) instead of whole into memory; every
+//!   entry's declared size — data skipped included — counts toward [`Limits::max_bytes`] before it is read; a PAX
+//!   `size` that disagrees with the header's is refused (the two parsers would see different archives); at most
+//!   [`Limits::max_entries`] entries.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -32,8 +32,8 @@ pub const DEFAULT_MAX_METADATA_BYTES: u64 = 64 << 10;
 /// Bounds of one extraction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Uncompressed bytes the archive may declare in all, in bytes (PKO `FLUX_MAX_UNTAR_SIZE_BYTES`,
-    /// 100 MiB by default).
+    /// Uncompressed bytes the archive may declare in all, in bytes (PKO `FLUX_MAX_UNTAR_SIZE_BYTES`, 100 MiB by
+    /// default).
     pub max_bytes: u64,
     /// Entries (headers included) the archive may hold.
     pub max_entries: u64,
@@ -48,8 +48,8 @@ impl Limits {
     }
 }
 
-/// Why an archive was refused. Nothing of a refused archive may be used: the caller extracts into a
-/// fresh directory and removes it on error.
+/// Why an archive was refused. Nothing of a refused archive may be used: the caller extracts into a fresh directory and
+/// removes it on error.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     /// The gzip or tar stream is broken (truncated, bad checksum) or could not be read.
@@ -176,8 +176,8 @@ fn entry_path(raw: &[u8]) -> Result<PathBuf, ArchiveError> {
     Ok(out)
 }
 
-/// Creates the directories of `rel` under `root` as needed; every existing one must be a real directory
-/// (not a link). `rel` itself is created when `include_last`.
+/// Creates the directories of `rel` under `root` as needed; every existing one must be a real directory (not a link).
+/// `rel` itself is created when `include_last`.
 fn ensure_dirs(root: &Path, rel: &Path, include_last: bool) -> Result<(), ArchiveError> {
     let shown_rel = rel.display().to_string();
     let mut cur = root.to_path_buf();
@@ -202,8 +202,8 @@ fn ensure_dirs(root: &Path, rel: &Path, include_last: bool) -> Result<(), Archiv
     Ok(())
 }
 
-/// Removes what is at `path` when it is a file or a link (never following it), so that a later entry of
-/// the same name replaces it. A directory there is an error.
+/// Removes what is at `path` when it is a file or a link (never following it), so that a later entry of the same name
+/// replaces it. A directory there is an error.
 fn clear_final(path: &Path, rel: &Path) -> Result<(), ArchiveError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_dir() => {
@@ -216,8 +216,8 @@ fn clear_final(path: &Path, rel: &Path) -> Result<(), ArchiveError> {
     }
 }
 
-/// Reads a metadata entry (GNU long name or link, local PAX extensions) of `size` bytes into `pending`,
-/// for the entry that follows; global PAX headers carry nothing this extractor honours.
+/// Reads a metadata entry (GNU long name or link, local PAX extensions) of `size` bytes into `pending`, for the entry
+/// that follows; global PAX headers carry nothing this extractor honours.
 fn read_metadata(
     entry: &mut impl Read,
     kind: tar::EntryType,
@@ -236,9 +236,8 @@ fn read_metadata(
     Ok(())
 }
 
-/// Writes the regular file `rel` (under `into`) from `entry` of `size` bytes, created new (a file or
-/// link of that name before it is removed, never followed), executable when the archive says so.
-/// Returns the bytes written.
+/// Writes the regular file `rel` (under `into`) from `entry` of `size` bytes, created new (a file or link of that name
+/// before it is removed, never followed), executable when the archive says so. Returns the bytes written.
 fn write_file<R: Read>(entry: &mut tar::Entry<'_, R>, into: &Path, rel: &Path, size: u64) -> Result<u64, ArchiveError> {
     let dest = into.join(rel);
     ensure_dirs(into, rel, false)?;
@@ -253,8 +252,8 @@ fn write_file<R: Read>(entry: &mut tar::Entry<'_, R>, into: &Path, rel: &Path, s
     })
 }
 
-/// Makes the symbolic link `rel` (under `into`) to `target`: relative, and — looked at lexically from
-/// the link's own directory — inside `into` (the full check follows once every entry is written).
+/// Makes the symbolic link `rel` (under `into`) to `target`: relative, and — looked at lexically from the link's own
+/// directory — inside `into` (the full check follows once every entry is written).
 fn write_symlink(into: &Path, rel: &Path, target: &[u8]) -> Result<(), ArchiveError> {
     let unsafe_link = || ArchiveError::UnsafeLink { path: rel.display().to_string(), target: shown(target) };
     let t = Path::new(OsStr::from_bytes(target));
@@ -273,8 +272,8 @@ fn write_symlink(into: &Path, rel: &Path, target: &[u8]) -> Result<(), ArchiveEr
 
 /// Extracts the gzipped tarball `reader` into the existing directory `into` within `limits`.
 ///
-/// Errors: [`ArchiveError`]; on error `into` may hold part of the archive (but nothing outside it was
-/// written) and must be discarded.
+/// Errors: [`ArchiveError`]; on error `into` may hold part of the archive (but nothing outside it was written) and must
+/// be discarded.
 pub fn extract_tar_gz(reader: impl Read, into: &Path, limits: &Limits) -> Result<Extracted, ArchiveError> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(reader));
     let entries = archive.entries().map_err(ArchiveError::Read)?.raw(true);
@@ -360,9 +359,9 @@ fn copy_entry(from: &mut impl Read, size: u64, to: &mut impl std::io::Write) -> 
     }
 }
 
-/// Archive builders for tests of this crate and of its users (the hostile corpus among them): each
-/// returns a gzipped tarball whose headers are written raw, so unsafe names reach the archive. Not in
-/// the binary: only with the `testing` feature (this crate's tests enable it).
+/// Archive builders for tests of this crate and of its users (the hostile corpus among them): each returns a gzipped
+/// tarball whose headers are written raw, so unsafe names reach the archive. Not in the binary: only with the `testing`
+/// feature (this crate's tests enable it).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

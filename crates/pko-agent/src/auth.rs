@@ -1,6 +1,6 @@
-//! Caller authentication (PKO's `--auth-mode kube`): the bearer token is checked with a TokenReview for
-//! the workspace's audience, then a SubjectAccessReview for verb `use` on `workspaces/rpc` of the
-//! workspace (group `auto.pulumi.com`). Decisions are cached per token: allow 5 minutes, deny 5 seconds.
+//! Caller authentication (PKO's `--auth-mode kube`): the bearer token is checked with a TokenReview for the workspace's
+//! audience, then a SubjectAccessReview for verb `use` on `workspaces/rpc` of the workspace (group `auto.pulumi.com`).
+//! Decisions are cached per token: allow 5 minutes, deny 5 seconds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -57,9 +57,9 @@ impl KubeAuth {
 impl Auth {
     /// Checks the `authorization: Bearer <token>` metadata of a request.
     ///
-    /// Errors: `UNAUTHENTICATED` (no or invalid token, or the workspace's service account may not review
-    /// tokens: it lacks `system:auth-delegator`), `PERMISSION_DENIED` (not allowed to `use`
-    /// `workspaces/rpc` of this workspace), `UNAVAILABLE` (the API server could not be asked).
+    /// Errors: `UNAUTHENTICATED` (no or invalid token, or the workspace's service account may not review tokens: it
+    /// lacks `system:auth-delegator`), `PERMISSION_DENIED` (not allowed to `use` `workspaces/rpc` of this workspace),
+    /// `UNAVAILABLE` (the API server could not be asked).
     pub async fn check(&self, md: &tonic::metadata::MetadataMap) -> Result<(), Status> {
         let Auth::Kube(k) = self else { return Ok(()) };
         let token = md
@@ -90,10 +90,9 @@ impl Auth {
     }
 }
 
-/// The status of a review (`kind`: `TokenReview` or `SubjectAccessReview`) the API server did not
-/// answer: forbidden (403), the workspace's service account lacks `system:auth-delegator` — a setup
-/// error, `UNAUTHENTICATED` as PKO's agent says, naming the fix; anything else is an outage,
-/// `UNAVAILABLE` (retried, never cached).
+/// The status of a review (`kind`: `TokenReview` or `SubjectAccessReview`) the API server did not answer: forbidden
+/// (403), the workspace's service account lacks `system:auth-delegator` — a setup error, `UNAUTHENTICATED` as PKO's
+/// agent says, naming the fix; anything else is an outage, `UNAVAILABLE` (retried, never cached).
 fn review_failed(kind: &str, e: kube::Error) -> Status {
     match e {
         kube::Error::Api(ae) if ae.code == 403 => Status::unauthenticated(format!(

@@ -1,17 +1,16 @@
 //! Stale backend locks: a lock left behind by a `pulumi` whose holder is known dead.
 //!
-//! An agent killed with SIGKILL mid-`up` (a pod OOM-killed, a node lost, a local agent's process group
-//! killed) cannot release the stack's lock; every later operation then fails with `UpdateConflict`
-//! (PKO has the same wound). Pulumi's DIY backends (`file://`, `s3://`, `gs://`, `azblob://`) name each
-//! lock's holder in the conflict message (`created by <user>@<host> (pid <pid>) at <RFC 3339 time>`,
-//! `pkg/backend/diy/lock.go`). A holder is **known dead** only when it ran on this agent's host (the
-//! same hostname: the same machine for local agents, the same pod for a restarted container) and
-//! its pid is gone, a zombie, or now belongs to a process started after the lock was taken. Holders
-//! on other hosts are never judged dead here.
+//! An agent killed with SIGKILL mid-`up` (a pod OOM-killed, a node lost, a local agent's process group killed) cannot
+//! release the stack's lock; every later operation then fails with `UpdateConflict` (PKO has the same wound). Pulumi's
+//! DIY backends (`file://`, `s3://`, `gs://`, `azblob://`) name each lock's holder in the conflict message (`created by
+//! <user>@<host> (pid <pid>) at <RFC 3339 time>`, `pkg/backend/diy/lock.go`). A holder is **known dead** only when it
+//! ran on this agent's host (the same hostname: the same machine for local agents, the same pod for a restarted
+//! container) and its pid is gone, a zombie, or now belongs to a process started after the lock was taken. Holders on
+//! other hosts are never judged dead here.
 //!
-//! The runner ([`crate::runner`]) releases the locks with `pulumi cancel` only when **every** holder is
-//! known dead, and only inside a `Run` the agent admitted at the operation's newest epoch (so a replica
-//! that lost the shard can never cause a release); then it tries the operation once more.
+//! The runner ([`crate::runner`]) releases the locks with `pulumi cancel` only when **every** holder is known dead, and
+//! only inside a `Run` the agent admitted at the operation's newest epoch (so a replica that lost the shard can never
+//! cause a release); then it tries the operation once more.
 
 use std::path::Path;
 
@@ -39,8 +38,8 @@ pub enum Verdict {
     Elsewhere,
 }
 
-/// Judges `holder` from this host (`hostname`), with `process` telling what runs under a pid here
-/// (`None`: no such process).
+/// Judges `holder` from this host (`hostname`), with `process` telling what runs under a pid here (`None`: no such
+/// process).
 pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Verdict {
     if holder.hostname != hostname {
         return Verdict::Elsewhere;
@@ -62,8 +61,8 @@ pub fn verdict(holder: &Holder, hostname: &str, process: impl Fn(i32) -> Option<
     }
 }
 
-/// The holders of a conflict to release: all of them when every one is known dead on this host,
-/// otherwise none (a live or remote holder keeps its lock).
+/// The holders of a conflict to release: all of them when every one is known dead on this host, otherwise none (a live
+/// or remote holder keeps its lock).
 pub fn stale(text: &str, hostname: &str, process: impl Fn(i32) -> Option<ProcessInfo>) -> Vec<(Holder, &'static str)> {
     match judge(text, hostname, &[], process) {
         Judgement::Release(dead) => dead,
@@ -76,8 +75,8 @@ pub fn stale(text: &str, hostname: &str, process: impl Fn(i32) -> Option<Process
 pub enum Judgement {
     /// Every holder is known dead: release their locks (the holders, and why each is dead).
     Release(Vec<(Holder, &'static str)>),
-    /// Some holders still run on this host and none is elsewhere: wait for these to end, then judge
-    /// again (an agent's `pulumi` that its supervisor is stopping, or another operation finishing).
+    /// Some holders still run on this host and none is elsewhere: wait for these to end, then judge again (an agent's
+    /// `pulumi` that its supervisor is stopping, or another operation finishing).
     WaitFor(Vec<Holder>),
     /// A holder on another host, or none named (the Pulumi Cloud's conflict): nothing to do here.
     Keep,
@@ -86,9 +85,8 @@ pub enum Judgement {
 /// Why a holder on another host is released: the operator judged it dead.
 pub const RELEASED_BY_OPERATOR: &str = "its host is gone: judged by the operator on an unlock request";
 
-/// Judges every holder of the conflict in `text` from this host (see [`verdict`]); a holder on another
-/// host is dead when `released` (`(who, pid)` pairs the operator judged dead on an unlock request)
-/// names it.
+/// Judges every holder of the conflict in `text` from this host (see [`verdict`]); a holder on another host is dead
+/// when `released` (`(who, pid)` pairs the operator judged dead on an unlock request) names it.
 pub fn judge(
     text: &str,
     hostname: &str,
@@ -113,9 +111,9 @@ pub fn judge(
     if alive.is_empty() { Judgement::Release(dead) } else { Judgement::WaitFor(alive) }
 }
 
-/// Start time and state of process `pid` from `proc` (normally `/proc`): `/proc/<pid>/stat` fields 3
-/// (state) and 22 (start time in clock ticks after boot, `USER_HZ` = 100 on Linux) and `btime` of
-/// `/proc/stat`. `None` when there is no such process.
+/// Start time and state of process `pid` from `proc` (normally `/proc`): `/proc/<pid>/stat` fields 3 (state) and 22
+/// (start time in clock ticks after boot, `USER_HZ` = 100 on Linux) and `btime` of `/proc/stat`. `None` when there is
+/// no such process.
 pub fn process_info(proc: &Path, pid: i32) -> Option<ProcessInfo> {
     if pid <= 0 {
         return None;

@@ -29,12 +29,12 @@ struct Cli {
 enum Cmd {
     /// Serve the agent API.
     Serve(Box<Serve>),
-    /// Prepare a workspace pod's shared volume (the `fetch` init container, after PKO's): the dynamic
-    /// environment file (`$PULUMI_ENV`) and the work directory. Sources are fetched per operation by
-    /// `serve`, so there is nothing to clone here.
+    /// Prepare a workspace pod's shared volume (the `fetch` init container, after PKO's): the dynamic environment file
+    /// (`$PULUMI_ENV`) and the work directory. Sources are fetched per operation by `serve`, so there is nothing to
+    /// clone here.
     Init(Init),
-    /// Internal: runs one command of an operation so that every process it starts ends with it and
-    /// with the agent (`pko_agent::supervise`).
+    /// Internal: runs one command of an operation so that every process it starts ends with it and with the agent
+    /// (`pko_agent::supervise`).
     #[command(hide = true)]
     Supervise(Supervise),
 }
@@ -58,8 +58,8 @@ struct Init {
     share: PathBuf,
 }
 
-/// Creates `<share>/.env` (empty when absent; an init container may have written it already) and
-/// `<share>/work`. Errors: the path that could not be created.
+/// Creates `<share>/.env` (empty when absent; an init container may have written it already) and `<share>/work`.
+/// Errors: the path that could not be created.
 fn init(a: &Init) -> anyhow::Result<()> {
     let env_file = a.share.join(".env");
     std::fs::OpenOptions::new()
@@ -107,8 +107,8 @@ struct Serve {
     /// Size of the source cache in bytes.
     #[arg(long, default_value_t = 2 << 30)]
     cache_max_bytes: u64,
-    /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB; a
-    /// negative value, PKO's −1, means no limit).
+    /// Largest uncompressed artifact in bytes (PKO: FLUX_MAX_UNTAR_SIZE_BYTES, default 100 MiB; a negative value, PKO's
+    /// −1, means no limit).
     #[arg(long, default_value_t = 100 << 20, env = "FLUX_MAX_UNTAR_SIZE_BYTES", allow_negative_numbers = true)]
     max_artifact_bytes: i64,
     /// Seconds to establish an artifact download's connection.
@@ -126,31 +126,30 @@ struct Serve {
     /// Pulumi log verbosity for operations (PKO `pulumiLogLevel`); 0 disables verbose logging.
     #[arg(long, default_value_t = 0)]
     pulumi_log_level: u32,
-    /// A dotenv file (`NAME=value` lines) read before each operation; its variables reach Pulumi over
-    /// the agent's own and the Workspace's `env` (PKO's `--env-file /share/.env`, 2.2 dynamic
-    /// environment variables: containers of the workspace pod append to `$PULUMI_ENV`). A missing file
-    /// adds nothing; a malformed one fails the operation naming the file.
+    /// A dotenv file (`NAME=value` lines) read before each operation; its variables reach Pulumi over the agent's own
+    /// and the Workspace's `env` (PKO's `--env-file /share/.env`, 2.2 dynamic environment variables: containers of the
+    /// workspace pod append to `$PULUMI_ENV`). A missing file adds nothing; a malformed one fails the operation naming
+    /// the file.
     #[arg(long)]
     env_file: Option<PathBuf>,
-    /// A symbolic link pointed at the project directory of each operation before Pulumi runs (PKO's
-    /// `/share/workspace`, for sidecars that read the program); with operations at once, the latest's.
+    /// A symbolic link pointed at the project directory of each operation before Pulumi runs (PKO's `/share/workspace`,
+    /// for sidecars that read the program); with operations at once, the latest's.
     #[arg(long)]
     workspace_link: Option<PathBuf>,
-    /// Each operation in directories of its own (a copy of the source, `HOME`, `PULUMI_HOME`,
-    /// `TMPDIR`), removed when it ends, so nothing of one Stack's operation reaches the next on a
-    /// pooled agent (`pko_agent::sandbox`). `false`: operations run in the cached source with the
-    /// agent's `HOME` (a Workspace's own agent, as PKO's pod, which keeps language caches across its
-    /// operations).
+    /// Each operation in directories of its own (a copy of the source, `HOME`, `PULUMI_HOME`, `TMPDIR`), removed when
+    /// it ends, so nothing of one Stack's operation reaches the next on a pooled agent (`pko_agent::sandbox`). `false`:
+    /// operations run in the cached source with the agent's `HOME` (a Workspace's own agent, as PKO's pod, which keeps
+    /// language caches across its operations).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     isolate_operations: bool,
-    /// Seconds an operation waits for the holders of its stack's backend lock that still run on this
-    /// host (a killed agent's `pulumi` being stopped, another operation ending) before it reports
-    /// `UPDATE_CONFLICT`. Holders on other hosts are never waited for.
+    /// Seconds an operation waits for the holders of its stack's backend lock that still run on this host (a killed
+    /// agent's `pulumi` being stopped, another operation ending) before it reports `UPDATE_CONFLICT`. Holders on other
+    /// hosts are never waited for.
     #[arg(long, default_value_t = 30)]
     lock_wait_seconds: u64,
-    /// How each operation's lines (Pulumi's output, its engine events as Pulumi prints them, the
-    /// agent's own) are written to standard output, each with the operation's namespace, stack, update
-    /// and type: `text` or `json` (one object per line). PKO's `AGENT_JSON_LOG=true` means `json`.
+    /// How each operation's lines (Pulumi's output, its engine events as Pulumi prints them, the agent's own) are
+    /// written to standard output, each with the operation's namespace, stack, update and type: `text` or `json` (one
+    /// object per line). PKO's `AGENT_JSON_LOG=true` means `json`.
     #[arg(long, value_enum, default_value_t = pko_agent::output::Format::Text)]
     log_format: pko_agent::output::Format,
     /// Caller authentication.
@@ -165,18 +164,17 @@ struct Serve {
     /// Name of the workspace (for the SubjectAccessReview).
     #[arg(long)]
     kube_workspace_name: Option<String>,
-    /// Kubeconfig of the agent's own identity (the local runtime passes one). Without it: the pod's
-    /// service account in a pod, else the usual `KUBECONFIG`/`~/.kube/config` inference. Never taken
-    /// from the environment in a pod, so a Workspace's `env` cannot redirect the agent's identity.
+    /// Kubeconfig of the agent's own identity (the local runtime passes one). Without it: the pod's service account in
+    /// a pod, else the usual `KUBECONFIG`/`~/.kube/config` inference. Never taken from the environment in a pod, so a
+    /// Workspace's `env` cannot redirect the agent's identity.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Shut down after this many seconds without an operation or a Run/Attach/Cancel call (0: never).
-    /// A pooled agent's backstop: its operator stops it when idle, but an agent whose operator died
-    /// must not stay forever.
+    /// Shut down after this many seconds without an operation or a Run/Attach/Cancel call (0: never). A pooled agent's
+    /// backstop: its operator stops it when idle, but an agent whose operator died must not stay forever.
     #[arg(long, default_value_t = 0)]
     exit_when_idle_seconds: u64,
-    /// HOLLOW AGENT, for control-plane load tests only (kubemark-style): every operation succeeds after
-    /// this many seconds without running Pulumi. Never a default; never used by a functional test.
+    /// HOLLOW AGENT, for control-plane load tests only (kubemark-style): every operation succeeds after this many
+    /// seconds without running Pulumi. Never a default; never used by a functional test.
     #[arg(long)]
     hollow_seconds: Option<f64>,
     /// PEM certificate for TLS (with --tls-key).
@@ -211,8 +209,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The agent's own `PULUMI_HOME` (else `$HOME/.pulumi`, Pulumi's default), whose plugin cache isolated
-/// operations share.
+/// The agent's own `PULUMI_HOME` (else `$HOME/.pulumi`, Pulumi's default), whose plugin cache isolated operations
+/// share.
 ///
 /// Errors: neither `PULUMI_HOME` nor `HOME` is set.
 fn shared_pulumi_home() -> anyhow::Result<PathBuf> {
@@ -239,8 +237,8 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
     Ok(kube::Client::try_from(config)?)
 }
 
-/// What the runner needs, from the flags: the supervised Pulumi CLI, the source cache, the
-/// per-operation directories (`--isolate-operations`), the value resolver of `namespace`.
+/// What the runner needs, from the flags: the supervised Pulumi CLI, the source cache, the per-operation directories
+/// (`--isolate-operations`), the value resolver of `namespace`.
 ///
 /// Errors: the agent's own executable, the work directory or the shared plugin cache cannot be had.
 fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> anyhow::Result<RunnerContext> {

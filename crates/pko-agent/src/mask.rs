@@ -1,23 +1,23 @@
 //! Masking of secret values in everything the agent emits (log lines, engine events, error messages).
 
-/// Replaces every known secret value with `[secret]`. Values shorter than 3 bytes are not masked (they
-/// would mask unrelated text and reveal little).
+/// Replaces every known secret value with `[secret]`. Values shorter than 3 bytes are not masked (they would mask
+/// unrelated text and reveal little).
 #[derive(Debug, Clone, Default)]
 pub struct Masker {
     secrets: Vec<String>,
 }
 
-/// The shortest line of a multi-line secret masked on its own, in bytes (shorter lines — a brace, a
-/// blank — would mask unrelated text).
+/// The shortest line of a multi-line secret masked on its own, in bytes (shorter lines — a brace, a blank — would mask
+/// unrelated text).
 pub const MIN_LINE: usize = 8;
 
 /// What a masked value is replaced with (PKO's marker).
 pub const MASK: &str = "[secret]";
 
 impl Masker {
-    /// Adds a secret value (and its JSON-escaped form, as it appears inside JSON text). A multi-line
-    /// value (a PEM key, a kubeconfig) adds each of its lines of at least [`MIN_LINE`] bytes too: a
-    /// program printing one line of it alone must not reveal that line.
+    /// Adds a secret value (and its JSON-escaped form, as it appears inside JSON text). A multi-line value (a PEM key,
+    /// a kubeconfig) adds each of its lines of at least [`MIN_LINE`] bytes too: a program printing one line of it alone
+    /// must not reveal that line.
     pub fn add(&mut self, value: &str) {
         if value.len() < 3 {
             return;

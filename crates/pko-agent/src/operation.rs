@@ -1,6 +1,5 @@
-//! Operations the agent knows: a bounded event log per operation that any number of clients follow from
-//! its first event (Run and Attach), the running Pulumi process for Cancel and shutdown, and retention of
-//! finished operations.
+//! Operations the agent knows: a bounded event log per operation that any number of clients follow from its first event
+//! (Run and Attach), the running Pulumi process for Cancel and shutdown, and retention of finished operations.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -64,16 +63,16 @@ impl Operation {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    /// Admits a caller with `epoch`: refused (`Err(newest)`) when older than the newest seen, which it
-    /// becomes otherwise. A replica that lost the operation's shard cannot follow, cancel or restart it
-    /// once the shard's new holder has called.
+    /// Admits a caller with `epoch`: refused (`Err(newest)`) when older than the newest seen, which it becomes
+    /// otherwise. A replica that lost the operation's shard cannot follow, cancel or restart it once the shard's new
+    /// holder has called.
     pub fn admit(&self, epoch: i64) -> Result<(), i64> {
         let newest = self.epoch.fetch_max(epoch, Ordering::SeqCst);
         if epoch < newest { Err(newest) } else { Ok(()) }
     }
 
-    /// Prints the operation's lines to the agent's standard output from now on, as `ctx` says
-    /// ([`crate::output`]); set once.
+    /// Prints the operation's lines to the agent's standard output from now on, as `ctx` says ([`crate::output`]); set
+    /// once.
     pub fn print_to(&self, ctx: crate::output::Context) {
         let _ = self.output.set(ctx);
     }
@@ -85,8 +84,8 @@ impl Operation {
         }
     }
 
-    /// Appends an event. Past the buffer bound, engine events and logs are dropped (counted); the result
-    /// is always kept.
+    /// Appends an event. Past the buffer bound, engine events and logs are dropped (counted); the result is always
+    /// kept.
     pub fn publish(&self, event: Event) {
         if let Some(out) = self.output.get() {
             match &event {
@@ -174,8 +173,8 @@ impl Operation {
         self.pid.store(pid, Ordering::SeqCst);
     }
 
-    /// Records the running Pulumi process and the signal that stops it at once with everything it
-    /// started ([`crate::pulumi::Cli::hard_stop`]: SIGTERM to its supervisor).
+    /// Records the running Pulumi process and the signal that stops it at once with everything it started
+    /// ([`crate::pulumi::Cli::hard_stop`]: SIGTERM to its supervisor).
     pub fn set_process(&self, pid: u32, hard_stop: Signal) {
         self.hard_stop.store(hard_stop as i32, Ordering::SeqCst);
         self.set_pid(pid);
@@ -217,8 +216,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry buffering at most `max_events` events per operation and keeping finished operations
-    /// for `retention`.
+    /// A registry buffering at most `max_events` events per operation and keeping finished operations for `retention`.
     pub fn new(max_events: usize, retention: Duration) -> Self {
         Self { inner: Arc::default(), max_events, retention }
     }

@@ -1,9 +1,8 @@
-//! What Pulumi printed, on the agent's standard output: every line of an operation — the agent's own,
-//! Pulumi's stdout and stderr, and its engine events rendered as Pulumi prints them (resource steps,
-//! diagnostics, the summary) — with the operation's namespace, stack, update and type on each line, so
-//! a cluster's log pipeline (and `kubectl logs` of a pool's pod) has it. Text by default; JSON with
-//! `--log-format json` or PKO's `AGENT_JSON_LOG=true` (PKO PR #1306). Lines arrive masked (secrets as
-//! `[secret]`): nothing here sees a secret value.
+//! What Pulumi printed, on the agent's standard output: every line of an operation — the agent's own, Pulumi's stdout
+//! and stderr, and its engine events rendered as Pulumi prints them (resource steps, diagnostics, the summary) — with
+//! the operation's namespace, stack, update and type on each line, so a cluster's log pipeline (and `kubectl logs` of a
+//! pool's pod) has it. Text by default; JSON with `--log-format json` or PKO's `AGENT_JSON_LOG=true` (PKO PR #1306).
+//! Lines arrive masked (secrets as `[secret]`): nothing here sees a secret value.
 
 use std::io::Write;
 
@@ -45,8 +44,8 @@ pub struct Context {
 }
 
 impl Context {
-    /// The context of operation `id` (`<ns>/<name>/<uid>` from the operator) on `stack`, of type
-    /// `operation`, written as `format`. Pure.
+    /// The context of operation `id` (`<ns>/<name>/<uid>` from the operator) on `stack`, of type `operation`, written
+    /// as `format`. Pure.
     pub fn of(id: &str, stack: &str, operation: &str, format: Format) -> Context {
         let parts: Vec<&str> = id.split('/').collect();
         let (namespace, update) = match parts.as_slice() {
@@ -56,8 +55,7 @@ impl Context {
         Context { namespace, update, stack: stack.to_string(), operation: operation.to_string(), format }
     }
 
-    /// `text` of `stream` (`agent`, `stdout`, `stderr`, `engine`) as one output line at `time`
-    /// (RFC 3339). Pure.
+    /// `text` of `stream` (`agent`, `stdout`, `stderr`, `engine`) as one output line at `time` (RFC 3339). Pure.
     pub fn line(&self, time: &str, stream: &str, text: &str) -> String {
         match self.format {
             Format::Text => format!(
@@ -75,9 +73,8 @@ impl Context {
         }
     }
 
-    /// Queues `text` of `stream` for standard output, one line per line of `text`; never blocks the
-    /// operation (see [`Queue`]). A closed output (an adopted local agent whose operator is gone) is
-    /// ignored.
+    /// Queues `text` of `stream` for standard output, one line per line of `text`; never blocks the operation (see
+    /// [`Queue`]). A closed output (an adopted local agent whose operator is gone) is ignored.
     pub fn print(&self, stream: &str, text: &str) {
         let time = crate::convert::now().to_string();
         let queue = stdout_queue();
@@ -90,10 +87,10 @@ impl Context {
 /// Lines waiting for standard output at most (about 2,000 bytes each at worst: a few MiB).
 pub const QUEUE_LINES: usize = 8_192;
 
-/// Operation lines on their way to a writer thread: a reader of the agent's standard output that stops
-/// reading (a frozen operator draining a local agent's pipe, a stalled log pipeline) must never stall a
-/// Pulumi operation, so when [`QUEUE_LINES`] are waiting, further lines are dropped and counted, and the
-/// next line that fits is preceded by `… <n> output lines dropped: standard output was not read`.
+/// Operation lines on their way to a writer thread: a reader of the agent's standard output that stops reading (a
+/// frozen operator draining a local agent's pipe, a stalled log pipeline) must never stall a Pulumi operation, so when
+/// [`QUEUE_LINES`] are waiting, further lines are dropped and counted, and the next line that fits is preceded by `…
+/// <n> output lines dropped: standard output was not read`.
 pub struct Queue {
     tx: std::sync::mpsc::SyncSender<String>,
     dropped: std::sync::atomic::AtomicU64,

@@ -1,5 +1,5 @@
-//! The Pulumi CLI: command lines for each operation (pure), classification of its failures (pure), and
-//! small helpers that run it.
+//! The Pulumi CLI: command lines for each operation (pure), classification of its failures (pure), and small helpers
+//! that run it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,17 +12,16 @@ use tokio::process::Command;
 
 use crate::supervise::Supervisor;
 
-/// Whether the operation only previews: `preview`, and a preview-only `refresh` (a drift check).
-/// Pulumi refuses `--yes` and `--skip-preview` next to `--preview-only`.
+/// Whether the operation only previews: `preview`, and a preview-only `refresh` (a drift check). Pulumi refuses `--yes`
+/// and `--skip-preview` next to `--preview-only`.
 pub fn previews(kind: OperationType, o: &OperationOptions) -> bool {
     kind == OperationType::Preview || (kind == OperationType::Refresh && o.preview_only)
 }
 
-/// Environment of the Pulumi process for the operation over [`base_env`] and the operation's own: a
-/// preview-only refresh streams engine events as `up` does (`PULUMI_ENABLE_STREAMING_JSON_PREVIEW`),
-/// because Pulumi's preview digest lists a resource that drifted without `detailedDiff` as an
-/// unchanged `refresh`; and it turns `PULUMI_SKIP_CONFIRMATIONS` off, which Pulumi reads as `--yes`
-/// ("--yes and --preview-only cannot be used together").
+/// Environment of the Pulumi process for the operation over [`base_env`] and the operation's own: a preview-only
+/// refresh streams engine events as `up` does (`PULUMI_ENABLE_STREAMING_JSON_PREVIEW`), because Pulumi's preview digest
+/// lists a resource that drifted without `detailedDiff` as an unchanged `refresh`; and it turns
+/// `PULUMI_SKIP_CONFIRMATIONS` off, which Pulumi reads as `--yes` ("--yes and --preview-only cannot be used together").
 pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static str, &'static str)> {
     if kind == OperationType::Refresh && o.preview_only {
         vec![("PULUMI_ENABLE_STREAMING_JSON_PREVIEW", "true"), ("PULUMI_SKIP_CONFIRMATIONS", "false")]
@@ -31,9 +30,9 @@ pub fn operation_env(kind: OperationType, o: &OperationOptions) -> Vec<(&'static
     }
 }
 
-/// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too,
-/// with [`operation_env`]) and `destroy` stream engine events as JSON lines on stdout (`--json`);
-/// `preview --json` prints one JSON document at the end (Pulumi's preview digest).
+/// Arguments of the Pulumi command for an operation on `stack`. `up`, `refresh` (preview-only too, with
+/// [`operation_env`]) and `destroy` stream engine events as JSON lines on stdout (`--json`); `preview --json` prints
+/// one JSON document at the end (Pulumi's preview digest).
 pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let verb = match kind {
@@ -97,10 +96,10 @@ pub fn operation_args(kind: OperationType, stack: &str, o: &OperationOptions) ->
     a
 }
 
-/// The change an engine event reports, when it is a `resOutputsEvent` of a resource (not the root
-/// stack) whose step changes something (not `same`, `read` or `refresh`): URN, step kind and the
-/// properties that differ (`diffs`, `detailedDiff`, else the outputs that differ between the old and
-/// the new state — a refresh of a provider without detailed diffs names none). Pure.
+/// The change an engine event reports, when it is a `resOutputsEvent` of a resource (not the root stack) whose step
+/// changes something (not `same`, `read` or `refresh`): URN, step kind and the properties that differ (`diffs`,
+/// `detailedDiff`, else the outputs that differ between the old and the new state — a refresh of a provider without
+/// detailed diffs names none). Pure.
 pub fn event_change(ev: &serde_json::Value) -> Option<(String, String, Vec<String>)> {
     let m = ev.get("resOutputsEvent")?.get("metadata")?;
     let (urn, op) = (m.get("urn")?.as_str()?, m.get("op")?.as_str()?);
@@ -150,9 +149,9 @@ pub fn classify_failure(text: &str) -> ErrorReason {
     }
 }
 
-/// The environment every Pulumi process of the agent gets below the operation's own variables: no
-/// update check, no interactive prompts. Plugin acquisition stays on, as in PKO's workspaces (a
-/// Workspace `env` or the agent's environment may set `PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION`).
+/// The environment every Pulumi process of the agent gets below the operation's own variables: no update check, no
+/// interactive prompts. Plugin acquisition stays on, as in PKO's workspaces (a Workspace `env` or the agent's
+/// environment may set `PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION`).
 pub fn base_env() -> BTreeMap<String, String> {
     [
         ("PULUMI_SKIP_UPDATE_CHECK", "true"),
@@ -168,9 +167,9 @@ pub fn base_env() -> BTreeMap<String, String> {
 /// Name of Pulumi's switch that turns automatic plugin downloads off (the air-gapped setting).
 pub const DISABLE_PLUGIN_ACQUISITION: &str = "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION";
 
-/// Whether a Pulumi process started with `env` on top of an environment where the variable is
-/// `inherited` (the agent's own value, if any) sees plugin acquisition disabled. Pulumi's boolean
-/// syntax: `1` or `true` in any case; anything else, or unset, is false.
+/// Whether a Pulumi process started with `env` on top of an environment where the variable is `inherited` (the agent's
+/// own value, if any) sees plugin acquisition disabled. Pulumi's boolean syntax: `1` or `true` in any case; anything
+/// else, or unset, is false.
 pub fn plugin_acquisition_disabled(env: &BTreeMap<String, String>, inherited: Option<&str>) -> bool {
     env.get(DISABLE_PLUGIN_ACQUISITION)
         .map(String::as_str)
@@ -178,8 +177,8 @@ pub fn plugin_acquisition_disabled(env: &BTreeMap<String, String>, inherited: Op
         .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
-/// The error lines of a failed `pulumi` command's standard error: without the `context canceled`
-/// line the CLI prints after its own error, trimmed.
+/// The error lines of a failed `pulumi` command's standard error: without the `context canceled` line the CLI prints
+/// after its own error, trimmed.
 pub fn error_text(stderr: &str) -> String {
     stderr.lines().filter(|l| l.trim() != "context canceled").collect::<Vec<_>>().join("\n").trim().to_string()
 }
@@ -195,8 +194,8 @@ pub struct Output {
     pub stderr: String,
 }
 
-/// The Pulumi CLI as the agent runs it: the binary, under the agent's [`Supervisor`] when one is set
-/// (always in `pko-agent serve`; a library user may run it directly).
+/// The Pulumi CLI as the agent runs it: the binary, under the agent's [`Supervisor`] when one is set (always in
+/// `pko-agent serve`; a library user may run it directly).
 #[derive(Debug, Clone)]
 pub struct Cli {
     /// The `pulumi` binary.
@@ -206,9 +205,9 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// A `pulumi <args>` command in `dir` with `env` added to the agent's own environment, standard
-    /// input closed, output piped. Supervised when the CLI has a supervisor; the process is not killed
-    /// when its handle is dropped: hold a [`StopOnDrop`] for that.
+    /// A `pulumi <args>` command in `dir` with `env` added to the agent's own environment, standard input closed,
+    /// output piped. Supervised when the CLI has a supervisor; the process is not killed when its handle is dropped:
+    /// hold a [`StopOnDrop`] for that.
     pub fn command(&self, dir: &Path, env: &BTreeMap<String, String>, args: &[impl AsRef<std::ffi::OsStr>]) -> Command {
         let mut c = match &self.supervisor {
             Some(s) => s.command(&self.bin),
@@ -218,8 +217,8 @@ impl Cli {
         c
     }
 
-    /// The signal that stops a process of [`Cli::command`] at once with everything it started: SIGTERM
-    /// to a supervisor (which kills the tree), SIGKILL to an unsupervised `pulumi`.
+    /// The signal that stops a process of [`Cli::command`] at once with everything it started: SIGTERM to a supervisor
+    /// (which kills the tree), SIGKILL to an unsupervised `pulumi`.
     pub fn hard_stop(&self) -> Signal {
         if self.supervisor.is_some() { Signal::SIGTERM } else { Signal::SIGKILL }
     }
@@ -230,8 +229,8 @@ impl Cli {
     }
 }
 
-/// Stops a started process when dropped before [`StopOnDrop::disarm`] (an operation's future dropped
-/// mid-command): the supervised tree goes with it.
+/// Stops a started process when dropped before [`StopOnDrop::disarm`] (an operation's future dropped mid-command): the
+/// supervised tree goes with it.
 #[derive(Debug)]
 pub struct StopOnDrop {
     pid: Option<u32>,
@@ -258,8 +257,7 @@ pub async fn run(cli: &Cli, dir: &Path, env: &BTreeMap<String, String>, args: &[
     run_inner(cli, dir, env, args, None).await
 }
 
-/// Runs `pulumi <args>` like [`run`], writing `input` to its standard input (values too large for the
-/// command line).
+/// Runs `pulumi <args>` like [`run`], writing `input` to its standard input (values too large for the command line).
 pub async fn run_with_input(
     cli: &Cli,
     dir: &Path,
@@ -305,8 +303,8 @@ pub async fn version(cli: &Cli) -> std::io::Result<String> {
     Ok(out.stdout.trim().to_string())
 }
 
-/// Name and runtime of the project in `dir` (from `Pulumi.yaml`/`Pulumi.yml`). `runtime` may be a string
-/// or `{name: ...}`.
+/// Name and runtime of the project in `dir` (from `Pulumi.yaml`/`Pulumi.yml`). `runtime` may be a string or `{name:
+/// ...}`.
 pub fn project_info(dir: &Path) -> Option<(String, String)> {
     let text = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())?;
     let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
@@ -318,9 +316,9 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
     Some((name, runtime))
 }
 
-/// Whether the project in `dir` runs a prebuilt program (`runtime: {name: go, options: {binary: …}}`,
-/// Pulumi's `runtime.options.binary`): `pulumi install` would only try to build or fetch what the
-/// binary already holds (PKO #1297, fixed in v2.9.1 by #1319).
+/// Whether the project in `dir` runs a prebuilt program (`runtime: {name: go, options: {binary: …}}`, Pulumi's
+/// `runtime.options.binary`): `pulumi install` would only try to build or fetch what the binary already holds (PKO
+/// #1297, fixed in v2.9.1 by #1319).
 pub fn prebuilt_binary(dir: &Path) -> bool {
     let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
     else {

@@ -1,32 +1,30 @@
 //! Per-operation isolation: nothing one operation leaves on an agent reaches the next.
 //!
-//! A pooled agent runs the operations of many Stacks of one workspace class one after the other. With
-//! isolation on (`pko-agent serve --isolate-operations`, what the operator's pools pass), each operation
-//! gets a fresh directory `<work>/ops/<n>` (0700) holding:
+//! A pooled agent runs the operations of many Stacks of one workspace class one after the other. With isolation on
+//! (`pko-agent serve --isolate-operations`, what the operator's pools pass), each operation gets a fresh directory
+//! `<work>/ops/<n>` (0700) holding:
 //!
 //! - `work/`: a copy of the prepared source (the cached revision stays pristine: `std::fs::copy` uses
 //!   `copy_file_range`, which shares blocks on file systems that can), where Pulumi runs;
-//! - `home/`: the operation's `HOME` (credentials files such as `~/.aws/credentials`, `~/.kube/config`,
-//!   language caches), empty at the start;
-//! - `pulumi-home/`: its `PULUMI_HOME` (Pulumi's workspace settings, logins, stack selections), whose
-//!   `plugins` names the agent's shared plugin cache (filled by `pulumi install` when a source revision
-//!   is prepared, and by Pulumi itself);
+//! - `home/`: the operation's `HOME` (credentials files such as `~/.aws/credentials`, `~/.kube/config`, language
+//!   caches), empty at the start;
+//! - `pulumi-home/`: its `PULUMI_HOME` (Pulumi's workspace settings, logins, stack selections), whose `plugins` names
+//!   the agent's shared plugin cache (filled by `pulumi install` when a source revision is prepared, and by Pulumi
+//!   itself);
 //! - `tmp/`: its `TMPDIR`.
 //!
-//! The directory is removed before the operation's result is published; any left by an agent that
-//! died is removed when the agent starts, and any not in use before each operation starts (an
-//! operation refuses to start while one cannot be removed). The shared plugin cache is fingerprinted (path, size, mode,
-//! modification time) before
-//! the operation and compared after: a plugin the operation added, changed or planted is removed, and
-//! named on the operation's log, so the next operation never runs it. The agent's own environment (the
-//! workspace class's) and the request's are all an operation's process sees; processes do not outlive
-//! it ([`crate::supervise`]).
+//! The directory is removed before the operation's result is published; any left by an agent that died is removed when
+//! the agent starts, and any not in use before each operation starts (an operation refuses to start while one cannot be
+//! removed). The shared plugin cache is fingerprinted (path, size, mode, modification time) before the operation and
+//! compared after: a plugin the operation added, changed or planted is removed, and named on the operation's log, so
+//! the next operation never runs it. The agent's own environment (the workspace class's) and the request's are all an
+//! operation's process sees; processes do not outlive it ([`crate::supervise`]).
 //!
-//! Not covered: files written to absolute paths outside these directories (e.g. `/tmp/x` by name)
-//! reach whatever else the agent's OS user can read; in a pod that is the pool pod's file system.
+//! Not covered: files written to absolute paths outside these directories (e.g. `/tmp/x` by name) reach whatever else
+//! the agent's OS user can read; in a pod that is the pool pod's file system.
 //!
-//! Without isolation (a Workspace's own agent, as PKO's pod), operations run in the cached source
-//! directory with the agent's `HOME` and `PULUMI_HOME`, as they always did.
+//! Without isolation (a Workspace's own agent, as PKO's pod), operations run in the cached source directory with the
+//! agent's `HOME` and `PULUMI_HOME`, as they always did.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -42,8 +40,8 @@ pub struct Sandboxes {
     plugins: PathBuf,
     /// The directories of operations running now (an agent with `--capacity` above 1 runs several).
     active: Arc<Mutex<HashSet<PathBuf>>>,
-    /// `<root>.lock`, locked exclusively for the agent's life: a second agent on the same work
-    /// directory would remove this one's running operations' directories (and this one its).
+    /// `<root>.lock`, locked exclusively for the agent's life: a second agent on the same work directory would remove
+    /// this one's running operations' directories (and this one its).
     _lock: Arc<std::fs::File>,
 }
 
@@ -60,8 +58,7 @@ pub struct Sandbox {
 /// What [`Sandbox::finish`] found and did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Finished {
-    /// Entries of the shared plugin cache the operation added or changed, removed (names under
-    /// `plugins/`).
+    /// Entries of the shared plugin cache the operation added or changed, removed (names under `plugins/`).
     pub plugins_removed: Vec<String>,
 }
 
@@ -69,12 +66,12 @@ pub struct Finished {
 pub type Fingerprint = BTreeMap<PathBuf, (u64, u32, Option<SystemTime>, Option<PathBuf>)>;
 
 impl Sandboxes {
-    /// Operations' directories under `root`, sharing the plugin cache of `shared_pulumi_home` (created
-    /// when missing), for this agent alone: `<root>.lock` is locked exclusively (released by the
-    /// kernel when the agent dies). Removes every directory an earlier agent left in `root`.
+    /// Operations' directories under `root`, sharing the plugin cache of `shared_pulumi_home` (created when missing),
+    /// for this agent alone: `<root>.lock` is locked exclusively (released by the kernel when the agent dies). Removes
+    /// every directory an earlier agent left in `root`.
     ///
-    /// Errors: another live agent holds `root` (the message says so), `root` or the plugin cache
-    /// cannot be created, or a leftover cannot be removed.
+    /// Errors: another live agent holds `root` (the message says so), `root` or the plugin cache cannot be created, or
+    /// a leftover cannot be removed.
     pub fn new(root: PathBuf, shared_pulumi_home: &Path) -> std::io::Result<Self> {
         create_private_dir(&root)?;
         let lock_path = root.with_extension("lock");
@@ -101,8 +98,8 @@ impl Sandboxes {
         &self.plugins
     }
 
-    /// Removes every operation directory in the root that no running operation uses (left by an agent
-    /// that died, or by an operation whose removal failed). Returns how many there were.
+    /// Removes every operation directory in the root that no running operation uses (left by an agent that died, or by
+    /// an operation whose removal failed). Returns how many there were.
     ///
     /// Errors: one could not be removed (the message names it).
     pub fn sweep(&self) -> std::io::Result<usize> {
@@ -137,15 +134,15 @@ impl Sandboxes {
 }
 
 impl Sandbox {
-    /// The variables that point the operation at its own directories: `HOME`, `PULUMI_HOME`,
-    /// `TMPDIR`. The request's environment may set them otherwise (its own choice).
+    /// The variables that point the operation at its own directories: `HOME`, `PULUMI_HOME`, `TMPDIR`. The request's
+    /// environment may set them otherwise (its own choice).
     pub fn env(&self) -> [(String, String); 3] {
         let p = |s: &str| self.dir.join(s).display().to_string();
         [("HOME".into(), p("home")), ("PULUMI_HOME".into(), p("pulumi-home")), ("TMPDIR".into(), p("tmp"))]
     }
 
-    /// Copies the prepared source `root` into the operation's `work/` and returns where `project`
-    /// (inside `root`) is in the copy. Symbolic links are copied as links.
+    /// Copies the prepared source `root` into the operation's `work/` and returns where `project` (inside `root`) is in
+    /// the copy. Symbolic links are copied as links.
     ///
     /// Errors: `project` is not inside `root`, or a copy failed.
     pub fn copy_source(&self, root: &Path, project: &Path) -> std::io::Result<PathBuf> {
@@ -157,14 +154,14 @@ impl Sandbox {
         Ok(work.join(rel))
     }
 
-    /// Takes the plugin cache's fingerprint: after the agent's own preparation of the source (whose
-    /// `pulumi install` fills the cache), right before the operation's commands run.
+    /// Takes the plugin cache's fingerprint: after the agent's own preparation of the source (whose `pulumi install`
+    /// fills the cache), right before the operation's commands run.
     pub fn watch_plugins(&mut self) {
         self.before = Some(fingerprint(&self.plugins));
     }
 
-    /// Compares the shared plugin cache with what it held at [`Sandbox::watch_plugins`], removes every
-    /// entry the operation added or changed since, then removes the operation's directory.
+    /// Compares the shared plugin cache with what it held at [`Sandbox::watch_plugins`], removes every entry the
+    /// operation added or changed since, then removes the operation's directory.
     ///
     /// Errors: the directory or a changed plugin could not be removed.
     pub fn finish(self) -> std::io::Result<Finished> {
@@ -182,9 +179,8 @@ impl Sandbox {
     }
 }
 
-/// The top-level entries of the plugin cache (plugin directories, lock files) under which `after`
-/// differs from `before` by an added or changed path. Entries only deleted are not listed (nothing is
-/// left to remove). Pure.
+/// The top-level entries of the plugin cache (plugin directories, lock files) under which `after` differs from `before`
+/// by an added or changed path. Entries only deleted are not listed (nothing is left to remove). Pure.
 pub fn changed_entries(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
     let mut names: Vec<String> = after
         .iter()
@@ -195,8 +191,8 @@ pub fn changed_entries(before: &Fingerprint, after: &Fingerprint) -> Vec<String>
     names
 }
 
-/// Every path under `root` (not following links) with its size, mode, modification time and link
-/// target; empty when `root` cannot be read.
+/// Every path under `root` (not following links) with its size, mode, modification time and link target; empty when
+/// `root` cannot be read.
 pub fn fingerprint(root: &Path) -> Fingerprint {
     use std::os::unix::fs::PermissionsExt;
     let mut out = Fingerprint::new();
@@ -215,8 +211,8 @@ pub fn fingerprint(root: &Path) -> Fingerprint {
     out
 }
 
-/// Copies the tree `from` into the existing directory `to`: directories, regular files (with their
-/// modes) and symbolic links (as links).
+/// Copies the tree `from` into the existing directory `to`: directories, regular files (with their modes) and symbolic
+/// links (as links).
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     for e in std::fs::read_dir(from)? {
         let e = e?;
@@ -235,8 +231,8 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes `path` (a tree, a file or a link; nothing when missing). A directory a program made
-/// unwritable is made writable first.
+/// Removes `path` (a tree, a file or a link; nothing when missing). A directory a program made unwritable is made
+/// writable first.
 fn remove_tree(path: &Path) -> std::io::Result<()> {
     let Ok(m) = std::fs::symlink_metadata(path) else { return Ok(()) };
     if !m.is_dir() {
@@ -249,8 +245,7 @@ fn remove_tree(path: &Path) -> std::io::Result<()> {
     std::fs::remove_dir_all(path)
 }
 
-/// Gives the owner full access to every directory under `dir` (not following links), so its entries
-/// can be removed.
+/// Gives the owner full access to every directory under `dir` (not following links), so its entries can be removed.
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));

@@ -57,15 +57,15 @@ pub fn invalid(field: &str, message: impl Into<String>) -> Status {
     Status::with_details(tonic::Code::InvalidArgument, format!("{field}: {message}"), info.encode_to_vec().into())
 }
 
-/// The grace Pulumi gets after a `Cancel` asking for `asked` seconds (0: none asked) from an agent
-/// whose own is `own`: the shorter. Pure.
+/// The grace Pulumi gets after a `Cancel` asking for `asked` seconds (0: none asked) from an agent whose own is `own`:
+/// the shorter. Pure.
 pub fn cancel_grace(asked: u32, own: std::time::Duration) -> std::time::Duration {
     if asked == 0 { own } else { own.min(std::time::Duration::from_secs(asked.into())) }
 }
 
-/// How late a request arrived at `now` past its sender's `not_after` (the renew deadline of the
-/// sender's hold on the shard, `OperationRequest.not_after`); `None`: in time, or no deadline given.
-/// A malformed timestamp counts as already past (it cannot prove the sender still holds its shard).
+/// How late a request arrived at `now` past its sender's `not_after` (the renew deadline of the sender's hold on the
+/// shard, `OperationRequest.not_after`); `None`: in time, or no deadline given. A malformed timestamp counts as already
+/// past (it cannot prove the sender still holds its shard).
 pub fn late_by(not_after: Option<&prost_types::Timestamp>, now: std::time::SystemTime) -> Option<std::time::Duration> {
     let t = not_after?;
     let deadline = u64::try_from(t.seconds)
@@ -76,9 +76,9 @@ pub fn late_by(not_after: Option<&prost_types::Timestamp>, now: std::time::Syste
     now.duration_since(deadline).ok()
 }
 
-/// Checks a `Run` request before anything runs: the required fields, a git URL and revision that git
-/// cannot read as options ([`pko_git::validate_url`], [`pko_git::validate_ref`]), and environment names
-/// and values a process can carry (a name that is empty or holds `=` or NUL, a value with NUL).
+/// Checks a `Run` request before anything runs: the required fields, a git URL and revision that git cannot read as
+/// options ([`pko_git::validate_url`], [`pko_git::validate_ref`]), and environment names and values a process can carry
+/// (a name that is empty or holds `=` or NUL, a value with NUL).
 ///
 /// Errors: `INVALID_ARGUMENT` with an [`ErrorInfo`] naming the field ([`invalid`]).
 pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
@@ -123,8 +123,8 @@ pub fn validate_request(req: &OperationRequest) -> Result<(), Status> {
 }
 
 impl AgentService {
-    /// A service running operations with `ctx`, retaining finished ones for `retention` with at most
-    /// `max_events` buffered events each.
+    /// A service running operations with `ctx`, retaining finished ones for `retention` with at most `max_events`
+    /// buffered events each.
     pub fn new(cfg: AgentConfig, ctx: RunnerContext, auth: Auth, retention: Duration, max_events: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -138,8 +138,8 @@ impl AgentService {
         }
     }
 
-    /// Starts the shutdown: accept nothing new; Ctrl-C every running Pulumi process (SIGKILL after the
-    /// grace). Their operations end with status `INTERRUPTED`.
+    /// Starts the shutdown: accept nothing new; Ctrl-C every running Pulumi process (SIGKILL after the grace). Their
+    /// operations end with status `INTERRUPTED`.
     pub fn begin_shutdown(&self) {
         self.inner.draining.store(true, Ordering::SeqCst);
         for op in self.inner.ops.running() {
@@ -162,8 +162,8 @@ impl AgentService {
         *self.inner.last_active.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
     }
 
-    /// How long the agent has been idle: no operation running and no call since, at the resolution
-    /// of the calls to this function (an operation seen running counts as activity).
+    /// How long the agent has been idle: no operation running and no call since, at the resolution of the calls to this
+    /// function (an operation seen running counts as activity).
     pub fn idle_for(&self) -> Duration {
         if !self.inner.ops.running().is_empty() {
             self.touch();
@@ -190,9 +190,9 @@ impl AgentService {
     }
 }
 
-/// Refuses a caller whose epoch is older than the newest seen for `op` (`FAILED_PRECONDITION`).
-/// Every call on a known operation is logged (`agent call`, with its epoch), refused ones as warnings:
-/// the agent's own record of who steered an operation, and under which epoch.
+/// Refuses a caller whose epoch is older than the newest seen for `op` (`FAILED_PRECONDITION`). Every call on a known
+/// operation is logged (`agent call`, with its epoch), refused ones as warnings: the agent's own record of who steered
+/// an operation, and under which epoch.
 fn admit(op: &crate::operation::Operation, epoch: i64, call: &str) -> Result<(), Status> {
     match op.admit(epoch) {
         Ok(()) => {

@@ -1,21 +1,19 @@
 //! Truncated attribute sidecars: what a `pulumi` SIGKILLed mid-write leaves in a `file://` backend.
 //!
-//! Pulumi's `file://` backend stores each object through gocloud's `fileblob` driver, which writes the
-//! object itself atomically (a temporary file renamed over it) but its attribute sidecar
-//! `<object>.attrs` (content type, MD5; JSON) in place: `os.Create` truncates it, then a JSON encoder
-//! fills it (`gocloud.dev/blob/fileblob/attrs.go`, `setAttrs`). A `pulumi` killed between the two (a pod
-//! OOM-killed or evicted, a local agent's process group killed mid-`up`; Pulumi writes the checkpoint
-//! after every step) leaves an **empty** sidecar beside the stack's checkpoint, and from then on every
-//! command on that stack fails with `error: failed to load checkpoint: EOF`, because reading an object
-//! decodes its sidecar first. PKO has the same wound and no cure; the stack stays broken until someone
-//! deletes the file by hand.
+//! Pulumi's `file://` backend stores each object through gocloud's `fileblob` driver, which writes the object itself
+//! atomically (a temporary file renamed over it) but its attribute sidecar `<object>.attrs` (content type, MD5; JSON)
+//! in place: `os.Create` truncates it, then a JSON encoder fills it (`gocloud.dev/blob/fileblob/attrs.go`, `setAttrs`).
+//! A `pulumi` killed between the two (a pod OOM-killed or evicted, a local agent's process group killed mid-`up`;
+//! Pulumi writes the checkpoint after every step) leaves an **empty** sidecar beside the stack's checkpoint, and from
+//! then on every command on that stack fails with `error: failed to load checkpoint: EOF`, because reading an object
+//! decodes its sidecar first. PKO has the same wound and no cure; the stack stays broken until someone deletes the file
+//! by hand.
 //!
-//! A missing sidecar is read as "no attributes" (`getAttrs`), and Pulumi keeps nothing in a
-//! checkpoint's or lock's attributes that it reads back, so removing a sidecar that does not parse
-//! loses nothing. Even a sidecar caught empty while a live `pulumi` is between the two writes can be
-//! removed: its object stays readable. [`repair`] does exactly that for the files one stack's
-//! operations read: the backend's `meta.yaml`, the stack's checkpoint (`.json`, `.json.gz`,
-//! `.json.zst`) and its `.bak`, in the project layout and the legacy one, and the stack's lock files.
+//! A missing sidecar is read as "no attributes" (`getAttrs`), and Pulumi keeps nothing in a checkpoint's or lock's
+//! attributes that it reads back, so removing a sidecar that does not parse loses nothing. Even a sidecar caught empty
+//! while a live `pulumi` is between the two writes can be removed: its object stays readable. [`repair`] does exactly
+//! that for the files one stack's operations read: the backend's `meta.yaml`, the stack's checkpoint (`.json`,
+//! `.json.gz`, `.json.zst`) and its `.bak`, in the project layout and the legacy one, and the stack's lock files.
 //! History and backup files, which `up`/`preview`/`refresh`/`destroy` never read, are left alone.
 
 use std::path::{Path, PathBuf};
@@ -23,10 +21,9 @@ use std::path::{Path, PathBuf};
 /// The suffix gocloud's `fileblob` gives an object's attribute sidecar.
 pub const ATTRS_SUFFIX: &str = ".attrs";
 
-/// The local directory a `file://` backend URL (`PULUMI_BACKEND_URL`) stores its state under: the URL's
-/// path without its query (`?no_tmp_dir=true`), `~` for `home`, a relative path against `project_dir`
-/// (Pulumi's own resolution, `pkg/backend/diy/backend.go`). `None` for any other scheme (`s3://`,
-/// `https://` …), which has no local sidecars.
+/// The local directory a `file://` backend URL (`PULUMI_BACKEND_URL`) stores its state under: the URL's path without
+/// its query (`?no_tmp_dir=true`), `~` for `home`, a relative path against `project_dir` (Pulumi's own resolution,
+/// `pkg/backend/diy/backend.go`). `None` for any other scheme (`s3://`, `https://` …), which has no local sidecars.
 pub fn backend_root(url: &str, home: Option<&Path>, project_dir: &Path) -> Option<PathBuf> {
     let path = url.strip_prefix("file://")?;
     let path = path.split_once('?').map_or(path, |(p, _)| p);
@@ -43,11 +40,10 @@ pub fn backend_root(url: &str, home: Option<&Path>, project_dir: &Path) -> Optio
     Some(if path.is_absolute() { path } else { project_dir.join(path) })
 }
 
-/// The files, relative to the backend root, whose sidecars operations on `stack` read: `meta.yaml`, the
-/// checkpoint and its `.bak` in every encoding and layout. `stack` is the request's stack name (`dev`,
-/// `org/dev` or `org/project/dev`: the last segment is the stack, a middle one the project); `project`
-/// is the `name` of the program's `Pulumi.yaml`. Lock files are listed by [`repair`] from
-/// [`lock_dirs`].
+/// The files, relative to the backend root, whose sidecars operations on `stack` read: `meta.yaml`, the checkpoint and
+/// its `.bak` in every encoding and layout. `stack` is the request's stack name (`dev`, `org/dev` or `org/project/dev`:
+/// the last segment is the stack, a middle one the project); `project` is the `name` of the program's `Pulumi.yaml`.
+/// Lock files are listed by [`repair`] from [`lock_dirs`].
 pub fn objects(project: &str, stack: &str) -> Vec<PathBuf> {
     let (project, name) = names(project, stack);
     let mut out = vec![PathBuf::from(".pulumi/meta.yaml")];
@@ -61,8 +57,8 @@ pub fn objects(project: &str, stack: &str) -> Vec<PathBuf> {
 }
 
 /// The directories, relative to the backend root, holding `stack`'s lock files: the project layout
-/// (`.pulumi/locks/organization/<project>/<stack>`, Pulumi's `stackLockDir` of the fully qualified
-/// name) and the legacy one (`.pulumi/locks/<stack>`). Same arguments as [`objects`].
+/// (`.pulumi/locks/organization/<project>/<stack>`, Pulumi's `stackLockDir` of the fully qualified name) and the legacy
+/// one (`.pulumi/locks/<stack>`). Same arguments as [`objects`].
 pub fn lock_dirs(project: &str, stack: &str) -> Vec<PathBuf> {
     let (project, name) = names(project, stack);
     vec![
@@ -71,8 +67,8 @@ pub fn lock_dirs(project: &str, stack: &str) -> Vec<PathBuf> {
     ]
 }
 
-/// The project and the stack's own name from a request's stack name (`dev`, `org/dev`,
-/// `org/project/dev`) and the program's project.
+/// The project and the stack's own name from a request's stack name (`dev`, `org/dev`, `org/project/dev`) and the
+/// program's project.
 fn names<'a>(project: &'a str, stack: &'a str) -> (&'a str, &'a str) {
     match stack.split('/').collect::<Vec<_>>().as_slice() {
         [_, p, n] => (p, n),
@@ -86,9 +82,9 @@ pub fn truncated(content: &[u8]) -> bool {
     !matches!(serde_json::from_slice::<serde_json::Value>(content), Ok(serde_json::Value::Object(_)))
 }
 
-/// Removes the truncated sidecars of the files `stack`'s operations read under the backend `root`
-/// (see the module docs) and returns the paths removed. Errors: the first failure to read a directory
-/// or a sidecar that exists, or to remove a truncated one (a missing file is not an error).
+/// Removes the truncated sidecars of the files `stack`'s operations read under the backend `root` (see the module docs)
+/// and returns the paths removed. Errors: the first failure to read a directory or a sidecar that exists, or to remove
+/// a truncated one (a missing file is not an error).
 pub fn repair(root: &Path, project: &str, stack: &str) -> std::io::Result<Vec<PathBuf>> {
     let mut sidecars: Vec<PathBuf> = objects(project, stack).into_iter().map(|o| sidecar(&root.join(o))).collect();
     for dir in lock_dirs(project, stack) {

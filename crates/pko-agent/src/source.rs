@@ -1,5 +1,5 @@
-//! Program sources: a working directory per source revision, prepared once (clone or download, then
-//! `pulumi install`) and reused; the cache is bounded by size, least recently used first out.
+//! Program sources: a working directory per source revision, prepared once (clone or download, then `pulumi install`)
+//! and reused; the cache is bounded by size, least recently used first out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 
 use crate::values::ValueResolver;
 
-/// A source that could not be prepared: reported as `INVALID_SOURCE`, or `INSTALLATION_FAILED` when
-/// `install` is set (the source is there; `pulumi install` failed).
+/// A source that could not be prepared: reported as `INVALID_SOURCE`, or `INSTALLATION_FAILED` when `install` is set
+/// (the source is there; `pulumi install` failed).
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct SourceError {
@@ -60,16 +60,16 @@ pub struct CacheConfig {
     pub pulumi: crate::pulumi::Cli,
 }
 
-/// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times); the agent's
-/// `--artifact-*` flags set them.
+/// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times); the agent's `--artifact-*` flags set
+/// them.
 #[derive(Debug, Clone, Copy)]
 pub struct DownloadConfig {
     /// Time to establish the connection.
     pub connect_timeout: Duration,
     /// Longest silence while waiting for the response or its next bytes.
     pub read_timeout: Duration,
-    /// Time the whole download may take: every attempt, its body and the waits between attempts (a
-    /// server that drips a byte now and then ends here, once, not once per attempt).
+    /// Time the whole download may take: every attempt, its body and the waits between attempts (a server that drips a
+    /// byte now and then ends here, once, not once per attempt).
     pub total_timeout: Duration,
     /// Attempts after the first, on connection errors, timeouts, HTTP 429 and 5xx; 1 s, 2 s, 4 s … apart.
     pub retries: u32,
@@ -112,10 +112,9 @@ impl SourceCache {
         Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default() })
     }
 
-    /// Prepares `source` (or reuses its cached working directory) and returns the project directory;
-    /// `pulumi install` runs once per fetched revision unless `install` is false (the Workspace's
-    /// `skipInstall`; such an entry is cached apart from an installed one). The entry stays pinned
-    /// (never evicted) until [`SourceCache::release`].
+    /// Prepares `source` (or reuses its cached working directory) and returns the project directory; `pulumi install`
+    /// runs once per fetched revision unless `install` is false (the Workspace's `skipInstall`; such an entry is cached
+    /// apart from an installed one). The entry stays pinned (never evicted) until [`SourceCache::release`].
     pub async fn prepare(
         &self,
         source: &Source,
@@ -146,8 +145,8 @@ impl SourceCache {
         self.finish(key, path, project, revision, Some(()))
     }
 
-    /// A source that is not fetched — a local directory, or a project synthesised from its info — as
-    /// prepared; `None` for one that is.
+    /// A source that is not fetched — a local directory, or a project synthesised from its info — as prepared; `None`
+    /// for one that is.
     fn unfetched(&self, kind: &Kind) -> Result<Option<Prepared>, SourceError> {
         match kind {
             Kind::Local(l) => {
@@ -175,8 +174,8 @@ impl SourceCache {
         }
     }
 
-    /// Fetches `kind` at `revision` into a temporary directory, checks it holds a project at `dir`, runs
-    /// `pulumi install` there when `install` asks for it, and moves it to `path`, marked ready.
+    /// Fetches `kind` at `revision` into a temporary directory, checks it holds a project at `dir`, runs `pulumi
+    /// install` there when `install` asks for it, and moves it to `path`, marked ready.
     async fn fetch_and_install(
         &self,
         kind: &Kind,
@@ -210,8 +209,8 @@ impl SourceCache {
         std::fs::rename(&tmp_path, path).map_err(|e| err(format!("caching the source: {e}")))
     }
 
-    /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies,
-    /// provider plugins, `packages`), unless there is nothing it could install.
+    /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies, provider
+    /// plugins, `packages`), unless there is nothing it could install.
     async fn install(&self, project: &Path, env: &BTreeMap<String, String>) -> Result<(), SourceError> {
         let runtime = crate::pulumi::project_info(project).map(|(_, r)| r).unwrap_or_default();
         let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
@@ -288,9 +287,8 @@ impl SourceCache {
         }
     }
 
-    /// Downloads the artifact (retrying as [`DownloadConfig`] says, all within its total timeout),
-    /// checks its digest and extracts it into `into` ([`crate::archive::extract_tar_gz`] within the
-    /// artifact limit).
+    /// Downloads the artifact (retrying as [`DownloadConfig`] says, all within its total timeout), checks its digest
+    /// and extracts it into `into` ([`crate::archive::extract_tar_gz`] within the artifact limit).
     async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
         let total = self.cfg.download.total_timeout;
         let file = tokio::time::timeout(total, self.fetch_with_retries(a))
@@ -304,10 +302,9 @@ impl SourceCache {
         extracted.map(|_| ()).map_err(|e| err(e.to_string()))
     }
 
-    /// [`SourceCache::fetch_once`] from each of [`addresses`] in turn until one answers; the whole round
-    /// again after 1 s, 2 s, 4 s … while an error says a retry may help, at most
-    /// [`DownloadConfig::retries`] times. The error returned is the artifact URL's own (the one the
-    /// user wrote or the Program published); a mirror's is logged.
+    /// [`SourceCache::fetch_once`] from each of [`addresses`] in turn until one answers; the whole round again after 1
+    /// s, 2 s, 4 s … while an error says a retry may help, at most [`DownloadConfig::retries`] times. The error
+    /// returned is the artifact URL's own (the one the user wrote or the Program published); a mirror's is logged.
     async fn fetch_with_retries(&self, a: &ArtifactSource) -> Result<std::fs::File, SourceError> {
         let mut attempt = 0u32;
         loop {
@@ -337,8 +334,8 @@ impl SourceCache {
         }
     }
 
-    /// One download attempt of `a` from `url` into a temporary file, checked against `a`'s digest.
-    /// Errors carry whether a retry may help (connection errors, timeouts, HTTP 429 and 5xx).
+    /// One download attempt of `a` from `url` into a temporary file, checked against `a`'s digest. Errors carry whether
+    /// a retry may help (connection errors, timeouts, HTTP 429 and 5xx).
     async fn fetch_once(&self, a: &ArtifactSource, url: &str) -> Result<std::fs::File, (SourceError, bool)> {
         let transient = |e: &reqwest::Error| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body();
         let resp = self
@@ -377,16 +374,15 @@ impl SourceCache {
     }
 }
 
-/// The addresses an artifact is downloaded from, in order: its URL, then its mirrors — only when it
-/// has a digest (bytes from another address are verified against it; without one, only the URL the
-/// Workspace names is trusted). Pure.
+/// The addresses an artifact is downloaded from, in order: its URL, then its mirrors — only when it has a digest (bytes
+/// from another address are verified against it; without one, only the URL the Workspace names is trusted). Pure.
 pub fn addresses(a: &ArtifactSource) -> impl Iterator<Item = &str> {
     let mirrors = if a.digest.is_empty() { &a.mirrors[..0] } else { &a.mirrors[..] };
     std::iter::once(a.url.as_str()).chain(mirrors.iter().map(String::as_str).filter(move |m| *m != a.url))
 }
 
-/// Why a download ran out of time: the URL's host (never its path or query, which may carry a token)
-/// and the limit. Pure.
+/// Why a download ran out of time: the URL's host (never its path or query, which may carry a token) and the limit.
+/// Pure.
 pub fn deadline_message(url: &str, total: Duration) -> String {
     let host = reqwest::Url::parse(url)
         .ok()
@@ -440,9 +436,9 @@ fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
     Ok(root.join(d))
 }
 
-/// The cache key, the project's directory in the source and the revision of a fetched source (git: its
-/// commit, resolved from the ref; an artifact: its digest, or its URL when it has none — PKO downloads
-/// such an artifact unverified, and a Flux artifact URL names its revision).
+/// The cache key, the project's directory in the source and the revision of a fetched source (git: its commit, resolved
+/// from the ref; an artifact: its digest, or its URL when it has none — PKO downloads such an artifact unverified, and
+/// a Flux artifact URL names its revision).
 ///
 /// Errors: the ref cannot be resolved, a digest not of the form `sha256:<64 hex digits>`.
 async fn fetched_key(kind: &Kind, values: &ValueResolver) -> Result<(String, String, String), SourceError> {
@@ -468,11 +464,10 @@ async fn fetched_key(kind: &Kind, values: &ValueResolver) -> Result<(String, Str
     }
 }
 
-/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO (but never for a
-/// prebuilt `runtime.options.binary`, [`crate::pulumi::prebuilt_binary`]), except YAML when
-/// plugin acquisition is disabled (the air-gapped setting): for YAML `pulumi install` only downloads
-/// plugins and packages, so with downloads off the plugins must already be on `PATH` or in the
-/// plugin cache, and `pulumi up` finds them there.
+/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO (but never for a prebuilt
+/// `runtime.options.binary`, [`crate::pulumi::prebuilt_binary`]), except YAML when plugin acquisition is disabled (the
+/// air-gapped setting): for YAML `pulumi install` only downloads plugins and packages, so with downloads off the
+/// plugins must already be on `PATH` or in the plugin cache, and `pulumi up` finds them there.
 fn install_needed(runtime: &str, acquisition_disabled: bool) -> bool {
     runtime != "yaml" || !acquisition_disabled
 }
@@ -511,8 +506,8 @@ use git::{GitAuthArgs, clone, resolve_git_revision};
 /// Archive builders for tests of this crate and of its users; only with the `testing` feature.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
-    /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the
-    /// archive), plus an optional symlink `(path, target)`.
+    /// A gzipped tarball of `files` (names written raw, so unsafe names such as `../x` reach the archive), plus an
+    /// optional symlink `(path, target)`.
     pub fn tarball(files: &[(&str, &[u8])], link: Option<(&str, &str)>) -> Vec<u8> {
         use crate::archive::testing::{Item, build};
         let mut items: Vec<Item<'_>> = files.iter().map(|(p, d)| Item::File(p, d)).collect();

@@ -1,25 +1,24 @@
 //! Every process an operation starts ends with it, and with its agent.
 //!
-//! Pulumi starts its language host and provider plugins in process groups of their own, and a program
-//! may start daemons (`nohup … &`, a double fork): killing the agent's process group misses them, and a
-//! `pulumi` orphaned by an agent killed alone keeps the stack's backend lock. So the agent runs every
-//! `pulumi` command under a *supervisor*, the agent binary itself (`pko-agent supervise --parent <agent
-//! pid> -- <program> <args>`), which:
+//! Pulumi starts its language host and provider plugins in process groups of their own, and a program may start daemons
+//! (`nohup … &`, a double fork): killing the agent's process group misses them, and a `pulumi` orphaned by an agent
+//! killed alone keeps the stack's backend lock. So the agent runs every `pulumi` command under a *supervisor*, the
+//! agent binary itself (`pko-agent supervise --parent <agent pid> -- <program> <args>`), which:
 //!
 //! - starts a session of its own (a signal to the agent's process group does not reach it);
-//! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): every process of the operation that loses its
-//!   parent — a plugin of a killed `pulumi`, a daemon of the program — becomes its child, so the
-//!   supervisor's descendants are exactly the operation's processes;
-//! - dies with its agent (`PR_SET_PDEATHSIG` = SIGTERM, and it exits at once when the agent was already
-//!   gone before that was set);
+//! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): every process of the operation that loses its parent — a plugin
+//!   of a killed `pulumi`, a daemon of the program — becomes its child, so the supervisor's descendants are exactly the
+//!   operation's processes;
+//! - dies with its agent (`PR_SET_PDEATHSIG` = SIGTERM, and it exits at once when the agent was already gone before
+//!   that was set);
 //! - forwards SIGINT (Pulumi's Ctrl-C, the graceful stop) and SIGHUP/SIGQUIT to the program;
-//! - on SIGTERM (the agent's hard stop, or the agent's death), and whenever the program exits, kills
-//!   every descendant left (SIGKILL, until none is left) and reaps them, then exits with the program's
-//!   status (128 + signal when it was killed), so nothing of an operation outlives it.
+//! - on SIGTERM (the agent's hard stop, or the agent's death), and whenever the program exits, kills every descendant
+//!   left (SIGKILL, until none is left) and reaps them, then exits with the program's status (128 + signal when it was
+//!   killed), so nothing of an operation outlives it.
 //!
-//! Leftovers are named on standard error (`pko-agent: stopped N process(es) …`), which the agent
-//! publishes on the operation's log. The supervisor is single-threaded and starts before any runtime,
-//! so blocking the handled signals and waiting for them with `sigwait` is sound.
+//! Leftovers are named on standard error (`pko-agent: stopped N process(es) …`), which the agent publishes on the
+//! operation's log. The supervisor is single-threaded and starts before any runtime, so blocking the handled signals
+//! and waiting for them with `sigwait` is sound.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -47,8 +46,8 @@ impl Supervisor {
         Ok(Self { binary: std::env::current_exe()? })
     }
 
-    /// A command that runs `program` under this supervisor, with the calling process as the parent it
-    /// dies with. Arguments added to the returned command go to `program`.
+    /// A command that runs `program` under this supervisor, with the calling process as the parent it dies with.
+    /// Arguments added to the returned command go to `program`.
     pub fn command(&self, program: &Path) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.binary);
         c.arg(SUBCOMMAND).arg("--parent").arg(std::process::id().to_string()).arg("--").arg(program);
@@ -65,10 +64,9 @@ fn handled() -> SigSet {
     set
 }
 
-/// The supervisor's main: runs `command` (program and arguments) as described in the module
-/// documentation and returns the exit code to end with. `parent` is the agent's pid: when the
-/// supervisor's parent is no longer it once the death signal is armed, the agent is gone and nothing
-/// is started (exit code 125).
+/// The supervisor's main: runs `command` (program and arguments) as described in the module documentation and returns
+/// the exit code to end with. `parent` is the agent's pid: when the supervisor's parent is no longer it once the death
+/// signal is armed, the agent is gone and nothing is started (exit code 125).
 pub fn run(parent: i32, command: &[OsString]) -> i32 {
     let Some((program, args)) = command.split_first() else {
         eprintln!("pko-agent supervise: no program given");
@@ -131,8 +129,8 @@ fn reap(main: Pid) -> Option<i32> {
     }
 }
 
-/// Kills every descendant of this process (SIGKILL, again for those that appear meanwhile) and reaps
-/// them, for at most `limit`. Names what it stopped on standard error.
+/// Kills every descendant of this process (SIGKILL, again for those that appear meanwhile) and reaps them, for at most
+/// `limit`. Names what it stopped on standard error.
 fn stop_descendants(limit: Duration) {
     let me = std::process::id() as i32;
     let end = Instant::now() + limit;
@@ -182,8 +180,8 @@ pub fn process_table(proc_root: &Path) -> Vec<Process> {
         .collect()
 }
 
-/// Parses `/proc/<pid>/stat` (`pid (comm) state ppid …`; the name may hold spaces and parentheses, so
-/// the fields after it are read from the last `)`). Pure.
+/// Parses `/proc/<pid>/stat` (`pid (comm) state ppid …`; the name may hold spaces and parentheses, so the fields after
+/// it are read from the last `)`). Pure.
 pub fn parse_stat(pid: i32, stat: &str) -> Option<Process> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
@@ -194,8 +192,7 @@ pub fn parse_stat(pid: i32, stat: &str) -> Option<Process> {
     Some(Process { pid, ppid, name, zombie: state == "Z" })
 }
 
-/// The live (not zombie) descendants of `root` in `table`, with their names, parents before children.
-/// Pure.
+/// The live (not zombie) descendants of `root` in `table`, with their names, parents before children. Pure.
 pub fn descendants(root: i32, table: &[Process]) -> Vec<(i32, String)> {
     let mut out = Vec::new();
     let mut frontier = vec![root];

@@ -1,5 +1,5 @@
-//! Resolution of [`ValueRef`]s: literals, the agent's own environment and files, and keys of Secrets and
-//! ConfigMaps read in the agent's namespace with the agent's own service account.
+//! Resolution of [`ValueRef`]s: literals, the agent's own environment and files, and keys of Secrets and ConfigMaps
+//! read in the agent's namespace with the agent's own service account.
 
 use std::collections::BTreeMap;
 
@@ -24,8 +24,8 @@ impl std::fmt::Debug for ValueResolver {
 }
 
 impl ValueResolver {
-    /// A resolver reading Secrets and ConfigMaps in `namespace` through `client` (none: such references
-    /// fail with a clear error).
+    /// A resolver reading Secrets and ConfigMaps in `namespace` through `client` (none: such references fail with a
+    /// clear error).
     pub fn new(client: Option<kube::Client>, namespace: impl Into<String>) -> Self {
         Self { client, namespace: namespace.into() }
     }

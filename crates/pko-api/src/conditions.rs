@@ -1,7 +1,6 @@
-//! Conditions, written once for every kind: look-ups by type and one setter with Kubernetes
-//! `meta.SetStatusCondition` semantics (the transition time moves only when the status changes), plus
-//! the look-ups the controllers share on [`Update`] and [`Workspace`] (PKO's condition types from
-//! [`crate::constants`]).
+//! Conditions, written once for every kind: look-ups by type and one setter with Kubernetes `meta.SetStatusCondition`
+//! semantics (the transition time moves only when the status changes), plus the look-ups the controllers share on
+//! [`Update`] and [`Workspace`] (PKO's condition types from [`crate::constants`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -18,8 +17,8 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     find(conditions, type_).is_some_and(|c| c.status == "True")
 }
 
-/// Sets (or replaces) condition `type_` and keeps the list sorted by type; `lastTransitionTime` stays
-/// when the status did not change (Kubernetes `meta.SetStatusCondition`), else becomes `now`.
+/// Sets (or replaces) condition `type_` and keeps the list sorted by type; `lastTransitionTime` stays when the status
+/// did not change (Kubernetes `meta.SetStatusCondition`), else becomes `now`.
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -60,8 +59,8 @@ impl Update {
         self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default()
     }
 
-    /// Why it waits to be started: the message of `Progressing=False` with reason `Queued` (its
-    /// namespace holds its share of the workers), if so.
+    /// Why it waits to be started: the message of `Progressing=False` with reason `Queued` (its namespace holds its
+    /// share of the workers), if so.
     pub fn queued_message(&self) -> Option<&str> {
         find(self.conditions(), uc::PROGRESSING)
             .filter(|c| c.status == "False" && c.reason == uc::QUEUED)
@@ -73,9 +72,9 @@ impl Update {
         is_true(self.conditions(), uc::COMPLETE)
     }
 
-    /// `status.startTime` is set: the operation was handed to an agent once — a dispatcher records it
-    /// right before it calls the agent's `Run` — so an agent may run it still (after the dispatcher's
-    /// restart or crash, or a shard move), and it is looked for there rather than started again.
+    /// `status.startTime` is set: the operation was handed to an agent once — a dispatcher records it right before it
+    /// calls the agent's `Run` — so an agent may run it still (after the dispatcher's restart or crash, or a shard
+    /// move), and it is looked for there rather than started again.
     pub fn was_started(&self) -> bool {
         self.status.as_ref().is_some_and(|s| s.start_time.is_some())
     }
@@ -90,8 +89,8 @@ impl Update {
         find(self.conditions(), uc::FAILED).filter(|c| c.status == "True").map(|c| c.reason.as_str())
     }
 
-    /// The agent operation id of this Update, `<namespace>/<name>/<uid>`: stable across operator
-    /// restarts and distinct for a re-created Update of the same name.
+    /// The agent operation id of this Update, `<namespace>/<name>/<uid>`: stable across operator restarts and distinct
+    /// for a re-created Update of the same name.
     pub fn operation_id(&self) -> String {
         let m = &self.metadata;
         format!(
@@ -116,17 +115,17 @@ impl Workspace {
     }
 
     /// `Stalled=True` for the current generation (PKO's Workspace `Stalled`: `InstallationFailed`,
-    /// `InitializationFailed`, `IncompatibleConfiguration`; ours also `SpecInvalid`). A stall recorded
-    /// for an earlier generation does not count: a spec change is tried again.
+    /// `InitializationFailed`, `IncompatibleConfiguration`; ours also `SpecInvalid`). A stall recorded for an earlier
+    /// generation does not count: a spec change is tried again.
     pub fn stalled(&self) -> Option<&Condition> {
         let c = find(self.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(), wc::STALLED)?;
         (c.status == "True" && c.observed_generation == self.metadata.generation).then_some(c)
     }
 
-    /// Whether an Update already made may run on this Workspace: it is Ready, or Stalled only by an
-    /// earlier operation's or initialization's result ([`wc::OPERATION_STALLS`]; its success clears the
-    /// stall). No new Update is made against a Workspace Stalled at its generation: the operator's
-    /// Workspace controller initializes it again until it recovers.
+    /// Whether an Update already made may run on this Workspace: it is Ready, or Stalled only by an earlier operation's
+    /// or initialization's result ([`wc::OPERATION_STALLS`]; its success clears the stall). No new Update is made
+    /// against a Workspace Stalled at its generation: the operator's Workspace controller initializes it again until it
+    /// recovers.
     pub fn runnable(&self) -> bool {
         self.is_ready() || self.stalled().is_some_and(|c| wc::OPERATION_STALLS.contains(&c.reason.as_str()))
     }

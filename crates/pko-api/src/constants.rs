@@ -1,7 +1,6 @@
-//! Names that form part of the PKO v2 API contract: condition types and reasons, finalizers, annotations,
-//! labels and field managers. Tools such as Argo CD health checks key on these strings, so they are kept
-//! byte-for-byte identical to PKO v2.9 (`operator/api/pulumi/v1/stack_types.go`,
-//! `operator/api/auto/v1alpha1/*`).
+//! Names that form part of the PKO v2 API contract: condition types and reasons, finalizers, annotations, labels and
+//! field managers. Tools such as Argo CD health checks key on these strings, so they are kept byte-for-byte identical
+//! to PKO v2.9 (`operator/api/pulumi/v1/stack_types.go`, `operator/api/auto/v1alpha1/*`).
 
 /// API group of Stack and Program.
 pub const PULUMI_GROUP: &str = "pulumi.com";
@@ -13,26 +12,22 @@ pub const CATEGORY: &str = "pulumi";
 /// Finalizer the Stack controller puts on Stacks and on the Updates it creates (PKO `finalizer.stack.pulumi.com`).
 pub const STACK_FINALIZER: &str = "finalizer.stack.pulumi.com";
 
-/// Annotation whose every new value requests a sync of the Stack (Flux-style protocol); its last seen value is
-/// echoed to `status.observedReconcileRequest`.
+/// Annotation whose every new value requests a sync of the Stack (Flux-style protocol); its last seen value is echoed
+/// to `status.observedReconcileRequest`.
 pub const RECONCILE_REQUEST_ANNOTATION: &str = "pulumi.com/reconciliation-request";
-/// Annotation whose every new value on a Stack cancels its running operation (ours, in the style of
-/// the reconciliation request; `kubectl pko cancel`): Ctrl-C on its agent, a hard stop after a grace
-/// period, the Update `Failed` `Canceled`; the Stack then waits (Stalled `UpdateCanceled`) until its
-/// spec, its source or a reconciliation request changes. The Stack copies the value onto the Update it
-/// cancels; its last seen value is echoed to `status.observedCancelRequest`.
+/// Annotation whose every new value on a Stack cancels its running operation (ours; `kubectl pko cancel`): Ctrl-C on
+/// its agent, a hard stop after a grace period, the Update `Failed` `Canceled`, the Stack Stalled `UpdateCanceled`
+/// until its spec, source or a reconcile request changes. Copied onto the Update; echoed to
+/// `status.observedCancelRequest`.
 pub const CANCEL_REQUEST_ANNOTATION: &str = "pulumi.com/cancel-request";
-/// Annotation whose every new value on a Stack asks to release the Pulumi backend locks its last
-/// Update failed on (ours; `kubectl pko unlock`). The Stack's replica judges each holder named in that
-/// Update's message: released only when every one is known dead (its host is this replica's with no
-/// such process, or one of the operator's replicas or agent pods that is gone); otherwise refused with
-/// a `StackUnlockRefused` event naming the holder. Accepted, the next Update carries the holders in
-/// [`RELEASE_LOCKS_ANNOTATION`] and its agent releases them with `pulumi cancel`. Judged once no
-/// Update of the Stack runs; its last judged value is echoed to `status.observedUnlockRequest`.
+/// Annotation whose every new value on a Stack asks to release the backend locks its last Update failed on (ours;
+/// `kubectl pko unlock`): granted only when every holder named is known dead, else refused with a `StackUnlockRefused`
+/// event; the next Update then carries the holders in [`RELEASE_LOCKS_ANNOTATION`] for `pulumi cancel`. Judged once no
+/// Update runs; echoed to `status.observedUnlockRequest`.
 pub const UNLOCK_REQUEST_ANNOTATION: &str = "pulumi.com/unlock-request";
-/// Annotation on an Update (ours, written by the Stack controller on an accepted unlock request): the
-/// backend lock holders its agent may release, one per line as `lock: created by <user@host> (pid
-/// <pid>) at <time>` (`pko_proto::locks::describe`); passed to the agent as `release_locks`.
+/// Annotation on an Update (ours, written by the Stack controller on an accepted unlock request): the backend lock
+/// holders its agent may release, one per line as `lock: created by <user@host> (pid <pid>) at <time>`
+/// (`pko_proto::locks::describe`); passed to the agent as `release_locks`.
 pub const RELEASE_LOCKS_ANNOTATION: &str = "pulumi.com/release-locks";
 /// Annotation on an outputs Secret: JSON list of the output names that are secret.
 pub const SECRET_OUTPUTS_ANNOTATION: &str = "pulumi.com/secrets";
@@ -41,8 +36,8 @@ pub const REVISION_HASH_ANNOTATION: &str = "auto.pulumi.com/revision-hash";
 /// Annotation on a workspace pod once the agent initialised it (PKO `auto.pulumi.com/initialized`).
 pub const INITIALIZED_ANNOTATION: &str = "auto.pulumi.com/initialized";
 
-/// Annotation on a drift check's Update (ours): `"true"` when its schedule remediates
-/// (`autoRemediate`), so the check's result knows whether an `up --refresh` follows.
+/// Annotation on a drift check's Update (ours): `"true"` when its schedule remediates (`autoRemediate`), so the check's
+/// result knows whether an `up --refresh` follows.
 pub const DRIFT_AUTO_REMEDIATE_ANNOTATION: &str = "pulumi.com/drift-auto-remediate";
 /// Label on objects generated for a Stack: `pulumi.com/component=stack`.
 pub const STACK_COMPONENT_LABEL: &str = "pulumi.com/component";
@@ -52,12 +47,11 @@ pub const STACK_NAME_LABEL: &str = "pulumi.com/stack-name";
 pub const AUTO_COMPONENT_LABEL: &str = "auto.pulumi.com/component";
 /// Label carrying the Workspace name on its generated Service and StatefulSet.
 pub const WORKSPACE_NAME_LABEL: &str = "auto.pulumi.com/workspace-name";
-/// Label carrying the virtual shard of a Stack and of everything made for it (our fleet's; see
-/// [`crate::shard`]).
+/// Label carrying the virtual shard of a Stack and of everything made for it (our fleet's; see [`crate::shard`]).
 pub const SHARD_LABEL: &str = "pulumi.com/shard";
-/// Label carrying the number of virtual shards [`SHARD_LABEL`] was computed for (ours: the fleet's
-/// `--shards`, decimal). The labeller rewrites both labels of an object whose count is not the
-/// fleet's, so a change of `--shards` moves every object to its new shard.
+/// Label carrying the number of virtual shards [`SHARD_LABEL`] was computed for (ours: the fleet's `--shards`,
+/// decimal). The labeller rewrites both labels of an object whose count is not the fleet's, so a change of `--shards`
+/// moves every object to its new shard.
 pub const SHARDS_LABEL: &str = "pulumi.com/shards";
 /// Label carrying the Update name on its outputs Secret.
 pub const UPDATE_NAME_LABEL: &str = "auto.pulumi.com/update-name";
@@ -74,12 +68,12 @@ pub mod field_manager {
     pub const PREREQUISITE_REQUEST: &str = "pulumi-kubernetes-operator/prerequisite-request";
     /// Workspace status.
     pub const WORKSPACE_STATUS: &str = "pulumi-kubernetes-operator/workspace-status";
-    /// The Workspace's `status.pulumiVersion`, written by the Update dispatcher from the agent that ran
-    /// an operation (agents of a pool start on demand, so only an operation meets one).
+    /// The Workspace's `status.pulumiVersion`, written by the Update dispatcher from the agent that ran an operation
+    /// (agents of a pool start on demand, so only an operation meets one).
     pub const WORKSPACE_PULUMI_VERSION: &str = "pulumi-kubernetes-operator/workspace-pulumi-version";
-    /// The Workspace's `Stalled` condition: written by the Update dispatcher from an operation's result
-    /// (the workspace could not be installed or initialised) and by the Workspace controller (a spec it
-    /// cannot run, a stall left from an earlier generation); each clears it by applying none.
+    /// The Workspace's `Stalled` condition: written by the Update dispatcher from an operation's result (the workspace
+    /// could not be installed or initialised) and by the Workspace controller (a spec it cannot run, a stall left from
+    /// an earlier generation); each clears it by applying none.
     pub const WORKSPACE_STALLED: &str = "pulumi-kubernetes-operator/workspace-stalled";
     /// Update status.
     pub const UPDATE_STATUS: &str = "pulumi-kubernetes-operator/update-status";
@@ -139,8 +133,8 @@ pub mod stack_condition {
     /// Stalled reason: a conflicting update holds the stack lock (defined by PKO; ours sets it).
     pub const UPDATE_CONFLICT: &str = "UpdateConflict";
 
-    /// Condition type of scheduled drift detection (PKO's proposed API, #1037): True when the last check
-    /// found drift, False when it found none (or the drift was remediated), Unknown when it failed.
+    /// Condition type of scheduled drift detection (PKO's proposed API, #1037): True when the last check found drift,
+    /// False when it found none (or the drift was remediated), Unknown when it failed.
     pub const DRIFT_DETECTED: &str = "DriftDetected";
     /// `DriftDetected` reason: the last check found drifted resources (PKO's proposal).
     pub const DRIFT_CHANGES: &str = "Changes";
@@ -151,8 +145,7 @@ pub mod stack_condition {
     /// `DriftDetected` reason (ours): a schedule's cron does not parse; no checks run.
     pub const DRIFT_INVALID_SCHEDULE: &str = "InvalidSchedule";
     /// `DriftDetected` reason (ours), Unknown: the first check is due and waits for a fleet-wide slot
-    /// (`--max-concurrent-drift-checks`); a later deferral keeps the last check's reason and says so in
-    /// the message.
+    /// (`--max-concurrent-drift-checks`); a later deferral keeps the last check's reason and says so in the message.
     pub const DRIFT_CHECK_DEFERRED: &str = "CheckDeferred";
 
     /// Number of failed attempts after which a Stack is Stalled `UpdateFailed` (PKO 2.8 `maxUpdateFailures`).
@@ -183,17 +176,17 @@ pub mod workspace_condition {
     pub const INITIALIZATION_FAILED: &str = "InitializationFailed";
     /// Ready=False and Stalled: the spec needs a newer Pulumi CLI.
     pub const INCOMPATIBLE_CONFIGURATION: &str = "IncompatibleConfiguration";
-    /// Ready=False and Stalled: a field holds a value this version cannot run with (e.g. an unknown
-    /// `securityProfile`; PKO's schema admits any string). Ours; PKO has no such reason.
+    /// Ready=False and Stalled: a field holds a value this version cannot run with (e.g. an unknown `securityProfile`;
+    /// PKO's schema admits any string). Ours; PKO has no such reason.
     pub const SPEC_INVALID: &str = "SpecInvalid";
     /// Ready=True.
     pub const SUCCEEDED: &str = "Succeeded";
-    /// Ready=False: the Workspace has no source and the operator's runtime runs no workspace pod whose
-    /// init container could bring the program (`--runtime local`). Ours; PKO always runs pods.
+    /// Ready=False: the Workspace has no source and the operator's runtime runs no workspace pod whose init container
+    /// could bring the program (`--runtime local`). Ours; PKO always runs pods.
     pub const NO_SOURCE: &str = "NoSource";
 
-    /// Stalled reasons an operation's result sets (the workspace could not be prepared for it); an
-    /// Update may still run on such a Workspace — that is how it recovers.
+    /// Stalled reasons an operation's result sets (the workspace could not be prepared for it); an Update may still run
+    /// on such a Workspace — that is how it recovers.
     pub const OPERATION_STALLS: &[&str] = &[INSTALLATION_FAILED, INITIALIZATION_FAILED, INCOMPATIBLE_CONFIGURATION];
 }
 
@@ -218,8 +211,8 @@ pub mod update_condition {
     pub const WORKSPACE_NOT_READY: &str = "WorkspaceNotReady";
     /// Progressing=False: a transient error (e.g. the agent was unreachable); retried.
     pub const TRANSIENT_FAILURE: &str = "TransientFailure";
-    /// Progressing=False: queued, not started, and why (its namespace runs all the operations its
-    /// share of the workers allows). Ours; PKO starts every Update at once.
+    /// Progressing=False: queued, not started, and why (its namespace runs all the operations its share of the workers
+    /// allows). Ours; PKO starts every Update at once.
     pub const QUEUED: &str = "Queued";
     /// Complete=True reason.
     pub const UPDATED: &str = "Updated";
@@ -241,9 +234,9 @@ pub mod update_condition {
     pub const UPDATE_CONFLICT: &str = "UpdateConflict";
     /// Failed=True: the backend refused the access token.
     pub const INVALID_ACCESS_TOKEN: &str = "InvalidAccessToken";
-    /// Failed=True (ours): what would run is not what the Update names in `spec.runDigest` — its
-    /// Workspace changed since the Update was made, or the agent found the request or the stack config
-    /// it wrote to differ. Nothing ran; the Stack makes a new Update for what it asks now.
+    /// Failed=True (ours): what would run is not what the Update names in `spec.runDigest` — its Workspace changed
+    /// since the Update was made, or the agent found the request or the stack config it wrote to differ. Nothing ran;
+    /// the Stack makes a new Update for what it asks now.
     pub const RUN_MISMATCH: &str = "RunMismatch";
 }
 
@@ -257,17 +250,16 @@ pub mod event_reason {
     pub const STACK_UPDATE_FAILURE: &str = "StackUpdateFailure";
     /// Stack: an update succeeded (Normal, "Successfully updated stack").
     pub const STACK_CREATED: &str = "StackCreated";
-    /// Stack: an update failed because another update holds the stack's backend lock (Warning). PKO declares
-    /// it but never emits it (PKO #736); ours does, naming the lock and how the Stack proceeds.
+    /// Stack: an update failed because another update holds the stack's backend lock (Warning). PKO declares it but
+    /// never emits it (PKO #736); ours does, naming the lock and how the Stack proceeds.
     pub const STACK_UPDATE_CONFLICT_DETECTED: &str = "StackUpdateConflictDetected";
-    /// Stack (ours): an unlock request was accepted — every lock holder is known dead; the next Update
-    /// releases the locks (Normal, naming each holder and why it is dead).
+    /// Stack (ours): an unlock request was accepted — every lock holder is known dead; the next Update releases the
+    /// locks (Normal, naming each holder and why it is dead).
     pub const STACK_UNLOCK_ACCEPTED: &str = "StackUnlockAccepted";
-    /// Stack (ours): an unlock request was refused — a holder may still be alive, or no holder is known
-    /// (Warning, naming the holder).
+    /// Stack (ours): an unlock request was refused — a holder may still be alive, or no holder is known (Warning,
+    /// naming the holder).
     pub const STACK_UNLOCK_REFUSED: &str = "StackUnlockRefused";
-    /// Stack: a drift check found drifted resources (Warning here; PKO's proposal: Normal); the note
-    /// names them.
+    /// Stack: a drift check found drifted resources (Warning here; PKO's proposal: Normal); the note names them.
     pub const STACK_DRIFT_DETECTED: &str = "StackDriftDetected";
     /// Stack (ours): a drift check failed (Warning).
     pub const STACK_DRIFT_CHECK_FAILED: &str = "StackDriftCheckFailed";

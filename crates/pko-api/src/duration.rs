@@ -1,12 +1,11 @@
-//! Go durations (`24h`, `1h30m`, `1.5s`, `500ms`): the format of PKO's `metav1.Duration` fields
-//! (`ttlAfterCompleted`, `prerequisites[].requirement.succeededWithinDuration`). Parsed with
-//! `go-parse-duration`, a port of Go's `time.ParseDuration`, so what PKO accepts is what we accept.
+//! Go durations (`24h`, `1h30m`, `1.5s`, `500ms`): the format of PKO's `metav1.Duration` fields (`ttlAfterCompleted`,
+//! `prerequisites[].requirement.succeededWithinDuration`). Parsed with `go-parse-duration`, a port of Go's
+//! `time.ParseDuration`, so what PKO accepts is what we accept.
 
 use std::time::Duration;
 
 /// What Go's `time.ParseDuration` reads, as a regular expression (RE2, as the API server's `pattern`): an optional
-/// sign, then `0` or one or more decimal numbers each with a unit (`ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`,
-/// `h`).
+/// sign, then `0` or one or more decimal numbers each with a unit (`ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`).
 pub const GO_DURATION_PATTERN: &str = "^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$";
 
 /// A duration string that is not a non-negative Go duration.
@@ -19,8 +18,8 @@ pub struct DurationError {
     why: &'static str,
 }
 
-/// Parses a non-negative Go duration. Errors: [`DurationError`] for anything Go's `time.ParseDuration`
-/// refuses (a bare number other than `0`, unknown units such as `3d`, an empty string) or a negative value.
+/// Parses a non-negative Go duration. Errors: [`DurationError`] for anything Go's `time.ParseDuration` refuses (a bare
+/// number other than `0`, unknown units such as `3d`, an empty string) or a negative value.
 pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
     // the library indexes bytes as characters and panics on a multi-byte unit: `µs`/`μs` are Go's
     // spellings of `us`, so they are read as that
@@ -35,9 +34,9 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
         .map_err(|_| DurationError { value: s.to_string(), why: ": negative" })
 }
 
-/// Parses a Go duration as PKO compares it: a negative one (which Go reads) counts as zero — a TTL of
-/// `-5m` expires at once, a `succeededWithinDuration` of `-1h` is never met. Errors: [`DurationError`] for
-/// what Go's `time.ParseDuration` refuses.
+/// Parses a Go duration as PKO compares it: a negative one (which Go reads) counts as zero — a TTL of `-5m` expires at
+/// once, a `succeededWithinDuration` of `-1h` is never met. Errors: [`DurationError`] for what Go's
+/// `time.ParseDuration` refuses.
 pub fn parse_go_duration_or_zero(s: &str) -> Result<Duration, DurationError> {
     match parse_go_duration(s) {
         Err(e) if !e.why.is_empty() => Ok(Duration::ZERO),
@@ -45,8 +44,8 @@ pub fn parse_go_duration_or_zero(s: &str) -> Result<Duration, DurationError> {
     }
 }
 
-/// Formats `d` as Go's `Duration.String` does for whole seconds and above (`1m0s`, `1h30m0s`, `45s`);
-/// below a second, milliseconds (`500ms`). PKO's messages carry durations in this form.
+/// Formats `d` as Go's `Duration.String` does for whole seconds and above (`1m0s`, `1h30m0s`, `45s`); below a second,
+/// milliseconds (`500ms`). PKO's messages carry durations in this form.
 pub fn format_go_duration(d: Duration) -> String {
     let secs = d.as_secs();
     if secs == 0 {

@@ -1,10 +1,10 @@
-//! Short names from content, written once: the lowercase hex of the first bytes of a SHA-256 digest,
-//! as object names (`<stack>-<8 hex>`), classes, revision annotations and Flux artifact digests use it.
+//! Short names from content, written once: the lowercase hex of the first bytes of a SHA-256 digest, as object names
+//! (`<stack>-<8 hex>`), classes, revision annotations and Flux artifact digests use it.
 
 use sha2::{Digest, Sha256};
 
-/// The first `bytes` bytes (at most 32) of the SHA-256 digest of `data`, as lowercase hex (two
-/// characters a byte). Pure.
+/// The first `bytes` bytes (at most 32) of the SHA-256 digest of `data`, as lowercase hex (two characters a byte).
+/// Pure.
 pub fn sha256_hex(data: impl AsRef<[u8]>, bytes: usize) -> String {
     let digest = Sha256::digest(data.as_ref());
     hex::encode(&digest[..bytes.min(digest.len())])

@@ -7,9 +7,9 @@
 //! | `Workspace` | `auto.pulumi.com/v1alpha1` | [`workspace`] |
 //! | `Update` | `auto.pulumi.com/v1alpha1` | [`update`] |
 //!
-//! Field names, defaults, condition types and reasons, printer columns, finalizers, labels and annotations
-//! follow PKO v2.9 (see `docs/api.md`). [`crds`] builds the CustomResourceDefinitions written to
-//! `deploy/crds/` by `pko-operator crds`; a test fails when the committed files differ.
+//! Field names, defaults, condition types and reasons, printer columns, finalizers, labels and annotations follow PKO
+//! v2.9 (see `docs/api.md`). [`crds`] builds the CustomResourceDefinitions written to `deploy/crds/` by `pko-operator
+//! crds`; a test fails when the committed files differ.
 #![forbid(unsafe_code)]
 // kube's `#[kube(printcolumn(...))]` repeats keys across columns; clippy reads them as duplicates.
 #![allow(clippy::duplicated_attributes)]
@@ -38,12 +38,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update.
-///
-/// The Stack CRD serves `v1` (storage) and `v1alpha1` (same spec, reduced status, no printer columns,
-/// not marked deprecated — as PKO serves it, so applying one prints no warning). The
-/// Workspace CRD carries PKO's schema defaults (`serviceAccountName: default`, `securityProfile:
-/// restricted`) at its root spec only, never inside a Stack's `workspaceTemplate`.
+/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update. The Stack CRD serves `v1` (storage)
+/// and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's defaults (`serviceAccountName:
+/// default`, `securityProfile: restricted`) at its root spec only, never in `workspaceTemplate`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd()]
 }

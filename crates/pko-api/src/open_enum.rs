@@ -1,17 +1,16 @@
 //! String enums that keep values they do not know.
 //!
-//! PKO declares `ResourceRef.type`, `securityProfile`, `imagePullPolicy` and the Update `type` as Go
-//! string types without an enum in the schema: the API server admits any string, and PKO decodes it.
-//! Ours must admit the same manifests (a PKO-valid object is never refused at admission), so these
-//! types decode any string — a value this version does not know is kept as [`Unknown`](self) and
-//! written back unchanged — and the controllers refuse it where it is used, with a condition naming the
-//! field and the values it takes.
+//! PKO declares `ResourceRef.type`, `securityProfile`, `imagePullPolicy` and the Update `type` as Go string types
+//! without an enum in the schema: the API server admits any string, and PKO decodes it. Ours must admit the same
+//! manifests (a PKO-valid object is never refused at admission), so these types decode any string — a value this
+//! version does not know is kept as [`Unknown`](self) and written back unchanged — and the controllers refuse it where
+//! it is used, with a condition naming the field and the values it takes.
 
 /// Declares an enum of API strings with an `Unknown(String)` variant for any other value.
 ///
-/// Generated: `as_str` (the value as written in the API), `KNOWN` (the known values), `is_known`,
-/// `From<&str>`, `Display`, string `Serialize`/`Deserialize`, and a `JsonSchema` of a plain `string`
-/// (no enum: the schema admits what PKO's admits).
+/// Generated: `as_str` (the value as written in the API), `KNOWN` (the known values), `is_known`, `From<&str>`,
+/// `Display`, string `Serialize`/`Deserialize`, and a `JsonSchema` of a plain `string` (no enum: the schema admits what
+/// PKO's admits).
 #[macro_export]
 macro_rules! open_enum {
     (
@@ -40,8 +39,8 @@ macro_rules! open_enum {
                 }
             }
 
-            /// The value as a metric label: the known value, or `unknown` for any other (bounded
-            /// cardinality: a user's free text never becomes a label).
+            /// The value as a metric label: the known value, or `unknown` for any other (bounded cardinality: a user's
+            /// free text never becomes a label).
             pub fn label(&self) -> &'static str {
                 match self {
                     $( Self::$variant => $text, )+

@@ -1,5 +1,5 @@
-//! `Program` (`pulumi.com/v1`): a Pulumi YAML program stored in the cluster. The body sits under the
-//! top-level `program` key, not `spec` (PKO `operator/api/pulumi/v1/program_types.go`).
+//! `Program` (`pulumi.com/v1`): a Pulumi YAML program stored in the cluster. The body sits under the top-level
+//! `program` key, not `spec` (PKO `operator/api/pulumi/v1/program_types.go`).
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
-//! Generates `docs/api.md`, the API reference, from the CRD schemas (whose descriptions are the rustdoc of
-//! the types). `pko-operator api-docs` prints it; a test fails when the committed file differs.
+//! Generates `docs/api.md`, the API reference, from the CRD schemas (whose descriptions are the rustdoc of the types).
+//! `pko-operator api-docs` prints it; a test fails when the committed file differs.
 
 use std::fmt::Write;
 
@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::constants::{self, stack_condition as sc, update_condition as uc, workspace_condition as wc};
 
-/// Subtrees documented by reference rather than field by field: Kubernetes' own types and the templates
-/// (same types as the Workspace and Update specs).
+/// Subtrees documented by reference rather than field by field: Kubernetes' own types and the templates (same types as
+/// the Workspace and Update specs).
 const BY_REFERENCE: &[(&str, &str)] = &[
     (".env", "Kubernetes `[]EnvVar`"),
     (".envFrom", "Kubernetes `[]EnvFromSource`"),

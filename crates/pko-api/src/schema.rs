@@ -15,18 +15,17 @@ pub fn json_map(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A Go `metav1.Duration` string (e.g. `24h`, `90s`, `1h30m`, `-5m`): what Go's `time.ParseDuration`
-/// reads, negative values included, as PKO's decoder reads them. Anything else is refused at admission:
-/// PKO admits it but cannot decode the object (its informer for the kind then fails), so no working
-/// PKO manifest carries one.
+/// A Go `metav1.Duration` string (e.g. `24h`, `90s`, `1h30m`, `-5m`): what Go's `time.ParseDuration` reads, negative
+/// values included, as PKO's decoder reads them. Anything else is refused at admission: PKO admits it but cannot decode
+/// the object (its informer for the kind then fails), so no working PKO manifest carries one.
 pub fn duration(_: &mut SchemaGenerator) -> Schema {
     // an OpenAPI pattern, not a CEL rule: a regular expression in CEL over unbounded strings in
     // unbounded lists exceeds the API server's cost budget
     json_schema!({ "type": "string", "pattern": crate::duration::GO_DURATION_PATTERN })
 }
 
-/// A Go `uint32` (PKO's `pulumiLogLevel`): an integer from 0 to 4294967295 — what PKO's decoder
-/// reads; no `format`, whose `int32` would understate the range.
+/// A Go `uint32` (PKO's `pulumiLogLevel`): an integer from 0 to 4294967295 — what PKO's decoder reads; no `format`,
+/// whose `int32` would understate the range.
 pub fn uint32(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "integer", "minimum": 0, "maximum": u32::MAX })
 }

@@ -1,7 +1,7 @@
-//! The shard key of each kind: the name whose `namespace/name` hash places an object in a virtual shard
-//! of the fleet. Everything made for a Stack shares the Stack's key, so one replica owns a Stack, its
-//! Workspace, its Updates and their outputs; a Workspace or Update made directly (PKO's
-//! `auto.pulumi.com` API) is keyed by the Stack or Workspace it names.
+//! The shard key of each kind: the name whose `namespace/name` hash places an object in a virtual shard of the fleet.
+//! Everything made for a Stack shares the Stack's key, so one replica owns a Stack, its Workspace, its Updates and
+//! their outputs; a Workspace or Update made directly (PKO's `auto.pulumi.com` API) is keyed by the Stack or Workspace
+//! it names.
 
 use crate::constants::STACK_NAME_LABEL;
 use crate::{Program, Stack, Update, Workspace};
@@ -38,8 +38,7 @@ impl ShardKey for Workspace {
 }
 
 impl ShardKey for Update {
-    /// Its Stack's name (label `pulumi.com/stack-name`), else its Workspace's (`spec.workspaceName`),
-    /// else its own.
+    /// Its Stack's name (label `pulumi.com/stack-name`), else its Workspace's (`spec.workspaceName`), else its own.
     fn shard_key(&self) -> String {
         stack_label(&self.metadata)
             .or_else(|| self.spec.workspace_name.clone().filter(|w| !w.is_empty()))

@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 
 /// Where a value is loaded from (PKO `shared.ResourceRef`): `{type, env|filesystem|secret|literal}`.
 ///
-/// PKO v2 accepts only `Literal` and `Secret`; `Env` and `FS` read the operator's own environment or file
-/// system in PKO v1 and make a v2 Stack Stalled `SpecInvalid` (checked by the Stack controller).
+/// PKO v2 accepts only `Literal` and `Secret`; `Env` and `FS` read the operator's own environment or file system in PKO
+/// v1 and make a v2 Stack Stalled `SpecInvalid` (checked by the Stack controller).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceRef {
@@ -52,8 +52,8 @@ impl ResourceRef {
 }
 
 crate::open_enum! {
-    /// The type of a [`ResourceRef`] (PKO `ResourceSelectorType`, a Go string: any value is admitted;
-    /// one this version does not know makes the Stack Stalled `SpecInvalid`).
+    /// The type of a [`ResourceRef`] (PKO `ResourceSelectorType`, a Go string: any value is admitted; one this version
+    /// does not know makes the Stack Stalled `SpecInvalid`).
     pub enum ResourceSelectorType {
         /// An environment variable of the operator (refused in v2).
         Env = "Env",
@@ -83,8 +83,8 @@ pub struct FsSelector {
 /// Names a key of a Secret (PKO `SecretSelector`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct SecretSelector {
-    /// Deprecated: namespace of the Secret. Any value other than the Stack's own namespace is refused
-    /// (cross-namespace references are not allowed).
+    /// Deprecated: namespace of the Secret. Any value other than the Stack's own namespace is refused (cross-namespace
+    /// references are not allowed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// Name of the Secret.

@@ -1,5 +1,5 @@
-//! `Stack` (`pulumi.com/v1`, the storage version, and `pulumi.com/v1alpha1`, served, not stored):
-//! a Pulumi stack the operator keeps deployed (PKO `operator/api/pulumi/shared/stack_types.go` and
+//! `Stack` (`pulumi.com/v1`, the storage version, and `pulumi.com/v1alpha1`, served, not stored): a Pulumi stack the
+//! operator keeps deployed (PKO `operator/api/pulumi/shared/stack_types.go` and
 //! `operator/api/pulumi/v1/stack_types.go`, v2.9). Both versions share [`StackSpec`].
 
 use std::collections::BTreeMap;
@@ -54,24 +54,24 @@ pub struct StackSpec {
     /// Deprecated: names of ConfigMaps whose keys become environment variables. Use `envRefs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envs: Option<Vec<String>>,
-    /// Environment variables of the Pulumi process: name → `Literal` or `Secret` reference (`Env` and `FS`
-    /// make the Stack Stalled `SpecInvalid`).
+    /// Environment variables of the Pulumi process: name → `Literal` or `Secret` reference (`Env` and `FS` make the
+    /// Stack Stalled `SpecInvalid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_refs: Option<BTreeMap<String, ResourceRef>>,
     /// Deprecated: names of Secrets whose keys become environment variables. Use `envRefs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_secrets: Option<Vec<String>>,
-    /// Backend URL (`PULUMI_BACKEND_URL`): Pulumi Cloud (default), `file://`, `s3://`, `azblob://`, `gs://`
-    /// or a self-hosted service.
+    /// Backend URL (`PULUMI_BACKEND_URL`): Pulumi Cloud (default), `file://`, `s3://`, `azblob://`, `gs://` or a
+    /// self-hosted service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
 
     // --- identity and configuration ---
-    /// Fully qualified stack name (`org/project/stack`, or `stack`). Required (no minimum length, as
-    /// PKO: an empty name fails the Update with Pulumi's message).
+    /// Fully qualified stack name (`org/project/stack`, or `stack`). Required (no minimum length, as PKO: an empty name
+    /// fails the Update with Pulumi's message).
     pub stack: String,
-    /// Inline configuration: key → string, or any structured JSON value (needs Pulumi CLI ≥ 3.202.0).
-    /// Keys without `project:` are prefixed with the project name.
+    /// Inline configuration: key → string, or any structured JSON value (needs Pulumi CLI ≥ 3.202.0). Keys without
+    /// `project:` are prefixed with the project name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::json_map")]
     pub config: Option<BTreeMap<String, serde_json::Value>>,
@@ -84,8 +84,8 @@ pub struct StackSpec {
     /// Secret configuration: config key → `Secret` (or `Literal`) reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_ref: Option<BTreeMap<String, ResourceRef>>,
-    /// Secrets provider for a newly created stack (`pulumi stack init --secrets-provider`), e.g.
-    /// `passphrase`, `awskms://…`.
+    /// Secrets provider for a newly created stack (`pulumi stack init --secrets-provider`), e.g. `passphrase`,
+    /// `awskms://…`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_provider: Option<String>,
     /// Pulumi ESC environments imported by the stack.
@@ -99,8 +99,8 @@ pub struct StackSpec {
     /// Git repository URL holding the program.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_repo: Option<String>,
-    /// Deprecated: Secret with git credentials (`sshPrivateKey`(+`password`) > `accessToken` >
-    /// `username`+`password`). Use `gitAuth`.
+    /// Deprecated: Secret with git credentials (`sshPrivateKey`(+`password`) > `accessToken` > `username`+`password`).
+    /// Use `gitAuth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_auth_secret: Option<String>,
     /// Git credentials (precedence: SSH key > access token > GitHub App > basic auth).
@@ -135,12 +135,11 @@ pub struct StackSpec {
     /// Other Stacks of the namespace that must have succeeded (optionally recently) before this one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prerequisites: Option<Vec<PrerequisiteRef>>,
-    /// Re-run `up` every resync period even when the source revision did not change (drift, dynamic
-    /// programs).
+    /// Re-run `up` every resync period even when the source revision did not change (drift, dynamic programs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continue_resync_on_commit_match: Option<bool>,
-    /// Resync and branch-poll period in seconds; default 60, values below 60 (0 and negative ones
-    /// included: no minimum in the schema, as PKO) mean 60.
+    /// Resync and branch-poll period in seconds; default 60, values below 60 (0 and negative ones included: no minimum
+    /// in the schema, as PKO) mean 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_frequency_seconds: Option<i64>,
     /// Refresh before up and preview.
@@ -158,13 +157,13 @@ pub struct StackSpec {
     /// Deprecated and ignored by PKO v2: retry on update conflicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_on_update_conflict: Option<bool>,
-    /// Cap of the failed-update backoff in seconds; default 86400 (24 h). No minimum in the schema
-    /// (PKO); 0 or negative retry at once (after 1 s).
+    /// Cap of the failed-update backoff in seconds; default 86400 (24 h). No minimum in the schema (PKO); 0 or negative
+    /// retry at once (after 1 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_max_backoff_duration_seconds: Option<i64>,
-    /// Consecutive failed updates retried before the Stack is `Stalled` `UpdateFailed` (PKO PR #1322:
-    /// default 3, minimum 1 — the Stack stalls when the update after that many retries fails too). A
-    /// preview may fail once more before it stalls (PKO #1294).
+    /// Consecutive failed updates retried before the Stack is `Stalled` `UpdateFailed` (PKO PR #1322: default 3,
+    /// minimum 1 — the Stack stalls when the update after that many retries fails too). A preview may fail once more
+    /// before it stalls (PKO #1294).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_update_failures: Option<i64>,
@@ -178,9 +177,9 @@ pub struct StackSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1.0))]
     pub retry_backoff_factor: Option<f64>,
-    /// Longest an operation of this Stack may run, in seconds, before it is stopped and its Update
-    /// fails `DeadlineExceeded` (ours, additive: the Updates' `spec.timeout`); unset or 0: the
-    /// operator's `--operation-timeout`. PKO has none (PKO #1318).
+    /// Longest an operation of this Stack may run, in seconds, before it is stopped and its Update fails
+    /// `DeadlineExceeded` (ours, additive: the Updates' `spec.timeout`); unset or 0: the operator's
+    /// `--operation-timeout`. PKO has none (PKO #1318).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub operation_timeout_seconds: Option<i64>,
@@ -199,8 +198,8 @@ pub struct StackSpec {
     /// Merged (strategic merge) onto every generated Update: `ttlAfterCompleted`, `parallel`, `remove`, …
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_template: Option<UpdateTemplate>,
-    /// Scheduled drift detection: a preview-only refresh on each cron tick, reported in the
-    /// `DriftDetected` condition, optionally remediated with `up --refresh` (PKO's proposed API,
+    /// Scheduled drift detection: a preview-only refresh on each cron tick, reported in the `DriftDetected` condition,
+    /// optionally remediated with `up --refresh` (PKO's proposed API,
     /// #1037 / branch `eron/drift-detection`; not in a PKO release).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_detection: Option<DriftDetection>,
@@ -220,8 +219,8 @@ pub struct DriftDetection {
 #[serde(rename_all = "camelCase")]
 pub struct DriftSchedule {
     /// Cron expression in UTC: five fields as in a Kubernetes CronJob (`*/15 * * * *`), the
-    /// `@hourly`/`@daily`/`@weekly`/`@monthly`/`@yearly` shorthands, or six fields with leading
-    /// seconds (ours). Several ticks missed while the operator was down give one check.
+    /// `@hourly`/`@daily`/`@weekly`/`@monthly`/`@yearly` shorthands, or six fields with leading seconds (ours). Several
+    /// ticks missed while the operator was down give one check.
     pub cron: String,
     /// Run `up --refresh` when a check on this schedule finds drift (default false: report only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,8 +243,7 @@ pub struct DriftDetectionStatus {
     /// The resources the last check found drifted, at most 100 (ours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drifted_resources: Option<Vec<crate::update::ResourceChange>>,
-    /// The last check's schedule remediates: an `up --refresh` runs while `DriftDetected` is True
-    /// (ours).
+    /// The last check's schedule remediates: an `up --refresh` runs while `DriftDetected` is True (ours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_remediate: Option<bool>,
 }
@@ -375,8 +373,8 @@ pub enum WorkspaceReclaimPolicy {
     Delete,
 }
 
-/// Customisation of a Stack's generated Workspace (PKO `WorkspaceApplyConfiguration`). Only the labels
-/// and annotations of the metadata are merged: the operator owns the Workspace's name and namespace.
+/// Customisation of a Stack's generated Workspace (PKO `WorkspaceApplyConfiguration`). Only the labels and annotations
+/// of the metadata are merged: the operator owns the Workspace's name and namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct WorkspaceTemplate {
     /// Labels and annotations for the Workspace.
@@ -446,17 +444,17 @@ pub struct StackUpdateState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub failures: Option<i64>,
-    /// Ours: the resource change counts of that Update (Pulumi's change summary, step kind → count:
-    /// `create: 2`, `same: 5`), as its `status.changeSummary`; absent when it reported none.
+    /// Ours: the resource change counts of that Update (Pulumi's change summary, step kind → count: `create: 2`, `same:
+    /// 5`), as its `status.changeSummary`; absent when it reported none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_summary: Option<BTreeMap<String, i32>>,
-    /// Ours: the `pulumi.com/cancel-request` value that canceled that Update; the Stack waits until its
-    /// spec, source or reconciliation request changes.
+    /// Ours: the `pulumi.com/cancel-request` value that canceled that Update; the Stack waits until its spec, source or
+    /// reconciliation request changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_request: Option<String>,
-    /// Ours: the run digest of that Update (its `status.runDigest`: what ran — source, stack settings,
-    /// config and environment, secrets by reference). A Stack is in sync only while it equals the
-    /// digest of what its current generation asks for; absent for an Update that recorded none.
+    /// Ours: the run digest of that Update (its `status.runDigest`: what ran — source, stack settings, config and
+    /// environment, secrets by reference). A Stack is in sync only while it equals the digest of what its current
+    /// generation asks for; absent for an Update that recorded none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_digest: Option<String>,
 }
@@ -499,12 +497,12 @@ pub struct StackStatus {
     /// Last seen value of the `pulumi.com/reconciliation-request` annotation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_reconcile_request: Option<String>,
-    /// Ours: last seen value of the `pulumi.com/cancel-request` annotation (a value seen once cancels
-    /// at most the operation running then).
+    /// Ours: last seen value of the `pulumi.com/cancel-request` annotation (a value seen once cancels at most the
+    /// operation running then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_cancel_request: Option<String>,
-    /// Ours: last judged value of the `pulumi.com/unlock-request` annotation (accepted or refused: see
-    /// the Stack's events).
+    /// Ours: last judged value of the `pulumi.com/unlock-request` annotation (accepted or refused: see the Stack's
+    /// events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_unlock_request: Option<String>,
     /// Conditions `Ready`, `Reconciling`, `Stalled` (kstatus ready protocol).
@@ -523,9 +521,8 @@ pub struct StackStatus {
 }
 
 /// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as
-/// v1; its
-/// status holds only `outputs` and `lastUpdate`. Both versions are served from the same stored object
-/// (no conversion webhook), so reading a v1 object as v1alpha1 drops the other status fields.
+/// v1; its status holds only `outputs` and `lastUpdate`. Both versions are served from the same stored object (no
+/// conversion webhook), so reading a v1 object as v1alpha1 drops the other status fields.
 pub mod v1alpha1 {
     use kube::CustomResource;
     use schemars::JsonSchema;

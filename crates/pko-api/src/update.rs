@@ -1,5 +1,5 @@
-//! `Update` (`auto.pulumi.com/v1alpha1`): one Pulumi operation against a Workspace
-//! (PKO `operator/api/auto/v1alpha1/update_types.go`, v2.9).
+//! `Update` (`auto.pulumi.com/v1alpha1`): one Pulumi operation against a Workspace (PKO
+//! `operator/api/auto/v1alpha1/update_types.go`, v2.9).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -44,27 +44,27 @@ pub struct UpdateSpec {
     /// The operation: `preview`, `up`, `refresh` or `destroy`.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
     pub update_type: Option<UpdateType>,
-    /// How long a completed Update is kept before it is deleted (Go duration, e.g. `24h`). Unset: kept
-    /// forever; Stack-generated Updates get `24h`.
+    /// How long a completed Update is kept before it is deleted (Go duration, e.g. `24h`). Unset: kept forever;
+    /// Stack-generated Updates get `24h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::duration")]
     pub ttl_after_completed: Option<String>,
-    /// How long the operation may send no event at all (Go duration, e.g. `30m`) before it is stopped
-    /// (CTRL-C on its agent) and the Update fails `IdleTimeout` (PKO PR #1296: there, abandoned).
-    /// Measures silence, not duration: a slow but talkative operation is never stopped. `0s` disables
-    /// it; unset: the operator's `--update-idle-timeout` (30 min).
+    /// How long the operation may send no event at all (Go duration, e.g. `30m`) before it is stopped (CTRL-C on its
+    /// agent) and the Update fails `IdleTimeout` (PKO PR #1296: there, abandoned). Measures silence, not duration: a
+    /// slow but talkative operation is never stopped. `0s` disables it; unset: the operator's `--update-idle-timeout`
+    /// (30 min).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::duration")]
     pub idle_timeout: Option<String>,
-    /// How long the operation may run in all (Go duration, e.g. `2h`) before it is stopped (CTRL-C on
-    /// its agent) and the Update fails `DeadlineExceeded`; counted from its start, across a handoff to
-    /// another replica. Ours (additive). `0s` disables it; unset: the operator's `--operation-timeout`
-    /// (none). A Stack sets it from `spec.operationTimeoutSeconds`.
+    /// How long the operation may run in all (Go duration, e.g. `2h`) before it is stopped (CTRL-C on its agent) and
+    /// the Update fails `DeadlineExceeded`; counted from its start, across a handoff to another replica. Ours
+    /// (additive). `0s` disables it; unset: the operator's `--operation-timeout` (none). A Stack sets it from
+    /// `spec.operationTimeoutSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::duration")]
     pub timeout: Option<String>,
-    /// Resource operations run in parallel (1 for none). Unbounded when unset, 0 or negative (no
-    /// minimum in the schema, as PKO).
+    /// Resource operations run in parallel (1 for none). Unbounded when unset, 0 or negative (no minimum in the schema,
+    /// as PKO).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<i32>,
     /// Message associated with the operation.
@@ -94,34 +94,33 @@ pub struct UpdateSpec {
     /// Run the program during destroy and refresh (`--run-program`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_program: Option<bool>,
-    /// Refresh without writing state (refresh only): a drift check. Not in a PKO release; PKO's
-    /// proposed drift-detection API (#1037, branch `eron/drift-detection`) has it.
+    /// Refresh without writing state (refresh only): a drift check. Not in a PKO release; PKO's proposed
+    /// drift-detection API (#1037, branch `eron/drift-detection`) has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview_only: Option<bool>,
     /// Ours (additive): the Stack generation this Update runs, written by the Stack controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub stack_generation: Option<i64>,
-    /// Ours (additive): the Workspace `metadata.generation` the Stack controller applied for this
-    /// Update; the operation is built from the Workspace at that generation, read fresh when the
-    /// operator's cache shows another.
+    /// Ours (additive): the Workspace `metadata.generation` the Stack controller applied for this Update; the operation
+    /// is built from the Workspace at that generation, read fresh when the operator's cache shows another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub workspace_generation: Option<i64>,
-    /// Ours (additive): the source revision this Update runs (a commit, a Program generation, a Flux
-    /// artifact revision), as the Stack resolved it.
+    /// Ours (additive): the source revision this Update runs (a commit, a Program generation, a Flux artifact
+    /// revision), as the Stack resolved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
-    /// Ours (additive): what this Update must run, `sha256:<hex>` over its Workspace's source, stack
-    /// settings, config and environment, secrets by reference (`pko_proto::digest`). The operator and
-    /// the agent refuse to run anything else (Failed `RunMismatch`); unset: not checked (made by hand).
+    /// Ours (additive): what this Update must run, `sha256:<hex>` over its Workspace's source, stack settings, config
+    /// and environment, secrets by reference (`pko_proto::digest`). The operator and the agent refuse to run anything
+    /// else (Failed `RunMismatch`); unset: not checked (made by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_digest: Option<String>,
 }
 
 crate::open_enum! {
-    /// Kind of Pulumi operation of an Update (PKO `UpdateType`, a Go string: any value is admitted;
-    /// one this version does not know fails the Update, naming `spec.type`).
+    /// Kind of Pulumi operation of an Update (PKO `UpdateType`, a Go string: any value is admitted; one this version
+    /// does not know fails the Update, naming `spec.type`).
     pub enum UpdateType {
         /// `pulumi preview`.
         Preview = "preview",
@@ -167,12 +166,11 @@ pub struct UpdateStatus {
     /// Ours: Pulumi's change summary of the operation, step kind → count (`same: 3`, `update: 1`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_summary: Option<std::collections::BTreeMap<String, i32>>,
-    /// Ours: the resources a preview-only `refresh` (a drift check) found changed, at most
-    /// [`MAX_RESOURCE_CHANGES`].
+    /// Ours: the resources a preview-only `refresh` (a drift check) found changed, at most [`MAX_RESOURCE_CHANGES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_changes: Option<Vec<ResourceChange>>,
-    /// Ours: the run digest of what the agent ran (`sha256:<hex>`, see `spec.runDigest`), as the agent
-    /// computed it from the request it received and ran.
+    /// Ours: the run digest of what the agent ran (`sha256:<hex>`, see `spec.runDigest`), as the agent computed it from
+    /// the request it received and ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_digest: Option<String>,
 }
@@ -186,8 +184,8 @@ pub const MAX_RESOURCE_CHANGES: usize = 100;
 pub struct ResourceChange {
     /// The resource's URN.
     pub urn: String,
-    /// Pulumi's step kind: `create`, `update`, `delete`, `replace`, … (in a drift check: `update` for a
-    /// resource changed behind Pulumi's back, `delete` for one gone).
+    /// Pulumi's step kind: `create`, `update`, `delete`, `replace`, … (in a drift check: `update` for a resource
+    /// changed behind Pulumi's back, `delete` for one gone).
     pub op: String,
     /// The properties that differ, when Pulumi names them.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,6 @@
-//! Validation the API server cannot do with OpenAPI and CEL. The Stack controller calls these and reports a
-//! failure as `Stalled` with reason `SpecInvalid` and the error's message (PKO reports the same cases the
-//! same way). Pure functions: no client, no I/O.
+//! Validation the API server cannot do with OpenAPI and CEL. The Stack controller calls these and reports a failure as
+//! `Stalled` with reason `SpecInvalid` and the error's message (PKO reports the same cases the same way). Pure
+//! functions: no client, no I/O.
 
 use std::fmt;
 
@@ -33,8 +33,8 @@ impl fmt::Display for SpecInvalid {
     }
 }
 
-/// Checks what CEL cannot: every [`ResourceRef`] (envRefs, secretsRef, gitAuth) is `Literal` or `Secret`
-/// with the matching selector, and no Secret reference leaves the Stack's `namespace`.
+/// Checks what CEL cannot: every [`ResourceRef`] (envRefs, secretsRef, gitAuth) is `Literal` or `Secret` with the
+/// matching selector, and no Secret reference leaves the Stack's `namespace`.
 ///
 /// Errors: [`SpecInvalid`] listing every offending field (`spec.envRefs.NAME`, `spec.secretsRef.KEY`,
 /// `spec.gitAuth.accessToken`, …).
@@ -87,8 +87,7 @@ pub fn validate_stack_spec(spec: &StackSpec, namespace: &str) -> Result<(), Spec
 /// Largest total size of an object's annotations, in bytes (Kubernetes `TotalAnnotationSizeLimitB`).
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 << 10;
 
-/// Whether `s` is a Kubernetes "qualified name" part: 1–63 characters, alphanumerics with `-`, `_`, `.`
-/// inside.
+/// Whether `s` is a Kubernetes "qualified name" part: 1–63 characters, alphanumerics with `-`, `_`, `.` inside.
 fn is_name_part(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -111,8 +110,8 @@ fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
-/// Why `name` cannot name a ServiceAccount (Kubernetes `ValidateServiceAccountName`: a lower-case DNS
-/// subdomain of at most 253 characters), checked before any request names it; `None` when it can.
+/// Why `name` cannot name a ServiceAccount (Kubernetes `ValidateServiceAccountName`: a lower-case DNS subdomain of at
+/// most 253 characters), checked before any request names it; `None` when it can.
 pub fn service_account_name_error(name: &str) -> Option<String> {
     (!is_dns_subdomain(name)).then(|| {
         format!(
@@ -141,9 +140,9 @@ pub fn qualified_name_error(key: &str) -> Option<String> {
     None
 }
 
-/// Checks labels and annotations as the API server will (keys qualified names, label values at most 63
-/// characters of the same alphabet or empty, annotations at most [`MAX_ANNOTATIONS_BYTES`] in all), so a
-/// template the API server would refuse stalls the Stack naming the field instead of failing each write.
+/// Checks labels and annotations as the API server will (keys qualified names, label values at most 63 characters of
+/// the same alphabet or empty, annotations at most [`MAX_ANNOTATIONS_BYTES`] in all), so a template the API server
+/// would refuse stalls the Stack naming the field instead of failing each write.
 fn check_metadata(field: &str, m: &crate::shared::EmbeddedObjectMeta, errors: &mut Vec<FieldError>) {
     for (k, v) in m.labels.iter().flatten() {
         if let Some(why) = qualified_name_error(k) {

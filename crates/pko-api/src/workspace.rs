@@ -1,5 +1,5 @@
-//! `Workspace` (`auto.pulumi.com/v1alpha1`): an execution context — one Pulumi project, its program, and
-//! the stacks selected in it (PKO `operator/api/auto/v1alpha1/workspace_types.go`, v2.9).
+//! `Workspace` (`auto.pulumi.com/v1alpha1`): an execution context — one Pulumi project, its program, and the stacks
+//! selected in it (PKO `operator/api/auto/v1alpha1/workspace_types.go`, v2.9).
 
 use std::collections::BTreeMap;
 
@@ -42,16 +42,16 @@ pub struct WorkspaceSpec {
     /// `system:auth-delegator` so the agent can authenticate its callers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
-    /// Security profile of the pods: `restricted` (default; non-root, Pod Security Standards *restricted*)
-    /// or `baseline` (root, *baseline*).
+    /// Security profile of the pods: `restricted` (default; non-root, Pod Security Standards *restricted*) or
+    /// `baseline` (root, *baseline*).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_profile: Option<SecurityProfile>,
     /// Container image holding the `pulumi` CLI. Default `pulumi/pulumi:latest-nonroot` (restricted) or
     /// `pulumi/pulumi:latest` (baseline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Image pull policy of the `pulumi` container: `Always`, `Never` or `IfNotPresent` (Kubernetes default
-    /// when unset).
+    /// Image pull policy of the `pulumi` container: `Always`, `Never` or `IfNotPresent` (Kubernetes default when
+    /// unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
     /// Git source holding the program.
@@ -63,8 +63,8 @@ pub struct WorkspaceSpec {
     /// Program already present in the workspace image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<LocalSource>,
-    /// No source: a minimal `Pulumi.yaml` is synthesised from this, so a stack can be destroyed from its
-    /// state alone (PKO 2.8, used when a Stack's source is gone).
+    /// No source: a minimal `Pulumi.yaml` is synthesised from this, so a stack can be destroyed from its state alone
+    /// (PKO 2.8, used when a Stack's source is gone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_info: Option<ProjectInfo>,
     /// Sources of environment variables of the `pulumi` container.
@@ -78,22 +78,21 @@ pub struct WorkspaceSpec {
     /// Compute resources of the `pulumi` container. Default requests: memory 64Mi, cpu 100m; no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Pod template merged (strategic merge) onto the generated pod template; extra init containers run
-    /// after the built-in ones.
+    /// Pod template merged (strategic merge) onto the generated pod template; extra init containers run after the
+    /// built-in ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<EmbeddedPodTemplateSpec>,
     /// Extra labels and annotations for the generated Service (PKO 2.9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_template: Option<EmbeddedServiceTemplateSpec>,
-    /// Pulumi CLI log verbosity (`-v`); 0 or unset disables verbose logging. PKO's `uint32`: 0 to
-    /// 4294967295 (values PKO's decoder refuses — negative or larger — are refused at admission).
+    /// Pulumi CLI log verbosity (`-v`); 0 or unset disables verbose logging. PKO's `uint32`: 0 to 4294967295 (values
+    /// PKO's decoder refuses — negative or larger — are refused at admission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::uint32")]
     pub pulumi_log_level: Option<u32>,
-    /// Skips the `pulumi install` that resolves the program's dependencies and plugins before an
-    /// operation: the image already has everything the program needs (vendored dependencies, a
-    /// prebuilt binary). PKO's proposed `skipInstall` (PR #1298); a project declaring
-    /// `runtime.options.binary` skips it without this.
+    /// Skips the `pulumi install` that resolves the program's dependencies and plugins before an operation: the image
+    /// already has everything the program needs (vendored dependencies, a prebuilt binary). PKO's proposed
+    /// `skipInstall` (PR #1298); a project declaring `runtime.options.binary` skips it without this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skip_install: Option<bool>,
     /// Stacks this workspace selects (and creates) and configures.
@@ -103,22 +102,22 @@ pub struct WorkspaceSpec {
 }
 
 crate::open_enum! {
-    /// Pod security profile of a Workspace (PKO `SecurityProfile`, a Go string: any value is admitted;
-    /// one this version does not know makes the Workspace Stalled `SpecInvalid`).
+    /// Pod security profile of a Workspace (PKO `SecurityProfile`, a Go string: any value is admitted; one this version
+    /// does not know makes the Workspace Stalled `SpecInvalid`).
     #[derive(Default)]
     pub enum SecurityProfile {
         /// Runs as root, Pod Security Standards *baseline*.
         Baseline = "baseline",
-        /// Runs as uid 1000, no privilege escalation, all capabilities dropped but `NET_BIND_SERVICE`
-        /// (Pod Security Standards *restricted*). The default.
+        /// Runs as uid 1000, no privilege escalation, all capabilities dropped but `NET_BIND_SERVICE` (Pod Security
+        /// Standards *restricted*). The default.
         #[default]
         Restricted = "restricted",
     }
 }
 
 crate::open_enum! {
-    /// Kubernetes image pull policy (`corev1.PullPolicy`, a Go string: any value is admitted; one this
-    /// version does not know makes the Workspace Stalled `SpecInvalid`).
+    /// Kubernetes image pull policy (`corev1.PullPolicy`, a Go string: any value is admitted; one this version does not
+    /// know makes the Workspace Stalled `SpecInvalid`).
     pub enum PullPolicy {
         /// Always pull.
         Always = "Always",
@@ -312,10 +311,9 @@ pub struct WorkspaceStatus {
     /// Version of the Pulumi CLI in the workspace (PKO 2.9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulumi_version: Option<String>,
-    /// The agent pool this Workspace's operations run on, `<namespace>/<class>` — the Workspaces with
-    /// the same namespace, service account, image, pod template and log level share one pool (our
-    /// extension: in PKO each Workspace has its own pod). Unset when the Workspace has its own agent
-    /// (`address`).
+    /// The agent pool this Workspace's operations run on, `<namespace>/<class>` — the Workspaces with the same
+    /// namespace, service account, image, pod template and log level share one pool (our extension: in PKO each
+    /// Workspace has its own pod). Unset when the Workspace has its own agent (`address`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// Conditions; known type: `Ready` (and `Stalled`).
@@ -325,16 +323,16 @@ pub struct WorkspaceStatus {
 }
 
 impl WorkspaceSpec {
-    /// Whether the spec names a program source (`git`, `flux`, `local` or `projectInfo`). A Workspace
-    /// without one is PKO's source-less Workspace: an init container of its pod (`podTemplate`) puts
-    /// the program in `/share/workspace`, which only a workspace pod has.
+    /// Whether the spec names a program source (`git`, `flux`, `local` or `projectInfo`). A Workspace without one is
+    /// PKO's source-less Workspace: an init container of its pod (`podTemplate`) puts the program in
+    /// `/share/workspace`, which only a workspace pod has.
     pub fn has_source(&self) -> bool {
         self.git.is_some() || self.flux.is_some() || self.local.is_some() || self.project_info.is_some()
     }
 
-    /// The spec with PKO's defaults filled in where unset: service account `default`, profile
-    /// `restricted`, the profile's image, requests memory 64Mi / cpu 100m — each only where the user set
-    /// neither that request (or set it to zero, as PKO's `IsZero`) nor a limit for it.
+    /// The spec with PKO's defaults filled in where unset: service account `default`, profile `restricted`, the
+    /// profile's image, requests memory 64Mi / cpu 100m — each only where the user set neither that request (or set it
+    /// to zero, as PKO's `IsZero`) nor a limit for it.
     pub fn with_defaults(&self) -> WorkspaceSpec {
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let mut s = self.clone();

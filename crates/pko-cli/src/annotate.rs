@@ -1,8 +1,7 @@
-//! `kubectl pko sync STACK`, `kubectl pko cancel STACK` and `kubectl pko unlock STACK`: a new value (the
-//! current time) for PKO's `pulumi.com/reconciliation-request` or our `pulumi.com/cancel-request` or
-//! `pulumi.com/unlock-request` annotation on the Stack,
-//! with the caller's own kubeconfig and rights (`patch` on `stacks.pulumi.com`) — no new privileged
-//! path.
+//! `kubectl pko sync STACK`, `kubectl pko cancel STACK` and `kubectl pko unlock STACK`: a new value (the current time)
+//! for PKO's `pulumi.com/reconciliation-request` or our `pulumi.com/cancel-request` or `pulumi.com/unlock-request`
+//! annotation on the Stack, with the caller's own kubeconfig and rights (`patch` on `stacks.pulumi.com`) — no new
+//! privileged path.
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 
@@ -11,8 +10,8 @@ pub const SYNC: &str = "pulumi.com/reconciliation-request";
 /// Our annotation whose new value cancels the running operation.
 pub const CANCEL: &str = "pulumi.com/cancel-request";
 
-/// Our annotation whose new value asks to release the backend locks the Stack's last Update failed on;
-/// the operator accepts or refuses it with an event ([`unlock_verdict`]).
+/// Our annotation whose new value asks to release the backend locks the Stack's last Update failed on; the operator
+/// accepts or refuses it with an event ([`unlock_verdict`]).
 pub const UNLOCK: &str = "pulumi.com/unlock-request";
 
 /// Event reason of an accepted unlock request.
@@ -20,9 +19,9 @@ pub const UNLOCK_ACCEPTED: &str = "StackUnlockAccepted";
 /// Event reason of a refused unlock request.
 pub const UNLOCK_REFUSED: &str = "StackUnlockRefused";
 
-/// The operator's verdict on the unlock request sent at `since` (RFC 3339), from the Stack's events
-/// (`core/v1` Event JSON): `(accepted, note)` of the newest `StackUnlockAccepted`/`StackUnlockRefused`
-/// event recorded at or after `since` (to the second); `None` while there is none. Pure.
+/// The operator's verdict on the unlock request sent at `since` (RFC 3339), from the Stack's events (`core/v1` Event
+/// JSON): `(accepted, note)` of the newest `StackUnlockAccepted`/`StackUnlockRefused` event recorded at or after
+/// `since` (to the second); `None` while there is none. Pure.
 pub fn unlock_verdict(events: &[serde_json::Value], since: &str) -> Option<(bool, String)> {
     let since: k8s_openapi::jiff::Timestamp = since.parse().ok()?;
     let at = |e: &serde_json::Value| -> Option<k8s_openapi::jiff::Timestamp> {

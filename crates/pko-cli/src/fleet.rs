@@ -1,11 +1,10 @@
 //! `kubectl pko fleet`: the replicas of a fleet and the shards they hold, from the fleet's Leases
-//! (`coordination.k8s.io/v1` in the operator's namespace; `pko_fleet::lease`): a membership Lease per
-//! replica (renewed while it lives; annotation `pulumi.com/shards`) and a shard Lease per shard (its
-//! holder, and its `leaseTransitions` as the shard's epoch). Read with the caller's own rights
-//! (`list` Leases in that namespace): no new privileged path. Each replica also announces its load on
-//! its membership Lease at every renewal (annotation `pulumi.com/load`, the contract `pko_fleet::load`):
-//! operations queued per namespace, in flight, running per workspace class, pool agents busy and idle
-//! per class and the pools' bounds — shown per replica and summed over the live ones.
+//! (`coordination.k8s.io/v1` in the operator's namespace; `pko_fleet::lease`): a membership Lease per replica (renewed
+//! while it lives; annotation `pulumi.com/shards`) and a shard Lease per shard (its holder, and its `leaseTransitions`
+//! as the shard's epoch). Read with the caller's own rights (`list` Leases in that namespace): no new privileged path.
+//! Each replica also announces its load on its membership Lease at every renewal (annotation `pulumi.com/load`, the
+//! contract `pko_fleet::load`): operations queued per namespace, in flight, running per workspace class, pool agents
+//! busy and idle per class and the pools' bounds — shown per replica and summed over the live ones.
 
 use std::collections::BTreeMap;
 
@@ -28,8 +27,8 @@ pub struct Replica {
     pub shards_held: usize,
     /// The lowest and highest epoch of those shards.
     pub epochs: Option<(i64, i64)>,
-    /// Live, holding nothing, and announcing a shard count other than the one shards are held under:
-    /// it waits for the prevailing count's replicas to go (a rolling change of `--shards`).
+    /// Live, holding nothing, and announcing a shard count other than the one shards are held under: it waits for the
+    /// prevailing count's replicas to go (a rolling change of `--shards`).
     pub standing_by: bool,
     /// Its load as announced (`pulumi.com/load`); `None` from a replica that announces none.
     pub load: Option<Load>,
@@ -59,9 +58,9 @@ fn kind(l: &Value) -> &str {
     l["metadata"]["labels"][pko_fleet::lease::KIND_LABEL].as_str().unwrap_or_default()
 }
 
-/// Every shard of the shard tables among `leases` (`pulumi.com/lease=table`, one per shard count:
-/// `<fleet>-shards-<S>`, the fleet named by its `pulumi.com/fleet` label), as `(S, shard)` → its entry;
-/// a table whose name is not of that form or whose annotation does not decode adds nothing. Pure.
+/// Every shard of the shard tables among `leases` (`pulumi.com/lease=table`, one per shard count: `<fleet>-shards-<S>`,
+/// the fleet named by its `pulumi.com/fleet` label), as `(S, shard)` → its entry; a table whose name is not of that
+/// form or whose annotation does not decode adds nothing. Pure.
 pub fn table_entries(leases: &[Value]) -> BTreeMap<(u32, u32), pko_fleet::table::Entry> {
     let mut out = BTreeMap::new();
     for l in leases.iter().filter(|l| kind(l) == "table") {
@@ -133,8 +132,7 @@ fn pairs(m: &BTreeMap<String, u32>) -> String {
     if m.is_empty() { "none".into() } else { m.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(", ") }
 }
 
-/// The summary lines under the table: shards, then the live replicas' queue, running operations and
-/// pool agents. Pure.
+/// The summary lines under the table: shards, then the live replicas' queue, running operations and pool agents. Pure.
 fn summary(f: &Fleet) -> String {
     let t = &f.total;
     let mut out =

@@ -1,11 +1,10 @@
-//! `kubectl pko logs stack/<name> [-f] [--update <name>] [--all]`: the output of a Stack's operations
-//! as the operator keeps it (the last lines of its newest operations), live with `-f`.
+//! `kubectl pko logs stack/<name> [-f] [--update <name>] [--all]`: the output of a Stack's operations as the operator
+//! keeps it (the last lines of its newest operations), live with `-f`.
 //!
-//! Talks to the operator's metrics port (`https://<host>:8383`, `--endpoint` or `PKO_ENDPOINT`, for
-//! example through `kubectl port-forward`), with a bearer token (`--token`, else the kubeconfig's):
-//! `GET /logs/{namespace}/{stack}` lists the kept operations, `GET /logs/{namespace}/{stack}/{update}
-//! ?after=<seq>` reads one from a sequence. The operator authorizes each request with a TokenReview
-//! and a SubjectAccessReview of `get` on the Stack.
+//! Talks to the operator's metrics port (`https://<host>:8383`, `--endpoint` or `PKO_ENDPOINT`, for example through
+//! `kubectl port-forward`), with a bearer token (`--token`, else the kubeconfig's): `GET /logs/{namespace}/{stack}`
+//! lists the kept operations, `GET /logs/{namespace}/{stack}/{update} ?after=<seq>` reads one from a sequence. The
+//! operator authorizes each request with a TokenReview and a SubjectAccessReview of `get` on the Stack.
 
 use std::time::Duration;
 
@@ -14,8 +13,8 @@ use pko_queue::output::{Line, OperationInfo, Output};
 /// How often `-f` asks for new lines.
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// The Stack named by `arg`: `stack/<name>`, `stacks/<name>`, `stack.pulumi.com/<name>`,
-/// `stacks.pulumi.com/<name>` or a bare `<name>`. Pure.
+/// The Stack named by `arg`: `stack/<name>`, `stacks/<name>`, `stack.pulumi.com/<name>`, `stacks.pulumi.com/<name>` or
+/// a bare `<name>`. Pure.
 ///
 /// Errors: another kind, or no name.
 pub fn target(arg: &str) -> Result<String, String> {
@@ -29,8 +28,8 @@ pub fn target(arg: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
-/// The operation to print among `ops` (newest first): Update `update` when given, else the newest.
-/// `Ok(None)`: nothing is kept yet. Pure.
+/// The operation to print among `ops` (newest first): Update `update` when given, else the newest. `Ok(None)`: nothing
+/// is kept yet. Pure.
 ///
 /// Errors: `update` is not among them (the message lists those that are).
 pub fn choose(ops: &[OperationInfo], update: Option<&str>) -> Result<Option<OperationInfo>, String> {
@@ -69,9 +68,8 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// `base` (`https://host:port`), authenticated with `token`; the server's certificate checked
-    /// against `ca` (PEM) when given, not at all with `insecure` (the operator's default certificate is
-    /// self-signed).
+    /// `base` (`https://host:port`), authenticated with `token`; the server's certificate checked against `ca` (PEM)
+    /// when given, not at all with `insecure` (the operator's default certificate is self-signed).
     ///
     /// Errors: an unreadable CA, or the HTTP client.
     pub fn new(

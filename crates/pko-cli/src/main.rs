@@ -21,11 +21,11 @@ enum Command {
     Fleet(FleetArgs),
     /// Request a sync of a Stack now (PKO's pulumi.com/reconciliation-request annotation).
     Sync(AnnotateArgs),
-    /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop
-    /// after 30 s; the Stack then waits until its spec or source changes or `kubectl pko sync`.
+    /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop after 30 s; the
+    /// Stack then waits until its spec or source changes or `kubectl pko sync`.
     Cancel(AnnotateArgs),
-    /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request),
-    /// when the operator finds every holder dead; prints its verdict, exits 1 when refused.
+    /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request), when the operator
+    /// finds every holder dead; prints its verdict, exits 1 when refused.
     Unlock(UnlockArgs),
 }
 
@@ -100,8 +100,8 @@ struct LogsArgs {
     /// Prefix each line with its time (RFC 3339).
     #[arg(long)]
     timestamps: bool,
-    /// The operator's metrics endpoint, e.g. https://localhost:8383 after
-    /// `kubectl -n pulumi-kubernetes-operator port-forward deploy/<release>-controller-manager 8383`.
+    /// The operator's metrics endpoint, e.g. https://localhost:8383 after `kubectl -n pulumi-kubernetes-operator
+    /// port-forward deploy/<release>-controller-manager 8383`.
     #[arg(long, env = "PKO_ENDPOINT", default_value = "https://localhost:8383")]
     endpoint: String,
     /// Bearer token (default: the kubeconfig user's token).

@@ -1,13 +1,12 @@
-//! `kubectl pko status [STACK] [-n NS | -A] [-o json|yaml]`: per Stack, what a platform team asks first
-//! — is it Ready, and if not why (the Stack's own `Ready`/`Reconciling`/`Stalled` reason and message,
-//! the queue's `Queued` reason of its running Update), its revision, its last and current operation,
-//! its shard and the replica holding that shard (the shard Lease), the pool its Workspace runs on, a
-//! queued Update's place in its namespace's queue (`Queued #n`: the namespace's queued Updates, oldest
-//! first, as each replica starts them; its Update's message says why: the namespace's share or the
-//! workspace class's limit) and the agent running it (`-o wide`: the Update's `Progressing` message,
-//! `running on agent <address>`), and its drift detection (`-o wide`: `DriftDetected`, which says when a
-//! due check waits for a fleet-wide slot).
-//! Read with the caller's own kubeconfig and rights (`list` Stacks, Updates, Workspaces, Leases).
+//! `kubectl pko status [STACK] [-n NS | -A] [-o json|yaml]`: per Stack, what a platform team asks first — is it Ready,
+//! and if not why (the Stack's own `Ready`/`Reconciling`/`Stalled` reason and message, the queue's `Queued` reason of
+//! its running Update), its revision, its last and current operation, its shard and the replica holding that shard (the
+//! shard Lease), the pool its Workspace runs on, a queued Update's place in its namespace's queue (`Queued #n`: the
+//! namespace's queued Updates, oldest first, as each replica starts them; its Update's message says why: the
+//! namespace's share or the workspace class's limit) and the agent running it (`-o wide`: the Update's `Progressing`
+//! message, `running on agent <address>`), and its drift detection (`-o wide`: `DriftDetected`, which says when a due
+//! check waits for a fleet-wide slot). Read with the caller's own kubeconfig and rights (`list` Stacks, Updates,
+//! Workspaces, Leases).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -39,8 +38,8 @@ pub struct Row {
     pub pool: String,
     /// The agent running its current Update (its gRPC address), empty when none runs.
     pub agent: String,
-    /// Its scheduled drift detection: the `DriftDetected` condition as `<reason>: <message>` (a check
-    /// waiting for a fleet-wide slot says so), empty without one.
+    /// Its scheduled drift detection: the `DriftDetected` condition as `<reason>: <message>` (a check waiting for a
+    /// fleet-wide slot says so), empty without one.
     pub drift: String,
 }
 
@@ -49,8 +48,8 @@ fn queued(u: &Value) -> bool {
     condition(u, "Progressing").is_some_and(|c| c["status"] == "False" && c["reason"] == "Queued")
 }
 
-/// The 1-based place of Update `current` among the queued Updates of its namespace in `updates`, oldest
-/// first (creation time, then name); `None` when it is not queued. Pure.
+/// The 1-based place of Update `current` among the queued Updates of its namespace in `updates`, oldest first (creation
+/// time, then name); `None` when it is not queued. Pure.
 pub fn queue_position(updates: &[Value], current: &Value) -> Option<usize> {
     if !queued(current) {
         return None;
@@ -69,9 +68,8 @@ fn condition<'a>(o: &'a Value, type_: &str) -> Option<&'a Value> {
     o["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
 }
 
-/// The line of Stack `stack` (JSON), with its running Update `current` (if any) and its place in the
-/// queue (`position`, [`queue_position`]), the holder of its shard `owner` and its Workspace's pool
-/// `pool`. Pure.
+/// The line of Stack `stack` (JSON), with its running Update `current` (if any) and its place in the queue (`position`,
+/// [`queue_position`]), the holder of its shard `owner` and its Workspace's pool `pool`. Pure.
 pub fn row(
     stack: &Value,
     current: Option<&Value>,
@@ -124,8 +122,8 @@ pub fn row(
     }
 }
 
-/// `rows` as kubectl prints a table: upper-case headers, columns padded by three spaces, `<none>` for
-/// an empty cell; `all_namespaces` adds NAMESPACE first; `wide` adds MESSAGE last. Pure.
+/// `rows` as kubectl prints a table: upper-case headers, columns padded by three spaces, `<none>` for an empty cell;
+/// `all_namespaces` adds NAMESPACE first; `wide` adds MESSAGE last. Pure.
 pub fn table(rows: &[Row], all_namespaces: bool, wide: bool) -> String {
     let mut header = vec!["NAME", "READY", "REASON", "REVISION", "LAST", "CURRENT", "SHARD", "OWNER", "POOL"];
     if all_namespaces {

@@ -1,25 +1,22 @@
-//! Lease records of the fleet (`coordination.k8s.io/v1` Leases in the operator's namespace), written
-//! only through resourceVersion-guarded requests: a create fails if the Lease exists, a replace fails
-//! if anyone wrote it since it was read. So two replicas can never both believe a write of theirs
-//! made them the holder.
+//! Lease records of the fleet (`coordination.k8s.io/v1` Leases in the operator's namespace), written only through
+//! resourceVersion-guarded requests: a create fails if the Lease exists, a replace fails if anyone wrote it since it
+//! was read. So two replicas can never both believe a write of theirs made them the holder.
 //!
 //! Two kinds, told apart by their names ([`LeaseKind`]) and the label [`KIND_LABEL`]:
-//! - a **membership** Lease per replica (`<fleet>-replica-<replica>`, label `member`), renewed every
-//!   few seconds: the replica is live while others see its `renewTime` change; released
-//!   (`holderIdentity` cleared) on graceful shutdown;
-//! - the **shard table** of each shard count (`<fleet>-shards-<S>`, label `table`, [`crate::table`]),
-//!   written only when shards change hands: holder and epoch (the fencing token) of every shard.
+//! - a **membership** Lease per replica (`<fleet>-replica-<replica>`, label `member`), renewed every few seconds: the
+//!   replica is live while others see its `renewTime` change; released (`holderIdentity` cleared) on graceful shutdown;
+//! - the **shard table** of each shard count (`<fleet>-shards-<S>`, label `table`, [`crate::table`]), written only when
+//!   shards change hands: holder and epoch (the fencing token) of every shard.
 //!
-//! Versions before the table held shards through one Lease per shard (`<fleet>-shard-<k>`, its
-//! `leaseTransitions` the epoch) beside a membership named `<fleet>-member-<replica>`: their kinds
-//! are still read ([`LeaseKind::LegacyMember`], [`LeaseKind::Shard`]) so that a rolling upgrade from them
-//! never has two replicas act on one shard (`planning::Standing::Earlier`), and so that epochs keep
-//! rising across it. A replica of this version is invisible to them: they know neither name.
+//! Versions before the table held shards through one Lease per shard (`<fleet>-shard-<k>`, its `leaseTransitions` the
+//! epoch) beside a membership named `<fleet>-member-<replica>`: their kinds are still read
+//! ([`LeaseKind::LegacyMember`], [`LeaseKind::Shard`]) so that a rolling upgrade from them never has two replicas act
+//! on one shard (`planning::Standing::Earlier`), and so that epochs keep rising across it. A replica of this version is
+//! invisible to them: they know neither name.
 //!
-//! `kube-lease-manager` (which supports kube 5) renews every Lease it holds: S shard Leases would cost
-//! S writes per renewal period at rest. Holding shards without renewing them, with liveness carried by
-//! one membership Lease per replica, keeps coordination flat in S and in Stacks; one table per count
-//! makes a handoff one write per replica.
+//! `kube-lease-manager` (which supports kube 5) renews every Lease it holds: S shard Leases would cost S writes per
+//! renewal period at rest. Holding shards without renewing them, with liveness carried by one membership Lease per
+//! replica, keeps coordination flat in S and in Stacks; one table per count makes a handoff one write per replica.
 
 use std::collections::BTreeMap;
 
@@ -33,10 +30,10 @@ pub const FLEET_LABEL: &str = "pulumi.com/fleet";
 pub const KIND_LABEL: &str = "pulumi.com/lease";
 /// Label of a shard Lease naming its shard (the same label the sharded objects carry).
 pub const SHARD_LABEL: &str = "pulumi.com/shard";
-/// Annotation of a membership Lease: the number of virtual shards its replica runs with (`--shards`,
-/// decimal). Replicas of one fleet must agree on it; a member whose count differs from the one that
-/// prevails holds nothing ([`crate::planning::standing`]). A membership Lease without it (written by
-/// a replica older than the annotation) is taken to agree with everyone.
+/// Annotation of a membership Lease: the number of virtual shards its replica runs with (`--shards`, decimal). Replicas
+/// of one fleet must agree on it; a member whose count differs from the one that prevails holds nothing
+/// ([`crate::planning::standing`]). A membership Lease without it (written by a replica older than the annotation) is
+/// taken to agree with everyone.
 pub const SHARDS_ANNOTATION: &str = "pulumi.com/shards";
 
 /// Name of the membership Lease of `replica` in `fleet`.
@@ -103,11 +100,9 @@ impl LeaseKind {
     }
 }
 
-/// Strips `lease` down to what the fleet decides and writes from: name, namespace, resourceVersion,
-/// spec, the [`SHARDS_ANNOTATION`] a membership Lease announces and a table's
-/// [`crate::table::TABLE_ANNOTATION`]. Labels, uid, timestamps and managedFields are not kept (an
-/// earlier version's 2,048 shard Leases are cached too, while they exist). Writes from a stripped Lease
-/// are guarded merge patches ([`replace`]), which leave the rest of the object as stored.
+/// Strips `lease` to what the fleet decides and writes from: name, namespace, resourceVersion, spec, the
+/// [`SHARDS_ANNOTATION`] and a table's [`crate::table::TABLE_ANNOTATION`]. Writes from a stripped Lease are guarded
+/// merge patches ([`replace`]), which leave the rest of the object as stored.
 pub fn slim(lease: &mut Lease) {
     let meta = std::mem::take(&mut lease.metadata);
     let kept = [SHARDS_ANNOTATION, crate::table::TABLE_ANNOTATION];
@@ -124,8 +119,8 @@ pub fn slim(lease: &mut Lease) {
     };
 }
 
-/// The shard count a membership Lease announces ([`SHARDS_ANNOTATION`]); `None` when it announces none
-/// or one that is not a positive number.
+/// The shard count a membership Lease announces ([`SHARDS_ANNOTATION`]); `None` when it announces none or one that is
+/// not a positive number.
 pub fn announced_shards(lease: &Lease) -> Option<u32> {
     lease.metadata.annotations.as_ref()?.get(SHARDS_ANNOTATION)?.parse().ok().filter(|n: &u32| *n > 0)
 }
@@ -154,18 +149,18 @@ pub enum Written {
     Conflict,
 }
 
-/// Counter of Lease writes sent by this process: `pko_fleet_lease_writes_total{lease, result}`, `lease`
-/// the [`KIND_LABEL`] value (`member` or `table`), `result` `done` or `conflict` (a 409: someone wrote
-/// first). The fleet's coordination cost at rest is its rate.
+/// Counter of Lease writes sent by this process: `pko_fleet_lease_writes_total{lease, result}`, `lease` the
+/// [`KIND_LABEL`] value (`member` or `table`), `result` `done` or `conflict` (a 409: someone wrote first). The fleet's
+/// coordination cost at rest is its rate.
 pub const LEASE_WRITES_TOTAL: &str = "pko_fleet_lease_writes_total";
 
 fn count_write(kind: &'static str, result: &'static str) {
     metrics::counter!(LEASE_WRITES_TOTAL, "lease" => kind, "result" => result).increment(1);
 }
 
-/// Creates every series of [`LEASE_WRITES_TOTAL`] a member writes (`member` and `table`, `done` and
-/// `conflict`) at zero, so that a rate of conflicts reads 0, not "no data", before the first one
-/// (a fleet whose table writes never met a 409 had no conflict series at all).
+/// Creates every series of [`LEASE_WRITES_TOTAL`] a member writes (`member` and `table`, `done` and `conflict`) at
+/// zero, so that a rate of conflicts reads 0, not "no data", before the first one (a fleet whose table writes never met
+/// a 409 had no conflict series at all).
 pub fn init_write_counters() {
     for kind in ["member", "table"] {
         for result in ["done", "conflict"] {
@@ -174,8 +169,8 @@ pub fn init_write_counters() {
     }
 }
 
-/// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted under `kind`
-/// (the [`KIND_LABEL`] value).
+/// A create's or replace's answer as [`Written`] (409: [`Written::Conflict`]), counted under `kind` (the [`KIND_LABEL`]
+/// value).
 fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Written, kube::Error> {
     match answer {
         Ok(l) => {
@@ -190,9 +185,9 @@ fn written(answer: Result<Lease, kube::Error>, kind: &'static str) -> Result<Wri
     }
 }
 
-/// The JSON merge patch turning spec `from` into `to` (pure): every field of `to`, and `null` for each
-/// field `from` had and `to` has not (a merge patch leaves a field it does not name as it is), under
-/// `metadata.resourceVersion`, which makes the API server refuse it (409) if the Lease was written since.
+/// The JSON merge patch turning spec `from` into `to` (pure): every field of `to`, and `null` for each field `from` had
+/// and `to` has not (a merge patch leaves a field it does not name as it is), under `metadata.resourceVersion`, which
+/// makes the API server refuse it (409) if the Lease was written since.
 ///
 /// Errors: a spec that does not serialize (none does).
 pub fn spec_patch(
@@ -264,13 +259,12 @@ pub async fn create_announcing(
     written(api.create(&PostParams::default(), &lease).await, kind)
 }
 
-/// Writes `change` applied to the spec of `read` (as read, possibly [`slim`]), guarded by its
-/// resourceVersion: a merge patch of the spec ([`spec_patch`]), so labels and the rest stay as stored;
-/// [`Written::Conflict`] if the Lease was written since it was read. `kind` labels the
-/// write in [`LEASE_WRITES_TOTAL`].
+/// Writes `change` applied to the spec of `read` (as read, possibly [`slim`]), guarded by its resourceVersion: a merge
+/// patch of the spec ([`spec_patch`]), so labels and the rest stay as stored; [`Written::Conflict`] if the Lease was
+/// written since it was read. `kind` labels the write in [`LEASE_WRITES_TOTAL`].
 ///
-/// Errors: the API server's, except 409; a Lease read without a name or resourceVersion is refused
-/// as a 422 before anything is sent.
+/// Errors: the API server's, except 409; a Lease read without a name or resourceVersion is refused as a 422 before
+/// anything is sent.
 pub async fn replace(
     api: &Api<Lease>,
     read: &Lease,
@@ -280,8 +274,8 @@ pub async fn replace(
     replace_announcing(api, read, kind, &BTreeMap::new(), change).await
 }
 
-/// [`replace`], also setting `annotations` where `read` does not show them already (a membership
-/// renewal that announces its shard count: written once, then only when the count changed).
+/// [`replace`], also setting `annotations` where `read` does not show them already (a membership renewal that announces
+/// its shard count: written once, then only when the count changed).
 ///
 /// Errors: as [`replace`].
 pub async fn replace_announcing(
@@ -337,9 +331,9 @@ pub fn release(spec: &mut LeaseSpec) {
     spec.holder_identity = None;
 }
 
-/// Makes `spec` a renewal now; a membership released or held by another before (a replica starting
-/// again under the same id after a graceful stop) is acquired anew: `acquireTime` is now, so it is
-/// the youngest member, not the eldest ([`crate::planning::standing`]).
+/// Makes `spec` a renewal now; a membership released or held by another before (a replica starting again under the same
+/// id after a graceful stop) is acquired anew: `acquireTime` is now, so it is the youngest member, not the eldest
+/// ([`crate::planning::standing`]).
 pub fn renew(spec: &mut LeaseSpec, replica: &str, duration_seconds: i32) {
     if spec.holder_identity.as_deref() != Some(replica) {
         spec.acquire_time = Some(now());

@@ -1,7 +1,7 @@
-//! Shard ownership: whether this replica may act on an object, and with which fencing epoch. One
-//! replica owns everything ([`SingleReplica`], or [`Namespaces`]); a fleet splits objects over virtual
-//! shards ([`ring`]) held through Leases ([`lease`], [`membership`]): one membership Lease per replica
-//! and one shard table per shard count ([`table`]). No PKO types here.
+//! Shard ownership: whether this replica may act on an object, and with which fencing epoch. One replica owns
+//! everything ([`SingleReplica`], or [`Namespaces`]); a fleet splits objects over virtual shards ([`ring`]) held
+//! through Leases ([`lease`], [`membership`]): one membership Lease per replica and one shard table per shard count
+//! ([`table`]). No PKO types here.
 #![forbid(unsafe_code)]
 
 pub mod lease;
@@ -12,9 +12,9 @@ pub mod ring;
 pub mod table;
 
 /// Virtual shards of a fleet by default (`--shards`): the smallest power of two at which the default
-/// [`ring::BoundedRing`] keeps max/mean shards per replica ≤ 1.15 and moves ≤ 1.2·S/(N+1) shards
-/// from N to N+1 replicas, for 1–20 replicas (measured in `ring`'s tests). The shard table is written
-/// only when shards change hands, once per replica whatever S, so S costs nothing at rest.
+/// [`ring::BoundedRing`] keeps max/mean shards per replica ≤ 1.15 and moves ≤ 1.2·S/(N+1) shards from N to N+1
+/// replicas, for 1–20 replicas (measured in `ring`'s tests). The shard table is written only when shards change hands,
+/// once per replica whatever S, so S costs nothing at rest.
 pub const DEFAULT_SHARDS: u32 = 2048;
 
 /// Decides which objects this replica reconciles and with which fencing epoch.
@@ -27,11 +27,9 @@ pub trait Ownership: Send + Sync + std::fmt::Debug + 'static {
     fn shard(&self, _namespace: &str, _name: &str) -> u32 {
         0
     }
-    /// Until when (wall clock) this replica's hold on the shard of `namespace/name` stays valid — its
-    /// renew deadline, before any other replica can take the shard. Carried by every agent `Run`
-    /// (`OperationRequest.not_after`), so that a request delivered later — its sender frozen between
-    /// its last fencing check and the call — is refused by the agent. `None`: no deadline (one
-    /// replica, which nobody takes over from); a shard not held gives a time already past.
+    /// Until when (wall clock) this replica's hold on the shard of `namespace/name` stays valid (its renew deadline),
+    /// carried by every agent `Run` (`OperationRequest.not_after`) so an agent refuses a request delivered after it.
+    /// `None`: no deadline (one replica); a shard not held gives a time already past.
     fn not_after(&self, _namespace: &str, _name: &str) -> Option<std::time::SystemTime> {
         None
     }
@@ -50,9 +48,9 @@ impl Ownership for SingleReplica {
     }
 }
 
-/// A replica that owns every object of the listed namespaces and nothing else, epoch 1: an operator
-/// scoped to some namespaces (Kubernetes' namespace-scoped operator convention), and tests that share
-/// one API server without acting on each other's objects.
+/// A replica that owns every object of the listed namespaces and nothing else, epoch 1: an operator scoped to some
+/// namespaces (Kubernetes' namespace-scoped operator convention), and tests that share one API server without acting on
+/// each other's objects.
 #[derive(Debug, Default, Clone)]
 pub struct Namespaces(pub std::collections::BTreeSet<String>);
 

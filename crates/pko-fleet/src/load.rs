@@ -1,6 +1,6 @@
-//! A replica's load as it announces it on its membership Lease (annotation [`LOAD_ANNOTATION`], JSON):
-//! the contract between the operator, which writes it at each renewal (`pko_operator::load`), and
-//! `kubectl pko fleet`, which reads it. Counts are operations or agents.
+//! A replica's load as it announces it on its membership Lease (annotation [`LOAD_ANNOTATION`], JSON): the contract
+//! between the operator, which writes it at each renewal (`pko_operator::load`), and `kubectl pko fleet`, which reads
+//! it. Counts are operations or agents.
 
 use std::collections::BTreeMap;
 
@@ -40,8 +40,8 @@ pub struct Load {
 }
 
 impl Load {
-    /// The load in annotation `json`; `None` when it does not parse (a replica announcing something
-    /// else is shown without a load).
+    /// The load in annotation `json`; `None` when it does not parse (a replica announcing something else is shown
+    /// without a load).
     pub fn parse(json: &str) -> Option<Load> {
         serde_json::from_str(json).ok()
     }

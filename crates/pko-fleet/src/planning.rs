@@ -1,9 +1,8 @@
-//! The pure planning of a replica's membership ([`crate::membership`]): which members are live
-//! ([`Liveness`], client-go's rule on the watcher's own clock), which shard count prevails
-//! ([`standing`]), and what to do with each shard ([`plan`], [`stand_down`]) given the desired
-//! holders of the ring, the shard table ([`crate::table`]; the cached table Lease with this replica's
-//! own write the cache may not show yet, [`with_own_writes`]) and the shards held. No I/O: every
-//! function here is unit-tested.
+//! The pure planning of a replica's membership ([`crate::membership`]): which members are live ([`Liveness`],
+//! client-go's rule on the watcher's own clock), which shard count prevails ([`standing`]), and what to do with each
+//! shard ([`plan`], [`stand_down`]) given the desired holders of the ring, the shard table ([`crate::table`]; the
+//! cached table Lease with this replica's own write the cache may not show yet, [`with_own_writes`]) and the shards
+//! held. No I/O: every function here is unit-tested.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -22,16 +21,16 @@ pub struct Liveness {
     looked: Option<Instant>,
 }
 
-/// Longest time [`Liveness::live`] may go without looking before what it saw counts for nothing: a
-/// process frozen (SIGSTOP, a paused VM) or starved longer did not watch the members renew meanwhile,
-/// so it cannot tell who stopped renewing — it watches again for a full lease before judging anyone dead.
+/// Longest time [`Liveness::live`] may go without looking before what it saw counts for nothing: a process frozen
+/// (SIGSTOP, a paused VM) or starved longer did not watch the members renew meanwhile, so it cannot tell who stopped
+/// renewing — it watches again for a full lease before judging anyone dead.
 pub const BLIND_AFTER: Duration = Duration::from_secs(3);
 
 impl Liveness {
-    /// The live members among membership Leases `members` at `now`: a holder whose `renewTime`
-    /// changed less than its `leaseDurationSeconds` ago (as first seen here), not released. After a
-    /// gap of more than [`BLIND_AFTER`] since the last look, every member counts as just seen: a member
-    /// is dead only once this process has watched it go un-renewed for a full lease on its own clock.
+    /// The live members among membership Leases `members` at `now`: a holder whose `renewTime` changed less than its
+    /// `leaseDurationSeconds` ago (as first seen here), not released. After a gap of more than [`BLIND_AFTER`] since
+    /// the last look, every member counts as just seen: a member is dead only once this process has watched it go
+    /// un-renewed for a full lease on its own clock.
     pub fn live<'a>(&mut self, members: impl IntoIterator<Item = &'a Lease>, now: Instant) -> BTreeSet<String> {
         if self.looked.is_some_and(|t| now.saturating_duration_since(t) > BLIND_AFTER) {
             for entry in self.seen.values_mut() {
@@ -57,9 +56,9 @@ impl Liveness {
     }
 }
 
-/// A live member as its membership Lease shows it: the shard count it announces
-/// ([`lease::SHARDS_ANNOTATION`]; `None`: a replica older than the announcement) and since when it is a
-/// member (`acquireTime`; `None`: not known yet, counted as the youngest).
+/// A live member as its membership Lease shows it: the shard count it announces ([`lease::SHARDS_ANNOTATION`]; `None`:
+/// a replica older than the announcement) and since when it is a member (`acquireTime`; `None`: not known yet, counted
+/// as the youngest).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveMember {
     /// The replica's id (`holderIdentity`).
@@ -76,30 +75,28 @@ pub enum Standing {
     /// Its count prevails: it takes part in holding shards.
     #[default]
     Active,
-    /// Another count prevails: it holds nothing (and releases what it held), so that replicas of two
-    /// counts never hold shards at once; it takes part again once its count prevails.
+    /// Another count prevails: it holds nothing (and releases what it held), so that replicas of two counts never hold
+    /// shards at once; it takes part again once its count prevails.
     StandingBy {
         /// The prevailing count.
         prevailing: u32,
         /// The eldest live member, which announces it.
         eldest: String,
     },
-    /// A replica of an earlier version, which holds shards through one Lease per shard and knows
-    /// nothing of the shard table, is live: this replica holds nothing (and releases what it held)
-    /// until every such replica has gone — they would take shards the table gives to others. A
-    /// rolling upgrade from such a version hands every shard over once, when its last replica stops.
+    /// A replica of an earlier version, which holds shards through one Lease per shard and knows nothing of the shard
+    /// table, is live: this replica holds nothing (and releases what it held) until every such replica has gone — they
+    /// would take shards the table gives to others. A rolling upgrade from such a version hands every shard over once,
+    /// when its last replica stops.
     Earlier {
         /// The live replica of the earlier version (its `<fleet>-member-<replica>` Lease).
         member: String,
     },
 }
 
-/// Whether `mine` prevails among the live `members` (pure): the count of the eldest member announcing
-/// one prevails (earliest `since`, then the smaller name; an unknown `since` is the youngest). A fleet
-/// whose `--shards` changes by a rolling update keeps its old count until the last replica running it
-/// has gone, then the new one — never both: a replica of the new count starts taking only once no live
-/// member of another count holds a shard ([`holding_another_count`]). Members announcing no count are
-/// taken to agree with everyone.
+/// Whether `mine` prevails among the live `members` (pure): the count of the eldest member announcing one (earliest
+/// `since`, then the smaller name; an unknown `since` is youngest); members announcing none agree with everyone. A
+/// rolling change of `--shards` keeps the old count until its last replica has gone; the new one then takes only once
+/// no live member of another count holds a shard ([`holding_another_count`]).
 pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
     let key = |m: &&LiveMember| (m.since.is_none(), m.since, m.name.clone());
     match members.iter().filter(|m| m.shards.is_some()).min_by_key(key) {
@@ -110,10 +107,9 @@ pub fn standing(mine: u32, members: &[LiveMember]) -> Standing {
     }
 }
 
-/// A live member announcing a count other than `mine` that holds a shard among `entries` (those of
-/// every shard table, each count's), with its count (pure). While there is one, a replica takes no
-/// shard: an object's shard under one count and under another are different tables' shards, so
-/// holders of two counts could both own it.
+/// A live member announcing a count other than `mine` that holds a shard among `entries` (those of every shard table,
+/// each count's), with its count (pure). While there is one, a replica takes no shard: an object's shard under one
+/// count and under another are different tables' shards, so holders of two counts could both own it.
 pub fn holding_another_count<'a>(
     mine: u32,
     members: &[LiveMember],
@@ -127,8 +123,8 @@ pub fn holding_another_count<'a>(
     entries.into_iter().filter_map(|e| e.holder.as_deref()).find_map(|h| others.get(h).map(|n| (h.to_string(), *n)))
 }
 
-/// The steps of replica `me` standing by (pure): let go of every shard it holds and release every
-/// shard the table still gives it (drop, without a write, a held shard the table gives someone else).
+/// The steps of replica `me` standing by (pure): let go of every shard it holds and release every shard the table still
+/// gives it (drop, without a write, a held shard the table gives someone else).
 pub fn stand_down(me: &str, table: &BTreeMap<u32, Entry>, held: &BTreeMap<u32, i64>) -> Vec<Step> {
     let holder = |k: &u32| table.get(k).and_then(|e| e.holder.as_deref());
     let mut steps: Vec<Step> = held.keys().filter(|k| holder(k) != Some(me)).map(|k| Step::Drop(*k)).collect();
@@ -136,8 +132,8 @@ pub fn stand_down(me: &str, table: &BTreeMap<u32, Entry>, held: &BTreeMap<u32, i
     steps
 }
 
-/// The live members among the fleet's membership Leases `members`, named in `live`, as
-/// [`LiveMember`]s; `me` announces `mine` whatever its Lease shows yet (pure).
+/// The live members among the fleet's membership Leases `members`, named in `live`, as [`LiveMember`]s; `me` announces
+/// `mine` whatever its Lease shows yet (pure).
 pub fn live_members<'a>(
     me: &str,
     mine: u32,
@@ -161,9 +157,9 @@ pub fn live_members<'a>(
     out
 }
 
-/// A Lease this replica wrote (a shard table) that its cache may not show yet, or read fresh after a
-/// write of it was refused: the resourceVersion the cache showed (`None`: none, a create) and the
-/// Lease as written or read ([`lease::slim`]).
+/// A Lease this replica wrote (a shard table) that its cache may not show yet, or read fresh after a write of it was
+/// refused: the resourceVersion the cache showed (`None`: none, a create) and the Lease as written or read
+/// ([`lease::slim`]).
 #[derive(Debug, Clone)]
 pub struct OwnWrite {
     /// The resourceVersion the cache showed when the write was made (`None`: no Lease, a create).
@@ -172,17 +168,15 @@ pub struct OwnWrite {
     pub written: Arc<Lease>,
 }
 
-/// The Leases a plan reads, by key (the shard tables, by shard count) (pure): `cached`, except where
-/// this replica wrote a Lease the cache still shows as it was before that write (`own`, whose entries
-/// the cache has caught up with are retired). Watch events arrive in order, so a cache showing any other version than
-/// the one a write
-/// was guarded by shows that write or a later one. Planning from the cache alone, a replica that had
-/// just taken shards saw their Leases still naming the old holder, dropped them, and took them again
-/// at a new epoch (fencing their running operations), in every formation and takeover.
+/// The Leases a plan reads, by key (pure): `cached`, except where this replica wrote a Lease the cache still shows as
+/// it was before that write (`own`; entries the cache has caught up with are retired). Watch events arrive in order, so
+/// a cache showing any version other than the one a write was guarded by shows that write or a later one.
 pub fn with_own_writes(
     mut cached: BTreeMap<u32, Arc<Lease>>,
     own: &mut BTreeMap<u32, OwnWrite>,
 ) -> BTreeMap<u32, Arc<Lease>> {
+    // From the cache alone, a replica that had just taken shards saw their Leases still naming the old holder, dropped
+    // them and took them again at a new epoch, fencing their running operations.
     own.retain(|k, w| cached.get(k).and_then(|l| l.metadata.resource_version.clone()) == w.before);
     for (k, w) in own.iter() {
         cached.insert(*k, w.written.clone());
@@ -207,8 +201,7 @@ pub enum Step {
     Drop(u32),
 }
 
-/// The steps of replica `me` (pure): `desired` holder per shard, the shard table, `live` members,
-/// and what `me` holds.
+/// The steps of replica `me` (pure): `desired` holder per shard, the shard table, `live` members, and what `me` holds.
 pub fn plan(
     me: &str,
     desired: &[String],

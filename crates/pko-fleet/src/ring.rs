@@ -1,22 +1,20 @@
 //! Which shard an object is in, and which replica should hold each shard. Pure: no I/O, no clock.
 //!
-//! - An object's shard is a stable hash of its key (`namespace/name`): the first 8 bytes of its
-//!   SHA-256, modulo the shard count. It never changes for a given shard count, so it is written once,
-//!   as a label, and every replica computes the same value.
-//! - The desired holder of each shard comes from a [`Ring`] over the live replicas. [`BoundedRing`] is
-//!   consistent hashing (the `hashring` crate, [`VIRTUAL_NODES`] points per replica) with bounded loads
-//!   (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018; Argo CD's
-//!   `consistent-hashing` sharding): a shard goes to the first replica clockwise from its point that is
-//!   under the cap `max(⌈S/N⌉, ⌊1.15·S/N⌋)`.
+//! - An object's shard is a stable hash of its key (`namespace/name`): the first 8 bytes of its SHA-256, modulo the
+//!   shard count. It never changes for a given shard count, so it is written once, as a label, and every replica
+//!   computes the same value.
+//! - The desired holder of each shard comes from a [`Ring`] over the live replicas. [`BoundedRing`] is consistent
+//!   hashing (the `hashring` crate, [`VIRTUAL_NODES`] points per replica) with bounded loads (Mirrokni, Thorup and
+//!   Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018; Argo CD's `consistent-hashing` sharding): a shard
+//!   goes to the first replica clockwise from its point that is under the cap `max(⌈S/N⌉, ⌊1.15·S/N⌋)`.
 //!
-//! Why bounded loads: plain consistent hashing could not meet the fleet's two properties at a shard
-//! count whose Lease writes stay affordable. Measured over 1–20 replicas (see the tests and
-//! `docs/architecture.md`): with 200 virtual nodes, the most loaded replica held 1.63× the mean at
-//! S = 256, 1.46× at 1,024 and 1.37× at 4,096 (1.15 is the bound); 1,000 virtual nodes reach 1.15 only
-//! at S = 4,096. The cap makes balance hold by construction; the walk past full replicas keeps moves on
-//! a resize close to the minimum. With bounded loads, moves from N to N+1 replicas (as a multiple of
-//! the minimum S/(N+1)) were, worst over 1–20 replicas: 1.24 at S = 1,024 and 256 points, 1.24 at
-//! S = 2,048 and 128 points, 1.16 at S = 2,048 and 512 points (the default), 1.11 at S = 4,096.
+//! Why bounded loads: plain consistent hashing could not meet the fleet's two properties at a shard count whose Lease
+//! writes stay affordable. Measured over 1–20 replicas (see the tests and `docs/architecture.md`): with 200 virtual
+//! nodes, the most loaded replica held 1.63× the mean at S = 256, 1.46× at 1,024 and 1.37× at 4,096 (1.15 is the
+//! bound); 1,000 virtual nodes reach 1.15 only at S = 4,096. The cap makes balance hold by construction; the walk past
+//! full replicas keeps moves on a resize close to the minimum. With bounded loads, moves from N to N+1 replicas (as a
+//! multiple of the minimum S/(N+1)) were, worst over 1–20 replicas: 1.24 at S = 1,024 and 256 points, 1.24 at S = 2,048
+//! and 128 points, 1.16 at S = 2,048 and 512 points (the default), 1.11 at S = 4,096.
 
 use std::hash::{Hash, Hasher};
 
@@ -28,8 +26,8 @@ pub const VIRTUAL_NODES: u32 = 512;
 /// How far above the mean a replica's shard count may go (max/mean ≤ 1 + this).
 pub const LOAD_SLACK: f64 = 0.15;
 
-/// The shard of the object `key` (`namespace/name`) among `shards` (> 0): `u64` of the first 8 bytes
-/// of SHA-256(`key`), big-endian, modulo `shards`. Stable across processes, versions and platforms.
+/// The shard of the object `key` (`namespace/name`) among `shards` (> 0): `u64` of the first 8 bytes of SHA-256(`key`),
+/// big-endian, modulo `shards`. Stable across processes, versions and platforms.
 pub fn shard_of(key: &str, shards: u32) -> u32 {
     let digest = Sha256::digest(key.as_bytes());
     let mut first = [0u8; 8];
@@ -37,11 +35,11 @@ pub fn shard_of(key: &str, shards: u32) -> u32 {
     (u64::from_be_bytes(first) % u64::from(shards.max(1))) as u32
 }
 
-/// Assigns shards to replicas. Implementations must be deterministic: every replica computes the
-/// same assignment from the same member set, whatever its order.
+/// Assigns shards to replicas. Implementations must be deterministic: every replica computes the same assignment from
+/// the same member set, whatever its order.
 pub trait Ring: Send + Sync + std::fmt::Debug {
-    /// The desired holder of each shard `0..shards` (index = shard) among `members` (replica ids);
-    /// empty when there is no member.
+    /// The desired holder of each shard `0..shards` (index = shard) among `members` (replica ids); empty when there is
+    /// no member.
     fn assign(&self, shards: u32, members: &[String]) -> Vec<String>;
 }
 
@@ -60,8 +58,8 @@ impl Default for BoundedRing {
     }
 }
 
-/// One point of a replica on the ring: its id and the point's index. Hashed by value, so a replica's
-/// points do not depend on the other members.
+/// One point of a replica on the ring: its id and the point's index. Hashed by value, so a replica's points do not
+/// depend on the other members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Point<'a>(&'a str, u32);
 
@@ -115,8 +113,8 @@ mod tests {
         (0..n).map(|i| format!("pko-operator-{i}")).collect()
     }
 
-    /// max/mean shards per replica over 1–20 replicas, and the worst moves from N to N+1 replicas as
-    /// a multiple of S/(N+1), for `shards`.
+    /// max/mean shards per replica over 1–20 replicas, and the worst moves from N to N+1 replicas as a multiple of
+    /// S/(N+1), for `shards`.
     fn properties(ring: &dyn Ring, shards: u32) -> (f64, f64) {
         let (mut worst_balance, mut worst_moves) = (0.0f64, 0.0f64);
         let mut before = ring.assign(shards, &members(1));

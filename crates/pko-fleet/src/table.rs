@@ -1,27 +1,25 @@
-//! The shard table: who holds each of a fleet's S shards, and at which epoch, in **one** Lease
-//! (`<fleet>-shards-<S>`, annotation [`TABLE_ANNOTATION`]). Taking or releasing any number of shards
-//! is one resourceVersion-guarded write of that Lease, so a handoff or a takeover costs each replica
-//! one write (two after a 409: read, write again) whatever S is — where one Lease per shard cost one
-//! write per shard moved (~680 of 2,048 for a replica of three). Pure: encoding, decoding, changes.
+//! The shard table: who holds each of a fleet's S shards, and at which epoch, in **one** Lease (`<fleet>-shards-<S>`,
+//! annotation [`TABLE_ANNOTATION`]). Taking or releasing any number of shards is one resourceVersion-guarded write of
+//! that Lease, so a handoff or a takeover costs each replica one write (two after a 409: read, write again) whatever S
+//! is — where one Lease per shard cost one write per shard moved (~680 of 2,048 for a replica of three). Pure:
+//! encoding, decoding, changes.
 //!
-//! The encoding groups consecutive shards of one holder and one epoch into ranges, by holder (`""`:
-//! released or never taken):
-//! `{"r-0":[[0,17,5],[40,80,6]],"":[[18,39,4]]}` — shards 0–17 held by `r-0` at epoch 5, 18–39 free
-//! (their last epoch 4), … A shard missing from the table was never taken (epoch 0). 2,048 shards
-//! after many moves stay a few KiB (the annotation limit is 256 KiB).
+//! The encoding groups consecutive shards of one holder and one epoch into ranges, by holder (`""`: released or never
+//! taken): `{"r-0":[[0,17,5],[40,80,6]],"":[[18,39,4]]}` — shards 0–17 held by `r-0` at epoch 5, 18–39 free (their last
+//! epoch 4), … A shard missing from the table was never taken (epoch 0). 2,048 shards after many moves stay a few KiB
+//! (the annotation limit is 256 KiB).
 
 use std::collections::BTreeMap;
 
 /// Annotation of the shard table Lease carrying the table ([`ShardTable::encode`]).
 pub const TABLE_ANNOTATION: &str = "pulumi.com/shard-table";
 
-/// The most shards a fleet may have (`--shards`): the table of that many shards, each in a range of
-/// its own at a six-digit epoch (the worst case), stays under Kubernetes' 256 KiB limit on an
-/// object's annotations (tested below).
+/// The most shards a fleet may have (`--shards`): the table of that many shards, each in a range of its own at a
+/// six-digit epoch (the worst case), stays under Kubernetes' 256 KiB limit on an object's annotations (tested below).
 pub const MAX_SHARDS: u32 = 8192;
 
-/// One shard's record: its holder (`None`: released, or never taken) and its epoch — the fencing
-/// token, raised by one at each take (as a shard Lease's `leaseTransitions` was).
+/// One shard's record: its holder (`None`: released, or never taken) and its epoch — the fencing token, raised by one
+/// at each take (as a shard Lease's `leaseTransitions` was).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Entry {
     /// The replica holding the shard.
@@ -41,8 +39,8 @@ impl Entry {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ShardTable(pub BTreeMap<u32, Entry>);
 
-/// A table annotation that does not decode: the fleet takes and releases nothing from it (it would
-/// otherwise hand out shards at epochs already used), and says so.
+/// A table annotation that does not decode: the fleet takes and releases nothing from it (it would otherwise hand out
+/// shards at epochs already used), and says so.
 #[derive(Debug, thiserror::Error)]
 #[error("the shard table annotation {TABLE_ANNOTATION} does not decode: {0}")]
 pub struct TableError(String);
@@ -74,8 +72,8 @@ impl ShardTable {
 
     /// The table of an annotation value ([`ShardTable::encode`]'s form).
     ///
-    /// Errors: [`TableError`] for anything else: not that JSON, a range whose first shard is after its
-    /// last, a shard in two ranges.
+    /// Errors: [`TableError`] for anything else: not that JSON, a range whose first shard is after its last, a shard in
+    /// two ranges.
     pub fn decode(value: &str) -> Result<Self, TableError> {
         let encoded: Encoded = serde_json::from_str(value).map_err(|e| TableError(e.to_string()))?;
         let mut table = BTreeMap::new();
@@ -110,8 +108,8 @@ impl ShardTable {
         self.0.iter().filter_map(|(k, e)| Some((*k, e.holder.clone()?))).collect()
     }
 
-    /// The table after `me` takes `takes` (each one epoch above its last, at least `floor`'s epoch for
-    /// it: a shard Lease of a replica older than the table) and releases `releases` (pure).
+    /// The table after `me` takes `takes` (each one epoch above its last, at least `floor`'s epoch for it: a shard
+    /// Lease of a replica older than the table) and releases `releases` (pure).
     pub fn changed(&self, me: &str, takes: &[u32], releases: &[u32], floor: &BTreeMap<u32, i64>) -> Self {
         let mut next = self.clone();
         for k in releases {

@@ -1,8 +1,7 @@
-//! GitHub App git credentials (PKO 2.7, `gitAuth.githubApp`): the App's id and RSA private key sign a
-//! JWT (RS256, `iss` = the App id, issued 60 s in the past for clock skew, expiring after 10 min, as
-//! GitHub requires), which buys a one-hour installation token from
-//! `POST {api}/app/installations/{installation}/access_tokens` (HTTP 201, `{"token": …}`). The token
-//! is then used as a personal access token (basic auth, user `git`), as PKO does.
+//! GitHub App git credentials (PKO 2.7, `gitAuth.githubApp`): the App's id and RSA private key sign a JWT (RS256, `iss`
+//! = the App id, issued 60 s in the past for clock skew, expiring after 10 min, as GitHub requires), which buys a
+//! one-hour installation token from `POST {api}/app/installations/{installation}/access_tokens` (HTTP 201, `{"token":
+//! …}`). The token is then used as a personal access token (basic auth, user `git`), as PKO does.
 //!
 //! PKO calls `https://api.github.com` only; ours takes the API base URL (GitHub Enterprise Server:
 //! `https://<host>/api/v3`), the operator's `--github-api-url`.
@@ -51,11 +50,11 @@ pub fn app_jwt(app_id: &str, private_key_pem: &str, now: u64) -> Result<String, 
         .map_err(|e| GitHubAppError::Key(e.to_string()))
 }
 
-/// Exchanges the App's credentials for an installation token at `api_url` (no trailing slash needed).
-/// Ids are trimmed (Secrets often end in a newline).
+/// Exchanges the App's credentials for an installation token at `api_url` (no trailing slash needed). Ids are trimmed
+/// (Secrets often end in a newline).
 ///
-/// Errors: [`GitHubAppError`]: a non-numeric id, a bad key, no answer (30 s), or a refusal (the
-/// status and GitHub's message).
+/// Errors: [`GitHubAppError`]: a non-numeric id, a bad key, no answer (30 s), or a refusal (the status and GitHub's
+/// message).
 pub async fn installation_token(
     api_url: &str,
     app_id: &str,

@@ -1,19 +1,18 @@
-//! Git credentials for the git CLI, shared by the operator (`ls-remote` of a tracked branch) and the
-//! agent (clone and fetch). Credentials travel only in the environment of the git process — an HTTP
-//! `Authorization` header through `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`, an SSH key
-//! through a 0600 temporary file named in `GIT_SSH_COMMAND` — never on its command line, where other
-//! processes could read them from `/proc/<pid>/cmdline`. Git never prompts (`GIT_TERMINAL_PROMPT=0`).
+//! Git credentials for the git CLI, shared by the operator (`ls-remote` of a tracked branch) and the agent (clone and
+//! fetch). Credentials travel only in the environment of the git process — an HTTP `Authorization` header through
+//! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`, an SSH key through a 0600 temporary file named in
+//! `GIT_SSH_COMMAND` — never on its command line, where other processes could read them from `/proc/<pid>/cmdline`. Git
+//! never prompts (`GIT_TERMINAL_PROMPT=0`).
 //!
-//! URLs and refs come from tenants (a Stack's `projectRepo`/`branch`/`commit`, a Workspace's `git`), so
-//! they are never allowed to become options or transports (docs/security.md):
-//! - [`validate_url`] and [`validate_ref`] refuse option-like (`-…`), control-character and remote-helper
-//!   (`ext::…`) input with a message naming what is wrong;
+//! URLs and refs come from tenants (a Stack's `projectRepo`/`branch`/`commit`, a Workspace's `git`), so they are never
+//! allowed to become options or transports (docs/security.md):
+//! - [`validate_url`] and [`validate_ref`] refuse option-like (`-…`), control-character and remote-helper (`ext::…`)
+//!   input with a message naming what is wrong;
 //! - every git command line puts `--end-of-options` before URLs and refs ([`GitAuthEnv::command`] users,
 //!   [`ls_remote`]);
-//! - the git process may only use the transports in [`ALLOWED_PROTOCOLS`] (`GIT_ALLOW_PROTOCOL`), reads no
-//!   system or global configuration, and gives up on a stalled HTTP transfer
-//!   ([`HTTP_LOW_SPEED_SECONDS`]) or an unanswered SSH connection; callers bound each command's total time
-//!   ([`run`]).
+//! - the git process may only use the transports in [`ALLOWED_PROTOCOLS`] (`GIT_ALLOW_PROTOCOL`), reads no system or
+//!   global configuration, and gives up on a stalled HTTP transfer ([`HTTP_LOW_SPEED_SECONDS`]) or an unanswered SSH
+//!   connection; callers bound each command's total time ([`run`]).
 #![forbid(unsafe_code)]
 
 pub mod github_app;
@@ -23,8 +22,8 @@ use std::time::Duration;
 
 use base64::Engine;
 
-/// Credentials of a git remote, in PKO's precedence: SSH key > access token > user name + password
-/// (PKO `GitAuthConfig`, `gitAuthSecret`).
+/// Credentials of a git remote, in PKO's precedence: SSH key > access token > user name + password (PKO
+/// `GitAuthConfig`, `gitAuthSecret`).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct GitCredentials {
     /// OpenSSH private key (PEM text) for `ssh://` and `user@host:path` remotes.
@@ -49,8 +48,8 @@ impl std::fmt::Debug for GitCredentials {
     }
 }
 
-/// The environment that gives a git process [`GitCredentials`]. Holds the SSH key file, which is
-/// deleted when this is dropped: keep it alive while git runs.
+/// The environment that gives a git process [`GitCredentials`]. Holds the SSH key file, which is deleted when this is
+/// dropped: keep it alive while git runs.
 #[derive(Default)]
 pub struct GitAuthEnv {
     env: Vec<(String, String)>,
@@ -94,8 +93,8 @@ impl GitAuthEnv {
         self.env.push(("GIT_CONFIG_VALUE_0".into(), format!("Authorization: Basic {b}")));
     }
 
-    /// The variables to set on the git process: the credentials, then the hardening every git process
-    /// gets (no prompt, [`ALLOWED_PROTOCOLS`], no system or global config, stall limits, SSH batch mode).
+    /// The variables to set on the git process: the credentials, then the hardening every git process gets (no prompt,
+    /// [`ALLOWED_PROTOCOLS`], no system or global config, stall limits, SSH batch mode).
     pub fn vars(&self) -> impl Iterator<Item = (String, String)> + '_ {
         let ssh = (!self.env.iter().any(|(k, _)| k == "GIT_SSH_COMMAND"))
             .then(|| ("GIT_SSH_COMMAND".to_string(), format!("ssh {SSH_OPTIONS}")));
@@ -118,15 +117,15 @@ impl GitAuthEnv {
     }
 }
 
-/// The transports a git process may use (`GIT_ALLOW_PROTOCOL`): no remote helpers such as `ext::`, which
-/// runs a command. `file` stays allowed: in a workspace pod it reaches only the tenant's own files.
+/// The transports a git process may use (`GIT_ALLOW_PROTOCOL`): no remote helpers such as `ext::`, which runs a
+/// command. `file` stays allowed: in a workspace pod it reaches only the tenant's own files.
 pub const ALLOWED_PROTOCOLS: &str = "https:http:ssh:git:file";
 
 /// Seconds an HTTP transfer may stay below 1,000 bytes/s before git gives up (`GIT_HTTP_LOW_SPEED_TIME`).
 pub const HTTP_LOW_SPEED_SECONDS: u64 = 30;
 
-/// Options of every `ssh` that git starts: never prompt, give up on an unanswered connection (10 s) or a
-/// silent server (3 × 10 s), accept a host key seen for the first time.
+/// Options of every `ssh` that git starts: never prompt, give up on an unanswered connection (10 s) or a silent server
+/// (3 × 10 s), accept a host key seen for the first time.
 pub const SSH_OPTIONS: &str = "-o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=10 -o \
     ServerAliveInterval=10 -o ServerAliveCountMax=3";
 
@@ -137,11 +136,10 @@ fn control_or_space(s: &str) -> bool {
     s.chars().any(|c| c.is_control() || c.is_whitespace())
 }
 
-/// Checks a repository URL before it reaches git: `https://`, `http://`, `ssh://`, `git://`, `file://`
-/// (also `git+ssh://`), an absolute path, or scp-like `[user@]host:path`. Refused, with the reason: an
-/// empty URL, one that starts with `-` (git would read an option such as `--upload-pack=<command>`), a
-/// host that starts with `-` (an `ssh` option), white space or control characters, remote-helper
-/// transports (`ext::…`, `fd::…`) and other schemes.
+/// Checks a repository URL before it reaches git: `https://`, `http://`, `ssh://`, `git://`, `file://` (also
+/// `git+ssh://`), an absolute path, or scp-like `[user@]host:path`. Refused, with the reason: an empty URL, one that
+/// starts with `-` (git would read an option such as `--upload-pack=<command>`), a host that starts with `-` (an `ssh`
+/// option), white space or control characters, remote-helper transports (`ext::…`, `fd::…`) and other schemes.
 pub fn validate_url(url: &str) -> Result<(), String> {
     if url.is_empty() {
         return Err("the repository URL is empty".into());
@@ -203,10 +201,9 @@ pub fn validate_url(url: &str) -> Result<(), String> {
     }
 }
 
-/// Checks a branch, tag, ref or commit name before it reaches git (git's `check-ref-format` rules, plus
-/// no leading `-`): no white space or control characters, none of `~ ^ : ? * [ \`, no `..`, no `@{`, no
-/// leading `/`, no trailing `/`, `.` or `.lock`. `what` names the field in the message (e.g.
-/// `spec.branch`).
+/// Checks a branch, tag, ref or commit name before it reaches git (git's `check-ref-format` rules, plus no leading
+/// `-`): no white space or control characters, none of `~ ^ : ? * [ \`, no `..`, no `@{`, no leading `/`, no trailing
+/// `/`, `.` or `.lock`. `what` names the field in the message (e.g. `spec.branch`).
 pub fn validate_ref(what: &str, r: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("{what} {r:?} {why}"));
     if r.is_empty() {
@@ -236,8 +233,8 @@ pub fn is_sha(s: &str) -> bool {
     s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
-/// Runs `cmd` (a git command, killed when dropped) for at most `timeout`. Errors: git could not start,
-/// or `git <what> did not finish within N s`.
+/// Runs `cmd` (a git command, killed when dropped) for at most `timeout`. Errors: git could not start, or `git <what>
+/// did not finish within N s`.
 pub async fn run(
     mut cmd: tokio::process::Command,
     what: &str,
@@ -250,12 +247,12 @@ pub async fn run(
     }
 }
 
-/// The commit SHA that `branch` names in the remote `url`, resolved as PKO resolves it (go-git's
-/// remote list in `git.go`): the first ref whose full name (`refs/heads/main`, `refs/tags/v1`,
-/// `HEAD`) or short name (`main`, `v1`, `pull/1/head`) is `branch` — so tags and other refs work too —
-/// read from `git ls-remote` ([`LS_REMOTE_TIMEOUT`] at most); an annotated tag gives the commit it
-/// points to. Errors: the URL or branch is refused ([`validate_url`], [`validate_ref`]), git's message
-/// (unreachable remote, refused credentials), a timeout, or `no commits found for ref "<b>"`.
+/// The commit SHA that `branch` names in the remote `url`, as PKO resolves it (go-git's remote list in `git.go`): the
+/// first ref whose full or short name is `branch` (tags and other refs too; an annotated tag gives its commit), read
+/// from `git ls-remote` within [`LS_REMOTE_TIMEOUT`].
+///
+/// Errors: the URL or branch refused ([`validate_url`], [`validate_ref`]), git's message (unreachable remote, refused
+/// credentials), a timeout, or `no commits found for ref "<b>"`.
 pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Result<String, String> {
     validate_url(url)?;
     validate_ref("branch", branch)?;
@@ -270,14 +267,14 @@ pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Resul
         .ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
 }
 
-/// go-git's short name of a ref: `refs/heads/x`, `refs/tags/x` and `refs/remotes/x` give `x`, any
-/// other `refs/x` gives `x`, anything else is its own short name. Pure.
+/// go-git's short name of a ref: `refs/heads/x`, `refs/tags/x` and `refs/remotes/x` give `x`, any other `refs/x` gives
+/// `x`, anything else is its own short name. Pure.
 pub fn short_ref_name(full: &str) -> &str {
     ["refs/heads/", "refs/tags/", "refs/remotes/", "refs/"].iter().find_map(|p| full.strip_prefix(p)).unwrap_or(full)
 }
 
-/// The SHA of the first ref of an `ls-remote` listing (`<sha>\t<name>` lines) whose full or short
-/// name is `wanted`; for an annotated tag, the commit of its peeled line (`<name>^{}`). Pure.
+/// The SHA of the first ref of an `ls-remote` listing (`<sha>\t<name>` lines) whose full or short name is `wanted`; for
+/// an annotated tag, the commit of its peeled line (`<name>^{}`). Pure.
 pub fn pick_ref(listing: &str, wanted: &str) -> Option<String> {
     let refs: Vec<(&str, &str)> = listing.lines().filter_map(|l| l.split_once('\t')).collect();
     let (sha, name) =

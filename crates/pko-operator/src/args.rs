@@ -1,6 +1,5 @@
-//! Flags of `pko-operator run`, grouped (`#[command(flatten)]`): artifacts, runtime, operations,
-//! metrics and logging — and room for the fleet's group. Every flag has PKO's name and environment
-//! variable where PKO has one.
+//! Flags of `pko-operator run`, grouped (`#[command(flatten)]`): artifacts, runtime, operations, metrics and logging —
+//! and room for the fleet's group. Every flag has PKO's name and environment variable where PKO has one.
 
 use std::path::PathBuf;
 
@@ -32,39 +31,38 @@ pub struct RunArgs {
     pub manager: ManagerArgs,
 }
 
-/// A Go duration (`30s`, `1m0s`, `500ms`), as PKO's flags and `LEADER_ELECTION_*`/`KUBE_API_TIMEOUT`
-/// take them.
+/// A Go duration (`30s`, `1m0s`, `500ms`), as PKO's flags and `LEADER_ELECTION_*`/`KUBE_API_TIMEOUT` take them.
 fn go_duration(s: &str) -> Result<std::time::Duration, String> {
     pko_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
 }
 
-/// PKO's manager flags: leader election (one active replica outside a fleet) and the API client's
-/// timeout. PKO's install manifest sets all of them; they mean the same here.
+/// PKO's manager flags: leader election (one active replica outside a fleet) and the API client's timeout. PKO's
+/// install manifest sets all of them; they mean the same here.
 #[derive(Args, Debug, Clone)]
 pub struct ManagerArgs {
-    /// Act only while holding the Lease `operator.pulumi.com` in the operator's namespace (PKO
-    /// `--leader-elect`): one active replica, the others wait. With `--fleet` every replica is active
-    /// (shard Leases decide what each acts on) and this flag changes nothing.
+    /// Act only while holding the Lease `operator.pulumi.com` in the operator's namespace (PKO `--leader-elect`): one
+    /// active replica, the others wait. With `--fleet` every replica is active (shard Leases decide what each acts on)
+    /// and this flag changes nothing.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false,
         action = clap::ArgAction::Set)]
     pub leader_elect: bool,
     /// How long the leader Lease lasts without renewal (PKO; env `LEADER_ELECTION_LEASE_DURATION`).
     #[arg(long, default_value = "60s", value_parser = go_duration, env = "LEADER_ELECTION_LEASE_DURATION")]
     pub leader_election_lease_duration: std::time::Duration,
-    /// How long the leader keeps trying to renew before it gives up (PKO; env
-    /// `LEADER_ELECTION_RENEW_DEADLINE`): it renews once less than duration − deadline is left.
+    /// How long the leader keeps trying to renew before it gives up (PKO; env `LEADER_ELECTION_RENEW_DEADLINE`): it
+    /// renews once less than duration − deadline is left.
     #[arg(long, default_value = "45s", value_parser = go_duration, env = "LEADER_ELECTION_RENEW_DEADLINE")]
     pub leader_election_renew_deadline: std::time::Duration,
-    /// How often a waiting replica looks at the leader Lease again (PKO; env
-    /// `LEADER_ELECTION_RETRY_PERIOD`): a Lease released on shutdown is taken within it.
+    /// How often a waiting replica looks at the leader Lease again (PKO; env `LEADER_ELECTION_RETRY_PERIOD`): a Lease
+    /// released on shutdown is taken within it.
     #[arg(long, default_value = "10s", value_parser = go_duration, env = "LEADER_ELECTION_RETRY_PERIOD")]
     pub leader_election_retry_period: std::time::Duration,
-    /// Timeout of API requests (PKO `--kube-api-timeout`, env `KUBE_API_TIMEOUT`): connecting, sending,
-    /// and each wait for response bytes. Watches are not cut by it (they wait longer by design).
+    /// Timeout of API requests (PKO `--kube-api-timeout`, env `KUBE_API_TIMEOUT`): connecting, sending, and each wait
+    /// for response bytes. Watches are not cut by it (they wait longer by design).
     #[arg(long, default_value = "30s", value_parser = go_duration, env = "KUBE_API_TIMEOUT")]
     pub kube_api_timeout: std::time::Duration,
-    /// Accepted for PKO's manifests: the metrics endpoint speaks HTTP/1.1 (PKO's default, for the
-    /// HTTP/2 rapid-reset CVEs).
+    /// Accepted for PKO's manifests: the metrics endpoint speaks HTTP/1.1 (PKO's default, for the HTTP/2 rapid-reset
+    /// CVEs).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false,
         action = clap::ArgAction::Set)]
     pub enable_http2: bool,
@@ -73,14 +71,13 @@ pub struct ManagerArgs {
 /// The sharded fleet (ours): several replicas split Stacks over Lease-held virtual shards.
 #[derive(Args, Debug, Clone)]
 pub struct FleetArgs {
-    /// Take part in a fleet: hold shards through Leases and act only on their objects. Off: this
-    /// replica acts on everything (one replica).
+    /// Take part in a fleet: hold shards through Leases and act only on their objects. Off: this replica acts on
+    /// everything (one replica).
     #[arg(long, env = "PKO_FLEET")]
     pub fleet: bool,
-    /// Virtual shards. Replicas of one fleet must agree: a replica whose count differs from the eldest
-    /// live member's stands by (holds nothing) until the other count has gone; changing it relabels
-    /// and moves every Stack once. At most 8,192 (`pko_fleet::table::MAX_SHARDS`: the shard table must
-    /// fit in one object's annotations).
+    /// Virtual shards. Replicas of one fleet must agree: a replica whose count differs from the eldest live member's
+    /// stands by (holds nothing) until the other count has gone; changing it relabels and moves every Stack once. At
+    /// most 8,192 (`pko_fleet::table::MAX_SHARDS`: the shard table must fit in one object's annotations).
     #[arg(long, default_value_t = pko_fleet::DEFAULT_SHARDS, env = "PKO_SHARDS",
         value_parser = clap::value_parser!(u32).range(1..=pko_fleet::table::MAX_SHARDS as i64))]
     pub shards: u32,
@@ -115,12 +112,11 @@ impl FleetArgs {
 /// The artifact server (PKO's program file server).
 #[derive(Args, Debug, Clone)]
 pub struct ArtifactArgs {
-    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`; `:9090` means every interface); port 0
-    /// picks a free one.
+    /// Address of the artifact server (PKO `PROGRAM_FS_ADDR`; `:9090` means every interface); port 0 picks a free one.
     #[arg(long, default_value = "0.0.0.0:9090", env = "PROGRAM_FS_ADDR", value_parser = socket_address)]
     pub program_fs_addr: std::net::SocketAddr,
-    /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`); default: the
-    /// bound address.
+    /// `host:port` under which agents reach the artifact server (PKO `PROGRAM_FS_ADV_ADDR`); default: the bound
+    /// address.
     #[arg(long, env = "PROGRAM_FS_ADV_ADDR")]
     pub program_fs_adv_addr: Option<String>,
 }
@@ -146,8 +142,8 @@ pub struct RuntimeArgs {
     /// Pull policy of `--agent-image` (PKO `AGENT_IMAGE_PULL_POLICY`); default: Kubernetes' for the tag.
     #[arg(long, env = "AGENT_IMAGE_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
     pub agent_image_pull_policy: Option<String>,
-    /// Largest uncompressed Flux artifact in bytes that agents extract (PKO `FLUX_MAX_UNTAR_SIZE_BYTES`,
-    /// passed on to every agent; −1: no limit); default: the agent's (100 MiB).
+    /// Largest uncompressed Flux artifact in bytes that agents extract (PKO `FLUX_MAX_UNTAR_SIZE_BYTES`, passed on to
+    /// every agent; −1: no limit); default: the agent's (100 MiB).
     #[arg(long, env = "FLUX_MAX_UNTAR_SIZE_BYTES", allow_negative_numbers = true)]
     pub flux_max_untar_size_bytes: Option<i64>,
     /// The `pko-agent` binary for the local runtime.
@@ -162,12 +158,10 @@ pub struct RuntimeArgs {
     /// CA bundle of the API server for the local agents (required by `--runtime local`).
     #[arg(long)]
     pub local_ca_file: Option<PathBuf>,
-    /// Run operations on pools of agents per workspace class (namespace, service account, image, pod
-    /// template, log level) instead of an agent per Workspace: agents start on demand and stop when
-    /// idle, so an idle Stack costs no process or pod. Default: on with `--runtime local`; off with
-    /// `--runtime pod`, where every Workspace then has its own StatefulSet as in PKO (with pools, a
-    /// StatefulSet per class, scaled by the operator); `--agent-pools=false` gives every Workspace its
-    /// own agent.
+    /// Run operations on pools of agents per workspace class (namespace, service account, image, pod template, log
+    /// level) that start on demand and stop when idle, so an idle Stack costs no process or pod. Default: on with
+    /// `--runtime local`, off with `--runtime pod` (a StatefulSet per Workspace, as PKO); `false` gives every Workspace
+    /// its own agent.
     #[arg(long, env = "PKO_AGENT_POOLS", num_args = 0..=1, default_missing_value = "true")]
     pub agent_pools: Option<bool>,
     /// Agents each pool keeps running even when idle (`--agent-pools`).
@@ -179,18 +173,18 @@ pub struct RuntimeArgs {
     /// Seconds an agent of a pool may stay idle before it is stopped (`--agent-pools`).
     #[arg(long, default_value_t = 60)]
     pub pool_idle_timeout_seconds: u64,
-    /// HOLLOW AGENTS, for control-plane load tests only (kubemark-style): pool agents simulate every
-    /// operation (success after this many seconds, `pko-agent --hollow-seconds`) instead of running
-    /// Pulumi. Never a default; never used by a functional test. Needs `--agent-pools` (either runtime).
+    /// HOLLOW AGENTS, for control-plane load tests only (kubemark-style): pool agents simulate every operation (success
+    /// after this many seconds, `pko-agent --hollow-seconds`) instead of running Pulumi. Never a default; never used by
+    /// a functional test. Needs `--agent-pools` (either runtime).
     #[arg(long)]
     pub hollow_agents_seconds: Option<f64>,
-    /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator
-    /// with TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the
-    /// pod runtime; the install manifest sets it from the Downward API.
+    /// The operator's own service account as `namespace/name`: agents in pods authenticate the operator with
+    /// TokenRequest tokens of it (PKO: `serviceaccounts/token create` on itself). Required by the pod runtime; the
+    /// install manifest sets it from the Downward API.
     #[arg(long, env = "OPERATOR_SERVICE_ACCOUNT")]
     pub service_account: Option<String>,
-    /// The operator's service account name alone (PKO `POD_SA_NAME`, from the Downward API): with
-    /// `POD_NAMESPACE` it stands for `--service-account` when that is not given.
+    /// The operator's service account name alone (PKO `POD_SA_NAME`, from the Downward API): with `POD_NAMESPACE` it
+    /// stands for `--service-account` when that is not given.
     #[arg(long, env = "POD_SA_NAME", hide = true)]
     pub pod_sa_name: Option<String>,
 }
@@ -204,49 +198,48 @@ pub struct OperationArgs {
     /// Operations this replica drives at once.
     #[arg(long, default_value_t = 256)]
     pub max_operations: usize,
-    /// Operations at once per workspace class (namespace, service account, image, pod template);
-    /// 0: no limit beyond `--max-operations`.
+    /// Operations at once per workspace class (namespace, service account, image, pod template); 0: no limit beyond
+    /// `--max-operations`.
     #[arg(long, default_value_t = 0)]
     pub max_operations_per_class: usize,
-    /// At most this many operations of one namespace at once (0: no limit); namespaces take turns
-    /// either way, so one with 1,000 Stacks cannot starve one with 3.
+    /// At most this many operations of one namespace at once (0: no limit); namespaces take turns either way, so one
+    /// with 1,000 Stacks cannot starve one with 3.
     #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
     pub max_operations_per_namespace: usize,
-    /// The share of `--max-operations` one namespace may hold at once, in percent (rounded up, at
-    /// least one operation; 100: no share). With the default 50 no namespace can hold every worker, so
-    /// another namespace's operation starts at once even while long ones run; a Stack held back says
-    /// so in its `Reconciling` condition.
+    /// The share of `--max-operations` one namespace may hold at once, in percent (rounded up, at least one operation;
+    /// 100: no share). With the default 50 no namespace can hold every worker, so another namespace's operation starts
+    /// at once even while long ones run; a Stack held back says so in its `Reconciling` condition.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100),
         env = "NAMESPACE_SHARE_PERCENT")]
     pub namespace_share_percent: u8,
-    /// Drift checks (`spec.driftDetection`) running at once across the fleet (counted in Redis with
-    /// `--redis-url`); a due check waits for a free slot. 0: no limit.
+    /// Drift checks (`spec.driftDetection`) running at once across the fleet (counted in Redis with `--redis-url`); a
+    /// due check waits for a free slot. 0: no limit.
     #[arg(long, default_value_t = crate::context::DEFAULT_MAX_DRIFT_CHECKS, env = "MAX_CONCURRENT_DRIFT_CHECKS")]
     pub max_concurrent_drift_checks: usize,
-    /// The shortest time between two drift checks of one Stack, in seconds: a schedule that ticks more
-    /// often is checked at this pace, and its `DriftDetected` condition says so (PKO's resync floor).
+    /// The shortest time between two drift checks of one Stack, in seconds: a schedule that ticks more often is checked
+    /// at this pace, and its `DriftDetected` condition says so (PKO's resync floor).
     #[arg(long, default_value_t = crate::context::DEFAULT_DRIFT_MIN_INTERVAL.as_secs(),
         env = "MIN_DRIFT_CHECK_INTERVAL_SECONDS")]
     pub min_drift_check_interval_seconds: u64,
-    /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged
-    /// at for installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
+    /// Base URL of the GitHub API that GitHub App git credentials (`gitAuth.githubApp`) are exchanged at for
+    /// installation tokens (GitHub Enterprise Server: `https://<host>/api/v3`).
     #[arg(long, default_value = pko_git::github_app::DEFAULT_API_URL, env = "GITHUB_API_URL")]
     pub github_api_url: String,
-    /// Default of `Update.spec.idleTimeout` (PKO PR #1296): an operation that sends no event for this
-    /// long (Go duration) is stopped and its Update fails `IdleTimeout`; `0s` disables it.
+    /// Default of `Update.spec.idleTimeout` (PKO PR #1296): an operation that sends no event for this long (Go
+    /// duration) is stopped and its Update fails `IdleTimeout`; `0s` disables it.
     #[arg(long, default_value = "30m", env = "UPDATE_IDLE_TIMEOUT", value_parser = go_duration)]
     pub update_idle_timeout: std::time::Duration,
-    /// Default of `Update.spec.timeout` (ours): an operation running longer (Go duration) is stopped and
-    /// its Update fails `DeadlineExceeded`; `0s` (the default) disables it.
+    /// Default of `Update.spec.timeout` (ours): an operation running longer (Go duration) is stopped and its Update
+    /// fails `DeadlineExceeded`; `0s` (the default) disables it.
     #[arg(long, default_value = "0s", env = "OPERATION_TIMEOUT", value_parser = go_duration)]
     pub operation_timeout: std::time::Duration,
-    /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the
-    /// replica that queued them and move with their shard. Required for more than one replica. With
-    /// `--redis-sentinel-master`: the Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).
+    /// The Redis work queue (`redis://` or `rediss://`, password in the URL): operations outlive the replica that
+    /// queued them and move with their shard. Required for more than one replica. With `--redis-sentinel-master`: the
+    /// Sentinels, comma-separated (`redis://s1:26379,redis://s2:26379`).
     #[arg(long, env = "PKO_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// HA installs: the name of the master the Sentinels of `--redis-url` monitor; the queue follows it
-    /// through a failover. The first Sentinel URL's password and database are used for the master.
+    /// HA installs: the name of the master the Sentinels of `--redis-url` monitor; the queue follows it through a
+    /// failover. The first Sentinel URL's password and database are used for the master.
     #[arg(long, env = "PKO_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
     /// Prefix of the queue's Redis keys (several fleets may share one Redis).
@@ -258,8 +251,8 @@ pub struct OperationArgs {
     /// Operations of each Stack whose output is kept (the newest).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub output_operations: u32,
-    /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension
-    /// of ours: several operators can share a cluster by namespace.
+    /// Act only on objects of these namespaces (comma-separated; default: every namespace). An extension of ours:
+    /// several operators can share a cluster by namespace.
     #[arg(long, value_delimiter = ',', env = "WATCH_NAMESPACES")]
     pub namespaces: Vec<String>,
 }
@@ -267,22 +260,20 @@ pub struct OperationArgs {
 /// Metrics and probes.
 #[derive(Args, Debug, Clone)]
 pub struct MetricsArgs {
-    /// Address of the metrics endpoint (`/metrics`); `0` turns it off (PKO `--metrics-bind-address`;
-    /// its Helm chart uses port 8383). `:port` means every interface.
+    /// Address of the metrics endpoint (`/metrics`); `0` turns it off (PKO `--metrics-bind-address`; its Helm chart
+    /// uses port 8383). `:port` means every interface.
     #[arg(long, default_value = "0.0.0.0:8383", env = "METRICS_BIND_ADDRESS")]
     pub metrics_bind_address: String,
-    /// Serve `/metrics` over HTTPS to callers allowed `get` on the non-resource URL `/metrics`
-    /// (TokenReview + SubjectAccessReview), as PKO does by default; `--metrics-secure=false` serves plain
-    /// HTTP to anyone.
+    /// Serve `/metrics` over HTTPS to callers allowed `get` on the non-resource URL `/metrics` (TokenReview +
+    /// SubjectAccessReview), as PKO does by default; `--metrics-secure=false` serves plain HTTP to anyone.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
         default_missing_value = "true")]
     pub metrics_secure: bool,
-    /// Directory with `tls.crt` and `tls.key` for the secure metrics endpoint (controller-runtime's
-    /// `CertDir`); default: a self-signed certificate made at start.
+    /// Directory with `tls.crt` and `tls.key` for the secure metrics endpoint (controller-runtime's `CertDir`);
+    /// default: a self-signed certificate made at start.
     #[arg(long)]
     pub metrics_cert_dir: Option<PathBuf>,
-    /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0`
-    /// turns it off.
+    /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0` turns it off.
     #[arg(long, default_value = "0.0.0.0:8081", env = "HEALTH_PROBE_BIND_ADDRESS")]
     pub health_probe_bind_address: String,
 }
@@ -303,8 +294,8 @@ pub struct LoggingArgs {
     /// `json` or `text`; PKO's `--zap-encoder` (`json`/`console`) is accepted too.
     #[arg(long, alias = "zap-encoder", value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]
     pub log_format: LogFormat,
-    /// Least level logged (PKO `--zap-log-level`): `debug`, `info`, `error`, `panic`, or zap's integer
-    /// verbosity (`1`, `2`, … = debug and below); `RUST_LOG` overrides it.
+    /// Least level logged (PKO `--zap-log-level`): `debug`, `info`, `error`, `panic`, or zap's integer verbosity (`1`,
+    /// `2`, … = debug and below); `RUST_LOG` overrides it.
     #[arg(long, alias = "zap-log-level", default_value = "info", value_parser = log_level)]
     pub log_level: String,
     /// PKO `--zap-devel`: debug level unless `--zap-log-level` says otherwise.
@@ -320,15 +311,15 @@ pub struct LoggingArgs {
 }
 
 impl LoggingArgs {
-    /// The `tracing` filter directive of the chosen level (`info` by default; `debug` with
-    /// `--zap-devel` and no explicit level).
+    /// The `tracing` filter directive of the chosen level (`info` by default; `debug` with `--zap-devel` and no
+    /// explicit level).
     pub fn filter(&self) -> &str {
         if self.zap_devel && self.log_level == "info" { "debug" } else { &self.log_level }
     }
 }
 
-/// PKO's zap level as a `tracing` level: names as they are (`panic`/`dpanic`/`fatal` → `error`,
-/// `warn` stays), a positive integer N (zap's `-N`) → `debug` (N = 1) or `trace` (N ≥ 2).
+/// PKO's zap level as a `tracing` level: names as they are (`panic`/`dpanic`/`fatal` → `error`, `warn` stays), a
+/// positive integer N (zap's `-N`) → `debug` (N = 1) or `trace` (N ≥ 2).
 fn log_level(s: &str) -> Result<String, String> {
     let s = s.trim().to_ascii_lowercase();
     Ok(match s.as_str() {

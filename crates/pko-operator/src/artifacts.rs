@@ -1,20 +1,17 @@
-//! The artifact server: `GET /programs/<namespace>/<name>/<generation>/<digest>.tar.gz` returns the
-//! Program's tarball, rendered once per generation and cached (deterministic, so it matches
-//! `status.artifact.digest`).
+//! The artifact server: `GET /programs/<namespace>/<name>/<generation>/<digest>.tar.gz` returns the Program's tarball,
+//! rendered once per generation and cached (deterministic, so it matches `status.artifact.digest`).
 //!
-//! The server reads the Program controller's cache (no API request per download, so unknown paths cost
-//! nothing) and answers 404 unless the Program is in that cache (the replica's watch scope, e.g.
-//! `--namespaces`), at that generation, with that digest. In a fleet every replica serves every Program
-//! of its scope, not only those of its shards: any replica behind the operator's Service answers, and a
-//! Program's URL keeps working while its shard moves. The digest (sha256 of the tarball) makes the URL a capability: it
-//! can be had only from the
-//! Program's status (RBAC on Programs of its namespace) or from the content itself, so a caller cannot
-//! fetch another tenant's Program by guessing names (PKO serves `/programs/<ns>/<name>` to anyone).
-//! Agents verify the digest of what they download, so the endpoint needs no other authentication
-//! (docs/security.md). What an unauthenticated request can cost is bounded: the path is compared with
-//! the published `status.artifact` (generation and digest) before anything is rendered, and a
-//! published artifact is rendered once and then served from a cache of [`CACHE_BYTES`] (concurrent
-//! first requests share one rendering).
+//! The server reads the Program controller's cache (no API request per download, so unknown paths cost nothing) and
+//! answers 404 unless the Program is in that cache (the replica's watch scope, e.g. `--namespaces`), at that
+//! generation, with that digest. In a fleet every replica serves every Program of its scope, not only those of its
+//! shards: any replica behind the operator's Service answers, and a Program's URL keeps working while its shard moves.
+//! The digest (sha256 of the tarball) makes the URL a capability: it can be had only from the Program's status (RBAC on
+//! Programs of its namespace) or from the content itself, so a caller cannot fetch another tenant's Program by guessing
+//! names (PKO serves `/programs/<ns>/<name>` to anyone). Agents verify the digest of what they download, so the
+//! endpoint needs no other authentication (docs/security.md). What an unauthenticated request can cost is bounded: the
+//! path is compared with the published `status.artifact` (generation and digest) before anything is rendered, and a
+//! published artifact is rendered once and then served from a cache of [`CACHE_BYTES`] (concurrent first requests share
+//! one rendering).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,8 +49,8 @@ impl ArtifactState {
         Self { programs, rendered, renders: Arc::default() }
     }
 
-    /// How many tarballs this server rendered so far (a request answered from the cache, or refused
-    /// before rendering, renders none).
+    /// How many tarballs this server rendered so far (a request answered from the cache, or refused before rendering,
+    /// renders none).
     pub fn renders(&self) -> u64 {
         self.renders.load(Ordering::Relaxed)
     }
@@ -68,9 +65,8 @@ fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "no such artifact").into_response()
 }
 
-/// Whether the path's `generation` and `file` (`<hex digest>.tar.gz`) name the artifact `program`'s
-/// status publishes for its current generation: compared before any work is done for the request.
-/// Pure.
+/// Whether the path's `generation` and `file` (`<hex digest>.tar.gz`) name the artifact `program`'s status publishes
+/// for its current generation: compared before any work is done for the request. Pure.
 pub fn published(program: &Program, generation: &str, file: &str) -> bool {
     let current = program.meta().generation.map(|g| g.to_string());
     let Some(artifact) = program.status.as_ref().and_then(|s| s.artifact.as_ref()) else { return false };

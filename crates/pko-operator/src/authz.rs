@@ -1,7 +1,6 @@
-//! Who may read what the operator serves besides the API: bearer tokens authenticated by a
-//! TokenReview and authorized by a SubjectAccessReview of `get` on what is asked (an [`Access`]) —
-//! `/metrics` (controller-runtime's metrics authorization, PKO `--metrics-secure`) and a Stack's
-//! operation output (`crate::logs`).
+//! Who may read what the operator serves besides the API: bearer tokens authenticated by a TokenReview and authorized
+//! by a SubjectAccessReview of `get` on what is asked (an [`Access`]) — `/metrics` (controller-runtime's metrics
+//! authorization, PKO `--metrics-secure`) and a Stack's operation output (`crate::logs`).
 
 use std::sync::Arc;
 
@@ -56,9 +55,8 @@ impl Access {
     }
 }
 
-/// Bearer-token authentication (TokenReview) and authorization (SubjectAccessReview: `get` on what is
-/// asked, an [`Access`]) of callers, with decisions cached per token and access (allowed: 60 s,
-/// refused: 5 s).
+/// Bearer-token authentication (TokenReview) and authorization (SubjectAccessReview: `get` on what is asked, an
+/// [`Access`]) of callers, with decisions cached per token and access (allowed: 60 s, refused: 5 s).
 pub struct Authz {
     client: kube::Client,
     cache: std::sync::Mutex<std::collections::HashMap<(String, Access), (axum::http::StatusCode, std::time::Instant)>>,
@@ -70,8 +68,8 @@ impl Authz {
         Arc::new(Self { client, cache: Default::default() })
     }
 
-    /// `200 OK` when the token may `get` `access`, `401` when it is missing or not authenticated, `403`
-    /// when it is not allowed, `503` when the API server could not be asked.
+    /// `200 OK` when the token may `get` `access`, `401` when it is missing or not authenticated, `403` when it is not
+    /// allowed, `503` when the API server could not be asked.
     pub async fn decide(&self, token: Option<&str>, access: &Access) -> axum::http::StatusCode {
         use axum::http::StatusCode;
         use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};

@@ -9,48 +9,46 @@ use crate::ownership::Ownership;
 pub struct Context {
     /// Client of the API server.
     pub client: kube::Client,
-    /// `host:port` under which the artifact server is reachable by agents (PKO
-    /// `--program-fs-adv-addr`).
+    /// `host:port` under which the artifact server is reachable by agents (PKO `--program-fs-adv-addr`).
     pub advertised_addr: String,
     /// Which objects this replica may act on.
     pub ownership: Arc<dyn Ownership>,
-    /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`, default 25). A reconcile
-    /// never waits for a Pulumi operation, so this bounds API-server load, not operations.
+    /// Reconciles each controller runs at once (PKO `MAX_CONCURRENT_RECONCILES`, default 25). A reconcile never waits
+    /// for a Pulumi operation, so this bounds API-server load, not operations.
     pub reconcile_concurrency: u16,
     /// One event recorder per controller, for the process's life (event aggregation).
     pub events: crate::k8s::Events,
-    /// Changes each time this replica gains shards, takes one again at a new epoch, or its holding
-    /// comes back after lapsing (`--fleet`): controllers of kinds watched whole (Programs) reconcile
-    /// everything again then (kube's `reconcile_all_on`); sharded kinds re-list what they gain, and look
-    /// again by themselves at what they skipped while not owning it ([`crate::k8s::unowned`]).
+    /// Changes each time this replica gains shards, takes one again at a new epoch, or its holding comes back after
+    /// lapsing (`--fleet`): controllers of kinds watched whole (Programs) reconcile everything again then (kube's
+    /// `reconcile_all_on`); sharded kinds re-list what they gain, and look again by themselves at what they skipped
+    /// while not owning it ([`crate::k8s::unowned`]).
     pub shards_gained: Option<tokio::sync::watch::Receiver<u64>>,
-    /// Cancelled to shut the operator down: every controller stops taking work (kube's
-    /// `graceful_shutdown_on`) and the servers end after them.
+    /// Cancelled to shut the operator down: every controller stops taking work (kube's `graceful_shutdown_on`) and the
+    /// servers end after them.
     pub shutdown: tokio_util::sync::CancellationToken,
-    /// The fleet-wide cap on concurrent drift checks (`--max-concurrent-drift-checks`): in Redis with
-    /// `--redis-url`, else this replica's.
+    /// The fleet-wide cap on concurrent drift checks (`--max-concurrent-drift-checks`): in Redis with `--redis-url`,
+    /// else this replica's.
     pub drift_slots: Arc<dyn pko_queue::slots::Slots>,
-    /// The shortest time between two drift checks of one Stack (`--min-drift-check-interval-seconds`,
-    /// default [`DEFAULT_DRIFT_MIN_INTERVAL`]).
+    /// The shortest time between two drift checks of one Stack (`--min-drift-check-interval-seconds`, default
+    /// [`DEFAULT_DRIFT_MIN_INTERVAL`]).
     pub drift_min_interval: std::time::Duration,
-    /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default
-    /// `https://api.github.com`, PKO's fixed URL).
+    /// Base URL of the GitHub API for GitHub App git credentials (`--github-api-url`; default `https://api.github.com`,
+    /// PKO's fixed URL).
     pub github_api_url: String,
-    /// Where operations' output is kept (`pko_queue::output`): the fleet's Redis with `--redis-url`,
-    /// else this replica's memory.
+    /// Where operations' output is kept (`pko_queue::output`): the fleet's Redis with `--redis-url`, else this
+    /// replica's memory.
     pub output: Arc<dyn pko_queue::output::OutputStore>,
-    /// The idle timeout of an operation whose Update sets none (`--update-idle-timeout`, PKO's 30 min
-    /// default); `None`: none.
+    /// The idle timeout of an operation whose Update sets none (`--update-idle-timeout`, PKO's 30 min default); `None`:
+    /// none.
     pub update_idle_timeout: Option<std::time::Duration>,
     /// The overall timeout of an operation whose Update sets none (`--operation-timeout`); `None`: none.
     pub operation_timeout: Option<std::time::Duration>,
     /// Where this replica runs, which an unlock request judges lock holders' hosts against.
     pub placement: Placement,
-    /// The outputs this replica's dispatcher wrote lately, for its Stack controller
-    /// ([`crate::outputs::Written`]).
+    /// The outputs this replica's dispatcher wrote lately, for its Stack controller ([`crate::outputs::Written`]).
     pub outputs: crate::outputs::Written,
-    /// The Secrets operation requests name, read only when changed ([`crate::secret_cache`]);
-    /// by default without a watch (every use reads).
+    /// The Secrets operation requests name, read only when changed ([`crate::secret_cache`]); by default without a
+    /// watch (every use reads).
     pub secrets: crate::secret_cache::SecretCache,
 }
 
@@ -59,8 +57,8 @@ pub struct Context {
 pub struct Placement {
     /// This replica's host name (`gethostname`; its pod's name in a cluster).
     pub hostname: String,
-    /// The operator's namespace (`--fleet-namespace`, `POD_NAMESPACE`): its replicas' and membership
-    /// Leases'; `None` outside a cluster.
+    /// The operator's namespace (`--fleet-namespace`, `POD_NAMESPACE`): its replicas' and membership Leases'; `None`
+    /// outside a cluster.
     pub namespace: Option<String>,
     /// The fleet's name (`--fleet-name`) when it runs as a fleet (`--fleet`).
     pub fleet: Option<String>,
@@ -77,8 +75,7 @@ impl Placement {
 /// Default of `--max-concurrent-drift-checks`.
 pub const DEFAULT_MAX_DRIFT_CHECKS: usize = 10;
 
-/// The shortest time between two drift checks of one Stack by default
-/// (`--min-drift-check-interval-seconds`): 60 s.
+/// The shortest time between two drift checks of one Stack by default (`--min-drift-check-interval-seconds`): 60 s.
 pub const DEFAULT_DRIFT_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// PKO's default idle timeout of an operation (`DefaultUpdateIdleTimeout`, PR #1296): 30 minutes.

@@ -1,14 +1,13 @@
-//! Kubernetes events (`events.k8s.io/v1`) with client-go's series aggregation: the first occurrence of
-//! an event creates it, the second turns it into a series at once, and later occurrences of the same
-//! event (same object, type, reason and note, same reporter) are counted in memory and written — the
-//! series' `count` and `lastObservedTime` — at most once per [`SERIES_WRITE_INTERVAL`] (client-go's
-//! `tools/events` refreshes its series every 30 minutes). A busy Stack therefore costs two event
-//! writes per kind of event, not one per change. kube's `Recorder` patches every occurrence, so this
-//! module replaces it; the Event objects it writes are the same (name `<object>.<hex nanoseconds>`,
+//! Kubernetes events (`events.k8s.io/v1`) with client-go's series aggregation: the first occurrence of an event creates
+//! it, the second turns it into a series at once, and later occurrences of the same event (same object, type, reason
+//! and note, same reporter) are counted in memory and written — the series' `count` and `lastObservedTime` — at most
+//! once per [`SERIES_WRITE_INTERVAL`] (client-go's `tools/events` refreshes its series every 30 minutes). A busy Stack
+//! therefore costs two event writes per kind of event, not one per change. kube's `Recorder` patches every occurrence,
+//! so this module replaces it; the Event objects it writes are the same (name `<object>.<hex nanoseconds>`,
 //! `reportingController`, `reportingInstance`, `action` = reason).
 //!
-//! Unlike client-go, the note is part of the series' identity: an event whose message changed (a new
-//! error) is a new Event, so the latest message is always readable.
+//! Unlike client-go, the note is part of the series' identity: an event whose message changed (a new error) is a new
+//! Event, so the latest message is always readable.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,8 +22,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 /// How often at most a series' count is written while it keeps occurring: 5 minutes.
 pub const SERIES_WRITE_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
-/// How long a series is remembered after its last occurrence (kube's and client-go's 6 minutes): an
-/// occurrence after that starts a new Event.
+/// How long a series is remembered after its last occurrence (kube's and client-go's 6 minutes): an occurrence after
+/// that starts a new Event.
 pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// Whether an event reports normal operation or a problem (Kubernetes `type`).
@@ -84,9 +83,9 @@ pub enum Write {
     Count,
 }
 
-/// The write an occurrence at `now` of a known series (`None`: not known, or forgotten) makes: client-go's
-/// rule — create; the second occurrence at once; later ones once [`SERIES_WRITE_INTERVAL`] has passed
-/// since the series was last written. Pure.
+/// The write an occurrence at `now` of a known series (`None`: not known, or forgotten) makes: client-go's rule —
+/// create; the second occurrence at once; later ones once [`SERIES_WRITE_INTERVAL`] has passed since the series was
+/// last written. Pure.
 pub fn write_for(known: Option<(i32, Instant)>, now: Instant) -> Write {
     match known {
         None => Write::Create,
@@ -113,8 +112,8 @@ impl std::fmt::Debug for Recorder {
 }
 
 impl Recorder {
-    /// A recorder reporting as `controller`, instance `instance` (the pod's name; the controller's
-    /// when `None`, as kube does).
+    /// A recorder reporting as `controller`, instance `instance` (the pod's name; the controller's when `None`, as kube
+    /// does).
     pub fn new(client: kube::Client, controller: &str, instance: Option<String>) -> Self {
         Self {
             client,
@@ -124,12 +123,12 @@ impl Recorder {
         }
     }
 
-    /// Records an occurrence of an event about `object` (its reference): creates, patches or only
-    /// counts it ([`write_for`]); series whose counts are due are written on the way (best effort:
-    /// one that fails is written with its next due count).
+    /// Records an occurrence of an event about `object` (its reference): creates, patches or only counts it
+    /// ([`write_for`]); series whose counts are due are written on the way (best effort: one that fails is written with
+    /// its next due count).
     ///
-    /// Errors: the API refused this occurrence's write (an Event not created is forgotten, so the
-    /// next occurrence creates it again).
+    /// Errors: the API refused this occurrence's write (an Event not created is forgotten, so the next occurrence
+    /// creates it again).
     pub async fn publish(
         &self,
         object: &ObjectReference,
@@ -162,8 +161,8 @@ impl Recorder {
         self.series.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts the occurrence of `key`; returns its write, its series as counted, and the other series
-    /// whose unwritten counts are due (marked written), forgetting those not seen for [`SERIES_TTL`].
+    /// Counts the occurrence of `key`; returns its write, its series as counted, and the other series whose unwritten
+    /// counts are due (marked written), forgetting those not seen for [`SERIES_TTL`].
     fn occur(&self, key: &Key, object: &ObjectReference, now: Instant) -> (Write, Series, Vec<Series>) {
         let mut series = self.lock();
         series.retain(|_, s| now.saturating_duration_since(s.seen) < SERIES_TTL);

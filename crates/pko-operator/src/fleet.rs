@@ -1,20 +1,18 @@
-//! The operator's side of the sharded fleet (`--fleet`): the membership of `pko-fleet` turned into
-//! what the controllers use — an [`Ownership`] (held shards, within `--namespaces` when given), the
-//! label selector of the held shards that the informers watch with, and the labeller that writes
-//! `pulumi.com/shard` and `pulumi.com/shards` once on every Stack, Workspace and Update that lacks
-//! them or was labelled for another shard count.
+//! The operator's side of the sharded fleet (`--fleet`): the membership of `pko-fleet` turned into what the controllers
+//! use — an [`Ownership`] (held shards, within `--namespaces` when given), the label selector of the held shards that
+//! the informers watch with, and the labeller that writes `pulumi.com/shard` and `pulumi.com/shards` once on every
+//! Stack, Workspace and Update that lacks them or was labelled for another shard count.
 //!
-//! Any replica labels an unlabelled object, by server-side apply with its own field manager: the
-//! value is a pure function of the object (`pko_fleet::ring::shard_of` of its namespace and
-//! [`ShardKey`]), so replicas agree and the write is idempotent. A Stack's Workspace and Updates are
-//! built with the Stack's label (`stack::build`); the labeller catches those made directly.
+//! Any replica labels an unlabelled object, by server-side apply with its own field manager: the value is a pure
+//! function of the object (`pko_fleet::ring::shard_of` of its namespace and [`ShardKey`]), so replicas agree and the
+//! write is idempotent. A Stack's Workspace and Updates are built with the Stack's label (`stack::build`); the labeller
+//! catches those made directly.
 //!
-//! The labels are an index for watches, never the truth of ownership (that is the hash): a user can
-//! copy them (`kubectl get -o yaml` of another Stack) or write anything. An object filed under a shard
-//! that is not its own sits in the caches of the replica holding that shard, which does not own it:
-//! that replica relabels it ([`relabel_misfiled`]). An object whose shard label is no shard of the
-//! fleet at all (`garbage`, `99999`) sits in no cache: the labeller watches for those too
-//! ([`misnumbered_selector`]).
+//! The labels are an index for watches, never the truth of ownership (that is the hash): a user can copy them (`kubectl
+//! get -o yaml` of another Stack) or write anything. An object filed under a shard that is not its own sits in the
+//! caches of the replica holding that shard, which does not own it: that replica relabels it ([`relabel_misfiled`]). An
+//! object whose shard label is no shard of the fleet at all (`garbage`, `99999`) sits in no cache: the labeller watches
+//! for those too ([`misnumbered_selector`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -40,11 +38,9 @@ pub use labeller::{
 /// Field manager of the shard label.
 pub const SHARD_FIELD_MANAGER: &str = "pulumi-kubernetes-operator/shard";
 
-/// How long a holding had lapsed when a new one is published (pure): `previous` is the validity of
-/// the holding published before, `current` that of the new one, at `now`. A holding lapses without
-/// anything being published when its renewal comes late (the membership loop busy writing Leases, the
-/// API server slow): `Held::epoch` fences everything from its deadline on, by the clock. `None`: no
-/// gap (still valid, or not valid now either, or nothing held before).
+/// How long a holding had lapsed when a new one is published, given the validity of the `previous` and `current`
+/// holdings at `now`; `None`: no gap (still valid, not valid now either, or nothing held before). A late renewal lapses
+/// a holding without anything published: `Held::epoch` fences everything from its deadline on, by the clock. Pure.
 pub fn resumed_after_gap(previous: Option<Instant>, current: Option<Instant>, now: Instant) -> Option<Duration> {
     let previous = previous?;
     let current = current.filter(|c| *c > now)?;
@@ -58,8 +54,8 @@ pub struct HoldingChange {
     pub gained: usize,
     /// Held before, not now.
     pub lost: usize,
-    /// Held before and now at another epoch: lost and taken again in between, unseen (the holdings
-    /// between were not published to this observer).
+    /// Held before and now at another epoch: lost and taken again in between, unseen (the holdings between were not
+    /// published to this observer).
     pub regained: usize,
 }
 
@@ -109,8 +105,8 @@ impl FleetOwnership {
     }
 }
 
-/// Keeps `queue` in step with the held shards: a gained shard's jobs recorded elsewhere are adopted at
-/// its epoch, a lost shard's waiting jobs forgotten. Runs until the membership ends.
+/// Keeps `queue` in step with the held shards: a gained shard's jobs recorded elsewhere are adopted at its epoch, a
+/// lost shard's waiting jobs forgotten. Runs until the membership ends.
 pub async fn follow_shards(ownership: Arc<FleetOwnership>, queue: Arc<dyn crate::queue::WorkQueue>) {
     let mut changes = ownership.changes();
     let mut last: std::collections::BTreeMap<u32, i64> = Default::default();
@@ -134,8 +130,8 @@ pub async fn follow_shards(ownership: Arc<FleetOwnership>, queue: Arc<dyn crate:
     }
 }
 
-/// Refuses a second replica without Redis: each replica's in-memory queue is its own, so operations a
-/// stopped replica had queued would wait for the next reconcile instead of moving with their shard.
+/// Refuses a second replica without Redis: each replica's in-memory queue is its own, so operations a stopped replica
+/// had queued would wait for the next reconcile instead of moving with their shard.
 ///
 /// Errors: another live member of the fleet, named.
 pub async fn check_single_without_redis(client: &kube::Client, args: &FleetArgs, replica: &str) -> anyhow::Result<()> {
@@ -168,8 +164,8 @@ pub struct Member {
     pub ownership: Arc<FleetOwnership>,
     /// The held shards, published on each gain or loss, for [`crate::informer::Informers::with_shards`].
     pub held: watch::Receiver<HeldShards>,
-    /// Counts the times this replica gained shards, took one again at a new epoch, or had its holding
-    /// back after a lapse (for `reconcile_all_on` of unsharded kinds).
+    /// Counts the times this replica gained shards, took one again at a new epoch, or had its holding back after a
+    /// lapse (for `reconcile_all_on` of unsharded kinds).
     pub gained: watch::Receiver<u64>,
     /// The membership and the selector tasks (end at shutdown; the membership is released then).
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -197,9 +193,9 @@ pub fn replica_id(args: &FleetArgs) -> Result<String, FleetError> {
         .ok_or(FleetError::NoReplicaId)
 }
 
-/// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`)
-/// and publishes the selector of the held shards. Leases are written through `client` and watched
-/// through `watch_client` (no read timeout).
+/// Joins the fleet of `args` as `replica` ([`replica_id`]): starts the membership (until `shutdown`) and publishes the
+/// selector of the held shards. Leases are written through `client` and watched through `watch_client` (no read
+/// timeout).
 ///
 /// Errors: [`FleetError`] naming the missing flag.
 pub fn join(
@@ -239,10 +235,9 @@ pub fn join(
     })
 }
 
-/// Follows what the membership holds (`changes`) until it stops: publishes the held shards to the
-/// informers (`tx`, out of `total`) on a gain or a loss, counts shard transitions, and bumps `gained_tx`
-/// on a gain, a regain or a holding valid again after a momentary lapse (the kinds watched whole are
-/// reconciled again then).
+/// Follows what the membership holds (`changes`) until it stops: publishes the held shards to the informers (`tx`, out
+/// of `total`) on a gain or a loss, counts shard transitions, and bumps `gained_tx` on a gain, a regain or a holding
+/// valid again after a momentary lapse (the kinds watched whole are reconciled again then).
 async fn publish_holdings(
     mut changes: watch::Receiver<Arc<pko_fleet::membership::Held>>,
     tx: watch::Sender<HeldShards>,

@@ -1,13 +1,11 @@
-//! Kubernetes plumbing every controller shares, written once: the server-side-apply status write, the
-//! event recorders, the test-pinned finalizer patch, and the observation of each reconcile (span,
-//! counter, duration).
+//! Kubernetes plumbing every controller shares, written once: the server-side-apply status write, the event recorders,
+//! the test-pinned finalizer patch, and the observation of each reconcile (span, counter, duration).
 
 use crate::events::Recorder;
 use kube::api::{Api, Patch, PatchParams};
 use serde::Serialize;
 
-/// Applies `status` to object `name` (server-side apply of the status subresource, forced, as
-/// `field_manager`).
+/// Applies `status` to object `name` (server-side apply of the status subresource, forced, as `field_manager`).
 ///
 /// Errors: the API refused the write.
 pub async fn apply_status<K>(
@@ -22,8 +20,7 @@ where
     apply_status_versioned(api, name, field_manager, status, None).await.map(|_| ())
 }
 
-/// Whether `e` is the API server's 409 Conflict (a precondition or an optimistic-concurrency check
-/// failed). Pure.
+/// Whether `e` is the API server's 409 Conflict (a precondition or an optimistic-concurrency check failed). Pure.
 pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 409)
 }
@@ -33,11 +30,10 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 404)
 }
 
-/// [`apply_status`] while the object is still at `resource_version`, when one is given: the apply
-/// carries it as a precondition (Kubernetes optimistic concurrency), so a write decided on a cached
-/// read that has gone stale is refused with 409 Conflict instead of overwriting what changed since.
-/// Returns the `resourceVersion` the write gave the object (`None`: the API server returned none),
-/// for a controller that reads its own writes through its cache.
+/// [`apply_status`] while the object is still at `resource_version`, when one is given: the apply carries it as a
+/// precondition (Kubernetes optimistic concurrency), so a write decided on a cached read that has gone stale is refused
+/// with 409 Conflict instead of overwriting what changed since. Returns the `resourceVersion` the write gave the object
+/// (`None`: the API server returned none), for a controller that reads its own writes through its cache.
 ///
 /// Errors: the API refused the write (409: the object is no longer at `resource_version`).
 pub async fn apply_status_versioned<K>(
@@ -58,10 +54,9 @@ where
     Ok(written.meta().resource_version.clone())
 }
 
-/// The JSON patch operations that add (`add`) or remove `finalizer` given the object's current list
-/// (empty: nothing to do), each change behind a `test` that pins the list as read (kube-runtime's
-/// `finalizer` pattern: another controller's finalizer is never clobbered; a list changed since is
-/// refused with 422). Pure.
+/// The JSON patch operations that add (`add`) or remove `finalizer` given the object's current list (empty: nothing to
+/// do), each change behind a `test` that pins the list as read (kube-runtime's `finalizer` pattern: another
+/// controller's finalizer is never clobbered; a list changed since is refused with 422). Pure.
 pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<serde_json::Value> {
     use serde_json::json;
     let at = current.iter().position(|f| f == finalizer);
@@ -88,11 +83,10 @@ pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<se
     }
 }
 
-/// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable`
-/// says the cached version will do; otherwise read from the API server (not cached yet — just
-/// created, a shard just gained, a cache not listed yet — or a newer version may matter). The
-/// object's later changes must wake the caller's reconcile, so a stale cached version is seen again
-/// once the cache has the newer one. `Ok(None)`: there is no such object.
+/// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable` says the cached
+/// version will do; otherwise read from the API server (not cached yet — just created, a shard just gained, a cache not
+/// listed yet — or a newer version may matter). The object's later changes must wake the caller's reconcile, so a stale
+/// cached version is seen again once the cache has the newer one. `Ok(None)`: there is no such object.
 ///
 /// Errors: the API read failed.
 pub async fn cached_or_get<K>(
@@ -113,9 +107,9 @@ where
 
 pub use crate::events::Severity;
 
-/// One event recorder per controller, kept for the process's life, so that a repeated event (same
-/// object, reason and note) is one series, written as client-go writes series ([`crate::events`])
-/// (PKO's controller names: `stack-controller`, `update-controller`, `workspace-controller`).
+/// One event recorder per controller, kept for the process's life, so that a repeated event (same object, reason and
+/// note) is one series, written as client-go writes series ([`crate::events`]) (PKO's controller names:
+/// `stack-controller`, `update-controller`, `workspace-controller`).
 #[derive(Clone)]
 pub struct Events {
     /// The Stack controller's recorder.
@@ -138,8 +132,8 @@ impl Events {
     }
 }
 
-/// Publishes an event about `object` with `recorder`. Failures are logged, never returned: an event is
-/// not worth failing a reconcile.
+/// Publishes an event about `object` with `recorder`. Failures are logged, never returned: an event is not worth
+/// failing a reconcile.
 pub async fn publish<K: kube::Resource<DynamicType = ()>>(
     recorder: &Recorder,
     object: &K,
@@ -152,10 +146,9 @@ pub async fn publish<K: kube::Resource<DynamicType = ()>>(
     }
 }
 
-/// Runs `reconcile` — one reconcile of `controller` on `object` — inside a tracing span `reconcile`
-/// with the controller, namespace, name, generation and a reconcile id (unique in this process), and
-/// records it: `pko_reconciles_total{controller}` and `pko_reconcile_duration_seconds{controller}`
-/// (a histogram, seconds).
+/// Runs `reconcile` — one reconcile of `controller` on `object` — inside a tracing span `reconcile` with the
+/// controller, namespace, name, generation and a reconcile id (unique in this process), and records it:
+/// `pko_reconciles_total{controller}` and `pko_reconcile_duration_seconds{controller}` (a histogram, seconds).
 pub async fn observe<K, F, T, E>(controller: &'static str, object: &K, reconcile: F) -> Result<T, E>
 where
     K: kube::Resource,
@@ -193,15 +186,14 @@ where
 pub trait ReconcileError: std::error::Error {
     /// The step that failed, as a metric label (`pko_reconcile_errors_total{step}`).
     fn step(&self) -> &'static str;
-    /// When to reconcile again: after this long, or (`None`) only when the object changes. Default:
-    /// 5 seconds.
+    /// When to reconcile again: after this long, or (`None`) only when the object changes. Default: 5 seconds.
     fn retry_after(&self) -> Option<std::time::Duration> {
         Some(std::time::Duration::from_secs(5))
     }
 }
 
-/// The error policy of `controller` (kube's `error_policy`): counts and logs the failure
-/// ([`reconcile_failed`]) and requeues as [`ReconcileError::retry_after`] says.
+/// The error policy of `controller` (kube's `error_policy`): counts and logs the failure ([`reconcile_failed`]) and
+/// requeues as [`ReconcileError::retry_after`] says.
 pub fn error_policy<K, E: ReconcileError, C>(
     controller: &'static str,
 ) -> impl Fn(std::sync::Arc<K>, &E, std::sync::Arc<C>) -> kube::runtime::controller::Action {
@@ -227,9 +219,9 @@ pub struct Running {
     pub shutdown: tokio_util::sync::CancellationToken,
 }
 
-/// Runs `controller` (named `name` in spans, metrics and logs) until `running.shutdown`: with its
-/// configuration, each reconcile observed ([`observe`]) and failures handled by [`error_policy`].
-/// `state` is what `reconcile` gets besides the object.
+/// Runs `controller` (named `name` in spans, metrics and logs) until `running.shutdown`: with its configuration, each
+/// reconcile observed ([`observe`]) and failures handled by [`error_policy`]. `state` is what `reconcile` gets besides
+/// the object.
 pub async fn run_controller<K, C, F, Fut, E>(
     controller: kube::runtime::Controller<K>,
     running: Running,
@@ -259,8 +251,8 @@ pub async fn run_controller<K, C, F, Fut, E>(
         .await;
 }
 
-/// Counts a failed reconcile of `controller` at `step` (`pko_reconcile_errors_total{controller,step}`)
-/// and logs it; the error policy of every controller calls this.
+/// Counts a failed reconcile of `controller` at `step` (`pko_reconcile_errors_total{controller,step}`) and logs it; the
+/// error policy of every controller calls this.
 pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dyn std::fmt::Display) {
     tracing::warn!(controller, step, %error, "reconcile failed");
     metrics::counter!(crate::metric_names::RECONCILE_ERRORS_TOTAL, "controller" => controller, "step" => step)
@@ -268,18 +260,18 @@ pub fn reconcile_failed(controller: &'static str, step: &'static str, error: &dy
     metrics::counter!(crate::metric_names::CR_RECONCILE_ERRORS_TOTAL, "controller" => controller).increment(1);
 }
 
-/// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it
-/// skipped because this replica did not own it at that instant (seconds).
+/// How soon a controller of a sharded kind (Stack, Workspace, Update) looks again at an object it skipped because this
+/// replica did not own it at that instant (seconds).
 pub const UNOWNED_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What a reconcile of a sharded kind returns for an object this replica does not own now: look again
-/// in [`UNOWNED_RECHECK`]. An object of a shard held elsewhere leaves the informer's store with the
-/// re-list that follows the move, and kube's controller drops a scheduled reconcile of an object no
-/// longer stored; one whose shard was lost and regained between two published holdings (or whose
-/// holding lapsed for a moment) stays stored, and is reconciled again once held — nothing else would
-/// look at it (a re-list hands on only what changed). Cost: one in-memory check per object of a lost
-/// shard until the re-list drops it.
+/// What a reconcile of a sharded kind returns for an object this replica does not own now: look again in
+/// [`UNOWNED_RECHECK`], so an object whose shard was lost and regained between two published holdings (still in the
+/// store) is reconciled once held again. Cost: one in-memory check per object of a lost shard until the re-list drops
+/// it.
 pub fn unowned() -> kube::runtime::controller::Action {
+    // An object of a shard held elsewhere leaves the store with the re-list that follows the move, and kube's
+    // controller drops a scheduled reconcile of an object no longer stored; nothing else would look at one that stays
+    // (a re-list hands on only what changed).
     kube::runtime::controller::Action::requeue(UNOWNED_RECHECK)
 }
 

@@ -1,14 +1,13 @@
-//! PKO's `--leader-elect` for one active replica outside a fleet: the replica acts only while it holds
-//! the Lease `operator.pulumi.com` (PKO's `LeaderElectionID`) in its namespace, and stops at once when
-//! it loses it (as controller-runtime's manager exits). The Lease is held through
-//! `kube-lease-manager` (server-side apply, conflict-checked, renewed before it runs out) and released
-//! on shutdown, so a successor takes over at once.
+//! PKO's `--leader-elect` for one active replica outside a fleet: the replica acts only while it holds the Lease
+//! `operator.pulumi.com` (PKO's `LeaderElectionID`) in its namespace, and stops at once when it loses it (as
+//! controller-runtime's manager exits). The Lease is held through `kube-lease-manager` (server-side apply,
+//! conflict-checked, renewed before it runs out) and released on shutdown, so a successor takes over at once.
 //!
-//! Because the Lease has PKO's name and the standard `LeaseSpec` fields, a PKO manager still running
-//! during a migration holds this operator back until it stops (and the other way round).
+//! Because the Lease has PKO's name and the standard `LeaseSpec` fields, a PKO manager still running during a migration
+//! holds this operator back until it stops (and the other way round).
 //!
-//! With `--fleet` the flag is accepted and changes nothing: every replica is active and the shard
-//! Leases decide what each acts on.
+//! With `--fleet` the flag is accepted and changes nothing: every replica is active and the shard Leases decide what
+//! each acts on.
 
 use std::time::Duration;
 
@@ -24,17 +23,17 @@ pub const LEADER_LEASE: &str = "operator.pulumi.com";
 pub struct Timing {
     /// How long the Lease lasts without renewal (PKO default 60 s).
     pub lease_duration: Duration,
-    /// How long the holder keeps failing to renew before it gives up (PKO default 45 s): it renews
-    /// once less than `lease_duration − renew_deadline` is left.
+    /// How long the holder keeps failing to renew before it gives up (PKO default 45 s): it renews once less than
+    /// `lease_duration − renew_deadline` is left.
     pub renew_deadline: Duration,
-    /// How often a waiting replica looks at the Lease again (PKO default 10 s), so a Lease released
-    /// on shutdown is taken at once rather than when it would have run out.
+    /// How often a waiting replica looks at the Lease again (PKO default 10 s), so a Lease released on shutdown is
+    /// taken at once rather than when it would have run out.
     pub retry_period: Duration,
 }
 
 impl Timing {
-    /// `(duration, grace)` in whole seconds for `kube-lease-manager`: the Lease's duration, and how
-    /// long before its end the holder renews (at least 1 s, below the duration).
+    /// `(duration, grace)` in whole seconds for `kube-lease-manager`: the Lease's duration, and how long before its end
+    /// the holder renews (at least 1 s, below the duration).
     pub fn lease_seconds(&self) -> (u64, u64) {
         let duration = self.lease_duration.as_secs().max(2);
         let grace = duration.saturating_sub(self.renew_deadline.as_secs()).clamp(1, duration - 1);
@@ -49,8 +48,8 @@ pub struct Leadership {
     task: JoinHandle<()>,
 }
 
-/// Waits until `identity` holds the leader Lease in `namespace` (looking again every retry period),
-/// or `shutdown` is cancelled (`None`).
+/// Waits until `identity` holds the leader Lease in `namespace` (looking again every retry period), or `shutdown` is
+/// cancelled (`None`).
 ///
 /// Errors: the Lease cannot be read or created (RBAC: `get`/`create`/`patch` on `leases`).
 pub async fn acquire(
@@ -91,8 +90,8 @@ pub async fn acquire(
     Ok(Some(Leadership { lost, stop, task }))
 }
 
-/// Renews the Lease until told to stop (then releases it) or until it is lost: another holder, or
-/// renewals failing for longer than `renew_deadline` (then `lost` turns true).
+/// Renews the Lease until told to stop (then releases it) or until it is lost: another holder, or renewals failing for
+/// longer than `renew_deadline` (then `lost` turns true).
 async fn hold(
     manager: kube_lease_manager::LeaseManager,
     lost: watch::Sender<bool>,

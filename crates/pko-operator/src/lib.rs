@@ -1,8 +1,7 @@
-//! The operator: the Program, Stack, Workspace and Update controllers (peers that meet through API
-//! objects), the artifact server, metrics and probes, and the one assembly that wires them ([`run`],
-//! flags in [`args`]). The fleet's seams live in crates of their own below this one: ownership
-//! ([`ownership`] = `pko-fleet`) and the work queue ([`queue`] = `pko-queue`). `docs/architecture.md` has
-//! the module map.
+//! The operator: the Program, Stack, Workspace and Update controllers (peers that meet through API objects), the
+//! artifact server, metrics and probes, and the one assembly that wires them ([`run`], flags in [`args`]). The fleet's
+//! seams live in crates of their own below this one: ownership ([`ownership`] = `pko-fleet`) and the work queue
+//! ([`queue`] = `pko-queue`). `docs/architecture.md` has the module map.
 #![forbid(unsafe_code)]
 
 pub mod agents;

@@ -1,16 +1,13 @@
-//! This replica's load at a glance — operations queued per namespace, in flight, running per workspace
-//! class, pool agents busy and idle per class, the pools' bounds — announced on its membership Lease
-//! (annotation [`LOAD_ANNOTATION`], JSON) at each renewal it writes anyway, so `kubectl pko fleet`
-//! shows every replica's queue and pools from one LIST of the fleet's Leases: no new request, no new
-//! privileged path.
+//! This replica's load at a glance — operations queued per namespace, in flight, running per workspace class, pool
+//! agents busy and idle per class, the pools' bounds — announced on its membership Lease (annotation
+//! [`LOAD_ANNOTATION`], JSON) at each renewal it writes anyway, so `kubectl pko fleet` shows every replica's queue and
+//! pools from one LIST of the fleet's Leases: no new request, no new privileged path.
 //!
-//! One board per process, like the metrics registry, written beside the gauges of the same numbers
-//! (`pko_queue_depth`, `pko_update_operations_in_flight`, `pko_operations_running`,
-//! `pko_pool_agents`): the queue's gauges ([`crate::update::controller::QueueGauges`]), the class
-//! limits ([`crate::agents::limits`]) and the pools ([`crate::agents::pool::processes`],
-//! [`crate::agents::pool::pods`]). A leaf: it imports nothing of the crate; the types are the contract of
-//! `pko_fleet::load`, which
-//! `kubectl pko fleet` reads.
+//! One board per process, like the metrics registry, written beside the gauges of the same numbers (`pko_queue_depth`,
+//! `pko_update_operations_in_flight`, `pko_operations_running`, `pko_pool_agents`): the queue's gauges
+//! ([`crate::update::controller::QueueGauges`]), the class limits ([`crate::agents::limits`]) and the pools
+//! ([`crate::agents::pool::processes`], [`crate::agents::pool::pods`]). A leaf: it imports nothing of the crate; the
+//! types are the contract of `pko_fleet::load`, which `kubectl pko fleet` reads.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

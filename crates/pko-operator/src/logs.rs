@@ -1,15 +1,15 @@
-//! What operations printed, served to the people allowed to see them (issue "See what Pulumi did"):
-//! on the metrics port, always behind a TokenReview and a SubjectAccessReview of `get` on the Stack
-//! (`pulumi.com`, `stacks`, in its namespace) — whatever `--metrics-secure` says — so a user reads the
-//! output only of Stacks they may `get`. Read from the output store (`pko_queue::output`): with
-//! `--redis-url` every replica serves every Stack, whoever ran its operations.
+//! What operations printed, served to the people allowed to see them (issue "See what Pulumi did"): on the metrics
+//! port, always behind a TokenReview and a SubjectAccessReview of `get` on the Stack (`pulumi.com`, `stacks`, in its
+//! namespace) — whatever `--metrics-secure` says — so a user reads the output only of Stacks they may `get`. Read from
+//! the output store (`pko_queue::output`): with `--redis-url` every replica serves every Stack, whoever ran its
+//! operations.
 //!
 //! - `GET /logs/{namespace}/{stack}`: `{"operations": [OperationInfo…]}`, newest first;
-//! - `GET /logs/{namespace}/{stack}/{update}?after=<seq>`: an [`pko_queue::output::Output`] (lines
-//!   above sequence `after`, all without it); `404` when nothing of it is kept.
+//! - `GET /logs/{namespace}/{stack}/{update}?after=<seq>`: an [`pko_queue::output::Output`] (lines above sequence
+//!   `after`, all without it); `404` when nothing of it is kept.
 //!
-//! A live tail (`kubectl pko logs -f`) polls the second with the last sequence it printed until a
-//! line of stream `result`.
+//! A live tail (`kubectl pko logs -f`) polls the second with the last sequence it printed until a line of stream
+//! `result`.
 
 use std::sync::Arc;
 

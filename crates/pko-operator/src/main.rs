@@ -1,12 +1,12 @@
 //! `pko-operator`: the operator binary.
 //!
 //! Subcommands:
-//! - `crds [--out DIR]`: writes the CustomResourceDefinitions (`<group>_<plural>.yaml`) to `DIR`
-//!   (default `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
+//! - `crds [--out DIR]`: writes the CustomResourceDefinitions (`<group>_<plural>.yaml`) to `DIR` (default
+//!   `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
 //! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types;
-//! - `run`: the controllers (Program, Stack, Workspace, Update), the artifact server and the metrics and
-//!   probe endpoint. `run` is also what PKO's deployment calls: flags alone (`pko-operator
-//!   --leader-elect …`), or `/manager` first as PKO's manifest passes it, mean `run`.
+//! - `run`: the controllers (Program, Stack, Workspace, Update), the artifact server and the metrics and probe
+//!   endpoint. `run` is also what PKO's deployment calls: flags alone (`pko-operator --leader-elect …`), or `/manager`
+//!   first as PKO's manifest passes it, mean `run`.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
@@ -109,8 +109,8 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// PKO's deployment runs the manager with flags only, `/manager` first (`args: [/manager,
-/// --leader-elect, …]`): both mean `run`. Anything else is left as it is. Pure.
+/// PKO's deployment runs the manager with flags only, `/manager` first (`args: [/manager, --leader-elect, …]`): both
+/// mean `run`. Anything else is left as it is. Pure.
 fn pko_style(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let is_manager = |a: &std::ffi::OsString| std::path::Path::new(a).file_name().is_some_and(|n| n == "manager");
     if args.get(1).is_some_and(is_manager) {
@@ -123,8 +123,8 @@ fn pko_style(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     args
 }
 
-/// `--leader-elect` outside a fleet: waits for the leader Lease (None when not asked, in a fleet, or
-/// shut down while waiting).
+/// `--leader-elect` outside a fleet: waits for the leader Lease (None when not asked, in a fleet, or shut down while
+/// waiting).
 async fn leader_election(
     client: &kube::Client,
     args: &pko_operator::args::RunArgs,
@@ -171,8 +171,8 @@ async fn leader_election(
     led
 }
 
-/// Logs to standard output (as PKO) in `format` at `level` (a `tracing` filter); ANSI colours only when
-/// standard output is a terminal. `RUST_LOG` overrides the level.
+/// Logs to standard output (as PKO) in `format` at `level` (a `tracing` filter); ANSI colours only when standard output
+/// is a terminal. `RUST_LOG` overrides the level.
 fn init_logging(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout);

@@ -1,35 +1,32 @@
 //! Prometheus metrics and health probes of the operator.
 //!
 //! `GET /metrics` (PKO's metrics endpoint, Helm port 8383) answers, in the Prometheus text format:
-//! - PKO's gauges, computed at scrape time from the Stack and Program controllers' caches (objects this
-//!   replica owns), so a
-//!   deleted Stack's series disappears with it: `stacks_active`, `stacks_failing{namespace,name}` (1 when
+//! - PKO's gauges, computed at scrape time from the Stack and Program controllers' caches (objects this replica owns),
+//!   so a deleted Stack's series disappears with it: `stacks_active`, `stacks_failing{namespace,name}` (1 when
 //!   `status.lastUpdate.state` is `failed`), `programs_active`;
-//! - reconciles of each controller: `pko_reconciles_total{controller}`,
-//!   `pko_reconcile_errors_total{controller,step}`, `pko_reconcile_duration_seconds{controller}`;
-//! - ours, through the `metrics` facade and `metrics-exporter-prometheus` (every `*_seconds` metric a
-//!   histogram):
-//!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}`
-//!   (histogram, seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges,
-//!   this replica's work queue), `pko_update_operations_deferred_total` (counter: jobs put back because
-//!   their workspace class was full), `pko_dispatch_wait_seconds{namespace}` (histogram: first push to
-//!   a worker taking it), `pko_dispatch_latency_seconds{namespace}` (histogram: first push to the
-//!   operation's first event on its agent), `pko_queue_depth{namespace}` (gauge),
-//!   `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}` (gauge),
-//!   `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
+//! - reconciles of each controller: `pko_reconciles_total{controller}`, `pko_reconcile_errors_total{controller,step}`,
+//!   `pko_reconcile_duration_seconds{controller}`;
+//! - ours, through the `metrics` facade and `metrics-exporter-prometheus` (every `*_seconds` metric a histogram):
+//!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}` (histogram,
+//!   seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges, this replica's work
+//!   queue), `pko_update_operations_deferred_total` (counter: jobs put back because their workspace class was full),
+//!   `pko_dispatch_wait_seconds{namespace}` (histogram: first push to a worker taking it),
+//!   `pko_dispatch_latency_seconds{namespace}` (histogram: first push to the operation's first event on its agent),
+//!   `pko_queue_depth{namespace}` (gauge), `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}`
+//!   (gauge), `pko_pool_agents_started_total`, `pko_pool_agents_stopped_total` (counters);
 //! - the fleet's (`--fleet`): `pko_fleet_shards_held`, `pko_fleet_members` (gauges),
 //!   `pko_fleet_shard_transitions_total{change="gained"|"lost"}`, `pko_fleet_holding_gaps_total` (counters),
-//!   `pko_fleet_lease_writes_total{lease="member"|"table",result="done"|"conflict"}` (counter: the
-//!   coordination cost, every series from zero); `pko_update_operations_deferred_total` also starts at zero;
+//!   `pko_fleet_lease_writes_total{lease="member"|"table",result="done"|"conflict"}` (counter: the coordination cost,
+//!   every series from zero); `pko_update_operations_deferred_total` also starts at zero;
 //! - the process's (`metrics-process`): `process_cpu_seconds_total`, `process_resident_memory_bytes`, …
 //!
-//! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint
-//! ([`serve_probes`], PKO `--health-probe-bind-address`).
+//! `GET /healthz` and `GET /readyz` answer `ok` (PKO's probe paths) on the probe endpoint ([`serve_probes`], PKO
+//! `--health-probe-bind-address`).
 //!
-//! `/metrics` names namespaces and Stacks, so by default (PKO `--metrics-secure=true`) it is served over
-//! HTTPS and only to callers whose bearer token passes a TokenReview and a SubjectAccessReview for `get`
-//! on the non-resource URL `/metrics` — controller-runtime's `WithAuthenticationAndAuthorization`, which
-//! PKO uses; grant it with a ClusterRole such as `deploy/manifests/operator.yaml`'s `pko-metrics-reader`.
+//! `/metrics` names namespaces and Stacks, so by default (PKO `--metrics-secure=true`) it is served over HTTPS and only
+//! to callers whose bearer token passes a TokenReview and a SubjectAccessReview for `get` on the non-resource URL
+//! `/metrics` — controller-runtime's `WithAuthenticationAndAuthorization`, which PKO uses; grant it with a ClusterRole
+//! such as `deploy/manifests/operator.yaml`'s `pko-metrics-reader`.
 
 use std::sync::Arc;
 
@@ -47,8 +44,8 @@ use crate::ownership::Ownership;
 /// Metric names (the PKO ones keep PKO's spelling).
 pub use crate::metric_names as names;
 
-/// The process-wide Prometheus recorder of the `metrics` facade: installed by the first call, the same
-/// handle for every later one (several in-process operators in one test binary share it).
+/// The process-wide Prometheus recorder of the `metrics` facade: installed by the first call, the same handle for every
+/// later one (several in-process operators in one test binary share it).
 pub fn install_recorder() -> PrometheusHandle {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     HANDLE
@@ -69,19 +66,16 @@ pub fn install_recorder() -> PrometheusHandle {
         .clone()
 }
 
-/// PKO's gauges for `stacks` and `programs` (those this replica owns), in the Prometheus text format,
-/// written with `metrics-exporter-prometheus`'s own formatting (the same escaping as the facade's
-/// metrics). Pure: the caller passes the cached objects.
-///
-/// These are collector-style gauges, computed at scrape time from the caches as PKO computes them from
-/// its informers, rather than facade gauges: the `metrics` facade cannot delete a series (PKO deletes a
-/// deleted Stack's `stacks_failing`), and its recorder is process-wide, so several replicas in one
-/// process (the fleet tests) would overwrite one another's `stacks_active`.
+/// PKO's gauges for `stacks` and `programs` (those this replica owns, by `owns(namespace, name)`), in the Prometheus
+/// text format with `metrics-exporter-prometheus`'s own escaping. Pure: the caller passes the cached objects.
 pub fn pko_gauges<'a>(
     stacks: impl IntoIterator<Item = &'a Stack>,
     programs: usize,
     owns: &dyn Fn(&str, &str) -> bool,
 ) -> String {
+    // Collector-style gauges, computed at scrape time as PKO computes them from its informers: the `metrics` facade
+    // cannot delete a series (PKO deletes a deleted Stack's `stacks_failing`), and its recorder is process-wide, so
+    // replicas sharing one process (the fleet tests) would overwrite one another's `stacks_active`.
     use metrics_exporter_prometheus::formatting::{write_help_line, write_metric_line, write_type_line};
     let no_labels = LabelSet::from_key_and_global(&metrics::Key::from_name(names::STACKS_ACTIVE), &Default::default());
     let mut failing = Vec::new();
@@ -133,9 +127,8 @@ struct MetricsState {
     handle: PrometheusHandle,
 }
 
-/// The process's own metrics (`metrics-process`: `process_cpu_seconds_total`,
-/// `process_resident_memory_bytes`, open fds, threads, …), collected at each scrape — the per-replica CPU
-/// and memory of the fleet dashboard.
+/// The process's own metrics (`metrics-process`: `process_cpu_seconds_total`, `process_resident_memory_bytes`, open
+/// fds, threads, …), collected at each scrape — the per-replica CPU and memory of the fleet dashboard.
 fn collect_process_metrics() {
     static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
     COLLECTOR
@@ -158,8 +151,8 @@ async fn render(State(s): State<MetricsState>) -> String {
     out
 }
 
-/// What `/metrics` reads: the Stack and Program controllers' caches (no watch of its own), this
-/// replica's ownership, and the `metrics` facade's recorder.
+/// What `/metrics` reads: the Stack and Program controllers' caches (no watch of its own), this replica's ownership,
+/// and the `metrics` facade's recorder.
 #[derive(Clone)]
 pub struct Sources {
     /// The Stack controller's store.
@@ -189,8 +182,8 @@ pub enum Security {
     },
 }
 
-/// A TLS configuration with a self-signed certificate for `localhost` and `names` (controller-runtime
-/// generates one the same way when no certificate is given). Errors: certificate generation failed.
+/// A TLS configuration with a self-signed certificate for `localhost` and `names` (controller-runtime generates one the
+/// same way when no certificate is given). Errors: certificate generation failed.
 pub async fn self_signed_tls(names: Vec<String>) -> std::io::Result<axum_server::tls_rustls::RustlsConfig> {
     let mut sans = vec!["localhost".to_string()];
     sans.extend(names);
@@ -214,9 +207,9 @@ async fn require_authz(
     }
 }
 
-/// Serves `/metrics` ([`router`]) and the operations' output (`/logs/…`, [`crate::logs`], always
-/// authorized per Stack) on `listener` until the future is dropped: plain HTTP, or HTTPS with
-/// authentication and authorization of `/metrics` ([`Security::Secure`]).
+/// Serves `/metrics` ([`router`]) and the operations' output (`/logs/…`, [`crate::logs`], always authorized per Stack)
+/// on `listener` until the future is dropped: plain HTTP, or HTTPS with authentication and authorization of `/metrics`
+/// ([`Security::Secure`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     client: kube::Client,
@@ -235,9 +228,9 @@ pub async fn serve(
     }
 }
 
-/// Serves the probes on `listener`, unauthenticated (PKO `--health-probe-bind-address`, `:8081`), until
-/// the future is dropped: `/healthz` answers `ok` while the process runs; `/readyz` answers `503` until
-/// `ready` is set (the controllers' caches have synced), then `ok`.
+/// Serves the probes on `listener`, unauthenticated (PKO `--health-probe-bind-address`, `:8081`), until the future is
+/// dropped: `/healthz` answers `ok` while the process runs; `/readyz` answers `503` until `ready` is set (the
+/// controllers' caches have synced), then `ok`.
 pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::informer::Synced) -> std::io::Result<()> {
     use axum::http::StatusCode;
     let readyz = move || {
@@ -250,11 +243,10 @@ pub async fn serve_probes(listener: tokio::net::TcpListener, ready: crate::infor
     axum::serve(listener, router).await
 }
 
-/// Serves the probes of a replica waiting for the leader Lease (`--leader-elect`) on `listener` until
-/// `stop` is cancelled: `/healthz` and `/readyz` answer `ok` ("standby"), as controller-runtime's
-/// manager answers before it leads. A Deployment's rolling update then sees the new pod Ready and stops
-/// the old one, whose release of the Lease lets the new one lead (a readiness tied to leadership would
-/// keep both waiting for each other).
+/// Serves the probes of a replica waiting for the leader Lease (`--leader-elect`) on `listener` until `stop` is
+/// cancelled: `/healthz` and `/readyz` answer `ok` ("standby"), as controller-runtime's manager answers before it
+/// leads. A Deployment's rolling update then sees the new pod Ready and stops the old one, whose release of the Lease
+/// lets the new one lead (a readiness tied to leadership would keep both waiting for each other).
 pub async fn serve_standby_probes(
     listener: tokio::net::TcpListener,
     stop: tokio_util::sync::CancellationToken,

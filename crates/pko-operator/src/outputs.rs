@@ -1,9 +1,8 @@
-//! The immutable outputs Secret of an `up` Update (PKO: `<update>-stack-outputs`) and the Stack's
-//! `status.outputs` read back from it with secret values masked — a shared contract between two peers.
-//! **Writer:** the Update worker ([`crate::update::dispatch`], [`secret`]). **Reader:** the Stack
-//! controller ([`crate::stack::reconcile`], [`stack_outputs`]). Within one replica the writer also
-//! hands the reader what it wrote ([`Written`]), so the usual absorb — by the replica that ran the
-//! operation — reads no Secret back.
+//! The immutable outputs Secret of an `up` Update (PKO: `<update>-stack-outputs`) and the Stack's `status.outputs` read
+//! back from it with secret values masked — a shared contract between two peers. **Writer:** the Update worker
+//! ([`crate::update::dispatch`], [`secret`]). **Reader:** the Stack controller ([`crate::stack::reconcile`],
+//! [`stack_outputs`]). Within one replica the writer also hands the reader what it wrote ([`Written`]), so the usual
+//! absorb — by the replica that ran the operation — reads no Secret back.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,19 +76,18 @@ pub fn stack_outputs(secret: &Secret) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// The masked outputs ([`stack_outputs`]) of the outputs Secrets this replica wrote lately, by the
-/// Update's `uid`: the Stack controller absorbing that Update takes them from here instead of reading
-/// the Secret back (one GET per operation less). Holds no secret value (they are masked). Bounded:
-/// [`WRITTEN_CAPACITY`] Updates, each kept [`WRITTEN_FOR`]; a miss (another replica ran it, a restart,
-/// evicted) reads the Secret as before.
+/// The masked outputs ([`stack_outputs`]) of the outputs Secrets this replica wrote lately, by the Update's `uid`: the
+/// Stack controller absorbing that Update takes them from here instead of reading the Secret back (one GET per
+/// operation less). Holds no secret value (they are masked). Bounded: [`WRITTEN_CAPACITY`] Updates, each kept
+/// [`WRITTEN_FOR`]; a miss (another replica ran it, a restart, evicted) reads the Secret as before.
 #[derive(Clone)]
 pub struct Written(moka::future::Cache<String, Arc<BTreeMap<String, Value>>>);
 
 /// How many Updates' outputs [`Written`] keeps at most.
 pub const WRITTEN_CAPACITY: u64 = 4096;
 
-/// How long [`Written`] keeps an Update's outputs: 15 minutes (an Update is absorbed within seconds
-/// of its result unless its Stack's replica is busy or down).
+/// How long [`Written`] keeps an Update's outputs: 15 minutes (an Update is absorbed within seconds of its result
+/// unless its Stack's replica is busy or down).
 pub const WRITTEN_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 impl Default for Written {
@@ -110,8 +108,8 @@ impl Written {
         self.0.insert(update_uid.to_string(), Arc::new(stack_outputs(secret))).await;
     }
 
-    /// The masked outputs written for the Update `update_uid` by this replica, once: `None` when it
-    /// did not write them (or they were evicted).
+    /// The masked outputs written for the Update `update_uid` by this replica, once: `None` when it did not write them
+    /// (or they were evicted).
     pub async fn take(&self, update_uid: &str) -> Option<Arc<BTreeMap<String, Value>>> {
         self.0.remove(update_uid).await
     }

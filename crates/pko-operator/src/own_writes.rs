@@ -1,11 +1,10 @@
-//! What a controller may take a cached object for, from its own last write of it: the
-//! `resourceVersion` each object had after this replica's last write, when, and at which shard epoch.
+//! What a controller may take a cached object for, from its own last write of it: the `resourceVersion` each object had
+//! after this replica's last write, when, and at which shard epoch.
 //!
-//! A cached copy at exactly that version is known current (nobody wrote it since, and the cache has
-//! caught up). Another version within [`CACHE_CATCH_UP`] of the write is most likely the cache not
-//! having caught up yet: wait for it. Any other copy is used unverified, its writes pinned to its
-//! `resourceVersion`. A write recorded at another epoch of the object's shard says nothing: the shard
-//! was lost since, and its holders in between may have written.
+//! A cached copy at exactly that version is known current (nobody wrote it since, and the cache has caught up). Another
+//! version within [`CACHE_CATCH_UP`] of the write is most likely the cache not having caught up yet: wait for it. Any
+//! other copy is used unverified, its writes pinned to its `resourceVersion`. A write recorded at another epoch of the
+//! object's shard says nothing: the shard was lost since, and its holders in between may have written.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -13,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use kube::{Resource, ResourceExt};
 
-/// How long after this replica's own write a cached copy at another version is taken as the cache
-/// catching up rather than someone else's newer write: 1 second (the watch delivers a write in
-/// milliseconds at rest; a pinned write on the older copy would only be refused with 409).
+/// How long after this replica's own write a cached copy at another version is taken as the cache catching up rather
+/// than someone else's newer write: 1 second (the watch delivers a write in milliseconds at rest; a pinned write on the
+/// older copy would only be refused with 409).
 pub const CACHE_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// What a cached copy may be taken for ([`OwnWrites::judge`]).
@@ -55,8 +54,7 @@ impl<K: Resource> OwnWrites<K> {
         self.writes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What `cached` (the informer's copy) may be taken for at `now`, its shard held at `epoch`. Pure
-    /// on the map.
+    /// What `cached` (the informer's copy) may be taken for at `now`, its shard held at `epoch`. Pure on the map.
     pub fn judge(&self, cached: &K, now: Instant, epoch: i64) -> Cached {
         let key = (cached.namespace().unwrap_or_default(), cached.name_any());
         let rv = cached.meta().resource_version.clone();
@@ -73,8 +71,8 @@ impl<K: Resource> OwnWrites<K> {
         }
     }
 
-    /// Records the version a write gave object `ns/name` now, its shard held at `epoch` (`None`:
-    /// forget it, the object is going away).
+    /// Records the version a write gave object `ns/name` now, its shard held at `epoch` (`None`: forget it, the object
+    /// is going away).
     pub fn record(&self, ns: &str, name: &str, version: Option<String>, epoch: i64) {
         let key = (ns.to_string(), name.to_string());
         match version {

@@ -1,9 +1,9 @@
-//! The Program controller: renders a Program into a `Pulumi.yaml` project, packs it as a gzipped tarball
-//! and publishes a Flux-compatible `status.artifact` (PKO `program_controller.go`); the artifact server
-//! ([`crate::artifacts`]) serves the same bytes at `status.artifact.url`.
+//! The Program controller: renders a Program into a `Pulumi.yaml` project, packs it as a gzipped tarball and publishes
+//! a Flux-compatible `status.artifact` (PKO `program_controller.go`); the artifact server ([`crate::artifacts`]) serves
+//! the same bytes at `status.artifact.url`.
 //!
-//! Rendering is deterministic (fixed mtime, owner and mode), so a tarball regenerated on request always
-//! matches the published digest.
+//! Rendering is deterministic (fixed mtime, owner and mode), so a tarball regenerated on request always matches the
+//! published digest.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,8 +43,8 @@ pub fn render_yaml(name: &str, spec: &ProgramSpec) -> Result<String, Error> {
     serde_yaml_ng::to_string(&Value::Object(doc)).map_err(|e| Error::Render(name.into(), e.to_string()))
 }
 
-/// A gzipped tarball holding one file, `Pulumi.yaml` (mode 0775, mtime 0, uid/gid 0): byte-for-byte
-/// the same for the same YAML.
+/// A gzipped tarball holding one file, `Pulumi.yaml` (mode 0775, mtime 0, uid/gid 0): byte-for-byte the same for the
+/// same YAML.
 pub fn pack(yaml: &str) -> Vec<u8> {
     let gz = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::default());
     let mut b = tar::Builder::new(gz);
@@ -70,8 +70,8 @@ pub fn tarball(program: &Program) -> Result<Vec<u8>, Error> {
     Ok(pack(&yaml))
 }
 
-/// The artifact `status.artifact` should hold for `program`, served from `advertised` (host:port).
-/// `last_update_time` is kept from `previous` when the digest did not change.
+/// The artifact `status.artifact` should hold for `program`, served from `advertised` (host:port). `last_update_time`
+/// is kept from `previous` when the digest did not change.
 pub fn desired_artifact(
     program: &Program,
     advertised: &str,
@@ -145,8 +145,8 @@ impl crate::k8s::ReconcileError for Error {
     }
 }
 
-/// The Program controller and its cache (which the artifact server reads), watching Programs through
-/// `informers`: run the future until shutdown.
+/// The Program controller and its cache (which the artifact server reads), watching Programs through `informers`: run
+/// the future until shutdown.
 pub fn program_controller(
     ctx: std::sync::Arc<crate::context::Context>,
     informers: &mut crate::informer::Informers,

@@ -1,7 +1,7 @@
-//! The operator assembly: one function wires the controllers (Program, Stack, Workspace, Update), the
-//! artifact server, the metrics and probe endpoints and the agent runtime, under one shutdown token.
-//! `main`, the integration tests and the benches all start the operator here, so a test can run two or
-//! more replicas in one process against one API server.
+//! The operator assembly: one function wires the controllers (Program, Stack, Workspace, Update), the artifact server,
+//! the metrics and probe endpoints and the agent runtime, under one shutdown token. `main`, the integration tests and
+//! the benches all start the operator here, so a test can run two or more replicas in one process against one API
+//! server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,25 +81,25 @@ impl Operator {
         Self { client, watch_client: None, args, local_agent_env: Vec::new() }
     }
 
-    /// The client watches go through (default: the request client). `main` gives one without
-    /// `--kube-api-timeout`'s read timeout, which would cut every quiet watch.
+    /// The client watches go through (default: the request client). `main` gives one without `--kube-api-timeout`'s
+    /// read timeout, which would cut every quiet watch.
     pub fn watch_client(mut self, client: kube::Client) -> Self {
         self.watch_client = Some(client);
         self
     }
 
-    /// The environment local agents start with ([`crate::agents::local::local_agent_env`] of
-    /// the operator's own, in `main`).
+    /// The environment local agents start with ([`crate::agents::local::local_agent_env`] of the operator's own, in
+    /// `main`).
     pub fn local_agent_env(mut self, env: Vec<(String, String)>) -> Self {
         self.local_agent_env = env;
         self
     }
 
-    /// Binds the listeners, starts every controller and server, and returns at once. Cancelling
-    /// `shutdown` stops the controllers (each finishes its running reconciles) and then the servers.
+    /// Binds the listeners, starts every controller and server, and returns at once. Cancelling `shutdown` stops the
+    /// controllers (each finishes its running reconciles) and then the servers.
     ///
-    /// Errors: a flag combination that cannot work (named in the message), a listener that cannot bind,
-    /// or the metrics certificate.
+    /// Errors: a flag combination that cannot work (named in the message), a listener that cannot bind, or the metrics
+    /// certificate.
     pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
         let Operator { client, watch_client, args, local_agent_env } = self;
         let RunArgs { artifacts, runtime, operations, metrics, logging: _, fleet, manager: _ } = args;
@@ -178,8 +178,8 @@ impl Operator {
         Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
     }
 
-    /// Runs the controllers until shutdown, then lets the membership end — it releases its Lease, so its
-    /// successors take the shards at once (5 s at most) — and stops the servers.
+    /// Runs the controllers until shutdown, then lets the membership end — it releases its Lease, so its successors
+    /// take the shards at once (5 s at most) — and stops the servers.
     async fn until_stopped(
         controllers: futures::future::BoxFuture<'static, ()>,
         membership: Vec<tokio::task::JoinHandle<()>>,
@@ -218,8 +218,8 @@ impl Operator {
         })
     }
 
-    /// The four controllers, watching through `informers`: the Program and Stack caches (the metrics
-    /// read them) and one future running every controller until shutdown.
+    /// The four controllers, watching through `informers`: the Program and Stack caches (the metrics read them) and one
+    /// future running every controller until shutdown.
     fn controllers(
         ctx: &Arc<Context>,
         agents: Arc<Agents>,
@@ -247,8 +247,8 @@ impl Operator {
         (programs, stacks, all.boxed())
     }
 
-    /// This replica's fleet id, once (the host name when not given); `None` outside a fleet. A fleet
-    /// without Redis must be a single replica.
+    /// This replica's fleet id, once (the host name when not given); `None` outside a fleet. A fleet without Redis must
+    /// be a single replica.
     ///
     /// Errors: no id to be had, or another replica of the fleet is found without Redis.
     async fn replica(
@@ -298,8 +298,8 @@ impl Operator {
         }
     }
 
-    /// The fleet's labellers: unsharded objects get their shard labels, and objects filed under another
-    /// shard count are relabelled.
+    /// The fleet's labellers: unsharded objects get their shard labels, and objects filed under another shard count are
+    /// relabelled.
     fn labellers(
         client: &kube::Client,
         watch_client: &kube::Client,
@@ -322,11 +322,9 @@ impl Operator {
         tasks
     }
 
-    /// Where agents run (`--runtime`, `--agent-pools`): `replica` is this replica's fleet id, under
-    /// which local pools keep their records ("operator" outside a fleet); `ownership` says which pools
-    /// of pods this replica maintains (those whose shard it holds). Agents in pods authenticate the
-    /// operator: they get its tokens (`--service-account`, or PKO's `POD_NAMESPACE` + `POD_SA_NAME`),
-    /// one cache for the Workspace controller's probes and the workers' calls.
+    /// Where agents run (`--runtime`, `--agent-pools`): `replica` is the fleet id under which local pools keep their
+    /// records ("operator" outside a fleet); `ownership` says which pod pools this replica maintains. Agents in pods
+    /// get the operator's tokens (`--service-account`, or PKO's `POD_NAMESPACE` + `POD_SA_NAME`) from one cache.
     ///
     /// Errors: a flag the runtime needs is missing; hollow agents without pools.
     fn agents(
@@ -406,8 +404,8 @@ impl Operator {
         }
     }
 
-    /// The work queue: Redis with `--redis-url` (returned twice: also as itself, the fleet's
-    /// backlog), else in memory (a fleet of one: checked before). `replica`: this replica's fleet id.
+    /// The work queue: Redis with `--redis-url` (returned twice: also as itself, the fleet's backlog), else in memory
+    /// (a fleet of one: checked before). `replica`: this replica's fleet id.
     async fn queue(
         operations: &crate::args::OperationArgs,
         replica: Option<&str>,

@@ -1,18 +1,17 @@
-//! Secret contents for operation requests without a Secret GET per operation (issue "Be light on the
-//! API server": the passphrase Secret a Stack's `envRefs` name was the last read on the hot path).
+//! Secret contents for operation requests without a Secret GET per operation (issue "Be light on the API server": the
+//! passphrase Secret a Stack's `envRefs` name was the last read on the hot path).
 //!
-//! A metadata-only watch of Secrets (a watch of `PartialObjectMeta`: names and `resourceVersion`s, no
-//! data, one watch per source of the operator's [`WatchScope`], the operator's own outputs Secrets
-//! left out: [`versions_selector`]) says which version of each Secret is current; the contents read
-//! last are kept in memory by `(namespace, name)` with the `resourceVersion` they were read at, and
-//! are used only while that version is still the current one. A changed Secret is read again at its
-//! next use; until its watch has listed once, or without a watch at all ([`SecretCache::default`]),
-//! every use reads it. The watch lags the API server as any informer does (controller-runtime's
-//! cached client reads Secrets the same way; PKO's workspace pod reads its `secretKeyRef`s once, when
-//! it starts).
+//! A metadata-only watch of Secrets (a watch of `PartialObjectMeta`: names and `resourceVersion`s, no data, one watch
+//! per source of the operator's [`WatchScope`], the operator's own outputs Secrets left out: [`versions_selector`])
+//! says which version of each Secret is current; the contents read last are kept in memory by `(namespace, name)` with
+//! the `resourceVersion` they were read at, and are used only while that version is still the current one. A changed
+//! Secret is read again at its next use; until its watch has listed once, or without a watch at all
+//! ([`SecretCache::default`]), every use reads it. The watch lags the API server as any informer does
+//! (controller-runtime's cached client reads Secrets the same way; PKO's workspace pod reads its `secretKeyRef`s once,
+//! when it starts).
 //!
-//! Contents stay in this process's memory only (never in Redis, logs or metrics), for at most
-//! [`CONTENT_TTL`] after their last read, at most [`CONTENT_CAPACITY`] Secrets.
+//! Contents stay in this process's memory only (never in Redis, logs or metrics), for at most [`CONTENT_TTL`] after
+//! their last read, at most [`CONTENT_CAPACITY`] Secrets.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,8 +41,8 @@ pub const CONTENT_CAPACITY: u64 = 4096;
 /// The Secrets' current versions: one store per watched namespace, or one for the cluster (`None`).
 type Versions = BTreeMap<Option<String>, Store<PartialObjectMeta<Secret>>>;
 
-/// Reads Secrets' data through a content cache checked against a metadata watch (see the module).
-/// Cheap to clone (shared state).
+/// Reads Secrets' data through a content cache checked against a metadata watch (see the module). Cheap to clone
+/// (shared state).
 #[derive(Clone)]
 pub struct SecretCache {
     versions: Arc<Versions>,
@@ -72,9 +71,9 @@ impl SecretCache {
         Self { versions: Arc::new(versions), contents }
     }
 
-    /// A cache whose versions come from a metadata watch of Secrets over `scope` through `client`
-    /// (the watch client: no read timeout), and the watch to run until `shutdown` (errors are logged
-    /// and retried with kube's default backoff; a watch refused by RBAC leaves its namespace uncached).
+    /// A cache whose versions come from a metadata watch of Secrets over `scope` through `client` (the watch client: no
+    /// read timeout), and the watch to run until `shutdown` (errors are logged and retried with kube's default backoff;
+    /// a watch refused by RBAC leaves its namespace uncached).
     pub fn watched(
         client: &kube::Client,
         scope: &WatchScope,
@@ -123,16 +122,15 @@ impl SecretCache {
         (Self::with_versions(versions), Box::pin(run))
     }
 
-    /// The current `resourceVersion` of Secret `name` in `namespace` as the watch last saw it;
-    /// `None` when no watch covers it (an outputs Secret: [`versions_selector`]), its watch has not
-    /// listed yet, or it does not exist.
+    /// The current `resourceVersion` of Secret `name` in `namespace` as the watch last saw it; `None` when no watch
+    /// covers it (an outputs Secret: [`versions_selector`]), its watch has not listed yet, or it does not exist.
     pub fn current_version(&self, namespace: &str, name: &str) -> Option<String> {
         let store = self.versions.get(&Some(namespace.to_string())).or_else(|| self.versions.get(&None))?;
         store.get(&ObjectRef::new(name).within(namespace))?.metadata.resource_version.clone()
     }
 
-    /// The data of Secret `name` in `namespace`: the cached contents when they were read at the
-    /// version the watch says is current, else read through `client` (and kept).
+    /// The data of Secret `name` in `namespace`: the cached contents when they were read at the version the watch says
+    /// is current, else read through `client` (and kept).
     ///
     /// Errors: the API server's (404 for a missing Secret, 403, …).
     pub async fn read(&self, client: &kube::Client, namespace: &str, name: &str) -> Result<Arc<Data>, kube::Error> {
@@ -153,23 +151,21 @@ impl SecretCache {
     }
 }
 
-/// The label selector of the Secrets whose versions are watched: every Secret but the operator's
-/// own outputs Secrets (`auto.pulumi.com/component=update`, PKO's label), which are immutable, read
-/// directly by the Stack that absorbs their Update and never through this cache — one per Update,
-/// they were most of what every replica held and were sent, whatever its share. An outputs Secret a
-/// user names in `envRefs` is read at each use (no version known: [`usable`] says read). Pure.
+/// The label selector of the Secrets whose versions are watched: all but the operator's immutable outputs Secrets
+/// (`auto.pulumi.com/component=update`), one per Update and most of what a replica would hold otherwise; the Stack
+/// reads those directly, and one named in `envRefs` is read at each use ([`usable`]). Pure.
 pub fn versions_selector() -> String {
     format!("{AUTO_COMPONENT_LABEL}!=update")
 }
 
-/// The metadata watch's configuration: [`versions_selector`], listed from the API server's watch
-/// cache ([`crate::informer::list_config`]). Pure.
+/// The metadata watch's configuration: [`versions_selector`], listed from the API server's watch cache
+/// ([`crate::informer::list_config`]). Pure.
 fn versions_config() -> watcher::Config {
     crate::informer::list_config().labels(&versions_selector())
 }
 
-/// Step **usable** (pure): the cached contents `cached` (version read at, data) when they were read
-/// at `current`, the version the watch says is current; `None` (read again) otherwise.
+/// Step **usable** (pure): the cached contents `cached` (version read at, data) when they were read at `current`, the
+/// version the watch says is current; `None` (read again) otherwise.
 fn usable(current: Option<&str>, cached: Option<&(String, Arc<Data>)>) -> Option<Arc<Data>> {
     match (current, cached) {
         (Some(current), Some((read_at, data))) if current == read_at => Some(data.clone()),
@@ -177,8 +173,8 @@ fn usable(current: Option<&str>, cached: Option<&(String, Arc<Data>)>) -> Option
     }
 }
 
-/// Keeps only what the cache needs of a Secret's metadata (namespace, name, `resourceVersion`), so a
-/// cluster's Secrets cost a few hundred bytes each in memory.
+/// Keeps only what the cache needs of a Secret's metadata (namespace, name, `resourceVersion`), so a cluster's Secrets
+/// cost a few hundred bytes each in memory.
 fn keep_version_only(meta: &mut PartialObjectMeta<Secret>) {
     let m = &mut meta.metadata;
     *m = kube::api::ObjectMeta {

@@ -1,24 +1,21 @@
-//! The Workspace's `Stalled` condition and `pulumiVersion` from operations (PKO's Workspace lifecycle,
-//! issue 13 item 6) — a shared contract between two peers. **Writer:** the Update worker
-//! ([`crate::update::dispatch`], [`record`], [`record_pulumi_version`]), for the Workspace an operation
-//! ran on; the Workspace controller for a spec it cannot run ([`spec_error`]) and for its own
-//! initialization of the Workspace's stacks ([`record`], PKO's, before any Update).
-//! **Reader:** the Workspace controller ([`crate::workspace::controller`]), which derives `Ready` from
-//! it.
+//! The Workspace's `Stalled` condition and `pulumiVersion` from operations (PKO's Workspace lifecycle, issue 13 item 6)
+//! — a shared contract between two peers. **Writer:** the Update worker ([`crate::update::dispatch`], [`record`],
+//! [`record_pulumi_version`]), for the Workspace an operation ran on; the Workspace controller for a spec it cannot run
+//! ([`spec_error`]) and for its own initialization of the Workspace's stacks ([`record`], PKO's, before any Update).
+//! **Reader:** the Workspace controller ([`crate::workspace::controller`]), which derives `Ready` from it.
 //!
-//! PKO initialises each workspace pod once (`pulumi install`, then select, configure and add the
-//! environments of each stack) and marks the Workspace Stalled — Ready False with the same reason —
-//! when that fails: `InstallationFailed`, `InitializationFailed`, or `IncompatibleConfiguration` (the CLI
-//! is too old for structured config). Here every operation prepares its workspace too, and its result
-//! says how that went ([`verdict`]): the Update dispatcher records it on the Workspace ([`record`]).
-//! The Workspace controller initializes a Workspace as PKO does before it is first Ready (on its own
-//! agent; on pooled agents for a `create: false` stack; and any Workspace Stalled again every
-//! minute) and records that the same way; it derives `Ready` from the condition, and stalls a spec it
-//! cannot run ([`spec_error`], reason `SpecInvalid`).
+//! PKO initialises each workspace pod once (`pulumi install`, then select, configure and add the environments of each
+//! stack) and marks the Workspace Stalled — Ready False with the same reason — when that fails: `InstallationFailed`,
+//! `InitializationFailed`, or `IncompatibleConfiguration` (the CLI is too old for structured config). Here every
+//! operation prepares its workspace too, and its result says how that went ([`verdict`]): the Update dispatcher records
+//! it on the Workspace ([`record`]). The Workspace controller initializes a Workspace as PKO does before it is first
+//! Ready (on its own agent; on pooled agents for a `create: false` stack; and any Workspace Stalled again every minute)
+//! and records that the same way; it derives `Ready` from the condition, and stalls a spec it cannot run
+//! ([`spec_error`], reason `SpecInvalid`).
 //!
-//! The condition is applied with its own field manager ([`field_manager::WORKSPACE_STALLED`]), so the
-//! Workspace controller's status writes (which carry only `Ready`) leave it alone, and it is cleared by
-//! applying no conditions with that manager.
+//! The condition is applied with its own field manager ([`field_manager::WORKSPACE_STALLED`]), so the Workspace
+//! controller's status writes (which carry only `Ready`) leave it alone, and it is cleared by applying no conditions
+//! with that manager.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
@@ -40,8 +37,8 @@ pub enum Verdict {
     },
     /// The workspace was prepared (the operation got as far as running Pulumi's command).
     Initialized,
-    /// Says nothing about the workspace (e.g. the source could not be fetched, the operation was
-    /// interrupted or the request was refused).
+    /// Says nothing about the workspace (e.g. the source could not be fetched, the operation was interrupted or the
+    /// request was refused).
     Unknown,
 }
 
@@ -62,9 +59,9 @@ pub fn verdict(result: &OperationResult) -> Verdict {
     }
 }
 
-/// Why the Workspace's spec cannot run, naming each field (`spec.securityProfile: unsupported value
-/// "privileged"; one of "baseline" or "restricted"`); `None` when it can. PKO's schema admits any string
-/// for these (Go string types), so the API server lets them through. Pure.
+/// Why the Workspace's spec cannot run, naming each field (`spec.securityProfile: unsupported value "privileged"; one
+/// of "baseline" or "restricted"`); `None` when it can. PKO's schema admits any string for these (Go string types), so
+/// the API server lets them through. Pure.
 pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
     let mut errors = Vec::new();
     if let Some(p) = spec.security_profile.as_ref().filter(|p| !p.is_known()) {
@@ -87,9 +84,8 @@ pub fn spec_error(spec: &WorkspaceSpec) -> Option<String> {
     (!errors.is_empty()).then(|| errors.join("; "))
 }
 
-/// Whether the Workspace controller clears `ws`'s `Stalled` condition: it was recorded for an earlier
-/// generation, or it is `SpecInvalid` (the controller's own; a spec that still cannot run stalls it
-/// again at once). Pure.
+/// Whether the Workspace controller clears `ws`'s `Stalled` condition: it was recorded for an earlier generation, or it
+/// is `SpecInvalid` (the controller's own; a spec that still cannot run stalls it again at once). Pure.
 pub fn outdated(ws: &Workspace) -> bool {
     let current = pko_api::conditions::find(
         ws.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default(),
@@ -100,8 +96,8 @@ pub fn outdated(ws: &Workspace) -> bool {
     })
 }
 
-/// The event PKO emits when a workspace stalls with `reason` preparing stack `stack`, and its text
-/// (PKO's `Failed to initialize stack "<name>": <error>` for a stack that could not be selected). Pure.
+/// The event PKO emits when a workspace stalls with `reason` preparing stack `stack`, and its text (PKO's `Failed to
+/// initialize stack "<name>": <error>` for a stack that could not be selected). Pure.
 pub fn stall_event(reason: &str, message: &str, stack: &str) -> Option<(&'static str, String)> {
     match reason {
         wc::INSTALLATION_FAILED => Some((ev::INSTALLATION_FAILURE, message.to_string())),
@@ -112,8 +108,8 @@ pub fn stall_event(reason: &str, message: &str, stack: &str) -> Option<(&'static
     }
 }
 
-/// The status to apply with [`field_manager::WORKSPACE_STALLED`] so that `ws` is Stalled with `stall`
-/// (`Some((reason, message))`) or not at all (`None`); `None` when it already says so. Pure.
+/// The status to apply with [`field_manager::WORKSPACE_STALLED`] so that `ws` is Stalled with `stall` (`Some((reason,
+/// message))`) or not at all (`None`); `None` when it already says so. Pure.
 pub fn patch(
     ws: &Workspace,
     stall: Option<(&str, &str)>,
@@ -159,10 +155,9 @@ pub async fn apply(client: &kube::Client, ws: &Workspace, stall: Option<(&str, &
     Ok(true)
 }
 
-/// Records `verdict` (of an operation that ran on `ws`) on the Workspace, with PKO's events: a stall
-/// sets `Stalled` (`InstallationFailure` / `StackInitializationFailure` Warning); a workspace prepared
-/// again clears a stall (`Initialized`). Errors are logged: the operation's own result is written
-/// already.
+/// Records `verdict` (of an operation that ran on `ws`) on the Workspace, with PKO's events: a stall sets `Stalled`
+/// (`InstallationFailure` / `StackInitializationFailure` Warning); a workspace prepared again clears a stall
+/// (`Initialized`). Errors are logged: the operation's own result is written already.
 pub async fn record(
     client: &kube::Client,
     events: &crate::k8s::Events,
@@ -204,8 +199,8 @@ pub async fn record(
 }
 
 /// Records the Pulumi CLI version `cli` reported by the agent that ran an operation on `ws` as its
-/// `status.pulumiVersion` (PKO's), with its own field manager, when it changed. Errors are logged: the
-/// operation's own result is written already.
+/// `status.pulumiVersion` (PKO's), with its own field manager, when it changed. Errors are logged: the operation's own
+/// result is written already.
 pub async fn record_pulumi_version(client: &kube::Client, ws: &Workspace, cli: &str) {
     let version = pko_proto::pulumi_version(cli);
     if version.is_empty() || ws.status.as_ref().and_then(|w| w.pulumi_version.as_deref()) == Some(version.as_str()) {

@@ -1,15 +1,13 @@
-//! The run digest: what an operation runs, as one `sha256:<hex>` — the source (a commit, an artifact's
-//! digest, a directory), the stack's settings, its config (values, or the references they come from)
-//! and its environment (likewise), with the Workspace's `envFrom` sources by name. The Stack controller
-//! writes it on each Update it makes (`spec.runDigest`, from the Workspace it applied), the dispatcher
-//! checks the request it built against it, and the agent checks the request it received and reports
-//! what it ran (`status.runDigest`); the Stack is Ready at a generation only from a run of that
-//! generation's digest.
+//! The run digest: what an operation runs, as one `sha256:<hex>` — the source (a commit, an artifact's digest, a
+//! directory), the stack's settings, its config (values, or the references they come from) and its environment
+//! (likewise), with the Workspace's `envFrom` sources by name. The Stack controller writes it on each Update it makes
+//! (`spec.runDigest`, from the Workspace it applied), the dispatcher checks the request it built against it, and the
+//! agent checks the request it received and reports what it ran (`status.runDigest`); the Stack is Ready at a
+//! generation only from a run of that generation's digest.
 //!
-//! Left out on purpose: secret values and whatever a reference resolves to (a Secret rotated is the same
-//! run), the operation and its options (the Update's own spec), credentials for the source, mirrors and
-//! an artifact's URL when it has a digest (the same bytes from another replica), the agent's own
-//! environment and the Pulumi CLI.
+//! Left out on purpose: secret values and whatever a reference resolves to (a Secret rotated is the same run), the
+//! operation and its options (the Update's own spec), credentials for the source, mirrors and an artifact's URL when it
+//! has a digest (the same bytes from another replica), the agent's own environment and the Pulumi CLI.
 
 use sha2::{Digest, Sha256};
 
@@ -21,8 +19,8 @@ const FORM: &str = "pko-run-digest/1";
 /// The origin of a variable of an `envFrom` source ([`ValueRef::origin`]): not digested.
 pub const ENV_FROM_ORIGIN: &str = "envFrom";
 
-/// The run digest of `req` (`sha256:` and 64 lowercase hex digits). Pure; resolving `req`'s references
-/// (which records their [`ValueRef::origin`]) or adding mirrors leaves it unchanged.
+/// The run digest of `req` (`sha256:` and 64 lowercase hex digits). Pure; resolving `req`'s references (which records
+/// their [`ValueRef::origin`]) or adding mirrors leaves it unchanged.
 pub fn run_digest(req: &OperationRequest) -> String {
     let mut lines = vec![FORM.to_string(), source_line(req.source.as_ref())];
     let stack = req.stack.clone().unwrap_or_default();

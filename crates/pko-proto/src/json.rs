@@ -1,5 +1,5 @@
-//! JSON ↔ protobuf `Struct`/`Value`: engine events travel as `google.protobuf.Struct`, config values
-//! as `google.protobuf.Value` (both sides of the agent API convert with these).
+//! JSON ↔ protobuf `Struct`/`Value`: engine events travel as `google.protobuf.Struct`, config values as
+//! `google.protobuf.Value` (both sides of the agent API convert with these).
 
 use prost_types::{ListValue, Struct, Value, value::Kind};
 

@@ -1,6 +1,6 @@
-//! An operation's events as the lines Pulumi prints: its engine events rendered (resource steps,
-//! diagnostics, the summary), its log lines (`stdout`, `stderr`, `agent`) and its result. The agent
-//! writes them to its standard output; the operator keeps them for `kubectl pko logs`. Pure.
+//! An operation's events as the lines Pulumi prints: its engine events rendered (resource steps, diagnostics, the
+//! summary), its log lines (`stdout`, `stderr`, `agent`) and its result. The agent writes them to its standard output;
+//! the operator keeps them for `kubectl pko logs`. Pure.
 
 use serde_json::Value;
 
@@ -15,9 +15,8 @@ pub fn stream_name(stream: i32) -> &'static str {
     }
 }
 
-/// The `(stream, text)` an event reads as: a log line as it is, an engine event rendered ([`render`],
-/// stream `engine`), the result (`result`: its status and message); `None` for engine events Pulumi
-/// prints nothing for.
+/// The `(stream, text)` an event reads as: a log line as it is, an engine event rendered ([`render`], stream `engine`),
+/// the result (`result`: its status and message); `None` for engine events Pulumi prints nothing for.
 pub fn line_of(event: &OperationEvent) -> Option<(&'static str, String)> {
     match event.event.as_ref()? {
         Event::Log(LogLine { stream, text }) => Some((stream_name(*stream), text.clone())),
@@ -34,9 +33,9 @@ pub fn line_of(event: &OperationEvent) -> Option<(&'static str, String)> {
     }
 }
 
-/// An engine event as Pulumi prints it: a resource step (`+ command:local:Command hello creating`,
-/// then `created`), a diagnostic of severity info, warning or error (`error: …`; debug ones are left
-/// out), the summary (`Resources: 2 created, 1 unchanged; duration 3 s`); `None` for the rest. Pure.
+/// An engine event as Pulumi prints it: a resource step (`+ command:local:Command hello creating`, then `created`), a
+/// diagnostic of severity info, warning or error (`error: …`; debug ones are left out), the summary (`Resources: 2
+/// created, 1 unchanged; duration 3 s`); `None` for the rest. Pure.
 pub fn render(event: &serde_json::Map<String, Value>) -> Option<String> {
     if let Some(m) = event.get("resourcePreEvent").map(|e| &e["metadata"]) {
         return step(m, false);

@@ -1,8 +1,7 @@
-//! Backend lock holders as Pulumi's DIY backends (`file://`, `s3://`, `gs://`, `azblob://`) name them in
-//! a conflict (`<lock file>: created by <user>@<host> (pid <pid>) at <RFC 3339 time>`,
-//! `pkg/backend/diy/lock.go`), and as an agent repeats them in a failed Update's message
-//! ([`describe`]): the contract between the agent, which judges holders on its host, and the operator,
-//! which judges the others on an unlock request (`pulumi.com/unlock-request`).
+//! Backend lock holders as Pulumi's DIY backends (`file://`, `s3://`, `gs://`, `azblob://`) name them in a conflict
+//! (`<lock file>: created by <user>@<host> (pid <pid>) at <RFC 3339 time>`, `pkg/backend/diy/lock.go`), and as an agent
+//! repeats them in a failed Update's message ([`describe`]): the contract between the agent, which judges holders on
+//! its host, and the operator, which judges the others on an unlock request (`pulumi.com/unlock-request`).
 
 /// One lock's holder as a conflict message names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +26,8 @@ impl std::fmt::Display for Holder {
     }
 }
 
-/// The holders named in `text` (a `pulumi` conflict's whole output, or an Update's message); empty
-/// when it names none (the Pulumi Cloud's `[409] Conflict` names none).
+/// The holders named in `text` (a `pulumi` conflict's whole output, or an Update's message); empty when it names none
+/// (the Pulumi Cloud's `[409] Conflict` names none).
 pub fn holders(text: &str) -> Vec<Holder> {
     text.lines()
         .filter_map(|line| {
@@ -42,8 +41,8 @@ pub fn holders(text: &str) -> Vec<Holder> {
         .collect()
 }
 
-/// `holders` one per line as an agent appends them to a conflict's Update message
-/// (`lock: created by <who> (pid <pid>) at <time>`), which [`holders`] reads back.
+/// `holders` one per line as an agent appends them to a conflict's Update message (`lock: created by <who> (pid <pid>)
+/// at <time>`), which [`holders`] reads back.
 pub fn describe(holders: &[Holder]) -> String {
     holders
         .iter()

@@ -1,8 +1,8 @@
-//! Connections to Redis: one server (`redis://`, `rediss://`, password in the URL) or, for HA installs,
-//! the master that Redis Sentinel names (the redis crate's `sentinel` support through
-//! `deadpool-redis`). A connection that failed at the transport level or reached a server that is no
-//! longer the master (`READONLY`, after a Sentinel failover) is dropped instead of going back to the
-//! pool, so the next command connects afresh — through Sentinel, to the new master.
+//! Connections to Redis: one server (`redis://`, `rediss://`, password in the URL) or, for HA installs, the master that
+//! Redis Sentinel names (the redis crate's `sentinel` support through `deadpool-redis`). A connection that failed at
+//! the transport level or reached a server that is no longer the master (`READONLY`, after a Sentinel failover) is
+//! dropped instead of going back to the pool, so the next command connects afresh — through Sentinel, to the new
+//! master.
 
 use deadpool_redis::Runtime;
 use redis::aio::ConnectionLike;
@@ -13,9 +13,8 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 pub enum Target {
     /// One server: a `redis://` or `rediss://` URL.
     Server(String),
-    /// The master named `master` as Sentinels at `sentinels` (`redis://host:26379` URLs) report it; the
-    /// first URL's username, password and database, and its scheme's TLS (`rediss`), are used for the
-    /// master too.
+    /// The master named `master` as Sentinels at `sentinels` (`redis://host:26379` URLs) report it; the first URL's
+    /// username, password and database, and its scheme's TLS (`rediss`), are used for the master too.
     Sentinel {
         /// Sentinel URLs.
         sentinels: Vec<String>,
@@ -25,8 +24,8 @@ pub enum Target {
 }
 
 impl Target {
-    /// `url` (one URL, or with `sentinel_master`, comma-separated Sentinel URLs). Errors: a URL the redis
-    /// crate cannot parse, or several URLs without a master name, naming the flag.
+    /// `url` (one URL, or with `sentinel_master`, comma-separated Sentinel URLs). Errors: a URL the redis crate cannot
+    /// parse, or several URLs without a master name, naming the flag.
     pub fn parse(url: &str, sentinel_master: Option<&str>) -> Result<Self, String> {
         let mut urls: Vec<String> =
             url.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect();
@@ -110,15 +109,14 @@ enum Inner {
     Sentinel(deadpool_redis::sentinel::Connection),
 }
 
-/// A pooled connection; dropped from the pool (not recycled) once it failed in a way that a fresh
-/// connection may not.
+/// A pooled connection; dropped from the pool (not recycled) once it failed in a way that a fresh connection may not.
 pub(crate) struct Conn {
     inner: Option<Inner>,
     broken: bool,
 }
 
-/// Whether `e` says this connection should not be used again: the transport failed, or the server
-/// is a replica now (`READONLY`, a Sentinel failover happened).
+/// Whether `e` says this connection should not be used again: the transport failed, or the server is a replica now
+/// (`READONLY`, a Sentinel failover happened).
 fn breaks(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() || e.code() == Some("READONLY")
 }

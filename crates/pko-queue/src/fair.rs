@@ -1,8 +1,7 @@
 //! The order in which a replica starts jobs (no locking; the caller passes the clock to [`Fair::take`]): deduplicated
-//! by
-//! key, round-robin across namespaces, at most `per_namespace` jobs of one namespace in flight, and
-//! delayed jobs held until they are due. A namespace with 1,000 queued jobs gets one turn in each
-//! round, like a namespace with 3, so it cannot starve it.
+//! by key, round-robin across namespaces, at most `per_namespace` jobs of one namespace in flight, and delayed jobs
+//! held until they are due. A namespace with 1,000 queued jobs gets one turn in each round, like a namespace with 3, so
+//! it cannot starve it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
@@ -18,8 +17,8 @@ pub struct Fair {
     rotation: VecDeque<String>,
     delayed: BinaryHeap<Reverse<(Instant, String)>>,
     in_flight: HashSet<String>,
-    /// Jobs pushed under a newer epoch while a job with their key was in flight under an older one:
-    /// queued when that one is done (its driver was fenced; the shard's new holder must run it).
+    /// Jobs pushed under a newer epoch while a job with their key was in flight under an older one: queued when that
+    /// one is done (its driver was fenced; the shard's new holder must run it).
     after: HashMap<String, Job>,
     running: HashMap<String, usize>,
     per_namespace: usize,
@@ -31,10 +30,10 @@ impl Fair {
         Self { per_namespace, ..Default::default() }
     }
 
-    /// Whether `job` only renews a job with its key already here: `true` when one is queued, delayed
-    /// or in flight under the same or a newer epoch (nothing to do). A waiting one under an older epoch
-    /// takes `job`'s epoch in place; an in-flight one under an older epoch is followed by `job` once it
-    /// is done (a fenced driver must not swallow the push of the shard's new holder).
+    /// Whether `job` only renews a job with its key already here: `true` when one is queued, delayed or in flight under
+    /// the same or a newer epoch (nothing to do). A waiting one under an older epoch takes `job`'s epoch in place; an
+    /// in-flight one under an older epoch is followed by `job` once it is done (a fenced driver must not swallow the
+    /// push of the shard's new holder).
     fn absorbed(&mut self, job: &Job) -> bool {
         let Some((held, _)) = self.jobs.get_mut(&job.key) else { return false };
         if job.epoch > held.epoch {
@@ -50,8 +49,8 @@ impl Fair {
         true
     }
 
-    /// Queues `job` now; `false` when a job with its key is queued, delayed or in flight (one under an
-    /// older epoch is renewed, see [`Self::absorbed`]).
+    /// Queues `job` now; `false` when a job with its key is queued, delayed or in flight (one under an older epoch is
+    /// renewed, see [`Self::absorbed`]).
     pub fn push(&mut self, job: Job) -> bool {
         if self.absorbed(&job) {
             return false;
@@ -79,8 +78,8 @@ impl Fair {
         list.push_back(key);
     }
 
-    /// The next job to start at `now`, in flight from now until [`Self::done`]: the first of the next
-    /// namespace in the rotation that is under its limit.
+    /// The next job to start at `now`, in flight from now until [`Self::done`]: the first of the next namespace in the
+    /// rotation that is under its limit.
     pub fn take(&mut self, now: Instant) -> Option<Job> {
         self.take_with_time(now).map(|(j, _)| j)
     }
@@ -114,9 +113,9 @@ impl Fair {
         None
     }
 
-    /// Why the queued job `key` is not started: its namespace holds `(running, limit)` operations, all
-    /// it may (`per_namespace`). `None`: it is not queued (in flight, delayed, unknown) or its
-    /// namespace is under its limit (it waits only for its turn or a free worker).
+    /// Why the queued job `key` is not started: its namespace holds `(running, limit)` operations, all it may
+    /// (`per_namespace`). `None`: it is not queued (in flight, delayed, unknown) or its namespace is under its limit
+    /// (it waits only for its turn or a free worker).
     pub fn held_by_limit(&self, key: &str) -> Option<(usize, usize)> {
         let (job, _) = self.jobs.get(key)?;
         let queued = self.ready.get(&job.namespace).is_some_and(|l| l.iter().any(|k| k == key));

@@ -1,8 +1,8 @@
-//! The work queue between reconciles and operation workers. Reconciles push a job per Update; a fixed
-//! set of workers pops jobs and drives the operations. Two implementations behind [`WorkQueue`]:
-//! [`InMemoryQueue`] (one replica) and [`redis::RedisQueue`] (the fleet: jobs outlive their replica,
-//! fenced by shard epoch). Both start jobs in the same order ([`fair::Fair`]: round-robin over
-//! namespaces, an optional per-namespace limit). No PKO types or Kubernetes here.
+//! The work queue between reconciles and operation workers. Reconciles push a job per Update; a fixed set of workers
+//! pops jobs and drives the operations. Two implementations behind [`WorkQueue`]: [`InMemoryQueue`] (one replica) and
+//! [`redis::RedisQueue`] (the fleet: jobs outlive their replica, fenced by shard epoch). Both start jobs in the same
+//! order ([`fair::Fair`]: round-robin over namespaces, an optional per-namespace limit). No PKO types or Kubernetes
+//! here.
 #![forbid(unsafe_code)]
 
 pub mod connect;
@@ -19,11 +19,9 @@ use tokio::sync::Notify;
 
 use crate::fair::Fair;
 
-/// How many operations one namespace may run at once on a replica of `workers` workers: `share_percent`
-/// of them (rounded up, at least one; 100 or more: no share), and at most `explicit` when that is not
-/// 0. 0 means no limit. With the default share of 50 a namespace can never hold every worker, so
-/// another namespace's operation starts at once even while long ones run (a fair turn alone cannot
-/// give it a worker that is busy for minutes). Pure.
+/// How many operations one namespace may run at once on a replica of `workers` workers: `share_percent` of them
+/// (rounded up, at least one; 100 or more: no share), and at most `explicit` unless that is 0; 0 means no limit. With
+/// the default share of 50 another namespace's operation always finds a worker, however long the running ones. Pure.
 pub fn namespace_limit(workers: usize, share_percent: u8, explicit: usize) -> usize {
     let share = if share_percent >= 100 || workers == 0 {
         0
@@ -65,8 +63,7 @@ pub struct Claimed {
 /// An error of a queue's backing store (the in-memory queue has none).
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The replica-local half of every queue: the order of starting ([`Fair`]) and the wake-ups of
-/// waiting workers.
+/// The replica-local half of every queue: the order of starting ([`Fair`]) and the wake-ups of waiting workers.
 ///
 /// A namespace's limit is its share of the workers: [`namespace_limit`].
 #[derive(Debug, Default)]
@@ -97,8 +94,8 @@ impl Local {
         pushed
     }
 
-    /// Waits for the next job, woken by a push, a done or the next delayed job falling due; returns it
-    /// with when it was first queued here.
+    /// Waits for the next job, woken by a push, a done or the next delayed job falling due; returns it with when it was
+    /// first queued here.
     pub async fn take(&self) -> (Job, Instant) {
         loop {
             let notified = self.notify.notified();
@@ -121,8 +118,8 @@ impl Local {
         }
     }
 
-    /// Why the queued job `key` is not started: its namespace holds all the operations it may
-    /// ([`Fair::held_by_limit`]: `(running, limit)`).
+    /// Why the queued job `key` is not started: its namespace holds all the operations it may ([`Fair::held_by_limit`]:
+    /// `(running, limit)`).
     pub fn held_by_limit(&self, key: &str) -> Option<(usize, usize)> {
         self.fair().held_by_limit(key)
     }
@@ -142,12 +139,12 @@ pub trait Ordered {
 
 /// A queue of jobs, deduplicated by key from push until [`WorkQueue::done`].
 pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
-    /// Enqueues `job`: `Ok(false)` when a job with its key is queued or in flight, or its epoch is
-    /// older than its shard's newest (fenced).
+    /// Enqueues `job`: `Ok(false)` when a job with its key is queued or in flight, or its epoch is older than its
+    /// shard's newest (fenced).
     fn push(&self, job: Job) -> BoxFuture<'_, Result<bool, QueueError>>;
-    /// Puts the popped `job` back, to be popped again once `delay` has passed (a retry: its class
-    /// was full). It stays recorded as it is in the backing store (not acknowledged), so it moves with
-    /// its shard meanwhile, and its key stays taken.
+    /// Puts the popped `job` back, to be popped again once `delay` has passed (a retry: its class was full). It stays
+    /// recorded as it is in the backing store (not acknowledged), so it moves with its shard meanwhile, and its key
+    /// stays taken.
     fn retry_after(&self, job: Job, delay: Duration) {
         let local = self.local();
         local.done(&job.key);
@@ -155,13 +152,12 @@ pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
     }
     /// Waits for the next job; it stays in flight until [`WorkQueue::done`].
     fn pop(&self) -> BoxFuture<'_, Claimed>;
-    /// The running `job` is still being driven: `false` when it must not be any more (its epoch is
-    /// stale: the shard moved).
+    /// The running `job` is still being driven: `false` when it must not be any more (its epoch is stale: the shard
+    /// moved).
     fn heartbeat<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, bool>;
     /// The job finished (or was abandoned): its key may be pushed again.
     fn done<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, ()>;
-    /// This replica now holds `shard` at `epoch`: jobs recorded for it elsewhere are queued here.
-    /// Returns how many.
+    /// This replica now holds `shard` at `epoch`: jobs recorded for it elsewhere are queued here. Returns how many.
     fn adopt(&self, shard: u32, epoch: i64) -> BoxFuture<'_, Result<usize, QueueError>>;
     /// Forgets the waiting jobs `keep` refuses (shards this replica no longer holds).
     fn forget(&self, keep: &(dyn Fn(&Job) -> bool + Send + Sync)) {

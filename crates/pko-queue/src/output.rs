@@ -1,17 +1,16 @@
-//! What operations printed, kept outside etcd for `kubectl pko logs`: the last [`Limits::lines`]
-//! lines of the last [`Limits::operations`] operations of each Stack, bounded.
+//! What operations printed, kept outside etcd for `kubectl pko logs`: the last [`Limits::lines`] lines of the last
+//! [`Limits::operations`] operations of each Stack, bounded.
 //!
-//! Two implementations behind [`OutputStore`]: [`MemoryOutput`] (one replica; also bounded in total
-//! bytes, the oldest operations of any Stack going first) and [`RedisOutput`] (the fleet: every
-//! replica reads what any replica stored, so a shard's new holder serves what the previous one kept).
-//! Redis keys (prefix `P`): `P:out:<ns>/<stack>:ops` (sorted set of Update names by start, in ms),
-//! `P:out:<ns>/<stack>:info` (hash Update name → [`OperationInfo`] JSON) and
-//! `P:out:<ns>/<stack>/<update>` (a stream, `MAXLEN` [`Limits::lines`], entry id `0-<seq + 1>`, field
-//! `l` = [`Line`] JSON); every key expires [`Limits::ttl_seconds`] after the last append.
+//! Two implementations behind [`OutputStore`]: [`MemoryOutput`] (one replica; also bounded in total bytes, the oldest
+//! operations of any Stack going first) and [`RedisOutput`] (the fleet: every replica reads what any replica stored, so
+//! a shard's new holder serves what the previous one kept). Redis keys (prefix `P`): `P:out:<ns>/<stack>:ops` (sorted
+//! set of Update names by start, in ms), `P:out:<ns>/<stack>:info` (hash Update name → [`OperationInfo`] JSON) and
+//! `P:out:<ns>/<stack>/<update>` (a stream, `MAXLEN` [`Limits::lines`], entry id `0-<seq + 1>`, field `l` = [`Line`]
+//! JSON); every key expires [`Limits::ttl_seconds`] after the last append.
 //!
-//! Lines are appended by the replica that follows the operation, with the agent's event sequence:
-//! appending a sequence already stored (a new holder attaching replays the operation from its start)
-//! is a no-op, so a line is kept once. Lines arrive masked (`[secret]`): the agent masks them.
+//! Lines are appended by the replica that follows the operation, with the agent's event sequence: appending a sequence
+//! already stored (a new holder attaching replays the operation from its start) is a no-op, so a line is kept once.
+//! Lines arrive masked (`[secret]`): the agent masks them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -76,11 +75,11 @@ impl Default for Limits {
     }
 }
 
-/// Where operations' output is kept. `stack` is `<namespace>/<name>` of the Stack (the Workspace, for
-/// an Update made by hand).
+/// Where operations' output is kept. `stack` is `<namespace>/<name>` of the Stack (the Workspace, for an Update made by
+/// hand).
 pub trait OutputStore: Send + Sync + std::fmt::Debug {
-    /// Appends `lines` (sequences increasing) of operation `info` of `stack`; lines with a sequence
-    /// already stored are skipped.
+    /// Appends `lines` (sequences increasing) of operation `info` of `stack`; lines with a sequence already stored are
+    /// skipped.
     ///
     /// Errors: the backing store's (Redis); the caller logs them, the operation goes on.
     fn append<'a>(
@@ -93,8 +92,8 @@ pub trait OutputStore: Send + Sync + std::fmt::Debug {
     ///
     /// Errors: the backing store's.
     fn operations<'a>(&'a self, stack: &'a str) -> BoxFuture<'a, Result<Vec<OperationInfo>, QueueError>>;
-    /// The lines of Update `update` of `stack` with a sequence above `after` (all when `None`); `None`
-    /// when nothing of it is kept.
+    /// The lines of Update `update` of `stack` with a sequence above `after` (all when `None`); `None` when nothing of
+    /// it is kept.
     ///
     /// Errors: the backing store's.
     fn read<'a>(
@@ -244,9 +243,9 @@ impl OutputStore for MemoryOutput {
     }
 }
 
-/// Appends lines, keeps the newest operations of the Stack and refreshes expiry, atomically.
-/// KEYS: ops, info, stream. ARGV: update, info JSON, started ms, max lines, max operations, ttl
-/// seconds, stream key prefix, then (seq, line JSON) pairs.
+/// Appends lines, keeps the newest operations of the Stack and refreshes expiry, atomically. KEYS: ops, info, stream.
+/// ARGV: update, info JSON, started ms, max lines, max operations, ttl seconds, stream key prefix, then (seq, line
+/// JSON) pairs.
 const APPEND: &str = r#"
 local top = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
 local last = 0

@@ -1,21 +1,21 @@
-//! The Redis work queue (`--redis-url`): jobs survive the replica that queued them, and a shard's new
-//! holder picks up its jobs — queued ones and those whose dispatcher stopped — at once, fenced by the
-//! shard's epoch so that the old holder can neither acknowledge nor queue anything for it any more.
+//! The Redis work queue (`--redis-url`): jobs survive the replica that queued them, and a shard's new holder picks up
+//! its jobs — queued ones and those whose dispatcher stopped — at once, fenced by the shard's epoch so that the old
+//! holder can neither acknowledge nor queue anything for it any more.
 //!
-//! Redis is an accelerator, not the source of truth: every job is derived from an Update in the API
-//! server, and the Update controller pushes again every Update that is not complete, so a Redis that
-//! lost everything (restart without persistence, `FLUSHALL`) is refilled by the owners' reconciles.
+//! Redis is an accelerator, not the source of truth: every job is derived from an Update in the API server, and the
+//! Update controller pushes again every Update that is not complete, so a Redis that lost everything (restart without
+//! persistence, `FLUSHALL`) is refilled by the owners' reconciles.
 //!
 //! Keys (prefix `P`, default `pko`), every change through one Lua script (atomic):
-//! - `P:job:<key>` hash: `job` (JSON), `shard`, `epoch`, `state` (`queued` | `running`), `worker`,
-//!   `queued_ms` (when first queued, for the wait time), `lease_ms` (a running job's visibility
-//!   deadline, renewed by [`RedisQueue::heartbeat`]);
+//! - `P:job:<key>` hash: `job` (JSON), `shard`, `epoch`, `state` (`queued` | `running`), `worker`, `queued_ms` (when
+//!   first queued, for the wait time), `lease_ms` (a running job's visibility deadline, renewed by
+//!   [`RedisQueue::heartbeat`]);
 //! - `P:shard:<k>` set of the job keys of shard `k` (what its next holder adopts);
-//! - `P:fence:<k>` the newest epoch of shard `k` seen: a push, claim, heartbeat or acknowledgement with
-//!   an older epoch is refused.
+//! - `P:fence:<k>` the newest epoch of shard `k` seen: a push, claim, heartbeat or acknowledgement with an older epoch
+//!   is refused.
 //!
-//! The order of starting is local to the replica ([`crate::fair::Fair`]: round-robin over namespaces,
-//! a per-namespace limit); Redis holds what must outlive the replica.
+//! The order of starting is local to the replica ([`crate::fair::Fair`]: round-robin over namespaces, a per-namespace
+//! limit); Redis holds what must outlive the replica.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,8 +46,8 @@ pub enum RedisQueueError {
 /// How long a running job stays claimed without a heartbeat.
 pub const VISIBILITY: Duration = Duration::from_secs(30);
 
-/// Prepended to every script: `current(fence key, epoch)` is false when `epoch` is older than the
-/// shard's newest, and raises the newest to `epoch` otherwise.
+/// Prepended to every script: `current(fence key, epoch)` is false when `epoch` is older than the shard's newest, and
+/// raises the newest to `epoch` otherwise.
 const FENCE: &str = r#"
 local function current(fence_key, epoch)
   local fence = tonumber(redis.call('GET', fence_key) or '0')
@@ -134,9 +134,9 @@ impl std::fmt::Debug for RedisQueue {
 }
 
 impl RedisQueue {
-    /// A queue on `url` (`redis://` or `rediss://`, password in the URL) with key prefix `prefix`,
-    /// claiming as `worker` (the replica id), at most `per_namespace` jobs of a namespace at once
-    /// (0: no limit). Connects lazily; [`Self::ping`] checks the connection.
+    /// A queue on `url` (`redis://` or `rediss://`, password in the URL) with key prefix `prefix`, claiming as `worker`
+    /// (the replica id), at most `per_namespace` jobs of a namespace at once (0: no limit). Connects lazily;
+    /// [`Self::ping`] checks the connection.
     ///
     /// Errors: [`RedisQueueError::Url`].
     pub fn new(url: &str, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
@@ -163,8 +163,8 @@ impl RedisQueue {
         })
     }
 
-    /// Fleet-wide slots named `name` on this queue's Redis (key `P:slots:<name>`), at most `cap` held at
-    /// once (0: no limit).
+    /// Fleet-wide slots named `name` on this queue's Redis (key `P:slots:<name>`), at most `cap` held at once (0: no
+    /// limit).
     pub fn slots(&self, name: &str, cap: usize) -> crate::slots::RedisSlots {
         crate::slots::RedisSlots::new(self.pool.clone(), format!("{}:slots:{name}", self.prefix), cap)
     }
@@ -193,8 +193,8 @@ impl RedisQueue {
         format!("{}:fence:{shard}", self.prefix)
     }
 
-    /// `script` with the keys and arguments every job script starts with: KEYS job, shard set, fence;
-    /// ARGV key, epoch, job JSON, shard, now (ms).
+    /// `script` with the keys and arguments every job script starts with: KEYS job, shard set, fence; ARGV key, epoch,
+    /// job JSON, shard, now (ms).
     fn job_call<'s>(
         &self,
         script: &'s Script,
@@ -220,8 +220,8 @@ impl RedisQueue {
         Ok(call.invoke_async(&mut c).await?)
     }
 
-    /// Claims `job` for this replica: `Some(queued for)` when it may run, `None` when its epoch is
-    /// stale. A job Redis lost is recorded again (Redis is not the source of truth).
+    /// Claims `job` for this replica: `Some(queued for)` when it may run, `None` when its epoch is stale. A job Redis
+    /// lost is recorded again (Redis is not the source of truth).
     async fn claim(&self, job: &Job) -> Result<Option<Duration>, RedisQueueError> {
         let now = now_ms();
         let mut call = self.job_call(&self.scripts.claim, job, now)?;
@@ -248,9 +248,8 @@ impl RedisQueue {
         Ok(r >= 0)
     }
 
-    /// Takes over `shard` at `epoch`: fences older epochs and queues the shard's jobs here (queued
-    /// ones, and running ones whose dispatcher stopped: running again re-attaches on the agent).
-    /// Returns how many were queued.
+    /// Takes over `shard` at `epoch`: fences older epochs and queues the shard's jobs here (queued ones, and running
+    /// ones whose dispatcher stopped: running again re-attaches on the agent). Returns how many were queued.
     ///
     /// Errors: Redis; a record that is not a job.
     pub async fn adopt_shard(&self, shard: u32, epoch: i64) -> Result<usize, RedisQueueError> {

@@ -1,19 +1,17 @@
-//! A cap on how many holders of one kind of work run at once, across every replica of a fleet (a
-//! counting semaphore whose slots are leases). The operator holds one slot per running drift check
-//! (`--max-concurrent-drift-checks`), so a schedule shared by thousands of Stacks cannot start
-//! thousands of refreshes at the same minute.
+//! A cap on how many holders of one kind of work run at once, across every replica of a fleet (a counting semaphore
+//! whose slots are leases). The operator holds one slot per running drift check (`--max-concurrent-drift-checks`), so a
+//! schedule shared by thousands of Stacks cannot start thousands of refreshes at the same minute.
 //!
-//! Two implementations behind [`Slots`]: [`MemorySlots`] (one replica) and [`RedisSlots`] (the
-//! fleet: one sorted set `P:slots:<name>`, member = holder key, score = lease deadline in ms of the
-//! Redis server's clock; expired leases are dropped before counting, so a replica that died frees its
-//! slots after the lease). Holders renew by acquiring again and release when done.
+//! Two implementations behind [`Slots`]: [`MemorySlots`] (one replica) and [`RedisSlots`] (the fleet: one sorted set
+//! `P:slots:<name>`, member = holder key, score = lease deadline in ms of the Redis server's clock; expired leases are
+//! dropped before counting, so a replica that died frees its slots after the lease). Holders renew by acquiring again
+//! and release when done.
 //!
-//! **Fair**: a key refused a slot waits in line (first refusal first; `P:slots:<name>:wait`, score =
-//! the first refusal in µs, and `P:slots:<name>:seen`, score = when its place lapses). A free slot goes
-//! to the oldest waiters before anyone who did not wait, so a holder that asks again the moment it
-//! released (a schedule as fast as the retry) cannot take the slot from a waiter round after round. A
-//! waiter that does not ask again within [`WAITER_TTL`] loses its place (a Stack deleted or no longer
-//! due holds no one up for longer).
+//! **Fair**: a key refused a slot waits in line (first refusal first; `P:slots:<name>:wait`, score = the first refusal
+//! in µs, and `P:slots:<name>:seen`, score = when its place lapses). A free slot goes to the oldest waiters before
+//! anyone who did not wait, so a holder that asks again the moment it released (a schedule as fast as the retry) cannot
+//! take the slot from a waiter round after round. A waiter that does not ask again within [`WAITER_TTL`] loses its
+//! place (a Stack deleted or no longer due holds no one up for longer).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -24,15 +22,14 @@ use futures::future::BoxFuture;
 use crate::QueueError;
 use crate::connect::Pools;
 
-/// How long a refused key keeps its place in line without asking again: 15 seconds (the operator asks
-/// every 5).
+/// How long a refused key keeps its place in line without asking again: 15 seconds (the operator asks every 5).
 pub const WAITER_TTL: Duration = Duration::from_secs(15);
 
 /// A fleet-wide cap on concurrent holders.
 pub trait Slots: Send + Sync + std::fmt::Debug {
-    /// Takes (or renews) the slot of `key` for `lease`: `true` when held now, `false` when every slot
-    /// is taken by others or a free one is owed to keys that waited longer (then `key` waits in line,
-    /// see the module). A cap of 0 means no limit (always `true`).
+    /// Takes (or renews) the slot of `key` for `lease`: `true` when held now, `false` when every slot is taken by
+    /// others or a free one is owed to keys that waited longer (then `key` waits in line, see the module). A cap of 0
+    /// means no limit (always `true`).
     ///
     /// Errors: the backing store's (Redis); callers treat them as "not now".
     fn acquire<'a>(&'a self, key: &'a str, lease: Duration) -> BoxFuture<'a, Result<bool, QueueError>>;
@@ -109,10 +106,10 @@ impl Slots for MemorySlots {
     }
 }
 
-/// KEYS[1] the holders, KEYS[2] the waiters by first refusal, KEYS[3] the waiters by when their place
-/// lapses; ARGV member, lease (ms), cap, waiter TTL (ms). The Redis server's clock decides expiry, so
-/// the replicas' clocks need not agree. A key is granted when it holds, or when fewer waiters are
-/// ahead of it (all of them when it does not wait) than slots are free.
+/// KEYS[1] the holders, KEYS[2] the waiters by first refusal, KEYS[3] the waiters by when their place lapses; ARGV
+/// member, lease (ms), cap, waiter TTL (ms). The Redis server's clock decides expiry, so the replicas' clocks need not
+/// agree. A key is granted when it holds, or when fewer waiters are ahead of it (all of them when it does not wait)
+/// than slots are free.
 const ACQUIRE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -226,8 +223,8 @@ mod tests {
         }
     }
 
-    /// A holder that releases and asks again at once does not take the slot from a key that waited;
-    /// waiters are served first refused, first served; a waiter that stops asking loses its place.
+    /// A holder that releases and asks again at once does not take the slot from a key that waited; waiters are served
+    /// first refused, first served; a waiter that stops asking loses its place.
     #[test]
     fn a_free_slot_goes_to_the_oldest_waiter_and_a_silent_waiter_lapses() {
         let (mut s, lease, t0) = (MemoryState::default(), Duration::from_secs(60), Instant::now());

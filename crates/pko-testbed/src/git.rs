@@ -1,5 +1,5 @@
-//! A git server on loopback for tests and the demo: git's own smart-HTTP backend (`git http-backend`,
-//! a CGI program shipped with git) behind a minimal HTTP/1.1 front, with optional basic auth.
+//! A git server on loopback for tests and the demo: git's own smart-HTTP backend (`git http-backend`, a CGI program
+//! shipped with git) behind a minimal HTTP/1.1 front, with optional basic auth.
 
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -23,8 +23,8 @@ impl Drop for GitHttpServer {
 }
 
 impl GitHttpServer {
-    /// Starts serving the repositories under `root` on `addr` (e.g. `127.0.0.1:0`). With `basic_auth`
-    /// `(user, password)`, requests without those credentials get 401.
+    /// Starts serving the repositories under `root` on `addr` (e.g. `127.0.0.1:0`). With `basic_auth` `(user,
+    /// password)`, requests without those credentials get 401.
     pub async fn start(root: &Path, addr: &str, basic_auth: Option<(String, String)>) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let base_url = format!("http://{}", listener.local_addr()?);
@@ -191,9 +191,8 @@ async fn handle(sock: TcpStream, root: &PathBuf, expected_auth: Option<&str>) ->
     Ok(())
 }
 
-/// Creates the bare repository `<root>/<name>` whose branch `main` holds one commit with `files`
-/// (`(path, contents)`), made in a scratch clone under `root`. Returns the commit SHA. Panics when git
-/// fails (test support).
+/// Creates the bare repository `<root>/<name>` whose branch `main` holds one commit with `files` (`(path, contents)`),
+/// made in a scratch clone under `root`. Returns the commit SHA. Panics when git fails (test support).
 pub fn bare_repo_with(root: &Path, name: &str, files: &[(&str, &str)]) -> String {
     let work = root.join(format!(".work-{name}"));
     std::fs::create_dir_all(&work).unwrap();

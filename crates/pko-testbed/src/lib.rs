@@ -1,10 +1,9 @@
 //! Test support for every integration test of the project.
 //!
-//! The test bed is a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-//! kube-scheduler), the real `pulumi` CLI with its YAML language host and the `command` provider, and a real
-//! `redis-server`, all on loopback. `scripts/testbed/ensure.sh` (`make testbed`) builds and starts it; this
-//! crate calls that script once per process (the script serialises concurrent callers with a file lock),
-//! then reads the environment it prints.
+//! The test bed is a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), the
+//! real `pulumi` CLI with its YAML language host and the `command` provider, and a real `redis-server`, all on
+//! loopback. `scripts/testbed/ensure.sh` (`make testbed`) builds and starts it; this crate calls that script once per
+//! process (the script serialises concurrent callers with a file lock), then reads the environment it prints.
 //!
 //! What a test gets:
 //! - [`TestBed::client`]: a kube [`Client`] with cluster-admin rights on the running API server;
@@ -69,8 +68,8 @@ pub fn repo_root() -> PathBuf {
 
 /// Returns the running test bed, bringing it up (and building it, on a cold machine) on first use.
 ///
-/// Panics with the script's output when the bed cannot be brought up: a test that needs the bed fails,
-/// it is never skipped.
+/// Panics with the script's output when the bed cannot be brought up: a test that needs the bed fails, it is never
+/// skipped.
 pub fn testbed() -> &'static TestBed {
     TESTBED.get_or_init(|| {
         let script = repo_root().join("scripts/testbed/ensure.sh");
@@ -153,8 +152,8 @@ impl TestBed {
         c
     }
 
-    /// Creates a fresh namespace `<prefix>-<random>` for one test; it is deleted when the returned value is
-    /// dropped (or by [`TestNamespace::delete`]).
+    /// Creates a fresh namespace `<prefix>-<random>` for one test; it is deleted when the returned value is dropped (or
+    /// by [`TestNamespace::delete`]).
     pub async fn namespace(&self, prefix: &str) -> anyhow::Result<TestNamespace> {
         let client = self.client().await?;
         let name = format!("{}-{}", sanitize(prefix), random_suffix(6));
@@ -170,8 +169,8 @@ impl TestBed {
         })
     }
 
-    /// A private Pulumi environment: its own `PULUMI_HOME`, a `file://` backend directory and a passphrase,
-    /// with the bed's binaries first on PATH and every switch that keeps Pulumi offline.
+    /// A private Pulumi environment: its own `PULUMI_HOME`, a `file://` backend directory and a passphrase, with the
+    /// bed's binaries first on PATH and every switch that keeps Pulumi offline.
     pub fn pulumi_env(&self) -> anyhow::Result<PulumiEnv> {
         let dir = tempfile::Builder::new().prefix("pko-pulumi-").tempdir()?;
         std::fs::create_dir_all(dir.path().join("home"))?;
@@ -179,11 +178,11 @@ impl TestBed {
         Ok(PulumiEnv { dir, path: self.var("PATH").to_string() })
     }
 
-    /// The bed's node (`scripts/testbed/node-up.sh`, testbed.md §7): a kubelet on containerd, runc and the
-    /// CNI bridge, kube-proxy, and CoreDNS resolving Service names in pods.
+    /// The bed's node (`scripts/testbed/node-up.sh`, testbed.md §7): a kubelet on containerd, runc and the CNI bridge,
+    /// kube-proxy, and CoreDNS resolving Service names in pods.
     ///
-    /// Panics when the bed has no node (`TESTBED_NODE=0`, or no privilege to run one): a test that needs
-    /// pods fails, it is never skipped.
+    /// Panics when the bed has no node (`TESTBED_NODE=0`, or no privilege to run one): a test that needs pods fails, it
+    /// is never skipped.
     pub fn node(&self) -> Node {
         let name = self.env.get("PKO_TESTBED_NODE").unwrap_or_else(|| {
             panic!("the test bed has no node: `make testbed` as root brings it up (scripts/testbed/node-up.sh)")
@@ -191,10 +190,10 @@ impl TestBed {
         Node { name: name.clone(), ip: self.var("PKO_TESTBED_NODE_IP").to_string() }
     }
 
-    /// Builds the images `pko-operator`, `pko-agent` and `pko-workspace` (`scripts/images/build.sh`,
-    /// what `make images` runs) from the binaries in `bin_dir` (e.g. `target/debug`), and imports them
-    /// into the node's containerd; unchanged images are neither rebuilt nor re-imported. Once per
-    /// process. Returns the images' tag (the workspace's version, e.g. `0.1.0`).
+    /// Builds the images `pko-operator`, `pko-agent` and `pko-workspace` (`scripts/images/build.sh`, what `make images`
+    /// runs) from the binaries in `bin_dir` (e.g. `target/debug`), and imports them into the node's containerd;
+    /// unchanged images are neither rebuilt nor re-imported. Once per process. Returns the images' tag (the workspace's
+    /// version, e.g. `0.1.0`).
     ///
     /// Panics with the script's output when it fails.
     pub fn images(&self, bin_dir: &Path) -> &'static str {
@@ -224,23 +223,20 @@ impl TestBed {
 pub struct Node {
     /// Name of the Node object, e.g. `pko-node`.
     pub name: String,
-    /// The node's address (its InternalIP, where the API server listens), e.g. `10.250.0.1`: pods reach
-    /// the host there, so a test server bound to it serves pods.
+    /// The node's address (its InternalIP, where the API server listens), e.g. `10.250.0.1`: pods reach the host there,
+    /// so a test server bound to it serves pods.
     pub ip: String,
 }
 
 impl Node {
-    /// Gives the image `source` already in the node's containerd (e.g. `localhost/pause:local`, the
-    /// sandbox image the bed builds) a second name `target` (e.g. `docker.io/library/nginx:1.27-alpine`),
-    /// so that pods of an unchanged manifest naming `target` start without a registry. The containers
-    /// then run `source`'s program.
-    ///
-    /// Tests of one process may call it at once: they are serialised, and a name already given is kept
-    /// (`ctr images tag --force` deletes the name before it writes it again, which a pod starting at
-    /// that moment would not find).
+    /// Gives the image `source` already in the node's containerd (e.g. `localhost/pause:local`) a second name `target`
+    /// (e.g. `docker.io/library/nginx:1.27-alpine`), so pods of an unchanged manifest naming `target` start without a
+    /// registry, running `source`'s program. Calls are serialised and a name given already is kept.
     ///
     /// Panics when `ctr` fails (test support).
     pub fn tag_image(&self, source: &str, target: &str) {
+        // A name is never given twice: `ctr images tag --force` deletes the name before it writes it again, which a pod
+        // starting at that moment would not find.
         static TAGGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one_at_a_time = TAGGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let sock = testbed().var("PKO_TESTBED_CONTAINERD").to_string();
@@ -256,9 +252,9 @@ impl Node {
     }
 }
 
-/// The environment that builds the bed's Go programs offline: `GOPROXY=off`, and `GOMODCACHE` and
-/// `GOCACHE` naming the Go caches the bed's `pulumi-go` step filled (what `go env` reports here), for
-/// operations whose `HOME` is not this process's (an isolating agent's). In that order.
+/// The environment that builds the bed's Go programs offline: `GOPROXY=off`, and `GOMODCACHE` and `GOCACHE` naming the
+/// Go caches the bed's `pulumi-go` step filled (what `go env` reports here), for operations whose `HOME` is not this
+/// process's (an isolating agent's). In that order.
 ///
 /// Panics when `go env` fails (test support).
 pub fn offline_go_env() -> [(&'static str, String); 3] {
@@ -368,12 +364,11 @@ impl TestNamespace {
     }
 }
 
-/// The shell script a dropped [`TestNamespace`] leaves running (`$0` kubectl, `$1` the namespace): the
-/// namespace is deleted, then the finalizers of the project's objects and of the Flux sources a test
-/// made are removed until it is gone (at most ~60 s). The controllers that would remove them stopped
-/// with the test, and a namespace left `Terminating` is retried by the namespace controller for the
-/// bed's life (a list of every resource kind per retry: ~100 requests/s for nine such namespaces,
-/// background for every later test). Each kind is listed on its own: a kind the bed lacks fails alone.
+// The controllers that would remove those finalizers stopped with the test; a namespace left `Terminating` is retried
+// by the namespace controller for the bed's life (a list of every kind per retry: ~100 requests/s for nine of them).
+/// The shell script a dropped [`TestNamespace`] leaves running (`$0` kubectl, `$1` the namespace): deletes the
+/// namespace, then removes the finalizers of the project's objects and of the tests' Flux sources until it is gone (~60
+/// s at most), each kind listed on its own so a kind the bed lacks fails alone.
 const RELEASE_NAMESPACE: &str = r#"
 "$0" delete namespace "$1" --wait=false --ignore-not-found >/dev/null 2>&1
 for _ in $(seq 1 30); do

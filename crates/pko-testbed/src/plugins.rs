@@ -1,19 +1,19 @@
 //! Provider plugins for programs that name a plugin version, offline.
 //!
-//! A program's SDK names the plugin version it was generated for (`@pulumi/kubernetes` 4.24.1,
-//! `pulumi-kubernetes` 4.24.0 on PyPI, `github.com/pulumi/pulumi-kubernetes/sdk/v4` v4.24.0), and
-//! `pulumi install` installs exactly that version, even with the bed's build on `PATH`. Without the
-//! internet, [`PluginServer`] serves the bed's own `pulumi-resource-kubernetes` under those versions on
-//! loopback, as Pulumi's download URLs name them; [`PluginServer::overrides`] is the value of Pulumi's
-//! `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES` that sends `github://api.github.com/pulumi` downloads there. The
-//! operation itself then runs the build on `PATH` (an ambient plugin), whichever is installed.
+//! A program's SDK names the plugin version it was generated for (`@pulumi/kubernetes` 4.24.1, `pulumi-kubernetes`
+//! 4.24.0 on PyPI, `github.com/pulumi/pulumi-kubernetes/sdk/v4` v4.24.0), and `pulumi install` installs exactly that
+//! version, even with the bed's build on `PATH`. Without the internet, [`PluginServer`] serves the bed's own
+//! `pulumi-resource-kubernetes` under those versions on loopback, as Pulumi's download URLs name them;
+//! [`PluginServer::overrides`] is the value of Pulumi's `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES` that sends
+//! `github://api.github.com/pulumi` downloads there. The operation itself then runs the build on `PATH` (an ambient
+//! plugin), whichever is installed.
 
 use std::collections::HashMap;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Serves a fixed set of files (`path` → body, e.g. `/app.tar.gz`) over HTTP/1.1 on one address until
-/// dropped; any other path gets 404.
+/// Serves a fixed set of files (`path` → body, e.g. `/app.tar.gz`) over HTTP/1.1 on one address until dropped; any
+/// other path gets 404.
 pub struct HttpServer {
     /// `http://<address>:<port>`.
     pub base: String,
@@ -26,8 +26,7 @@ impl Drop for HttpServer {
     }
 }
 
-/// Starts an [`HttpServer`] of `files` on an ephemeral loopback port. Panics when no port can be bound
-/// (test support).
+/// Starts an [`HttpServer`] of `files` on an ephemeral loopback port. Panics when no port can be bound (test support).
 pub async fn serve_files(files: HashMap<String, Vec<u8>>) -> HttpServer {
     serve_files_on("127.0.0.1", files).await
 }
@@ -63,9 +62,9 @@ pub async fn serve_files_on(ip: &str, files: HashMap<String, Vec<u8>>) -> HttpSe
     HttpServer { base, task }
 }
 
-/// The bed's `pulumi-resource-kubernetes` as the plugin archive Pulumi downloads for `version` (e.g.
-/// `4.24.0`): `(path, gzipped tar)` with path `/plugins/pulumi-resource-kubernetes-v<version>-linux-amd64.tar.gz`.
-/// Panics when the bed has no such binary (test support: the bed's `pulumi-kubernetes` step builds it).
+/// The bed's `pulumi-resource-kubernetes` as the plugin archive Pulumi downloads for `version` (e.g. `4.24.0`): `(path,
+/// gzipped tar)` with path `/plugins/pulumi-resource-kubernetes-v<version>-linux-amd64.tar.gz`. Panics when the bed has
+/// no such binary (test support: the bed's `pulumi-kubernetes` step builds it).
 pub fn kubernetes_plugin_archive(version: &str) -> (String, Vec<u8>) {
     let binary = std::path::Path::new(&crate::testbed().env["PKO_TESTBED_BIN"]).join("pulumi-resource-kubernetes");
     let body = std::fs::read(&binary).unwrap_or_else(|e| panic!("the bed's {}: {e}", binary.display()));
@@ -79,16 +78,15 @@ pub fn kubernetes_plugin_archive(version: &str) -> (String, Vec<u8>) {
     (format!("/plugins/pulumi-resource-kubernetes-v{version}-linux-amd64.tar.gz"), gz)
 }
 
-/// A loopback server of the bed's Kubernetes provider under the plugin versions SDKs name, plus any
-/// other files (e.g. a program's artifact).
+/// A loopback server of the bed's Kubernetes provider under the plugin versions SDKs name, plus any other files (e.g. a
+/// program's artifact).
 pub struct PluginServer {
     /// The files and plugin archives, at [`HttpServer::base`].
     pub http: HttpServer,
 }
 
 impl PluginServer {
-    /// Serves the bed's `pulumi-resource-kubernetes` as each of `versions` (e.g. `["4.24.0"]`) and
-    /// `files` beside them.
+    /// Serves the bed's `pulumi-resource-kubernetes` as each of `versions` (e.g. `["4.24.0"]`) and `files` beside them.
     pub async fn kubernetes(versions: &[&str], files: HashMap<String, Vec<u8>>) -> Self {
         Self::kubernetes_on("127.0.0.1", versions, files).await
     }
@@ -99,8 +97,8 @@ impl PluginServer {
         PluginServer { http: serve_files_on(ip, files).await }
     }
 
-    /// `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES`: Pulumi's `github://api.github.com/pulumi` plugin
-    /// downloads from this server.
+    /// `PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES`: Pulumi's `github://api.github.com/pulumi` plugin downloads from this
+    /// server.
     pub fn overrides(&self) -> String {
         format!("^github://api.github.com/pulumi={}/plugins", self.http.base)
     }

@@ -1,18 +1,13 @@
-//! A program body that looks for what an earlier operation on the same agent left behind, for the
-//! isolation tests of the agent and of the operator's pools.
+//! A program body that looks for what an earlier operation on the same agent left behind, for the isolation tests of
+//! the agent and of the operator's pools.
 
-/// A shell script for the `create` of a `command:local:Command` (the bed's command provider) that runs
-/// in the program's directory with `STACK` set to the stack's name. It prints `found:` followed by
-/// what it finds of any other operation — files in its working directory, `HOME`, `PULUMI_HOME` and
-/// `TMPDIR` (`file:<path>`), another stack's settings file (`stack-settings:<file>`), another request's
-/// `ONLY_<stack>` variable (`env`), a process left running (`process`), a changed or planted plugin in
-/// the plugin cache (`plugin-changed`, `plugin-planted`) — then leaves all of that behind for the next
-/// operation: `$OP_SECRET` in those files, a line in `resource-fake-v1.0.0/marker`, a planted
-/// `resource-planted-v9.9.9`, and a daemon (`sleep 3001` in a session of its own; the number is
-/// computed, so the script's own command line never matches it). Needs only a POSIX shell, `tr`,
-/// `grep` and `setsid` (a slim Debian image has them), and no `${…}` (Pulumi YAML would read it as its own). An
-/// isolated agent makes it print exactly
-/// `found:` every time.
+// Portable on purpose: a POSIX shell, `tr`, `grep` and `setsid` only (a slim Debian image has them), and no `${…}`,
+// which Pulumi YAML would read as its own. The daemon's number is computed, so the script's own command line never
+// matches it.
+/// A `command:local:Command` create script, run in the program's directory with `STACK` set: prints `found:` and what
+/// it finds of any other operation (`file:<path>`, `stack-settings:<file>`, `env`, `process`, `plugin-changed`,
+/// `plugin-planted`), then leaves the same behind for the next (files holding `$OP_SECRET`, a plugin marker, a planted
+/// plugin, a `sleep 3001` daemon). An isolated agent makes it print exactly `found:` every time.
 pub const ISOLATION_PROBE: &str = r#"found=""
 t=$TMPDIR; [ -n "$t" ] || t=/tmp
 for p in ./leak.txt "$HOME/leak.txt" "$PULUMI_HOME/leak.txt" "$t/leak.txt"; do [ -e "$p" ] && found="$found \

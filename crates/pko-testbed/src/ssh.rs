@@ -1,6 +1,6 @@
-//! A git server over SSH on loopback for tests: Debian's OpenSSH `sshd` in the foreground with its own
-//! host key, configuration and authorized key (a fresh ed25519 client key), serving the repositories of
-//! a directory to `ssh://<user>@127.0.0.1:<port>/<dir>/<repo>` with git's own `git-upload-pack`.
+//! A git server over SSH on loopback for tests: Debian's OpenSSH `sshd` in the foreground with its own host key,
+//! configuration and authorized key (a fresh ed25519 client key), serving the repositories of a directory to
+//! `ssh://<user>@127.0.0.1:<port>/<dir>/<repo>` with git's own `git-upload-pack`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,9 +40,9 @@ fn keygen(path: &Path) -> anyhow::Result<()> {
 }
 
 impl SshGitServer {
-    /// Starts `sshd` for the repositories under `root`, accepting only a newly generated key. Needs
-    /// `/usr/sbin/sshd` (Debian's openssh-server, installed by `make testbed`) and the privilege separation
-    /// directory `/run/sshd` (created when missing).
+    /// Starts `sshd` for the repositories under `root`, accepting only a newly generated key. Needs `/usr/sbin/sshd`
+    /// (Debian's openssh-server, installed by `make testbed`) and the privilege separation directory `/run/sshd`
+    /// (created when missing).
     pub fn start(root: &Path) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let (host, client) = (dir.path().join("host_key"), dir.path().join("client_key"));

@@ -18,9 +18,9 @@ pub(super) enum Outside {
     Unreadable,
 }
 
-/// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most
-/// [`MAX_LINK_HOPS`] — and returns the real path relative to `root`. Components that do not exist are
-/// taken as written. Errors: [`Outside`], why the path does not stay inside `root`.
+/// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most [`MAX_LINK_HOPS`]
+/// — and returns the real path relative to `root`. Components that do not exist are taken as written. Errors:
+/// [`Outside`], why the path does not stay inside `root`.
 pub(super) fn resolve_inside(root: &Path, rel: &Path, hops: usize) -> Result<PathBuf, Outside> {
     let mut todo: VecDeque<std::ffi::OsString> = VecDeque::new();
     let mut done: Vec<std::ffi::OsString> = Vec::new();
@@ -62,9 +62,9 @@ pub(super) fn resolve_inside(root: &Path, rel: &Path, hops: usize) -> Result<Pat
     Ok(done.iter().collect())
 }
 
-/// Checks every symlink under `root` (a checkout or an extracted artifact; `.git` skipped): each must
-/// resolve inside `root` ([`resolve_inside`]). Errors: [`ArchiveError::UnsafeLink`] naming the first
-/// link that leaves, or [`ArchiveError::Write`] when the tree cannot be read.
+/// Checks every symlink under `root` (a checkout or an extracted artifact; `.git` skipped): each must resolve inside
+/// `root` ([`resolve_inside`]). Errors: [`ArchiveError::UnsafeLink`] naming the first link that leaves, or
+/// [`ArchiveError::Write`] when the tree cannot be read.
 pub fn check_links_inside(root: &Path) -> Result<(), ArchiveError> {
     let mut stack = vec![PathBuf::new()];
     while let Some(dir) = stack.pop() {

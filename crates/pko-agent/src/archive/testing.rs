@@ -9,8 +9,8 @@ pub enum Item<'a> {
     Symlink(&'a str, &'a str),
     /// A hard link `(path, target)`.
     HardLink(&'a str, &'a str),
-    /// A header of `entry_type` (e.g. `b'L'`, `b'x'`, `b'S'`) with `name`, `data`, and a declared size
-    /// that may differ from the data's length (`None`: the data's length). Data is padded as tar pads.
+    /// A header of `entry_type` (e.g. `b'L'`, `b'x'`, `b'S'`) with `name`, `data`, and a declared size that may differ
+    /// from the data's length (`None`: the data's length). Data is padded as tar pads.
     Raw {
         /// Entry type byte.
         entry_type: u8,

@@ -1,7 +1,7 @@
-//! One Pulumi command of an operation and what it prints: the command started under the supervisor, its
-//! engine events read (diagnostics, the summary, the stack's outputs, a drift check's changes) and
-//! published masked, its failure classified (a lock held by a dead process released, one held by a live
-//! process on this host waited for), and the outputs of an `up` read back.
+//! One Pulumi command of an operation and what it prints: the command started under the supervisor, its engine events
+//! read (diagnostics, the summary, the stack's outputs, a drift check's changes) and published masked, its failure
+//! classified (a lock held by a dead process released, one held by a live process on this host waited for), and the
+//! outputs of an `up` read back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,9 +53,9 @@ struct Reading {
 }
 
 impl Reading {
-    /// Reads one stdout `line` (already masked) of `step`: a preview's document is collected; an engine
-    /// event is read for diagnostics, the summary, outputs and (drift check) changes, and published; any
-    /// other line is published as a log line.
+    /// Reads one stdout `line` (already masked) of `step`: a preview's document is collected; an engine event is read
+    /// for diagnostics, the summary, outputs and (drift check) changes, and published; any other line is published as a
+    /// log line.
     fn line(&mut self, op: &Operation, step: &Step<'_>, line: String, result: &mut OperationResult) {
         if step.kind == OperationType::Preview {
             self.preview_doc.push_str(&line);
@@ -101,8 +101,8 @@ impl Reading {
         }
     }
 
-    /// A preview's document, read once the command ended: its error diagnostics and change summary,
-    /// published as one engine event (or as a log line when it is not JSON).
+    /// A preview's document, read once the command ended: its error diagnostics and change summary, published as one
+    /// engine event (or as a log line when it is not JSON).
     fn preview_done(&mut self, op: &Operation) {
         if let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&self.preview_doc) {
             for d in doc.get("diagnostics").and_then(Value::as_array).into_iter().flatten() {
@@ -121,8 +121,8 @@ impl Reading {
     }
 }
 
-/// Starts the Pulumi command of `step` under the supervisor (`-v N` with a log level); a stop requested
-/// while it was starting still reaches it. Returns the child and its arguments.
+/// Starts the Pulumi command of `step` under the supervisor (`-v N` with a log level); a stop requested while it was
+/// starting still reaches it. Returns the child and its arguments.
 fn start(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -165,8 +165,8 @@ fn read_stderr(
     })
 }
 
-/// Runs the Pulumi command of `step` and, for `up`, reads the outputs into `result`. A conflict whose
-/// every lock holder is known dead on this host carries them in [`Failure::stale`].
+/// Runs the Pulumi command of `step` and, for `up`, reads the outputs into `result`. A conflict whose every lock holder
+/// is known dead on this host carries them in [`Failure::stale`].
 pub(super) async fn operate(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -207,9 +207,8 @@ pub(super) async fn operate(
     Ok(())
 }
 
-/// The failure of a Pulumi command that printed `text`, said as `message`: classified, a lock
-/// conflict's holders judged (dead ones to release, live ones on this host to wait for); a stack the
-/// backend no longer has is forgotten.
+/// The failure of a Pulumi command that printed `text`, said as `message`: classified, a lock conflict's holders judged
+/// (dead ones to release, live ones on this host to wait for); a stack the backend no longer has is forgotten.
 fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> Failure {
     if text.contains("no stack named") {
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(step.known_key);
@@ -235,10 +234,9 @@ fn failed(ctx: &RunnerContext, step: &Step<'_>, text: &str, message: String) -> 
     failure
 }
 
-/// Step 5: the operation. A conflict with holders still running on this host waits for them (the
-/// `pulumi` of a killed agent, stopped by its supervisor; another operation ending) and tries again;
-/// a conflict whose every lock holder is known dead (an agent SIGKILLed mid-`up`) releases those
-/// locks and runs once more.
+/// Step 5: the operation. A conflict with holders still running on this host waits for them (the `pulumi` of a killed
+/// agent, stopped by its supervisor; another operation ending) and tries again; a conflict whose every lock holder is
+/// known dead (an agent SIGKILLed mid-`up`) releases those locks and runs once more.
 pub(super) async fn operate_through_locks(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -264,8 +262,8 @@ pub(super) async fn operate_through_locks(
     }
 }
 
-/// Waits up to `limit` for every holder in `live` (running on this host) to end, logging whom it waits
-/// for. Returns whether they all ended (false: time is up, or the operation is being stopped).
+/// Waits up to `limit` for every holder in `live` (running on this host) to end, logging whom it waits for. Returns
+/// whether they all ended (false: time is up, or the operation is being stopped).
 pub(super) async fn wait_for_holders(
     op: &Arc<Operation>,
     live: &[crate::locks::Holder],
@@ -298,8 +296,8 @@ pub(super) async fn wait_for_holders(
     }
 }
 
-/// Releases the locks of `stale` holders (all known dead: [`crate::locks`]) with `pulumi cancel`, which
-/// deletes the stack's lock files of a DIY backend; logged on the operation and the agent.
+/// Releases the locks of `stale` holders (all known dead: [`crate::locks`]) with `pulumi cancel`, which deletes the
+/// stack's lock files of a DIY backend; logged on the operation and the agent.
 pub(super) async fn release_stale_locks(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -329,9 +327,9 @@ pub(super) async fn release_stale_locks(
     Ok(())
 }
 
-/// Removes the truncated attribute sidecars a `pulumi` killed mid-write left beside the stack's state in
-/// a `file://` backend ([`crate::sidecars`]), logged on the operation and the agent; a failure is logged
-/// and the operation goes on (Pulumi then reports what it cannot read).
+/// Removes the truncated attribute sidecars a `pulumi` killed mid-write left beside the stack's state in a `file://`
+/// backend ([`crate::sidecars`]), logged on the operation and the agent; a failure is logged and the operation goes on
+/// (Pulumi then reports what it cannot read).
 pub(super) fn repair_sidecars(
     op: &Arc<Operation>,
     env: &BTreeMap<String, String>,
@@ -371,8 +369,8 @@ pub(super) fn is_secret_sig(v: &Value) -> bool {
     v.get("4dabf18193072939515e22adb298388d").and_then(Value::as_str) == Some("1b47061264138c4ac30d75fd1eb44270")
 }
 
-/// Stack outputs: taken from the stack resource's outputs event of the update; only when a secret output
-/// is among them, `pulumi stack output --show-secrets` is asked for their values.
+/// Stack outputs: taken from the stack resource's outputs event of the update; only when a secret output is among them,
+/// `pulumi stack output --show-secrets` is asked for their values.
 pub(super) async fn outputs(
     ctx: &RunnerContext,
     dir: &Path,
@@ -431,14 +429,12 @@ pub(super) fn find_permalink(text: &str) -> Option<String> {
     re.find(text).map(|m| m.as_str().to_string())
 }
 
-/// Most bytes of an operation's failure message (the Update's `status.message`): every error is
-/// listed up to this, then how much was left out.
+/// Most bytes of an operation's failure message (the Update's `status.message`): every error is listed up to this, then
+/// how much was left out.
 pub(super) const MAX_FAILURE_MESSAGE_BYTES: usize = 4096;
 
-/// The failure message of an operation whose engine reported `resource_errors` (`(urn, message)`) and
-/// printed `text`: every error, one after the other, the first on the first line — each resource's as
-/// `<type> (<name>): <message>` (its further lines indented), then every other `error:` line of `text`
-/// (Pulumi's closing `update failed` left out when an error before it said more) — bounded to
+/// The failure message of an operation whose engine reported `resource_errors` (`(urn, message)`) and printed `text`:
+/// each resource's error as `<type> (<name>): <message>`, then every other `error:` line of `text`, within
 /// [`MAX_FAILURE_MESSAGE_BYTES`]; else the first five lines of `text`; `None` when it is empty. Pure.
 pub(super) fn failure_message(resource_errors: &[(String, String)], text: &str) -> Option<String> {
     let mut errors: Vec<String> = resource_errors
@@ -479,8 +475,8 @@ fn bounded(text: String, max: usize) -> String {
     format!("{}\n… ({} more bytes)", &text[..end], text.len() - end)
 }
 
-/// Every `error:`/`Error:` line of Pulumi's output without its prefix, each followed by the location
-/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`), in order, without repeats. Pure.
+/// Every `error:`/`Error:` line of Pulumi's output without its prefix, each followed by the location line Pulumi YAML
+/// prints after it (`… (on Pulumi.yaml line 7)`), in order, without repeats. Pure.
 fn error_lines(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let mut found: Vec<String> = Vec::new();
@@ -499,8 +495,8 @@ fn error_lines(text: &str) -> Vec<String> {
     found
 }
 
-/// The first `error:`/`Error:` line of Pulumi's output without its prefix, followed by the location
-/// line Pulumi YAML prints after it (`… (on Pulumi.yaml line 7)`); else the first five lines.
+/// The first `error:`/`Error:` line of Pulumi's output without its prefix, followed by the location line Pulumi YAML
+/// prints after it (`… (on Pulumi.yaml line 7)`); else the first five lines.
 pub(super) fn first_error_line(text: &str) -> Option<String> {
     if let Some(first) = error_lines(text).into_iter().next() {
         return Some(first);

@@ -1,12 +1,12 @@
-//! The operation's environment: the dotenv file read before it, the names that mark a secret, a home
-//! backend pinned to the agent's home.
+//! The operation's environment: the dotenv file read before it, the names that mark a secret, a home backend pinned to
+//! the agent's home.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// A `file://~` backend (Pulumi expands `~` with `HOME`) names the agent's home, not the operation's
-/// fresh one: the URL of the operation's environment, else the agent's (`inherited`), is rewritten with
-/// the agent's `home`. Otherwise every operation would find an empty backend in its own home.
+/// A `file://~` backend (Pulumi expands `~` with `HOME`) names the agent's home, not the operation's fresh one: the URL
+/// of the operation's environment, else the agent's (`inherited`), is rewritten with the agent's `home`. Otherwise
+/// every operation would find an empty backend in its own home.
 pub(super) fn pin_home_backend(env: &mut BTreeMap<String, String>, inherited: Option<String>, home: Option<String>) {
     let Some(url) = env.get("PULUMI_BACKEND_URL").cloned().or(inherited) else { return };
     let (Some(rest), Some(home)) = (url.strip_prefix("file://~"), home) else { return };
@@ -20,8 +20,8 @@ pub(super) fn is_secret_name(name: &str) -> bool {
     ["PASSPHRASE", "TOKEN", "SECRET", "PASSWORD"].iter().any(|s| name.contains(s))
 }
 
-/// The variables of the dotenv file `path` (dotenv syntax: `NAME=value`, quotes, `export`, comments),
-/// none when it does not exist. Errors: the file named with what is wrong in it.
+/// The variables of the dotenv file `path` (dotenv syntax: `NAME=value`, quotes, `export`, comments), none when it does
+/// not exist. Errors: the file named with what is wrong in it.
 pub(super) fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
     let iter = match dotenvy::from_path_iter(path) {
         Ok(i) => i,

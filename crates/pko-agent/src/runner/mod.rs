@@ -1,5 +1,5 @@
-//! Runs one operation: resolve values, prepare the source, select (or create) the stack, set its config,
-//! run the Pulumi command streaming its engine events, then read outputs and build the result.
+//! Runs one operation: resolve values, prepare the source, select (or create) the stack, set its config, run the Pulumi
+//! command streaming its engine events, then read outputs and build the result.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,11 +36,11 @@ use workspace_dir::{point_link, workspace_source};
 pub struct RunnerContext {
     /// The Pulumi CLI (under the agent's supervisor).
     pub pulumi: pulumi::Cli,
-    /// Longest wait for a backend lock's holders still running on this host to end before an operation
-    /// reports the conflict (`--lock-wait-seconds`).
+    /// Longest wait for a backend lock's holders still running on this host to end before an operation reports the
+    /// conflict (`--lock-wait-seconds`).
     pub lock_wait: std::time::Duration,
-    /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with
-    /// the agent's own `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
+    /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with the agent's own
+    /// `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
     pub sandboxes: Option<crate::sandbox::Sandboxes>,
     /// Environment added to every Pulumi process (e.g. PULUMI_HOME), below the operation's own.
     pub env: BTreeMap<String, String>,
@@ -48,22 +48,21 @@ pub struct RunnerContext {
     pub sources: Arc<SourceCache>,
     /// Value resolver (Secrets/ConfigMaps of the agent's namespace).
     pub values: ValueResolver,
-    /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which
-    /// saves one Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
+    /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which saves one
+    /// Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
     pub log_level: u32,
-    /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win
-    /// over the agent's and the request's.
+    /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win over the agent's
+    /// and the request's.
     pub env_file: Option<PathBuf>,
-    /// A symbolic link pointed at each operation's project directory (`--workspace-link`, PKO's
-    /// `/share/workspace`).
+    /// A symbolic link pointed at each operation's project directory (`--workspace-link`, PKO's `/share/workspace`).
     pub workspace_link: Option<PathBuf>,
     /// The Pulumi CLI's version (`pulumi version`), read once on first use.
     pub pulumi_version: Arc<tokio::sync::OnceCell<String>>,
-    /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a
-    /// functional test): every operation succeeds after this delay without running Pulumi or reading
-    /// its source. `None`: a real agent.
+    /// A *hollow agent* (kubemark-style, for control-plane load tests only — never a default, never in a functional
+    /// test): every operation succeeds after this delay without running Pulumi or reading its source. `None`: a real
+    /// agent.
     pub hollow: Option<std::time::Duration>,
 }
 
@@ -141,9 +140,8 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
     op.publish(Event::Result(result));
 }
 
-/// Removes the operation's directories and the plugins it added to or changed in the shared cache,
-/// logging what was removed; a failure is logged (the next operation sweeps again, and refuses to
-/// start while it cannot).
+/// Removes the operation's directories and the plugins it added to or changed in the shared cache, logging what was
+/// removed; a failure is logged (the next operation sweeps again, and refuses to start while it cannot).
 fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
     match sb.finish() {
         Ok(f) if f.plugins_removed.is_empty() => {}
@@ -163,8 +161,8 @@ fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
     }
 }
 
-/// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown
-/// or Cancel), then succeeds with no outputs. Its log line and result message say it was simulated.
+/// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown or Cancel),
+/// then succeeds with no outputs. Its log line and result message say it was simulated.
 async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::Duration) {
     let start = crate::convert::now();
     let run_digest = pko_proto::digest::run_digest(req);
@@ -219,8 +217,7 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
     op.publish(Event::Result(result));
 }
 
-/// The operation's type as its output lines name it: `preview`, `up`, `refresh`, `destroy`,
-/// `initialize`.
+/// The operation's type as its output lines name it: `preview`, `up`, `refresh`, `destroy`, `initialize`.
 pub fn kind_name(req: &OperationRequest) -> &'static str {
     match OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified) {
         OperationType::Up => "up",
@@ -247,8 +244,8 @@ fn check_stop(op: &Operation) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Runs the operation `req` step by step (each step is a function below): its environment, its
-/// source, its stack and config, then the Pulumi command.
+/// Runs the operation `req` step by step (each step is a function below): its environment, its source, its stack and
+/// config, then the Pulumi command.
 async fn execute(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -296,8 +293,8 @@ async fn execute(
     operate_through_locks(ctx, op, &step, masker, result).await
 }
 
-/// Step 0: the request is what its Update names: its run digest (`computed`, over the request as
-/// received) is the one the operator sent (`run_digest`; none: not checked). Nothing runs otherwise.
+/// Step 0: the request is what its Update names: its run digest (`computed`, over the request as received) is the one
+/// the operator sent (`run_digest`; none: not checked). Nothing runs otherwise.
 fn check_digest(req: &OperationRequest, computed: &str) -> Result<(), Failure> {
     if req.run_digest.is_empty() || req.run_digest == computed {
         return Ok(());
@@ -309,8 +306,8 @@ fn check_digest(req: &OperationRequest, computed: &str) -> Result<(), Failure> {
     Err(fail(ErrorReason::RunMismatch, "run_digest", message))
 }
 
-/// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the
-/// operation's own directories, the request's (references resolved, secrets masked), the env file's.
+/// Step 1: the environment of the Pulumi process — the agent's (the workspace class's), the operation's own
+/// directories, the request's (references resolved, secrets masked), the env file's.
 async fn environment(
     ctx: &RunnerContext,
     req: &OperationRequest,
@@ -362,8 +359,8 @@ async fn environment(
     Ok(env)
 }
 
-/// Step 2: the source, prepared (or cached) and pinned, copied into the operation's directory when it
-/// is isolated; returns the project directory and the project's name.
+/// Step 2: the source, prepared (or cached) and pinned, copied into the operation's directory when it is isolated;
+/// returns the project directory and the project's name.
 async fn project(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
@@ -406,9 +403,8 @@ async fn project(
     Ok((dir, project))
 }
 
-/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's
-/// `IncompatibleConfiguration`); its version (read once per agent) is reported for the Workspace's
-/// `status.pulumiVersion`.
+/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's `IncompatibleConfiguration`);
+/// its version (read once per agent) is reported for the Workspace's `status.pulumiVersion`.
 async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut OperationResult) -> Result<(), Failure> {
     let version = ctx
         .pulumi_version
@@ -422,8 +418,8 @@ async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut Ope
     Ok(())
 }
 
-/// Step 4: the stack selected (or created) once per backend, its config and environments set.
-/// Returns the stack's key in [`RunnerContext::known_stacks`].
+/// Step 4: the stack selected (or created) once per backend, its config and environments set. Returns the stack's key
+/// in [`RunnerContext::known_stacks`].
 async fn prepare_stack(
     ctx: &RunnerContext,
     op: &Arc<Operation>,

@@ -1,6 +1,6 @@
-//! The stack's settings before an operation runs: select (or create) it, reset its config file to the
-//! source's, set the request's config in as few `pulumi config set-all` calls as the kernel's argument
-//! limits allow, add its ESC environments, and refuse structured config on a CLI too old for it.
+//! The stack's settings before an operation runs: select (or create) it, reset its config file to the source's, set the
+//! request's config in as few `pulumi config set-all` calls as the kernel's argument limits allow, add its ESC
+//! environments, and refuse structured config on a CLI too old for it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,8 +14,8 @@ use super::{Failure, RunnerContext, fail};
 use crate::mask::Masker;
 use crate::pulumi;
 
-/// Restores the stack's config file to what the source holds (or removes it), so config set by an
-/// earlier operation on this cached directory never leaks into the next.
+/// Restores the stack's config file to what the source holds (or removes it), so config set by an earlier operation on
+/// this cached directory never leaks into the next.
 pub(super) fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()> {
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let file = dir.join(format!("Pulumi.{short}.yaml"));
@@ -41,11 +41,11 @@ pub(super) fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()>
     Ok(())
 }
 
-/// Sets the request's config `items` on `stack` in `dir` (values resolved, secrets masked from then on),
-/// then reads the stack config file back: what Pulumi will read is what the request asked for.
+/// Sets the request's config `items` on `stack` in `dir` (values resolved, secrets masked from then on), then reads the
+/// stack config file back: what Pulumi will read is what the request asked for.
 ///
-/// Errors: a value that cannot be resolved (`INVALID_CONFIG`), a Pulumi command that failed
-/// (`INITIALIZATION_FAILED`), a file that differs from the request (`RUN_MISMATCH`).
+/// Errors: a value that cannot be resolved (`INVALID_CONFIG`), a Pulumi command that failed (`INITIALIZATION_FAILED`),
+/// a file that differs from the request (`RUN_MISMATCH`).
 pub(super) async fn set_config(
     ctx: &RunnerContext,
     dir: &Path,
@@ -84,8 +84,8 @@ pub(super) async fn set_config(
     }
 }
 
-/// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env`
-/// names a variable of the Pulumi process (the operation's own environment first, then the agent's).
+/// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env` names a variable of
+/// the Pulumi process (the operation's own environment first, then the agent's).
 ///
 /// Errors: an empty key, no value, a reference that cannot be resolved, JSON that does not parse.
 async fn plan_item(
@@ -132,10 +132,10 @@ async fn plan_item(
     Ok(PlannedConfig { key, text, secret: item.secret, path: item.path, object })
 }
 
-/// Where the stack config file `text` (`Pulumi.<stack>.yaml`, as Pulumi wrote it) differs from `planned`
-/// (the request's config): a key missing, a plain string with another value, a secret not encrypted.
-/// Keys set by property path (`--path`) and structured values are checked for presence of their top
-/// key only. `None`: as asked. Pure; a value is never repeated in the answer.
+/// Where the stack config file `text` (`Pulumi.<stack>.yaml`, as Pulumi wrote it) differs from `planned` (the request's
+/// config): a key missing, a plain string with another value, a secret not encrypted. Keys set by property path
+/// (`--path`) and structured values are checked for presence of their top key only. `None`: as asked. Pure; a value is
+/// never repeated in the answer.
 pub fn written_config_mismatch(text: &str, planned: &[PlannedConfig]) -> Option<String> {
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap_or(serde_yaml_ng::Value::Null);
     let config = doc.get("config");
@@ -159,13 +159,12 @@ pub fn written_config_mismatch(text: &str, planned: &[PlannedConfig]) -> Option<
 /// Longest `NAME=value` environment entry, in bytes (Linux `MAX_ARG_STRLEN`).
 pub const MAX_ENV_VAR_BYTES: usize = 128 << 10;
 
-/// Longest single command-line argument the agent passes to Pulumi, in bytes: half of Linux's
-/// `MAX_ARG_STRLEN` (128 KiB), leaving room for the key.
+/// Longest single command-line argument the agent passes to Pulumi, in bytes: half of Linux's `MAX_ARG_STRLEN` (128
+/// KiB), leaving room for the key.
 pub const MAX_CONFIG_ARG_BYTES: usize = 64 << 10;
 
-/// Bytes of `--path` config values one `pulumi config set-all` carries (Linux allows 2 MiB of arguments
-/// and environment together); a `--json` batch is one argument and stays within
-/// [`MAX_CONFIG_ARG_BYTES`].
+/// Bytes of `--path` config values one `pulumi config set-all` carries (Linux allows 2 MiB of arguments and environment
+/// together); a `--json` batch is one argument and stays within [`MAX_CONFIG_ARG_BYTES`].
 pub const MAX_CONFIG_BATCH_BYTES: usize = 256 << 10;
 
 /// One config value, resolved.
@@ -183,8 +182,8 @@ pub struct PlannedConfig {
     pub object: Option<Value>,
 }
 
-/// One Pulumi command that sets config: its arguments and, for a value too large for the command line,
-/// the value on standard input (`pulumi config set <key>` reads it there, trimming one final newline).
+/// One Pulumi command that sets config: its arguments and, for a value too large for the command line, the value on
+/// standard input (`pulumi config set <key>` reads it there, trimming one final newline).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigCommand {
     /// Arguments after `pulumi`.
@@ -193,10 +192,10 @@ pub struct ConfigCommand {
     pub stdin: Option<String>,
 }
 
-/// The commands that set `items` on `stack` with no argument over [`MAX_CONFIG_ARG_BYTES`] and no
-/// command over [`MAX_CONFIG_BATCH_BYTES`] of values: `config set-all --json` batches for plain keys,
-/// `config set-all --path` batches for paths, and `config set <key>` with the value on standard input
-/// for a value too large for one argument. Pure.
+/// The commands that set `items` on `stack` with no argument over [`MAX_CONFIG_ARG_BYTES`] and no command over
+/// [`MAX_CONFIG_BATCH_BYTES`] of values: `config set-all --json` batches for plain keys, `config set-all --path`
+/// batches for paths, and `config set <key>` with the value on standard input for a value too large for one argument.
+/// Pure.
 pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigCommand> {
     let mut out = Vec::new();
     let mut json_batch = serde_json::Map::new();
@@ -260,10 +259,9 @@ pub fn config_commands(stack: &str, items: &[PlannedConfig]) -> Vec<ConfigComman
     out
 }
 
-/// Imports the stack's ESC environments (`pulumi config env add`, PKO's `AddEnvironments`) into the
-/// stack's config file, which every operation restores from the source first. Errors: Pulumi's
-/// message (e.g. a backend without ESC) as `INITIALIZATION_FAILED` on `stack.environments` (PKO: a
-/// Workspace `InitializationFailed`).
+/// Imports the stack's ESC environments (`pulumi config env add`, PKO's `AddEnvironments`) into the stack's config
+/// file, which every operation restores from the source first. Errors: Pulumi's message (e.g. a backend without ESC) as
+/// `INITIALIZATION_FAILED` on `stack.environments` (PKO: a Workspace `InitializationFailed`).
 pub(super) async fn add_environments(
     ctx: &RunnerContext,
     dir: &Path,
@@ -324,8 +322,7 @@ pub(super) async fn select_stack(
     Ok(())
 }
 
-/// Whether `config` holds a structured value: a literal that is not a string, or a value parsed as
-/// JSON.
+/// Whether `config` holds a structured value: a literal that is not a string, or a value parsed as JSON.
 pub(super) fn uses_structured_config(config: &[ConfigItem]) -> bool {
     config.iter().any(|c| {
         c.json
@@ -334,8 +331,8 @@ pub(super) fn uses_structured_config(config: &[ConfigItem]) -> bool {
     })
 }
 
-/// PKO's message when the CLI `version` (`v3.180.0`) is older than
-/// [`MIN_PULUMI_FOR_STRUCTURED_CONFIG`] (or not a version); `None` when it reads structured config.
+/// PKO's message when the CLI `version` (`v3.180.0`) is older than [`MIN_PULUMI_FOR_STRUCTURED_CONFIG`] (or not a
+/// version); `None` when it reads structured config.
 pub fn structured_config_unsupported(version: &str) -> Option<String> {
     let (a, b, c) = MIN_PULUMI_FOR_STRUCTURED_CONFIG;
     match parse_pulumi_version(version) {

@@ -1,15 +1,15 @@
-//! The workspace directory (PKO's `/share/workspace`): a link pointed at each operation's project, and
-//! the program an init container put there.
+//! The workspace directory (PKO's `/share/workspace`): a link pointed at each operation's project, and the program an
+//! init container put there.
 
 use std::path::Path;
 
-/// The source of a request that names none (a Workspace without git, flux, local or projectInfo —
-/// PKO's "fetch the source yourself" Stack): the program an init container of the workspace pod put
-/// in the workspace directory `link` (PKO's `/share/workspace`), when that is a directory of its own
-/// rather than the link this agent points at each operation's project.
+/// The source of a request that names none (a Workspace without git, flux, local or projectInfo — PKO's "fetch the
+/// source yourself" Stack): the program an init container of the workspace pod put in the workspace directory `link`
+/// (PKO's `/share/workspace`), when that is a directory of its own rather than the link this agent points at each
+/// operation's project.
 ///
-/// Errors: no `--workspace-link`, or nothing but the agent's link (or nothing at all) there — the
-/// message says where the program was looked for and how to put it there.
+/// Errors: no `--workspace-link`, or nothing but the agent's link (or nothing at all) there — the message says where
+/// the program was looked for and how to put it there.
 pub(super) fn workspace_source(link: Option<&Path>) -> Result<pko_proto::v1::Source, String> {
     let hint = "a Workspace without a source (git, flux, local) runs the program that an init container of its pod \
         (spec.podTemplate) puts in /share/workspace";

@@ -8,8 +8,8 @@ use tokio::process::Command;
 use super::{SourceError, err};
 use crate::values::ValueResolver;
 
-/// Credentials for git, resolved from the request's references (the values through `values`, so Secrets
-/// are read with the agent's identity) into the git process's environment ([`pko_git::GitAuthEnv`]).
+/// Credentials for git, resolved from the request's references (the values through `values`, so Secrets are read with
+/// the agent's identity) into the git process's environment ([`pko_git::GitAuthEnv`]).
 pub(super) struct GitAuthArgs(pko_git::GitAuthEnv);
 
 impl GitAuthArgs {

@@ -1,5 +1,5 @@
-//! What a replica holds (published on every change) and the [`Ownership`] the controllers read from
-//! it: a shard is owned while it is held and the holding valid, by the clock.
+//! What a replica holds (published on every change) and the [`Ownership`] the controllers read from it: a shard is
+//! owned while it is held and the holding valid, by the clock.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,16 +20,15 @@ pub struct Held {
     pub members: Vec<String>,
     /// Until when the holding is valid (the renew deadline of the last renewal); `None`: nothing held.
     pub valid_until: Option<Instant>,
-    /// The membership lapses counted before this holding was built: only a renewal with the same
-    /// count may advance `valid_until` (a holding from before a lapse is void).
+    /// The membership lapses counted before this holding was built: only a renewal with the same count may advance
+    /// `valid_until` (a holding from before a lapse is void).
     pub lapses: u64,
 }
 
 impl Held {
-    /// The validity a successful renewal started at `started` (`until` = `started` + renew deadline)
-    /// gives this holding at `now`, when it advances it: the renewal was counted after the same lapses
-    /// as the holding, something is held, `until` is still ahead and later than the current validity.
-    /// `None`: leave the holding as it is. Pure.
+    /// The validity a successful renewal started at `started` (`until` = `started` + renew deadline) gives this holding
+    /// at `now`, when it advances it: the renewal was counted after the same lapses as the holding, something is held,
+    /// `until` is still ahead and later than the current validity. `None`: leave the holding as it is. Pure.
     pub fn advanced_by_renewal(&self, lapses: u64, until: Instant, now: Instant) -> Option<Instant> {
         let later = self.valid_until.is_none_or(|v| until > v);
         (lapses == self.lapses && !self.shards.is_empty() && until > now && later).then_some(until)
@@ -40,8 +39,8 @@ impl Held {
         self.valid_until.filter(|until| Instant::now() < *until).and_then(|_| self.shards.get(&shard).copied())
     }
 
-    /// Until when (wall clock) `shard` is held validly: the renew deadline of the last renewal, or
-    /// the Unix epoch (already past) when the shard is not held or the holding lapsed.
+    /// Until when (wall clock) `shard` is held validly: the renew deadline of the last renewal, or the Unix epoch
+    /// (already past) when the shard is not held or the holding lapsed.
     pub fn not_after(&self, shard: u32) -> std::time::SystemTime {
         let now = Instant::now();
         match self.valid_until {
@@ -91,12 +90,12 @@ impl Ownership for ShardOwnership {
     }
 }
 
-/// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live
-/// member of the fleet runs with another `--shards` that prevails ([`standing`]).
+/// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live member of the fleet
+/// runs with another `--shards` that prevails ([`standing`]).
 pub const STANDING_BY: &str = "pko_fleet_standing_by";
 
-/// The validity a publish gives (pure): `proposed` (from the last renewal the main loop read), or the
-/// current one when a renewal advanced it meanwhile (same lapses, later); `None` stays `None`.
+/// The validity a publish gives (pure): `proposed` (from the last renewal the main loop read), or the current one when
+/// a renewal advanced it meanwhile (same lapses, later); `None` stays `None`.
 pub(super) fn published_validity(current: &Held, lapses: u64, proposed: Option<Instant>) -> Option<Instant> {
     let proposed = proposed?;
     Some(match current.valid_until {

@@ -1,5 +1,5 @@
-//! The fleet's Leases as a replica watches them: a slim cache, a notification at every change, a flag
-//! for changes that may concern shards (anything but a member's renewal), and the Leases by kind.
+//! The fleet's Leases as a replica watches them: a slim cache, a notification at every change, a flag for changes that
+//! may concern shards (anything but a member's renewal), and the Leases by kind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,8 +24,8 @@ pub(super) struct Leases {
     pub watch: tokio::task::JoinHandle<()>,
 }
 
-/// Whether a watch event of the fleet's Leases is only about membership Leases (a renewal), so that
-/// no shard Lease changed (pure). Re-lists count as changes.
+/// Whether a watch event of the fleet's Leases is only about membership Leases (a renewal), so that no shard Lease
+/// changed (pure). Re-lists count as changes.
 fn member_event(fleet: &str, event: &watcher::Event<Lease>) -> bool {
     match event {
         watcher::Event::Apply(l) | watcher::Event::Delete(l) => {
@@ -81,9 +81,9 @@ pub(super) fn table_of(lease: Option<&Arc<Lease>>) -> Result<ShardTable, crate::
 }
 
 impl Fleet {
-    /// The fleet's Leases, watched into a store: `changed` is notified at every event, `shards_changed`
-    /// set by every event that may change a shard Lease (anything but a member's renewal) — only then,
-    /// or when the live members or the held shards changed, is the plan worked out again.
+    /// The fleet's Leases, watched into a store: `changed` is notified at every event, `shards_changed` set by every
+    /// event that may change a shard Lease (anything but a member's renewal) — only then, or when the live members or
+    /// the held shards changed, is the plan worked out again.
     pub(super) fn watch_leases(&self) -> Leases {
         let selector = format!("{FLEET_LABEL}={}", self.cfg.fleet);
         let (store, writer) = reflector::store();

@@ -1,25 +1,25 @@
-//! A replica's membership in the fleet and the shards it holds: what it holds ([`held`]), its
-//! membership renewals ([`renewer`]), the fleet's Leases as it watches them ([`leases`]), and the turns
-//! that plan and write its takes and releases ([`planner`]).
+//! A replica's membership in the fleet and the shards it holds: what it holds ([`held`]), its membership renewals
+//! ([`renewer`]), the fleet's Leases as it watches them ([`leases`]), and the turns that plan and write its takes and
+//! releases ([`planner`]).
 //!
-//! Each replica renews its membership Lease every [`FleetConfig::renew_interval`]; the others count it
-//! live while they see its `renewTime` change within its `leaseDurationSeconds`, measured on their own
-//! clock from when they saw the change (client-go's rule, immune to clock offsets). From the live
-//! members, every replica computes the same desired holder of each shard ([`crate::ring`]) and, in
-//! **one** resourceVersion-guarded write of the shard table ([`crate::table`]) per turn:
-//! - takes the shards it should hold that are free, released, held by a member no longer live, or
-//!   never taken (each one epoch later: the new fencing token);
+//! Each replica renews its membership Lease every [`FleetConfig::renew_interval`]; the others count it live while they
+//! see its `renewTime` change within its `leaseDurationSeconds`, measured on their own clock from when they saw the
+//! change (client-go's rule, immune to clock offsets). From the live members, every replica computes the same desired
+//! holder of each shard ([`crate::ring`]) and, in **one** resourceVersion-guarded write of the shard table
+//! ([`crate::table`]) per turn:
+//! - takes the shards it should hold that are free, released, held by a member no longer live, or never taken (each one
+//!   epoch later: the new fencing token);
 //! - releases the shards another live member should hold, after it has stopped acting on them;
 //! - drops at once a shard the table gives someone else.
 //!
-//! A write refused because another replica wrote the table since (409) is read fresh and planned
-//! again; a handoff or a takeover costs each replica one or two writes, whatever the shard count.
+//! A write refused because another replica wrote the table since (409) is read fresh and planned again; a handoff or a
+//! takeover costs each replica one or two writes, whatever the shard count.
 //!
-//! A replica that has not renewed its membership within [`FleetConfig::renew_deadline`] holds nothing
-//! (checked on every [`Ownership::owns`], so a process that was frozen acts on nothing once it runs
-//! again); others take its shards only after a full lease duration without a renewal, which is longer.
-//! On shutdown a replica releases its membership (one write): its shards are free for the others at
-//! once. At rest the fleet writes one membership renewal per replica per interval and nothing else.
+//! A replica that has not renewed its membership within [`FleetConfig::renew_deadline`] holds nothing (checked on every
+//! [`Ownership::owns`], so a process that was frozen acts on nothing once it runs again); others take its shards only
+//! after a full lease duration without a renewal, which is longer. On shutdown a replica releases its membership (one
+//! write): its shards are free for the others at once. At rest the fleet writes one membership renewal per replica per
+//! interval and nothing else.
 
 mod held;
 mod leases;
@@ -61,8 +61,8 @@ pub struct FleetConfig {
     pub renew_interval: Duration,
     /// A replica that could not renew within this long holds nothing (shorter than the duration).
     pub renew_deadline: Duration,
-    /// More annotations of the membership Lease, asked anew at each renewal (the operator's load:
-    /// what the replica says about itself, at no write beyond the renewal's).
+    /// More annotations of the membership Lease, asked anew at each renewal (the operator's load: what the replica says
+    /// about itself, at no write beyond the renewal's).
     pub announce: Option<Announce>,
 }
 
@@ -77,8 +77,8 @@ impl std::fmt::Debug for Announce {
 }
 
 impl FleetConfig {
-    /// Defaults of client-go's leader election: 15 s duration, 10 s renew deadline; renewals every
-    /// 5 s (0.2 writes per second per replica at rest).
+    /// Defaults of client-go's leader election: 15 s duration, 10 s renew deadline; renewals every 5 s (0.2 writes per
+    /// second per replica at rest).
     pub fn new(
         namespace: impl Into<String>,
         fleet: impl Into<String>,
@@ -98,9 +98,8 @@ impl FleetConfig {
     }
 }
 
-/// How a replica takes part in the fleet.
-/// A replica's membership: run [`Fleet::run`] until shutdown; [`ShardOwnership`] tells the
-/// controllers what it holds.
+/// How a replica takes part in the fleet. A replica's membership: run [`Fleet::run`] until shutdown; [`ShardOwnership`]
+/// tells the controllers what it holds.
 pub struct Fleet {
     cfg: FleetConfig,
     api: Api<Lease>,
@@ -121,9 +120,9 @@ impl Fleet {
         (Self { cfg, watch_api: api.clone(), api, ring, held, standing }, ownership)
     }
 
-    /// Watches the Leases through `client` — one without a read timeout, where the writes' client has
-    /// one (`--kube-api-timeout`): a watch quiet for longer than that timeout would be cut and resumed,
-    /// or listed again once its resourceVersion has expired.
+    /// Watches the Leases through `client` — one without a read timeout, where the writes' client has one
+    /// (`--kube-api-timeout`): a watch quiet for longer than that timeout would be cut and resumed, or listed again
+    /// once its resourceVersion has expired.
     #[must_use]
     pub fn with_watch_client(mut self, client: kube::Client) -> Self {
         self.watch_api = Api::namespaced(client, &self.cfg.namespace);
@@ -134,8 +133,8 @@ impl Fleet {
         [(FLEET_LABEL.to_string(), self.cfg.fleet.clone()), (KIND_LABEL.to_string(), kind.to_string())].into()
     }
 
-    /// Publishes `shards` held after `lapses`, valid until `valid_until` (or later, when the renewer
-    /// advanced the current holding meanwhile).
+    /// Publishes `shards` held after `lapses`, valid until `valid_until` (or later, when the renewer advanced the
+    /// current holding meanwhile).
     fn publish(
         &self,
         shards: &BTreeMap<u32, i64>,
@@ -162,8 +161,8 @@ impl Fleet {
         });
     }
 
-    /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards.
-    /// On shutdown it holds nothing and releases its membership, so the others take its shards at once.
+    /// Takes part in the fleet until `shutdown`: renews the membership, takes and releases shards. On shutdown it holds
+    /// nothing and releases its membership, so the others take its shards at once.
     pub async fn run(self, shutdown: CancellationToken) {
         lease::init_write_counters();
         let leases = self.watch_leases();
@@ -197,8 +196,8 @@ impl Fleet {
         leases.watch.abort();
     }
 
-    /// Leaves the fleet: holds nothing, then releases the membership (successors need not wait for it
-    /// to expire; they take its shards from the table at once).
+    /// Leaves the fleet: holds nothing, then releases the membership (successors need not wait for it to expire; they
+    /// take its shards from the table at once).
     async fn leave(&self, accepted_lapses: u64) {
         self.publish(&BTreeMap::new(), &BTreeSet::new(), None, accepted_lapses);
         let name = lease::replica_name(&self.cfg.fleet, &self.cfg.replica);
@@ -207,9 +206,9 @@ impl Fleet {
         }
     }
 
-    /// Until when what this replica holds is valid: the renew deadline after the start of its last
-    /// successful renewal (`renewed`), if still ahead and no lapse happened since the holding was built
-    /// (`accepted_lapses`): a holding from before a lapse is never published as valid again.
+    /// Until when what this replica holds is valid: the renew deadline after the start of its last successful renewal
+    /// (`renewed`), if still ahead and no lapse happened since the holding was built (`accepted_lapses`): a holding
+    /// from before a lapse is never published as valid again.
     fn valid_until(&self, renewed: &watch::Receiver<Option<Renewal>>, accepted_lapses: u64) -> Option<Instant> {
         renewed
             .borrow()

@@ -1,6 +1,5 @@
-//! A replica's turns: from the cached Leases and its renewals, accept a lapse, plan the takes and
-//! releases of its shard count's table ([`crate::planning`]), write them in one guarded write, and
-//! publish what it holds.
+//! A replica's turns: from the cached Leases and its renewals, accept a lapse, plan the takes and releases of its shard
+//! count's table ([`crate::planning`]), write them in one guarded write, and publish what it holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,9 +20,9 @@ use crate::planning::{
 };
 use crate::table::{Entry, ShardTable, TABLE_ANNOTATION};
 
-/// What a turn's steps act on: the shard table of this replica's count as planned from (the cached
-/// Lease with this replica's own write overlaid; `None`: never written), decoded, and the epochs of
-/// the shard Leases of an earlier version (a take goes above them).
+/// What a turn's steps act on: the shard table of this replica's count as planned from (the cached Lease with this
+/// replica's own write overlaid; `None`: never written), decoded, and the epochs of the shard Leases of an earlier
+/// version (a take goes above them).
 struct Planned {
     lease: Option<Arc<Lease>>,
     table: ShardTable,
@@ -36,8 +35,7 @@ pub(super) struct Turn {
     liveness: Liveness,
     /// The shards held, with their epochs.
     shards: BTreeMap<u32, i64>,
-    /// Shard tables (by count) written here, or read fresh after a refused write, that the cache may
-    /// not show yet.
+    /// Shard tables (by count) written here, or read fresh after a refused write, that the cache may not show yet.
     own: BTreeMap<u32, OwnWrite>,
     /// The ring's desired holders.
     ring_cache: Option<RingCache>,
@@ -48,8 +46,7 @@ pub(super) struct Turn {
     waiting_for: Option<(String, u32)>,
     /// The lapses the current holding was built after.
     pub accepted_lapses: u64,
-    /// The resourceVersion of this count's table last logged as undecodable (logged once per version,
-    /// not once a turn).
+    /// The resourceVersion of this count's table last logged as undecodable (logged once per version, not once a turn).
     undecodable: Option<String>,
 }
 
@@ -59,16 +56,16 @@ struct RingCache {
     holders: Vec<String>,
 }
 
-/// The inputs of the last plan that had no step: planning again from the same ones, while no shard
-/// table changed, would find no step either.
+/// The inputs of the last plan that had no step: planning again from the same ones, while no shard table changed, would
+/// find no step either.
 struct Settled {
     live: Vec<LiveMember>,
     standing: Standing,
     held: BTreeMap<u32, i64>,
 }
 
-/// What a turn's writes are valid under: the last renewal, the lapses the holding was built after, and
-/// whether the replica is shutting down.
+/// What a turn's writes are valid under: the last renewal, the lapses the holding was built after, and whether the
+/// replica is shutting down.
 struct Validity<'a> {
     renewed: &'a watch::Receiver<Option<Renewal>>,
     accepted_lapses: u64,
@@ -76,8 +73,8 @@ struct Validity<'a> {
 }
 
 impl Fleet {
-    /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the
-    /// membership is valid — plan and apply the steps, then publish what is held.
+    /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the membership is valid — plan
+    /// and apply the steps, then publish what is held.
     pub(super) async fn turn(
         &self,
         t: &mut Turn,
@@ -118,9 +115,9 @@ impl Fleet {
         self.publish(&t.shards, &t.live, self.valid_until(renewed, t.accepted_lapses), t.accepted_lapses);
     }
 
-    /// The steps of this turn and the table they act on, from the cached `leases`; `None` when the
-    /// inputs are those of the last plan that had nothing to do and no table changed since, or when
-    /// this count's table does not decode (logged: nothing is taken or released from it).
+    /// The steps of this turn and the table they act on, from the cached `leases`; `None` when the inputs are those of
+    /// the last plan that had nothing to do and no table changed since, or when this count's table does not decode
+    /// (logged: nothing is taken or released from it).
     fn plan_turn(&self, t: &mut Turn, leases: &[Arc<Lease>], tables_changed: bool) -> Option<(Vec<Step>, Planned)> {
         let by = ByKind::of(&self.cfg.fleet, leases);
         t.live = t.liveness.live(by.replicas.iter().chain(by.members.iter()).copied(), Instant::now());
@@ -168,8 +165,8 @@ impl Fleet {
         Some((steps, Planned { lease: tables.get(&mine).cloned(), table, earlier_epochs: by.earlier_epochs }))
     }
 
-    /// The steps of an active replica: the plan, with takes held back while a live member of another
-    /// shard count still holds shards in its count's table (logged once per holder).
+    /// The steps of an active replica: the plan, with takes held back while a live member of another shard count still
+    /// holds shards in its count's table (logged once per holder).
     fn active_steps(
         &self,
         t: &mut Turn,
@@ -200,8 +197,7 @@ impl Fleet {
         steps
     }
 
-    /// Publishes `now` as this replica's standing when it changed, with a log line and
-    /// [`STANDING_BY`].
+    /// Publishes `now` as this replica's standing when it changed, with a log line and [`STANDING_BY`].
     fn stand(&self, now: &Standing) {
         // set on every plan, so that the series exists from the first one on
         metrics::gauge!(STANDING_BY).set(if *now == Standing::Active { 0.0 } else { 1.0 });
@@ -237,10 +233,10 @@ impl Fleet {
         }
     }
 
-    /// Carries out `steps` in one write of the table: drops and releases stop at once (published
-    /// before the write), takes count once the write is done. A replica shutting down takes nothing.
-    /// A write refused (409: the table was written since it was read) or failed changes nothing held
-    /// but the drops and releases; the table is read fresh and the next turn plans again.
+    /// Carries out `steps` in one write of the table: drops and releases stop at once (published before the write),
+    /// takes count once the write is done. A replica shutting down takes nothing. A write refused (409: the table was
+    /// written since it was read) or failed changes nothing held but the drops and releases; the table is read fresh
+    /// and the next turn plans again.
     async fn apply(
         &self,
         steps: Vec<Step>,
@@ -306,8 +302,8 @@ impl Fleet {
         }
     }
 
-    /// Writes `next` as this replica's count's shard table: a guarded merge patch of its annotation
-    /// over `read`, or a create when there is none ([`Written::Conflict`] if it exists by then).
+    /// Writes `next` as this replica's count's shard table: a guarded merge patch of its annotation over `read`, or a
+    /// create when there is none ([`Written::Conflict`] if it exists by then).
     ///
     /// Errors: the API server's, except 409.
     async fn write_table(&self, read: Option<&Lease>, next: &ShardTable) -> Result<Written, kube::Error> {

@@ -1,5 +1,5 @@
-//! The membership renewer: renews this replica's membership Lease on its own task, counts the lapses
-//! between renewals, and advances the validity of what is held with each renewal.
+//! The membership renewer: renews this replica's membership Lease on its own task, counts the lapses between renewals,
+//! and advances the validity of what is held with each renewal.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,14 +18,14 @@ use crate::lease::{self, LeaseKind, Written};
 pub(super) struct Renewal {
     /// When it was *started* (the conservative start of its validity).
     pub started: Instant,
-    /// Lapses so far: successful renewals that started more than the renew deadline after the one
-    /// before (this process was frozen, or the API server unreachable, in between). A holding built
-    /// before a lapse is void, whatever the cached Leases still say.
+    /// Lapses so far: successful renewals that started more than the renew deadline after the one before (this process
+    /// was frozen, or the API server unreachable, in between). A holding built before a lapse is void, whatever the
+    /// cached Leases still say.
     pub lapses: u64,
 }
 
-/// Whether a successful renewal started at `started` follows the previous successful one (`previous`)
-/// by more than `deadline`: the holding lapsed in between (pure).
+/// Whether a successful renewal started at `started` follows the previous successful one (`previous`) by more than
+/// `deadline`: the holding lapsed in between (pure).
 fn lapsed(previous: Option<Instant>, started: Instant, deadline: Duration) -> bool {
     previous.is_some_and(|p| started.saturating_duration_since(p) > deadline)
 }
@@ -77,10 +77,10 @@ async fn renew(
     }
 }
 
-/// Renews the membership every `cfg.renew_interval` on its own task until aborted (never delayed by the
-/// main loop's Lease writes), sends each successful renewal with the lapses counted between consecutive
-/// ones, and advances the published holding's validity with it ([`Held::advanced_by_renewal`]): a main
-/// loop busy longer than the deadline publishes nothing, and its last publish must not expire meanwhile.
+/// Renews the membership every `cfg.renew_interval` on its own task until aborted (never delayed by the main loop's
+/// Lease writes), sends each successful renewal with the lapses counted between consecutive ones, and advances the
+/// published holding's validity with it ([`Held::advanced_by_renewal`]): a main loop busy longer than the deadline
+/// publishes nothing, and its last publish must not expire meanwhile.
 pub(super) fn spawn_renewer(
     api: Api<Lease>,
     cfg: FleetConfig,

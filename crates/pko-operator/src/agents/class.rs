@@ -1,16 +1,14 @@
-//! The one definition of a workspace class, used by the pools and the operation limits alike: agents
-//! of one class are interchangeable, because every operation request carries its whole source,
-//! settings and environment (`env` and `envFrom` resolved by the operator), and everything else that
-//! shapes an agent — the namespace, image and pull policy, resources, service account, security
-//! profile, pod template and Pulumi log level — is the same for every Workspace of the class. A pool's
-//! pods carry no Workspace's `env` or `envFrom` ([`super::pool::pods::pool_objects`]): one Stack's
-//! environment never reaches another's operation through them.
+//! The one definition of a workspace class, used by the pools and the operation limits alike: agents of one class are
+//! interchangeable, because every operation request carries its whole source, settings and environment (`env` and
+//! `envFrom` resolved by the operator), and everything else that shapes an agent — the namespace, image and pull
+//! policy, resources, service account, security profile, pod template and Pulumi log level — is the same for every
+//! Workspace of the class. A pool's pods carry no Workspace's `env` or `envFrom` ([`super::pool::pods::pool_objects`]):
+//! one Stack's environment never reaches another's operation through them.
 
 use pko_api::Workspace;
 
-/// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g.
-/// `team-a/3f2a…`, PKO's defaults applied. Workspaces that differ only in name, stacks, config or source share a class.
-/// Pure.
+/// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g. `team-a/3f2a…`, PKO's
+/// defaults applied. Workspaces that differ only in name, stacks, config or source share a class. Pure.
 pub fn workspace_class(ws: &Workspace) -> String {
     // with PKO's defaults applied: a Workspace that names the `default` service account or the default
     // image gets the same agent as one that leaves them unset

@@ -1,7 +1,7 @@
-//! The operator's gRPC client of its agents, written once for every runtime: connecting (the message
-//! limit of the agent contract, [`pko_proto::agent_client`]), the bearer token of agents that
-//! authenticate their caller (`--auth kube`), and the two questions pools ask an agent — its `Status`,
-//! and whether it is the place to follow an operation ([`knows`]).
+//! The operator's gRPC client of its agents, written once for every runtime: connecting (the message limit of the agent
+//! contract, [`pko_proto::agent_client`]), the bearer token of agents that authenticate their caller (`--auth kube`),
+//! and the two questions pools ask an agent — its `Status`, and whether it is the place to follow an operation
+//! ([`knows`]).
 
 use std::time::Duration;
 
@@ -21,8 +21,8 @@ pub fn url(address: &str) -> String {
     if address.starts_with("http") { address.to_string() } else { format!("http://{address}") }
 }
 
-/// A client of the agent at `address` (`host:port` or a URL) for control calls: connected within
-/// [`CONNECT_TIMEOUT`], each call bounded by [`CONTROL_TIMEOUT`].
+/// A client of the agent at `address` (`host:port` or a URL) for control calls: connected within [`CONNECT_TIMEOUT`],
+/// each call bounded by [`CONTROL_TIMEOUT`].
 ///
 /// Errors: the address is not a URI, or the agent could not be reached (the message says which).
 pub async fn control(address: &str) -> Result<Client, String> {
@@ -37,8 +37,8 @@ pub async fn control(address: &str) -> Result<Client, String> {
     Ok(pko_proto::agent_client(channel))
 }
 
-/// A client of the agent at `address` for an operation's `Run` stream: no call deadline (an operation
-/// runs for as long as Pulumi does).
+/// A client of the agent at `address` for an operation's `Run` stream: no call deadline (an operation runs for as long
+/// as Pulumi does).
 ///
 /// Errors: as [`control`].
 pub async fn streaming(address: &str) -> Result<Client, String> {
@@ -71,9 +71,9 @@ pub async fn status(address: &str, token: Option<&str>) -> Result<StatusResponse
         .map_err(|s| format!("{}: {}", s.code(), s.message()))
 }
 
-/// Whether the agent at `address` knows operation `op` (running, or finished and retained) and is the
-/// place to follow it at fencing epoch `epoch`: an agent shutting down is, only while `op` still runs
-/// there (once it ended `INTERRUPTED`, the operation is to run on another agent).
+/// Whether the agent at `address` knows operation `op` (running, or finished and retained) and is the place to follow
+/// it at fencing epoch `epoch`: an agent shutting down is, only while `op` still runs there (once it ended
+/// `INTERRUPTED`, the operation is to run on another agent).
 pub async fn knows(address: &str, token: Option<&str>, op: &str, epoch: i64) -> bool {
     let Ok(mut c) = control(address).await else { return false };
     let Ok(ask) = authorized(StatusRequest {}, token) else { return false };

@@ -1,12 +1,11 @@
-//! PKO's workspace initialization on this operator's agents: before a Workspace is Ready, its agent
-//! prepares the source (`pulumi install`), selects (or creates) each of its stacks and sets their
-//! config and environments — an `INITIALIZE` run, no Pulumi operation — so a Workspace that cannot be
-//! initialized (a `create: false` stack that does not exist, a secrets provider that cannot be used)
-//! stalls before any Update is made against it, as PKO's does.
+//! PKO's workspace initialization on this operator's agents: before a Workspace is Ready, its agent prepares the source
+//! (`pulumi install`), selects (or creates) each of its stacks and sets their config and environments — an `INITIALIZE`
+//! run, no Pulumi operation — so a Workspace that cannot be initialized (a `create: false` stack that does not exist, a
+//! secrets provider that cannot be used) stalls before any Update is made against it, as PKO's does.
 //!
-//! Which Workspaces are initialized is the Workspace controller's to decide; this runs one
-//! initialization on the Workspace's own agent (at the address its readiness found) or on an agent
-//! lent by its class's pool, and says how it went.
+//! Which Workspaces are initialized is the Workspace controller's to decide; this runs one initialization on the
+//! Workspace's own agent (at the address its readiness found) or on an agent lent by its class's pool, and says how it
+//! went.
 
 use kube::ResourceExt;
 use pko_api::Workspace;
@@ -20,18 +19,17 @@ use super::{Agents, End, Lending, Lent, Readiness};
 pub enum Initialization {
     /// The agent ran it: its result, per stack the first that did not succeed (else the last).
     Ran(Box<OperationResult>),
-    /// The request could not be made (a Secret or key missing, a config item it cannot carry): the
-    /// user's to fix, with the message naming the field.
+    /// The request could not be made (a Secret or key missing, a config item it cannot carry): the user's to fix, with
+    /// the message naming the field.
     Invalid(String),
     /// Not now: no agent free or reachable, or the API server did not answer. Tried again soon.
     Later(String),
 }
 
 impl Agents {
-    /// Initializes every stack of `ws`, whose readiness is `readiness` (the address of its own agent),
-    /// exchanging GitHub App credentials at `github_api_url`, reading Secrets through `secrets`, with
-    /// this replica's artifact server `artifact_addr` as a Program artifact's mirror
-    /// ([`request::mirror_artifact`]).
+    /// Initializes every stack of `ws`, whose readiness is `readiness` (the address of its own agent), exchanging
+    /// GitHub App credentials at `github_api_url`, reading Secrets through `secrets`, with this replica's artifact
+    /// server `artifact_addr` as a Program artifact's mirror ([`request::mirror_artifact`]).
     pub async fn initialize(
         &self,
         ws: &Workspace,
@@ -80,8 +78,8 @@ impl Agents {
         last
     }
 
-    /// The agent to initialize `ws` on: one of its class's pool, lent for operation `id`, or its own
-    /// at the address `readiness` found, with the token it wants.
+    /// The agent to initialize `ws` on: one of its class's pool, lent for operation `id`, or its own at the address
+    /// `readiness` found, with the token it wants.
     ///
     /// Errors: no agent free or known, or no token had (the message says which).
     async fn agent_for_initialization(&self, ws: &Workspace, readiness: &Readiness, id: &str) -> Result<Lent, String> {
@@ -96,8 +94,8 @@ impl Agents {
     }
 }
 
-/// Runs `req` on `lent` and follows it to its result. An agent that is busy, unreachable or goes away
-/// is [`Initialization::Later`]; one that refuses the request as invalid, [`Initialization::Invalid`].
+/// Runs `req` on `lent` and follows it to its result. An agent that is busy, unreachable or goes away is
+/// [`Initialization::Later`]; one that refuses the request as invalid, [`Initialization::Invalid`].
 async fn run(lent: &Lent, req: pko_proto::v1::OperationRequest) -> Initialization {
     let later = |e: &dyn std::fmt::Display| Initialization::Later(format!("agent {}: {e}", lent.address));
     let mut agent = match super::client::streaming(&lent.address).await {

@@ -1,15 +1,15 @@
-//! What lending an agent means, for every runtime: a [`Lent`] agent (its address, the token it wants,
-//! and the pool slot to give back), how its operation [`End`]ed, the pools' shared configuration
-//! ([`PoolConfig`]) and the cache of service-account identity checks ([`IdentityChecks`]).
+//! What lending an agent means, for every runtime: a [`Lent`] agent (its address, the token it wants, and the pool slot
+//! to give back), how its operation [`End`]ed, the pools' shared configuration ([`PoolConfig`]) and the cache of
+//! service-account identity checks ([`IdentityChecks`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a successful identity check of a service account stands for the Workspaces that use it
-/// (seconds): the check is a TokenRequest (local pools) or a read of the account (pods), and every
-/// Workspace reconcile asks it, so 1,000 Stacks of one namespace would otherwise cost 1,000 API calls
-/// a pass. A failed check is never kept: the next reconcile asks again.
+/// How long a successful identity check of a service account stands for the Workspaces that use it (seconds): the check
+/// is a TokenRequest (local pools) or a read of the account (pods), and every Workspace reconcile asks it, so 1,000
+/// Stacks of one namespace would otherwise cost 1,000 API calls a pass. A failed check is never kept: the next
+/// reconcile asks again.
 pub const IDENTITY_CHECK_TTL: Duration = Duration::from_secs(60);
 
 /// The service accounts (`namespace/name`) whose identity check passed lately, and when.
@@ -29,9 +29,8 @@ impl IdentityChecks {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(account.to_string(), now);
     }
 
-    /// Whether the agents of `ws` can have its identity — its service account `(namespace, name)`, PKO's
-    /// default applied — as `probe` says, asked at most once per [`IDENTITY_CHECK_TTL`] for an account
-    /// that passed.
+    /// Whether the agents of `ws` can have its identity — its service account `(namespace, name)`, PKO's default
+    /// applied — as `probe` says, asked at most once per [`IDENTITY_CHECK_TTL`] for an account that passed.
     ///
     /// Errors: `probe`'s (never kept: the next call asks again).
     pub async fn check<E, F, Fut>(&self, ws: &pko_api::Workspace, probe: F) -> Result<(), E>
@@ -55,8 +54,7 @@ impl IdentityChecks {
     }
 }
 
-/// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`,
-/// `--pool-idle-timeout-seconds`).
+/// Size and idleness of every pool (flags `--pool-min-agents`, `--pool-max-agents`, `--pool-idle-timeout-seconds`).
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Agents kept running per class even when idle (default 0).
@@ -65,8 +63,8 @@ pub struct PoolConfig {
     pub max: usize,
     /// How long an agent may stay idle before it is stopped (while the pool has more than `min`).
     pub idle_timeout: Duration,
-    /// More arguments of every pool agent (`--hollow-seconds 1` for a load test's hollow agents). Pool
-    /// agents run one operation at a time (the pool lends an agent to one operation).
+    /// More arguments of every pool agent (`--hollow-seconds 1` for a load test's hollow agents). Pool agents run one
+    /// operation at a time (the pool lends an agent to one operation).
     pub agent_args: Vec<String>,
 }
 
@@ -76,20 +74,19 @@ pub trait GiveBack: Send + Sync {
     fn give_back(&self, pool: &super::pool::PoolId, n: usize, end: End);
 }
 
-/// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the
-/// operation ended, so the pool knows whether the agent is free.
+/// An agent lent to one operation; given back when dropped. Call [`Lent::finish`] with how the operation ended, so the
+/// pool knows whether the agent is free.
 pub struct Lent {
-    /// The agent's gRPC address (`127.0.0.1:<port>` for a process, `<pod>.<service>.<namespace>:50051`
-    /// for a pod).
+    /// The agent's gRPC address (`127.0.0.1:<port>` for a process, `<pod>.<service>.<namespace>:50051` for a pod).
     pub address: String,
-    /// The audience of the token the agent accepts (`<pool>.<namespace>` for a pool of pods); `None`:
-    /// the Workspace's own (`<workspace>.<namespace>`, or no token at all for processes).
+    /// The audience of the token the agent accepts (`<pool>.<namespace>` for a pool of pods); `None`: the Workspace's
+    /// own (`<workspace>.<namespace>`, or no token at all for processes).
     pub audience: Option<String>,
-    /// The bearer token the agent wants (`--auth kube`), set by [`super::Agents::lend`]; `None`: the
-    /// agent takes calls without one (agent processes, `--auth none`).
+    /// The bearer token the agent wants (`--auth kube`), set by [`super::Agents::lend`]; `None`: the agent takes calls
+    /// without one (agent processes, `--auth none`).
     pub token: Option<String>,
-    /// `(class, slot)` when the agent is one of this replica's pool; `None` for a Workspace's own agent
-    /// or another replica's agent found running the operation (followed, not lent).
+    /// `(class, slot)` when the agent is one of this replica's pool; `None` for a Workspace's own agent or another
+    /// replica's agent found running the operation (followed, not lent).
     slot: Option<(super::pool::PoolId, usize)>,
     pools: Option<Arc<dyn GiveBack>>,
     ended: End,
@@ -102,8 +99,8 @@ pub enum End {
     Result,
     /// The agent is shutting down (`INTERRUPTED`): never lend it again.
     Interrupted,
-    /// The agent refused the operation: it runs another one (lent by another replica of the fleet) or
-    /// is shutting down. Nothing ran here.
+    /// The agent refused the operation: it runs another one (lent by another replica of the fleet) or is shutting down.
+    /// Nothing ran here.
     Busy,
     /// The dispatcher stopped following (fenced, stream broken): the agent may still run it.
     Unknown,

@@ -1,7 +1,6 @@
-//! Concurrency limits per workspace class ([`super::class`]): operations whose Workspaces share a class
-//! compete for the same agents, so at most `limit` of them run at once.
-//! A worker that finds its class full does not wait (that would hold a worker, as PKO's blocked
-//! reconciles do): it defers the job, and the worker offers it again a second later.
+//! Concurrency limits per workspace class ([`super::class`]): operations whose Workspaces share a class compete for the
+//! same agents, so at most `limit` of them run at once. A worker that finds its class full does not wait (that would
+//! hold a worker, as PKO's blocked reconciles do): it defers the job, and the worker offers it again a second later.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

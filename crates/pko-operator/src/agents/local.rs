@@ -1,8 +1,8 @@
-//! The local agent runtime (development, tests, `make demo`): one `pko-agent` process per Workspace on
-//! this machine, each with its own 0700 directory, a 0600 kubeconfig naming a 0600 `tokenFile` of the
-//! Workspace's service account (renewed after half its lifetime), and a clean environment. A record
-//! next to each agent lets a restarted operator adopt the agent — and the operations it runs — instead of
-//! starting a new one. Signals go through `nix`; the kubeconfig is kube's own `Kubeconfig` type.
+//! The local agent runtime (development, tests, `make demo`): one `pko-agent` process per Workspace on this machine,
+//! each with its own 0700 directory, a 0600 kubeconfig naming a 0600 `tokenFile` of the Workspace's service account
+//! (renewed after half its lifetime), and a clean environment. A record next to each agent lets a restarted operator
+//! adopt the agent — and the operations it runs — instead of starting a new one. Signals go through `nix`; the
+//! kubeconfig is kube's own `Kubeconfig` type.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,13 +17,11 @@ use kube::api::{Api, PostParams};
 use pko_api::Workspace;
 use tokio::io::AsyncBufReadExt;
 
-/// How often a Workspace's own agent process is checked to still run (seconds); a dead one is
-/// restarted then.
+/// How often a Workspace's own agent process is checked to still run (seconds); a dead one is restarted then.
 pub const AGENT_CHECK: Duration = Duration::from_secs(15);
 
-/// Stops the agents of `local` whose Workspace is gone from `store`: after the first sync (agents
-/// adopted from an earlier operator), then at every deletion in `changes`; returns when `changes` ends
-/// or the cache cannot sync.
+/// Stops the agents of `local` whose Workspace is gone from `store`: after the first sync (agents adopted from an
+/// earlier operator), then at every deletion in `changes`; returns when `changes` ends or the cache cannot sync.
 pub async fn sweep(
     local: &LocalRuntime,
     store: kube::runtime::reflector::Store<Workspace>,
@@ -103,11 +101,10 @@ impl LocalAgent {
         }
     }
 
-    /// Once the agent is dead: SIGKILL what is left of its process group (agents start as group
-    /// leaders), i.e. the `pulumi` and plugins a SIGKILLed agent orphaned — as a container's processes
-    /// die with it — so the lock they hold is known dead (the agent's `locks` module) and nothing runs on
-    /// unobserved. Only for an agent this runtime started (its group id is certainly its own; an adopted
-    /// agent's PID may have been reused).
+    /// Once the agent is dead: SIGKILL what is left of its process group (agents start as group leaders), i.e. the
+    /// `pulumi` and plugins a SIGKILLed agent orphaned — as a container's processes die with it — so the lock they hold
+    /// is known dead (the agent's `locks` module) and nothing runs on unobserved. Only for an agent this runtime
+    /// started (its group id is certainly its own; an adopted agent's PID may have been reused).
     pub(crate) fn reap_group(&self) {
         if self.child.is_some() {
             let group = nix::unistd::Pid::from_raw(-(self.pid as i32));
@@ -134,8 +131,8 @@ pub(crate) fn agent_process_alive(pid: u32) -> bool {
         && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("pko-agent"))
 }
 
-/// What the local runtime records next to an agent's work directory, so a restarted operator adopts the
-/// agents (and the operations they run) instead of starting new ones.
+/// What the local runtime records next to an agent's work directory, so a restarted operator adopts the agents (and the
+/// operations they run) instead of starting new ones.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct AgentRecord {
     pid: u32,
@@ -155,8 +152,8 @@ impl LocalRuntime {
         Self { agent_bin, work_root, api_server, ca_file, env, procs: Mutex::default() }
     }
 
-    /// The agents by Workspace uid. A panic while the lock was held cannot leave the map torn (every
-    /// change is one insert or remove), so a poisoned lock is taken as it is.
+    /// The agents by Workspace uid. A panic while the lock was held cannot leave the map torn (every change is one
+    /// insert or remove), so a poisoned lock is taken as it is.
     fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalAgent>> {
         self.procs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -179,8 +176,8 @@ impl LocalRuntime {
         });
     }
 
-    /// Makes sure the agent of `ws` runs at its current revision (adopting one a previous operator
-    /// started, restarting a dead or outdated one) and returns its address.
+    /// Makes sure the agent of `ws` runs at its current revision (adopting one a previous operator started, restarting
+    /// a dead or outdated one) and returns its address.
     ///
     /// Errors: [`LocalError`].
     pub async fn ensure_agent(&self, client: &kube::Client, ws: &Workspace) -> Result<String, LocalError> {
@@ -236,8 +233,8 @@ impl LocalRuntime {
     }
 }
 
-/// Whether the token file at `path` was written less than half [`LOCAL_TOKEN_SECONDS`] ago (by its
-/// modification time; a missing file is not fresh).
+/// Whether the token file at `path` was written less than half [`LOCAL_TOKEN_SECONDS`] ago (by its modification time; a
+/// missing file is not fresh).
 fn token_fresh(path: &std::path::Path) -> bool {
     let age = std::fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
     age.is_some_and(|a| a.as_secs() as i64 <= LOCAL_TOKEN_SECONDS / 2)
@@ -245,8 +242,7 @@ fn token_fresh(path: &std::path::Path) -> bool {
 
 /// A token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]): the identity of local agents.
 ///
-/// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not
-/// request its tokens.
+/// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not request its tokens.
 pub(crate) async fn token_request(client: &kube::Client, ns: &str, sa: &str) -> Result<String, LocalError> {
     let tr = TokenRequest {
         spec: TokenRequestSpec {
@@ -267,9 +263,8 @@ pub(crate) async fn token_request(client: &kube::Client, ns: &str, sa: &str) -> 
 /// Lifetime of a local agent's service-account token, in seconds; it is renewed after half of it.
 pub const LOCAL_TOKEN_SECONDS: i64 = 3600;
 
-/// The variables of the operator's environment a local agent inherits (`PATH`, `HOME`, `TMPDIR`, `TZ`,
-/// `LANG`, `LC_*`, `RUST_LOG`, `PULUMI_*`): never `KUBECONFIG`, cloud credentials or other secrets of the
-/// operator's process.
+/// The variables of the operator's environment a local agent inherits (`PATH`, `HOME`, `TMPDIR`, `TZ`, `LANG`, `LC_*`,
+/// `RUST_LOG`, `PULUMI_*`): never `KUBECONFIG`, cloud credentials or other secrets of the operator's process.
 pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     vars.into_iter()
         .filter(|(k, _)| {
@@ -280,8 +275,8 @@ pub fn local_agent_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<
         .collect()
 }
 
-/// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read
-/// by the agent's client every minute), namespace `ns`. Built with kube's own type.
+/// The kubeconfig of a local agent: the API server with its CA file, the token in `token_file` (re-read by the agent's
+/// client every minute), namespace `ns`. Built with kube's own type.
 fn agent_kubeconfig(
     server: &str,
     ca: &std::path::Path,
@@ -330,9 +325,9 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
-/// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name of
-/// its own in the same directory (`tempfile`, created 0600), renamed — so writers of one path at once (a
-/// pool starting several agents of one class share its identity) each rename a whole file.
+/// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name of its own in the
+/// same directory (`tempfile`, created 0600), renamed — so writers of one path at once (a pool starting several agents
+/// of one class share its identity) each rename a whole file.
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -344,10 +339,10 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 impl LocalRuntime {
-    /// Writes the identity of agents working in `dir` for service account `ns/sa` (0600 token and
-    /// kubeconfig in `dir`, 0700) and returns the kubeconfig's path; with `reuse` (a directory of one
-    /// service account only: a pool class's) a token younger than half its lifetime is kept.
-    /// Errors: the TokenRequest ([`LocalError::Token`]) or a file ([`LocalError::Agent`]).
+    /// Writes the identity of agents working in `dir` for service account `ns/sa` (0600 token and kubeconfig in `dir`,
+    /// 0700) and returns the kubeconfig's path; with `reuse` (a directory of one service account only: a pool class's)
+    /// a token younger than half its lifetime is kept. Errors: the TokenRequest ([`LocalError::Token`]) or a file
+    /// ([`LocalError::Agent`]).
     pub(crate) async fn prepare_identity(
         &self,
         client: &kube::Client,
@@ -372,8 +367,8 @@ impl LocalRuntime {
         Ok(kubeconfig)
     }
 
-    /// Renews the token in `dir` (see [`Self::prepare_identity`]) once half its lifetime has passed.
-    /// Returns whether it was renewed.
+    /// Renews the token in `dir` (see [`Self::prepare_identity`]) once half its lifetime has passed. Returns whether it
+    /// was renewed.
     ///
     /// Errors: as [`Self::prepare_identity`].
     pub(crate) async fn refresh_identity(
@@ -391,10 +386,9 @@ impl LocalRuntime {
         Ok(true)
     }
 
-    /// Starts a `pko-agent` working in `dir` (its `work` and `pulumi-home` below), with `kubeconfig` as
-    /// its identity, reading references in namespace `ns`, plus `extra` arguments; waits up to 20 s for
-    /// the address it listens on (loopback, a free port). The process has its own process group, so it
-    /// outlives an operator crash.
+    /// Starts a `pko-agent` working in `dir` (its `work` and `pulumi-home` below), with `kubeconfig` as its identity,
+    /// reading references in namespace `ns`, plus `extra` arguments; waits up to 20 s for the address it listens on
+    /// (loopback, a free port). The process has its own process group, so it outlives an operator crash.
     ///
     /// Errors: [`LocalError::Agent`] when it cannot start or does not report its address.
     pub(crate) async fn spawn(

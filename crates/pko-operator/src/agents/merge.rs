@@ -1,21 +1,20 @@
-//! Kubernetes' strategic merge of a Workspace's `podTemplate` onto the generated pod (PKO merges it
-//! with `strategicpatch.StrategicMergePatch` against `corev1.PodTemplateSpec`). Pure.
+//! Kubernetes' strategic merge of a Workspace's `podTemplate` onto the generated pod (PKO merges it with
+//! `strategicpatch.StrategicMergePatch` against `corev1.PodTemplateSpec`). Pure.
 //!
 //! The rules are Kubernetes': maps merge key by key (recursively); a list whose Go field declares
-//! `patchStrategy:"merge"` merges its elements by their `patchMergeKey` — a matched element is merged
-//! recursively, an unmatched one appended, so the generated elements (the `bootstrap` init container,
-//! the `pulumi` container, the `share` volume) keep their places — and every other list is replaced
-//! whole. A `null` deletes the key. The merge keys are those of `k8s.io/api/core/v1` for the fields a
-//! pod template holds ([`merge_key`]).
+//! `patchStrategy:"merge"` merges its elements by their `patchMergeKey` — a matched element is merged recursively, an
+//! unmatched one appended, so the generated elements (the `bootstrap` init container, the `pulumi` container, the
+//! `share` volume) keep their places — and every other list is replaced whole. A `null` deletes the key. The merge keys
+//! are those of `k8s.io/api/core/v1` for the fields a pod template holds ([`merge_key`]).
 //!
-//! Patch directives (`$patch`, `$setElementOrder/…`, `$retainKeys`, `$deleteFromPrimitiveList/…`) never
-//! reach the operator: the CRD's `podTemplate` schema is the full `PodSpec`, which prunes unknown keys
-//! at admission — in PKO's CRD as in ours.
+//! Patch directives (`$patch`, `$setElementOrder/…`, `$retainKeys`, `$deleteFromPrimitiveList/…`) never reach the
+//! operator: the CRD's `podTemplate` schema is the full `PodSpec`, which prunes unknown keys at admission — in PKO's
+//! CRD as in ours.
 
 use serde_json::{Map, Value};
 
-/// The `patchMergeKey` of the list field `field` of a pod template (`k8s.io/api/core/v1` struct tags
-/// with `patchStrategy:"merge"`); `None`: the list is replaced whole.
+/// The `patchMergeKey` of the list field `field` of a pod template (`k8s.io/api/core/v1` struct tags with
+/// `patchStrategy:"merge"`); `None`: the list is replaced whole.
 pub fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
         // PodSpec

@@ -1,17 +1,16 @@
-//! Where agents run — the agent runtime, below the controllers and importing none of them. Four
-//! runtimes behind one interface ([`Agents`]):
+//! Where agents run — the agent runtime, below the controllers and importing none of them. Four runtimes behind one
+//! interface ([`Agents`]):
 //! - a Workspace's own pod ([`pod`]: its Service and StatefulSet, PKO's layout);
 //! - a Workspace's own process on this machine ([`local`], development and tests);
 //! - a pool of agent processes per workspace class ([`pool::processes`], the local default);
 //! - a pool of workspace pods per class ([`pool::pods`]);
 //!
-//! (the hollow agents of the load tests are either pool, with the agent's simulate flag). Shared
-//! pieces: the one definition of a workspace class ([`class`]) and its operation limits ([`limits`]),
-//! what lending an agent means ([`lend`]), the operator's tokens towards agents ([`tokens`]), the gRPC
-//! client ([`client`]), PKO's workspace initialization on an agent ([`initialize`]), the agent request of an operation
-//! or an initialization with its values
-//! resolved ([`request`], [`values`]), the readiness probe of a new pod's agent ([`probe`]) and the
-//! strategic merge of `podTemplate` ([`merge`]).
+//! (the hollow agents of the load tests are either pool, with the agent's simulate flag). Shared pieces: the one
+//! definition of a workspace class ([`class`]) and its operation limits ([`limits`]), what lending an agent means
+//! ([`lend`]), the operator's tokens towards agents ([`tokens`]), the gRPC client ([`client`]), PKO's workspace
+//! initialization on an agent ([`initialize`]), the agent request of an operation or an initialization with its values
+//! resolved ([`request`], [`values`]), the readiness probe of a new pod's agent ([`probe`]) and the strategic merge of
+//! `podTemplate` ([`merge`]).
 
 pub mod class;
 pub mod client;
@@ -49,11 +48,11 @@ use tokens::AgentTokens;
 pub enum Ready {
     /// They can: Ready True `Succeeded` — unless the Workspace is Stalled (then its stall shows).
     Up,
-    /// Not yet, and nothing is wrong (a StatefulSet rolling out, a pod starting): Ready False with
-    /// this reason and message — unless the Workspace is Stalled (then its stall shows).
+    /// Not yet, and nothing is wrong (a StatefulSet rolling out, a pod starting): Ready False with this reason and
+    /// message — unless the Workspace is Stalled (then its stall shows).
     Waiting(&'static str, String),
-    /// They cannot be had (unreachable, refused, the service account missing): Ready False with this
-    /// reason and message, whatever else holds.
+    /// They cannot be had (unreachable, refused, the service account missing): Ready False with this reason and
+    /// message, whatever else holds.
     Failed(String, String),
 }
 
@@ -62,8 +61,8 @@ pub enum Ready {
 pub struct Readiness {
     /// The `Ready` verdict.
     pub ready: Ready,
-    /// `status.address`: the Workspace's own agent (`host:port`); `None` while it has none, and with
-    /// pools (an agent is lent per operation).
+    /// `status.address`: the Workspace's own agent (`host:port`); `None` while it has none, and with pools (an agent is
+    /// lent per operation).
     pub address: Option<String>,
     /// `status.pool`: the class whose pool runs the Workspace's operations (pools only).
     pub pool: Option<String>,
@@ -121,15 +120,14 @@ enum Runtime {
     ProcessPool(Arc<LocalPools>),
     /// Pools of workspace pods per class ([`pool::pods`]).
     PodPool(Arc<PodPools>),
-    /// Agents someone else runs, at the Workspace's `status.address` (tests drive the Update
-    /// controller alone with agents they started).
+    /// Agents someone else runs, at the Workspace's `status.address` (tests drive the Update controller alone with
+    /// agents they started).
     Addressed,
 }
 
-/// Where this replica's agents run, behind one interface: the Workspace controller asks
-/// [`Self::prepare`], the Update workers [`Self::lend`], both [`Self::class`]; [`Self::maintain`]
-/// keeps the runtime in shape. `tokens`: the operator's tokens towards agents that authenticate their
-/// caller (`--auth kube`: pods), one cache for every user.
+/// Where this replica's agents run, behind one interface: the Workspace controller asks [`Self::prepare`], the Update
+/// workers [`Self::lend`], both [`Self::class`]; [`Self::maintain`] keeps the runtime in shape. `tokens`: the
+/// operator's tokens towards agents that authenticate their caller (`--auth kube`: pods), one cache for every user.
 pub struct Agents {
     client: kube::Client,
     runtime: Runtime,
@@ -143,8 +141,7 @@ impl std::fmt::Debug for Agents {
 }
 
 impl Agents {
-    /// Each Workspace in its own pod, shaped by `cfg`; `tokens`: the operator's (the pods' agents run
-    /// `--auth kube`).
+    /// Each Workspace in its own pod, shaped by `cfg`; `tokens`: the operator's (the pods' agents run `--auth kube`).
     pub fn own_pods(client: kube::Client, cfg: PodRuntimeConfig, tokens: Option<Arc<AgentTokens>>) -> Self {
         Self { client, runtime: Runtime::OwnPod(cfg), tokens }
     }
@@ -180,8 +177,8 @@ impl Agents {
         }
     }
 
-    /// Whether agents are pooled per class and lent per operation (an interrupted or refused
-    /// operation then goes to another agent at once).
+    /// Whether agents are pooled per class and lent per operation (an interrupted or refused operation then goes to
+    /// another agent at once).
     pub fn pooled(&self) -> bool {
         matches!(self.runtime, Runtime::ProcessPool(_) | Runtime::PodPool(_))
     }
@@ -191,8 +188,8 @@ impl Agents {
         matches!(self.runtime, Runtime::OwnPod(_))
     }
 
-    /// Whether [`Self::maintain`] needs the Workspaces' deletions (own processes are stopped when
-    /// their Workspace goes; a pod goes with its StatefulSet).
+    /// Whether [`Self::maintain`] needs the Workspaces' deletions (own processes are stopped when their Workspace goes;
+    /// a pod goes with its StatefulSet).
     pub fn follows_deletions(&self) -> bool {
         matches!(self.runtime, Runtime::OwnProcess(_))
     }
@@ -202,10 +199,9 @@ impl Agents {
         class::workspace_class(ws)
     }
 
-    /// Whether an operation can be run on `ws` now: pooled, a Ready Workspace is enough (its agent is
-    /// lent per operation) — or one Stalled by an earlier operation, which this one may mend; else its
-    /// own agent's address must be known, for its current generation (PKO's `isWorkspaceReady`: the
-    /// agent runs the spec applied). Pure.
+    /// Whether an operation can be run on `ws` now: pooled, a Ready Workspace is enough (its agent is lent per
+    /// operation) — or one Stalled by an earlier operation, which this one may mend; else its own agent's address must
+    /// be known, for its current generation (PKO's `isWorkspaceReady`: the agent runs the spec applied). Pure.
     pub fn usable(&self, ws: &Workspace) -> bool {
         let status = ws.status.as_ref();
         if self.pooled() {
@@ -215,11 +211,11 @@ impl Agents {
             && status.and_then(|s| s.observed_generation) == ws.metadata.generation
     }
 
-    /// Brings `ws`'s agent up (its own pod or process) or checks that its class's agents can run with
-    /// its identity (pools), and says what its status should show.
+    /// Brings `ws`'s agent up (its own pod or process) or checks that its class's agents can run with its identity
+    /// (pools), and says what its status should show.
     ///
-    /// Errors: the API server's, applying a pod's objects (the reconcile is retried); an agent that
-    /// cannot be had is a [`Ready::Failed`] readiness, not an error.
+    /// Errors: the API server's, applying a pod's objects (the reconcile is retried); an agent that cannot be had is a
+    /// [`Ready::Failed`] readiness, not an error.
     pub async fn prepare(&self, ws: &Workspace) -> Result<Readiness, kube::Error> {
         let failed = |e: &dyn std::fmt::Display| Readiness {
             again: Some(Duration::from_secs(5)),
@@ -251,16 +247,16 @@ impl Agents {
         })
     }
 
-    /// An agent for operation `op` of `ws` at fencing epoch `epoch` (`started`: the operation may run
-    /// somewhere already: follow it there), with the token it wants.
+    /// An agent for operation `op` of `ws` at fencing epoch `epoch` (`started`: the operation may run somewhere
+    /// already: follow it there), with the token it wants.
     ///
     /// Errors: [`AgentsError`] when no agent could be started or reached, or no token had.
     pub async fn lend(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Lending, AgentsError> {
         self.lend_at(ws, op, epoch, started, None).await
     }
 
-    /// [`Self::lend`], the Workspace's own agent at `address` when given (its address known before
-    /// the Workspace's status says it: PKO's initialization of a Workspace not yet Ready).
+    /// [`Self::lend`], the Workspace's own agent at `address` when given (its address known before the Workspace's
+    /// status says it: PKO's initialization of a Workspace not yet Ready).
     ///
     /// Errors: as [`Self::lend`].
     pub async fn lend_at(
@@ -293,10 +289,10 @@ impl Agents {
         Ok(Lending::Lent(lent))
     }
 
-    /// Keeps the runtime in shape until `shutdown`: pools stop idle agents and keep their minimum; own
-    /// processes whose Workspace is gone from `workspaces` are stopped (once the cache has synced, then
-    /// at each deletion in `changes`, asked for when [`Self::follows_deletions`]) and every one at the
-    /// end. Own pods need nothing (a pod goes with its StatefulSet).
+    /// Keeps the runtime in shape until `shutdown`: pools stop idle agents and keep their minimum; own processes whose
+    /// Workspace is gone from `workspaces` are stopped (once the cache has synced, then at each deletion in `changes`,
+    /// asked for when [`Self::follows_deletions`]) and every one at the end. Own pods need nothing (a pod goes with its
+    /// StatefulSet).
     pub async fn maintain<S>(
         self: Arc<Self>,
         workspaces: Store<Workspace>,

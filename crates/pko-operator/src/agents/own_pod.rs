@@ -1,7 +1,7 @@
-//! A Workspace's own pod (the pod runtime without pools, PKO's layout): its Service and StatefulSet
-//! applied (server-side, field manager `pulumi-kubernetes-operator`), Ready once a replica is available
-//! and — for a new pod — its agent answers the connection check ([`super::probe`], PKO's
-//! "Querying Pulumi version to validate workspace connectivity").
+//! A Workspace's own pod (the pod runtime without pools, PKO's layout): its Service and StatefulSet applied
+//! (server-side, field manager `pulumi-kubernetes-operator`), Ready once a replica is available and — for a new pod —
+//! its agent answers the connection check ([`super::probe`], PKO's "Querying Pulumi version to validate workspace
+//! connectivity").
 
 use std::time::Duration;
 
@@ -17,15 +17,14 @@ use super::probe::{self, Probe};
 use super::tokens::AgentTokens;
 use super::{Readiness, Ready};
 
-/// How often a Ready Workspace's pod is looked at again (seconds; its StatefulSet's changes wake the
-/// controller sooner).
+/// How often a Ready Workspace's pod is looked at again (seconds; its StatefulSet's changes wake the controller
+/// sooner).
 pub const READY_RECHECK: Duration = Duration::from_secs(300);
 /// How often a Workspace whose StatefulSet is not ready yet is looked at again (seconds).
 pub const WAITING_RECHECK: Duration = Duration::from_secs(10);
 
-/// PKO's `Ready` for a workspace StatefulSet `sts`: `RollingUpdate` while its controller has not
-/// observed its generation or a new revision rolls out, `WaitingForReplicas` until a replica is
-/// available, else up. Pure.
+/// PKO's `Ready` for a workspace StatefulSet `sts`: `RollingUpdate` while its controller has not observed its
+/// generation or a new revision rolls out, `WaitingForReplicas` until a replica is available, else up. Pure.
 pub fn stateful_set_ready(sts: &StatefulSet) -> Ready {
     let st = sts.status.clone().unwrap_or_default();
     if st.observed_generation != sts.metadata.generation || st.update_revision != st.current_revision {
@@ -37,8 +36,8 @@ pub fn stateful_set_ready(sts: &StatefulSet) -> Ready {
     Ready::Up
 }
 
-/// Applies `ws`'s Service and StatefulSet (shaped by `cfg`) and says whether its agent is ready;
-/// `tokens`: the operator's, presented to the agent when a new pod is probed.
+/// Applies `ws`'s Service and StatefulSet (shaped by `cfg`) and says whether its agent is ready; `tokens`: the
+/// operator's, presented to the agent when a new pod is probed.
 ///
 /// Errors: the API server's, on the applies (retried by the reconcile).
 pub async fn prepare(
@@ -79,8 +78,8 @@ async fn ask(address: &str, tokens: Option<&AgentTokens>, audience: &str) -> Pro
     }
 }
 
-/// The readiness a probe of the agent at `address` gives: up with its CLI's version, or failed with
-/// PKO's `ConnectionFailure` warning and a look again soon. Pure.
+/// The readiness a probe of the agent at `address` gives: up with its CLI's version, or failed with PKO's
+/// `ConnectionFailure` warning and a look again soon. Pure.
 fn probed(address: String, found: Probe) -> Readiness {
     let ((_, reason, message), again) = probe::ready_of(&found);
     match (found, again) {

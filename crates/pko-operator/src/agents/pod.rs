@@ -1,11 +1,10 @@
-//! The `pod` runtime of a Workspace (PKO §2.3–2.4): a headless Service and a StatefulSet
-//! `<workspace>-workspace`, the agent copied into the pod by an init container, PKO's security profiles,
-//! a 600 s termination grace (time for Pulumi to wind down after Ctrl-C), and the user's pod template
-//! merged on top. Pure.
+//! The `pod` runtime of a Workspace (PKO §2.3–2.4): a headless Service and a StatefulSet `<workspace>-workspace`, the
+//! agent copied into the pod by an init container, PKO's security profiles, a 600 s termination grace (time for Pulumi
+//! to wind down after Ctrl-C), and the user's pod template merged on top. Pure.
 //!
-//! Unlike PKO, the pod's revision hash covers only what changes the pod (image, env, resources, service
-//! account, security profile, pod template) — not stacks, config or the source, which travel with each
-//! operation — so a config change never rolls the pod (PKO #965).
+//! Unlike PKO, the pod's revision hash covers only what changes the pod (image, env, resources, service account,
+//! security profile, pod template) — not stacks, config or the source, which travel with each operation — so a config
+//! change never rolls the pod (PKO #965).
 
 use std::collections::BTreeMap;
 
@@ -24,15 +23,15 @@ use pko_api::workspace::{AGENT_PORT, SecurityProfile};
 pub const TERMINATION_GRACE_SECONDS: i64 = 600;
 /// Where the agent binary is placed in the pod.
 pub const AGENT_PATH: &str = "/share/pko-agent";
-/// Where the `bootstrap` init container puts `tini` (from the agent image's `/tini`), the workspace
-/// container's PID 1: it forwards SIGTERM to the agent and reaps the zombies Pulumi's plugins leave
-/// (PKO: `/share/tini`, pulumi/pulumi-kubernetes-operator#698).
+/// Where the `bootstrap` init container puts `tini` (from the agent image's `/tini`), the workspace container's PID 1:
+/// it forwards SIGTERM to the agent and reaps the zombies Pulumi's plugins leave (PKO: `/share/tini`,
+/// pulumi/pulumi-kubernetes-operator#698).
 pub const TINI_PATH: &str = "/share/tini";
-/// PKO's dynamic environment file: containers append `NAME=value` lines, the agent reads it before
-/// each operation (`--env-file`).
+/// PKO's dynamic environment file: containers append `NAME=value` lines, the agent reads it before each operation
+/// (`--env-file`).
 pub const ENV_FILE: &str = "/share/.env";
-/// PKO's `/share/workspace`: a link to the project directory of the latest operation (the agent's
-/// `--workspace-link`), for sidecars that read the program.
+/// PKO's `/share/workspace`: a link to the project directory of the latest operation (the agent's `--workspace-link`),
+/// for sidecars that read the program.
 pub const WORKSPACE_LINK: &str = "/share/workspace";
 /// The variable naming [`ENV_FILE`] in every container (PKO).
 pub const PULUMI_ENV: &str = "PULUMI_ENV";
@@ -42,11 +41,11 @@ pub const PULUMI_ENV: &str = "PULUMI_ENV";
 pub struct PodRuntimeConfig {
     /// Image holding `/pko-agent` and `/tini` (copied into the pod by the `bootstrap` init container).
     pub agent_image: String,
-    /// Pull policy of that image (PKO `AGENT_IMAGE_PULL_POLICY`: `Always`, `IfNotPresent`, `Never`);
-    /// none: Kubernetes' default for the tag.
+    /// Pull policy of that image (PKO `AGENT_IMAGE_PULL_POLICY`: `Always`, `IfNotPresent`, `Never`); none: Kubernetes'
+    /// default for the tag.
     pub agent_image_pull_policy: Option<String>,
-    /// PKO `FLUX_MAX_UNTAR_SIZE_BYTES` of the operator, passed on to every agent: the largest
-    /// uncompressed Flux artifact in bytes (−1: no limit); none: the agent's default (100 MiB).
+    /// PKO `FLUX_MAX_UNTAR_SIZE_BYTES` of the operator, passed on to every agent: the largest uncompressed Flux
+    /// artifact in bytes (−1: no limit); none: the agent's default (100 MiB).
     pub flux_max_untar_size_bytes: Option<i64>,
 }
 
@@ -127,14 +126,13 @@ pub fn revision_hash(ws: &Workspace) -> String {
     pko_api::hash::sha256_hex(key.to_string(), 8)
 }
 
-/// The agent argument of a Workspace's own pod: its operations run in the fetched source with the
-/// pod's `HOME`, as in PKO's pod (one Stack's operations only; language caches stay between them). A
-/// pool's pods leave it out: their agents isolate each operation (`pko_agent::sandbox`).
+/// The agent argument of a Workspace's own pod: its operations run in the fetched source with the pod's `HOME`, as in
+/// PKO's pod (one Stack's operations only; language caches stay between them). A pool's pods leave it out: their agents
+/// isolate each operation (`pko_agent::sandbox`).
 pub const SHARED_OPERATIONS: &str = "--isolate-operations=false";
 
-/// The arguments of the agent of Workspace `ns/name` in its pod (`--auth kube` for its audience, the
-/// grace period, PKO's env file and workspace link, its operations shared as PKO's), with the Pulumi
-/// log level when set. Pure.
+/// The arguments of the agent of Workspace `ns/name` in its pod (`--auth kube` for its audience, the grace period,
+/// PKO's env file and workspace link, its operations shared as PKO's), with the Pulumi log level when set. Pure.
 fn agent_args(ns: &str, name: &str, log_level: Option<u32>) -> Vec<String> {
     let mut args: Vec<String> = [
         "serve",
@@ -170,8 +168,8 @@ fn agent_args(ns: &str, name: &str, log_level: Option<u32>) -> Vec<String> {
     args
 }
 
-/// The environment of the `pulumi` container: the pod's namespace and service account (downward API),
-/// the Flux untar limit when set, then the Workspace's `env`. Pure.
+/// The environment of the `pulumi` container: the pod's namespace and service account (downward API), the Flux untar
+/// limit when set, then the Workspace's `env`. Pure.
 fn agent_env(spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> Vec<EnvVar> {
     let field = |path: &str| {
         Some(EnvVarSource {
@@ -194,10 +192,9 @@ fn agent_env(spec: &pko_api::WorkspaceSpec, cfg: &PodRuntimeConfig) -> Vec<EnvVa
     env
 }
 
-/// The three containers of a workspace pod: the init containers `bootstrap` (copies the agent and tini
-/// into `/share`) and `fetch` (PKO's name, so podTemplate patches written for PKO's merge into a whole
-/// container: here it prepares the shared volume — sources are fetched per operation), and `pulumi`
-/// (tini, then the agent). Pure.
+/// The three containers of a workspace pod: the init containers `bootstrap` (copies the agent and tini into `/share`)
+/// and `fetch` (PKO's name, so podTemplate patches written for PKO's merge into a whole container: here it prepares the
+/// shared volume — sources are fetched per operation), and `pulumi` (tini, then the agent). Pure.
 fn containers(
     ws: &Workspace,
     spec: &pko_api::WorkspaceSpec,
@@ -320,10 +317,10 @@ pub fn stateful_set(ws: &Workspace, cfg: &PodRuntimeConfig) -> StatefulSet {
     }
 }
 
-/// Kubernetes' strategic merge of the user's pod spec onto the generated one ([`super::merge`]), as PKO
-/// merges `podTemplate`: lists with a merge key merge element by element (the built-in containers,
-/// volumes and mounts keep their places, the user's new ones follow), maps merge, every other field
-/// the user sets replaces — every PodSpec field, none dropped.
+/// Kubernetes' strategic merge of the user's pod spec onto the generated one ([`super::merge`]), as PKO merges
+/// `podTemplate`: lists with a merge key merge element by element (the built-in containers, volumes and mounts keep
+/// their places, the user's new ones follow), maps merge, every other field the user sets replaces — every PodSpec
+/// field, none dropped.
 pub fn merge_pod_spec(base: &mut PodSpec, user: &PodSpec) {
     let (Ok(mut merged), Ok(patch)) = (serde_json::to_value(&*base), serde_json::to_value(user)) else { return };
     super::merge::strategic_merge(&mut merged, &patch);
@@ -337,9 +334,9 @@ pub fn merge_pod_spec(base: &mut PodSpec, user: &PodSpec) {
     }
 }
 
-/// PKO's `$PULUMI_ENV`: every container and init container of the pod (the user's too) gets
-/// `PULUMI_ENV=/share/.env`; what they write there reaches each Pulumi operation (the agent's
-/// `--env-file`, PKO 2.2 dynamic environment variables).
+/// PKO's `$PULUMI_ENV`: every container and init container of the pod (the user's too) gets `PULUMI_ENV=/share/.env`;
+/// what they write there reaches each Pulumi operation (the agent's `--env-file`, PKO 2.2 dynamic environment
+/// variables).
 fn add_pulumi_env(pod: &mut PodSpec) {
     let var = EnvVar { name: PULUMI_ENV.into(), value: Some(ENV_FILE.into()), ..Default::default() };
     for c in pod.containers.iter_mut().chain(pod.init_containers.iter_mut().flatten()) {
@@ -459,9 +456,9 @@ mod tests {
         assert!(pod.tolerations.is_some());
     }
 
-    /// PKO's `examples/custom-workspace` podTemplate, merged as PKO's strategic merge does: every field
-    /// kept (none dropped, maps merged), and `$PULUMI_ENV` on every container, the user's init
-    /// container included, so its `echo X=Y >> $PULUMI_ENV` works.
+    /// PKO's `examples/custom-workspace` podTemplate, merged as PKO's strategic merge does: every field kept (none
+    /// dropped, maps merged), and `$PULUMI_ENV` on every container, the user's init container included, so its `echo
+    /// X=Y >> $PULUMI_ENV` works.
     #[test]
     fn pko_custom_workspace_example_merges_as_in_pko() {
         let s = stateful_set(
@@ -524,8 +521,8 @@ mod tests {
         );
     }
 
-    /// A podTemplate written for PKO that patches its `fetch` init container merges into ours, a whole
-    /// container, instead of adding an init container without an image.
+    /// A podTemplate written for PKO that patches its `fetch` init container merges into ours, a whole container,
+    /// instead of adding an init container without an image.
     #[test]
     fn a_patch_of_pko_s_fetch_container_merges() {
         let s = stateful_set(

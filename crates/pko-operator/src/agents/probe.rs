@@ -1,15 +1,14 @@
-//! PKO's connection check of a workspace pod (pod runtime): once the StatefulSet has a new pod available,
-//! the Workspace controller connects to its agent (5 s) and asks its Pulumi version, with the operator's
-//! token for the Workspace's audience, before it calls the Workspace Ready. A pod whose agent cannot be
-//! reached is Ready False `ConnectionFailed` (looked at again in 5 s); one whose agent refuses the call is
-//! Ready False with the gRPC code's name — `Unauthenticated` when the workspace's service account may
-//! not review tokens (it lacks `system:auth-delegator`), `PermissionDenied` when the operator may not
-//! `use` `workspaces/rpc` — and the agent's message; both with PKO's `ConnectionFailure` Warning event.
-//! The pod is kept: the next look may succeed (PKO: `workspace_controller.go`, "Connecting to workspace
-//! pod", "Querying Pulumi version to validate workspace connectivity").
+//! PKO's connection check of a workspace pod (pod runtime): once the StatefulSet has a new pod available, the Workspace
+//! controller connects to its agent (5 s) and asks its Pulumi version, with the operator's token for the Workspace's
+//! audience, before it calls the Workspace Ready. A pod whose agent cannot be reached is Ready False `ConnectionFailed`
+//! (looked at again in 5 s); one whose agent refuses the call is Ready False with the gRPC code's name —
+//! `Unauthenticated` when the workspace's service account may not review tokens (it lacks `system:auth-delegator`),
+//! `PermissionDenied` when the operator may not `use` `workspaces/rpc` — and the agent's message; both with PKO's
+//! `ConnectionFailure` Warning event. The pod is kept: the next look may succeed (PKO: `workspace_controller.go`,
+//! "Connecting to workspace pod", "Querying Pulumi version to validate workspace connectivity").
 //!
-//! A Workspace already Ready for its generation is not probed again: a pod that restarts makes the
-//! StatefulSet not available first, and the new pod is probed when it is.
+//! A Workspace already Ready for its generation is not probed again: a pod that restarts makes the StatefulSet not
+//! available first, and the new pod is probed when it is.
 
 use std::time::Duration;
 
@@ -29,16 +28,16 @@ pub const REFUSED_RETRY: Duration = Duration::from_secs(15);
 pub enum Probe {
     /// The agent answered with its Pulumi CLI's version (e.g. `v3.259.0`).
     Answered(String),
-    /// No connection within [`CONNECT_TIMEOUT`] (name not resolved, refused, timed out), or no token
-    /// to present: the error, with its causes.
+    /// No connection within [`CONNECT_TIMEOUT`] (name not resolved, refused, timed out), or no token to present: the
+    /// error, with its causes.
     Unreachable(String),
-    /// The agent refused the call: the gRPC code's name as PKO writes it (`Unauthenticated`,
-    /// `PermissionDenied`, …) and the agent's message.
+    /// The agent refused the call: the gRPC code's name as PKO writes it (`Unauthenticated`, `PermissionDenied`, …) and
+    /// the agent's message.
     Refused(String, String),
 }
 
-/// The `Ready` condition `(status, reason, message)` a probe gives and when to look again (`None`: the
-/// Workspace is Ready; the caller keeps its usual period). Pure.
+/// The `Ready` condition `(status, reason, message)` a probe gives and when to look again (`None`: the Workspace is
+/// Ready; the caller keeps its usual period). Pure.
 pub fn ready_of(p: &Probe) -> ((&'static str, String, String), Option<Duration>) {
     match p {
         Probe::Answered(_) => (("True", wc::SUCCEEDED.to_string(), String::new()), None),
@@ -47,8 +46,7 @@ pub fn ready_of(p: &Probe) -> ((&'static str, String, String), Option<Duration>)
     }
 }
 
-/// Whether `ws` needs its agent probed: it is not Ready (`True`, `Succeeded`) for its current
-/// generation. Pure.
+/// Whether `ws` needs its agent probed: it is not Ready (`True`, `Succeeded`) for its current generation. Pure.
 pub fn needed(ws: &Workspace) -> bool {
     let ready =
         ws.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == wc::READY));
@@ -57,8 +55,8 @@ pub fn needed(ws: &Workspace) -> bool {
     })
 }
 
-/// `e` and each of its causes, joined by ": " (tonic's transport errors say what failed only in their
-/// causes, e.g. `transport error: dns error: failed to lookup address information`).
+/// `e` and each of its causes, joined by ": " (tonic's transport errors say what failed only in their causes, e.g.
+/// `transport error: dns error: failed to lookup address information`).
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();
@@ -73,8 +71,8 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Connects to the agent at `address` (`host:port`) and asks its Pulumi version, presenting `token`
-/// (`Authorization: Bearer …`) when given.
+/// Connects to the agent at `address` (`host:port`) and asks its Pulumi version, presenting `token` (`Authorization:
+/// Bearer …`) when given.
 pub async fn probe(address: &str, token: Option<&str>) -> Probe {
     let endpoint = match tonic::transport::Endpoint::from_shared(format!("http://{address}")) {
         Ok(e) => e.connect_timeout(CONNECT_TIMEOUT).timeout(CONNECT_TIMEOUT * 2),

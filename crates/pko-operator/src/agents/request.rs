@@ -1,5 +1,5 @@
-//! The agent request for an Update: the Workspace says where the program is and how the stack is
-//! configured, the Update says which operation with which options. Pure.
+//! The agent request for an Update: the Workspace says where the program is and how the stack is configured, the Update
+//! says which operation with which options. Pure.
 
 use pko_api::workspace::{ConfigItem as WsConfigItem, WorkspaceSpec};
 use pko_api::{UpdateSpec, UpdateType};
@@ -26,9 +26,8 @@ fn secret_ref(s: &k8s_openapi::api::core::v1::SecretKeySelector) -> pb::ValueRef
     }
 }
 
-/// The program source of a Workspace: at most one of git, flux, local, projectInfo; `None` for a
-/// Workspace without one (PKO's source-less Workspace: the agent runs what an init container of its
-/// pod put in `/share/workspace`).
+/// The program source of a Workspace: at most one of git, flux, local, projectInfo; `None` for a Workspace without one
+/// (PKO's source-less Workspace: the agent runs what an init container of its pod put in `/share/workspace`).
 ///
 /// Errors: two sources or more (field `spec`), a source missing its required field.
 pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
@@ -85,13 +84,9 @@ pub fn source(ws: &WorkspaceSpec) -> Result<Option<pb::Source>, RequestError> {
     Ok(Some(pb::Source { kind: Some(kind) }))
 }
 
-/// `r`'s Program artifact with this replica's artifact server (`artifact_addr`, host:port, as
-/// `--program-fs-adv-addr` gives it) as a mirror, when the URL names another address: every replica
-/// of a fleet serves every Program of its scope, so an Update dispatched here still gets its program
-/// while the replica that published the URL is gone and the Program's new holder has not yet
-/// republished it (PKO has one replica, so its URL never names a dead one). Only for a URL of the
-/// operator's artifact path in the request's `namespace` and with a digest, which the agent verifies.
-/// Pure.
+/// `r`'s Program artifact with this replica's artifact server (`artifact_addr`, host:port) as a mirror when the URL
+/// names another address, so an Update dispatched here gets its program while the publishing replica is gone. Only for
+/// a URL of the operator's artifact path in `namespace` with a digest, which the agent verifies. Pure.
 pub fn mirror_artifact(r: &mut pb::OperationRequest, namespace: &str, artifact_addr: &str) {
     let Some(pb::Source { kind: Some(pb::source::Kind::Artifact(a)) }) = r.source.as_mut() else { return };
     let Ok(uri) = a.url.parse::<http::Uri>() else { return };
@@ -127,12 +122,10 @@ fn config_item(stack: &str, i: usize, c: &WsConfigItem) -> Result<pb::ConfigItem
     })
 }
 
-/// The values of a Workspace `env[].valueFrom.fieldRef` the operator knows for every runtime (the
-/// Kubernetes downward API of the pod PKO would create): `metadata.namespace` (`namespace`, the
-/// Workspace's) and `spec.serviceAccountName` (the Workspace's, else `default`). Any other field path
-/// (`metadata.name`, `status.podIP`, labels, …) and every `resourceFieldRef` are what the kubelet put
-/// into the environment of the agent's pod, so they are read there ([`pb::value_ref::Kind::Env`] of the
-/// same name); an agent outside a pod (`--runtime local`) fails the Update naming the variable.
+/// The values of a Workspace `env[].valueFrom.fieldRef` the operator knows on every runtime (the downward API of PKO's
+/// pod): `metadata.namespace` and `spec.serviceAccountName` (else `default`). Any other field path and every
+/// `resourceFieldRef` are read from the agent pod's environment ([`pb::value_ref::Kind::Env`] of the same name); an
+/// agent outside a pod (`--runtime local`) fails the Update naming the variable.
 fn downward(
     ws: &WorkspaceSpec,
     namespace: &str,
@@ -148,10 +141,9 @@ fn downward(
     }
 }
 
-/// Environment of the Pulumi process from the Workspace's `env` in `namespace`: literals, Secret and
-/// ConfigMap key references (resolved by the operator, [`super::values`]), and the downward API
-/// (`fieldRef`, `resourceFieldRef`, see [`downward`]). The Workspace's `envFrom` is expanded at
-/// dispatch ([`super::values::expand_env_from`]), under these.
+/// Environment of the Pulumi process from the Workspace's `env` in `namespace`: literals, Secret and ConfigMap key
+/// references (resolved by the operator, [`super::values`]), and the downward API (`fieldRef`, `resourceFieldRef`, see
+/// [`downward`]). The Workspace's `envFrom` is expanded at dispatch ([`super::values::expand_env_from`]), under these.
 ///
 /// Errors: a variable with both `value` and `valueFrom`, or a `valueFrom` naming not exactly one source.
 pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, RequestError> {
@@ -190,11 +182,11 @@ pub fn env(ws: &WorkspaceSpec, namespace: &str) -> Result<Vec<pb::EnvVar>, Reque
     Ok(out)
 }
 
-/// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace` in
-/// `namespace` (the Update's and the Workspace's).
+/// The agent request for `update` (id `operation_id`, fencing `epoch`) against `workspace` in `namespace` (the Update's
+/// and the Workspace's).
 ///
-/// Errors: a missing or unknown `spec.type`/`spec.stackName`, a Workspace field the request cannot
-/// carry ([`RequestError`] names it).
+/// Errors: a missing or unknown `spec.type`/`spec.stackName`, a Workspace field the request cannot carry
+/// ([`RequestError`] names it).
 pub fn build(
     operation_id: &str,
     epoch: i64,
@@ -230,9 +222,9 @@ pub fn build(
     Ok(r)
 }
 
-/// The backend lock holders an Update's `pulumi.com/release-locks` annotation (`annotation`, written
-/// by the Stack controller on an accepted unlock request) lets its agent release
-/// (`OperationRequest.release_locks`); none without it. Pure.
+/// The backend lock holders an Update's `pulumi.com/release-locks` annotation (`annotation`, written by the Stack
+/// controller on an accepted unlock request) lets its agent release (`OperationRequest.release_locks`); none without
+/// it. Pure.
 pub fn release_locks(annotation: Option<&str>) -> Vec<pb::LockHolder> {
     pko_proto::locks::holders(annotation.unwrap_or_default())
         .into_iter()
@@ -240,9 +232,9 @@ pub fn release_locks(annotation: Option<&str>) -> Vec<pb::LockHolder> {
         .collect()
 }
 
-/// The request initializing stack `stack_name` of `workspace` in `namespace` (PKO's workspace
-/// initialization: source, `pulumi install`, select or create, config and environments; no Pulumi
-/// operation), with id `operation_id` at epoch 0 (it changes nothing a fence guards).
+/// The request initializing stack `stack_name` of `workspace` in `namespace` (PKO's workspace initialization: source,
+/// `pulumi install`, select or create, config and environments; no Pulumi operation), with id `operation_id` at epoch 0
+/// (it changes nothing a fence guards).
 ///
 /// Errors: as [`build`]'s for the Workspace's fields.
 pub fn initialization(
@@ -254,8 +246,8 @@ pub fn initialization(
     on_workspace(operation_id, 0, namespace, workspace, stack_name.to_string(), pb::OperationType::Initialize)
 }
 
-/// What every request for stack `stack_name` of `workspace` carries: its source, the stack's
-/// settings and config, the environment. Pure.
+/// What every request for stack `stack_name` of `workspace` carries: its source, the stack's settings and config, the
+/// environment. Pure.
 fn on_workspace(
     operation_id: &str,
     epoch: i64,
@@ -300,9 +292,9 @@ fn on_workspace(
     })
 }
 
-/// The Workspace's `envFrom` sources as the run digest names them (`OperationRequest.env_from`):
-/// `secret:<name>` or `configmap:<name>`, then `?prefix=<p>` and `&optional` when set; an entry that
-/// names neither or both kinds as `invalid` (the dispatch refuses it, naming the field). Pure.
+/// The Workspace's `envFrom` sources as the run digest names them (`OperationRequest.env_from`): `secret:<name>` or
+/// `configmap:<name>`, then `?prefix=<p>` and `&optional` when set; an entry that names neither or both kinds as
+/// `invalid` (the dispatch refuses it, naming the field). Pure.
 pub fn env_from_names(workspace: &WorkspaceSpec) -> Vec<String> {
     workspace
         .env_from
@@ -320,9 +312,9 @@ pub fn env_from_names(workspace: &WorkspaceSpec) -> Vec<String> {
         .collect()
 }
 
-/// The run digest of `update` on `workspace` in `namespace` (`pko_proto::digest::run_digest` of the
-/// request [`build`] makes, before any value is resolved): what the Stack controller writes as the
-/// Update's `spec.runDigest` and the dispatcher checks the Workspace it read against. Pure.
+/// The run digest of `update` on `workspace` in `namespace` (`pko_proto::digest::run_digest` of the request [`build`]
+/// makes, before any value is resolved): what the Stack controller writes as the Update's `spec.runDigest` and the
+/// dispatcher checks the Workspace it read against. Pure.
 ///
 /// Errors: as [`build`]'s.
 pub fn run_digest(namespace: &str, workspace: &WorkspaceSpec, update: &UpdateSpec) -> Result<String, RequestError> {
@@ -340,10 +332,9 @@ pub enum Incomplete {
     Transient(String),
 }
 
-/// `r` with its Secret and ConfigMap references and the Workspace's `envFrom` (`env_from`) resolved
-/// with the operator's identity in `namespace` (a workspace's service account needs no RBAC beyond
-/// PKO's; Secrets through `secrets`, read only when changed), and GitHub App credentials exchanged at
-/// `github_api_url`.
+/// `r` with its Secret and ConfigMap references and the Workspace's `envFrom` (`env_from`) resolved with the operator's
+/// identity in `namespace` (a workspace's service account needs no RBAC beyond PKO's; Secrets through `secrets`, read
+/// only when changed), and GitHub App credentials exchanged at `github_api_url`.
 ///
 /// Errors: [`Incomplete`], the user's to fix or transient.
 pub async fn complete(

@@ -1,8 +1,7 @@
-//! The operator's credentials towards workspace agents (PKO §2.2): agents in pods run `--auth kube` and
-//! accept a bearer token of a service account that may `use` the Workspace's `workspaces/rpc`
-//! subresource, issued for the audience `<workspace>.<namespace>`. The operator asks the API server for
-//! such tokens for its own service account (TokenRequest, `serviceaccounts/token create` on itself) and
-//! keeps each until 5 minutes before it expires.
+//! The operator's credentials towards workspace agents (PKO §2.2): agents in pods run `--auth kube` and accept a bearer
+//! token of a service account that may `use` the Workspace's `workspaces/rpc` subresource, issued for the audience
+//! `<workspace>.<namespace>`. The operator asks the API server for such tokens for its own service account
+//! (TokenRequest, `serviceaccounts/token create` on itself) and keeps each until 5 minutes before it expires.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -40,8 +39,8 @@ impl AgentTokens {
         Self { client, namespace: namespace.into(), service_account: service_account.into(), cache: Mutex::default() }
     }
 
-    /// A token for `audience`, from the cache while it has more than [`RENEW_BEFORE`] left. Errors: the
-    /// TokenRequest failed (e.g. 403 without `serviceaccounts/token create`, 404 for a missing account).
+    /// A token for `audience`, from the cache while it has more than [`RENEW_BEFORE`] left. Errors: the TokenRequest
+    /// failed (e.g. 403 without `serviceaccounts/token create`, 404 for a missing account).
     pub async fn token(&self, audience: &str) -> Result<String, kube::Error> {
         if let Some((t, expires)) = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(audience)
             && *expires > Instant::now() + RENEW_BEFORE

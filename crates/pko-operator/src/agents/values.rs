@@ -1,19 +1,17 @@
 //! The Secret and ConfigMap references of an operation, resolved by the operator.
 //!
-//! PKO puts a workspace's Secret and ConfigMap values into its pod through the kubelet
-//! (`secretKeyRef`, `envFrom`, volumes), so a workspace service account needs nothing but
-//! `system:auth-delegator`. Ours runs operations on agents that outlive one Stack (pools) and takes
-//! config and secret changes without a pod rollout (PKO #965), so values cannot be baked into a pod.
-//! To need exactly PKO's RBAC, the operator reads every Secret and ConfigMap a request refers to
-//! (`envRefs`, `secretsRef`, `accessTokenSecret`, git credentials, Workspace `env[].valueFrom`) with
-//! its own identity and sends the values in the request.
+//! PKO puts a workspace's Secret and ConfigMap values into its pod through the kubelet (`secretKeyRef`, `envFrom`,
+//! volumes), so a workspace service account needs nothing but `system:auth-delegator`. Ours runs operations on agents
+//! that outlive one Stack (pools) and takes config and secret changes without a pod rollout (PKO #965), so values
+//! cannot be baked into a pod. To need exactly PKO's RBAC, the operator reads every Secret and ConfigMap a request
+//! refers to (`envRefs`, `secretsRef`, `accessTokenSecret`, git credentials, Workspace `env[].valueFrom`) with its own
+//! identity and sends the values in the request.
 //!
-//! Trust model (the same boundary as PKO's): a request reads only in its Update's namespace — the
-//! namespace of the Stack, its Workspace and the pod PKO would create, whose kubelet would read the
-//! same Secrets. Nothing here can name another namespace. Values travel only in the `Run` call (TLS
-//! and a bearer token in a cluster); they are never logged, never in status, conditions or events
-//! (errors name the object and key, never a value), and the agent masks those of Secrets (`EnvVar`
-//! `secret`, secret config) in every line of output.
+//! Trust model (the same boundary as PKO's): a request reads only in its Update's namespace — the namespace of the
+//! Stack, its Workspace and the pod PKO would create, whose kubelet would read the same Secrets. Nothing here can name
+//! another namespace. Values travel only in the `Run` call (TLS and a bearer token in a cluster); they are never
+//! logged, never in status, conditions or events (errors name the object and key, never a value), and the agent masks
+//! those of Secrets (`EnvVar` `secret`, secret config) in every line of output.
 
 use std::collections::BTreeMap;
 
@@ -61,12 +59,11 @@ impl std::fmt::Display for Reference {
     }
 }
 
-/// Why a reference could not be resolved; names the request field, the object and the key — never
-/// a value.
+/// Why a reference could not be resolved; names the request field, the object and the key — never a value.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ValuesError {
-    /// The object could not be read (missing, forbidden to the operator, API server error): the
-    /// reason, and the API server's HTTP status (`None`: no answer).
+    /// The object could not be read (missing, forbidden to the operator, API server error): the reason, and the API
+    /// server's HTTP status (`None`: no answer).
     #[error("{0} could not be read: {1}")]
     Read(Box<Reference>, String, Option<u16>),
     /// The object has no such key.
@@ -81,16 +78,15 @@ pub enum ValuesError {
 }
 
 impl ValuesError {
-    /// Whether trying again may succeed without anyone changing anything: no answer, or the API
-    /// server busy or failing (429, 5xx). A missing object, key or permission is the user's to fix:
-    /// the Update fails with the message.
+    /// Whether trying again may succeed without anyone changing anything: no answer, or the API server busy or failing
+    /// (429, 5xx). A missing object, key or permission is the user's to fix: the Update fails with the message.
     pub fn is_transient(&self) -> bool {
         matches!(self, ValuesError::Read(_, _, code) if code.is_none_or(|c| c == 429 || c >= 500))
     }
 }
 
-/// Every value reference of `req` with the request field it sits in (pure): `env[i] (NAME)`,
-/// `config[i] (key)`, `source.git.auth.<credential>`.
+/// Every value reference of `req` with the request field it sits in (pure): `env[i] (NAME)`, `config[i] (key)`,
+/// `source.git.auth.<credential>`.
 pub fn references(req: &mut pb::OperationRequest) -> Vec<(String, &mut pb::ValueRef)> {
     let mut out = Vec::new();
     for (i, e) in req.env.iter_mut().enumerate() {
@@ -181,13 +177,12 @@ fn short(e: &kube::Error) -> String {
     }
 }
 
-/// Replaces every Secret and ConfigMap reference of `req` by its value, read with the operator's
-/// identity in `namespace` (the Update's), each object once, Secrets through `secrets`. Returns how
-/// many references it resolved.
+/// Replaces every Secret and ConfigMap reference of `req` by its value, read with the operator's identity in
+/// `namespace` (the Update's), each object once, Secrets through `secrets`. Returns how many references it resolved.
 /// Environment variables read from a Secret stay marked `secret` (masked by the agent).
 ///
-/// Errors: the first reference that cannot be resolved ([`ValuesError`]); `req` is then partly
-/// resolved and must not be sent.
+/// Errors: the first reference that cannot be resolved ([`ValuesError`]); `req` is then partly resolved and must not be
+/// sent.
 pub async fn resolve(
     client: &kube::Client,
     secrets: &SecretCache,
@@ -226,8 +221,8 @@ pub async fn resolve(
     Ok(resolved)
 }
 
-/// One `envFrom` entry of a Workspace (Stack `envs` → ConfigMap, `envSecrets` → Secret), as the
-/// kubelet reads it for a container (Kubernetes `EnvFromSource`).
+/// One `envFrom` entry of a Workspace (Stack `envs` → ConfigMap, `envSecrets` → Secret), as the kubelet reads it for a
+/// container (Kubernetes `EnvFromSource`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvSource {
     /// The Workspace field, `spec.envFrom[i]`.
@@ -242,8 +237,8 @@ pub struct EnvSource {
     pub optional: bool,
 }
 
-/// The `envFrom` entries of a Workspace (pure). An entry naming neither or both of `configMapRef` and
-/// `secretRef` is refused, naming it.
+/// The `envFrom` entries of a Workspace (pure). An entry naming neither or both of `configMapRef` and `secretRef` is
+/// refused, naming it.
 pub fn env_sources(env_from: &[k8s_openapi::api::core::v1::EnvFromSource]) -> Result<Vec<EnvSource>, String> {
     env_from
         .iter()
@@ -272,11 +267,10 @@ pub fn is_env_var_name(name: &str) -> bool {
     name.chars().next().is_some_and(|c| ok(c) && !c.is_ascii_digit()) && name.chars().all(ok)
 }
 
-/// The environment of an operation as the kubelet builds a container's (pure): the variables of
-/// `sources` in order (a later source's key wins; `None` data is a missing optional object), then
-/// `env` on top (an `env` entry wins over any `envFrom` key). Values of Secrets are marked `secret`.
-/// Returns the variables and the keys skipped because, prefixed, they are no variable name (the
-/// kubelet skips them too, with an event).
+/// The environment of an operation as the kubelet builds a container's (pure): the variables of `sources` in order (a
+/// later source's key wins; `None` data is a missing optional object), then `env` on top (an `env` entry wins over any
+/// `envFrom` key). Values of Secrets are marked `secret`. Returns the variables and the keys skipped because, prefixed,
+/// they are no variable name (the kubelet skips them too, with an event).
 ///
 /// Errors: [`ValuesError::NotUtf8`] for a value that is not text.
 pub fn merge_env(
@@ -335,13 +329,12 @@ async fn read_env_source(
     })
 }
 
-/// Puts the Workspace's `envFrom` (`env_from`) into `req.env` as the kubelet would into a pod (see
-/// [`merge_env`]), reading each Secret and ConfigMap with the operator's identity in `namespace` (the
-/// Update's), so that Stack `envs`/`envSecrets` reach the program on every runtime, not only in pods.
-/// Returns the keys skipped for their names.
+/// Puts the Workspace's `envFrom` (`env_from`) into `req.env` as the kubelet would into a pod (see [`merge_env`]),
+/// reading each Secret and ConfigMap with the operator's identity in `namespace` (the Update's), so that Stack
+/// `envs`/`envSecrets` reach the program on every runtime, not only in pods. Returns the keys skipped for their names.
 ///
-/// Errors: a malformed entry or a missing object that is not `optional` ([`ValuesError::Read`]), a
-/// value that is not text.
+/// Errors: a malformed entry or a missing object that is not `optional` ([`ValuesError::Read`]), a value that is not
+/// text.
 pub async fn expand_env_from(
     client: &kube::Client,
     secrets: &SecretCache,
@@ -386,9 +379,9 @@ impl GitHubAppExchangeError {
     }
 }
 
-/// After [`resolve`]: GitHub App credentials in the request's git auth (PKO `githubApp`) are
-/// exchanged at `api_url` for an installation token, which becomes `token`; the App's fields are
-/// cleared, so the private key never leaves the operator. Nothing to do without them.
+/// After [`resolve`]: GitHub App credentials in the request's git auth (PKO `githubApp`) are exchanged at `api_url` for
+/// an installation token, which becomes `token`; the App's fields are cleared, so the private key never leaves the
+/// operator. Nothing to do without them.
 ///
 /// Errors: [`GitHubAppExchangeError`] (the fields must have been resolved to literals).
 pub async fn exchange_github_app(req: &mut pb::OperationRequest, api_url: &str) -> Result<(), GitHubAppExchangeError> {

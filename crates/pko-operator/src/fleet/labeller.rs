@@ -1,6 +1,6 @@
-//! The labeller: writes `pulumi.com/shard` and `pulumi.com/shards` once on every Stack, Workspace and
-//! Update that lacks them or was labelled for another shard count, and relabels an object filed under a
-//! shard that is not its own (see the parent module for why the labels are an index, never ownership).
+//! The labeller: writes `pulumi.com/shard` and `pulumi.com/shards` once on every Stack, Workspace and Update that lacks
+//! them or was labelled for another shard count, and relabels an object filed under a shard that is not its own (see
+//! the parent module for why the labels are an index, never ownership).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,20 +23,19 @@ use super::SHARD_FIELD_MANAGER;
 use crate::informer::{Change, Informer, WatchScope, Watched};
 use crate::ownership::Ownership;
 
-/// How long a replica that does not hold an unlabelled object's shard waits before labelling it
-/// itself: the holder labels at once; this covers a shard that had no holder at that moment (seconds).
+/// How long a replica that does not hold an unlabelled object's shard waits before labelling it itself: the holder
+/// labels at once; this covers a shard that had no holder at that moment (seconds).
 pub const LABEL_FALLBACK: Duration = Duration::from_secs(5);
 
-/// When this replica labels an unlabelled object: at once when it holds the object's shard (`owned`),
-/// else after [`LABEL_FALLBACK`] if the object is still unlabelled then. Every replica may label any
-/// object (the label is idempotent), but each new Stack labelled by every replica at once cost one
-/// write per replica. Pure.
+/// When this replica labels an unlabelled object: at once when it holds the object's shard (`owned`), else after
+/// [`LABEL_FALLBACK`] if the object is still unlabelled then. Every replica may label any object (the label is
+/// idempotent), but each new Stack labelled by every replica at once cost one write per replica. Pure.
 pub fn label_delay(owned: bool) -> Duration {
     if owned { Duration::ZERO } else { LABEL_FALLBACK }
 }
 
-/// The shard labels of the object `namespace/key` in a fleet of `shards` virtual shards (pure):
-/// [`SHARD_LABEL`] its shard (`pko_fleet::ring::shard_of`) and [`SHARDS_LABEL`] the count.
+/// The shard labels of the object `namespace/key` in a fleet of `shards` virtual shards (pure): [`SHARD_LABEL`] its
+/// shard (`pko_fleet::ring::shard_of`) and [`SHARDS_LABEL`] the count.
 pub fn shard_labels(namespace: &str, key: &str, shards: u32) -> BTreeMap<String, String> {
     BTreeMap::from([
         (SHARD_LABEL.to_string(), shard_of(&format!("{namespace}/{key}"), shards).to_string()),
@@ -44,40 +43,38 @@ pub fn shard_labels(namespace: &str, key: &str, shards: u32) -> BTreeMap<String,
     ])
 }
 
-/// The label selector of the objects the labeller writes in a fleet of `shards` (pure): those whose
-/// [`SHARDS_LABEL`] is not `shards` — without one (new objects, and objects labelled before the
-/// count was recorded) or labelled for another count (after a change of `--shards`). Kubernetes'
-/// `!=` matches objects without the label too.
+/// The label selector of the objects the labeller writes in a fleet of `shards` (pure): those whose [`SHARDS_LABEL`] is
+/// not `shards` — without one (new objects, and objects labelled before the count was recorded) or labelled for another
+/// count (after a change of `--shards`). Kubernetes' `!=` matches objects without the label too.
 pub fn unlabelled_selector(shards: u32) -> String {
     format!("{SHARDS_LABEL}!={shards}")
 }
 
-/// The label selector of objects labelled for the fleet's count `shards` whose shard label names no
-/// shard of it (no label, a value that is not a number below `shards`): `pulumi.com/shards=S,
-/// pulumi.com/shard notin (0,…,S−1)` (`notin` also matches a missing label). Pure.
+/// The label selector of objects labelled for the fleet's count `shards` whose shard label names no shard of it (no
+/// label, a value that is not a number below `shards`): `pulumi.com/shards=S, pulumi.com/shard notin (0,…,S−1)`
+/// (`notin` also matches a missing label). Pure.
 pub fn misnumbered_selector(shards: u32) -> String {
     let all: Vec<String> = (0..shards).map(|s| s.to_string()).collect();
     format!("{SHARDS_LABEL}={shards},{SHARD_LABEL} notin ({})", all.join(","))
 }
 
-/// Whether `labels` file the object `namespace/key` of a fleet of `shards` under another shard than
-/// its own: labelled for this count, but not with the object's shard (copied from another object,
-/// or written by hand). Pure.
+/// Whether `labels` file the object `namespace/key` of a fleet of `shards` under another shard than its own: labelled
+/// for this count, but not with the object's shard (copied from another object, or written by hand). Pure.
 pub fn misfiled(labels: &BTreeMap<String, String>, namespace: &str, key: &str, shards: u32) -> bool {
     labels.get(SHARDS_LABEL).is_some_and(|s| *s == shards.to_string())
         && labels.get(SHARD_LABEL) != Some(&shard_of(&format!("{namespace}/{key}"), shards).to_string())
 }
 
-/// Whether an object `namespace/key` with `labels` needs its shard labels written in a fleet of
-/// `shards`: labelled for another count (or none), or [`misfiled`]. Pure.
+/// Whether an object `namespace/key` with `labels` needs its shard labels written in a fleet of `shards`: labelled for
+/// another count (or none), or [`misfiled`]. Pure.
 pub fn needs_labels(labels: &BTreeMap<String, String>, namespace: &str, key: &str, shards: u32) -> bool {
     labels.get(SHARDS_LABEL) != Some(&shards.to_string()) || misfiled(labels, namespace, key, shards)
 }
 
-/// Relabels every object of kind `K` this replica's sharded cache holds under a shard that is not its
-/// own ([`misfiled`]; `changes` is the cache's subscription): its real shard's holder, which never
-/// sees it otherwise, then does. Only while this replica's count prevails (`standing`). One write per
-/// misfiled object, by the holder of the shard it claims. Runs until `changes` ends or `shutdown`.
+/// Relabels every object of kind `K` this replica's sharded cache holds under a shard that is not its own
+/// ([`misfiled`]; `changes` is the cache's subscription): its real shard's holder, which never sees it otherwise, then
+/// does. Only while this replica's count prevails (`standing`). One write per misfiled object, by the holder of the
+/// shard it claims. Runs until `changes` ends or `shutdown`.
 pub async fn relabel_misfiled<K: Watched + ShardKey>(
     changes: impl futures::Stream<Item = Change<K>> + Send + 'static,
     client: kube::Client,
@@ -103,8 +100,8 @@ pub async fn relabel_misfiled<K: Watched + ShardKey>(
     }
 }
 
-/// [`relabel_misfiled`] for the Stacks, Workspaces and Updates of `informers` (subscribed now, before
-/// they run), each on a task of its own.
+/// [`relabel_misfiled`] for the Stacks, Workspaces and Updates of `informers` (subscribed now, before they run), each
+/// on a task of its own.
 pub fn relabel_misfiled_kinds(
     informers: &mut crate::informer::Informers,
     client: &kube::Client,
@@ -137,10 +134,10 @@ pub fn relabel_misfiled_kinds(
     ]
 }
 
-/// The labeller, until `shutdown` and while this replica's shard count prevails (`standing`): watches
-/// the Stacks, Workspaces and Updates of `scope` not labelled for `shards` ([`unlabelled_selector`],
-/// [`misnumbered_selector`]; through `watch_client`, without a read timeout) and writes their
-/// [`shard_labels`] through `client` — at once for a shard `ownership` says is held ([`label_delay`]).
+/// The labeller, until `shutdown` and while this replica's shard count prevails (`standing`): watches the Stacks,
+/// Workspaces and Updates of `scope` not labelled for `shards` ([`unlabelled_selector`], [`misnumbered_selector`];
+/// through `watch_client`, without a read timeout) and writes their [`shard_labels`] through `client` — at once for a
+/// shard `ownership` says is held ([`label_delay`]).
 pub async fn label_unsharded(
     client: kube::Client,
     watch_client: kube::Client,
@@ -177,8 +174,8 @@ pub async fn label_unsharded(
     }
 }
 
-/// Where and how the labeller writes: `client`, the fleet's `shards`, this replica's `ownership`, and
-/// `stop`, which ends the watches of one active period.
+/// Where and how the labeller writes: `client`, the fleet's `shards`, this replica's `ownership`, and `stop`, which
+/// ends the watches of one active period.
 #[derive(Clone)]
 struct LabelTo {
     client: kube::Client,
@@ -202,10 +199,9 @@ fn kind_watches(
     ]
 }
 
-/// Labels the objects `informer` sees (see [`label_unsharded`]); `finalizer` is added with the labels
-/// where this replica holds the object's shard, as its controller would add it next (the Stack
-/// finalizer; a replica that does not hold the shard adds none: the object may be no replica's, as
-/// outside `--namespaces`).
+/// Labels the objects `informer` sees (see [`label_unsharded`]); `finalizer` is added with the labels where this
+/// replica holds the object's shard, as its controller would add it next (the Stack finalizer; a replica that does not
+/// hold the shard adds none: the object may be no replica's, as outside `--namespaces`).
 async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, to: LabelTo, finalizer: Option<&'static str>) {
     let LabelTo { client, shards, ownership, stop } = to;
     use futures::StreamExt;
@@ -249,10 +245,10 @@ async fn label_kind<K: Watched + ShardKey>(mut informer: Informer<K>, to: LabelT
     watch.abort();
 }
 
-/// Writes `object`'s [`shard_labels`], with `finalizer` when [`label_patch`] can carry it in the same
-/// JSON patch (the labeller's own field manager); otherwise, or when that patch is refused (422: the
-/// object changed since it was read), the labels alone by server-side apply. Failures are logged: the
-/// object stays in the labeller's watch and its holder's fallback labels it.
+/// Writes `object`'s [`shard_labels`], with `finalizer` when [`label_patch`] can carry it in the same JSON patch (the
+/// labeller's own field manager); otherwise, or when that patch is refused (422: the object changed since it was read),
+/// the labels alone by server-side apply. Failures are logged: the object stays in the labeller's watch and its
+/// holder's fallback labels it.
 async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards: u32, finalizer: Option<&str>) {
     let ns = object.namespace().unwrap_or_default();
     let labels = shard_labels(&ns, &object.shard_key(), shards);
@@ -280,13 +276,10 @@ async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards:
     }
 }
 
-/// The JSON patch that labels a new object with `labels` and adds `finalizer` in one write (pure):
-/// the Stack finalizer, which the Stack controller would otherwise add with a write of its own right
-/// after the label's (one request per new Stack). Each change is pinned by a `test` of what was read:
-/// the finalizer list ([`crate::k8s::finalizer_patch`]) and, when the object has no labels, their
-/// absence (a map added whole would replace labels written since). `None` — the labels go alone — when
-/// there is no finalizer to add: none given, the object is being deleted (the API refuses new
-/// finalizers then), or it holds it already.
+/// The JSON patch that labels a new object with `labels` and adds `finalizer` in the same write (saving the Stack
+/// controller's own finalizer write), each change pinned by a `test` of what was read (the finalizer list; absent
+/// labels). `None` — the labels go alone — when there is no finalizer to add: none given, held already, or the object
+/// is being deleted (the API refuses new finalizers then). Pure.
 pub fn label_patch(
     meta: &ObjectMeta,
     labels: &BTreeMap<String, String>,
@@ -314,8 +307,8 @@ pub fn label_patch(
 mod tests {
     use super::*;
 
-    /// A new Stack's labels and finalizer go in one patch, each pinned by a test of what was read; no
-    /// finalizer to add (none asked, held already, the object being deleted): no patch.
+    /// A new Stack's labels and finalizer go in one patch, each pinned by a test of what was read; no finalizer to add
+    /// (none asked, held already, the object being deleted): no patch.
     #[test]
     fn a_label_patch_carries_the_finalizer_and_pins_what_it_read() {
         let labels = shard_labels("team", "web", 64);

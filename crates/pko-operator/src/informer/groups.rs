@@ -1,5 +1,5 @@
-//! Which shards a sharded informer watches in which watch groups ([`Groups`]), and what a change of the
-//! held shards does to them ([`Regroup`]). Pure.
+//! Which shards a sharded informer watches in which watch groups ([`Groups`]), and what a change of the held shards
+//! does to them ([`Regroup`]). Pure.
 
 use super::*;
 
@@ -17,9 +17,8 @@ pub enum Regroup {
         /// Its shards.
         shards: BTreeSet<u32>,
     },
-    /// Watch every held shard as one group in place of the groups `replaces`: one re-list of
-    /// everything held, whose objects already stored carry over and are handed on only when new or
-    /// changed.
+    /// Watch every held shard as one group in place of the groups `replaces`: one re-list of everything held, whose
+    /// objects already stored carry over and are handed on only when new or changed.
     Rebuild {
         /// The new group's id.
         group: u64,
@@ -33,11 +32,10 @@ pub enum Regroup {
 /// Most watch groups a sharded informer keeps before it folds them into one ([`Regroup::Rebuild`]).
 pub const MAX_WATCH_GROUPS: usize = 4;
 
-/// The watch groups of a sharded informer (pure): each watches the shards it was opened for and
-/// keeps those still held. A gain opens a group for the gained shards; a group none of whose shards
-/// is held closes; the objects of lost shards leave the store at once. Groups fold into one when
-/// there are more than [`MAX_WATCH_GROUPS`], or when their selectors cover more than twice the held
-/// shards (events of shards not held are dropped on arrival, but still sent).
+/// The watch groups of a sharded informer (pure): each watches the shards it was opened for and keeps those still held.
+/// A gain opens a group for the gained shards; a group none of whose shards is held closes; the objects of lost shards
+/// leave the store at once. Groups fold into one when there are more than [`MAX_WATCH_GROUPS`], or when their selectors
+/// cover more than twice the held shards (events of shards not held are dropped on arrival, but still sent).
 #[derive(Debug, Default)]
 pub struct Groups {
     pub(super) next: u64,
@@ -85,8 +83,7 @@ impl Groups {
         steps
     }
 
-    /// Whether the groups' selectors, and a group for `adding` more shards, cover more than twice
-    /// the held shards.
+    /// Whether the groups' selectors, and a group for `adding` more shards, cover more than twice the held shards.
     pub(super) fn too_wide(&self, held: &BTreeSet<u32>, adding: usize) -> bool {
         self.groups.values().map(|(w, _)| w.len()).sum::<usize>() + adding > 2 * held.len().max(1)
     }

@@ -1,8 +1,8 @@
-//! Objects as a watch delivers them, decoded one by one: an object whose CRD admits a value its Rust
-//! type cannot hold (an `int32` field out of range — the API server does not enforce `format: int32` —
-//! or any field of a type the schema only loosely describes) is kept as its metadata and the reason,
-//! instead of failing the whole list and stopping the watch of every object of the kind (one tenant's
-//! Stack would stop every Stack of the shard). Its controller says so on the object.
+//! Objects as a watch delivers them, decoded one by one: an object whose CRD admits a value its Rust type cannot hold
+//! (an `int32` field out of range — the API server does not enforce `format: int32` — or any field of a type the schema
+//! only loosely describes) is kept as its metadata and the reason, instead of failing the whole list and stopping the
+//! watch of every object of the kind (one tenant's Stack would stop every Stack of the shard). Its controller says so
+//! on the object.
 
 use std::borrow::Cow;
 
@@ -27,8 +27,8 @@ pub struct Undecodable {
     pub meta: ObjectMeta,
     /// Its `status.conditions`, when they decode (so a reporter writes its condition once).
     pub conditions: Vec<Condition>,
-    /// Its whole `status` as stored (`Null`: none), so a reporter can write it back with one condition
-    /// changed and lose nothing.
+    /// Its whole `status` as stored (`Null`: none), so a reporter can write it back with one condition changed and lose
+    /// nothing.
     pub status: serde_json::Value,
     /// Where and why it does not decode: `spec.updateTemplate.spec.parallel: invalid value: …`.
     pub error: String,

@@ -1,8 +1,7 @@
-//! How one kind's watches become one store: each source's (or shard group's) watch events are merged
-//! into [`Step`]s for the store and the subscribers — a source's relist deletes only what it no longer
-//! has, a gained shard group hands on only new and changed objects, a lost shard's objects leave —
-//! and the store is ready once every source has listed ([`Merge`]). Which shards are watched in which
-//! group is [`Groups`]'s plan. Pure: the tests feed it events.
+//! How one kind's watches become one store: each source's (or shard group's) watch events are merged into [`Step`]s for
+//! the store and the subscribers — a source's relist deletes only what it no longer has, a gained shard group hands on
+//! only new and changed objects, a lost shard's objects leave — and the store is ready once every source has listed
+//! ([`Merge`]). Which shards are watched in which group is [`Groups`]'s plan. Pure: the tests feed it events.
 
 use super::*;
 
@@ -21,10 +20,10 @@ pub(super) fn deleted<K: Clone>(o: K) -> [Step<K>; 2] {
     [Step::Store(watcher::Event::Delete(o.clone())), Step::Notify(Change::Deleted(o))]
 }
 
-/// Merges the watch events of several disjoint sources into one store: a source's re-list replaces only
-/// its own objects; the store is ready once every source there was has listed. A source opened in place
-/// of others ([`Merge::carry`]) takes over their objects and hands on only what is new or changed (a
-/// rebuilt group must not reconcile every object again); a re-list after a failed watch hands on all.
+/// Merges the watch events of several disjoint sources into one store: a source's re-list replaces only its own
+/// objects; the store is ready once every source there was has listed. A source opened in place of others
+/// ([`Merge::carry`]) takes over their objects and hands on only what is new or changed (a rebuilt group must not
+/// reconcile every object again); a re-list after a failed watch hands on all.
 pub(super) struct Merge<K: Watched> {
     sources: HashMap<Src, Source<K>>,
     /// Sources that must list once before the store is ready.
@@ -88,8 +87,8 @@ impl<K: Watched> Merge<K> {
         steps
     }
 
-    /// Opens `to` in place of the sources `from`: their objects become `to`'s, and `to`'s first list
-    /// hands on only objects new to the store or changed.
+    /// Opens `to` in place of the sources `from`: their objects become `to`'s, and `to`'s first list hands on only
+    /// objects new to the store or changed.
     pub(super) fn carry(&mut self, from: Vec<Src>, to: Src, all: &impl Fn() -> Vec<K>) -> Vec<Step<K>> {
         let mut source = Source { skip_unchanged: true, ..Source::default() };
         for f in from {
@@ -145,8 +144,8 @@ impl<K: Watched> Merge<K> {
         steps
     }
 
-    /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one.
-    /// An event of a source no longer there (closed meanwhile) changes nothing.
+    /// The steps for `event` of `source`; `lookup` reads an object from the store, `all` every one. An event of a
+    /// source no longer there (closed meanwhile) changes nothing.
     pub(super) fn handle(
         &mut self,
         source: Src,
@@ -211,10 +210,10 @@ impl<K: Watched> Merge<K> {
     }
 }
 
-/// Whether `incoming` is an older version of the very object `stored` (same uid, a lower
-/// `resourceVersion`). Resource versions of one resource compare as integers (KEP-5504, stable in
-/// Kubernetes 1.35: decimal, no leading zeros, compared by length then digits); a version that is not
-/// one (an object without it, as in unit tests) is never judged older. Pure.
+/// Whether `incoming` is an older version of the very object `stored` (same uid, a lower `resourceVersion`). Resource
+/// versions of one resource compare as integers (KEP-5504, stable in Kubernetes 1.35: decimal, no leading zeros,
+/// compared by length then digits); a version that is not one (an object without it, as in unit tests) is never judged
+/// older. Pure.
 pub(super) fn older_than_stored<K: kube::Resource>(stored: Option<&K>, incoming: &K) -> bool {
     let Some(stored) = stored else { return false };
     let same_object = stored.meta().uid.is_some() && stored.meta().uid == incoming.meta().uid;
@@ -225,15 +224,15 @@ pub(super) fn older_than_stored<K: kube::Resource>(stored: Option<&K>, incoming:
     same_object && compare_resource_versions(a, b) == Some(std::cmp::Ordering::Less)
 }
 
-/// `a` against `b` as Kubernetes compares resource versions (`CompareResourceVersion`, KEP-5504):
-/// positive decimal integers without leading zeros, of any length. `None`: either is not one. Pure.
+/// `a` against `b` as Kubernetes compares resource versions (`CompareResourceVersion`, KEP-5504): positive decimal
+/// integers without leading zeros, of any length. `None`: either is not one. Pure.
 pub fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let valid = |v: &str| !v.is_empty() && !v.starts_with('0') && v.bytes().all(|c| c.is_ascii_digit());
     (valid(a) && valid(b)).then(|| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
 }
 
-/// Whether `a` and `b` are the same version of an object: both carry a `resourceVersion` and it is the
-/// same (an object without one, as in unit tests, is never judged unchanged).
+/// Whether `a` and `b` are the same version of an object: both carry a `resourceVersion` and it is the same (an object
+/// without one, as in unit tests, is never judged unchanged).
 pub(super) fn same_version<K: kube::Resource>(a: &K, b: &K) -> bool {
     a.meta().resource_version.is_some() && a.meta().resource_version == b.meta().resource_version
 }

@@ -1,15 +1,14 @@
-//! One watch per kind, shared by every controller that needs it (the informer of client-go's shared
-//! informer factory; kube's own shared streams are behind `unstable-runtime-subscribe`, whose
-//! subscriber stalls when an object is deleted between its event and its read).
+//! One watch per kind, shared by every controller that needs it (the informer of client-go's shared informer factory;
+//! kube's own shared streams are behind `unstable-runtime-subscribe`, whose subscriber stalls when an object is deleted
+//! between its event and its read).
 //!
-//! An [`Informer`] runs one watch per *source* — the whole cluster, or each namespace of
-//! `--namespaces` — merges them into one [`Store`], and hands every change to each subscriber:
-//! controllers get their trigger stream from [`Informer::objects`] and their cache from
-//! [`Informer::store`]. With several namespaces every watch is namespaced, so a namespace-scoped
-//! install needs only namespaced RBAC and pays nothing for other namespaces' churn.
+//! An [`Informer`] runs one watch per *source* — the whole cluster, or each namespace of `--namespaces` — merges them
+//! into one [`Store`], and hands every change to each subscriber: controllers get their trigger stream from
+//! [`Informer::objects`] and their cache from [`Informer::store`]. With several namespaces every watch is namespaced,
+//! so a namespace-scoped install needs only namespaced RBAC and pays nothing for other namespaces' churn.
 //!
-//! [`Informers`] holds one informer per kind, created when a controller first subscribes, so a
-//! process (or a test) that runs only some controllers watches only their kinds.
+//! [`Informers`] holds one informer per kind, created when a controller first subscribes, so a process (or a test) that
+//! runs only some controllers watches only their kinds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
@@ -56,8 +55,7 @@ impl WatchScope {
     }
 }
 
-/// A change an informer saw: an object created or changed (also every object of a re-list), or
-/// deleted.
+/// A change an informer saw: an object created or changed (also every object of a re-list), or deleted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change<K> {
     /// Created, changed, or listed again.
@@ -112,8 +110,8 @@ pub struct Informer<K: Watched> {
     shards: Option<watch::Receiver<HeldShards>>,
 }
 
-/// The shards a fleet replica holds out of `total`, as the fleet publishes them to the informers of
-/// sharded kinds ([`Informers::with_shards`]).
+/// The shards a fleet replica holds out of `total`, as the fleet publishes them to the informers of sharded kinds
+/// ([`Informers::with_shards`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldShards {
     /// The held shards.
@@ -123,8 +121,8 @@ pub struct HeldShards {
 }
 
 impl<K: Watched> Informer<K> {
-    /// An informer of `K` over `scope` with `config` (label or field selectors); it watches nothing
-    /// until [`Self::run`].
+    /// An informer of `K` over `scope` with `config` (label or field selectors); it watches nothing until
+    /// [`Self::run`].
     pub fn new(client: &kube::Client, scope: &WatchScope, config: watcher::Config) -> Self {
         let apis = match scope {
             WatchScope::Cluster => vec![Api::all(client.clone())],
@@ -134,10 +132,10 @@ impl<K: Watched> Informer<K> {
         Self { apis, config, writer, subscribers, reporters, shards: None }
     }
 
-    /// Watches and keeps only the objects of the shards `held` names (the fleet: the shards this
-    /// replica holds), labelled [`pko_api::constants::SHARD_LABEL`], in watch groups ([`Groups`]): a
-    /// gain watches only the gained shards, a loss drops their objects from the store without a list,
-    /// and the watches of shards still held never stop.
+    /// Watches and keeps only the objects of the shards `held` names (the fleet: the shards this replica holds),
+    /// labelled [`pko_api::constants::SHARD_LABEL`], in watch groups ([`Groups`]): a gain watches only the gained
+    /// shards, a loss drops their objects from the store without a list, and the watches of shards still held never
+    /// stop.
     pub fn with_held_shards(mut self, held: watch::Receiver<HeldShards>) -> Self {
         self.shards = Some(held);
         self
@@ -148,8 +146,8 @@ impl<K: Watched> Informer<K> {
         self.writer.as_reader()
     }
 
-    /// Every change from now on. Subscribe before [`Self::run`] to see the first list; a subscriber
-    /// that is not read holds the informer back (bounded buffer), a dropped one is forgotten.
+    /// Every change from now on. Subscribe before [`Self::run`] to see the first list; a subscriber that is not read
+    /// holds the informer back (bounded buffer), a dropped one is forgotten.
     pub fn subscribe(&mut self) -> impl Stream<Item = Change<K>> + Send + 'static + use<K> {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.subscribers.push(tx);
@@ -161,18 +159,16 @@ impl<K: Watched> Informer<K> {
         self.subscribe().map(|c| Ok(c.into_object())).boxed()
     }
 
-    /// Every object listed or changed from now on that does not decode as `K` ([`Undecodable`]): it is
-    /// in no store and reaches no controller, so its controller says so on it. Backpressure as
-    /// [`Self::subscribe`]'s.
+    /// Every object listed or changed from now on that does not decode as `K` ([`Undecodable`]): it is in no store and
+    /// reaches no controller, so its controller says so on it. Backpressure as [`Self::subscribe`]'s.
     pub fn undecodable(&mut self) -> impl Stream<Item = Undecodable> + Send + 'static + use<K> {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.reporters.push(tx);
         tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 
-    /// Watches until `shutdown` is cancelled: keeps the store, hands every change to the subscribers
-    /// and every undecodable object to the reporters. Watch errors are logged and retried with kube's
-    /// default backoff.
+    /// Watches until `shutdown` is cancelled: keeps the store, hands every change to the subscribers and every
+    /// undecodable object to the reporters. Watch errors are logged and retried with kube's default backoff.
     pub async fn run(self, shutdown: CancellationToken) {
         let Informer { apis, config, writer, subscribers, reporters, mut shards } = self;
         let reader = writer.as_reader();
@@ -218,8 +214,8 @@ struct Out<K: Watched> {
 }
 
 impl<K: Watched> Out<K> {
-    /// Writes `steps` into the store, hands their changes to the subscribers and `bad` to the
-    /// reporters (dropping the closed ones); `false` once `shutdown` is cancelled while one was full.
+    /// Writes `steps` into the store, hands their changes to the subscribers and `bad` to the reporters (dropping the
+    /// closed ones); `false` once `shutdown` is cancelled while one was full.
     async fn deliver(&mut self, steps: Vec<Step<K>>, bad: Vec<Undecodable>, shutdown: &CancellationToken) -> bool {
         for step in steps {
             match step {
@@ -246,8 +242,7 @@ impl<K: Watched> Out<K> {
     }
 }
 
-/// Sends what `item` makes to each of `to`, waiting for a full one; `false` once `shutdown` is
-/// cancelled meanwhile.
+/// Sends what `item` makes to each of `to`, waiting for a full one; `false` once `shutdown` is cancelled meanwhile.
 async fn send_all<T>(to: &[mpsc::Sender<T>], item: impl Fn() -> T, shutdown: &CancellationToken) -> bool {
     for tx in to {
         tokio::select! {
@@ -259,9 +254,9 @@ async fn send_all<T>(to: &[mpsc::Sender<T>], item: impl Fn() -> T, shutdown: &Ca
 }
 
 /// The watch configuration every informer starts from: lists served from the API server's watch cache
-/// (`resourceVersion=0`, kube's `any_semantic`), unpaged — kube-core leaves `resourceVersion=0` out of a
-/// list with a `limit`, which would make it a consistent read from etcd of every object of the kind. A
-/// list may be a moment older than the store: the store keeps the newer version ([`merge`]).
+/// (`resourceVersion=0`, kube's `any_semantic`), unpaged — kube-core leaves `resourceVersion=0` out of a list with a
+/// `limit`, which would make it a consistent read from etcd of every object of the kind. A list may be a moment older
+/// than the store: the store keeps the newer version ([`merge`]).
 pub fn list_config() -> watcher::Config {
     let mut config = watcher::Config::default().any_semantic();
     config.page_size = None;
@@ -271,12 +266,9 @@ pub fn list_config() -> watcher::Config {
 /// The annotation client-side `kubectl apply` keeps a whole copy of the last applied object in.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Drops what no controller reads from a watched object before it is cached or handed on: its
-/// `managedFields` (every field manager's field set, often larger than the spec) and the
-/// [`LAST_APPLIED_ANNOTATION`] (a copy of the applied object). Kube-rs' documented memory pruning;
-/// safe because the operator writes these kinds only with patches and server-side apply, never with
-/// a whole-object `PUT` from the cache (an empty `managedFields` list would leave the server's as
-/// they are anyway).
+/// Drops what no controller reads from a watched object before it is cached: its `managedFields` and the
+/// [`LAST_APPLIED_ANNOTATION`] (kube-rs' documented memory pruning). Safe because the operator writes these kinds only
+/// by patch and server-side apply, never by a whole-object `PUT` from the cache.
 pub fn prune<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
     if let Some(annotations) = object.meta_mut().annotations.as_mut() {
@@ -319,8 +311,8 @@ impl<K: Watched> Slot<K> {
     }
 }
 
-/// The informers of one operator replica, one per kind: Stacks, Programs, Workspaces, Updates, and the
-/// agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
+/// The informers of one operator replica, one per kind: Stacks, Programs, Workspaces, Updates, and the agents'
+/// StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
 pub struct Informers {
     client: kube::Client,
     scope: WatchScope,
@@ -351,9 +343,9 @@ impl Informers {
         }
     }
 
-    /// Watches Stacks, Workspaces, Updates and StatefulSets only in the shards `held` names (the
-    /// fleet's held shards, [`Informer::with_held_shards`]); Programs stay whole (any Stack may
-    /// reference one). Call before the first informer is made.
+    /// Watches Stacks, Workspaces, Updates and StatefulSets only in the shards `held` names (the fleet's held shards,
+    /// [`Informer::with_held_shards`]); Programs stay whole (any Stack may reference one). Call before the first
+    /// informer is made.
     pub fn with_shards(mut self, held: watch::Receiver<HeldShards>) -> Self {
         self.shards = Some(held);
         self
@@ -394,9 +386,8 @@ impl Informers {
         self.stateful_sets.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
-    /// Runs the informers made so far beside `controllers` (the futures their subscribers' controllers
-    /// return) until `controllers` ends: for tests and tools that run some controllers without the
-    /// whole assembly.
+    /// Runs the informers made so far beside `controllers` (the futures their subscribers' controllers return) until
+    /// `controllers` ends: for tests and tools that run some controllers without the whole assembly.
     pub fn drive(
         self,
         controllers: impl std::future::Future<Output = ()> + Send + 'static,
@@ -446,9 +437,8 @@ impl Informers {
     }
 }
 
-/// The label selector of the objects in `held` shards out of `total`: `pulumi.com/shard in (…)`, or
-/// `notin` the others when that is shorter, or every labelled object when all are held; nothing (a
-/// value no shard has) when none is.
+/// The label selector of the objects in `held` shards out of `total`: `pulumi.com/shard in (…)`, or `notin` the others
+/// when that is shorter, or every labelled object when all are held; nothing (a value no shard has) when none is.
 pub fn shard_selector(held: &std::collections::BTreeSet<u32>, total: u32) -> String {
     use pko_api::constants::SHARD_LABEL;
     let list = |it: &mut dyn Iterator<Item = u32>| it.map(|s| s.to_string()).collect::<Vec<_>>().join(",");

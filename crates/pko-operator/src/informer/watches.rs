@@ -1,6 +1,6 @@
-//! The running half of an [`Informer`]: its watch streams (one per source and watch group), the shard
-//! groups they follow, and what each event and each change of the held shards does to the store, to
-//! the subscribers, and to the reports of objects that do not decode ([`super::lenient`]).
+//! The running half of an [`Informer`]: its watch streams (one per source and watch group), the shard groups they
+//! follow, and what each event and each change of the held shards does to the store, to the subscribers, and to the
+//! reports of objects that do not decode ([`super::lenient`]).
 
 use super::lenient::{Lenient, Undecodable};
 use super::*;
@@ -31,8 +31,8 @@ impl<K: Watched> Watches<K> {
         Self { apis, config, merge, streams, groups, held: None }
     }
 
-    /// The steps for the shards held now (`None`: an unsharded kind, watched whole): the groups to
-    /// open, close, fold or forget ([`Groups::follow`]), carried out.
+    /// The steps for the shards held now (`None`: an unsharded kind, watched whole): the groups to open, close, fold or
+    /// forget ([`Groups::follow`]), carried out.
     pub fn follow(&mut self, now: Option<HeldShards>, reads: &Reads<'_, K>) -> Vec<Step<K>> {
         let kind = K::kind(&());
         let regroups = match &now {
@@ -77,8 +77,8 @@ impl<K: Watched> Watches<K> {
         }
     }
 
-    /// Carries out one [`Regroup`]: opens or closes a group's watches, drops the objects of lost shards;
-    /// returns the store writes and changes to hand on.
+    /// Carries out one [`Regroup`]: opens or closes a group's watches, drops the objects of lost shards; returns the
+    /// store writes and changes to hand on.
     fn regroup(&mut self, step: Regroup, reads: &Reads<'_, K>) -> Vec<Step<K>> {
         let sources = 0..self.apis.len();
         match step {
@@ -112,9 +112,9 @@ impl<K: Watched> Watches<K> {
         }
     }
 
-    /// What `event` of `source` does: the store writes and changes to hand on, and the objects that
-    /// do not decode (an older decoded version of one leaves the store: it no longer says what is
-    /// asked). An event of a shard not held (a group's selector still covers a lost one) is dropped.
+    /// What `event` of `source` does: the store writes and changes to hand on, and the objects that do not decode (an
+    /// older decoded version of one leaves the store: it no longer says what is asked). An event of a shard not held (a
+    /// group's selector still covers a lost one) is dropped.
     pub fn on_event(
         &mut self,
         source: Src,
@@ -144,8 +144,7 @@ impl<K: Watched> Watches<K> {
     }
 }
 
-/// The decoded event of `event`, and the objects of it that do not decode (dropped from the event).
-/// Pure.
+/// The decoded event of `event`, and the objects of it that do not decode (dropped from the event). Pure.
 fn split<K: Clone>(event: watcher::Event<Lenient<K>>) -> (Option<watcher::Event<K>>, Vec<Undecodable>) {
     use watcher::Event as E;
     let one = |o: Lenient<K>, wrap: fn(K) -> E<K>| match o {
@@ -170,8 +169,8 @@ fn event_meta<K: kube::Resource>(event: &watcher::Event<K>) -> Option<&K> {
     }
 }
 
-/// The shard an object is labelled with ([`pko_api::constants::SHARD_LABEL`]); `None` without a
-/// label, or with one that is no shard number.
+/// The shard an object is labelled with ([`pko_api::constants::SHARD_LABEL`]); `None` without a label, or with one that
+/// is no shard number.
 pub(super) fn shard_of<K: kube::Resource>(object: &K) -> Option<u32> {
     object.meta().labels.as_ref()?.get(pko_api::constants::SHARD_LABEL)?.parse().ok()
 }

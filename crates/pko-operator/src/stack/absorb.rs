@@ -1,5 +1,5 @@
-//! Absorbing a finished Update into the Stack's status (PKO `stack_controller.go`, the completed-update
-//! branch): the new `lastUpdate` (state, commits, failure count) and what follows from it. Pure.
+//! Absorbing a finished Update into the Stack's status (PKO `stack_controller.go`, the completed-update branch): the
+//! new `lastUpdate` (state, commits, failure count) and what follows from it. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -27,10 +27,10 @@ pub struct Absorbed {
     pub mismatch: Option<String>,
 }
 
-/// Whether `update`, finished, ran what it was made for as the Stack's `current` update: made for the
-/// same Stack generation (`spec.stackGeneration`), and — when it succeeded — with the run digest it
-/// names (`status.runDigest` equal to `spec.runDigest`: the agent checked and ran that request). An
-/// Update that names neither (made by an earlier version) is taken as it is. `Err`: why not. Pure.
+/// Whether `update`, finished, ran what it was made for as the Stack's `current` update: made for the same Stack
+/// generation (`spec.stackGeneration`), and — when it succeeded — with the run digest it names (`status.runDigest`
+/// equal to `spec.runDigest`: the agent checked and ran that request). An Update that names neither (made by an earlier
+/// version) is taken as it is. `Err`: why not. Pure.
 pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), String> {
     if let (Some(made), Some(want)) = (update.spec.stack_generation, current.generation)
         && made != want
@@ -48,12 +48,10 @@ pub fn verify_run(update: &Update, current: &CurrentStackUpdate) -> Result<(), S
     }
 }
 
-/// The finished `update` that `current` pointed at, against the previous `lastUpdate` `prev`, at `now`.
-/// The failure count grows only while the same generation and reconcile request keep failing (PKO);
-/// a success resets it and moves `lastSuccessfulCommit`. A conflict on the backend lock (another
-/// update holds it) is not the program's failure: it backs off like one but never reaches the stall
-/// count (`max_failures`, the Stack's `maxUpdateFailures`), so the Stack keeps retrying until the
-/// holder is gone.
+/// The finished `update` that `current` pointed at, against the previous `lastUpdate` `prev`, at `now`: failures count
+/// while the same generation and reconcile request keep failing (PKO), a success resets the count and moves
+/// `lastSuccessfulCommit`, and a backend-lock conflict backs off like a failure but never reaches `maxUpdateFailures`,
+/// so the Stack retries until the holder is gone.
 pub fn absorb(
     prev: Option<&StackUpdateState>,
     current: &CurrentStackUpdate,

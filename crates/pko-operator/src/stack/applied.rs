@@ -1,12 +1,10 @@
-//! What each Stack's pass last applied as its Workspace from this replica, so that a pass whose
-//! Workspace would not change skips the apply (a server-side apply that changes nothing still costs a
-//! request; every update and every drift check made one). The skip needs three facts: the Workspace
-//! this pass builds is the one last applied (a fingerprint of it), the informer's cached Workspace is
-//! the very object that apply wrote or a later one with the same spec (same uid and `generation`:
-//! nobody changed its spec since, and the cache has caught up), and the labels, annotations and owner
-//! references applied are still on it (their changes do not move `generation`). Anything else — a
-//! restart (nothing recorded), a spec edited by hand, a Workspace deleted or reclaimed, the cache
-//! behind — applies as before.
+//! What each Stack's pass last applied as its Workspace from this replica, so that a pass whose Workspace would not
+//! change skips the apply (a server-side apply that changes nothing still costs a request; every update and every drift
+//! check made one). The skip needs three facts: the Workspace this pass builds is the one last applied (a fingerprint
+//! of it), the informer's cached Workspace is the very object that apply wrote or a later one with the same spec (same
+//! uid and `generation`: nobody changed its spec since, and the cache has caught up), and the labels, annotations and
+//! owner references applied are still on it (their changes do not move `generation`). Anything else — a restart
+//! (nothing recorded), a spec edited by hand, a Workspace deleted or reclaimed, the cache behind — applies as before.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -55,9 +53,9 @@ impl AppliedWorkspaces {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached Workspace of Stack `ns/name`, its shard held at `epoch`, when applying `desired`
-    /// would change nothing (the rules in the module's documentation; an apply recorded at another
-    /// epoch says nothing: the shard's holders in between may have applied); `None`: apply.
+    /// The cached Workspace of Stack `ns/name`, its shard held at `epoch`, when applying `desired` would change nothing
+    /// (the rules in the module's documentation; an apply recorded at another epoch says nothing: the shard's holders
+    /// in between may have applied); `None`: apply.
     pub fn unchanged(
         &self,
         ns: &str,
@@ -77,8 +75,8 @@ impl AppliedWorkspaces {
         .then(|| cached.clone())
     }
 
-    /// Records that `desired` was applied to Stack `ns/name`'s Workspace, its shard held at `epoch`,
-    /// which the apply returned as `written`.
+    /// Records that `desired` was applied to Stack `ns/name`'s Workspace, its shard held at `epoch`, which the apply
+    /// returned as `written`.
     pub fn record(&self, ns: &str, name: &str, desired: &Workspace, written: &Workspace, epoch: i64) {
         let (Some(uid), Some(generation)) = (written.metadata.uid.clone(), written.metadata.generation) else { return };
         self.map().insert(

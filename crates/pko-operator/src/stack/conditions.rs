@@ -1,6 +1,6 @@
 //! The kstatus "ready protocol" on a Stack (PKO `MarkReadyCondition`, `MarkReconcilingCondition`,
-//! `MarkStalledCondition`): Ready=True stands alone; Ready=False always comes with exactly one of
-//! Reconciling=True or Stalled=True.
+//! `MarkStalledCondition`): Ready=True stands alone; Ready=False always comes with exactly one of Reconciling=True or
+//! Stalled=True.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use pko_api::constants::stack_condition as sc;
@@ -34,8 +34,8 @@ pub fn mark_stalled(conditions: &mut Vec<Condition>, reason: &str, message: &str
     set(conditions, sc::STALLED, "True", reason, message, generation, now);
 }
 
-/// Whether `conditions` already say Stalled=True with `reason` and `message` (an event for the same
-/// stall was published when it began). Pure.
+/// Whether `conditions` already say Stalled=True with `reason` and `message` (an event for the same stall was published
+/// when it began). Pure.
 pub fn is_stalled_with(conditions: &[Condition], reason: &str, message: &str) -> bool {
     conditions
         .iter()

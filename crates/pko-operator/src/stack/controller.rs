@@ -1,6 +1,6 @@
-//! The Stack controller's wiring (PKO `stack_controller.go` `SetupWithManager`): what wakes a Stack's
-//! reconcile ([`super::reconcile`]) — the Stack itself, its Updates, Workspace and Program, the Stacks
-//! it depends on, and Flux source artifacts ([`super::flux`]).
+//! The Stack controller's wiring (PKO `stack_controller.go` `SetupWithManager`): what wakes a Stack's reconcile
+//! ([`super::reconcile`]) — the Stack itself, its Updates, Workspace and Program, the Stacks it depends on, and Flux
+//! source artifacts ([`super::flux`]).
 
 use std::sync::Arc;
 
@@ -15,10 +15,9 @@ use crate::context::Context;
 use crate::informer::Informers;
 use crate::k8s;
 
-/// The Stack controller and its cache (which the metrics endpoint reads), watching through
-/// `informers`: Stacks (itself, and the Stacks whose prerequisites a change may satisfy), the
-/// Updates, Workspaces and Programs that wake a Stack, and the Flux sources Stacks refer to
-/// ([`super::flux`]). Run the future until shutdown.
+/// The Stack controller and its cache (which the metrics endpoint reads), watching through `informers`: Stacks (itself,
+/// and the Stacks whose prerequisites a change may satisfy), the Updates, Workspaces and Programs that wake a Stack,
+/// and the Flux sources Stacks refer to ([`super::flux`]). Run the future until shutdown.
 pub fn controller(
     ctx: Arc<Context>,
     informers: &mut Informers,

@@ -1,13 +1,12 @@
-//! Scheduled drift detection (PKO's proposed API, #1037 / branch `eron/drift-detection`): when a
-//! Stack's next check is due, what a finished check means for the `DriftDetected` condition, and when
-//! drift is to be remediated. Pure: the caller passes the time and does the I/O.
+//! Scheduled drift detection (PKO's proposed API, #1037 / branch `eron/drift-detection`): when a Stack's next check is
+//! due, what a finished check means for the `DriftDetected` condition, and when drift is to be remediated. Pure: the
+//! caller passes the time and does the I/O.
 //!
-//! The life of a check: on a cron tick of `spec.driftDetection.schedules[]`, a synced, Ready Stack gets
-//! an Update of type `refresh` with `previewOnly: true` (`pulumi refresh --preview-only`: nothing is
-//! written to the stack's state). Its result sets `DriftDetected` — True `Changes` naming the drifted
-//! resources, False `NoChanges`, Unknown `CheckFailed` — and `status.driftDetection`. When the tick's
-//! schedule says `autoRemediate`, an `up --refresh` follows while `DriftDetected` is True; its success
-//! sets `DriftDetected` False again.
+//! The life of a check: on a cron tick of `spec.driftDetection.schedules[]`, a synced, Ready Stack gets an Update of
+//! type `refresh` with `previewOnly: true` (`pulumi refresh --preview-only`: nothing is written to the stack's state).
+//! Its result sets `DriftDetected` — True `Changes` naming the drifted resources, False `NoChanges`, Unknown
+//! `CheckFailed` — and `status.driftDetection`. When the tick's schedule says `autoRemediate`, an `up --refresh`
+//! follows while `DriftDetected` is True; its success sets `DriftDetected` False again.
 
 use std::str::FromStr;
 
@@ -27,8 +26,7 @@ pub struct Schedule {
 impl FromStr for Schedule {
     type Err = String;
 
-    /// A cron expression as [`pko_api::stack::DriftSchedule::cron`] documents it; the error is the
-    /// parser's message.
+    /// A cron expression as [`pko_api::stack::DriftSchedule::cron`] documents it; the error is the parser's message.
     fn from_str(s: &str) -> Result<Self, String> {
         let cron = croner::parser::CronParser::builder()
             .seconds(croner::parser::Seconds::Optional)
@@ -39,8 +37,8 @@ impl FromStr for Schedule {
     }
 }
 
-/// The Stack's schedules, or the first that does not parse as `spec.driftDetection.schedules[i].cron: …`.
-/// Empty: drift detection is off.
+/// The Stack's schedules, or the first that does not parse as `spec.driftDetection.schedules[i].cron: …`. Empty: drift
+/// detection is off.
 pub fn schedules(stack: &Stack) -> Result<Vec<Schedule>, String> {
     let list = stack.spec.drift_detection.as_ref().and_then(|d| d.schedules.clone()).unwrap_or_default();
     list.iter()
@@ -62,8 +60,8 @@ fn from_chrono(t: chrono::DateTime<chrono::Utc>) -> Option<Timestamp> {
     Timestamp::new(t.timestamp(), t.timestamp_subsec_nanos() as i32).ok()
 }
 
-/// The first tick of any schedule strictly after `after`, and whether a schedule ticking then
-/// remediates. None: no schedule ticks again.
+/// The first tick of any schedule strictly after `after`, and whether a schedule ticking then remediates. None: no
+/// schedule ticks again.
 pub fn next_tick(schedules: &[Schedule], after: Timestamp) -> Option<(Timestamp, bool)> {
     let after = to_chrono(after)?;
     let ticks: Vec<(Timestamp, bool)> = schedules
@@ -92,14 +90,14 @@ pub enum Due {
     At(Timestamp),
 }
 
-/// The shortest time between two drift checks of one Stack by default (`--min-drift-check-interval-
-/// seconds`; PKO's resync floor): a schedule that ticks more often (`* * * * * *`) is checked at this
-/// pace, so it cannot hold an agent and the fleet's drift slot back to back.
+/// The shortest time between two drift checks of one Stack by default (`--min-drift-check-interval- seconds`; PKO's
+/// resync floor): a schedule that ticks more often (`* * * * * *`) is checked at this pace, so it cannot hold an agent
+/// and the fleet's drift slot back to back.
 pub const MIN_CHECK_INTERVAL: std::time::Duration = crate::context::DEFAULT_DRIFT_MIN_INTERVAL;
 
-/// When the next check of `stack` (with status `status`) is due, at `now`, at least `min_interval`
-/// after the last check. Ticks count from the last check, else from the last update, else from the
-/// Stack's creation: ticks missed while the operator was down give one check, not one per tick.
+/// When the next check of `stack` (with status `status`) is due, at `now`, at least `min_interval` after the last
+/// check. Ticks count from the last check, else from the last update, else from the Stack's creation: ticks missed
+/// while the operator was down give one check, not one per tick.
 pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: std::time::Duration) -> Due {
     let schedules = match schedules(stack) {
         Ok(s) if s.is_empty() => return Due::Off,
@@ -129,9 +127,9 @@ pub fn due(stack: &Stack, status: &StackStatus, now: Timestamp, min_interval: st
 pub const DEFERRED_NOTE: &str = "a check is due and waits for a drift-check slot: the fleet runs its maximum at once \
     (--max-concurrent-drift-checks)";
 
-/// The `DriftDetected` condition `(status, reason, message)` while a due check waits for a slot, given
-/// the current one (`None`: no check ran yet): its status and reason kept, [`DEFERRED_NOTE`] added to
-/// its message once; `None` when it says so already. Pure.
+/// The `DriftDetected` condition `(status, reason, message)` while a due check waits for a slot, given the current one
+/// (`None`: no check ran yet): its status and reason kept, [`DEFERRED_NOTE`] added to its message once; `None` when it
+/// says so already. Pure.
 pub fn deferred(current: Option<(&str, &str, &str)>) -> Option<(String, String, String)> {
     match current {
         Some((_, _, message)) if message.contains(DEFERRED_NOTE) => None,
@@ -141,8 +139,8 @@ pub fn deferred(current: Option<(&str, &str, &str)>) -> Option<(String, String, 
     }
 }
 
-/// Names every schedule that ticks more often than every `min_interval` (two consecutive ticks after
-/// `now` closer than that): checks of such a schedule are spaced by `min_interval`. `None`: none does.
+/// Names every schedule that ticks more often than every `min_interval` (two consecutive ticks after `now` closer than
+/// that): checks of such a schedule are spaced by `min_interval`. `None`: none does.
 pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duration) -> Option<String> {
     let list = stack.spec.drift_detection.as_ref().and_then(|d| d.schedules.clone()).unwrap_or_default();
     let fast: Vec<String> = list
@@ -166,8 +164,8 @@ pub fn tightened(stack: &Stack, now: Timestamp, min_interval: std::time::Duratio
     })
 }
 
-/// Name of the check's Update for `tick`: `<stack>-drift-<8 hex>` (deterministic: a pass that ends
-/// after creating it follows the same Update next time).
+/// Name of the check's Update for `tick`: `<stack>-drift-<8 hex>` (deterministic: a pass that ends after creating it
+/// follows the same Update next time).
 pub fn check_name(stack: &str, tick: Timestamp) -> String {
     format!("{stack}-drift-{}", pko_api::hash::sha256_hex(format!("{stack}\n{}", tick.as_second()), 4))
 }
@@ -193,8 +191,8 @@ pub struct Outcome {
 /// Resources a `DriftDetected` message lists by URN.
 pub const LISTED: usize = 10;
 
-/// What the finished drift check `update` found. Drift is any step that is not `same` (the change
-/// summary counts what the listed resources leave out).
+/// What the finished drift check `update` found. Drift is any step that is not `same` (the change summary counts what
+/// the listed resources leave out).
 pub fn outcome(update: &Update) -> Outcome {
     let st = update.status.clone().unwrap_or_default();
     if !update.succeeded() {
@@ -238,8 +236,8 @@ pub fn outcome(update: &Update) -> Outcome {
     }
 }
 
-/// Whether drift found by an `autoRemediate` schedule is still to be remediated: `DriftDetected` is
-/// True and the last check's schedule remediates. An `up` built meanwhile refreshes first.
+/// Whether drift found by an `autoRemediate` schedule is still to be remediated: `DriftDetected` is True and the last
+/// check's schedule remediates. An `up` built meanwhile refreshes first.
 pub fn remediating(status: &StackStatus) -> bool {
     drift_condition(status) == Some("True")
         && status.drift_detection.as_ref().and_then(|d| d.auto_remediate) == Some(true)
@@ -264,8 +262,8 @@ pub enum Remediation {
     Done(String),
 }
 
-/// Whether the drift the last check found is to be remediated (no update since the check), or was
-/// (an `up` succeeded after it).
+/// Whether the drift the last check found is to be remediated (no update since the check), or was (an `up` succeeded
+/// after it).
 pub fn remediation(status: &StackStatus) -> Remediation {
     if !remediating(status) {
         return Remediation::None;

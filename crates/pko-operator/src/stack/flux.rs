@@ -1,12 +1,11 @@
-//! Watches on the Flux sources Stacks refer to (PKO `stack_controller.go`: a watch is added for each
-//! source kind the first time a Stack's `spec.fluxSource.sourceRef` names it, filtered by Flux's
-//! `SourceRevisionChangePredicate`). A new artifact revision of a `GitRepository`, `OCIRepository`,
-//! `Bucket` or any other Flux source kind reconciles the Stacks that refer to it, whose plan then sees
-//! a new commit (the artifact revision) and runs an Update.
+//! Watches on the Flux sources Stacks refer to (PKO `stack_controller.go`: a watch is added for each source kind the
+//! first time a Stack's `spec.fluxSource.sourceRef` names it, filtered by Flux's `SourceRevisionChangePredicate`). A
+//! new artifact revision of a `GitRepository`, `OCIRepository`, `Bucket` or any other Flux source kind reconciles the
+//! Stacks that refer to it, whose plan then sees a new commit (the artifact revision) and runs an Update.
 //!
-//! The watches are made lazily, per kind and per namespace of the operator's watch scope, so an
-//! install without Flux watches nothing and needs no Flux RBAC until a Stack names a Flux source; a
-//! kind whose CRD is missing is retried with kube's default backoff and logged.
+//! The watches are made lazily, per kind and per namespace of the operator's watch scope, so an install without Flux
+//! watches nothing and needs no Flux RBAC until a Stack names a Flux source; a kind whose CRD is missing is retried
+//! with kube's default backoff and logged.
 
 use std::collections::{HashMap, HashSet};
 
@@ -48,8 +47,8 @@ pub fn source_kind(stack: &Stack) -> Option<SourceKind> {
     Some(SourceKind::of(&stack.spec.flux_source.as_ref()?.source_ref))
 }
 
-/// The Stacks among `stacks` that refer to the source `ns`/`name` of `kind` (a Flux source is
-/// referred to from its own namespace only). Pure.
+/// The Stacks among `stacks` that refer to the source `ns`/`name` of `kind` (a Flux source is referred to from its own
+/// namespace only). Pure.
 pub fn referring<'a>(
     stacks: impl IntoIterator<Item = &'a Stack>,
     kind: &SourceKind,
@@ -69,21 +68,19 @@ pub fn referring<'a>(
         .collect()
 }
 
-/// The artifact revision of a Flux source object (`status.artifact.revision`), if it has an artifact.
-/// Pure.
+/// The artifact revision of a Flux source object (`status.artifact.revision`), if it has an artifact. Pure.
 pub fn revision(obj: &DynamicObject) -> Option<String> {
     obj.data.get("status")?.get("artifact")?.get("revision")?.as_str().map(str::to_string)
 }
 
-/// The artifact revision last seen of every watched source, keyed by kind, namespace and name; says
-/// which events are revision changes (Flux's `SourceRevisionChangePredicate`: an object seen for the
-/// first time passes, as a create event does; later, only a changed revision).
+/// The artifact revision last seen of every watched source, keyed by kind, namespace and name; says which events are
+/// revision changes (Flux's `SourceRevisionChangePredicate`: an object seen for the first time passes, as a create
+/// event does; later, only a changed revision).
 #[derive(Debug, Default)]
 pub struct Revisions(HashMap<(SourceKind, String, String), Option<String>>);
 
 impl Revisions {
-    /// Records `revision` of `ns`/`name` of `kind`; true when it is new or differs from the last
-    /// seen. Pure.
+    /// Records `revision` of `ns`/`name` of `kind`; true when it is new or differs from the last seen. Pure.
     pub fn changed(&mut self, kind: &SourceKind, ns: &str, name: &str, revision: Option<String>) -> bool {
         match self.0.insert((kind.clone(), ns.to_string(), name.to_string()), revision.clone()) {
             None => true,
@@ -115,10 +112,9 @@ fn watches(
         .collect()
 }
 
-/// Runs until `stacks` ends: adds a watch for every Flux source kind a Stack of `stacks` (the Stack
-/// informer's changes) names, and sends to `reconcile` the Stacks of `store` that refer to a source
-/// whose artifact revision changed. Watch errors (for instance a Flux CRD not installed) are logged
-/// and retried with backoff.
+/// Runs until `stacks` ends: adds a watch for every Flux source kind a Stack of `stacks` (the Stack informer's changes)
+/// names, and sends to `reconcile` the Stacks of `store` that refer to a source whose artifact revision changed. Watch
+/// errors (for instance a Flux CRD not installed) are logged and retried with backoff.
 pub async fn run(
     client: kube::Client,
     scope: WatchScope,

@@ -1,6 +1,6 @@
-//! The API reads and writes of a Stack pass besides source resolution ([`super::source`]) and the
-//! finalizer ([`super::finalizer`]): the status write, the Workspace reclaim, the in-flight Update
-//! lookup (from the informer cache) and the namespace lookup, with the pure predicates they use.
+//! The API reads and writes of a Stack pass besides source resolution ([`super::source`]) and the finalizer
+//! ([`super::finalizer`]): the status write, the Workspace reclaim, the in-flight Update lookup (from the informer
+//! cache) and the namespace lookup, with the pure predicates they use.
 
 use kube::ResourceExt;
 use kube::api::Api;
@@ -12,8 +12,8 @@ use pko_api::{Stack, Update, Workspace};
 use crate::context::Context;
 use crate::k8s::{self, Severity};
 
-/// Writes the Stack's status, pinned to `resource_version` when given (409 when the Stack is no
-/// longer at it); returns the `resourceVersion` it gave the Stack.
+/// Writes the Stack's status, pinned to `resource_version` when given (409 when the Stack is no longer at it); returns
+/// the `resourceVersion` it gave the Stack.
 pub(super) async fn write_status(
     api: &Api<Stack>,
     name: &str,
@@ -23,8 +23,8 @@ pub(super) async fn write_status(
     k8s::apply_status_versioned(api, name, field_manager::STACK_STATUS, st, resource_version).await
 }
 
-/// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go
-/// until the next sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
+/// `workspaceReclaimPolicy: Delete` and the last update succeeded: the Workspace (and its agent) can go until the next
+/// sync recreates it (PKO §2.7; a failed Stack keeps its Workspace for debugging, #826).
 pub(super) fn ready_and_reclaimable(stack: &Stack, st: &StackStatus) -> bool {
     stack.spec.workspace_reclaim_policy == Some(pko_api::stack::WorkspaceReclaimPolicy::Delete)
         && st.current_update.is_none()
@@ -52,15 +52,15 @@ pub(super) async fn reclaim_workspace(ctx: &Context, stack: &Stack) -> Result<()
     Ok(())
 }
 
-/// The name of an Update of Stack `ns/name` not complete yet, from the Update informer's cache `updates`
-/// (`None`: there is none): the second guard of one Update per Stack after `currentUpdate`, for an Update
-/// another replica created before a shard move. From the cache, never a LIST (O(N²) per namespace).
+/// The name of an Update of Stack `ns/name` not complete yet, from the Update informer's cache `updates` (`None`: there
+/// is none): the second guard of one Update per Stack after `currentUpdate`, for an Update another replica created
+/// before a shard move. From the cache, never a LIST (O(N²) per namespace).
 pub(super) fn in_flight_update(updates: &Store<Update>, ns: &str, name: &str) -> Option<String> {
     updates.find(|u| in_flight_for(u, ns, name)).map(|u| u.name_any())
 }
 
-/// Whether `u` is an Update of Stack `ns/name` (its namespace and [`STACK_NAME_LABEL`]) that is neither
-/// complete nor being deleted. Pure.
+/// Whether `u` is an Update of Stack `ns/name` (its namespace and [`STACK_NAME_LABEL`]) that is neither complete nor
+/// being deleted. Pure.
 pub(super) fn in_flight_for(u: &Update, ns: &str, name: &str) -> bool {
     u.metadata.namespace.as_deref() == Some(ns)
         && u.metadata.labels.as_ref().and_then(|l| l.get(STACK_NAME_LABEL)).is_some_and(|n| n == name)
@@ -139,10 +139,10 @@ mod tests {
     }
 }
 
-/// What the API server says about the hosts of `holders` for an unlock request of a Stack in `ns`
-/// whose Workspace is `workspace` ([`super::unlock::Facts`]): per distinct host other than this one, a
-/// Pod GET in the Stack's namespace and in the operator's, and the fleet's membership Lease of a
-/// replica of that id. A handful of reads, only when a user asks for an unlock.
+/// What the API server says about the hosts of `holders` for an unlock request of a Stack in `ns` whose Workspace is
+/// `workspace` ([`super::unlock::Facts`]): per distinct host other than this one, a Pod GET in the Stack's namespace
+/// and in the operator's, and the fleet's membership Lease of a replica of that id. A handful of reads, only when a
+/// user asks for an unlock.
 pub(super) async fn unlock_facts(
     ctx: &Context,
     ns: &str,

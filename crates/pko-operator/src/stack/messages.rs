@@ -1,5 +1,5 @@
-//! The texts a Stack's conditions and events carry, and the pure rules about them (PKO's words where
-//! PKO has them): waiting for a Workspace, a terminating namespace, a lock conflict, a refused template.
+//! The texts a Stack's conditions and events carry, and the pure rules about them (PKO's words where PKO has them):
+//! waiting for a Workspace, a terminating namespace, a lock conflict, a refused template.
 
 use pko_api::Workspace;
 use pko_api::constants::stack_condition as sc;
@@ -19,8 +19,8 @@ pub(super) fn namespace_terminating_message(ns: &str, name: &str) -> String {
     )
 }
 
-/// PKO's "waiting for workspace readiness", followed by why the Workspace is not Ready when it says
-/// (e.g. `: ConnectionFailed: serviceaccounts "deployer" not found`), so a Stack never waits silently.
+/// PKO's "waiting for workspace readiness", followed by why the Workspace is not Ready when it says (e.g. `:
+/// ConnectionFailed: serviceaccounts "deployer" not found`), so a Stack never waits silently.
 pub(super) fn workspace_wait_message(ws: &Workspace) -> String {
     match ws.not_ready_reason() {
         Some(c) => format!("{}: {}: {}", sc::WAITING_FOR_WORKSPACE_MESSAGE, c.reason, c.message),
@@ -28,10 +28,9 @@ pub(super) fn workspace_wait_message(ws: &Workspace) -> String {
     }
 }
 
-/// The Stack's `Stalled` reason and PKO's message (`<reason>: <message>`) while `ws` is Stalled at its
-/// current generation: `PulumiVersionTooLow` for a CLI too old for the spec, else `WorkspaceFailed`
-/// (PKO's). A stall of an earlier generation is the Workspace controller's to clear: none
-/// ([`Workspace::stalled`]). Pure.
+/// The Stack's `Stalled` reason and PKO's message (`<reason>: <message>`) while `ws` is Stalled at its current
+/// generation: `PulumiVersionTooLow` for a CLI too old for the spec, else `WorkspaceFailed` (PKO's). A stall of an
+/// earlier generation is the Workspace controller's to clear: none ([`Workspace::stalled`]). Pure.
 pub(super) fn workspace_stall(ws: &Workspace) -> Option<(&'static str, String)> {
     use pko_api::constants::workspace_condition as wc;
     let c = ws.stalled()?;
@@ -40,8 +39,8 @@ pub(super) fn workspace_stall(ws: &Workspace) -> Option<(&'static str, String)> 
     Some((reason, format!("{}: {}", c.reason, c.message)))
 }
 
-/// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next
-/// (a retry after the cooldown, or the stall once the retry limit is reached).
+/// Text of the `StackUpdateConflictDetected` event: the lock holder's message and what happens next (a retry after the
+/// cooldown, or the stall once the retry limit is reached).
 pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::RetryPolicy) -> String {
     let failures = last.and_then(|l| l.failures).unwrap_or(0);
     let cause = last.and_then(|l| l.message.clone()).unwrap_or_default();
@@ -57,14 +56,13 @@ pub(super) fn conflict_message(last: Option<&StackUpdateState>, policy: &plan::R
 }
 
 /// A request annotation `asked` (the Stack's `pulumi.com/cancel-request` or `pulumi.com/unlock-request`) when it is
-/// new: set, not empty
-/// and not the value last seen (`observed`). A value is acted on once. Pure.
+/// new: set, not empty and not the value last seen (`observed`). A value is acted on once. Pure.
 pub(super) fn new_request<'a>(asked: Option<&'a str>, observed: Option<&str>) -> Option<&'a str> {
     asked.filter(|a| !a.is_empty() && Some(*a) != observed)
 }
 
-/// Start of the `SpecInvalid` message when the API server refused the generated Workspace.
-/// Why an Update runs after an accepted unlock request (its `message`).
+/// Start of the `SpecInvalid` message when the API server refused the generated Workspace. Why an Update runs after an
+/// accepted unlock request (its `message`).
 pub(super) const UNLOCK_REASON: &str =
     "unlock requested (pulumi.com/unlock-request): releasing backend locks whose holders are known dead";
 
@@ -73,8 +71,8 @@ pub(super) const REFUSED_WORKSPACE: &str = "spec.workspaceTemplate: the API serv
 /// Start of the `SpecInvalid` message when the API server refused the generated Update.
 pub(super) const REFUSED_UPDATE: &str = "spec.updateTemplate: the API server refused the Update";
 
-/// Whether API error `e` on a generated object is a refusal of its content (HTTP 400 or 422: the
-/// templates made it invalid), and the condition message: `<what>: <API message>`.
+/// Whether API error `e` on a generated object is a refusal of its content (HTTP 400 or 422: the templates made it
+/// invalid), and the condition message: `<what>: <API message>`.
 pub(super) fn refusal(what: &str, e: &kube::Error) -> (bool, String) {
     match e {
         kube::Error::Api(s) if s.code == 400 || s.code == 422 => (true, format!("{what}: {}", s.message)),

@@ -1,6 +1,6 @@
-//! Whether a Stack is in sync, and what to do about it (PKO `isSynced`, the retry cooldown and the requeue
-//! computation, `stack_controller.go` §3.2 step 7 and §3.3 of the inventory). Pure: the caller passes the
-//! current source revision and the time.
+//! Whether a Stack is in sync, and what to do about it (PKO `isSynced`, the retry cooldown and the requeue computation,
+//! `stack_controller.go` §3.2 step 7 and §3.3 of the inventory). Pure: the caller passes the current source revision
+//! and the time.
 
 use std::time::Duration;
 
@@ -49,23 +49,21 @@ impl RetryPolicy {
         }
     }
 
-    /// The wait after `failures` failed attempts (0 on the first failure): base × factor^failures,
-    /// capped. Pure.
+    /// The wait after `failures` failed attempts (0 on the first failure): base × factor^failures, capped. Pure.
     pub fn cooldown(&self, failures: i64) -> Duration {
         let secs = self.base.as_secs_f64() * self.factor.powi(failures.clamp(0, 1_000) as i32);
         if !secs.is_finite() || secs >= self.cap.as_secs_f64() { self.cap } else { Duration::from_secs_f64(secs) }
     }
 
-    /// Whether `failures` failed attempts of an update of `kind` stall the Stack: at [`Self::max_failures`],
-    /// one more for a preview (PKO #1294: a preview may fail once without stalling). Pure.
+    /// Whether `failures` failed attempts of an update of `kind` stall the Stack: at [`Self::max_failures`], one more
+    /// for a preview (PKO #1294: a preview may fail once without stalling). Pure.
     pub fn stalls(&self, failures: i64, kind: Option<&UpdateType>) -> bool {
         let extra = i64::from(kind == Some(&UpdateType::Preview));
         failures >= self.max_failures + extra
     }
 }
 
-/// The condition message of a Stack whose update was canceled on `request` (`Stalled`
-/// `UpdateCanceled`). Pure.
+/// The condition message of a Stack whose update was canceled on `request` (`Stalled` `UpdateCanceled`). Pure.
 pub fn canceled_message(request: &str) -> String {
     format!(
         "update canceled by request {request:?} (pulumi.com/cancel-request); not retrying until the spec or source \
@@ -78,8 +76,8 @@ pub fn resync_period(stack: &Stack) -> Duration {
     Duration::from_secs(stack.spec.resync_frequency_seconds.unwrap_or(0).max(MIN_RESYNC_FREQUENCY_SECONDS) as u64)
 }
 
-/// `s` quoted as Go's `%q` prints it (PKO's sync texts quote commits and requests; they end up in
-/// Pulumi's update history): double quotes, with `"`, `\\` and control characters escaped. Pure.
+/// `s` quoted as Go's `%q` prints it (PKO's sync texts quote commits and requests; they end up in Pulumi's update
+/// history): double quotes, with `"`, `\\` and control characters escaped. Pure.
 pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -131,17 +129,17 @@ pub enum Conditions {
     Stalled(&'static str, String),
 }
 
-/// Decides whether `stack` is in sync with the source at `commit` (the resolved revision: commit SHA,
-/// artifact revision or Program generation) at time `now`. `branch_tracking` adds the poll period to the
-/// requeue. `deleting`: the Stack is being finalized and needs a destroy.
+/// Decides whether `stack` is in sync with the source at `commit` (the resolved revision: commit SHA, artifact revision
+/// or Program generation) at time `now`. `branch_tracking` adds the poll period to the requeue. `deleting`: the Stack
+/// is being finalized and needs a destroy.
 pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool, deleting: bool) -> Sync {
     decide_with_workspace(stack, commit, now, branch_tracking, deleting, None)
 }
 
-/// [`decide`], knowing whether the Stack's Workspace is Stalled (`workspace_stall`: its reason and
-/// message). A failed update whose Workspace stalled is not retried (PKO): the Stack is Stalled
-/// `WorkspaceFailed` — `PulumiVersionTooLow` for `IncompatibleConfiguration` — with `"<reason>:
-/// <message>"`, until the spec, the source or the sync request changes.
+/// [`decide`], knowing whether the Stack's Workspace is Stalled (`workspace_stall`: its reason and message). A failed
+/// update whose Workspace stalled is not retried (PKO): the Stack is Stalled `WorkspaceFailed` — `PulumiVersionTooLow`
+/// for `IncompatibleConfiguration` — with `"<reason>: <message>"`, until the spec, the source or the sync request
+/// changes.
 pub fn decide_with_workspace(
     stack: &Stack,
     commit: &str,
@@ -205,8 +203,8 @@ struct Seen<'a> {
 }
 
 impl Seen<'_> {
-    /// After a successful update: a new commit, or a resync due (`continueResyncOnCommitMatch`, every
-    /// `period`), needs an update (`Err`); else Ready, looked at again when the resync is due.
+    /// After a successful update: a new commit, or a resync due (`continueResyncOnCommitMatch`, every `period`), needs
+    /// an update (`Err`); else Ready, looked at again when the resync is due.
     fn after_success(&self, period: Duration, requeue: &mut Vec<Duration>) -> Result<Conditions, Sync> {
         if !self.deleting && self.last.last_successful_commit.as_deref() != Some(self.commit) {
             return Err(Sync::NeedsUpdate { reason: format!("New commit detected: {}", go_quote(self.commit)) });
@@ -220,9 +218,9 @@ impl Seen<'_> {
         Ok(Conditions::Ready)
     }
 
-    /// After a failed update: a new commit, or the backoff elapsed, needs an update (`Err`); a cancel
-    /// request, a stalled Workspace or the retry budget spent stall the Stack; else it is Reconciling,
-    /// looked at again when the backoff ends.
+    /// After a failed update: a new commit, or the backoff elapsed, needs an update (`Err`); a cancel request, a
+    /// stalled Workspace or the retry budget spent stall the Stack; else it is Reconciling, looked at again when the
+    /// backoff ends.
     fn after_failure(
         &self,
         workspace_stall: Option<(&str, &str)>,
@@ -265,8 +263,8 @@ impl Seen<'_> {
 /// Longest part of the last failure's message a Stack condition repeats, in bytes.
 pub const LAST_ERROR_BYTES: usize = 300;
 
-/// PKO's condition `text`, then the first line of the last failure's `message` (at most
-/// [`LAST_ERROR_BYTES`]): what failed is on the Stack itself, not only in `status.lastUpdate`. Pure.
+/// PKO's condition `text`, then the first line of the last failure's `message` (at most [`LAST_ERROR_BYTES`]): what
+/// failed is on the Stack itself, not only in `status.lastUpdate`. Pure.
 pub fn with_last_error(text: String, message: Option<&str>) -> String {
     let Some(line) = message.and_then(|m| m.lines().map(str::trim).find(|l| !l.is_empty())) else { return text };
     let mut end = line.len().min(LAST_ERROR_BYTES);

@@ -1,10 +1,9 @@
-//! Prerequisite Stacks (PKO `spec.prerequisites`, `stack_controller.go` step 8 of the inventory): before
-//! an update runs, every named Stack of the namespace must exist, be in sync with its own spec (its
-//! `lastUpdate` is for its current generation and reconcile request), have succeeded, and — when
-//! `requirement.succeededWithinDuration` is set — have succeeded within that duration. A stale
-//! prerequisite gets the annotation `pulumi.com/reconciliation-request: after-<its lastUpdate name>` so
-//! that it runs again; the dependent waits (Reconciling `PrerequisiteNotSatisfied`) and is woken when a
-//! prerequisite changes. Pure: the caller fetches the Stacks and passes the time.
+//! Prerequisite Stacks (PKO `spec.prerequisites`, `stack_controller.go` step 8 of the inventory): before an update
+//! runs, every named Stack of the namespace must exist, be in sync with its own spec (its `lastUpdate` is for its
+//! current generation and reconcile request), have succeeded, and — when `requirement.succeededWithinDuration` is set —
+//! have succeeded within that duration. A stale prerequisite gets the annotation `pulumi.com/reconciliation-request:
+//! after-<its lastUpdate name>` so that it runs again; the dependent waits (Reconciling `PrerequisiteNotSatisfied`) and
+//! is woken when a prerequisite changes. Pure: the caller fetches the Stacks and passes the time.
 
 use std::collections::BTreeMap;
 
@@ -29,8 +28,8 @@ pub enum Verdict {
     },
 }
 
-/// Checks `prerequisites` against the Stacks found in the namespace (`found`, by name; a missing name
-/// is a missing Stack) at time `now`.
+/// Checks `prerequisites` against the Stacks found in the namespace (`found`, by name; a missing name is a missing
+/// Stack) at time `now`.
 pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>, now: Timestamp) -> Verdict {
     let mut failed: Vec<(String, String)> = Vec::new();
     let mut resync = Vec::new();
@@ -103,9 +102,9 @@ pub fn check(prerequisites: &[PrerequisiteRef], found: &BTreeMap<String, Stack>,
     Verdict::NotSatisfied { message, resync }
 }
 
-/// Whether `stack` is in `namespace` and names `prerequisite` among its prerequisites: a dependent to
-/// look at again when that Stack changes (tested on each Stack of the cache in place, never a copy of
-/// it: the watch runs for every Stack event).
+/// Whether `stack` is in `namespace` and names `prerequisite` among its prerequisites: a dependent to look at again
+/// when that Stack changes (tested on each Stack of the cache in place, never a copy of it: the watch runs for every
+/// Stack event).
 pub fn depends_on(stack: &Stack, namespace: &str, prerequisite: &str) -> bool {
     stack.metadata.namespace.as_deref() == Some(namespace)
         && stack.spec.prerequisites.iter().flatten().any(|p| p.name == prerequisite)

@@ -1,7 +1,7 @@
-//! The source model of a Stack ([`ResolvedSource`], its git credentials as Secret references
-//! [`git_auth`]) and its resolution for a pass (PKO `stack_controller.go`): a Program's artifact, a git
-//! branch resolved with `ls-remote` and the Stack's credentials (Secrets, SSH keys, GitHub App), a Flux
-//! source's `status.artifact`, or the Workspace template's own source; or why the Stack stalls.
+//! The source model of a Stack ([`ResolvedSource`], its git credentials as Secret references [`git_auth`]) and its
+//! resolution for a pass (PKO `stack_controller.go`): a Program's artifact, a git branch resolved with `ls-remote` and
+//! the Stack's credentials (Secrets, SSH keys, GitHub App), a Flux source's `status.artifact`, or the Workspace
+//! template's own source; or why the Stack stalls.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -42,10 +42,9 @@ pub enum ResolvedSource {
     },
     /// No source: destroy from state with a synthesised project.
     ProjectInfo(ProjectInfo),
-    /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a
-    /// program baked into the image — PKO's `examples/custom-source`), or none at all (PKO's
-    /// source-less Workspace, whose pod's init container puts the program in `/share/workspace`); its
-    /// revision is empty, as PKO's commit is for a Stack without a source.
+    /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a program baked into the
+    /// image — PKO's `examples/custom-source`), or none at all (PKO's source-less Workspace, whose pod's init container
+    /// puts the program in `/share/workspace`); its revision is empty, as PKO's commit is for a Stack without a source.
     Template,
 }
 
@@ -69,11 +68,10 @@ fn secret_selector(r: &ResourceRef) -> Option<SecretKeySelector> {
     r.secret.as_ref().map(|s| secret_key(&s.name, &s.key))
 }
 
-/// Git credentials of a Stack as Secret key references (the Workspace's `git.auth`): from `gitAuth`, or
-/// else from the deprecated `gitAuthSecret`, whose Secret holds the keys `auth_secret_keys` (PKO's
-/// precedence: `sshPrivateKey` (+ `password`) > `accessToken` > `username` + `password`). `None`: no
-/// credentials. `gitAuth.githubApp` is carried as Secret references too; the operator exchanges it for
-/// an installation token for each operation (`update::values`).
+/// Git credentials of a Stack as Secret key references (the Workspace's `git.auth`): from `gitAuth`, or else from the
+/// deprecated `gitAuthSecret`, whose Secret holds the keys `auth_secret_keys` (PKO's precedence: `sshPrivateKey` (+
+/// `password`) > `accessToken` > `username` + `password`). `None`: no credentials. `gitAuth.githubApp` is carried as
+/// Secret references too; the operator exchanges it for an installation token for each operation (`update::values`).
 pub fn git_auth(spec: &StackSpec, auth_secret_keys: Option<&std::collections::BTreeSet<String>>) -> Option<GitAuth> {
     if let Some(a) = &spec.git_auth {
         return Some(GitAuth {
@@ -114,8 +112,8 @@ pub(super) enum Resolved {
     Stalled(&'static str, String),
 }
 
-/// Why the Stack's git credentials could not be had: the API failed (the reconcile is retried), or the
-/// spec names a Secret or key that is not there (the Stack is Stalled `SpecInvalid` with this text).
+/// Why the Stack's git credentials could not be had: the API failed (the reconcile is retried), or the spec names a
+/// Secret or key that is not there (the Stack is Stalled `SpecInvalid` with this text).
 enum CredentialError {
     Kube(kube::Error),
     Invalid(String),
@@ -129,8 +127,8 @@ impl From<kube::Error> for CredentialError {
     }
 }
 
-/// The Stack's git credentials as Secret key references ([`git_auth`]), reading which keys the
-/// deprecated `gitAuthSecret` holds.
+/// The Stack's git credentials as Secret key references ([`git_auth`]), reading which keys the deprecated
+/// `gitAuthSecret` holds.
 async fn git_auth_refs(
     ctx: &Context,
     ns: &str,
@@ -152,8 +150,8 @@ async fn git_auth_refs(
     Ok(git_auth(spec, keys.as_ref()))
 }
 
-/// The value of the Secret key `sel` (none: no selector), from `secrets` (the Secrets of the Stack's
-/// namespace read so far, by name; a Secret is read once).
+/// The value of the Secret key `sel` (none: no selector), from `secrets` (the Secrets of the Stack's namespace read so
+/// far, by name; a Secret is read once).
 async fn secret_value(
     api: &Api<Secret>,
     secrets: &mut std::collections::BTreeMap<String, Option<Secret>>,
@@ -208,8 +206,8 @@ async fn check_credentials(
     Ok(())
 }
 
-/// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves
-/// git auth in the operator too).
+/// The values behind `auth`, read with the operator's identity for its own `ls-remote` (PKO resolves git auth in the
+/// operator too).
 async fn git_credentials(
     ctx: &Context,
     ns: &str,
@@ -241,8 +239,8 @@ async fn git_credentials(
     })
 }
 
-/// What is wrong with the commit and branch of a Stack with `projectRepo`, in PKO's words
-/// (`git.go` `NewGitSource`): neither set, or both. Pure.
+/// What is wrong with the commit and branch of a Stack with `projectRepo`, in PKO's words (`git.go` `NewGitSource`):
+/// neither set, or both. Pure.
 fn git_ref_error(spec: &pko_api::StackSpec) -> Option<&'static str> {
     let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
     match (set(&spec.commit), set(&spec.branch)) {
@@ -252,8 +250,8 @@ fn git_ref_error(spec: &pko_api::StackSpec) -> Option<&'static str> {
     }
 }
 
-/// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with
-/// `ls-remote` and the Stack's credentials) and the credentials for the Workspace.
+/// The git source of a Stack with `projectRepo`: the commit (given, or its branch resolved with `ls-remote` and the
+/// Stack's credentials) and the credentials for the Workspace.
 async fn resolve_git(
     ctx: &Context,
     ns: &str,
@@ -288,9 +286,9 @@ async fn resolve_git(
     })
 }
 
-/// Whether `spec` has a git source: any of PKO's inlined `GitSource` fields is set (`projectRepo`,
-/// `gitAuthSecret`, `gitAuth`, `repoDir`, `commit`, `branch`, `shallow`) — Go allocates the embedded
-/// struct when any of them is in the object, and PKO then takes the Stack for a git Stack. Pure.
+/// Whether `spec` has a git source: any of PKO's inlined `GitSource` fields is set (`projectRepo`, `gitAuthSecret`,
+/// `gitAuth`, `repoDir`, `commit`, `branch`, `shallow`) — Go allocates the embedded struct when any of them is in the
+/// object, and PKO then takes the Stack for a git Stack. Pure.
 pub fn git_source_given(spec: &StackSpec) -> bool {
     spec.project_repo.is_some()
         || spec.git_auth_secret.is_some()
@@ -301,10 +299,10 @@ pub fn git_source_given(spec: &StackSpec) -> bool {
         || spec.shallow.is_some()
 }
 
-/// The source of `stack` at a revision (git resolved with `ls-remote`, a Flux artifact, a Program's
-/// artifact), or why it stalls. A Program is read from the Program informer's cache `programs` when
-/// it is there with an artifact (a newer artifact wakes the Stack again through the Program's watch);
-/// otherwise, as at a start before that cache has listed, from the API server.
+/// The source of `stack` at a revision (git resolved with `ls-remote`, a Flux artifact, a Program's artifact), or why
+/// it stalls. A Program is read from the Program informer's cache `programs` when it is there with an artifact (a newer
+/// artifact wakes the Stack again through the Program's watch); otherwise, as at a start before that cache has listed,
+/// from the API server.
 ///
 /// Errors: an API read failed.
 pub(super) async fn resolve(
@@ -380,10 +378,10 @@ pub(super) async fn resolve(
     })
 }
 
-/// The source of a Stack from the `status.artifact` of its Flux source `kind`/`name` (none: the source
-/// has no artifact yet → Stalled `SourceUnavailable`, as PKO's "Flux source has no artifact"). An
-/// artifact without `digest` stalls too, saying so: this operator verifies every download (PKO fetches
-/// such an artifact unverified; source-controller has written a digest since Flux 2.0). Pure.
+/// The source of a Stack from the `status.artifact` of its Flux source `kind`/`name` (none: the source has no artifact
+/// yet → Stalled `SourceUnavailable`, as PKO's "Flux source has no artifact"). An artifact without `digest` stalls too,
+/// saying so: this operator verifies every download (PKO fetches such an artifact unverified; source-controller has
+/// written a digest since Flux 2.0). Pure.
 fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, dir: Option<String>) -> Resolved {
     let field = |a: &serde_json::Value, k: &str| {
         a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string)

@@ -1,8 +1,7 @@
-//! Stacks that do not decode ([`crate::informer::lenient`]): a value PKO's schema admits that the
-//! Stack's type cannot hold (an `int32` field out of range, say). Such a Stack is in no cache and
-//! reaches no reconcile; this reporter marks it Stalled `SpecInvalid` with the field and why, with a
-//! Warning `StackConfigInvalid`, once per version and only on the replica holding its shard. Nothing
-//! else of the Stack is touched: a fixed spec is reconciled as any other.
+//! Stacks that do not decode ([`crate::informer::lenient`]): a value PKO's schema admits that the Stack's type cannot
+//! hold (an `int32` field out of range, say). Such a Stack is in no cache and reaches no reconcile; this reporter marks
+//! it Stalled `SpecInvalid` with the field and why, with a Warning `StackConfigInvalid`, once per version and only on
+//! the replica holding its shard. Nothing else of the Stack is touched: a fixed spec is reconciled as any other.
 
 use std::sync::Arc;
 
@@ -35,9 +34,9 @@ pub fn stalled_conditions(u: &Undecodable) -> Option<Vec<Condition>> {
     Some(c)
 }
 
-/// The status to write on `u`: as stored, with `conditions` and the generation they were judged at.
-/// Written whole, by server-side apply under the Stack status's field manager, so the first reconcile
-/// of the mended Stack, which applies its status under that manager, replaces the stall. Pure.
+/// The status to write on `u`: as stored, with `conditions` and the generation they were judged at. Written whole, by
+/// server-side apply under the Stack status's field manager, so the first reconcile of the mended Stack, which applies
+/// its status under that manager, replaces the stall. Pure.
 pub fn status_patch(u: &Undecodable, conditions: &[Condition]) -> serde_json::Value {
     let mut status = match &u.status {
         serde_json::Value::Object(o) => o.clone(),

@@ -1,19 +1,18 @@
-//! An unlock request (`pulumi.com/unlock-request`, `kubectl pko unlock`): the Pulumi backend locks the
-//! Stack's last Update failed on, released only when every holder is **known dead**.
+//! An unlock request (`pulumi.com/unlock-request`, `kubectl pko unlock`): the Pulumi backend locks the Stack's last
+//! Update failed on, released only when every holder is **known dead**.
 //!
-//! An agent releases by itself the locks of holders on its own host whose process is gone
-//! (`pko-agent/src/locks.rs`): a restarted pool or workspace pod keeps its name, a local agent shares
-//! its replica's host. What it cannot judge is a holder on another host — a replica's local agent after
-//! that replica's pod is gone and its Stacks moved, a pool pod scaled away, or a `pulumi` run outside
-//! the operator. This replica judges those from what the API server says, holder by holder ([`judge`],
-//! pure): the holder's host must be **ours** (one of the fleet's replicas by its membership Lease, or a
-//! pod of the Stack's own workspace or of a pool) and **gone** (no pod of that name, the replica's
-//! membership not live), or be this replica's host with no such process. Anything else — a live
-//! replica, an existing pod (its agent judges the pid itself), an unknown host such as a laptop — may
-//! still be alive, and the request is refused naming it. Judged only while no Update of the Stack runs.
+//! An agent releases by itself the locks of holders on its own host whose process is gone (`pko-agent/src/locks.rs`): a
+//! restarted pool or workspace pod keeps its name, a local agent shares its replica's host. What it cannot judge is a
+//! holder on another host — a replica's local agent after that replica's pod is gone and its Stacks moved, a pool pod
+//! scaled away, or a `pulumi` run outside the operator. This replica judges those from what the API server says, holder
+//! by holder ([`judge`], pure): the holder's host must be **ours** (one of the fleet's replicas by its membership
+//! Lease, or a pod of the Stack's own workspace or of a pool) and **gone** (no pod of that name, the replica's
+//! membership not live), or be this replica's host with no such process. Anything else — a live replica, an existing
+//! pod (its agent judges the pid itself), an unknown host such as a laptop — may still be alive, and the request is
+//! refused naming it. Judged only while no Update of the Stack runs.
 //!
-//! Accepted, the next Update carries the holders (`pulumi.com/release-locks`) and its agent, fenced
-//! like any other, releases exactly those with `pulumi cancel` when the conflict names no other one.
+//! Accepted, the next Update carries the holders (`pulumi.com/release-locks`) and its agent, fenced like any other,
+//! releases exactly those with `pulumi cancel` when the conflict names no other one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,13 +23,13 @@ use pko_proto::locks::Holder;
 pub struct Facts {
     /// This replica's host name (`gethostname`: its pod's name in a cluster); its local agents run here.
     pub this_host: String,
-    /// The fleet's replicas among the holders' hosts, by host (replica id): whether its membership Lease
-    /// is live (`pko_fleet::lease`; renewed within its duration).
+    /// The fleet's replicas among the holders' hosts, by host (replica id): whether its membership Lease is live
+    /// (`pko_fleet::lease`; renewed within its duration).
     pub replicas: BTreeMap<String, bool>,
     /// Holders' hosts that are the name of an existing Pod (in the Stack's or the operator's namespace).
     pub pods: BTreeSet<String>,
-    /// Names of the StatefulSets whose pods run this Stack's agents: its Workspace's own
-    /// (`<workspace>-workspace`) and the pools (`pko-pool-<class>`, matched as a prefix).
+    /// Names of the StatefulSets whose pods run this Stack's agents: its Workspace's own (`<workspace>-workspace`) and
+    /// the pools (`pko-pool-<class>`, matched as a prefix).
     pub agent_sets: Vec<String>,
 }
 
@@ -43,8 +42,7 @@ pub enum Judged {
     MayBeAlive(String),
 }
 
-/// Whether `host` is a pod of one of `sets` (`<set>-<ordinal>`, or `pko-pool-…-<ordinal>` for the
-/// pools' prefix).
+/// Whether `host` is a pod of one of `sets` (`<set>-<ordinal>`, or `pko-pool-…-<ordinal>` for the pools' prefix).
 fn agent_pod(host: &str, sets: &[String]) -> bool {
     let Some((set, ordinal)) = host.rsplit_once('-') else { return false };
     !ordinal.is_empty()
@@ -87,8 +85,8 @@ pub enum Decision {
     Refuse(String),
 }
 
-/// The decision on an unlock request for a Stack whose last Update ended with `message` (the holders
-/// an agent named there: `pko_proto::locks::describe`). Pure.
+/// The decision on an unlock request for a Stack whose last Update ended with `message` (the holders an agent named
+/// there: `pko_proto::locks::describe`). Pure.
 pub fn decide(message: Option<&str>, facts: &Facts, process_alive: impl Fn(i32) -> bool) -> Decision {
     let holders = pko_proto::locks::holders(message.unwrap_or_default());
     if holders.is_empty() {

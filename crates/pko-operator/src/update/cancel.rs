@@ -1,8 +1,7 @@
-//! Cancel requests of running operations (ours; issue "Operate it"): the Stack copies a new
-//! `pulumi.com/cancel-request` onto the Update it cancels; this replica's Update controller, which
-//! holds the Update's shard, hands the request to the worker following the operation through this
-//! registry, and the worker stops it on its agent at the job's epoch (`dispatch.rs`, step **limit**).
-//! An Update canceled before it started is failed `Canceled` by the controller itself.
+//! Cancel requests of running operations (ours; issue "Operate it"): the Stack copies a new `pulumi.com/cancel-request`
+//! onto the Update it cancels; this replica's Update controller, which holds the Update's shard, hands the request to
+//! the worker following the operation through this registry, and the worker stops it on its agent at the job's epoch
+//! (`dispatch.rs`, step **limit**). An Update canceled before it started is failed `Canceled` by the controller itself.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,9 +1,8 @@
-//! What an operation printed, kept as it streams in (issue "See what Pulumi did"): the replica that
-//! follows an operation turns each event into a line ([`pko_proto::lines::line_of`]) and appends them,
-//! in batches, to the output store (`pko_queue::output`: memory, or the fleet's Redis), keyed by the
-//! Update's namespace and Workspace (named after its Stack). A new holder attaching gets the operation
-//! replayed from its first event; the store keeps each sequence once. The store failing costs lines,
-//! never the operation.
+//! What an operation printed, kept as it streams in (issue "See what Pulumi did"): the replica that follows an
+//! operation turns each event into a line ([`pko_proto::lines::line_of`]) and appends them, in batches, to the output
+//! store (`pko_queue::output`: memory, or the fleet's Redis), keyed by the Update's namespace and Workspace (named
+//! after its Stack). A new holder attaching gets the operation replayed from its first event; the store keeps each
+//! sequence once. The store failing costs lines, never the operation.
 
 use std::time::Duration;
 
@@ -17,16 +16,14 @@ pub const BATCH_LINES: usize = 64;
 /// Longest a line waits before it is appended (a live tail sees it this late at most, plus its poll).
 pub const BATCH_WAIT: Duration = Duration::from_millis(500);
 
-/// The line an event reads as, with its sequence and time; `None` for events Pulumi prints nothing
-/// for. Pure.
+/// The line an event reads as, with its sequence and time; `None` for events Pulumi prints nothing for. Pure.
 pub fn line(event: &OperationEvent) -> Option<Line> {
     let (stream, text) = pko_proto::lines::line_of(event)?;
     let time = event.time.as_ref().map(|t| t.to_string()).unwrap_or_default();
     Some(Line { seq: event.sequence, time, stream: stream.to_string(), text })
 }
 
-/// Whether gathered lines are appended now: a full batch, the result, or the oldest waited
-/// [`BATCH_WAIT`]. Pure.
+/// Whether gathered lines are appended now: a full batch, the result, or the oldest waited [`BATCH_WAIT`]. Pure.
 pub fn due(pending: usize, last: bool, waited: Duration) -> bool {
     pending > 0 && (last || pending >= BATCH_LINES || waited >= BATCH_WAIT)
 }

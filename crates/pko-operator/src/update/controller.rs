@@ -1,9 +1,8 @@
-//! The Update controller — asynchronous: a reconcile never waits for an operation. It pushes a job onto
-//! the work queue ([`crate::queue`]) and returns; a fixed set of workers (how many operations this replica
-//! drives at once, [`super::worker`]) pops jobs and runs each on an agent of the runtime
-//! ([`crate::agents`]), writing the result. A Progressing Update found without a job (operator restart) is
-//! pushed again, and its worker re-attaches to the running operation by its stable id. Completed Updates
-//! are deleted after `ttlAfterCompleted`.
+//! The Update controller — asynchronous: a reconcile never waits for an operation. It pushes a job onto the work queue
+//! ([`crate::queue`]) and returns; a fixed set of workers (how many operations this replica drives at once,
+//! [`super::worker`]) pops jobs and runs each on an agent of the runtime ([`crate::agents`]), writing the result. A
+//! Progressing Update found without a job (operator restart) is pushed again, and its worker re-attaches to the running
+//! operation by its stable id. Completed Updates are deleted after `ttlAfterCompleted`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,8 +51,8 @@ impl std::fmt::Debug for UpdateController {
     }
 }
 
-/// The queue's gauges: depth per namespace (a namespace whose queue emptied is set to 0 once, then
-/// forgotten), queued and in flight.
+/// The queue's gauges: depth per namespace (a namespace whose queue emptied is set to 0 once, then forgotten), queued
+/// and in flight.
 #[derive(Debug, Default)]
 pub struct QueueGauges {
     shown: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -82,16 +81,15 @@ impl QueueGauges {
 pub const ORPHANED_MESSAGE: &str = "canceled: the Update has no controller owner; as in PKO, an Update runs only with \
     an ownerReference (controller: true) to its Workspace or Stack";
 
-/// Whether a job's claim may take the cached Update as it is: one neither started (whose agent must
-/// be looked for with what is stored) nor complete nor being deleted. Pure.
+/// Whether a job's claim may take the cached Update as it is: one neither started (whose agent must be looked for with
+/// what is stored) nor complete nor being deleted. Pure.
 pub fn claimable_as_cached(update: &Update) -> bool {
     !update.was_started() && !update.is_complete() && update.meta().deletion_timestamp.is_none()
 }
 
-/// Whether `update` was never started and has no controller owner reference: PKO cancels such an
-/// Update (`isOrphaned`: an Update created by hand, or left behind by an owner deleted with
-/// `--cascade=orphan`). One that was started is followed to its result (its agent may be running
-/// it). Pure.
+/// Whether `update` was never started and has no controller owner reference: PKO cancels such an Update (`isOrphaned`:
+/// an Update created by hand, or left behind by an owner deleted with `--cascade=orphan`). One that was started is
+/// followed to its result (its agent may be running it). Pure.
 pub fn orphaned(update: &Update) -> bool {
     !update.was_started() && !update.owner_references().iter().any(|o| o.controller == Some(true))
 }
@@ -105,8 +103,8 @@ pub fn queued_message(ns: &str, running: usize, limit: usize) -> String {
     )
 }
 
-/// Why a queued Update of workspace class `class` waits: the class runs `running` operations, its
-/// `limit` (`--max-operations-per-class`). Pure.
+/// Why a queued Update of workspace class `class` waits: the class runs `running` operations, its `limit`
+/// (`--max-operations-per-class`). Pure.
 pub fn class_queued_message(class: &str, running: usize, limit: usize) -> String {
     format!("waiting for an operation slot: workspace class {class} runs {running} operation(s), its limit is {limit}")
 }
@@ -127,8 +125,8 @@ pub enum Error {
 }
 
 impl UpdateController {
-    /// A controller driving at most `max_operations` operations at once, with the in-memory queue, on
-    /// agents someone else runs at each Workspace's `status.address`, called without credentials.
+    /// A controller driving at most `max_operations` operations at once, with the in-memory queue, on agents someone
+    /// else runs at each Workspace's `status.address`, called without credentials.
     pub fn new(ctx: Arc<Context>, max_operations: usize) -> Self {
         Self::with_queue(ctx, Arc::new(InMemoryQueue::default()), max_operations)
     }
@@ -155,23 +153,21 @@ impl UpdateController {
         self
     }
 
-    /// Calls agents someone else runs at each Workspace's `status.address` with tokens of a service
-    /// account, one per Workspace audience ([`crate::agents::tokens`]) — what agents in pods
-    /// (`--auth kube`) require.
+    /// Calls agents someone else runs at each Workspace's `status.address` with tokens of a service account, one per
+    /// Workspace audience ([`crate::agents::tokens`]) — what agents in pods (`--auth kube`) require.
     pub fn with_agent_tokens(mut self, tokens: AgentTokens) -> Self {
         self.agents = Arc::new(Agents::addressed(self.ctx.client.clone(), Some(Arc::new(tokens))));
         self
     }
 
-    /// At most `limit` operations at once per workspace class ([`crate::agents::limits`]); by default
-    /// the number of workers (no limit beyond theirs).
+    /// At most `limit` operations at once per workspace class ([`crate::agents::limits`]); by default the number of
+    /// workers (no limit beyond theirs).
     pub fn with_class_limit(mut self, limit: usize) -> Self {
         self.class_limits = ClassLimits::new(limit);
         self
     }
 
-    /// The controller and its workers, watching Updates through `informers`: run the future until
-    /// shutdown.
+    /// The controller and its workers, watching Updates through `informers`: run the future until shutdown.
     pub fn run(mut self, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.workspaces = Some(informers.workspaces().store());
         let updates = informers.updates();
@@ -196,12 +192,9 @@ impl UpdateController {
         }
     }
 
-    /// The Workspace `update` runs on: from the Workspace cache when it is there, ready for an
-    /// operation ([`Agents::usable`]) and at the generation the Update was made for
-    /// ([`made_for`]), else read from the API server — not cached yet, not ready as cached, or cached
-    /// at another generation: a cache can trail the Stack's own apply (a shard just gained, a watch
-    /// replaying, a loaded API server), and an operation built from it would run the previous spec.
-    /// `None`: there is none.
+    /// The Workspace `update` runs on: the cached one when it is usable ([`Agents::usable`]) and at the generation the
+    /// Update was made for ([`made_for`]), else one read from the API server, since a cache can trail the Stack's own
+    /// apply and an operation built from it would run the previous spec. `None`: there is none.
     ///
     /// Errors: the read failed.
     pub(super) async fn workspace(&self, update: &Update) -> Result<Option<Workspace>, kube::Error> {
@@ -216,10 +209,10 @@ impl UpdateController {
         }
     }
 
-    /// The Update `ns/name` a job names: from the Update cache when it shows it neither started nor
-    /// complete nor deleted (what a claim needs to know; a write decided on it is pinned to its
-    /// `resourceVersion`), else read from the API server (not cached yet, or one that may run on an
-    /// agent already: whose it is must be read as stored). `None`: there is none.
+    /// The Update `ns/name` a job names: from the Update cache when it shows it neither started nor complete nor
+    /// deleted (what a claim needs to know; a write decided on it is pinned to its `resourceVersion`), else read from
+    /// the API server (not cached yet, or one that may run on an agent already: whose it is must be read as stored).
+    /// `None`: there is none.
     ///
     /// Errors: the read failed.
     pub(super) async fn update(&self, ns: &str, name: &str) -> Result<Option<Update>, kube::Error> {
@@ -311,9 +304,9 @@ impl UpdateController {
         Ok(Action::requeue(Duration::from_secs(10)))
     }
 
-    /// Writes the Update's status as waiting (`reason`, `message`) — unless fenced (`holds` false: the
-    /// shard is not held any more or, for a job's dispatch, not at the job's epoch), e.g. because this
-    /// replica was frozen while it read the API; then nothing is written.
+    /// Writes the Update's status as waiting (`reason`, `message`) — unless fenced (`holds` false: the shard is not
+    /// held any more or, for a job's dispatch, not at the job's epoch), e.g. because this replica was frozen while it
+    /// read the API; then nothing is written.
     pub(super) async fn wait(
         &self,
         api: &Api<Update>,
@@ -325,8 +318,8 @@ impl UpdateController {
         self.wait_at(api, update, holds, reason, message, None).await
     }
 
-    /// [`Self::wait`] only while the Update is still at `resource_version` when one is given (a wait
-    /// decided on a cached read: 409 Conflict when the Update changed since, nothing written).
+    /// [`Self::wait`] only while the Update is still at `resource_version` when one is given (a wait decided on a
+    /// cached read: 409 Conflict when the Update changed since, nothing written).
     ///
     /// Errors: the write failed.
     pub(super) async fn wait_at(
@@ -362,8 +355,8 @@ impl UpdateController {
         .map(|_| ())
     }
 
-    /// Marks an Update that never started Failed `Canceled` with `message` — [`orphaned`] (PKO's
-    /// `isOrphaned`) or canceled on request — once, unless fenced.
+    /// Marks an Update that never started Failed `Canceled` with `message` — [`orphaned`] (PKO's `isOrphaned`) or
+    /// canceled on request — once, unless fenced.
     async fn cancel(&self, api: &Api<Update>, update: &Update, message: String) -> Result<(), kube::Error> {
         if !self.owns(update) {
             return Ok(());
@@ -419,8 +412,8 @@ impl UpdateController {
     }
 }
 
-/// Whether `workspace` is at the generation `update` was made for (`spec.workspaceGeneration`; any,
-/// for an Update that names none: made by hand). Pure.
+/// Whether `workspace` is at the generation `update` was made for (`spec.workspaceGeneration`; any, for an Update that
+/// names none: made by hand). Pure.
 pub fn made_for(update: &Update, workspace: &Workspace) -> bool {
     update.spec.workspace_generation.is_none_or(|g| workspace.metadata.generation == Some(g))
 }
@@ -428,9 +421,9 @@ pub fn made_for(update: &Update, workspace: &Workspace) -> bool {
 /// How long after an attempt that left its Update `TransientFailure` the job is pushed again.
 pub const TRANSIENT_RETRY: Duration = Duration::from_secs(5);
 
-/// The time left before `update`'s job may be pushed again at `now`: some while its `Progressing`
-/// condition has said `TransientFailure` for less than [`TRANSIENT_RETRY`] (an agent refusing or
-/// unreachable is not called in a tight loop), else none. Pure.
+/// The time left before `update`'s job may be pushed again at `now`: some while its `Progressing` condition has said
+/// `TransientFailure` for less than [`TRANSIENT_RETRY`] (an agent refusing or unreachable is not called in a tight
+/// loop), else none. Pure.
 pub fn transient_retry_in(update: &Update, now: k8s_openapi::jiff::Timestamp) -> Option<Duration> {
     let c = update
         .status

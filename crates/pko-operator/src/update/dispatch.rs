@@ -1,19 +1,19 @@
-//! One Update run on an agent lent to it, in named steps, each with its own error variant (a metric
-//! label, [`DispatchError::step`]):
+//! One Update run on an agent lent to it, in named steps, each with its own error variant (a metric label,
+//! [`DispatchError::step`]):
 //!
-//! 1. **prepare** — the agent request, its Secret and ConfigMap references, `envFrom` and GitHub App
-//!    credentials resolved ([`request_for`]); a user's mistake fails the Update with it;
+//! 1. **prepare** — the agent request, its Secret and ConfigMap references, `envFrom` and GitHub App credentials
+//!    resolved ([`request_for`]); a user's mistake fails the Update with it;
 //! 2. **connect** — the agent's gRPC client ([`crate::agents::client::streaming`]);
 //! 3. **mark started** — the Update `Progressing` with its start time, before any agent can have it;
 //! 4. **call** — `Run`, with the fence's deadline and the agent's token;
 //! 5. **follow** — the event stream, until the result;
-//! 6. **record** — the outputs Secret, then one status write from the pure
-//!    [`super::status::finished`]; then the effects: the event, the Workspace's Stalled verdict
-//!    ([`crate::stalled`], the shared contract) and `pulumiVersion`.
+//! 6. **record** — the outputs Secret, then one status write from the pure [`super::status::finished`]; then the
+//!    effects: the event, the Workspace's Stalled verdict ([`crate::stalled`], the shared contract) and
+//!    `pulumiVersion`.
 //!
-//! The operation id is derived from the Update (`<namespace>/<name>/<uid>`), so running it again after
-//! an operator restart re-attaches to the running operation instead of starting a second one (the
-//! agent follows a known id), and nothing is marked Aborted. Every write stands behind the fence.
+//! The operation id is derived from the Update (`<namespace>/<name>/<uid>`), so running it again after an operator
+//! restart re-attaches to the running operation instead of starting a second one (the agent follows a known id), and
+//! nothing is marked Aborted. Every write stands behind the fence.
 
 use std::collections::BTreeMap;
 
@@ -39,20 +39,18 @@ use crate::outputs;
 /// Why an Update could not be run to a result, by step.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
-    /// prepare: the API server did not answer a read of the operation's Secrets and ConfigMaps
-    /// (retried later).
+    /// prepare: the API server did not answer a read of the operation's Secrets and ConfigMaps (retried later).
     #[error("reading the operation's Secrets and ConfigMaps: {0}")]
     Values(String),
-    /// connect, call or follow: the agent could not be reached or refused the call (retried later:
-    /// `TransientFailure`).
+    /// connect, call or follow: the agent could not be reached or refused the call (retried later: `TransientFailure`).
     #[error("agent {0}: {1}")]
     Agent(String, String),
-    /// call: the agent refused to start the operation because it runs another one or is shutting
-    /// down (`UNAVAILABLE`): nothing ran; a pool lends another agent later.
+    /// call: the agent refused to start the operation because it runs another one or is shutting down (`UNAVAILABLE`):
+    /// nothing ran; a pool lends another agent later.
     #[error("agent {0}: {1}")]
     Busy(String, String),
-    /// call: the agent refused the request as invalid (`INVALID_ARGUMENT`, its details naming the
-    /// field): nothing ran, and the same request would be refused again — the Update fails with it.
+    /// call: the agent refused the request as invalid (`INVALID_ARGUMENT`, its details naming the field): nothing ran,
+    /// and the same request would be refused again — the Update fails with it.
     #[error("agent {0} refused the request: {1}")]
     Refused(String, String),
     /// follow: the stream ended without a result (the agent went away): the Update is dispatched again.
@@ -61,13 +59,13 @@ pub enum DispatchError {
     /// mark started or record: writing status or the outputs Secret failed.
     #[error("writing update status: {0}")]
     Kube(#[from] kube::Error),
-    /// mark started, or a refusal before it: the Update claimed from the cache had changed since
-    /// (409 on the write pinned to its `resourceVersion`) and, read fresh, is no longer one to start
-    /// here (started or complete elsewhere, or being deleted): nothing ran, nothing was written.
+    /// mark started, or a refusal before it: the Update claimed from the cache had changed since (409 on the write
+    /// pinned to its `resourceVersion`) and, read fresh, is no longer one to start here (started or complete elsewhere,
+    /// or being deleted): nothing ran, nothing was written.
     #[error("the Update changed since it was claimed; not started here")]
     Stale,
-    /// any step: the shard moved to another replica (or this one stopped holding anything): nothing
-    /// more is written; the shard's new holder follows the operation.
+    /// any step: the shard moved to another replica (or this one stopped holding anything): nothing more is written;
+    /// the shard's new holder follows the operation.
     #[error("{0}")]
     Fenced(#[from] Fenced),
 }
@@ -96,8 +94,8 @@ pub struct Operation<'a> {
     pub events: &'a crate::k8s::Events,
     /// Where GitHub App git credentials are exchanged for an installation token (`--github-api-url`).
     pub github_api_url: &'a str,
-    /// This replica's artifact server as agents reach it (host:port, `--program-fs-adv-addr`): a mirror
-    /// of a Program artifact another replica published ([`request::mirror_artifact`]).
+    /// This replica's artifact server as agents reach it (host:port, `--program-fs-adv-addr`): a mirror of a Program
+    /// artifact another replica published ([`request::mirror_artifact`]).
     pub artifact_addr: &'a str,
     /// The Update, as read when its job was claimed.
     pub update: &'a Update,
@@ -131,12 +129,12 @@ impl Operation<'_> {
     }
 }
 
-/// Runs `op` to its result and records it on the Update. An `INTERRUPTED` result (the agent shuts
-/// down) is returned without marking the Update failed, so the caller runs it again; a request the
-/// user must fix ends the Update `Failed` with it and is returned as a failed result.
+/// Runs `op` to its result and records it on the Update. An `INTERRUPTED` result (the agent shuts down) is returned
+/// without marking the Update failed, so the caller runs it again; a request the user must fix ends the Update `Failed`
+/// with it and is returned as a failed result.
 ///
-/// Errors: [`DispatchError`], by step; once fenced nothing more is written — a replica that was frozen
-/// and wakes up with a result in its buffers does not write it.
+/// Errors: [`DispatchError`], by step; once fenced nothing more is written — a replica that was frozen and wakes up
+/// with a result in its buffers does not write it.
 pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
     let mut st = op.update.status.clone().unwrap_or_default();
     st.observed_generation = op.update.meta().generation;
@@ -170,8 +168,8 @@ pub async fn run(op: &Operation<'_>) -> Result<OperationResult, DispatchError> {
     Ok(followed.result)
 }
 
-/// The instant of `start` (the Update's `status.startTime`, written before the operation could
-/// start), so an overall deadline counts from the operation's start across a handoff; now when unset.
+/// The instant of `start` (the Update's `status.startTime`, written before the operation could start), so an overall
+/// deadline counts from the operation's start across a handoff; now when unset.
 fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Instant {
     let now = Instant::now();
     let age =
@@ -179,10 +177,10 @@ fn instant_of(start: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Tim
     age.and_then(|a| now.checked_sub(a)).unwrap_or(now)
 }
 
-/// Step **prepare**: the agent request for the Update at the job's epoch, with its Secret and
-/// ConfigMap references and the Workspace's `envFrom` resolved with the operator's identity in the
-/// Update's namespace (a workspace's service account needs no RBAC beyond PKO's) and GitHub App
-/// credentials exchanged. `Ok(Err(message))`: the user's to fix (the Update fails with it).
+/// Step **prepare**: the agent request for the Update at the job's epoch, with its Secret and ConfigMap references and
+/// the Workspace's `envFrom` resolved with the operator's identity in the Update's namespace (a workspace's service
+/// account needs no RBAC beyond PKO's) and GitHub App credentials exchanged. `Ok(Err(message))`: the user's to fix (the
+/// Update fails with it).
 ///
 /// Errors: [`DispatchError::Values`], transient.
 async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, String>, DispatchError> {
@@ -214,9 +212,9 @@ async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, Stri
     }
 }
 
-/// Whether `req`, built from `workspace`, is what `update` names (its `spec.runDigest`), checked before
-/// the operation first starts. A started one is not refused here: its agent re-attaches to what it
-/// runs, or checks the request itself (`OperationRequest.run_digest`). `Err`: the Update's message. Pure.
+/// Whether `req`, built from `workspace`, is what `update` names (its `spec.runDigest`), checked before the operation
+/// first starts. A started one is not refused here: its agent re-attaches to what it runs, or checks the request itself
+/// (`OperationRequest.run_digest`). `Err`: the Update's message. Pure.
 pub fn check_run(update: &Update, workspace: &Workspace, req: &OperationRequest) -> Result<(), String> {
     let Some(expected) = update.spec.run_digest.as_deref().filter(|_| !update.was_started()) else { return Ok(()) };
     let found = pko_proto::digest::run_digest(req);
@@ -234,8 +232,8 @@ pub fn check_run(update: &Update, workspace: &Workspace, req: &OperationRequest)
     ))
 }
 
-/// Whether a status write is pinned to the `resourceVersion` the Update was claimed at: the first
-/// write of a dispatch is (the claim may come from the cache), later ones follow this dispatch's own.
+/// Whether a status write is pinned to the `resourceVersion` the Update was claimed at: the first write of a dispatch
+/// is (the claim may come from the cache), later ones follow this dispatch's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pin {
     /// Pinned: refused with 409 when the Update changed since the claim.
@@ -244,10 +242,10 @@ enum Pin {
     No,
 }
 
-/// An operation that does not run — a request the user must fix (`Unknown`), a cancel request that
-/// came first (`Canceled`): the Update ends `Failed` with `reason` and `message`, returned as a failed
-/// result. Before *mark started* the write is pinned ([`Pin`]): on a conflict nothing is written
-/// ([`DispatchError::Stale`]) and the Update's next reconcile decides again on what is stored.
+/// An operation that does not run — a request the user must fix (`Unknown`), a cancel request that came first
+/// (`Canceled`): the Update ends `Failed` with `reason` and `message`, returned as a failed result. Before *mark
+/// started* the write is pinned ([`Pin`]): on a conflict nothing is written ([`DispatchError::Stale`]) and the Update's
+/// next reconcile decides again on what is stored.
 async fn refuse(
     op: &Operation<'_>,
     mut st: UpdateStatus,
@@ -269,12 +267,10 @@ async fn refuse(
     Ok(OperationResult { status: ResultStatus::Failed as i32, message, ..Default::default() })
 }
 
-/// Step **mark started**: the Update `Progressing`, with its start time, before any agent can have it
-/// (PKO marks it before it connects): whoever dispatches this Update next — after a restart, a crash
-/// or a shard move — then knows an agent may run it ([`Update::was_started`]) and looks for that agent
-/// before starting it anywhere else. Written once, pinned to the claimed `resourceVersion` ([`Pin`]):
-/// when the Update changed since, it is read fresh and started only if it still may be
-/// ([`super::controller::claimable_as_cached`]), else [`DispatchError::Stale`].
+/// Step **mark started**: the Update `Progressing` with its start time before any agent can have it (PKO marks it
+/// before it connects), so whoever dispatches it next looks for the agent that may run it ([`Update::was_started`]).
+/// Written once, pinned to the claimed `resourceVersion` ([`Pin`]); when the Update changed since, it is read fresh and
+/// started only if it still may be ([`super::controller::claimable_as_cached`]), else [`DispatchError::Stale`].
 async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), DispatchError> {
     let old = st.conditions.clone().unwrap_or_default();
     if st.start_time.is_some() && old.iter().any(|c| c.type_ == uc::PROGRESSING && c.status == "True") {
@@ -300,9 +296,9 @@ async fn mark_started(op: &Operation<'_>, st: &mut UpdateStatus) -> Result<(), D
     Ok(())
 }
 
-/// Step **call**: `Run` on the agent, the last moment before the operation can start. This replica may
-/// still be frozen right after the fence's check; the agent then refuses the call by the deadline it
-/// carries (the shard's new holder may run the operation on another agent meanwhile).
+/// Step **call**: `Run` on the agent, the last moment before the operation can start. This replica may still be frozen
+/// right after the fence's check; the agent then refuses the call by the deadline it carries (the shard's new holder
+/// may run the operation on another agent meanwhile).
 async fn call(
     op: &Operation<'_>,
     agent: &mut Client,
@@ -327,9 +323,8 @@ struct Followed {
     limit: Option<Limit>,
 }
 
-/// Step **follow**: the operation's events until its result; [`Operation::started`] at the first;
-/// the lines they read as kept in the output store as they come ([`Capture`]); a limit reached stops
-/// it ([`limit`]).
+/// Step **follow**: the operation's events until its result; [`Operation::started`] at the first; the lines they read
+/// as kept in the output store as they come ([`Capture`]); a limit reached stops it ([`limit`]).
 async fn follow(
     op: &Operation<'_>,
     mut stream: tonic::Streaming<pko_proto::v1::OperationEvent>,
@@ -372,9 +367,9 @@ async fn follow(
     Err(DispatchError::NoResult)
 }
 
-/// Step **limit** (on a timer while following): a limit reached stops the operation on its agent
-/// ([`stop`]); one asked to stop that has not ended after [`limits::STOP_WAIT`] is given up — the
-/// Update is recorded failed by the limit without the agent's result.
+/// Step **limit** (on a timer while following): a limit reached stops the operation on its agent ([`stop`]); one asked
+/// to stop that has not ended after [`limits::STOP_WAIT`] is given up — the Update is recorded failed by the limit
+/// without the agent's result.
 async fn limit(
     op: &Operation<'_>,
     limits: &Limits,
@@ -409,11 +404,11 @@ async fn limit(
     Ok(None)
 }
 
-/// Step **stop**: `Cancel` on the agent at the job's epoch, fenced like every agent call — CTRL-C to
-/// Pulumi, a hard stop after the agent's grace period.
+/// Step **stop**: `Cancel` on the agent at the job's epoch, fenced like every agent call — CTRL-C to Pulumi, a hard
+/// stop after the agent's grace period.
 ///
-/// Errors: [`DispatchError::Fenced`]; [`DispatchError::Agent`] when the agent did not take it (the
-/// dispatch is retried, and the limit fires again on the re-attached operation).
+/// Errors: [`DispatchError::Fenced`]; [`DispatchError::Agent`] when the agent did not take it (the dispatch is retried,
+/// and the limit fires again on the re-attached operation).
 async fn stop(op: &Operation<'_>) -> Result<(), DispatchError> {
     op.fence.check()?;
     let mut agent = client::control(&op.agent.address).await.map_err(|e| op.agent_error(e))?;
@@ -427,8 +422,8 @@ async fn stop(op: &Operation<'_>) -> Result<(), DispatchError> {
     Ok(())
 }
 
-/// Step **record**: the outputs Secret of a succeeded `up`, the Update's status in one write, then the
-/// effects (event, the Workspace's Stalled verdict and `pulumiVersion`).
+/// Step **record**: the outputs Secret of a succeeded `up`, the Update's status in one write, then the effects (event,
+/// the Workspace's Stalled verdict and `pulumiVersion`).
 async fn record(
     op: &Operation<'_>,
     st: UpdateStatus,
@@ -478,8 +473,8 @@ async fn record(
     Ok(())
 }
 
-/// The outputs Secret of the Update (immutable; one written before a restart is kept), owned by the
-/// Update's owner; its name, or `None` when the Update has no controller owner.
+/// The outputs Secret of the Update (immutable; one written before a restart is kept), owned by the Update's owner; its
+/// name, or `None` when the Update has no controller owner.
 async fn write_outputs(op: &Operation<'_>, result: &OperationResult) -> Result<Option<String>, DispatchError> {
     let values: BTreeMap<String, (serde_json::Value, bool)> = result
         .outputs

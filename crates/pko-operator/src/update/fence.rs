@@ -1,8 +1,7 @@
-//! The one ownership check of an operation's worker: a job may be driven here only while this replica
-//! holds the job's shard at the job's epoch (`pko_fleet::Ownership::epoch`) — and, where a write can
-//! start an operation twice, while the queue confirms the job is still this worker's
-//! ([`pko_queue::WorkQueue::heartbeat`]: the shard's new holder has not raised its fence). Every write
-//! of the worker, and the `Run` call, stands behind [`Fence::check`].
+//! The one ownership check of an operation's worker: a job may be driven here only while this replica holds the job's
+//! shard at the job's epoch (`pko_fleet::Ownership::epoch`) — and, where a write can start an operation twice, while
+//! the queue confirms the job is still this worker's ([`pko_queue::WorkQueue::heartbeat`]: the shard's new holder has
+//! not raised its fence). Every write of the worker, and the `Run` call, stands behind [`Fence::check`].
 
 use std::time::Duration;
 
@@ -44,20 +43,20 @@ impl<'a> Fence<'a> {
         if self.holds() { Ok(()) } else { Err(Fenced) }
     }
 
-    /// [`Self::holds`], and the queue confirms the job is still this worker's (one round trip to
-    /// Redis): asked right before an operation may start on an agent.
+    /// [`Self::holds`], and the queue confirms the job is still this worker's (one round trip to Redis): asked right
+    /// before an operation may start on an agent.
     pub async fn confirmed(&self) -> bool {
         self.holds() && self.queue.heartbeat(self.job).await
     }
 
-    /// Until when (wall clock) the shard is held at the job's epoch ([`Ownership::not_after`]), sent
-    /// with `Run` so that an agent refuses a call that arrives later; `None`: no deadline.
+    /// Until when (wall clock) the shard is held at the job's epoch ([`Ownership::not_after`]), sent with `Run` so that
+    /// an agent refuses a call that arrives later; `None`: no deadline.
     pub fn not_after(&self) -> Option<std::time::SystemTime> {
         self.ownership.not_after(&self.job.namespace, &self.shard_key)
     }
 
-    /// Returns once the job may no longer be driven here: checked every [`LOOK_EVERY`] (ownership),
-    /// the queue's heartbeat every tenth look.
+    /// Returns once the job may no longer be driven here: checked every [`LOOK_EVERY`] (ownership), the queue's
+    /// heartbeat every tenth look.
     pub async fn lost(&self) {
         let mut tick = 0u32;
         loop {

@@ -1,9 +1,8 @@
-//! The limits an operation runs under (issue "Operate it"): PKO's idle timeout (`Update.spec.idleTimeout`,
-//! PKO PR #1296: no event from the operation for that long; default `--update-idle-timeout`, 30 min)
-//! and an overall deadline (ours: `Update.spec.timeout`, set from `Stack.spec.operationTimeoutSeconds`;
-//! default `--operation-timeout`, none). A limit reached stops the operation on its agent (CTRL-C, a
-//! hard stop after the agent's grace period) and ends the Update `Failed` with a reason naming the
-//! limit — where PKO abandons the stream and leaves Pulumi running. Pure.
+//! The limits an operation runs under (issue "Operate it"): PKO's idle timeout (`Update.spec.idleTimeout`, PKO PR
+//! #1296: no event from the operation for that long; default `--update-idle-timeout`, 30 min) and an overall deadline
+//! (ours: `Update.spec.timeout`, set from `Stack.spec.operationTimeoutSeconds`; default `--operation-timeout`, none). A
+//! limit reached stops the operation on its agent (CTRL-C, a hard stop after the agent's grace period) and ends the
+//! Update `Failed` with a reason naming the limit — where PKO abandons the stream and leaves Pulumi running. Pure.
 
 use std::time::Duration;
 
@@ -31,8 +30,8 @@ impl Limit {
         }
     }
 
-    /// The Update's `status.message` (PKO's words for the idle timeout, then what we did instead of
-    /// abandoning the operation).
+    /// The Update's `status.message` (PKO's words for the idle timeout, then what we did instead of abandoning the
+    /// operation).
     pub fn message(&self) -> String {
         match self {
             Limit::Idle(d) => format!(
@@ -57,19 +56,19 @@ pub struct Limits {
     pub overall: Option<Duration>,
 }
 
-/// The grace Pulumi gets after Ctrl-C when a limit stops it (`CancelRequest.grace_seconds`), in
-/// seconds; then the agent kills it.
+/// The grace Pulumi gets after Ctrl-C when a limit stops it (`CancelRequest.grace_seconds`), in seconds; then the agent
+/// kills it.
 pub const STOP_GRACE_SECONDS: u32 = 30;
 
 /// How often a running operation looks for a cancel request.
 pub const CANCEL_POLL: Duration = Duration::from_secs(1);
 
-/// How long an agent may take to end an operation after it was asked to stop ([`STOP_GRACE_SECONDS`],
-/// the hard stop, the result) before the Update is recorded failed without the agent's result.
+/// How long an agent may take to end an operation after it was asked to stop ([`STOP_GRACE_SECONDS`], the hard stop,
+/// the result) before the Update is recorded failed without the agent's result.
 pub const STOP_WAIT: Duration = Duration::from_secs(STOP_GRACE_SECONDS as u64 + 15);
 
-/// The limits of an Update: its `spec.idleTimeout` (a zero disables it; unset: `default_idle`) and
-/// its `spec.timeout` (a zero disables it; unset: `default_overall`), Go durations.
+/// The limits of an Update: its `spec.idleTimeout` (a zero disables it; unset: `default_idle`) and its `spec.timeout`
+/// (a zero disables it; unset: `default_overall`), Go durations.
 ///
 /// Errors: a malformed duration, naming the field (the Update fails with it before it runs).
 pub fn of(
@@ -92,8 +91,8 @@ pub fn of(
 }
 
 impl Limits {
-    /// The next moment a limit is reached, for an operation that started at `started` and last sent an
-    /// event at `last_event`, and which limit; `None` without limits.
+    /// The next moment a limit is reached, for an operation that started at `started` and last sent an event at
+    /// `last_event`, and which limit; `None` without limits.
     pub fn next(&self, started: Instant, last_event: Instant) -> Option<(Instant, Limit)> {
         let idle = self.idle.map(|d| (last_event + d, Limit::Idle(d)));
         let overall = self.overall.map(|d| (started + d, Limit::Overall(d)));

@@ -11,8 +11,8 @@ pub enum Phase {
     Progressing,
     /// Finished successfully.
     Succeeded,
-    /// Finished with a failure; `reason` is the `Failed` condition's reason (`UpdateFailed`,
-    /// `UpdateConflict`, `InvalidAccessToken`, `Unknown`, `Canceled`, …), `message` the error.
+    /// Finished with a failure; `reason` is the `Failed` condition's reason (`UpdateFailed`, `UpdateConflict`,
+    /// `InvalidAccessToken`, `Unknown`, `Canceled`, …), `message` the error.
     Failed {
         /// Reason of the Failed condition.
         reason: String,
@@ -62,20 +62,18 @@ pub fn conditions(phase: &Phase, generation: Option<i64>, now: &Time, old: &[Con
     v
 }
 
-/// Names the agent running the operation (`address`: its gRPC address, a pod's under its Service) in
-/// the `Progressing=True` condition's message of `conditions` (PKO leaves it empty): `running on agent
-/// <address>`, what `kubectl pko status` shows. Pure.
+/// Names the agent running the operation (`address`: its gRPC address, a pod's under its Service) in the
+/// `Progressing=True` condition's message of `conditions` (PKO leaves it empty): `running on agent <address>`, what
+/// `kubectl pko status` shows. Pure.
 pub fn name_agent(conditions: &mut [Condition], address: &str) {
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == uc::PROGRESSING && c.status == "True") {
         c.message = format!("running on agent {address}");
     }
 }
 
-/// PKO's `Failed` reason and Update `status.message` for a failed operation of type `update_type`
-/// (`up`, `preview`, `refresh`, `destroy`) with the agent's `message` (PKO `update_controller.go`
-/// `setStatusBlockFromGRPCErr` over its agent's `server.go`): a lock conflict and a refused token keep
-/// their own reason and message (PKO's `PulumiErrorInfo`); a cancel is `Canceled`; any other failure
-/// is `Unknown` with `<type> failed: <message>`, as PKO's agent wraps every Automation API error. Pure.
+/// PKO's `Failed` reason and Update `status.message` for a failed operation of `update_type` with the agent's `message`
+/// (PKO's `setStatusBlockFromGRPCErr`): a lock conflict and a refused token keep their own reason and message, a cancel
+/// is `Canceled`, any other failure `Unknown` with `<type> failed: <message>`, as PKO's agent wraps it. Pure.
 pub fn failure(reason: Reason, update_type: &str, message: &str) -> (&'static str, String) {
     match reason {
         Reason::UpdateConflict => (uc::UPDATE_CONFLICT, message.to_string()),
@@ -91,8 +89,8 @@ pub fn failure(reason: Reason, update_type: &str, message: &str) -> (&'static st
     }
 }
 
-/// The agent's error reasons as the Update controller distinguishes them (kept independent of the
-/// generated protobuf enum so this module stays pure).
+/// The agent's error reasons as the Update controller distinguishes them (kept independent of the generated protobuf
+/// enum so this module stays pure).
 pub mod pko_proto_reason {
     /// Agent error reason.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +129,9 @@ pub fn time_of(t: Option<&prost_types::Timestamp>) -> Option<Time> {
     k8s_openapi::jiff::Timestamp::new(t.seconds, t.nanos).ok().map(Time)
 }
 
-/// The phase of a finished operation `r` of `spec` and the Update's `status.message`: PKO's — a
-/// success's is Pulumi's update summary message (the Update's own `spec.message`); a failure's is the
-/// agent's error as PKO words it ([`failure`]). Pure.
+/// The phase of a finished operation `r` of `spec` and the Update's `status.message`: PKO's — a success's is Pulumi's
+/// update summary message (the Update's own `spec.message`); a failure's is the agent's error as PKO words it
+/// ([`failure`]). Pure.
 pub fn phase_of(spec: &pko_api::update::UpdateSpec, r: &pko_proto::v1::OperationResult) -> (Phase, String) {
     if r.status == pko_proto::v1::ResultStatus::Succeeded as i32 {
         return (Phase::Succeeded, spec.message.clone().unwrap_or_default());
@@ -143,10 +141,9 @@ pub fn phase_of(spec: &pko_api::update::UpdateSpec, r: &pko_proto::v1::Operation
     (Phase::Failed { reason: reason.into(), message: message.clone() }, message)
 }
 
-/// The Update's status `st` once operation `r` finished as `phase` with `message`, at `now`:
-/// conditions, times, message, permalink, project, change summary and resource changes (at most
-/// [`pko_api::update::MAX_RESOURCE_CHANGES`]); `outputs`: the outputs Secret's name when one was
-/// written. Pure.
+/// The Update's status `st` once operation `r` finished as `phase` with `message`, at `now`: conditions, times,
+/// message, permalink, project, change summary and resource changes (at most
+/// [`pko_api::update::MAX_RESOURCE_CHANGES`]); `outputs`: the outputs Secret's name when one was written. Pure.
 pub fn finished(
     mut st: pko_api::update::UpdateStatus,
     (phase, message): (&Phase, String),
@@ -184,10 +181,10 @@ pub fn finished(
     st
 }
 
-/// The note of an Update's `UpdateSucceeded`/`UpdateFailed` event in PKO's words (`update_controller.go`):
-/// `Updated stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"`
-/// (`preview`, `refresh`, `destroy`), followed by `: <message>` when the failure has one. `update_type`
-/// is the Update's `spec.type` (`up` when unset). Pure.
+/// The note of an Update's `UpdateSucceeded`/`UpdateFailed` event in PKO's words (`update_controller.go`): `Updated
+/// stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"` (`preview`, `refresh`,
+/// `destroy`), followed by `: <message>` when the failure has one. `update_type` is the Update's `spec.type` (`up` when
+/// unset). Pure.
 pub fn event_note(update_type: Option<&pko_api::UpdateType>, stack: &str, succeeded: bool, message: &str) -> String {
     use pko_api::UpdateType as T;
     let (done, verb) = match update_type {

@@ -1,16 +1,16 @@
-//! The Update workers: each pops a job from the queue and drives its operation to a result, in the
-//! Stack's shape — a short driver ([`UpdateController::drive`]) over named steps:
+//! The Update workers: each pops a job from the queue and drives its operation to a result, in the Stack's shape — a
+//! short driver ([`UpdateController::drive`]) over named steps:
 //!
-//! 1. **claim** — the Update read fresh (not complete, not being deleted), the job's fence held, its
-//!    Workspace usable ([`crate::agents::Agents::usable`]);
+//! 1. **claim** — the Update read fresh (not complete, not being deleted), the job's fence held, its Workspace usable
+//!    ([`crate::agents::Agents::usable`]);
 //! 2. **permit** — a slot of the Workspace's class ([`crate::agents::limits`]), else deferred;
-//! 3. **lend** — an agent of the runtime ([`crate::agents::Agents::lend`]), else deferred (pool busy)
-//!    or waiting (no agent, no token);
-//! 4. **run** — the operation on the agent ([`super::dispatch::run`]) under a tracing span, raced
-//!    against the fence ([`super::fence::Fence::lost`]): once lost, this replica stops following and
-//!    writes nothing more (the agent keeps running it; the shard's new holder attaches);
-//! 5. **give back** — the agent, with how the operation ended ([`end_of`]), and what becomes of the
-//!    job ([`settle`], pure).
+//! 3. **lend** — an agent of the runtime ([`crate::agents::Agents::lend`]), else deferred (pool busy) or waiting (no
+//!    agent, no token);
+//! 4. **run** — the operation on the agent ([`super::dispatch::run`]) under a tracing span, raced against the fence
+//!    ([`super::fence::Fence::lost`]): once lost, this replica stops following and writes nothing more (the agent keeps
+//!    running it; the shard's new holder attaches);
+//! 5. **give back** — the agent, with how the operation ended ([`end_of`]), and what becomes of the job ([`settle`],
+//!    pure).
 
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,8 @@ pub enum Drive {
     Again,
 }
 
-/// What the worker does after an operation's run: the job's fate, and the waiting message to write on
-/// the Update (`TransientFailure`) when it is to be retried by its reconcile.
+/// What the worker does after an operation's run: the job's fate, and the waiting message to write on the Update
+/// (`TransientFailure`) when it is to be retried by its reconcile.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Settled {
     /// The job's fate.
@@ -61,10 +61,9 @@ pub fn end_of(outcome: &Result<OperationResult, DispatchError>) -> End {
     }
 }
 
-/// What becomes of a job whose operation ended as `outcome`, on pooled agents or not (`pooled`):
-/// interrupted on a pool → again at once elsewhere; refused by a busy pool agent → deferred; fenced →
-/// done, nothing written; any other failure → done, the Update waits `TransientFailure` and its
-/// reconcile pushes it again. Pure.
+/// What becomes of a job whose operation ended as `outcome`, on pooled agents or not (`pooled`): interrupted on a pool
+/// → again at once elsewhere; refused by a busy pool agent → deferred; fenced → done, nothing written; any other
+/// failure → done, the Update waits `TransientFailure` and its reconcile pushes it again. Pure.
 pub fn settle(outcome: &Result<OperationResult, DispatchError>, pooled: bool) -> Settled {
     let done = |wait: Option<String>| Settled { drive: Drive::Done, wait };
     match outcome {
@@ -155,10 +154,10 @@ impl UpdateController {
         settled.drive
     }
 
-    /// Step **claim**: the Update and its Workspace, when the job is still to be driven here. An Update
-    /// the cache shows not started is taken from it ([`super::controller::UpdateController::update`]):
-    /// the first write about it — the wait, the refusal or *mark started*, all before any agent can
-    /// run it — carries its `resourceVersion` as a precondition, so a stale one is refused there.
+    /// Step **claim**: the Update and its Workspace, when the job is still to be driven here. An Update the cache shows
+    /// not started is taken from it ([`super::controller::UpdateController::update`]): the first write about it — the
+    /// wait, the refusal or *mark started*, all before any agent can run it — carries its `resourceVersion` as a
+    /// precondition, so a stale one is refused there.
     async fn claim(&self, job: &Job) -> Option<(Update, Workspace)> {
         let update = self.update(&job.namespace, &job.name).await.ok()??;
         if update.is_complete() || update.meta().deletion_timestamp.is_some() {
@@ -174,9 +173,9 @@ impl UpdateController {
         Some((update, workspace))
     }
 
-    /// Step **lend**: an agent for `update`. `Err`: what becomes of the job instead — deferred while the
-    /// pool is full; done when there is no agent (the Update then waits `TransientFailure` when the
-    /// runtime failed, and its reconcile pushes it again).
+    /// Step **lend**: an agent for `update`. `Err`: what becomes of the job instead — deferred while the pool is full;
+    /// done when there is no agent (the Update then waits `TransientFailure` when the runtime failed, and its reconcile
+    /// pushes it again).
     async fn lend(&self, fence: &Fence<'_>, update: &Update, workspace: &Workspace) -> Result<Lent, Drive> {
         let job = fence.job();
         match self.agents.lend(workspace, &update.operation_id(), job.epoch, update.was_started()).await {
@@ -205,9 +204,9 @@ impl UpdateController {
         }
     }
 
-    /// Step **run**: the operation on `lent`, counted (`pko_update_operations_total`, its duration,
-    /// the dispatch latency `queued` + to its first event, failures by step), raced against the fence.
-    /// `None`: the fence was lost while it ran (handed to the shard's new holder).
+    /// Step **run**: the operation on `lent`, counted (`pko_update_operations_total`, its duration, the dispatch
+    /// latency `queued` + to its first event, failures by step), raced against the fence. `None`: the fence was lost
+    /// while it ran (handed to the shard's new holder).
     async fn run_operation(
         &self,
         fence: &Fence<'_>,
@@ -282,10 +281,9 @@ impl UpdateController {
 }
 
 impl UpdateController {
-    /// Says once on an Update not started yet that it waits for a slot of its workspace class
-    /// (`Queued`, [`super::controller::class_queued_message`]); nothing when it says so already, when it
-    /// was started (a re-attach keeps `Progressing`) or when fenced. A failed write is logged: the job is
-    /// deferred either way.
+    /// Says once on an Update not started yet that it waits for a slot of its workspace class (`Queued`,
+    /// [`super::controller::class_queued_message`]); nothing when it says so already, when it was started (a re-attach
+    /// keeps `Progressing`) or when fenced. A failed write is logged: the job is deferred either way.
     async fn said_class_full(&self, update: &Update, fence: &Fence<'_>, class: &str) {
         if update.was_started() {
             return;

@@ -1,11 +1,11 @@
-//! The Workspace controller: brings each Workspace's agents up through the runtime of
-//! [`crate::agents`] (its own pod or process, or its class's pool) and reports them in its status:
-//! `Ready` with PKO's reasons, `address`, `pool`, `observedGeneration` (`pulumiVersion` and `Stalled`
-//! also come from operations, [`crate::stalled`]). A Stalled Workspace is Ready False with the stall's
-//! reason and message, as PKO's; a spec this version cannot run is Stalled `SpecInvalid` here.
+//! The Workspace controller: brings each Workspace's agents up through the runtime of [`crate::agents`] (its own pod or
+//! process, or its class's pool) and reports them in its status: `Ready` with PKO's reasons, `address`, `pool`,
+//! `observedGeneration` (`pulumiVersion` and `Stalled` also come from operations, [`crate::stalled`]). A Stalled
+//! Workspace is Ready False with the stall's reason and message, as PKO's; a spec this version cannot run is Stalled
+//! `SpecInvalid` here.
 //!
-//! The reconcile is a short driver over named steps: ownership → deletion → spec stall → the
-//! runtime's readiness ([`crate::agents::Agents::prepare`]) → one status write.
+//! The reconcile is a short driver over named steps: ownership → deletion → spec stall → the runtime's readiness
+//! ([`crate::agents::Agents::prepare`]) → one status write.
 
 use std::sync::Arc;
 
@@ -45,9 +45,9 @@ pub enum Error {
 /// The `Ready` condition `(status, reason, message)` to write.
 type ReadyCondition = (String, String, String);
 
-/// Whether the status to write — `new` (address, pool, observedGeneration) with the Ready condition
-/// `ready` — is what `stored` already says; then nothing is written (a runtime that looks every few
-/// seconds must not write each time). Pure.
+/// Whether the status to write — `new` (address, pool, observedGeneration) with the Ready condition `ready` — is what
+/// `stored` already says; then nothing is written (a runtime that looks every few seconds must not write each time).
+/// Pure.
 fn status_unchanged(
     stored: &WorkspaceStatus,
     new: &WorkspaceStatus,
@@ -67,8 +67,8 @@ fn status_unchanged(
         })
 }
 
-/// The `Ready` condition of `ws` whose runtime says `ready`: up or waiting, False with the stall's
-/// reason and message while `ws` is Stalled (PKO); failed, as it says. Pure.
+/// The `Ready` condition of `ws` whose runtime says `ready`: up or waiting, False with the stall's reason and message
+/// while `ws` is Stalled (PKO); failed, as it says. Pure.
 fn with_stall(ws: &Workspace, ready: &Ready) -> ReadyCondition {
     let own = |s: &str, r: &str, m: &str| (s.to_string(), r.to_string(), m.to_string());
     match (ready, ws.stalled()) {
@@ -79,8 +79,7 @@ fn with_stall(ws: &Workspace, ready: &Ready) -> ReadyCondition {
     }
 }
 
-/// The status `stored` with what `r` reports (address, pool, the agent's CLI) at generation
-/// `generation`. Pure.
+/// The status `stored` with what `r` reports (address, pool, the agent's CLI) at generation `generation`. Pure.
 fn reported(stored: &WorkspaceStatus, r: &Readiness, generation: Option<i64>) -> WorkspaceStatus {
     let mut st = stored.clone();
     st.observed_generation = generation;
@@ -92,8 +91,7 @@ fn reported(stored: &WorkspaceStatus, r: &Readiness, generation: Option<i64>) ->
     st
 }
 
-/// How a pass ends after its status write: looked at again when the runtime says, else at the next
-/// change. Pure.
+/// How a pass ends after its status write: looked at again when the runtime says, else at the next change. Pure.
 fn next(r: &Readiness) -> Action {
     r.again.map(Action::requeue).unwrap_or_else(Action::await_change)
 }
@@ -107,8 +105,8 @@ enum Attempt {
     Stalled(Option<i64>, std::time::Instant),
 }
 
-/// How long a Workspace whose initialization stalled waits before it is tried again (PKO tries only
-/// with a new pod; here a stack created since, or a Secret mended, is found within this).
+/// How long a Workspace whose initialization stalled waits before it is tried again (PKO tries only with a new pod;
+/// here a stack created since, or a Secret mended, is found within this).
 pub const INITIALIZE_AGAIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a Workspace whose initialization could not run now (no agent free, unreachable) waits.
@@ -117,14 +115,13 @@ const INITIALIZE_LATER: std::time::Duration = std::time::Duration::from_secs(5);
 /// PKO's Ready message while a Workspace is initialized.
 pub const INITIALIZING_MESSAGE: &str = "Initializing and selecting a Pulumi stack";
 
-/// Whether `ws`, whose agents are up, is to be initialized now (PKO's workspace initialization, before
-/// any Update runs on it), given this replica's last attempt `last` at `now`: before it is first Ready —
-/// on its own agent, and on pooled agents only for a stack that must exist already (`create: false`),
-/// since every operation selects its stack anyway; later generations are prepared by their operations
-/// (an initialization per spec change would hold the agent from the Update that follows) — and, on any
-/// runtime, again every [`INITIALIZE_AGAIN`] while it is Stalled at this generation by an
-/// initialization or an operation. Pure.
+/// Whether `ws`, whose agents are up, is initialized now (PKO's workspace initialization), given this replica's last
+/// attempt `last` at `now`: before it is first Ready (on pooled agents only for a stack with `create: false`), and on
+/// any runtime again every [`INITIALIZE_AGAIN`] while Stalled at this generation by an initialization or an operation.
+/// Pure.
 fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now: std::time::Instant) -> bool {
+    // Later generations are prepared by their operations: an initialization per spec change would hold the agent from
+    // the Update that follows; pooled operations select their stack anyway.
     let generation = ws.meta().generation;
     let stacks = ws.spec.stacks.as_deref().unwrap_or_default();
     let stalled = ws
@@ -140,8 +137,8 @@ fn wants_initialization(ws: &Workspace, pooled: bool, last: Option<Attempt>, now
     }
 }
 
-/// When the initialization of `ws`, Stalled at its generation after this replica's attempt `last`, is
-/// due again at `now`; `None` when it is not stalled or not waiting on an attempt. Pure.
+/// When the initialization of `ws`, Stalled at its generation after this replica's attempt `last`, is due again at
+/// `now`; `None` when it is not stalled or not waiting on an attempt. Pure.
 fn retry_due(ws: &Workspace, last: Option<Attempt>, now: std::time::Instant) -> Option<std::time::Duration> {
     let stalled = ws.stalled().is_some_and(|c| wc::OPERATION_STALLS.contains(&c.reason.as_str()));
     match last {
@@ -165,10 +162,9 @@ impl WorkspaceController {
         Arc::new(Self { ctx, agents, attempts: Default::default() })
     }
 
-    /// The controller's run, watching through `informers` (Workspaces, and the StatefulSets of their
-    /// own pods), with the runtime maintained beside it ([`Agents::maintain`]): run the future until
-    /// shutdown; the runtime gets 5 s after the controller to wind down (pools stop idle agents, own
-    /// processes stop).
+    /// The controller's run, watching through `informers` (Workspaces, and the StatefulSets of their own pods), with
+    /// the runtime maintained beside it ([`Agents::maintain`]): run the future until shutdown; the runtime gets 5 s
+    /// after the controller to wind down (pools stop idle agents, own processes stop).
     pub fn run(self: Arc<Self>, informers: &mut Informers) -> impl std::future::Future<Output = ()> + Send + 'static {
         let store = informers.workspaces().store();
         let controller = Controller::for_stream(informers.workspaces().objects(), store.clone());
@@ -236,11 +232,10 @@ impl WorkspaceController {
         Ok(next(&readiness))
     }
 
-    /// Step **initialize** of a Workspace whose agents are up (`readiness`), when
-    /// [`wants_initialization`]: its stacks selected and configured on an agent. A stall (the agent's
-    /// verdict, or a request the user must fix) is recorded as an operation's is, with PKO's event, and
-    /// makes the Workspace Ready False at once; a success clears an earlier stall; an agent not to be
-    /// had now leaves it `Initializing`, looked at again soon.
+    /// Step **initialize** of a Workspace whose agents are up (`readiness`), when [`wants_initialization`]: its stacks
+    /// selected and configured on an agent. A stall (the agent's verdict, or a request the user must fix) is recorded
+    /// as an operation's is, with PKO's event, and makes the Workspace Ready False at once; a success clears an earlier
+    /// stall; an agent not to be had now leaves it `Initializing`, looked at again soon.
     async fn initialize(&self, ws: &Workspace, readiness: Readiness) -> Readiness {
         let uid = ws.uid().unwrap_or_default();
         let last = self.attempts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&uid).copied();
@@ -283,9 +278,8 @@ impl WorkspaceController {
         readiness
     }
 
-    /// A spec this version cannot run (PKO's schema admits any string for these): Stalled
-    /// `SpecInvalid` until it changes; a stall of an earlier generation, or of a spec since mended, is
-    /// cleared. `Some`: the pass ends here.
+    /// A spec this version cannot run (PKO's schema admits any string for these): Stalled `SpecInvalid` until it
+    /// changes; a stall of an earlier generation, or of a spec since mended, is cleared. `Some`: the pass ends here.
     async fn spec_stall(
         &self,
         api: &Api<Workspace>,
@@ -312,8 +306,7 @@ impl WorkspaceController {
         Ok(Some(Action::await_change()))
     }
 
-    /// Writes `st` with the Ready condition `ready` unless that is what is stored, or this replica no
-    /// longer owns `ws`.
+    /// Writes `st` with the Ready condition `ready` unless that is what is stored, or this replica no longer owns `ws`.
     async fn write(
         &self,
         api: &Api<Workspace>,

@@ -1,8 +1,8 @@
-//! Agent pools: the agents of one workspace class are interchangeable (every operation request carries
-//! its whole source, settings and environment), so an operation goes to any idle agent of its class,
-//! not to an agent per Workspace. Two kinds share this skeleton — a pool's identity ([`PoolId`]), the
-//! ledger of what a replica knows of each pool ([`Ledger`]), the maintenance loop ([`every`]) — and
-//! lend agents as [`super::lend::Lent`], taken back through [`super::lend::GiveBack`]:
+//! Agent pools: the agents of one workspace class are interchangeable (every operation request carries its whole
+//! source, settings and environment), so an operation goes to any idle agent of its class, not to an agent per
+//! Workspace. Two kinds share this skeleton — a pool's identity ([`PoolId`]), the ledger of what a replica knows of
+//! each pool ([`Ledger`]), the maintenance loop ([`every`]) — and lend agents as [`super::lend::Lent`], taken back
+//! through [`super::lend::GiveBack`]:
 //!
 //! - [`processes`]: agent processes on the operator's host (the local runtime's default);
 //! - [`pods`]: workspace pods of a StatefulSet per class (`--runtime pod --agent-pools`).
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-/// A pool's identity: its workspace class, `<namespace>/<hash>` ([`super::class::workspace_class`]),
-/// the same on every replica and for every runtime.
+/// A pool's identity: its workspace class, `<namespace>/<hash>` ([`super::class::workspace_class`]), the same on every
+/// replica and for every runtime.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PoolId(String);
 
@@ -54,8 +54,8 @@ impl std::fmt::Display for PoolId {
     }
 }
 
-/// What a replica knows of each pool of one runtime (`P`), by [`PoolId`]. Every critical section is one
-/// lookup, insert or removal (the crate's lock rule: a poisoned lock is taken as it is).
+/// What a replica knows of each pool of one runtime (`P`), by [`PoolId`]. Every critical section is one lookup, insert
+/// or removal (the crate's lock rule: a poisoned lock is taken as it is).
 #[derive(Debug)]
 pub struct Ledger<P>(Mutex<HashMap<PoolId, P>>);
 

@@ -1,5 +1,4 @@
-//! The metadata of the objects made for a Stack: PKO's labels, the template's, the Stack's shard; owner
-//! references.
+//! The metadata of the objects made for a Stack: PKO's labels, the template's, the Stack's shard; owner references.
 
 use std::collections::BTreeMap;
 
@@ -12,9 +11,8 @@ pub(super) fn owner_ref<K: kube::Resource<DynamicType = ()>>(
     owner.controller_owner_ref(&()).ok_or(BuildError::NoUid(what))
 }
 
-/// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard and the
-/// shard count it was computed for (ours, never overridden by a template: they decide which replica
-/// sees the object).
+/// The labels of an object made for `stack`: PKO's, then the template's, then the Stack's shard and the shard count it
+/// was computed for (ours, never overridden by a template: they decide which replica sees the object).
 pub(super) fn child_labels(
     stack: &pko_api::Stack,
     template: Option<BTreeMap<String, String>>,

@@ -1,7 +1,6 @@
-//! Pure builders of the Stack controller: the whole Workspace ([`workspace`]) and Update ([`update`])
-//! objects a Stack needs — metadata and owner references ([`metadata`]), templates and spec (PKO
-//! `stack_controller.go` steps 2, 6 and 10) — and the one merge of a template onto what is generated
-//! ([`overlay`]). No client.
+//! Pure builders of the Stack controller: the whole Workspace ([`workspace`]) and Update ([`update`]) objects a Stack
+//! needs — metadata and owner references ([`metadata`]), templates and spec (PKO `stack_controller.go` steps 2, 6 and
+//! 10) — and the one merge of a template onto what is generated ([`overlay`]). No client.
 
 mod metadata;
 mod update;
@@ -31,11 +30,11 @@ pub enum BuildError {
     },
 }
 
-/// The one merge of a template (`workspaceTemplate.spec`, `updateTemplate.spec`) onto what the
-/// operator generates: every top-level field `template` sets (not null) replaces `base`'s, whole.
+/// The one merge of a template (`workspaceTemplate.spec`, `updateTemplate.spec`) onto what the operator generates:
+/// every top-level field `template` sets (not null) replaces `base`'s, whole.
 ///
-/// Errors: [`BuildError::Template`] naming `field`, when the merged object does not decode as `T` (it is
-/// never silently replaced by the generated one).
+/// Errors: [`BuildError::Template`] naming `field`, when the merged object does not decode as `T` (it is never silently
+/// replaced by the generated one).
 pub fn overlay<T: Serialize + DeserializeOwned>(base: &T, template: &T, field: &'static str) -> Result<T, BuildError> {
     let bad = |e: serde_json::Error| BuildError::Template { field, message: e.to_string() };
     let mut merged = serde_json::to_value(base).map_err(bad)?;

@@ -1,5 +1,5 @@
-//! The Update of a Stack's sync or drift check: its metadata and owners, its spec with
-//! `updateTemplate` merged ([`super::overlay`]), its name, and what it runs ([`pin_run`]).
+//! The Update of a Stack's sync or drift check: its metadata and owners, its spec with `updateTemplate` merged
+//! ([`super::overlay`]), its name, and what it runs ([`pin_run`]).
 
 use pko_api::stack::StackSpec;
 use pko_api::{UpdateSpec, UpdateType};
@@ -7,8 +7,8 @@ use pko_api::{UpdateSpec, UpdateType};
 use super::BuildError;
 use super::metadata::{child_labels, owner_ref};
 
-/// The Update spec for a sync of `spec` (PKO step 10): destroy when finalizing, preview in preview mode,
-/// else up; `ttlAfterCompleted` 24h; `updateTemplate` fields win.
+/// The Update spec for a sync of `spec` (PKO step 10): destroy when finalizing, preview in preview mode, else up;
+/// `ttlAfterCompleted` 24h; `updateTemplate` fields win.
 pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &str) -> Result<UpdateSpec, BuildError> {
     let kind = if deleting {
         UpdateType::Destroy
@@ -39,11 +39,10 @@ pub fn update_spec(spec: &StackSpec, workspace: &str, deleting: bool, message: &
     }
 }
 
-/// The name of the Update a sync creates: `<stack>-<8 hex digits>` of a hash of what the sync is for
-/// (generation, reconcile request, revision, destroy or not) and of the previous Update (its name and
-/// failure count). Deterministic: a pass that retries a failed create chooses the same name, so writing
-/// it to `currentUpdate` again changes nothing (and wakes no watch); every new sync differs from the
-/// last Update, so it never collides with one that still exists.
+/// The name of the Update a sync creates: `<stack>-<8 hex digits>` of a hash of what the sync is for (generation,
+/// reconcile request, revision, destroy or not) and of the previous Update (its name and failure count). Deterministic:
+/// a pass that retries a failed create chooses the same name, so writing it to `currentUpdate` again changes nothing
+/// (and wakes no watch); every new sync differs from the last Update, so it never collides with one that still exists.
 pub fn update_name(
     stack: &str,
     generation: Option<i64>,
@@ -62,9 +61,9 @@ pub fn update_name(
     format!("{stack}-{}", pko_api::hash::sha256_hex(key, 4))
 }
 
-/// The Update `name` of `stack` on `workspace`: PKO's labels plus `updateTemplate.metadata`, the
-/// Workspace as controlling owner and the Stack as a second owner (blocking its deletion), the Stack
-/// finalizer (released once the result is absorbed), and [`update_spec`].
+/// The Update `name` of `stack` on `workspace`: PKO's labels plus `updateTemplate.metadata`, the Workspace as
+/// controlling owner and the Stack as a second owner (blocking its deletion), the Stack finalizer (released once the
+/// result is absorbed), and [`update_spec`].
 pub fn update(
     stack: &pko_api::Stack,
     workspace: &pko_api::Workspace,
@@ -93,11 +92,10 @@ pub fn update(
     Ok(pko_api::Update { metadata, spec: update_spec(&stack.spec, &stack_name, deleting, reason)?, status: None })
 }
 
-/// Records on `u` what it runs (ours, additive Update fields): the Stack's generation, the generation
-/// of `workspace` (as the apply returned it), the source `revision`, and the run digest of `u` on
-/// `workspace` ([`crate::agents::request::run_digest`]), after the update template was merged, so no
-/// template sets them. A Workspace no request can be built from gets no digest: the dispatch fails
-/// the Update naming the field. Pure.
+/// Records on `u` what it runs (ours, additive Update fields): the Stack's generation, the generation of `workspace`
+/// (as the apply returned it), the source `revision`, and the run digest of `u` on `workspace`
+/// ([`crate::agents::request::run_digest`]), after the update template was merged, so no template sets them. A
+/// Workspace no request can be built from gets no digest: the dispatch fails the Update naming the field. Pure.
 pub fn pin_run(u: &mut pko_api::Update, stack: &pko_api::Stack, workspace: &pko_api::Workspace, revision: &str) {
     use kube::ResourceExt;
     u.spec.stack_generation = stack.metadata.generation;
@@ -107,13 +105,13 @@ pub fn pin_run(u: &mut pko_api::Update, stack: &pko_api::Stack, workspace: &pko_
         crate::agents::request::run_digest(&stack.namespace().unwrap_or_default(), &workspace.spec, &u.spec).ok();
 }
 
-/// Time to live of a finished drift check's Update (a schedule every 15 minutes keeps 4, not 96 as
-/// with the 24 h of other Updates); `updateTemplate.spec.ttlAfterCompleted` overrides it.
+/// Time to live of a finished drift check's Update (a schedule every 15 minutes keeps 4, not 96 as with the 24 h of
+/// other Updates); `updateTemplate.spec.ttlAfterCompleted` overrides it.
 pub const DRIFT_CHECK_TTL: &str = "1h";
 
-/// The Update of a drift check of `stack` (PKO's proposal, #1037): a `refresh` with `previewOnly`
-/// (nothing written to the stack's state), message `Drift detection`, the Stack's `targets`, the
-/// update template's other settings; annotated when its schedule remediates. Owned as [`update`]'s.
+/// The Update of a drift check of `stack` (PKO's proposal, #1037): a `refresh` with `previewOnly` (nothing written to
+/// the stack's state), message `Drift detection`, the Stack's `targets`, the update template's other settings;
+/// annotated when its schedule remediates. Owned as [`update`]'s.
 ///
 /// Errors: [`BuildError::NoUid`].
 pub fn drift_check(

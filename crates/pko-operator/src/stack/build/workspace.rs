@@ -1,5 +1,5 @@
-//! The Workspace of a Stack: its metadata, and its spec from the Stack's source, backend, environment,
-//! config and secrets, with `workspaceTemplate` merged ([`super::overlay`]).
+//! The Workspace of a Stack: its metadata, and its spec from the Stack's source, backend, environment, config and
+//! secrets, with `workspaceTemplate` merged ([`super::overlay`]).
 
 use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource, EnvVar, EnvVarSource, SecretEnvSource};
 use pko_api::shared::{ResourceRef, ResourceSelectorType};
@@ -10,10 +10,10 @@ use super::BuildError;
 use super::metadata::{child_labels, owner_ref};
 use crate::stack::source::{ResolvedSource, secret_key};
 
-/// Env var name carrying the value of config `key` behind `prefix` (the agent reads it with
-/// `valueFrom.env`): `<prefix>_<key>` with the key's ASCII letters and digits kept as they are and every
-/// other byte written `_xx` (hex), so two keys never share a variable (`dbpass` → `…_dbpass`, `dbPass` →
-/// `…_dbPass`, `db.pass` → `…_db_2epass`, `db_pass` → `…_db_5fpass`).
+/// Env var name carrying the value of config `key` behind `prefix` (the agent reads it with `valueFrom.env`):
+/// `<prefix>_<key>` with the key's ASCII letters and digits kept as they are and every other byte written `_xx` (hex),
+/// so two keys never share a variable (`dbpass` → `…_dbpass`, `dbPass` → `…_dbPass`, `db.pass` → `…_db_2epass`,
+/// `db_pass` → `…_db_5fpass`).
 pub fn config_env(prefix: &str, key: &str) -> String {
     let mut out = format!("{prefix}_");
     for b in key.bytes() {
@@ -73,8 +73,8 @@ pub fn workspace_spec(spec: &StackSpec, source: &ResolvedSource) -> Result<Works
     }
 }
 
-/// The environment every Stack's Workspace gets: the backend URL, the access token Secret, and the
-/// `envRefs` (sorted by name, so the generated spec is stable). Pure.
+/// The environment every Stack's Workspace gets: the backend URL, the access token Secret, and the `envRefs` (sorted by
+/// name, so the generated spec is stable). Pure.
 fn base_env(spec: &StackSpec) -> Vec<EnvVar> {
     let mut env: Vec<EnvVar> = Vec::new();
     if let Some(b) = &spec.backend {
@@ -106,8 +106,8 @@ fn env_from(spec: &StackSpec) -> Vec<EnvFromSource> {
     maps.chain(secrets).collect()
 }
 
-/// The stack's config items in PKO's order — inline `config` (sorted), `configRef`, `secrets`,
-/// `secretsRef` — adding to `env` the variables that carry referenced values ([`config_env`]). Pure.
+/// The stack's config items in PKO's order — inline `config` (sorted), `configRef`, `secrets`, `secretsRef` — adding to
+/// `env` the variables that carry referenced values ([`config_env`]). Pure.
 fn config_items(spec: &StackSpec, env: &mut Vec<EnvVar>) -> Vec<ConfigItem> {
     let mut config: Vec<ConfigItem> = Vec::new();
     for (k, v) in spec.config.iter().flatten() {
@@ -135,8 +135,8 @@ fn config_items(spec: &StackSpec, env: &mut Vec<EnvVar>) -> Vec<ConfigItem> {
     config
 }
 
-/// The config item of `secretsRef` entry `key` → `r`: a literal as a secret value, any other reference
-/// through a variable of `env` ([`SECRET_CONFIG_ENV_PREFIX`]). Pure.
+/// The config item of `secretsRef` entry `key` → `r`: a literal as a secret value, any other reference through a
+/// variable of `env` ([`SECRET_CONFIG_ENV_PREFIX`]). Pure.
 fn secret_ref_item(key: &str, r: &ResourceRef, env: &mut Vec<EnvVar>) -> ConfigItem {
     if r.selector_type == ResourceSelectorType::Literal {
         let value = r.literal.as_ref().map(|l| serde_json::Value::String(l.value.clone()));
@@ -168,9 +168,9 @@ fn set_source(ws: &mut WorkspaceSpec, spec: &StackSpec, source: &ResolvedSource)
     }
 }
 
-/// `ws` with `template` merged ([`super::overlay`]): fields it sets replace the generated ones; `env`
-/// and `stacks` merge by name. A source in the template (`git`, `flux`, `local`, `projectInfo`) replaces
-/// the generated source as a whole: an agent runs one source (PKO #1300, fixed in v2.9.1 by #1327).
+/// `ws` with `template` merged ([`super::overlay`]): fields it sets replace the generated ones; `env` and `stacks`
+/// merge by name. A source in the template (`git`, `flux`, `local`, `projectInfo`) replaces the generated source as a
+/// whole: an agent runs one source (PKO #1300, fixed in v2.9.1 by #1327).
 ///
 /// Errors: [`BuildError::Template`].
 fn merge_workspace(mut ws: WorkspaceSpec, mut template: WorkspaceSpec) -> Result<WorkspaceSpec, BuildError> {
@@ -193,8 +193,8 @@ fn merge_workspace(mut ws: WorkspaceSpec, mut template: WorkspaceSpec) -> Result
     Ok(ws)
 }
 
-/// The Workspace of `stack` (named after it, in its namespace): PKO's labels plus
-/// `workspaceTemplate.metadata`, the Stack as controlling owner, and [`workspace_spec`].
+/// The Workspace of `stack` (named after it, in its namespace): PKO's labels plus `workspaceTemplate.metadata`, the
+/// Stack as controlling owner, and [`workspace_spec`].
 pub fn workspace(stack: &pko_api::Stack, source: &ResolvedSource) -> Result<pko_api::Workspace, BuildError> {
     use kube::ResourceExt;
     let name = stack.name_any();

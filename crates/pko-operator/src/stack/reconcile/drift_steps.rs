@@ -1,6 +1,6 @@
-//! The drift steps of a pass ([`crate::stack::drift`] decides, these do the I/O): when a check is due
-//! or a remediation runs, taking a fleet-wide check slot and creating the check's Update, and a
-//! finished check's result into `DriftDetected` and `status.driftDetection`.
+//! The drift steps of a pass ([`crate::stack::drift`] decides, these do the I/O): when a check is due or a remediation
+//! runs, taking a fleet-wide check slot and creating the check's Update, and a finished check's result into
+//! `DriftDetected` and `status.driftDetection`.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -22,13 +22,13 @@ use crate::stack::{build, conditions, drift, io, messages};
 /// [`pko_queue::slots::WAITER_TTL`], so it keeps its place in line).
 pub const DRIFT_SLOT_RETRY: Duration = Duration::from_secs(5);
 
-/// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each
-/// 30 s) renews it, so only a check whose replica died holds a slot that long.
+/// How long a drift check holds its fleet-wide slot without renewal; every pass while it runs (each 30 s) renews it, so
+/// only a check whose replica died holds a slot that long.
 pub const DRIFT_SLOT_LEASE: Duration = Duration::from_secs(600);
 
-/// Step 2, for a drift check: while it runs the Stack stays as it is (Ready) and the check's slot is
-/// renewed; once it ended, its result sets `DriftDetected` and `status.driftDetection` (never
-/// `lastUpdate`: a check is not an update of the stack).
+/// Step 2, for a drift check: while it runs the Stack stays as it is (Ready) and the check's slot is renewed; once it
+/// ended, its result sets `DriftDetected` and `status.driftDetection` (never `lastUpdate`: a check is not an update of
+/// the stack).
 pub(super) async fn drift_checked(c: &StackController, p: &mut Pass, u: Update) -> Step {
     if !u.is_complete() {
         if let Err(e) = c.ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
@@ -69,9 +69,9 @@ pub(super) async fn drift_checked(c: &StackController, p: &mut Pass, u: Update) 
     Ok(())
 }
 
-/// Step 5, for a synced, Ready Stack: drift to remediate (`Break` an Update), a check due (`Break` the
-/// check), or when to look again (`Continue` with the time to the next tick). Keeps `DriftDetected`
-/// and `status.driftDetection.nextCheck` current.
+/// Step 5, for a synced, Ready Stack: drift to remediate (`Break` an Update), a check due (`Break` the check), or when
+/// to look again (`Continue` with the time to the next tick). Keeps `DriftDetected` and
+/// `status.driftDetection.nextCheck` current.
 pub(super) fn drift_due(c: &StackController, p: &mut Pass) -> ControlFlow<Work, Option<Duration>> {
     match drift::remediation(&p.draft) {
         drift::Remediation::Run(reason) => {
@@ -108,8 +108,8 @@ pub(super) fn drift_due(c: &StackController, p: &mut Pass) -> ControlFlow<Work, 
     }
 }
 
-/// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in
-/// [`DRIFT_SLOT_RETRY`]), write `currentUpdate`, create the check's Update. The Stack stays Ready.
+/// Step 8, for a due drift check: take a fleet-wide slot (none free: look again in [`DRIFT_SLOT_RETRY`]), write
+/// `currentUpdate`, create the check's Update. The Stack stays Ready.
 pub(super) async fn drift_check(
     c: &StackController,
     p: &mut Pass,
@@ -147,9 +147,9 @@ pub(super) async fn drift_check(
     Ok(Action::requeue(super::pass::LOOK_AGAIN))
 }
 
-/// A fleet-wide drift-check slot for the Stack, or why the pass halts: none free (said once on
-/// `DriftDetected`, looked at again in [`DRIFT_SLOT_RETRY`], keeping its place in the slots' line), or
-/// the slots could not be asked (again in 30 s).
+/// A fleet-wide drift-check slot for the Stack, or why the pass halts: none free (said once on `DriftDetected`, looked
+/// at again in [`DRIFT_SLOT_RETRY`], keeping its place in the slots' line), or the slots could not be asked (again in
+/// 30 s).
 async fn take_slot(c: &StackController, p: &mut Pass) -> Step {
     match c.ctx.drift_slots.acquire(&p.slot_key(), DRIFT_SLOT_LEASE).await {
         Ok(true) => Ok(()),

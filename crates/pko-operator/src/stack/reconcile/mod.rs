@@ -1,21 +1,21 @@
 //! One reconcile of a Stack (PKO `stack_controller.go` `Reconcile`), as a short driver over named steps:
 //!
-//! 1. **dereference**: the cached Stack, judged by this replica's own last write of it
-//!    ([`crate::own_writes`]), and its finalizer;
-//! 2. **current update** ([`steps`]): wait for it, absorb a finished one ([`super::absorb`]), or heal
-//!    a dangling reference (PKO #1292); a drift check's result ([`drift_steps`]);
+//! 1. **dereference**: the cached Stack, judged by this replica's own last write of it ([`crate::own_writes`]), and its
+//!    finalizer;
+//! 2. **current update** ([`steps`]): wait for it, absorb a finished one ([`super::absorb`]), or heal a dangling
+//!    reference (PKO #1292); a drift check's result ([`drift_steps`]);
 //! 3. **deletion**: release the finalizer when no destroy is due; stall in a terminating namespace;
 //! 4. **source**: resolve the revision, validate the spec, keep a refused template stalled;
 //! 5. **plan**: in sync or not ([`super::plan`]);
 //! 6. **prerequisites**;
 //! 7. **workspace** ([`update_steps`]): build ([`super::build`]) and apply; wait until it is Ready;
-//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update — or, for a
-//!    synced Stack whose drift check is due, create the check's Update once a fleet-wide slot is free.
+//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update — or, for a synced Stack whose
+//!    drift check is due, create the check's Update once a fleet-wide slot is free.
 //!
-//! Each step changes the pass's draft status ([`pass::Pass`]) and may halt the pass ([`pass::Halt`]);
-//! the driver then writes the status once (nothing when unchanged) and carries out what must follow
-//! the write. One write comes earlier: the `currentUpdate` intent before an Update is created, so a
-//! crash never leaves an Update the Stack does not know. Each step fails with its own [`Error`] variant.
+//! Each step changes the pass's draft status ([`pass::Pass`]) and may halt the pass ([`pass::Halt`]); the driver then
+//! writes the status once (nothing when unchanged) and carries out what must follow the write. One write comes earlier:
+//! the `currentUpdate` intent before an Update is created, so a crash never leaves an Update the Stack does not know.
+//! Each step fails with its own [`Error`] variant.
 
 mod drift_steps;
 mod pass;
@@ -77,13 +77,13 @@ pub enum Error {
     /// Writing the Stack status.
     #[error("writing the stack status: {0}")]
     Status(#[source] kube::Error),
-    /// The Stack's shard stopped being held during the pass (it moved, or this replica passed its
-    /// renew deadline, e.g. frozen): nothing more is written; its new holder reconciles it.
+    /// The Stack's shard stopped being held during the pass (it moved, or this replica passed its renew deadline, e.g.
+    /// frozen): nothing more is written; its new holder reconciles it.
     #[error("fenced: the stack's shard is no longer held here")]
     Fenced,
-    /// The pass ran on a cached Stack that was not the stored one (its pinned write got 409, or the
-    /// read before its effects showed a newer version): nothing more is written; the cache's newer
-    /// version is reconciled (not counted as a failure).
+    /// The pass ran on a cached Stack that was not the stored one (its pinned write got 409, or the read before its
+    /// effects showed a newer version): nothing more is written; the cache's newer version is reconciled (not counted
+    /// as a failure).
     #[error("the cached stack was not the stored one")]
     Stale,
 }
@@ -108,15 +108,15 @@ impl crate::k8s::ReconcileError for Error {
     }
 }
 
-/// What the Stack controller's reconciles share: the operator's [`Context`], the informer caches a
-/// pass reads, and what this replica last wrote (Stacks) and applied (Workspaces).
+/// What the Stack controller's reconciles share: the operator's [`Context`], the informer caches a pass reads, and what
+/// this replica last wrote (Stacks) and applied (Workspaces).
 pub struct StackController {
     /// The operator's context.
     pub ctx: Arc<Context>,
     /// The Update informer's cache (the Updates of the shards this replica holds).
     pub updates: kube::runtime::reflector::Store<Update>,
-    /// The Program informer's cache (every Program of the watched namespaces), which a pass reads a
-    /// `programRef`'s artifact from ([`super::source::resolve`]).
+    /// The Program informer's cache (every Program of the watched namespaces), which a pass reads a `programRef`'s
+    /// artifact from ([`super::source::resolve`]).
     pub programs: kube::runtime::reflector::Store<pko_api::Program>,
     /// The `resourceVersion` of each Stack after this replica's last write of it.
     pub own_writes: OwnWrites<Stack>,
@@ -133,8 +133,8 @@ impl StackController {
     }
 }
 
-/// How soon a pass that found the cache behind runs again (the newer version's watch event usually
-/// comes first): 2 seconds.
+/// How soon a pass that found the cache behind runs again (the newer version's watch event usually comes first): 2
+/// seconds.
 pub const STALE_RETRY: Duration = Duration::from_secs(2);
 
 /// One reconcile of a Stack: ownership, dereference, the steps, one status write, the effects.
@@ -161,8 +161,7 @@ pub async fn reconcile(cached: Arc<Stack>, c: Arc<StackController>) -> Result<Ac
     }
 }
 
-/// The pass over `cached` as `write` judged it: the finalizer, then the steps, one status write, the
-/// effects.
+/// The pass over `cached` as `write` judged it: the finalizer, then the steps, one status write, the effects.
 async fn pass(c: &StackController, cached: Arc<Stack>, write: WriteState) -> Result<Action, Error> {
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
     if !cached.finalizers().iter().any(|f| f == STACK_FINALIZER) {
@@ -188,8 +187,8 @@ async fn pass(c: &StackController, cached: Arc<Stack>, write: WriteState) -> Res
     exit.map(|action| after.unwrap_or(action))
 }
 
-/// A Stack without the Stack finalizer gets it (unless it is being deleted); the patch's test pins the
-/// finalizer list as cached: 422 when the cache was behind ([`Error::Stale`]).
+/// A Stack without the Stack finalizer gets it (unless it is being deleted); the patch's test pins the finalizer list
+/// as cached: 422 when the cache was behind ([`Error::Stale`]).
 async fn add_finalizer(c: &StackController, stack: &Stack, write: &WriteState) -> Result<Action, Error> {
     let (ns, name) = (stack.namespace().unwrap_or_default(), stack.name_any());
     if stack.meta().deletion_timestamp.is_some() {

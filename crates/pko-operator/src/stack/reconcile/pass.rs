@@ -1,6 +1,6 @@
-//! The state of one pass over a Stack: the Stack as read, the status being drafted, what the pass
-//! knows of the stored Stack and its own writes, the requests it judged, and the effects that must
-//! follow the status write; how a step halts the pass.
+//! The state of one pass over a Stack: the Stack as read, the status being drafted, what the pass knows of the stored
+//! Stack and its own writes, the requests it judged, and the effects that must follow the status write; how a step
+//! halts the pass.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,9 +37,9 @@ impl From<Error> for Halt {
 }
 
 impl Pass {
-    /// What a builder gave: the object, or — for a template merged onto the generated spec that gives no
-    /// valid spec — the Stack Stalled `SpecInvalid` naming the template, with PKO's Warning
-    /// `StackConfigInvalid` once, until the spec changes; any other build error fails the pass.
+    /// What a builder gave: the object, or — for a template merged onto the generated spec that gives no valid spec —
+    /// the Stack Stalled `SpecInvalid` naming the template, with PKO's Warning `StackConfigInvalid` once, until the
+    /// spec changes; any other build error fails the pass.
     pub fn built<T>(&mut self, built: Result<T, BuildError>) -> Step<T> {
         match built {
             Ok(t) => Ok(t),
@@ -63,9 +63,8 @@ impl Pass {
 /// A step's result: its value, or why the pass halts.
 pub(super) type Step<T = ()> = Result<T, Halt>;
 
-/// How soon a pass looks again at what moves by itself — an Update in flight, a source not yet
-/// available, a terminating namespace, a drift check running: 30 seconds (PKO's requeue; the object's
-/// own watch event usually comes first).
+/// How soon a pass looks again at what moves by itself — an Update in flight, a source not yet available, a terminating
+/// namespace, a drift check running: 30 seconds (PKO's requeue; the object's own watch event usually comes first).
 pub(super) const LOOK_AGAIN: Duration = Duration::from_secs(30);
 
 /// `Halt::Done` with a requeue after [`LOOK_AGAIN`].
@@ -106,8 +105,8 @@ pub(super) enum Effect {
 /// What a pass knows of the stored Stack and of its own writes.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum WriteState {
-    /// The cached Stack is not shown to be the stored one: the status write is pinned to this
-    /// `resourceVersion`, and the effects wait for one read that shows it ([`Pass::ensure_current`]).
+    /// The cached Stack is not shown to be the stored one: the status write is pinned to this `resourceVersion`, and
+    /// the effects wait for one read that shows it ([`Pass::ensure_current`]).
     Unverified(String),
     /// The cached Stack is the stored one (this replica's last write); nothing written yet.
     Current,
@@ -205,8 +204,7 @@ impl Pass {
         self.effects.push(Effect::Event(severity, reason, note));
     }
 
-    /// `currentUpdate` naming Update `name` of source `revision`, for this pass's generation and
-    /// reconcile request.
+    /// `currentUpdate` naming Update `name` of source `revision`, for this pass's generation and reconcile request.
     pub fn current_update_named(&self, name: String, revision: String) -> CurrentStackUpdate {
         CurrentStackUpdate {
             generation: self.generation(),
@@ -221,8 +219,8 @@ impl Pass {
         format!("{}/{}", self.ns(), self.name())
     }
 
-    /// Fails with [`Error::Fenced`] once the Stack's shard is not held here any more: asked right
-    /// before every write of the pass.
+    /// Fails with [`Error::Fenced`] once the Stack's shard is not held here any more: asked right before every write of
+    /// the pass.
     pub fn fence(&self, c: &StackController) -> Result<(), Error> {
         if c.ctx.ownership.owns(&self.ns(), &self.name()) { Ok(()) } else { Err(Error::Fenced) }
     }
@@ -231,8 +229,8 @@ impl Pass {
         Api::namespaced(c.ctx.client.clone(), &self.ns())
     }
 
-    /// Writes the draft status, unless it is what is stored (or was last written). An unverified pass's
-    /// write is pinned to the cached `resourceVersion`: 409 (or 404) → [`Error::Stale`].
+    /// Writes the draft status, unless it is what is stored (or was last written). An unverified pass's write is pinned
+    /// to the cached `resourceVersion`: 409 (or 404) → [`Error::Stale`].
     pub async fn write_status(&mut self, c: &StackController) -> Result<(), Error> {
         let stored = match &self.write {
             WriteState::Written { status, .. } => Some(&**status),
@@ -255,9 +253,8 @@ impl Pass {
         Ok(())
     }
 
-    /// Before a write that is not the pinned status write (an Update created, the effects): an
-    /// unverified pass reads the Stack once and goes on only when the cache showed the stored
-    /// version; otherwise [`Error::Stale`].
+    /// Before a write that is not the pinned status write (an Update created, the effects): an unverified pass reads
+    /// the Stack once and goes on only when the cache showed the stored version; otherwise [`Error::Stale`].
     pub async fn ensure_current(&mut self, c: &StackController) -> Result<(), Error> {
         let WriteState::Unverified(cached) = &self.write else { return Ok(()) };
         let stored = self.api(c).get_opt(&self.name()).await.map_err(Error::Dereference)?;
@@ -309,8 +306,7 @@ impl Pass {
     }
 }
 
-/// Deletes an earlier drift check's Update; its TTL deletes it later anyway, so a failure only delays
-/// that (logged).
+/// Deletes an earlier drift check's Update; its TTL deletes it later anyway, so a failure only delays that (logged).
 async fn delete_update(updates: &Api<Update>, name: &str) {
     match updates.delete(name, &Default::default()).await {
         Ok(_) => {}

@@ -1,5 +1,5 @@
-//! Steps 2–6 of a pass: the current Update, deletion, an unlock request, the source, the sync
-//! decision and the prerequisites.
+//! Steps 2–6 of a pass: the current Update, deletion, an unlock request, the source, the sync decision and the
+//! prerequisites.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -20,15 +20,14 @@ use crate::stack::plan::{self, RetryPolicy, Sync};
 use crate::stack::source::{self, Resolved, ResolvedSource};
 use crate::stack::{absorb, conditions, drift, io, messages, prerequisites as prereq, unlock as unlocking};
 
-/// How long a Stack waits for its prerequisites before it looks again by itself: 5 minutes (their
-/// changes wake it through the controller's watch; this covers a missed event).
+/// How long a Stack waits for its prerequisites before it looks again by itself: 5 minutes (their changes wake it
+/// through the controller's watch; this covers a missed event).
 const PREREQUISITES_RECHECK: Duration = Duration::from_secs(300);
 
-/// Whether a pass may take the cached Update as it is, without reading it fresh. Pure. Yes when the
-/// cache shows it complete: a complete Update's status is final and the one write absorbing it makes to
-/// it, the finalizer release, is fenced by the cached `resourceVersion`. Yes when it shows an operation
-/// (not a drift check) still running: the pass only waits, and the completion wakes the Stack once the
-/// cache has it. A running drift check is read fresh.
+/// Whether a pass may take the cached Update as it is, without reading it fresh. Pure. Yes when the cache shows it
+/// complete: a complete Update's status is final and the one write absorbing it makes to it, the finalizer release, is
+/// fenced by the cached `resourceVersion`. Yes when it shows an operation (not a drift check) still running: the pass
+/// only waits, and the completion wakes the Stack once the cache has it. A running drift check is read fresh.
 pub(super) fn cache_will_do(u: &Update) -> bool {
     u.is_complete() || !drift::is_check(u)
 }
@@ -62,9 +61,9 @@ pub(super) async fn current_update(c: &StackController, p: &mut Pass) -> Step {
     absorb_finished(c, p, &cur, u).await
 }
 
-/// Step 2, once the current Update is complete: its result into `lastUpdate`, its outputs into
-/// `status.outputs` (handed over by this replica's dispatcher, else read from the outputs Secret), the
-/// events, and its finalizer released after the status write.
+/// Step 2, once the current Update is complete: its result into `lastUpdate`, its outputs into `status.outputs` (handed
+/// over by this replica's dispatcher, else read from the outputs Secret), the events, and its finalizer released after
+/// the status write.
 async fn absorb_finished(
     c: &StackController,
     p: &mut Pass,
@@ -129,8 +128,8 @@ pub(super) async fn deletion(c: &StackController, p: &mut Pass) -> Step {
     Ok(())
 }
 
-/// Step 3b: a new unlock request, judged once no Update of the Stack runs ([`unlocking`]): accepted,
-/// the next Update releases the holders; refused, an event names the holder kept.
+/// Step 3b: a new unlock request, judged once no Update of the Stack runs ([`unlocking`]): accepted, the next Update
+/// releases the holders; refused, an event names the holder kept.
 pub(super) async fn unlock(c: &StackController, p: &mut Pass) -> Step {
     let Some(request) = p.requests.unlock.clone() else { return Ok(()) };
     let message = p.draft.last_update.as_ref().and_then(|l| l.message.clone());
@@ -180,8 +179,8 @@ pub(super) async fn source(c: &StackController, p: &mut Pass) -> Step<ResolvedSo
     Ok(source)
 }
 
-/// Before step 5: after a failed update, whether the Stack's Workspace is Stalled (its reason and
-/// message): then the failure is not retried (PKO's `WorkspaceFailed`). One read, only on that path.
+/// Before step 5: after a failed update, whether the Stack's Workspace is Stalled (its reason and message): then the
+/// failure is not retried (PKO's `WorkspaceFailed`). One read, only on that path.
 pub(super) async fn workspace_stall(c: &StackController, p: &Pass) -> Step<Option<(String, String)>> {
     if p.draft.last_update.as_ref().and_then(|l| l.state) != Some(StackUpdateStateMessage::Failed) {
         return Ok(None);
@@ -191,8 +190,8 @@ pub(super) async fn workspace_stall(c: &StackController, p: &Pass) -> Step<Optio
     Ok(ws.as_ref().and_then(Workspace::stalled).map(|c| (c.reason.clone(), c.message.clone())))
 }
 
-/// Step 5: in sync (conditions, maybe the finalizer or the Workspace go, maybe a drift check is due:
-/// halts) or the work to do.
+/// Step 5: in sync (conditions, maybe the finalizer or the Workspace go, maybe a drift check is due: halts) or the work
+/// to do.
 pub(super) fn sync(
     c: &StackController,
     p: &mut Pass,

@@ -15,12 +15,12 @@ use crate::k8s::Severity;
 use crate::stack::source::ResolvedSource;
 use crate::stack::{build, drift, io, messages};
 
-/// How soon a pass waiting for its Workspace to be ready looks again by itself: 5 seconds (the
-/// Workspace's own watch event usually comes first).
+/// How soon a pass waiting for its Workspace to be ready looks again by itself: 5 seconds (the Workspace's own watch
+/// event usually comes first).
 const WORKSPACE_RECHECK: Duration = Duration::from_secs(5);
 
-/// Step 7: the Workspace, applied (skipped when this replica applied the same at this shard epoch and
-/// the cache shows it, [`crate::stack::applied`]); the pass waits until it is ready for an Update.
+/// Step 7: the Workspace, applied (skipped when this replica applied the same at this shard epoch and the cache shows
+/// it, [`crate::stack::applied`]); the pass waits until it is ready for an Update.
 pub(super) async fn workspace(c: &StackController, p: &mut Pass, source: &ResolvedSource) -> Step<Workspace> {
     let (ns, name) = (p.ns(), p.name());
     let desired = p.built(build::workspace(&p.stack, source))?;
@@ -59,18 +59,18 @@ pub(super) async fn workspace(c: &StackController, p: &mut Pass, source: &Resolv
     Ok(ws)
 }
 
-/// Whether an Update may be made against `ws` as the apply returned it: runnable, and — for a Workspace
-/// with an agent of its own (no `status.pool`: its own pod or process, PKO's model) — observed at its
-/// current generation (PKO's `isWorkspaceReady`). A pooled Workspace's operation is built from the
-/// Workspace at the generation its Update names, whichever agent runs it, so it does not wait. Pure.
+/// Whether an Update may be made against `ws` as the apply returned it: runnable, and — for a Workspace with an agent
+/// of its own (no `status.pool`: its own pod or process, PKO's model) — observed at its current generation (PKO's
+/// `isWorkspaceReady`). A pooled Workspace's operation is built from the Workspace at the generation its Update names,
+/// whichever agent runs it, so it does not wait. Pure.
 pub fn ready_for_update(ws: &Workspace) -> bool {
     let status = ws.status.as_ref();
     let own_agent = status.is_none_or(|s| s.pool.is_none());
     ws.runnable() && (!own_agent || status.and_then(|s| s.observed_generation) == ws.metadata.generation)
 }
 
-/// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's
-/// before a shard moved), or write `currentUpdate` and create the Update.
+/// Step 8: follow an Update already in flight (a write this pass could not see, or another replica's before a shard
+/// moved), or write `currentUpdate` and create the Update.
 pub(super) async fn update(
     c: &StackController,
     p: &mut Pass,
@@ -109,8 +109,8 @@ pub(super) async fn update(
     }
 }
 
-/// The Update `name` of the pass's Stack on `ws`: released lock holders annotated, a drift
-/// remediation's refresh, and what it runs pinned ([`build::pin_run`]).
+/// The Update `name` of the pass's Stack on `ws`: released lock holders annotated, a drift remediation's refresh, and
+/// what it runs pinned ([`build::pin_run`]).
 fn update_object(p: &mut Pass, ws: &Workspace, name: &str, revision: &str, reason: &str) -> Step<Update> {
     let built = build::update(&p.stack, ws, name, p.deleting(), reason);
     let mut update = p.built(built)?;
@@ -126,9 +126,9 @@ fn update_object(p: &mut Pass, ws: &Workspace, name: &str, revision: &str, reaso
     Ok(update)
 }
 
-/// The API server refused the Update: a spec it will never take stalls the Stack (`currentUpdate`
-/// undone) until the spec changes; anything else is retried by the error policy, `currentUpdate` kept
-/// as written (the next pass heals the dangling name and writes the same one: no watch event).
+/// The API server refused the Update: a spec it will never take stalls the Stack (`currentUpdate` undone) until the
+/// spec changes; anything else is retried by the error policy, `currentUpdate` kept as written (the next pass heals the
+/// dangling name and writes the same one: no watch event).
 fn refused(p: &mut Pass, e: kube::Error) -> Step<Action> {
     let (stall, msg) = messages::refusal(messages::REFUSED_UPDATE, &e);
     if stall {

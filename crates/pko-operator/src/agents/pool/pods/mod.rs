@@ -1,30 +1,28 @@
-//! Agent pools of the `pod` runtime (`--runtime pod --agent-pools`): the workspace pods of one class
-//! ([`super::class`]: the namespace and everything that shapes the pod — image, env, resources, service
-//! account, security profile, pod template, log level) are interchangeable, so a class gets one StatefulSet
-//! `pko-pool-<class hash>-workspace` (and its headless Service), built from the class's pod exactly as a
-//! Workspace's own ([`super::pod::stateful_set`]), and scaled by the operator: from 0 (the default
-//! minimum: an idle class costs no pod — PKO keeps one pod per Stack, 24/7) up to `max` pods while
-//! operations wait, and down again once the highest pod has been idle for the idle timeout.
+//! Agent pools of the `pod` runtime (`--runtime pod --agent-pools`): the workspace pods of one class ([`super::class`]:
+//! the namespace and everything that shapes the pod — image, env, resources, service account, security profile, pod
+//! template, log level) are interchangeable, so a class gets one StatefulSet `pko-pool-<class hash>-workspace` (and its
+//! headless Service), built from the class's pod exactly as a Workspace's own ([`super::pod::stateful_set`]), and
+//! scaled by the operator: from 0 (the default minimum: an idle class costs no pod — PKO keeps one pod per Stack, 24/7)
+//! up to `max` pods while operations wait, and down again once the highest pod has been idle for the idle timeout.
 //!
-//! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods
-//! themselves are the truth about who runs what — an agent refuses a second operation
-//! (`UNAVAILABLE: agent busy`), so two replicas that pick the same idle pod at once lose nothing (the
-//! one refused defers its operation: [`crate::agents::lend::End::Busy`]). Growing is done by any replica that
-//! finds no idle pod (a resourceVersion-guarded raise of `spec.replicas`, never a lowering); shrinking
-//! by one replica only, the holder of the pool's own shard (`<namespace>/<pool name>`, as any object's):
-//! it lowers `spec.replicas` by one when the highest pod answers idle for at least the idle timeout —
-//! by the agent's own clock ([`pko_proto::v1::StatusResponse::idle_seconds`]), whoever lent it. Lending
-//! prefers the lowest ordinal, so the highest pods are the ones that go idle (a StatefulSet removes its
-//! highest pod first).
+//! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods themselves are the
+//! truth about who runs what — an agent refuses a second operation (`UNAVAILABLE: agent busy`), so two replicas that
+//! pick the same idle pod at once lose nothing (the one refused defers its operation:
+//! [`crate::agents::lend::End::Busy`]). Growing is done by any replica that finds no idle pod (a
+//! resourceVersion-guarded raise of `spec.replicas`, never a lowering); shrinking by one replica only, the holder of
+//! the pool's own shard (`<namespace>/<pool name>`, as any object's): it lowers `spec.replicas` by one when the highest
+//! pod answers idle for at least the idle timeout — by the agent's own clock
+//! ([`pko_proto::v1::StatusResponse::idle_seconds`]), whoever lent it. Lending prefers the lowest ordinal, so the
+//! highest pods are the ones that go idle (a StatefulSet removes its highest pod first).
 //!
-//! Agents authenticate the operator as with a Workspace's own pod (`--auth kube`), with the pool's name
-//! in the Workspace's place: tokens for the audience `<pool>.<namespace>`, and the SubjectAccessReview
-//! `use workspaces/rpc` named after the pool, which PKO's operator role already grants.
+//! Agents authenticate the operator as with a Workspace's own pod (`--auth kube`), with the pool's name in the
+//! Workspace's place: tokens for the audience `<pool>.<namespace>`, and the SubjectAccessReview `use workspaces/rpc`
+//! named after the pool, which PKO's operator role already grants.
 //!
-//! Invariants: `spec.replicas` is only raised by lenders and only lowered by the pool's maintainer, each
-//! write guarded by the resourceVersion it read; a pod is lent by at most one dispatcher of this replica
-//! at a time (`lent`), and runs at most one operation at a time (its capacity); an operation found
-//! running on a pod (`started`) is followed there, never started on another.
+//! Invariants: `spec.replicas` is only raised by lenders and only lowered by the pool's maintainer, each write guarded
+//! by the resourceVersion it read; a pod is lent by at most one dispatcher of this replica at a time (`lent`), and runs
+//! at most one operation at a time (its capacity); an operation found running on a pod (`started`) is followed there,
+//! never started on another.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -46,11 +44,11 @@ use crate::ownership::Ownership;
 mod objects;
 pub use objects::{agent_address, candidates, grow_slot, pool_name, pool_objects, resize};
 
-/// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the
-/// namespace). Replicas find the pools they maintain by it after a restart.
+/// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the namespace). Replicas find
+/// the pools they maintain by it after a restart.
 pub const POOL_LABEL: &str = "auto.pulumi.com/pool";
-/// Annotation of a pool's StatefulSet: hash of its generated pod template; a different one (a new
-/// operator version, a new agent image) replaces the template.
+/// Annotation of a pool's StatefulSet: hash of its generated pod template; a different one (a new operator version, a
+/// new agent image) replaces the template.
 pub const POOL_TEMPLATE_ANNOTATION: &str = "auto.pulumi.com/pool-template-hash";
 /// How long a lender waits for the pod it added to answer (seconds: scheduling, image pull, start).
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -120,8 +118,8 @@ pub struct PodPools {
 }
 
 impl PodPools {
-    /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and
-    /// maintained by this replica where `ownership` says it holds the pool's shard.
+    /// Pools of pods shaped by `pod`, sized by `cfg`, whose agents accept `tokens` (the operator's), and maintained by
+    /// this replica where `ownership` says it holds the pool's shard.
     pub fn new(
         client: kube::Client,
         cfg: PoolConfig,
@@ -158,13 +156,13 @@ impl PodPools {
             .await
     }
 
-    /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod
-    /// that knows `op` already (followed); else the idle pod of lowest ordinal; else a pod added to the
-    /// pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`. `None`: every pod is
-    /// busy and the pool is at its maximum (the operation waits in the queue).
+    /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod that knows `op`
+    /// already (followed); else the idle pod of lowest ordinal; else a pod added to the pool (waiting up to
+    /// [`START_TIMEOUT`] for it) while it has fewer than `max`. `None`: every pod is busy and the pool is at its
+    /// maximum (the operation waits in the queue).
     ///
-    /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had
-    /// for its agents, or the added pod does not answer.
+    /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had for its agents,
+    /// or the added pod does not answer.
     pub async fn acquire(
         self: &Arc<Self>,
         ws: &Workspace,
@@ -267,8 +265,8 @@ impl PodPools {
         Some(i)
     }
 
-    /// Creates the pool's Service and StatefulSet (at 0 pods) if they are missing, and replaces the
-    /// StatefulSet's pod template if it was generated differently (another operator version).
+    /// Creates the pool's Service and StatefulSet (at 0 pods) if they are missing, and replaces the StatefulSet's pod
+    /// template if it was generated differently (another operator version).
     async fn ensure(&self, class: &PoolId, ws: &Workspace) -> Result<(), PodPoolError> {
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(class);
@@ -318,8 +316,8 @@ impl PodPools {
         Ok(())
     }
 
-    /// Raises the pool's `spec.replicas` to at least `n` (at most `max`), guarded by the
-    /// resourceVersion read (a conflict is read again, five times at most).
+    /// Raises the pool's `spec.replicas` to at least `n` (at most `max`), guarded by the resourceVersion read (a
+    /// conflict is read again, five times at most).
     async fn scale_up(&self, api: &Api<StatefulSet>, name: &str, n: usize) -> Result<(), kube::Error> {
         let object = pod::object_name(name);
         let n = n.min(self.cfg.max.max(1));
@@ -344,16 +342,16 @@ impl PodPools {
         Err(last.unwrap_or_else(|| kube::Error::Service("scaling the pool: conflicts".into())))
     }
 
-    /// Looks after the pools until `shutdown`: every [`MAINTAIN_EVERY`], those whose shard this replica
-    /// holds are resized ([`resize`]) and their gauges published; every [`DISCOVER_EVERY`], the pools of
-    /// the cluster are listed (pools created before a restart, or by another replica). At shutdown the
-    /// pods stay: the next maintainer scales them down.
+    /// Looks after the pools until `shutdown`: every [`MAINTAIN_EVERY`], those whose shard this replica holds are
+    /// resized ([`resize`]) and their gauges published; every [`DISCOVER_EVERY`], the pools of the cluster are listed
+    /// (pools created before a restart, or by another replica). At shutdown the pods stay: the next maintainer scales
+    /// them down.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         super::every(MAINTAIN_EVERY, &shutdown, || self.tick()).await;
     }
 
-    /// One look after the pools: the cluster's pools listed when [`DISCOVER_EVERY`] has passed, then
-    /// those this replica maintains resized.
+    /// One look after the pools: the cluster's pools listed when [`DISCOVER_EVERY`] has passed, then those this replica
+    /// maintains resized.
     async fn tick(&self) {
         let due = {
             let mut last = self.discovered.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -369,10 +367,10 @@ impl PodPools {
         self.maintain().await;
     }
 
-    /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]). The list is
-    /// served from the API server's watch cache (`resourceVersion=0`, unpaged): a consistent list of
-    /// every StatefulSet of the cluster from etcd each minute and replica would scan them all for a
-    /// label; a pool a moment too new to be seen is found a minute later.
+    /// Adds the pools of the cluster this replica does not know yet (by [`POOL_LABEL`]). The list is served from the
+    /// API server's watch cache (`resourceVersion=0`, unpaged): a consistent list of every StatefulSet of the cluster
+    /// from etcd each minute and replica would scan them all for a label; a pool a moment too new to be seen is found a
+    /// minute later.
     async fn discover(&self) {
         let lp = ListParams::default().labels(POOL_LABEL).match_any();
         let found = match Api::<StatefulSet>::all(self.client.clone()).list_metadata(&lp).await {
@@ -482,8 +480,8 @@ impl PodPools {
 }
 
 impl GiveBack for PodPools {
-    /// The pod is free here whatever the end: its own Status says whether it is idle when it is next
-    /// asked (an interrupted pod answers draining, and is replaced by the StatefulSet).
+    /// The pod is free here whatever the end: its own Status says whether it is idle when it is next asked (an
+    /// interrupted pod answers draining, and is replaced by the StatefulSet).
     fn give_back(&self, class: &PoolId, n: usize, _end: End) {
         self.unmark(class, n);
     }
@@ -534,8 +532,7 @@ fn api_error(pool: &str) -> impl Fn(kube::Error) -> PodPoolError + Copy + '_ {
     move |source| PodPoolError::Api { pool: pool.to_string(), source }
 }
 
-/// Sets `spec.replicas` of StatefulSet `object` to `n` if its resourceVersion is still `rv` (409
-/// otherwise).
+/// Sets `spec.replicas` of StatefulSet `object` to `n` if its resourceVersion is still `rv` (409 otherwise).
 async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, n: usize) -> Result<(), kube::Error> {
     let patch = serde_json::json!({"metadata": {"resourceVersion": rv}, "spec": {"replicas": n}});
     api.patch(
@@ -547,8 +544,8 @@ async fn set_replicas(api: &Api<StatefulSet>, object: &str, rv: Option<String>, 
     .map(|_| ())
 }
 
-/// Waits until the agent at `address` answers: `Ok(true)` idle, `Ok(false)` busy or draining (lent by
-/// another replica first), `Err` with the last error once `deadline` passes.
+/// Waits until the agent at `address` answers: `Ok(true)` idle, `Ok(false)` busy or draining (lent by another replica
+/// first), `Err` with the last error once `deadline` passes.
 async fn wait_idle(address: &str, token: &str, deadline: Instant) -> Result<bool, String> {
     loop {
         let last = match crate::agents::client::status(address, Some(token)).await {

@@ -1,5 +1,5 @@
-//! A pool's objects and decisions, pure: its names and addresses, its Service and StatefulSet, the pod a
-//! lender takes or adds, the size the maintainer sets.
+//! A pool's objects and decisions, pure: its names and addresses, its Service and StatefulSet, the pod a lender takes
+//! or adds, the size the maintainer sets.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -14,8 +14,8 @@ use super::{POOL_LABEL, POOL_TEMPLATE_ANNOTATION};
 use crate::agents::pod::{self, PodRuntimeConfig};
 use crate::agents::pool::PoolId;
 
-/// Name of the pool of `class` (`<namespace>/<hash>`): `pko-pool-<hash>`. Its StatefulSet and Service
-/// are `pko-pool-<hash>-workspace`, its pods `pko-pool-<hash>-workspace-<ordinal>`.
+/// Name of the pool of `class` (`<namespace>/<hash>`): `pko-pool-<hash>`. Its StatefulSet and Service are
+/// `pko-pool-<hash>-workspace`, its pods `pko-pool-<hash>-workspace-<ordinal>`.
 pub fn pool_name(class: &PoolId) -> String {
     format!("pko-pool-{}", class.hash())
 }
@@ -26,10 +26,9 @@ pub fn agent_address(pool: &str, namespace: &str, ordinal: usize) -> String {
     format!("{obj}-{ordinal}.{obj}.{namespace}:{}", pko_api::workspace::AGENT_PORT)
 }
 
-/// The Service and StatefulSet (at 0 replicas) of the pool of `ws`'s class: `ws`'s pod
-/// ([`pod::stateful_set`]) under the pool's name, its agent isolating each operation, with `agent_args`
-/// added to the agent's (hollow agents of a load test), no owner (the pool outlives any one Workspace) and no shard
-/// label. Pure.
+/// The Service and StatefulSet (at 0 replicas) of the pool of `ws`'s class: `ws`'s pod ([`pod::stateful_set`]) under
+/// the pool's name, its agent isolating each operation, with `agent_args` added to the agent's (hollow agents of a load
+/// test), no owner (the pool outlives any one Workspace) and no shard label. Pure.
 pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String]) -> (Service, StatefulSet) {
     let class = PoolId::of(ws);
     let hash = class.hash().to_string();
@@ -63,21 +62,20 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     (service, sts)
 }
 
-/// The pods to ask for an idle agent, lowest ordinal first, among `replicas`, leaving out those this
-/// replica has lent. Pure.
+/// The pods to ask for an idle agent, lowest ordinal first, among `replicas`, leaving out those this replica has lent.
+/// Pure.
 pub fn candidates(replicas: usize, lent: &HashSet<usize>) -> Vec<usize> {
     (0..replicas).filter(|i| !lent.contains(i)).collect()
 }
 
-/// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has
-/// not reserved already, below `max`; `None`: the pool is full. Pure.
+/// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has not reserved
+/// already, below `max`; `None`: the pool is full. Pure.
 pub fn grow_slot(replicas: usize, max: usize, lent: &HashSet<usize>) -> Option<usize> {
     (replicas..max.max(1)).find(|i| !lent.contains(i))
 }
 
-/// The maintainer's decision for a pool of `replicas` pods: raise to `min`; else lower by one when the
-/// highest pod is not lent here and answered idle (`top`: its state and idle seconds) for at least
-/// `idle_timeout`; else nothing. Pure.
+/// The maintainer's decision for a pool of `replicas` pods: raise to `min`; else lower by one when the highest pod is
+/// not lent here and answered idle (`top`: its state and idle seconds) for at least `idle_timeout`; else nothing. Pure.
 pub fn resize(
     replicas: usize,
     min: usize,

@@ -1,21 +1,21 @@
-//! Agent pools of the local runtime (`--agent-pools`): the agents of one workspace class (namespace,
-//! service account, image, pod template, log level — [`crate::agents::class::workspace_class`]) are
-//! interchangeable, because every operation request carries its whole source, settings and environment.
-//! So an operation goes to any idle agent of its class, not to an agent per Workspace: a pool per class
-//! grows with demand up to `max` agents, and agents idle for `idle_timeout` are stopped down to `min`
-//! (default 0: an idle Stack costs no process — PKO keeps one pod per Stack, 24/7).
+//! Agent pools of the local runtime (`--agent-pools`): the agents of one workspace class (namespace, service account,
+//! image, pod template, log level — [`crate::agents::class::workspace_class`]) are interchangeable, because every
+//! operation request carries its whole source, settings and environment. So an operation goes to any idle agent of its
+//! class, not to an agent per Workspace: a pool per class grows with demand up to `max` agents, and agents idle for
+//! `idle_timeout` are stopped down to `min` (default 0: an idle Stack costs no process — PKO keeps one pod per Stack,
+//! 24/7).
 //!
-//! Layout on disk, under the runtime's work root: `pools/<namespace>/<class hash>/<replica>/` holds the
-//! replica's identity for the class (0600 token and kubeconfig of the service account), and `<n>/` per
-//! agent slot its work directory (source cache, kept across restarts of the slot) and `agent.json` (PID,
-//! address). The records let a restarted replica adopt its agents, and let any replica find the agent
-//! that runs an operation ([`LocalPools::acquire`] with `started`): after a restart or a shard move, the
-//! operation is followed where it runs instead of being started twice.
+//! Layout on disk, under the runtime's work root: `pools/<namespace>/<class hash>/<replica>/` holds the replica's
+//! identity for the class (0600 token and kubeconfig of the service account), and `<n>/` per agent slot its work
+//! directory (source cache, kept across restarts of the slot) and `agent.json` (PID, address). The records let a
+//! restarted replica adopt its agents, and let any replica find the agent that runs an operation
+//! ([`LocalPools::acquire`] with `started`): after a restart or a shard move, the operation is followed where it runs
+//! instead of being started twice.
 //!
-//! Invariants: an agent is lent to one operation at a time; an agent that still runs an operation
-//! nobody follows (its dispatcher was fenced) is not lent again until its `Status` says it is idle; an
-//! agent that reported `INTERRUPTED` (it is shutting down) is never lent again. Agents get
-//! `--exit-when-idle-seconds` as a backstop, so an agent whose replica died does not run forever.
+//! Invariants: an agent is lent to one operation at a time; an agent that still runs an operation nobody follows (its
+//! dispatcher was fenced) is not lent again until its `Status` says it is idle; an agent that reported `INTERRUPTED`
+//! (it is shutting down) is never lent again. Agents get `--exit-when-idle-seconds` as a backstop, so an agent whose
+//! replica died does not run forever.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,8 +61,8 @@ struct Pool {
     /// `pools/<namespace>/<hash>` under the work root.
     dir: PathBuf,
     slots: Vec<Slot>,
-    /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none picks
-    /// a slot while adoption is still asking the recorded agents (one live agent per work directory).
+    /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none picks a slot while
+    /// adoption is still asking the recorded agents (one live agent per work directory).
     loaded: Arc<tokio::sync::OnceCell<()>>,
 }
 
@@ -76,8 +76,8 @@ impl Pool {
     }
 }
 
-/// How often the pools are looked after: every second (an agent process starts and stops in
-/// milliseconds; a dead one is forgotten at the next tick).
+/// How often the pools are looked after: every second (an agent process starts and stops in milliseconds; a dead one is
+/// forgotten at the next tick).
 pub const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The agent record written next to a pool agent's work directory.
@@ -98,8 +98,8 @@ pub struct LocalPools {
 }
 
 impl LocalPools {
-    /// Pools of agents started with `runtime` (binary, work root, environment), recorded under
-    /// `<work root>/pools/…/<replica>/`.
+    /// Pools of agents started with `runtime` (binary, work root, environment), recorded under `<work
+    /// root>/pools/…/<replica>/`.
     pub fn new(runtime: LocalRuntime, client: kube::Client, replica: String, cfg: PoolConfig) -> Arc<Self> {
         Arc::new(Self {
             runtime,
@@ -111,8 +111,8 @@ impl LocalPools {
         })
     }
 
-    /// Whether agents of `ws`'s class can get their identity: a token of its service account (the
-    /// Workspace is not Ready otherwise, and says why, as with an agent of its own). A pass stands for
+    /// Whether agents of `ws`'s class can get their identity: a token of its service account (the Workspace is not
+    /// Ready otherwise, and says why, as with an agent of its own). A pass stands for
     /// [`crate::agents::lend::IDENTITY_CHECK_TTL`].
     ///
     /// Errors: [`LocalError::Token`] naming the service account's problem.
@@ -125,10 +125,10 @@ impl LocalPools {
             .await
     }
 
-    /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the
-    /// Update was already Progressing: a restart or a shard move), the agents recorded for the class by
-    /// any replica are asked first whether they know `op`, and the one that does is followed. `None`:
-    /// every agent is busy and the pool is at its maximum.
+    /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the Update was already
+    /// Progressing: a restart or a shard move), the agents recorded for the class by any replica are asked first
+    /// whether they know `op`, and the one that does is followed. `None`: every agent is busy and the pool is at its
+    /// maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
     pub async fn acquire(
@@ -193,8 +193,8 @@ impl LocalPools {
         }
     }
 
-    /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it
-    /// (a restart), each with the operation it runs.
+    /// Creates the pool of `ws`'s class on first use and adopts the agents this replica recorded for it (a restart),
+    /// each with the operation it runs.
     async fn load(&self, class: &PoolId, ws: &Workspace) {
         let (loaded, dir) = {
             let mut pools = self.pools.lock();
@@ -317,11 +317,10 @@ impl LocalPools {
         Ok(address)
     }
 
-    /// Keeps the pools in shape until `shutdown`, once a second: forgets dead agents, asks agents that
-    /// may still run an unfollowed operation whether they are idle, stops agents idle past the timeout
-    /// down to the minimum, starts agents up to the minimum, renews tokens, and publishes the pool
-    /// gauges. At shutdown, stops the idle agents; busy ones finish their operation (a successor
-    /// follows it) and then stop by their idle backstop.
+    /// Keeps the pools in shape until `shutdown`, once a second: forgets dead agents, asks agents that may still run an
+    /// unfollowed operation whether they are idle, stops agents idle past the timeout down to the minimum, starts
+    /// agents up to the minimum, renews tokens, and publishes the pool gauges. At shutdown, stops the idle agents; busy
+    /// ones finish their operation (a successor follows it) and then stop by their idle backstop.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         super::every(MAINTAIN_EVERY, &shutdown, || self.maintain()).await;
         self.stop_idle();
@@ -333,8 +332,7 @@ impl LocalPools {
         self.renew_tokens().await;
     }
 
-    /// Dead agents go; agents that may still run an operation nobody follows are asked whether they
-    /// are idle now.
+    /// Dead agents go; agents that may still run an operation nobody follows are asked whether they are idle now.
     async fn forget_dead_and_ask_unfollowed(&self) {
         let mut ask = Vec::new();
         for (class, pool) in self.pools.lock().iter_mut() {
@@ -458,8 +456,8 @@ impl GiveBack for LocalPools {
     }
 }
 
-/// Forgets the slots whose agent died (a lent slot stays until its lender gives it back), killing what
-/// a dead agent left of its process group ([`LocalAgent::reap_group`]).
+/// Forgets the slots whose agent died (a lent slot stays until its lender gives it back), killing what a dead agent
+/// left of its process group ([`LocalAgent::reap_group`]).
 fn drop_dead(class: &PoolId, slots: &mut Vec<Slot>) {
     slots.retain_mut(|s| {
         let keep = s.lent || s.agent.is_none() || s.agent.as_mut().is_some_and(LocalAgent::alive);
@@ -473,8 +471,8 @@ fn drop_dead(class: &PoolId, slots: &mut Vec<Slot>) {
     });
 }
 
-/// The slots under a replica's directory of a class whose recorded agent process is alive (adopted
-/// or not: one that did not answer when adopted still owns its work directory until it exits).
+/// The slots under a replica's directory of a class whose recorded agent process is alive (adopted or not: one that did
+/// not answer when adopted still owns its work directory until it exits).
 fn live_slots(replica_dir: &Path) -> std::collections::HashSet<usize> {
     records(replica_dir).into_iter().filter(|(_, r)| agent_process_alive(r.pid)).map(|(n, _)| n).collect()
 }

@@ -1,5 +1,4 @@
-//! The pool's pure decisions over its agent slots: which agent an operation goes to, which idle agents
-//! stop.
+//! The pool's pure decisions over its agent slots: which agent an operation goes to, which idle agents stop.
 
 use std::time::{Duration, Instant};
 
@@ -37,9 +36,9 @@ pub enum Pick {
     Full,
 }
 
-/// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that
-/// runs it already, else the free agent used most recently (so the others reach their idle timeout),
-/// else a new one while fewer than `max` exist (dead ones do not count), else none.
+/// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that runs it already,
+/// else the free agent used most recently (so the others reach their idle timeout), else a new one while fewer than
+/// `max` exist (dead ones do not count), else none.
 pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
     if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
         return Pick::Follow(i);
@@ -50,8 +49,8 @@ pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
     if slots.iter().filter(|s| s.usable || s.starting).count() < max.max(1) { Pick::Start } else { Pick::Full }
 }
 
-/// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while
-/// more than `min` usable agents remain.
+/// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while more than `min`
+/// usable agents remain.
 pub fn idle_out(slots: &[SlotView], min: usize, idle_timeout: Duration, now: Instant) -> Vec<usize> {
     let mut candidates: Vec<usize> = (0..slots.len())
         .filter(|&i| slots[i].free() && now.saturating_duration_since(slots[i].idle_since) >= idle_timeout)
