@@ -124,7 +124,13 @@ async fn main() {
                 properties:\n      create: echo steady\noutputs:\n  a: ${a.stdout}\n",
     );
     let prefix = bed.redis_prefix("bench-output");
-    let redis_queue = pko_operator::queue::redis::RedisQueue::new(bed.redis_url(), &prefix, "bench", 0).unwrap();
+    let redis_queue = pko_operator::queue::redis::RedisQueue::new(
+        bed.redis_url(),
+        &prefix,
+        "bench",
+        pko_queue::NamespaceLimits::NONE,
+    )
+    .unwrap();
     let kept: Arc<dyn OutputStore> = Arc::new(redis_queue.output(Limits::default()));
     let dropped: Arc<dyn OutputStore> = Arc::new(Dropped);
     let (mut with, mut without, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
@@ -203,9 +209,14 @@ async fn main() {
     let template = kept.read(&format!("{}/w1", ns.name()), "u1", None).await.unwrap().unwrap().lines;
     let before = used_memory();
     let fleet_prefix = format!("{prefix}-mem");
-    let store = pko_operator::queue::redis::RedisQueue::new(bed.redis_url(), &fleet_prefix, "bench", 0)
-        .unwrap()
-        .output(Limits::default());
+    let store = pko_operator::queue::redis::RedisQueue::new(
+        bed.redis_url(),
+        &fleet_prefix,
+        "bench",
+        pko_queue::NamespaceLimits::NONE,
+    )
+    .unwrap()
+    .output(Limits::default());
     eprintln!("storing 1,000 Stacks × 5 operations of {} lines …", template.len());
     for s in 0..1000 {
         for o in 0..5 {

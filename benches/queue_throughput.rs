@@ -84,11 +84,11 @@ async fn main() {
             n as f64 / (p + d)
         )
     };
-    let (p, d) = drive(Arc::new(InMemoryQueue::new(0)), jobs(n, |_| 0), consumers).await;
+    let (p, d) = drive(Arc::new(InMemoryQueue::new(pko_queue::NamespaceLimits::NONE)), jobs(n, |_| 0), consumers).await;
     show("in-memory", p, d);
 
     let prefix = bed.redis_prefix("bench1");
-    let q = RedisQueue::new(bed.redis_url(), &prefix, "r0", 0).expect("redis queue");
+    let q = RedisQueue::new(bed.redis_url(), &prefix, "r0", pko_queue::NamespaceLimits::NONE).expect("redis queue");
     q.ping().await.expect("the bed's redis-server answers");
     let (p, d) = drive(Arc::new(q), jobs(n, |i| (i % 64) as u32), consumers).await;
     show("redis, 1 replica", p, d);
@@ -99,7 +99,8 @@ async fn main() {
     let t = Instant::now();
     let mut runs = Vec::new();
     for r in 0..3u32 {
-        let q = RedisQueue::new(bed.redis_url(), &prefix, &format!("r{r}"), 0).expect("redis queue");
+        let q = RedisQueue::new(bed.redis_url(), &prefix, &format!("r{r}"), pko_queue::NamespaceLimits::NONE)
+            .expect("redis queue");
         let part: Vec<Job> = jobs(n, |i| (i % 64) as u32).into_iter().filter(|j| j.shard % 3 == r).collect();
         runs.push(tokio::spawn(drive(Arc::new(q), part, consumers)));
     }

@@ -202,13 +202,13 @@ pub struct OperationArgs {
     /// `--max-operations`.
     #[arg(long, default_value_t = 0)]
     pub max_operations_per_class: usize,
-    /// At most this many operations of one namespace at once (0: no limit); namespaces take turns either way, so one
-    /// with 1,000 Stacks cannot starve one with 3.
+    /// At most this many operations of one namespace at once, whoever else waits (0: no limit); namespaces take turns
+    /// either way, so one with 1,000 Stacks cannot starve one with 3.
     #[arg(long, default_value_t = 0, env = "MAX_OPERATIONS_PER_NAMESPACE")]
     pub max_operations_per_namespace: usize,
-    /// The share of `--max-operations` one namespace may hold at once, in percent (rounded up, at least one operation;
-    /// 100: no share). With the default 50 no namespace can hold every worker, so another namespace's operation starts
-    /// at once even while long ones run; a Stack held back says so in its `Reconciling` condition.
+    /// The share of `--max-operations` one namespace holds while another namespace waits, in percent (rounded up, at
+    /// least one operation; 100: no share). Work-conserving: a namespace alone uses every worker; a waiting namespace
+    /// under its share gets the next free one. An Update held back says so in its `Progressing` condition.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100),
         env = "NAMESPACE_SHARE_PERCENT")]
     pub namespace_share_percent: u8,

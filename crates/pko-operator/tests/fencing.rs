@@ -420,9 +420,14 @@ async fn a_frozen_replica_makes_no_write_dispatch_or_agent_call_for_the_shards_i
     // replica drove, stored by it before the freeze and by their new holders after, each line once and
     // ending with the result — readable from any replica
     use pko_operator::queue::output::OutputStore;
-    let output = pko_operator::queue::redis::RedisQueue::new(testbed().redis_url(), &prefix, "reader", 0)
-        .unwrap()
-        .output(Default::default());
+    let output = pko_operator::queue::redis::RedisQueue::new(
+        testbed().redis_url(),
+        &prefix,
+        "reader",
+        pko_queue::NamespaceLimits::NONE,
+    )
+    .unwrap()
+    .output(Default::default());
     for u in updates.list(&Default::default()).await.unwrap() {
         let stack = format!("{}/{}", ns.name(), u.spec.workspace_name.clone().unwrap_or_default());
         let kept = output

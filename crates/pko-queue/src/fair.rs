@@ -1,13 +1,18 @@
 //! The order in which a replica starts jobs (no locking; the caller passes the clock to [`Fair::take`]): deduplicated
-//! by key, round-robin across namespaces, at most `per_namespace` jobs of one namespace in flight, and delayed jobs
-//! held until they are due. A namespace with 1,000 queued jobs gets one turn in each round, like a namespace with 3, so
-//! it cannot starve it.
+//! by key, round-robin across namespaces, each namespace held to its [`NamespaceLimits`], and delayed jobs held until
+//! they are due. A namespace with 1,000 queued jobs gets one turn in each round, like a namespace with 3, so it cannot
+//! starve it.
+//!
+//! The share is work-conserving: a free worker goes first to a namespace under its share, and only when no namespace
+//! with a job waiting is under its share is it lent to one over its share (never past its cap). Lent workers come back
+//! at the next dispatch: the next free worker goes to the waiting namespace under its share. Running operations are
+//! never stopped to give a worker back.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use crate::Job;
+use crate::{Job, NamespaceLimits};
 
 /// Jobs waiting, delayed or in flight, in round-robin order over namespaces.
 #[derive(Debug, Default)]
@@ -21,13 +26,17 @@ pub struct Fair {
     /// one is done (its driver was fenced; the shard's new holder must run it).
     after: HashMap<String, Job>,
     running: HashMap<String, usize>,
-    per_namespace: usize,
+    limits: NamespaceLimits,
 }
 
 impl Fair {
-    /// A queue letting at most `per_namespace` jobs of one namespace be in flight (0: no limit).
-    pub fn new(per_namespace: usize) -> Self {
-        Self { per_namespace, ..Default::default() }
+    /// A queue holding each namespace to `limits`.
+    pub fn new(limits: NamespaceLimits) -> Self {
+        Self { limits, ..Default::default() }
+    }
+
+    fn running(&self, namespace: &str) -> usize {
+        self.running.get(namespace).copied().unwrap_or(0)
     }
 
     /// Whether `job` only renews a job with its key already here: `true` when one is queued, delayed or in flight under
@@ -79,7 +88,7 @@ impl Fair {
     }
 
     /// The next job to start at `now`, in flight from now until [`Self::done`]: the first of the next namespace in the
-    /// rotation that is under its limit.
+    /// rotation that is under its share, else (lending) under its cap.
     pub fn take(&mut self, now: Instant) -> Option<Job> {
         self.take_with_time(now).map(|(j, _)| j)
     }
@@ -92,9 +101,16 @@ impl Fair {
                 self.enqueue(&ns, key);
             }
         }
+        let limits = self.limits;
+        self.take_first(|running| limits.under_share(running)).or_else(|| self.take_first(|r| limits.under_cap(r)))
+    }
+
+    /// The first job of the next namespace in the rotation whose running count `eligible` accepts; the namespaces
+    /// passed over keep their order.
+    fn take_first(&mut self, eligible: impl Fn(usize) -> bool) -> Option<(Job, Instant)> {
         for _ in 0..self.rotation.len() {
             let ns = self.rotation.pop_front()?;
-            if self.per_namespace > 0 && self.running.get(&ns).copied().unwrap_or(0) >= self.per_namespace {
+            if !eligible(self.running(&ns)) {
                 self.rotation.push_back(ns);
                 continue;
             }
@@ -113,14 +129,21 @@ impl Fair {
         None
     }
 
-    /// Why the queued job `key` is not started: its namespace holds `(running, limit)` operations, all it may
-    /// (`per_namespace`). `None`: it is not queued (in flight, delayed, unknown) or its namespace is under its limit
-    /// (it waits only for its turn or a free worker).
+    /// Why the queued job `key` is not started: its namespace runs `(running, limit)` operations, all it may — its
+    /// cap, or its share while another namespace under its share has a job waiting (that one gets the next free
+    /// worker). `None`: it is not queued (in flight, delayed, unknown), or it waits only for its turn or a free worker.
     pub fn held_by_limit(&self, key: &str) -> Option<(usize, usize)> {
         let (job, _) = self.jobs.get(key)?;
-        let queued = self.ready.get(&job.namespace).is_some_and(|l| l.iter().any(|k| k == key));
-        let running = self.running.get(&job.namespace).copied().unwrap_or(0);
-        (queued && self.per_namespace > 0 && running >= self.per_namespace).then_some((running, self.per_namespace))
+        let ns = job.namespace.as_str();
+        if !self.ready.get(ns).is_some_and(|l| l.iter().any(|k| k == key)) {
+            return None;
+        }
+        let running = self.running(ns);
+        if !self.limits.under_cap(running) {
+            return Some((running, self.limits.cap));
+        }
+        let contended = self.ready.keys().any(|other| other != ns && self.limits.under_share(self.running(other)));
+        (!self.limits.under_share(running) && contended).then_some((running, self.limits.effective_share()))
     }
 
     /// When the next delayed job is due, if any.
@@ -200,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_push_under_a_newer_epoch_is_not_swallowed_by_a_job_of_an_older_one() {
-        let mut f = Fair::new(0);
+        let mut f = Fair::new(NamespaceLimits::NONE);
         let old = job("ns", "s011");
         let new = Job { epoch: 2, ..old.clone() };
         // waiting: renewed in place
@@ -228,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_noisy_namespace_does_not_starve_a_quiet_one() {
-        let mut f = Fair::new(0);
+        let mut f = Fair::new(NamespaceLimits::NONE);
         for i in 0..1000 {
             f.push(job("noisy", &i.to_string()));
         }
@@ -241,35 +264,61 @@ mod tests {
     }
 
     #[test]
-    fn the_per_namespace_limit_holds_and_frees_on_done() {
-        let mut f = Fair::new(2);
+    fn the_per_namespace_cap_holds_and_frees_on_done() {
+        let mut f = Fair::new(NamespaceLimits { share: 0, cap: 2 });
         for i in 0..5 {
             f.push(job("a", &i.to_string()));
         }
         f.push(job("b", "0"));
-        assert_eq!(keys(&mut f, 5), ["a/0", "b/0", "a/1"], "a at its limit of 2");
+        assert_eq!(keys(&mut f, 5), ["a/0", "b/0", "a/1"], "a at its cap of 2, even with nobody else waiting");
         f.done("a/0");
         assert_eq!(keys(&mut f, 5), ["a/2"]);
     }
 
     #[test]
+    fn one_namespace_alone_uses_every_worker_and_two_busy_ones_split_them() {
+        // two workers, share 1 (the default 50 %): the caller takes only while a worker is free
+        let mut f = Fair::new(NamespaceLimits { share: 1, cap: 0 });
+        for i in 0..4 {
+            f.push(job("a", &i.to_string()));
+        }
+        assert_eq!(keys(&mut f, 2), ["a/0", "a/1"], "alone, a borrows the idle worker");
+        f.push(job("b", "0"));
+        f.push(job("b", "1"));
+        assert_eq!(f.held_by_limit("a/2"), Some((2, 1)), "b waits under its share: a yields");
+        assert_eq!(f.held_by_limit("b/0"), None, "b waits only for a free worker");
+        f.done("a/0");
+        assert_eq!(keys(&mut f, 1), ["b/0"], "the lent worker comes back at the next dispatch");
+        f.done("a/1");
+        assert_eq!(keys(&mut f, 1), ["a/2"], "one each");
+        f.done("b/0");
+        assert_eq!(keys(&mut f, 1), ["b/1"], "one each");
+        f.done("b/1");
+        assert_eq!(keys(&mut f, 1), ["a/3"], "b has nothing waiting: a borrows again");
+        assert_eq!(f.held_by_limit("a/3"), None);
+    }
+
+    #[test]
     fn a_job_held_by_its_namespaces_limit_says_so() {
-        let mut f = Fair::new(1);
+        let mut f = Fair::new(NamespaceLimits { share: 1, cap: 2 });
         f.push(job("a", "0"));
         f.push(job("a", "1"));
+        f.push(job("a", "2"));
         f.push(job("b", "0"));
         assert_eq!(f.held_by_limit("a/1"), None, "nothing runs yet: it waits for its turn");
-        assert_eq!(keys(&mut f, 3), ["a/0", "b/0"]);
-        assert_eq!(f.held_by_limit("a/1"), Some((1, 1)));
+        assert_eq!(keys(&mut f, 1), ["a/0"]);
+        assert_eq!(f.held_by_limit("a/1"), Some((1, 1)), "at its share while b waits under its own");
+        assert_eq!(keys(&mut f, 2), ["b/0", "a/1"], "b first, then a borrows");
+        assert_eq!(f.held_by_limit("a/2"), Some((2, 2)), "at its cap, nobody else waiting");
         assert_eq!(f.held_by_limit("a/0"), None, "in flight");
         assert_eq!(f.held_by_limit("nope"), None);
         f.done("a/0");
-        assert_eq!(f.held_by_limit("a/1"), None);
+        assert_eq!(f.held_by_limit("a/2"), None);
     }
 
     #[test]
     fn dedup_until_done_and_delays() {
-        let mut f = Fair::new(0);
+        let mut f = Fair::new(NamespaceLimits::NONE);
         let t0 = Instant::now();
         assert!(f.push(job("a", "x")));
         assert!(!f.push(job("a", "x")));
@@ -286,7 +335,7 @@ mod tests {
 
     #[test]
     fn waiting_jobs_of_a_lost_shard_are_forgotten() {
-        let mut f = Fair::new(0);
+        let mut f = Fair::new(NamespaceLimits::NONE);
         f.push(Job { shard: 1, ..job("a", "x") });
         f.push(Job { shard: 2, ..job("a", "y") });
         f.retain_waiting(|j| j.shard != 1);

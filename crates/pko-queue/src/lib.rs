@@ -19,19 +19,50 @@ use tokio::sync::Notify;
 
 use crate::fair::Fair;
 
-/// How many operations one namespace may run at once on a replica of `workers` workers: `share_percent` of them
-/// (rounded up, at least one; 100 or more: no share), and at most `explicit` unless that is 0; 0 means no limit. With
-/// the default share of 50 another namespace's operation always finds a worker, however long the running ones. Pure.
-pub fn namespace_limit(workers: usize, share_percent: u8, explicit: usize) -> usize {
+/// How many operations one namespace may run at once on a replica of `workers` workers: its share is
+/// `share_percent` of them (rounded up, at least one; 100 or more: no share), its cap `explicit` (0: none). With the
+/// default share of 50 a quiet namespace's job gets the next free worker however many a noisy one has waiting. Pure.
+pub fn namespace_limit(workers: usize, share_percent: u8, explicit: usize) -> NamespaceLimits {
     let share = if share_percent >= 100 || workers == 0 {
         0
     } else {
         (workers * usize::from(share_percent)).div_ceil(100).max(1)
     };
-    match (share, explicit) {
-        (0, e) => e,
-        (s, 0) => s,
-        (s, e) => s.min(e),
+    NamespaceLimits { share, cap: explicit }
+}
+
+/// How many operations one namespace may run at once on a replica (0: no limit of that kind). `share`
+/// (`--namespace-share-percent`) holds only while another namespace under its share has a job waiting: idle workers
+/// are lent past it. `cap` (`--max-operations-per-namespace`) always holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NamespaceLimits {
+    /// Operations a namespace runs before it yields the next free worker to another namespace that waits.
+    pub share: usize,
+    /// Operations a namespace never runs more than.
+    pub cap: usize,
+}
+
+impl NamespaceLimits {
+    /// No limit: every worker for whoever is next in the rotation.
+    pub const NONE: Self = Self { share: 0, cap: 0 };
+
+    /// Whether a namespace running `running` operations may start one more in any case.
+    pub fn under_cap(self, running: usize) -> bool {
+        self.cap == 0 || running < self.cap
+    }
+
+    /// Whether a namespace running `running` operations is under its share (and cap): first to get a free worker.
+    pub fn under_share(self, running: usize) -> bool {
+        self.under_cap(running) && (self.share == 0 || running < self.share)
+    }
+
+    /// The limit a namespace meets when others wait: the smaller of share and cap (0: none).
+    pub fn effective_share(self) -> usize {
+        match (self.share, self.cap) {
+            (0, c) => c,
+            (s, 0) => s,
+            (s, c) => s.min(c),
+        }
     }
 }
 
@@ -65,7 +96,7 @@ pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The replica-local half of every queue: the order of starting ([`Fair`]) and the wake-ups of waiting workers.
 ///
-/// A namespace's limit is its share of the workers: [`namespace_limit`].
+/// A namespace's limits: [`namespace_limit`].
 #[derive(Debug, Default)]
 pub struct Local {
     fair: Mutex<Fair>,
@@ -73,9 +104,9 @@ pub struct Local {
 }
 
 impl Local {
-    /// At most `per_namespace` jobs of one namespace in flight (0: no limit).
-    pub fn new(per_namespace: usize) -> Self {
-        Self { fair: Mutex::new(Fair::new(per_namespace)), notify: Notify::new() }
+    /// Each namespace held to `limits`.
+    pub fn new(limits: NamespaceLimits) -> Self {
+        Self { fair: Mutex::new(Fair::new(limits)), notify: Notify::new() }
     }
 
     fn fair(&self) -> std::sync::MutexGuard<'_, Fair> {
@@ -184,9 +215,9 @@ pub struct InMemoryQueue {
 }
 
 impl InMemoryQueue {
-    /// A queue letting at most `per_namespace` jobs of one namespace be in flight (0: no limit).
-    pub fn new(per_namespace: usize) -> Self {
-        Self { local: Local::new(per_namespace) }
+    /// A queue holding each namespace to `limits`.
+    pub fn new(limits: NamespaceLimits) -> Self {
+        Self { local: Local::new(limits) }
     }
 }
 
@@ -290,17 +321,20 @@ mod tests {
 
 #[cfg(test)]
 mod limit_tests {
-    use super::namespace_limit;
+    use super::{NamespaceLimits, namespace_limit};
 
     #[test]
     fn a_namespace_gets_its_share_of_the_workers() {
-        assert_eq!(namespace_limit(2, 50, 0), 1, "two workers: one per namespace");
-        assert_eq!(namespace_limit(256, 50, 0), 128);
-        assert_eq!(namespace_limit(3, 50, 0), 2, "rounded up");
-        assert_eq!(namespace_limit(1, 50, 0), 1, "at least one");
-        assert_eq!(namespace_limit(8, 100, 0), 0, "no share: no limit");
-        assert_eq!(namespace_limit(8, 100, 3), 3, "the explicit limit alone");
-        assert_eq!(namespace_limit(8, 50, 3), 3, "the smaller of the two");
-        assert_eq!(namespace_limit(8, 25, 5), 2);
+        let limits = |share, cap| NamespaceLimits { share, cap };
+        assert_eq!(namespace_limit(2, 50, 0), limits(1, 0), "two workers: one each while another waits");
+        assert_eq!(namespace_limit(256, 50, 0), limits(128, 0));
+        assert_eq!(namespace_limit(3, 50, 0), limits(2, 0), "rounded up");
+        assert_eq!(namespace_limit(1, 50, 0), limits(1, 0), "at least one");
+        assert_eq!(namespace_limit(8, 100, 0), NamespaceLimits::NONE, "no share: no limit");
+        assert_eq!(namespace_limit(8, 100, 3), limits(0, 3), "the cap alone");
+        assert_eq!(namespace_limit(8, 50, 3).effective_share(), 3, "the smaller of the two when others wait");
+        assert_eq!(namespace_limit(8, 25, 5).effective_share(), 2);
+        let l = limits(2, 3);
+        assert_eq!((l.under_share(1), l.under_share(2), l.under_cap(2), l.under_cap(3)), (true, false, true, false));
     }
 }

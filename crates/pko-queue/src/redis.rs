@@ -24,7 +24,7 @@ use futures::future::BoxFuture;
 use redis::Script;
 
 use crate::connect::{Pools, Target};
-use crate::{Claimed, Job, Local, Ordered, QueueError, WorkQueue};
+use crate::{Claimed, Job, Local, NamespaceLimits, Ordered, QueueError, WorkQueue};
 
 /// Errors of the Redis queue.
 #[derive(Debug, thiserror::Error)]
@@ -135,24 +135,24 @@ impl std::fmt::Debug for RedisQueue {
 
 impl RedisQueue {
     /// A queue on `url` (`redis://` or `rediss://`, password in the URL) with key prefix `prefix`, claiming as `worker`
-    /// (the replica id), at most `per_namespace` jobs of a namespace at once (0: no limit). Connects lazily;
+    /// (the replica id), each namespace held to `limits`. Connects lazily;
     /// [`Self::ping`] checks the connection.
     ///
     /// Errors: [`RedisQueueError::Url`].
-    pub fn new(url: &str, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
-        Self::on(&Target::parse(url, None).map_err(RedisQueueError::Url)?, prefix, worker, per_namespace)
+    pub fn new(url: &str, prefix: &str, worker: &str, limits: NamespaceLimits) -> Result<Self, RedisQueueError> {
+        Self::on(&Target::parse(url, None).map_err(RedisQueueError::Url)?, prefix, worker, limits)
     }
 
     /// A queue on `target` (one server, or the master Sentinel names); otherwise as [`Self::new`].
     ///
     /// Errors: [`RedisQueueError::Url`].
-    pub fn on(target: &Target, prefix: &str, worker: &str, per_namespace: usize) -> Result<Self, RedisQueueError> {
+    pub fn on(target: &Target, prefix: &str, worker: &str, limits: NamespaceLimits) -> Result<Self, RedisQueueError> {
         let pool = Pools::new(target).map_err(|e| RedisQueueError::Url(format!("--redis-url: {e}")))?;
         Ok(Self {
             pool,
             prefix: prefix.to_string(),
             worker: worker.to_string(),
-            local: Local::new(per_namespace),
+            local: Local::new(limits),
             scripts: Arc::new(Scripts {
                 push: fenced(PUSH),
                 claim: fenced(CLAIM),

@@ -26,7 +26,7 @@ async fn nothing(q: &RedisQueue) {
 async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
     let bed = testbed();
     let prefix = bed.redis_prefix("adopt");
-    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap();
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap();
     a.ping().await.unwrap();
     // a holds shard 3 at epoch 1: two jobs, one of which it starts
     assert!(a.push(job("u1", 3, 1)).await.unwrap());
@@ -35,7 +35,7 @@ async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
     assert!(a.heartbeat(&running).await, "a is current");
 
     // b takes shard 3 at epoch 2 (a was presumed dead): it gets both jobs, the running one too
-    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(b.adopt(3, 2).await.unwrap(), 2);
     let mut got = vec![pop(&b).await, pop(&b).await];
     got.sort_by(|x, y| x.key.cmp(&y.key));
@@ -55,7 +55,7 @@ async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
         assert!(b.heartbeat(j).await);
         b.done(j).await;
     }
-    let c = RedisQueue::new(bed.redis_url(), &prefix, "c", 0).unwrap();
+    let c = RedisQueue::new(bed.redis_url(), &prefix, "c", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(c.adopt(3, 3).await.unwrap(), 0, "nothing left once b acknowledged");
 }
 
@@ -63,7 +63,7 @@ async fn a_new_holder_adopts_queued_and_running_jobs_and_fences_the_old_one() {
 async fn a_replica_that_regains_a_shard_while_its_fenced_driver_still_runs_the_job_runs_it_at_the_new_epoch() {
     let bed = testbed();
     let prefix = bed.redis_prefix("regain");
-    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap();
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap();
     a.ping().await.unwrap();
     // a drives u1 of shard 4 at epoch 1 …
     assert!(a.push(job("u1", 4, 1)).await.unwrap());
@@ -81,7 +81,7 @@ async fn a_replica_that_regains_a_shard_while_its_fenced_driver_still_runs_the_j
     assert!(a.heartbeat(&again).await, "claimed in Redis at the new epoch");
     a.done(&again).await;
     nothing(&a).await;
-    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(b.adopt(4, 3).await.unwrap(), 0, "acknowledged at epoch 2: nothing left in Redis");
 }
 
@@ -89,10 +89,10 @@ async fn a_replica_that_regains_a_shard_while_its_fenced_driver_still_runs_the_j
 async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() {
     let bed = testbed();
     let prefix = bed.redis_prefix("shards");
-    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap();
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap();
     assert!(a.push(job("x", 1, 1)).await.unwrap());
     assert!(a.push(job("y", 2, 1)).await.unwrap());
-    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(b.adopt(2, 2).await.unwrap(), 1, "only shard 2's job");
     let y = pop(&b).await;
     assert_eq!(y.name, "y");
@@ -101,7 +101,7 @@ async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() 
     assert_eq!(x.name, "x");
     // put back for a retry (its class was full), it stays recorded: a later holder still adopts it
     a.retry_after(x, Duration::from_secs(60));
-    let c = RedisQueue::new(bed.redis_url(), &prefix, "c", 0).unwrap();
+    let c = RedisQueue::new(bed.redis_url(), &prefix, "c", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(c.adopt(1, 2).await.unwrap(), 1, "a job waiting for its retry moves with its shard");
     b.done(&y).await;
 }
@@ -110,7 +110,7 @@ async fn jobs_of_other_shards_are_not_adopted_and_dedup_holds_across_replicas() 
 async fn a_redis_that_lost_everything_loses_no_job() {
     let bed = testbed();
     let prefix = bed.redis_prefix("flush");
-    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap();
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap();
     assert!(a.push(job("z", 5, 4)).await.unwrap());
     // the keys vanish (as after FLUSHALL or a restart without persistence), only this test's
     let client = redis::Client::open(bed.redis_url()).unwrap();
@@ -121,7 +121,7 @@ async fn a_redis_that_lost_everything_loses_no_job() {
     // the queued job still runs (claim records it again), and a later holder adopts it
     let j = pop(&a).await;
     assert_eq!(j.name, "z");
-    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap();
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap();
     assert_eq!(b.adopt(5, 5).await.unwrap(), 1, "the claim recorded the job again");
 }
 
@@ -133,8 +133,8 @@ async fn slots_cap_holders_across_replicas_and_expire() {
     let bed = testbed();
     let prefix = bed.redis_prefix("slots");
     let (a, b) = (
-        RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(),
-        RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap(),
     );
     let (sa, sb) = (a.slots("drift", 2), b.slots("drift", 2));
     let lease = Duration::from_secs(60);
@@ -162,8 +162,8 @@ async fn a_free_slot_goes_to_the_key_that_waited_whichever_replica_asks() {
     let bed = testbed();
     let prefix = bed.redis_prefix("fair-slots");
     let (a, b) = (
-        RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap(),
-        RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap(),
+        RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap(),
     );
     let (sa, sb) = (a.slots("drift", 1), b.slots("drift", 1));
     let lease = Duration::from_secs(60);
@@ -255,7 +255,7 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     );
     let target = Target::parse(&sentinel.url(), Some("m")).unwrap();
     let prefix = "sentinel-test";
-    let a = RedisQueue::on(&target, prefix, "a", 0).unwrap();
+    let a = RedisQueue::on(&target, prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap();
     a.ping().await.unwrap();
     assert!(a.push(job("u1", 5, 1)).await.unwrap());
     assert!(a.push(job("u2", 5, 1)).await.unwrap());
@@ -276,7 +276,7 @@ async fn through_sentinel_the_queue_follows_its_master_across_a_failover_and_kee
     // what was in Redis before the failover is there: a new holder adopts both jobs from it, once the
     // Sentinel names the promoted master (while the failover runs it names none: an error, retried)
     let t = std::time::Instant::now();
-    let b = RedisQueue::on(&target, prefix, "b", 0).unwrap();
+    let b = RedisQueue::on(&target, prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap();
     let adopted = loop {
         match b.adopt(5, 2).await {
             Ok(n) => break n,
@@ -348,8 +348,8 @@ async fn operation_output_is_shared_by_the_fleet_bounded_and_kept_once() {
     let bed = testbed();
     let prefix = bed.redis_prefix("output");
     let limits = Limits { lines: 3, operations: 2, ..Limits::default() };
-    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", 0).unwrap().output(limits);
-    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", 0).unwrap().output(limits);
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap().output(limits);
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap().output(limits);
     let lines = |r: std::ops::Range<u64>| {
         r.map(|s| Line { seq: s, time: "t".into(), stream: "engine".into(), text: format!("l{s}") }).collect::<Vec<_>>()
     };
