@@ -8,7 +8,8 @@
 //!   extraction of hostile tarballs;
 //! - [`values`]: Secret/ConfigMap/env/file references; [`auth`]: TokenReview + SubjectAccessReview;
 //! - [`sandbox`]: per-operation directories, so nothing of one operation reaches the next on a pooled agent;
-//!   [`supervise`]: every process of an operation ends with it and with its agent;
+//!   [`trees`]: dependency trees shared read-only between them, verified before each use; [`supervise`]: every process
+//!   of an operation ends with it and with its agent;
 //! - [`mask`]: secrets never leave the agent unmasked; [`locks`]: stale backend locks of dead holders; [`sidecars`]:
 //!   truncated `file://` attribute sidecars a killed `pulumi` leaves.
 #![forbid(unsafe_code)]
@@ -27,4 +28,5 @@ pub mod service;
 pub mod sidecars;
 pub mod source;
 pub mod supervise;
+pub mod trees;
 pub mod values;

@@ -4,8 +4,9 @@
 //! (`pko-agent serve --isolate-operations`, what the operator's pools pass), each operation gets a fresh directory
 //! `<work>/ops/<n>` (0700) holding:
 //!
-//! - `work/`: a copy of the prepared source (the cached revision stays pristine: `std::fs::copy` uses
-//!   `copy_file_range`, which shares blocks on file systems that can), where Pulumi runs;
+//! - `work/`: a copy of the prepared source's own files (`std::fs::copy` uses `copy_file_range`, which shares blocks on
+//!   file systems that can), where Pulumi runs, with each dependency tree (`node_modules`, a virtualenv) linked to the
+//!   cached revision's, read-only and verified before the operation starts ([`crate::trees`]);
 //! - `home/`: the operation's `HOME` (credentials files such as `~/.aws/credentials`, `~/.kube/config`, language
 //!   caches), empty at the start;
 //! - `pulumi-home/`: its `PULUMI_HOME` (Pulumi's workspace settings, logins, stack selections), whose `plugins` names
@@ -30,6 +31,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+use crate::trees::{ShareError, remove_tree};
 
 /// Where operations' directories are made, and the plugin cache they share.
 #[derive(Debug, Clone)]
@@ -141,17 +144,23 @@ impl Sandbox {
         [("HOME".into(), p("home")), ("PULUMI_HOME".into(), p("pulumi-home")), ("TMPDIR".into(), p("tmp"))]
     }
 
-    /// Copies the prepared source `root` into the operation's `work/` and returns where `project` (inside `root`) is in
-    /// the copy. Symbolic links are copied as links.
+    /// Copies the prepared source `root` into the operation's `work/`, each dependency tree linked instead when `share`
+    /// ([`crate::trees::share`]; the agent's own cache only), and returns where `project` (inside `root`) is in the
+    /// copy, with what was copied. Symbolic links are copied as links.
     ///
-    /// Errors: `project` is not inside `root`, or a copy failed.
-    pub fn copy_source(&self, root: &Path, project: &Path) -> std::io::Result<PathBuf> {
+    /// Errors: [`ShareError::Changed`] (a tree changed since it was sealed: the revision must be prepared again), or
+    /// [`ShareError::Io`] (`project` is not inside `root`, or a copy failed).
+    pub fn copy_source(&self, root: &Path, project: &Path, share: bool) -> Result<(PathBuf, Copied), ShareError> {
         let rel = project
             .strip_prefix(root)
             .map_err(|_| std::io::Error::other(format!("{} is not inside {}", project.display(), root.display())))?;
         let work = self.dir.join("work");
-        copy_tree(root, &work)?;
-        Ok(work.join(rel))
+        // emptied first: an earlier attempt of this operation may have copied part of a discarded revision
+        remove_tree(&work)?;
+        create_private_dir(&work)?;
+        let mut copied = Copied::default();
+        copy_tree(root, &work, share, &mut copied)?;
+        Ok((work.join(rel), copied))
     }
 
     /// Takes the plugin cache's fingerprint: after the agent's own preparation of the source (whose `pulumi install`
@@ -211,49 +220,46 @@ pub fn fingerprint(root: &Path) -> Fingerprint {
     out
 }
 
+/// What [`Sandbox::copy_source`] put in an operation's directory.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Copied {
+    /// Regular files copied.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Dependency trees linked (not copied).
+    pub trees: u64,
+}
+
 /// Copies the tree `from` into the existing directory `to`: directories, regular files (with their modes) and symbolic
-/// links (as links).
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+/// links (as links); with `share`, a dependency tree is verified and linked ([`crate::trees::share`]). Counted in
+/// `copied`.
+fn copy_tree(from: &Path, to: &Path, share: bool, copied: &mut Copied) -> Result<(), ShareError> {
     for e in std::fs::read_dir(from)? {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
         let t = e.file_type()?;
         if t.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if t.is_dir() && share && crate::trees::is_dependency_tree(&src) {
+            crate::trees::share(&src)?;
+            std::os::unix::fs::symlink(&src, &dst)?;
+            copied.trees += 1;
         } else if t.is_dir() {
             std::fs::create_dir(&dst)?;
             std::fs::set_permissions(&dst, std::fs::metadata(&src)?.permissions())?;
-            copy_tree(&src, &dst)?;
-        } else if t.is_file() {
-            std::fs::copy(&src, &dst)?;
+            copy_tree(&src, &dst, share, copied)?;
+        } else if t.is_file() && !is_seal_file(&e.file_name()) {
+            copied.bytes += std::fs::copy(&src, &dst)?;
+            copied.files += 1;
         }
     }
     Ok(())
 }
 
-/// Removes `path` (a tree, a file or a link; nothing when missing). A directory a program made unwritable is made
-/// writable first.
-fn remove_tree(path: &Path) -> std::io::Result<()> {
-    let Ok(m) = std::fs::symlink_metadata(path) else { return Ok(()) };
-    if !m.is_dir() {
-        return std::fs::remove_file(path);
-    }
-    if std::fs::remove_dir_all(path).is_ok() {
-        return Ok(());
-    }
-    make_writable(path);
-    std::fs::remove_dir_all(path)
-}
-
-/// Gives the owner full access to every directory under `dir` (not following links), so its entries can be removed.
-fn make_writable(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            make_writable(&e.path());
-        }
-    }
+/// Seals of shared trees stay with the cache ([`crate::trees`]): an operation has no use for them.
+fn is_seal_file(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_some_and(|n| n.starts_with('.') && n.ends_with(".pko-seal"))
 }
 
 /// Creates `dir` (and its parents) readable only by this user (0700).
@@ -279,8 +285,16 @@ mod tests {
         let boxes = Sandboxes::new(base.path().join("ops"), &home).unwrap();
         let mut sb = boxes.create().unwrap();
         sb.watch_plugins();
-        let project = sb.copy_source(&src, &src.join("app")).unwrap();
+        std::fs::create_dir_all(src.join("app/node_modules/dep")).unwrap();
+        std::fs::write(src.join("app/node_modules/dep/index.js"), "1").unwrap();
+        let (project, copied) = sb.copy_source(&src, &src.join("app"), true).unwrap();
         assert!(project.starts_with(&sb.dir) && project.join("Pulumi.yaml").is_file());
+        assert_eq!((copied.files, copied.bytes, copied.trees), (2, 23, 1), "the project's own files; the tree linked");
+        assert_eq!(std::fs::read_link(project.join("node_modules")).unwrap(), src.join("app/node_modules"));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(project.join("node_modules/dep/index.js")).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o222, 0, "shared read-only (root writes anyway: the seal is the guard)");
         assert_eq!(std::fs::read_link(project.join("link")).unwrap(), PathBuf::from("lib/x"), "links stay links");
         std::fs::write(project.join("Pulumi.dev.yaml"), "secret").unwrap();
         assert!(!src.join("app/Pulumi.dev.yaml").exists(), "the source stays pristine");

@@ -43,6 +43,9 @@ pub struct Prepared {
     pub revision: String,
     /// Cache key of the working directory.
     pub key: String,
+    /// Whether the agent fetched it into its cache (a local directory is the user's): only then are its dependency
+    /// trees sealed and shared ([`crate::trees`]).
+    pub fetched: bool,
 }
 
 /// Settings of the source cache.
@@ -204,7 +207,7 @@ impl SourceCache {
             self.install(&project, env).await?;
         }
         std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
-        let _ = std::fs::remove_dir_all(path);
+        let _ = crate::trees::remove_tree(path);
         let tmp_path = tmp.keep();
         std::fs::rename(&tmp_path, path).map_err(|e| err(format!("caching the source: {e}")))
     }
@@ -242,7 +245,18 @@ impl SourceCache {
         if cached.is_some() {
             self.evict();
         }
-        Ok(Prepared { root, project_dir, revision, key })
+        Ok(Prepared { root, project_dir, revision, key, fetched: cached.is_some() })
+    }
+
+    /// Removes the prepared source `key` (its dependency trees changed: [`crate::trees::ShareError::Changed`]), so the
+    /// next [`SourceCache::prepare`] fetches and installs it anew.
+    ///
+    /// Errors: it could not be removed.
+    pub fn discard(&self, key: &str) -> std::io::Result<()> {
+        let path = self.cfg.root.join(key);
+        crate::trees::remove_tree(&path)?;
+        tracing::warn!(key, "discarded a cached source whose dependency trees changed");
+        Ok(())
     }
 
     /// Unpins a prepared source.
@@ -280,7 +294,7 @@ impl SourceCache {
             if in_use.contains(&e.key) {
                 continue;
             }
-            if std::fs::remove_dir_all(self.cfg.root.join(&e.key)).is_ok() {
+            if crate::trees::remove_tree(&self.cfg.root.join(&e.key)).is_ok() {
                 tracing::info!(key = %e.key, bytes = e.size_bytes, "evicted cached source");
                 total -= e.size_bytes;
             }

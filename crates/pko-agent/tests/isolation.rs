@@ -184,3 +184,62 @@ async fn an_operation_waits_for_a_lock_holder_still_running_on_this_host_then_ru
     assert!(!text.contains("stale lock"), "a live holder's lock is never released: {text}");
     assert!(lock_files(&env).is_empty());
 }
+
+/// The script of [`what_an_operation_does_to_shared_dependency_trees_never_reaches_the_next`]: reports what it
+/// finds changed in `node_modules` and the virtualenv, then, with `TAMPER=1`, writes into both, plants a file in
+/// each and puts every mode back.
+const TREE_PROBE: &str = r#"found=""
+for d in node_modules/dep venv/lib; do
+  grep -qx original "$d/marker" || found="$found changed:$d"
+  [ -e "$d/planted" ] && found="$found planted:$d"
+done
+if [ "$TAMPER" = 1 ]; then
+  for d in node_modules/dep venv/lib; do
+    chmod u+w "$d" "$d/marker"; echo evil >> "$d/marker"; echo evil > "$d/planted"; chmod a-w "$d/marker" "$d"
+  done
+fi
+echo "found:$found"
+"#;
+
+/// A fetched revision's dependency trees (`node_modules`, a virtualenv) are linked into each operation, not copied —
+/// and what one operation does to them never reaches the next: Stack a's operation writes into both, plants a file in
+/// each and puts every mode back; Stack b's operation of the same revision on the same agent finds them pristine (the
+/// agent found the change, discarded the revision and fetched it again, and says so); Stack c's links them untouched.
+#[tokio::test]
+async fn what_an_operation_does_to_shared_dependency_trees_never_reaches_the_next() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut client = agent.client().await;
+    let script: String = TREE_PROBE.lines().map(|l| format!("        {l}\n")).collect();
+    let program = format!(
+        "name: trees\nruntime: yaml\nresources:\n  probe:\n    type: command:local:Command\n    properties:\n      \
+            dir: ${{pulumi.cwd}}\n      create: |\n{script}outputs:\n  report: ${{probe.stdout}}\n"
+    );
+    let tar = tarball(&[
+        ("Pulumi.yaml", program.as_bytes()),
+        ("node_modules/dep/marker", b"original\n"),
+        ("venv/pyvenv.cfg", b"home = /usr/bin\n"),
+        ("venv/lib/marker", b"original\n"),
+    ]);
+    let server = serve_files(std::collections::HashMap::from([("/trees.tar.gz".to_string(), tar.clone())])).await;
+    let dir = project(&env, "trees-local", &program);
+    for (i, (stack, tamper)) in [("a", "1"), ("b", "0"), ("c", "0")].into_iter().enumerate() {
+        let mut r = request(&env, &format!("trees-{i}"), &dir, stack, OperationType::Up);
+        r.source = Some(pko_proto::v1::Source {
+            kind: Some(pko_proto::v1::source::Kind::Artifact(pko_proto::v1::ArtifactSource {
+                url: format!("{}/trees.tar.gz", server.base),
+                digest: sha256(&tar),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
+        });
+        r.env.push(EnvVar { name: "TAMPER".into(), value: Some(literal(tamper)), secret: false });
+        let events = run(&mut client, r).await;
+        let (res, text) = (result(&events), all_text(&events));
+        assert_eq!(res.status, ResultStatus::Succeeded as i32, "{stack}: {}: {text}", res.message);
+        assert_eq!(outputs(&res)["report"].0, serde_json::json!("found:"), "{stack} found a change: {text}");
+        assert!(text.contains("linked 2 shared dependency tree(s)"), "{stack}: the trees are shared: {text}");
+        let discarded = text.contains("changed since it was sealed") && text.contains("discarded and prepared again");
+        assert_eq!(discarded, stack == "b", "{stack}: only the operation after the tampering finds it: {text}");
+    }
+}

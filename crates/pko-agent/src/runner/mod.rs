@@ -377,20 +377,30 @@ async fn project(
         None => workspace_source(ctx.workspace_link.as_deref())
             .map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
     };
-    let prepared = ctx.sources.prepare(&source, &ctx.values, env, !req.skip_install).await.map_err(|e| {
-        let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
-        fail(reason, "source", e.message)
-    })?;
+    let mut prepared = prepare_source(ctx, &source, env, req).await?;
     *pinned = Some(prepared.key.clone());
-    result.revision = prepared.revision.clone();
     let dir = match sandbox {
         Some(sb) => {
             sb.watch_plugins();
-            sb.copy_source(&prepared.root, &prepared.project_dir)
-                .map_err(|e| fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}")))?
+            match copy_project(op, sb, &prepared)? {
+                Some(dir) => dir,
+                None => {
+                    // a shared dependency tree changed since it was sealed: never used again
+                    ctx.sources.release(&prepared.key);
+                    ctx.sources
+                        .discard(&prepared.key)
+                        .map_err(|e| fail(ErrorReason::Internal, "", format!("discarding a changed revision: {e}")))?;
+                    prepared = prepare_source(ctx, &source, env, req).await?;
+                    *pinned = Some(prepared.key.clone());
+                    copy_project(op, sb, &prepared)?.ok_or_else(|| {
+                        fail(ErrorReason::Internal, "", "a revision prepared anew changed before its first use")
+                    })?
+                }
+            }
         }
         None => prepared.project_dir.clone(),
     };
+    result.revision = prepared.revision.clone();
     if let Some(link) = ctx.workspace_link.as_ref().filter(|_| given.is_some()) {
         // for sidecars only: a failure is logged, never fails the operation
         if let Err(e) = point_link(link, &dir) {
@@ -401,6 +411,47 @@ async fn project(
         .ok_or_else(|| fail(ErrorReason::InvalidSource, "source", "Pulumi.yaml has no name or runtime"))?;
     result.project_info = Some(ProjectInfo { name: project.clone(), runtime });
     Ok((dir, project))
+}
+
+/// The request's source prepared (or cached) and pinned by the agent's source cache.
+async fn prepare_source(
+    ctx: &RunnerContext,
+    source: &pko_proto::v1::Source,
+    env: &BTreeMap<String, String>,
+    req: &OperationRequest,
+) -> Result<crate::source::Prepared, Failure> {
+    ctx.sources.prepare(source, &ctx.values, env, !req.skip_install).await.map_err(|e| {
+        let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
+        fail(reason, "source", e.message)
+    })
+}
+
+/// The prepared project copied into the operation's directory, its dependency trees shared (fetched sources only);
+/// `None` when a shared tree changed since it was sealed (named on the operation's log): the revision must be prepared
+/// anew.
+fn copy_project(
+    op: &Operation,
+    sb: &crate::sandbox::Sandbox,
+    prepared: &crate::source::Prepared,
+) -> Result<Option<PathBuf>, Failure> {
+    let t = std::time::Instant::now();
+    match sb.copy_source(&prepared.root, &prepared.project_dir, prepared.fetched) {
+        Ok((dir, c)) => {
+            op.log(format!(
+                "copied the project ({} files, {} bytes) and linked {} shared dependency tree(s) in {} ms",
+                c.files,
+                c.bytes,
+                c.trees,
+                t.elapsed().as_millis()
+            ));
+            Ok(Some(dir))
+        }
+        Err(e @ crate::trees::ShareError::Changed { .. }) => {
+            op.log(format!("{e}: the revision is discarded and prepared again"));
+            Ok(None)
+        }
+        Err(e) => Err(fail(ErrorReason::Internal, "", format!("copying the source for the operation: {e}"))),
+    }
 }
 
 /// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's `IncompatibleConfiguration`);
