@@ -2,7 +2,7 @@
 //!
 //! A pooled agent runs the operations of many Stacks of one workspace class one after the other. With isolation on
 //! (`pko-agent serve --isolate-operations`, what the operator's pools pass), each operation gets a fresh directory
-//! `<work>/ops/<n>` (0700) holding:
+//! `<work>/ops/op-<n>` (0700; `n` the lowest free, so consecutive operations run at the same path) holding:
 //!
 //! - `work/`: a copy of the prepared source's own files (`std::fs::copy` uses `copy_file_range`, which shares blocks on
 //!   file systems that can), where Pulumi runs, with each dependency tree (`node_modules`, a virtualenv) linked to the
@@ -116,13 +116,23 @@ impl Sandboxes {
         Ok(n)
     }
 
-    /// A fresh directory for the next operation, after removing what earlier ones left.
+    /// A fresh directory for the next operation, after removing what earlier ones left: `op-<n>`, the lowest `n` no
+    /// running operation uses, so consecutive operations run at the same path.
     ///
     /// Errors: a leftover could not be removed, or the directories could not be made.
     pub fn create(&self) -> std::io::Result<Sandbox> {
         self.sweep()?;
-        let dir = tempfile::Builder::new().prefix("op-").tempdir_in(&self.root)?.keep();
-        self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(dir.clone());
+        // the same path every time, not a random one: build caches key a program by its directory (Go's main
+        // package), and a new path rebuilt and relinked a Kubernetes Go program at every operation
+        let dir = {
+            let mut active = self.active.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let free = (0..=active.len()).map(|n| self.root.join(format!("op-{n}"))).find(|d| !active.contains(d));
+            let dir = free.ok_or_else(|| std::io::Error::other("no free operation directory"))?;
+            // refuses a path that exists: the sweep removed every one not in use
+            std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&dir)?;
+            active.insert(dir.clone());
+            dir
+        };
         for sub in ["work", "home", "pulumi-home", "tmp"] {
             create_private_dir(&dir.join(sub))?;
         }
@@ -349,6 +359,7 @@ mod tests {
         std::fs::write(first.dir.join("home/mine"), "m").unwrap();
         let second = boxes.create().unwrap();
         assert!(first.dir.join("home/mine").exists(), "a running operation's directory stays");
+        assert_eq!((first.dir.clone(), second.dir.clone()), (ops.join("op-0"), ops.join("op-1")));
         // one that could not be removed at its end is swept before the next operation
         std::fs::create_dir_all(ops.join("op-stuck")).unwrap();
         let third = boxes.create().unwrap();
@@ -357,6 +368,9 @@ mod tests {
             sb.finish().unwrap();
         }
         assert_eq!(std::fs::read_dir(&ops).unwrap().count(), 0);
+        let next = boxes.create().unwrap();
+        assert_eq!(next.dir, ops.join("op-0"), "the next operation runs where the first did");
+        next.finish().unwrap();
     }
 
     #[test]
