@@ -250,41 +250,69 @@ async fn scaling_one_to_three_to_one_replicas_keeps_one_owner_and_one_update_per
     r0.stop().await;
 }
 
+/// A program like [`traced_program`] whose `up` sleeps for the Stack's config `secs`.
+fn timed_program(trace: &Path) -> serde_json::Value {
+    json!({"configuration": {"n": {"type": "String", "default": "0"}, "secs": {"type": "String", "default": "1"}},
+           "resources": {"r": {"type": "command:local:Command",
+                               "properties": {"create": format!("sleep ${{secs}}; echo ${{pulumi.stack}} ${{n}} >> {}",
+                                   trace.display()),
+                                              "triggers": ["${n}"]}}}})
+}
+
 /// The namespace share is work-conserving. With two workers the default share (`--namespace-share-percent` 50) is
-/// one: a noisy namespace alone runs two 20 s operations at once (no worker idle); once a quiet namespace's Update
-/// waits, the noisy Updates held back say so (`Queued`, "runs 2 operation(s), its share … is 1") and the next free
-/// worker goes to the quiet one, before any further noisy operation starts; then the two split the workers.
+/// one: a noisy namespace alone runs two operations at once (a long one and a 30 s one; no worker idle); a third
+/// waits, and once a quiet namespace's Update waits too, the noisy one says why (`Queued`, "runs 2 operation(s), its
+/// share … is 1"). The worker the 30 s operation frees goes to the quiet Stack, and the third noisy operation starts
+/// only after it — with the worker given to the noisy namespace instead, the quiet Stack would wait for the third's
+/// run on top. (The quiet Stack is deployed once first, so its change is queued within seconds, after the third noisy
+/// one: a turn alone would go to the noisy namespace.)
 #[tokio::test]
 async fn a_namespace_alone_uses_every_worker_and_a_waiting_one_gets_the_next() {
-    const NOISY: usize = 4;
     let (client, noisy, env) = setup("noisy").await;
     let quiet = pko_testbed::testbed().namespace("quiet").await.unwrap();
     let trace = env.dir().join("trace.txt");
-    passphrase_and_program(&noisy, traced_program(&trace, 20)).await;
+    passphrase_and_program(&noisy, timed_program(&trace)).await;
     passphrase_and_program(&quiet, traced_program(&trace, 1)).await;
     let scope = format!("{},{}", noisy.name(), quiet.name());
     let operator =
         InProcessOperator::start_with(&client, &env, run_args_with(&env, &scope, &["--max-operations", "2"])).await;
-    for i in 0..NOISY {
-        prog_stack(&noisy, &env, &format!("s{i}"), json!({"n": "1"})).await;
-    }
-    let noisy_stacks = noisy.api::<Stack>();
+    let quiet_stacks = quiet.api::<Stack>();
+    prog_stack(&quiet, &env, "q", json!({"n": "1"})).await;
+    converge(&quiet_stacks, "1", 1, 180).await;
     let noisy_updates = noisy.api::<Update>();
     let running =
         |all: &[Update]| all.iter().filter(|u| condition(u, "Progressing").is_some_and(|c| c.0 == "True")).count();
-    eventually("alone, the noisy namespace runs on both workers", 120, || async {
-        running(&noisy_updates.list(&Default::default()).await.unwrap().items) == 2
+    for (i, secs) in ["150", "30"].into_iter().enumerate() {
+        prog_stack(&noisy, &env, &format!("s{i}"), json!({"n": "1", "secs": secs})).await;
+        eventually(&format!("alone, the noisy namespace runs {} operation(s)", i + 1), 120, || async {
+            running(&noisy_updates.list(&Default::default()).await.unwrap().items) == i + 1
+        })
+        .await;
+    }
+    prog_stack(&noisy, &env, "s2", json!({"n": "1", "secs": "5"})).await;
+    // queued before the quiet one, so a turn alone would give the next worker to it
+    eventually("the third noisy Update exists", 120, || async {
+        noisy_updates.list(&Default::default()).await.unwrap().items.iter().any(|u| u.name_any().starts_with("s2-"))
     })
     .await;
-    prog_stack(&quiet, &env, "q", json!({"n": "1"})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    quiet_stacks
+        .patch(
+            "q",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"config": {"n": "2"}}})),
+        )
+        .await
+        .unwrap();
     let share = format!(
         "waiting for an operation slot: namespace {} runs 2 operation(s), its share of this replica's workers is 1",
         noisy.name()
     );
-    eventually("with the quiet Update waiting, a held-back noisy Update says why", 60, || async {
+    eventually("with the quiet Update waiting, the held-back noisy Update says why", 60, || async {
         noisy_updates.list(&Default::default()).await.unwrap().items.iter().any(|u| u.queued_message() == Some(&share))
     })
     .await;
+    let noisy_stacks = noisy.api::<Stack>();
     assert!(
         noisy_stacks
             .list(&Default::default())
@@ -295,22 +323,19 @@ async fn a_namespace_alone_uses_every_worker_and_a_waiting_one_gets_the_next() {
             .all(|s| stack_condition(s, "Reconciling").is_none_or(|(_, _, m)| !m.contains("operation slot"))),
         "the wait is not mirrored onto the Stack"
     );
-    let quiet_stacks = quiet.api::<Stack>();
-    eventually("the quiet Stack is Ready", 120, || async { ready(&quiet_stacks.get("q").await.unwrap()) }).await;
-    // by the Updates' own times: the quiet one started before every noisy one that was still waiting for it
+    converge(&quiet_stacks, "2", 1, 180).await;
+    converge(&noisy_stacks, "1", 3, 300).await;
     let started = |u: &Update| u.status.as_ref().and_then(|s| s.start_time.clone()).map(|t| t.0);
-    let quiet_start = quiet.api::<Update>().list(&Default::default()).await.unwrap().items.iter().find_map(started);
-    let quiet_start = quiet_start.expect("the quiet Update started");
-    converge(&noisy_stacks, "1", NOISY, 240).await;
-    let mut noisy_starts: Vec<_> =
-        noisy_updates.list(&Default::default()).await.unwrap().items.iter().filter_map(started).collect();
-    noisy_starts.sort();
-    eprintln!("noisy Updates started {noisy_starts:?}; the quiet one {quiet_start:?}");
-    assert_eq!(noisy_starts.len(), NOISY, "every noisy Update ran once");
-    assert!(
-        noisy_starts[2..].iter().all(|t| *t >= quiet_start),
-        "the first worker freed went to the quiet namespace, not to a third noisy operation"
-    );
+    let start_of = |all: &[Update], stack: &str| {
+        all.iter().filter(|u| u.name_any().starts_with(&format!("{stack}-"))).find_map(started)
+    };
+    let quiet_all = quiet.api::<Update>().list(&Default::default()).await.unwrap().items;
+    let noisy_all = noisy_updates.list(&Default::default()).await.unwrap().items;
+    let q = quiet_all.iter().filter_map(started).max();
+    let s2 = start_of(&noisy_all, "s2");
+    eprintln!("the quiet Update started {q:?}; the third noisy one {s2:?}");
+    let (q, s2) = (q.expect("the quiet Update started"), s2.expect("s2's Update started"));
+    assert!(q <= s2, "the worker freed first went to the waiting quiet namespace, not to a third noisy operation");
     no_lock_left(&env);
     operator.stop().await;
 }
