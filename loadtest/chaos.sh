@@ -208,6 +208,8 @@ echo "|---|---|---|---|"
 for f in "${FAULTS[@]}"; do echo "| $f | ${COUNT[$f]:-0} | $(stats "${FAILOVER[$f]:-}") | $(stats "${CONVERGE[$f]:-}") |"; done
 echo "operations: expected=$((N * (ROUNDS + 1))) lost=$LOST duplicated=$DUP overlapping=$OVERLAP; updates_failed=[${FAILED:-none}] updates_left_progressing=$PROGRESSING locks_left=$LOCKS orphan_processes=$ORPHANS"
 echo "updates that succeeded unchanged after a config change: $UNCHANGED_ALL; refused RunMismatch: $MISMATCH_ALL"
+echo "SIGTERM handoffs from the operators' own logs (signal received -> the survivors' last shard-table write taking shards):"
+python3 "$ROOT/loadtest/handoff.py" "$RUN" | sed 's/^/  /'
 echo "total $(( $(date +%s) - T_START )) s"
 [ -s "$RUN/failed-updates.txt" ] && { echo "failed Updates (each retried by its Stack):"; sed 's/^/  /' "$RUN/failed-updates.txt"; }
 [ "$LOST" -eq 0 ] && [ "$UNCHANGED_ALL" -eq 0 ] && [ "$DUP" -eq 0 ] && [ "$OVERLAP" -eq 0 ] && [ "$PROGRESSING" -eq 0 ] && [ "$LOCKS" -eq 0 ] && [ "$ORPHANS" -eq 0 ] || fail "operations lost, duplicated or overlapping, or leftovers"

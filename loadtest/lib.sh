@@ -109,7 +109,9 @@ watch_leases() {
       | python3 -u "$ROOT/scripts/shard_table.py" stamp > "$1" ) 2>/dev/null &
   WATCHER=$!
   disown $WATCHER
-  sleep 1   # the watch's initial list is in
+  # the watch's initial list must be in before the fault: on a loaded bed kubectl took up to 6 s to list, and
+  # a SIGTERM handoff (done within that) was then stamped at the list's arrival
+  for _ in $(seq 1 300); do [ -s "$1" ] && break; sleep 0.1; done
 }
 # moved_after T LOG VICTIM SHARD...: seconds from T until the last of these shards was seen (in LOG) held
 # by another replica than VICTIM; `?` while one was not
