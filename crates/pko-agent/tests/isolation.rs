@@ -10,13 +10,15 @@ use common::*;
 use pko_proto::v1::{EnvVar, OperationType, ResultStatus};
 
 /// One program for every Stack ([`pko_testbed::probe::ISOLATION_PROBE`]), with a secret config value so
-/// each stack has a settings file holding a secure value.
+/// each stack has a settings file holding a secure value, and the operation's id in the probe's environment (config
+/// `run`), so the probe runs again when a stack runs again (its directory is the same path each time).
 fn probe_program() -> String {
     let script: String = pko_testbed::probe::ISOLATION_PROBE.lines().map(|l| format!("        {l}\n")).collect();
     format!(
-        "config:\n  pw:\n    type: string\n    secret: true\nresources:\n  probe:\n    type: \
-            command:local:Command\n    properties:\n      dir: ${{pulumi.cwd}}\n      environment:\n        STACK: \
-            ${{pulumi.stack}}\n      create: |\n{script}outputs:\n  report: ${{probe.stdout}}\n"
+        "config:\n  pw:\n    type: string\n    secret: true\n  run:\n    type: string\nresources:\n  probe:\n    \
+            type: command:local:Command\n    properties:\n      dir: ${{pulumi.cwd}}\n      environment:\n        \
+            STACK: ${{pulumi.stack}}\n        RUN: ${{run}}\n      create: |\n{script}outputs:\n  report: \
+            ${{probe.stdout}}\n"
     )
 }
 
@@ -27,6 +29,7 @@ fn probe_request(env: &pko_testbed::PulumiEnv, id: &str, dir: &Path, stack: &str
     r.env.push(EnvVar { name: "OP_SECRET".into(), value: Some(literal(&format!("secret-of-{stack}"))), secret: true });
     r.env.push(EnvVar { name: format!("ONLY_{stack}"), value: Some(literal("1")), secret: false });
     r.config.push(config("pw", serde_json::json!(format!("pw-of-{stack}")), true));
+    r.config.push(config("run", serde_json::json!(id), false));
     r
 }
 
