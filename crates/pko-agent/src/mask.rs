@@ -7,8 +7,8 @@ pub struct Masker {
     secrets: Vec<String>,
 }
 
-/// The shortest line of a multi-line secret masked on its own, in bytes (shorter lines — a brace, a blank — would mask
-/// unrelated text).
+/// The shortest line of a multi-line secret masked on its own, in bytes (shorter lines — a brace, a blank — would
+/// mask unrelated text).
 pub const MIN_LINE: usize = 8;
 
 /// What a masked value is replaced with (PKO's marker).

@@ -148,8 +148,8 @@ impl SourceCache {
         self.finish(key, path, project, revision, Some(()))
     }
 
-    /// A source that is not fetched — a local directory, or a project synthesised from its info — as prepared; `None`
-    /// for one that is.
+    /// A source that is not fetched — a local directory, or a project synthesised from its info — as prepared;
+    /// `None` for one that is.
     fn unfetched(&self, kind: &Kind) -> Result<Option<Prepared>, SourceError> {
         match kind {
             Kind::Local(l) => {
@@ -388,8 +388,9 @@ impl SourceCache {
     }
 }
 
-/// The addresses an artifact is downloaded from, in order: its URL, then its mirrors — only when it has a digest (bytes
-/// from another address are verified against it; without one, only the URL the Workspace names is trusted). Pure.
+/// The addresses an artifact is downloaded from, in order: its URL, then its mirrors — only when it has a digest
+/// (bytes from another address are verified against it; without one, only the URL the Workspace names is trusted).
+/// Pure.
 pub fn addresses(a: &ArtifactSource) -> impl Iterator<Item = &str> {
     let mirrors = if a.digest.is_empty() { &a.mirrors[..0] } else { &a.mirrors[..] };
     std::iter::once(a.url.as_str()).chain(mirrors.iter().map(String::as_str).filter(move |m| *m != a.url))
@@ -451,8 +452,8 @@ fn safe_join(root: &Path, dir: &str) -> Result<PathBuf, SourceError> {
 }
 
 /// The cache key, the project's directory in the source and the revision of a fetched source (git: its commit, resolved
-/// from the ref; an artifact: its digest, or its URL when it has none — PKO downloads such an artifact unverified, and
-/// a Flux artifact URL names its revision).
+/// from the ref; an artifact: its digest, or its URL when it has none — PKO downloads such an artifact unverified,
+/// and a Flux artifact URL names its revision).
 ///
 /// Errors: the ref cannot be resolved, a digest not of the form `sha256:<64 hex digits>`.
 async fn fetched_key(kind: &Kind, values: &ValueResolver) -> Result<(String, String, String), SourceError> {

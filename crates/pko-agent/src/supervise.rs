@@ -7,8 +7,8 @@
 //!
 //! - starts a session of its own (a signal to the agent's process group does not reach it);
 //! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): every process of the operation that loses its parent — a plugin
-//!   of a killed `pulumi`, a daemon of the program — becomes its child, so the supervisor's descendants are exactly the
-//!   operation's processes;
+//!   of a killed `pulumi`, a daemon of the program — becomes its child, so the supervisor's descendants are exactly
+//!   the operation's processes;
 //! - dies with its agent (`PR_SET_PDEATHSIG` = SIGTERM, and it exits at once when the agent was already gone before
 //!   that was set);
 //! - forwards SIGINT (Pulumi's Ctrl-C, the graceful stop) and SIGHUP/SIGQUIT to the program;
@@ -180,8 +180,8 @@ pub fn process_table(proc_root: &Path) -> Vec<Process> {
         .collect()
 }
 
-/// Parses `/proc/<pid>/stat` (`pid (comm) state ppid …`; the name may hold spaces and parentheses, so the fields after
-/// it are read from the last `)`). Pure.
+/// Parses `/proc/<pid>/stat` (`pid (comm) state ppid …`; the name may hold spaces and parentheses, so the fields
+/// after it are read from the last `)`). Pure.
 pub fn parse_stat(pid: i32, stat: &str) -> Option<Process> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;

@@ -5,17 +5,19 @@
 //! revision's `pulumi install` made. At its first use the agent clears every write permission in it and records its
 //! seal: for the tree and every entry under it (not following links), the inode, size, mode and change time (`ctime`).
 //! Before each later use the seal is taken again and compared. Writing, creating, removing, renaming, linking or
-//! re-moding anything in the tree — even undone afterwards (a mode changed back, a file written and restored) — moves a
-//! `ctime` or an inode, and no unprivileged process can set a `ctime` back; a tree replaced wholesale has other inodes.
-//! A tree that differs is never used again ([`ShareError::Changed`]): the runner discards the revision and prepares it
-//! anew. The seal is kept beside the tree (`.<name>.pko-seal`), so a restarted agent verifies what an earlier one
-//! shared; what the agent's own OS user may write by absolute path is outside this guard (`docs/security.md`).
+//! re-moding anything in the tree — even undone afterwards (a mode changed back, a file written and restored) —
+//! moves a `ctime` or an inode, and no unprivileged process can set a `ctime` back; a tree replaced wholesale has other
+//! inodes. A tree that differs is never used again ([`ShareError::Changed`]): the runner discards the revision and
+//! prepares it anew. The seal is kept beside the tree (`.<name>.pko-seal`), so a restarted agent verifies what an
+//! earlier one shared; what the agent's own OS user may write by absolute path is outside this guard
+//! (`docs/security.md`).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Path relative to the tree (empty: the tree itself) → inode, size in bytes, mode, change time (seconds, nanoseconds).
+/// Path relative to the tree (empty: the tree itself) → inode, size in bytes, mode, change time (seconds,
+/// nanoseconds).
 pub type Seal = BTreeMap<PathBuf, (u64, u64, u32, i64, i64)>;
 
 /// Why a shared tree cannot be used.

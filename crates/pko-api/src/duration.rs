@@ -34,8 +34,8 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
         .map_err(|_| DurationError { value: s.to_string(), why: ": negative" })
 }
 
-/// Parses a Go duration as PKO compares it: a negative one (which Go reads) counts as zero — a TTL of `-5m` expires at
-/// once, a `succeededWithinDuration` of `-1h` is never met. Errors: [`DurationError`] for what Go's
+/// Parses a Go duration as PKO compares it: a negative one (which Go reads) counts as zero — a TTL of `-5m` expires
+/// at once, a `succeededWithinDuration` of `-1h` is never met. Errors: [`DurationError`] for what Go's
 /// `time.ParseDuration` refuses.
 pub fn parse_go_duration_or_zero(s: &str) -> Result<Duration, DurationError> {
     match parse_go_duration(s) {

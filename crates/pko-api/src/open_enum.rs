@@ -3,8 +3,8 @@
 //! PKO declares `ResourceRef.type`, `securityProfile`, `imagePullPolicy` and the Update `type` as Go string types
 //! without an enum in the schema: the API server admits any string, and PKO decodes it. Ours must admit the same
 //! manifests (a PKO-valid object is never refused at admission), so these types decode any string — a value this
-//! version does not know is kept as [`Unknown`](self) and written back unchanged — and the controllers refuse it where
-//! it is used, with a condition naming the field and the values it takes.
+//! version does not know is kept as [`Unknown`](self) and written back unchanged — and the controllers refuse it
+//! where it is used, with a condition naming the field and the values it takes.
 
 /// Declares an enum of API strings with an `Unknown(String)` variant for any other value.
 ///

@@ -444,8 +444,8 @@ pub struct StackUpdateState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub failures: Option<i64>,
-    /// Ours: the resource change counts of that Update (Pulumi's change summary, step kind → count: `create: 2`, `same:
-    /// 5`), as its `status.changeSummary`; absent when it reported none.
+    /// Ours: the resource change counts of that Update (Pulumi's change summary, step kind → count: `create: 2`,
+    /// `same: 5`), as its `status.changeSummary`; absent when it reported none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_summary: Option<BTreeMap<String, i32>>,
     /// Ours: the `pulumi.com/cancel-request` value that canceled that Update; the Stack waits until its spec, source or

@@ -331,8 +331,8 @@ impl WorkspaceSpec {
     }
 
     /// The spec with PKO's defaults filled in where unset: service account `default`, profile `restricted`, the
-    /// profile's image, requests memory 64Mi / cpu 100m — each only where the user set neither that request (or set it
-    /// to zero, as PKO's `IsZero`) nor a limit for it.
+    /// profile's image, requests memory 64Mi / cpu 100m — each only where the user set neither that request (or set
+    /// it to zero, as PKO's `IsZero`) nor a limit for it.
     pub fn with_defaults(&self) -> WorkspaceSpec {
         use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let mut s = self.clone();

@@ -1,8 +1,8 @@
-//! `kubectl pko status [STACK] [-n NS | -A] [-o json|yaml]`: per Stack, what a platform team asks first — is it Ready,
-//! and if not why (the Stack's own `Ready`/`Reconciling`/`Stalled` reason and message, the queue's `Queued` reason of
-//! its running Update), its revision, its last and current operation, its shard and the replica holding that shard (the
-//! shard Lease), the pool its Workspace runs on, a queued Update's place in its namespace's queue (`Queued #n`: the
-//! namespace's queued Updates, oldest first, as each replica starts them; its Update's message says why: the
+//! `kubectl pko status [STACK] [-n NS | -A] [-o json|yaml]`: per Stack, what a platform team asks first — is it
+//! Ready, and if not why (the Stack's own `Ready`/`Reconciling`/`Stalled` reason and message, the queue's `Queued`
+//! reason of its running Update), its revision, its last and current operation, its shard and the replica holding that
+//! shard (the shard Lease), the pool its Workspace runs on, a queued Update's place in its namespace's queue (`Queued
+//! #n`: the namespace's queued Updates, oldest first, as each replica starts them; its Update's message says why: the
 //! namespace's share or the workspace class's limit) and the agent running it (`-o wide`: the Update's `Progressing`
 //! message, `running on agent <address>`), and its drift detection (`-o wide`: `DriftDetected`, which says when a due
 //! check waits for a fleet-wide slot). Read with the caller's own kubeconfig and rights (`list` Stacks, Updates,

@@ -13,8 +13,8 @@ pub mod table;
 
 /// Virtual shards of a fleet by default (`--shards`): the smallest power of two at which the default
 /// [`ring::BoundedRing`] keeps max/mean shards per replica ≤ 1.15 and moves ≤ 1.2·S/(N+1) shards from N to N+1
-/// replicas, for 1–20 replicas (measured in `ring`'s tests). The shard table is written only when shards change hands,
-/// once per replica whatever S, so S costs nothing at rest.
+/// replicas, for 1–20 replicas (measured in `ring`'s tests). The shard table is written only when shards change
+/// hands, once per replica whatever S, so S costs nothing at rest.
 pub const DEFAULT_SHARDS: u32 = 2048;
 
 /// Decides which objects this replica reconciles and with which fencing epoch.

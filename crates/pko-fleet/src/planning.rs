@@ -84,9 +84,9 @@ pub enum Standing {
         eldest: String,
     },
     /// A replica of an earlier version, which holds shards through one Lease per shard and knows nothing of the shard
-    /// table, is live: this replica holds nothing (and releases what it held) until every such replica has gone — they
-    /// would take shards the table gives to others. A rolling upgrade from such a version hands every shard over once,
-    /// when its last replica stops.
+    /// table, is live: this replica holds nothing (and releases what it held) until every such replica has gone —
+    /// they would take shards the table gives to others. A rolling upgrade from such a version hands every shard over
+    /// once, when its last replica stops.
     Earlier {
         /// The live replica of the earlier version (its `<fleet>-member-<replica>` Lease).
         member: String,

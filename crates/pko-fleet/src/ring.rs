@@ -13,8 +13,8 @@
 //! nodes, the most loaded replica held 1.63× the mean at S = 256, 1.46× at 1,024 and 1.37× at 4,096 (1.15 is the
 //! bound); 1,000 virtual nodes reach 1.15 only at S = 4,096. The cap makes balance hold by construction; the walk past
 //! full replicas keeps moves on a resize close to the minimum. With bounded loads, moves from N to N+1 replicas (as a
-//! multiple of the minimum S/(N+1)) were, worst over 1–20 replicas: 1.24 at S = 1,024 and 256 points, 1.24 at S = 2,048
-//! and 128 points, 1.16 at S = 2,048 and 512 points (the default), 1.11 at S = 4,096.
+//! multiple of the minimum S/(N+1)) were, worst over 1–20 replicas: 1.24 at S = 1,024 and 256 points, 1.24 at S =
+//! 2,048 and 128 points, 1.16 at S = 2,048 and 512 points (the default), 1.11 at S = 4,096.
 
 use std::hash::{Hash, Hasher};
 

@@ -5,9 +5,9 @@
 //! encoding, decoding, changes.
 //!
 //! The encoding groups consecutive shards of one holder and one epoch into ranges, by holder (`""`: released or never
-//! taken): `{"r-0":[[0,17,5],[40,80,6]],"":[[18,39,4]]}` — shards 0–17 held by `r-0` at epoch 5, 18–39 free (their last
-//! epoch 4), … A shard missing from the table was never taken (epoch 0). 2,048 shards after many moves stay a few KiB
-//! (the annotation limit is 256 KiB).
+//! taken): `{"r-0":[[0,17,5],[40,80,6]],"":[[18,39,4]]}` — shards 0–17 held by `r-0` at epoch 5, 18–39 free
+//! (their last epoch 4), … A shard missing from the table was never taken (epoch 0). 2,048 shards after many moves
+//! stay a few KiB (the annotation limit is 256 KiB).
 
 use std::collections::BTreeMap;
 

@@ -1,13 +1,13 @@
 //! Git credentials for the git CLI, shared by the operator (`ls-remote` of a tracked branch) and the agent (clone and
 //! fetch). Credentials travel only in the environment of the git process — an HTTP `Authorization` header through
 //! `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`, an SSH key through a 0600 temporary file named in
-//! `GIT_SSH_COMMAND` — never on its command line, where other processes could read them from `/proc/<pid>/cmdline`. Git
-//! never prompts (`GIT_TERMINAL_PROMPT=0`).
+//! `GIT_SSH_COMMAND` — never on its command line, where other processes could read them from `/proc/<pid>/cmdline`.
+//! Git never prompts (`GIT_TERMINAL_PROMPT=0`).
 //!
 //! URLs and refs come from tenants (a Stack's `projectRepo`/`branch`/`commit`, a Workspace's `git`), so they are never
 //! allowed to become options or transports (docs/security.md):
-//! - [`validate_url`] and [`validate_ref`] refuse option-like (`-…`), control-character and remote-helper (`ext::…`)
-//!   input with a message naming what is wrong;
+//! - [`validate_url`] and [`validate_ref`] refuse option-like (`-…`), control-character and remote-helper
+//!   (`ext::…`) input with a message naming what is wrong;
 //! - every git command line puts `--end-of-options` before URLs and refs ([`GitAuthEnv::command`] users,
 //!   [`ls_remote`]);
 //! - the git process may only use the transports in [`ALLOWED_PROTOCOLS`] (`GIT_ALLOW_PROTOCOL`), reads no system or

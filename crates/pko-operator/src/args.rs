@@ -1,5 +1,5 @@
-//! Flags of `pko-operator run`, grouped (`#[command(flatten)]`): artifacts, runtime, operations, metrics and logging —
-//! and room for the fleet's group. Every flag has PKO's name and environment variable where PKO has one.
+//! Flags of `pko-operator run`, grouped (`#[command(flatten)]`): artifacts, runtime, operations, metrics and logging
+//! — and room for the fleet's group. Every flag has PKO's name and environment variable where PKO has one.
 
 use std::path::PathBuf;
 

@@ -1,9 +1,9 @@
 //! Kubernetes events (`events.k8s.io/v1`) with client-go's series aggregation: the first occurrence of an event creates
 //! it, the second turns it into a series at once, and later occurrences of the same event (same object, type, reason
-//! and note, same reporter) are counted in memory and written — the series' `count` and `lastObservedTime` — at most
-//! once per [`SERIES_WRITE_INTERVAL`] (client-go's `tools/events` refreshes its series every 30 minutes). A busy Stack
-//! therefore costs two event writes per kind of event, not one per change. kube's `Recorder` patches every occurrence,
-//! so this module replaces it; the Event objects it writes are the same (name `<object>.<hex nanoseconds>`,
+//! and note, same reporter) are counted in memory and written — the series' `count` and `lastObservedTime` — at
+//! most once per [`SERIES_WRITE_INTERVAL`] (client-go's `tools/events` refreshes its series every 30 minutes). A busy
+//! Stack therefore costs two event writes per kind of event, not one per change. kube's `Recorder` patches every
+//! occurrence, so this module replaces it; the Event objects it writes are the same (name `<object>.<hex nanoseconds>`,
 //! `reportingController`, `reportingInstance`, `action` = reason).
 //!
 //! Unlike client-go, the note is part of the series' identity: an event whose message changed (a new error) is a new

@@ -84,9 +84,9 @@ pub fn finalizer_patch(current: &[String], finalizer: &str, add: bool) -> Vec<se
 }
 
 /// Object `name` of `api`'s namespace from the informer cache `store` when it is there and `usable` says the cached
-/// version will do; otherwise read from the API server (not cached yet — just created, a shard just gained, a cache not
-/// listed yet — or a newer version may matter). The object's later changes must wake the caller's reconcile, so a stale
-/// cached version is seen again once the cache has the newer one. `Ok(None)`: there is no such object.
+/// version will do; otherwise read from the API server (not cached yet — just created, a shard just gained, a cache
+/// not listed yet — or a newer version may matter). The object's later changes must wake the caller's reconcile, so a
+/// stale cached version is seen again once the cache has the newer one. `Ok(None)`: there is no such object.
 ///
 /// Errors: the API read failed.
 pub async fn cached_or_get<K>(

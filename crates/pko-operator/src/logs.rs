@@ -1,7 +1,7 @@
 //! What operations printed, served to the people allowed to see them (issue "See what Pulumi did"): on the metrics
 //! port, always behind a TokenReview and a SubjectAccessReview of `get` on the Stack (`pulumi.com`, `stacks`, in its
-//! namespace) — whatever `--metrics-secure` says — so a user reads the output only of Stacks they may `get`. Read from
-//! the output store (`pko_queue::output`): with `--redis-url` every replica serves every Stack, whoever ran its
+//! namespace) — whatever `--metrics-secure` says — so a user reads the output only of Stacks they may `get`. Read
+//! from the output store (`pko_queue::output`): with `--redis-url` every replica serves every Stack, whoever ran its
 //! operations.
 //!
 //! - `GET /logs/{namespace}/{stack}`: `{"operations": [OperationInfo…]}`, newest first;

@@ -5,8 +5,8 @@
 //!   `deploy/crds`), or prints them as one multi-document YAML stream with `--out -`;
 //! - `api-docs`: prints the API reference (`docs/api.md`) generated from the types;
 //! - `run`: the controllers (Program, Stack, Workspace, Update), the artifact server and the metrics and probe
-//!   endpoint. `run` is also what PKO's deployment calls: flags alone (`pko-operator --leader-elect …`), or `/manager`
-//!   first as PKO's manifest passes it, mean `run`.
+//!   endpoint. `run` is also what PKO's deployment calls: flags alone (`pko-operator --leader-elect …`), or
+//!   `/manager` first as PKO's manifest passes it, mean `run`.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal;

@@ -25,8 +25,8 @@
 //!
 //! `/metrics` names namespaces and Stacks, so by default (PKO `--metrics-secure=true`) it is served over HTTPS and only
 //! to callers whose bearer token passes a TokenReview and a SubjectAccessReview for `get` on the non-resource URL
-//! `/metrics` — controller-runtime's `WithAuthenticationAndAuthorization`, which PKO uses; grant it with a ClusterRole
-//! such as `deploy/manifests/operator.yaml`'s `pko-metrics-reader`.
+//! `/metrics` — controller-runtime's `WithAuthenticationAndAuthorization`, which PKO uses; grant it with a
+//! ClusterRole such as `deploy/manifests/operator.yaml`'s `pko-metrics-reader`.
 
 use std::sync::Arc;
 
@@ -207,9 +207,9 @@ async fn require_authz(
     }
 }
 
-/// Serves `/metrics` ([`router`]) and the operations' output (`/logs/…`, [`crate::logs`], always authorized per Stack)
-/// on `listener` until the future is dropped: plain HTTP, or HTTPS with authentication and authorization of `/metrics`
-/// ([`Security::Secure`]).
+/// Serves `/metrics` ([`router`]) and the operations' output (`/logs/…`, [`crate::logs`], always authorized per
+/// Stack) on `listener` until the future is dropped: plain HTTP, or HTTPS with authentication and authorization of
+/// `/metrics` ([`Security::Secure`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     client: kube::Client,

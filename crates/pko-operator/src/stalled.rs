@@ -1,17 +1,17 @@
 //! The Workspace's `Stalled` condition and `pulumiVersion` from operations (PKO's Workspace lifecycle, issue 13 item 6)
-//! — a shared contract between two peers. **Writer:** the Update worker ([`crate::update::dispatch`], [`record`],
+//! XX a shared contract between two peers. **Writer:** the Update worker ([`crate::update::dispatch`], [`record`],
 //! [`record_pulumi_version`]), for the Workspace an operation ran on; the Workspace controller for a spec it cannot run
 //! ([`spec_error`]) and for its own initialization of the Workspace's stacks ([`record`], PKO's, before any Update).
 //! **Reader:** the Workspace controller ([`crate::workspace::controller`]), which derives `Ready` from it.
 //!
 //! PKO initialises each workspace pod once (`pulumi install`, then select, configure and add the environments of each
-//! stack) and marks the Workspace Stalled — Ready False with the same reason — when that fails: `InstallationFailed`,
-//! `InitializationFailed`, or `IncompatibleConfiguration` (the CLI is too old for structured config). Here every
-//! operation prepares its workspace too, and its result says how that went ([`verdict`]): the Update dispatcher records
-//! it on the Workspace ([`record`]). The Workspace controller initializes a Workspace as PKO does before it is first
-//! Ready (on its own agent; on pooled agents for a `create: false` stack; and any Workspace Stalled again every minute)
-//! and records that the same way; it derives `Ready` from the condition, and stalls a spec it cannot run
-//! ([`spec_error`], reason `SpecInvalid`).
+//! stack) and marks the Workspace Stalled — Ready False with the same reason — when that fails:
+//! `InstallationFailed`, `InitializationFailed`, or `IncompatibleConfiguration` (the CLI is too old for structured
+//! config). Here every operation prepares its workspace too, and its result says how that went ([`verdict`]): the
+//! Update dispatcher records it on the Workspace ([`record`]). The Workspace controller initializes a Workspace as PKO
+//! does before it is first Ready (on its own agent; on pooled agents for a `create: false` stack; and any Workspace
+//! Stalled again every minute) and records that the same way; it derives `Ready` from the condition, and stalls a spec
+//! it cannot run ([`spec_error`], reason `SpecInvalid`).
 //!
 //! The condition is applied with its own field manager ([`field_manager::WORKSPACE_STALLED`]), so the Workspace
 //! controller's status writes (which carry only `Ready`) leave it alone, and it is cleared by applying no conditions

@@ -388,7 +388,8 @@ fn no_line_of_rust_is_wider_than_120_columns() {
     let mut wide = Vec::new();
     for file in dirs.iter().filter(|d| d.is_dir()).flat_map(|d| rust_files(d)) {
         for (i, line) in std::fs::read_to_string(&file).unwrap().lines().enumerate() {
-            let n = line.chars().count();
+            // bytes, as the project's own check counts them: a dash or an arrow takes three
+            let n = line.len();
             if n > MAX_COLUMNS {
                 wide.push(format!("{}:{}: {n} columns", file.strip_prefix(&root).unwrap_or(&file).display(), i + 1));
             }

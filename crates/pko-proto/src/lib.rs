@@ -28,8 +28,8 @@ pub fn listening_address(line: &str) -> Option<&str> {
     line.trim().strip_prefix(LISTENING_ON)
 }
 
-/// Largest message an agent sends and the operator accepts: 400 MiB (bytes), PKO's limit since 2.6.0 (#1154) — a result
-/// with large outputs, or a large engine event, must not break the stream (tonic's default is 4 MiB).
+/// Largest message an agent sends and the operator accepts: 400 MiB (bytes), PKO's limit since 2.6.0 (#1154) — a
+/// result with large outputs, or a large engine event, must not break the stream (tonic's default is 4 MiB).
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 400 << 20;
 
 /// Largest request an agent accepts: 64 MiB (bytes) — a request carries config, environment and secrets, never a

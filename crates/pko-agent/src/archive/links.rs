@@ -18,9 +18,9 @@ pub(super) enum Outside {
     Unreadable,
 }
 
-/// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most [`MAX_LINK_HOPS`]
-/// — and returns the real path relative to `root`. Components that do not exist are taken as written. Errors:
-/// [`Outside`], why the path does not stay inside `root`.
+/// Resolves `rel` (relative to `root`) as the kernel would — following every link on the way, at most
+/// [`MAX_LINK_HOPS`] XX and returns the real path relative to `root`. Components that do not exist are taken as
+/// written. Errors: [`Outside`], why the path does not stay inside `root`.
 pub(super) fn resolve_inside(root: &Path, rel: &Path, hops: usize) -> Result<PathBuf, Outside> {
     let mut todo: VecDeque<std::ffi::OsString> = VecDeque::new();
     let mut done: Vec<std::ffi::OsString> = Vec::new();

@@ -454,8 +454,9 @@ fn copy_project(
     }
 }
 
-/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's `IncompatibleConfiguration`);
-/// its version (read once per agent) is reported for the Workspace's `status.pulumiVersion`.
+/// Step 3: the CLI can run the request — structured config needs one that reads it (PKO's
+/// `IncompatibleConfiguration`); its version (read once per agent) is reported for the Workspace's
+/// `status.pulumiVersion`.
 async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut OperationResult) -> Result<(), Failure> {
     let version = ctx
         .pulumi_version

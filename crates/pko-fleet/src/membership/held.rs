@@ -90,8 +90,8 @@ impl Ownership for ShardOwnership {
     }
 }
 
-/// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live member of the fleet
-/// runs with another `--shards` that prevails ([`standing`]).
+/// Gauge of a replica standing by (1) or taking part (0): `pko_fleet_standing_by` — 1 while a live member of the
+/// fleet runs with another `--shards` that prevails ([`standing`]).
 pub const STANDING_BY: &str = "pko_fleet_standing_by";
 
 /// The validity a publish gives (pure): `proposed` (from the last renewal the main loop read), or the current one when

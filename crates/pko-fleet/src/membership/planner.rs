@@ -73,8 +73,8 @@ struct Validity<'a> {
 }
 
 impl Fleet {
-    /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the membership is valid — plan
-    /// and apply the steps, then publish what is held.
+    /// One turn, after the renewal `current`: accept a lapse (hold nothing), or — while the membership is valid —
+    /// plan and apply the steps, then publish what is held.
     pub(super) async fn turn(
         &self,
         t: &mut Turn,

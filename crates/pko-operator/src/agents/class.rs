@@ -7,8 +7,8 @@
 
 use pko_api::Workspace;
 
-/// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g. `team-a/3f2a…`, PKO's
-/// defaults applied. Workspaces that differ only in name, stacks, config or source share a class. Pure.
+/// The class of `ws`: its namespace and the 16-hex-character hash of what shapes its agent, e.g. `team-a/3f2a…`,
+/// PKO's defaults applied. Workspaces that differ only in name, stacks, config or source share a class. Pure.
 pub fn workspace_class(ws: &Workspace) -> String {
     // with PKO's defaults applied: a Workspace that names the `default` service account or the default
     // image gets the same agent as one that leaves them unset

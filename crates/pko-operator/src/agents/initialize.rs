@@ -1,7 +1,7 @@
 //! PKO's workspace initialization on this operator's agents: before a Workspace is Ready, its agent prepares the source
-//! (`pulumi install`), selects (or creates) each of its stacks and sets their config and environments — an `INITIALIZE`
-//! run, no Pulumi operation — so a Workspace that cannot be initialized (a `create: false` stack that does not exist, a
-//! secrets provider that cannot be used) stalls before any Update is made against it, as PKO's does.
+//! (`pulumi install`), selects (or creates) each of its stacks and sets their config and environments — an
+//! `INITIALIZE` run, no Pulumi operation — so a Workspace that cannot be initialized (a `create: false` stack that
+//! does not exist, a secrets provider that cannot be used) stalls before any Update is made against it, as PKO's does.
 //!
 //! Which Workspaces are initialized is the Workspace controller's to decide; this runs one initialization on the
 //! Workspace's own agent (at the address its readiness found) or on an agent lent by its class's pool, and says how it

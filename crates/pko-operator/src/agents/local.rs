@@ -102,8 +102,8 @@ impl LocalAgent {
     }
 
     /// Once the agent is dead: SIGKILL what is left of its process group (agents start as group leaders), i.e. the
-    /// `pulumi` and plugins a SIGKILLed agent orphaned — as a container's processes die with it — so the lock they hold
-    /// is known dead (the agent's `locks` module) and nothing runs on unobserved. Only for an agent this runtime
+    /// `pulumi` and plugins a SIGKILLed agent orphaned — as a container's processes die with it — so the lock they
+    /// hold is known dead (the agent's `locks` module) and nothing runs on unobserved. Only for an agent this runtime
     /// started (its group id is certainly its own; an adopted agent's PID may have been reused).
     pub(crate) fn reap_group(&self) {
         if self.child.is_some() {
@@ -242,7 +242,8 @@ fn token_fresh(path: &std::path::Path) -> bool {
 
 /// A token of service account `ns/sa` (lifetime [`LOCAL_TOKEN_SECONDS`]): the identity of local agents.
 ///
-/// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not request its tokens.
+/// Errors: [`LocalError::Token`] — e.g. the service account does not exist, or the operator may not request its
+/// tokens.
 pub(crate) async fn token_request(client: &kube::Client, ns: &str, sa: &str) -> Result<String, LocalError> {
     let tr = TokenRequest {
         spec: TokenRequestSpec {
@@ -326,8 +327,8 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 }
 
 /// Writes `bytes` to `path` readable only by this user (0600), atomically: a temporary file of a name of its own in the
-/// same directory (`tempfile`, created 0600), renamed — so writers of one path at once (a pool starting several agents
-/// of one class share its identity) each rename a whole file.
+/// same directory (`tempfile`, created 0600), renamed — so writers of one path at once (a pool starting several
+/// agents of one class share its identity) each rename a whole file.
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));

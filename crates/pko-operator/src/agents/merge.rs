@@ -4,8 +4,8 @@
 //! The rules are Kubernetes': maps merge key by key (recursively); a list whose Go field declares
 //! `patchStrategy:"merge"` merges its elements by their `patchMergeKey` — a matched element is merged recursively, an
 //! unmatched one appended, so the generated elements (the `bootstrap` init container, the `pulumi` container, the
-//! `share` volume) keep their places — and every other list is replaced whole. A `null` deletes the key. The merge keys
-//! are those of `k8s.io/api/core/v1` for the fields a pod template holds ([`merge_key`]).
+//! `share` volume) keep their places — and every other list is replaced whole. A `null` deletes the key. The merge
+//! keys are those of `k8s.io/api/core/v1` for the fields a pod template holds ([`merge_key`]).
 //!
 //! Patch directives (`$patch`, `$setElementOrder/…`, `$retainKeys`, `$deleteFromPrimitiveList/…`) never reach the
 //! operator: the CRD's `podTemplate` schema is the full `PodSpec`, which prunes unknown keys at admission — in PKO's

@@ -200,8 +200,8 @@ impl Agents {
     }
 
     /// Whether an operation can be run on `ws` now: pooled, a Ready Workspace is enough (its agent is lent per
-    /// operation) — or one Stalled by an earlier operation, which this one may mend; else its own agent's address must
-    /// be known, for its current generation (PKO's `isWorkspaceReady`: the agent runs the spec applied). Pure.
+    /// operation) — or one Stalled by an earlier operation, which this one may mend; else its own agent's address
+    /// must be known, for its current generation (PKO's `isWorkspaceReady`: the agent runs the spec applied). Pure.
     pub fn usable(&self, ws: &Workspace) -> bool {
         let status = ws.status.as_ref();
         if self.pooled() {

@@ -1,6 +1,6 @@
 //! A Workspace's own pod (the pod runtime without pools, PKO's layout): its Service and StatefulSet applied
-//! (server-side, field manager `pulumi-kubernetes-operator`), Ready once a replica is available and — for a new pod —
-//! its agent answers the connection check ([`super::probe`], PKO's "Querying Pulumi version to validate workspace
+//! (server-side, field manager `pulumi-kubernetes-operator`), Ready once a replica is available and — for a new pod
+//! — its agent answers the connection check ([`super::probe`], PKO's "Querying Pulumi version to validate workspace
 //! connectivity").
 
 use std::time::Duration;

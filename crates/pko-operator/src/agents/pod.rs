@@ -1,10 +1,10 @@
-//! The `pod` runtime of a Workspace (PKO §2.3–2.4): a headless Service and a StatefulSet `<workspace>-workspace`, the
-//! agent copied into the pod by an init container, PKO's security profiles, a 600 s termination grace (time for Pulumi
-//! to wind down after Ctrl-C), and the user's pod template merged on top. Pure.
+//! The `pod` runtime of a Workspace (PKO §2.3–2.4): a headless Service and a StatefulSet `<workspace>-workspace`,
+//! the agent copied into the pod by an init container, PKO's security profiles, a 600 s termination grace (time for
+//! Pulumi to wind down after Ctrl-C), and the user's pod template merged on top. Pure.
 //!
 //! Unlike PKO, the pod's revision hash covers only what changes the pod (image, env, resources, service account,
-//! security profile, pod template) — not stacks, config or the source, which travel with each operation — so a config
-//! change never rolls the pod (PKO #965).
+//! security profile, pod template) — not stacks, config or the source, which travel with each operation — so a
+//! config change never rolls the pod (PKO #965).
 
 use std::collections::BTreeMap;
 

@@ -31,8 +31,8 @@ pub enum Probe {
     /// No connection within [`CONNECT_TIMEOUT`] (name not resolved, refused, timed out), or no token to present: the
     /// error, with its causes.
     Unreachable(String),
-    /// The agent refused the call: the gRPC code's name as PKO writes it (`Unauthenticated`, `PermissionDenied`, …) and
-    /// the agent's message.
+    /// The agent refused the call: the gRPC code's name as PKO writes it (`Unauthenticated`, `PermissionDenied`, …)
+    /// and the agent's message.
     Refused(String, String),
 }
 

@@ -1,6 +1,6 @@
-//! The operator's credentials towards workspace agents (PKO §2.2): agents in pods run `--auth kube` and accept a bearer
-//! token of a service account that may `use` the Workspace's `workspaces/rpc` subresource, issued for the audience
-//! `<workspace>.<namespace>`. The operator asks the API server for such tokens for its own service account
+//! The operator's credentials towards workspace agents (PKO §2.2): agents in pods run `--auth kube` and accept a
+//! bearer token of a service account that may `use` the Workspace's `workspaces/rpc` subresource, issued for the
+//! audience `<workspace>.<namespace>`. The operator asks the API server for such tokens for its own service account
 //! (TokenRequest, `serviceaccounts/token create` on itself) and keeps each until 5 minutes before it expires.
 
 use std::collections::HashMap;

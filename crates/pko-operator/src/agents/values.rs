@@ -221,8 +221,8 @@ pub async fn resolve(
     Ok(resolved)
 }
 
-/// One `envFrom` entry of a Workspace (Stack `envs` → ConfigMap, `envSecrets` → Secret), as the kubelet reads it for a
-/// container (Kubernetes `EnvFromSource`).
+/// One `envFrom` entry of a Workspace (Stack `envs` → ConfigMap, `envSecrets` → Secret), as the kubelet reads it
+/// for a container (Kubernetes `EnvFromSource`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvSource {
     /// The Workspace field, `spec.envFrom[i]`.

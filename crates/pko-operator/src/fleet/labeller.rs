@@ -44,8 +44,8 @@ pub fn shard_labels(namespace: &str, key: &str, shards: u32) -> BTreeMap<String,
 }
 
 /// The label selector of the objects the labeller writes in a fleet of `shards` (pure): those whose [`SHARDS_LABEL`] is
-/// not `shards` — without one (new objects, and objects labelled before the count was recorded) or labelled for another
-/// count (after a change of `--shards`). Kubernetes' `!=` matches objects without the label too.
+/// not `shards` — without one (new objects, and objects labelled before the count was recorded) or labelled for
+/// another count (after a change of `--shards`). Kubernetes' `!=` matches objects without the label too.
 pub fn unlabelled_selector(shards: u32) -> String {
     format!("{SHARDS_LABEL}!={shards}")
 }
@@ -278,8 +278,8 @@ async fn label<K: Watched + ShardKey>(client: &kube::Client, object: &K, shards:
 
 /// The JSON patch that labels a new object with `labels` and adds `finalizer` in the same write (saving the Stack
 /// controller's own finalizer write), each change pinned by a `test` of what was read (the finalizer list; absent
-/// labels). `None` — the labels go alone — when there is no finalizer to add: none given, held already, or the object
-/// is being deleted (the API refuses new finalizers then). Pure.
+/// labels). `None` — the labels go alone — when there is no finalizer to add: none given, held already, or the
+/// object is being deleted (the API refuses new finalizers then). Pure.
 pub fn label_patch(
     meta: &ObjectMeta,
     labels: &BTreeMap<String, String>,

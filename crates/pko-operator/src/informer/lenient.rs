@@ -1,8 +1,8 @@
 //! Objects as a watch delivers them, decoded one by one: an object whose CRD admits a value its Rust type cannot hold
-//! (an `int32` field out of range — the API server does not enforce `format: int32` — or any field of a type the schema
-//! only loosely describes) is kept as its metadata and the reason, instead of failing the whole list and stopping the
-//! watch of every object of the kind (one tenant's Stack would stop every Stack of the shard). Its controller says so
-//! on the object.
+//! (an `int32` field out of range — the API server does not enforce `format: int32` — or any field of a type the
+//! schema only loosely describes) is kept as its metadata and the reason, instead of failing the whole list and
+//! stopping the watch of every object of the kind (one tenant's Stack would stop every Stack of the shard). Its
+//! controller says so on the object.
 
 use std::borrow::Cow;
 

@@ -1,7 +1,7 @@
 //! How one kind's watches become one store: each source's (or shard group's) watch events are merged into [`Step`]s for
-//! the store and the subscribers — a source's relist deletes only what it no longer has, a gained shard group hands on
-//! only new and changed objects, a lost shard's objects leave — and the store is ready once every source has listed
-//! ([`Merge`]). Which shards are watched in which group is [`Groups`]'s plan. Pure: the tests feed it events.
+//! the store and the subscribers — a source's relist deletes only what it no longer has, a gained shard group hands
+//! on only new and changed objects, a lost shard's objects leave — and the store is ready once every source has
+//! listed ([`Merge`]). Which shards are watched in which group is [`Groups`]'s plan. Pure: the tests feed it events.
 
 use super::*;
 

@@ -2,8 +2,8 @@
 //! kube's own shared streams are behind `unstable-runtime-subscribe`, whose subscriber stalls when an object is deleted
 //! between its event and its read).
 //!
-//! An [`Informer`] runs one watch per *source* — the whole cluster, or each namespace of `--namespaces` — merges them
-//! into one [`Store`], and hands every change to each subscriber: controllers get their trigger stream from
+//! An [`Informer`] runs one watch per *source* — the whole cluster, or each namespace of `--namespaces` — merges
+//! them into one [`Store`], and hands every change to each subscriber: controllers get their trigger stream from
 //! [`Informer::objects`] and their cache from [`Informer::store`]. With several namespaces every watch is namespaced,
 //! so a namespace-scoped install needs only namespaced RBAC and pays nothing for other namespaces' churn.
 //!
@@ -437,8 +437,9 @@ impl Informers {
     }
 }
 
-/// The label selector of the objects in `held` shards out of `total`: `pulumi.com/shard in (…)`, or `notin` the others
-/// when that is shorter, or every labelled object when all are held; nothing (a value no shard has) when none is.
+/// The label selector of the objects in `held` shards out of `total`: `pulumi.com/shard in (…)`, or `notin` the
+/// others when that is shorter, or every labelled object when all are held; nothing (a value no shard has) when none
+/// is.
 pub fn shard_selector(held: &std::collections::BTreeSet<u32>, total: u32) -> String {
     use pko_api::constants::SHARD_LABEL;
     let list = |it: &mut dyn Iterator<Item = u32>| it.map(|s| s.to_string()).collect::<Vec<_>>().join(",");

@@ -37,8 +37,8 @@ impl FromStr for Schedule {
     }
 }
 
-/// The Stack's schedules, or the first that does not parse as `spec.driftDetection.schedules[i].cron: …`. Empty: drift
-/// detection is off.
+/// The Stack's schedules, or the first that does not parse as `spec.driftDetection.schedules[i].cron: …`. Empty:
+/// drift detection is off.
 pub fn schedules(stack: &Stack) -> Result<Vec<Schedule>, String> {
     let list = stack.spec.drift_detection.as_ref().and_then(|d| d.schedules.clone()).unwrap_or_default();
     list.iter()

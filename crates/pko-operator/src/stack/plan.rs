@@ -137,9 +137,9 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
 }
 
 /// [`decide`], knowing whether the Stack's Workspace is Stalled (`workspace_stall`: its reason and message). A failed
-/// update whose Workspace stalled is not retried (PKO): the Stack is Stalled `WorkspaceFailed` — `PulumiVersionTooLow`
-/// for `IncompatibleConfiguration` — with `"<reason>: <message>"`, until the spec, the source or the sync request
-/// changes.
+/// update whose Workspace stalled is not retried (PKO): the Stack is Stalled `WorkspaceFailed` —
+/// `PulumiVersionTooLow` for `IncompatibleConfiguration` — with `"<reason>: <message>"`, until the spec, the source
+/// or the sync request changes.
 pub fn decide_with_workspace(
     stack: &Stack,
     commit: &str,

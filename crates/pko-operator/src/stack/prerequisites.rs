@@ -1,9 +1,10 @@
 //! Prerequisite Stacks (PKO `spec.prerequisites`, `stack_controller.go` step 8 of the inventory): before an update
 //! runs, every named Stack of the namespace must exist, be in sync with its own spec (its `lastUpdate` is for its
-//! current generation and reconcile request), have succeeded, and — when `requirement.succeededWithinDuration` is set —
-//! have succeeded within that duration. A stale prerequisite gets the annotation `pulumi.com/reconciliation-request:
-//! after-<its lastUpdate name>` so that it runs again; the dependent waits (Reconciling `PrerequisiteNotSatisfied`) and
-//! is woken when a prerequisite changes. Pure: the caller fetches the Stacks and passes the time.
+//! current generation and reconcile request), have succeeded, and — when `requirement.succeededWithinDuration` is set
+//! — have succeeded within that duration. A stale prerequisite gets the annotation
+//! `pulumi.com/reconciliation-request: after-<its lastUpdate name>` so that it runs again; the dependent waits
+//! (Reconciling `PrerequisiteNotSatisfied`) and is woken when a prerequisite changes. Pure: the caller fetches the
+//! Stacks and passes the time.
 
 use std::collections::BTreeMap;
 

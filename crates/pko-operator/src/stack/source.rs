@@ -43,8 +43,9 @@ pub enum ResolvedSource {
     /// No source: destroy from state with a synthesised project.
     ProjectInfo(ProjectInfo),
     /// No source in the Stack: the Workspace template's own (`workspaceTemplate.spec.local`, a program baked into the
-    /// image — PKO's `examples/custom-source`), or none at all (PKO's source-less Workspace, whose pod's init container
-    /// puts the program in `/share/workspace`); its revision is empty, as PKO's commit is for a Stack without a source.
+    /// image — PKO's `examples/custom-source`), or none at all (PKO's source-less Workspace, whose pod's init
+    /// container puts the program in `/share/workspace`); its revision is empty, as PKO's commit is for a Stack without
+    /// a source.
     Template,
 }
 
@@ -379,9 +380,9 @@ pub(super) async fn resolve(
 }
 
 /// The source of a Stack from the `status.artifact` of its Flux source `kind`/`name` (none: the source has no artifact
-/// yet → Stalled `SourceUnavailable`, as PKO's "Flux source has no artifact"). An artifact without `digest` stalls too,
-/// saying so: this operator verifies every download (PKO fetches such an artifact unverified; source-controller has
-/// written a digest since Flux 2.0). Pure.
+/// yet → Stalled `SourceUnavailable`, as PKO's "Flux source has no artifact"). An artifact without `digest` stalls
+/// too, saying so: this operator verifies every download (PKO fetches such an artifact unverified; source-controller
+/// has written a digest since Flux 2.0). Pure.
 fn flux_artifact(artifact: Option<&serde_json::Value>, kind: &str, name: &str, dir: Option<String>) -> Resolved {
     let field = |a: &serde_json::Value, k: &str| {
         a.get(k).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string)

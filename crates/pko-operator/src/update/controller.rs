@@ -1,5 +1,5 @@
-//! The Update controller — asynchronous: a reconcile never waits for an operation. It pushes a job onto the work queue
-//! ([`crate::queue`]) and returns; a fixed set of workers (how many operations this replica drives at once,
+//! The Update controller — asynchronous: a reconcile never waits for an operation. It pushes a job onto the work
+//! queue ([`crate::queue`]) and returns; a fixed set of workers (how many operations this replica drives at once,
 //! [`super::worker`]) pops jobs and runs each on an agent of the runtime ([`crate::agents`]), writing the result. A
 //! Progressing Update found without a job (operator restart) is pushed again, and its worker re-attaches to the running
 //! operation by its stable id. Completed Updates are deleted after `ttlAfterCompleted`.

@@ -182,9 +182,9 @@ pub fn finished(
 }
 
 /// The note of an Update's `UpdateSucceeded`/`UpdateFailed` event in PKO's words (`update_controller.go`): `Updated
-/// stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"` (`preview`, `refresh`,
-/// `destroy`), followed by `: <message>` when the failure has one. `update_type` is the Update's `spec.type` (`up` when
-/// unset). Pure.
+/// stack "dev"`, `Previewed …`, `Refreshed …`, `Destroyed …`; `Failed to update stack "dev"` (`preview`,
+/// `refresh`, `destroy`), followed by `: <message>` when the failure has one. `update_type` is the Update's `spec.type`
+/// (`up` when unset). Pure.
 pub fn event_note(update_type: Option<&pko_api::UpdateType>, stack: &str, succeeded: bool, message: &str) -> String {
     use pko_api::UpdateType as T;
     let (done, verb) = match update_type {

@@ -173,9 +173,9 @@ impl UpdateController {
         Some((update, workspace))
     }
 
-    /// Step **lend**: an agent for `update`. `Err`: what becomes of the job instead — deferred while the pool is full;
-    /// done when there is no agent (the Update then waits `TransientFailure` when the runtime failed, and its reconcile
-    /// pushes it again).
+    /// Step **lend**: an agent for `update`. `Err`: what becomes of the job instead — deferred while the pool is
+    /// full; done when there is no agent (the Update then waits `TransientFailure` when the runtime failed, and its
+    /// reconcile pushes it again).
     async fn lend(&self, fence: &Fence<'_>, update: &Update, workspace: &Workspace) -> Result<Lent, Drive> {
         let job = fence.job();
         match self.agents.lend(workspace, &update.operation_id(), job.epoch, update.was_started()).await {

@@ -45,9 +45,9 @@ pub enum Error {
 /// The `Ready` condition `(status, reason, message)` to write.
 type ReadyCondition = (String, String, String);
 
-/// Whether the status to write — `new` (address, pool, observedGeneration) with the Ready condition `ready` — is what
-/// `stored` already says; then nothing is written (a runtime that looks every few seconds must not write each time).
-/// Pure.
+/// Whether the status to write — `new` (address, pool, observedGeneration) with the Ready condition `ready` — is
+/// what `stored` already says; then nothing is written (a runtime that looks every few seconds must not write each
+/// time). Pure.
 fn status_unchanged(
     stored: &WorkspaceStatus,
     new: &WorkspaceStatus,

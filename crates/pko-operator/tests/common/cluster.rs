@@ -171,7 +171,7 @@ pub async fn delete_pod_mid_up(
     let t = Instant::now();
     kubectl(&["delete", "pod", "-n", ns, pod, "--wait=true", "--timeout=90s"]);
     let gone = t.elapsed().as_secs_f64();
-    eprintln!("workspace pod {pod} deleted mid-up: SIGTERM → CTRL-C → pod gone in {gone:.1} s (grace period 600 s)");
+    eprintln!("workspace pod {pod} deleted mid-up: SIGTERM, CTRL-C, pod gone in {gone:.1} s (grace period 600 s)");
     assert!(gone < 30.0, "the agent stopped Pulumi on SIGTERM instead of running out the grace period ({gone:.1} s)");
     wait_for("the interrupted Update completed on another pod", 240, ns, op_ns, || async {
         updates.get(&running).await.is_ok_and(|u| super::condition(&u, "Complete").is_some_and(|c| c.0 == "True"))

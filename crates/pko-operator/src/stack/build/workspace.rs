@@ -12,8 +12,8 @@ use crate::stack::source::{ResolvedSource, secret_key};
 
 /// Env var name carrying the value of config `key` behind `prefix` (the agent reads it with `valueFrom.env`):
 /// `<prefix>_<key>` with the key's ASCII letters and digits kept as they are and every other byte written `_xx` (hex),
-/// so two keys never share a variable (`dbpass` → `…_dbpass`, `dbPass` → `…_dbPass`, `db.pass` → `…_db_2epass`,
-/// `db_pass` → `…_db_5fpass`).
+/// so two keys never share a variable (`dbpass` → `…_dbpass`, `dbPass` → `…_dbPass`, `db.pass` →
+/// `…_db_2epass`, `db_pass` → `…_db_5fpass`).
 pub fn config_env(prefix: &str, key: &str) -> String {
     let mut out = format!("{prefix}_");
     for b in key.bytes() {
@@ -106,8 +106,8 @@ fn env_from(spec: &StackSpec) -> Vec<EnvFromSource> {
     maps.chain(secrets).collect()
 }
 
-/// The stack's config items in PKO's order — inline `config` (sorted), `configRef`, `secrets`, `secretsRef` — adding to
-/// `env` the variables that carry referenced values ([`config_env`]). Pure.
+/// The stack's config items in PKO's order — inline `config` (sorted), `configRef`, `secrets`, `secretsRef` —
+/// adding to `env` the variables that carry referenced values ([`config_env`]). Pure.
 fn config_items(spec: &StackSpec, env: &mut Vec<EnvVar>) -> Vec<ConfigItem> {
     let mut config: Vec<ConfigItem> = Vec::new();
     for (k, v) in spec.config.iter().flatten() {

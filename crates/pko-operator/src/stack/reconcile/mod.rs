@@ -9,8 +9,8 @@
 //! 5. **plan**: in sync or not ([`super::plan`]);
 //! 6. **prerequisites**;
 //! 7. **workspace** ([`update_steps`]): build ([`super::build`]) and apply; wait until it is Ready;
-//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update — or, for a synced Stack whose
-//!    drift check is due, create the check's Update once a fleet-wide slot is free.
+//! 8. **update**: follow one in flight, or write `currentUpdate` then create the Update — or, for a synced Stack
+//!    whose drift check is due, create the check's Update once a fleet-wide slot is free.
 //!
 //! Each step changes the pass's draft status ([`pass::Pass`]) and may halt the pass ([`pass::Halt`]); the driver then
 //! writes the status once (nothing when unchanged) and carries out what must follow the write. One write comes earlier:

@@ -37,8 +37,8 @@ impl From<Error> for Halt {
 }
 
 impl Pass {
-    /// What a builder gave: the object, or — for a template merged onto the generated spec that gives no valid spec —
-    /// the Stack Stalled `SpecInvalid` naming the template, with PKO's Warning `StackConfigInvalid` once, until the
+    /// What a builder gave: the object, or — for a template merged onto the generated spec that gives no valid spec
+    /// — the Stack Stalled `SpecInvalid` naming the template, with PKO's Warning `StackConfigInvalid` once, until the
     /// spec changes; any other build error fails the pass.
     pub fn built<T>(&mut self, built: Result<T, BuildError>) -> Step<T> {
         match built {
@@ -63,8 +63,9 @@ impl Pass {
 /// A step's result: its value, or why the pass halts.
 pub(super) type Step<T = ()> = Result<T, Halt>;
 
-/// How soon a pass looks again at what moves by itself — an Update in flight, a source not yet available, a terminating
-/// namespace, a drift check running: 30 seconds (PKO's requeue; the object's own watch event usually comes first).
+/// How soon a pass looks again at what moves by itself — an Update in flight, a source not yet available, a
+/// terminating namespace, a drift check running: 30 seconds (PKO's requeue; the object's own watch event usually comes
+/// first).
 pub(super) const LOOK_AGAIN: Duration = Duration::from_secs(30);
 
 /// `Halt::Done` with a requeue after [`LOOK_AGAIN`].

@@ -2,8 +2,9 @@
 //! the namespace and everything that shapes the pod — image, env, resources, service account, security profile, pod
 //! template, log level) are interchangeable, so a class gets one StatefulSet `pko-pool-<class hash>-workspace` (and its
 //! headless Service), built from the class's pod exactly as a Workspace's own ([`super::pod::stateful_set`]), and
-//! scaled by the operator: from 0 (the default minimum: an idle class costs no pod — PKO keeps one pod per Stack, 24/7)
-//! up to `max` pods while operations wait, and down again once the highest pod has been idle for the idle timeout.
+//! scaled by the operator: from 0 (the default minimum: an idle class costs no pod — PKO keeps one pod per Stack,
+//! 24/7) up to `max` pods while operations wait, and down again once the highest pod has been idle for the idle
+//! timeout.
 //!
 //! Shared by the fleet: every replica lends the class's pods to its own operations, and the pods themselves are the
 //! truth about who runs what — an agent refuses a second operation (`UNAVAILABLE: agent busy`), so two replicas that
