@@ -225,6 +225,8 @@ async fn measure(lang: &Language) -> Measured {
         bare_times.push(t.elapsed());
     }
     stop.store(true, Ordering::Relaxed);
+    let _ = std::fs::copy(&agent.log, format!("/tmp/work/agent-{}.log", lang.name));
+    let _ = std::fs::copy(&shared_agent.log, format!("/tmp/work/shared-{}.log", lang.name));
     let _ = sampler.join();
     let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
     Measured {

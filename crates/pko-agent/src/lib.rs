@@ -27,6 +27,7 @@ pub mod sandbox;
 pub mod service;
 pub mod sidecars;
 pub mod source;
+pub mod stack_cache;
 pub mod supervise;
 pub mod trees;
 pub mod values;

@@ -13,6 +13,7 @@ use pko_agent::runner::RunnerContext;
 use pko_agent::sandbox::Sandboxes;
 use pko_agent::service::{AgentConfig, AgentService};
 use pko_agent::source::{CacheConfig, DownloadConfig, SourceCache};
+use pko_agent::stack_cache::StackCaches;
 use pko_agent::supervise::Supervisor;
 use pko_agent::values::ValueResolver;
 use pko_proto::v1::agent_server::AgentServer;
@@ -268,9 +269,19 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
     } else {
         None
     };
+    let stack_caches = match &sandboxes {
+        Some(_) => {
+            let root = a.work_dir.join("stacks");
+            let c = StackCaches::new(root.clone(), pko_agent::stack_cache::MAX_STACKS)
+                .with_context(|| format!("preparing {}", root.display()))?;
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
     Ok(RunnerContext {
         pulumi,
         sandboxes,
+        stack_caches,
         lock_wait: Duration::from_secs(a.lock_wait_seconds),
         env: Default::default(),
         sources: Arc::new(sources),

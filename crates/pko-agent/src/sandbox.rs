@@ -251,7 +251,10 @@ fn copy_tree(from: &Path, to: &Path, share: bool, copied: &mut Copied) -> Result
         let t = e.file_type()?;
         if t.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else if t.is_dir() && share && crate::trees::is_dependency_tree(&src) {
+        } else if t.is_dir()
+            && share
+            && (crate::trees::is_dependency_tree(&src) || crate::trees::is_virtualenv_part(from, &e.file_name()))
+        {
             crate::trees::share(&src)?;
             std::os::unix::fs::symlink(&src, &dst)?;
             copied.trees += 1;
@@ -321,6 +324,32 @@ mod tests {
         let dir = sb.dir.clone();
         assert_eq!(sb.finish().unwrap(), Finished::default());
         assert!(!dir.exists(), "nothing of the operation is left");
+    }
+
+    #[test]
+    fn a_project_that_is_its_own_virtualenv_shares_its_parts_and_copies_its_files() {
+        let base = tempfile::tempdir().unwrap();
+        let src = base.path().join("src");
+        std::fs::create_dir_all(src.join("lib/python3.11/site-packages/pulumi")).unwrap();
+        std::fs::create_dir_all(src.join("bin")).unwrap();
+        std::fs::create_dir_all(src.join("mine")).unwrap();
+        std::fs::write(src.join("lib/python3.11/site-packages/pulumi/__init__.py"), "sdk").unwrap();
+        std::fs::write(src.join("bin/python"), "").unwrap();
+        std::os::unix::fs::symlink("lib", src.join("lib64")).unwrap();
+        for (f, text) in [("pyvenv.cfg", "home = /usr/bin\n"), ("__main__.py", "main"), ("mine/util.py", "util")] {
+            std::fs::write(src.join(f), text).unwrap();
+        }
+        let boxes = Sandboxes::new(base.path().join("ops"), &base.path().join("h")).unwrap();
+        let sb = boxes.create().unwrap();
+        let (project, copied) = sb.copy_source(&src, &src, true).unwrap();
+        assert_eq!((copied.files, copied.trees), (3, 2), "pyvenv.cfg, __main__.py, mine/util.py; lib and bin linked");
+        assert_eq!(std::fs::read_link(project.join("lib")).unwrap(), src.join("lib"));
+        assert_eq!(std::fs::read_link(project.join("lib64")).unwrap(), PathBuf::from("lib"));
+        assert!(std::fs::symlink_metadata(project.join("mine")).unwrap().is_dir(), "the project's own directory");
+        // a local source (not the agent's cache) is copied whole
+        let sb2 = boxes.create().unwrap();
+        let (_, copied) = sb2.copy_source(&src, &src, false).unwrap();
+        assert_eq!((copied.files, copied.trees), (5, 0));
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub fn is_dependency_tree(dir: &Path) -> bool {
     dir.file_name().is_some_and(|n| n == "node_modules") || dir.join("pyvenv.cfg").is_file()
 }
 
+/// Whether `name` in `dir` is a directory of a virtualenv made in `dir` itself (`dir` holds `pyvenv.cfg`): `bin`,
+/// `include`, `lib`, `lib64` or `share`. A Python host that is given no `virtualenv` runtime option (the bed's, from
+/// the SDK's v3.68) makes the project directory itself the virtualenv; its parts are shared like a whole one, the
+/// project's own files beside them are copied.
+pub fn is_virtualenv_part(dir: &Path, name: &std::ffi::OsStr) -> bool {
+    ["bin", "include", "lib", "lib64", "share"].iter().any(|p| name == *p) && dir.join("pyvenv.cfg").is_file()
+}
+
 /// The tree `tree` ready to be linked into an operation's directory: sealed at its first use, verified against its seal
 /// at every later one.
 ///

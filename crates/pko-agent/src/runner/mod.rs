@@ -42,6 +42,9 @@ pub struct RunnerContext {
     /// Per-operation directories ([`crate::sandbox`]); `None`: operations run in the cached source with the agent's own
     /// `HOME` and `PULUMI_HOME` (a Workspace's own agent, as PKO's pod).
     pub sandboxes: Option<crate::sandbox::Sandboxes>,
+    /// Caches a Stack's own isolated operations keep between them ([`crate::stack_cache`]); `None` with no
+    /// sandboxes (the agent's own `TMPDIR` lasts anyway).
+    pub stack_caches: Option<Arc<crate::stack_cache::StackCaches>>,
     /// Environment added to every Pulumi process (e.g. PULUMI_HOME), below the operation's own.
     pub env: BTreeMap<String, String>,
     /// Source cache.
@@ -268,7 +271,7 @@ async fn execute(
     if stack.name.is_empty() {
         return Err(fail(ErrorReason::InvalidRequest, "stack.name", "stack name is required"));
     }
-    let env = environment(ctx, req, sandbox.as_deref(), masker).await?;
+    let mut env = environment(ctx, req, sandbox.as_deref(), masker).await?;
     check_stop(op)?;
     let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, pinned).await?;
     check_stop(op)?;
@@ -281,6 +284,7 @@ async fn execute(
     }
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
+    let cache = open_stack_cache(ctx, op, &known_key, &mut env);
     let step = Step {
         kind,
         stack: &stack.name,
@@ -290,7 +294,41 @@ async fn execute(
         known_key: &known_key,
         released: &req.release_locks,
     };
-    operate_through_locks(ctx, op, &step, masker, result).await
+    let outcome = operate_through_locks(ctx, op, &step, masker, result).await;
+    if let (Some(caches), Some(opened)) = (&ctx.stack_caches, cache)
+        && let Err(e) = caches.close(opened)
+    {
+        tracing::warn!(operation = %op.id, error = %e, "closing the stack's cache");
+    }
+    outcome
+}
+
+/// The Stack's own cache ([`crate::stack_cache`]) for this operation, its variables added to `env` where the request
+/// sets none of them. A cache that cannot be opened, or that another operation of the Stack holds, is done without
+/// (the operation runs cold), said on the operation's log.
+fn open_stack_cache(
+    ctx: &RunnerContext,
+    op: &Operation,
+    known_key: &str,
+    env: &mut BTreeMap<String, String>,
+) -> Option<crate::stack_cache::Opened> {
+    let opened = match ctx.stack_caches.as_ref()?.open(known_key) {
+        Ok(o) => o?,
+        Err(e) => {
+            op.log(format!("the stack's cache cannot be used ({e}); running without it"));
+            return None;
+        }
+    };
+    if opened.discarded > 0 {
+        op.log(format!(
+            "the stack's cache changed since its last operation ({} entries): emptied, not used",
+            opened.discarded
+        ));
+    }
+    for (k, v) in opened.env() {
+        env.entry(k).or_insert(v);
+    }
+    Some(opened)
 }
 
 /// Step 0: the request is what its Update names: its run digest (`computed`, over the request as received) is the one

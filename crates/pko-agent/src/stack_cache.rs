@@ -1,0 +1,255 @@
+//! Caches a Stack's own isolated operations keep between them on one agent, and no other Stack's operation ever uses.
+//!
+//! Each operation of an isolated agent starts with an empty `HOME` and `TMPDIR` ([`crate::sandbox`]). For TypeScript
+//! that cost more than the update itself: Pulumi's ts-node (its vendored 7.0.1) keeps the programs it compiled and
+//! type-checked in `$TMPDIR/ts-node-*`, and without it every operation type-checked the program against
+//! `@pulumi/kubernetes` again (3.4 s of a 6 s `up` on the bed). A Stack's cache directory holds that compile cache
+//! (`TS_NODE_CACHE_DIRECTORY`) from one of its operations to the next.
+//!
+//! Why per Stack, not per class or revision: ts-node's entries are keyed by the source's content, not verified on read,
+//! so an entry planted by one Stack's program would run in another Stack whose source has the same content. A Stack's
+//! cache is used only by that Stack's operations (the key: backend, project and stack, [`StackCaches::open`]), one at a
+//! time; what an earlier operation of the same Stack left there is what that Stack's own program wrote — as in PKO's
+//! workspace pod, whose `TMPDIR` lives as long as the pod. Between its operations the cache is sealed
+//! ([`crate::trees::take_seal`]: inode, size, mode, `ctime` of every entry, kept in the agent's memory, which no
+//! operation can reach): a cache another operation changed by absolute path is removed before the Stack uses it again.
+//! An agent that starts removes every cache an earlier one left (their seals went with it).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::trees::{Seal, changed, remove_tree, take_seal};
+
+/// Most Stacks whose caches an agent keeps; the least recently used goes first. A TypeScript compile cache is the
+/// program's compiled JavaScript (kilobytes to a few megabytes).
+pub const MAX_STACKS: usize = 256;
+
+/// The caches of the Stacks an agent served, under one root (`<work-dir>/stacks`).
+#[derive(Debug)]
+pub struct StackCaches {
+    root: PathBuf,
+    state: Mutex<State>,
+    max: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Directory name → the seal taken when the Stack's last operation ended, and when (a use counter).
+    sealed: HashMap<String, (Seal, u64)>,
+    /// Directory names an operation uses now.
+    in_use: HashSet<String>,
+    clock: u64,
+}
+
+/// A Stack's cache while one of its operations uses it: [`StackCaches::close`] it when the operation ends.
+#[derive(Debug)]
+pub struct Opened {
+    name: String,
+    /// The cache directory.
+    pub dir: PathBuf,
+    /// The cache was found changed since the Stack's last operation and was emptied: this many entries differed.
+    pub discarded: usize,
+}
+
+impl StackCaches {
+    /// The caches under `root`, keeping at most `max` Stacks'; whatever `root` held (an earlier agent's caches, whose
+    /// seals are gone) is removed.
+    ///
+    /// Errors: `root` cannot be emptied or created.
+    pub fn new(root: PathBuf, max: usize) -> std::io::Result<Self> {
+        remove_tree(&root)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&root)?;
+        Ok(Self { root, state: Mutex::default(), max })
+    }
+
+    /// The cache of the Stack named `key` (`<backend> <project> <stack>`) for one operation: the directory as the
+    /// Stack's last operation left it, or empty (first use; found changed since — `discarded` says how many entries
+    /// differed). `None` while another operation of the same Stack uses it: that one runs without.
+    ///
+    /// Errors: the directory could not be read, emptied or created.
+    pub fn open(&self, key: &str) -> std::io::Result<Option<Opened>> {
+        let name = dir_name(key);
+        let dir = self.root.join(&name);
+        let sealed = {
+            let mut s = self.lock();
+            if !s.in_use.insert(name.clone()) {
+                return Ok(None);
+            }
+            s.sealed.remove(&name)
+        };
+        let discarded = match sealed {
+            Some((seal, _)) if dir.is_dir() => changed(&seal, &take_seal(&dir).unwrap_or_default()).len(),
+            _ => usize::from(dir.exists()),
+        };
+        let fresh = discarded > 0 || !dir.is_dir();
+        let made = if fresh { remove_tree(&dir).and_then(|()| make_dir(&dir)) } else { Ok(()) };
+        if let Err(e) = made {
+            self.lock().in_use.remove(&name);
+            return Err(e);
+        }
+        Ok(Some(Opened { name, dir, discarded }))
+    }
+
+    /// Ends an operation's use of its Stack's cache: sealed as the operation left it, the least recently used caches
+    /// beyond the limit removed. A cache that cannot be sealed is removed (its next use starts empty).
+    ///
+    /// Errors: a cache could not be removed.
+    pub fn close(&self, opened: Opened) -> std::io::Result<()> {
+        let seal = take_seal(&opened.dir);
+        let evict = {
+            let mut s = self.lock();
+            s.in_use.remove(&opened.name);
+            s.clock += 1;
+            let now = s.clock;
+            if let Ok(seal) = &seal {
+                s.sealed.insert(opened.name.clone(), (seal.clone(), now));
+            }
+            least_recent(&s, self.max)
+        };
+        if seal.is_err() {
+            remove_tree(&opened.dir)?;
+        }
+        for name in evict {
+            remove_tree(&self.root.join(&name))?;
+            let mut s = self.lock();
+            if !s.in_use.contains(&name) {
+                s.sealed.remove(&name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the caches hold on disk now (apparent sizes of their files).
+    pub fn bytes(&self) -> u64 {
+        dir_bytes(&self.root)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Opened {
+    /// The variables that point the operation's tools at the cache: `TS_NODE_CACHE_DIRECTORY` (Pulumi's ts-node).
+    pub fn env(&self) -> [(String, String); 1] {
+        [("TS_NODE_CACHE_DIRECTORY".into(), self.dir.join("ts-node").display().to_string())]
+    }
+}
+
+/// The sealed caches beyond the `max` most recently used, not in use now, oldest first. Pure.
+fn least_recent(s: &State, max: usize) -> Vec<String> {
+    let mut idle: Vec<(&String, u64)> =
+        s.sealed.iter().filter(|(n, _)| !s.in_use.contains(*n)).map(|(n, (_, at))| (n, *at)).collect();
+    let over = (s.sealed.len() + s.in_use.len()).saturating_sub(max);
+    idle.sort_by_key(|(_, at)| *at);
+    idle.into_iter().take(over).map(|(n, _)| n.clone()).collect()
+}
+
+/// The directory of the Stack `key`: 32 hex digits of its SHA-256 (a Stack's name never reaches a path). Pure.
+fn dir_name(key: &str) -> String {
+    let d = Sha256::digest(key.as_bytes());
+    d.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(dir)
+}
+
+/// Apparent bytes of the files under `dir` (0 when it cannot be read).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caches(max: usize) -> (tempfile::TempDir, StackCaches) {
+        let base = tempfile::tempdir().unwrap();
+        let c = StackCaches::new(base.path().join("stacks"), max).unwrap();
+        (base, c)
+    }
+
+    #[test]
+    fn a_stacks_cache_outlives_its_operation_and_no_other_stack_gets_it() {
+        let (_base, c) = caches(8);
+        let a = c.open("file:///s proj a").unwrap().unwrap();
+        std::fs::write(a.dir.join("entry.js"), "compiled").unwrap();
+        let dir = a.dir.clone();
+        c.close(a).unwrap();
+        let again = c.open("file:///s proj a").unwrap().unwrap();
+        assert_eq!((again.dir.clone(), again.discarded), (dir.clone(), 0));
+        assert_eq!(std::fs::read_to_string(again.dir.join("entry.js")).unwrap(), "compiled");
+        let b = c.open("file:///s proj b").unwrap().unwrap();
+        assert_ne!(b.dir, dir);
+        assert!(std::fs::read_dir(&b.dir).unwrap().next().is_none(), "another Stack's cache starts empty");
+        c.close(again).unwrap();
+        c.close(b).unwrap();
+    }
+
+    #[test]
+    fn a_cache_changed_between_its_stacks_operations_is_emptied() {
+        let (_base, c) = caches(8);
+        let a = c.open("k").unwrap().unwrap();
+        std::fs::write(a.dir.join("entry.js"), "compiled").unwrap();
+        let dir = a.dir.clone();
+        c.close(a).unwrap();
+        // another operation, by absolute path: same content written back, still a change (ctime)
+        std::fs::write(dir.join("entry.js"), "compiled").unwrap();
+        let again = c.open("k").unwrap().unwrap();
+        assert_eq!(again.discarded, 1);
+        assert!(!again.dir.join("entry.js").exists());
+        c.close(again).unwrap();
+        // a planted file
+        std::fs::write(dir.join("planted.js"), "x").unwrap();
+        let third = c.open("k").unwrap().unwrap();
+        assert!(third.discarded > 0 && !third.dir.join("planted.js").exists());
+        c.close(third).unwrap();
+    }
+
+    #[test]
+    fn a_second_operation_of_a_stack_runs_without_while_the_first_holds_it() {
+        let (_base, c) = caches(8);
+        let a = c.open("k").unwrap().unwrap();
+        assert!(c.open("k").unwrap().is_none());
+        c.close(a).unwrap();
+        assert!(c.open("k").unwrap().is_some());
+    }
+
+    #[test]
+    fn a_cache_an_earlier_agent_left_is_never_used() {
+        let base = tempfile::tempdir().unwrap();
+        let first = StackCaches::new(base.path().join("stacks"), 8).unwrap();
+        let a = first.open("k").unwrap().unwrap();
+        std::fs::write(a.dir.join("entry.js"), "compiled").unwrap();
+        first.close(a).unwrap();
+        drop(first);
+        let next = StackCaches::new(base.path().join("stacks"), 8).unwrap();
+        let a = next.open("k").unwrap().unwrap();
+        assert!(!a.dir.join("entry.js").exists());
+    }
+
+    #[test]
+    fn the_least_recently_used_caches_go_beyond_the_limit() {
+        let (_base, c) = caches(2);
+        for k in ["a", "b", "c"] {
+            let o = c.open(k).unwrap().unwrap();
+            std::fs::write(o.dir.join("f"), k).unwrap();
+            c.close(o).unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&c.root).unwrap().count(), 2);
+        assert!(!c.root.join(dir_name("a")).exists());
+        assert_eq!(c.bytes(), 2);
+    }
+}
