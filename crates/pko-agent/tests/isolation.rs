@@ -246,3 +246,44 @@ async fn what_an_operation_does_to_shared_dependency_trees_never_reaches_the_nex
         assert_eq!(discarded, stack == "b", "{stack}: only the operation after the tampering finds it: {text}");
     }
 }
+
+const CACHE_PROBE: &str = r#"c="$TS_NODE_CACHE_DIRECTORY"; mkdir -p "$c"
+echo "found:$(ls "$c" | tr '\n' ' ')"
+[ "$WRITE" = 1 ] && echo own > "$c/own-$STACK"
+if [ "$TAMPER" = 1 ]; then
+  for other in "$(dirname "$(dirname "$c")")"/*/ts-node; do [ "$other" = "$c" ] || echo evil > "$other/planted"; done
+fi
+"#;
+
+/// A Stack's own compile cache (`TS_NODE_CACHE_DIRECTORY`, [`pko_agent::stack_cache`]) outlives its operation and
+/// reaches only that Stack's next one: b's second operation finds what its first wrote; a's operation finds none of
+/// it, and plants a file in every other Stack's cache by absolute path; b's next operation finds its cache emptied
+/// (the agent says so), the planted file gone.
+#[tokio::test]
+async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
+    let env = pulumi_env();
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut client = agent.client().await;
+    let script: String = CACHE_PROBE.lines().map(|l| format!("        {l}\n")).collect();
+    let program = format!(
+        "config:\n  run:\n    type: string\nresources:\n  probe:\n    \
+            type: command:local:Command\n    properties:\n      triggers: [\"${{run}}\"]\n      create: |\n{script}\
+            outputs:\n  report: ${{probe.stdout}}\n"
+    );
+    let dir = project(&env, "caches", &program);
+    let steps =
+        [("b", "1", "0", "found:"), ("b", "0", "0", "found:own-b "), ("a", "0", "1", "found:"), ("b", "0", "0", "found:")];
+    for (i, (stack, write, tamper, expected)) in steps.into_iter().enumerate() {
+        let mut r = request(&env, &format!("caches-{i}"), &dir, stack, OperationType::Up);
+        r.config.push(config("run", serde_json::json!(format!("{i}")), false));
+        for (name, v) in [("WRITE", write), ("TAMPER", tamper), ("STACK", stack)] {
+            r.env.push(EnvVar { name: name.into(), value: Some(literal(v)), secret: false });
+        }
+        let events = run(&mut client, r).await;
+        let (res, text) = (result(&events), all_text(&events));
+        assert_eq!(res.status, ResultStatus::Succeeded as i32, "{i} {stack}: {}: {text}", res.message);
+        assert_eq!(outputs(&res)["report"].0, serde_json::json!(expected), "{i} {stack}: {text}");
+        let emptied = text.contains("the stack's cache changed since its last operation");
+        assert_eq!(emptied, i == 3, "{i} {stack}: only b's operation after the planting finds it: {text}");
+    }
+}
