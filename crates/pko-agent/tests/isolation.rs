@@ -271,8 +271,12 @@ async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
             outputs:\n  report: ${{probe.stdout}}\n"
     );
     let dir = project(&env, "caches", &program);
-    let steps =
-        [("b", "1", "0", "found:"), ("b", "0", "0", "found:own-b "), ("a", "0", "1", "found:"), ("b", "0", "0", "found:")];
+    let steps = [
+        ("b", "1", "0", "found:"),
+        ("b", "0", "0", "found:own-b "),
+        ("a", "0", "1", "found:"),
+        ("b", "0", "0", "found:"),
+    ];
     for (i, (stack, write, tamper, expected)) in steps.into_iter().enumerate() {
         let mut r = request(&env, &format!("caches-{i}"), &dir, stack, OperationType::Up);
         r.config.push(config("run", serde_json::json!(format!("{i}")), false));

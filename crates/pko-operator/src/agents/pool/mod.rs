@@ -54,6 +54,37 @@ impl std::fmt::Display for PoolId {
     }
 }
 
+/// Which agent of a pool last ran each Workspace's operation (by the agent's number: a slot or a pod ordinal), so the
+/// next operation of that Workspace goes to it when it is free: what an agent keeps for a Stack between its operations
+/// (the prepared revision, the Stack's own compile cache, `pko_agent::stack_cache`) is found again. A hint the lender
+/// follows only among free agents — never a wait — and forgets beyond [`Affinity::MAX`] Workspaces.
+#[derive(Debug, Default)]
+pub struct Affinity(HashMap<String, usize>);
+
+impl Affinity {
+    /// Most Workspaces remembered per pool; past it the memory starts over (a miss costs a cold cache, nothing else).
+    pub const MAX: usize = 4096;
+
+    /// The agent that last ran an operation of `workspace` (`<namespace>/<name>`).
+    pub fn last(&self, workspace: &str) -> Option<usize> {
+        self.0.get(workspace).copied()
+    }
+
+    /// Records that agent `n` runs an operation of `workspace`.
+    pub fn ran(&mut self, workspace: &str, n: usize) {
+        if self.0.len() >= Self::MAX && !self.0.contains_key(workspace) {
+            self.0.clear();
+        }
+        self.0.insert(workspace.to_string(), n);
+    }
+}
+
+/// The key [`Affinity`] remembers a Workspace by: `<namespace>/<name>`.
+pub fn affinity_key(ws: &pko_api::Workspace) -> String {
+    use kube::ResourceExt;
+    format!("{}/{}", ws.namespace().unwrap_or_default(), ws.name_any())
+}
+
 /// What a replica knows of each pool of one runtime (`P`), by [`PoolId`]. Every critical section is one lookup, insert
 /// or removal (the crate's lock rule: a poisoned lock is taken as it is).
 #[derive(Debug)]

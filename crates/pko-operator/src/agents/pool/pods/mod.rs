@@ -101,6 +101,8 @@ struct PodPool {
     name: String,
     /// Pods lent by this replica now: ordinal → operation (also pods reserved while they start).
     lent: HashMap<usize, String>,
+    /// The ordinal that last ran each Workspace's operation.
+    affinity: super::Affinity,
     /// Service and StatefulSet checked (created, template current) by this replica.
     ensured: bool,
 }
@@ -158,7 +160,8 @@ impl PodPools {
     }
 
     /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod that knows `op`
-    /// already (followed); else the idle pod of lowest ordinal; else a pod added to the pool (waiting up to
+    /// already (followed); else the pod that ran the Workspace's last operation when it is idle
+    /// ([`super::Affinity`]), else the idle pod of lowest ordinal; else a pod added to the pool (waiting up to
     /// [`START_TIMEOUT`] for it) while it has fewer than `max`. `None`: every pod is busy and the pool is at its
     /// maximum (the operation waits in the queue).
     ///
@@ -172,6 +175,7 @@ impl PodPools {
         started: bool,
     ) -> Result<Option<Lent>, PodPoolError> {
         let class = PoolId::of(ws);
+        let key = super::affinity_key(ws);
         let ns = ws.namespace().unwrap_or_default();
         let name = pool_name(&class);
         let id = pool_label(&ns, &name);
@@ -194,11 +198,13 @@ impl PodPools {
         }
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            for i in candidates(replicas, &self.lent_of(&class)) {
+            let preferred = self.pools.with(&class, |p| p.affinity.last(&key)).flatten();
+            for i in candidates(replicas, &self.lent_of(&class), preferred) {
                 let address = agent_address(&name, &ns, i);
                 let idle = matches!(crate::agents::client::status(&address, Some(&token)).await,
                     Ok(s) if s.state == State::Idle as i32);
                 if idle && self.try_mark(&class, i, op) {
+                    self.pools.with(&class, |p| p.affinity.ran(&key, i));
                     return Ok(Some(self.lent(&class, i, address, audience)));
                 }
             }
@@ -212,7 +218,10 @@ impl PodPools {
             }
             let address = agent_address(&name, &ns, i);
             match wait_idle(&address, &token, deadline).await {
-                Ok(true) => return Ok(Some(self.lent(&class, i, address, audience))),
+                Ok(true) => {
+                    self.pools.with(&class, |p| p.affinity.ran(&key, i));
+                    return Ok(Some(self.lent(&class, i, address, audience)));
+                }
                 Ok(false) => {
                     // another replica lent it first: look again
                     self.unmark(&class, i);
@@ -277,6 +286,7 @@ impl PodPools {
                 namespace: ns.clone(),
                 name: name.clone(),
                 lent: HashMap::new(),
+                affinity: Default::default(),
                 ensured: false,
             });
             if p.ensured {
@@ -388,7 +398,13 @@ impl PodPools {
             };
             let class = PoolId::from_class(format!("{ns}/{hash}"));
             let name = pool_name(&class);
-            pools.entry(class).or_insert(PodPool { namespace: ns, name, lent: HashMap::new(), ensured: false });
+            pools.entry(class).or_insert(PodPool {
+                namespace: ns,
+                name,
+                lent: HashMap::new(),
+                affinity: Default::default(),
+                ensured: false,
+            });
         }
     }
 

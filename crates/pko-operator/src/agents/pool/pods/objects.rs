@@ -62,10 +62,11 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     (service, sts)
 }
 
-/// The pods to ask for an idle agent, lowest ordinal first, among `replicas`, leaving out those this replica has lent.
-/// Pure.
-pub fn candidates(replicas: usize, lent: &HashSet<usize>) -> Vec<usize> {
-    (0..replicas).filter(|i| !lent.contains(i)).collect()
+/// The pods to ask for an idle agent among `replicas`, leaving out those this replica has lent: `preferred` (the pod
+/// that ran the Workspace's last operation) first, then lowest ordinal first. Pure.
+pub fn candidates(replicas: usize, lent: &HashSet<usize>, preferred: Option<usize>) -> Vec<usize> {
+    let free = |i: &usize| *i < replicas && !lent.contains(i);
+    preferred.filter(free).into_iter().chain((0..replicas).filter(|i| free(i) && Some(*i) != preferred)).collect()
 }
 
 /// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has not reserved
@@ -176,7 +177,10 @@ mod tests {
     #[test]
     fn lenders_take_the_lowest_free_pod_and_grow_below_the_maximum() {
         let lent: HashSet<usize> = [0, 2].into();
-        assert_eq!(candidates(4, &lent), vec![1, 3]);
+        assert_eq!(candidates(4, &lent, None), vec![1, 3]);
+        assert_eq!(candidates(4, &lent, Some(3)), vec![3, 1], "the pod that ran the Workspace last, first");
+        assert_eq!(candidates(4, &lent, Some(2)), vec![1, 3], "not while it is lent");
+        assert_eq!(candidates(4, &lent, Some(9)), vec![1, 3], "nor when it is gone");
         assert_eq!(grow_slot(4, 8, &lent), Some(4));
         assert_eq!(grow_slot(2, 4, &[2, 3].into()), None, "the slots above are being started by this replica already");
         assert_eq!(grow_slot(3, 4, &[3].into()), None);

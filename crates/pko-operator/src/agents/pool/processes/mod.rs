@@ -61,6 +61,8 @@ struct Pool {
     /// `pools/<namespace>/<hash>` under the work root.
     dir: PathBuf,
     slots: Vec<Slot>,
+    /// The slot number that last ran each Workspace's operation.
+    affinity: super::Affinity,
     /// Set once the agents recorded for this class were adopted; every acquirer awaits it, so none picks a slot while
     /// adoption is still asking the recorded agents (one live agent per work directory).
     loaded: Arc<tokio::sync::OnceCell<()>>,
@@ -143,17 +145,20 @@ impl LocalPools {
         if started && let Some(found) = self.locate(&class, op, epoch).await {
             return Ok(Some(found));
         }
+        let key = super::affinity_key(ws);
         let n = {
             let mut pools = self.pools.lock();
             let Some(pool) = pools.get_mut(&class) else { return Ok(None) };
             let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
-            match pick(&views, op, self.cfg.max) {
+            let preferred = pool.affinity.last(&key).and_then(|n| pool.slot_index(n));
+            match pick(&views, op, preferred, self.cfg.max) {
                 Pick::Follow(i) | Pick::Lend(i) => {
                     let s = &mut pool.slots[i];
                     s.lent = true;
                     s.running = Some(op.to_string());
-                    let address = s.agent.as_ref().map(|a| a.address.clone()).unwrap_or_default();
-                    return Ok(Some(self.lent(&class, s.n, address)));
+                    let (n, address) = (s.n, s.agent.as_ref().map(|a| a.address.clone()).unwrap_or_default());
+                    pool.affinity.ran(&key, n);
+                    return Ok(Some(self.lent(&class, n, address)));
                 }
                 Pick::Full => return Ok(None),
                 Pick::Start => {
@@ -170,6 +175,7 @@ impl LocalPools {
                         draining: false,
                         idle_since: Instant::now(),
                     });
+                    pool.affinity.ran(&key, n);
                     n
                 }
             }
@@ -206,6 +212,7 @@ impl LocalPools {
                     log_level: spec.pulumi_log_level,
                     dir: self.runtime.work_root.join("pools").join(class.as_str()),
                     slots: Vec::new(),
+                    affinity: Default::default(),
                     loaded: Arc::default(),
                 }
             });

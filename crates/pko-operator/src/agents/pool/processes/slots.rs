@@ -37,11 +37,15 @@ pub enum Pick {
 }
 
 /// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that runs it already,
-/// else the free agent used most recently (so the others reach their idle timeout), else a new one while fewer than
-/// `max` exist (dead ones do not count), else none.
-pub fn pick(slots: &[SlotView], op: &str, max: usize) -> Pick {
+/// else slot `preferred` (the one that ran the Workspace's last operation, [`crate::agents::pool::Affinity`]) when it is
+/// free, else the free agent used most recently (so the others reach their idle timeout), else a new one while fewer
+/// than `max` exist (dead ones do not count), else none.
+pub fn pick(slots: &[SlotView], op: &str, preferred: Option<usize>, max: usize) -> Pick {
     if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
         return Pick::Follow(i);
+    }
+    if let Some(i) = preferred.filter(|i| slots.get(*i).is_some_and(SlotView::free)) {
+        return Pick::Lend(i);
     }
     if let Some((i, _)) = slots.iter().enumerate().filter(|(_, s)| s.free()).max_by_key(|(_, s)| s.idle_since) {
         return Pick::Lend(i);
@@ -79,15 +83,26 @@ mod tests {
     fn an_operation_is_followed_where_it_runs_before_anything_else() {
         let now = Instant::now();
         let slots = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
-        assert_eq!(pick(&slots, "op", 2), Pick::Follow(1));
-        assert_eq!(pick(&slots, "other", 2), Pick::Lend(0));
+        assert_eq!(pick(&slots, "op", None, 2), Pick::Follow(1));
+        assert_eq!(pick(&slots, "other", None, 2), Pick::Lend(0));
     }
 
     #[test]
     fn the_most_recently_used_free_agent_is_lent_so_others_can_idle_out() {
         let now = Instant::now();
         let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
-        assert_eq!(pick(&slots, "op", 3), Pick::Lend(1));
+        assert_eq!(pick(&slots, "op", None, 3), Pick::Lend(1));
+    }
+
+    #[test]
+    fn the_agent_that_ran_the_workspace_last_is_lent_when_it_is_free() {
+        let now = Instant::now();
+        let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
+        assert_eq!(pick(&slots, "op", Some(0), 3), Pick::Lend(0), "its agent, though another was used more recently");
+        assert_eq!(pick(&slots, "op", Some(2), 3), Pick::Lend(1), "its agent is busy: any free one, never a wait");
+        assert_eq!(pick(&slots, "op", Some(7), 3), Pick::Lend(1), "its agent is gone");
+        let running = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
+        assert_eq!(pick(&running, "op", Some(0), 2), Pick::Follow(1), "an operation is followed where it runs");
     }
 
     #[test]
@@ -95,18 +110,18 @@ mod tests {
         let now = Instant::now();
         let busy = view(Some("a"), true, true, 0, now);
         let unfollowed = view(Some("b"), false, true, 0, now);
-        assert_eq!(pick(std::slice::from_ref(&busy), "op", 2), Pick::Start);
+        assert_eq!(pick(std::slice::from_ref(&busy), "op", None, 2), Pick::Start);
         assert_eq!(
-            pick(&[busy.clone(), unfollowed.clone()], "op", 2),
+            pick(&[busy.clone(), unfollowed.clone()], "op", None, 2),
             Pick::Full,
             "an agent running an unfollowed operation is not free"
         );
-        assert_eq!(pick(&[], "op", 0), Pick::Start, "a maximum of 0 is taken as 1");
+        assert_eq!(pick(&[], "op", None, 0), Pick::Start, "a maximum of 0 is taken as 1");
         let dead = view(None, false, false, 0, now);
-        assert_eq!(pick(&[busy, dead], "op", 2), Pick::Start, "a dead agent does not count");
+        assert_eq!(pick(&[busy, dead], "op", None, 2), Pick::Start, "a dead agent does not count");
         let draining = view(Some("op"), false, false, 0, now);
         assert_eq!(
-            pick(&[draining], "op", 1),
+            pick(&[draining], "op", None, 1),
             Pick::Start,
             "an interrupted agent is not followed: the operation goes elsewhere"
         );

@@ -1,0 +1,253 @@
+//! End to end on real programs, side by side with a bare `pulumi` loop (`cargo bench -p pko-operator --bench
+//! real_stacks`; `LANGUAGE=typescript|python|go`, `STACKS=50`, `CONCURRENCY=2`).
+//!
+//! STACKS Stacks of the bed's Kubernetes program in one language (`scripts/testbed/programs/<language>-kubernetes`: a
+//! ConfigMap, a Deployment, a Service, with the real Kubernetes provider), each deploying into a namespace of its own,
+//! from one git repository, on one operator in this process with a pool of at most CONCURRENCY agents and
+//! `--max-operations CONCURRENCY`. Every Stack is applied and becomes Ready once (the pool's agents install the
+//! revision: untimed), then one config change of every Stack is applied and the time to all Ready at the new generation
+//! is taken. Side by side, in the same run: the same programs as STACKS bare checkouts (the dependency tree installed
+//! once and linked into each, as a developer's machine would share it), deployed once, then `pulumi config set` +
+//! `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed. Prints both and their ratio.
+
+#[path = "../crates/pko-operator/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube::api::{Patch, PatchParams};
+use pko_api::Stack;
+use pko_testbed::testbed;
+use serde_json::json;
+
+/// A language's program: its directory under `scripts/testbed/programs`, its files, the Kubernetes provider version
+/// its SDK asks for, and the variables its tools need on this offline bed.
+struct Language {
+    dir: &'static str,
+    files: &'static [&'static str],
+    plugin_version: &'static str,
+    env: Vec<(&'static str, String)>,
+    /// The dependency tree `pulumi install` makes, linked into each bare checkout (none: nothing to share).
+    tree: Option<&'static str>,
+}
+
+fn language(name: &str) -> Language {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    match name {
+        "python" => Language {
+            dir: "python-kubernetes",
+            files: &["Pulumi.yaml", "__main__.py", "requirements.txt"],
+            plugin_version: "4.24.0",
+            env: vec![],
+            tree: None,
+        },
+        "go" => Language {
+            dir: "go-kubernetes",
+            files: &["Pulumi.yaml", "go.mod", "go.sum", "main.go"],
+            plugin_version: "4.24.0",
+            env: pko_testbed::offline_go_env().to_vec(),
+            tree: None,
+        },
+        _ => Language {
+            dir: "typescript-kubernetes",
+            files: &["Pulumi.yaml", "package.json", "index.ts"],
+            plugin_version: "4.24.1",
+            env: vec![("npm_config_cache", format!("{home}/.npm"))],
+            tree: Some("node_modules"),
+        },
+    }
+}
+
+fn var(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Waits until every Stack in `stacks` is Ready at a generation at least `generations[i]`, printing progress every
+/// 10 s. Panics after `limit`.
+async fn all_ready(api: &kube::Api<Stack>, names: &[String], generations: &[i64], what: &str, limit: Duration) {
+    let (start, mut said) = (Instant::now(), Instant::now());
+    loop {
+        let list = api.list(&Default::default()).await.unwrap();
+        let done = names
+            .iter()
+            .zip(generations)
+            .filter(|(n, g)| {
+                list.items.iter().any(|s| {
+                    s.metadata.name.as_deref() == Some(n.as_str())
+                        && ready(s)
+                        && s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation)
+                            >= Some(**g)
+                })
+            })
+            .count();
+        if done == names.len() {
+            return;
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            eprintln!("  {what}: {done}/{} Ready after {:.0} s", names.len(), start.elapsed().as_secs_f64());
+            said = Instant::now();
+        }
+        assert!(start.elapsed() < limit, "{what}: {done}/{} Ready after {limit:?}", names.len());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs `pulumi args` in `dir` with the bed's settings and `vars`. Panics when it fails.
+fn pulumi(env: &pko_testbed::PulumiEnv, dir: &Path, vars: &[(String, String)], args: &[&str]) {
+    let out = env.pulumi(dir).envs(vars.iter().map(|(k, v)| (k, v))).args(args).output().unwrap();
+    assert!(out.status.success(), "pulumi {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs `step(i)` for every checkout, `c` at a time; returns the wall time.
+async fn bare_round(n: usize, c: usize, step: impl Fn(usize) + Send + Sync + 'static) -> Duration {
+    let (step, sem, t) = (Arc::new(step), Arc::new(tokio::sync::Semaphore::new(c)), Instant::now());
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (step, permit) = (step.clone(), sem.clone().acquire_owned().await.unwrap());
+        tasks.push(tokio::task::spawn_blocking(move || {
+            step(i);
+            drop(permit);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    t.elapsed()
+}
+
+/// Creates the namespaces `names` and, in each, binds `edit` to `subject` (when given), in two kubectl calls.
+fn namespaces(names: &[String], subject: Option<&str>) {
+    let mut docs = String::new();
+    for n in names {
+        docs.push_str(&format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {n}}}\n"));
+        if let Some((sa_ns, sa)) = subject.and_then(|s| s.split_once(':')) {
+            docs.push_str(&format!(
+                "---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: deployer, \
+                 namespace: {n}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}\n\
+                 subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {sa_ns}}}]\n"
+            ));
+        }
+    }
+    let file = std::env::temp_dir().join(format!("real-stacks-{}.yaml", std::process::id()));
+    std::fs::write(&file, docs).unwrap();
+    let out = testbed().kubectl().args(["apply", "-f"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The bare checkouts: the program's files in `root/<i>`, the dependency tree installed once (in `root/0`) and
+/// linked into the others; each stack initialised with its namespace.
+fn checkouts(env: &pko_testbed::PulumiEnv, lang: &Language, vars: &[(String, String)], root: &Path, ns: &[String]) {
+    let src = pko_testbed::repo_root().join("scripts/testbed/programs").join(lang.dir);
+    for (i, ns) in ns.iter().enumerate() {
+        let dir = root.join(i.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in lang.files {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        if i == 0 && lang.tree.is_some() {
+            pulumi(env, &dir, vars, &["install"]);
+        } else if let Some(tree) = lang.tree {
+            std::os::unix::fs::symlink(root.join("0").join(tree), dir.join(tree)).unwrap();
+        }
+        pulumi(env, &dir, vars, &["stack", "init", &format!("bare-{i}"), "--non-interactive"]);
+        pulumi(env, &dir, vars, &["config", "set", "ns", ns, "--stack", &format!("bare-{i}")]);
+    }
+}
+
+/// `pulumi config set greeting <greeting>` + `pulumi up` in checkout `i`.
+fn bare_up(env: &pko_testbed::PulumiEnv, vars: &[(String, String)], root: &Path, i: usize, greeting: &str) {
+    let (dir, stack) = (root.join(i.to_string()), format!("bare-{i}"));
+    pulumi(env, &dir, vars, &["config", "set", "greeting", greeting, "--stack", &stack]);
+    pulumi(env, &dir, vars, &["up", "--yes", "--skip-preview", "--non-interactive", "--stack", &stack]);
+}
+
+#[tokio::main]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("real_stacks: run with `cargo bench` (it times real Pulumi operations)");
+        return;
+    }
+    let name = std::env::var("LANGUAGE").unwrap_or_else(|_| "typescript".into());
+    let (n, c) = (var("STACKS", 50), var("CONCURRENCY", 2));
+    let lang = language(&name);
+    let (client, ns, env) = setup("e2e").await;
+    let src = pko_testbed::repo_root().join("scripts/testbed/programs").join(lang.dir);
+    let files: Vec<(&str, String)> =
+        lang.files.iter().map(|f| (*f, std::fs::read_to_string(src.join(f)).unwrap())).collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(f, text)| (*f, text.as_str())).collect();
+    let repos = env.dir().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    pko_testbed::git::bare_repo_with(&repos, "app.git", &files);
+    let git = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
+    let plugins = pko_testbed::plugins::PluginServer::kubernetes(&[lang.plugin_version], Default::default()).await;
+    passphrase_secret(&ns).await;
+    let op_ns: Vec<String> = (0..n).map(|i| format!("{}-op-{i}", ns.name())).collect();
+    let bare_ns: Vec<String> = (0..n).map(|i| format!("{}-bare-{i}", ns.name())).collect();
+    namespaces(&op_ns, Some(&format!("{}:default", ns.name())));
+    namespaces(&bare_ns, None);
+    let c_arg = c.to_string();
+    let args = ["--agent-pools", "--max-operations", &c_arg, "--pool-max-agents", &c_arg];
+    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
+    let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
+    let mut env_refs = passphrase_env_refs();
+    env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
+    for (k, v) in &lang.env {
+        env_refs[*k] = literal(v);
+    }
+    let stacks = ns.api::<Stack>();
+    let names: Vec<String> = (0..n).map(|i| format!("s-{i}")).collect();
+    let t = Instant::now();
+    for (i, name) in names.iter().enumerate() {
+        let spec = json!({"stack": name, "backend": env.backend_url(), "envRefs": env_refs,
+            "projectRepo": git.url("app.git"), "branch": "main",
+            "config": {"ns": op_ns[i], "greeting": "v0"}});
+        let stack = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
+        create(&stacks, stack).await;
+    }
+    all_ready(&stacks, &names, &vec![1; n], "first apply", Duration::from_secs(3600)).await;
+    let first = t.elapsed();
+
+    let t = Instant::now();
+    let mut generations = Vec::new();
+    for name in &names {
+        let patch = json!({"spec": {"config": {"greeting": "v1"}}});
+        let s = stacks.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        generations.push(s.metadata.generation.unwrap_or(2));
+    }
+    all_ready(&stacks, &names, &generations, "config change", Duration::from_secs(3600)).await;
+    let operator = t.elapsed();
+
+    let mut vars: Vec<(String, String)> = lang.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    vars.push(("KUBECONFIG".into(), testbed().kubeconfig().display().to_string()));
+    vars.push(("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES".into(), plugins.overrides()));
+    let root: PathBuf = env.dir().join("bare");
+    checkouts(&env, &lang, &vars, &root, &bare_ns);
+    let env = Arc::new(env);
+    let (e, v, r) = (env.clone(), Arc::new(vars.clone()), Arc::new(root.clone()));
+    let bare_first = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, "v0")).await;
+    let (e, v, r) = (env.clone(), Arc::new(vars), Arc::new(root));
+    let bare = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, "v1")).await;
+
+    println!(
+        "{name}: {n} Stacks, {c} at a time (real Kubernetes provider). First apply -> all Ready (installs included): \
+         {:.1} s; bare first deploy: {:.1} s",
+        first.as_secs_f64(),
+        bare_first.as_secs_f64()
+    );
+    println!(
+        "| language | Stacks | at once | config change -> all Ready (operator) | bare config set + up loop | \
+         operator / bare |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {name} | {n} | {c} | {:.1} s | {:.1} s | {:.2} |",
+        operator.as_secs_f64(),
+        bare.as_secs_f64(),
+        operator.as_secs_f64() / bare.as_secs_f64()
+    );
+    let all: Vec<String> = op_ns.iter().chain(&bare_ns).cloned().collect();
+    let _ = testbed().kubectl().arg("delete").arg("namespace").args(&all).arg("--wait=false").output();
+}
