@@ -4,6 +4,7 @@
 //! the caller's own rights.
 
 pub mod annotate;
+pub mod discover;
 pub mod fleet;
 pub mod logs;
 pub mod status;

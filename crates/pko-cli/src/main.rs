@@ -51,22 +51,24 @@ struct StatusArgs {
     /// Output: a table (default), `wide` (with the message), `json` or `yaml`.
     #[arg(short = 'o', long, value_parser = ["wide", "json", "yaml"])]
     output: Option<String>,
-    /// Namespace of the fleet's shard Leases (the operator's `--fleet-namespace`).
-    #[arg(long, env = "PKO_FLEET_NAMESPACE", default_value = "pko-system")]
-    fleet_namespace: String,
-    /// The fleet's name (the operator's `--fleet-name`).
-    #[arg(long, env = "PKO_FLEET_NAME", default_value = "pko")]
-    fleet_name: String,
+    /// Namespace of the fleet's Leases (the operator's `--fleet-namespace`); default: the one fleet found in the
+    /// namespaces you may list, else `pko-system`.
+    #[arg(long, env = "PKO_FLEET_NAMESPACE")]
+    fleet_namespace: Option<String>,
+    /// The fleet's name (the operator's `--fleet-name`); default: the one fleet found, else `pko`.
+    #[arg(long, env = "PKO_FLEET_NAME")]
+    fleet_name: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
 struct FleetArgs {
-    /// Namespace of the fleet's Leases (the operator's `--fleet-namespace`).
-    #[arg(long, env = "PKO_FLEET_NAMESPACE", default_value = "pko-system")]
-    fleet_namespace: String,
-    /// The fleet's name (the operator's `--fleet-name`).
-    #[arg(long, env = "PKO_FLEET_NAME", default_value = "pko")]
-    fleet_name: String,
+    /// Namespace of the fleet's Leases (the operator's `--fleet-namespace`); default: the one fleet found in the
+    /// namespaces you may list, else `pko-system`.
+    #[arg(long, env = "PKO_FLEET_NAMESPACE")]
+    fleet_namespace: Option<String>,
+    /// The fleet's name (the operator's `--fleet-name`); default: the one fleet found, else `pko`.
+    #[arg(long, env = "PKO_FLEET_NAME")]
+    fleet_name: Option<String>,
     /// Output: a table (default), `json` or `yaml`.
     #[arg(short = 'o', long, value_parser = ["json", "yaml"])]
     output: Option<String>,
@@ -273,6 +275,20 @@ async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
 }
 
 /// Objects of `kind` (`group`, `version`, `plural`) in `ns` (every namespace when `None`), as JSON.
+/// The fleet to read ([`pko_cli::discover::choose`]): what the user named, else the one fleet whose Leases are in the
+/// namespaces the user may list.
+///
+/// Errors: several fleets match and none was named (the message lists them).
+async fn find_fleet(client: &kube::Client, name: Option<&str>, ns: Option<&str>) -> anyhow::Result<(String, String)> {
+    let found = if name.is_some() && ns.is_some() {
+        None
+    } else {
+        let leases = resource("coordination.k8s.io", "v1", "Lease", "leases");
+        list(client, ns, &leases, "pulumi.com/fleet").await.ok().map(|l| pko_cli::discover::fleets(&l))
+    };
+    pko_cli::discover::choose(name, ns, found.as_deref()).map_err(anyhow::Error::msg)
+}
+
 async fn list(
     client: &kube::Client,
     ns: Option<&str>,
@@ -319,11 +335,16 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
             .unwrap_or_default();
     // who holds which shard: the fleet's shard table of the Stack's shard count (none outside a
     // fleet, or not readable: no owner shown)
-    let selector = format!("pulumi.com/fleet={},pulumi.com/lease=table", a.fleet_name);
-    let leases =
-        list(&client, Some(&a.fleet_namespace), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector)
-            .await
-            .unwrap_or_default();
+    let leases = match find_fleet(&client, a.fleet_name.as_deref(), a.fleet_namespace.as_deref()).await {
+        Ok((name, fleet_ns)) => {
+            let selector = format!("pulumi.com/fleet={name},pulumi.com/lease=table");
+            list(&client, Some(&fleet_ns), &resource("coordination.k8s.io", "v1", "Lease", "leases"), &selector)
+                .await
+                .unwrap_or_default()
+        }
+        // several fleets and none named: no owner shown
+        Err(_) => Vec::new(),
+    };
     let entries = pko_cli::fleet::table_entries(&leases);
     let holder = |labels: &serde_json::Value| {
         let number = |key: &str| labels[key].as_str().and_then(|v| v.parse::<u32>().ok());
@@ -354,18 +375,18 @@ async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
 
 async fn fleet_command(a: FleetArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let (name, ns) = find_fleet(&client, a.fleet_name.as_deref(), a.fleet_namespace.as_deref()).await?;
     let leases = list(
         &client,
-        Some(&a.fleet_namespace),
+        Some(&ns),
         &resource("coordination.k8s.io", "v1", "Lease", "leases"),
-        &format!("pulumi.com/fleet={}", a.fleet_name),
+        &format!("pulumi.com/fleet={name}"),
     )
     .await?;
     if leases.is_empty() {
         anyhow::bail!(
-            "no Lease of fleet {:?} in namespace {} (--fleet-name, --fleet-namespace)",
-            a.fleet_name,
-            a.fleet_namespace
+            "no Lease of fleet {name:?} in namespace {ns}, and no other fleet found in the namespaces you may list \
+             (--fleet-name, --fleet-namespace)"
         );
     }
     let f = pko_cli::fleet::fleet(&leases, k8s_openapi::jiff::Timestamp::now());

@@ -91,9 +91,9 @@ async fn a_replica_killed_right_after_its_agent_took_an_operation_is_followed_th
     })
     .await;
 
-    // kubectl pko fleet: both replicas live, every shard held
+    // kubectl pko fleet: both replicas live, every shard held; the fleet's name found from its Leases
     let fleet = |ns: String| async move {
-        let out = kubectl_pko(&["fleet", "--fleet-namespace", &ns, "--fleet-name", FLEET, "-o", "json"]);
+        let out = kubectl_pko(&["fleet", "--fleet-namespace", &ns, "-o", "json"]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let held = |r: &str| {
