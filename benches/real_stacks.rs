@@ -1,14 +1,16 @@
 //! End to end on real programs, side by side with a bare `pulumi` loop (`cargo bench -p pko-operator --bench
-//! real_stacks`; `LANGUAGE=typescript|python|go`, `STACKS=50`, `CONCURRENCY=2`).
+//! real_stacks`; `LANGUAGE=typescript|python|go`, `STACKS=50`, `CONCURRENCY=2`, `ROUNDS=2`).
 //!
 //! STACKS Stacks of the bed's Kubernetes program in one language (`scripts/testbed/programs/<language>-kubernetes`: a
 //! ConfigMap, a Deployment, a Service, with the real Kubernetes provider), each deploying into a namespace of its own,
 //! from one git repository, on one operator in this process with a pool of at most CONCURRENCY agents and
 //! `--max-operations CONCURRENCY`. Every Stack is applied and becomes Ready once (the pool's agents install the
-//! revision: untimed), then one config change of every Stack is applied and the time to all Ready at the new generation
-//! is taken. Side by side, in the same run: the same programs as STACKS bare checkouts (the dependency tree installed
-//! once and linked into each, as a developer's machine would share it), deployed once, then `pulumi config set` +
-//! `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed. Prints both and their ratio.
+//! revision: untimed), then ROUNDS times a config change of every Stack is applied and the time to all Ready at the new
+//! generation is taken (the first round finds a Stack's own caches only on the agent that ran its first deploy; a
+//! later one on every agent it ran on). Side by side, in the same run: the same programs as STACKS bare checkouts (the
+//! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
+//! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
+//! Prints both and their ratio per round.
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -164,16 +166,11 @@ fn bare_up(env: &pko_testbed::PulumiEnv, vars: &[(String, String)], root: &Path,
     pulumi(env, &dir, vars, &["up", "--yes", "--skip-preview", "--non-interactive", "--stack", &stack]);
 }
 
-#[tokio::main]
-async fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("real_stacks: run with `cargo bench` (it times real Pulumi operations)");
-        return;
-    }
-    let name = std::env::var("LANGUAGE").unwrap_or_else(|_| "typescript".into());
-    let (n, c) = (var("STACKS", 50), var("CONCURRENCY", 2));
-    let lang = language(&name);
-    let (client, ns, env) = setup("e2e").await;
+/// The git repository of the program (served over HTTP) and the plugin server its agents download from.
+async fn sources(
+    env: &pko_testbed::PulumiEnv,
+    lang: &Language,
+) -> (pko_testbed::git::GitHttpServer, pko_testbed::plugins::PluginServer) {
     let src = pko_testbed::repo_root().join("scripts/testbed/programs").join(lang.dir);
     let files: Vec<(&str, String)> =
         lang.files.iter().map(|f| (*f, std::fs::read_to_string(src.join(f)).unwrap())).collect();
@@ -183,6 +180,73 @@ async fn main() {
     pko_testbed::git::bare_repo_with(&repos, "app.git", &files);
     let git = pko_testbed::git::GitHttpServer::start(&repos, "127.0.0.1:0", None).await.unwrap();
     let plugins = pko_testbed::plugins::PluginServer::kubernetes(&[lang.plugin_version], Default::default()).await;
+    (git, plugins)
+}
+
+/// Creates the Stacks `names` (Stack i deploys into `target[i]`) and waits until all are Ready; then, `rounds` times,
+/// changes every Stack's config and waits until all are Ready at the new generation. Returns the first apply's time
+/// and each round's.
+async fn operator_rounds(
+    stacks: &kube::Api<Stack>,
+    names: &[String],
+    specs: Vec<serde_json::Value>,
+    rounds: usize,
+) -> (Duration, Vec<Duration>) {
+    let t = Instant::now();
+    for (name, spec) in names.iter().zip(specs) {
+        let stack = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
+        create(stacks, stack).await;
+    }
+    all_ready(stacks, names, &vec![1; names.len()], "first apply", Duration::from_secs(3600)).await;
+    let first = t.elapsed();
+    let mut times = Vec::new();
+    for round in 1..=rounds {
+        let t = Instant::now();
+        let mut generations = Vec::new();
+        for name in names {
+            let patch = json!({"spec": {"config": {"greeting": format!("v{round}")}}});
+            let s = stacks.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+            generations.push(s.metadata.generation.unwrap_or(1));
+        }
+        all_ready(stacks, names, &generations, &format!("config change {round}"), Duration::from_secs(3600)).await;
+        times.push(t.elapsed());
+    }
+    (first, times)
+}
+
+/// The bare loop: checkouts made, deployed once, then `rounds` rounds of the config change, `c` at a time. Returns the
+/// first deploy's time and each round's.
+async fn bare_rounds(
+    env: pko_testbed::PulumiEnv,
+    lang: &Language,
+    vars: Vec<(String, String)>,
+    targets: &[String],
+    (c, rounds): (usize, usize),
+) -> (Duration, Vec<Duration>) {
+    let n = targets.len();
+    let root: PathBuf = env.dir().join("bare");
+    checkouts(&env, lang, &vars, &root, targets);
+    let (env, vars, root) = (Arc::new(env), Arc::new(vars), Arc::new(root));
+    let mut times = Vec::new();
+    for round in 0..=rounds {
+        let (e, v, r) = (env.clone(), vars.clone(), root.clone());
+        times.push(bare_round(n, c, move |i| bare_up(&e, &v, &r, i, &format!("v{round}"))).await);
+    }
+    let first = times.remove(0);
+    (first, times)
+}
+
+#[tokio::main]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("real_stacks: run with `cargo bench` (it times real Pulumi operations)");
+        return;
+    }
+    let name = std::env::var("LANGUAGE").unwrap_or_else(|_| "typescript".into());
+    let (n, c, rounds) = (var("STACKS", 50), var("CONCURRENCY", 2), var("ROUNDS", 2));
+    let lang = language(&name);
+    let (client, ns, env) = setup("e2e").await;
+    let (git, plugins) = sources(&env, &lang).await;
     passphrase_secret(&ns).await;
     let op_ns: Vec<String> = (0..n).map(|i| format!("{}-op-{i}", ns.name())).collect();
     let bare_ns: Vec<String> = (0..n).map(|i| format!("{}-bare-{i}", ns.name())).collect();
@@ -197,39 +261,21 @@ async fn main() {
     for (k, v) in &lang.env {
         env_refs[*k] = literal(v);
     }
-    let stacks = ns.api::<Stack>();
     let names: Vec<String> = (0..n).map(|i| format!("s-{i}")).collect();
-    let t = Instant::now();
-    for (i, name) in names.iter().enumerate() {
-        let spec = json!({"stack": name, "backend": env.backend_url(), "envRefs": env_refs,
-            "projectRepo": git.url("app.git"), "branch": "main",
-            "config": {"ns": op_ns[i], "greeting": "v0"}});
-        let stack = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
-        create(&stacks, stack).await;
-    }
-    all_ready(&stacks, &names, &vec![1; n], "first apply", Duration::from_secs(3600)).await;
-    let first = t.elapsed();
-
-    let t = Instant::now();
-    let mut generations = Vec::new();
-    for name in &names {
-        let patch = json!({"spec": {"config": {"greeting": "v1"}}});
-        let s = stacks.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-        generations.push(s.metadata.generation.unwrap_or(2));
-    }
-    all_ready(&stacks, &names, &generations, "config change", Duration::from_secs(3600)).await;
-    let operator = t.elapsed();
+    let specs = op_ns
+        .iter()
+        .zip(&names)
+        .map(|(target, name)| {
+            json!({"stack": name, "backend": env.backend_url(), "envRefs": env_refs,
+                "projectRepo": git.url("app.git"), "branch": "main", "config": {"ns": target, "greeting": "v0"}})
+        })
+        .collect();
+    let (first, operator) = operator_rounds(&ns.api::<Stack>(), &names, specs, rounds).await;
 
     let mut vars: Vec<(String, String)> = lang.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     vars.push(("KUBECONFIG".into(), testbed().kubeconfig().display().to_string()));
     vars.push(("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES".into(), plugins.overrides()));
-    let root: PathBuf = env.dir().join("bare");
-    checkouts(&env, &lang, &vars, &root, &bare_ns);
-    let env = Arc::new(env);
-    let (e, v, r) = (env.clone(), Arc::new(vars.clone()), Arc::new(root.clone()));
-    let bare_first = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, "v0")).await;
-    let (e, v, r) = (env.clone(), Arc::new(vars), Arc::new(root));
-    let bare = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, "v1")).await;
+    let (bare_first, bare) = bare_rounds(env, &lang, vars, &bare_ns, (c, rounds)).await;
 
     println!(
         "{name}: {n} Stacks, {c} at a time (real Kubernetes provider). First apply -> all Ready (installs included): \
@@ -238,16 +284,14 @@ async fn main() {
         bare_first.as_secs_f64()
     );
     println!(
-        "| language | Stacks | at once | config change -> all Ready (operator) | bare config set + up loop | \
+        "| language | Stacks | at once | round | config change -> all Ready (operator) | bare config set + up loop | \
          operator / bare |"
     );
-    println!("|---|---|---|---|---|---|");
-    println!(
-        "| {name} | {n} | {c} | {:.1} s | {:.1} s | {:.2} |",
-        operator.as_secs_f64(),
-        bare.as_secs_f64(),
-        operator.as_secs_f64() / bare.as_secs_f64()
-    );
+    println!("|---|---|---|---|---|---|---|");
+    for (round, (o, b)) in operator.iter().zip(&bare).enumerate() {
+        let (o, b) = (o.as_secs_f64(), b.as_secs_f64());
+        println!("| {name} | {n} | {c} | {} | {o:.1} s | {b:.1} s | {:.2} |", round + 1, o / b);
+    }
     let all: Vec<String> = op_ns.iter().chain(&bare_ns).cloned().collect();
     let _ = testbed().kubectl().arg("delete").arg("namespace").args(&all).arg("--wait=false").output();
 }

@@ -37,9 +37,9 @@ pub enum Pick {
 }
 
 /// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that runs it already,
-/// else slot `preferred` (the one that ran the Workspace's last operation, [`crate::agents::pool::Affinity`]) when it is
-/// free, else the free agent used most recently (so the others reach their idle timeout), else a new one while fewer
-/// than `max` exist (dead ones do not count), else none.
+/// else slot `preferred` (the one that ran the Workspace's last operation, [`crate::agents::pool::Affinity`]) when
+/// it is free, else the free agent used most recently (so the others reach their idle timeout), else a new one while
+/// fewer than `max` exist (dead ones do not count), else none.
 pub fn pick(slots: &[SlotView], op: &str, preferred: Option<usize>, max: usize) -> Pick {
     if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
         return Pick::Follow(i);
