@@ -276,7 +276,7 @@ fn is_seal_file(name: &std::ffi::OsStr) -> bool {
 }
 
 /// Creates `dir` (and its parents) readable only by this user (0700).
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))

@@ -16,11 +16,12 @@
 //! An agent that starts removes every cache an earlier one left (their seals went with it).
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
+use crate::sandbox::create_private_dir;
 use crate::trees::{Seal, changed, remove_tree, take_seal};
 
 /// Most Stacks whose caches an agent keeps; the least recently used goes first. A TypeScript compile cache is the
@@ -61,7 +62,7 @@ impl StackCaches {
     /// Errors: `root` cannot be emptied or created.
     pub fn new(root: PathBuf, max: usize) -> std::io::Result<Self> {
         remove_tree(&root)?;
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&root)?;
+        create_private_dir(&root)?;
         Ok(Self { root, state: Mutex::default(), max })
     }
 
@@ -85,7 +86,7 @@ impl StackCaches {
             _ => usize::from(dir.exists()),
         };
         let fresh = discarded > 0 || !dir.is_dir();
-        let made = if fresh { remove_tree(&dir).and_then(|()| make_dir(&dir)) } else { Ok(()) };
+        let made = if fresh { remove_tree(&dir).and_then(|()| create_private_dir(&dir)) } else { Ok(()) };
         if let Err(e) = made {
             self.lock().in_use.remove(&name);
             return Err(e);
@@ -122,11 +123,6 @@ impl StackCaches {
         Ok(())
     }
 
-    /// Bytes the caches hold on disk now (apparent sizes of their files).
-    pub fn bytes(&self) -> u64 {
-        dir_bytes(&self.root)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -152,23 +148,6 @@ fn least_recent(s: &State, max: usize) -> Vec<String> {
 fn dir_name(key: &str) -> String {
     let d = Sha256::digest(key.as_bytes());
     d.iter().take(16).map(|b| format!("{b:02x}")).collect()
-}
-
-fn make_dir(dir: &Path) -> std::io::Result<()> {
-    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(dir)
-}
-
-/// Apparent bytes of the files under `dir` (0 when it cannot be read).
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
 }
 
 #[cfg(test)]
@@ -250,6 +229,8 @@ mod tests {
         }
         assert_eq!(std::fs::read_dir(&c.root).unwrap().count(), 2);
         assert!(!c.root.join(dir_name("a")).exists());
-        assert_eq!(c.bytes(), 2);
+        for k in ["b", "c"] {
+            assert_eq!(std::fs::read_to_string(c.root.join(dir_name(k)).join("f")).unwrap(), k);
+        }
     }
 }
