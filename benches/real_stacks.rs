@@ -10,7 +10,8 @@
 //! later one on every agent it ran on). Side by side, in the same run: the same programs as STACKS bare checkouts (the
 //! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
-//! Prints both and their ratio per round.
+//! Prints both and their ratio per round. `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
+//! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs).
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -61,6 +62,15 @@ fn language(name: &str) -> Language {
             tree: Some("node_modules"),
         },
     }
+}
+
+/// The variables `STACK_ENV` names (`K=V` separated by spaces), added to the language's.
+fn extra_env() -> Vec<(&'static str, String)> {
+    let text = std::env::var("STACK_ENV").unwrap_or_default();
+    text.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (&*Box::leak(k.to_string().into_boxed_str()), v.to_string()))
+        .collect()
 }
 
 fn var(name: &str, default: usize) -> usize {
@@ -244,7 +254,8 @@ async fn main() {
     }
     let name = std::env::var("LANGUAGE").unwrap_or_else(|_| "typescript".into());
     let (n, c, rounds) = (var("STACKS", 50), var("CONCURRENCY", 2), var("ROUNDS", 2));
-    let lang = language(&name);
+    let mut lang = language(&name);
+    lang.env.extend(extra_env());
     let (client, ns, env) = setup("e2e").await;
     let (git, plugins) = sources(&env, &lang).await;
     passphrase_secret(&ns).await;

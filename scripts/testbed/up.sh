@@ -114,6 +114,20 @@ EXT
   cd - >/dev/null
 }
 [ -f "$CERTS/sa.pub" ] || gen_certs
+# The aggregation layer's front proxy (extension API servers, e.g. the operator's logs.pulumi.com): its own CA, as
+# kubeadm makes it, so a client certificate of the cluster CA is never taken for the proxy.
+gen_front_proxy_certs() {
+  cd "$CERTS"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout front-proxy-ca.key -out front-proxy-ca.crt -days 3650 \
+    -subj "/CN=pko-testbed-front-proxy-ca" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr \
+    -subj "/CN=front-proxy-client" 2>/dev/null
+  openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial \
+    -out front-proxy-client.crt -days 3650 -extfile client.ext 2>/dev/null
+  rm -f front-proxy-client.csr
+  cd - >/dev/null
+}
+[ -f "$CERTS/front-proxy-client.crt" ] || gen_front_proxy_certs
 
 cat > "$KCFG" <<KC
 apiVersion: v1
@@ -173,7 +187,12 @@ start kube-apiserver "$TB_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$
   --service-account-key-file="$CERTS/sa.pub" --service-account-signing-key-file="$CERTS/sa.key" \
   --kubelet-client-certificate="$CERTS/kubelet-client.crt" --kubelet-client-key="$CERTS/kubelet-client.key" \
   --kubelet-preferred-address-types=InternalIP --enable-priority-and-fairness=false \
-  --storage-media-type=application/json --event-ttl=1h
+  --storage-media-type=application/json --event-ttl=1h \
+  --requestheader-client-ca-file="$CERTS/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- \
+  --proxy-client-cert-file="$CERTS/front-proxy-client.crt" --proxy-client-key-file="$CERTS/front-proxy-client.key" \
+  --enable-aggregator-routing=true
 wait_for kube-apiserver 120 curl -sf --cacert "$CERTS/ca.crt" "https://$API_IP:$AP/readyz"
 
 start kube-controller-manager "$TB_BIN/kube-controller-manager" --kubeconfig="$KCFG" \

@@ -1,17 +1,19 @@
 //! `kubectl pko logs stack/<name> [-f] [--update <name>] [--all]`: the output of a Stack's operations as the operator
 //! keeps it (the last lines of its newest operations), live with `-f`.
 //!
-//! Talks to the operator's metrics port (`https://<host>:8383`, `--endpoint` or `PKO_ENDPOINT`, for example through
-//! `kubectl port-forward`), with a bearer token (`--token`, else the kubeconfig's): `GET /logs/{namespace}/{stack}`
-//! lists the kept operations, `GET /logs/{namespace}/{stack}/{update} ?after=<seq>` reads one from a sequence. The
-//! operator authorizes each request with a TokenReview and a SubjectAccessReview of `get` on the Stack.
+//! Reads the `log` subresource of the Stack in the operator's aggregated API (`logs.pulumi.com/v1alpha1`) through the
+//! API server with the kubeconfig's credentials, no flags needed; the API server and then the operator authorize `get`
+//! on `stacks/log`. Without the APIService, `--endpoint` (or `PKO_ENDPOINT`) reads the operator's metrics port
+//! (`https://<host>:8383`, e.g. through `kubectl port-forward`) with a bearer token (`--token`, else the
+//! kubeconfig's): `GET /logs/{namespace}/{stack}` lists the kept operations, `GET /logs/{namespace}/{stack}/{update}
+//! ?after=<seq>` reads one from a sequence, authorized by a TokenReview and a SubjectAccessReview of `get` on the
+//! Stack. Both show what `pko_queue::tail` shows.
 
 use std::time::Duration;
 
-use pko_queue::output::{Line, OperationInfo, Output};
-
-/// How often `-f` asks for new lines.
-pub const POLL: Duration = Duration::from_secs(1);
+use futures::future::BoxFuture;
+use pko_queue::output::{OperationInfo, Output};
+use pko_queue::tail::{Request, Source, TailError};
 
 /// The Stack named by `arg`: `stack/<name>`, `stacks/<name>`, `stack.pulumi.com/<name>`, `stacks.pulumi.com/<name>` or
 /// a bare `<name>`. Pure.
@@ -28,36 +30,49 @@ pub fn target(arg: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
-/// The operation to print among `ops` (newest first): Update `update` when given, else the newest. `Ok(None)`: nothing
-/// is kept yet. Pure.
-///
-/// Errors: `update` is not among them (the message lists those that are).
-pub fn choose(ops: &[OperationInfo], update: Option<&str>) -> Result<Option<OperationInfo>, String> {
-    match update {
-        None => Ok(ops.first().cloned()),
-        Some(u) => ops.iter().find(|o| o.update == u).cloned().map(Some).ok_or_else(|| {
-            let kept: Vec<&str> = ops.iter().map(|o| o.update.as_str()).collect();
-            format!(
-                "no output of update {u} is kept; kept: {}",
-                if kept.is_empty() { "none".into() } else { kept.join(", ") }
-            )
-        }),
+/// The path of the Stack's `log` subresource in the operator's aggregated API (`logs.pulumi.com/v1alpha1`), with the
+/// query `req` asks for. Pure.
+pub fn api_path(ns: &str, stack: &str, req: &Request) -> String {
+    let mut q = Vec::new();
+    if let Some(u) = &req.update {
+        q.push(format!("update={u}"));
     }
+    for (set, name) in [(req.follow, "follow"), (req.all, "all"), (req.timestamps, "timestamps")] {
+        if set {
+            q.push(format!("{name}=true"));
+        }
+    }
+    let query = if q.is_empty() { String::new() } else { format!("?{}", q.join("&")) };
+    format!("/apis/logs.pulumi.com/v1alpha1/namespaces/{ns}/stacks/{stack}/log{query}")
 }
 
-/// `line` as printed: its text, after its time with `timestamps`. Pure.
-pub fn render(line: &Line, timestamps: bool) -> String {
-    if timestamps { format!("{} {}", line.time, line.text) } else { line.text.clone() }
-}
-
-/// Whether `lines` end the operation (its `result` line came). Pure.
-pub fn finished(lines: &[Line]) -> bool {
-    lines.iter().any(|l| l.stream == "result")
-}
-
-/// The header printed before each operation with `--all`. Pure.
-pub fn header(info: &OperationInfo) -> String {
-    format!("== update {} ({}) ==", info.update, info.operation)
+/// Copies the Stack's output from the operator's aggregated API, through the API server with `client`'s credentials
+/// (whatever the kubeconfig holds: client certificate, token, exec plugin, OIDC), to standard output, line by line as
+/// it arrives.
+///
+/// Errors: the API server's or the operator's refusal (its message: not found, forbidden, no APIService), or the
+/// connection.
+pub async fn stream_via_api(client: &kube::Client, ns: &str, stack: &str, req: &Request) -> anyhow::Result<()> {
+    use futures::{AsyncBufReadExt, StreamExt};
+    use std::io::Write;
+    let request = http::Request::get(api_path(ns, stack, req)).body(Vec::new())?;
+    let body = client.request_stream(request).await.map_err(|e| match e {
+        kube::Error::Api(s) if s.code == 404 && s.message.contains("could not find the requested resource") => {
+            anyhow::anyhow!(
+                "the API server does not serve logs.pulumi.com: install the chart with logsApi.enabled (its \
+                APIService), or read the operator's metrics port with --endpoint"
+            )
+        }
+        kube::Error::Api(s) => anyhow::anyhow!("{} ({})", s.message, s.reason),
+        e => anyhow::anyhow!(e),
+    })?;
+    let mut lines = Box::pin(body).lines();
+    while let Some(line) = lines.next().await {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", line?)?;
+        out.flush()?;
+    }
+    Ok(())
 }
 
 /// The operator's `/logs` endpoint.
@@ -106,40 +121,38 @@ impl Endpoint {
             _ => anyhow::bail!("{}: {status}: {}", self.base, body.trim()),
         }
     }
+}
 
-    /// The kept operations of Stack `ns/stack`, newest first.
-    ///
-    /// Errors: the endpoint refused or did not answer.
-    pub async fn operations(&self, ns: &str, stack: &str) -> anyhow::Result<Vec<OperationInfo>> {
+/// `stack` is `<namespace>/<name>`, as the endpoint's paths name it.
+impl Source for Endpoint {
+    fn operations<'a>(&'a self, stack: &'a str) -> BoxFuture<'a, Result<Vec<OperationInfo>, TailError>> {
         #[derive(serde::Deserialize)]
         struct Ops {
             operations: Vec<OperationInfo>,
         }
-        Ok(self.get::<Ops>(&format!("/logs/{ns}/{stack}")).await?.map(|o| o.operations).unwrap_or_default())
+        Box::pin(async move {
+            let ops =
+                self.get::<Ops>(&format!("/logs/{stack}")).await.map_err(|e| TailError::Source(format!("{e:#}")))?;
+            Ok(ops.map(|o| o.operations).unwrap_or_default())
+        })
     }
 
-    /// Lines of Update `update` of Stack `ns/stack` above sequence `after`; `None` when not kept.
-    ///
-    /// Errors: the endpoint refused or did not answer.
-    pub async fn read(
-        &self,
-        ns: &str,
-        stack: &str,
-        update: &str,
+    fn read<'a>(
+        &'a self,
+        stack: &'a str,
+        update: &'a str,
         after: Option<u64>,
-    ) -> anyhow::Result<Option<Output>> {
+    ) -> BoxFuture<'a, Result<Option<Output>, TailError>> {
         let q = after.map(|a| format!("?after={a}")).unwrap_or_default();
-        self.get(&format!("/logs/{ns}/{stack}/{update}{q}")).await
+        Box::pin(async move {
+            self.get(&format!("/logs/{stack}/{update}{q}")).await.map_err(|e| TailError::Source(format!("{e:#}")))
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn info(u: &str) -> OperationInfo {
-        OperationInfo { update: u.into(), operation: "up".into(), started_ms: 0 }
-    }
 
     #[test]
     fn a_stack_is_named_as_kubectl_names_it() {
@@ -151,16 +164,15 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_operation_unless_one_is_named() {
-        let ops = [info("u2"), info("u1")];
-        assert_eq!(choose(&ops, None).unwrap().unwrap().update, "u2");
-        assert_eq!(choose(&ops, Some("u1")).unwrap().unwrap().update, "u1");
-        assert_eq!(choose(&ops, Some("u9")).unwrap_err(), "no output of update u9 is kept; kept: u2, u1");
-        assert_eq!(choose(&[], None).unwrap(), None);
-        let l = |stream: &str| Line { seq: 1, time: "T".into(), stream: stream.into(), text: "x".into() };
-        assert_eq!(render(&l("engine"), true), "T x");
-        assert_eq!(render(&l("engine"), false), "x");
-        assert!(finished(&[l("engine"), l("result")]) && !finished(&[l("engine")]));
-        assert_eq!(header(&info("u1")), "== update u1 (up) ==");
+    fn the_api_path_carries_what_is_asked() {
+        let mut req = Request { stack: "team/web".into(), ..Default::default() };
+        assert_eq!(api_path("team", "web", &req), "/apis/logs.pulumi.com/v1alpha1/namespaces/team/stacks/web/log");
+        req.update = Some("web-2".into());
+        req.follow = true;
+        req.timestamps = true;
+        assert_eq!(
+            api_path("team", "web", &req),
+            "/apis/logs.pulumi.com/v1alpha1/namespaces/team/stacks/web/log?update=web-2&follow=true&timestamps=true"
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use pko_cli::logs::{self, Endpoint};
+use pko_queue::tail;
 
 /// The operator's kubectl plugin.
 #[derive(Parser, Debug)]
@@ -102,10 +103,10 @@ struct LogsArgs {
     /// Prefix each line with its time (RFC 3339).
     #[arg(long)]
     timestamps: bool,
-    /// The operator's metrics endpoint, e.g. https://localhost:8383 after `kubectl -n pulumi-kubernetes-operator
-    /// port-forward deploy/<release>-controller-manager 8383`.
-    #[arg(long, env = "PKO_ENDPOINT", default_value = "https://localhost:8383")]
-    endpoint: String,
+    /// Read the operator's metrics port instead of its aggregated API (clusters without the chart's APIService), e.g.
+    /// https://localhost:8383 after `kubectl -n pko-system port-forward deploy/<release> 8383`.
+    #[arg(long, env = "PKO_ENDPOINT")]
+    endpoint: Option<String>,
     /// Bearer token (default: the kubeconfig user's token).
     #[arg(long, env = "PKO_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -168,57 +169,32 @@ async fn logs_command(a: LogsArgs) -> anyhow::Result<()> {
     let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
     let (ctx_ns, ctx_token) = kubeconfig().await;
     let ns = a.namespace.or(ctx_ns).unwrap_or_else(|| "default".into());
+    let req = tail::Request {
+        stack: format!("{ns}/{stack}"),
+        update: a.update,
+        follow: a.follow,
+        all: a.all,
+        timestamps: a.timestamps,
+    };
+    let Some(endpoint) = a.endpoint else {
+        let mut config = kube::Config::infer().await?;
+        // a follower waits as long as the operation is quiet
+        config.read_timeout = None;
+        return logs::stream_via_api(&kube::Client::try_from(config)?, &ns, &stack, &req).await;
+    };
     let endpoint = Endpoint::new(
-        &a.endpoint,
+        &endpoint,
         a.token.or(ctx_token),
         a.certificate_authority.as_deref(),
         a.insecure_skip_tls_verify,
     )?;
-    if a.all {
-        let mut ops = endpoint.operations(&ns, &stack).await?;
-        ops.reverse();
-        for info in ops {
-            println!("{}", logs::header(&info));
-            if let Some(out) = endpoint.read(&ns, &stack, &info.update, None).await? {
-                print(&out.lines, a.timestamps);
-            }
-        }
-        return Ok(());
-    }
-    let info = loop {
-        let ops = endpoint.operations(&ns, &stack).await?;
-        match logs::choose(&ops, a.update.as_deref()).map_err(anyhow::Error::msg)? {
-            Some(info) => break info,
-            None if a.follow => tokio::time::sleep(logs::POLL).await,
-            None => anyhow::bail!(
-                "no output of stack {ns}/{stack} is kept (no operation since it was stored, or it was given up: \
-                    --output-operations)"
-            ),
-        }
+    let ops = tail::chosen(&endpoint, &req).await?;
+    let mut stdout = |text: String| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
     };
-    let mut after = None;
-    loop {
-        let Some(out) = endpoint.read(&ns, &stack, &info.update, after).await? else {
-            anyhow::bail!("the output of update {} is no longer kept", info.update);
-        };
-        if after.is_none() && out.truncated {
-            eprintln!("(earlier lines of update {} are not kept)", info.update);
-        }
-        print(&out.lines, a.timestamps);
-        after = out.lines.last().map(|l| l.seq).or(after);
-        if !a.follow || logs::finished(&out.lines) {
-            return Ok(());
-        }
-        tokio::time::sleep(logs::POLL).await;
-    }
-}
-
-fn print(lines: &[pko_queue::output::Line], timestamps: bool) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    for l in lines {
-        let _ = writeln!(out, "{}", logs::render(l, timestamps));
-    }
+    Ok(tail::show(&endpoint, &req, ops, &mut stdout).await?)
 }
 
 /// Sets `annotation` of the Stack to the current time, with the kubeconfig's identity.

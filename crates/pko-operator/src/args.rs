@@ -273,6 +273,15 @@ pub struct MetricsArgs {
     /// default: a self-signed certificate made at start.
     #[arg(long)]
     pub metrics_cert_dir: Option<PathBuf>,
+    /// Address of the aggregated API `logs.pulumi.com` (HTTPS; `kubectl pko logs`, `kubectl get --raw
+    /// /apis/logs.pulumi.com/v1alpha1/namespaces/<ns>/stacks/<name>/log`), which the chart's APIService routes to;
+    /// `0` turns it off (the default outside the chart). `:port` means every interface.
+    #[arg(long, default_value = "0", env = "LOGS_API_BIND_ADDRESS")]
+    pub logs_api_bind_address: String,
+    /// Directory with `tls.crt` and `tls.key` for the aggregated API; default: a self-signed certificate made at
+    /// start (the chart's APIService then skips verifying it, as metrics-server's does).
+    #[arg(long)]
+    pub logs_api_cert_dir: Option<PathBuf>,
     /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0` turns it off.
     #[arg(long, default_value = "0.0.0.0:8081", env = "HEALTH_PROBE_BIND_ADDRESS")]
     pub health_probe_bind_address: String,

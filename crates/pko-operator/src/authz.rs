@@ -1,6 +1,8 @@
-//! Who may read what the operator serves besides the API: bearer tokens authenticated by a TokenReview and authorized
-//! by a SubjectAccessReview of `get` on what is asked (an [`Access`]) — `/metrics` (controller-runtime's metrics
-//! authorization, PKO `--metrics-secure`) and a Stack's operation output (`crate::logs`).
+//! Who may read what the operator serves besides the CRDs: callers authenticated by a TokenReview of their bearer token
+//! (or, on the aggregated API, by the API server's front proxy: `crate::logs_api::caller`) and authorized by a
+//! SubjectAccessReview of `get` on what is asked (an [`Access`]) — `/metrics` (controller-runtime's metrics
+//! authorization, PKO `--metrics-secure`), a Stack's operation output on the metrics port (`crate::logs`) and the
+//! `log` subresources of `logs.pulumi.com` (`crate::logs_api`).
 
 use std::sync::Arc;
 
@@ -14,6 +16,16 @@ pub enum Access {
         /// The Stack's namespace.
         namespace: String,
         /// The Stack's name.
+        name: String,
+    },
+    /// The `log` subresource of `resource` (`stacks` or `updates`) `name` of namespace `namespace` in the aggregated
+    /// API group `logs.pulumi.com` (`crate::logs_api`).
+    Log {
+        /// `stacks` or `updates`.
+        resource: String,
+        /// The object's namespace.
+        namespace: String,
+        /// The object's name.
         name: String,
     },
 }
@@ -42,6 +54,19 @@ impl Access {
                     ..Default::default()
                 }),
             ),
+            Access::Log { resource, namespace, name } => (
+                None,
+                Some(ResourceAttributes {
+                    group: Some(crate::logs_api::GROUP.into()),
+                    version: Some(crate::logs_api::VERSION.into()),
+                    resource: Some(resource.clone()),
+                    subresource: Some("log".into()),
+                    namespace: Some(namespace.clone()),
+                    name: Some(name.clone()),
+                    verb: Some("get".into()),
+                    ..Default::default()
+                }),
+            ),
         };
         let spec = SubjectAccessReviewSpec {
             user: user.username,
@@ -56,55 +81,96 @@ impl Access {
 }
 
 /// Bearer-token authentication (TokenReview) and authorization (SubjectAccessReview: `get` on what is asked, an
-/// [`Access`]) of callers, with decisions cached per token and access (allowed: 60 s, refused: 5 s).
+/// [`Access`]) of callers, with answers cached (allowed or authenticated: 60 s, refused: 5 s; an API server that
+/// did not answer: not cached).
 pub struct Authz {
     client: kube::Client,
-    cache: std::sync::Mutex<std::collections::HashMap<(String, Access), (axum::http::StatusCode, std::time::Instant)>>,
+    tokens: Cache<String, Result<UserInfo, StatusCode>>,
+    decisions: Cache<(String, Access), StatusCode>,
+}
+
+type UserInfo = k8s_openapi::api::authentication::v1::UserInfo;
+type StatusCode = axum::http::StatusCode;
+
+/// Answers kept until their instant.
+struct Cache<K, V>(std::sync::Mutex<std::collections::HashMap<K, (V, std::time::Instant)>>);
+
+impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
+    fn get(&self, key: &K) -> Option<V> {
+        let c = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        c.get(key).filter(|(_, until)| std::time::Instant::now() < *until).map(|(v, _)| v.clone())
+    }
+
+    fn put(&self, key: K, value: V, allowed: bool) {
+        let now = std::time::Instant::now();
+        let ttl = std::time::Duration::from_secs(if allowed { 60 } else { 5 });
+        let mut c = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        c.retain(|_, (_, until)| *until > now);
+        c.insert(key, (value, now + ttl));
+    }
+}
+
+impl<K, V> Default for Cache<K, V> {
+    fn default() -> Self {
+        Cache(Default::default())
+    }
 }
 
 impl Authz {
-    /// Checks tokens with `client`'s API server.
+    /// Checks callers with `client`'s API server.
     pub fn new(client: kube::Client) -> Arc<Self> {
-        Arc::new(Self { client, cache: Default::default() })
+        Arc::new(Self { client, tokens: Cache::default(), decisions: Cache::default() })
     }
 
     /// `200 OK` when the token may `get` `access`, `401` when it is missing or not authenticated, `403` when it is not
     /// allowed, `503` when the API server could not be asked.
-    pub async fn decide(&self, token: Option<&str>, access: &Access) -> axum::http::StatusCode {
-        use axum::http::StatusCode;
-        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-        use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-        let Some(token) = token.filter(|t| !t.is_empty()) else { return StatusCode::UNAUTHORIZED };
-        let key = (token.to_string(), access.clone());
-        if let Some((code, until)) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())
-            && std::time::Instant::now() < until
-        {
-            return code;
+    pub async fn decide(&self, token: Option<&str>, access: &Access) -> StatusCode {
+        match self.authenticate(token).await {
+            Ok(user) => self.authorize(&user, access).await,
+            Err(code) => code,
         }
-        let pp = kube::api::PostParams::default();
+    }
+
+    /// The user a bearer token belongs to (TokenReview).
+    ///
+    /// Errors: `401` for a missing or unauthenticated token, `503` when the API server did not answer.
+    pub async fn authenticate(&self, token: Option<&str>) -> Result<UserInfo, StatusCode> {
+        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+        let Some(token) = token.filter(|t| !t.is_empty()) else { return Err(StatusCode::UNAUTHORIZED) };
+        if let Some(known) = self.tokens.get(&token.to_string()) {
+            return known;
+        }
         let review = TokenReview {
             spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
             ..Default::default()
         };
-        let code = match kube::Api::<TokenReview>::all(self.client.clone()).create(&pp, &review).await {
-            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
-            Ok(r) => match r.status.filter(|s| s.authenticated == Some(true)).and_then(|s| s.user) {
-                None => StatusCode::UNAUTHORIZED,
-                Some(user) => match kube::Api::<SubjectAccessReview>::all(self.client.clone())
-                    .create(&pp, &access.review(user))
-                    .await
-                {
-                    Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
-                    Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => StatusCode::OK,
-                    Ok(_) => StatusCode::FORBIDDEN,
-                },
-            },
+        let answer = match kube::Api::<TokenReview>::all(self.client.clone()).create(&Default::default(), &review).await
+        {
+            Err(_) => return Err(StatusCode::SERVICE_UNAVAILABLE),
+            Ok(r) => r.status.filter(|s| s.authenticated == Some(true)).and_then(|s| s.user),
         };
-        let ttl = std::time::Duration::from_secs(if code == StatusCode::OK { 60 } else { 5 });
-        if let Ok(mut c) = self.cache.lock() {
-            c.retain(|_, (_, until)| *until > std::time::Instant::now());
-            c.insert(key, (code, std::time::Instant::now() + ttl));
+        let answer = answer.ok_or(StatusCode::UNAUTHORIZED);
+        self.tokens.put(token.to_string(), answer.clone(), answer.is_ok());
+        answer
+    }
+
+    /// `200 OK` when `user` may `get` `access` (SubjectAccessReview), `403` when not, `503` when the API server did
+    /// not answer.
+    pub async fn authorize(&self, user: &UserInfo, access: &Access) -> StatusCode {
+        use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+        let key = (serde_json::to_string(user).unwrap_or_default(), access.clone());
+        if let Some(code) = self.decisions.get(&key) {
+            return code;
         }
+        let code = match kube::Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&Default::default(), &access.review(user.clone()))
+            .await
+        {
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+            Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => StatusCode::OK,
+            Ok(_) => StatusCode::FORBIDDEN,
+        };
+        self.decisions.put(key, code, code == StatusCode::OK);
         code
     }
 }

@@ -16,6 +16,7 @@ pub mod k8s;
 pub mod leader;
 pub mod load;
 pub mod logs;
+pub mod logs_api;
 /// Ownership of objects by this replica: the `pko-fleet` crate (the fleet implements it there).
 pub use pko_fleet as ownership;
 /// The work queue between the Update controller and its workers: the `pko-queue` crate.

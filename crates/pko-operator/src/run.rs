@@ -49,6 +49,8 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     /// Bound address of the probes, unless turned off.
     pub probes_addr: Option<SocketAddr>,
+    /// Bound address of the aggregated API `logs.pulumi.com`, unless turned off.
+    pub logs_api_addr: Option<SocketAddr>,
     /// The controllers' shared context.
     pub ctx: Arc<Context>,
     task: tokio::task::JoinHandle<()>,
@@ -165,9 +167,10 @@ impl Operator {
             ownership: ctx.ownership.clone(),
             handle: recorder,
         };
-        let (metrics_addr, probes_addr) = (
+        let (metrics_addr, probes_addr, logs_api_addr) = (
             Self::serve_metrics(&ctx, &metrics, sources, &mut servers).await?,
             Self::serve_probes(&metrics, ready, &mut servers).await?,
+            Self::serve_logs_api(&ctx, &metrics, &mut servers).await?,
         );
         servers.push(tokio::spawn(async move {
             let _ = crate::artifacts::serve(listener, crate::artifacts::ArtifactState::new(programs)).await;
@@ -175,7 +178,7 @@ impl Operator {
         tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime,
             "operator starting");
         let task = tokio::spawn(Self::until_stopped(controllers, membership, servers));
-        Ok(Running { artifacts_addr, metrics_addr, probes_addr, ctx, task })
+        Ok(Running { artifacts_addr, metrics_addr, probes_addr, logs_api_addr, ctx, task })
     }
 
     /// Runs the controllers until shutdown, then lets the membership end — it releases its Lease, so its successors
@@ -461,6 +464,34 @@ impl Operator {
         servers.push(tokio::spawn(async move {
             if let Err(e) = crate::metrics::serve(l, client, sources, security, output).await {
                 tracing::error!(error = %e, "metrics server stopped");
+            }
+        }));
+        Ok(Some(bound))
+    }
+
+    async fn serve_logs_api(
+        ctx: &Arc<Context>,
+        m: &crate::args::MetricsArgs,
+        servers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> anyhow::Result<Option<SocketAddr>> {
+        use crate::logs_api::{LogsApi, tls};
+        let Some((l, bound)) = bind("--logs-api-bind-address", &m.logs_api_bind_address).await? else {
+            return Ok(None);
+        };
+        let proxy = tls::front_proxy(&ctx.client).await;
+        let (chain, key) =
+            tls::serving_certificate(m.logs_api_cert_dir.as_deref(), std::env::var("POD_NAME").into_iter().collect())?;
+        let config = tls::server_config(chain, key, proxy.as_ref())?;
+        tracing::info!(logs_api = %bound, front_proxy = proxy.is_some(), "logs.pulumi.com serving");
+        let api = LogsApi {
+            output: ctx.output.clone(),
+            authz: crate::authz::Authz::new(ctx.client.clone()),
+            proxy: proxy.map(Arc::new),
+            client: ctx.client.clone(),
+        };
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = crate::logs_api::serve(l, config, api).await {
+                tracing::error!(error = %e, "logs API server stopped");
             }
         }));
         Ok(Some(bound))

@@ -10,6 +10,7 @@ pub mod fair;
 pub mod output;
 pub mod redis;
 pub mod slots;
+pub mod tail;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
