@@ -11,7 +11,8 @@ test: testbed
 REPLICAS ?= 1
 RUNTIME ?= local
 
-## demo: the main job end to end on the local test bed (operator, agents, sample stacks);
+## demo: the main job end to end on the local test bed (operator, agents, sample stacks), building only what it
+## uses (TESTBED_PROFILE=demo: control plane, Pulumi CLI, YAML host, command provider, Redis);
 ## REPLICAS=3: a fleet of three replicas over redis, one of them killed mid-run;
 ## RUNTIME=pod: on the bed's node, installed with Helm, the operator and workspaces in pods
 demo:
@@ -19,7 +20,7 @@ demo:
 
 ## demo-down: stop what `make demo` started
 demo-down:
-	@. <(scripts/testbed/ensure.sh 2>/dev/null | grep '^export'); scripts/demo-down.sh
+	@. <(TESTBED_PROFILE=demo scripts/testbed/ensure.sh 2>/dev/null | grep '^export'); scripts/demo-down.sh
 
 ## testbed: install packages, build the third-party binaries (cached outside the repo), start the bed
 testbed:

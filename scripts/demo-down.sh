@@ -21,6 +21,10 @@ if command -v kubectl >/dev/null && [ -n "${KUBECONFIG:-}" ]; then
     kubectl delete ns pko-system --wait=false >/dev/null 2>&1
   fi
   kubectl delete clusterrolebinding pko-demo-workspaces --ignore-not-found >/dev/null 2>&1
+  # the local demo's logs APIService (a Helm release owns its own): left unavailable, it would stall namespace deletion
+  [ "$(kubectl get apiservice v1alpha1.logs.pulumi.com -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}' 2>/dev/null)" = Helm ] \
+    || kubectl delete apiservice v1alpha1.logs.pulumi.com --ignore-not-found >/dev/null 2>&1
+  kubectl delete clusterrole pko-demo-logs-view --ignore-not-found >/dev/null 2>&1
   # the local demo's copy of the manifest's pko-metrics-reader role (a Helm release `pko` owns its own)
   [ "$(kubectl get clusterrole pko-metrics-reader -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}' 2>/dev/null)" = Helm ] \
     || kubectl delete clusterrole pko-metrics-reader --ignore-not-found >/dev/null 2>&1

@@ -30,3 +30,31 @@ demo_git_push_release_2() {
   git -C "$DEMO/work" push -q "$DEMO/git/demo.git" main
   git -C "$DEMO/work" rev-parse HEAD
 }
+
+# The aggregated API logs.pulumi.com routed to the operator processes' --logs-api-bind-address on the API
+# server's address ($API_IP), ports $2...: a Service without selector in namespace $1, its Endpoints, the
+# APIService (a pod install gets these from the chart). Waits until the API server serves it.
+logs_api_route() {
+  local ns="$1"; shift
+  local ports="" p
+  for p in "$@"; do ports="$ports{addresses: [{ip: $API_IP}], ports: [{name: https, port: $p}]},"; done
+  kubectl apply -f - >/dev/null 2>&1 <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: pko-logs-api, namespace: $ns}
+spec: {ports: [{name: https, port: 443, targetPort: $1}]}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: pko-logs-api, namespace: $ns}
+subsets: [${ports%,}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1alpha1.logs.pulumi.com}
+spec: {group: logs.pulumi.com, version: v1alpha1, insecureSkipTLSVerify: true, groupPriorityMinimum: 1000,
+  versionPriority: 100, service: {name: pko-logs-api, namespace: $ns, port: 443}}
+YAML
+  for _ in $(seq 1 60); do kubectl get --raw /apis/logs.pulumi.com/v1alpha1 >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "the API server does not serve logs.pulumi.com" >&2; return 1
+}

@@ -23,13 +23,24 @@ trap 'fail "a command failed (line $LINENO)"' ERR
 
 step "test bed"
 # its progress (each component built on a cold machine, with a heartbeat) goes to the terminal
-eval "$("$ROOT/scripts/testbed/ensure.sh" | grep '^export')"
+eval "$(TESTBED_PROFILE=demo "$ROOT/scripts/testbed/ensure.sh" | grep '^export')"
 "$ROOT/scripts/demo-down.sh" >/dev/null 2>&1 || true
 kubectl wait --for=delete namespace/$NS --timeout=120s >/dev/null 2>&1 || true
 mkdir -p "$DEMO/state"   # the examples use the file:// backend file:///tmp/pko-demo/state
 
-step "building pko-operator and pko-agent"
-(cd "$ROOT" && cargo build -q -p pko-operator -p pko-agent -p pko-cli)
+step "building pko-operator, pko-agent and kubectl-pko"
+rust_build() { # cargo build with a progress line every 30 s (a cold build takes minutes on two cores)
+  local log="$DEMO/cargo-build.log" t0=$SECONDS n=0 pid
+  (cd "$ROOT" && cargo build -p pko-operator -p pko-agent -p pko-cli) > "$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1; n=$((n + 1))
+    [ $((n % 30)) -eq 0 ] && echo "  still building ($((SECONDS - t0)) s): $(grep -c ' Compiling ' "$log") crates compiled, now $(grep ' Compiling ' "$log" | tail -1 | awk '{print $2}')"
+  done
+  wait "$pid" || { tail -30 "$log" >&2; fail "cargo build failed (log: $log)"; }
+  echo "  built in $((SECONDS - t0)) s ($(grep -c ' Compiling ' "$log") crates compiled)"
+}
+rust_build
 BIN="$ROOT/target/debug"
 
 step "git repository on git://127.0.0.1:$GIT_PORT/demo.git"
@@ -41,6 +52,8 @@ kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace $NS >/dev/null
 # no Role for the workspaces' service account: as with PKO, the Stacks' Secrets reach Pulumi without one
 KCFG_SERVER="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+# the API server's own address (the bed's node address, on lo): its aggregator reaches the replicas' logs API there
+API_IP="$(echo "$KCFG_SERVER" | sed -E 's#https://([^:/]+).*#\1#')"
 FLEET=()
 if [ "$REPLICAS" -gt 1 ]; then
   # a fleet: Lease-held shards in the demo namespace, the work queue in the bed's redis-server
@@ -50,6 +63,7 @@ fi
 for i in $(seq 0 $((REPLICAS - 1))); do
   setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:$((19090 + i)) \
     --metrics-bind-address 127.0.0.1:$((18383 + i)) --health-probe-bind-address 127.0.0.1:$((18081 + i)) --namespaces $NS \
+    --logs-api-bind-address "$API_IP:$((18443 + i))" \
     --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
     ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id demo-$i} \
     > "$DEMO/operator-$i.log" 2>&1 < /dev/null &
@@ -128,17 +142,39 @@ kubectl -n $NS get updates -l pulumi.com/stack-name=from-git
 echo "  from-git outputs: $(kubectl -n $NS get stack from-git -o jsonpath='{.status.outputs}')"
 
 step "what Pulumi printed: kubectl pko logs stack/from-git (kept by the operator, outside etcd)"
-# the output of a Stack is served only to callers allowed `get` on it: a reader bound in this namespace
+# the aggregated API logs.pulumi.com, served by every live replica, routed by an APIService (the chart makes it
+# for a pod install; here the replicas are processes on the node's address)
+logs_api_route "$NS" $(for i in $(seq 0 $((REPLICAS - 1))); do [ -f "$DEMO/operator-$i.pid" ] && echo $((18443 + i)); done)
+echo "  with the admin kubeconfig (a client certificate), no flags:"
+PATH="$BIN:$PATH" kubectl pko logs stack/from-git -n $NS | sed 's/^/    /'
+# a tenant with the built-in `view` role in this namespace reads its Stacks' output (the chart's aggregated rule
+# for stacks/log), and nobody else's
+kubectl apply --server-side -f - >/dev/null <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: pko-demo-logs-view, labels: {rbac.authorization.k8s.io/aggregate-to-view: "true"}}
+rules: [{apiGroups: [logs.pulumi.com], resources: [stacks/log, updates/log], verbs: [get]}]
+YAML
+kubectl -n $NS create serviceaccount viewer >/dev/null
+kubectl -n $NS create rolebinding viewer --clusterrole=view --serviceaccount=$NS:viewer >/dev/null
+VIEWER="$DEMO/viewer.kubeconfig"
+kubectl config view --minify --raw --flatten > "$VIEWER"
+KUBECONFIG="$VIEWER" kubectl config set-credentials viewer --token="$(kubectl -n $NS create token viewer)" >/dev/null
+KUBECONFIG="$VIEWER" kubectl config set-context --current --user=viewer --namespace=$NS >/dev/null
+for _ in $(seq 1 20); do KUBECONFIG="$VIEWER" PATH="$BIN:$PATH" kubectl pko logs stack/from-git >/dev/null 2>&1 && break; sleep 0.5; done
+echo "  as $NS:viewer (view in $NS, a token): $(KUBECONFIG="$VIEWER" PATH="$BIN:$PATH" kubectl pko logs stack/from-git | wc -l) lines"
+REFUSED="$(KUBECONFIG="$VIEWER" PATH="$BIN:$PATH" kubectl pko logs stack/from-git -n default 2>&1 || true)"
+echo "  as $NS:viewer in namespace default: $REFUSED"
+echo "$REFUSED" | grep -q forbidden || fail "a view tenant read another namespace's output"
+echo; echo "kubectl pko status (why each Stack is or is not Ready, its shard and owner; the fleet found from its Leases):"
+PATH="$BIN:$PATH" kubectl pko status -n $NS | sed 's/^/  /'
+# the metrics port keeps the same output for Prometheus-only setups: callers allowed `get` on the Stack
 kubectl -n $NS create role stack-reader --verb=get --resource=stacks.pulumi.com >/dev/null
 kubectl -n $NS create serviceaccount stack-reader >/dev/null
 kubectl -n $NS create rolebinding stack-reader --role=stack-reader --serviceaccount=$NS:stack-reader >/dev/null
 READ_TOKEN="$(kubectl -n $NS create token stack-reader)"
 for i in $(seq 0 $((REPLICAS - 1))); do [ -f "$DEMO/operator-$i.pid" ] && { LOGS_PORT=$((18383 + i)); break; }; done
-pko_logs() { PATH="$BIN:$PATH" kubectl pko logs "$@" -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify --token "$READ_TOKEN"; }
-pko_logs stack/from-git | sed 's/^/  /'
-echo; echo "kubectl pko status (why each Stack is or is not Ready, its shard and owner):"
-PATH="$BIN:$PATH" kubectl pko status -n $NS --fleet-namespace $NS | sed 's/^/  /'
-[ "$(PATH="$BIN:$PATH" kubectl pko logs stack/from-git -n $NS --endpoint "https://127.0.0.1:$LOGS_PORT" --insecure-skip-tls-verify 2>&1 | grep -c 'not authenticated')" = 1 ] \
+[ "$(curl -sk -o /dev/null -w '%{http_code}' "https://127.0.0.1:$LOGS_PORT/logs/$NS/from-git")" = 401 ] \
   || fail "the logs endpoint answers without a token"
 # bytes of Pulumi output stored per operation, over every kept operation of the demo's Stacks
 for s in hello configured from-git; do

@@ -4,6 +4,8 @@ set -euo pipefail
 PKGS=(etcd-server etcd-client redis-server prometheus openssl git jq iproute2 util-linux curl ca-certificates openssh-server openssh-client
   # the node (testbed.md §7) and the images built without a container engine (`make images`)
   containerd runc containernetworking-plugins iptables conntrack umoci mmdebstrap tini gcc libc6-dev)
+# TESTBED_PACKAGES=minimal (`make demo`): the control plane, Redis and git only
+[ "${TESTBED_PACKAGES:-}" = minimal ] && PKGS=(etcd-server etcd-client redis-server openssl git jq iproute2 util-linux curl ca-certificates)
 missing=()
 for p in "${PKGS[@]}"; do [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p"); done
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -6,6 +6,11 @@
 
 use std::sync::Arc;
 
+/// The operator's aggregated API group (`crate::logs_api`; distinct from `pulumi.com`, whose kinds are CRDs).
+pub const LOGS_GROUP: &str = "logs.pulumi.com";
+/// Its version.
+pub const LOGS_VERSION: &str = "v1alpha1";
+
 /// What a caller asks to `get`, authorized by a SubjectAccessReview.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Access {
@@ -57,8 +62,8 @@ impl Access {
             Access::Log { resource, namespace, name } => (
                 None,
                 Some(ResourceAttributes {
-                    group: Some(crate::logs_api::GROUP.into()),
-                    version: Some(crate::logs_api::VERSION.into()),
+                    group: Some(LOGS_GROUP.into()),
+                    version: Some(LOGS_VERSION.into()),
                     resource: Some(resource.clone()),
                     subresource: Some("log".into()),
                     namespace: Some(namespace.clone()),

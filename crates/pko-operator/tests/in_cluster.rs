@@ -79,6 +79,9 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     let watch = format!("namespace.watch={{{}}}", ns.name());
     let base_sets =
         ["--set", &watch, "--set", "fullnameOverride=pko-operator", "--set", "terminationGracePeriodSeconds=60"];
+    // the chart registers the cluster-wide logs APIService: one left by an interrupted run would refuse the install
+    let stale = ["delete", "apiservice", "v1alpha1.logs.pulumi.com", "--ignore-not-found"];
+    let _ = testbed().kubectl().args(stale).output();
     let t = Instant::now();
     let mut args =
         vec!["install", release.as_str(), chart.as_str(), "--namespace", op_ns.as_str(), "--wait", "--timeout", "180s"];
@@ -224,6 +227,25 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     .await;
     eprintln!("Program Stack change → Ready, warm workspace pod: {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(pods.get("prog-stack-workspace-0").await.unwrap().metadata.uid, uid, "the same workspace pod ran it");
+    // what Pulumi printed, through the API server: the chart's APIService routes to the operator pod; no flags
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    wait_for("kubectl pko logs through the API server", 60, ns.name(), op_ns, || {
+        let printed = printed.clone();
+        async move {
+            let out = std::process::Command::new(common::kubectl_pko_bin())
+                .args(["logs", "stack/prog-stack", "-n", ns.name()])
+                .env("KUBECONFIG", testbed().kubeconfig())
+                .output()
+                .unwrap();
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            *printed.lock().unwrap() = text;
+            out.status.success()
+        }
+    })
+    .await;
+    let printed = printed.lock().unwrap().clone();
+    assert!(printed.contains("command:local:Command") && printed.contains("Resources:"), "{printed}");
+    assert!(!printed.contains("t0ken-Secret-val"), "the secret is masked: {printed}");
     // the secret config reached the program, and shows only masked
     let s = stacks.get("prog-stack").await.unwrap();
     assert_eq!(
@@ -513,5 +535,7 @@ async fn the_operator_in_a_pod_runs_stacks_in_workspace_pods() {
     .await;
     let roles: Api<ClusterRole> = Api::all(client.clone());
     assert!(roles.get_opt("pko-operator").await.unwrap().is_none(), "the ClusterRole is gone");
+    let out = kubectl(&["get", "apiservice", "v1alpha1.logs.pulumi.com", "--ignore-not-found", "-o", "name"]);
+    assert!(out.trim().is_empty(), "the logs APIService is gone: {out}");
     drop(server);
 }

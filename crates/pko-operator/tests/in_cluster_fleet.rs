@@ -64,6 +64,9 @@ async fn three_operator_pods_split_the_stacks_and_survive_a_killed_one() {
     let sets = [
         "--set",
         &watch,
+        // the logs APIService is cluster-wide: in_cluster.rs installs and checks it
+        "--set",
+        "logsApi.enabled=false",
         "--set",
         "fullnameOverride=pko-operator",
         "--set",

@@ -93,6 +93,9 @@ async fn workspaces_of_one_class_share_a_pool_of_pods_that_scales_to_zero_and_ba
     args.extend([
         "--set",
         &watch,
+        // the logs APIService is cluster-wide: in_cluster.rs installs and checks it
+        "--set",
+        "logsApi.enabled=false",
         "--set",
         "fullnameOverride=pko-operator",
         "--set",

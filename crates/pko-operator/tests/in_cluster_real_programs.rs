@@ -68,6 +68,9 @@ async fn operator_on_the_node(prefix: &str) -> (common::cluster::NodeTest, &'sta
         "180s",
         "--set",
         &watch,
+        // the logs APIService is cluster-wide: in_cluster.rs installs and checks it
+        "--set",
+        "logsApi.enabled=false",
         "--set",
         "fullnameOverride=pko-operator",
     ]);

@@ -37,9 +37,9 @@ use caller::FrontProxy;
 pub use discovery::status;
 
 /// The API group (distinct from `pulumi.com`, whose kinds are CRDs).
-pub const GROUP: &str = "logs.pulumi.com";
+pub const GROUP: &str = crate::authz::LOGS_GROUP;
 /// The API version.
-pub const VERSION: &str = "v1alpha1";
+pub const VERSION: &str = crate::authz::LOGS_VERSION;
 
 /// What the API's handlers share.
 #[derive(Clone)]
