@@ -32,23 +32,28 @@ demo_git_push_release_2() {
 }
 
 # The aggregated API logs.pulumi.com routed to the operator processes' --logs-api-bind-address on the API
-# server's address ($API_IP), ports $2...: a Service without selector in namespace $1, its Endpoints, the
+# server's address ($API_IP), ports $2...: a Service without selector in namespace $1, an EndpointSlice per port, the
 # APIService (a pod install gets these from the chart). Waits until the API server serves it.
 logs_api_route() {
   local ns="$1"; shift
-  local ports="" p
-  for p in "$@"; do ports="$ports{addresses: [{ip: $API_IP}], ports: [{name: https, port: $p}]},"; done
-  kubectl apply -f - >/dev/null 2>&1 <<YAML
+  local slices="" p
+  kubectl -n "$ns" delete endpointslices -l kubernetes.io/service-name=pko-logs-api >/dev/null 2>&1 || true
+  for p in "$@"; do
+    slices="$slices---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: pko-logs-api-$p, namespace: $ns, labels: {kubernetes.io/service-name: pko-logs-api}}
+addressType: IPv4
+endpoints: [{addresses: [$API_IP], conditions: {ready: true}}]
+ports: [{name: https, port: $p, protocol: TCP}]
+"
+  done
+  kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Service
 metadata: {name: pko-logs-api, namespace: $ns}
 spec: {ports: [{name: https, port: 443, targetPort: $1}]}
----
-apiVersion: v1
-kind: Endpoints
-metadata: {name: pko-logs-api, namespace: $ns}
-subsets: [${ports%,}]
----
+$slices---
 apiVersion: apiregistration.k8s.io/v1
 kind: APIService
 metadata: {name: v1alpha1.logs.pulumi.com}

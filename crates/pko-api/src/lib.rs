@@ -6,6 +6,7 @@
 //! | `Program` | `pulumi.com/v1` | [`program`] |
 //! | `Workspace` | `auto.pulumi.com/v1alpha1` | [`workspace`] |
 //! | `Update` | `auto.pulumi.com/v1alpha1` | [`update`] |
+//! | `Receiver` | `pulumi.com/v1alpha1` (ours) | [`receiver`] |
 //!
 //! Field names, defaults, condition types and reasons, printer columns, finalizers, labels and annotations follow PKO
 //! v2.9 (see `docs/api.md`). [`crds`] builds the CustomResourceDefinitions written to `deploy/crds/` by `pko-operator
@@ -20,6 +21,7 @@ pub mod duration;
 pub mod hash;
 pub mod open_enum;
 pub mod program;
+pub mod receiver;
 pub mod reference;
 pub mod schema;
 pub mod shard;
@@ -30,6 +32,7 @@ pub mod validation;
 pub mod workspace;
 
 pub use program::{Program, ProgramSpec, ProgramStatus};
+pub use receiver::{Receiver, ReceiverSpec, ReceiverStatus};
 pub use stack::{Stack, StackSpec, StackStatus};
 pub use update::{Update, UpdateSpec, UpdateStatus, UpdateType};
 pub use workspace::{Workspace, WorkspaceSpec, WorkspaceStatus};
@@ -38,11 +41,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update. The Stack CRD serves `v1` (storage)
+/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update, Receiver. The Stack CRD serves `v1` (storage)
 /// and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's defaults (`serviceAccountName:
 /// default`, `securityProfile: restricted`) at its root spec only, never in `workspaceTemplate`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd()]
+    vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd(), Receiver::crd()]
 }
 
 /// File name of a CRD under `deploy/crds/`: `<group>_<plural>.yaml` (controller-gen's naming, as in PKO).

@@ -178,6 +178,7 @@ fn corpus_round_trips_through_the_rust_types() {
             ("Program", _) => round::<pko_api::Program>(&d.value),
             ("Workspace", _) => round::<pko_api::Workspace>(&d.value),
             ("Update", _) => round::<pko_api::Update>(&d.value),
+            ("Receiver", _) => round::<pko_api::Receiver>(&d.value),
             other => panic!("unexpected kind {other:?} in {}", d.file.display()),
         };
         assert_eq!(

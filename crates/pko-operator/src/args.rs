@@ -282,6 +282,10 @@ pub struct MetricsArgs {
     /// start (the chart's APIService then skips verifying it, as metrics-server's does).
     #[arg(long)]
     pub logs_api_cert_dir: Option<PathBuf>,
+    /// Address of the Receivers' hook endpoint (`POST /hook/<digest>`, plain HTTP: git hosts' push webhooks, TLS at
+    /// the ingress); `0` turns it off and Receivers are not watched (the default outside the chart). Ours.
+    #[arg(long, default_value = "0", env = "WEBHOOK_BIND_ADDRESS")]
+    pub webhook_bind_address: String,
     /// Address of the probe endpoint (`/healthz`, `/readyz`; PKO `--health-probe-bind-address`); `0` turns it off.
     #[arg(long, default_value = "0.0.0.0:8081", env = "HEALTH_PROBE_BIND_ADDRESS")]
     pub health_probe_bind_address: String,

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod outputs;
 pub mod own_writes;
 pub mod program;
+pub mod receiver;
 pub mod run;
 pub mod secret_cache;
 pub mod stack;

@@ -26,6 +26,11 @@ pub const SECRET_READS_TOTAL: &str = "pko_secret_reads_total";
 /// `status.outputs`, handed over in memory by this replica's dispatcher ([`crate::outputs::Written`]) or read back from
 /// the outputs Secret.
 pub const OUTPUTS_READS_TOTAL: &str = "pko_outputs_reads_total";
+/// Counter, label `result` (`synced`, `unchanged`, `ignored`, `unauthorized`, `not_found`, `too_large`, `failed`):
+/// webhook deliveries to Receivers ([`crate::receiver::hook`]).
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "pko_webhook_deliveries_total";
+/// Counter: Stacks asked to sync by a webhook delivery.
+pub const WEBHOOK_SYNCS_TOTAL: &str = "pko_webhook_syncs_total";
 /// Counter: drift remediations started (`autoRemediate`).
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).

@@ -51,6 +51,8 @@ pub struct Running {
     pub probes_addr: Option<SocketAddr>,
     /// Bound address of the aggregated API `logs.pulumi.com`, unless turned off.
     pub logs_api_addr: Option<SocketAddr>,
+    /// Bound address of the Receivers' hook endpoint, unless turned off.
+    pub webhook_addr: Option<SocketAddr>,
     /// The controllers' shared context.
     pub ctx: Arc<Context>,
     task: tokio::task::JoinHandle<()>,
@@ -158,6 +160,7 @@ impl Operator {
             ctx.ownership.clone(),
         )?);
         let (programs, stacks, controllers) = Self::controllers(&ctx, agents, queue, &operations, &mut informers);
+        let webhook_addr = Self::serve_webhook(&ctx, &metrics, &mut informers, &mut servers).await?;
         // every kind is watched once, by its informer; ready once every cache has synced
         let (ready, watches) = informers.run(shutdown.clone());
         servers.push(tokio::spawn(watches));
@@ -178,7 +181,7 @@ impl Operator {
         tracing::info!(artifacts = %artifacts_addr, advertised = %ctx.advertised_addr, runtime = ?runtime.runtime,
             "operator starting");
         let task = tokio::spawn(Self::until_stopped(controllers, membership, servers));
-        Ok(Running { artifacts_addr, metrics_addr, probes_addr, logs_api_addr, ctx, task })
+        Ok(Running { artifacts_addr, metrics_addr, probes_addr, logs_api_addr, webhook_addr, ctx, task })
     }
 
     /// Runs the controllers until shutdown, then lets the membership end — it releases its Lease, so its successors
@@ -492,6 +495,30 @@ impl Operator {
         servers.push(tokio::spawn(async move {
             if let Err(e) = crate::logs_api::serve(l, config, api).await {
                 tracing::error!(error = %e, "logs API server stopped");
+            }
+        }));
+        Ok(Some(bound))
+    }
+
+    /// With `--webhook-bind-address`: the Receiver controller and the hook endpoint (Receivers are not watched
+    /// otherwise).
+    async fn serve_webhook(
+        ctx: &Arc<Context>,
+        m: &crate::args::MetricsArgs,
+        informers: &mut Informers,
+        servers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> anyhow::Result<Option<SocketAddr>> {
+        let Some((l, bound)) = bind("--webhook-bind-address", &m.webhook_bind_address).await? else {
+            return Ok(None);
+        };
+        let (receivers, controller) = crate::receiver::controller::controller(ctx.clone(), informers);
+        servers.push(tokio::spawn(controller));
+        let hooks =
+            crate::receiver::hook::Hooks { receivers, client: ctx.client.clone(), secrets: ctx.secrets.clone() };
+        tracing::info!(webhook = %bound, "receivers' hooks serving");
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = crate::receiver::hook::serve(l, hooks).await {
+                tracing::error!(error = %e, "webhook server stopped");
             }
         }));
         Ok(Some(bound))

@@ -294,7 +294,10 @@ async fn helm_install_is_accepted_and_namespace_users_with_edit_manage_stacks_an
     assert!(can_read_log("alice", "updates", team).await, "edit reads updates/log");
     assert!(!can_read_log("bob", "stacks", "default").await, "not in a namespace without the binding");
     let (ok, out) = kubectl(&["get", "apiservice", "v1alpha1.logs.pulumi.com", "-o", "jsonpath={.spec.service}"]);
-    assert!(ok && out.contains("pko-helmtest-operator") && out.contains(ns), "the APIService routes to the release: {out}");
+    assert!(
+        ok && out.contains("pko-helmtest-operator") && out.contains(ns),
+        "the APIService routes to the release: {out}"
+    );
 
     // what helm made is there, and goes with the release
     let (_, out) = kubectl(&["-n", ns, "get", "deployments", "-o", "name"]);

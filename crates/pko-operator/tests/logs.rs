@@ -93,7 +93,7 @@ fn free_node_port() -> u16 {
 }
 
 /// The aggregated API `logs.pulumi.com` routed to a replica's `--logs-api-bind-address` (the node's address, `port`):
-/// a Service without selector in `ns`, its Endpoints and the APIService (cluster-scoped: one test at a time, test
+/// a Service without selector in `ns`, its EndpointSlice and the APIService (cluster-scoped: one test at a time, test
 /// binaries run one after another). Deleted on drop, before the operator stops: an APIService left unavailable makes
 /// discovery fail, which stalls namespace deletion cluster-wide.
 struct LogsApiService;
@@ -104,8 +104,10 @@ impl LogsApiService {
         format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: pko-logs-api, namespace: {ns}}}\n\
              spec: {{ports: [{{name: https, port: 443, targetPort: {port}}}]}}\n---\n\
-             apiVersion: v1\nkind: Endpoints\nmetadata: {{name: pko-logs-api, namespace: {ns}}}\n\
-             subsets: [{{addresses: [{{ip: {ip}}}], ports: [{{name: https, port: {port}}}]}}]\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: pko-logs-api, namespace: {ns}, labels: {{kubernetes.io/service-name: pko-logs-api}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [{ip}], conditions: {{ready: true}}}}]\n\
+             ports: [{{name: https, port: {port}, protocol: TCP}}]\n---\n\
              apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: v1alpha1.logs.pulumi.com}}\n\
              spec: {{group: logs.pulumi.com, version: v1alpha1, insecureSkipTLSVerify: true, groupPriorityMinimum: 100,\
              versionPriority: 100, service: {{name: pko-logs-api, namespace: {ns}, port: 443}}}}\n"

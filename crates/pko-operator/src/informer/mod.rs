@@ -21,7 +21,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use pko_api::{Program, Stack, Update, Workspace};
+use pko_api::{Program, Receiver, Stack, Update, Workspace};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamMap;
@@ -311,14 +311,15 @@ impl<K: Watched> Slot<K> {
     }
 }
 
-/// The informers of one operator replica, one per kind: Stacks, Programs, Workspaces, Updates, and the agents'
-/// StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
+/// The informers of one operator replica, one per kind: Stacks, Programs, Receivers, Workspaces, Updates, and the
+/// agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
 pub struct Informers {
     client: kube::Client,
     scope: WatchScope,
     shards: Option<watch::Receiver<HeldShards>>,
     stacks: Slot<Stack>,
     programs: Slot<Program>,
+    receivers: Slot<Receiver>,
     workspaces: Slot<Workspace>,
     updates: Slot<Update>,
     stateful_sets: Slot<StatefulSet>,
@@ -337,6 +338,7 @@ impl Informers {
             shards: None,
             stacks: Slot::new(all(), true),
             programs: Slot::new(all(), false),
+            receivers: Slot::new(all(), false),
             workspaces: Slot::new(all(), true),
             updates: Slot::new(all(), true),
             stateful_sets: Slot::new(all().labels(WORKSPACE_COMPONENT_SELECTOR), true),
@@ -369,6 +371,11 @@ impl Informers {
     /// The Program informer.
     pub fn programs(&mut self) -> &mut Informer<Program> {
         self.programs.get(&self.client, &self.scope, self.shards.as_ref())
+    }
+
+    /// The Receiver informer (whole, like Programs: any replica may receive any hook).
+    pub fn receivers(&mut self) -> &mut Informer<Receiver> {
+        self.receivers.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The Workspace informer.
@@ -420,6 +427,7 @@ impl Informers {
         }
         add(&mut self.stacks, &mut waits, &mut runs, &shutdown);
         add(&mut self.programs, &mut waits, &mut runs, &shutdown);
+        add(&mut self.receivers, &mut waits, &mut runs, &shutdown);
         add(&mut self.workspaces, &mut waits, &mut runs, &shutdown);
         add(&mut self.updates, &mut waits, &mut runs, &shutdown);
         add(&mut self.stateful_sets, &mut waits, &mut runs, &shutdown);
