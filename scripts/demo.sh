@@ -63,7 +63,7 @@ fi
 for i in $(seq 0 $((REPLICAS - 1))); do
   setsid "$BIN/pko-operator" run --runtime local --agent-bin "$BIN/pko-agent" --program-fs-addr 127.0.0.1:$((19090 + i)) \
     --metrics-bind-address 127.0.0.1:$((18383 + i)) --health-probe-bind-address 127.0.0.1:$((18081 + i)) --namespaces $NS \
-    --logs-api-bind-address "$API_IP:$((18443 + i))" \
+    --logs-api-bind-address "$API_IP:$((18443 + i))" --webhook-bind-address 127.0.0.1:$((19292 + i)) \
     --local-work-dir "$DEMO/agents" --local-api-server "$KCFG_SERVER" --local-ca-file "$PKO_TESTBED_RUN/certs/ca.crt" \
     ${FLEET[@]+"${FLEET[@]}"} ${FLEET[@]+--replica-id demo-$i} \
     > "$DEMO/operator-$i.log" 2>&1 < /dev/null &
@@ -125,13 +125,39 @@ if [ "$REPLICAS" -gt 1 ]; then
   printf '  from-git'"'"'s shard is now held by %s, %.1f s after the kill (membership lease 15 s)\n' "$(shard_holder from-git)" "$(awk "BEGIN{print $(date +%s.%N) - $TK}")"
 fi
 
+step "a Receiver: the push is delivered as a GitHub webhook, signed with the Receiver's token"
+HOOK_TOKEN="$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
+kubectl -n $NS create secret generic demo-hook --from-literal=token="$HOOK_TOKEN" >/dev/null
+kubectl -n $NS apply -f - >/dev/null <<'YAML'
+apiVersion: pulumi.com/v1alpha1
+kind: Receiver
+metadata: {name: pushes}
+spec:
+  type: github
+  events: [push]
+  secretRef: {name: demo-hook}
+  resources: [{kind: Stack, name: from-git}]
+YAML
+for _ in $(seq 1 60); do HOOK_PATH="$(kubectl -n $NS get receiver pushes -o jsonpath='{.status.webhookPath}')"; [ -n "$HOOK_PATH" ] && break; sleep 0.5; done
+[ -n "$HOOK_PATH" ] || fail "the Receiver published no webhook path: $(kubectl -n $NS get receiver pushes -o jsonpath='{.status.conditions}')"
+kubectl -n $NS get receivers | sed 's/^/  /'
+for i in $(seq 0 $((REPLICAS - 1))); do [ -f "$DEMO/operator-$i.pid" ] && { HOOK_PORT=$((19292 + i)); break; }; done
+deliver() { # a GitHub push delivery of commit $1 to a live replica; signature $2 (default: the token's)
+  local body sig
+  body="{\"ref\":\"refs/heads/main\",\"after\":\"$1\",\"repository\":{\"clone_url\":\"git://127.0.0.1:$GIT_PORT/demo.git\"}}"
+  sig="${2:-$(printf '%s' "$body" | openssl dgst -sha256 -hmac "$HOOK_TOKEN" | awk '{print $NF}')}"
+  curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$HOOK_PORT$HOOK_PATH" -H 'X-GitHub-Event: push' \
+    -H "X-Hub-Signature-256: sha256=$sig" -d "$body"
+}
+echo "  a forged delivery (wrong signature) answers $(deliver 0000000000000000000000000000000000000000 00ff) and wakes nothing"
+
 step "a new commit on the tracked branch"
 NEW_SHA=$(demo_git_push_release_2)
 T1=$(date +%s.%N)
-for _ in $(seq 1 300); do
-  [ "$(kubectl -n $NS get stack from-git -o jsonpath='{.status.currentUpdate.commit}{.status.lastUpdate.lastAttemptedCommit}')" != "" ] \
-    && kubectl -n $NS get stack from-git -o jsonpath='{.status.currentUpdate.commit} {.status.lastUpdate.lastAttemptedCommit}' | grep -q "$NEW_SHA" && break
-  sleep 0.5
+echo "  push delivered: HTTP $(deliver "$NEW_SHA") (the 60 s poll of resyncFrequencySeconds stays as the fallback)"
+for _ in $(seq 1 1500); do
+  kubectl -n $NS get stack from-git -o jsonpath='{.status.currentUpdate.commit} {.status.lastUpdate.lastAttemptedCommit}' | grep -q "$NEW_SHA" && break
+  sleep 0.05
 done
 PUSH_S=$(awk "BEGIN{print $(date +%s.%N) - $T1}")
 kubectl -n $NS get stack from-git -o jsonpath='{.status.currentUpdate.commit} {.status.lastUpdate.lastAttemptedCommit}' | grep -q "$NEW_SHA" || fail "no update for commit $NEW_SHA"
@@ -140,6 +166,8 @@ for _ in $(seq 1 120); do
 done
 kubectl -n $NS get updates -l pulumi.com/stack-name=from-git
 echo "  from-git outputs: $(kubectl -n $NS get stack from-git -o jsonpath='{.status.outputs}')"
+echo "  kubectl pko receivers:"
+PATH="$BIN:$PATH" kubectl pko receivers -n $NS | sed 's/^/    /'
 
 step "what Pulumi printed: kubectl pko logs stack/from-git (kept by the operator, outside etcd)"
 # the aggregated API logs.pulumi.com, served by every live replica, routed by an APIService (the chart makes it
@@ -192,4 +220,4 @@ echo "  $(cat "$DEMO/destroyed-dev.txt") (written by the command provider's dele
 echo
 FLEET_NOTE=""
 [ "$REPLICAS" -gt 1 ] && FLEET_NOTE=" ($REPLICAS replicas; the push ran on $(shard_holder from-git) after $VICTIM was killed)"
-printf 'DEMO OK: 3 stacks Ready %.1f s after apply, branch push -> new update in %.1f s%s, destroyOnFinalize destroyed the resources. `make demo-down` cleans up.\n' "$READY_S" "$PUSH_S" "$FLEET_NOTE"
+printf 'DEMO OK: 3 stacks Ready %.1f s after apply, branch push -> new update in %.1f s (a signed webhook to a Receiver)%s, destroyOnFinalize destroyed the resources. `make demo-down` cleans up.\n' "$READY_S" "$PUSH_S" "$FLEET_NOTE"

@@ -20,6 +20,8 @@ enum Command {
     Status(StatusArgs),
     /// The fleet's replicas: live or not, shards held and their epochs, from the fleet's Leases.
     Fleet(FleetArgs),
+    /// Receivers (push webhooks): path, readiness, the last delivery and the Stacks it woke.
+    Receivers(ReceiversArgs),
     /// Request a sync of a Stack now (PKO's pulumi.com/reconciliation-request annotation).
     Sync(AnnotateArgs),
     /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop after 30 s; the
@@ -28,6 +30,16 @@ enum Command {
     /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request), when the operator
     /// finds every holder dead; prints its verdict, exits 1 when refused.
     Unlock(UnlockArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ReceiversArgs {
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    all_namespaces: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -126,6 +138,7 @@ fn main() -> std::process::ExitCode {
             Command::Logs(a) => logs_command(a).await,
             Command::Status(a) => status_command(a).await,
             Command::Fleet(a) => fleet_command(a).await,
+            Command::Receivers(a) => receivers_command(a).await,
             Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
             Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
             Command::Unlock(a) => unlock_command(a).await,
@@ -289,6 +302,16 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> kube::api::
         kind: kind.into(),
         plural: plural.into(),
     }
+}
+
+async fn receivers_command(a: ReceiversArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = (!a.all_namespaces).then(|| a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone()));
+    let client = kube::Client::try_from(config)?;
+    let receivers =
+        list(&client, ns.as_deref(), &resource("pulumi.com", "v1alpha1", "Receiver", "receivers"), "").await?;
+    println!("{}", pko_cli::receivers::table(&receivers, a.all_namespaces));
+    Ok(())
 }
 
 async fn status_command(a: StatusArgs) -> anyhow::Result<()> {
