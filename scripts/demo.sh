@@ -115,6 +115,8 @@ if [ "$REPLICAS" -gt 1 ]; then
   python3 "$ROOT/scripts/shard_table.py" holders $NS | awk '{print $2}' | sort | uniq -c | sed 's/^/   /'
   for s in hello configured from-git; do echo "  stack $s: shard $(kubectl -n $NS get stack $s -o jsonpath='{.metadata.labels.pulumi\.com/shard}'), held by $(shard_holder $s)"; done
   echo "  the queue in redis ($REDIS_URL, prefix pko-demo): $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:job:*' | wc -l) job(s) recorded, fences: $(redis-cli -u "$REDIS_URL" --scan --pattern 'pko-demo:fence:*' | wc -l) shard(s)"
+  echo "  kubectl pko fleet (the fleet found from its Leases, no flags):"
+  PATH="$BIN:$PATH" kubectl pko fleet | sed 's/^/    /'
   VICTIM=$(shard_holder from-git); VICTIM_I=${VICTIM#demo-}
   step "SIGKILL of replica $VICTIM (it holds from-git's shard)"
   kill -KILL -- "-$(cat "$DEMO/operator-$VICTIM_I.pid")" 2>/dev/null || kill -KILL "$(cat "$DEMO/operator-$VICTIM_I.pid")"

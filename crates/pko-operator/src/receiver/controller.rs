@@ -20,6 +20,10 @@ pub const STATUS_FIELD_MANAGER: &str = "pulumi-kubernetes-operator/receiver-stat
 /// How soon a Receiver stalled on its Secret looks again (Secrets do not wake it).
 const SECRET_RETRY: Duration = Duration::from_secs(30);
 
+/// How often a Ready Receiver's token is read again (from the Secret cache: no request unless it changed), so that a
+/// rotated token publishes its new path.
+const TOKEN_RECHECK: Duration = Duration::from_secs(300);
+
 /// A Receiver reconcile's failure, by step.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -122,7 +126,8 @@ pub async fn reconcile(receiver: Arc<Receiver>, ctx: Arc<Context>) -> Result<Act
         tracing::info!(receiver = %format!("{ns}/{name}"), path = ?desired.webhook_path, "receiver status");
     }
     Ok(match token {
-        Ok(_) => Action::await_change(),
+        // a rotated token changes the path: looked at again now and then (a Secret does not wake its Receiver)
+        Ok(_) => Action::requeue(TOKEN_RECHECK),
         Err(_) => Action::requeue(SECRET_RETRY),
     })
 }

@@ -137,29 +137,41 @@ async fn accepted(h: &Hooks, receiver: &Receiver, headers: &HeaderMap, body: &By
     }
 }
 
-/// Asks each Stack of the Receiver's namespace that `push` concerns (and has no request pending) to sync; their
-/// names.
+/// Asks each Stack of the Receiver's namespace that `push` concerns (and has no request pending) to sync, 16 patches
+/// in flight; their names.
 ///
 /// Errors: the list or a patch failed (the host retries the delivery; a repeated request is a no-op).
 async fn request_syncs(h: &Hooks, receiver: &Receiver, push: Option<&Push>) -> Result<Vec<String>, kube::Error> {
+    use futures::{StreamExt, TryStreamExt};
     let ns = receiver.namespace().unwrap_or_default();
     let stacks: Api<Stack> = Api::namespaced(h.client.clone(), &ns);
     let listed = stacks.list(&ListParams::default().match_any()).await?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     // a generic delivery has no revision: requests within one second are one
     let value = select::request_value(push, now.as_secs() as u128);
-    let mut woken = Vec::new();
-    for s in listed.items.iter().filter(|s| select::wakes(receiver, s, push)) {
-        let current = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
-        if current == Some(&value) || select::pending(s) {
-            continue;
-        }
-        let patch = serde_json::json!({"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
-        stacks.patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        metrics::counter!(crate::metric_names::WEBHOOK_SYNCS_TOTAL).increment(1);
-        woken.push(s.name_any());
-    }
-    Ok(woken)
+    let due: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|s| select::wakes(receiver, s, push))
+        .filter(|s| {
+            let current = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
+            current != Some(&value) && !select::pending(s)
+        })
+        .map(|s| s.name_any())
+        .collect();
+    let patch = serde_json::json!({"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});
+    futures::stream::iter(due.clone())
+        .map(|name| {
+            let (stacks, patch) = (stacks.clone(), patch.clone());
+            async move { stacks.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await }
+        })
+        .buffer_unordered(16)
+        .try_for_each(|_| async {
+            metrics::counter!(crate::metric_names::WEBHOOK_SYNCS_TOTAL).increment(1);
+            Ok(())
+        })
+        .await?;
+    Ok(due)
 }
 
 /// Records the delivery on the Receiver (best effort: a failed write is logged, the delivery stands).
