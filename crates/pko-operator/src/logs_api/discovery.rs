@@ -21,7 +21,11 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     let mut one = group;
     one["kind"] = json!("APIGroup");
     one["apiVersion"] = json!("v1");
-    let resource = |name: &str, kind: &str| json!({"name": name, "singularName": "", "namespaced": true, "kind": kind, "verbs": ["get"]});
+    let resource = |name: &str, kind: &str| {
+        let mut r = json!({"name": name, "singularName": "", "namespaced": true, "kind": kind});
+        r["verbs"] = json!(["get"]);
+        r
+    };
     let resources = json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
         "resources": [resource("stacks/log", "Stack"), resource("updates/log", "Update")]});
     let openapi = json!({"swagger": "2.0", "info": {"title": GROUP, "version": VERSION}, "paths": {}});
