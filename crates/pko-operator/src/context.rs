@@ -115,6 +115,17 @@ impl Context {
         kube::runtime::controller::Config::default().concurrency(self.reconcile_concurrency)
     }
 
+    /// A tick each time this replica gains shards (none outside a fleet): what a controller of a kind watched whole
+    /// (Programs, Receivers) reconciles everything on, since an object that was not its own may be now.
+    pub fn shards_gained_ticks(&self) -> Option<impl futures::Stream<Item = ()> + Send + 'static> {
+        self.shards_gained.clone().map(|gained| {
+            futures::stream::unfold(gained, |mut rx| async move {
+                rx.changed().await.ok()?;
+                Some(((), rx))
+            })
+        })
+    }
+
     /// How each controller runs: [`Self::controller_config`] until [`Self::shutdown`].
     pub fn running(&self) -> crate::k8s::Running {
         crate::k8s::Running { config: self.controller_config(), shutdown: self.shutdown.clone() }

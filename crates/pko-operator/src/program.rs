@@ -154,12 +154,9 @@ pub fn program_controller(
     let programs = informers.programs();
     let store = programs.store();
     let mut controller = kube::runtime::Controller::for_stream(programs.objects(), store.clone());
-    if let Some(gained) = ctx.shards_gained.clone() {
-        // Programs are watched whole: one that was not ours may be now
-        controller = controller.reconcile_all_on(futures::stream::unfold(gained, |mut rx| async move {
-            rx.changed().await.ok()?;
-            Some(((), rx))
-        }));
+    if let Some(ticks) = ctx.shards_gained_ticks() {
+        // watched whole: one that was not ours may be now
+        controller = controller.reconcile_all_on(ticks);
     }
     let run = async move { crate::k8s::run_controller(controller, ctx.running(), "program", reconcile, ctx).await };
     (store, run)

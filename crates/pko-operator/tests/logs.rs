@@ -344,6 +344,22 @@ async fn a_stack_s_output_is_tailed_live_kept_and_read_only_by_who_may_get_the_s
     assert!(out.contains("error: ") && out.contains("failed"), "the error and the result:\n{out}");
     assert!(!out.contains(secret), "the secret is masked:\n{out}");
 
+    // an Update's own log subresource, as `kubectl get --raw` reads it
+    let slow_update = updates
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|u| u.spec.workspace_name.as_deref() == Some("slow"))
+        .unwrap()
+        .metadata
+        .name
+        .unwrap();
+    let raw = format!("/apis/logs.pulumi.com/v1alpha1/namespaces/{}/updates/{slow_update}/log", ns.name());
+    let out = testbed().kubectl().args(["get", "--raw", &raw]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("+ command:local:Command slow created"), "updates/log: {text}");
     let (ok, out, err) = api_logs(&admin, ns.name(), "leaky", &[]).await;
     assert!(ok && out.contains("error: ") && !out.contains(secret), "through the API, masked:\n{out}{err}");
 

@@ -140,11 +140,9 @@ pub fn controller(
     let receivers = informers.receivers();
     let store = receivers.store();
     let mut controller = kube::runtime::Controller::for_stream(receivers.objects(), store.clone());
-    if let Some(gained) = ctx.shards_gained.clone() {
-        controller = controller.reconcile_all_on(futures::stream::unfold(gained, |mut rx| async move {
-            rx.changed().await.ok()?;
-            Some(((), rx))
-        }));
+    if let Some(ticks) = ctx.shards_gained_ticks() {
+        // watched whole: one that was not ours may be now
+        controller = controller.reconcile_all_on(ticks);
     }
     let run = async move { crate::k8s::run_controller(controller, ctx.running(), "receiver", reconcile, ctx).await };
     (store, run)
