@@ -113,6 +113,9 @@ pub mod stack_condition {
     pub const RETRYING_AFTER_FAILURE: &str = "RetryingAfterFailure";
     /// Reconciling reason after a failed preview (preview mode).
     pub const PREVIEW_FAILED: &str = "PreviewFailed";
+    /// Reconciling reason (ours, `spec.approval.mode: manual`): a saved plan waits for its approval
+    /// (`pulumi.com/approve-plan`).
+    pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
     /// Reconciling reason while a prerequisite Stack is not satisfied.
     pub const PREREQUISITE_NOT_SATISFIED: &str = "PrerequisiteNotSatisfied";
 
@@ -263,6 +266,17 @@ pub mod event_reason {
     pub const STACK_DRIFT_DETECTED: &str = "StackDriftDetected";
     /// Stack (ours): a drift check failed (Warning).
     pub const STACK_DRIFT_CHECK_FAILED: &str = "StackDriftCheckFailed";
+    /// Stack (ours, `spec.approval.mode: manual`): a preview saved a plan that awaits approval (Normal, naming the
+    /// plan, its change summary and how to approve it).
+    pub const STACK_APPROVAL_REQUIRED: &str = "StackApprovalRequired";
+    /// Stack (ours): the pending plan was approved; its constrained `up` was made (Normal).
+    pub const STACK_PLAN_APPROVED: &str = "StackPlanApproved";
+    /// Stack (ours): a `pulumi.com/approve-plan` value that names no pending plan (superseded, applied, never saved)
+    /// was refused (Warning, naming the pending plan if any).
+    pub const STACK_APPROVAL_REFUSED: &str = "StackApprovalRefused";
+    /// Stack (ours): a pending plan was superseded by a new revision, config or sync request before its approval
+    /// (Normal).
+    pub const STACK_PLAN_SUPERSEDED: &str = "StackPlanSuperseded";
     /// Stack: its Workspace was deleted by `workspaceReclaimPolicy: Delete` (Normal).
     pub const WORKSPACE_DELETED: &str = "WorkspaceDeleted";
     /// Workspace: the StatefulSet was recreated (Warning).

@@ -15,6 +15,7 @@
 // kube's `#[kube(printcolumn(...))]` repeats keys across columns; clippy reads them as duplicates.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod approval;
 pub mod conditions;
 pub mod constants;
 pub mod duration;

@@ -203,6 +203,10 @@ pub struct StackSpec {
     /// #1037 / branch `eron/drift-detection`; not in a PKO release).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_detection: Option<DriftDetection>,
+    /// Plan approval (ours, additive; tofu-controller's `approvePlan`): `mode: manual` runs each change as a preview
+    /// that saves a plan and waits for `pulumi.com/approve-plan: <plan id>` before `up --plan` runs exactly it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::Approval>,
 }
 
 /// Scheduled drift detection of a Stack (PKO's proposed `DriftDetectionSpec`, #1037).
@@ -518,6 +522,12 @@ pub struct StackStatus {
     /// Scheduled drift detection (`spec.driftDetection`): the last and next check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_detection: Option<DriftDetectionStatus>,
+    /// Ours: the plan this Stack saved last under `spec.approval.mode: manual`, and where it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::approval::StackPlan>,
+    /// Ours: the last `pulumi.com/approve-plan` value judged (approved, or refused with an event once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_approval: Option<String>,
 }
 
 /// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as

@@ -116,6 +116,15 @@ pub struct UpdateSpec {
     /// else (Failed `RunMismatch`); unset: not checked (made by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_digest: Option<String>,
+    /// Ours (additive), `preview` only: save the plan of the preview (`pulumi preview --save-plan`); its id lands in
+    /// `status.plan`, the plan itself in the operator's plan store (outside etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_plan: Option<bool>,
+    /// Ours (additive), `up` only: the id of a saved plan (`status.plan` of the preview that saved it) the update is
+    /// constrained to (`pulumi up --plan`): Pulumi fails it at the first step the plan does not contain. The plan must
+    /// have been saved for the Update's Workspace and run digest; otherwise the Update fails without running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
 }
 
 crate::open_enum! {
@@ -173,6 +182,9 @@ pub struct UpdateStatus {
     /// the request it received and ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_digest: Option<String>,
+    /// Ours: the id of the plan a `preview` with `spec.savePlan` saved (16 hex digits of its SHA-256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
 }
 
 /// Most entries of `status.resourceChanges` (the rest are counted in `changeSummary`).

@@ -1,9 +1,10 @@
 //! `kubectl-pko`, the operator's kubectl plugin: `kubectl pko logs stack/<name>` prints what Pulumi printed for a
 //! Stack's operations, read from the operator's aggregated API `logs.pulumi.com` through the API server (RBAC on
-//! `stacks/log`); `sync`, `cancel` and `unlock` annotate the Stack with the caller's own rights; `status`, `fleet` and
-//! `receivers` read the objects and Leases.
+//! `stacks/log`); `sync`, `cancel`, `unlock` and `approve` annotate the Stack with the caller's own rights;
+//! `status`, `plan`, `fleet` and `receivers` read the objects and Leases.
 
 pub mod annotate;
+pub mod approve;
 pub mod discover;
 pub mod fleet;
 pub mod logs;

@@ -27,6 +27,11 @@ enum Command {
     /// Cancel a Stack's running operation (pulumi.com/cancel-request): Ctrl-C on its agent, a hard stop after 30 s; the
     /// Stack then waits until its spec or source changes or `kubectl pko sync`.
     Cancel(AnnotateArgs),
+    /// Approve the plan a Stack waits on (spec.approval.mode: manual): sets pulumi.com/approve-plan to its id, which
+    /// runs `pulumi up --plan` with exactly that plan. Refused unless it is the pending plan.
+    Approve(ApproveArgs),
+    /// Show a Stack's saved plan (id, state, changes, what it was made from) and the preview that saved it.
+    Plan(PlanArgs),
     /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request), when the operator
     /// finds every holder dead; prints its verdict, exits 1 when refused.
     Unlock(UnlockArgs),
@@ -40,6 +45,24 @@ struct ReceiversArgs {
     /// Every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     all_namespaces: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct ApproveArgs {
+    #[command(flatten)]
+    stack: AnnotateArgs,
+    /// The plan's id (`status.plan.id`, printed by `kubectl pko plan` and in the AwaitingApproval condition).
+    #[arg(long)]
+    plan: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
+    #[command(flatten)]
+    stack: AnnotateArgs,
+    /// Only the plan's summary, not the preview's output.
+    #[arg(long)]
+    summary: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -142,6 +165,8 @@ fn main() -> std::process::ExitCode {
             Command::Sync(a) => annotate_command(a, pko_cli::annotate::SYNC, "sync requested").await,
             Command::Cancel(a) => annotate_command(a, pko_cli::annotate::CANCEL, "cancel requested").await,
             Command::Unlock(a) => unlock_command(a).await,
+            Command::Approve(a) => approve_command(a).await,
+            Command::Plan(a) => plan_command(a).await,
         }
     };
     let result = tokio::runtime::Builder::new_current_thread()
@@ -223,6 +248,44 @@ async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyh
     pko_cli::annotate::annotate(client, &ns, &stack, annotation, &value).await?;
     println!("stack.pulumi.com/{stack} {done} ({annotation}={value})");
     Ok(())
+}
+
+/// The Stack `a` names, as JSON, with the client and namespace it was read with.
+async fn read_stack(a: &AnnotateArgs) -> anyhow::Result<(kube::Client, String, String, serde_json::Value)> {
+    let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), &ns, &pko_cli::annotate::stacks());
+    let Some(found) = api.get_opt(&stack).await? else { anyhow::bail!("stack {ns}/{stack} not found") };
+    Ok((client, ns, stack, serde_json::to_value(found)?))
+}
+
+/// Approves the Stack's pending plan when `--plan` names it.
+async fn approve_command(a: ApproveArgs) -> anyhow::Result<()> {
+    let (client, ns, stack, found) = read_stack(&a.stack).await?;
+    pko_cli::approve::check(&found, &a.plan).map_err(anyhow::Error::msg)?;
+    pko_cli::annotate::annotate(client, &ns, &stack, pko_cli::approve::APPROVE_PLAN, &a.plan).await?;
+    println!("stack.pulumi.com/{stack} plan {} approved ({}={})", a.plan, pko_cli::approve::APPROVE_PLAN, a.plan);
+    Ok(())
+}
+
+/// Prints the Stack's plan, then what the preview that saved it printed.
+async fn plan_command(a: PlanArgs) -> anyhow::Result<()> {
+    let (_, ns, stack, found) = read_stack(&a.stack).await?;
+    let Some(text) = pko_cli::approve::describe(&found) else {
+        anyhow::bail!("stack {ns}/{stack} has no saved plan (spec.approval.mode: manual saves one per change)")
+    };
+    println!("{text}");
+    let update = found["status"]["plan"]["update"].as_str().map(str::to_string);
+    if a.summary || update.is_none() {
+        return Ok(());
+    }
+    println!();
+    let req = tail::Request { stack: format!("{ns}/{stack}"), update, follow: false, all: false, timestamps: false };
+    let client = kube::Client::try_from(kube::Config::infer().await?)?;
+    logs::stream_via_api(&client, &ns, &stack, &req).await
 }
 
 /// Sets the Stack's unlock request, then waits for the operator's verdict (its event) and prints it.

@@ -38,6 +38,9 @@ pub struct Context {
     /// Where operations' output is kept (`pko_queue::output`): the fleet's Redis with `--redis-url`, else this
     /// replica's memory.
     pub output: Arc<dyn pko_queue::output::OutputStore>,
+    /// Where Stacks' saved plans are kept between their preview and their approved `up` (`pko_queue::plans`): the
+    /// fleet's Redis with `--redis-url`, else this replica's memory.
+    pub plans: Arc<dyn pko_queue::plans::PlanStore>,
     /// The idle timeout of an operation whose Update sets none (`--update-idle-timeout`, PKO's 30 min default); `None`:
     /// none.
     pub update_idle_timeout: Option<std::time::Duration>,
@@ -102,6 +105,7 @@ impl Context {
             drift_min_interval: DEFAULT_DRIFT_MIN_INTERVAL,
             github_api_url: pko_git::github_app::DEFAULT_API_URL.into(),
             output: Arc::new(pko_queue::output::MemoryOutput::new(pko_queue::output::Limits::default())),
+            plans: Arc::new(pko_queue::plans::MemoryPlans::default()),
             update_idle_timeout: Some(DEFAULT_UPDATE_IDLE_TIMEOUT),
             operation_timeout: None,
             placement: Placement::here(None, None),

@@ -58,6 +58,8 @@ pub const RUN_MISMATCHES_TOTAL: &str = "pko_run_mismatches_total";
 /// Counter, label `reason` (`IdleTimeout`, `DeadlineExceeded`, `Canceled`): operations a limit or a cancel request
 /// stopped on their agent (`update::limits`).
 pub const OPERATIONS_STOPPED_TOTAL: &str = "pko_operations_stopped_total";
+/// Summary in bytes: the size of each saved plan kept (`update::plans`, `spec.approval.mode: manual`).
+pub const PLAN_BYTES: &str = "pko_plan_bytes";
 /// Counter: operation output lines the output store did not take (`update::capture`).
 pub const OUTPUT_LINES_LOST_TOTAL: &str = "pko_output_lines_lost_total";
 /// Gauge, label `namespace`: operations waiting in this replica's queue.

@@ -62,6 +62,7 @@ pub struct Running {
 struct ContextParts {
     drift_slots: Arc<dyn pko_queue::slots::Slots>,
     output: Arc<dyn pko_queue::output::OutputStore>,
+    plans: Arc<dyn pko_queue::plans::PlanStore>,
     secrets: crate::secret_cache::SecretCache,
     gained: Option<tokio::sync::watch::Receiver<u64>>,
 }
@@ -122,8 +123,7 @@ impl Operator {
         // the fleet: held shards decide what this replica owns and which objects its informers watch
         let replica = Self::replica(&client, &fleet, &operations).await?;
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
-        let drift_slots = Self::drift_slots(redis.as_deref(), operations.max_concurrent_drift_checks);
-        let output = Self::output(redis.as_deref(), &operations);
+        let (drift_slots, output, plans) = Self::stores(redis.as_deref(), &operations);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
         let watch_client = watch_client.unwrap_or_else(|| client.clone());
         let (secrets, secret_watch) =
@@ -140,7 +140,8 @@ impl Operator {
             Some(m) => m.ownership.clone(),
             None => Self::single_ownership(&operations.namespaces),
         };
-        let parts = ContextParts { drift_slots, output, secrets, gained: member.as_ref().map(|m| m.gained.clone()) };
+        let parts =
+            ContextParts { drift_slots, output, plans, secrets, gained: member.as_ref().map(|m| m.gained.clone()) };
         let ctx = Self::context(&client, advertised, ownership, &operations, &fleet, parts, &shutdown);
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
         let mut informers = Informers::new(watch_client.clone(), scope.clone());
@@ -207,7 +208,7 @@ impl Operator {
         parts: ContextParts,
         shutdown: &CancellationToken,
     ) -> Arc<Context> {
-        let ContextParts { drift_slots, output, secrets, gained } = parts;
+        let ContextParts { drift_slots, output, plans, secrets, gained } = parts;
         Arc::new(Context {
             reconcile_concurrency: operations.max_concurrent_reconciles,
             shutdown: shutdown.clone(),
@@ -216,6 +217,7 @@ impl Operator {
             drift_min_interval: std::time::Duration::from_secs(operations.min_drift_check_interval_seconds),
             github_api_url: operations.github_api_url.clone(),
             output,
+            plans,
             update_idle_timeout: Some(operations.update_idle_timeout).filter(|d| !d.is_zero()),
             operation_timeout: Some(operations.operation_timeout).filter(|d| !d.is_zero()),
             placement: fleet.placement(),
@@ -284,6 +286,25 @@ impl Operator {
         match redis {
             Some(q) => Arc::new(q.output(limits)),
             None => Arc::new(pko_queue::output::MemoryOutput::new(limits)),
+        }
+    }
+
+    /// What the replicas share beside the queue: the drift-check slots, the operations' output, the saved plans.
+    #[allow(clippy::type_complexity)]
+    fn stores(
+        redis: Option<&crate::queue::redis::RedisQueue>,
+        operations: &crate::args::OperationArgs,
+    ) -> (Arc<dyn pko_queue::slots::Slots>, Arc<dyn pko_queue::output::OutputStore>, Arc<dyn pko_queue::plans::PlanStore>)
+    {
+        let slots = Self::drift_slots(redis, operations.max_concurrent_drift_checks);
+        (slots, Self::output(redis, operations), Self::plans(redis))
+    }
+
+    /// Where saved plans are kept: the fleet's Redis with `--redis-url`, else this replica's memory.
+    fn plans(redis: Option<&crate::queue::redis::RedisQueue>) -> Arc<dyn pko_queue::plans::PlanStore> {
+        match redis {
+            Some(q) => Arc::new(q.plans()),
+            None => Arc::new(pko_queue::plans::MemoryPlans::default()),
         }
     }
 

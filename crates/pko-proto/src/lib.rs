@@ -6,6 +6,7 @@ pub mod digest;
 pub mod json;
 pub mod lines;
 pub mod locks;
+pub mod plan;
 
 /// `pko.agent.v1`.
 pub mod v1 {

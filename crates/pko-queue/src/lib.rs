@@ -8,6 +8,7 @@
 pub mod connect;
 pub mod fair;
 pub mod output;
+pub mod plans;
 pub mod redis;
 pub mod slots;
 pub mod tail;

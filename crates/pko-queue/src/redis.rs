@@ -174,6 +174,11 @@ impl RedisQueue {
         crate::output::RedisOutput::new(self.pool.clone(), self.prefix.clone(), limits)
     }
 
+    /// The fleet's saved plans ([`crate::plans`]), under this queue's prefix.
+    pub fn plans(&self) -> crate::plans::RedisPlans {
+        crate::plans::RedisPlans::new(self.pool.clone(), self.prefix.clone())
+    }
+
     /// Checks that Redis answers.
     ///
     /// Errors: the connection's.

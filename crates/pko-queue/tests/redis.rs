@@ -370,3 +370,38 @@ async fn operation_output_is_shared_by_the_fleet_bounded_and_kept_once() {
     assert_eq!(b.read("ns/s", "u1", None).await.unwrap(), None, "the oldest is gone, stream and all");
     assert_eq!(b.operations("ns/other").await.unwrap(), vec![]);
 }
+
+/// Saved plans in the fleet's Redis: any replica reads the plan another kept, bytes and all; a Stack keeps only its
+/// latest plan; the key expires.
+#[tokio::test]
+async fn a_saved_plan_is_read_by_any_replica_and_replaced_by_the_next() {
+    use pko_queue::plans::{PLAN_TTL_SECONDS, PlanMeta, PlanStore, SavedPlan};
+    let bed = testbed();
+    let prefix = bed.redis_prefix("plans");
+    let a = RedisQueue::new(bed.redis_url(), &prefix, "a", pko_queue::NamespaceLimits::NONE).unwrap().plans();
+    let b = RedisQueue::new(bed.redis_url(), &prefix, "b", pko_queue::NamespaceLimits::NONE).unwrap().plans();
+    let plan = |id: &str, bytes: &[u8]| SavedPlan {
+        meta: PlanMeta {
+            id: id.into(),
+            update: format!("s-{id}"),
+            run_digest: "sha256:ab".into(),
+            revision: "c0ffee".into(),
+            saved: "2026-11-28T20:00:00Z".into(),
+        },
+        bytes: bytes.to_vec(),
+    };
+    assert_eq!(b.get("ns/s").await.unwrap(), None);
+    let first = plan("1111111111111111", b"{\"a\":\x00\xff}");
+    a.put("ns/s", &first).await.unwrap();
+    assert_eq!(b.get("ns/s").await.unwrap(), Some(first), "another replica reads it, binary bytes intact");
+    let second = plan("2222222222222222", b"{}");
+    b.put("ns/s", &second).await.unwrap();
+    assert_eq!(a.get("ns/s").await.unwrap(), Some(second), "the next plan replaces it");
+    assert_eq!(a.get("ns/t").await.unwrap(), None, "per Stack");
+    let ttl = std::process::Command::new("redis-cli")
+        .args(["-u", bed.redis_url(), "TTL", &format!("{prefix}:plan:ns/s")])
+        .output()
+        .unwrap();
+    let ttl: u64 = String::from_utf8_lossy(&ttl.stdout).trim().parse().unwrap();
+    assert!(ttl > PLAN_TTL_SECONDS - 60 && ttl <= PLAN_TTL_SECONDS, "expires in 7 days, not {ttl} s");
+}

@@ -30,6 +30,8 @@ pub(super) struct Step<'a> {
     pub(super) known_key: &'a str,
     /// Lock holders the operator judged dead on an unlock request (`OperationRequest.release_locks`).
     pub(super) released: &'a [pko_proto::v1::LockHolder],
+    /// The operation's saved plan file, when it saves or runs one ([`super::plan_file`]).
+    pub(super) plan: Option<&'a super::plan_file::PlanFile>,
 }
 
 /// Most resources a drift check's result names (the change summary counts them all).
@@ -129,6 +131,7 @@ fn start(
     step: &Step<'_>,
 ) -> Result<(tokio::process::Child, Vec<String>), Failure> {
     let mut args = pulumi::operation_args(step.kind, step.stack, step.options);
+    args.extend(step.plan.map(super::plan_file::PlanFile::args).unwrap_or_default());
     if ctx.log_level > 0 {
         args.extend(["-v".into(), ctx.log_level.to_string(), "--logtostderr".into(), "--logflow".into()]);
     }

@@ -19,6 +19,7 @@ use crate::values::ValueResolver;
 
 mod engine;
 mod env;
+mod plan_file;
 mod stack_config;
 mod workspace_dir;
 
@@ -207,6 +208,9 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
         field: String::new(),
     });
     let end_time = Some(crate::convert::now());
+    // a preview that saves a plan gets a stand-in plan of its own (never run: hollow agents run no up either)
+    let saves = req.options.as_ref().is_some_and(|o| o.save_plan) && status == ResultStatus::Succeeded;
+    let plan = if saves { format!("{{\"hollow\":true,\"operation\":{:?}}}", op.id).into_bytes() } else { Vec::new() };
     let result = OperationResult {
         status: status as i32,
         message,
@@ -214,6 +218,8 @@ async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::D
         start_time: Some(start),
         end_time,
         run_digest,
+        plan_id: if plan.is_empty() { String::new() } else { pko_proto::plan::id(&plan) },
+        plan,
         ..Default::default()
     };
     tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
@@ -285,6 +291,7 @@ async fn execute(
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
     let cache = open_stack_cache(ctx, op, &known_key, &mut env);
+    let plan = plan_file::prepare(kind, &options, &env)?;
     let step = Step {
         kind,
         stack: &stack.name,
@@ -293,8 +300,12 @@ async fn execute(
         options: &options,
         known_key: &known_key,
         released: &req.release_locks,
+        plan: plan.as_ref(),
     };
-    let outcome = operate_through_locks(ctx, op, &step, masker, result).await;
+    let mut outcome = operate_through_locks(ctx, op, &step, masker, result).await;
+    if let (Ok(()), Some(p)) = (&outcome, &plan) {
+        outcome = p.collect(result);
+    }
     if let (Some(caches), Some(opened)) = (&ctx.stack_caches, cache)
         && let Err(e) = caches.close(opened)
     {

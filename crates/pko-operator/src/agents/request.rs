@@ -205,6 +205,15 @@ pub fn build(
             return Err(err("spec.type", format!("unsupported update type {t:?}; one of {}", UpdateType::expected())));
         }
     };
+    let save_plan = update.save_plan.unwrap_or(false);
+    if save_plan && kind != pb::OperationType::Preview {
+        return Err(err("spec.savePlan", "only a preview saves a plan"));
+    }
+    let plan_id = update.plan.clone().unwrap_or_default();
+    if !plan_id.is_empty() && (kind != pb::OperationType::Up || !pko_proto::plan::is_id(&plan_id)) {
+        let why = format!("an up runs with a saved plan named by its id (16 lowercase hex digits), not {plan_id:?}");
+        return Err(err("spec.plan", why));
+    }
     let mut r = on_workspace(operation_id, epoch, namespace, workspace, stack_name, kind)?;
     r.options = Some(pb::OperationOptions {
         parallel: update.parallel.unwrap_or(0),
@@ -218,6 +227,10 @@ pub fn build(
         remove: update.remove.unwrap_or(false),
         run_program: update.run_program.unwrap_or(false),
         preview_only: update.preview_only.unwrap_or(false),
+        save_plan,
+        plan_id,
+        // the plan's bytes come from the plan store at dispatch (`update::plans::attach`)
+        plan: Vec::new(),
     });
     Ok(r)
 }

@@ -109,6 +109,8 @@ pub struct Operation<'a> {
     pub started: &'a (dyn Fn() + Send + Sync),
     /// Where the lines the operation prints are kept ([`super::capture`]).
     pub output: &'a dyn pko_queue::output::OutputStore,
+    /// Where saved plans are kept ([`super::plans`]).
+    pub plans: &'a dyn pko_queue::plans::PlanStore,
     /// Where the outputs it writes are handed to this replica's Stack controller.
     pub outputs: &'a crate::outputs::Written,
     /// The Secrets its request names, read only when changed.
@@ -196,6 +198,9 @@ async fn request_for(op: &Operation<'_>) -> Result<Result<OperationRequest, Stri
     r.release_locks = request::release_locks(
         op.update.annotations().get(pko_api::constants::RELEASE_LOCKS_ANNOTATION).map(String::as_str),
     );
+    if let Err(message) = super::plans::attach(op.plans, op.update, &mut r).await.map_err(DispatchError::Values)? {
+        return Ok(Err(message));
+    }
     match request::complete(
         op.client,
         op.secrets,
@@ -430,10 +435,15 @@ async fn record(
     result: &OperationResult,
     limit: Option<Limit>,
 ) -> Result<(), DispatchError> {
-    let (phase, message) = match &limit {
+    let (mut phase, mut message) = match &limit {
         Some(l) => (Phase::Failed { reason: l.reason().into(), message: l.message() }, l.message()),
         None => status::phase_of(&op.update.spec, result),
     };
+    // a preview's plan is kept before the Update says it succeeded: nothing waits on a plan not kept
+    let plan = super::plans::keep(op.plans, op.update, result).await.unwrap_or_else(|why| {
+        (phase, message) = (Phase::Failed { reason: uc::UNKNOWN.into(), message: why.clone() }, why);
+        None
+    });
     let outputs = if phase == Phase::Succeeded && op.update.spec.update_type == Some(pko_api::UpdateType::Up) {
         write_outputs(op, result).await?
     } else {
@@ -447,6 +457,7 @@ async fn record(
         outputs,
         &pko_api::conditions::now(),
     );
+    let st = UpdateStatus { plan, ..st };
     op.fence.check()?;
     write_status(&op.api(), op.update, &st).await?;
     op.fence.check()?;

@@ -9,5 +9,6 @@ pub mod controller;
 pub mod dispatch;
 pub mod fence;
 pub mod limits;
+pub mod plans;
 pub mod status;
 pub mod worker;

@@ -233,6 +233,7 @@ impl UpdateController {
             fence,
             started: &started,
             output: self.ctx.output.as_ref(),
+            plans: self.ctx.plans.as_ref(),
             outputs: &self.ctx.outputs,
             secrets: &self.ctx.secrets,
             limits: super::limits::Limits { idle: self.ctx.update_idle_timeout, overall: self.ctx.operation_timeout },

@@ -558,6 +558,7 @@ pub async fn dispatch_into(
         fence: &fence,
         started: &|| {},
         output,
+        plans: &pko_queue::plans::MemoryPlans::default(),
         outputs: &pko_operator::outputs::Written::default(),
         secrets: &pko_operator::secret_cache::SecretCache::default(),
         limits: pko_operator::update::limits::Limits::default(),

@@ -142,6 +142,8 @@ pub(super) struct Pass {
     pub effects: Vec<Effect>,
     /// The pass's one clock reading.
     pub now: Time,
+    /// What plan approval lets the pass do ([`crate::stack::approval`]); judged by the sync step.
+    pub gate: crate::stack::approval::Gate,
 }
 
 impl Pass {
@@ -162,7 +164,8 @@ impl Pass {
         };
         draft.observed_cancel_request = cancel_asked;
         draft.conditions.get_or_insert_default();
-        Pass { stack, draft, write, requests, effects: Vec::new(), now: pko_api::conditions::now() }
+        let (effects, now, gate) = (Vec::new(), pko_api::conditions::now(), crate::stack::approval::Gate::Off);
+        Pass { stack, draft, write, requests, effects, now, gate }
     }
 
     pub fn ns(&self) -> String {

@@ -16,6 +16,7 @@ use serde_json::json;
 use super::pass::{Effect, Halt, Pass, Step, Work, await_change, look_again};
 use super::{Error, StackController, drift_steps};
 use crate::k8s::{self, Severity};
+use crate::stack::approval::{self, Gate};
 use crate::stack::plan::{self, RetryPolicy, Sync};
 use crate::stack::source::{self, Resolved, ResolvedSource};
 use crate::stack::{absorb, conditions, drift, io, messages, prerequisites as prereq, unlock as unlocking};
@@ -94,6 +95,11 @@ async fn absorb_finished(
     }
     p.draft.last_update = Some(a.last_update.clone());
     p.draft.current_update = None;
+    let (plan, note) = approval::absorbed(p.draft.plan.as_ref(), &u, cur, (a.succeeded, &a.message), &p.now);
+    p.draft.plan = plan;
+    if let Some((severity, reason, note)) = note {
+        p.event(severity, reason, note);
+    }
     if a.succeeded {
         p.event(Severity::Normal, ev::STACK_CREATED, "Successfully updated stack".into());
     } else {
@@ -198,6 +204,10 @@ pub(super) fn sync(
     source: &ResolvedSource,
     workspace_stall: Option<(&str, &str)>,
 ) -> Step<Work> {
+    approval_gate(p, source)?;
+    if let Gate::Apply(id) = &p.gate {
+        return Ok(Work::Update(format!("Plan {id} approved")));
+    }
     // an accepted unlock runs the operation again now (past a backoff, a retry budget spent)
     if p.requests.release.is_some() {
         return Ok(Work::Update(messages::UNLOCK_REASON.into()));
@@ -211,6 +221,11 @@ pub(super) fn sync(
         Sync::Synced { conditions: verdict, requeue_after } => (verdict, requeue_after),
     };
     let ready = verdict == plan::Conditions::Ready;
+    // gated: a succeeded preview is not a sync (its plan was superseded, or lost)
+    let previewed = p.draft.last_update.as_ref().is_some_and(|l| l.update_type == Some(UpdateType::Preview));
+    if ready && p.gate == Gate::Open && previewed {
+        return Ok(Work::Update("Plan not applied yet".into()));
+    }
     match verdict {
         plan::Conditions::Ready => {
             let (generation, now) = (p.generation(), p.now.clone());
@@ -235,6 +250,23 @@ pub(super) fn sync(
         p.effects.push(Effect::ReclaimWorkspace);
     }
     Err(Halt::Done(requeue_after.map(Action::requeue).unwrap_or_else(Action::await_change)))
+}
+
+/// Step 5, first: plan approval ([`approval`]): the Stack's plan and observed approval judged, their events; a
+/// pending plan not approved halts the pass `AwaitingApproval` (looked at again at the branch's poll period: a new
+/// commit supersedes it).
+fn approval_gate(p: &mut Pass, source: &ResolvedSource) -> Step {
+    let judged = approval::judge(&p.stack, &p.draft, &source.revision(), p.deleting());
+    p.draft.plan = judged.plan;
+    p.draft.observed_approval = judged.observed_approval;
+    for (severity, reason, note) in judged.notes {
+        p.event(severity, reason, note);
+    }
+    p.gate = judged.gate;
+    let Gate::Await(message) = p.gate.clone() else { return Ok(()) };
+    p.reconciling(sc::AWAITING_APPROVAL, &message);
+    let poll = p.stack.spec.branch.is_some().then(|| plan::resync_period(&p.stack));
+    Err(Halt::Done(poll.map(Action::requeue).unwrap_or_else(Action::await_change)))
 }
 
 /// Step 6: prerequisites (not while deleting: a missing prerequisite never blocks a destroy, PKO #751).

@@ -12,6 +12,7 @@ use pko_api::{Update, UpdateType, Workspace};
 use super::pass::{Halt, LOOK_AGAIN, Pass, Step, await_change, look_again};
 use super::{Error, StackController};
 use crate::k8s::Severity;
+use crate::stack::approval::Gate;
 use crate::stack::source::ResolvedSource;
 use crate::stack::{build, drift, io, messages};
 
@@ -122,8 +123,22 @@ fn update_object(p: &mut Pass, ws: &Workspace, name: &str, revision: &str, reaso
     if !p.deleting() && update.spec.update_type == Some(UpdateType::Up) && drift::remediating(&p.draft) {
         update.spec.refresh = Some(true);
     }
+    gate(&mut update, &p.gate);
     build::pin_run(&mut update, &p.stack, ws, revision);
     Ok(update)
+}
+
+/// Plan approval on the Update of a sync ([`crate::stack::approval`]): gated, an `up` becomes a preview that saves a
+/// plan; approved, the `up` is constrained to the plan. Pure.
+fn gate(update: &mut Update, gate: &Gate) {
+    match gate {
+        Gate::Open if update.spec.update_type == Some(UpdateType::Up) => {
+            update.spec.update_type = Some(UpdateType::Preview);
+            update.spec.save_plan = Some(true);
+        }
+        Gate::Apply(id) if update.spec.update_type == Some(UpdateType::Up) => update.spec.plan = Some(id.clone()),
+        _ => {}
+    }
 }
 
 /// The API server refused the Update: a spec it will never take stalls the Stack (`currentUpdate` undone) until the
