@@ -116,6 +116,8 @@ pub mod stack_condition {
     /// Reconciling reason (ours, `spec.approval.mode: manual`): a saved plan waits for its approval
     /// (`pulumi.com/approve-plan`).
     pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+    /// Reconciling reason (ours): a StackRollout holds the Stack's new revision (`status.rollout` says why).
+    pub const ROLLOUT_HELD: &str = "RolloutHeld";
     /// Reconciling reason while a prerequisite Stack is not satisfied.
     pub const PREREQUISITE_NOT_SATISFIED: &str = "PrerequisiteNotSatisfied";
 

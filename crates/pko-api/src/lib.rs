@@ -7,6 +7,7 @@
 //! | `Workspace` | `auto.pulumi.com/v1alpha1` | [`workspace`] |
 //! | `Update` | `auto.pulumi.com/v1alpha1` | [`update`] |
 //! | `Receiver` | `pulumi.com/v1alpha1` (ours) | [`receiver`] |
+//! | `StackRollout` | `pulumi.com/v1alpha1` (ours) | [`rollout`] |
 //!
 //! Field names, defaults, condition types and reasons, printer columns, finalizers, labels and annotations follow PKO
 //! v2.9 (see `docs/api.md`). [`crds`] builds the CustomResourceDefinitions written to `deploy/crds/` by `pko-operator
@@ -24,6 +25,7 @@ pub mod open_enum;
 pub mod program;
 pub mod receiver;
 pub mod reference;
+pub mod rollout;
 pub mod schema;
 pub mod shard;
 pub mod shared;
@@ -34,6 +36,7 @@ pub mod workspace;
 
 pub use program::{Program, ProgramSpec, ProgramStatus};
 pub use receiver::{Receiver, ReceiverSpec, ReceiverStatus};
+pub use rollout::{StackRollout, StackRolloutSpec, StackRolloutStatus};
 pub use stack::{Stack, StackSpec, StackStatus};
 pub use update::{Update, UpdateSpec, UpdateStatus, UpdateType};
 pub use workspace::{Workspace, WorkspaceSpec, WorkspaceStatus};
@@ -42,12 +45,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update, Receiver. The Stack CRD serves `v1`
-/// (storage) and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's defaults
+/// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update, Receiver, StackRollout. The Stack
+/// CRD serves `v1` (storage) and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's defaults
 /// (`serviceAccountName: default`, `securityProfile: restricted`) at its root spec only, never in
 /// `workspaceTemplate`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd(), Receiver::crd()]
+    vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd(), Receiver::crd(), StackRollout::crd()]
 }
 
 /// File name of a CRD under `deploy/crds/`: `<group>_<plural>.yaml` (controller-gen's naming, as in PKO).

@@ -528,6 +528,9 @@ pub struct StackStatus {
     /// Ours: the last `pulumi.com/approve-plan` value judged (approved, or refused with an event once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_approval: Option<String>,
+    /// Ours: the StackRollout that governs this Stack's new revision, and whether it is admitted or held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::StackRolloutRef>,
 }
 
 /// `pulumi.com/v1alpha1` Stack: served for compatibility (not marked deprecated, as in PKO), not stored. Same spec as

@@ -66,6 +66,9 @@ async fn valid_corpus_is_accepted_and_read_back_unchanged() {
             ("Program", _) => serde_json::to_value(ns.api::<pko_api::Program>().get(&name).await.unwrap()).unwrap(),
             ("Workspace", _) => serde_json::to_value(ns.api::<pko_api::Workspace>().get(&name).await.unwrap()).unwrap(),
             ("Update", _) => serde_json::to_value(ns.api::<pko_api::Update>().get(&name).await.unwrap()).unwrap(),
+            ("StackRollout", _) => {
+                serde_json::to_value(ns.api::<pko_api::StackRollout>().get(&name).await.unwrap()).unwrap()
+            }
             ("Receiver", _) => serde_json::to_value(ns.api::<pko_api::Receiver>().get(&name).await.unwrap()).unwrap(),
             other => panic!("unexpected {other:?}"),
         };

@@ -179,6 +179,7 @@ fn corpus_round_trips_through_the_rust_types() {
             ("Workspace", _) => round::<pko_api::Workspace>(&d.value),
             ("Update", _) => round::<pko_api::Update>(&d.value),
             ("Receiver", _) => round::<pko_api::Receiver>(&d.value),
+            ("StackRollout", _) => round::<pko_api::StackRollout>(&d.value),
             other => panic!("unexpected kind {other:?} in {}", d.file.display()),
         };
         assert_eq!(

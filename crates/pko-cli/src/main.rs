@@ -30,6 +30,8 @@ enum Command {
     /// Approve the plan a Stack waits on (spec.approval.mode: manual): sets pulumi.com/approve-plan to its id, which
     /// runs `pulumi up --plan` with exactly that plan. Refused unless it is the pending plan.
     Approve(ApproveArgs),
+    /// A StackRollout: `status` (phase, revision, steps), `pause`, `resume` (also a halted one) or `abort`.
+    Rollout(RolloutArgs),
     /// Show a Stack's saved plan (id, state, changes, what it was made from) and the preview that saved it.
     Plan(PlanArgs),
     /// Release the Pulumi backend locks a Stack's last update failed on (pulumi.com/unlock-request), when the operator
@@ -54,6 +56,18 @@ struct ApproveArgs {
     /// The plan's id (`status.plan.id`, printed by `kubectl pko plan` and in the AwaitingApproval condition).
     #[arg(long)]
     plan: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct RolloutArgs {
+    /// `status`, `pause`, `resume` or `abort`.
+    #[arg(value_parser = ["status", "pause", "resume", "abort"])]
+    verb: String,
+    /// The StackRollout: stackrollout/<name> (or <name>).
+    target: String,
+    /// Its namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -167,6 +181,7 @@ fn main() -> std::process::ExitCode {
             Command::Unlock(a) => unlock_command(a).await,
             Command::Approve(a) => approve_command(a).await,
             Command::Plan(a) => plan_command(a).await,
+            Command::Rollout(a) => rollout_command(a).await,
         }
     };
     let result = tokio::runtime::Builder::new_current_thread()
@@ -286,6 +301,30 @@ async fn plan_command(a: PlanArgs) -> anyhow::Result<()> {
     let req = tail::Request { stack: format!("{ns}/{stack}"), update, follow: false, all: false, timestamps: false };
     let client = kube::Client::try_from(kube::Config::infer().await?)?;
     logs::stream_via_api(&client, &ns, &stack, &req).await
+}
+
+/// Prints a StackRollout, or pauses, resumes or aborts it.
+async fn rollout_command(a: RolloutArgs) -> anyhow::Result<()> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    let name = a.target.strip_prefix("stackrollout/").unwrap_or(&a.target).to_string();
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(kube::Client::try_from(config)?, &ns, &pko_cli::rollout::rollouts());
+    if a.verb != "status" {
+        let value = k8s_openapi::jiff::Timestamp::now().as_nanosecond().to_string();
+        let patch = pko_cli::rollout::control(&a.verb, &value).map_err(anyhow::Error::msg)?;
+        let params = PatchParams { field_manager: Some("kubectl-pko".into()), ..Default::default() };
+        match api.patch(&name, &params, &Patch::Merge(patch)).await {
+            Ok(_) => println!("stackrollout.pulumi.com/{name}: {} requested", a.verb),
+            Err(kube::Error::Api(e)) if e.code == 404 => anyhow::bail!("stackrollout {ns}/{name} not found"),
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(());
+    }
+    let Some(found) = api.get_opt(&name).await? else { anyhow::bail!("stackrollout {ns}/{name} not found") };
+    println!("{}", pko_cli::rollout::describe(&serde_json::to_value(found)?));
+    Ok(())
 }
 
 /// Sets the Stack's unlock request, then waits for the operator's verdict (its event) and prints it.

@@ -27,6 +27,7 @@ pub mod outputs;
 pub mod own_writes;
 pub mod program;
 pub mod receiver;
+pub mod rollout;
 pub mod run;
 pub mod secret_cache;
 pub mod stack;

@@ -249,8 +249,15 @@ impl Operator {
             limit => updates.with_class_limit(limit),
         };
         let update_controller = updates.run(informers);
+        let rollout_controller = crate::rollout::controller::controller(ctx.clone(), informers);
         let all = async move {
-            tokio::join!(program_controller, stack_controller, workspace_controller, update_controller);
+            tokio::join!(
+                program_controller,
+                stack_controller,
+                workspace_controller,
+                update_controller,
+                rollout_controller
+            );
         };
         (programs, stacks, all.boxed())
     }

@@ -311,7 +311,7 @@ impl<K: Watched> Slot<K> {
     }
 }
 
-/// The informers of one operator replica, one per kind: Stacks, Programs, Receivers, Workspaces, Updates, and the
+/// The informers of one operator replica, one per kind: Stacks, Programs, Receivers, StackRollouts, Workspaces, Updates, and the
 /// agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
 pub struct Informers {
     client: kube::Client,
@@ -320,6 +320,7 @@ pub struct Informers {
     stacks: Slot<Stack>,
     programs: Slot<Program>,
     receivers: Slot<Receiver>,
+    rollouts: Slot<pko_api::StackRollout>,
     workspaces: Slot<Workspace>,
     updates: Slot<Update>,
     stateful_sets: Slot<StatefulSet>,
@@ -339,6 +340,7 @@ impl Informers {
             stacks: Slot::new(all(), true),
             programs: Slot::new(all(), false),
             receivers: Slot::new(all(), false),
+            rollouts: Slot::new(all(), false),
             workspaces: Slot::new(all(), true),
             updates: Slot::new(all(), true),
             stateful_sets: Slot::new(all().labels(WORKSPACE_COMPONENT_SELECTOR), true),
@@ -376,6 +378,11 @@ impl Informers {
     /// The Receiver informer (whole, like Programs: any replica may receive any hook).
     pub fn receivers(&mut self) -> &mut Informer<Receiver> {
         self.receivers.get(&self.client, &self.scope, self.shards.as_ref())
+    }
+
+    /// The StackRollout informer (whole: every Stack's controller reads the rollout that governs it).
+    pub fn rollouts(&mut self) -> &mut Informer<pko_api::StackRollout> {
+        self.rollouts.get(&self.client, &self.scope, self.shards.as_ref())
     }
 
     /// The Workspace informer.
@@ -428,6 +435,7 @@ impl Informers {
         add(&mut self.stacks, &mut waits, &mut runs, &shutdown);
         add(&mut self.programs, &mut waits, &mut runs, &shutdown);
         add(&mut self.receivers, &mut waits, &mut runs, &shutdown);
+        add(&mut self.rollouts, &mut waits, &mut runs, &shutdown);
         add(&mut self.workspaces, &mut waits, &mut runs, &shutdown);
         add(&mut self.updates, &mut waits, &mut runs, &shutdown);
         add(&mut self.stateful_sets, &mut waits, &mut runs, &shutdown);

@@ -29,6 +29,7 @@ pub fn controller(
         own_writes: Default::default(),
         workspaces: informers.workspaces().store(),
         applied_workspaces: Default::default(),
+        rollouts: informers.rollouts().store(),
     });
     let store = informers.stacks().store();
     let controller = Controller::for_stream(informers.stacks().objects(), store.clone());
@@ -37,6 +38,7 @@ pub fn controller(
     };
     let dependents = store.clone();
     let by_program = store.clone();
+    let by_rollout = store.clone();
     let controller = controller
         .watches_stream(informers.updates().objects(), move |u: Update| {
             by_label(u.metadata.labels.as_ref(), u.metadata.namespace.clone())
@@ -58,6 +60,18 @@ pub fn controller(
                 .state_filter(|s| {
                     s.namespace().as_deref() == Some(ns.as_str())
                         && s.spec.program_ref.as_ref().is_some_and(|r| r.name == name)
+                })
+                .iter()
+                .map(|s| ObjectRef::from_obj(&**s))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(informers.rollouts().objects(), move |r: pko_api::StackRollout| {
+            // the Stacks it selects (a rollout before it by name may govern some: their pass judges that)
+            let ns = r.namespace().unwrap_or_default();
+            by_rollout
+                .state_filter(|s| {
+                    s.namespace().as_deref() == Some(ns.as_str())
+                        && pko_api::rollout::carries(&r.spec.selector.match_labels, s.labels())
                 })
                 .iter()
                 .map(|s| ObjectRef::from_obj(&**s))

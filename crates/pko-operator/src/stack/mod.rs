@@ -3,7 +3,7 @@
 //! [`finalizer`] and [`io`] (status write, reclaim, lookups) and its texts in [`messages`], and what it last applied as
 //! each Workspace in [`applied`]. The pure parts: finished Updates into status ([`absorb`]), the sync decision
 //! ([`plan`]), prerequisites ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition
-//! bookkeeping ([`conditions`]), scheduled drift detection ([`drift`]), plan approval ([`approval`]); the Flux source
+//! bookkeeping ([`conditions`]), scheduled drift detection ([`drift`]), plan approval ([`approval`]), a rollout's hold ([`rollout_hold`]); the Flux source
 //! watches are [`flux`].
 
 pub mod absorb;
@@ -20,6 +20,7 @@ pub mod messages;
 pub mod plan;
 pub mod prerequisites;
 pub mod reconcile;
+pub mod rollout_hold;
 pub mod source;
 pub mod undecodable;
 pub mod unlock;

@@ -56,10 +56,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The operator's rules (ClusterRole, or a Role per watched namespace). */}}
 {{- define "pko.rules" -}}
 - apiGroups: [pulumi.com]
-  resources: [stacks, programs, receivers]
+  resources: [stacks, programs, receivers, stackrollouts]
   verbs: [get, list, watch, patch, update]
 - apiGroups: [pulumi.com]
-  resources: [stacks/status, programs/status, receivers/status, stacks/finalizers, programs/finalizers]
+  resources: [stacks/status, programs/status, receivers/status, stackrollouts/status, stacks/finalizers, programs/finalizers]
   verbs: [get, patch, update]
 - apiGroups: [auto.pulumi.com]
   resources: [workspaces, updates]

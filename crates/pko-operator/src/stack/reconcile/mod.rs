@@ -120,6 +120,9 @@ pub struct StackController {
     pub programs: kube::runtime::reflector::Store<pko_api::Program>,
     /// The `resourceVersion` of each Stack after this replica's last write of it.
     pub own_writes: OwnWrites<Stack>,
+    /// The StackRollout informer's cache (every rollout of the watched namespaces): the rollout that governs a Stack
+    /// may hold its new revision ([`super::rollout_hold`]).
+    pub rollouts: kube::runtime::reflector::Store<pko_api::StackRollout>,
     /// The Workspace informer's cache (the Workspaces of the shards this replica holds).
     pub workspaces: kube::runtime::reflector::Store<Workspace>,
     /// What each Stack last applied as its Workspace from this replica ([`AppliedWorkspaces`]).

@@ -18,6 +18,7 @@ use super::{Error, StackController, drift_steps};
 use crate::k8s::{self, Severity};
 use crate::stack::approval::{self, Gate};
 use crate::stack::plan::{self, RetryPolicy, Sync};
+use crate::stack::rollout_hold;
 use crate::stack::source::{self, Resolved, ResolvedSource};
 use crate::stack::{absorb, conditions, drift, io, messages, prerequisites as prereq, unlock as unlocking};
 
@@ -216,8 +217,16 @@ pub(super) fn sync(
     let branch = p.stack.spec.branch.is_some();
     let decided =
         plan::decide_with_workspace(&checked, &source.revision(), p.now.0, branch, p.deleting(), workspace_stall);
+    let hold = rollout_hold::judge(&p.stack, &p.draft, &source.revision(), &c.rollouts.state(), p.deleting());
+    p.draft.rollout = hold.rollout;
     let (verdict, mut requeue_after) = match decided {
-        Sync::NeedsUpdate { reason } => return Ok(Work::Update(reason)),
+        Sync::NeedsUpdate { reason } => {
+            if let Some(message) = hold.held {
+                p.reconciling(sc::ROLLOUT_HELD, &message);
+                return Err(look_again());
+            }
+            return Ok(Work::Update(reason));
+        }
         Sync::Synced { conditions: verdict, requeue_after } => (verdict, requeue_after),
     };
     let ready = verdict == plan::Conditions::Ready;

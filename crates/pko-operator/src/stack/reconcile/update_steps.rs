@@ -183,6 +183,23 @@ mod tests {
     }
 
     #[test]
+    fn a_gated_change_previews_and_saves_an_approved_one_runs_its_plan() {
+        let of = |kind: UpdateType, g: &Gate| {
+            let mut u = Update::new("u", Default::default());
+            u.spec.update_type = Some(kind);
+            u.spec.refresh = Some(true);
+            gate(&mut u, g);
+            (u.spec.update_type, u.spec.save_plan, u.spec.plan, u.spec.refresh)
+        };
+        let (p, up) = (Some(UpdateType::Preview), Some(UpdateType::Up));
+        assert_eq!(of(UpdateType::Up, &Gate::Open), (p, Some(true), None, Some(true)), "a remediation refreshes too");
+        assert_eq!(of(UpdateType::Up, &Gate::Apply("a".into())), (up.clone(), None, Some("a".into()), Some(true)));
+        assert_eq!(of(UpdateType::Up, &Gate::Off), (up, None, None, Some(true)));
+        let destroy = of(UpdateType::Destroy, &Gate::Open);
+        assert_eq!((destroy.0, destroy.1), (Some(UpdateType::Destroy), None), "a destroy is not gated");
+    }
+
+    #[test]
     fn a_running_operation_and_a_complete_update_are_taken_from_the_cache() {
         use super::super::steps::cache_will_do;
         use pko_api::constants::update_condition as uc;
