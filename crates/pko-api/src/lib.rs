@@ -46,8 +46,8 @@ use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 /// Every CRD of the operator, in a stable order: Stack, Program, Workspace, Update, Receiver, StackRollout. The Stack
-/// CRD serves `v1` (storage) and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's defaults
-/// (`serviceAccountName: default`, `securityProfile: restricted`) at its root spec only, never in
+/// CRD serves `v1` (storage) and `v1alpha1` (not deprecated, as PKO serves it); the Workspace CRD carries PKO's
+/// defaults (`serviceAccountName: default`, `securityProfile: restricted`) at its root spec only, never in
 /// `workspaceTemplate`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![stack_crd(), Program::crd(), workspace_crd(), Update::crd(), Receiver::crd(), StackRollout::crd()]

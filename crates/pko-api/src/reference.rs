@@ -203,10 +203,13 @@ fn stack_conditions(out: &mut String) {
         out,
         "- **Stack** (kstatus ready protocol): `{r}` True reason `{pc}`; False with `{nip}` or `{nis}`, always \
          together with exactly one of `{rec}`=True (reasons `{sp}`, `{raf}`, `{pf}`, `{pns}`) or `{st}`=True \
-         (reasons `{si}`, `{su}`, `{pvtl}`, `{wf}`, `{uf}` after {} failures, `{}`, `{}`).",
+         (reasons `{si}`, `{su}`, `{pvtl}`, `{wf}`, `{uf}` after {} failures, `{}`, `{}`). Ours also: \
+         `{rec}` `{}` (a saved plan waits for its approval) and `{}` (a StackRollout holds a new revision).",
         sc::MAX_UPDATE_FAILURES,
         sc::NAMESPACE_TERMINATING,
-        sc::UPDATE_CONFLICT
+        sc::UPDATE_CONFLICT,
+        sc::AWAITING_APPROVAL,
+        sc::ROLLOUT_HELD
     )
     .unwrap();
 }
@@ -277,6 +280,20 @@ fn metadata(out: &mut String) {
         out,
         "- annotation `{}`: any new value requests a sync; echoed to `status.observedReconcileRequest`;",
         constants::RECONCILE_REQUEST_ANNOTATION
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "- annotation `{}` (ours): the id of the Stack's pending plan approves it (`spec.approval.mode: manual`);",
+        crate::approval::APPROVE_PLAN_ANNOTATION
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "- annotations `{}` and `{}` (ours) on StackRollouts: a new value aborts the rollout of the current \
+         revision, or resumes a halted one;",
+        crate::rollout::ROLLOUT_ABORT_ANNOTATION,
+        crate::rollout::ROLLOUT_RESUME_ANNOTATION
     )
     .unwrap();
     writeln!(

@@ -297,12 +297,16 @@ impl Operator {
     }
 
     /// What the replicas share beside the queue: the drift-check slots, the operations' output, the saved plans.
+    #[rustfmt::skip]
     #[allow(clippy::type_complexity)]
     fn stores(
         redis: Option<&crate::queue::redis::RedisQueue>,
         operations: &crate::args::OperationArgs,
-    ) -> (Arc<dyn pko_queue::slots::Slots>, Arc<dyn pko_queue::output::OutputStore>, Arc<dyn pko_queue::plans::PlanStore>)
-    {
+    ) -> (
+        Arc<dyn pko_queue::slots::Slots>,
+        Arc<dyn pko_queue::output::OutputStore>,
+        Arc<dyn pko_queue::plans::PlanStore>,
+    ) {
         let slots = Self::drift_slots(redis, operations.max_concurrent_drift_checks);
         (slots, Self::output(redis, operations), Self::plans(redis))
     }

@@ -19,8 +19,8 @@ use serde_json::json;
 /// The program: one command whose `create` text is the resource's input, so editing it changes what an `up` does.
 fn program(text: &str) -> String {
     format!(
-        "config:\n  greeting:\n    type: string\nresources:\n  c:\n    type: command:local:Command\n    properties:\n      \
-         create: echo {text} ${{greeting}}\noutputs:\n  said: ${{c.stdout}}\n"
+        "config:\n  greeting:\n    type: string\nresources:\n  c:\n    type: command:local:Command\n    \
+         properties:\n      create: echo {text} ${{greeting}}\noutputs:\n  said: ${{c.stdout}}\n"
     )
 }
 

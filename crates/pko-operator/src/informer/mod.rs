@@ -311,8 +311,8 @@ impl<K: Watched> Slot<K> {
     }
 }
 
-/// The informers of one operator replica, one per kind: Stacks, Programs, Receivers, StackRollouts, Workspaces, Updates, and the
-/// agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
+/// The informers of one operator replica, one per kind: Stacks, Programs, Receivers, StackRollouts, Workspaces,
+/// Updates, and the agents' StatefulSets (pod runtime; only those labelled `auto.pulumi.com/component=workspace`).
 pub struct Informers {
     client: kube::Client,
     scope: WatchScope,

@@ -2,10 +2,10 @@
 //! to it, when a step is done, paused after, halted. Idempotent: run again on the status it wrote and the same Stacks,
 //! it writes the same — so a new holder of the rollout's shard neither skips nor repeats a step.
 //!
-//! A Stack *wants* revision R while its controller holds it for R or has admitted it (`Stack.status.rollout`); it *runs*
-//! R once its last successful update was of R, and *failed* R when its last update of R failed. A step is done when
-//! every Stack of it that wants R runs it (or failed, within the budget); Stacks of a step that learn of R later (each
-//! Stack polls its source on its own) are admitted when they do, if their step has started.
+//! A Stack *wants* revision R while its controller holds it for R or has admitted it (`Stack.status.rollout`); it
+//! *runs* R once its last successful update was of R, and *failed* R when its last update of R failed. A step is done
+//! when every Stack of it that wants R runs it (or failed, within the budget); Stacks of a step that learn of R later
+//! (each Stack polls its source on its own) are admitted when they do, if their step has started.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 //! [`finalizer`] and [`io`] (status write, reclaim, lookups) and its texts in [`messages`], and what it last applied as
 //! each Workspace in [`applied`]. The pure parts: finished Updates into status ([`absorb`]), the sync decision
 //! ([`plan`]), prerequisites ([`prerequisites`]), the whole Workspace and Update objects ([`build`]) and condition
-//! bookkeeping ([`conditions`]), scheduled drift detection ([`drift`]), plan approval ([`approval`]), a rollout's hold ([`rollout_hold`]); the Flux source
-//! watches are [`flux`].
+//! bookkeeping ([`conditions`]), scheduled drift detection ([`drift`]), plan approval ([`approval`]), a rollout's
+//! hold ([`rollout_hold`]); the Flux source watches are [`flux`].
 
 pub mod absorb;
 pub mod applied;

@@ -37,7 +37,7 @@ pub fn judge(
     }
     let st = r.status.clone().unwrap_or_default();
     let name = stack.name_any();
-    let admitted = st.revision.as_deref() == Some(revision) && st.admitted.iter().any(|a| *a == name);
+    let admitted = st.revision.as_deref() == Some(revision) && st.admitted.contains(&name);
     let held = (!admitted).then(|| why(&r.name_any(), &st, revision, last_good.unwrap_or_default()));
     let rollout =
         StackRolloutRef { name: r.name_any(), revision: revision.to_string(), admitted, message: held.clone() };
