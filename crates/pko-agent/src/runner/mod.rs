@@ -19,6 +19,7 @@ use crate::values::ValueResolver;
 
 mod engine;
 mod env;
+mod hollow;
 mod plan_file;
 mod stack_config;
 mod workspace_dir;
@@ -88,7 +89,7 @@ fn fail(reason: ErrorReason, field: &str, message: impl Into<String>) -> Failure
 /// Runs `req` to completion and publishes its events and its result on `op`.
 pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) {
     if let Some(delay) = ctx.hollow {
-        return hollow(&op, &req, delay).await;
+        return hollow::hollow(&op, &req, delay).await;
     }
     let start = crate::convert::now();
     let mut masker = Masker::default();
@@ -163,67 +164,6 @@ fn finish_sandbox(op: &Arc<Operation>, sb: crate::sandbox::Sandbox) {
             op.log(format!("removing the operation's directories: {e}"));
         }
     }
-}
-
-/// The hollow agent's operation: waits `delay` (ending early, `INTERRUPTED` or `CANCELLED`, on shutdown or Cancel),
-/// then succeeds with no outputs. Its log line and result message say it was simulated.
-async fn hollow(op: &Arc<Operation>, req: &OperationRequest, delay: std::time::Duration) {
-    let start = crate::convert::now();
-    let run_digest = pko_proto::digest::run_digest(req);
-    if let Err(f) = check_digest(req, &run_digest) {
-        let error = Some(ErrorInfo { reason: f.reason as i32, message: f.message.clone(), field: f.field });
-        let result = OperationResult {
-            status: ResultStatus::Failed as i32,
-            message: f.message,
-            error,
-            run_digest,
-            ..Default::default()
-        };
-        op.publish(Event::Result(result));
-        return;
-    }
-    op.log("hollow agent: simulated operation, no Pulumi runs (load tests only)");
-    let end = tokio::time::Instant::now() + delay;
-    let status = loop {
-        if op.interrupted.load(Ordering::SeqCst) {
-            break ResultStatus::Interrupted;
-        }
-        if op.cancelled.load(Ordering::SeqCst) {
-            break ResultStatus::Cancelled;
-        }
-        let now = tokio::time::Instant::now();
-        if now >= end {
-            break ResultStatus::Succeeded;
-        }
-        tokio::time::sleep((end - now).min(std::time::Duration::from_millis(100))).await;
-    };
-    let message = match status {
-        ResultStatus::Succeeded => format!("hollow agent: {} simulated", verb(req)),
-        _ => "hollow agent: simulated operation stopped".to_string(),
-    };
-    let error = (status != ResultStatus::Succeeded).then(|| ErrorInfo {
-        reason: if status == ResultStatus::Interrupted { ErrorReason::Interrupted } else { ErrorReason::Cancelled }
-            as i32,
-        message: message.clone(),
-        field: String::new(),
-    });
-    let end_time = Some(crate::convert::now());
-    // a preview that saves a plan gets a stand-in plan of its own (never run: hollow agents run no up either)
-    let saves = req.options.as_ref().is_some_and(|o| o.save_plan) && status == ResultStatus::Succeeded;
-    let plan = if saves { format!("{{\"hollow\":true,\"operation\":{:?}}}", op.id).into_bytes() } else { Vec::new() };
-    let result = OperationResult {
-        status: status as i32,
-        message,
-        error,
-        start_time: Some(start),
-        end_time,
-        run_digest,
-        plan_id: if plan.is_empty() { String::new() } else { pko_proto::plan::id(&plan) },
-        plan,
-        ..Default::default()
-    };
-    tracing::info!(operation = %op.id, status = ?status, "operation finished (hollow)");
-    op.publish(Event::Result(result));
 }
 
 /// The operation's type as its output lines name it: `preview`, `up`, `refresh`, `destroy`, `initialize`.
