@@ -128,8 +128,8 @@ async fn main() {
         );
     }
     println!(
-        "| HOLLOW AGENTS | {n} Stacks, 4 steps, budget {budget}, {failing} failing in step 3 | {:?} after {took:.0} s at \
-        step {} | {on_new} Stacks run the new revision, {held} held at the old one | {updates} Updates |",
+        "| HOLLOW AGENTS | {n} Stacks, 4 steps, budget {budget}, {failing} failing in step 3 | {:?} after {took:.0} s \
+        at step {} | {on_new} Stacks run the new revision, {held} held at the old one | {updates} Updates |",
         r.phase,
         r.step + 1
     );

@@ -222,6 +222,8 @@ fn controller_of(m: &[String]) -> Option<&'static str> {
         Some("update") => Some("update"),
         Some("workspace") => Some("workspace"),
         Some("program") => Some("program"),
+        Some("receiver") => Some("receiver"),
+        Some("rollout") => Some("rollout"),
         _ => None,
     }
 }
