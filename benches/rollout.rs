@@ -7,6 +7,10 @@
 //! from the Program's second generation on (`PKO_HOLLOW_FAIL=/2/`, their request's artifact URL names it). Once all
 //! are Ready, the Program changes; prints each step's timeline (started, all its Stacks at the new revision, or the
 //! halt), how many Stacks run the new revision and how many the rollout holds, and how many Updates ran.
+//!
+//! `REPLICAS=2`: two replicas of a fleet (Redis); when the second step starts, the replica holding the rollout's shard
+//! is stopped (as on SIGTERM) and its peer takes the rollout over: the steps' records and one Update per admitted
+//! Stack show that no step was skipped or repeated.
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -38,7 +42,7 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let (n, failing, budget) = (var("STACKS", 200), var("FAILING", 2), var("BUDGET", 1));
+    let (n, failing, budget, replicas) = (var("STACKS", 200), var("FAILING", 2), var("BUDGET", 1), var("REPLICAS", 1));
     let (client, ns, env) = setup("rollouts").await;
     passphrase_secret(&ns).await;
     let programs = ns.api::<Program>();
@@ -48,7 +52,18 @@ async fn main() {
     )
     .await;
     let args = ["--hollow-agents-seconds", "1", "--agent-pools", "--pool-max-agents", "16", "--max-operations", "32"];
-    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
+    let prefix = pko_testbed::testbed().redis_prefix("rollouts");
+    let redis = ["--redis-url", pko_testbed::testbed().redis_url(), "--redis-prefix", &prefix];
+    let mut ops: Vec<(String, Option<InProcessOperator>)> = Vec::new();
+    for r in 0..replicas {
+        let id = format!("r{r}");
+        let mut all: Vec<&str> = args.to_vec();
+        if replicas > 1 {
+            all.extend(fleet_args(ns.name(), &id, &redis));
+        }
+        let op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &all)).await;
+        ops.push((id.clone(), Some(op)));
+    }
     let stacks = ns.api::<Stack>();
     let t = Instant::now();
     let per_wave = n / 4;
@@ -91,6 +106,20 @@ async fn main() {
     let t0 = k8s_openapi::jiff::Timestamp::now();
     let started = Instant::now();
     programs.patch("prog", &PatchParams::default(), &Patch::Merge(json!({"program": body("two")}))).await.unwrap();
+    if replicas > 1 {
+        eventually("the second step starts", 600, || async {
+            rollouts.get("waves").await.unwrap().status.is_some_and(|s| s.step >= 1)
+        })
+        .await;
+        let leases = ns.api::<k8s_openapi::api::coordination::v1::Lease>();
+        let shard = pko_fleet::ring::shard_of(&format!("{}/waves", ns.name()), 64);
+        let holder = shard_holders(&leases, "pko").await.get(&shard).cloned().unwrap_or_default();
+        let t = started.elapsed().as_secs_f64();
+        if let Some((_, op)) = ops.iter_mut().find(|(id, _)| *id == holder) {
+            op.take().unwrap().stop().await;
+        }
+        eprintln!("stopped {holder}, the holder of the rollout's shard {shard}, {t:.0} s into the rollout");
+    }
     let end =
         |s: &pko_api::rollout::StackRolloutStatus| matches!(s.phase, RolloutPhase::Halted | RolloutPhase::Completed);
     eventually("the rollout halts or completes", 1800, || async {

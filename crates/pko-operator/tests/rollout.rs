@@ -138,7 +138,7 @@ async fn a_new_revision_rolls_out_wave_by_wave_and_a_failing_wave_halts_it() {
     }
     let out = kubectl_pko(&["rollout", "status", "waves", "-n", ns.name()]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("Phase:        Halted") && text.contains("HALTED: step 1"), "{text}{out:?}");
+    assert!(text.contains("Phase:        Halted") && text.contains("HALTED: step 2"), "{text}{out:?}");
     eprintln!("{text}");
 
     // abort: the held Stacks stay held for this revision

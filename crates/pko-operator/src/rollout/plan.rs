@@ -95,7 +95,7 @@ pub fn advance(
         st.observed_abort = Some(a.clone());
         if st.revision.is_some() && !matches!(st.phase, RolloutPhase::Completed | RolloutPhase::Idle) {
             st.phase = RolloutPhase::Aborted;
-            st.message = Some(format!("aborted (pulumi.com/rollout-abort: {a}) at step {}", st.step));
+            st.message = Some(format!("aborted (pulumi.com/rollout-abort: {a}) at step {}", st.step + 1));
         }
     }
     if let Some(r) = &requests.resume {
@@ -171,7 +171,7 @@ impl<'a> Run<'a> {
         }
         if self.spec.paused {
             self.st.phase = RolloutPhase::Paused;
-            self.st.message = Some(format!("paused at step {} (spec.paused)", self.st.step));
+            self.st.message = Some(format!("paused at step {} (spec.paused)", self.st.step + 1));
             return Some(PROGRESS_RECHECK);
         }
         self.st.phase = RolloutPhase::Progressing;
@@ -217,7 +217,8 @@ impl<'a> Run<'a> {
         let budget = usize::try_from(self.spec.failure_budget.unwrap_or(0)).unwrap_or(0);
         if failed.len() > budget {
             let why = format!(
-                "step {i}: {} Stack(s) failed {} (budget {budget}): {}",
+                "step {}: {} Stack(s) failed revision {} (budget {budget}): {}",
+                i + 1,
                 failed.len(),
                 self.revision,
                 failed.join(", ")
@@ -233,7 +234,7 @@ impl<'a> Run<'a> {
         let pause = Duration::from_secs(self.spec.pause_seconds.unwrap_or(0).max(0) as u64);
         let paused_for = elapsed(Some(&done_at), self.now);
         if i < self.spec.steps.len() && paused_for < pause {
-            self.st.message = Some(format!("step {i} done; pausing {} s before step {}", pause.as_secs(), i + 1));
+            self.st.message = Some(format!("step {} done; pausing {} s before step {}", i + 1, pause.as_secs(), i + 2));
             return Some(Some(pause - paused_for));
         }
         None
@@ -251,7 +252,8 @@ impl<'a> Run<'a> {
                 .map(|s| s.name.clone())
                 .collect();
             let why = format!(
-                "step {i}: not every Stack runs {} within {} s: {}",
+                "step {}: not every Stack runs revision {} within {} s: {}",
+                i + 1,
                 self.revision,
                 deadline.as_secs(),
                 late.join(", ")

@@ -50,7 +50,7 @@ fn why(name: &str, st: &pko_api::rollout::StackRolloutStatus, revision: &str, la
         (Some(r), RolloutPhase::Halted | RolloutPhase::Aborted | RolloutPhase::Paused) if r == revision => {
             format!("{:?}: {}", st.phase, st.message.clone().unwrap_or_default())
         }
-        (Some(r), _) if r == revision => format!("its step has not started (step {} now)", st.step),
+        (Some(r), _) if r == revision => format!("its step has not started (step {} now)", st.step + 1),
         _ => "the rollout has not taken this revision up yet".to_string(),
     };
     format!("held by StackRollout {name} at {last_good}: {revision} waits ({state})")

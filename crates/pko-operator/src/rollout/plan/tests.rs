@@ -108,7 +108,7 @@ fn a_step_with_more_failures_than_its_budget_halts_and_holds_the_rest() {
     }
     assert_eq!((st.phase, st.step), (RolloutPhase::Halted, 1), "{st:?}");
     let why = st.steps[1].halted.clone().unwrap();
-    assert!(why.contains("2 Stack(s) failed r2 (budget 1): b000, b001"), "{why}");
+    assert!(why.contains("step 2: 2 Stack(s) failed revision r2 (budget 1): b000, b001"), "{why}");
     assert!(st.admitted.iter().all(|a| a.starts_with('a') || a.starts_with('b')), "c and the rest held: {st:?}");
     let (still, again) = advance(&spec, &st, &stacks, &Requests::default(), &at(60));
     assert_eq!((still.phase, again), (RolloutPhase::Halted, None), "halted stays halted");
@@ -136,7 +136,7 @@ fn a_step_past_its_deadline_halts_a_pause_waits_and_a_paused_rollout_admits_nobo
     assert!(st.admitted.contains(&"b000".to_string()));
     let (late, _) = advance(&spec, &st, &stacks, &Requests::default(), &at(36 + 11));
     assert_eq!(late.phase, RolloutPhase::Halted, "b did not finish within 10 s");
-    assert!(late.message.unwrap().contains("not every Stack runs r2 within 10 s: b000, b001"));
+    assert!(late.message.unwrap().contains("step 2: not every Stack runs revision r2 within 10 s: b000, b001"));
     let mut paused = spec.clone();
     paused.paused = true;
     let (p, _) = advance(&paused, &StackRolloutStatus::default(), &stacks, &Requests::default(), &at(0));
