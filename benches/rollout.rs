@@ -34,7 +34,7 @@ fn body(word: &str) -> serde_json::Value {
 
 /// Seconds from `t0` to `t` (an API time), to the tenth.
 fn secs(t0: k8s_openapi::jiff::Timestamp, t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> String {
-    t.map_or("-".into(), |t| format!("{:.0}", t.0.duration_since(t0).as_secs_f64()))
+    t.map_or("-".into(), |t| format!("{:.0}", t.0.duration_since(t0).as_secs_f64().max(0.0)))
 }
 
 #[tokio::main]
