@@ -81,8 +81,9 @@ async fn every_kind_is_watched_once_per_namespace_and_nothing_lists_periodically
     eprintln!("watches opened: {watches:?}");
     let mut expected = BTreeMap::new();
     for n in [ns.name(), other.name()] {
-        // Secrets: the metadata-only watch of the Secret cache (`secret_cache`: versions, no data)
-        for r in ["stacks", "programs", "workspaces", "updates", "secrets"] {
+        // Secrets: the metadata-only watch of the Secret cache (`secret_cache`: versions, no data);
+        // StackRollouts: every Stack's controller reads the one that governs it
+        for r in ["stacks", "programs", "workspaces", "updates", "secrets", "stackrollouts"] {
             expected.insert(format!("{n}/{r}"), 1);
         }
     }
