@@ -250,12 +250,19 @@ async fn logs_command(a: LogsArgs) -> anyhow::Result<()> {
     Ok(tail::show(&endpoint, &req, ops, &mut stdout).await?)
 }
 
+/// A client with the kubeconfig's identity, and the namespace to use: `namespace`, else the context's.
+///
+/// Errors: no kubeconfig to be had.
+async fn connect(namespace: Option<String>) -> anyhow::Result<(kube::Client, String)> {
+    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
+    let ns = namespace.unwrap_or_else(|| config.default_namespace.clone());
+    Ok((kube::Client::try_from(config)?, ns))
+}
+
 /// Sets `annotation` of the Stack to the current time, with the kubeconfig's identity.
 async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyhow::Result<()> {
     let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
-    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
-    let ns = a.namespace.unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config)?;
+    let (client, ns) = connect(a.namespace).await?;
     let value = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos().to_string())
@@ -268,9 +275,7 @@ async fn annotate_command(a: AnnotateArgs, annotation: &str, done: &str) -> anyh
 /// The Stack `a` names, as JSON, with the client and namespace it was read with.
 async fn read_stack(a: &AnnotateArgs) -> anyhow::Result<(kube::Client, String, String, serde_json::Value)> {
     let stack = logs::target(&a.target).map_err(anyhow::Error::msg)?;
-    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
-    let ns = a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config)?;
+    let (client, ns) = connect(a.namespace.clone()).await?;
     let api: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(client.clone(), &ns, &pko_cli::annotate::stacks());
     let Some(found) = api.get_opt(&stack).await? else { anyhow::bail!("stack {ns}/{stack} not found") };
@@ -288,7 +293,7 @@ async fn approve_command(a: ApproveArgs) -> anyhow::Result<()> {
 
 /// Prints the Stack's plan, then what the preview that saved it printed.
 async fn plan_command(a: PlanArgs) -> anyhow::Result<()> {
-    let (_, ns, stack, found) = read_stack(&a.stack).await?;
+    let (client, ns, stack, found) = read_stack(&a.stack).await?;
     let Some(text) = pko_cli::approve::describe(&found) else {
         anyhow::bail!("stack {ns}/{stack} has no saved plan (spec.approval.mode: manual saves one per change)")
     };
@@ -299,7 +304,6 @@ async fn plan_command(a: PlanArgs) -> anyhow::Result<()> {
     }
     println!();
     let req = tail::Request { stack: format!("{ns}/{stack}"), update, follow: false, all: false, timestamps: false };
-    let client = kube::Client::try_from(kube::Config::infer().await?)?;
     logs::stream_via_api(&client, &ns, &stack, &req).await
 }
 
@@ -307,10 +311,8 @@ async fn plan_command(a: PlanArgs) -> anyhow::Result<()> {
 async fn rollout_command(a: RolloutArgs) -> anyhow::Result<()> {
     use kube::api::{Api, DynamicObject, Patch, PatchParams};
     let name = a.target.strip_prefix("stackrollout/").unwrap_or(&a.target).to_string();
-    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
-    let ns = a.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(kube::Client::try_from(config)?, &ns, &pko_cli::rollout::rollouts());
+    let (client, ns) = connect(a.namespace.clone()).await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &pko_cli::rollout::rollouts());
     if a.verb != "status" {
         let value = k8s_openapi::jiff::Timestamp::now().as_nanosecond().to_string();
         let patch = pko_cli::rollout::control(&a.verb, &value).map_err(anyhow::Error::msg)?;
@@ -330,9 +332,7 @@ async fn rollout_command(a: RolloutArgs) -> anyhow::Result<()> {
 /// Sets the Stack's unlock request, then waits for the operator's verdict (its event) and prints it.
 async fn unlock_command(a: UnlockArgs) -> anyhow::Result<()> {
     let stack = logs::target(&a.stack.target).map_err(anyhow::Error::msg)?;
-    let config = kube::Config::infer().await.map_err(|e| anyhow::anyhow!("kubeconfig: {e}"))?;
-    let ns = a.stack.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config)?;
+    let (client, ns) = connect(a.stack.namespace.clone()).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let value = now.as_nanosecond().to_string();
     pko_cli::annotate::annotate(client.clone(), &ns, &stack, pko_cli::annotate::UNLOCK, &value).await?;

@@ -59,10 +59,16 @@ pub struct Running {
 }
 
 /// What [`Operator::start`] sets up before the context and hands to it.
-struct ContextParts {
+/// What the replicas share beside the queue: the drift-check slots, the operations' output, the saved plans (in Redis
+/// with `--redis-url`, else in this replica's memory).
+struct Stores {
     drift_slots: Arc<dyn pko_queue::slots::Slots>,
     output: Arc<dyn pko_queue::output::OutputStore>,
     plans: Arc<dyn pko_queue::plans::PlanStore>,
+}
+
+struct ContextParts {
+    stores: Stores,
     secrets: crate::secret_cache::SecretCache,
     gained: Option<tokio::sync::watch::Receiver<u64>>,
 }
@@ -123,7 +129,7 @@ impl Operator {
         // the fleet: held shards decide what this replica owns and which objects its informers watch
         let replica = Self::replica(&client, &fleet, &operations).await?;
         let (queue, redis) = Self::queue(&operations, replica.as_deref()).await?;
-        let (drift_slots, output, plans) = Self::stores(redis.as_deref(), &operations);
+        let stores = Self::stores(redis.as_deref(), &operations);
         // watches go through a client without the request read timeout (a quiet watch would be cut)
         let watch_client = watch_client.unwrap_or_else(|| client.clone());
         let (secrets, secret_watch) =
@@ -140,8 +146,7 @@ impl Operator {
             Some(m) => m.ownership.clone(),
             None => Self::single_ownership(&operations.namespaces),
         };
-        let parts =
-            ContextParts { drift_slots, output, plans, secrets, gained: member.as_ref().map(|m| m.gained.clone()) };
+        let parts = ContextParts { stores, secrets, gained: member.as_ref().map(|m| m.gained.clone()) };
         let ctx = Self::context(&client, advertised, ownership, &operations, &fleet, parts, &shutdown);
         // with --namespaces every watch is namespaced: namespace-scoped installs need no cluster RBAC
         let mut informers = Informers::new(watch_client.clone(), scope.clone());
@@ -208,7 +213,7 @@ impl Operator {
         parts: ContextParts,
         shutdown: &CancellationToken,
     ) -> Arc<Context> {
-        let ContextParts { drift_slots, output, plans, secrets, gained } = parts;
+        let ContextParts { stores: Stores { drift_slots, output, plans }, secrets, gained } = parts;
         Arc::new(Context {
             reconcile_concurrency: operations.max_concurrent_reconciles,
             shutdown: shutdown.clone(),
@@ -296,19 +301,13 @@ impl Operator {
         }
     }
 
-    /// What the replicas share beside the queue: the drift-check slots, the operations' output, the saved plans.
-    #[rustfmt::skip]
-    #[allow(clippy::type_complexity)]
-    fn stores(
-        redis: Option<&crate::queue::redis::RedisQueue>,
-        operations: &crate::args::OperationArgs,
-    ) -> (
-        Arc<dyn pko_queue::slots::Slots>,
-        Arc<dyn pko_queue::output::OutputStore>,
-        Arc<dyn pko_queue::plans::PlanStore>,
-    ) {
-        let slots = Self::drift_slots(redis, operations.max_concurrent_drift_checks);
-        (slots, Self::output(redis, operations), Self::plans(redis))
+    /// The [`Stores`] of this replica.
+    fn stores(redis: Option<&crate::queue::redis::RedisQueue>, operations: &crate::args::OperationArgs) -> Stores {
+        Stores {
+            drift_slots: Self::drift_slots(redis, operations.max_concurrent_drift_checks),
+            output: Self::output(redis, operations),
+            plans: Self::plans(redis),
+        }
     }
 
     /// Where saved plans are kept: the fleet's Redis with `--redis-url`, else this replica's memory.

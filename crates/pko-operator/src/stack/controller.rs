@@ -66,13 +66,8 @@ pub fn controller(
                 .collect::<Vec<_>>()
         })
         .watches_stream(informers.rollouts().objects(), move |r: pko_api::StackRollout| {
-            // the Stacks it selects (a rollout before it by name may govern some: their pass judges that)
-            let ns = r.namespace().unwrap_or_default();
             by_rollout
-                .state_filter(|s| {
-                    s.namespace().as_deref() == Some(ns.as_str())
-                        && pko_api::rollout::carries(&r.spec.selector.match_labels, s.labels())
-                })
+                .state_filter(|s| super::rollout_hold::wakes(&r, s))
                 .iter()
                 .map(|s| ObjectRef::from_obj(&**s))
                 .collect::<Vec<_>>()

@@ -44,6 +44,22 @@ pub fn judge(
     Hold { rollout: Some(rollout), held }
 }
 
+/// Whether a change of `rollout` may change the hold of `stack` (the Stack controller's watch of rollouts): a Stack
+/// this rollout holds, when the rollout now admits it or no longer progresses (halted, paused, aborted, completed:
+/// its reason changes). A progressing rollout's status changes with every Stack it updates; waking every Stack it
+/// selects each time would reconcile them all per completion, for nothing. Other changes of a held Stack's reason
+/// reach it at its next look (30 s). Pure.
+pub fn wakes(rollout: &StackRollout, stack: &Stack) -> bool {
+    let held = stack.status.as_ref().and_then(|s| s.rollout.as_ref()).filter(|h| !h.admitted);
+    let Some(held) = held.filter(|h| Some(h.name.as_str()) == rollout.metadata.name.as_deref()) else { return false };
+    if stack.namespace() != rollout.namespace() {
+        return false;
+    }
+    let st = rollout.status.clone().unwrap_or_default();
+    let admitted = st.revision.as_deref() == Some(held.revision.as_str()) && st.admitted.contains(&stack.name_any());
+    admitted || st.phase != RolloutPhase::Progressing
+}
+
 /// Why rollout `name` (status `st`) holds a Stack at `last_good` that wants `revision`.
 fn why(name: &str, st: &pko_api::rollout::StackRolloutStatus, revision: &str, last_good: &str) -> String {
     let state = match (st.revision.as_deref(), st.phase) {
@@ -100,6 +116,23 @@ mod tests {
         assert!(admitted.rollout.unwrap().admitted);
         let other_revision = judge(&s, &st, "r3", &[rollout("waves", "web", progressing("r2", &["web"]))], false);
         assert!(other_revision.held.is_some(), "admitted to r2, not to r3");
+    }
+
+    #[test]
+    fn a_rollout_wakes_only_the_stacks_it_holds_when_it_admits_them_or_stops_progressing() {
+        let (mut s, mut st) = stack("web");
+        let held = |admitted| StackRolloutRef { name: "waves".into(), revision: "r2".into(), admitted, message: None };
+        st.rollout = Some(held(false));
+        s.status = Some(st.clone());
+        assert!(!wakes(&rollout("waves", "web", progressing("r2", &["other"])), &s), "still held: nothing to do");
+        assert!(wakes(&rollout("waves", "web", progressing("r2", &["web"])), &s), "admitted now");
+        assert!(!wakes(&rollout("waves", "web", progressing("r3", &["web"])), &s), "admitted to another revision");
+        let halted = StackRolloutStatus { phase: RolloutPhase::Halted, ..progressing("r2", &[]) };
+        assert!(wakes(&rollout("waves", "web", halted), &s), "its reason changes");
+        assert!(!wakes(&rollout("zeta", "web", progressing("r2", &["web"])), &s), "held by another rollout");
+        st.rollout = Some(held(true));
+        s.status = Some(st);
+        assert!(!wakes(&rollout("waves", "web", progressing("r2", &["web"])), &s), "admitted already");
     }
 
     #[test]
