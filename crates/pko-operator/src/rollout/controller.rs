@@ -64,7 +64,23 @@ pub fn view(stack: &Stack, name: &str) -> StackView {
         failed: last
             .filter(|l| l.state == Some(StackUpdateStateMessage::Failed))
             .and_then(|l| l.last_attempted_commit.clone()),
+        source: source(stack),
     }
+}
+
+/// Where `stack` takes its revisions from, as a key two Stacks share when they learn the same revisions: its Program
+/// (`program:<name>`), its Flux source (`flux:<kind>/<name>`), or its git repository and branch or commit
+/// (`git:<repo>@<branch|commit>`; `spec.repoDir` does not change the revision). `None` when it has none. Pure.
+pub fn source(stack: &Stack) -> Option<String> {
+    let spec = &stack.spec;
+    if let Some(p) = &spec.program_ref {
+        return Some(format!("program:{}", p.name));
+    }
+    if let Some(f) = &spec.flux_source {
+        return Some(format!("flux:{}/{}", f.source_ref.kind, f.source_ref.name));
+    }
+    let at = spec.commit.as_deref().or(spec.branch.as_deref()).unwrap_or_default();
+    spec.project_repo.as_ref().map(|repo| format!("git:{repo}@{at}"))
 }
 
 /// The annotation values of `rollout` not judged yet. Pure.
@@ -91,6 +107,7 @@ async fn stacks(c: &RolloutController, rollout: &StackRollout) -> Result<Vec<Sta
     Ok(listed
         .items
         .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter(|s| pko_api::rollout::governing(&rollouts, &ns, s.labels()).is_some_and(|r| r.name_any() == name))
         .map(|s| view(s, &name))
         .collect())
@@ -161,4 +178,31 @@ pub fn controller(
         pko_api::rollout::governing(&by_stack.state(), &ns, s.labels()).map(|r| ObjectRef::from_obj(&**r))
     });
     async move { crate::k8s::run_controller(controller, ctx.running(), "rollout", reconcile, state).await }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(spec: serde_json::Value) -> Stack {
+        serde_json::from_value(serde_json::json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+            "metadata": {"name": "s", "namespace": "ns"}, "spec": spec}))
+        .unwrap()
+    }
+
+    #[test]
+    fn stacks_that_learn_the_same_revisions_share_their_source_key() {
+        let at = |dir: &str, branch: &str| {
+            source(&stack(serde_json::json!({"stack": "s", "projectRepo": "https://g/r", "repoDir": dir,
+                "branch": branch})))
+        };
+        assert_eq!(at("a", "main"), at("b", "main"), "the directory does not change the revision");
+        assert_ne!(at("a", "main"), at("a", "next"));
+        let program = source(&stack(serde_json::json!({"stack": "s", "programRef": {"name": "p"}})));
+        assert_eq!(program.as_deref(), Some("program:p"));
+        let flux = stack(serde_json::json!({"stack": "s", "fluxSource":
+            {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "g"}}}));
+        assert_eq!(source(&flux).as_deref(), Some("flux:GitRepository/g"));
+        assert_eq!(source(&stack(serde_json::json!({"stack": "s"}))), None);
+    }
 }

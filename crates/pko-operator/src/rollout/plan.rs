@@ -4,8 +4,11 @@
 //!
 //! A Stack *wants* revision R while its controller holds it for R or has admitted it (`Stack.status.rollout`); it
 //! *runs* R once its last successful update was of R, and *failed* R when its last update of R failed. A step is done
-//! when every Stack of it that wants R runs it (or failed, within the budget); Stacks of a step that learn of R later
-//! (each Stack polls its source on its own) are admitted when they do, if their step has started.
+//! when every Stack of it that wants R runs it (or failed, within the budget). Each Stack learns of R on its own (it
+//! polls its source, or its Program changed): a Stack that neither wants nor runs R yet but has the same source as
+//! one that does (`StackView::source`) is a member that has not learned R yet — its step waits for it, and it may be
+//! admitted before it learns (then it updates as soon as it does). So a step is never done, nor a failing step
+//! halted, while a Stack of it is still learning of R.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,6 +37,8 @@ pub struct StackView {
     pub runs: Option<String>,
     /// The revision of its last update, when that failed.
     pub failed: Option<String>,
+    /// Where it takes its revisions from (`None`: unknown): Stacks with the same source learn the same revisions.
+    pub source: Option<String>,
 }
 
 /// The requests of the rollout's annotations not judged yet.
@@ -124,7 +129,12 @@ pub fn advance(
         st.phase = RolloutPhase::Idle;
         return (st, None);
     };
-    let mut r = Run { spec, stacks, revision: &revision, now, st };
+    let sources = stacks
+        .iter()
+        .filter(|s| s.wants.as_deref() == Some(&revision) || s.runs.as_deref() == Some(&revision))
+        .filter_map(|s| s.source.clone())
+        .collect();
+    let mut r = Run { spec, stacks, revision: &revision, sources, now, st };
     let again = r.go();
     (r.st, again)
 }
@@ -134,15 +144,23 @@ struct Run<'a> {
     spec: &'a StackRolloutSpec,
     stacks: &'a [StackView],
     revision: &'a str,
+    /// The sources of the Stacks that want or run the revision: every Stack of these learns of it.
+    sources: std::collections::BTreeSet<String>,
     now: &'a Time,
     st: StackRolloutStatus,
 }
 
 impl<'a> Run<'a> {
-    /// The Stacks of step `i` in this revision: those that want or run it.
+    /// The Stacks of step `i` in this revision: those that want or run it, and those still learning of it (the same
+    /// source as one that wants or runs it).
     fn members(&self, i: usize) -> Vec<&'a StackView> {
         let (stacks, spec, revision): (&'a [StackView], _, _) = (self.stacks, self.spec, self.revision);
-        let part = |s: &&StackView| s.wants.as_deref() == Some(revision) || s.runs.as_deref() == Some(revision);
+        let sources = &self.sources;
+        let part = |s: &&StackView| {
+            s.wants.as_deref() == Some(revision)
+                || s.runs.as_deref() == Some(revision)
+                || s.source.as_ref().is_some_and(|src| sources.contains(src))
+        };
         stacks.iter().filter(part).filter(|s| step_of(spec, &s.labels) == i).collect()
     }
 

@@ -29,6 +29,7 @@ fn fleet(n: usize, rest: usize, r: &str, old: &str) -> Vec<StackView> {
                 wants: Some(r.into()),
                 runs: Some(old.into()),
                 failed: None,
+                source: None,
             });
         }
     }
@@ -176,4 +177,36 @@ fn stacks_that_learn_of_the_revision_late_join_their_started_step() {
     let st = advance(&spec, &st, &stacks, &Requests::default(), &at(2)).0;
     assert!(st.admitted.contains(&"a001".to_string()), "admitted on learning: {st:?}");
     assert!(!st.admitted.contains(&"c000".to_string()), "a later step waits");
+}
+
+#[test]
+fn a_step_waits_for_its_stacks_still_learning_of_the_revision_from_the_same_source() {
+    let spec = spec(&[None, None, None]);
+    let mut stacks = fleet(2, 0, "r2", "r1");
+    stacks.iter_mut().for_each(|s| s.source = Some("program:p".into()));
+    // only a000 has seen the Program change yet
+    stacks.iter_mut().skip(1).for_each(|s| s.wants = None);
+    let st = advance(&spec, &StackRolloutStatus::default(), &stacks, &Requests::default(), &at(0)).0;
+    assert_eq!((st.step, st.admitted.clone()), (0, vec!["a000".to_string(), "a001".into()]), "a001 in advance");
+    stacks[0].runs = Some("r2".into());
+    let st = advance(&spec, &st, &stacks, &Requests::default(), &at(1)).0;
+    assert_eq!(st.step, 0, "a001 has not learned of r2 yet: step 1 is not done");
+    assert_eq!(st.steps[0].stacks, 2);
+    stacks[1].runs = Some("r2".into());
+    stacks[3].wants = Some("r2".into()); // b001 learns, b000 not yet
+    let st = advance(&spec, &st, &stacks, &Requests::default(), &at(2)).0;
+    assert_eq!(st.step, 1);
+    assert!(st.admitted.contains(&"b000".to_string()) && st.admitted.contains(&"b001".to_string()), "{st:?}");
+    // b001 fails: the rollout halts with b000 admitted, which updates once it learns
+    stacks[3].failed = Some("r2".into());
+    let st = advance(&spec, &st, &stacks, &Requests::default(), &at(3)).0;
+    assert_eq!(st.phase, RolloutPhase::Halted);
+    assert!(st.admitted.contains(&"b000".to_string()) && !st.admitted.iter().any(|a| a.starts_with('c')));
+    // a Stack of another source that does not want r2 is no member
+    let mut other = fleet(1, 0, "r2", "r1");
+    other[0].source = Some("program:p".into());
+    other[1].source = Some("program:q".into());
+    other[1].wants = None;
+    let st = advance(&spec, &StackRolloutStatus::default(), &other, &Requests::default(), &at(0)).0;
+    assert_eq!(st.steps[0].stacks, 1);
 }
