@@ -254,8 +254,17 @@ pub async fn run(
 /// Errors: the URL or branch refused ([`validate_url`], [`validate_ref`]), git's message (unreachable remote, refused
 /// credentials), a timeout, or `no commits found for ref "<b>"`.
 pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Result<String, String> {
-    validate_url(url)?;
     validate_ref("branch", branch)?;
+    let listing = ls_remote_listing(url, creds).await?;
+    head_of(&listing, url, branch)
+}
+
+/// Every ref of the remote `url` as `git ls-remote` lists them (`<sha>\t<name>` lines), within
+/// [`LS_REMOTE_TIMEOUT`]: one listing answers for every branch of the repository.
+///
+/// Errors: the URL refused ([`validate_url`]), git's message (unreachable remote, refused credentials), a timeout.
+pub async fn ls_remote_listing(url: &str, creds: &GitCredentials) -> Result<String, String> {
+    validate_url(url)?;
     let auth = GitAuthEnv::new(creds)?;
     let mut cmd = auth.command();
     cmd.args(["ls-remote", "--end-of-options", url]);
@@ -263,8 +272,14 @@ pub async fn ls_remote(url: &str, branch: &str, creds: &GitCredentials) -> Resul
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
-    pick_ref(&String::from_utf8_lossy(&out.stdout), branch)
-        .ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The commit `branch` names in `listing` (of `url`), as [`ls_remote`] resolves it. Pure.
+///
+/// Errors: `no commits found for ref "<b>" in <url>`.
+pub fn head_of(listing: &str, url: &str, branch: &str) -> Result<String, String> {
+    pick_ref(listing, branch).ok_or_else(|| format!("no commits found for ref \"{branch}\" in {url}"))
 }
 
 /// go-git's short name of a ref: `refs/heads/x`, `refs/tags/x` and `refs/remotes/x` give `x`, any other `refs/x` gives

@@ -53,6 +53,8 @@ pub struct Context {
     /// The Secrets operation requests name, read only when changed ([`crate::secret_cache`]); by default without a
     /// watch (every use reads).
     pub secrets: crate::secret_cache::SecretCache,
+    /// Branch heads of git remotes, one `ls-remote` shared by the Stacks that ask at once ([`crate::git_heads`]).
+    pub git_heads: crate::git_heads::GitHeads,
 }
 
 /// Where this replica runs: its host, and where the fleet's membership Leases are.
@@ -111,6 +113,7 @@ impl Context {
             placement: Placement::here(None, None),
             outputs: crate::outputs::Written::default(),
             secrets: crate::secret_cache::SecretCache::default(),
+            git_heads: crate::git_heads::GitHeads::default(),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod authz;
 pub mod context;
 pub mod events;
 pub mod fleet;
+pub mod git_heads;
 pub mod informer;
 pub mod k8s;
 pub mod leader;

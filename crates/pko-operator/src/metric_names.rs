@@ -31,6 +31,9 @@ pub const OUTPUTS_READS_TOTAL: &str = "pko_outputs_reads_total";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "pko_webhook_deliveries_total";
 /// Counter: Stacks asked to sync by a webhook delivery.
 pub const WEBHOOK_SYNCS_TOTAL: &str = "pko_webhook_syncs_total";
+/// Counter: `git ls-remote` listings run to resolve Stacks' branches ([`crate::git_heads`]: one answers every Stack of
+/// the remote that asked while the previous one ran).
+pub const GIT_LISTINGS_TOTAL: &str = "pko_git_listings_total";
 /// Counter: drift remediations started (`autoRemediate`).
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).

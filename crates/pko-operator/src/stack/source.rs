@@ -281,7 +281,7 @@ async fn resolve_git(
     }
     let creds = git_credentials(ctx, ns, auth.as_deref()).await?;
     let branch = spec.branch.clone().unwrap_or_default();
-    Ok(match pko_git::ls_remote(repo, &branch, &creds).await {
+    Ok(match ctx.git_heads.head(ns, repo, &branch, &creds).await {
         Ok(sha) => Resolved::Source(ResolvedSource::Git { url: repo.to_string(), commit: sha, auth }),
         Err(e) => Resolved::Stalled(sc::SOURCE_UNAVAILABLE, format!("resolving branch {branch} of {repo}: {e}")),
     })
