@@ -85,6 +85,9 @@ pub struct SourceCache {
     http: reqwest::Client,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     in_use: Mutex<HashSet<String>>,
+    /// The size of each entry, measured once when first listed (an entry does not change once ready; walking
+    /// `node_modules` at each `Status` would cost more than the call).
+    sizes: Mutex<HashMap<String, u64>>,
 }
 
 /// One cached source (for `Status`).
@@ -112,7 +115,7 @@ impl SourceCache {
             .redirect(reqwest::redirect::Policy::limited(5))
             .build()
             .map_err(std::io::Error::other)?;
-        Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default() })
+        Ok(Self { cfg, http, locks: Mutex::default(), in_use: Mutex::default(), sizes: Mutex::default() })
     }
 
     /// Prepares `source` (or reuses its cached working directory) and returns the project directory; `pulumi install`
@@ -254,6 +257,7 @@ impl SourceCache {
     /// Errors: it could not be removed.
     pub fn discard(&self, key: &str) -> std::io::Result<()> {
         let path = self.cfg.root.join(key);
+        self.forget_size(key);
         crate::trees::remove_tree(&path)?;
         tracing::warn!(key, "discarded a cached source whose dependency trees changed");
         Ok(())
@@ -273,7 +277,7 @@ impl SourceCache {
             .filter(|e| e.path().join(READY).exists())
             .map(|e| CachedEntry {
                 key: e.file_name().to_string_lossy().into_owned(),
-                size_bytes: dir_size(&e.path()),
+                size_bytes: self.size_of(&e.file_name().to_string_lossy(), &e.path()),
                 last_used: std::fs::metadata(e.path().join(READY))
                     .and_then(|m| m.modified())
                     .unwrap_or(SystemTime::UNIX_EPOCH),
@@ -281,6 +285,20 @@ impl SourceCache {
             .collect();
         v.sort_by_key(|e| std::cmp::Reverse(e.last_used));
         v
+    }
+
+    /// The size of entry `key` at `path`, measured the first time it is asked for.
+    fn size_of(&self, key: &str, path: &Path) -> u64 {
+        let known = self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).copied();
+        known.unwrap_or_else(|| {
+            let n = dir_size(path);
+            self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.to_string(), n);
+            n
+        })
+    }
+
+    fn forget_size(&self, key: &str) {
+        self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
     }
 
     fn evict(&self) {
@@ -294,6 +312,7 @@ impl SourceCache {
             if in_use.contains(&e.key) {
                 continue;
             }
+            self.forget_size(&e.key);
             if crate::trees::remove_tree(&self.cfg.root.join(&e.key)).is_ok() {
                 tracing::info!(key = %e.key, bytes = e.size_bytes, "evicted cached source");
                 total -= e.size_bytes;

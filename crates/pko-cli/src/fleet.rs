@@ -132,6 +132,11 @@ fn pairs(m: &BTreeMap<String, u32>) -> String {
     if m.is_empty() { "none".into() } else { m.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(", ") }
 }
 
+/// `n` bytes in MiB, one decimal. Pure.
+fn mib(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
+}
+
 /// The summary lines under the table: shards, then the live replicas' queue, running operations and pool agents. Pure.
 fn summary(f: &Fleet) -> String {
     let t = &f.total;
@@ -140,8 +145,16 @@ fn summary(f: &Fleet) -> String {
     out.push_str(&format!("queued by namespace: {}\n", pairs(&t.queued)));
     out.push_str(&format!("running by class: {} ({} in flight)\n", pairs(&t.running), t.in_flight));
     if !t.agents.is_empty() || t.pool_bounds.is_some() {
-        let agents: Vec<String> =
-            t.agents.iter().map(|(k, a)| format!("{k}: {} busy, {} idle", a.busy, a.idle)).collect();
+        let agents: Vec<String> = t
+            .agents
+            .iter()
+            .map(|(k, a)| {
+                let disk = (a.disk_bytes > 0)
+                    .then(|| format!(", disk {} (largest agent {})", mib(a.disk_bytes), mib(a.max_agent_disk_bytes)))
+                    .unwrap_or_default();
+                format!("{k}: {} busy, {} idle{disk}", a.busy, a.idle)
+            })
+            .collect();
         let bounds =
             t.pool_bounds.map(|(lo, hi)| format!(" (per replica and class: min {lo}, max {hi})")).unwrap_or_default();
         out.push_str(&format!(
@@ -210,7 +223,8 @@ mod tests {
     fn member(id: &str, renewed: &str) -> Value {
         let load = concat!(
             r#"{"queued":{"team-a":3},"inFlight":2,"running":{"c1":2},"#,
-            r#""agents":{"c1":{"busy":2,"idle":1}},"poolBounds":[0,4]}"#
+            r#""agents":{"c1":{"busy":2,"idle":1,"diskBytes":3145728,"maxAgentDiskBytes":2097152}},"#,
+            r#""poolBounds":[0,4]}"#
         );
         json!({"metadata": {"labels": {"pulumi.com/lease": "member"}, "annotations": {"pulumi.com/shards": "64",
             "pulumi.com/load": load}},
@@ -263,7 +277,8 @@ mod tests {
             t.contains("queued by namespace: team-a=3\n") && t.contains("running by class: c1=2 (2 in flight)\n"),
             "{t}"
         );
-        assert!(t.contains("pool agents by class: c1: 2 busy, 1 idle (per replica and class: min 0, max 4)"), "{t}");
+        let agents = "pool agents by class: c1: 2 busy, 1 idle, disk 3.0 MiB (largest agent 2.0 MiB) (per replica";
+        assert!(t.contains(agents), "{t}");
         assert!(t.lines().nth(1).is_some_and(|l| l.ends_with("3        2           2/3")), "{t}");
     }
 

@@ -11,11 +11,23 @@ pub const LOAD_ANNOTATION: &str = "pulumi.com/load";
 
 /// Agents of one pool class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Agents {
     /// Running an operation (or lent to one).
     pub busy: u32,
     /// Running, free.
     pub idle: u32,
+    /// Bytes the agents keep on disk between operations (prepared revisions and their dependency trees), as they
+    /// last reported them (every 10 s); 0 when not known.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disk_bytes: u64,
+    /// The largest of those agents' bytes on disk.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_agent_disk_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One replica's load.
@@ -58,6 +70,8 @@ impl Load {
             let t = self.agents.entry(k.clone()).or_default();
             t.busy += a.busy;
             t.idle += a.idle;
+            t.disk_bytes += a.disk_bytes;
+            t.max_agent_disk_bytes = t.max_agent_disk_bytes.max(a.max_agent_disk_bytes);
         }
         self.in_flight += other.in_flight;
         self.pool_bounds = self.pool_bounds.or(other.pool_bounds);
@@ -77,7 +91,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (a.queued["team-a"], a.in_flight, a.agents["c1"], a.pool_bounds),
-            (3, 2, Agents { busy: 2, idle: 1 }, Some((0, 4)))
+            (3, 2, Agents { busy: 2, idle: 1, ..Default::default() }, Some((0, 4)))
         );
         assert_eq!(Load::parse(&serde_json::to_string(&a).unwrap()), Some(a.clone()));
         assert_eq!(Load::parse("not json"), None);

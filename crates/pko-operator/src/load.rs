@@ -44,13 +44,23 @@ pub fn set_running(class: &str, n: usize) {
     });
 }
 
-/// Records the agents of pool class `class`.
+/// Records the agents of pool class `class` (their disk as last recorded stays).
 pub fn set_agents(class: &str, busy: usize, idle: usize) {
     with(|l| {
         if busy + idle == 0 {
             l.agents.remove(class);
         } else {
-            l.agents.insert(class.to_string(), Agents { busy: count(busy), idle: count(idle) });
+            let a = l.agents.entry(class.to_string()).or_default();
+            (a.busy, a.idle) = (count(busy), count(idle));
+        }
+    });
+}
+
+/// Records the bytes the agents of pool class `class` keep on disk: `total` over them, `max` the largest agent's.
+pub fn set_agent_disk(class: &str, total: u64, max: u64) {
+    with(|l| {
+        if let Some(a) = l.agents.get_mut(class) {
+            (a.disk_bytes, a.max_agent_disk_bytes) = (total, max);
         }
     });
 }
@@ -86,7 +96,7 @@ mod tests {
         assert_eq!(l.queued, [("team-a".to_string(), 3)].into());
         assert_eq!(
             (l.in_flight, l.running.len(), l.agents["c1"], l.pool_bounds),
-            (2, 1, Agents { busy: 2, idle: 1 }, Some((0, 4)))
+            (2, 1, Agents { busy: 2, idle: 1, ..Default::default() }, Some((0, 4)))
         );
         let back: Load = serde_json::from_str(&announcement()).unwrap();
         assert_eq!(back, l);

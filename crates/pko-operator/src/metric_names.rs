@@ -34,6 +34,8 @@ pub const WEBHOOK_SYNCS_TOTAL: &str = "pko_webhook_syncs_total";
 /// Counter: `git ls-remote` listings run to resolve Stacks' branches ([`crate::git_heads`]: one answers every Stack of
 /// the remote that asked while the previous one ran).
 pub const GIT_LISTINGS_TOTAL: &str = "pko_git_listings_total";
+/// Gauge: bytes the pool agents of a class keep on disk between operations (their cached sources), by `class`.
+pub const POOL_AGENT_DISK_BYTES: &str = "pko_pool_agent_disk_bytes";
 /// Counter: drift remediations started (`autoRemediate`).
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).

@@ -245,6 +245,15 @@ async fn stacks_taking_turns_on_one_pooled_agent_see_nothing_of_each_other() {
     assert_eq!(slots(&pools_dir).len(), 1, "all three turns on the one slot of the pool");
     let pids = agent_pids.into_inner().unwrap();
     assert_eq!(pids.len(), 1, "all three turns on one agent process: {pids:?}");
+    // the agent's disk (the Program's prepared source) is reported for kubectl pko fleet and as a gauge
+    let ws = ns.api::<Workspace>().get("isoa").await.unwrap();
+    let pool = ws.status.and_then(|s| s.pool).expect("status.pool");
+    eventually("the pool reports its agent's disk", 30, || async {
+        let disk = pko_operator::load::snapshot().agents.get(&pool).map_or(0, |a| a.disk_bytes);
+        let gauge = format!("pko_pool_agent_disk_bytes{{class=\"{pool}\"}}");
+        disk > 0 && sample(&operator.metrics().await, &gauge) == disk as f64
+    })
+    .await;
     operator.stop().await;
     let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
 }

@@ -79,6 +79,27 @@ impl Affinity {
     }
 }
 
+/// How often a pool asks its agents how much they keep on disk (for `kubectl pko fleet`): 10 seconds (a `Status` call
+/// per agent; the agent measures each prepared source once).
+pub const DISK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The bytes a class's agents keep on disk, from their `Status` answers (the sizes of their cached sources): the total
+/// and the largest agent's. Pure.
+pub fn disk(answers: &[pko_proto::v1::StatusResponse]) -> (u64, u64) {
+    let each: Vec<u64> = answers
+        .iter()
+        .map(|a| a.cached_sources.iter().map(|c| u64::try_from(c.size_bytes).unwrap_or(0)).sum())
+        .collect();
+    (each.iter().sum(), each.iter().copied().max().unwrap_or(0))
+}
+
+/// Publishes the disk of class `class`'s agents from their `answers` (load board and `pko_pool_agent_disk_bytes`).
+pub fn publish_disk(class: &str, answers: &[pko_proto::v1::StatusResponse]) {
+    let (total, max) = disk(answers);
+    metrics::gauge!(crate::metric_names::POOL_AGENT_DISK_BYTES, "class" => class.to_string()).set(total as f64);
+    crate::load::set_agent_disk(class, total, max);
+}
+
 /// The key [`Affinity`] remembers a Workspace by: `<namespace>/<name>`.
 pub fn affinity_key(ws: &pko_api::Workspace) -> String {
     use kube::ResourceExt;
@@ -149,5 +170,19 @@ mod tests {
         assert_eq!(ledger.with(&id, |n| *n), Some(2));
         ledger.remove(&id);
         assert!(ledger.lock().is_empty());
+    }
+
+    #[test]
+    fn a_class_s_disk_is_the_sum_of_its_agents_cached_sources_and_the_largest_agent_s() {
+        let agent = |sizes: &[i64]| pko_proto::v1::StatusResponse {
+            cached_sources: sizes
+                .iter()
+                .map(|n| pko_proto::v1::CachedSource { size_bytes: *n, ..Default::default() })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(disk(&[agent(&[10, 20]), agent(&[5]), agent(&[])]), (35, 30));
+        assert_eq!(disk(&[]), (0, 0));
+        assert_eq!(disk(&[agent(&[-1, 4])]), (4, 4), "a negative size counts as nothing");
     }
 }

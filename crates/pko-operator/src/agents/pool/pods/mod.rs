@@ -458,6 +458,8 @@ impl PodPools {
         metrics::gauge!(crate::metric_names::POOL_AGENTS, "class" => class.to_string(), "state" => "idle")
             .set(f64::from(idle));
         crate::load::set_agents(class.as_str(), busy as usize, idle as usize);
+        let answered: Vec<_> = answers.iter().flatten().cloned().collect();
+        super::publish_disk(class.as_str(), &answered);
         let top = replicas
             .checked_sub(1)
             .and_then(|t| answers.get(t).cloned().flatten())

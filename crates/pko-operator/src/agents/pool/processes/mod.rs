@@ -97,6 +97,8 @@ pub struct LocalPools {
     cfg: PoolConfig,
     pools: Ledger<Pool>,
     identities: IdentityChecks,
+    /// When the agents' disk was last asked for ([`super::DISK_EVERY`]).
+    disk_asked: std::sync::Mutex<Option<Instant>>,
 }
 
 impl LocalPools {
@@ -110,6 +112,7 @@ impl LocalPools {
             cfg,
             pools: Ledger::default(),
             identities: IdentityChecks::default(),
+            disk_asked: std::sync::Mutex::default(),
         })
     }
 
@@ -337,6 +340,33 @@ impl LocalPools {
         self.forget_dead_and_ask_unfollowed().await;
         self.resize().await;
         self.renew_tokens().await;
+        self.ask_disk().await;
+    }
+
+    /// Every [`super::DISK_EVERY`]: each class's live agents are asked how much they keep on disk.
+    async fn ask_disk(&self) {
+        {
+            let mut asked = self.disk_asked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if asked.is_some_and(|t| t.elapsed() < super::DISK_EVERY) {
+                return;
+            }
+            *asked = Some(Instant::now());
+        }
+        let addresses: Vec<(PoolId, Vec<String>)> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|(class, pool)| {
+                (class.clone(), pool.slots.iter().filter_map(|s| s.agent.as_ref().map(|a| a.address.clone())).collect())
+            })
+            .collect();
+        for (class, addresses) in addresses {
+            let mut answers = Vec::new();
+            for address in addresses {
+                answers.extend(crate::agents::client::status(&address, None).await.ok());
+            }
+            super::publish_disk(class.as_str(), &answers);
+        }
     }
 
     /// Dead agents go; agents that may still run an operation nobody follows are asked whether they are idle now.
