@@ -133,6 +133,8 @@ struct Measured {
     bare_install: Duration,
     agent_peak_kib: u64,
     bare_peak_kib: u64,
+    new_revision: Duration,
+    new_revision_unseeded: Duration,
 }
 
 async fn measure(lang: &Language) -> Measured {
@@ -146,9 +148,17 @@ async fn measure(lang: &Language) -> Measured {
     let contents: Vec<(&str, Vec<u8>)> = lang.files.iter().map(|f| (*f, std::fs::read(src.join(f)).unwrap())).collect();
     let files: Vec<(&str, &[u8])> = contents.iter().map(|(f, c)| (*f, c.as_slice())).collect();
     let tar = tarball(&files);
+    // a second revision: the program's main file changed, its dependencies not
+    let main_file = lang.files.last().copied().unwrap_or("Pulumi.yaml");
+    let comment = if matches!(lang.name, "typescript" | "go") { "\n// revision 2\n" } else { "\n# revision 2\n" };
+    let changed: Vec<(&str, Vec<u8>)> = contents
+        .iter()
+        .map(|(f, c)| (*f, if *f == main_file { [c.as_slice(), comment.as_bytes()].concat() } else { c.clone() }))
+        .collect();
+    let tar2 = tarball(&changed.iter().map(|(f, c)| (*f, c.as_slice())).collect::<Vec<_>>());
     let server = pko_testbed::plugins::PluginServer::kubernetes(
         &[lang.plugin_version],
-        HashMap::from([("/app.tar.gz".to_string(), tar.clone())]),
+        HashMap::from([("/app.tar.gz".to_string(), tar.clone()), ("/app2.tar.gz".to_string(), tar2.clone())]),
     )
     .await;
     let overrides = server.overrides();
@@ -163,12 +173,13 @@ async fn measure(lang: &Language) -> Measured {
     let (root, peak, stop) =
         (Arc::new(AtomicU32::new(agent.child.id())), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let sampler = sample(root.clone(), peak.clone(), stop.clone());
-    let up = |i: usize, stack: &str| {
+    let up_of = |i: usize, stack: &str, revision: u8| {
         let mut r = request(&env, &format!("{}-{stack}-up-{i}", lang.name), env.dir(), stack, OperationType::Up);
+        let (path, digest) = if revision == 2 { ("app2", sha256(&tar2)) } else { ("app", sha256(&tar)) };
         r.source = Some(Source {
             kind: Some(source::Kind::Artifact(ArtifactSource {
-                url: format!("{}/app.tar.gz", server.http.base),
-                digest: sha256(&tar),
+                url: format!("{}/{path}.tar.gz", server.http.base),
+                digest,
                 dir: String::new(),
                 mirrors: vec![],
             })),
@@ -179,6 +190,7 @@ async fn measure(lang: &Language) -> Measured {
         ];
         r
     };
+    let up = |i: usize, stack: &str| up_of(i, stack, 1);
     let t = Instant::now();
     let first_result = result(&run(&mut c, up(0, "agent")).await);
     let first = t.elapsed();
@@ -225,6 +237,7 @@ async fn measure(lang: &Language) -> Measured {
         bare_times.push(t.elapsed());
     }
     stop.store(true, Ordering::Relaxed);
+    let (new_revision, new_revision_unseeded) = new_revision(&mut c, &env, &agent_env, &up_of).await;
     let _ = std::fs::copy(&agent.log, format!("/tmp/work/agent-{}.log", lang.name));
     let _ = std::fs::copy(&shared_agent.log, format!("/tmp/work/shared-{}.log", lang.name));
     let _ = sampler.join();
@@ -237,7 +250,32 @@ async fn measure(lang: &Language) -> Measured {
         bare_install,
         agent_peak_kib: peak.load(Ordering::Relaxed),
         bare_peak_kib: bare_peak.load(Ordering::Relaxed),
+        new_revision,
+        new_revision_unseeded,
     }
+}
+
+/// The first `Run(up)` of a second revision (same dependencies) on the warm isolated agent `c` (its `node_modules`
+/// seeded from the first revision's), and on an agent started with `--seed-dependency-trees=false` that ran the first
+/// revision before (installs it from nothing).
+async fn new_revision(
+    c: &mut pko_proto::v1::agent_client::AgentClient<tonic::transport::Channel>,
+    env: &pko_testbed::PulumiEnv,
+    agent_env: &[(&str, &str)],
+    up_of: &impl Fn(usize, &str, u8) -> pko_proto::v1::OperationRequest,
+) -> (Duration, Duration) {
+    let timed = |r: pko_proto::v1::OperationResult, t: Instant| {
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+        t.elapsed()
+    };
+    let t = Instant::now();
+    let seeded = timed(result(&run(c, up_of(RUNS + 1, "agent", 2)).await), t);
+    let unseeded = Agent::start(env, &["--auth", "none", "--seed-dependency-trees=false"], agent_env);
+    let mut u = unseeded.client().await;
+    let t = Instant::now();
+    timed(result(&run(&mut u, up_of(0, "unseeded", 1)).await), t);
+    let t = Instant::now();
+    (seeded, timed(result(&run(&mut u, up_of(1, "unseeded", 2)).await), t))
 }
 
 /// Runs `pulumi args` in `dir` with the env's Pulumi settings and `vars`; with `peak`, samples its
@@ -283,13 +321,14 @@ async fn main() {
     println!(
         "| language | first Run(up), install included | Run(up) median, isolated | ratio to bare | Run(up) median, \
             shared | ratio to bare | bare pulumi up median | bare pulumi install | peak RSS agent tree | peak RSS bare \
-            pulumi tree |"
+            pulumi tree | new revision, seeded | ÷ isolated | new revision, unseeded | ÷ isolated |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for lang in languages().into_iter().filter(|l| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == l.name))) {
         let m = measure(&lang).await;
         println!(
-            "| {} | {:.2?} | {:.2?} | {:.2} | {:.2?} | {:.2} | {:.2?} | {:.2?} | {} MiB | {} MiB |",
+            "| {} | {:.2?} | {:.2?} | {:.2} | {:.2?} | {:.2} | {:.2?} | {:.2?} | {} MiB | {} MiB | {:.2?} | {:.2} | {:.2?} \
+             | {:.2} |",
             lang.name,
             m.first,
             m.agent,
@@ -299,7 +338,11 @@ async fn main() {
             m.bare,
             m.bare_install,
             m.agent_peak_kib >> 10,
-            m.bare_peak_kib >> 10
+            m.bare_peak_kib >> 10,
+            m.new_revision,
+            m.new_revision.as_secs_f64() / m.agent.as_secs_f64(),
+            m.new_revision_unseeded,
+            m.new_revision_unseeded.as_secs_f64() / m.agent.as_secs_f64()
         );
     }
 }

@@ -105,6 +105,15 @@ fn median_max(v: &[f64]) -> (f64, f64) {
     (s.get(s.len() / 2).copied().unwrap_or(f64::NAN), s.last().copied().unwrap_or(f64::NAN))
 }
 
+/// `pko_git_listings_total` in a Prometheus text exposition (0 when absent).
+fn listings(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("pko_git_listings_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 fn woken(list: &[Stack], value: &str) -> Vec<String> {
     let key = pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
     list.iter()
@@ -178,8 +187,11 @@ async fn main() {
     };
     let sha = push_commit(&root, "r3.git", "two");
     let push3 = body(&git.url("r3.git"), &sha);
+    let listings = || async { listings(&op.metrics().await) };
+    let listed_before = listings().await;
     let (code, hook_s, times) = timed(&stacks, of_repo(3), &sha, deliver(&http, &url, &push3, TOKEN)).await;
     assert_eq!(code, 200);
+    let listed = listings().await - listed_before;
     let list = stacks.list(&Default::default()).await.unwrap().items;
     let mut woke = woken(&list, &format!("push-{sha}"));
     woke.sort();
@@ -190,7 +202,7 @@ async fn main() {
     println!(
         "| HOLLOW AGENTS | {n} Stacks, {repos} repositories | one signed push hook | answered in {hook_s:.2} s | \
         woke {} Stacks ({} expected, exactly them: {}) | push -> Update median {med:.2} s, p90 {p90:.2} s, \
-        max {max:.2} s |",
+        max {max:.2} s | git ls-remote listings for them: {listed} |",
         woke.len(),
         want.len(),
         woke == want

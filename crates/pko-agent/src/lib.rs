@@ -24,6 +24,7 @@ pub mod output;
 pub mod pulumi;
 pub mod runner;
 pub mod sandbox;
+pub mod seed;
 pub mod service;
 pub mod sidecars;
 pub mod source;

@@ -143,6 +143,11 @@ struct Serve {
     /// language caches across its operations).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     isolate_operations: bool,
+    /// A new revision's `node_modules` starts as a copy of an earlier prepared revision's when their package manifests
+    /// and lockfiles are byte-identical (its seal verified first), so `pulumi install` only checks it (`pko_agent::seed`).
+    /// `false`: every revision installs from nothing.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    seed_dependency_trees: bool,
     /// Seconds an operation waits for the holders of its stack's backend lock that still run on this host (a killed
     /// agent's `pulumi` being stopped, another operation ending) before it reports `UPDATE_CONFLICT`. Holders on other
     /// hosts are never waited for.
@@ -259,6 +264,7 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
         max_artifact_bytes: u64::try_from(a.max_artifact_bytes).unwrap_or(u64::MAX),
         download,
         pulumi: pulumi.clone(),
+        seed_dependency_trees: a.seed_dependency_trees,
     };
     let sources = SourceCache::new(cache).with_context(|| format!("creating {}", a.work_dir.display()))?;
     let sandboxes = if a.isolate_operations {

@@ -61,6 +61,9 @@ pub struct CacheConfig {
     pub download: DownloadConfig,
     /// The Pulumi CLI for `pulumi install`.
     pub pulumi: crate::pulumi::Cli,
+    /// Whether a new revision's `node_modules` is seeded from an earlier prepared revision with the same manifests
+    /// before `pulumi install` ([`crate::seed`]; `pko-agent serve --seed-dependency-trees`).
+    pub seed_dependency_trees: bool,
 }
 
 /// Timeouts and retries of artifact downloads (PKO retries a Flux fetch 3 times); the agent's `--artifact-*` flags set
@@ -206,13 +209,41 @@ impl SourceCache {
             let where_ = if dir.is_empty() { "the root" } else { dir };
             return Err(err(format!("no Pulumi.yaml in {where_} of the source")));
         }
+        // the ready marker records the Node.js manifests as fetched: what a later revision is seeded by
+        let manifests = crate::seed::manifest_digest(&project).unwrap_or_default();
         if install {
+            self.seed(&project, dir, &manifests).await;
             self.install(&project, env).await?;
         }
-        std::fs::write(tmp.path().join(READY), "").map_err(|e| err(e.to_string()))?;
+        std::fs::write(tmp.path().join(READY), &manifests).map_err(|e| err(e.to_string()))?;
         let _ = crate::trees::remove_tree(path);
         let tmp_path = tmp.keep();
         std::fs::rename(&tmp_path, path).map_err(|e| err(format!("caching the source: {e}")))
+    }
+
+    /// Seeds `project` (a new revision; `dir` in its source) from the freshest prepared revision that may seed it
+    /// ([`crate::seed`]), off the async threads (a copy of a tree takes seconds).
+    async fn seed(&self, project: &Path, dir: &str, manifests: &str) {
+        if !self.cfg.seed_dependency_trees || manifests.is_empty() {
+            return;
+        }
+        let donors: Vec<(PathBuf, String)> = self
+            .entries()
+            .into_iter()
+            .filter_map(|e| {
+                let entry = self.cfg.root.join(&e.key);
+                let recorded = std::fs::read_to_string(entry.join(READY)).ok()?;
+                Some((safe_join(&entry, dir).ok()?, recorded))
+            })
+            .collect();
+        let (target, digest) = (project.to_path_buf(), manifests.to_string());
+        let started = std::time::Instant::now();
+        let seeded =
+            tokio::task::spawn_blocking(move || crate::seed::seed_node_modules(&target, &digest, donors)).await;
+        if let Ok(Some(donor)) = seeded {
+            tracing::info!(project = %project.display(), donor = %donor.display(),
+                seconds = started.elapsed().as_secs_f64(), "seeded node_modules from a revision with the same manifests");
+        }
     }
 
     /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies, provider

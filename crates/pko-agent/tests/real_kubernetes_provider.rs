@@ -39,9 +39,17 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     let tar = tarball(p.files);
+    // a second revision of a Node.js program: its code changed, its dependencies not
+    let node = p.files.iter().any(|(f, _)| *f == "package.json");
+    let changed: Vec<(&str, Vec<u8>)> = p
+        .files
+        .iter()
+        .map(|(f, c)| (*f, if *f == "index.ts" { [*c, b"\n// revision 2\n".as_slice()].concat() } else { c.to_vec() }))
+        .collect();
+    let tar2 = tarball(&changed.iter().map(|(f, c)| (*f, c.as_slice())).collect::<Vec<_>>());
     let server = pko_testbed::plugins::PluginServer::kubernetes(
         &[p.plugin_version],
-        HashMap::from([("/app.tar.gz".to_string(), tar.clone())]),
+        HashMap::from([("/app.tar.gz".to_string(), tar.clone()), ("/app2.tar.gz".to_string(), tar2.clone())]),
     )
     .await;
     let kubeconfig = bed.kubeconfig().display().to_string();
@@ -92,6 +100,28 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     let warm = t.elapsed();
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(String::from_utf8_lossy(&greeting()), "hej igen");
+
+    if node {
+        // the second revision starts from the first's node_modules (same manifests) and runs
+        req.operation_id = format!("{}-k8s-up-3", p.prefix);
+        req.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: format!("{}/app2.tar.gz", server.http.base),
+                digest: sha256(&tar2),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
+        });
+        req.config[1] = config("greeting", serde_json::json!("revision 2"), false);
+        let t = std::time::Instant::now();
+        let r = result(&run(&mut c, req.clone()).await);
+        assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+        eprintln!("the second revision's first up: {:?}", t.elapsed());
+        assert_eq!(String::from_utf8_lossy(&greeting()), "revision 2");
+        let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+        let seeded = log.lines().find(|l| l.contains("seeded node_modules from a revision with the same manifests"));
+        eprintln!("{}", seeded.unwrap_or_else(|| panic!("no seed in the agent's log: {log}")));
+    }
 
     req.operation_id = format!("{}-k8s-destroy", p.prefix);
     req.r#type = OperationType::Destroy as i32;

@@ -1,0 +1,210 @@
+//! A new revision's `node_modules` seeded from an earlier prepared revision with the same manifests (issue 49, item
+//! 2): a commit that changes a program but not its dependencies used to run `npm install` from nothing (20–30 s for
+//! `@pulumi/kubernetes`); seeded, `pulumi install` finds the tree in place and only checks it, as on a developer's
+//! machine.
+//!
+//! Contract: the seed is a writable **copy** of the donor's tree (never a link: the donor stays sealed and read-only,
+//! `crate::trees`), taken only after the donor's seal verified (a tree an operation changed is never copied), only
+//! when every manifest that decides what `npm install` puts in it is byte-identical in both projects (or absent from
+//! both), and only when `package.json` names no dependency from the project's own files (`file:`, `link:`,
+//! `workspace:`, `portal:`, a path) and declares no npm workspaces — those trees depend on files a new commit may have
+//! changed. The manifests are compared as each revision was fetched (a digest kept in the prepared revision's ready
+//! marker), since `npm install` writes a lockfile into the donor. `pulumi install` still runs afterwards, so anything npm would do differently it does. The donors are the
+//! agent's own prepared revisions: one class's agent, one class's trees.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The files whose bytes decide what `npm install` (or yarn, pnpm) puts in `node_modules` besides the registry.
+pub const NODE_MANIFESTS: &[&str] = &[
+    "package.json",
+    "package-lock.json",
+    "npm-shrinkwrap.json",
+    "yarn.lock",
+    "pnpm-lock.yaml",
+    ".npmrc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".pnpmfile.cjs",
+];
+
+/// Whether `package_json` (its text) makes the tree depend on the project's own files: a dependency given as a path or
+/// by `file:`, `link:`, `workspace:` or `portal:`, or npm `workspaces`; text that does not parse counts as such. Pure.
+pub fn depends_on_own_files(package_json: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(package_json) else { return true };
+    if v.get("workspaces").is_some() {
+        return true;
+    }
+    let local = |spec: &str| {
+        ["file:", "link:", "workspace:", "portal:", "./", "../", "/", "~/"].iter().any(|p| spec.starts_with(p))
+    };
+    ["dependencies", "devDependencies", "optionalDependencies", "peerDependencies"]
+        .iter()
+        .filter_map(|k| v.get(*k)?.as_object())
+        .flat_map(|deps| deps.values())
+        .any(|spec| spec.as_str().is_none_or(local))
+}
+
+/// The digest of `project`'s [`NODE_MANIFESTS`] as fetched (before `npm install` writes a lockfile): SHA-256 hex over
+/// each one's name, presence and bytes; `None` when it has no `package.json`, or one that depends on its own files
+/// ([`depends_on_own_files`]). Two revisions with the same digest get the same `node_modules` from the same registry.
+pub fn manifest_digest(project: &Path) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let package = std::fs::read_to_string(project.join("package.json")).ok()?;
+    if depends_on_own_files(&package) {
+        return None;
+    }
+    let mut h = Sha256::new();
+    for m in NODE_MANIFESTS {
+        h.update(m.as_bytes());
+        match std::fs::read(project.join(m)) {
+            Ok(bytes) => {
+                h.update((bytes.len() as u64 + 1).to_be_bytes());
+                h.update(&bytes);
+            }
+            Err(_) => h.update(0u64.to_be_bytes()),
+        }
+    }
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Seeds `project/node_modules` with a writable copy of the tree of the first of `donors` (prepared project
+/// directories, the freshest first, each with the [`manifest_digest`] recorded when it was fetched) whose digest is
+/// `digest` and whose tree's seal verifies; the donor's project directory, or `None` (no donor, or the project has a
+/// `node_modules` already). A copy that fails is removed, and the next donor is tried.
+pub fn seed_node_modules(
+    project: &Path,
+    digest: &str,
+    donors: impl IntoIterator<Item = (PathBuf, String)>,
+) -> Option<PathBuf> {
+    let target = project.join("node_modules");
+    if target.exists() {
+        return None;
+    }
+    for (donor, recorded) in donors {
+        let tree = donor.join("node_modules");
+        if donor == project || recorded != digest || !tree.is_dir() {
+            continue;
+        }
+        if let Err(e) = crate::trees::share(&tree) {
+            tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
+            continue;
+        }
+        match copy_writable(&tree, &target) {
+            Ok(()) => return Some(donor),
+            Err(e) => {
+                tracing::warn!(donor = %donor.display(), error = %e, "seeding node_modules failed");
+                let _ = crate::trees::remove_tree(&target);
+            }
+        }
+    }
+    None
+}
+
+/// Copies the tree `from` to `to` (which must not exist): files and directories writable by their owner, symbolic
+/// links as links.
+///
+/// Errors: the first read, write or link that failed.
+pub fn copy_writable(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((src, dst)) = stack.pop() {
+        for e in std::fs::read_dir(&src)? {
+            let e = e?;
+            let (s, d) = (e.path(), dst.join(e.file_name()));
+            let t = e.file_type()?;
+            if t.is_dir() {
+                std::fs::create_dir(&d)?;
+                stack.push((s, d));
+            } else if t.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&s)?, &d)?;
+            } else if t.is_file() {
+                std::fs::copy(&s, &d)?;
+                let mode = std::fs::metadata(&d)?.permissions().mode();
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode | 0o200))?;
+            }
+        }
+        let mode = std::fs::metadata(&src)?.permissions().mode();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(mode | 0o700))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn project(root: &Path, name: &str, package: &str, lock: Option<&str>) -> PathBuf {
+        let p = root.join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("package.json"), package).unwrap();
+        if let Some(l) = lock {
+            std::fs::write(p.join("package-lock.json"), l).unwrap();
+        }
+        p
+    }
+
+    fn installed(p: &Path) {
+        let m = p.join("node_modules/@pulumi/x");
+        std::fs::create_dir_all(&m).unwrap();
+        std::fs::write(m.join("index.js"), "module.exports = 1").unwrap();
+        std::fs::create_dir_all(p.join("node_modules/.bin")).unwrap();
+        std::os::unix::fs::symlink("../@pulumi/x/index.js", p.join("node_modules/.bin/x")).unwrap();
+    }
+
+    const PKG: &str = r#"{"dependencies": {"@pulumi/x": "^1.0.0"}}"#;
+
+    #[test]
+    fn local_dependencies_and_workspaces_are_never_seeded() {
+        assert!(!depends_on_own_files(PKG));
+        assert!(depends_on_own_files(r#"{"dependencies": {"a": "file:../a"}}"#));
+        assert!(depends_on_own_files(r#"{"devDependencies": {"a": "./a"}}"#));
+        assert!(depends_on_own_files(r#"{"dependencies": {"a": "workspace:*"}}"#));
+        assert!(depends_on_own_files(r#"{"workspaces": ["packages/*"]}"#));
+        assert!(depends_on_own_files("not json"));
+    }
+
+    /// `p` with its digest as fetched, then "installed" (npm writes a lockfile the fetched revision did not have).
+    fn prepared(p: &Path) -> (PathBuf, String) {
+        let digest = manifest_digest(p).unwrap();
+        installed(p);
+        std::fs::write(p.join("package-lock.json"), "written by npm install").unwrap();
+        (p.to_path_buf(), digest)
+    }
+
+    #[test]
+    fn a_new_revision_with_the_same_manifests_gets_a_writable_copy_of_a_verified_tree() {
+        let d = tempfile::tempdir().unwrap();
+        let other = prepared(&project(d.path(), "other", r#"{"dependencies": {"@pulumi/y": "1"}}"#, None));
+        let old = prepared(&project(d.path(), "old", PKG, None));
+        crate::trees::share(&old.0.join("node_modules")).unwrap(); // sealed, read-only, as an operation left it
+        let new = project(d.path(), "new", PKG, None);
+        let digest = manifest_digest(&new).unwrap();
+        assert_eq!(digest, old.1, "the lockfile npm wrote does not count: the digest is taken as fetched");
+        assert_eq!(seed_node_modules(&new, &digest, [other.clone(), old.clone()]), Some(old.0.clone()));
+        let copied = new.join("node_modules/@pulumi/x/index.js");
+        assert_eq!(std::fs::read_to_string(&copied).unwrap(), "module.exports = 1");
+        std::fs::write(&copied, "changed").expect("the copy is writable");
+        assert_eq!(std::fs::read_link(new.join("node_modules/.bin/x")).unwrap(), Path::new("../@pulumi/x/index.js"));
+        crate::trees::share(&old.0.join("node_modules")).expect("the donor is untouched");
+        assert_eq!(seed_node_modules(&new, &digest, [old.clone()]), None, "a node_modules is left alone");
+        let locked = project(d.path(), "locked", PKG, Some("a lockfile of its own"));
+        assert_ne!(manifest_digest(&locked), Some(old.1.clone()), "another lockfile, another digest");
+        assert_eq!(manifest_digest(&project(d.path(), "local", r#"{"dependencies": {"a": "file:a"}}"#, None)), None);
+    }
+
+    #[test]
+    fn a_donor_whose_tree_changed_since_it_was_sealed_is_never_copied() {
+        let d = tempfile::tempdir().unwrap();
+        let old = prepared(&project(d.path(), "old", PKG, None));
+        let tree = old.0.join("node_modules");
+        crate::trees::share(&tree).unwrap();
+        let planted = tree.join("@pulumi/x/planted.js");
+        std::fs::set_permissions(tree.join("@pulumi/x"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(&planted, "evil").unwrap();
+        let new = project(d.path(), "new", PKG, None);
+        let digest = manifest_digest(&new).unwrap();
+        assert_eq!(seed_node_modules(&new, &digest, [old]), None);
+        assert!(!new.join("node_modules").exists());
+    }
+}
