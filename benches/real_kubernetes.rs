@@ -327,8 +327,8 @@ async fn main() {
     for lang in languages().into_iter().filter(|l| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == l.name))) {
         let m = measure(&lang).await;
         println!(
-            "| {} | {:.2?} | {:.2?} | {:.2} | {:.2?} | {:.2} | {:.2?} | {:.2?} | {} MiB | {} MiB | {:.2?} | {:.2} | {:.2?} \
-             | {:.2} |",
+            "| {} | {:.2?} | {:.2?} | {:.2} | {:.2?} | {:.2} | {:.2?} | {:.2?} | {} MiB | {} MiB | {:.2?} | {:.2} \
+             | {:.2?} | {:.2} |",
             lang.name,
             m.first,
             m.agent,

@@ -143,9 +143,9 @@ struct Serve {
     /// language caches across its operations).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     isolate_operations: bool,
-    /// A new revision's `node_modules` starts as a copy of an earlier prepared revision's when their package manifests
-    /// and lockfiles are byte-identical (its seal verified first), so `pulumi install` only checks it (`pko_agent::seed`).
-    /// `false`: every revision installs from nothing.
+    /// A new revision's `node_modules` starts as a copy of an earlier prepared revision's when their package
+    /// manifests and lockfiles are byte-identical (its seal verified first), so `pulumi install` only checks it
+    /// (`pko_agent::seed`). `false`: every revision installs from nothing.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     seed_dependency_trees: bool,
     /// Seconds an operation waits for the holders of its stack's backend lock that still run on this host (a killed

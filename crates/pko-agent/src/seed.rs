@@ -3,14 +3,15 @@
 //! `@pulumi/kubernetes`); seeded, `pulumi install` finds the tree in place and only checks it, as on a developer's
 //! machine.
 //!
-//! Contract: the seed is a writable **copy** of the donor's tree (never a link: the donor stays sealed and read-only,
-//! `crate::trees`), taken only after the donor's seal verified (a tree an operation changed is never copied), only
-//! when every manifest that decides what `npm install` puts in it is byte-identical in both projects (or absent from
-//! both), and only when `package.json` names no dependency from the project's own files (`file:`, `link:`,
-//! `workspace:`, `portal:`, a path) and declares no npm workspaces — those trees depend on files a new commit may have
-//! changed. The manifests are compared as each revision was fetched (a digest kept in the prepared revision's ready
-//! marker), since `npm install` writes a lockfile into the donor. `pulumi install` still runs afterwards, so anything npm would do differently it does. The donors are the
-//! agent's own prepared revisions: one class's agent, one class's trees.
+//! Contract: the seed is a writable **copy** of the donor's tree (never a link: the donor stays sealed and
+//! read-only, `crate::trees`), taken only after the donor's seal verified (a tree an operation changed is never
+//! copied), only when every manifest that decides what `npm install` puts in it is byte-identical in both projects
+//! (or absent from both), and only when `package.json` names no dependency from the project's own files (`file:`,
+//! `link:`, `workspace:`, `portal:`, a path) and declares no npm workspaces: those trees depend on files a new commit
+//! may have changed. The manifests are compared as each revision was fetched (a digest kept in the prepared
+//! revision's ready marker), since `npm install` writes a lockfile into the donor. `pulumi install` still runs
+//! afterwards, so anything npm would do differently it does. The donors are the agent's own prepared revisions: one
+//! class's agent, one class's trees.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

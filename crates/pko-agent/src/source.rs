@@ -241,8 +241,9 @@ impl SourceCache {
         let seeded =
             tokio::task::spawn_blocking(move || crate::seed::seed_node_modules(&target, &digest, donors)).await;
         if let Ok(Some(donor)) = seeded {
-            tracing::info!(project = %project.display(), donor = %donor.display(),
-                seconds = started.elapsed().as_secs_f64(), "seeded node_modules from a revision with the same manifests");
+            let seconds = started.elapsed().as_secs_f64();
+            tracing::info!(project = %project.display(), donor = %donor.display(), seconds,
+                "seeded node_modules from a revision with the same manifests");
         }
     }
 
