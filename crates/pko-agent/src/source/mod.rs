@@ -93,16 +93,7 @@ pub struct SourceCache {
     sizes: Mutex<HashMap<String, u64>>,
 }
 
-/// One cached source (for `Status`).
-#[derive(Debug, Clone)]
-pub struct CachedEntry {
-    /// Cache key.
-    pub key: String,
-    /// Size on disk in bytes.
-    pub size_bytes: u64,
-    /// Last use.
-    pub last_used: SystemTime,
-}
+pub use entries::CachedEntry;
 
 const READY: &str = ".pko-ready";
 
@@ -300,58 +291,6 @@ impl SourceCache {
         self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
     }
 
-    /// The cached entries, most recently used first.
-    pub fn entries(&self) -> Vec<CachedEntry> {
-        let mut v: Vec<CachedEntry> = std::fs::read_dir(&self.cfg.root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.path().join(READY).exists())
-            .map(|e| CachedEntry {
-                key: e.file_name().to_string_lossy().into_owned(),
-                size_bytes: self.size_of(&e.file_name().to_string_lossy(), &e.path()),
-                last_used: std::fs::metadata(e.path().join(READY))
-                    .and_then(|m| m.modified())
-                    .unwrap_or(SystemTime::UNIX_EPOCH),
-            })
-            .collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.last_used));
-        v
-    }
-
-    /// The size of entry `key` at `path`, measured the first time it is asked for.
-    fn size_of(&self, key: &str, path: &Path) -> u64 {
-        let known = self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).copied();
-        known.unwrap_or_else(|| {
-            let n = dir_size(path);
-            self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.to_string(), n);
-            n
-        })
-    }
-
-    fn forget_size(&self, key: &str) {
-        self.sizes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
-    }
-
-    fn evict(&self) {
-        let entries = self.entries();
-        let mut total: u64 = entries.iter().map(|e| e.size_bytes).sum();
-        let in_use = self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        for e in entries.iter().rev() {
-            if total <= self.cfg.max_bytes {
-                break;
-            }
-            if in_use.contains(&e.key) {
-                continue;
-            }
-            self.forget_size(&e.key);
-            if crate::trees::remove_tree(&self.cfg.root.join(&e.key)).is_ok() {
-                tracing::info!(key = %e.key, bytes = e.size_bytes, "evicted cached source");
-                total -= e.size_bytes;
-            }
-        }
-    }
-
     /// Downloads the artifact (retrying as [`DownloadConfig`] says, all within its total timeout), checks its digest
     /// and extracts it into `into` ([`crate::archive::extract_tar_gz`] within the artifact limit).
     async fn download(&self, a: &ArtifactSource, into: &Path) -> Result<(), SourceError> {
@@ -546,25 +485,11 @@ fn touch(p: &Path) {
     let _ = std::fs::File::options().append(true).open(p).and_then(|f| f.set_modified(SystemTime::now()));
 }
 
-fn dir_size(p: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![p.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => total += e.metadata().map(|m| m.len()).unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    total
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+mod entries;
 mod git;
 pub use git::GIT_TIMEOUT;
 use git::{GitAuthArgs, clone, resolve_git_revision};
