@@ -360,11 +360,12 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
         init.iter().any(|(note, _)| note.starts_with(r#"Failed to initialize stack "never-created": "#)),
         "PKO's StackInitializationFailure event: {init:?}"
     );
-    assert_eq!(
-        ws.not_ready_reason().map(|c| c.reason.as_str()),
-        Some("InitializationFailed"),
-        "Ready False with the stall's reason"
-    );
+    // the stall is recorded (PKO's event, `Stalled`) before the pass writes `Ready` False: the same pass, two writes
+    eventually("the Workspace is Ready False with the stall's reason", 10, || async {
+        let ws = workspaces.get("local-only").await.unwrap();
+        ws.not_ready_reason().is_some_and(|c| c.reason == "InitializationFailed")
+    })
+    .await;
     // a 4 s backoff cap: without the stall a retry would have come by now
     tokio::time::sleep(Duration::from_secs(10)).await;
     let tried = ns
