@@ -149,9 +149,11 @@ fn summary(f: &Fleet) -> String {
             .agents
             .iter()
             .map(|(k, a)| {
-                let disk = (a.disk_bytes > 0)
-                    .then(|| format!(", disk {} (largest agent {})", mib(a.disk_bytes), mib(a.max_agent_disk_bytes)))
-                    .unwrap_or_default();
+                let disk = if a.disk_bytes > 0 {
+                    format!(", disk {} (largest agent {})", mib(a.disk_bytes), mib(a.max_agent_disk_bytes))
+                } else {
+                    String::new()
+                };
                 format!("{k}: {} busy, {} idle{disk}", a.busy, a.idle)
             })
             .collect();
