@@ -59,15 +59,17 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     agent_env.extend(p.agent_env.iter().map(|(k, v)| (*k, v.as_str())));
     let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
     let mut c = agent.client().await;
-    let mut req = request(&env, &format!("{}-k8s-up", p.prefix), env.dir(), "dev", OperationType::Up);
-    req.source = Some(Source {
+    // the artifact `path` of the plugin server, holding `tar`
+    let artifact = |path: &str, tar: &[u8]| Source {
         kind: Some(source::Kind::Artifact(ArtifactSource {
-            url: format!("{}/app.tar.gz", server.http.base),
-            digest: sha256(&tar),
+            url: format!("{}/{path}", server.http.base),
+            digest: sha256(tar),
             dir: String::new(),
             mirrors: vec![],
         })),
-    });
+    };
+    let mut req = request(&env, &format!("{}-k8s-up", p.prefix), env.dir(), "dev", OperationType::Up);
+    req.source = Some(artifact("app.tar.gz", &tar));
     req.config = vec![config("ns", serde_json::json!(ns), false), config("greeting", serde_json::json!("hej"), false)];
     let t = std::time::Instant::now();
     let events = run(&mut c, req.clone()).await;
@@ -104,14 +106,7 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     if node {
         // the second revision starts from the first's node_modules (same manifests) and runs
         req.operation_id = format!("{}-k8s-up-3", p.prefix);
-        req.source = Some(Source {
-            kind: Some(source::Kind::Artifact(ArtifactSource {
-                url: format!("{}/app2.tar.gz", server.http.base),
-                digest: sha256(&tar2),
-                dir: String::new(),
-                mirrors: vec![],
-            })),
-        });
+        req.source = Some(artifact("app2.tar.gz", &tar2));
         req.config[1] = config("greeting", serde_json::json!("revision 2"), false);
         let t = std::time::Instant::now();
         let r = result(&run(&mut c, req.clone()).await);
