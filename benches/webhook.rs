@@ -53,44 +53,62 @@ async fn deliver(http: &reqwest::Client, url: &str, body: &[u8], key: &str) -> u
     req.body(body.to_vec()).send().await.map(|r| r.status().as_u16()).unwrap_or(0)
 }
 
-/// Watches Stacks from now on and records the instant each of `names` first shows an Update of `sha`
-/// (`status.currentUpdate` or `lastUpdate` at it), as the watch delivers the change (limit 120 s).
-async fn update_instants(api: kube::Api<Stack>, names: Vec<String>, sha: String) -> Vec<Option<Instant>> {
+/// When each of a set of Stacks showed the sync request and, later, an Update of the pushed commit.
+#[derive(Default)]
+struct Seen {
+    asked: std::collections::BTreeMap<String, Instant>,
+    updated: std::collections::BTreeMap<String, Instant>,
+}
+
+/// Watches Stacks from now on and records the instant each of `names` first carries the request `push-<sha>` and the
+/// instant it first shows an Update of `sha` (`status.currentUpdate` or `lastUpdate` at it), as the watch delivers
+/// the change (limit 120 s).
+async fn update_instants(api: kube::Api<Stack>, names: Vec<String>, sha: String) -> Seen {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
-    let mut seen: std::collections::BTreeMap<String, Instant> = Default::default();
+    let mut seen = Seen::default();
+    let request = format!("push-{sha}");
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     futures::pin_mut!(stream);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while seen.len() < names.len() {
+    while seen.updated.len() < names.len() {
         let Ok(Some(Ok(s))) = tokio::time::timeout_at(deadline, stream.next()).await else { break };
+        let name = s.metadata.name.clone().unwrap_or_default();
+        if !names.contains(&name) {
+            continue;
+        }
+        if !woken(std::slice::from_ref(&s), &request).is_empty() {
+            seen.asked.entry(name.clone()).or_insert_with(Instant::now);
+        }
         let status = s.status.as_ref();
         let current = status.and_then(|s| s.current_update.as_ref()).and_then(|u| u.commit.as_deref());
         let last = status.and_then(|s| s.last_update.as_ref()).and_then(|u| u.last_attempted_commit.as_deref());
-        let name = s.metadata.name.clone().unwrap_or_default();
-        if names.contains(&name) && (current == Some(sha.as_str()) || last == Some(sha.as_str())) {
-            seen.entry(name).or_insert_with(Instant::now);
+        if current == Some(sha.as_str()) || last == Some(sha.as_str()) {
+            seen.updated.entry(name).or_insert_with(Instant::now);
         }
     }
-    names.iter().map(|n| seen.get(n).copied()).collect()
+    seen
 }
 
 /// Delivers with `deliver` while a watch (started first) records when each of `names` gets an Update of `sha`: the
-/// answer's status, the seconds to the answer, and each Stack's seconds from the delivery to its Update.
+/// answer's status, the seconds to the answer, each Stack's seconds from the delivery to its Update, and the median
+/// seconds from the delivery to the request on a Stack.
 async fn timed<F: std::future::Future<Output = u16>>(
     api: &kube::Api<Stack>,
     names: Vec<String>,
     sha: &str,
     deliver: F,
-) -> (u16, f64, Vec<f64>) {
-    let watch = tokio::spawn(update_instants(api.clone(), names, sha.to_string()));
+) -> (u16, f64, Vec<f64>, f64) {
+    let watch = tokio::spawn(update_instants(api.clone(), names.clone(), sha.to_string()));
     tokio::time::sleep(Duration::from_secs(2)).await; // the watch's initial list of every Stack
     let t0 = Instant::now();
     let code = deliver.await;
     let answered = t0.elapsed().as_secs_f64();
-    let at = watch.await.unwrap();
-    let times = at.into_iter().map(|i| i.map_or(f64::NAN, |i| i.duration_since(t0).as_secs_f64())).collect();
-    (code, answered, times)
+    let seen = watch.await.unwrap();
+    let secs = |i: Option<&Instant>| i.map_or(f64::NAN, |i| i.duration_since(t0).as_secs_f64());
+    let times = names.iter().map(|n| secs(seen.updated.get(n))).collect();
+    let asked: Vec<f64> = seen.asked.values().map(|i| secs(Some(i))).collect();
+    (code, answered, times, median_max(&asked).0)
 }
 
 fn quantile(v: &[f64], q: f64) -> f64 {
@@ -127,6 +145,9 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    if std::env::var("RUST_LOG").is_ok() {
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    }
     let (n, repos, flood) = (var("STACKS", 1000), var("REPOS", 10), var("FLOOD", 2000));
     let (client, ns, env) = setup("hooks").await;
     passphrase_secret(&ns).await;
@@ -147,6 +168,11 @@ async fn main() {
         "--max-operations",
         "32",
     ];
+    let reconciles = std::env::var("RECONCILES").ok();
+    let mut args: Vec<&str> = args.to_vec();
+    if let Some(r) = reconciles.as_deref() {
+        args.extend(["--max-concurrent-reconciles", r]);
+    }
     let op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
     let hook = op.running.as_ref().unwrap().webhook_addr.unwrap();
     let secret =
@@ -189,7 +215,7 @@ async fn main() {
     let push3 = body(&git.url("r3.git"), &sha);
     let listings = || async { listings(&op.metrics().await) };
     let listed_before = listings().await;
-    let (code, hook_s, times) = timed(&stacks, of_repo(3), &sha, deliver(&http, &url, &push3, TOKEN)).await;
+    let (code, hook_s, times, asked) = timed(&stacks, of_repo(3), &sha, deliver(&http, &url, &push3, TOKEN)).await;
     assert_eq!(code, 200);
     let listed = listings().await - listed_before;
     let list = stacks.list(&Default::default()).await.unwrap().items;
@@ -202,7 +228,7 @@ async fn main() {
     println!(
         "| HOLLOW AGENTS | {n} Stacks, {repos} repositories | one signed push hook | answered in {hook_s:.2} s | \
         woke {} Stacks ({} expected, exactly them: {}) | push -> Update median {med:.2} s, p90 {p90:.2} s, \
-        max {max:.2} s | git ls-remote listings for them: {listed} |",
+        max {max:.2} s (request on the Stack: median {asked:.2} s) | git ls-remote listings for them: {listed} |",
         woke.len(),
         want.len(),
         woke == want
@@ -214,7 +240,7 @@ async fn main() {
     let (url2, http2) = (Arc::new(url.clone()), http.clone());
     let flooding = std::sync::Mutex::new(None);
     let push5 = body(&git.url("r5.git"), &sha5);
-    let (code, _, times5) = timed(&stacks, of_repo(5), &sha5, async {
+    let (code, _, times5, _) = timed(&stacks, of_repo(5), &sha5, async {
         *flooding.lock().unwrap() = Some(tokio::spawn(flood_of(url2, http2, forged, flood)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         deliver(&http, &url, &push5, TOKEN).await

@@ -137,8 +137,8 @@ async fn accepted(h: &Hooks, receiver: &Receiver, headers: &HeaderMap, body: &By
     }
 }
 
-/// Asks each Stack of the Receiver's namespace that `push` concerns (and has no request pending) to sync, 16 patches
-/// in flight; their names.
+/// Asks each Stack of the Receiver's namespace that `push` concerns (and that needs asking,
+/// [`select::needs_request`]) to sync, 16 patches in flight; their names.
 ///
 /// Errors: the list or a patch failed (the host retries the delivery; a repeated request is a no-op).
 async fn request_syncs(h: &Hooks, receiver: &Receiver, push: Option<&Push>) -> Result<Vec<String>, kube::Error> {
@@ -153,10 +153,7 @@ async fn request_syncs(h: &Hooks, receiver: &Receiver, push: Option<&Push>) -> R
         .items
         .iter()
         .filter(|s| select::wakes(receiver, s, push))
-        .filter(|s| {
-            let current = s.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
-            current != Some(&value) && !select::pending(s)
-        })
+        .filter(|s| select::needs_request(s, &value))
         .map(|s| s.name_any())
         .collect();
     let patch = serde_json::json!({"metadata": {"annotations": {RECONCILE_REQUEST_ANNOTATION: value}}});

@@ -2,8 +2,9 @@
 //! (`spec.resources`: the Stack by name or labels, or its Program by name, in the Receiver's namespace only) and, for a
 //! push, it tracks the pushed branch of the pushed repository and is not already at (or running) the pushed commit;
 //! a generic delivery wakes every selected Stack. The request is PKO's `pulumi.com/reconciliation-request`, valued by
-//! the revision (or the delivery time), and not made again while the Stack has not seen the last one: a flood of
-//! deliveries of one push costs one sync per Stack. Pure.
+//! the revision (or the delivery time), and not made again when the Stack carries that value ([`needs_request`]): a
+//! flood of deliveries of one push costs one sync per Stack, while a newer push is asked for even when the older one's
+//! request is still unseen. Pure.
 
 use pko_api::Stack;
 use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
@@ -68,11 +69,21 @@ fn already_at(stack: &Stack, revision: Option<&str>) -> bool {
     last == Some(rev) || current == Some(rev)
 }
 
-/// Whether `stack` carries a sync request it has not seen yet (asking again would add nothing).
-pub fn pending(stack: &Stack) -> bool {
+/// Whether `stack` carries a sync request it has not seen yet.
+fn pending(stack: &Stack) -> bool {
     let asked = stack.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
     let seen = stack.status.as_ref().and_then(|s| s.observed_reconcile_request.as_ref());
     asked.is_some() && asked != seen
+}
+
+/// Whether `stack` must be asked to sync with request `value`: not when it carries `value` already (a flood of one
+/// push's deliveries is one request); a revision-valued request (`push-<revision>`) always otherwise — a pending
+/// request for an older commit may be in a pass that listed the branch before this push, so it cannot stand for
+/// this one; a generic delivery's (`hook-<ms>`) not while the Stack has an earlier request still unseen (it lists
+/// the branch head when it sees it).
+pub fn needs_request(stack: &Stack, value: &str) -> bool {
+    let current = stack.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
+    current.map(String::as_str) != Some(value) && (value.starts_with("push-") || !pending(stack))
 }
 
 /// The request's value: `push-<revision>` for a push naming one, else `hook-<delivery time in ms>`.
@@ -130,11 +141,15 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_request_is_not_made_again_and_bad_resources_are_named() {
+    fn a_request_is_made_once_per_push_and_a_generic_one_not_while_another_is_pending() {
         let mut s = stack("a", "team", json!({"stack": "dev"}), json!({"observedReconcileRequest": "push-c1"}));
         assert!(!pending(&s));
+        assert!(needs_request(&s, "hook-9"));
         s.metadata.annotations = Some([(RECONCILE_REQUEST_ANNOTATION.to_string(), "push-c2".into())].into());
         assert!(pending(&s));
+        assert!(!needs_request(&s, "push-c2"), "the same push again");
+        assert!(needs_request(&s, "push-c3"), "a newer push while c2 is pending");
+        assert!(!needs_request(&s, "hook-9"), "a generic delivery while c2 is pending");
         assert_eq!(request_value(Some(&main_push("c3")), 5), "push-c3");
         assert_eq!(request_value(None, 5), "hook-5");
         let r = receiver(json!([{"kind": "Stack", "name": "a", "namespace": "elsewhere"}]));
