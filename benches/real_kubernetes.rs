@@ -63,7 +63,7 @@ fn languages() -> Vec<Language> {
         Language {
             name: "typescript",
             dir: "typescript-kubernetes",
-            files: &["Pulumi.yaml", "package.json", "index.ts"],
+            files: &["Pulumi.yaml", "package.json", "package-lock.json", "index.ts"],
             plugin_version: "4.24.1",
             env: vec![("npm_config_cache", format!("{home}/.npm"))],
         },

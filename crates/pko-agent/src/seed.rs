@@ -10,8 +10,10 @@
 //! `link:`, `workspace:`, `portal:`, a path) and declares no npm workspaces: those trees depend on files a new commit
 //! may have changed. The manifests are compared as each revision was fetched (a digest kept in the prepared
 //! revision's ready marker), since `npm install` writes a lockfile into the donor. `pulumi install` still runs
-//! afterwards, so anything npm would do differently it does. The donors are the agent's own prepared revisions: one
-//! class's agent, one class's trees.
+//! afterwards (plugins, `packages`); it skips the language dependencies (`--no-dependencies`) only when the seed is
+//! what they would be anyway ([`seed_settles_dependencies`]: the revision as fetched pins its tree with a lockfile and
+//! has no install-time scripts of its own), else npm checks the seeded tree and does whatever it would do
+//! differently. The donors are the agent's own prepared revisions: one class's agent, one class's trees.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,24 @@ pub fn depends_on_own_files(package_json: &str) -> bool {
         .filter_map(|k| v.get(*k)?.as_object())
         .flat_map(|deps| deps.values())
         .any(|spec| spec.as_str().is_none_or(local))
+}
+
+/// The lockfiles that pin a whole `node_modules` (npm, yarn, pnpm).
+const LOCKFILES: &[&str] = &["package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml"];
+
+/// The root package's scripts that its package manager runs on install (they may build the project's own files).
+const INSTALL_SCRIPTS: &[&str] = &["preinstall", "install", "postinstall", "prepare", "preprepare", "postprepare"];
+
+/// Whether a `node_modules` seeded into `project` (as fetched: call it before any install) is exactly what installing
+/// its dependencies would make, so that install may be skipped: a lockfile pins the whole tree (the donor had the
+/// same one, [`manifest_digest`]) and `package.json` has no install-time script of its own ([`INSTALL_SCRIPTS`]:
+/// those build from the new revision's files). Text that does not parse: no.
+pub fn seed_settles_dependencies(project: &Path) -> bool {
+    let Ok(package) = std::fs::read_to_string(project.join("package.json")) else { return false };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&package) else { return false };
+    let scripts = v.get("scripts").and_then(|s| s.as_object());
+    let runs_on_install = scripts.is_some_and(|s| INSTALL_SCRIPTS.iter().any(|k| s.contains_key(*k)));
+    !runs_on_install && LOCKFILES.iter().any(|l| project.join(l).is_file())
 }
 
 /// The digest of `project`'s [`NODE_MANIFESTS`] as fetched (before `npm install` writes a lockfile): SHA-256 hex over
@@ -192,6 +212,17 @@ mod tests {
         let locked = project(d.path(), "locked", PKG, Some("a lockfile of its own"));
         assert_ne!(manifest_digest(&locked), Some(old.1.clone()), "another lockfile, another digest");
         assert_eq!(manifest_digest(&project(d.path(), "local", r#"{"dependencies": {"a": "file:a"}}"#, None)), None);
+    }
+
+    #[test]
+    fn only_a_locked_project_without_install_scripts_skips_installing_its_seeded_dependencies() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(seed_settles_dependencies(&project(d.path(), "locked", PKG, Some("{}"))));
+        assert!(!seed_settles_dependencies(&project(d.path(), "unlocked", PKG, None)), "npm would resolve anew");
+        let built = r#"{"dependencies": {"@pulumi/x": "1"}, "scripts": {"postinstall": "tsc", "test": "x"}}"#;
+        assert!(!seed_settles_dependencies(&project(d.path(), "built", built, Some("{}"))), "builds its own files");
+        assert!(!seed_settles_dependencies(&project(d.path(), "bad", "not json", Some("{}"))));
+        assert!(seed_settles_dependencies(&project(d.path(), "tests", r#"{"scripts": {"test": "x"}}"#, Some("{}"))));
     }
 
     #[test]

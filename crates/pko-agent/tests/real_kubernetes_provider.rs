@@ -116,6 +116,10 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
         let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
         let seeded = log.lines().find(|l| l.contains("seeded node_modules from a revision with the same manifests"));
         eprintln!("{}", seeded.unwrap_or_else(|| panic!("no seed in the agent's log: {log}")));
+        if p.files.iter().any(|(f, _)| *f == "package-lock.json") {
+            let settled = log.lines().find(|l| l.contains("dependencies settled by the seed"));
+            eprintln!("{}", settled.unwrap_or_else(|| panic!("a locked seed still installed: {log}")));
+        }
     }
 
     req.operation_id = format!("{}-k8s-destroy", p.prefix);
@@ -133,9 +137,14 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
 #[tokio::test]
 async fn a_typescript_program_of_kubernetes_resources_installs_deploys_and_destroys_with_the_real_provider() {
     // @pulumi/kubernetes 4.24.1: the newest npm release not newer than the bed's provider build
-    let files: [(&str, &[u8]); 3] = [
+    // with its lockfile, as projects commit it: a second revision's seeded tree is then settled (no npm install)
+    let files: [(&str, &[u8]); 4] = [
         ("Pulumi.yaml", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/Pulumi.yaml")),
         ("package.json", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/package.json")),
+        (
+            "package-lock.json",
+            include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/package-lock.json"),
+        ),
         ("index.ts", include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/index.ts")),
     ];
     let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));

@@ -203,8 +203,10 @@ impl SourceCache {
         // the ready marker records the Node.js manifests as fetched: what a later revision is seeded by
         let manifests = crate::seed::manifest_digest(&project).unwrap_or_default();
         if install {
-            self.seed(&project, dir, &manifests).await;
-            self.install(&project, env).await?;
+            // decided on the files as fetched, before anything is installed
+            let settles = crate::seed::seed_settles_dependencies(&project);
+            let seeded = self.seed(&project, dir, &manifests).await;
+            self.install(&project, env, seeded && settles).await?;
         }
         std::fs::write(tmp.path().join(READY), &manifests).map_err(|e| err(e.to_string()))?;
         let _ = crate::trees::remove_tree(path);
@@ -213,10 +215,10 @@ impl SourceCache {
     }
 
     /// Seeds `project` (a new revision; `dir` in its source) from the freshest prepared revision that may seed it
-    /// ([`crate::seed`]), off the async threads (a copy of a tree takes seconds).
-    async fn seed(&self, project: &Path, dir: &str, manifests: &str) {
+    /// ([`crate::seed`]), off the async threads (a copy of a tree takes seconds); whether it was seeded.
+    async fn seed(&self, project: &Path, dir: &str, manifests: &str) -> bool {
         if !self.cfg.seed_dependency_trees || manifests.is_empty() {
-            return;
+            return false;
         }
         let donors: Vec<(PathBuf, String)> = self
             .entries()
@@ -231,23 +233,28 @@ impl SourceCache {
         let started = std::time::Instant::now();
         let seeded =
             tokio::task::spawn_blocking(move || crate::seed::seed_node_modules(&target, &digest, donors)).await;
-        if let Ok(Some(donor)) = seeded {
-            let seconds = started.elapsed().as_secs_f64();
-            tracing::info!(project = %project.display(), donor = %donor.display(), seconds,
-                "seeded node_modules from a revision with the same manifests");
-        }
+        let Ok(Some(donor)) = seeded else { return false };
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(project = %project.display(), donor = %donor.display(), seconds,
+            "seeded node_modules from a revision with the same manifests");
+        true
     }
 
     /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies, provider
-    /// plugins, `packages`), unless there is nothing it could install.
-    async fn install(&self, project: &Path, env: &BTreeMap<String, String>) -> Result<(), SourceError> {
+    /// plugins, `packages`), unless there is nothing it could install; with `seeded` (a seed that settles the
+    /// dependencies, [`crate::seed::seed_settles_dependencies`]) without the language dependencies.
+    async fn install(&self, project: &Path, env: &BTreeMap<String, String>, seeded: bool) -> Result<(), SourceError> {
         let runtime = crate::pulumi::project_info(project).map(|(_, r)| r).unwrap_or_default();
         let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
         let downloads_off = crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref());
         if !install_needed(&runtime, downloads_off) || crate::pulumi::prebuilt_binary(project) {
             return Ok(());
         }
-        let out = crate::pulumi::run(&self.cfg.pulumi, project, env, &["install"])
+        let args: &[&str] = if seeded { &["install", "--no-dependencies"] } else { &["install"] };
+        if seeded {
+            tracing::info!(project = %project.display(), "dependencies settled by the seed: install --no-dependencies");
+        }
+        let out = crate::pulumi::run(&self.cfg.pulumi, project, env, args)
             .await
             .map_err(|e| install_err(format!("pulumi install: {e}")))?;
         if !out.success {
