@@ -17,6 +17,10 @@
 //! - a second revision (the main file edited, dependencies not): its first `Run(up)` on the warm agent (seeded), on
 //!   an agent that installs every revision from nothing, and the bare `up` after the same edit of its copy.
 //!
+//! `GO_CACHES=stack`: the isolating agent runs Go with no shared build or module cache (the Stack's own caches,
+//! `pko_agent::stack_cache`; modules from a `file://` proxy of the bed's module cache), so its first `Run(up)` is
+//! a cold build (what every isolated Go operation paid before a Stack kept its caches) and the median the warm ones.
+//!
 //! Offline: npm from its cache, Go with the module proxy switched off (the bed's Go caches), Python from
 //! the bed's virtualenv, the plugin versions the SDKs name from a loopback plugin server. Real provider,
 //! real API server; no hollow agent.
@@ -77,6 +81,17 @@ fn languages() -> Vec<Language> {
             env: pko_testbed::offline_go_env().to_vec(),
         },
     ]
+}
+
+/// With `GO_CACHES=stack`, the isolating agent's Go environment: no `GOCACHE` or `GOMODCACHE` (each Stack's own caches
+/// of `pko_agent::stack_cache` are used), the modules served from the bed's module cache as a `file://` proxy (what a
+/// module proxy is to a cluster). The shared agent and the bare loop keep the bed's warm caches.
+fn own_go_caches(lang: &Language) -> Option<Vec<(&'static str, String)>> {
+    if lang.name != "go" || std::env::var("GO_CACHES").as_deref() != Ok("stack") {
+        return None;
+    }
+    let mods = lang.env.iter().find(|(k, _)| *k == "GOMODCACHE").map(|(_, v)| v.clone()).unwrap_or_default();
+    Some(vec![("GOPROXY", format!("file://{mods}/cache/download")), ("GOSUMDB", "off".into())])
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -168,7 +183,15 @@ async fn measure(lang: &Language) -> Measured {
     let mut agent_env: Vec<(&str, &str)> =
         vec![("KUBECONFIG", &kubeconfig), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
     agent_env.extend(lang.env.iter().map(|(k, v)| (*k, v.as_str())));
-    let agent = Agent::start(&env, &["--auth", "none"], &agent_env);
+    let own = own_go_caches(lang);
+    let isolated_env: Vec<(&str, &str)> = match &own {
+        Some(vars) => {
+            let own = vars.iter().map(|(k, v)| (*k, v.as_str()));
+            agent_env.iter().filter(|(k, _)| !k.starts_with("GO")).copied().chain(own).collect()
+        }
+        None => agent_env.clone(),
+    };
+    let agent = Agent::start(&env, &["--auth", "none"], &isolated_env);
     let mut c = agent.client().await;
     // a Workspace's own agent (PKO's pod): operations in the cached source, the agent's HOME
     let shared_agent = Agent::start(&env, &["--auth", "none", "--isolate-operations=false"], &agent_env);

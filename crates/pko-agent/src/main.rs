@@ -13,7 +13,7 @@ use pko_agent::runner::RunnerContext;
 use pko_agent::sandbox::Sandboxes;
 use pko_agent::service::{AgentConfig, AgentService};
 use pko_agent::source::{CacheConfig, DownloadConfig, SourceCache};
-use pko_agent::stack_cache::StackCaches;
+use pko_agent::stack_cache::{Limits, StackCaches};
 use pko_agent::supervise::Supervisor;
 use pko_agent::values::ValueResolver;
 use pko_proto::v1::agent_server::AgentServer;
@@ -143,6 +143,11 @@ struct Serve {
     /// language caches across its operations).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     isolate_operations: bool,
+    /// Bytes the caches a Stack's isolated operations keep between them (`pko_agent::stack_cache`: TypeScript's
+    /// compile cache, Go's build and module caches) may hold together on this agent; the least recently used Stacks'
+    /// go first.
+    #[arg(long, default_value_t = pko_agent::stack_cache::MAX_BYTES)]
+    stack_cache_max_bytes: u64,
     /// A new revision's `node_modules` starts as a copy of an earlier prepared revision's when their package
     /// manifests and lockfiles are byte-identical (its seal verified first), so `pulumi install` only checks it
     /// (`pko_agent::seed`). `false`: every revision installs from nothing.
@@ -278,8 +283,8 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
     let stack_caches = match &sandboxes {
         Some(_) => {
             let root = a.work_dir.join("stacks");
-            let c = StackCaches::new(root.clone(), pko_agent::stack_cache::MAX_STACKS)
-                .with_context(|| format!("preparing {}", root.display()))?;
+            let limits = Limits { bytes: a.stack_cache_max_bytes, ..Limits::default() };
+            let c = StackCaches::new(root.clone(), limits).with_context(|| format!("preparing {}", root.display()))?;
             Some(Arc::new(c))
         }
         None => None,

@@ -247,18 +247,23 @@ async fn what_an_operation_does_to_shared_dependency_trees_never_reaches_the_nex
     }
 }
 
-const CACHE_PROBE: &str = r#"c="$TS_NODE_CACHE_DIRECTORY"; mkdir -p "$c"
-echo "found:$(ls "$c" | tr '\n' ' ')"
-[ "$WRITE" = 1 ] && echo own > "$c/own-$STACK"
-if [ "$TAMPER" = 1 ]; then
-  for other in "$(dirname "$(dirname "$c")")"/*/ts-node; do [ "$other" = "$c" ] || echo evil > "$other/planted"; done
-fi
+const CACHE_PROBE: &str = r#"found=""
+for c in "$TS_NODE_CACHE_DIRECTORY" "$GOCACHE" "$GOMODCACHE"; do
+  mkdir -p "$c"; found="$found$(ls "$c" | tr '\n' ' ')|"
+  [ "$WRITE" = 1 ] && echo own > "$c/own-$STACK"
+  if [ "$TAMPER" = 1 ]; then
+    for other in "$(dirname "$(dirname "$c")")"/*/"$(basename "$c")"; do
+      [ "$other" = "$c" ] || echo evil > "$other/planted"
+    done
+  fi
+done
+echo "found:$found"
 "#;
 
-/// A Stack's own compile cache (`TS_NODE_CACHE_DIRECTORY`, [`pko_agent::stack_cache`]) outlives its operation and
-/// reaches only that Stack's next one: b's second operation finds what its first wrote; a's operation finds none of
-/// it, and plants a file in every other Stack's cache by absolute path; b's next operation finds its cache emptied
-/// (the agent says so), the planted file gone.
+/// A Stack's own caches (TypeScript's `TS_NODE_CACHE_DIRECTORY`, Go's `GOCACHE` and `GOMODCACHE`,
+/// [`pko_agent::stack_cache`]) outlive its operation and reach only that Stack's next one: b's second operation finds
+/// what its first wrote in each; a's operation finds none of it, and plants a file in each of every other Stack's
+/// caches by absolute path; b's next operation finds its caches emptied (the agent says so), the planted files gone.
 #[tokio::test]
 async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
     let env = pulumi_env();
@@ -272,10 +277,10 @@ async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
     );
     let dir = project(&env, "caches", &program);
     let steps = [
-        ("b", "1", "0", "found:"),
-        ("b", "0", "0", "found:own-b "),
-        ("a", "0", "1", "found:"),
-        ("b", "0", "0", "found:"),
+        ("b", "1", "0", "found:|||"),
+        ("b", "0", "0", "found:own-b |own-b |own-b |"),
+        ("a", "0", "1", "found:|||"),
+        ("b", "0", "0", "found:|||"),
     ];
     for (i, (stack, write, tamper, expected)) in steps.into_iter().enumerate() {
         let mut r = request(&env, &format!("caches-{i}"), &dir, stack, OperationType::Up);

@@ -254,9 +254,9 @@ async fn execute(
     outcome
 }
 
-/// The Stack's own cache ([`crate::stack_cache`]) for this operation, its variables added to `env` where the request
-/// sets none of them. A cache that cannot be opened, or that another operation of the Stack holds, is done without
-/// (the operation runs cold), said on the operation's log.
+/// The Stack's own cache ([`crate::stack_cache`]) for this operation, its variables added to `env` where neither the
+/// request nor the agent's own environment sets them. A cache that cannot be opened, or that another operation of the
+/// Stack holds, is done without (the operation runs cold), said on the operation's log.
 fn open_stack_cache(
     ctx: &RunnerContext,
     op: &Operation,
@@ -276,9 +276,8 @@ fn open_stack_cache(
             opened.discarded
         ));
     }
-    for (k, v) in opened.env() {
-        env.entry(k).or_insert(v);
-    }
+    let unset = opened.env_unset(env, |k| std::env::var_os(k).is_some());
+    env.extend(unset);
     Some(opened)
 }
 
