@@ -181,6 +181,11 @@ impl Opened {
         ]
     }
 
+    /// Whether this is the cache of the Stack named `key` (what [`StackCaches::open`] was given).
+    pub fn is_for(&self, key: &str) -> bool {
+        self.name == dir_name(key)
+    }
+
     /// The variables of [`Opened::env`] that neither the operation's `env` nor the agent's own environment
     /// (`inherited`: whether the agent's process has the variable) sets: a cache the Workspace or the workspace class
     /// names is the one used. Pure.

@@ -17,6 +17,7 @@ use crate::pulumi;
 use crate::source::SourceCache;
 use crate::values::ValueResolver;
 
+mod caches;
 mod engine;
 mod env;
 mod hollow;
@@ -98,18 +99,19 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
         run_digest: pko_proto::digest::run_digest(&req),
         ..Default::default()
     };
-    let mut pinned = None;
+    let mut held = Held::default();
     let mut sandbox = None;
     let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
         Ok(sb) => {
             sandbox = sb;
-            execute(&ctx, &op, &req, sandbox.as_mut(), &mut masker, &mut result, &mut pinned).await
+            execute(&ctx, &op, &req, sandbox.as_mut(), &mut masker, &mut result, &mut held).await
         }
         Err(e) => {
             Err(fail(ErrorReason::Internal, "", format!("an earlier operation's files could not be removed: {e}")))
         }
     };
-    if let Some(key) = pinned {
+    held.cache.close(ctx.stack_caches.as_deref(), &op);
+    if let Some(key) = held.pinned {
         ctx.sources.release(&key);
     }
     if let Some(sb) = sandbox {
@@ -193,6 +195,14 @@ fn check_stop(op: &Operation) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What an operation holds until it ends, whatever its outcome: its source revision's key in the source cache (pinned,
+/// never evicted meanwhile) and its Stack's own cache.
+#[derive(Default)]
+struct Held {
+    pinned: Option<String>,
+    cache: caches::CacheSlot,
+}
+
 /// Runs the operation `req` step by step (each step is a function below): its environment, its source, its stack and
 /// config, then the Pulumi command.
 async fn execute(
@@ -202,7 +212,7 @@ async fn execute(
     mut sandbox: Option<&mut crate::sandbox::Sandbox>,
     masker: &mut Masker,
     result: &mut OperationResult,
-    pinned: &mut Option<String>,
+    held: &mut Held,
 ) -> Result<(), Failure> {
     check_digest(req, &result.run_digest)?;
     let kind = OperationType::try_from(req.r#type).unwrap_or(OperationType::Unspecified);
@@ -219,7 +229,7 @@ async fn execute(
     }
     let mut env = environment(ctx, req, sandbox.as_deref(), masker).await?;
     check_stop(op)?;
-    let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, pinned).await?;
+    let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, held).await?;
     check_stop(op)?;
     check_cli(ctx, req, result).await?;
     let known_key = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await?;
@@ -230,7 +240,8 @@ async fn execute(
     }
     check_stop(op)?;
     let options = req.options.clone().unwrap_or_default();
-    let cache = open_stack_cache(ctx, op, &known_key, &mut env);
+    let cache_vars = held.cache.vars(ctx.stack_caches.as_deref(), op, &known_key, &env);
+    env.extend(cache_vars);
     let plan = plan_file::prepare(kind, &options, &env)?;
     let step = Step {
         kind,
@@ -246,39 +257,7 @@ async fn execute(
     if let (Ok(()), Some(p)) = (&outcome, &plan) {
         outcome = p.collect(result);
     }
-    if let (Some(caches), Some(opened)) = (&ctx.stack_caches, cache)
-        && let Err(e) = caches.close(opened)
-    {
-        tracing::warn!(operation = %op.id, error = %e, "closing the stack's cache");
-    }
     outcome
-}
-
-/// The Stack's own cache ([`crate::stack_cache`]) for this operation, its variables added to `env` where neither the
-/// request nor the agent's own environment sets them. A cache that cannot be opened, or that another operation of the
-/// Stack holds, is done without (the operation runs cold), said on the operation's log.
-fn open_stack_cache(
-    ctx: &RunnerContext,
-    op: &Operation,
-    known_key: &str,
-    env: &mut BTreeMap<String, String>,
-) -> Option<crate::stack_cache::Opened> {
-    let opened = match ctx.stack_caches.as_ref()?.open(known_key) {
-        Ok(o) => o?,
-        Err(e) => {
-            op.log(format!("the stack's cache cannot be used ({e}); running without it"));
-            return None;
-        }
-    };
-    if opened.discarded > 0 {
-        op.log(format!(
-            "the stack's cache changed since its last operation ({} entries): emptied, not used",
-            opened.discarded
-        ));
-    }
-    let unset = opened.env_unset(env, |k| std::env::var_os(k).is_some());
-    env.extend(unset);
-    Some(opened)
 }
 
 /// Step 0: the request is what its Update names: its run digest (`computed`, over the request as received) is the one
@@ -356,7 +335,7 @@ async fn project(
     sandbox: Option<&mut crate::sandbox::Sandbox>,
     env: &BTreeMap<String, String>,
     result: &mut OperationResult,
-    pinned: &mut Option<String>,
+    held: &mut Held,
 ) -> Result<(PathBuf, String), Failure> {
     op.log("preparing source");
     let given = req.source.clone().filter(|s| s.kind.is_some());
@@ -365,8 +344,11 @@ async fn project(
         None => workspace_source(ctx.workspace_link.as_deref())
             .map_err(|m| fail(ErrorReason::InvalidSource, "source", m))?,
     };
-    let mut prepared = prepare_source(ctx, &source, env, req).await?;
-    *pinned = Some(prepared.key.clone());
+    let stack = req.stack.as_ref().map(|s| s.name.as_str()).unwrap_or_default();
+    let cache = &held.cache;
+    let install_vars = |dir: &Path| cache.install_vars(ctx.stack_caches.as_deref(), op, (dir, stack), env);
+    let mut prepared = prepare_source(ctx, &source, env, req, &install_vars).await?;
+    held.pinned = Some(prepared.key.clone());
     let dir = match sandbox {
         Some(sb) => {
             sb.watch_plugins();
@@ -378,8 +360,8 @@ async fn project(
                     ctx.sources
                         .discard(&prepared.key)
                         .map_err(|e| fail(ErrorReason::Internal, "", format!("discarding a changed revision: {e}")))?;
-                    prepared = prepare_source(ctx, &source, env, req).await?;
-                    *pinned = Some(prepared.key.clone());
+                    prepared = prepare_source(ctx, &source, env, req, &install_vars).await?;
+                    held.pinned = Some(prepared.key.clone());
                     copy_project(op, sb, &prepared)?.ok_or_else(|| {
                         fail(ErrorReason::Internal, "", "a revision prepared anew changed before its first use")
                     })?
@@ -401,14 +383,16 @@ async fn project(
     Ok((dir, project))
 }
 
-/// The request's source prepared (or cached) and pinned by the agent's source cache.
+/// The request's source prepared (or cached) and pinned by the agent's source cache; a revision it installs gets
+/// `install_vars` of its project directory (the Stack's own caches) on top of `env`.
 async fn prepare_source(
     ctx: &RunnerContext,
     source: &pko_proto::v1::Source,
     env: &BTreeMap<String, String>,
     req: &OperationRequest,
+    install_vars: &crate::source::InstallVars<'_>,
 ) -> Result<crate::source::Prepared, Failure> {
-    ctx.sources.prepare(source, &ctx.values, env, !req.skip_install).await.map_err(|e| {
+    ctx.sources.prepare(source, &ctx.values, (env, install_vars), !req.skip_install).await.map_err(|e| {
         let reason = if e.install { ErrorReason::InstallationFailed } else { ErrorReason::InvalidSource };
         fail(reason, "source", e.message)
     })
@@ -477,8 +461,7 @@ async fn prepare_stack(
     }
     // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
     // `stack select` in whichever directory the operation runs
-    let known_key =
-        format!("{} {} {}", env.get("PULUMI_BACKEND_URL").map(String::as_str).unwrap_or(""), project, stack.name);
+    let known_key = caches::stack_key(env, project, &stack.name);
     if !ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&known_key) {
         select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());

@@ -32,6 +32,10 @@ fn install_err(msg: impl Into<String>) -> SourceError {
     SourceError { message: msg.into(), install: true }
 }
 
+/// Variables to add to the environment of `pulumi install` in a fetched project directory (the operation's Stack's
+/// own caches, `crate::stack_cache`: Go's module downloads then land where the operation's build reads them).
+pub type InstallVars<'a> = dyn Fn(&Path) -> Vec<(String, String)> + Send + Sync + 'a;
+
 /// A prepared program.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -119,7 +123,7 @@ impl SourceCache {
         &self,
         source: &Source,
         values: &ValueResolver,
-        env: &BTreeMap<String, String>,
+        (env, install_vars): (&BTreeMap<String, String>, &InstallVars<'_>),
         install: bool,
     ) -> Result<Prepared, SourceError> {
         let kind = source.kind.as_ref().ok_or_else(|| err("the request has no source"))?;
@@ -138,7 +142,7 @@ impl SourceCache {
         let _guard = lock.lock().await;
         let path = self.cfg.root.join(&key);
         if !path.join(READY).exists() {
-            self.fetch_and_install(kind, values, env, (&revision, &dir), install, &path).await?;
+            self.fetch_and_install(kind, values, (env, install_vars), (&revision, &dir), install, &path).await?;
         }
         touch(&path.join(READY));
         let project = safe_join(&path, &dir)?;
@@ -180,7 +184,7 @@ impl SourceCache {
         &self,
         kind: &Kind,
         values: &ValueResolver,
-        env: &BTreeMap<String, String>,
+        (env, install_vars): (&BTreeMap<String, String>, &InstallVars<'_>),
         (revision, dir): (&str, &str),
         install: bool,
         path: &Path,
@@ -206,7 +210,9 @@ impl SourceCache {
             // decided on the files as fetched, before anything is installed
             let settles = crate::seed::seed_settles_dependencies(&project);
             let seeded = self.seed(&project, dir, &manifests).await;
-            self.install(&project, env, seeded && settles).await?;
+            let mut env = env.clone();
+            env.extend(install_vars(&project));
+            self.install(&project, &env, seeded && settles).await?;
         }
         std::fs::write(tmp.path().join(READY), &manifests).map_err(|e| err(e.to_string()))?;
         let _ = crate::trees::remove_tree(path);
