@@ -135,14 +135,16 @@ impl StackCaches {
     /// Errors: a cache could not be removed.
     pub fn close(&self, opened: Opened) -> std::io::Result<()> {
         let seal = take_seal(&opened.dir);
+        let unsealable = seal.is_err();
         let evict = {
             let mut s = self.lock();
             s.in_use.remove(&opened.name);
             s.clock += 1;
             let now = s.clock;
-            if let Ok(seal) = &seal {
+            // moved, not cloned: with Go's module cache a seal has tens of thousands of entries
+            if let Ok(seal) = seal {
                 let bytes = seal.values().map(|stamp| stamp.1).sum();
-                s.sealed.insert(opened.name.clone(), Sealed { seal: seal.clone(), at: now, bytes });
+                s.sealed.insert(opened.name.clone(), Sealed { seal, at: now, bytes });
             }
             // moved aside under the lock: an operation opening the same Stack's cache meanwhile starts a fresh one
             let mut aside = Vec::new();
@@ -155,7 +157,7 @@ impl StackCaches {
             }
             aside
         };
-        if seal.is_err() {
+        if unsealable {
             remove_tree(&opened.dir)?;
         }
         for dir in evict {

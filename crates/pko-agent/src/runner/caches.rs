@@ -52,6 +52,9 @@ impl CacheSlot {
         (dir, stack): (&Path, &str),
         env: &BTreeMap<String, String>,
     ) -> Vec<(String, String)> {
+        if caches.is_none() {
+            return Vec::new(); // a Workspace's own agent keeps no Stack caches: Pulumi.yaml need not be read
+        }
         match crate::pulumi::project_info(dir) {
             Some((project, _)) => self.vars(caches, op, &stack_key(env, &project, stack), env),
             None => Vec::new(),
