@@ -320,16 +320,15 @@ pub fn project_info(dir: &Path) -> Option<(String, String)> {
 /// `runtime.options.binary`): `pulumi install` would only try to build or fetch what the binary already holds (PKO
 /// #1297, fixed in v2.9.1 by #1319).
 pub fn prebuilt_binary(dir: &Path) -> bool {
-    let Some(text) = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
-    else {
-        return false;
-    };
-    let Ok(v) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text) else { return false };
-    v.get("runtime")
-        .and_then(|r| r.get("options"))
-        .and_then(|o| o.get("binary"))
-        .and_then(|b| b.as_str())
-        .is_some_and(|b| !b.trim().is_empty())
+    runtime_option(dir, "binary").is_some_and(|b| !b.trim().is_empty())
+}
+
+/// The runtime option `key` of the project in `dir` (`runtime.options.<key>` of its `Pulumi.yaml`, e.g. Python's
+/// `virtualenv` and `toolchain`), when it is a string; `None` when absent, not a string, or the file does not parse.
+pub fn runtime_option(dir: &Path, key: &str) -> Option<String> {
+    let text = ["Pulumi.yaml", "Pulumi.yml"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok())?;
+    let v = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).ok()?;
+    Some(v.get("runtime")?.get("options")?.get(key)?.as_str()?.to_string())
 }
 
 #[cfg(test)]

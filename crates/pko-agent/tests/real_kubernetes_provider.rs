@@ -39,13 +39,14 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     let made = bed.kubectl().args(["create", "namespace", &ns]).output().unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     let tar = tarball(p.files);
-    // a second revision of a Node.js program: its code changed, its dependencies not
-    let node = p.files.iter().any(|(f, _)| *f == "package.json");
-    let changed: Vec<(&str, Vec<u8>)> = p
-        .files
-        .iter()
-        .map(|(f, c)| (*f, if *f == "index.ts" { [*c, b"\n// revision 2\n".as_slice()].concat() } else { c.to_vec() }))
-        .collect();
+    // a second revision of a Node.js or Python program: its code changed, its dependencies not
+    let seeds = p.files.iter().any(|(f, _)| *f == "package.json" || *f == "requirements.txt");
+    let edit = |f: &str, c: &[u8]| match f {
+        "index.ts" => [c, b"\n// revision 2\n".as_slice()].concat(),
+        "__main__.py" => [c, b"\n# revision 2\n".as_slice()].concat(),
+        _ => c.to_vec(),
+    };
+    let changed: Vec<(&str, Vec<u8>)> = p.files.iter().map(|(f, c)| (*f, edit(f, c))).collect();
     let tar2 = tarball(&changed.iter().map(|(f, c)| (*f, c.as_slice())).collect::<Vec<_>>());
     let server = pko_testbed::plugins::PluginServer::kubernetes(
         &[p.plugin_version],
@@ -103,8 +104,8 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(String::from_utf8_lossy(&greeting()), "hej igen");
 
-    if node {
-        // the second revision starts from the first's node_modules (same manifests) and runs
+    if seeds {
+        // the second revision starts from the first's node_modules or virtualenv (same manifests) and runs
         req.operation_id = format!("{}-k8s-up-3", p.prefix);
         req.source = Some(artifact("app2.tar.gz", &tar2));
         req.config[1] = config("greeting", serde_json::json!("revision 2"), false);
@@ -114,9 +115,14 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
         eprintln!("the second revision's first up: {:?}", t.elapsed());
         assert_eq!(String::from_utf8_lossy(&greeting()), "revision 2");
         let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
-        let seeded = log.lines().find(|l| l.contains("seeded node_modules from a revision with the same manifests"));
+        let seeded =
+            log.lines().find(|l| l.contains("seeded the dependency tree from a revision with the same manifests"));
         eprintln!("{}", seeded.unwrap_or_else(|| panic!("no seed in the agent's log: {log}")));
-        if p.files.iter().any(|(f, _)| *f == "package-lock.json") {
+        if p.files.iter().any(|(f, _)| *f == "requirements.txt") {
+            let checked = log.lines().find(|l| l.contains("pip checked the seeded virtualenv"));
+            eprintln!("{}", checked.unwrap_or_else(|| panic!("pip did not check the seeded virtualenv: {log}")));
+        }
+        if p.files.iter().any(|(f, _)| *f == "package-lock.json" || *f == "requirements.txt") {
             let settled = log.lines().find(|l| l.contains("dependencies settled by the seed"));
             eprintln!("{}", settled.unwrap_or_else(|| panic!("a locked seed still installed: {log}")));
         }
@@ -156,6 +162,21 @@ async fn a_typescript_program_of_kubernetes_resources_installs_deploys_and_destr
     })
     .await;
     eprintln!("TypeScript program: first up (npm install included) {first:?}, warm up {warm:?}");
+}
+
+/// The Python program of the bed (`scripts/testbed/programs/python-kubernetes`: `pulumi-kubernetes` 4.24.0 from the
+/// package index): `pulumi install` makes its virtualenv; a second revision's is seeded from it and checked by pip.
+#[tokio::test]
+async fn a_python_program_of_kubernetes_resources_installs_deploys_and_destroys_with_the_real_provider() {
+    let files: [(&str, &[u8]); 3] = [
+        ("Pulumi.yaml", include_bytes!("../../../scripts/testbed/programs/python-kubernetes/Pulumi.yaml")),
+        ("__main__.py", include_bytes!("../../../scripts/testbed/programs/python-kubernetes/__main__.py")),
+        ("requirements.txt", include_bytes!("../../../scripts/testbed/programs/python-kubernetes/requirements.txt")),
+    ];
+    let (first, warm) =
+        deploy_change_destroy(Program { prefix: "py", files: &files, plugin_version: "4.24.0", agent_env: vec![] })
+            .await;
+    eprintln!("Python program: first up (virtualenv and pip install included) {first:?}, warm up {warm:?}");
 }
 
 /// The Go program of the bed (`scripts/testbed/programs/go-kubernetes`: `pulumi-kubernetes` sdk/v4

@@ -1,22 +1,7 @@
-//! A new revision's `node_modules` seeded from an earlier prepared revision with the same manifests (issue 49, item
-//! 2): a commit that changes a program but not its dependencies used to run `npm install` from nothing (20–30 s for
-//! `@pulumi/kubernetes`); seeded, `pulumi install` finds the tree in place and only checks it, as on a developer's
-//! machine.
-//!
-//! Contract: the seed is a writable **copy** of the donor's tree (never a link: the donor stays sealed and
-//! read-only, `crate::trees`), taken only after the donor's seal verified (a tree an operation changed is never
-//! copied), only when every manifest that decides what `npm install` puts in it is byte-identical in both projects
-//! (or absent from both), and only when `package.json` names no dependency from the project's own files (`file:`,
-//! `link:`, `workspace:`, `portal:`, a path) and declares no npm workspaces: those trees depend on files a new commit
-//! may have changed. The manifests are compared as each revision was fetched (a digest kept in the prepared
-//! revision's ready marker), since `npm install` writes a lockfile into the donor. `pulumi install` still runs
-//! afterwards (plugins, `packages`); it skips the language dependencies (`--no-dependencies`) only when the seed is
-//! what they would be anyway ([`seed_settles_dependencies`]: the revision as fetched pins its tree with a lockfile and
-//! has no install-time scripts of its own), else npm checks the seeded tree and does whatever it would do
-//! differently. The donors are the agent's own prepared revisions: one class's agent, one class's trees.
+//! Node.js: which manifests decide a `node_modules`, which trees may seed another revision's, and when a seed makes
+//! the install of the language dependencies unnecessary ([`super`] holds the contract).
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The files whose bytes decide what `npm install` (or yarn, pnpm) puts in `node_modules` besides the registry.
 pub const NODE_MANIFESTS: &[&str] = &[
@@ -56,7 +41,7 @@ const INSTALL_SCRIPTS: &[&str] = &["preinstall", "install", "postinstall", "prep
 
 /// Whether a `node_modules` seeded into `project` (as fetched: call it before any install) is exactly what installing
 /// its dependencies would make, so that install may be skipped: a lockfile pins the whole tree (the donor had the
-/// same one, [`manifest_digest`]) and `package.json` has no install-time script of its own ([`INSTALL_SCRIPTS`]:
+/// same one, [`digest`]) and `package.json` has no install-time script of its own ([`INSTALL_SCRIPTS`]:
 /// those build from the new revision's files). Text that does not parse: no.
 pub fn seed_settles_dependencies(project: &Path) -> bool {
     let Ok(package) = std::fs::read_to_string(project.join("package.json")) else { return false };
@@ -69,7 +54,7 @@ pub fn seed_settles_dependencies(project: &Path) -> bool {
 /// The digest of `project`'s [`NODE_MANIFESTS`] as fetched (before `npm install` writes a lockfile): SHA-256 hex over
 /// each one's name, presence and bytes; `None` when it has no `package.json`, or one that depends on its own files
 /// ([`depends_on_own_files`]). Two revisions with the same digest get the same `node_modules` from the same registry.
-pub fn manifest_digest(project: &Path) -> Option<String> {
+pub fn digest(project: &Path) -> Option<String> {
     use sha2::{Digest, Sha256};
     let package = std::fs::read_to_string(project.join("package.json")).ok()?;
     if depends_on_own_files(&package) {
@@ -89,71 +74,12 @@ pub fn manifest_digest(project: &Path) -> Option<String> {
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Seeds `project/node_modules` with a writable copy of the tree of the first of `donors` (prepared project
-/// directories, the freshest first, each with the [`manifest_digest`] recorded when it was fetched) whose digest is
-/// `digest` and whose tree's seal verifies; the donor's project directory, or `None` (no donor, or the project has a
-/// `node_modules` already). A copy that fails is removed, and the next donor is tried.
-pub fn seed_node_modules(
-    project: &Path,
-    digest: &str,
-    donors: impl IntoIterator<Item = (PathBuf, String)>,
-) -> Option<PathBuf> {
-    let target = project.join("node_modules");
-    if target.exists() {
-        return None;
-    }
-    for (donor, recorded) in donors {
-        let tree = donor.join("node_modules");
-        if donor == project || recorded != digest || !tree.is_dir() {
-            continue;
-        }
-        if let Err(e) = crate::trees::share(&tree) {
-            tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
-            continue;
-        }
-        match copy_writable(&tree, &target) {
-            Ok(()) => return Some(donor),
-            Err(e) => {
-                tracing::warn!(donor = %donor.display(), error = %e, "seeding node_modules failed");
-                let _ = crate::trees::remove_tree(&target);
-            }
-        }
-    }
-    None
-}
-
-/// Copies the tree `from` to `to` (which must not exist): files and directories writable by their owner, symbolic
-/// links as links.
-///
-/// Errors: the first read, write or link that failed.
-pub fn copy_writable(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir(to)?;
-    let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
-    while let Some((src, dst)) = stack.pop() {
-        for e in std::fs::read_dir(&src)? {
-            let e = e?;
-            let (s, d) = (e.path(), dst.join(e.file_name()));
-            let t = e.file_type()?;
-            if t.is_dir() {
-                std::fs::create_dir(&d)?;
-                stack.push((s, d));
-            } else if t.is_symlink() {
-                std::os::unix::fs::symlink(std::fs::read_link(&s)?, &d)?;
-            } else if t.is_file() {
-                std::fs::copy(&s, &d)?;
-                let mode = std::fs::metadata(&d)?.permissions().mode();
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode | 0o200))?;
-            }
-        }
-        let mode = std::fs::metadata(&src)?.permissions().mode();
-        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(mode | 0o700))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seed::{manifest_digest, seed};
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
 
     fn project(root: &Path, name: &str, package: &str, lock: Option<&str>) -> PathBuf {
         let p = root.join(name);
@@ -202,13 +128,13 @@ mod tests {
         let new = project(d.path(), "new", PKG, None);
         let digest = manifest_digest(&new).unwrap();
         assert_eq!(digest, old.1, "the lockfile npm wrote does not count: the digest is taken as fetched");
-        assert_eq!(seed_node_modules(&new, &digest, [other.clone(), old.clone()]), Some(old.0.clone()));
+        assert_eq!(seed(&new, &digest, [other.clone(), old.clone()]).map(|s| s.donor), Some(old.0.clone()));
         let copied = new.join("node_modules/@pulumi/x/index.js");
         assert_eq!(std::fs::read_to_string(&copied).unwrap(), "module.exports = 1");
         std::fs::write(&copied, "changed").expect("the copy is writable");
         assert_eq!(std::fs::read_link(new.join("node_modules/.bin/x")).unwrap(), Path::new("../@pulumi/x/index.js"));
         crate::trees::share(&old.0.join("node_modules")).expect("the donor is untouched");
-        assert_eq!(seed_node_modules(&new, &digest, [old.clone()]), None, "a node_modules is left alone");
+        assert_eq!(seed(&new, &digest, [old.clone()]).map(|s| s.donor), None, "a node_modules is left alone");
         let locked = project(d.path(), "locked", PKG, Some("a lockfile of its own"));
         assert_ne!(manifest_digest(&locked), Some(old.1.clone()), "another lockfile, another digest");
         assert_eq!(manifest_digest(&project(d.path(), "local", r#"{"dependencies": {"a": "file:a"}}"#, None)), None);
@@ -236,7 +162,7 @@ mod tests {
         std::fs::write(&planted, "evil").unwrap();
         let new = project(d.path(), "new", PKG, None);
         let digest = manifest_digest(&new).unwrap();
-        assert_eq!(seed_node_modules(&new, &digest, [old]), None);
+        assert_eq!(seed(&new, &digest, [old]).map(|s| s.donor), None);
         assert!(!new.join("node_modules").exists());
     }
 }

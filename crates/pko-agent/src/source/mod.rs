@@ -65,8 +65,9 @@ pub struct CacheConfig {
     pub download: DownloadConfig,
     /// The Pulumi CLI for `pulumi install`.
     pub pulumi: crate::pulumi::Cli,
-    /// Whether a new revision's `node_modules` is seeded from an earlier prepared revision with the same manifests
-    /// before `pulumi install` ([`crate::seed`]; `pko-agent serve --seed-dependency-trees`).
+    /// Whether a new revision's dependency tree (`node_modules`, a virtualenv) is seeded from an earlier prepared
+    /// revision with the same manifests before `pulumi install` ([`crate::seed`]; `pko-agent serve
+    /// --seed-dependency-trees`).
     pub seed_dependency_trees: bool,
 }
 
@@ -204,69 +205,18 @@ impl SourceCache {
             let where_ = if dir.is_empty() { "the root" } else { dir };
             return Err(err(format!("no Pulumi.yaml in {where_} of the source")));
         }
-        // the ready marker records the Node.js manifests as fetched: what a later revision is seeded by
+        // the ready marker records the dependency manifests as fetched: what a later revision is seeded by
         let manifests = crate::seed::manifest_digest(&project).unwrap_or_default();
         if install {
-            // decided on the files as fetched, before anything is installed
-            let settles = crate::seed::seed_settles_dependencies(&project);
             let seeded = self.seed(&project, dir, &manifests).await;
             let mut env = env.clone();
             env.extend(install_vars(&project));
-            self.install(&project, &env, seeded && settles).await?;
+            self.install(&project, &env, seeded.as_ref()).await?;
         }
         std::fs::write(tmp.path().join(READY), &manifests).map_err(|e| err(e.to_string()))?;
         let _ = crate::trees::remove_tree(path);
         let tmp_path = tmp.keep();
         std::fs::rename(&tmp_path, path).map_err(|e| err(format!("caching the source: {e}")))
-    }
-
-    /// Seeds `project` (a new revision; `dir` in its source) from the freshest prepared revision that may seed it
-    /// ([`crate::seed`]), off the async threads (a copy of a tree takes seconds); whether it was seeded.
-    async fn seed(&self, project: &Path, dir: &str, manifests: &str) -> bool {
-        if !self.cfg.seed_dependency_trees || manifests.is_empty() {
-            return false;
-        }
-        let donors: Vec<(PathBuf, String)> = self
-            .entries()
-            .into_iter()
-            .filter_map(|e| {
-                let entry = self.cfg.root.join(&e.key);
-                let recorded = std::fs::read_to_string(entry.join(READY)).ok()?;
-                Some((safe_join(&entry, dir).ok()?, recorded))
-            })
-            .collect();
-        let (target, digest) = (project.to_path_buf(), manifests.to_string());
-        let started = std::time::Instant::now();
-        let seeded =
-            tokio::task::spawn_blocking(move || crate::seed::seed_node_modules(&target, &digest, donors)).await;
-        let Ok(Some(donor)) = seeded else { return false };
-        let seconds = started.elapsed().as_secs_f64();
-        tracing::info!(project = %project.display(), donor = %donor.display(), seconds,
-            "seeded node_modules from a revision with the same manifests");
-        true
-    }
-
-    /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies, provider
-    /// plugins, `packages`), unless there is nothing it could install; with `seeded` (a seed that settles the
-    /// dependencies, [`crate::seed::seed_settles_dependencies`]) without the language dependencies.
-    async fn install(&self, project: &Path, env: &BTreeMap<String, String>, seeded: bool) -> Result<(), SourceError> {
-        let runtime = crate::pulumi::project_info(project).map(|(_, r)| r).unwrap_or_default();
-        let inherited = std::env::var(crate::pulumi::DISABLE_PLUGIN_ACQUISITION).ok();
-        let downloads_off = crate::pulumi::plugin_acquisition_disabled(env, inherited.as_deref());
-        if !install_needed(&runtime, downloads_off) || crate::pulumi::prebuilt_binary(project) {
-            return Ok(());
-        }
-        let args: &[&str] = if seeded { &["install", "--no-dependencies"] } else { &["install"] };
-        if seeded {
-            tracing::info!(project = %project.display(), "dependencies settled by the seed: install --no-dependencies");
-        }
-        let out = crate::pulumi::run(&self.cfg.pulumi, project, env, args)
-            .await
-            .map_err(|e| install_err(format!("pulumi install: {e}")))?;
-        if !out.success {
-            return Err(install_err(format!("pulumi install failed: {}", crate::pulumi::error_text(&out.stderr))));
-        }
-        Ok(())
     }
 
     fn finish(
@@ -482,14 +432,6 @@ async fn fetched_key(kind: &Kind, values: &ValueResolver) -> Result<(String, Str
     }
 }
 
-/// Whether a fetched source of `runtime` gets `pulumi install`. Always, as in PKO (but never for a prebuilt
-/// `runtime.options.binary`, [`crate::pulumi::prebuilt_binary`]), except YAML when plugin acquisition is disabled (the
-/// air-gapped setting): for YAML `pulumi install` only downloads plugins and packages, so with downloads off the
-/// plugins must already be on `PATH` or in the plugin cache, and `pulumi up` finds them there.
-fn install_needed(runtime: &str, acquisition_disabled: bool) -> bool {
-    runtime != "yaml" || !acquisition_disabled
-}
-
 fn project_file(dir: &Path) -> Option<PathBuf> {
     ["Pulumi.yaml", "Pulumi.yml"].iter().map(|f| dir.join(f)).find(|p| p.is_file())
 }
@@ -504,6 +446,7 @@ fn hex(b: &[u8]) -> String {
 
 mod entries;
 mod git;
+mod install;
 pub use git::GIT_TIMEOUT;
 use git::{GitAuthArgs, clone, resolve_git_revision};
 
@@ -523,15 +466,6 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_runtime_is_installed_unless_yaml_may_not_download() {
-        for runtime in ["nodejs", "python", "go", "dotnet", "java"] {
-            assert!(install_needed(runtime, false) && install_needed(runtime, true), "{runtime}");
-        }
-        assert!(install_needed("yaml", false), "YAML gets its plugins installed, as in PKO");
-        assert!(!install_needed("yaml", true), "with downloads off there is nothing to install");
-    }
 
     #[test]
     fn mirrors_are_tried_after_the_url_and_only_for_a_verified_artifact() {

@@ -1,0 +1,225 @@
+//! A new revision's dependency tree seeded from an earlier prepared revision with the same manifests (issue 49, item
+//! 2): a commit that changes a program but not its dependencies used to install them from nothing (20–30 s of `npm
+//! install` for `@pulumi/kubernetes`, 15 s of virtualenv and `pip install` for `pulumi-kubernetes`); seeded, the
+//! install finds the tree in place and only checks it, as on a developer's machine.
+//!
+//! Contract: the seed is a writable **copy** of the donor's tree (never a link: the donor stays sealed and
+//! read-only, `crate::trees`), with the files' modification times kept (Python's bytecode caches are valid by them),
+//! taken only after the donor's seal verified (a tree an operation changed is never copied), only when every manifest
+//! that decides what the language's installer puts in it is byte-identical in both projects (or absent from both), and
+//! only when those manifests name nothing from the project's own files: Node.js [`node`] (`package.json` and its
+//! lockfiles; no `file:` dependency, no npm workspaces), Python [`python`] (`requirements.txt`, the `toolchain` and
+//! `virtualenv` options, `pip.conf`; pip's toolchain only; no `-e`, `-r` or path). The manifests are compared as each
+//! revision was fetched (a digest kept in the prepared revision's ready marker, named by its language), since an
+//! install writes a lockfile into the donor. How the seed is settled: [`Settle`]. The donors are the agent's own
+//! prepared revisions: one class's agent, one class's trees.
+
+pub mod node;
+pub mod python;
+
+pub use node::{NODE_MANIFESTS, depends_on_own_files, seed_settles_dependencies};
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// What settles a seeded tree before the revision is ready; `pulumi install` runs in every case (plugins, `packages`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The seed is what installing the dependencies would make ([`seed_settles_dependencies`]: a lockfile pins the
+    /// tree, no install-time scripts): `pulumi install --no-dependencies`.
+    Settled,
+    /// `pulumi install` installs the dependencies, its package manager checking the seed (npm without a lockfile).
+    Install,
+    /// `python -m pip install -r requirements.txt` with the seeded virtualenv (this directory), as a developer runs
+    /// it in an existing virtualenv: what the seed satisfies stays, what it does not is installed. Then `pulumi install
+    /// --no-dependencies`: Pulumi's own dependency step would re-create the virtualenv and upgrade pip, setuptools and
+    /// wheel from the index on every revision (3.9 s on the bed, most of it asking the index).
+    Pip(PathBuf),
+}
+
+/// A seeded project: the donor's project directory and how the seed is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeded {
+    /// The prepared project the tree was copied from.
+    pub donor: PathBuf,
+    /// What settles it.
+    pub settle: Settle,
+}
+
+/// The digest of what decides `project`'s dependency tree as fetched (call it before anything is installed):
+/// `python:<sha256 hex>` ([`python::digest`]) for a Python project, else `nodejs:<sha256 hex>` ([`node::digest`]);
+/// `None` when the project is not seeded. Two revisions with the same digest get the same tree from the same index.
+pub fn manifest_digest(project: &Path) -> Option<String> {
+    match crate::pulumi::project_info(project).map(|(_, runtime)| runtime).as_deref() {
+        Some("python") => python::digest(project).map(|h| format!("python:{h}")),
+        _ => node::digest(project).map(|h| format!("nodejs:{h}")),
+    }
+}
+
+/// The entries of the prepared project `donor` that make the tree a `digest` describes, relative to it.
+fn tree_entries(digest: &str, donor: &Path) -> Vec<PathBuf> {
+    if digest.starts_with("python:") {
+        python::tree_entries(donor)
+    } else if donor.join("node_modules").is_dir() {
+        vec![PathBuf::from("node_modules")]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Seeds `project` (a new revision, as fetched, whose [`manifest_digest`] is `digest`) with a writable copy of the tree
+/// of the first of `donors` (prepared project directories, the freshest first, each with the digest recorded when it
+/// was fetched) whose digest is `digest` and whose tree's seal verifies; `None` when no donor may seed it or the
+/// project already holds a part of the tree. A copy that fails is removed, and the next donor is tried.
+pub fn seed(project: &Path, digest: &str, donors: impl IntoIterator<Item = (PathBuf, String)>) -> Option<Seeded> {
+    for (donor, recorded) in donors {
+        if donor == project || recorded != digest {
+            continue;
+        }
+        let entries = tree_entries(digest, &donor);
+        if entries.is_empty() {
+            continue;
+        }
+        if entries.iter().any(|e| project.join(e).symlink_metadata().is_ok()) {
+            return None;
+        }
+        if let Some(e) = entries.iter().find_map(|e| verify(&donor.join(e)).err()) {
+            tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
+            continue;
+        }
+        match entries.iter().try_for_each(|e| copy_entry(&donor.join(e), &project.join(e))) {
+            Ok(()) => return Some(Seeded { settle: settle(project, digest, &entries), donor }),
+            Err(e) => {
+                tracing::warn!(donor = %donor.display(), error = %e, "seeding the dependency tree failed");
+                for e in &entries {
+                    let _ = crate::trees::remove_tree(&project.join(e));
+                    let _ = std::fs::remove_file(project.join(e));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// What settles the tree seeded into `project` from `entries`. Pure but for reading the project's manifests.
+fn settle(project: &Path, digest: &str, entries: &[PathBuf]) -> Settle {
+    if digest.starts_with("python:") {
+        Settle::Pip(python::seeded_venv(project, entries))
+    } else if seed_settles_dependencies(project) {
+        Settle::Settled
+    } else {
+        Settle::Install
+    }
+}
+
+/// A directory of a donor's tree verified against its seal (sealed now at its first use); links and files (a
+/// virtualenv's `lib64`, `pyvenv.cfg`) are copied as they are.
+fn verify(entry: &Path) -> Result<(), crate::trees::ShareError> {
+    match std::fs::symlink_metadata(entry) {
+        Ok(m) if m.is_dir() => crate::trees::share(entry),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies one entry of a tree: a directory with [`copy_writable`], a link as a link, a file writable by its owner.
+fn copy_entry(from: &Path, to: &Path) -> std::io::Result<()> {
+    let m = std::fs::symlink_metadata(from)?;
+    if m.is_dir() {
+        copy_writable(from, to)
+    } else if m.is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)
+    } else {
+        copy_file(from, to, &m)
+    }
+}
+
+fn copy_file(from: &Path, to: &Path, m: &std::fs::Metadata) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(m.permissions().mode() | 0o200))?;
+    std::fs::File::options().write(true).open(to)?.set_modified(m.modified()?)
+}
+
+/// Copies the tree `from` to `to` (which must not exist): files and directories writable by their owner, files with
+/// their modification time, symbolic links as links.
+///
+/// Errors: the first read, write or link that failed.
+pub fn copy_writable(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((src, dst)) = stack.pop() {
+        for e in std::fs::read_dir(&src)? {
+            let e = e?;
+            let (s, d) = (e.path(), dst.join(e.file_name()));
+            let t = e.file_type()?;
+            if t.is_dir() {
+                std::fs::create_dir(&d)?;
+                stack.push((s, d));
+            } else if t.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&s)?, &d)?;
+            } else if t.is_file() {
+                copy_file(&s, &d, &e.metadata()?)?;
+            }
+        }
+        let mode = std::fs::metadata(&src)?.permissions().mode();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(mode | 0o700))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prepared Python project of the bed's kind (the project is the virtualenv), its digest taken as fetched.
+    fn prepared_python(root: &Path, name: &str) -> (PathBuf, String) {
+        let p = root.join(name);
+        std::fs::create_dir_all(p.join("lib/site-packages/pulumi")).unwrap();
+        std::fs::write(p.join("Pulumi.yaml"), "name: p\nruntime: python\n").unwrap();
+        std::fs::write(p.join("requirements.txt"), "pulumi==3.1\n").unwrap();
+        let digest = manifest_digest(&p).unwrap();
+        std::fs::write(p.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(p.join("lib/site-packages/pulumi/__init__.py"), "x = 1\n").unwrap();
+        std::os::unix::fs::symlink("lib", p.join("lib64")).unwrap();
+        (p, digest)
+    }
+
+    #[test]
+    fn a_python_revision_gets_a_copy_of_the_virtualenv_with_its_times_and_links() {
+        let d = tempfile::tempdir().unwrap();
+        let old = prepared_python(d.path(), "old");
+        assert!(old.1.starts_with("python:"));
+        let module = old.0.join("lib/site-packages/pulumi/__init__.py");
+        let then = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        std::fs::File::options().write(true).open(&module).unwrap().set_modified(then).unwrap();
+        let new = d.path().join("new");
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(new.join("Pulumi.yaml"), "name: p\nruntime: python\n").unwrap();
+        std::fs::write(new.join("requirements.txt"), "pulumi==3.1\n").unwrap();
+        let digest = manifest_digest(&new).unwrap();
+        assert_eq!(digest, old.1);
+        let seeded = seed(&new, &digest, [old.clone()]).unwrap();
+        assert_eq!(seeded, Seeded { donor: old.0.clone(), settle: Settle::Pip(new.clone()) });
+        let copied = new.join("lib/site-packages/pulumi/__init__.py");
+        assert_eq!(std::fs::metadata(&copied).unwrap().modified().unwrap(), then, "bytecode stays valid");
+        assert_eq!(std::fs::read_link(new.join("lib64")).unwrap(), Path::new("lib"));
+        assert_eq!(std::fs::read_to_string(new.join("pyvenv.cfg")).unwrap(), "home = /usr/bin\n");
+        std::fs::write(&copied, "changed").expect("the copy is writable");
+        crate::trees::share(&old.0.join("lib")).expect("the donor is untouched");
+        assert_eq!(seed(&new, &digest, [old]), None, "a virtualenv is left alone");
+    }
+
+    #[test]
+    fn a_python_donor_whose_virtualenv_changed_is_never_copied() {
+        let d = tempfile::tempdir().unwrap();
+        let old = prepared_python(d.path(), "old");
+        crate::trees::share(&old.0.join("lib")).unwrap();
+        let dir = old.0.join("lib/site-packages/pulumi");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("planted.py"), "evil").unwrap();
+        let new = d.path().join("new");
+        std::fs::create_dir(&new).unwrap();
+        assert_eq!(seed(&new, &old.1, [old.clone()]), None);
+        assert!(!new.join("lib").exists() && !new.join("pyvenv.cfg").exists());
+    }
+}
