@@ -39,8 +39,8 @@ use pko_proto::v1::{ArtifactSource, OperationType, ResultStatus, Source, source}
 
 const RUNS: usize = 5;
 
-/// A program of `scripts/testbed/programs/<dir>`, the plugin version its SDK names, and the environment
-/// its language needs offline.
+/// A program of `scripts/testbed/programs/<dir>` (its files, the main one last: a new revision edits it), the plugin
+/// version its SDK names, and the environment its language needs offline.
 struct Language {
     name: &'static str,
     dir: &'static str,
@@ -62,7 +62,7 @@ fn languages() -> Vec<Language> {
         Language {
             name: "python",
             dir: "python-kubernetes",
-            files: &["Pulumi.yaml", "__main__.py", "requirements.txt"],
+            files: &["Pulumi.yaml", "requirements.txt", "__main__.py"],
             plugin_version: "4.24.0",
             env: vec![],
         },
@@ -271,6 +271,13 @@ async fn measure(lang: &Language) -> Measured {
     bare(&["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"]);
     let bare_edited = t.elapsed();
     let (new_revision, new_revision_unseeded) = new_revision(&mut c, &env, &agent_env, &up_of).await;
+    // what the seeded revision's preparation did, from the agent's own log (the seed, pip's check, the install)
+    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    for line in
+        log.lines().filter(|l| ["seed", "pip checked", "install --no-dependencies"].iter().any(|w| l.contains(w)))
+    {
+        eprintln!("{}: {line}", lang.name);
+    }
     let _ = sampler.join();
     let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();
     Measured {

@@ -44,6 +44,8 @@ pub struct Seeded {
     pub donor: PathBuf,
     /// What settles it.
     pub settle: Settle,
+    /// Whether the tree was moved from the donor ([`take`]; the donor is retired), not copied ([`seed`]).
+    pub moved: bool,
 }
 
 /// The digest of what decides `project`'s dependency tree as fetched (call it before anything is installed):
@@ -69,36 +71,92 @@ fn tree_entries(digest: &str, donor: &Path) -> Vec<PathBuf> {
 
 /// Seeds `project` (a new revision, as fetched, whose [`manifest_digest`] is `digest`) with a writable copy of the tree
 /// of the first of `donors` (prepared project directories, the freshest first, each with the digest recorded when it
-/// was fetched) whose digest is `digest` and whose tree's seal verifies; `None` when no donor may seed it or the
-/// project already holds a part of the tree. A copy that fails is removed, and the next donor is tried.
+/// was fetched) whose digest is `digest` and whose tree's seal verifies; `None` when no donor may seed it. A copy that
+/// fails is removed, and the next donor is tried.
 pub fn seed(project: &Path, digest: &str, donors: impl IntoIterator<Item = (PathBuf, String)>) -> Option<Seeded> {
     for (donor, recorded) in donors {
-        if donor == project || recorded != digest {
-            continue;
-        }
-        let entries = tree_entries(digest, &donor);
-        if entries.is_empty() {
-            continue;
-        }
-        if entries.iter().any(|e| project.join(e).symlink_metadata().is_ok()) {
-            return None;
-        }
-        if let Some(e) = entries.iter().find_map(|e| verify(&donor.join(e)).err()) {
-            tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
-            continue;
-        }
+        let Some(entries) = usable(project, digest, (&donor, &recorded)) else { continue };
         match entries.iter().try_for_each(|e| copy_entry(&donor.join(e), &project.join(e))) {
-            Ok(()) => return Some(Seeded { settle: settle(project, digest, &entries), donor }),
+            Ok(()) => return Some(Seeded { settle: settle(project, digest, &entries), donor, moved: false }),
             Err(e) => {
                 tracing::warn!(donor = %donor.display(), error = %e, "seeding the dependency tree failed");
-                for e in &entries {
-                    let _ = crate::trees::remove_tree(&project.join(e));
-                    let _ = std::fs::remove_file(project.join(e));
-                }
+                remove_entries(project, &entries);
             }
         }
     }
     None
+}
+
+/// Seeds `project` like [`seed`] from the one prepared project `donor` by **moving** its tree (a rename: no copy of
+/// thousands of files), after its seal verified. The caller has retired the donor: no operation holds it and none can
+/// start on it (its ready marker is gone), so nothing uses the tree while it moves and the donor is removed afterwards.
+/// The moved tree is writable by its owner again unless it settles the dependencies as it is ([`Settle::Settled`]:
+/// nothing writes into it before the new revision's first operation seals it). `None` when the donor may not seed it
+/// or a move failed (what moved is removed: the donor is retired either way).
+pub fn take(project: &Path, digest: &str, donor: &Path) -> Option<Seeded> {
+    let entries = usable(project, digest, (donor, digest))?;
+    let settle = settle(project, digest, &entries);
+    let moved = entries.iter().try_for_each(|e| {
+        let (from, to) = (donor.join(e), project.join(e));
+        let m = std::fs::symlink_metadata(&from)?;
+        if m.is_dir() {
+            // a directory moving to another parent updates its `..`: it must be writable (a sealed tree is not)
+            std::fs::set_permissions(&from, std::fs::Permissions::from_mode(m.permissions().mode() | 0o700))?;
+        }
+        std::fs::rename(&from, &to)?;
+        match settle {
+            Settle::Settled => Ok(()),
+            _ => owner_writable(&to),
+        }
+    });
+    match moved {
+        Ok(()) => Some(Seeded { donor: donor.to_path_buf(), settle, moved: true }),
+        Err(e) => {
+            tracing::warn!(donor = %donor.display(), error = %e, "moving the dependency tree failed");
+            remove_entries(project, &entries);
+            None
+        }
+    }
+}
+
+/// The entries of `donor`'s tree (with its `recorded` digest) that may seed `project`: the digests match, the donor
+/// has the tree, `project` has none of it, and the tree's directories verify against their seals.
+fn usable(project: &Path, digest: &str, (donor, recorded): (&Path, &str)) -> Option<Vec<PathBuf>> {
+    if donor == project || recorded != digest {
+        return None;
+    }
+    let entries = tree_entries(digest, donor);
+    if entries.is_empty() || entries.iter().any(|e| project.join(e).symlink_metadata().is_ok()) {
+        return None;
+    }
+    if let Some(e) = entries.iter().find_map(|e| verify(&donor.join(e)).err()) {
+        tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
+        return None;
+    }
+    Some(entries)
+}
+
+fn remove_entries(project: &Path, entries: &[PathBuf]) {
+    for e in entries {
+        let _ = crate::trees::remove_tree(&project.join(e));
+    }
+}
+
+/// Gives the owner write access to `entry` and everything under it (links left alone): a moved sealed tree that an
+/// installer may still change.
+fn owner_writable(entry: &Path) -> std::io::Result<()> {
+    let m = std::fs::symlink_metadata(entry)?;
+    if m.is_symlink() {
+        return Ok(());
+    }
+    let bits = if m.is_dir() { 0o700 } else { 0o200 };
+    std::fs::set_permissions(entry, std::fs::Permissions::from_mode(m.permissions().mode() | bits))?;
+    if m.is_dir() {
+        for e in std::fs::read_dir(entry)? {
+            owner_writable(&e?.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// What settles the tree seeded into `project` from `entries`. Pure but for reading the project's manifests.
@@ -134,10 +192,14 @@ fn copy_entry(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Copies the file `from` (its metadata `m`) to the new file `to`: its bytes (`copy_file_range`), its mode with the
+/// owner's write bit, its modification time; one open of each.
 fn copy_file(from: &Path, to: &Path, m: &std::fs::Metadata) -> std::io::Result<()> {
-    std::fs::copy(from, to)?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(m.permissions().mode() | 0o200))?;
-    std::fs::File::options().write(true).open(to)?.set_modified(m.modified()?)
+    let mut src = std::fs::File::open(from)?;
+    let mut dst = std::fs::File::options().write(true).create_new(true).open(to)?;
+    std::io::copy(&mut src, &mut dst)?;
+    dst.set_permissions(std::fs::Permissions::from_mode(m.permissions().mode() | 0o200))?;
+    dst.set_modified(m.modified()?)
 }
 
 /// Copies the tree `from` to `to` (which must not exist): files and directories writable by their owner, files with
@@ -199,7 +261,7 @@ mod tests {
         let digest = manifest_digest(&new).unwrap();
         assert_eq!(digest, old.1);
         let seeded = seed(&new, &digest, [old.clone()]).unwrap();
-        assert_eq!(seeded, Seeded { donor: old.0.clone(), settle: Settle::Pip(new.clone()) });
+        assert_eq!(seeded, Seeded { donor: old.0.clone(), settle: Settle::Pip(new.clone()), moved: false });
         let copied = new.join("lib/site-packages/pulumi/__init__.py");
         assert_eq!(std::fs::metadata(&copied).unwrap().modified().unwrap(), then, "bytecode stays valid");
         assert_eq!(std::fs::read_link(new.join("lib64")).unwrap(), Path::new("lib"));
@@ -207,6 +269,57 @@ mod tests {
         std::fs::write(&copied, "changed").expect("the copy is writable");
         crate::trees::share(&old.0.join("lib")).expect("the donor is untouched");
         assert_eq!(seed(&new, &digest, [old]), None, "a virtualenv is left alone");
+    }
+
+    fn node_project(root: &Path, name: &str, lock: bool) -> PathBuf {
+        let p = root.join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("package.json"), r#"{"dependencies": {"x": "1"}}"#).unwrap();
+        if lock {
+            std::fs::write(p.join("package-lock.json"), "{}").unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn a_retired_donors_tree_is_moved_and_stays_sealed_only_when_it_settles() {
+        let d = tempfile::tempdir().unwrap();
+        for (lock, settled) in [(true, Settle::Settled), (false, Settle::Install)] {
+            let old = node_project(d.path(), &format!("old-{lock}"), lock);
+            let digest = manifest_digest(&old).unwrap();
+            std::fs::create_dir_all(old.join("node_modules/x")).unwrap();
+            std::fs::write(old.join("node_modules/x/index.js"), "1").unwrap();
+            crate::trees::share(&old.join("node_modules")).unwrap(); // sealed and read-only, as operations left it
+            let new = node_project(d.path(), &format!("new-{lock}"), lock);
+            let seeded = take(&new, &digest, &old).unwrap();
+            assert_eq!((seeded.settle.clone(), seeded.moved), (settled.clone(), true));
+            assert!(!old.join("node_modules").exists(), "moved, not copied");
+            let file = new.join("node_modules/x/index.js");
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), "1");
+            let writable = std::fs::metadata(&file).unwrap().permissions().mode() & 0o200 != 0;
+            assert_eq!(
+                writable,
+                settled == Settle::Install,
+                "npm may change an unsettled tree; a settled one is sealed"
+            );
+            crate::trees::share(&new.join("node_modules")).expect("the new revision seals it at its first use");
+        }
+    }
+
+    #[test]
+    fn a_changed_tree_is_never_moved() {
+        let d = tempfile::tempdir().unwrap();
+        let old = node_project(d.path(), "old", true);
+        let digest = manifest_digest(&old).unwrap();
+        std::fs::create_dir_all(old.join("node_modules/x")).unwrap();
+        crate::trees::share(&old.join("node_modules")).unwrap();
+        std::fs::set_permissions(old.join("node_modules/x"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(old.join("node_modules/x/planted.js"), "evil").unwrap();
+        let new = node_project(d.path(), "new", true);
+        assert_eq!(take(&new, &digest, &old), None);
+        assert!(!new.join("node_modules").exists());
+        let other = node_project(d.path(), "other", false);
+        assert_eq!(take(&new, &manifest_digest(&other).unwrap(), &old), None, "another digest");
     }
 
     #[test]

@@ -30,11 +30,21 @@ const INDEX_OPTIONS: &[&str] = &[
     "--require-hashes",
 ];
 
+/// The lines of a requirements file as pip reads them: continuations (`\\` at a line's end) joined, comments (`#` at
+/// the start or after white space) and blank lines dropped, trimmed. Pure.
+pub fn requirement_lines(requirements: &str) -> Vec<String> {
+    let uncommented = |l: &str| {
+        let b = l.as_bytes();
+        let at = (0..b.len()).find(|&i| b[i] == b'#' && (i == 0 || b[i - 1].is_ascii_whitespace()));
+        l[..at.unwrap_or(l.len())].trim().to_string()
+    };
+    requirements.replace("\\\n", " ").lines().map(uncommented).filter(|l| !l.is_empty()).collect()
+}
+
 /// Whether `requirements` (the text of `requirements.txt`) makes the virtualenv depend on the project's own or other
 /// files: a requirement given as a path or a `file:` URL, or an option outside [`INDEX_OPTIONS`]. Pure.
 pub fn refers_to_files(requirements: &str) -> bool {
-    let joined = requirements.replace("\\\n", " ");
-    joined.lines().map(|l| l.split(" #").next().unwrap_or("").trim()).filter(|l| !l.starts_with('#')).any(|line| {
+    requirement_lines(requirements).iter().any(|line| {
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else { return false };
         let option = |w: &str| w.starts_with('-') && !INDEX_OPTIONS.contains(&w.split('=').next().unwrap_or(w));
@@ -44,7 +54,7 @@ pub fn refers_to_files(requirements: &str) -> bool {
 }
 
 /// The digest of what decides `project`'s virtualenv (as fetched): the `toolchain` and `virtualenv` runtime options,
-/// `requirements.txt`, and `pip.conf` in the project and in the virtualenv's directory; SHA-256 hex. `None` when the
+/// the lines of `requirements.txt` ([`requirement_lines`]), and `pip.conf` in the project and in the virtualenv's directory; SHA-256 hex. `None` when the
 /// project is not seeded: another toolchain than pip, no `requirements.txt`, a requirements file that
 /// [`refers_to_files`], or a virtualenv outside the project (an absolute path, `..`).
 pub fn digest(project: &Path) -> Option<String> {
@@ -60,7 +70,8 @@ pub fn digest(project: &Path) -> Option<String> {
         return None;
     }
     let mut h = Sha256::new();
-    for part in [toolchain.unwrap_or_default(), venv.clone(), requirements] {
+    // what pip reads, not the bytes: a comment or a blank line changes nothing it installs
+    for part in [toolchain.unwrap_or_default(), venv.clone(), requirement_lines(&requirements).join("\n")] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -110,6 +121,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn requirement_lines_are_what_pip_reads() {
+        let text = "# head\npulumi==3.1 \\\n    --hash=sha256:ab  # pinned\n\nx @ git+https://h/r#egg=x\n";
+        assert_eq!(requirement_lines(text), ["pulumi==3.1      --hash=sha256:ab", "x @ git+https://h/r#egg=x"]);
+    }
+
+    #[test]
     fn requirements_from_the_index_are_seeded_and_from_files_are_not() {
         assert!(!refers_to_files("pulumi>=3.0.0,<4.0.0\npulumi-kubernetes==4.24.0\n"));
         assert!(!refers_to_files(
@@ -142,6 +159,8 @@ mod tests {
         let bare = digest(&project(d.path(), "a", "name: p\nruntime: python\n", Some("pulumi\n"))).unwrap();
         let same = digest(&project(d.path(), "b", "name: q\nruntime: python\ndescription: x\n", Some("pulumi\n")));
         assert_eq!(same.as_deref(), Some(bare.as_str()), "the project's name and description do not count");
+        let commented = project(d.path(), "b2", "name: p\nruntime: python\n", Some("# the SDK\n\npulumi  # any\n"));
+        assert_eq!(digest(&commented).as_deref(), Some(bare.as_str()), "comments and blank lines do not count");
         let optioned = digest(&project(d.path(), "c", OPTIONED, Some("pulumi\n"))).unwrap();
         assert_ne!(optioned, bare, "another virtualenv, another digest");
         let conf = project(d.path(), "d", OPTIONED, Some("pulumi\n"));

@@ -56,12 +56,11 @@ impl SourceCache {
     pub(super) fn evict(&self) {
         let entries = self.entries();
         let mut total: u64 = entries.iter().map(|e| e.size_bytes).sum();
-        let in_use = self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for e in entries.iter().rev() {
             if total <= self.cfg.max_bytes {
                 break;
             }
-            if in_use.contains(&e.key) {
+            if self.is_in_use(&e.key) {
                 continue;
             }
             self.forget_size(&e.key);

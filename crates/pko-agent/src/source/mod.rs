@@ -1,7 +1,7 @@
 //! Program sources: a working directory per source revision, prepared once (clone or download, then `pulumi install`)
 //! and reused; the cache is bounded by size, least recently used first out.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -92,7 +92,9 @@ pub struct SourceCache {
     cfg: CacheConfig,
     http: reqwest::Client,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    in_use: Mutex<HashSet<String>>,
+    /// How many prepared sources handed out are not yet released, per key: an entry is pinned while any operation
+    /// holds it (two operations of one revision release it at different times).
+    in_use: Mutex<HashMap<String, usize>>,
     /// The size of each entry, measured once when first listed (an entry does not change once ready; walking
     /// `node_modules` at each `Status` would cost more than the call).
     sizes: Mutex<HashMap<String, u64>>,
@@ -230,7 +232,7 @@ impl SourceCache {
         if project_file(&project_dir).is_none() {
             return Err(err(format!("no Pulumi.yaml in {}", project_dir.display())));
         }
-        self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.clone());
+        *self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.clone()).or_default() += 1;
         if cached.is_some() {
             self.evict();
         }
@@ -251,7 +253,18 @@ impl SourceCache {
 
     /// Unpins a prepared source.
     pub fn release(&self, key: &str) {
-        self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(key);
+        let mut in_use = self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = in_use.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                in_use.remove(key);
+            }
+        }
+    }
+
+    /// Whether an operation holds the prepared source `key` (prepared and not yet released).
+    pub fn is_in_use(&self, key: &str) -> bool {
+        self.in_use.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(key)
     }
 
     /// Downloads the artifact (retrying as [`DownloadConfig`] says, all within its total timeout), checks its digest
@@ -487,6 +500,34 @@ mod tests {
             "no digest: only the URL the Workspace names"
         );
         assert_eq!(got(&a("sha256:00", &[])), ["http://r2/p.tgz"]);
+    }
+
+    #[test]
+    fn a_source_stays_in_use_until_every_operation_holding_it_released_it() {
+        let _ = rustls::crypto::ring::default_provider().install_default(); // as the agent's main does
+        let d = tempfile::tempdir().unwrap();
+        let second = Duration::from_secs(1);
+        let download =
+            DownloadConfig { connect_timeout: second, read_timeout: second, total_timeout: second, retries: 0 };
+        let pulumi = crate::pulumi::Cli { bin: "pulumi".into(), supervisor: None };
+        let cfg = CacheConfig {
+            root: d.path().join("cache"),
+            max_bytes: 1 << 30,
+            max_artifact_bytes: 1 << 20,
+            download,
+            pulumi,
+            seed_dependency_trees: true,
+        };
+        let cache = SourceCache::new(cfg).unwrap();
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime: yaml\n").unwrap();
+        let hold = || cache.finish("k".into(), d.path().into(), d.path().into(), "r".into(), None).unwrap();
+        let (_a, _b) = (hold(), hold());
+        cache.release("k");
+        assert!(cache.is_in_use("k"), "the second operation still holds it");
+        cache.release("k");
+        assert!(!cache.is_in_use("k"));
+        cache.release("k");
+        assert!(!cache.is_in_use("k"), "a release too many changes nothing");
     }
 
     #[test]
