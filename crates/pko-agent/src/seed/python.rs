@@ -54,9 +54,9 @@ pub fn refers_to_files(requirements: &str) -> bool {
 }
 
 /// The digest of what decides `project`'s virtualenv (as fetched): the `toolchain` and `virtualenv` runtime options,
-/// the lines of `requirements.txt` ([`requirement_lines`]), and `pip.conf` in the project and in the virtualenv's directory; SHA-256 hex. `None` when the
-/// project is not seeded: another toolchain than pip, no `requirements.txt`, a requirements file that
-/// [`refers_to_files`], or a virtualenv outside the project (an absolute path, `..`).
+/// the lines of `requirements.txt` ([`requirement_lines`]), and `pip.conf` in the project and in the virtualenv's
+/// directory; SHA-256 hex. `None` when the project is not seeded: another toolchain than pip, no `requirements.txt`, a
+/// requirements file that [`refers_to_files`], or a virtualenv outside the project (an absolute path, `..`).
 pub fn digest(project: &Path) -> Option<String> {
     use sha2::{Digest, Sha256};
     let toolchain = crate::pulumi::runtime_option(project, "toolchain");
