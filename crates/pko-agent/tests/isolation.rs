@@ -3,11 +3,12 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use pko_proto::v1::{EnvVar, OperationType, ResultStatus};
+use pko_proto::v1::{ArtifactSource, EnvVar, OperationType, ResultStatus, Source, source};
 
 /// One program for every Stack ([`pko_testbed::probe::ISOLATION_PROBE`]), with a secret config value so
 /// each stack has a settings file holding a secure value, and the operation's id in the probe's environment (config
@@ -294,5 +295,55 @@ async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
         assert_eq!(outputs(&res)["report"].0, serde_json::json!(expected), "{i} {stack}: {text}");
         let emptied = text.contains("the stack's cache changed since its last operation");
         assert_eq!(emptied, i == 3, "{i} {stack}: only b's operation after the planting finds it: {text}");
+    }
+}
+
+/// `pulumi install` of a revision an operation fetches runs with that operation's Stack's own caches
+/// (`runner/caches.rs`: Go's module downloads land where the Stack's build reads them). The project's own `postinstall`,
+/// run by npm under the real `pulumi install` (offline, from the npm cache), writes a marker into `$GOCACHE`; the
+/// program reports what its `$GOCACHE` holds. Stack a's operation, which fetched and installed the revision, finds the
+/// marker in its cache; Stack b's operation of the same, already installed revision finds its own cache empty.
+#[tokio::test]
+async fn a_revisions_install_writes_into_the_caches_of_the_stack_whose_operation_prepared_it() {
+    let env = pulumi_env();
+    // the bed's TypeScript program's dependencies and lockfile (npm offline installs from its cache by the lockfile)
+    let package = r#"{"name": "tsk8s", "main": "index.js",
+        "dependencies": {"@pulumi/pulumi": "3.259.0", "@pulumi/kubernetes": "4.24.1"},
+        "devDependencies": {"typescript": "^5.0.0", "@types/node": "^20.0.0"},
+        "scripts": {"postinstall": "mkdir -p \"$GOCACHE\" && echo x > \"$GOCACHE/installed\""}}"#;
+    let index = "const fs = require('fs'); require('@pulumi/pulumi');\n\
+        fs.mkdirSync(process.env.GOCACHE, { recursive: true });\n\
+        exports.report = 'found:' + fs.readdirSync(process.env.GOCACHE).sort().join(',');\n";
+    let files: [(&str, &[u8]); 4] = [
+        ("Pulumi.yaml", b"name: install-probe\nruntime: nodejs\n"),
+        ("package.json", package.as_bytes()),
+        (
+            "package-lock.json",
+            include_bytes!("../../../scripts/testbed/programs/typescript-kubernetes/package-lock.json"),
+        ),
+        ("index.js", index.as_bytes()),
+    ];
+    let tar = tarball(&files);
+    let files = HashMap::from([("/app.tar.gz".to_string(), tar.clone())]);
+    let server = pko_testbed::plugins::PluginServer::kubernetes(&["4.24.1"], files).await;
+    let npm_cache = format!("{}/.npm", std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+    let overrides = server.overrides();
+    let vars = [("npm_config_cache", npm_cache.as_str()), ("PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES", &overrides)];
+    let agent = Agent::start(&env, &["--auth", "none"], &vars);
+    let mut client = agent.client().await;
+    for (i, (stack, expected)) in [("a", "found:installed"), ("b", "found:")].into_iter().enumerate() {
+        let mut r = request(&env, &format!("install-caches-{i}"), env.dir(), stack, OperationType::Up);
+        r.source = Some(Source {
+            kind: Some(source::Kind::Artifact(ArtifactSource {
+                url: format!("{}/app.tar.gz", server.http.base),
+                digest: sha256(&tar),
+                dir: String::new(),
+                mirrors: vec![],
+            })),
+        });
+        let events = run(&mut client, r).await;
+        let (res, text) = (result(&events), all_text(&events));
+        assert_eq!(res.status, ResultStatus::Succeeded as i32, "{stack}: {}: {text}", res.message);
+        assert_eq!(outputs(&res)["report"].0, serde_json::json!(expected), "{stack}: {text}");
     }
 }
