@@ -301,8 +301,9 @@ async fn a_stacks_own_cache_reaches_its_next_operation_and_no_other_stacks() {
 /// `pulumi install` of a revision an operation fetches runs with that operation's Stack's own caches
 /// (`runner/caches.rs`: Go's module downloads land where the Stack's build reads them). The project's own
 /// `postinstall`, run by npm under the real `pulumi install` (offline, from the npm cache), writes a marker into
-/// `$GOCACHE`; the program reports what its `$GOCACHE` holds. Stack a's operation, which fetched and installed the revision, finds the
-/// marker in its cache; Stack b's operation of the same, already installed revision finds its own cache empty.
+/// `$GOCACHE`; the program reports what its `$GOCACHE` holds. Stack a's operation, which fetched and installed the
+/// revision, finds the marker in its cache; Stack b's operation of the same, already installed revision finds its own
+/// cache empty.
 #[tokio::test]
 async fn a_revisions_install_writes_into_the_caches_of_the_stack_whose_operation_prepared_it() {
     let env = pulumi_env();
