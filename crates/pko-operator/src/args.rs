@@ -173,6 +173,14 @@ pub struct RuntimeArgs {
     /// Seconds an agent of a pool may stay idle before it is stopped (`--agent-pools`).
     #[arg(long, default_value_t = 60)]
     pub pool_idle_timeout_seconds: u64,
+    /// Bytes of prepared revisions each pool agent keeps on disk (`pko-agent serve --cache-max-bytes`; the agent's
+    /// default, 2 GiB, when unset): the least recently used go first past it.
+    #[arg(long)]
+    pub pool_cache_max_bytes: Option<u64>,
+    /// Bytes of the Stacks' own caches each pool agent keeps between their operations (`pko-agent serve
+    /// --stack-cache-max-bytes`: ts-node's, Go's build and module caches; the agent's default, 4 GiB, when unset).
+    #[arg(long)]
+    pub pool_stack_cache_max_bytes: Option<u64>,
     /// HOLLOW AGENTS, for control-plane load tests only (kubemark-style): pool agents simulate every operation (success
     /// after this many seconds, `pko-agent --hollow-seconds`) instead of running Pulumi. Never a default; never used by
     /// a functional test. Needs `--agent-pools` (either runtime).
@@ -357,10 +365,35 @@ pub fn listen_address(s: &str) -> String {
     if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_string() }
 }
 
+impl RuntimeArgs {
+    /// The arguments a pool's agents get besides their own defaults: the disk budgets (`--pool-cache-max-bytes`,
+    /// `--pool-stack-cache-max-bytes`) and the hollow agents' flag of a load test. Pure.
+    pub fn pool_agent_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(b) = self.pool_cache_max_bytes {
+            args.extend(["--cache-max-bytes".to_string(), b.to_string()]);
+        }
+        if let Some(b) = self.pool_stack_cache_max_bytes {
+            args.extend(["--stack-cache-max-bytes".to_string(), b.to_string()]);
+        }
+        if let Some(s) = self.hollow_agents_seconds {
+            args.extend(["--hollow-seconds".to_string(), s.to_string()]);
+        }
+        args
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn pool_agents_get_the_disk_budgets_only_when_set() {
+        assert!(Cli::parse_from(["x"]).run.runtime.pool_agent_args().is_empty(), "the agent's own defaults");
+        let a = Cli::parse_from(["x", "--pool-cache-max-bytes", "1000", "--pool-stack-cache-max-bytes=2000"]).run;
+        assert_eq!(a.runtime.pool_agent_args(), ["--cache-max-bytes", "1000", "--stack-cache-max-bytes", "2000"]);
+    }
 
     /// PKO's install manifest (`operator/config/manager/manager.yaml`, v2.9) passes these to `/manager`.
     #[test]

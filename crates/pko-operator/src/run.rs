@@ -425,12 +425,12 @@ impl Operator {
         })
     }
 
-    /// The pools' size and idleness (`--pool-*`), and the hollow agents' flag of a load test.
+    /// The pools' size and idleness (`--pool-*`), their agents' disk budgets, and the hollow agents' flag of a load
+    /// test.
     fn pool_config(runtime: &crate::args::RuntimeArgs) -> PoolConfig {
-        let mut agent_args = Vec::new();
+        let agent_args = runtime.pool_agent_args();
         if let Some(s) = runtime.hollow_agents_seconds {
             tracing::warn!(seconds = s, "HOLLOW AGENTS: operations are simulated, no Pulumi runs (load tests only)");
-            agent_args.extend(["--hollow-seconds".to_string(), s.to_string()]);
         }
         crate::load::set_pool_bounds(runtime.pool_min_agents, runtime.pool_max_agents.max(1));
         PoolConfig {

@@ -220,6 +220,13 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
     for flag in ["--agent-pools", "--pool-min-agents=1", "--pool-max-agents=4", "--pool-idle-timeout-seconds=30"] {
         assert!(pooled.contains(&flag.to_string()), "{flag} in {pooled:?}");
     }
+    assert!(!pooled.iter().any(|a| a.contains("cache-max-bytes")), "the agents' own disk budgets unless set");
+    // the pool agents' disk budgets, 8 GiB written as helm reads a large number (a float) and passed as an integer
+    let budgets =
+        args(&render(&["pools.enabled=true", "pools.cacheMaxBytes=1073741824", "pools.stackCacheMaxBytes=8589934592"]));
+    for flag in ["--pool-cache-max-bytes=1073741824", "--pool-stack-cache-max-bytes=8589934592"] {
+        assert!(budgets.contains(&flag.to_string()), "{flag} in {budgets:?}");
+    }
 }
 
 fn kubectl(args: &[&str]) -> (bool, String) {
