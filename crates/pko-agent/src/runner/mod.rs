@@ -18,6 +18,7 @@ use crate::source::SourceCache;
 use crate::values::ValueResolver;
 
 mod caches;
+mod config_file;
 mod engine;
 mod env;
 mod hollow;

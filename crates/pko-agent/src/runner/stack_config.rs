@@ -1,6 +1,7 @@
 //! The stack's settings before an operation runs: select (or create) it, reset its config file to the source's, set the
-//! request's config in as few `pulumi config set-all` calls as the kernel's argument limits allow, add its ESC
-//! environments, and refuse structured config on a CLI too old for it.
+//! request's config — plain strings written into the file by the agent ([`super::config_file`]), anything else in as
+//! few `pulumi config set-all` calls as the kernel's argument limits allow — add its ESC environments, and refuse
+//! structured config on a CLI too old for it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -61,19 +62,22 @@ pub(super) async fn set_config(
     for (i, item) in items.iter().enumerate() {
         planned.push(plan_item(ctx, env, project, i, item, masker).await?);
     }
-    for c in config_commands(stack, &planned) {
-        let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
-        let out = match &c.stdin {
-            None => pulumi::run(&ctx.pulumi, dir, env, &refs).await,
-            Some(input) => pulumi::run_with_input(&ctx.pulumi, dir, env, &refs, input).await,
-        }
-        .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
-        if !out.success {
-            return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
+    let short = stack.rsplit('/').next().unwrap_or(stack);
+    let file = dir.join(format!("Pulumi.{short}.yaml"));
+    if !write_plain_config(dir, &file, &planned).map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))? {
+        for c in config_commands(stack, &planned) {
+            let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
+            let out = match &c.stdin {
+                None => pulumi::run(&ctx.pulumi, dir, env, &refs).await,
+                Some(input) => pulumi::run_with_input(&ctx.pulumi, dir, env, &refs, input).await,
+            }
+            .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+            if !out.success {
+                return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
+            }
         }
     }
-    let short = stack.rsplit('/').next().unwrap_or(stack);
-    let text = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))).unwrap_or_default();
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
     match written_config_mismatch(&text, &planned) {
         Some(why) => Err(fail(
             ErrorReason::RunMismatch,
@@ -82,6 +86,26 @@ pub(super) async fn set_config(
         )),
         None => Ok(()),
     }
+}
+
+/// Writes `planned` into the stack config file `file` of the project in `dir` without Pulumi when every item is a plain
+/// string ([`super::config_file`]): a temporary file renamed over it. Whether it did; `false` leaves it to Pulumi.
+///
+/// Errors: the file could not be read (other than absent) or written.
+fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std::io::Result<bool> {
+    if super::config_file::stack_config_elsewhere(dir) {
+        return Ok(false);
+    }
+    let current = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let Some(text) = super::config_file::with_plain_config(&current, planned) else { return Ok(false) };
+    let tmp = file.with_extension("yaml.pko-tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, file)?;
+    Ok(true)
 }
 
 /// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env` names a variable of
