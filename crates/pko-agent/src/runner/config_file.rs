@@ -12,21 +12,18 @@ use std::path::Path;
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::stack_config::PlannedConfig;
-
 /// Whether `key` is a `namespace:name` key as Pulumi parses one: exactly one `:`, both sides non-empty, no white space.
 /// Pure.
-fn plain_key(key: &str) -> bool {
+pub fn plain_key(key: &str) -> bool {
     let mut parts = key.split(':');
     let (Some(ns), Some(name), None) = (parts.next(), parts.next(), parts.next()) else { return false };
     !ns.is_empty() && !name.is_empty() && !key.chars().any(char::is_whitespace)
 }
 
-/// The stack config file `text` (empty: none yet) with every item of `planned` set as a plain string, or `None` when
-/// an item is not a plain string under a plain key (a secret, a path, a structured value) or `text` is not a YAML
-/// mapping: Pulumi then writes it. Pure.
-pub fn with_plain_config(text: &str, planned: &[PlannedConfig]) -> Option<String> {
-    if planned.iter().any(|p| p.secret || p.path || p.object.is_some() || !plain_key(&p.key)) {
+/// The stack config file `text` (empty: none yet) with every `(key, value)` of `items` set as a plain string, or
+/// `None` when a key is not [`plain_key`] or `text` is not a YAML mapping: Pulumi then writes it. Pure.
+pub fn with_plain_config(text: &str, items: &[(&str, &str)]) -> Option<String> {
+    if items.iter().any(|(k, _)| !plain_key(k)) {
         return None;
     }
     let mut doc = match serde_yaml_ng::from_str::<Value>(text).ok()? {
@@ -39,8 +36,8 @@ pub fn with_plain_config(text: &str, planned: &[PlannedConfig]) -> Option<String
         *config = Value::Mapping(Mapping::new());
     }
     let config = config.as_mapping_mut()?;
-    for p in planned {
-        config.insert(Value::from(p.key.as_str()), Value::from(p.text.as_str()));
+    for (k, v) in items {
+        config.insert(Value::from(*k), Value::from(*v));
     }
     serde_yaml_ng::to_string(&doc).ok()
 }
@@ -59,38 +56,29 @@ pub fn stack_config_elsewhere(dir: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn plain(key: &str, text: &str) -> PlannedConfig {
-        PlannedConfig { key: key.into(), text: text.into(), secret: false, path: false, object: None }
-    }
-
     #[test]
     fn plain_values_are_written_and_the_rest_of_the_file_is_kept() {
         let before =
             "encryptionsalt: v1:abc\nconfig:\n  app:kept: old\n  app:greeting: hi\n  app:token:\n    secure: v1:x\n";
-        let after = with_plain_config(before, &[plain("app:greeting", "hej"), plain("app:n", "123")]).unwrap();
+        let after = with_plain_config(before, &[("app:greeting", "hej"), ("app:n", "123")]).unwrap();
         let v: Value = serde_yaml_ng::from_str(&after).unwrap();
         assert_eq!(v["encryptionsalt"], Value::from("v1:abc"));
         assert_eq!(v["config"]["app:kept"], Value::from("old"));
         assert_eq!(v["config"]["app:greeting"], Value::from("hej"));
         assert_eq!(v["config"]["app:n"], Value::from("123"), "a number's text stays a string");
         assert_eq!(v["config"]["app:token"]["secure"], Value::from("v1:x"));
-        let planned = [plain("app:greeting", "hej"), plain("app:n", "123")];
-        assert_eq!(super::super::stack_config::written_config_mismatch(&after, &planned), None);
-        let new = with_plain_config("", &[plain("app:a", "b")]).unwrap();
+        let new = with_plain_config("", &[("app:a", "b")]).unwrap();
         assert_eq!(serde_yaml_ng::from_str::<Value>(&new).unwrap()["config"]["app:a"], Value::from("b"));
-        assert!(with_plain_config("config:\n", &[plain("app:a", "b")]).is_some(), "an empty config map");
+        assert!(with_plain_config("config:\n", &[("app:a", "b")]).is_some(), "an empty config map");
     }
 
     #[test]
-    fn secrets_paths_structured_values_and_odd_keys_are_left_to_pulumi() {
-        let secret = PlannedConfig { secret: true, ..plain("app:s", "x") };
-        let path = PlannedConfig { path: true, ..plain("app:a.b", "x") };
-        let object = PlannedConfig { object: Some(serde_json::json!({"a": 1})), ..plain("app:o", "{\"a\":1}") };
-        for item in [secret, path, object, plain("a:b:c", "x"), plain("app:has space", "x"), plain(":a", "x")] {
-            assert_eq!(with_plain_config("", &[plain("app:ok", "1"), item.clone()]), None, "{item:?}");
+    fn odd_keys_and_files_are_left_to_pulumi() {
+        for key in ["a:b:c", "app:has space", ":a", "a:", "nocolon"] {
+            assert_eq!(with_plain_config("", &[("app:ok", "1"), (key, "x")]), None, "{key}");
         }
-        assert_eq!(with_plain_config("- a list\n", &[plain("app:a", "b")]), None, "not a mapping");
-        assert_eq!(with_plain_config("config: [1]\n", &[plain("app:a", "b")]), None, "config not a mapping");
+        assert_eq!(with_plain_config("- a list\n", &[("app:a", "b")]), None, "not a mapping");
+        assert_eq!(with_plain_config("config: [1]\n", &[("app:a", "b")]), None, "config not a mapping");
     }
 
     #[test]

@@ -89,7 +89,8 @@ pub(super) async fn set_config(
 }
 
 /// Writes `planned` into the stack config file `file` of the project in `dir` without Pulumi when every item is a plain
-/// string ([`super::config_file`]): a temporary file renamed over it. Whether it did; `false` leaves it to Pulumi.
+/// string under a plain key ([`super::config_file`]; not a secret, a path or a structured value): a temporary file
+/// renamed over it. Whether it did; `false` leaves it to Pulumi.
 ///
 /// Errors: the file could not be read (other than absent) or written.
 fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std::io::Result<bool> {
@@ -101,7 +102,11 @@ fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e),
     };
-    let Some(text) = super::config_file::with_plain_config(&current, planned) else { return Ok(false) };
+    if planned.iter().any(|p| p.secret || p.path || p.object.is_some()) {
+        return Ok(false);
+    }
+    let items: Vec<(&str, &str)> = planned.iter().map(|p| (p.key.as_str(), p.text.as_str())).collect();
+    let Some(text) = super::config_file::with_plain_config(&current, &items) else { return Ok(false) };
     let tmp = file.with_extension("yaml.pko-tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, file)?;
@@ -372,6 +377,29 @@ pub fn structured_config_unsupported(version: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_config_is_written_by_the_agent_and_anything_else_is_left_to_pulumi() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime: yaml\n").unwrap();
+        let file = d.path().join("Pulumi.dev.yaml");
+        std::fs::write(&file, "encryptionsalt: v1:s\n").unwrap();
+        let plain = PlannedConfig { key: "p:a".into(), text: "1".into(), secret: false, path: false, object: None };
+        assert!(write_plain_config(d.path(), &file, std::slice::from_ref(&plain)).unwrap());
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(written_config_mismatch(&text, std::slice::from_ref(&plain)), None, "{text}");
+        assert!(text.contains("encryptionsalt: v1:s"), "{text}");
+        for other in [
+            PlannedConfig { secret: true, ..plain.clone() },
+            PlannedConfig { path: true, key: "p:a.b".into(), ..plain.clone() },
+            PlannedConfig { object: Some(json!([1])), text: "[1]".into(), ..plain.clone() },
+        ] {
+            assert!(!write_plain_config(d.path(), &file, &[plain.clone(), other]).unwrap());
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), text, "untouched");
+        }
+        std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime: yaml\nstackConfigDir: cfg\n").unwrap();
+        assert!(!write_plain_config(d.path(), &file, &[plain]).unwrap(), "the file is elsewhere");
+    }
 
     #[test]
     fn stack_config_is_reset_to_the_source() {
