@@ -15,6 +15,10 @@ pub const STACK_FINALIZER: &str = "finalizer.stack.pulumi.com";
 /// Annotation whose every new value requests a sync of the Stack (Flux-style protocol); its last seen value is echoed
 /// to `status.observedReconcileRequest`.
 pub const RECONCILE_REQUEST_ANNOTATION: &str = "pulumi.com/reconciliation-request";
+/// Prefix of a [`RECONCILE_REQUEST_ANNOTATION`] value that asks for one commit: `push-<revision>` (ours; what a
+/// Receiver writes for a push naming its revision). Written by the Receiver's hook, read by the Stack controller: such
+/// a request is met by a successful update at that revision, whichever pass started it.
+pub const PUSH_REQUEST_PREFIX: &str = "push-";
 /// Annotation whose every new value on a Stack cancels its running operation (ours; `kubectl pko cancel`): Ctrl-C on
 /// its agent, a hard stop after a grace period, the Update `Failed` `Canceled`, the Stack Stalled `UpdateCanceled`
 /// until its spec, source or a reconcile request changes. Copied onto the Update; echoed to

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use pko_api::{Receiver, Stack, Update};
 use pko_testbed::eventually;
 use serde_json::json;
@@ -145,5 +145,31 @@ async fn a_signed_push_hook_syncs_exactly_the_selected_stacks_of_its_repository_
     let delivery = receivers.get("pushes").await.unwrap().status.unwrap().last_delivery.unwrap();
     assert_eq!(delivery.revision.as_deref(), Some(sha.as_str()));
     assert!(delivery.result == "synced" || delivery.result == "unchanged", "{delivery:?}");
+
+    // the race a push's delivery can lose: the Stack's own pass ran the pushed commit before the hook asked for it
+    // (here a request of another value makes it list the branch); the push's request then runs no second update
+    let sha3 = push_commit(&repos, "app.git", "three");
+    let ask = |value: String| {
+        let stacks = stacks.clone();
+        async move {
+            let patch = json!({"metadata": {"annotations": {pko_api::constants::RECONCILE_REQUEST_ANNOTATION: value}}});
+            stacks.patch("app", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        }
+    };
+    ask("by-hand-1".into()).await;
+    eventually("app at the third commit by its own pass", 120, || async {
+        let s = stacks.get("app").await.unwrap();
+        ready(&s) && s.status.and_then(|s| s.last_update).and_then(|u| u.last_successful_commit) == Some(sha3.clone())
+    })
+    .await;
+    let before = of("app").await;
+    ask(format!("{}{sha3}", pko_api::constants::PUSH_REQUEST_PREFIX)).await;
+    eventually("the push's request seen", 60, || async {
+        let s = stacks.get("app").await.unwrap();
+        ready(&s) && s.status.and_then(|s| s.observed_reconcile_request) == requested(&stacks.get("app").await.unwrap())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(of("app").await, before, "a push request met by the update already at its commit");
     let _ = Api::<Receiver>::namespaced(client.clone(), ns.name()).delete("pushes", &Default::default()).await;
 }

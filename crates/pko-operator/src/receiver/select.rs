@@ -7,7 +7,7 @@
 //! request is still unseen. Pure.
 
 use pko_api::Stack;
-use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
+use pko_api::constants::{PUSH_REQUEST_PREFIX, RECONCILE_REQUEST_ANNOTATION};
 use pko_api::receiver::{Receiver, ReceiverResource};
 
 use super::payload::{Push, moves};
@@ -83,13 +83,13 @@ fn pending(stack: &Stack) -> bool {
 /// the branch head when it sees it).
 pub fn needs_request(stack: &Stack, value: &str) -> bool {
     let current = stack.metadata.annotations.as_ref().and_then(|a| a.get(RECONCILE_REQUEST_ANNOTATION));
-    current.map(String::as_str) != Some(value) && (value.starts_with("push-") || !pending(stack))
+    current.map(String::as_str) != Some(value) && (value.starts_with(PUSH_REQUEST_PREFIX) || !pending(stack))
 }
 
 /// The request's value: `push-<revision>` for a push naming one, else `hook-<delivery time in ms>`.
 pub fn request_value(push: Option<&Push>, now_ms: u128) -> String {
     match push.and_then(|p| p.revision.as_deref()) {
-        Some(rev) => format!("push-{rev}"),
+        Some(rev) => format!("{PUSH_REQUEST_PREFIX}{rev}"),
         None => format!("hook-{now_ms}"),
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use pko_api::Stack;
-use pko_api::constants::RECONCILE_REQUEST_ANNOTATION;
 use pko_api::constants::stack_condition::{self as sc, MAX_UPDATE_FAILURES};
+use pko_api::constants::{PUSH_REQUEST_PREFIX, RECONCILE_REQUEST_ANNOTATION};
 use pko_api::stack::{DEFAULT_RETRY_MAX_BACKOFF_SECONDS, MIN_RESYNC_FREQUENCY_SECONDS, StackUpdateStateMessage};
 use pko_api::update::UpdateType;
 
@@ -136,6 +136,16 @@ pub fn decide(stack: &Stack, commit: &str, now: Timestamp, branch_tracking: bool
     decide_with_workspace(stack, commit, now, branch_tracking, deleting, None)
 }
 
+/// Whether the sync request `request` is met by `last` at the branch head `commit` although `last` did not see it: a
+/// request for one commit ([`PUSH_REQUEST_PREFIX`], a Receiver's) that arrived while the Stack's own pass was already
+/// running that commit, and that update succeeded. Another sync of the same commit would change nothing the request
+/// asked for. Pure.
+fn request_met(request: &str, last: &pko_api::stack::StackUpdateState, commit: &str) -> bool {
+    request.strip_prefix(PUSH_REQUEST_PREFIX) == Some(commit)
+        && last.state == Some(StackUpdateStateMessage::Succeeded)
+        && last.last_successful_commit.as_deref() == Some(commit)
+}
+
 /// [`decide`], knowing whether the Stack's Workspace is Stalled (`workspace_stall`: its reason and message). A failed
 /// update whose Workspace stalled is not retried (PKO): the Stack is Stalled `WorkspaceFailed` —
 /// `PulumiVersionTooLow` for `IncompatibleConfiguration` — with `"<reason>: <message>"`, until the spec, the source
@@ -169,7 +179,7 @@ pub fn decide_with_workspace(
         if last.generation.unwrap_or(0) != generation {
             return Sync::NeedsUpdate { reason: format!("New stack generation: {generation}") };
         }
-        if last.reconcile_request.clone().unwrap_or_default() != request {
+        if last.reconcile_request.clone().unwrap_or_default() != request && !request_met(&request, &last, commit) {
             return Sync::NeedsUpdate { reason: format!("Sync request: {}", go_quote(&request)) };
         }
     }
@@ -395,6 +405,22 @@ mod tests {
             "New commit detected: \"c2\""
         );
         assert_eq!(needs(decide(&stack(1, Some(ok)), "c1", at(1), false, true)), "Stack marked for deletion");
+    }
+
+    #[test]
+    fn a_push_request_met_by_an_update_already_at_its_commit_runs_no_other() {
+        let ok = done(StackUpdateStateMessage::Succeeded, 0, "c2", 0);
+        let mut s = stack(1, Some(ok));
+        s.metadata.annotations =
+            Some(BTreeMap::from([(RECONCILE_REQUEST_ANNOTATION.to_string(), format!("{PUSH_REQUEST_PREFIX}c2"))]));
+        assert!(matches!(decide(&s, "c2", at(1), true, false), Sync::Synced { .. }), "the push's commit ran");
+        assert_eq!(needs(decide(&s, "c3", at(1), true, false)), "Sync request: \"push-c2\"", "the head moved on");
+        let failed = done(StackUpdateStateMessage::Failed, 0, "c2", 0);
+        let mut f = stack(1, Some(failed));
+        f.metadata.annotations = s.metadata.annotations.clone();
+        assert_eq!(needs(decide(&f, "c2", at(1), true, false)), "Sync request: \"push-c2\"", "a failed one is retried");
+        s.metadata.annotations = Some(BTreeMap::from([(RECONCILE_REQUEST_ANNOTATION.to_string(), "c2".to_string())]));
+        assert_eq!(needs(decide(&s, "c2", at(1), true, false)), "Sync request: \"c2\"", "any other value: PKO's");
     }
 
     #[test]
