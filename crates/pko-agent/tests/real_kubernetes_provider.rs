@@ -117,7 +117,10 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
         let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
         let seeded =
             log.lines().find(|l| l.contains("seeded the dependency tree from a revision with the same manifests"));
-        eprintln!("{}", seeded.unwrap_or_else(|| panic!("no seed in the agent's log: {log}")));
+        let seeded = seeded.unwrap_or_else(|| panic!("no seed in the agent's log: {log}"));
+        eprintln!("{seeded}");
+        // no operation holds the first revision now: its tree is moved, not copied
+        assert!(seeded.ends_with("moved=true"), "the first revision's tree was copied: {seeded}");
         if p.files.iter().any(|(f, _)| *f == "requirements.txt") {
             let checked = log.lines().find(|l| l.contains("pip checked the seeded virtualenv"));
             eprintln!("{}", checked.unwrap_or_else(|| panic!("pip did not check the seeded virtualenv: {log}")));

@@ -75,7 +75,7 @@ fn tree_entries(digest: &str, donor: &Path) -> Vec<PathBuf> {
 /// fails is removed, and the next donor is tried.
 pub fn seed(project: &Path, digest: &str, donors: impl IntoIterator<Item = (PathBuf, String)>) -> Option<Seeded> {
     for (donor, recorded) in donors {
-        let Some(entries) = usable(project, digest, (&donor, &recorded)) else { continue };
+        let Ok(entries) = usable(project, digest, (&donor, &recorded)) else { continue };
         match entries.iter().try_for_each(|e| copy_entry(&donor.join(e), &project.join(e))) {
             Ok(()) => return Some(Seeded { settle: settle(project, digest, &entries), donor, moved: false }),
             Err(e) => {
@@ -87,14 +87,31 @@ pub fn seed(project: &Path, digest: &str, donors: impl IntoIterator<Item = (Path
     None
 }
 
+/// What [`take`] did: the seed, if any, and whether the donor was retired (its caller then removes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The seeded project, `None` when the donor may not seed it or the move failed.
+    pub seeded: Option<Seeded>,
+    /// Whether `retire` ran and succeeded: the donor is no longer a prepared revision and is to be removed.
+    pub retired: bool,
+}
+
 /// Seeds `project` like [`seed`] from the one prepared project `donor` by **moving** its tree (a rename: no copy of
-/// thousands of files), after its seal verified. The caller has retired the donor: no operation holds it and none can
-/// start on it (its ready marker is gone), so nothing uses the tree while it moves and the donor is removed afterwards.
-/// The moved tree is writable by its owner again unless it settles the dependencies as it is ([`Settle::Settled`]:
-/// nothing writes into it before the new revision's first operation seals it). `None` when the donor may not seed it
-/// or a move failed (what moved is removed: the donor is retired either way).
-pub fn take(project: &Path, digest: &str, donor: &Path) -> Option<Seeded> {
-    let entries = usable(project, digest, (donor, digest))?;
+/// thousands of files), after its seal verified. The caller holds the donor (no operation holds it and none can start
+/// on it); `retire` (run only once the donor may seed `project`, or when its tree changed and is to be discarded)
+/// makes it no longer a prepared revision and says whether it did. A donor that may not seed `project` for any other
+/// reason (another digest, no tree, `project` already holds part of the tree) is left ready and intact. The moved tree
+/// is writable by its owner again unless it settles the dependencies as it is ([`Settle::Settled`]: nothing writes
+/// into it before the new revision's first operation seals it). A move that fails is undone by removing what moved.
+pub fn take(project: &Path, digest: &str, donor: &Path, retire: impl FnOnce() -> bool) -> Taken {
+    let entries = match usable(project, digest, (donor, digest)) {
+        Ok(entries) => entries,
+        Err(Unusable::Changed) => return Taken { seeded: None, retired: retire() },
+        Err(Unusable::NotForThis) => return Taken { seeded: None, retired: false },
+    };
+    if !retire() {
+        return Taken { seeded: None, retired: false };
+    }
     let settle = settle(project, digest, &entries);
     let moved = entries.iter().try_for_each(|e| {
         let (from, to) = (donor.join(e), project.join(e));
@@ -109,31 +126,41 @@ pub fn take(project: &Path, digest: &str, donor: &Path) -> Option<Seeded> {
             _ => owner_writable(&to),
         }
     });
-    match moved {
+    let seeded = match moved {
         Ok(()) => Some(Seeded { donor: donor.to_path_buf(), settle, moved: true }),
         Err(e) => {
             tracing::warn!(donor = %donor.display(), error = %e, "moving the dependency tree failed");
             remove_entries(project, &entries);
             None
         }
-    }
+    };
+    Taken { seeded, retired: true }
+}
+
+/// Why a donor may not seed a project ([`usable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unusable {
+    /// Its tree changed since it was sealed: it is to be discarded.
+    Changed,
+    /// Another digest, no tree, or the project already holds part of the tree: the donor is fine, just not for this.
+    NotForThis,
 }
 
 /// The entries of `donor`'s tree (with its `recorded` digest) that may seed `project`: the digests match, the donor
 /// has the tree, `project` has none of it, and the tree's directories verify against their seals.
-fn usable(project: &Path, digest: &str, (donor, recorded): (&Path, &str)) -> Option<Vec<PathBuf>> {
+fn usable(project: &Path, digest: &str, (donor, recorded): (&Path, &str)) -> Result<Vec<PathBuf>, Unusable> {
     if donor == project || recorded != digest {
-        return None;
+        return Err(Unusable::NotForThis);
     }
     let entries = tree_entries(digest, donor);
     if entries.is_empty() || entries.iter().any(|e| project.join(e).symlink_metadata().is_ok()) {
-        return None;
+        return Err(Unusable::NotForThis);
     }
     if let Some(e) = entries.iter().find_map(|e| verify(&donor.join(e)).err()) {
         tracing::warn!(donor = %donor.display(), error = %e, "not seeding from a dependency tree that changed");
-        return None;
+        return Err(Unusable::Changed);
     }
-    Some(entries)
+    Ok(entries)
 }
 
 fn remove_entries(project: &Path, entries: &[PathBuf]) {
@@ -291,7 +318,9 @@ mod tests {
             std::fs::write(old.join("node_modules/x/index.js"), "1").unwrap();
             crate::trees::share(&old.join("node_modules")).unwrap(); // sealed and read-only, as operations left it
             let new = node_project(d.path(), &format!("new-{lock}"), lock);
-            let seeded = take(&new, &digest, &old).unwrap();
+            let taken = take(&new, &digest, &old, || true);
+            assert!(taken.retired);
+            let seeded = taken.seeded.unwrap();
             assert_eq!((seeded.settle.clone(), seeded.moved), (settled.clone(), true));
             assert!(!old.join("node_modules").exists(), "moved, not copied");
             let file = new.join("node_modules/x/index.js");
@@ -316,10 +345,26 @@ mod tests {
         std::fs::set_permissions(old.join("node_modules/x"), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(old.join("node_modules/x/planted.js"), "evil").unwrap();
         let new = node_project(d.path(), "new", true);
-        assert_eq!(take(&new, &digest, &old), None);
+        assert_eq!(take(&new, &digest, &old, || true), Taken { seeded: None, retired: true }, "changed: discarded");
         assert!(!new.join("node_modules").exists());
-        let other = node_project(d.path(), "other", false);
-        assert_eq!(take(&new, &manifest_digest(&other).unwrap(), &old), None, "another digest");
+    }
+
+    #[test]
+    fn a_donor_that_may_not_seed_this_revision_stays_ready_and_intact() {
+        let d = tempfile::tempdir().unwrap();
+        let old = node_project(d.path(), "old", true);
+        let digest = manifest_digest(&old).unwrap();
+        std::fs::create_dir_all(old.join("node_modules/x")).unwrap();
+        crate::trees::share(&old.join("node_modules")).unwrap();
+        let new = node_project(d.path(), "new", true);
+        std::fs::create_dir_all(new.join("node_modules/y")).unwrap(); // the revision commits its node_modules
+        let taken = take(&new, &digest, &old, || panic!("a donor that may not seed is never retired"));
+        assert_eq!(taken, Taken { seeded: None, retired: false });
+        crate::trees::share(&old.join("node_modules")).expect("the donor's tree is where it was, sealed");
+        assert!(new.join("node_modules/y").exists() && !new.join("node_modules/x").exists());
+        let refused = take(&node_project(d.path(), "third", true), &digest, &old, || false);
+        assert_eq!(refused, Taken { seeded: None, retired: false }, "a donor that could not be retired is not moved");
+        assert!(old.join("node_modules/x").exists());
     }
 
     #[test]

@@ -60,6 +60,8 @@ impl SourceCache {
             if total <= self.cfg.max_bytes {
                 break;
             }
+            let lock = self.lock_of(&e.key);
+            let Ok(_guard) = lock.try_lock() else { continue };
             if self.is_in_use(&e.key) {
                 continue;
             }

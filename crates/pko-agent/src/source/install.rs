@@ -48,30 +48,32 @@ impl SourceCache {
         Some(seeded.settle)
     }
 
-    /// Retires the prepared revision `key` (its project directory `donor`) and moves its tree into `project`
-    /// ([`crate::seed::take`]), when no operation holds it and no preparation of it is under way: under its lock its
-    /// ready marker is removed first, so no operation can start on it, then its directory after the move. `None` when
-    /// it is held, or the move did not seed (the donor is then gone all the same).
+    /// Moves the tree of the prepared revision `key` (its project directory `donor`) into `project`
+    /// ([`crate::seed::take`]) when no operation holds it and no preparation of it is under way (its lock, held
+    /// throughout, keeps any from starting). Only once the donor may seed `project` is it retired: its ready marker
+    /// removed, and its directory after the move; a donor that may not seed this project stays ready and intact (one
+    /// whose tree changed is discarded). `None` when it is held or did not seed.
     async fn take_over(&self, key: &str, donor: &Path, project: &Path, digest: &str) -> Option<crate::seed::Seeded> {
-        let lock =
-            self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.into()).or_default().clone();
+        let lock = self.lock_of(key);
         let _guard = lock.try_lock().ok()?;
         if self.is_in_use(key) {
             return None;
         }
         let entry = self.cfg.root.join(key);
-        std::fs::remove_file(entry.join(READY)).ok()?;
-        self.forget_size(key);
-        let (donor, project, digest) = (donor.to_path_buf(), project.to_path_buf(), digest.to_string());
-        tokio::task::spawn_blocking(move || {
-            let seeded = crate::seed::take(&project, &digest, &donor);
+        let (donor, project, digest, ready) =
+            (donor.to_path_buf(), project.to_path_buf(), digest.to_string(), entry.join(READY));
+        let taken = tokio::task::spawn_blocking(move || {
+            crate::seed::take(&project, &digest, &donor, || std::fs::remove_file(&ready).is_ok())
+        })
+        .await
+        .ok()?;
+        if taken.retired {
+            self.forget_size(key);
             if let Err(e) = crate::trees::remove_tree(&entry) {
                 tracing::warn!(entry = %entry.display(), error = %e, "removing a retired revision");
             }
-            seeded
-        })
-        .await
-        .ok()?
+        }
+        taken.seeded
     }
 
     /// `pulumi install` in `project`, for every runtime as PKO's workspaces do (language dependencies, provider

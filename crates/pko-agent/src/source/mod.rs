@@ -135,13 +135,7 @@ impl SourceCache {
         }
         let (key, dir, revision) = fetched_key(kind, values).await?;
         let key = if install { key } else { format!("{key}-noinstall") };
-        let lock = self
-            .locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let lock = self.lock_of(&key);
         let _guard = lock.lock().await;
         let path = self.cfg.root.join(&key);
         if !path.join(READY).exists() {
@@ -260,6 +254,12 @@ impl SourceCache {
                 in_use.remove(key);
             }
         }
+    }
+
+    /// The lock of the cached revision `key`: held while it is prepared, handed to an operation, taken over as a seed
+    /// or evicted, so none of these meets another half done.
+    fn lock_of(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key.into()).or_default().clone()
     }
 
     /// Whether an operation holds the prepared source `key` (prepared and not yet released).
