@@ -64,20 +64,25 @@ pub(super) async fn set_config(
     }
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let file = dir.join(format!("Pulumi.{short}.yaml"));
-    if !write_plain_config(dir, &file, &planned).map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))? {
-        for c in config_commands(stack, &planned) {
-            let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
-            let out = match &c.stdin {
-                None => pulumi::run(&ctx.pulumi, dir, env, &refs).await,
-                Some(input) => pulumi::run_with_input(&ctx.pulumi, dir, env, &refs, input).await,
+    let written = write_plain_config(dir, &file, &planned)
+        .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+    let text = match written {
+        Some(text) => text,
+        None => {
+            for c in config_commands(stack, &planned) {
+                let refs: Vec<&str> = c.args.iter().map(String::as_str).collect();
+                let out = match &c.stdin {
+                    None => pulumi::run(&ctx.pulumi, dir, env, &refs).await,
+                    Some(input) => pulumi::run_with_input(&ctx.pulumi, dir, env, &refs, input).await,
+                }
+                .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+                if !out.success {
+                    return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
+                }
             }
-            .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
-            if !out.success {
-                return Err(fail(ErrorReason::InitializationFailed, "config", masker.mask(out.stderr.trim())));
-            }
+            std::fs::read_to_string(&file).unwrap_or_default()
         }
-    }
-    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    };
     match written_config_mismatch(&text, &planned) {
         Some(why) => Err(fail(
             ErrorReason::RunMismatch,
@@ -90,27 +95,26 @@ pub(super) async fn set_config(
 
 /// Writes `planned` into the stack config file `file` of the project in `dir` without Pulumi when every item is a plain
 /// string under a plain key ([`super::config_file`]; not a secret, a path or a structured value): a temporary file
-/// renamed over it. Whether it did; `false` leaves it to Pulumi.
+/// renamed over it. The text written (what the mismatch check reads), or `None` to leave it to Pulumi.
 ///
 /// Errors: the file could not be read (other than absent) or written.
-fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std::io::Result<bool> {
-    if super::config_file::stack_config_elsewhere(dir) {
-        return Ok(false);
+fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std::io::Result<Option<String>> {
+    if planned.iter().any(|p| p.secret || p.path || p.object.is_some())
+        || super::config_file::stack_config_elsewhere(dir)
+    {
+        return Ok(None);
     }
     let current = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e),
     };
-    if planned.iter().any(|p| p.secret || p.path || p.object.is_some()) {
-        return Ok(false);
-    }
     let items: Vec<(&str, &str)> = planned.iter().map(|p| (p.key.as_str(), p.text.as_str())).collect();
-    let Some(text) = super::config_file::with_plain_config(&current, &items) else { return Ok(false) };
+    let Some(text) = super::config_file::with_plain_config(&current, &items) else { return Ok(None) };
     let tmp = file.with_extension("yaml.pko-tmp");
-    std::fs::write(&tmp, text)?;
+    std::fs::write(&tmp, &text)?;
     std::fs::rename(&tmp, file)?;
-    Ok(true)
+    Ok(Some(text))
 }
 
 /// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env` names a variable of
@@ -385,8 +389,9 @@ mod tests {
         let file = d.path().join("Pulumi.dev.yaml");
         std::fs::write(&file, "encryptionsalt: v1:s\n").unwrap();
         let plain = PlannedConfig { key: "p:a".into(), text: "1".into(), secret: false, path: false, object: None };
-        assert!(write_plain_config(d.path(), &file, std::slice::from_ref(&plain)).unwrap());
+        let written = write_plain_config(d.path(), &file, std::slice::from_ref(&plain)).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(written.as_deref(), Some(text.as_str()), "the text written is what the file holds");
         assert_eq!(written_config_mismatch(&text, std::slice::from_ref(&plain)), None, "{text}");
         assert!(text.contains("encryptionsalt: v1:s"), "{text}");
         for other in [
@@ -394,11 +399,11 @@ mod tests {
             PlannedConfig { path: true, key: "p:a.b".into(), ..plain.clone() },
             PlannedConfig { object: Some(json!([1])), text: "[1]".into(), ..plain.clone() },
         ] {
-            assert!(!write_plain_config(d.path(), &file, &[plain.clone(), other]).unwrap());
+            assert_eq!(write_plain_config(d.path(), &file, &[plain.clone(), other]).unwrap(), None);
             assert_eq!(std::fs::read_to_string(&file).unwrap(), text, "untouched");
         }
         std::fs::write(d.path().join("Pulumi.yaml"), "name: p\nruntime: yaml\nstackConfigDir: cfg\n").unwrap();
-        assert!(!write_plain_config(d.path(), &file, &[plain]).unwrap(), "the file is elsewhere");
+        assert_eq!(write_plain_config(d.path(), &file, &[plain]).unwrap(), None, "the file is elsewhere");
     }
 
     #[test]
