@@ -271,12 +271,14 @@ async fn measure(lang: &Language) -> Measured {
     bare(&["up", "--yes", "--skip-preview", "--stack", "bare", "--non-interactive"]);
     let bare_edited = t.elapsed();
     let (new_revision, new_revision_unseeded) = new_revision(&mut c, &env, &agent_env, &up_of).await;
-    // what the seeded revision's preparation did, from the agent's own log (the seed, pip's check, the install)
-    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
-    for line in
-        log.lines().filter(|l| ["seed", "pip checked", "install --no-dependencies"].iter().any(|w| l.contains(w)))
-    {
-        eprintln!("{}: {line}", lang.name);
+    // what the seeded revision's preparation did, from the agent's own log (the seed, pip's check, the install), and
+    // each operation's seconds before, in and after its Pulumi command (isolated, then shared)
+    let words = ["seed", "pip checked", "install --no-dependencies", "operation finished"];
+    for log in [&agent.log, &shared_agent.log] {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        for line in log.lines().filter(|l| words.iter().any(|w| l.contains(w))) {
+            eprintln!("{}: {line}", lang.name);
+        }
     }
     let _ = sampler.join();
     let _ = bed.kubectl().args(["delete", "namespace", &ns, "--wait=false"]).output();

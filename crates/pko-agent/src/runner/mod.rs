@@ -101,6 +101,7 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
         ..Default::default()
     };
     let mut held = Held::default();
+    let started = std::time::Instant::now();
     let mut sandbox = None;
     let outcome = match ctx.sandboxes.as_ref().map(crate::sandbox::Sandboxes::create).transpose() {
         Ok(sb) => {
@@ -119,6 +120,7 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
         finish_sandbox(&op, sb);
     }
     result.end_time = Some(crate::convert::now());
+    let (setup_s, command_s, cleanup_s) = phases(started, held.command, std::time::Instant::now());
     match outcome {
         Ok(()) => {
             result.status = ResultStatus::Succeeded as i32;
@@ -144,8 +146,22 @@ pub async fn run(ctx: RunnerContext, op: Arc<Operation>, req: OperationRequest) 
             result.error = Some(ErrorInfo { reason: reason as i32, message, field: f.field });
         }
     }
-    tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), "operation finished");
+    tracing::info!(operation = %op.id, status = ?ResultStatus::try_from(result.status), setup_s, command_s, cleanup_s,
+        "operation finished");
     op.publish(Event::Result(result));
+}
+
+/// The seconds an operation that started at `start` and ended at `end` spent before its Pulumi command, in it, and
+/// after it (`command`: its start and end; an operation that failed before the command spent it all in setup).
+fn phases(
+    start: std::time::Instant,
+    command: (Option<std::time::Instant>, Option<std::time::Instant>),
+    end: std::time::Instant,
+) -> (f64, f64, f64) {
+    let began = command.0.unwrap_or(end);
+    let ended = command.1.unwrap_or(end).max(began);
+    let secs = |a: std::time::Instant, b: std::time::Instant| b.saturating_duration_since(a).as_secs_f64();
+    (secs(start, began), secs(began, ended), secs(ended, end))
 }
 
 /// Removes the operation's directories and the plugins it added to or changed in the shared cache, logging what was
@@ -202,6 +218,8 @@ fn check_stop(op: &Operation) -> Result<(), Failure> {
 struct Held {
     pinned: Option<String>,
     cache: caches::CacheSlot,
+    /// When the Pulumi command started and ended: the operation's setup, command and cleanup seconds in its log.
+    command: (Option<std::time::Instant>, Option<std::time::Instant>),
 }
 
 /// Runs the operation `req` step by step (each step is a function below): its environment, its source, its stack and
@@ -254,7 +272,9 @@ async fn execute(
         released: &req.release_locks,
         plan: plan.as_ref(),
     };
+    held.command.0 = Some(std::time::Instant::now());
     let mut outcome = operate_through_locks(ctx, op, &step, masker, result).await;
+    held.command.1 = Some(std::time::Instant::now());
     if let (Ok(()), Some(p)) = (&outcome, &plan) {
         outcome = p.collect(result);
     }
@@ -479,4 +499,19 @@ async fn prepare_stack(
     }
     add_environments(ctx, dir, env, &stack, masker).await?;
     Ok(known_key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_operations_seconds_split_into_setup_command_and_cleanup() {
+        let t = Instant::now();
+        let at = |ms| t + Duration::from_millis(ms);
+        assert_eq!(phases(t, (Some(at(200)), Some(at(1700))), at(1900)), (0.2, 1.5, 0.2));
+        assert_eq!(phases(t, (None, None), at(300)), (0.3, 0.0, 0.0), "failed before the command: all setup");
+        assert_eq!(phases(t, (Some(at(100)), None), at(400)), (0.1, 0.3, 0.0), "the command ended the operation");
+    }
 }
