@@ -298,6 +298,7 @@ fn runner_context(a: &Serve, kube: Option<kube::Client>, namespace: String) -> a
         sources: Arc::new(sources),
         values: ValueResolver::new(kube, namespace),
         known_stacks: Default::default(),
+        secrets_providers: Default::default(),
         log_level: a.pulumi_log_level,
         env_file: a.env_file.clone(),
         workspace_link: a.workspace_link.clone(),

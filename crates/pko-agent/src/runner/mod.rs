@@ -23,6 +23,7 @@ mod engine;
 mod env;
 mod hollow;
 mod plan_file;
+pub mod secrets_provider;
 mod stack_config;
 mod workspace_dir;
 
@@ -58,6 +59,9 @@ pub struct RunnerContext {
     /// Stacks known to exist (`<backend> <project dir> <stack>`): their `stack select` is skipped, which saves one
     /// Pulumi invocation per operation. A stack removed elsewhere is re-created on demand.
     pub known_stacks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Each stack's secrets provider settings as its last command left them in its stack config file, written back
+    /// into a file without any ([`secrets_provider`]: saves Pulumi a second key derivation per command).
+    pub secrets_providers: Arc<secrets_provider::SecretsProviders>,
     /// Pulumi log verbosity (`-v N --logtostderr --logflow`); 0 disables it (PKO `pulumiLogLevel`).
     pub log_level: u32,
     /// A dotenv file read before each operation (`--env-file`, PKO's `$PULUMI_ENV`); its variables win over the agent's
@@ -275,10 +279,31 @@ async fn execute(
     held.command.0 = Some(std::time::Instant::now());
     let mut outcome = operate_through_locks(ctx, op, &step, masker, result).await;
     held.command.1 = Some(std::time::Instant::now());
+    remember_secrets_provider(ctx, (&dir, &stack.name), &env, &known_key, outcome.as_ref().err());
     if let (Ok(()), Some(p)) = (&outcome, &plan) {
         outcome = p.collect(result);
     }
     outcome
+}
+
+/// After a command: what the stack config file in `dir` holds of the stack's secrets provider is remembered for the
+/// stack's next operation on this agent; a remembered salt Pulumi refused (`failure`) is forgotten.
+fn remember_secrets_provider(
+    ctx: &RunnerContext,
+    (dir, stack): (&Path, &str),
+    env: &BTreeMap<String, String>,
+    known_key: &str,
+    failure: Option<&Failure>,
+) {
+    let key = secrets_provider::SecretsProviders::key(known_key, env);
+    if failure.is_some_and(|f| f.message.contains("incorrect passphrase")) {
+        ctx.secrets_providers.forget(&key);
+        return;
+    }
+    let short = stack.rsplit('/').next().unwrap_or(stack);
+    if let Ok(text) = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))) {
+        ctx.secrets_providers.remember(&key, &text);
+    }
 }
 
 /// Step 0: the request is what its Update names: its run digest (`computed`, over the request as received) is the one
@@ -487,6 +512,9 @@ async fn prepare_stack(
         select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
     }
+    let remembered = ctx.secrets_providers.recall(&secrets_provider::SecretsProviders::key(&known_key, env));
+    restore_secrets_provider(dir, &stack.name, remembered.as_deref())
+        .map_err(|e| fail(ErrorReason::Internal, "", format!("writing the stack's secrets provider settings: {e}")))?;
     // a stack removed elsewhere since we last saw it is selected/created again, once
     if let Err(f) = set_config(ctx, dir, env, (&stack.name, project), &req.config, masker).await {
         if !f.message.contains("no stack named") {

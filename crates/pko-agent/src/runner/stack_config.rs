@@ -42,6 +42,33 @@ pub(super) fn reset_stack_config(dir: &Path, stack: &str) -> std::io::Result<()>
     Ok(())
 }
 
+/// Writes the secrets provider settings `remembered` (from the stack's last command on this agent) into the stack
+/// config file of `stack` in `dir` when it has none ([`super::secrets_provider`]); a project whose stack config lives
+/// elsewhere (`stackConfigDir`) is left to Pulumi.
+///
+/// Errors: the file could not be read (other than absent) or written.
+pub(super) fn restore_secrets_provider(
+    dir: &Path,
+    stack: &str,
+    remembered: Option<&[(String, String)]>,
+) -> std::io::Result<()> {
+    let Some(fields) = remembered.filter(|f| !f.is_empty()) else { return Ok(()) };
+    if super::config_file::stack_config_elsewhere(dir) {
+        return Ok(());
+    }
+    let short = stack.rsplit('/').next().unwrap_or(stack);
+    let file = dir.join(format!("Pulumi.{short}.yaml"));
+    let current = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let Some(text) = super::secrets_provider::with_fields(&current, fields) else { return Ok(()) };
+    let tmp = file.with_extension("yaml.pko-tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &file)
+}
+
 /// Sets the request's config `items` on `stack` in `dir` (values resolved, secrets masked from then on), then reads the
 /// stack config file back: what Pulumi will read is what the request asked for.
 ///
@@ -64,8 +91,8 @@ pub(super) async fn set_config(
     }
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let file = dir.join(format!("Pulumi.{short}.yaml"));
-    let written = write_plain_config(dir, &file, &planned)
-        .map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
+    let written =
+        write_plain_config(dir, &file, &planned).map_err(|e| fail(ErrorReason::Internal, "config", e.to_string()))?;
     let text = match written {
         Some(text) => text,
         None => {
