@@ -255,7 +255,12 @@ async fn execute(
     let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, held).await?;
     check_stop(op)?;
     check_cli(ctx, req, result).await?;
-    let known_key = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await?;
+    let prepared = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await;
+    if let Err(f) = &prepared {
+        let known_key = caches::stack_key(&env, &project, &stack.name);
+        remember_secrets_provider(ctx, (&dir, &stack.name), &env, &known_key, Some(f));
+    }
+    let known_key = prepared?;
     if kind == OperationType::Initialize {
         // PKO's workspace initialization ends here: the stack is selected and configured
         result.message = format!("stack {} initialized", stack.name);
@@ -286,8 +291,9 @@ async fn execute(
     outcome
 }
 
-/// After a command: what the stack config file in `dir` holds of the stack's secrets provider is remembered for the
-/// stack's next operation on this agent; a remembered salt Pulumi refused (`failure`) is forgotten.
+/// After a command, or a preparation of the stack that failed: what the stack config file in `dir` holds of the stack's
+/// secrets provider is remembered for the stack's next operation on this agent; a remembered salt Pulumi refused
+/// (`failure`: `incorrect passphrase`, by `config set-all` or the command) is forgotten.
 fn remember_secrets_provider(
     ctx: &RunnerContext,
     (dir, stack): (&Path, &str),
