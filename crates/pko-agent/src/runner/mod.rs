@@ -258,7 +258,7 @@ async fn execute(
     let prepared = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await;
     if let Err(f) = &prepared {
         let known_key = caches::stack_key(&env, &project, &stack.name);
-        remember_secrets_provider(ctx, (&dir, &stack.name), &env, &known_key, Some(f));
+        remember_secrets_provider(ctx, (&dir, &stack), &env, &known_key, Some(f));
     }
     let known_key = prepared?;
     if kind == OperationType::Initialize {
@@ -284,7 +284,7 @@ async fn execute(
     held.command.0 = Some(std::time::Instant::now());
     let mut outcome = operate_through_locks(ctx, op, &step, masker, result).await;
     held.command.1 = Some(std::time::Instant::now());
-    remember_secrets_provider(ctx, (&dir, &stack.name), &env, &known_key, outcome.as_ref().err());
+    remember_secrets_provider(ctx, (&dir, &stack), &env, &known_key, outcome.as_ref().err());
     if let (Ok(()), Some(p)) = (&outcome, &plan) {
         outcome = p.collect(result);
     }
@@ -296,17 +296,17 @@ async fn execute(
 /// (`failure`: `incorrect passphrase`, by `config set-all` or the command) is forgotten.
 fn remember_secrets_provider(
     ctx: &RunnerContext,
-    (dir, stack): (&Path, &str),
+    (dir, stack): (&Path, &pko_proto::v1::StackSettings),
     env: &BTreeMap<String, String>,
     known_key: &str,
     failure: Option<&Failure>,
 ) {
-    let key = secrets_provider::SecretsProviders::key(known_key, env);
+    let key = secrets_provider::SecretsProviders::key(known_key, env, &stack.secrets_provider);
     if failure.is_some_and(|f| f.message.contains("incorrect passphrase")) {
         ctx.secrets_providers.forget(&key);
         return;
     }
-    let short = stack.rsplit('/').next().unwrap_or(stack);
+    let short = stack.name.rsplit('/').next().unwrap_or(&stack.name);
     if let Ok(text) = std::fs::read_to_string(dir.join(format!("Pulumi.{short}.yaml"))) {
         ctx.secrets_providers.remember(&key, &text);
     }
@@ -518,7 +518,8 @@ async fn prepare_stack(
         select_stack(ctx, dir, env, &stack, masker).await?;
         ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
     }
-    let remembered = ctx.secrets_providers.recall(&secrets_provider::SecretsProviders::key(&known_key, env));
+    let key = secrets_provider::SecretsProviders::key(&known_key, env, &stack.secrets_provider);
+    let remembered = ctx.secrets_providers.recall(&key);
     restore_secrets_provider(dir, &stack.name, remembered.as_deref())
         .map_err(|e| fail(ErrorReason::Internal, "", format!("writing the stack's secrets provider settings: {e}")))?;
     // a stack removed elsewhere since we last saw it is selected/created again, once

@@ -10,9 +10,9 @@
 //! that names its own provider is left as it is).
 //!
 //! The settings are not secrets (projects commit them: a salt, a wrapped data key); they stay in the agent's memory,
-//! keyed by the stack ([`super::caches::stack_key`]: backend, project, stack) and a digest of the passphrase settings,
-//! so a changed passphrase starts from Pulumi's own again. A remembered salt Pulumi refuses (`incorrect passphrase`)
-//! is forgotten.
+//! keyed by the stack ([`super::caches::stack_key`]: backend, project, stack) and a digest of the passphrase settings
+//! and the request's secrets provider, so a changed passphrase or provider starts from Pulumi's own again. A
+//! remembered salt Pulumi refuses (`incorrect passphrase`) is forgotten.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -31,10 +31,13 @@ const PASSPHRASE_VARS: [&str; 2] = ["PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_P
 pub struct SecretsProviders(Mutex<HashMap<String, Vec<(String, String)>>>);
 
 impl SecretsProviders {
-    /// The memory's key for the stack `stack_key` run with `env`: the stack and a SHA-256 of its passphrase variables.
+    /// The memory's key for the stack `stack_key` run with `env` and the request's `secrets_provider` (PKO's
+    /// `spec.secretsProvider`, empty: none): the stack and a SHA-256 of the passphrase variables and the provider.
     /// Pure.
-    pub fn key(stack_key: &str, env: &std::collections::BTreeMap<String, String>) -> String {
+    pub fn key(stack_key: &str, env: &std::collections::BTreeMap<String, String>, secrets_provider: &str) -> String {
         let mut h = Sha256::new();
+        h.update(secrets_provider.as_bytes());
+        h.update([0]);
         for v in PASSPHRASE_VARS {
             h.update(env.get(v).map(String::as_str).unwrap_or("\0unset").as_bytes());
             h.update([0]);
@@ -108,9 +111,12 @@ mod tests {
     #[test]
     fn the_memory_is_per_stack_and_passphrase() {
         let env = |p: &str| std::collections::BTreeMap::from([("PULUMI_CONFIG_PASSPHRASE".to_string(), p.to_string())]);
-        let (a, b) =
-            (SecretsProviders::key("file:///s p s", &env("one")), SecretsProviders::key("file:///s p s", &env("two")));
+        let (a, b) = (
+            SecretsProviders::key("file:///s p s", &env("one"), ""),
+            SecretsProviders::key("file:///s p s", &env("two"), ""),
+        );
         assert_ne!(a, b, "another passphrase, another entry");
+        assert_ne!(a, SecretsProviders::key("file:///s p s", &env("one"), "awskms://k"), "another provider");
         assert!(!a.contains("one"), "the passphrase itself is never part of the key");
         let m = SecretsProviders::default();
         m.remember(&a, "config: {}\n");
