@@ -79,11 +79,20 @@ pub fn share(tree: &Path) -> Result<(), ShareError> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             make_read_only(tree)?;
-            std::fs::write(&file, render(&take_seal(tree)?))?;
+            write_seal(&file, take_seal(tree)?)?;
             Ok(())
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The seals this agent parsed or wrote, by seal file, each with the file's stamp then ([`known_seal`]); entries
+/// under a removed tree go with it ([`remove_tree`]).
+static KNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, Known>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn known() -> std::sync::MutexGuard<'static, std::collections::HashMap<PathBuf, Known>> {
+    KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The seal in the seal file `file`, parsed once per agent and kept in its memory while the file is the one it read
@@ -91,17 +100,32 @@ pub fn share(tree: &Path) -> Result<(), ShareError> {
 ///
 /// Errors: the file cannot be read (`NotFound`: the tree was never sealed).
 fn known_seal(file: &Path) -> std::io::Result<std::sync::Arc<Index>> {
-    static KNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, Known>>> =
-        std::sync::LazyLock::new(Default::default);
-    let m = std::fs::metadata(file)?;
-    let id = stamp(&m);
-    let mut known = KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(k) = known.get(file).filter(|k| k.0 == id) {
+    let id = stamp(&std::fs::metadata(file)?);
+    if let Some(k) = known().get(file).filter(|k| k.0 == id) {
         return Ok(k.1.clone());
     }
     let seal = std::sync::Arc::new(parse(&std::fs::read_to_string(file)?).into_iter().collect::<Index>());
-    known.insert(file.to_path_buf(), Known(id, seal.clone()));
+    known().insert(file.to_path_buf(), Known(id, seal.clone()));
     Ok(seal)
+}
+
+/// Writes `seal` to the seal file `file` and keeps it in memory as that file's ([`known_seal`] need not parse it).
+///
+/// Errors: the file cannot be written or read back.
+fn write_seal(file: &Path, seal: Seal) -> std::io::Result<()> {
+    std::fs::write(file, render(&seal))?;
+    let id = stamp(&std::fs::metadata(file)?);
+    known().insert(file.to_path_buf(), Known(id, std::sync::Arc::new(seal.into_iter().collect())));
+    Ok(())
+}
+
+/// Forgets the seals kept in memory for `path` and for every tree under it (it is being removed).
+fn forget_seals(path: &Path) {
+    let own = seal_file(path);
+    let mut known = known();
+    if !known.is_empty() {
+        known.retain(|file, _| !file.starts_with(path) && *file != own);
+    }
 }
 
 /// A parsed seal file: its own stamp when read, and the seal.
@@ -293,9 +317,10 @@ fn parse(text: &str) -> Seal {
     out
 }
 
-/// Removes `path` (a tree, a file or a link; nothing when missing). A directory a program made unwritable is made
-/// writable first.
+/// Removes `path` (a tree, a file or a link; nothing when missing), and forgets the seals kept in memory under it. A
+/// directory a program made unwritable is made writable first.
 pub fn remove_tree(path: &Path) -> std::io::Result<()> {
+    forget_seals(path);
     let Ok(m) = std::fs::symlink_metadata(path) else { return Ok(()) };
     if !m.is_dir() {
         return std::fs::remove_file(path);
@@ -346,6 +371,21 @@ mod tests {
         assert_eq!((mode(&t), mode(&t.join("dep/lib")), mode(&t.join("dep/lib/index.js"))), (0, 0, 0));
         share(&t).unwrap();
         share(&t).unwrap();
+    }
+
+    #[test]
+    fn a_seal_is_kept_in_memory_from_its_writing_until_its_tree_is_removed() {
+        let (d, t) = tree();
+        let file = seal_file(&t);
+        share(&t).unwrap();
+        assert!(known().contains_key(&file), "the seal written is kept: the next check does not parse it");
+        share(&t).unwrap();
+        remove_tree(d.path()).unwrap();
+        assert!(!known().contains_key(&file), "removing the directory above forgets it");
+        let (_d, t) = tree();
+        share(&t).unwrap();
+        remove_tree(&t).unwrap();
+        assert!(!known().contains_key(&seal_file(&t)), "removing the tree itself forgets it too");
     }
 
     #[test]

@@ -1064,10 +1064,17 @@ async fn the_env_file_reaches_each_operation() {
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("from the request"), "no file yet: {}", r.message);
     assert!(link.join("Pulumi.yaml").is_file(), "PKO's /share/workspace points at the operation's project");
+    let salt = || {
+        let text = std::fs::read_to_string(link.join("Pulumi.dev.yaml")).unwrap_or_default();
+        text.lines().find(|l| l.starts_with("encryptionsalt:")).map(str::to_string)
+    };
+    let first_salt = salt();
+    assert!(first_salt.is_some(), "the passphrase secrets manager wrote its salt");
     std::fs::write(&file, "FROM_ENV_FILE=\"written by an init container\"\n").unwrap();
     let r = result(&run(&mut c, run_with("dyn-2", "2")).await);
     assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
     assert_eq!(outputs(&r)["out"].0, serde_json::json!("written by an init container"), "{}", r.message);
+    assert_eq!(salt(), first_salt, "the stack's salt is kept from one operation to the next: no new secrets manager");
     std::fs::write(&file, "FROM_ENV_FILE=\"unterminated\n").unwrap();
     let r = result(&run(&mut c, run_with("dyn-3", "3")).await);
     assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::InvalidConfig), "{}", r.message);

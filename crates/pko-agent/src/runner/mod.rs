@@ -255,12 +255,12 @@ async fn execute(
     let (dir, project) = project(ctx, op, req, sandbox.as_deref_mut(), &env, result, held).await?;
     check_stop(op)?;
     check_cli(ctx, req, result).await?;
-    let prepared = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project), &env, masker).await;
+    let known_key = caches::stack_key(&env, &project, &stack.name);
+    let prepared = prepare_stack(ctx, op, req, sandbox.is_some(), (&dir, &project, &known_key), &env, masker).await;
     if let Err(f) = &prepared {
-        let known_key = caches::stack_key(&env, &project, &stack.name);
         remember_secrets_provider(ctx, (&dir, &stack), &env, &known_key, Some(f));
     }
-    let known_key = prepared?;
+    prepared?;
     if kind == OperationType::Initialize {
         // PKO's workspace initialization ends here: the stack is selected and configured
         result.message = format!("stack {} initialized", stack.name);
@@ -494,17 +494,17 @@ async fn check_cli(ctx: &RunnerContext, req: &OperationRequest, result: &mut Ope
     Ok(())
 }
 
-/// Step 4: the stack selected (or created) once per backend, its config and environments set. Returns the stack's key
-/// in [`RunnerContext::known_stacks`].
+/// Step 4: the stack selected (or created) once per backend, its config and environments set; `known_key` is the
+/// stack's key in [`RunnerContext::known_stacks`] ([`caches::stack_key`]).
 async fn prepare_stack(
     ctx: &RunnerContext,
     op: &Arc<Operation>,
     req: &OperationRequest,
     isolated: bool,
-    (dir, project): (&Path, &str),
+    (dir, project, known_key): (&Path, &str, &str),
     env: &BTreeMap<String, String>,
     masker: &mut Masker,
-) -> Result<String, Failure> {
+) -> Result<(), Failure> {
     let stack = req.stack.clone().unwrap_or_default();
     repair_sidecars(op, env, dir, project, &stack.name);
     if !isolated {
@@ -513,12 +513,11 @@ async fn prepare_stack(
     }
     // every command names its stack (`--stack`), so a stack known to exist in the backend needs no
     // `stack select` in whichever directory the operation runs
-    let known_key = caches::stack_key(env, project, &stack.name);
-    if !ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&known_key) {
+    if !ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(known_key) {
         select_stack(ctx, dir, env, &stack, masker).await?;
-        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.to_string());
     }
-    let key = secrets_provider::SecretsProviders::key(&known_key, env, &stack.secrets_provider);
+    let key = secrets_provider::SecretsProviders::key(known_key, env, &stack.secrets_provider);
     let remembered = ctx.secrets_providers.recall(&key);
     restore_secrets_provider(dir, &stack.name, remembered.as_deref())
         .map_err(|e| fail(ErrorReason::Internal, "", format!("writing the stack's secrets provider settings: {e}")))?;
@@ -527,13 +526,13 @@ async fn prepare_stack(
         if !f.message.contains("no stack named") {
             return Err(f);
         }
-        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&known_key);
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(known_key);
         select_stack(ctx, dir, env, &stack, masker).await?;
-        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.clone());
+        ctx.known_stacks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(known_key.to_string());
         set_config(ctx, dir, env, (&stack.name, project), &req.config, masker).await?;
     }
     add_environments(ctx, dir, env, &stack, masker).await?;
-    Ok(known_key)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -53,20 +53,34 @@ pub(super) fn restore_secrets_provider(
     remembered: Option<&[(String, String)]>,
 ) -> std::io::Result<()> {
     let Some(fields) = remembered.filter(|f| !f.is_empty()) else { return Ok(()) };
-    if super::config_file::stack_config_elsewhere(dir) {
-        return Ok(());
-    }
     let short = stack.rsplit('/').next().unwrap_or(stack);
     let file = dir.join(format!("Pulumi.{short}.yaml"));
-    let current = match std::fs::read_to_string(&file) {
+    rewrite_stack_config(dir, &file, |current| super::secrets_provider::with_fields(current, fields)).map(|_| ())
+}
+
+/// Rewrites the stack config file `file` of the project in `dir` as `edit` makes its text (empty when the file is
+/// absent), replaced whole by a rename; nothing when the project keeps its stack config elsewhere or `edit` leaves it
+/// as it is (`None`). Returns the text written.
+///
+/// Errors: the file could not be read (other than absent) or written.
+fn rewrite_stack_config(
+    dir: &Path,
+    file: &Path,
+    edit: impl FnOnce(&str) -> Option<String>,
+) -> std::io::Result<Option<String>> {
+    if super::config_file::stack_config_elsewhere(dir) {
+        return Ok(None);
+    }
+    let current = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e),
     };
-    let Some(text) = super::secrets_provider::with_fields(&current, fields) else { return Ok(()) };
+    let Some(text) = edit(&current) else { return Ok(None) };
     let tmp = file.with_extension("yaml.pko-tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, &file)
+    std::fs::write(&tmp, &text)?;
+    std::fs::rename(&tmp, file)?;
+    Ok(Some(text))
 }
 
 /// Sets the request's config `items` on `stack` in `dir` (values resolved, secrets masked from then on), then reads the
@@ -126,22 +140,11 @@ pub(super) async fn set_config(
 ///
 /// Errors: the file could not be read (other than absent) or written.
 fn write_plain_config(dir: &Path, file: &Path, planned: &[PlannedConfig]) -> std::io::Result<Option<String>> {
-    if planned.iter().any(|p| p.secret || p.path || p.object.is_some())
-        || super::config_file::stack_config_elsewhere(dir)
-    {
+    if planned.iter().any(|p| p.secret || p.path || p.object.is_some()) {
         return Ok(None);
     }
-    let current = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e),
-    };
     let items: Vec<(&str, &str)> = planned.iter().map(|p| (p.key.as_str(), p.text.as_str())).collect();
-    let Some(text) = super::config_file::with_plain_config(&current, &items) else { return Ok(None) };
-    let tmp = file.with_extension("yaml.pko-tmp");
-    std::fs::write(&tmp, &text)?;
-    std::fs::rename(&tmp, file)?;
-    Ok(Some(text))
+    rewrite_stack_config(dir, file, |current| super::config_file::with_plain_config(current, &items))
 }
 
 /// Config item `i` of the request resolved to what `pulumi config set` gets: a `value_from` `env` names a variable of
