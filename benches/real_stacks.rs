@@ -11,7 +11,9 @@
 //! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
 //! Prints both and their ratio per round. `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
-//! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs).
+//! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs). `AFFINITY_WAIT=<seconds>`
+//! sets the operator's `--pool-affinity-wait-seconds` (0: an operation never waits for the agent that ran its Stack
+//! last, the behaviour before that flag).
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -169,11 +171,18 @@ fn checkouts(env: &pko_testbed::PulumiEnv, lang: &Language, vars: &[(String, Str
     }
 }
 
-/// `pulumi config set greeting <greeting>` + `pulumi up` in checkout `i`.
+/// `pulumi config set greeting <greeting>` + `pulumi up` in checkout `i`; prints each one's seconds (stderr).
 fn bare_up(env: &pko_testbed::PulumiEnv, vars: &[(String, String)], root: &Path, i: usize, greeting: &str) {
     let (dir, stack) = (root.join(i.to_string()), format!("bare-{i}"));
+    let t = Instant::now();
     pulumi(env, &dir, vars, &["config", "set", "greeting", greeting, "--stack", &stack]);
+    let set = t.elapsed();
     pulumi(env, &dir, vars, &["up", "--yes", "--skip-preview", "--non-interactive", "--stack", &stack]);
+    eprintln!(
+        "  bare {i} {greeting}: config_set_s={:.2} up_s={:.2}",
+        set.as_secs_f64(),
+        (t.elapsed() - set).as_secs_f64()
+    );
 }
 
 /// The git repository of the program (served over HTTP) and the plugin server its agents download from.
@@ -264,7 +273,16 @@ async fn main() {
     namespaces(&op_ns, Some(&format!("{}:default", ns.name())));
     namespaces(&bare_ns, None);
     let c_arg = c.to_string();
-    let args = ["--agent-pools", "--max-operations", &c_arg, "--pool-max-agents", &c_arg];
+    let wait = std::env::var("AFFINITY_WAIT").unwrap_or_else(|_| "3".into());
+    let args = [
+        "--agent-pools",
+        "--max-operations",
+        &c_arg,
+        "--pool-max-agents",
+        &c_arg,
+        "--pool-affinity-wait-seconds",
+        &wait,
+    ];
     let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
     let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
     let mut env_refs = passphrase_env_refs();
@@ -289,8 +307,8 @@ async fn main() {
     let (bare_first, bare) = bare_rounds(env, &lang, vars, &bare_ns, (c, rounds)).await;
 
     println!(
-        "{name}: {n} Stacks, {c} at a time (real Kubernetes provider). First apply -> all Ready (installs included): \
-         {:.1} s; bare first deploy: {:.1} s",
+        "{name}: {n} Stacks, {c} at a time (real Kubernetes provider), affinity wait {wait} s. First apply -> all \
+         Ready (installs included): {:.1} s; bare first deploy: {:.1} s",
         first.as_secs_f64(),
         bare_first.as_secs_f64()
     );

@@ -437,6 +437,7 @@ impl Operator {
             min: runtime.pool_min_agents,
             max: runtime.pool_max_agents.max(1),
             idle_timeout: std::time::Duration::from_secs(runtime.pool_idle_timeout_seconds),
+            affinity_wait: runtime.pool_affinity_wait_seconds,
             agent_args,
         }
     }

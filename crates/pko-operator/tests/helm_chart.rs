@@ -215,9 +215,20 @@ fn values_render_what_they_promise_and_bad_combinations_fail_naming_the_value() 
         !args(&render(&[])).iter().any(|a| a.starts_with("--agent-pools")),
         "off by default: a pod per Workspace, as PKO"
     );
-    let pooled =
-        args(&render(&["pools.enabled=true", "pools.minAgents=1", "pools.maxAgents=4", "pools.idleTimeoutSeconds=30"]));
-    for flag in ["--agent-pools", "--pool-min-agents=1", "--pool-max-agents=4", "--pool-idle-timeout-seconds=30"] {
+    let pooled = args(&render(&[
+        "pools.enabled=true",
+        "pools.minAgents=1",
+        "pools.maxAgents=4",
+        "pools.idleTimeoutSeconds=30",
+        "pools.affinityWaitSeconds=1.5",
+    ]));
+    for flag in [
+        "--agent-pools",
+        "--pool-min-agents=1",
+        "--pool-max-agents=4",
+        "--pool-idle-timeout-seconds=30",
+        "--pool-affinity-wait-seconds=1.5",
+    ] {
         assert!(pooled.contains(&flag.to_string()), "{flag} in {pooled:?}");
     }
     assert!(!pooled.iter().any(|a| a.contains("cache-max-bytes")), "the agents' own disk budgets unless set");

@@ -21,6 +21,9 @@ pub struct Fair {
     ready: BTreeMap<String, VecDeque<String>>,
     rotation: VecDeque<String>,
     delayed: BinaryHeap<Reverse<(Instant, String)>>,
+    /// When each delayed job is due: an entry of `delayed` counts only while it matches (a job woken early, or done
+    /// and pushed again, leaves a stale entry behind).
+    due: HashMap<String, Instant>,
     in_flight: HashSet<String>,
     /// Jobs pushed under a newer epoch while a job with their key was in flight under an older one: queued when that
     /// one is done (its driver was fenced; the shard's new holder must run it).
@@ -75,7 +78,25 @@ impl Fair {
             return false;
         }
         self.delayed.push(Reverse((at, job.key.clone())));
+        self.due.insert(job.key.clone(), at);
         self.jobs.insert(job.key.clone(), (job, Instant::now()));
+        true
+    }
+
+    /// Queues the delayed job `key` now.
+    fn release(&mut self, key: String) {
+        if let Some(ns) = self.jobs.get(&key).map(|j| j.0.namespace.clone()) {
+            self.enqueue(&ns, key);
+        }
+    }
+
+    /// The delayed job `key` is due now (what it waited for happened: its agent is free); `false` when it is not
+    /// delayed (queued, in flight, unknown).
+    pub fn wake(&mut self, key: &str) -> bool {
+        if self.due.remove(key).is_none() {
+            return false;
+        }
+        self.release(key.to_string());
         true
     }
 
@@ -96,9 +117,10 @@ impl Fair {
     /// [`Self::take`], with when the job was first queued here.
     pub fn take_with_time(&mut self, now: Instant) -> Option<(Job, Instant)> {
         while self.delayed.peek().is_some_and(|Reverse((at, _))| *at <= now) {
-            let Some(Reverse((_, key))) = self.delayed.pop() else { break };
-            if let Some(ns) = self.jobs.get(&key).map(|j| j.0.namespace.clone()) {
-                self.enqueue(&ns, key);
+            let Some(Reverse((at, key))) = self.delayed.pop() else { break };
+            if self.due.get(&key) == Some(&at) {
+                self.due.remove(&key);
+                self.release(key);
             }
         }
         let limits = self.limits;
@@ -161,6 +183,7 @@ impl Fair {
 
     fn forget(&mut self, key: &str) {
         let Some((job, _)) = self.jobs.remove(key) else { return };
+        self.due.remove(key);
         if self.in_flight.remove(key) {
             if let Some(n) = self.running.get_mut(&job.namespace) {
                 *n = n.saturating_sub(1);
@@ -331,6 +354,28 @@ mod tests {
         assert_eq!(f.take(t0 + Duration::from_secs(5)).map(|j| j.key), Some("a/later".into()));
         f.done("a/x");
         assert!(f.push(job("a", "x")));
+    }
+
+    #[test]
+    fn a_delayed_job_woken_is_due_at_once_and_only_once() {
+        let mut f = Fair::new(NamespaceLimits::NONE);
+        let t0 = Instant::now();
+        f.push_at(job("a", "held"), t0 + Duration::from_secs(3));
+        assert!(f.wake("a/held"));
+        assert!(!f.wake("a/held"), "queued already");
+        assert!(!f.wake("a/unknown"));
+        assert_eq!(keys(&mut f, 3), ["a/held"]);
+        assert_eq!(
+            f.take(t0 + Duration::from_secs(3)),
+            None,
+            "its delay's entry is stale: the job is not queued twice"
+        );
+        f.done("a/held");
+        f.push_at(job("a", "x"), t0 + Duration::from_secs(1));
+        f.done("a/x");
+        assert!(f.push(job("a", "x")), "done while delayed, then pushed again");
+        assert_eq!(f.take(t0 + Duration::from_secs(2)).map(|j| j.key), Some("a/x".into()));
+        assert_eq!(f.take(t0 + Duration::from_secs(2)), None, "the old delay does not queue it a second time");
     }
 
     #[test]

@@ -157,6 +157,17 @@ impl Local {
         self.fair().held_by_limit(key)
     }
 
+    /// The delayed jobs `keys` are due now ([`Fair::wake`]); those not delayed are left as they are.
+    pub fn wake(&self, keys: &[String]) {
+        let woken = {
+            let mut fair = self.fair();
+            keys.iter().filter(|k| fair.wake(k)).count()
+        };
+        if woken > 0 {
+            self.notify.notify_one();
+        }
+    }
+
     /// The job `key` is finished: its key may be pushed again, its namespace's slot is free.
     pub fn done(&self, key: &str) {
         self.fair().done(key);
@@ -182,6 +193,11 @@ pub trait WorkQueue: Ordered + Send + Sync + std::fmt::Debug + 'static {
         let local = self.local();
         local.done(&job.key);
         local.push(job, Some(Instant::now() + delay));
+    }
+    /// The jobs `keys`, put back with a delay ([`WorkQueue::retry_after`]), are due now: what they waited for came
+    /// first (the agent they were held for is free). Replica-local, as the delay is.
+    fn wake(&self, keys: &[String]) {
+        self.local().wake(keys);
     }
     /// Waits for the next job; it stays in flight until [`WorkQueue::done`].
     fn pop(&self) -> BoxFuture<'_, Claimed>;

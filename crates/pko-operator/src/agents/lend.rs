@@ -1,6 +1,6 @@
 //! What lending an agent means, for every runtime: a [`Lent`] agent (its address, the token it wants, and the pool slot
-//! to give back), how its operation [`End`]ed, the pools' shared configuration ([`PoolConfig`]) and the cache of
-//! service-account identity checks ([`IdentityChecks`]).
+//! to give back), what a pool answers ([`Acquired`], [`Held`]), how its operation [`End`]ed, the pools' shared
+//! configuration ([`PoolConfig`]) and the cache of service-account identity checks ([`IdentityChecks`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -63,9 +63,35 @@ pub struct PoolConfig {
     pub max: usize,
     /// How long an agent may stay idle before it is stopped (while the pool has more than `min`).
     pub idle_timeout: Duration,
+    /// How long an operation may be held for the busy agent that ran its Workspace last, while another could run it
+    /// (`--pool-affinity-wait-seconds`; zero: never held).
+    pub affinity_wait: Duration,
     /// More arguments of every pool agent (`--hollow-seconds 1` for a load test's hollow agents). Pool agents run one
     /// operation at a time (the pool lends an agent to one operation).
     pub agent_args: Vec<String>,
+}
+
+/// An operation held for the busy agents that ran its Workspace ([`super::pool::Affinity::hold`]): which agents, and
+/// for how long at most before it takes any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The pool.
+    pub pool: super::pool::PoolId,
+    /// The agents' numbers (slots or pod ordinals).
+    pub agents: Vec<usize>,
+    /// How much longer it may wait.
+    pub left: Duration,
+}
+
+/// What a pool answers a request for an agent ([`super::pool::processes::LocalPools::acquire`],
+/// [`super::pool::pods::PodPools::acquire`]).
+pub enum Acquired {
+    /// An agent, lent.
+    Lent(Lent),
+    /// Every agent is busy and the pool is at its maximum: the operation waits in the queue.
+    Full,
+    /// The operation is held for its Workspace's busy agents.
+    Held(Held),
 }
 
 /// Where a [`Lent`] agent goes back to when its operation ends (each kind of pool).
@@ -120,6 +146,11 @@ impl Lent {
     /// A Workspace's own agent at `address` (nothing to give back).
     pub fn own(address: String) -> Self {
         Self { address, audience: None, token: None, slot: None, pools: None, ended: End::Unknown }
+    }
+
+    /// `(class, agent number)` when the agent is one of this replica's pool (given back when this is dropped).
+    pub fn slot(&self) -> Option<&(super::pool::PoolId, usize)> {
+        self.slot.as_ref()
     }
 
     /// Records how the operation ended (default when dropped without it: [`End::Unknown`]).

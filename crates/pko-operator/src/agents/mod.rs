@@ -92,6 +92,9 @@ pub enum Lending {
     Lent(Lent),
     /// Every agent of the pool is busy and the pool is at its maximum: try again shortly.
     Busy,
+    /// Held for the busy agents that ran the Workspace ([`pool::Affinity::hold`]): try again when one of them is given
+    /// back, or once the hold's time is up.
+    Held(lend::Held),
     /// The Workspace's own agent has no address yet: its Update waits for the Workspace.
     NoAgent,
 }
@@ -272,12 +275,16 @@ impl Agents {
             Runtime::PodPool(p) => p.acquire(ws, op, epoch, started).await?,
             Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => {
                 match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
-                    Some(address) => Some(Lent::own(address)),
+                    Some(address) => lend::Acquired::Lent(Lent::own(address)),
                     None => return Ok(Lending::NoAgent),
                 }
             }
         };
-        let Some(mut lent) = found else { return Ok(Lending::Busy) };
+        let mut lent = match found {
+            lend::Acquired::Lent(lent) => lent,
+            lend::Acquired::Full => return Ok(Lending::Busy),
+            lend::Acquired::Held(held) => return Ok(Lending::Held(held)),
+        };
         if let Some(tokens) = &self.tokens {
             // a pool of pods names its own audience; else the Workspace's own agent's
             let audience = lent

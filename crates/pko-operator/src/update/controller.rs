@@ -40,6 +40,8 @@ pub struct UpdateController {
     updates: Option<kube::runtime::reflector::Store<Update>>,
     /// Cancel requests of running operations, for their workers ([`super::cancel`]).
     pub(super) cancels: super::cancel::CancelRequests,
+    /// Jobs held for a busy pool agent, woken when it is given back ([`super::holds`]).
+    pub(super) holds: super::holds::Holds,
 }
 
 impl std::fmt::Debug for UpdateController {
@@ -144,6 +146,7 @@ impl UpdateController {
             workspaces: None,
             updates: None,
             cancels: Default::default(),
+            holds: Default::default(),
         }
     }
 
@@ -177,6 +180,7 @@ impl UpdateController {
         async move {
             // at zero from the start: a rate of deferrals reads 0, not "no data", before the first one
             metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(0);
+            metrics::counter!(crate::metric_names::OPERATIONS_HELD_TOTAL).increment(0);
             let workers: Vec<_> = (0..this.workers).map(|_| tokio::spawn(this.clone().worker())).collect();
             crate::k8s::run_controller(
                 controller,

@@ -37,6 +37,9 @@ pub enum Drive {
     Deferred,
     /// Its agent is shutting down (`INTERRUPTED`): to be run again at once, on another agent.
     Again,
+    /// Held for the busy agents that ran its Workspace: offered again when one of them is given back, at the latest
+    /// after this long.
+    Held(Duration),
 }
 
 /// What the worker does after an operation's run: the job's fate, and the waiting message to write on the Update
@@ -100,6 +103,8 @@ impl UpdateController {
                 Drive::Deferred => self.queue.retry_after(job, Duration::from_secs(1)),
                 // handed over: its agent stopped it cleanly (SIGTERM → Ctrl-C); another one runs it
                 Drive::Again => self.queue.retry_after(job, Duration::ZERO),
+                // woken earlier when its agent is given back ([`super::holds`])
+                Drive::Held(left) => self.queue.retry_after(job, left),
                 Drive::Done => self.queue.done(&job).await,
             }
             self.gauges.record(&*self.queue);
@@ -127,7 +132,7 @@ impl UpdateController {
         if !fence.confirmed().await {
             tracing::info!(update = %job.name, epoch = job.epoch,
                 "shard lost before the operation started: not started here");
-            lent.finish(End::Result);
+            self.give_back(lent, End::Result);
             return Drive::Done;
         }
         let stack = update.spec.stack_name.clone().unwrap_or_default();
@@ -138,7 +143,7 @@ impl UpdateController {
         else {
             return Drive::Done;
         };
-        lent.finish(end_of(&outcome));
+        self.give_back(lent, end_of(&outcome));
         let settled = settle(&outcome, self.agents.pooled());
         if let Some(message) = settled.wait {
             let _ = self
@@ -181,6 +186,15 @@ impl UpdateController {
         match self.agents.lend(workspace, &update.operation_id(), job.epoch, update.was_started()).await {
             Ok(Lending::Lent(lent)) => Ok(lent),
             Ok(Lending::NoAgent) => Err(Drive::Done),
+            Ok(Lending::Held(held)) => {
+                tracing::debug!(update = %job.name, agents = ?held.agents, left_s = held.left.as_secs_f64(),
+                    "held for the busy agents that ran its workspace");
+                metrics::counter!(crate::metric_names::OPERATIONS_HELD_TOTAL).increment(1);
+                for n in &held.agents {
+                    self.holds.add((held.pool.clone(), *n), &job.key);
+                }
+                Err(Drive::Held(held.left))
+            }
             Ok(Lending::Busy) => {
                 tracing::debug!(update = %job.name, "every agent of the pool is busy; deferred");
                 metrics::counter!(crate::metric_names::OPERATIONS_DEFERRED_TOTAL).increment(1);
@@ -282,6 +296,15 @@ impl UpdateController {
 }
 
 impl UpdateController {
+    /// Gives `lent` back to its pool with how its operation ended, and wakes the jobs held for it ([`super::holds`]).
+    fn give_back(&self, lent: Lent, end: End) {
+        let agent = lent.slot().cloned();
+        lent.finish(end);
+        if let Some(agent) = agent {
+            self.queue.wake(&self.holds.take(&agent));
+        }
+    }
+
     /// Says once on an Update not started yet that it waits for a slot of its workspace class (`Queued`,
     /// [`super::controller::class_queued_message`]); nothing when it says so already, when it was started (a re-attach
     /// keeps `Progressing`) or when fenced. A failed write is logged: the job is deferred either way.

@@ -54,28 +54,54 @@ impl std::fmt::Display for PoolId {
     }
 }
 
-/// Which agent of a pool last ran each Workspace's operation (by the agent's number: a slot or a pod ordinal), so the
-/// next operation of that Workspace goes to it when it is free: what an agent keeps for a Stack between its operations
-/// (the prepared revision, the Stack's own compile cache, `pko_agent::stack_cache`) is found again. A hint the lender
-/// follows only among free agents — never a wait — and forgets beyond [`Affinity::MAX`] Workspaces.
+/// Which agents of a pool ran each Workspace's operations (by the agent's number: a slot or a pod ordinal), the most
+/// recent first, at most [`Affinity::WARM`] of them: what an agent keeps for a Stack between its operations (the
+/// prepared revision, the selected stack, the Stack's own compile cache, `pko_agent::stack_cache`) is there, so the
+/// next operation goes to one of them when it is free. When all of them are busy while another agent is free (or
+/// could be started), the operation is held for them at most `--pool-affinity-wait-seconds` from the first time it was
+/// held ([`Affinity::hold`]), woken as soon as one of them is given back; past that it takes any free agent (which
+/// then holds the Stack's caches too). A hint in the replica's memory, forgotten beyond [`Affinity::MAX`] Workspaces or
+/// held operations (a miss costs a cold cache, nothing else).
 #[derive(Debug, Default)]
-pub struct Affinity(HashMap<String, usize>);
+pub struct Affinity {
+    warm: HashMap<String, Vec<usize>>,
+    held: HashMap<String, std::time::Instant>,
+}
 
 impl Affinity {
-    /// Most Workspaces remembered per pool; past it the memory starts over (a miss costs a cold cache, nothing else).
+    /// Most Workspaces (and held operations) remembered per pool; past it the memory starts over.
     pub const MAX: usize = 4096;
+    /// Most agents remembered per Workspace.
+    pub const WARM: usize = 4;
 
-    /// The agent that last ran an operation of `workspace` (`<namespace>/<name>`).
-    pub fn last(&self, workspace: &str) -> Option<usize> {
-        self.0.get(workspace).copied()
+    /// The agents that ran operations of `workspace` (`<namespace>/<name>`), the most recent first.
+    pub fn warm(&self, workspace: &str) -> &[usize] {
+        self.warm.get(workspace).map_or(&[], Vec::as_slice)
     }
 
-    /// Records that agent `n` runs an operation of `workspace`.
-    pub fn ran(&mut self, workspace: &str, n: usize) {
-        if self.0.len() >= Self::MAX && !self.0.contains_key(workspace) {
-            self.0.clear();
+    /// Records that agent `n` runs operation `op` of `workspace`: it is no longer held.
+    pub fn ran(&mut self, workspace: &str, op: &str, n: usize) {
+        if self.warm.len() >= Self::MAX && !self.warm.contains_key(workspace) {
+            self.warm.clear();
         }
-        self.0.insert(workspace.to_string(), n);
+        let agents = self.warm.entry(workspace.to_string()).or_default();
+        agents.retain(|a| *a != n);
+        agents.insert(0, n);
+        agents.truncate(Self::WARM);
+        self.held.remove(op);
+    }
+
+    /// How much longer operation `op` may be held for its Workspace's busy agents at `now`, at most `wait` from the
+    /// first time it was held (recorded now when it was not); `None`: not at all (`wait` is zero, or it is spent).
+    pub fn hold(&mut self, op: &str, now: std::time::Instant, wait: Duration) -> Option<Duration> {
+        if wait.is_zero() {
+            return None;
+        }
+        if self.held.len() >= Self::MAX && !self.held.contains_key(op) {
+            self.held.retain(|_, since| now.saturating_duration_since(*since) < wait);
+        }
+        let since = *self.held.entry(op.to_string()).or_insert(now);
+        wait.checked_sub(now.saturating_duration_since(since)).filter(|left| !left.is_zero())
     }
 }
 
@@ -170,6 +196,31 @@ mod tests {
         assert_eq!(ledger.with(&id, |n| *n), Some(2));
         ledger.remove(&id);
         assert!(ledger.lock().is_empty());
+    }
+
+    #[test]
+    fn an_operation_is_held_for_its_agent_at_most_the_wait_from_its_first_hold() {
+        let mut a = Affinity::default();
+        let (t0, wait) = (std::time::Instant::now(), Duration::from_secs(3));
+        a.ran("ns/s", "op1", 1);
+        assert_eq!(a.warm("ns/s"), [1]);
+        assert_eq!(a.hold("op2", t0, wait), Some(wait));
+        assert_eq!(a.hold("op2", t0 + Duration::from_secs(1), wait), Some(Duration::from_secs(2)), "from the first");
+        assert_eq!(a.hold("op2", t0 + wait, wait), None, "spent: any agent");
+        a.ran("ns/s", "op2", 0);
+        assert_eq!(a.hold("op2", t0 + wait, wait), Some(wait), "lent: a later hold starts over");
+        assert_eq!(a.hold("op3", t0, Duration::ZERO), None, "a wait of zero never holds");
+    }
+
+    #[test]
+    fn a_workspace_is_warm_on_the_agents_that_ran_it_the_most_recent_first() {
+        let mut a = Affinity::default();
+        assert!(a.warm("ns/s").is_empty());
+        for n in [1, 0, 1, 2, 3, 4] {
+            a.ran("ns/s", "op", n);
+        }
+        assert_eq!(a.warm("ns/s"), [4, 3, 2, 1], "each once, at most four");
+        assert!(a.warm("ns/other").is_empty());
     }
 
     #[test]

@@ -37,13 +37,13 @@ use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
 use super::{Ledger, PoolId};
-use crate::agents::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
+use crate::agents::lend::{Acquired, End, GiveBack, Held, IdentityChecks, Lent, PoolConfig};
 use crate::agents::pod::{self, PodRuntimeConfig};
 use crate::agents::tokens::AgentTokens;
 use crate::ownership::Ownership;
 
 mod objects;
-pub use objects::{agent_address, candidates, grow_slot, pool_name, pool_objects, resize};
+pub use objects::{agent_address, candidates, grow_slot, hold_for, pool_name, pool_objects, resize};
 
 /// Label of a pool's StatefulSet and Service: the class hash (the part of the class after the namespace). Replicas find
 /// the pools they maintain by it after a restart.
@@ -160,10 +160,10 @@ impl PodPools {
     }
 
     /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod that knows `op`
-    /// already (followed); else the pod that ran the Workspace's last operation when it is idle
-    /// ([`super::Affinity`]), else the idle pod of lowest ordinal; else a pod added to the pool (waiting up to
-    /// [`START_TIMEOUT`] for it) while it has fewer than `max`. `None`: every pod is busy and the pool is at its
-    /// maximum (the operation waits in the queue).
+    /// already (followed); else a pod that ran the Workspace when it is idle, or a hold for them while this replica
+    /// lends them ([`super::Affinity`], [`hold_for`]), else the idle pod of lowest ordinal; else a pod added
+    /// to the pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`. [`Acquired::Full`]: every
+    /// pod is busy and the pool is at its maximum (the operation waits in the queue).
     ///
     /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had for its agents,
     /// or the added pod does not answer.
@@ -173,7 +173,7 @@ impl PodPools {
         op: &str,
         epoch: i64,
         started: bool,
-    ) -> Result<Option<Lent>, PodPoolError> {
+    ) -> Result<Acquired, PodPoolError> {
         let class = PoolId::of(ws);
         let key = super::affinity_key(ws);
         let ns = ws.namespace().unwrap_or_default();
@@ -192,26 +192,29 @@ impl PodPools {
                     tracing::info!(pool = %id, operation = op, %address,
                         "found the pod running the operation; following it");
                     self.mark(&class, i, op);
-                    return Ok(Some(self.lent(&class, i, address, audience)));
+                    return Ok(Acquired::Lent(self.lent(&class, i, address, audience)));
                 }
             }
         }
+        if let Some(held) = self.hold(&class, &key, op, replicas) {
+            return Ok(Acquired::Held(held));
+        }
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            let preferred = self.pools.with(&class, |p| p.affinity.last(&key)).flatten();
-            for i in candidates(replicas, &self.lent_of(&class), preferred) {
+            let warm = self.pools.with(&class, |p| p.affinity.warm(&key).to_vec()).unwrap_or_default();
+            for i in candidates(replicas, &self.lent_of(&class), &warm) {
                 let address = agent_address(&name, &ns, i);
                 let idle = matches!(crate::agents::client::status(&address, Some(&token)).await,
                     Ok(s) if s.state == State::Idle as i32);
                 if idle && self.try_mark(&class, i, op) {
-                    self.pools.with(&class, |p| p.affinity.ran(&key, i));
-                    return Ok(Some(self.lent(&class, i, address, audience)));
+                    self.pools.with(&class, |p| p.affinity.ran(&key, op, i));
+                    return Ok(Acquired::Lent(self.lent(&class, i, address, audience)));
                 }
             }
             if Instant::now() >= deadline {
-                return Ok(None);
+                return Ok(Acquired::Full);
             }
-            let Some(i) = self.reserve(&class, replicas, op) else { return Ok(None) };
+            let Some(i) = self.reserve(&class, replicas, op) else { return Ok(Acquired::Full) };
             if let Err(source) = self.scale_up(&api, &name, i + 1).await {
                 self.unmark(&class, i);
                 return Err(api_error(&id)(source));
@@ -219,8 +222,8 @@ impl PodPools {
             let address = agent_address(&name, &ns, i);
             match wait_idle(&address, &token, deadline).await {
                 Ok(true) => {
-                    self.pools.with(&class, |p| p.affinity.ran(&key, i));
-                    return Ok(Some(self.lent(&class, i, address, audience)));
+                    self.pools.with(&class, |p| p.affinity.ran(&key, op, i));
+                    return Ok(Acquired::Lent(self.lent(&class, i, address, audience)));
                 }
                 Ok(false) => {
                     // another replica lent it first: look again
@@ -237,6 +240,21 @@ impl PodPools {
 
     fn lent(self: &Arc<Self>, class: &PoolId, n: usize, address: String, audience: String) -> Lent {
         Lent::new(address, Some(audience), Some((class.clone(), n)), self.clone())
+    }
+
+    /// A hold of operation `op` of Workspace `key` for the pods that ran it, when this replica lends each of them now,
+    /// another of the pool's `replicas` pods could run it, and it may still wait ([`hold_for`],
+    /// [`super::Affinity::hold`]).
+    fn hold(&self, class: &PoolId, key: &str, op: &str, replicas: usize) -> Option<Held> {
+        let mut pools = self.pools.lock();
+        let p = pools.get_mut(class)?;
+        let lent: HashSet<usize> = p.lent.keys().copied().collect();
+        let agents = hold_for(replicas, &lent, p.affinity.warm(key), self.cfg.max);
+        if agents.is_empty() {
+            return None;
+        }
+        let left = p.affinity.hold(op, Instant::now(), self.cfg.affinity_wait)?;
+        Some(Held { pool: class.clone(), agents, left })
     }
 
     fn lent_of(&self, class: &PoolId) -> HashSet<usize> {

@@ -62,11 +62,23 @@ pub fn pool_objects(ws: &Workspace, cfg: &PodRuntimeConfig, agent_args: &[String
     (service, sts)
 }
 
-/// The pods to ask for an idle agent among `replicas`, leaving out those this replica has lent: `preferred` (the pod
-/// that ran the Workspace's last operation) first, then lowest ordinal first. Pure.
-pub fn candidates(replicas: usize, lent: &HashSet<usize>, preferred: Option<usize>) -> Vec<usize> {
+/// The pods to ask for an idle agent among `replicas`, leaving out those this replica has lent: the `warm` ones (that
+/// ran the Workspace, the most recent first) first, then lowest ordinal first. Pure.
+pub fn candidates(replicas: usize, lent: &HashSet<usize>, warm: &[usize]) -> Vec<usize> {
     let free = |i: &usize| *i < replicas && !lent.contains(i);
-    preferred.filter(free).into_iter().chain((0..replicas).filter(|i| free(i) && Some(*i) != preferred)).collect()
+    let first = warm.iter().copied().filter(free);
+    first.chain((0..replicas).filter(|i| free(i) && !warm.contains(i))).collect()
+}
+
+/// The `warm` pods (that ran the Workspace) to hold an operation for: those that exist, when every one of them is lent
+/// here and another of the `replicas` pods is not, or one could be added below `max`; empty: no hold. Pure.
+pub fn hold_for(replicas: usize, lent: &HashSet<usize>, warm: &[usize], max: usize) -> Vec<usize> {
+    let warm: Vec<usize> = warm.iter().copied().filter(|i| *i < replicas).collect();
+    let other = (0..replicas).any(|j| !lent.contains(&j)) || grow_slot(replicas, max, lent).is_some();
+    if warm.is_empty() || !other || warm.iter().any(|i| !lent.contains(i)) {
+        return Vec::new();
+    }
+    warm
 }
 
 /// The ordinal a lender adds when no pod is idle: the lowest at or above `replicas` that this replica has not reserved
@@ -177,15 +189,27 @@ mod tests {
     #[test]
     fn lenders_take_the_lowest_free_pod_and_grow_below_the_maximum() {
         let lent: HashSet<usize> = [0, 2].into();
-        assert_eq!(candidates(4, &lent, None), vec![1, 3]);
-        assert_eq!(candidates(4, &lent, Some(3)), vec![3, 1], "the pod that ran the Workspace last, first");
-        assert_eq!(candidates(4, &lent, Some(2)), vec![1, 3], "not while it is lent");
-        assert_eq!(candidates(4, &lent, Some(9)), vec![1, 3], "nor when it is gone");
+        assert_eq!(candidates(4, &lent, &[]), vec![1, 3]);
+        assert_eq!(candidates(4, &lent, &[3]), vec![3, 1], "the pod that ran the Workspace, first");
+        assert_eq!(candidates(4, &lent, &[3, 1]), vec![3, 1], "the most recent first");
+        assert_eq!(candidates(4, &lent, &[2]), vec![1, 3], "not while it is lent");
+        assert_eq!(candidates(4, &lent, &[9]), vec![1, 3], "nor when it is gone");
         assert_eq!(grow_slot(4, 8, &lent), Some(4));
         assert_eq!(grow_slot(2, 4, &[2, 3].into()), None, "the slots above are being started by this replica already");
         assert_eq!(grow_slot(3, 4, &[3].into()), None);
         assert_eq!(grow_slot(0, 0, &HashSet::new()), Some(0), "a maximum of 0 is taken as 1");
         assert_eq!(grow_slot(1, 1, &HashSet::new()), None);
+    }
+
+    #[test]
+    fn an_operation_is_held_for_its_pods_only_while_they_are_lent_here_and_another_could_run_it() {
+        let lent: HashSet<usize> = [0, 2].into();
+        assert_eq!(hold_for(3, &lent, &[2, 0], 3), [2, 0], "pod 1 is free");
+        assert_eq!(hold_for(1, &[0].into(), &[0], 2), [0], "a pod could be added");
+        assert!(hold_for(1, &[0].into(), &[0], 1).is_empty(), "nothing else could run it: it waits in the queue");
+        assert!(hold_for(3, &lent, &[0, 1], 3).is_empty(), "one of its pods is free: no hold");
+        assert_eq!(hold_for(3, &lent, &[5, 0], 8), [0], "a pod gone is not waited for");
+        assert!(hold_for(3, &lent, &[], 3).is_empty());
     }
 
     #[test]

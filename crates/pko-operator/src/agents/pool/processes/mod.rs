@@ -26,7 +26,7 @@ use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
 use super::{Ledger, PoolId};
-use crate::agents::lend::{End, GiveBack, IdentityChecks, Lent, PoolConfig};
+use crate::agents::lend::{Acquired, End, GiveBack, Held, IdentityChecks, Lent, PoolConfig};
 use crate::agents::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
 
 mod slots;
@@ -132,8 +132,9 @@ impl LocalPools {
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the Update was already
     /// Progressing: a restart or a shard move), the agents recorded for the class by any replica are asked first
-    /// whether they know `op`, and the one that does is followed. `None`: every agent is busy and the pool is at its
-    /// maximum.
+    /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or a hold for
+    /// them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every agent is
+    /// busy and the pool is at its maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
     pub async fn acquire(
@@ -142,54 +143,65 @@ impl LocalPools {
         op: &str,
         epoch: i64,
         started: bool,
-    ) -> Result<Option<Lent>, LocalError> {
+    ) -> Result<Acquired, LocalError> {
         let class = PoolId::of(ws);
         self.load(&class, ws).await;
         if started && let Some(found) = self.locate(&class, op, epoch).await {
-            return Ok(Some(found));
+            return Ok(Acquired::Lent(found));
         }
         let key = super::affinity_key(ws);
         let n = {
             let mut pools = self.pools.lock();
-            let Some(pool) = pools.get_mut(&class) else { return Ok(None) };
+            let Some(pool) = pools.get_mut(&class) else { return Ok(Acquired::Full) };
             let views: Vec<SlotView> = pool.slots.iter_mut().map(Slot::view).collect();
-            let preferred = pool.affinity.last(&key).and_then(|n| pool.slot_index(n));
-            match pick(&views, op, preferred, self.cfg.max) {
+            let warm: Vec<usize> = pool.affinity.warm(&key).iter().filter_map(|n| pool.slot_index(*n)).collect();
+            let mut choice = pick(&views, op, &warm, self.cfg.max);
+            if let Pick::Hold(busy) = &choice {
+                let agents = busy.iter().map(|i| pool.slots[*i].n).collect();
+                match pool.affinity.hold(op, Instant::now(), self.cfg.affinity_wait) {
+                    Some(left) => return Ok(Acquired::Held(Held { pool: class.clone(), agents, left })),
+                    None => choice = pick(&views, op, &[], self.cfg.max),
+                }
+            }
+            match choice {
                 Pick::Follow(i) | Pick::Lend(i) => {
                     let s = &mut pool.slots[i];
                     s.lent = true;
                     s.running = Some(op.to_string());
                     let (n, address) = (s.n, s.agent.as_ref().map(|a| a.address.clone()).unwrap_or_default());
-                    pool.affinity.ran(&key, n);
-                    return Ok(Some(self.lent(&class, n, address)));
+                    pool.affinity.ran(&key, op, n);
+                    return Ok(Acquired::Lent(self.lent(&class, n, address)));
                 }
-                Pick::Full => return Ok(None),
-                Pick::Start => {
-                    // drop dead slots; reuse the lowest free slot number (its source cache stays) whose
-                    // recorded agent is not alive: one live agent per work directory, ever
-                    drop_dead(&class, &mut pool.slots);
-                    let live = live_slots(&pool.replica_dir(&self.replica));
-                    let n = (0..).find(|n| pool.slot_index(*n).is_none() && !live.contains(n)).unwrap_or(0);
-                    pool.slots.push(Slot {
-                        n,
-                        agent: None,
-                        running: Some(op.to_string()),
-                        lent: true,
-                        draining: false,
-                        idle_since: Instant::now(),
-                    });
-                    pool.affinity.ran(&key, n);
-                    n
-                }
+                Pick::Full | Pick::Hold(_) => return Ok(Acquired::Full),
+                Pick::Start => self.new_slot(&class, pool, op, &key),
             }
         };
         match self.start(&class, n).await {
-            Ok(address) => Ok(Some(self.lent(&class, n, address))),
+            Ok(address) => Ok(Acquired::Lent(self.lent(&class, n, address))),
             Err(e) => {
                 self.remove_slot(&class, n);
                 Err(e)
             }
         }
+    }
+
+    /// A new slot in `pool`, lent to operation `op` of Workspace `key` while its agent starts: the lowest free slot
+    /// number (its source cache stays) whose recorded agent is not alive (one live agent per work directory, ever),
+    /// dead slots dropped first.
+    fn new_slot(&self, class: &PoolId, pool: &mut Pool, op: &str, key: &str) -> usize {
+        drop_dead(class, &mut pool.slots);
+        let live = live_slots(&pool.replica_dir(&self.replica));
+        let n = (0..).find(|n| pool.slot_index(*n).is_none() && !live.contains(n)).unwrap_or(0);
+        pool.slots.push(Slot {
+            n,
+            agent: None,
+            running: Some(op.to_string()),
+            lent: true,
+            draining: false,
+            idle_since: Instant::now(),
+        });
+        pool.affinity.ran(key, op, n);
+        n
     }
 
     fn lent(self: &Arc<Self>, class: &PoolId, n: usize, address: String) -> Lent {

@@ -34,23 +34,33 @@ pub enum Pick {
     Start,
     /// Every agent is busy and the pool is at its maximum: the operation waits.
     Full,
+    /// These slots, which ran the Workspace, are busy while another is free or could be started: hold the operation
+    /// for them if it may still wait ([`crate::agents::pool::Affinity::hold`]), else pick again with none warm.
+    Hold(Vec<usize>),
 }
 
 /// Chooses the agent for operation `op` among `slots` of a pool of at most `max` agents: the one that runs it already,
-/// else slot `preferred` (the one that ran the Workspace's last operation, [`crate::agents::pool::Affinity`]) when
-/// it is free, else the free agent used most recently (so the others reach their idle timeout), else a new one while
-/// fewer than `max` exist (dead ones do not count), else none.
-pub fn pick(slots: &[SlotView], op: &str, preferred: Option<usize>, max: usize) -> Pick {
+/// else the first free one of `warm` (the slots that ran the Workspace, the most recent first,
+/// [`crate::agents::pool::Affinity`]), or a hold for them when they are all alive and busy; else the free agent used
+/// most recently (so the others reach their idle timeout), else a new one while fewer than `max` exist (dead ones do
+/// not count), else none. A hold is never answered when nothing else could run the operation either ([`Pick::Full`]).
+pub fn pick(slots: &[SlotView], op: &str, warm: &[usize], max: usize) -> Pick {
     if let Some(i) = slots.iter().position(|s| s.usable && s.running.as_deref() == Some(op)) {
         return Pick::Follow(i);
     }
-    if let Some(i) = preferred.filter(|i| slots.get(*i).is_some_and(SlotView::free)) {
+    let warm: Vec<usize> = warm.iter().copied().filter(|i| slots.get(*i).is_some_and(|s| s.usable)).collect();
+    if let Some(i) = warm.iter().copied().find(|i| slots[*i].free()) {
         return Pick::Lend(i);
     }
-    if let Some((i, _)) = slots.iter().enumerate().filter(|(_, s)| s.free()).max_by_key(|(_, s)| s.idle_since) {
-        return Pick::Lend(i);
+    let other = slots.iter().enumerate().filter(|(_, s)| s.free()).max_by_key(|(_, s)| s.idle_since).map(|(i, _)| i);
+    let can_start = slots.iter().filter(|s| s.usable || s.starting).count() < max.max(1);
+    match other {
+        Some(_) if !warm.is_empty() => Pick::Hold(warm),
+        None if can_start && !warm.is_empty() => Pick::Hold(warm),
+        Some(i) => Pick::Lend(i),
+        None if can_start => Pick::Start,
+        None => Pick::Full,
     }
-    if slots.iter().filter(|s| s.usable || s.starting).count() < max.max(1) { Pick::Start } else { Pick::Full }
 }
 
 /// The slots to stop at `now`: free agents idle for at least `idle_timeout`, longest idle first, while more than `min`
@@ -83,26 +93,39 @@ mod tests {
     fn an_operation_is_followed_where_it_runs_before_anything_else() {
         let now = Instant::now();
         let slots = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
-        assert_eq!(pick(&slots, "op", None, 2), Pick::Follow(1));
-        assert_eq!(pick(&slots, "other", None, 2), Pick::Lend(0));
+        assert_eq!(pick(&slots, "op", &[], 2), Pick::Follow(1));
+        assert_eq!(pick(&slots, "other", &[], 2), Pick::Lend(0));
     }
 
     #[test]
     fn the_most_recently_used_free_agent_is_lent_so_others_can_idle_out() {
         let now = Instant::now();
         let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
-        assert_eq!(pick(&slots, "op", None, 3), Pick::Lend(1));
+        assert_eq!(pick(&slots, "op", &[], 3), Pick::Lend(1));
     }
 
     #[test]
-    fn the_agent_that_ran_the_workspace_last_is_lent_when_it_is_free() {
+    fn an_agent_that_ran_the_workspace_is_lent_when_it_is_free() {
         let now = Instant::now();
         let slots = [view(None, false, true, 30, now), view(None, false, true, 2, now), view(None, true, true, 0, now)];
-        assert_eq!(pick(&slots, "op", Some(0), 3), Pick::Lend(0), "its agent, though another was used more recently");
-        assert_eq!(pick(&slots, "op", Some(2), 3), Pick::Lend(1), "its agent is busy: any free one, never a wait");
-        assert_eq!(pick(&slots, "op", Some(7), 3), Pick::Lend(1), "its agent is gone");
+        assert_eq!(pick(&slots, "op", &[0], 3), Pick::Lend(0), "its agent, though another was used more recently");
+        assert_eq!(pick(&slots, "op", &[2, 0], 3), Pick::Lend(0), "the most recent of them is busy: the next");
+        assert_eq!(pick(&slots, "op", &[2], 3), Pick::Hold(vec![2]), "its agent is busy while another is free: a hold");
+        assert_eq!(pick(&slots, "op", &[7], 3), Pick::Lend(1), "its agent is gone");
         let running = [view(None, false, true, 1, now), view(Some("op"), false, true, 5, now)];
-        assert_eq!(pick(&running, "op", Some(0), 2), Pick::Follow(1), "an operation is followed where it runs");
+        assert_eq!(pick(&running, "op", &[0], 2), Pick::Follow(1), "an operation is followed where it runs");
+    }
+
+    #[test]
+    fn an_operation_is_held_for_its_busy_agents_only_while_another_could_run_it() {
+        let now = Instant::now();
+        let busy = view(Some("a"), true, true, 0, now);
+        let free = view(None, false, true, 1, now);
+        assert_eq!(pick(&[busy.clone(), free.clone(), busy.clone()], "op", &[2, 0], 3), Pick::Hold(vec![2, 0]));
+        assert_eq!(pick(std::slice::from_ref(&busy), "op", &[0], 2), Pick::Hold(vec![0]), "not a new, cold agent");
+        assert_eq!(pick(std::slice::from_ref(&busy), "op", &[0], 1), Pick::Full, "nothing else could run it");
+        let dead = view(Some("a"), true, false, 0, now);
+        assert_eq!(pick(&[dead, free], "op", &[0], 2), Pick::Lend(1), "a dead agent is not waited for");
     }
 
     #[test]
@@ -110,18 +133,18 @@ mod tests {
         let now = Instant::now();
         let busy = view(Some("a"), true, true, 0, now);
         let unfollowed = view(Some("b"), false, true, 0, now);
-        assert_eq!(pick(std::slice::from_ref(&busy), "op", None, 2), Pick::Start);
+        assert_eq!(pick(std::slice::from_ref(&busy), "op", &[], 2), Pick::Start);
         assert_eq!(
-            pick(&[busy.clone(), unfollowed.clone()], "op", None, 2),
+            pick(&[busy.clone(), unfollowed.clone()], "op", &[], 2),
             Pick::Full,
             "an agent running an unfollowed operation is not free"
         );
-        assert_eq!(pick(&[], "op", None, 0), Pick::Start, "a maximum of 0 is taken as 1");
+        assert_eq!(pick(&[], "op", &[], 0), Pick::Start, "a maximum of 0 is taken as 1");
         let dead = view(None, false, false, 0, now);
-        assert_eq!(pick(&[busy, dead], "op", None, 2), Pick::Start, "a dead agent does not count");
+        assert_eq!(pick(&[busy, dead], "op", &[], 2), Pick::Start, "a dead agent does not count");
         let draining = view(Some("op"), false, false, 0, now);
         assert_eq!(
-            pick(&[draining], "op", None, 1),
+            pick(&[draining], "op", &[], 1),
             Pick::Start,
             "an interrupted agent is not followed: the operation goes elsewhere"
         );
