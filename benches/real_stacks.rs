@@ -283,7 +283,7 @@ async fn main() {
         "--pool-affinity-wait-seconds",
         &wait,
     ];
-    let _op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
+    let op = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &args)).await;
     let literal = |v: &str| json!({"type": "Literal", "literal": {"value": v}});
     let mut env_refs = passphrase_env_refs();
     env_refs["PULUMI_PLUGIN_DOWNLOAD_URL_OVERRIDES"] = literal(&plugins.overrides());
@@ -300,6 +300,13 @@ async fn main() {
         })
         .collect();
     let (first, operator) = operator_rounds(&ns.api::<Stack>(), &names, specs, rounds).await;
+    let dispatch: Vec<String> = op
+        .metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("pko_pool_lends_total") || l.starts_with("pko_update_operations_held_total"))
+        .map(str::to_string)
+        .collect();
 
     let mut vars: Vec<(String, String)> = lang.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     vars.push(("KUBECONFIG".into(), testbed().kubeconfig().display().to_string()));
@@ -321,6 +328,7 @@ async fn main() {
         let (o, b) = (o.as_secs_f64(), b.as_secs_f64());
         println!("| {name} | {n} | {c} | {} | {o:.1} s | {b:.1} s | {:.2} |", round + 1, o / b);
     }
+    println!("dispatch (every phase): {}", dispatch.join("; "));
     let all: Vec<String> = op_ns.iter().chain(&bare_ns).cloned().collect();
     let _ = testbed().kubectl().arg("delete").arg("namespace").args(&all).arg("--wait=false").output();
 }

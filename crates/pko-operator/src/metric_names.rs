@@ -40,6 +40,9 @@ pub const POOL_AGENT_DISK_BYTES: &str = "pko_pool_agent_disk_bytes";
 pub const DRIFT_REMEDIATIONS_TOTAL: &str = "pko_drift_remediations_total";
 /// Counter: jobs put back because their workspace class was at its limit (`--max-operations-per-class`).
 pub const OPERATIONS_DEFERRED_TOTAL: &str = "pko_update_operations_deferred_total";
+/// Counter: agents lent by pools, by `affinity`: `warm` (the agent ran the Stack before: its caches are there), `cold`
+/// (other agents did), `none` (no agent did).
+pub const POOL_LENDS_TOTAL: &str = "pko_pool_lends_total";
 /// Counter: jobs held for the busy pool agent that ran their Stack last (`--pool-affinity-wait-seconds`).
 pub const OPERATIONS_HELD_TOTAL: &str = "pko_update_operations_held_total";
 /// Gauge: operations waiting in this replica's work queue.

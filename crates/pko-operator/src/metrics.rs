@@ -10,7 +10,9 @@
 //!   `pko_update_operations_total{type,result}` (counter), `pko_update_operation_duration_seconds{type}` (histogram,
 //!   seconds), `pko_update_operations_queued` and `pko_update_operations_in_flight` (gauges, this replica's work
 //!   queue), `pko_update_operations_deferred_total` (counter: jobs put back because their workspace class was full),
-//!   `pko_update_operations_held_total` (counter: jobs held for the busy pool agent that ran their Stack last),
+//!   `pko_update_operations_held_total` (counter: jobs held for the busy pool agents that ran their Stack),
+//!   `pko_pool_lends_total{affinity="warm"|"cold"|"none"}` (counter: agents lent, by whether they ran the Stack
+//!   before),
 //!   `pko_dispatch_wait_seconds{namespace}` (histogram: first push to a worker taking it),
 //!   `pko_dispatch_latency_seconds{namespace}` (histogram: first push to the operation's first event on its agent),
 //!   `pko_queue_depth{namespace}` (gauge), `pko_operations_running{class}` (gauge), `pko_pool_agents{class,state}`

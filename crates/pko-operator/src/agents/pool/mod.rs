@@ -105,6 +105,17 @@ impl Affinity {
     }
 }
 
+/// Counts a lend in `pko_pool_lends_total{affinity}`: `warm` when the agent ran the Workspace before (`warm` holds
+/// it), `cold` when others did, `none` when no agent did.
+pub fn count_lend(warm: &[usize], n: usize) {
+    let affinity = match (warm.is_empty(), warm.contains(&n)) {
+        (true, _) => "none",
+        (false, true) => "warm",
+        (false, false) => "cold",
+    };
+    metrics::counter!(crate::metric_names::POOL_LENDS_TOTAL, "affinity" => affinity).increment(1);
+}
+
 /// How often a pool asks its agents how much they keep on disk (for `kubectl pko fleet`): 10 seconds (a `Status` call
 /// per agent; the agent measures each prepared source once).
 pub const DISK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);

@@ -207,6 +207,7 @@ impl PodPools {
                 let idle = matches!(crate::agents::client::status(&address, Some(&token)).await,
                     Ok(s) if s.state == State::Idle as i32);
                 if idle && self.try_mark(&class, i, op) {
+                    super::count_lend(&warm, i);
                     self.pools.with(&class, |p| p.affinity.ran(&key, op, i));
                     return Ok(Acquired::Lent(self.lent(&class, i, address, audience)));
                 }
@@ -222,6 +223,7 @@ impl PodPools {
             let address = agent_address(&name, &ns, i);
             match wait_idle(&address, &token, deadline).await {
                 Ok(true) => {
+                    super::count_lend(&warm, i);
                     self.pools.with(&class, |p| p.affinity.ran(&key, op, i));
                     return Ok(Acquired::Lent(self.lent(&class, i, address, audience)));
                 }

@@ -165,6 +165,7 @@ impl LocalPools {
             }
             match choice {
                 Pick::Follow(i) | Pick::Lend(i) => {
+                    super::count_lend(&warm, i);
                     let s = &mut pool.slots[i];
                     s.lent = true;
                     s.running = Some(op.to_string());
@@ -173,7 +174,10 @@ impl LocalPools {
                     return Ok(Acquired::Lent(self.lent(&class, n, address)));
                 }
                 Pick::Full | Pick::Hold(_) => return Ok(Acquired::Full),
-                Pick::Start => self.new_slot(&class, pool, op, &key),
+                Pick::Start => {
+                    super::count_lend(&warm, usize::MAX);
+                    self.new_slot(&class, pool, op, &key)
+                }
             }
         };
         match self.start(&class, n).await {
