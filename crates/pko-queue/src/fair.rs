@@ -83,20 +83,25 @@ impl Fair {
         true
     }
 
-    /// Queues the delayed job `key` now.
-    fn release(&mut self, key: String) {
+    /// Queues the delayed job `key` now: last of its namespace, or first (`front`).
+    fn release(&mut self, key: String, front: bool) {
         if let Some(ns) = self.jobs.get(&key).map(|j| j.0.namespace.clone()) {
-            self.enqueue(&ns, key);
+            if front {
+                self.enqueue_front(&ns, key);
+            } else {
+                self.enqueue(&ns, key);
+            }
         }
     }
 
-    /// The delayed job `key` is due now (what it waited for happened: its agent is free); `false` when it is not
-    /// delayed (queued, in flight, unknown).
+    /// The delayed job `key` is due now, and first of all (what it waited for happened: its agent is free, and the
+    /// next worker gives it that agent before a job that came later takes it); `false` when it is not delayed (queued,
+    /// in flight, unknown). Its namespace comes next in the rotation: the job had its turn before it was put back.
     pub fn wake(&mut self, key: &str) -> bool {
         if self.due.remove(key).is_none() {
             return false;
         }
-        self.release(key.to_string());
+        self.release(key.to_string(), true);
         true
     }
 
@@ -106,6 +111,12 @@ impl Fair {
             self.rotation.push_back(namespace.to_string());
         }
         list.push_back(key);
+    }
+
+    fn enqueue_front(&mut self, namespace: &str, key: String) {
+        self.ready.entry(namespace.to_string()).or_default().push_front(key);
+        self.rotation.retain(|n| n != namespace);
+        self.rotation.push_front(namespace.to_string());
     }
 
     /// The next job to start at `now`, in flight from now until [`Self::done`]: the first of the next namespace in the
@@ -120,7 +131,7 @@ impl Fair {
             let Some(Reverse((at, key))) = self.delayed.pop() else { break };
             if self.due.get(&key) == Some(&at) {
                 self.due.remove(&key);
-                self.release(key);
+                self.release(key, false);
             }
         }
         let limits = self.limits;
@@ -376,6 +387,21 @@ mod tests {
         assert!(f.push(job("a", "x")), "done while delayed, then pushed again");
         assert_eq!(f.take(t0 + Duration::from_secs(2)).map(|j| j.key), Some("a/x".into()));
         assert_eq!(f.take(t0 + Duration::from_secs(2)), None, "the old delay does not queue it a second time");
+    }
+
+    #[test]
+    fn a_woken_job_is_taken_before_the_jobs_queued_meanwhile() {
+        let mut f = Fair::new(NamespaceLimits::NONE);
+        let t0 = Instant::now();
+        f.push(job("b", "other"));
+        f.push_at(job("a", "held"), t0 + Duration::from_secs(3));
+        f.push(job("a", "x"));
+        f.push(job("a", "y"));
+        assert!(f.wake("a/held"));
+        assert_eq!(keys(&mut f, 4), ["a/held", "b/other", "a/x", "a/y"], "first, then the rotation goes on");
+        f.push_at(job("a", "late"), t0);
+        f.push(job("a", "z"));
+        assert_eq!(keys(&mut f, 2), ["a/z", "a/late"], "a delay that simply ran out queues it last");
     }
 
     #[test]
