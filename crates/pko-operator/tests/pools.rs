@@ -406,3 +406,83 @@ async fn an_agent_sigkilled_mid_up_leaves_a_lock_that_is_released_once_its_holde
     operator.stop().await;
     let _ = std::process::Command::new("pkill").args(["-f", &pools_dir.display().to_string()]).status();
 }
+
+/// The slot (`…/operator/<n>/…`) in a trace line that ends with the operation's working directory.
+fn slot_of(line: &str) -> Option<usize> {
+    let rest = &line[line.find("/operator/")? + "/operator/".len()..];
+    rest.split('/').next()?.parse().ok()
+}
+
+/// The lines of `trace` that start with `prefix`.
+fn traced<'a>(trace: &'a str, prefix: &str) -> Vec<(usize, &'a str)> {
+    trace.lines().enumerate().filter(|(_, l)| l.starts_with(prefix)).collect()
+}
+
+/// A Stack's operation waits for the busy agent that ran the Stack (`--pool-affinity-wait-seconds`), although the
+/// pool could start another: `hold-a` and `hold-c` both ran on one agent; `hold-a`'s second `up` sleeps 8 s on it,
+/// and `hold-c`'s change, queued meanwhile, runs on that same agent once `hold-a`'s is done — not on a new agent at
+/// once (what the pool did before the hold). Asserted from the program's trace (its working directory names the
+/// agent's slot) and the counters.
+#[tokio::test]
+async fn an_operation_waits_for_the_busy_agent_that_ran_its_stack() {
+    let (client, ns, env) = setup("hold").await;
+    let trace = env.dir().join("trace.txt");
+    let cmd = format!(
+        "echo ${{pulumi.stack}} ${{n}} start $(pwd) >> {t}; sleep ${{secs}}; echo ${{pulumi.stack}} ${{n}} end >> {t}",
+        t = trace.display()
+    );
+    passphrase_and_program(
+        &ns,
+        json!({"configuration": {"n": {"type": "String", "default": "0"}, "secs": {"type": "String", "default": "0"}},
+               "resources": {"r": {"type": "command:local:Command",
+                                   "properties": {"create": cmd, "triggers": ["${n}"]}}}}),
+    )
+    .await;
+    let extra = ["--agent-pools", "--pool-max-agents", "2", "--pool-affinity-wait-seconds", "60"];
+    let operator = InProcessOperator::start_with(&client, &env, run_args_with(&env, ns.name(), &extra)).await;
+    let stacks = ns.api::<Stack>();
+    let all_ready = |names: &'static [&'static str]| {
+        let stacks = stacks.clone();
+        async move {
+            let all = stacks.list(&Default::default()).await.unwrap().items;
+            names.iter().all(|n| {
+                all.iter().any(|s| {
+                    s.metadata.name.as_deref() == Some(*n)
+                        && ready(s)
+                        && s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
+                })
+            })
+        }
+    };
+    prog_stack(&ns, &env, "hold-a", json!({"n": "1"})).await;
+    eventually("hold-a is Ready", 180, || all_ready(&["hold-a"])).await;
+    prog_stack(&ns, &env, "hold-c", json!({"n": "1"})).await;
+    eventually("hold-c is Ready", 180, || all_ready(&["hold-a", "hold-c"])).await;
+    let patch = |name: &'static str, config: serde_json::Value| {
+        let stacks = stacks.clone();
+        async move {
+            let p = json!({"spec": {"config": config}});
+            stacks.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&p)).await.unwrap();
+        }
+    };
+    patch("hold-a", json!({"n": "2", "secs": "8"})).await;
+    eventually("hold-a's second up runs", 120, || async {
+        std::fs::read_to_string(&trace).unwrap_or_default().contains("hold-a 2 start")
+    })
+    .await;
+    patch("hold-c", json!({"n": "2"})).await;
+    eventually("both changes are done", 180, || all_ready(&["hold-a", "hold-c"])).await;
+
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let (a1, c1) = (traced(&text, "hold-a 1 start"), traced(&text, "hold-c 1 start"));
+    let (a2_end, c2) = (traced(&text, "hold-a 2 end"), traced(&text, "hold-c 2 start"));
+    assert_eq!((a1.len(), c1.len(), a2_end.len(), c2.len()), (1, 1, 1, 1), "{text}");
+    assert!(slot_of(a1[0].1).is_some(), "the trace names the agent's slot\n{text}");
+    assert_eq!(slot_of(a1[0].1), slot_of(c1[0].1), "premise: both Stacks first ran on one agent\n{text}");
+    assert_eq!(slot_of(c2[0].1), slot_of(c1[0].1), "hold-c's change ran on the agent that ran it\n{text}");
+    assert!(a2_end[0].0 < c2[0].0, "and only once hold-a's up there was done\n{text}");
+    let metrics = operator.metrics().await;
+    assert!(sample(&metrics, "pko_update_operations_held_total") >= 1.0, "{metrics}");
+    assert!(sample(&metrics, "pko_pool_lends_total{affinity=\"warm\"}") >= 2.0, "{metrics}");
+    operator.stop().await;
+}
