@@ -394,9 +394,11 @@ async fn a_stalled_workspace_stalls_its_stack_without_retries() {
 async fn every_error_of_a_failing_program_reaches_the_update_and_counts_reach_the_stack() {
     let (client, ns, env) = setup("errors").await;
     let _op = InProcessOperator::start(&client, &env, ns.name()).await;
+    // Pulumi starts no new step after the first failure: each command waits 2 s before failing so that all
+    // three have started by then, whatever order the engine registers them in.
     let failing = |i: u32| {
         json!({"type": "command:local:Command",
-        "properties": {"create": format!("echo failure-{i} >&2; exit {i}")}})
+        "properties": {"create": format!("sleep 2; echo failure-{i} >&2; exit {i}")}})
     };
     let programs = ns.api::<Program>();
     create(
