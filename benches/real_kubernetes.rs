@@ -355,6 +355,8 @@ async fn main() {
         );
         return;
     }
+    // the bare `pulumi` must not inherit an ignored SIGINT
+    pko_testbed::exit_on_interrupt();
     let only = std::env::var("LANGUAGES").ok();
     println!(
         "real Kubernetes provider, a ConfigMap + Deployment + Service program per language, {RUNS} interleaved runs \

@@ -261,14 +261,8 @@ async fn main() {
         eprintln!("real_stacks: run with `cargo bench` (it times real Pulumi operations)");
         return;
     }
-    // a process started in the background by a shell without job control ignores SIGINT, and its children inherit
-    // that: the bare `pulumi` then waits 5 s for each plugin it stops with SIGINT (an `up` took 7.0 s instead of
-    // 2.2 s). A handled signal is reset to its default in a child, so handle it (and still stop on it).
-    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).unwrap();
-    tokio::spawn(async move {
-        interrupt.recv().await;
-        std::process::exit(130);
-    });
+    // the bare `pulumi` must not inherit an ignored SIGINT
+    pko_testbed::exit_on_interrupt();
     let name = std::env::var("LANGUAGE").unwrap_or_else(|_| "typescript".into());
     let (n, c, rounds) = (var("STACKS", 50), var("CONCURRENCY", 2), var("ROUNDS", 2));
     let mut lang = language(&name);

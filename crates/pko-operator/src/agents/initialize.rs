@@ -87,6 +87,7 @@ impl Agents {
         match self.lend_at(ws, id, 0, false, own).await {
             Ok(Lending::Lent(lent)) => Ok(lent),
             Ok(Lending::Busy) => Err("every agent of the workspace class is busy".into()),
+            // `lend_at` never holds: answered for the match's sake
             Ok(Lending::Held(_)) => Err("the workspace class's agent that ran it last is busy".into()),
             Ok(Lending::NoAgent) if self.pooled() => Err("no agent of the workspace class yet".into()),
             Ok(Lending::NoAgent) => Err("the workspace's agent has no address yet".into()),

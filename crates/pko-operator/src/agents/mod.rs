@@ -251,15 +251,16 @@ impl Agents {
     }
 
     /// An agent for operation `op` of `ws` at fencing epoch `epoch` (`started`: the operation may run somewhere
-    /// already: follow it there), with the token it wants.
+    /// already: follow it there), with the token it wants; or [`Lending::Held`] for the busy agents that ran `ws`.
     ///
     /// Errors: [`AgentsError`] when no agent could be started or reached, or no token had.
     pub async fn lend(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Lending, AgentsError> {
-        self.lend_at(ws, op, epoch, started, None).await
+        self.lend_or_hold(ws, op, epoch, started, None, true).await
     }
 
-    /// [`Self::lend`], the Workspace's own agent at `address` when given (its address known before the Workspace's
-    /// status says it: PKO's initialization of a Workspace not yet Ready).
+    /// [`Self::lend`] never held (an initialization: no queued job that a given-back agent would wake), the
+    /// Workspace's own agent at `address` when given (its address known before the Workspace's status says it: PKO's
+    /// initialization of a Workspace not yet Ready).
     ///
     /// Errors: as [`Self::lend`].
     pub async fn lend_at(
@@ -270,9 +271,22 @@ impl Agents {
         started: bool,
         address: Option<String>,
     ) -> Result<Lending, AgentsError> {
+        self.lend_or_hold(ws, op, epoch, started, address, false).await
+    }
+
+    /// [`Self::lend`]; held for the Workspace's busy agents only when `may_hold` ([`Lending::Held`]).
+    async fn lend_or_hold(
+        &self,
+        ws: &Workspace,
+        op: &str,
+        epoch: i64,
+        started: bool,
+        address: Option<String>,
+        may_hold: bool,
+    ) -> Result<Lending, AgentsError> {
         let found = match &self.runtime {
-            Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started).await?,
-            Runtime::PodPool(p) => p.acquire(ws, op, epoch, started).await?,
+            Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started, may_hold).await?,
+            Runtime::PodPool(p) => p.acquire(ws, op, epoch, started, may_hold).await?,
             Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => {
                 match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
                     Some(address) => lend::Acquired::Lent(Lent::own(address)),

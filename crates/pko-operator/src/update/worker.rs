@@ -138,9 +138,11 @@ impl UpdateController {
         let stack = update.spec.stack_name.clone().unwrap_or_default();
         let span = tracing::info_span!("operation", namespace = %job.namespace, stack = %stack, update = %job.name,
             epoch = job.epoch, agent = %lent.address);
-        let Some(outcome) =
-            self.run_operation(&fence, &update, &workspace, &lent, waited + popped.elapsed()).instrument(span).await
-        else {
+        let ran =
+            self.run_operation(&fence, &update, &workspace, &lent, waited + popped.elapsed()).instrument(span).await;
+        let Some(outcome) = ran else {
+            // the fence was lost while it ran: given back as a drop would, waking what it held
+            self.give_back(lent, End::Unknown);
             return Drive::Done;
         };
         self.give_back(lent, end_of(&outcome));

@@ -105,10 +105,10 @@ impl Affinity {
     }
 }
 
-/// Counts a lend in `pko_pool_lends_total{affinity}`: `warm` when the agent ran the Workspace before (`warm` holds
-/// it), `cold` when others did, `none` when no agent did.
-pub fn count_lend(warm: &[usize], n: usize) {
-    let affinity = match (warm.is_empty(), warm.contains(&n)) {
+/// Counts a lend of agent `n` (`None`: a new one) in `pko_pool_lends_total{affinity}`: `warm` when the agent ran the
+/// Workspace before (`warm` holds it), `cold` when others did, `none` when no agent did.
+pub fn count_lend(warm: &[usize], n: Option<usize>) {
+    let affinity = match (warm.is_empty(), n.is_some_and(|n| warm.contains(&n))) {
         (true, _) => "none",
         (false, true) => "warm",
         (false, false) => "cold",

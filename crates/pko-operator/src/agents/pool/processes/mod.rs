@@ -132,9 +132,9 @@ impl LocalPools {
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the Update was already
     /// Progressing: a restart or a shard move), the agents recorded for the class by any replica are asked first
-    /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or a hold for
-    /// them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every agent is
-    /// busy and the pool is at its maximum.
+    /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or (`may_hold`)
+    /// a hold for them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every
+    /// agent is busy and the pool is at its maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
     pub async fn acquire(
@@ -143,6 +143,7 @@ impl LocalPools {
         op: &str,
         epoch: i64,
         started: bool,
+        may_hold: bool,
     ) -> Result<Acquired, LocalError> {
         let class = PoolId::of(ws);
         self.load(&class, ws).await;
@@ -158,14 +159,15 @@ impl LocalPools {
             let mut choice = pick(&views, op, &warm, self.cfg.max);
             if let Pick::Hold(busy) = &choice {
                 let agents = busy.iter().map(|i| pool.slots[*i].n).collect();
-                match pool.affinity.hold(op, Instant::now(), self.cfg.affinity_wait) {
+                let wait = if may_hold { self.cfg.affinity_wait } else { Duration::ZERO };
+                match pool.affinity.hold(op, Instant::now(), wait) {
                     Some(left) => return Ok(Acquired::Held(Held { pool: class.clone(), agents, left })),
                     None => choice = pick(&views, op, &[], self.cfg.max),
                 }
             }
             match choice {
                 Pick::Follow(i) | Pick::Lend(i) => {
-                    super::count_lend(&warm, i);
+                    super::count_lend(&warm, Some(i));
                     let s = &mut pool.slots[i];
                     s.lent = true;
                     s.running = Some(op.to_string());
@@ -173,9 +175,10 @@ impl LocalPools {
                     pool.affinity.ran(&key, op, n);
                     return Ok(Acquired::Lent(self.lent(&class, n, address)));
                 }
+                // no hold once the warm agents are set aside: `pick` holds only for warm agents
                 Pick::Full | Pick::Hold(_) => return Ok(Acquired::Full),
                 Pick::Start => {
-                    super::count_lend(&warm, usize::MAX);
+                    super::count_lend(&warm, None);
                     self.new_slot(&class, pool, op, &key)
                 }
             }
