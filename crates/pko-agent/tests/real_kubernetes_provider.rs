@@ -126,8 +126,10 @@ async fn deploy_change_destroy(p: Program<'_>) -> (std::time::Duration, std::tim
             eprintln!("{}", checked.unwrap_or_else(|| panic!("pip did not check the seeded virtualenv: {log}")));
         }
         if p.files.iter().any(|(f, _)| *f == "package-lock.json" || *f == "requirements.txt") {
-            let settled = log.lines().find(|l| l.contains("dependencies settled by the seed"));
-            eprintln!("{}", settled.unwrap_or_else(|| panic!("a locked seed still installed: {log}")));
+            // the tree and Pulumi.yaml are the first revision's: so are its plugins, installed; the provider the
+            // up above used is that one
+            let settled = log.lines().find(|l| l.contains("plugins as the donor's: no pulumi install"));
+            eprintln!("{}", settled.unwrap_or_else(|| panic!("a settled seed still ran pulumi install: {log}")));
         }
     }
 
