@@ -12,8 +12,8 @@
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
 //! Prints both and their ratio per round. `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
 //! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs). `AFFINITY_WAIT=<seconds>`
-//! sets the operator's `--pool-affinity-wait-seconds` (0: an operation never waits for the agent that ran its Stack
-//! last, the behaviour before that flag).
+//! sets the operator's `--pool-affinity-wait-seconds` (default 6, the operator's; 0: an operation never waits for the
+//! agent that ran its Stack last, the behaviour before that flag).
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -275,7 +275,7 @@ async fn main() {
     namespaces(&op_ns, Some(&format!("{}:default", ns.name())));
     namespaces(&bare_ns, None);
     let c_arg = c.to_string();
-    let wait = std::env::var("AFFINITY_WAIT").unwrap_or_else(|_| "3".into());
+    let wait = std::env::var("AFFINITY_WAIT").unwrap_or_else(|_| "6".into());
     let args = [
         "--agent-pools",
         "--max-operations",
