@@ -86,7 +86,6 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
     }));
 
     create(&ns.api::<Workspace>(), workspace("allowed", "runner", &dir, &env.backend_url())).await;
-    create(&ns.api::<Workspace>(), workspace("denied", "nobody", &dir, &env.backend_url())).await;
     let wss = ns.api::<Workspace>();
     eventually("workspace Ready with an address", 60, || async {
         let w = wss.get("allowed").await.unwrap();
@@ -99,6 +98,9 @@ async fn local_agents_run_updates_with_the_workspace_identity() {
                 .any(|c| c.type_ == "Ready" && c.status == "True" && c.reason == "Succeeded")
     })
     .await;
+    // the second Workspace after the first is initialized: both select stack `dev` of one backend from one local
+    // directory, and this test is about each agent's identity, not about two initializations racing there
+    create(&ns.api::<Workspace>(), workspace("denied", "nobody", &dir, &env.backend_url())).await;
 
     let updates = ns.api::<Update>();
     for (u, w, stack) in [("ok", "allowed", "dev"), ("other", "denied", "other")] {
