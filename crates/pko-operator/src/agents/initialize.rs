@@ -12,7 +12,7 @@ use pko_api::Workspace;
 use pko_proto::v1::{OperationResult, ResultStatus, operation_event::Event};
 
 use super::request::{self, Incomplete};
-use super::{Agents, End, Lending, Lent, Readiness};
+use super::{Agents, End, Hold, Lending, Lent, Readiness};
 
 /// How an initialization went.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,10 +84,10 @@ impl Agents {
     /// Errors: no agent free or known, or no token had (the message says which).
     async fn agent_for_initialization(&self, ws: &Workspace, readiness: &Readiness, id: &str) -> Result<Lent, String> {
         let own = (!self.pooled()).then(|| readiness.address.clone()).flatten();
-        match self.lend_at(ws, id, 0, false, own).await {
+        match self.lend_at(ws, id, 0, false, own, Hold::Never).await {
             Ok(Lending::Lent(lent)) => Ok(lent),
             Ok(Lending::Busy) => Err("every agent of the workspace class is busy".into()),
-            // `lend_at` never holds: answered for the match's sake
+            // never held (`Hold::Never`): answered for the match's sake
             Ok(Lending::Held(_)) => Err("the workspace class's agent that ran it last is busy".into()),
             Ok(Lending::NoAgent) if self.pooled() => Err("no agent of the workspace class yet".into()),
             Ok(Lending::NoAgent) => Err("the workspace's agent has no address yet".into()),

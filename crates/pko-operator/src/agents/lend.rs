@@ -83,6 +83,28 @@ pub struct Held {
     pub left: Duration,
 }
 
+/// Whether a request for an agent may be held for the busy agents that ran its Workspace ([`Held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Up to the pool's configured wait (`--pool-affinity-wait-seconds`): an Update's operation, whose queued job a
+    /// given-back agent wakes.
+    ForWarmAgents,
+    /// Never: an initialization, retried by its Workspace's reconcile with no queued job that a given-back agent
+    /// would wake.
+    Never,
+}
+
+impl Hold {
+    /// The longest wait for the warm agents, given the pool's configured one: zero for [`Hold::Never`], which
+    /// [`super::pool::Affinity::hold`] answers with "do not hold".
+    pub fn wait(self, configured: Duration) -> Duration {
+        match self {
+            Hold::ForWarmAgents => configured,
+            Hold::Never => Duration::ZERO,
+        }
+    }
+}
+
 /// What a pool answers a request for an agent ([`super::pool::processes::LocalPools::acquire`],
 /// [`super::pool::pods::PodPools::acquire`]).
 pub enum Acquired {
@@ -170,6 +192,15 @@ impl Drop for Lent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_initialization_never_waits_for_warm_agents_and_an_operation_waits_the_configured_time() {
+        let configured = Duration::from_secs(6);
+        assert_eq!(Hold::ForWarmAgents.wait(configured), configured);
+        assert_eq!(Hold::Never.wait(configured), Duration::ZERO);
+        let mut affinity = super::super::pool::Affinity::default();
+        assert_eq!(affinity.hold("init", Instant::now(), Hold::Never.wait(configured)), None, "never held");
+    }
 
     #[test]
     fn an_identity_check_stands_for_its_ttl_and_only_for_its_account() {

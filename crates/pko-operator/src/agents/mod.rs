@@ -36,7 +36,7 @@ use pko_api::Workspace;
 use pko_api::constants::workspace_condition as wc;
 
 use crate::informer::Change;
-pub use lend::{End, Lent, PoolConfig};
+pub use lend::{End, Hold, Lent, PoolConfig};
 use local::{LocalError, LocalRuntime};
 use pod::PodRuntimeConfig;
 use pool::pods::{PodPoolError, PodPools};
@@ -255,12 +255,12 @@ impl Agents {
     ///
     /// Errors: [`AgentsError`] when no agent could be started or reached, or no token had.
     pub async fn lend(&self, ws: &Workspace, op: &str, epoch: i64, started: bool) -> Result<Lending, AgentsError> {
-        self.lend_or_hold(ws, op, epoch, started, None, true).await
+        self.lend_at(ws, op, epoch, started, None, Hold::ForWarmAgents).await
     }
 
-    /// [`Self::lend`] never held (an initialization: no queued job that a given-back agent would wake), the
-    /// Workspace's own agent at `address` when given (its address known before the Workspace's status says it: PKO's
-    /// initialization of a Workspace not yet Ready).
+    /// [`Self::lend`] with the Workspace's own agent at `address` when given (its address known before the
+    /// Workspace's status says it: PKO's initialization of a Workspace not yet Ready), held for the Workspace's busy
+    /// agents only as `hold` allows ([`Lending::Held`]).
     ///
     /// Errors: as [`Self::lend`].
     pub async fn lend_at(
@@ -270,23 +270,11 @@ impl Agents {
         epoch: i64,
         started: bool,
         address: Option<String>,
-    ) -> Result<Lending, AgentsError> {
-        self.lend_or_hold(ws, op, epoch, started, address, false).await
-    }
-
-    /// [`Self::lend`]; held for the Workspace's busy agents only when `may_hold` ([`Lending::Held`]).
-    async fn lend_or_hold(
-        &self,
-        ws: &Workspace,
-        op: &str,
-        epoch: i64,
-        started: bool,
-        address: Option<String>,
-        may_hold: bool,
+        hold: Hold,
     ) -> Result<Lending, AgentsError> {
         let found = match &self.runtime {
-            Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started, may_hold).await?,
-            Runtime::PodPool(p) => p.acquire(ws, op, epoch, started, may_hold).await?,
+            Runtime::ProcessPool(p) => p.acquire(ws, op, epoch, started, hold).await?,
+            Runtime::PodPool(p) => p.acquire(ws, op, epoch, started, hold).await?,
             Runtime::OwnPod(_) | Runtime::OwnProcess(_) | Runtime::Addressed => {
                 match address.or_else(|| ws.status.as_ref().and_then(|s| s.address.clone())) {
                     Some(address) => lend::Acquired::Lent(Lent::own(address)),

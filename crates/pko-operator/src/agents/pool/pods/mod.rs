@@ -37,7 +37,7 @@ use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
 use super::{Ledger, PoolId};
-use crate::agents::lend::{Acquired, End, GiveBack, Held, IdentityChecks, Lent, PoolConfig};
+use crate::agents::lend::{Acquired, End, GiveBack, Held, Hold, IdentityChecks, Lent, PoolConfig};
 use crate::agents::pod::{self, PodRuntimeConfig};
 use crate::agents::tokens::AgentTokens;
 use crate::ownership::Ownership;
@@ -161,7 +161,7 @@ impl PodPools {
     }
 
     /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod that knows `op`
-    /// already (followed); else a pod that ran the Workspace when it is idle, or (`may_hold`) a hold for them while
+    /// already (followed); else a pod that ran the Workspace when it is idle, or (as `hold` allows) a hold for them while
     /// this replica lends them ([`super::Affinity`], [`hold_for`]), else the idle pod of lowest ordinal; else a pod
     /// added to the pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`. [`Acquired::Full`]:
     /// every pod is busy and the pool is at its maximum (the operation waits in the queue).
@@ -174,7 +174,7 @@ impl PodPools {
         op: &str,
         epoch: i64,
         started: bool,
-        may_hold: bool,
+        hold: Hold,
     ) -> Result<Acquired, PodPoolError> {
         let class = PoolId::of(ws);
         let key = super::affinity_key(ws);
@@ -198,7 +198,7 @@ impl PodPools {
                 }
             }
         }
-        if may_hold && let Some(held) = self.hold(&class, &key, op, replicas) {
+        if let Some(held) = self.hold(&class, &key, op, replicas, hold.wait(self.cfg.affinity_wait)) {
             return Ok(Acquired::Held(held));
         }
         let deadline = Instant::now() + START_TIMEOUT;
@@ -247,9 +247,9 @@ impl PodPools {
     }
 
     /// A hold of operation `op` of Workspace `key` for the pods that ran it, when this replica lends each of them now,
-    /// another of the pool's `replicas` pods could run it, and it may still wait ([`hold_for`],
-    /// [`super::Affinity::hold`]).
-    fn hold(&self, class: &PoolId, key: &str, op: &str, replicas: usize) -> Option<Held> {
+    /// another of the pool's `replicas` pods could run it, and it may still wait: less than `wait` since its first
+    /// hold, never for a zero `wait` ([`hold_for`], [`super::Affinity::hold`]).
+    fn hold(&self, class: &PoolId, key: &str, op: &str, replicas: usize, wait: Duration) -> Option<Held> {
         let mut pools = self.pools.lock();
         let p = pools.get_mut(class)?;
         let lent: HashSet<usize> = p.lent.keys().copied().collect();
@@ -257,7 +257,7 @@ impl PodPools {
         if agents.is_empty() {
             return None;
         }
-        let left = p.affinity.hold(op, Instant::now(), self.cfg.affinity_wait)?;
+        let left = p.affinity.hold(op, Instant::now(), wait)?;
         Some(Held { pool: class.clone(), agents, left })
     }
 

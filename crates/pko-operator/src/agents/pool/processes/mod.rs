@@ -26,7 +26,7 @@ use pko_api::Workspace;
 use pko_proto::v1::status_response::State;
 
 use super::{Ledger, PoolId};
-use crate::agents::lend::{Acquired, End, GiveBack, Held, IdentityChecks, Lent, PoolConfig};
+use crate::agents::lend::{Acquired, End, GiveBack, Held, Hold, IdentityChecks, Lent, PoolConfig};
 use crate::agents::local::{LocalAgent, LocalError, LocalRuntime, agent_process_alive};
 
 mod slots;
@@ -132,8 +132,8 @@ impl LocalPools {
 
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the Update was already
     /// Progressing: a restart or a shard move), the agents recorded for the class by any replica are asked first
-    /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or (`may_hold`)
-    /// a hold for them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every
+    /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or (as `hold`
+    /// allows) a hold for them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every
     /// agent is busy and the pool is at its maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
@@ -143,7 +143,7 @@ impl LocalPools {
         op: &str,
         epoch: i64,
         started: bool,
-        may_hold: bool,
+        hold: Hold,
     ) -> Result<Acquired, LocalError> {
         let class = PoolId::of(ws);
         self.load(&class, ws).await;
@@ -159,8 +159,7 @@ impl LocalPools {
             let mut choice = pick(&views, op, &warm, self.cfg.max);
             if let Pick::Hold(busy) = &choice {
                 let agents = busy.iter().map(|i| pool.slots[*i].n).collect();
-                let wait = if may_hold { self.cfg.affinity_wait } else { Duration::ZERO };
-                match pool.affinity.hold(op, Instant::now(), wait) {
+                match pool.affinity.hold(op, Instant::now(), hold.wait(self.cfg.affinity_wait)) {
                     Some(left) => return Ok(Acquired::Held(Held { pool: class.clone(), agents, left })),
                     None => choice = pick(&views, op, &[], self.cfg.max),
                 }
