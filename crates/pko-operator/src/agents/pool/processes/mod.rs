@@ -133,8 +133,8 @@ impl LocalPools {
     /// Lends an agent of `ws`'s class to operation `op` (fencing epoch `epoch`). With `started` (the Update was already
     /// Progressing: a restart or a shard move), the agents recorded for the class by any replica are asked first
     /// whether they know `op`, and the one that does is followed. Else an agent that ran the Workspace, or (as `hold`
-    /// allows) a hold for them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]). [`Acquired::Full`]: every
-    /// agent is busy and the pool is at its maximum.
+    /// allows) a hold for them ([`super::Affinity`]), else any free agent, else a new one ([`pick`]).
+    /// [`Acquired::Full`]: every agent is busy and the pool is at its maximum.
     ///
     /// Errors: [`LocalError`] when a new agent cannot be started.
     pub async fn acquire(
