@@ -163,8 +163,8 @@ impl PodPools {
     /// Lends a pod of `ws`'s class to operation `op` at fencing epoch `epoch`: with `started`, the pod that knows `op`
     /// already (followed); else a pod that ran the Workspace when it is idle, or (as `hold` allows) a hold for them
     /// while this replica lends them ([`super::Affinity`], [`hold_for`]), else the idle pod of lowest ordinal; else a
-    /// pod added to the pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`. [`Acquired::Full`]:
-    /// every pod is busy and the pool is at its maximum (the operation waits in the queue).
+    /// pod added to the pool (waiting up to [`START_TIMEOUT`] for it) while it has fewer than `max`.
+    /// [`Acquired::Full`]: every pod is busy and the pool is at its maximum (the operation waits in the queue).
     ///
     /// Errors: [`PodPoolError`] when the pool's objects cannot be read or written, no token can be had for its agents,
     /// or the added pod does not answer.
