@@ -233,6 +233,38 @@ async fn an_initialization_selects_the_stack_and_runs_no_operation() {
     );
 }
 
+/// An initialization that meets another's creation of its stack still holding the stack's lock (two Workspaces of one
+/// new stack initialized at once: a DIY backend's creation takes the lock) waits it out and selects the stack; a lock
+/// that stays is an `UPDATE_CONFLICT` naming it.
+#[tokio::test]
+async fn an_initialization_waits_out_another_creations_lock_of_its_stack() {
+    let env = pulumi_env();
+    let dir = project(&env, "create-race", "resources: {}\n");
+    let agent = Agent::start(&env, &["--auth", "none"], &[]);
+    let mut c = agent.client().await;
+    // the lock another host's `pulumi stack select --create` holds while it creates the stack
+    let lock = |stack: &str| {
+        let d = env.dir().join("state/.pulumi/locks/organization/create-race").join(stack);
+        std::fs::create_dir_all(&d).unwrap();
+        let file = d.join("creator.json");
+        let content = r#"{"pid":4242,"username":"pko","hostname":"elsewhere","timestamp":"2026-11-29T21:00:00Z"}"#;
+        std::fs::write(&file, content).unwrap();
+        file
+    };
+    let held = lock("dev");
+    let (events, ()) =
+        tokio::join!(run(&mut c, request(&env, "init-1", &dir, "dev", OperationType::Initialize)), async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            std::fs::remove_file(&held).unwrap();
+        });
+    let r = result(&events);
+    assert_eq!(r.status, ResultStatus::Succeeded as i32, "{}", r.message);
+    lock("stays");
+    let r = result(&run(&mut c, request(&env, "init-2", &dir, "stays", OperationType::Initialize)).await);
+    assert_eq!((r.status, reason(&r)), (ResultStatus::Failed as i32, ErrorReason::UpdateConflict), "{}", r.message);
+    assert!(r.message.contains("currently locked") && r.message.contains("elsewhere"), "{}", r.message);
+}
+
 const SLOW: &str = r#"resources:
   slow:
     type: command:local:Command

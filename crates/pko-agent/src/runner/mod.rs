@@ -25,6 +25,7 @@ mod hollow;
 mod plan_file;
 pub mod secrets_provider;
 mod stack_config;
+mod stack_select;
 mod workspace_dir;
 
 use engine::{Step, operate_through_locks, repair_sidecars};
@@ -34,6 +35,7 @@ pub use stack_config::{
     ConfigCommand, MAX_CONFIG_ARG_BYTES, MAX_CONFIG_BATCH_BYTES, MAX_ENV_VAR_BYTES, PlannedConfig, config_commands,
     structured_config_unsupported,
 };
+use stack_select::select_stack;
 use workspace_dir::{point_link, workspace_source};
 
 /// What the runner needs from the agent.

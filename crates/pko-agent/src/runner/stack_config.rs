@@ -350,41 +350,6 @@ pub(super) async fn add_environments(
     Ok(())
 }
 
-pub(super) async fn select_stack(
-    ctx: &RunnerContext,
-    dir: &Path,
-    env: &BTreeMap<String, String>,
-    stack: &pko_proto::v1::StackSettings,
-    masker: &Masker,
-) -> Result<(), Failure> {
-    let select = ["stack", "select", "--non-interactive", "--stack", stack.name.as_str()];
-    let mut args = select.to_vec();
-    if stack.create {
-        args.push("--create");
-        if !stack.secrets_provider.is_empty() {
-            args.extend(["--secrets-provider", stack.secrets_provider.as_str()]);
-        }
-    }
-    let mut out =
-        pulumi::run(&ctx.pulumi, dir, env, &args).await.map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
-    if !out.success && stack.create && out.stderr.contains("already exists") {
-        // another operation created it between our select and create (two Workspaces of one stack
-        // initialized at once): select what it created
-        out = pulumi::run(&ctx.pulumi, dir, env, &select)
-            .await
-            .map_err(|e| fail(ErrorReason::Internal, "", e.to_string()))?;
-    }
-    if !out.success {
-        let text = masker.mask(out.stderr.trim());
-        let reason = match pulumi::classify_failure(&text) {
-            ErrorReason::UpdateFailed => ErrorReason::InitializationFailed,
-            r => r,
-        };
-        return Err(fail(reason, "stack.name", text));
-    }
-    Ok(())
-}
-
 /// Whether `config` holds a structured value: a literal that is not a string, or a value parsed as JSON.
 pub(super) fn uses_structured_config(config: &[ConfigItem]) -> bool {
     config.iter().any(|c| {
