@@ -10,7 +10,8 @@
 //! later one on every agent it ran on). Side by side, in the same run: the same programs as STACKS bare checkouts (the
 //! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
-//! Prints both and their ratio per round. `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
+//! Prints both and their ratio per round, and the CPU seconds each round spent (the machine, this process, the bed's
+//! control plane). `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
 //! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs). `AFFINITY_WAIT=<seconds>`
 //! sets the operator's `--pool-affinity-wait-seconds` (default 6, the operator's; 0: an operation never waits for the
 //! agent that ran its Stack last, the behaviour before that flag).
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::Stack;
+use pko_testbed::cpu::{CpuMeter, CpuUse};
 use pko_testbed::testbed;
 use serde_json::json;
 
@@ -202,15 +204,24 @@ async fn sources(
     (git, plugins)
 }
 
+/// The processes whose CPU a round reports: this process (the operator, in the operator's rounds) and the bed's
+/// control plane.
+fn measured() -> Vec<(String, i32)> {
+    let run = PathBuf::from(testbed().var("PKO_TESTBED_RUN"));
+    let mut all = vec![("this process".to_string(), std::process::id() as i32)];
+    all.extend(pko_testbed::cpu::control_plane(&run));
+    all
+}
+
 /// Creates the Stacks `names` (Stack i deploys into `target[i]`) and waits until all are Ready; then, `rounds` times,
 /// changes every Stack's config and waits until all are Ready at the new generation. Returns the first apply's time
-/// and each round's.
+/// and each round's, with the CPU it spent.
 async fn operator_rounds(
     stacks: &kube::Api<Stack>,
     names: &[String],
     specs: Vec<serde_json::Value>,
     rounds: usize,
-) -> (Duration, Vec<Duration>) {
+) -> (Duration, Vec<(Duration, CpuUse)>) {
     let t = Instant::now();
     for (name, spec) in names.iter().zip(specs) {
         let stack = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
@@ -220,7 +231,7 @@ async fn operator_rounds(
     let first = t.elapsed();
     let mut times = Vec::new();
     for round in 1..=rounds {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), CpuMeter::start(&measured()));
         let mut generations = Vec::new();
         for name in names {
             let patch = json!({"spec": {"config": {"greeting": format!("v{round}")}}});
@@ -228,20 +239,20 @@ async fn operator_rounds(
             generations.push(s.metadata.generation.unwrap_or(1));
         }
         all_ready(stacks, names, &generations, &format!("config change {round}"), Duration::from_secs(3600)).await;
-        times.push(t.elapsed());
+        times.push((t.elapsed(), cpu.spent()));
     }
     (first, times)
 }
 
 /// The bare loop: checkouts made, deployed once, then `rounds` rounds of the config change, `c` at a time. Returns the
-/// first deploy's time and each round's.
+/// first deploy's time and each round's, with the CPU it spent.
 async fn bare_rounds(
     env: pko_testbed::PulumiEnv,
     lang: &Language,
     vars: Vec<(String, String)>,
     targets: &[String],
     (c, rounds): (usize, usize),
-) -> (Duration, Vec<Duration>) {
+) -> (Duration, Vec<(Duration, CpuUse)>) {
     let n = targets.len();
     let root: PathBuf = env.dir().join("bare");
     checkouts(&env, lang, &vars, &root, targets);
@@ -249,9 +260,11 @@ async fn bare_rounds(
     let mut times = Vec::new();
     for round in 0..=rounds {
         let (e, v, r) = (env.clone(), vars.clone(), root.clone());
-        times.push(bare_round(n, c, move |i| bare_up(&e, &v, &r, i, &format!("v{round}"))).await);
+        let cpu = CpuMeter::start(&measured());
+        let time = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, &format!("v{round}"))).await;
+        times.push((time, cpu.spent()));
     }
-    let first = times.remove(0);
+    let (first, _) = times.remove(0);
     (first, times)
 }
 
@@ -326,9 +339,12 @@ async fn main() {
          operator / bare |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (round, (o, b)) in operator.iter().zip(&bare).enumerate() {
+    for (round, ((o, _), (b, _))) in operator.iter().zip(&bare).enumerate() {
         let (o, b) = (o.as_secs_f64(), b.as_secs_f64());
         println!("| {name} | {n} | {c} | {} | {o:.1} s | {b:.1} s | {:.2} |", round + 1, o / b);
+    }
+    for (round, ((_, o), (_, b))) in operator.iter().zip(&bare).enumerate() {
+        println!("cpu, round {}: operator's {o}; bare loop's {b}", round + 1);
     }
     println!("dispatch (every phase): {}", dispatch.join("; "));
     let all: Vec<String> = op_ns.iter().chain(&bare_ns).cloned().collect();
