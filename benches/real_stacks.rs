@@ -11,10 +11,10 @@
 //! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
 //! Prints both and their ratio per round, and the CPU seconds each round spent (the machine, this process, the bed's
-//! control plane). `STACK_ENV="K=V K2=V2"` adds variables to both sides (e.g.
-//! `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs). `AFFINITY_WAIT=<seconds>`
-//! sets the operator's `--pool-affinity-wait-seconds` (default 6, the operator's; 0: an operation never waits for the
-//! agent that ran its Stack last, the behaviour before that flag).
+//! control plane) and the API server's requests by verb and resource. `STACK_ENV="K=V K2=V2"` adds variables to both
+//! sides (e.g. `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs).
+//! `AFFINITY_WAIT=<seconds>` sets the operator's `--pool-affinity-wait-seconds` (default 6, the operator's; 0: an
+//! operation never waits for the agent that ran its Stack last, the behaviour before that flag).
 
 #[path = "../crates/pko-operator/tests/common/mod.rs"]
 mod common;
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kube::api::{Patch, PatchParams};
 use pko_api::Stack;
+use pko_testbed::api_load::Requests;
 use pko_testbed::cpu::{CpuMeter, CpuUse};
 use pko_testbed::testbed;
 use serde_json::json;
@@ -82,32 +83,38 @@ fn var(name: &str, default: usize) -> usize {
 }
 
 /// Waits until every Stack in `stacks` is Ready at a generation at least `generations[i]`, printing progress every
-/// 10 s. Panics after `limit`.
+/// 10 s; from a watch of the Stacks (polling lists of every Stack would cost the API server more than the operator
+/// does: 50 Stacks listed every 250 ms was 10 CPU-s a round). Panics after `limit`.
 async fn all_ready(api: &kube::Api<Stack>, names: &[String], generations: &[i64], what: &str, limit: Duration) {
-    let (start, mut said) = (Instant::now(), Instant::now());
-    loop {
-        let list = api.list(&Default::default()).await.unwrap();
-        let done = names
-            .iter()
-            .zip(generations)
-            .filter(|(n, g)| {
-                list.items.iter().any(|s| {
-                    s.metadata.name.as_deref() == Some(n.as_str())
-                        && ready(s)
-                        && s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation)
-                            >= Some(**g)
-                })
-            })
-            .count();
-        if done == names.len() {
-            return;
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let wanted: std::collections::HashMap<&str, i64> =
+        names.iter().map(String::as_str).zip(generations.iter().copied()).collect();
+    let mut done = std::collections::HashSet::new();
+    let start = Instant::now();
+    let mut stream =
+        std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects());
+    while done.len() < names.len() {
+        let left = limit.saturating_sub(start.elapsed());
+        let next = tokio::time::timeout(left.min(Duration::from_secs(10)), stream.try_next()).await;
+        match next {
+            Ok(Ok(Some(s))) => {
+                let name = s.metadata.name.clone().unwrap_or_default();
+                let Some(g) = wanted.get(name.as_str()) else { continue };
+                let at = s.status.as_ref().and_then(|st| st.last_update.as_ref()).and_then(|l| l.generation);
+                if ready(&s) && at >= Some(*g) {
+                    done.insert(name);
+                } else {
+                    done.remove(&name);
+                }
+            }
+            Ok(Ok(None)) => panic!("{what}: the watch of the Stacks ended"),
+            Ok(Err(e)) => panic!("{what}: watching the Stacks: {e}"),
+            Err(_) => {
+                eprintln!("  {what}: {}/{} Ready after {:.0} s", done.len(), names.len(), start.elapsed().as_secs_f64())
+            }
         }
-        if said.elapsed() > Duration::from_secs(10) {
-            eprintln!("  {what}: {done}/{} Ready after {:.0} s", names.len(), start.elapsed().as_secs_f64());
-            said = Instant::now();
-        }
-        assert!(start.elapsed() < limit, "{what}: {done}/{} Ready after {limit:?}", names.len());
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(start.elapsed() < limit, "{what}: {}/{} Ready after {limit:?}", done.len(), names.len());
     }
 }
 
@@ -204,6 +211,18 @@ async fn sources(
     (git, plugins)
 }
 
+/// What a round spent: its CPU ([`CpuUse`]) and the API server's requests by verb and resource.
+struct Spent {
+    cpu: CpuUse,
+    requests: Vec<(String, f64)>,
+}
+
+/// Starts measuring a round; the closure it returns gives what the round spent.
+fn meter() -> impl FnOnce() -> Spent {
+    let (cpu, requests) = (CpuMeter::start(&measured()), Requests::now(testbed()));
+    move || Spent { cpu: cpu.spent(), requests: Requests::now(testbed()).since(&requests) }
+}
+
 /// The processes whose CPU a round reports: this process (the operator, in the operator's rounds) and the bed's
 /// control plane.
 fn measured() -> Vec<(String, i32)> {
@@ -221,7 +240,7 @@ async fn operator_rounds(
     names: &[String],
     specs: Vec<serde_json::Value>,
     rounds: usize,
-) -> (Duration, Vec<(Duration, CpuUse)>) {
+) -> (Duration, Vec<(Duration, Spent)>) {
     let t = Instant::now();
     for (name, spec) in names.iter().zip(specs) {
         let stack = json!({"apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec});
@@ -231,7 +250,7 @@ async fn operator_rounds(
     let first = t.elapsed();
     let mut times = Vec::new();
     for round in 1..=rounds {
-        let (t, cpu) = (Instant::now(), CpuMeter::start(&measured()));
+        let (t, spent) = (Instant::now(), meter());
         let mut generations = Vec::new();
         for name in names {
             let patch = json!({"spec": {"config": {"greeting": format!("v{round}")}}});
@@ -239,7 +258,7 @@ async fn operator_rounds(
             generations.push(s.metadata.generation.unwrap_or(1));
         }
         all_ready(stacks, names, &generations, &format!("config change {round}"), Duration::from_secs(3600)).await;
-        times.push((t.elapsed(), cpu.spent()));
+        times.push((t.elapsed(), spent()));
     }
     (first, times)
 }
@@ -252,7 +271,7 @@ async fn bare_rounds(
     vars: Vec<(String, String)>,
     targets: &[String],
     (c, rounds): (usize, usize),
-) -> (Duration, Vec<(Duration, CpuUse)>) {
+) -> (Duration, Vec<(Duration, Spent)>) {
     let n = targets.len();
     let root: PathBuf = env.dir().join("bare");
     checkouts(&env, lang, &vars, &root, targets);
@@ -260,9 +279,9 @@ async fn bare_rounds(
     let mut times = Vec::new();
     for round in 0..=rounds {
         let (e, v, r) = (env.clone(), vars.clone(), root.clone());
-        let cpu = CpuMeter::start(&measured());
+        let spent = meter();
         let time = bare_round(n, c, move |i| bare_up(&e, &v, &r, i, &format!("v{round}"))).await;
-        times.push((time, cpu.spent()));
+        times.push((time, spent()));
     }
     let (first, _) = times.remove(0);
     (first, times)
@@ -344,7 +363,18 @@ async fn main() {
         println!("| {name} | {n} | {c} | {} | {o:.1} s | {b:.1} s | {:.2} |", round + 1, o / b);
     }
     for (round, ((_, o), (_, b))) in operator.iter().zip(&bare).enumerate() {
-        println!("cpu, round {}: operator's {o}; bare loop's {b}", round + 1);
+        println!("cpu, round {}: operator's {}; bare loop's {}", round + 1, o.cpu, b.cpu);
+        let top =
+            |r: &[(String, f64)]| r.iter().take(12).map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        let total = |r: &[(String, f64)]| r.iter().map(|(_, v)| v).sum::<f64>();
+        println!(
+            "api requests, round {}: operator's {} ({}); bare loop's {} ({})",
+            round + 1,
+            total(&o.requests),
+            top(&o.requests),
+            total(&b.requests),
+            top(&b.requests)
+        );
     }
     println!("dispatch (every phase): {}", dispatch.join("; "));
     let all: Vec<String> = op_ns.iter().chain(&bare_ns).cloned().collect();

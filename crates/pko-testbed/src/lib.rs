@@ -14,6 +14,7 @@
 //! Nothing is skipped: when the bed cannot be brought up, [`testbed`] panics with the script's output.
 #![forbid(unsafe_code)]
 
+pub mod api_load;
 pub mod cpu;
 pub mod git;
 pub mod plugins;
