@@ -364,8 +364,7 @@ async fn main() {
     }
     for (round, ((_, o), (_, b))) in operator.iter().zip(&bare).enumerate() {
         println!("cpu, round {}: operator's {}; bare loop's {}", round + 1, o.cpu, b.cpu);
-        let top =
-            |r: &[(String, f64)]| r.iter().take(12).map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        let top = |r: &[(String, f64)]| r.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
         let total = |r: &[(String, f64)]| r.iter().map(|(_, v)| v).sum::<f64>();
         println!(
             "api requests, round {}: operator's {} ({}); bare loop's {} ({})",
