@@ -223,11 +223,12 @@ fn meter() -> impl FnOnce() -> Spent {
     move || Spent { cpu: cpu.spent(), requests: Requests::now(testbed()).since(&requests) }
 }
 
-/// The processes whose CPU a round reports: this process (the operator, in the operator's rounds) and the bed's
-/// control plane.
+/// The processes whose CPU a round reports: this process (the operator, in the operator's rounds), the pool's agents
+/// running when the round starts (their own time, not their `pulumi`'s) and the bed's control plane.
 fn measured() -> Vec<(String, i32)> {
     let run = PathBuf::from(testbed().var("PKO_TESTBED_RUN"));
     let mut all = vec![("this process".to_string(), std::process::id() as i32)];
+    all.extend(pko_testbed::cpu::named("pko-agent"));
     all.extend(pko_testbed::cpu::control_plane(&run));
     all
 }

@@ -20,7 +20,7 @@ pub struct CpuMeter {
 pub struct CpuUse {
     /// Busy seconds of all cores (`/proc/stat`'s `cpu` line less idle and iowait).
     pub machine: f64,
-    /// Each process's name and its own seconds (its threads; not its children).
+    /// Each name's seconds: the processes given that name, summed (their threads; not their children).
     pub processes: Vec<(String, f64)>,
 }
 
@@ -31,17 +31,18 @@ impl CpuMeter {
         CpuMeter { machine: machine_busy_ticks(), processes }
     }
 
-    /// What was spent since [`CpuMeter::start`].
+    /// What was spent since [`CpuMeter::start`]; processes of one name summed, in the order first given.
     pub fn spent(&self) -> CpuUse {
         let seconds = |ticks: u64| ticks as f64 / TICKS_PER_SECOND;
-        CpuUse {
-            machine: seconds(machine_busy_ticks().saturating_sub(self.machine)),
-            processes: self
-                .processes
-                .iter()
-                .map(|(n, pid, t0)| (n.clone(), seconds(process_ticks(*pid).saturating_sub(*t0))))
-                .collect(),
+        let mut processes: Vec<(String, f64)> = Vec::new();
+        for (n, pid, t0) in &self.processes {
+            let s = seconds(process_ticks(*pid).saturating_sub(*t0));
+            match processes.iter_mut().find(|(seen, _)| seen == n) {
+                Some((_, sum)) => *sum += s,
+                None => processes.push((n.clone(), s)),
+            }
         }
+        CpuUse { machine: seconds(machine_busy_ticks().saturating_sub(self.machine)), processes }
     }
 }
 
@@ -60,6 +61,15 @@ pub fn control_plane(run_dir: &Path) -> Vec<(String, i32)> {
     text.lines()
         .filter_map(|l| l.split_once(' '))
         .filter_map(|(n, pid)| Some((n.to_string(), pid.trim().parse().ok()?)))
+        .collect()
+}
+
+/// The running processes whose command (`/proc/<pid>/comm`, at most 15 bytes) is `comm`, each named `comm`.
+pub fn named(comm: &str) -> Vec<(String, i32)> {
+    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    pids.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm))
+        .map(|pid| (comm.to_string(), pid))
         .collect()
 }
 
@@ -97,6 +107,22 @@ mod tests {
     #[test]
     fn busy_ticks_leave_out_idle_and_iowait_and_guest_time() {
         assert_eq!(busy_ticks("cpu  10 2 30 400 50 6 7 8 90 100"), 10 + 2 + 30 + 6 + 7 + 8);
+    }
+
+    #[test]
+    fn processes_are_found_by_command_and_those_of_one_name_are_summed() {
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        let me = std::process::id() as i32;
+        assert!(named(comm.trim()).iter().any(|(_, pid)| *pid == me), "this process is found by its command");
+        let meter = CpuMeter::start(&[("me".into(), me), ("me".into(), me)]);
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(200) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spent = meter.spent();
+        assert_eq!(spent.processes.len(), 1, "one name, one sum: {spent}");
+        assert!(spent.processes[0].1 > 0.0 && spent.machine > 0.0, "{spent}");
     }
 
     #[test]
