@@ -10,9 +10,10 @@
 //! later one on every agent it ran on). Side by side, in the same run: the same programs as STACKS bare checkouts (the
 //! dependency tree installed once and linked into each, as a developer's machine would share it), deployed once, then
 //! per round `pulumi config set` + `pulumi up` of the same change over all of them, CONCURRENCY at a time, timed.
-//! Prints both and their ratio per round, and the CPU seconds each round spent (the machine, this process, the bed's
-//! control plane) and the API server's requests by verb and resource. `STACK_ENV="K=V K2=V2"` adds variables to both
-//! sides (e.g. `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout costs).
+//! Prints both and their ratio per round, and the CPU seconds each round spent (the machine, this process, the pool's
+//! agents, the bed's control plane) and the API server's requests by verb and resource. `STACK_ENV="K=V K2=V2"` adds
+//! variables to both sides (e.g. `GOFLAGS=-buildvcs=false`, to measure what Go's VCS stamping of a git checkout
+//! costs).
 //! `AFFINITY_WAIT=<seconds>` sets the operator's `--pool-affinity-wait-seconds` (default 6, the operator's; 0: an
 //! operation never waits for the agent that ran its Stack last, the behaviour before that flag).
 
@@ -235,7 +236,7 @@ fn measured() -> Vec<(String, i32)> {
 
 /// Creates the Stacks `names` (Stack i deploys into `target[i]`) and waits until all are Ready; then, `rounds` times,
 /// changes every Stack's config and waits until all are Ready at the new generation. Returns the first apply's time
-/// and each round's, with the CPU it spent.
+/// and each round's, with what it spent ([`Spent`]).
 async fn operator_rounds(
     stacks: &kube::Api<Stack>,
     names: &[String],
@@ -265,7 +266,7 @@ async fn operator_rounds(
 }
 
 /// The bare loop: checkouts made, deployed once, then `rounds` rounds of the config change, `c` at a time. Returns the
-/// first deploy's time and each round's, with the CPU it spent.
+/// first deploy's time and each round's, with what it spent ([`Spent`]).
 async fn bare_rounds(
     env: pko_testbed::PulumiEnv,
     lang: &Language,

@@ -72,16 +72,17 @@ pub(super) async fn select_stack(
     let mut out = pulumi::run(cli, dir, env, &args).await.map_err(internal)?;
     while !out.success {
         match after_failed_select(&out.stderr, stack.create, attempt) {
-            AfterFailedSelect::SelectExisting => out = pulumi::run(cli, dir, env, &select).await.map_err(internal)?,
+            AfterFailedSelect::SelectExisting => {
+                out = pulumi::run(cli, dir, env, &select).await.map_err(internal)?;
+                break;
+            }
             AfterFailedSelect::TryAgain(wait) => {
                 tokio::time::sleep(wait).await;
                 attempt += 1;
                 out = pulumi::run(cli, dir, env, &args).await.map_err(internal)?;
-                continue;
             }
-            AfterFailedSelect::Fail => {}
+            AfterFailedSelect::Fail => break,
         }
-        break;
     }
     if !out.success {
         let text = masker.mask(out.stderr.trim());
